@@ -1,0 +1,472 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Action is what an ARM rule does with a request over its limit.
+type Action uint8
+
+// ARM rule actions.
+const (
+	ActionDelay  Action = iota // queue it until the rate falls below the limit
+	ActionReject               // refuse it at once
+	ActionLog                  // admit it, count it, and write an event (TDWM warning mode)
+)
+
+var actionNames = [...]string{"delay", "reject", "log"}
+
+// String returns the action's flag spelling.
+func (a Action) String() string {
+	if int(a) < len(actionNames) {
+		return actionNames[a]
+	}
+	return fmt.Sprintf("action(%d)", a)
+}
+
+// ParseAction parses "delay", "reject" or "log".
+func ParseAction(s string) (Action, error) {
+	for i, n := range actionNames {
+		if strings.EqualFold(s, n) {
+			return Action(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown action %q (want delay, reject or log)", s)
+}
+
+// Match selects the requests a rule applies to. An empty field matches
+// anything. Method and Host compare case-insensitively; PathPrefix is a
+// byte prefix of the path.
+type Match struct {
+	Proto      string // "http" or "sip"
+	Method     string
+	Host       string
+	PathPrefix string
+}
+
+// Matches reports whether r falls under m. It allocates nothing.
+func (m *Match) Matches(r *Request) bool {
+	return (m.Proto == "" || m.Proto == r.Proto) &&
+		(m.Method == "" || strings.EqualFold(m.Method, r.Method)) &&
+		(m.Host == "" || strings.EqualFold(m.Host, r.Host)) &&
+		(m.PathPrefix == "" || strings.HasPrefix(r.Path, m.PathPrefix))
+}
+
+// RuleConfig is one ARM rule.
+type RuleConfig struct {
+	Name  string
+	Match Match
+	// Limit is the most admissions per Unit. Unit is one of time.Second,
+	// time.Minute or time.Hour.
+	Limit int64
+	Unit  time.Duration
+	// LowLimit and LowerLimit replace Limit in the Low and Lower (and
+	// Critical) memory states; 0 keeps the base limit.
+	LowLimit, LowerLimit int64
+	// LowUnit and LowerUnit are accepted for compatibility with TDWM rule
+	// definitions but ignored: a rule has one time unit. A value different
+	// from Unit writes a config.warning event.
+	LowUnit, LowerUnit time.Duration
+	// Qualify lets the rate exceed the limit until it has stayed at or
+	// over the limit this long; 0 throttles at once.
+	Qualify time.Duration
+	Action  Action
+	// Queue bounds the delay queue (ActionDelay). Default 1000.
+	Queue int
+	// MaxWait bounds how long a request waits in the delay queue before it
+	// is refused; 0 means no bound other than the queue's length.
+	MaxWait time.Duration
+}
+
+// Validate reports the first invalid field.
+func (c RuleConfig) Validate() error {
+	switch {
+	case c.Name == "":
+		return errors.New("arm rule needs a name")
+	case c.Limit < 0 || c.LowLimit < 0 || c.LowerLimit < 0:
+		return fmt.Errorf("arm rule %s: limits must not be negative", c.Name)
+	case c.Limit >= 1<<31:
+		return fmt.Errorf("arm rule %s: limit %d too large", c.Name, c.Limit)
+	case c.Unit != time.Second && c.Unit != time.Minute && c.Unit != time.Hour:
+		return fmt.Errorf("arm rule %s: unit must be second, minute or hour", c.Name)
+	case c.Qualify < 0 || c.MaxWait < 0 || c.Queue < 0:
+		return fmt.Errorf("arm rule %s: qualify, wait and queue must not be negative", c.Name)
+	case c.Action > ActionLog:
+		return fmt.Errorf("arm rule %s: unknown action", c.Name)
+	}
+	return nil
+}
+
+// subIntervals is the number of sub-intervals a unit is split into (TDWM).
+const subIntervals = 6
+
+// Layout of Meter.word: busy flag, sub-interval epoch, count in it.
+const (
+	wordBusy  = 1 << 63
+	epochBits = 31
+	epochMask = 1<<epochBits - 1
+	countMask = 1<<32 - 1
+)
+
+func pack(epoch int64, count uint64) uint64 {
+	return uint64(epoch&epochMask)<<32 | count
+}
+
+// Meter is an ARM rule in force: an arrival rate meter over six
+// sub-intervals of its unit with a delay queue.
+//
+// The fast path (rate under the limit, nobody queued) is a CAS on one word
+// holding the current sub-interval's epoch and count, checked against the sum
+// of the five before it, which the slow path publishes while it holds the word
+// busy. So admissions never exceed the limit in any six consecutive
+// sub-intervals, however many goroutines admit at once. Everything else
+// (rotation, queueing, qualification, releases) runs under a mutex.
+type Meter struct {
+	cfg    RuleConfig
+	sub    int64 // sub-interval length, ns
+	limits [numStates]int64
+	events EventSink
+
+	word   atomic.Uint64 // busy | epoch | count of the current sub-interval
+	prev   atomic.Int64  // sum of the five sub-intervals before the current one
+	queued atomic.Int64  // delay queue length, read by the fast path
+
+	admitted atomic.Uint64 // admitted at once
+	released atomic.Uint64 // admitted from the queue
+	delayed  atomic.Uint64
+	refused  atomic.Uint64
+	over     atomic.Uint64 // action=log: admitted over the limit
+
+	mu        sync.Mutex
+	epoch     int64 // current sub-interval (full width)
+	ring      [subIntervals]int64
+	ringEpoch [subIntervals]int64
+	queue     []*Wait // FIFO; head at queue[0]
+	overSince int64   // when the rate reached the limit; -1 when below
+	engaged   bool
+	state     MemState // memory state seen by the last decision
+}
+
+// NewMeter validates cfg and returns a meter starting empty at now.
+func NewMeter(cfg RuleConfig, now int64, events EventSink) (*Meter, error) {
+	if cfg.Queue == 0 {
+		cfg.Queue = 1000
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Meter{cfg: cfg, sub: int64(cfg.Unit) / subIntervals, events: events, overSince: -1}
+	for _, u := range []struct {
+		unit  time.Duration
+		state string
+	}{{cfg.LowUnit, "low"}, {cfg.LowerUnit, "lower"}} {
+		if u.unit != 0 && u.unit != cfg.Unit {
+			events.emit(EventConfigWarning, cfg.Name, fmt.Sprintf(
+				"arm rule %s: time unit %s given for the %s state is ignored; the rule's unit %s is used",
+				cfg.Name, u.unit, u.state, cfg.Unit))
+		}
+	}
+	m.limits = [numStates]int64{cfg.Limit, cfg.Limit, cfg.Limit, cfg.Limit}
+	if cfg.LowLimit > 0 {
+		m.limits[Low], m.limits[Lower], m.limits[Critical] = cfg.LowLimit, cfg.LowLimit, cfg.LowLimit
+	}
+	if cfg.LowerLimit > 0 {
+		m.limits[Lower], m.limits[Critical] = cfg.LowerLimit, cfg.LowerLimit
+	}
+	m.epoch = now / m.sub
+	for i := range m.ringEpoch {
+		m.ringEpoch[i] = -1 << 62
+	}
+	m.word.Store(pack(m.epoch, 0))
+	return m, nil
+}
+
+// Config returns the rule.
+func (m *Meter) Config() RuleConfig { return m.cfg }
+
+// Name returns the rule's name.
+func (m *Meter) Name() string { return m.cfg.Name }
+
+// Admit decides one request at now while the node is in state. It returns
+// Admit, Delay (with a Wait to block on) or Refuse.
+func (m *Meter) Admit(now int64, state MemState) Decision {
+	e := (now / m.sub) & epochMask
+	lim := m.limits[state]
+	for {
+		w := m.word.Load()
+		if w&wordBusy != 0 || int64(w>>32)&epochMask != e || m.queued.Load() != 0 {
+			break
+		}
+		if m.prev.Load()+int64(w&countMask) >= lim {
+			break
+		}
+		if m.word.CompareAndSwap(w, w+1) {
+			m.admitted.Add(1)
+			return Decision{Verdict: Admit}
+		}
+	}
+	return m.admitSlow(now, state)
+}
+
+func (m *Meter) admitSlow(now int64, state MemState) Decision {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.state = state
+	m.advanceLocked(now)
+	lim := m.limits[state]
+	if len(m.queue) == 0 && m.tryCountLocked(lim) {
+		m.admitted.Add(1)
+		return Decision{Verdict: Admit}
+	}
+	// At or over the limit, or others are waiting.
+	if m.overSince < 0 {
+		m.overSince = now
+	}
+	if !m.engaged {
+		m.engaged = true
+		kind, verb := EventARMEngaged, m.cfg.Action.String()
+		if m.cfg.Action == ActionLog {
+			kind, verb = EventARMWouldLimit, "log only"
+		}
+		m.events.emit(kind, m.cfg.Name, fmt.Sprintf("arm rule %s reached its limit %d/%s (%s)", m.cfg.Name, lim, unitName(m.cfg.Unit), verb))
+	}
+	if m.cfg.Action == ActionLog || (m.cfg.Qualify > 0 && now-m.overSince < int64(m.cfg.Qualify)) {
+		m.word.Add(1) // we hold mu and the word is not busy: counted over the limit
+		m.over.Add(1)
+		m.admitted.Add(1)
+		return Decision{Verdict: Admit}
+	}
+	retry := m.retryAfterLocked(now)
+	if m.cfg.Action == ActionReject || len(m.queue) >= m.cfg.Queue {
+		m.refused.Add(1)
+		return Decision{Verdict: Refuse, Reason: ReasonARM, RetryAfter: retry}
+	}
+	w := &Wait{m: m, done: make(chan struct{}), deadline: -1}
+	if m.cfg.MaxWait > 0 {
+		w.deadline = now + int64(m.cfg.MaxWait)
+	}
+	m.queue = append(m.queue, w)
+	m.queued.Store(int64(len(m.queue)))
+	m.delayed.Add(1)
+	return Decision{Verdict: Delay, Reason: ReasonARM, RetryAfter: retry, Wait: w}
+}
+
+// tryCountLocked counts one admission in the current sub-interval if the
+// rate is under lim. The caller holds mu, so the word is not busy.
+func (m *Meter) tryCountLocked(lim int64) bool {
+	for {
+		w := m.word.Load()
+		if m.prev.Load()+int64(w&countMask) >= lim {
+			return false
+		}
+		if m.word.CompareAndSwap(w, w+1) {
+			return true
+		}
+	}
+}
+
+// Advance moves the meter to now: expired sub-intervals leave the rate,
+// queued requests are released oldest first while the rate is under the
+// limit, and those waiting past MaxWait are refused. A ticker calls it in
+// production; tests call it with an injected clock. It returns how many
+// requests it released.
+func (m *Meter) Advance(now int64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.advanceLocked(now)
+}
+
+func (m *Meter) advanceLocked(now int64) int {
+	e := now / m.sub
+	if e > m.epoch {
+		m.rotateLocked(e)
+	}
+	lim := m.limits[m.state]
+	released := 0
+	for len(m.queue) > 0 {
+		w := m.queue[0]
+		if w.result.Load() == waitPending && !m.tryCountLocked(lim) {
+			break
+		}
+		m.popLocked()
+		if w.finish(waitAdmitted) {
+			released++
+			m.released.Add(1)
+		} else if w.result.Load() == waitCanceled {
+			m.word.Add(^uint64(0)) // canceled after its slot was counted: give it back
+		}
+	}
+	for len(m.queue) > 0 { // time out the oldest waiters; deadlines are in queue order
+		w := m.queue[0]
+		if w.result.Load() == waitPending && (w.deadline < 0 || now < w.deadline) {
+			break
+		}
+		m.popLocked()
+		w.retryAfter = m.retryAfterLocked(now) // written before done is closed
+		if w.finish(waitTimedOut) {
+			m.refused.Add(1)
+		}
+	}
+	rate := m.prev.Load() + int64(m.word.Load()&countMask)
+	if rate < lim && len(m.queue) == 0 {
+		m.overSince = -1
+		if m.engaged {
+			m.engaged = false
+			m.events.emit(EventARMReleased, m.cfg.Name, fmt.Sprintf("arm rule %s is under its limit again (rate %d of %d)", m.cfg.Name, rate, lim))
+		}
+	}
+	return released
+}
+
+func (m *Meter) popLocked() {
+	m.queue[0] = nil
+	m.queue = m.queue[1:]
+	m.queued.Store(int64(len(m.queue)))
+}
+
+// rotateLocked moves the current sub-interval to epoch e. It marks the word
+// busy first, so a fast-path CAS that read the old sums fails.
+func (m *Meter) rotateLocked(e int64) {
+	var w uint64
+	for {
+		w = m.word.Load()
+		if m.word.CompareAndSwap(w, w|wordBusy) {
+			break
+		}
+	}
+	i := m.epoch % subIntervals
+	m.ring[i], m.ringEpoch[i] = int64(w&countMask), m.epoch
+	var sum int64
+	for j := range m.ring {
+		if m.ringEpoch[j] > e-subIntervals && m.ringEpoch[j] < e {
+			sum += m.ring[j]
+		}
+	}
+	m.epoch = e
+	m.prev.Store(sum)
+	m.word.Store(pack(e, 0))
+}
+
+// retryAfterLocked is the time until the oldest counted sub-interval expires.
+func (m *Meter) retryAfterLocked(now int64) time.Duration {
+	oldest := m.epoch
+	for j := range m.ring {
+		if ep := m.ringEpoch[j]; ep > m.epoch-subIntervals && ep < oldest && m.ring[j] > 0 {
+			oldest = ep
+		}
+	}
+	d := (oldest+subIntervals)*m.sub - now
+	if d < 0 {
+		d = 0
+	}
+	return time.Duration(d)
+}
+
+// RuleStatus is a point-in-time view of a rule for /status and metrics.
+type RuleStatus struct {
+	Name     string
+	Rate     int64 // admissions in the current six sub-intervals
+	Limit    int64 // base limit per unit
+	Unit     time.Duration
+	Queued   int64
+	Admitted uint64 // admitted at once, including over the limit while qualifying or logging
+	Released uint64 // admitted after a delay
+	Delayed  uint64
+	Refused  uint64
+	Over     uint64 // admitted over the limit by an action=log rule or while qualifying
+}
+
+// Status returns the rule's counters. Rate is as of the last decision or
+// Advance.
+func (m *Meter) Status() RuleStatus {
+	return RuleStatus{
+		Name:     m.cfg.Name,
+		Rate:     m.prev.Load() + int64(m.word.Load()&countMask),
+		Limit:    m.cfg.Limit,
+		Unit:     m.cfg.Unit,
+		Queued:   m.queued.Load(),
+		Admitted: m.admitted.Load(),
+		Released: m.released.Load(),
+		Delayed:  m.delayed.Load(),
+		Refused:  m.refused.Load(),
+		Over:     m.over.Load(),
+	}
+}
+
+func unitName(u time.Duration) string {
+	switch u {
+	case time.Second:
+		return "s"
+	case time.Minute:
+		return "min"
+	case time.Hour:
+		return "h"
+	}
+	return u.String()
+}
+
+// Results a Wait ends with.
+const (
+	waitPending uint32 = iota
+	waitAdmitted
+	waitTimedOut
+	waitCanceled
+)
+
+// Wait is a request in a rule's delay queue. Done is closed when it is
+// released (Admitted reports true) or refused because its wait ran out.
+// Cancel takes it out of the queue when the caller gives up.
+type Wait struct {
+	m          *Meter
+	done       chan struct{}
+	result     atomic.Uint32
+	deadline   int64
+	retryAfter time.Duration
+}
+
+// finish ends the wait with r unless it has already ended.
+func (w *Wait) finish(r uint32) bool {
+	if !w.result.CompareAndSwap(waitPending, r) {
+		return false
+	}
+	close(w.done)
+	return true
+}
+
+// Done is closed when the wait ends.
+func (w *Wait) Done() <-chan struct{} { return w.done }
+
+// Admitted reports whether the request was released into the system.
+func (w *Wait) Admitted() bool { return w.result.Load() == waitAdmitted }
+
+// RetryAfter is the hint for a request whose wait ran out.
+func (w *Wait) RetryAfter() time.Duration {
+	if w.result.Load() != waitTimedOut {
+		return 0
+	}
+	<-w.done
+	return w.retryAfter
+}
+
+// Cancel withdraws a request that is still waiting. It reports false if the
+// wait had already ended (then Admitted tells how).
+func (w *Wait) Cancel() bool {
+	if !w.finish(waitCanceled) {
+		return false
+	}
+	w.m.mu.Lock()
+	for i, q := range w.m.queue {
+		if q == w {
+			w.m.queue = append(w.m.queue[:i], w.m.queue[i+1:]...)
+			w.m.queued.Store(int64(len(w.m.queue)))
+			break
+		}
+	}
+	w.m.mu.Unlock()
+	return true
+}

@@ -1,0 +1,478 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// MOPPhase is where a backend's memory overload protection stands.
+type MOPPhase uint32
+
+// MOP phases.
+const (
+	// Discovery: no rate learned yet; the allowed rate starts low and rises
+	// window by window while the backend's memory stays under the ceiling.
+	Discovery MOPPhase = iota
+	// Learned: a safe rate is known; it keeps adapting slowly.
+	Learned
+)
+
+// String returns "discovery" or "learned".
+func (p MOPPhase) String() string {
+	if p == Learned {
+		return "learned"
+	}
+	return "discovery"
+}
+
+// MOPConfig configures one backend's memory overload protection.
+type MOPConfig struct {
+	// Name identifies the backend in events, e.g. "http 127.0.0.1:18081".
+	Name string
+	// MaxHeap is the memory ceiling as a fraction of the backend's maximum
+	// memory, in (0,1). Flag -mop-max-heap, default 0.85.
+	MaxHeap float64
+	// Window is the averaging window: at least as long as most sessions or
+	// dialogs live. A rate is held for one window before it is judged.
+	// Flag -mop-window, default 60s.
+	Window time.Duration
+	// InitialRate is the allowed rate of new work per second when nothing is
+	// learned. Flag -mop-initial-rate, default 10.
+	InitialRate float64
+	// MinRate is the floor of the allowed rate, per second. Default 1.
+	MinRate float64
+	// Burst is how far ahead of its rate a backend may be sent work, as a
+	// duration at the allowed rate (GCRA tolerance). Default 100ms; at least
+	// one request is always allowed.
+	Burst time.Duration
+	// Margin is the fraction below the predicted safe rate that is allowed,
+	// to absorb noise. Default 0.03.
+	Margin float64
+	// Events receives phase changes and learned-rate updates. May be nil.
+	Events EventSink
+}
+
+func (c *MOPConfig) setDefaults() {
+	if c.MaxHeap == 0 {
+		c.MaxHeap = 0.85
+	}
+	if c.Window == 0 {
+		c.Window = 60 * time.Second
+	}
+	if c.InitialRate == 0 {
+		c.InitialRate = 10
+	}
+	if c.MinRate == 0 {
+		c.MinRate = 1
+	}
+	if c.Burst == 0 {
+		c.Burst = 100 * time.Millisecond
+	}
+	if c.Margin == 0 {
+		c.Margin = 0.03
+	}
+}
+
+// Validate reports the first invalid field, naming its flag.
+func (c MOPConfig) Validate() error {
+	switch {
+	case !(c.MaxHeap > 0 && c.MaxHeap < 1):
+		return fmt.Errorf("-mop-max-heap must be in (0,1) (got %g)", c.MaxHeap)
+	case c.Window <= 0:
+		return errors.New("-mop-window must be positive")
+	case !(c.InitialRate > 0):
+		return fmt.Errorf("-mop-initial-rate must be positive (got %g)", c.InitialRate)
+	case c.MinRate <= 0 || c.MinRate > c.InitialRate:
+		return fmt.Errorf("mop minimum rate must be in (0, initial rate] (got %g)", c.MinRate)
+	case c.Burst < 0:
+		return errors.New("mop burst must not be negative")
+	case c.Margin < 0 || c.Margin >= 0.5:
+		return fmt.Errorf("mop margin must be in [0, 0.5) (got %g)", c.Margin)
+	}
+	return nil
+}
+
+// MOPState is the learned state of one backend as a plain value, for
+// persist/ to store and give back to Import after a restart.
+type MOPState struct {
+	Phase       MOPPhase  `json:"phase"`
+	LearnedRate float64   `json:"learned_rate"` // requests per second; 0 when nothing is learned
+	AllowedRate float64   `json:"allowed_rate"` // requests per second
+	Base        float64   `json:"base"`         // fitted memory fraction at zero rate
+	Slope       float64   `json:"slope"`        // fitted memory fraction per (request per second)
+	UpdatedAt   time.Time `json:"updated_at"`   // wall time of the last change
+}
+
+// MOPStatus is a point-in-time view for /status and metrics.
+type MOPStatus struct {
+	Phase          MOPPhase
+	AllowedRate    float64 // per second
+	LearnedRate    float64 // per second; 0 while discovering
+	MemoryFraction float64 // last sampled used/max of the backend; 0 when unknown
+	Admitted       uint64  // new work admitted since start
+	Refused        uint64  // new work refused since start
+}
+
+// MOP is memory overload protection for one backend. Allow is the hot path:
+// GCRA on one atomic word, no mutex, no allocation. Observe feeds memory
+// samples from a probe and drives learning under a mutex. A nil *MOP allows
+// everything. Safe for concurrent use.
+type MOP struct {
+	cfg MOPConfig
+
+	// Hot path.
+	tat      atomic.Int64 // GCRA theoretical arrival time, monotonic ns
+	emission atomic.Int64 // ns between admissions at the allowed rate
+	tau      atomic.Int64 // GCRA tolerance, ns
+	admitted atomic.Uint64
+	refused  atomic.Uint64
+
+	// Published for readers.
+	phase   atomic.Uint32
+	allowed atomic.Uint64 // float64 bits
+	learned atomic.Uint64 // float64 bits
+	memFrac atomic.Uint64 // float64 bits
+
+	mu sync.Mutex // guards the learner below
+	l  learner
+}
+
+// learner is the slow-path state of MOP, guarded by MOP.mu.
+type learner struct {
+	started     bool
+	winStart    int64
+	admitted0   uint64
+	refused0    uint64
+	lateSum     float64 // memory fractions sampled in the last quarter of the window
+	lateN       int
+	last        float64
+	fit         fit
+	base, slope float64 // model in use: memory ≈ base + slope × rate
+	haveModel   bool
+	crossed     bool // memory passed the ceiling during this window
+}
+
+// NewMOP validates cfg and returns a limiter in Discovery at InitialRate.
+func NewMOP(cfg MOPConfig) (*MOP, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &MOP{cfg: cfg}
+	m.setAllowed(cfg.InitialRate)
+	return m, nil
+}
+
+// Allow reports whether one request of new work may go to the backend now
+// and counts it. It never blocks.
+func (m *MOP) Allow(now int64) bool {
+	if m == nil {
+		return true
+	}
+	t := m.emission.Load()
+	tau := m.tau.Load()
+	for {
+		tat := m.tat.Load()
+		next := tat
+		if next < now {
+			next = now
+		}
+		if next-now > tau {
+			m.refused.Add(1)
+			return false
+		}
+		if m.tat.CompareAndSwap(tat, next+t) {
+			m.admitted.Add(1)
+			return true
+		}
+	}
+}
+
+// Headroom returns how many requests Allow would admit at now without
+// waiting: a tie-breaker for selection. It is 0 when the backend is at its rate.
+func (m *MOP) Headroom(now int64) float64 {
+	if m == nil {
+		return math.Inf(1)
+	}
+	t := float64(m.emission.Load())
+	ahead := float64(m.tat.Load() - now)
+	if ahead < 0 {
+		ahead = 0
+	}
+	h := (float64(m.tau.Load()) - ahead + t) / t
+	if h < 0 {
+		return 0
+	}
+	return h
+}
+
+// RetryAfter is how long until Allow would admit again.
+func (m *MOP) RetryAfter(now int64) time.Duration {
+	if m == nil {
+		return 0
+	}
+	d := m.tat.Load() - m.tau.Load() - now
+	if d < 0 {
+		return 0
+	}
+	return time.Duration(d)
+}
+
+// setAllowed publishes a new allowed rate for the hot path.
+func (m *MOP) setAllowed(rate float64) {
+	if rate < m.cfg.MinRate {
+		rate = m.cfg.MinRate
+	}
+	m.allowed.Store(math.Float64bits(rate))
+	emission := int64(float64(time.Second) / rate)
+	if emission < 1 {
+		emission = 1
+	}
+	tau := int64(m.cfg.Burst)
+	if tau < emission {
+		tau = emission
+	}
+	m.emission.Store(emission)
+	m.tau.Store(tau)
+}
+
+func loadF(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
+
+// Status returns the current view.
+func (m *MOP) Status() MOPStatus {
+	if m == nil {
+		return MOPStatus{}
+	}
+	return MOPStatus{
+		Phase:          MOPPhase(m.phase.Load()),
+		AllowedRate:    loadF(&m.allowed),
+		LearnedRate:    loadF(&m.learned),
+		MemoryFraction: loadF(&m.memFrac),
+		Admitted:       m.admitted.Load(),
+		Refused:        m.refused.Load(),
+	}
+}
+
+// Export returns the learned state as a plain value.
+func (m *MOP) Export() MOPState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return MOPState{
+		Phase:       MOPPhase(m.phase.Load()),
+		LearnedRate: loadF(&m.learned),
+		AllowedRate: loadF(&m.allowed),
+		Base:        m.l.base,
+		Slope:       m.l.slope,
+		UpdatedAt:   time.Now(),
+	}
+}
+
+// Import restores a state from Export. A Learned state is admitted at its
+// learned rate from the first window on; a Discovery state resumes at its
+// allowed rate. A state with no positive rate is ignored.
+func (m *MOP) Import(s MOPState) error {
+	if !(s.AllowedRate > 0) && !(s.LearnedRate > 0) {
+		return fmt.Errorf("mop %s: imported state has no rate", m.cfg.Name)
+	}
+	if math.IsNaN(s.Base) || math.IsNaN(s.Slope) || math.IsInf(s.LearnedRate, 0) || math.IsInf(s.AllowedRate, 0) {
+		return fmt.Errorf("mop %s: imported state is not finite", m.cfg.Name)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rate := s.AllowedRate
+	if s.Phase == Learned && s.LearnedRate > 0 {
+		rate = s.LearnedRate
+		m.learned.Store(math.Float64bits(s.LearnedRate))
+	}
+	m.phase.Store(uint32(s.Phase))
+	if s.Slope > 0 {
+		m.l.base, m.l.slope, m.l.haveModel = s.Base, s.Slope, true
+	}
+	m.setAllowed(rate)
+	return nil
+}
+
+// Observe feeds one memory sample of the backend (used and maximum bytes)
+// taken at now, and judges the window when it has ended. It is called by the
+// backend's memory probe, never on a request's path.
+func (m *MOP) Observe(now int64, used, max int64) {
+	if m == nil || max <= 0 || used < 0 {
+		return
+	}
+	frac := float64(used) / float64(max)
+	m.memFrac.Store(math.Float64bits(frac))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := &m.l
+	if !l.started {
+		m.startWindow(now)
+	}
+	w := int64(m.cfg.Window)
+	for now-l.winStart >= w {
+		m.judgeWindow(l.winStart + w)
+	}
+	l.last = frac
+	if now-l.winStart >= w*3/4 {
+		l.lateSum += frac
+		l.lateN++
+	}
+	if frac > m.cfg.MaxHeap && !l.crossed {
+		// Do not wait for the window to end: memory lags the rate, so cut
+		// now, to the model's safe rate if there is one.
+		l.crossed = true
+		m.cut(frac)
+	}
+}
+
+func (m *MOP) startWindow(now int64) {
+	l := &m.l
+	l.started = true
+	l.winStart = now
+	l.admitted0 = m.admitted.Load()
+	l.refused0 = m.refused.Load()
+	l.lateSum, l.lateN = 0, 0
+	l.crossed = false
+}
+
+// cut lowers the allowed rate after memory passed the ceiling.
+func (m *MOP) cut(frac float64) {
+	rate := loadF(&m.allowed)
+	next := rate * 0.7
+	if m.l.haveModel && frac > m.l.base {
+		// Memory scales with the rate above the base: scale the rate down
+		// by how far over the ceiling we are.
+		next = math.Min(next, rate*(m.cfg.MaxHeap-m.l.base)/(frac-m.l.base)*(1-m.cfg.Margin))
+	}
+	m.setAllowed(next)
+	if MOPPhase(m.phase.Load()) == Discovery {
+		m.learn(loadF(&m.allowed), "memory passed the ceiling during discovery")
+	}
+}
+
+// learn records rate as the learned rate and enters the Learned phase.
+func (m *MOP) learn(rate float64, why string) {
+	old := loadF(&m.learned)
+	m.learned.Store(math.Float64bits(rate))
+	if MOPPhase(m.phase.Swap(uint32(Learned))) != Learned {
+		m.cfg.Events.emit(EventMOPPhase, m.cfg.Name, "mop phase discovery -> learned: "+why)
+	}
+	if math.Abs(rate-old) > 0.01*math.Max(rate, old) {
+		m.cfg.Events.emit(EventMOPLearned, m.cfg.Name, fmt.Sprintf("learned rate %.1f/s -> %.1f/s", old, rate))
+	}
+}
+
+// judgeWindow ends the window that closes at end: it fits the point
+// (windowed admitted rate, memory) and sets the next allowed rate.
+func (m *MOP) judgeWindow(end int64) {
+	l := &m.l
+	secs := m.cfg.Window.Seconds()
+	admitted := m.admitted.Load() - l.admitted0
+	refused := m.refused.Load() - l.refused0
+	rate := float64(admitted) / secs
+	demandLimited := refused > 0
+	mem := l.last
+	if l.lateN > 0 {
+		mem = l.lateSum / float64(l.lateN)
+	}
+	haveMem := l.lateN > 0
+	crossed := l.crossed
+	m.startWindow(end)
+	if !haveMem {
+		return // no sample late in the window: nothing to judge
+	}
+	allowed := loadF(&m.allowed)
+	ceiling := m.cfg.MaxHeap
+	phase := MOPPhase(m.phase.Load())
+
+	// Update the model: memory ≈ base + slope × rate.
+	if rate > 0 {
+		l.fit.add(rate, mem)
+	}
+	if phase == Discovery {
+		if b, s, ok := l.fit.line(); ok && s > 0 {
+			l.base, l.slope, l.haveModel = b, s, true
+		}
+	} else if l.haveModel && rate >= 0.2*allowed && mem > l.base {
+		// With a steady rate the intercept cannot be refitted: keep the base
+		// and re-estimate the slope from this window. Bad news is taken at
+		// once, good news slowly.
+		s := (mem - l.base) / rate
+		if s > l.slope {
+			l.slope = s
+		} else {
+			l.slope += 0.3 * (s - l.slope)
+		}
+	}
+	safe := math.Inf(1)
+	if l.haveModel {
+		safe = (ceiling - l.base) / l.slope * (1 - m.cfg.Margin)
+	}
+
+	switch {
+	case phase == Discovery && (crossed || mem > ceiling):
+		if !crossed {
+			m.cut(mem)
+		}
+	case phase == Discovery:
+		if !demandLimited {
+			return // demand below the allowed rate: nothing new to learn
+		}
+		next := allowed * 2 // raise slowly: at most double per window
+		if safe < next {
+			next = safe
+		}
+		if next <= allowed*1.02 {
+			// The model says we are at the safe rate and memory held.
+			m.learn(allowed, fmt.Sprintf("rate %.1f/s held a window at %.1f%% memory", allowed, 100*mem))
+			return
+		}
+		m.setAllowed(next)
+	default: // Learned: adapt slowly
+		next := allowed
+		switch {
+		case mem > ceiling:
+			next = math.Min(allowed*0.9, safe)
+		case safe < allowed:
+			next = safe
+		case demandLimited && safe > allowed:
+			next = math.Min(safe, allowed*1.1)
+		}
+		if next != allowed {
+			m.setAllowed(next)
+			m.learn(loadF(&m.allowed), "adapted")
+		}
+	}
+}
+
+// fit is a least-squares line through (rate, memory) points.
+type fit struct {
+	n, sx, sy, sxx, sxy float64
+}
+
+func (f *fit) add(x, y float64) {
+	f.n++
+	f.sx += x
+	f.sy += y
+	f.sxx += x * x
+	f.sxy += x * y
+}
+
+// line returns intercept and slope; ok is false while the rates seen are too
+// alike to tell them apart.
+func (f *fit) line() (base, slope float64, ok bool) {
+	if f.n < 2 {
+		return 0, 0, false
+	}
+	den := f.n*f.sxx - f.sx*f.sx
+	mean := f.sx / f.n
+	if den <= 1e-9*f.n*f.n*mean*mean || den == 0 {
+		return 0, 0, false
+	}
+	slope = (f.n*f.sxy - f.sx*f.sy) / den
+	base = (f.sy - slope*f.sx) / f.n
+	return base, slope, true
+}

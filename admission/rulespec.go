@@ -1,0 +1,116 @@
+package admission
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ParseLimit parses "N/UNIT" where UNIT is one of s, sec, second, m, min,
+// minute, h, hour (a trailing "s" is allowed: "10/seconds").
+func ParseLimit(s string) (limit int64, unit time.Duration, err error) {
+	n, u, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return 0, 0, fmt.Errorf("limit %q: want N/UNIT, e.g. 10/min", s)
+	}
+	limit, err = strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+	if err != nil || limit < 0 {
+		return 0, 0, fmt.Errorf("limit %q: count must be a whole number >= 0", s)
+	}
+	switch strings.ToLower(strings.TrimSpace(u)) {
+	case "s", "sec", "second", "secs", "seconds":
+		unit = time.Second
+	case "m", "min", "minute", "mins", "minutes":
+		unit = time.Minute
+	case "h", "hour", "hours":
+		unit = time.Hour
+	default:
+		return 0, 0, fmt.Errorf("limit %q: unit must be one of s, sec, second, m, min, minute, h, hour", s)
+	}
+	return limit, unit, nil
+}
+
+// ParseRule parses the -arm flag grammar shared by HTTP and SIP:
+//
+//	name=api,proto=http,method=POST,host=example.com,path=/api/,limit=100/s,
+//	action=delay|reject|log,queue=500,wait=2s,qualify=10s,low=50/s,lower=10/s
+//
+// Only name and limit are required. A unit given in low or lower that
+// differs from the limit's is kept in LowUnit/LowerUnit so that the meter can
+// warn that it is ignored.
+func ParseRule(s string) (RuleConfig, error) {
+	var rc RuleConfig
+	haveLimit := false
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return rc, fmt.Errorf("-arm %q: %q is not key=value", s, kv)
+		}
+		k, v = strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v)
+		var err error
+		switch k {
+		case "name":
+			rc.Name = v
+		case "proto":
+			v = strings.ToLower(v)
+			if v != "http" && v != "sip" && v != "any" && v != "" {
+				err = fmt.Errorf("proto must be http or sip")
+			}
+			if v == "any" {
+				v = ""
+			}
+			rc.Match.Proto = v
+		case "method":
+			rc.Match.Method = strings.ToUpper(v)
+		case "host":
+			rc.Match.Host = v
+		case "path":
+			rc.Match.PathPrefix = v
+		case "limit":
+			rc.Limit, rc.Unit, err = ParseLimit(v)
+			haveLimit = err == nil
+		case "low":
+			rc.LowLimit, rc.LowUnit, err = ParseLimit(v)
+		case "lower":
+			rc.LowerLimit, rc.LowerUnit, err = ParseLimit(v)
+		case "action":
+			rc.Action, err = ParseAction(v)
+		case "queue":
+			rc.Queue, err = strconv.Atoi(v)
+			if err == nil && rc.Queue < 1 {
+				err = fmt.Errorf("queue must be >= 1")
+			}
+		case "wait":
+			rc.MaxWait, err = time.ParseDuration(v)
+		case "qualify":
+			rc.Qualify, err = time.ParseDuration(v)
+		default:
+			err = fmt.Errorf("unknown key (want name, proto, method, host, path, limit, action, queue, wait, qualify, low, lower)")
+		}
+		if err != nil {
+			return rc, fmt.Errorf("-arm %q: %s: %w", s, k, err)
+		}
+	}
+	if rc.Name == "" {
+		return rc, fmt.Errorf("-arm %q: name is required", s)
+	}
+	if !haveLimit {
+		return rc, fmt.Errorf("-arm %q: limit is required (e.g. limit=100/s)", s)
+	}
+	// A state limit inherits the rule's unit when its own was the same.
+	if rc.LowUnit == rc.Unit {
+		rc.LowUnit = 0
+	}
+	if rc.LowerUnit == rc.Unit {
+		rc.LowerUnit = 0
+	}
+	if err := rc.Validate(); err != nil {
+		return rc, fmt.Errorf("-arm %q: %w", s, err)
+	}
+	return rc, nil
+}
