@@ -135,6 +135,9 @@ type Meter struct {
 	word   atomic.Uint64 // busy | epoch | count of the current sub-interval
 	prev   atomic.Int64  // sum of the five sub-intervals before the current one
 	queued atomic.Int64  // delay queue length, read by the fast path
+	// reachedAt is when the rate last reached the limit, or -1: the start
+	// of the qualification time.
+	reachedAt atomic.Int64
 
 	admitted atomic.Uint64 // admitted at once
 	released atomic.Uint64 // admitted from the queue
@@ -147,7 +150,6 @@ type Meter struct {
 	ring      [subIntervals]int64
 	ringEpoch [subIntervals]int64
 	queue     []*Wait // FIFO; head at queue[0]
-	overSince int64   // when the rate reached the limit; -1 when below
 	engaged   bool
 	state     MemState // memory state seen by the last decision
 }
@@ -160,7 +162,8 @@ func NewMeter(cfg RuleConfig, now int64, events EventSink) (*Meter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Meter{cfg: cfg, sub: int64(cfg.Unit) / subIntervals, events: events, overSince: -1}
+	m := &Meter{cfg: cfg, sub: int64(cfg.Unit) / subIntervals, events: events}
+	m.reachedAt.Store(-1)
 	for _, u := range []struct {
 		unit  time.Duration
 		state string
@@ -202,10 +205,14 @@ func (m *Meter) Admit(now int64, state MemState) Decision {
 		if w&wordBusy != 0 || int64(w>>32)&epochMask != e || m.queued.Load() != 0 {
 			break
 		}
-		if m.prev.Load()+int64(w&countMask) >= lim {
+		rate := m.prev.Load() + int64(w&countMask)
+		if rate >= lim {
 			break
 		}
 		if m.word.CompareAndSwap(w, w+1) {
+			if rate+1 == lim && m.cfg.Qualify > 0 {
+				m.reachedAt.CompareAndSwap(-1, now)
+			}
 			m.admitted.Add(1)
 			return Decision{Verdict: Admit}
 		}
@@ -219,14 +226,12 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 	m.state = state
 	m.advanceLocked(now)
 	lim := m.limits[state]
-	if len(m.queue) == 0 && m.tryCountLocked(lim) {
+	if len(m.queue) == 0 && m.tryCountLocked(now, lim) {
 		m.admitted.Add(1)
 		return Decision{Verdict: Admit}
 	}
 	// At or over the limit, or others are waiting.
-	if m.overSince < 0 {
-		m.overSince = now
-	}
+	m.reachedAt.CompareAndSwap(-1, now)
 	if !m.engaged {
 		m.engaged = true
 		kind, verb := EventARMEngaged, m.cfg.Action.String()
@@ -235,7 +240,7 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 		}
 		m.events.emit(kind, m.cfg.Name, fmt.Sprintf("arm rule %s reached its limit %d/%s (%s)", m.cfg.Name, lim, unitName(m.cfg.Unit), verb))
 	}
-	if m.cfg.Action == ActionLog || (m.cfg.Qualify > 0 && now-m.overSince < int64(m.cfg.Qualify)) {
+	if m.cfg.Action == ActionLog || (m.cfg.Qualify > 0 && now-m.reachedAt.Load() < int64(m.cfg.Qualify)) {
 		m.word.Add(1) // we hold mu and the word is not busy: counted over the limit
 		m.over.Add(1)
 		m.admitted.Add(1)
@@ -258,13 +263,17 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 
 // tryCountLocked counts one admission in the current sub-interval if the
 // rate is under lim. The caller holds mu, so the word is not busy.
-func (m *Meter) tryCountLocked(lim int64) bool {
+func (m *Meter) tryCountLocked(now, lim int64) bool {
 	for {
 		w := m.word.Load()
-		if m.prev.Load()+int64(w&countMask) >= lim {
+		rate := m.prev.Load() + int64(w&countMask)
+		if rate >= lim {
 			return false
 		}
 		if m.word.CompareAndSwap(w, w+1) {
+			if rate+1 == lim {
+				m.reachedAt.CompareAndSwap(-1, now)
+			}
 			return true
 		}
 	}
@@ -290,7 +299,7 @@ func (m *Meter) advanceLocked(now int64) int {
 	released := 0
 	for len(m.queue) > 0 {
 		w := m.queue[0]
-		if w.result.Load() == waitPending && !m.tryCountLocked(lim) {
+		if w.result.Load() == waitPending && !m.tryCountLocked(now, lim) {
 			break
 		}
 		m.popLocked()
@@ -314,7 +323,7 @@ func (m *Meter) advanceLocked(now int64) int {
 	}
 	rate := m.prev.Load() + int64(m.word.Load()&countMask)
 	if rate < lim && len(m.queue) == 0 {
-		m.overSince = -1
+		m.reachedAt.Store(-1)
 		if m.engaged {
 			m.engaged = false
 			m.events.emit(EventARMReleased, m.cfg.Name, fmt.Sprintf("arm rule %s is under its limit again (rate %d of %d)", m.cfg.Name, rate, lim))
