@@ -1,0 +1,105 @@
+package persist
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// Saver saves learned MOP states every Config.Interval on its own
+// goroutine, and once more when it is closed. It pulls the states from the
+// function it was given, so nothing on a request's path waits for the disk.
+// At most one interval of learning is lost when the process is killed.
+type Saver struct {
+	s        *Store
+	states   func() map[string]admission.MOPState
+	interval time.Duration
+
+	mu       sync.Mutex // serialises saves
+	failing  bool       // the last save failed; logged once per failure streak
+	quit     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// NewSaver starts a Saver that calls states every Config.Interval and
+// stores what it returns with SaveMOP. states is called from the Saver's
+// goroutine only, never concurrently with itself; keys are MOPKey values.
+// Close the Saver (or the Store) to stop it with a final save.
+func (s *Store) NewSaver(states func() map[string]admission.MOPState) (*Saver, error) {
+	if states == nil {
+		return nil, errors.New("new saver: states function is nil")
+	}
+	if s.cfg.ReadOnly {
+		return nil, fmt.Errorf("new saver for %s: store is read-only", s.cfg.Dir)
+	}
+	sv := &Saver{
+		s:        s,
+		states:   states,
+		interval: s.cfg.Interval,
+		quit:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("new saver for %s: %w", s.cfg.Dir, ErrClosed)
+	}
+	s.savers[sv] = struct{}{}
+	s.mu.Unlock()
+	go sv.run()
+	return sv, nil
+}
+
+func (sv *Saver) run() {
+	defer close(sv.done)
+	t := time.NewTicker(sv.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			sv.save() // logged inside
+		case <-sv.quit:
+			return
+		}
+	}
+}
+
+// SaveNow saves the current states at once, outside the ticker.
+func (sv *Saver) SaveNow() error { return sv.save() }
+
+func (sv *Saver) save() error {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	states := sv.states()
+	if len(states) == 0 {
+		return nil
+	}
+	err := sv.s.SaveMOP(states)
+	switch {
+	case err != nil && !sv.failing:
+		sv.s.log.Warn("saving learned mop states failed", "dir", sv.s.cfg.Dir, "err", err)
+	case err == nil && sv.failing:
+		sv.s.log.Info("saving learned mop states works again", "dir", sv.s.cfg.Dir)
+	}
+	sv.failing = err != nil
+	return err
+}
+
+// Close stops the Saver and saves the states a last time, returning the
+// error of that save. Calls after the first return the first result.
+func (sv *Saver) Close() error {
+	sv.stopOnce.Do(func() {
+		close(sv.quit)
+		<-sv.done
+		sv.stopErr = sv.save()
+		sv.s.mu.Lock()
+		delete(sv.s.savers, sv)
+		sv.s.mu.Unlock()
+	})
+	return sv.stopErr
+}
