@@ -1,0 +1,255 @@
+package lb
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// State is a backend's state as seen by selection.
+type State uint32
+
+// Backend states, from the most to the least available.
+const (
+	// Up takes new work and affinity traffic.
+	Up State = iota
+	// Draining takes affinity traffic only: an operator drained it, or its
+	// health answer said "send no new requests" (HTTP 429, SIP 503 with
+	// Retry-After).
+	Draining
+	// Down takes nothing: active health checks failed, or passive
+	// ejection holds it out for a cool-down. Its affinity clients are
+	// re-pinned.
+	Down
+)
+
+var stateNames = [...]string{"up", "draining", "down"}
+
+// String returns "up", "draining" or "down".
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("state(%d)", uint32(s))
+}
+
+// Result is the outcome of one forwarded request, reported with Release
+// for passive health.
+type Result uint8
+
+// Results of a forwarded request.
+const (
+	// OK is any answer that says nothing bad about the backend (including
+	// 4xx answers).
+	OK Result = iota
+	// ConnectError: the backend could not be reached (dial refused or
+	// timed out, connection reset before an answer).
+	ConnectError
+	// Timeout: the backend accepted the request but did not answer in time.
+	Timeout
+	// ServerError: the backend answered 5xx.
+	ServerError
+	// Abandoned: the request was given up for reasons of our own (client
+	// gone, memory state Critical); it does not count for or against the
+	// backend.
+	Abandoned
+)
+
+// BackendConfig describes one backend.
+type BackendConfig struct {
+	// ID names the backend in affinity tokens, logs and /status. It must be
+	// unique in its pool and stable across restarts so that sticky clients
+	// keep their backend. Default: Addr.
+	ID string
+	// Addr is host:port.
+	Addr string
+	// Proto is "http" or "sip" (informational; shown in /status).
+	Proto string
+	// Weight is the relative share of new work for weighted policies, in
+	// [1, MaxWeight]. Default 1.
+	Weight int
+	// MOP is the backend's memory overload protection, or nil for none.
+	MOP *admission.MOP
+}
+
+// MaxWeight is the largest backend weight.
+const MaxWeight = 1000
+
+// Backend is one server behind the balancer. Its counters and state are
+// atomics, so selection and the request path take no lock; a Backend must
+// not be copied. Build it with NewBackend and hand it to NewPool.
+type Backend struct {
+	id     string
+	addr   string
+	proto  string
+	weight int
+	index  int
+	mop    *admission.MOP
+
+	outstanding atomic.Int64
+	requests    atomic.Uint64 // forwarded, all classes
+	failures    atomic.Uint64 // Release with a result other than OK or Abandoned
+
+	// Health. Each source sets its own word; State combines them.
+	drained   atomic.Bool  // operator drain
+	probeDown atomic.Bool  // active health check says down
+	busyUntil atomic.Int64 // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
+	ejectedAt atomic.Int64 // passive ejection: down before this monotonic ns
+	consecErr atomic.Int32 // consecutive failures, for passive ejection
+
+	passive *passiveConfig // set by the pool; nil disables passive ejection
+}
+
+type passiveConfig struct {
+	maxFails int32
+	cooldown int64
+}
+
+// ErrBadBackend is wrapped by NewBackend and NewPool for an invalid backend.
+var ErrBadBackend = errors.New("invalid backend")
+
+// NewBackend validates cfg and returns a Backend in state Up.
+func NewBackend(cfg BackendConfig) (*Backend, error) {
+	if cfg.Addr == "" {
+		return nil, fmt.Errorf("new backend: empty address: %w", ErrBadBackend)
+	}
+	if cfg.ID == "" {
+		cfg.ID = cfg.Addr
+	}
+	if len(cfg.ID) > maxIDLen {
+		return nil, fmt.Errorf("new backend %s: id longer than %d bytes: %w", cfg.ID, maxIDLen, ErrBadBackend)
+	}
+	if cfg.Weight == 0 {
+		cfg.Weight = 1
+	}
+	if cfg.Weight < 1 || cfg.Weight > MaxWeight {
+		return nil, fmt.Errorf("new backend %s: weight %d not in [1,%d]: %w", cfg.ID, cfg.Weight, MaxWeight, ErrBadBackend)
+	}
+	return &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, weight: cfg.Weight, mop: cfg.MOP, index: -1}, nil
+}
+
+// ID returns the backend's id, the value carried in affinity tokens.
+func (b *Backend) ID() string { return b.id }
+
+// Addr returns host:port.
+func (b *Backend) Addr() string { return b.addr }
+
+// Proto returns "http" or "sip".
+func (b *Backend) Proto() string { return b.proto }
+
+// Weight returns the configured weight.
+func (b *Backend) Weight() int { return b.weight }
+
+// Index returns the backend's position in its pool, so a front end can keep
+// per-backend data (a connection pool) in a slice; -1 before NewPool.
+func (b *Backend) Index() int { return b.index }
+
+// MOP returns the backend's limiter, possibly nil (which allows everything).
+func (b *Backend) MOP() *admission.MOP { return b.mop }
+
+// State returns the backend's state at now (monotonic ns): Down if an
+// active check failed or it is passively ejected, Draining if drained or
+// busy, else Up. It takes a few atomic loads.
+func (b *Backend) State(now int64) State {
+	if b.probeDown.Load() || now < b.ejectedAt.Load() {
+		return Down
+	}
+	if b.drained.Load() {
+		return Draining
+	}
+	if u := b.busyUntil.Load(); u < 0 || now < u {
+		return Draining
+	}
+	return Up
+}
+
+// AcceptsNew reports whether the backend takes new work at now.
+func (b *Backend) AcceptsNew(now int64) bool { return b.State(now) == Up }
+
+// AcceptsAffinity reports whether requests pinned to the backend may still
+// go to it at now (Up or Draining).
+func (b *Backend) AcceptsAffinity(now int64) bool { return b.State(now) != Down }
+
+// Acquire counts one request as outstanding on the backend. Every Acquire
+// must be paired with one Release.
+func (b *Backend) Acquire() {
+	b.outstanding.Add(1)
+	b.requests.Add(1)
+}
+
+// Release ends a request counted by Acquire and feeds passive health: with
+// passive ejection on, MaxFails consecutive ConnectError, Timeout or
+// ServerError results take the backend Down for the cool-down. OK resets
+// the count; Abandoned leaves it alone.
+func (b *Backend) Release(now int64, r Result) {
+	b.outstanding.Add(-1)
+	switch r {
+	case OK:
+		if b.consecErr.Load() != 0 {
+			b.consecErr.Store(0)
+		}
+	case Abandoned:
+	default:
+		b.failures.Add(1)
+		p := b.passive
+		if p == nil {
+			return
+		}
+		if b.consecErr.Add(1) >= p.maxFails {
+			b.consecErr.Store(0)
+			b.ejectedAt.Store(now + p.cooldown)
+		}
+	}
+}
+
+// Outstanding returns the number of requests in flight on the backend.
+func (b *Backend) Outstanding() int64 { return b.outstanding.Load() }
+
+// Drain stops (true) or resumes (false) new work to the backend; affinity
+// traffic continues. It is the operator's switch.
+func (b *Backend) Drain(on bool) { b.drained.Store(on) }
+
+// SetBusy makes the backend take no new work until the monotonic time
+// until (the SIP 503 Retry-After rule, RFC 3261 §21.5.4); until < 0 keeps
+// it busy until ClearBusy. Affinity traffic continues.
+func (b *Backend) SetBusy(until int64) { b.busyUntil.Store(until) }
+
+// ClearBusy ends SetBusy.
+func (b *Backend) ClearBusy() { b.busyUntil.Store(0) }
+
+// SetProbeDown records the verdict of the active health check.
+func (b *Backend) SetProbeDown(down bool) { b.probeDown.Store(down) }
+
+// Eject takes the backend Down until now+d, as passive ejection does.
+func (b *Backend) Eject(now int64, d time.Duration) { b.ejectedAt.Store(now + int64(d)) }
+
+// BackendStatus is a point-in-time view of a backend for /status.
+type BackendStatus struct {
+	ID          string
+	Proto       string
+	Addr        string
+	Weight      int
+	State       State
+	Outstanding int64
+	Requests    uint64
+	Failures    uint64
+	MOP         admission.MOPStatus
+}
+
+// Status returns the backend's view at now.
+func (b *Backend) Status(now int64) BackendStatus {
+	return BackendStatus{
+		ID:          b.id,
+		Proto:       b.proto,
+		Addr:        b.addr,
+		Weight:      b.weight,
+		State:       b.State(now),
+		Outstanding: b.outstanding.Load(),
+		Requests:    b.requests.Load(),
+		Failures:    b.failures.Load(),
+		MOP:         b.mop.Status(),
+	}
+}

@@ -1,0 +1,193 @@
+package lb
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// MaxBackends is the largest pool. Selection tracks the candidates it has
+// tried in a fixed bitset on the stack so that it never allocates.
+const MaxBackends = 1024
+
+// Outcome says how Pick ended.
+type Outcome uint8
+
+// Pick outcomes.
+const (
+	// Picked: the returned backend accepts new work and its MOP admitted
+	// the request (the admission is counted).
+	Picked Outcome = iota
+	// NoBackend: no backend accepts new work (all down or draining). HTTP
+	// answers 503, SIP 500 or 503 (RFC 3261 §16.7).
+	NoBackend
+	// MOPRefused: at least one backend accepts new work but every such
+	// candidate's MOP refused; answer with admission.Controller.RefuseMOP.
+	MOPRefused
+)
+
+var outcomeNames = [...]string{"picked", "no_backend", "mop_refused"}
+
+// String returns "picked", "no_backend" or "mop_refused".
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("outcome(%d)", o)
+}
+
+// PassiveConfig configures passive ejection: a backend that fails MaxFails
+// requests in a row (connect error, timeout or 5xx) is Down for Cooldown.
+type PassiveConfig struct {
+	// MaxFails is the number of consecutive failures that eject a backend;
+	// 0 disables passive ejection. Flag -health-max-fails, default 3.
+	MaxFails int
+	// Cooldown is how long an ejected backend stays Down. Flag
+	// -health-cooldown, default 10s.
+	Cooldown time.Duration
+}
+
+// PoolConfig configures a Pool.
+type PoolConfig struct {
+	// Policy names the selection policy (see PolicyNames). Flag
+	// -lb-policy, default "round-robin".
+	Policy string
+	// Passive is passive ejection; the zero value disables it.
+	Passive PassiveConfig
+}
+
+// Pool is a fixed set of backends and the policy that picks among them.
+// It is safe for concurrent use; Pick, Lookup and the Backend methods take
+// no lock and allocate nothing.
+type Pool struct {
+	backends []*Backend
+	byID     map[string]*Backend
+	policy   Policy
+	name     string
+}
+
+// ErrNoBackends is returned by NewPool for an empty backend list.
+var ErrNoBackends = errors.New("pool has no backends")
+
+// NewPool takes ownership of backends (their order is the pool's order)
+// and builds the policy named by cfg.Policy. Backend ids must be unique.
+func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
+	if len(backends) == 0 {
+		return nil, ErrNoBackends
+	}
+	if len(backends) > MaxBackends {
+		return nil, fmt.Errorf("new pool: %d backends, at most %d: %w", len(backends), MaxBackends, ErrBadBackend)
+	}
+	if cfg.Passive.MaxFails < 0 || cfg.Passive.Cooldown < 0 {
+		return nil, errors.New("-health-max-fails and -health-cooldown must not be negative")
+	}
+	if cfg.Passive.MaxFails > 0 && cfg.Passive.Cooldown == 0 {
+		cfg.Passive.Cooldown = 10 * time.Second
+	}
+	p := &Pool{backends: append([]*Backend(nil), backends...), byID: make(map[string]*Backend, len(backends))}
+	var passive *passiveConfig
+	if cfg.Passive.MaxFails > 0 {
+		passive = &passiveConfig{maxFails: int32(cfg.Passive.MaxFails), cooldown: int64(cfg.Passive.Cooldown)}
+	}
+	for i, b := range p.backends {
+		if b == nil {
+			return nil, fmt.Errorf("new pool: backend %d is nil: %w", i, ErrBadBackend)
+		}
+		if _, dup := p.byID[b.id]; dup {
+			return nil, fmt.Errorf("new pool: duplicate backend id %q: %w", b.id, ErrBadBackend)
+		}
+		if b.index >= 0 {
+			return nil, fmt.Errorf("new pool: backend %q already belongs to a pool: %w", b.id, ErrBadBackend)
+		}
+		b.index = i
+		b.passive = passive
+		p.byID[b.id] = b
+	}
+	pol, err := NewPolicy(cfg.Policy, p.backends)
+	if err != nil {
+		return nil, err
+	}
+	p.policy = pol
+	p.name = cfg.Policy
+	return p, nil
+}
+
+// Backends returns the pool's backends in order. The slice is shared:
+// do not modify it.
+func (p *Pool) Backends() []*Backend { return p.backends }
+
+// Len returns the number of backends.
+func (p *Pool) Len() int { return len(p.backends) }
+
+// Policy returns the selection policy in use.
+func (p *Pool) Policy() Policy { return p.policy }
+
+// Lookup returns the backend with the given id, or nil. Lookup with
+// string(b) of a byte slice does not allocate.
+func (p *Pool) Lookup(id string) *Backend { return p.byID[id] }
+
+// Pinned returns the backend an affinity token names if it still takes
+// affinity traffic at now (Up or Draining); otherwise nil, and the request
+// is new work to be re-pinned.
+func (p *Pool) Pinned(id string, now int64) *Backend {
+	b := p.byID[id]
+	if b == nil || !b.AcceptsAffinity(now) {
+		return nil
+	}
+	return b
+}
+
+// Pick chooses a backend for new work at now. key feeds hash-based
+// policies (use Hash or HashBytes on a source address, header, cookie or
+// Call-ID); other policies ignore it. skip, if not nil, is never chosen:
+// pass the backend that just failed to retry elsewhere.
+//
+// Candidates come in the policy's order; each one that accepts new work is
+// asked its MOP, and the first that admits is returned with Picked. When
+// every candidate's MOP refuses, Pick returns MOPRefused and the shortest
+// Retry-After among them; when no backend accepts new work at all, it
+// returns NoBackend. Pick allocates nothing.
+func (p *Pool) Pick(now int64, key uint64, skip *Backend) (b *Backend, out Outcome, retryAfter time.Duration) {
+	var tried Set
+	if skip != nil && skip.index >= 0 && skip.index < len(p.backends) && p.backends[skip.index] == skip {
+		tried.Add(skip.index)
+	}
+	out = NoBackend
+	for {
+		i := p.policy.Select(p.backends, now, key, tried)
+		if i < 0 {
+			return nil, out, retryAfter
+		}
+		tried.Add(i)
+		c := p.backends[i]
+		if c.mop.Allow(now) {
+			return c, Picked, 0
+		}
+		ra := c.mop.RetryAfter(now)
+		if out != MOPRefused || ra < retryAfter {
+			retryAfter = ra
+		}
+		out = MOPRefused
+	}
+}
+
+// Status returns the status of every backend at now.
+func (p *Pool) Status(now int64) []BackendStatus {
+	s := make([]BackendStatus, len(p.backends))
+	for i, b := range p.backends {
+		s[i] = b.Status(now)
+	}
+	return s
+}
+
+// Set is a set of backend indices in [0, MaxBackends), used by Pick to
+// remember the candidates it has tried. Its zero value is empty.
+type Set struct {
+	w [MaxBackends / 64]uint64
+}
+
+// Add puts i in the set.
+func (s *Set) Add(i int) { s.w[i>>6] |= 1 << (i & 63) }
+
+// Has reports whether i is in the set.
+func (s *Set) Has(i int) bool { return s.w[i>>6]&(1<<(i&63)) != 0 }
