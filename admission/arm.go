@@ -132,14 +132,17 @@ type Meter struct {
 	limits [numStates]int64
 	events EventSink
 
+	_      [64]byte      // keep the hot words off the cache line of cfg
 	word   atomic.Uint64 // busy | epoch | count of the current sub-interval
-	prev   atomic.Int64  // sum of the five sub-intervals before the current one
-	queued atomic.Int64  // delay queue length, read by the fast path
+	_      [56]byte
+	prev   atomic.Int64 // sum of the five sub-intervals before the current one
+	queued atomic.Int64 // delay queue length, read by the fast path
 	// reachedAt is when the rate last reached the limit, or -1: the start
 	// of the qualification time.
 	reachedAt atomic.Int64
 
-	admitted atomic.Uint64 // admitted at once
+	shards   shards        // parked reservations of the fast path
+	counted  atomic.Uint64 // admissions of past sub-intervals, set at rotation
 	released atomic.Uint64 // admitted from the queue
 	delayed  atomic.Uint64
 	refused  atomic.Uint64
@@ -199,6 +202,10 @@ func (m *Meter) Name() string { return m.cfg.Name }
 // Admit, Delay (with a Wait to block on) or Refuse.
 func (m *Meter) Admit(now int64, state MemState) Decision {
 	e := (now / m.sub) & epochMask
+	sh := m.shards.pick()
+	if m.queued.Load() == 0 && sh.take(uint32(e)) {
+		return Decision{Verdict: Admit}
+	}
 	lim := m.limits[state]
 	for {
 		w := m.word.Load()
@@ -209,15 +216,34 @@ func (m *Meter) Admit(now int64, state MemState) Decision {
 		if rate >= lim {
 			break
 		}
-		if m.word.CompareAndSwap(w, w+1) {
-			if rate+1 == lim && m.cfg.Qualify > 0 {
+		n := batchFor(lim - rate)
+		if m.word.CompareAndSwap(w, w+uint64(n)) {
+			if rate+n >= lim && m.cfg.Qualify > 0 {
 				m.reachedAt.CompareAndSwap(-1, now)
 			}
-			m.admitted.Add(1)
+			if n > 1 {
+				if lost := sh.park(uint32(e), uint64(n-1)); lost > 0 {
+					m.giveBack(e, lost)
+				}
+			}
 			return Decision{Verdict: Admit}
 		}
 	}
 	return m.admitSlow(now, state)
+}
+
+// giveBack returns n reserved admissions of epoch e that were displaced
+// from a shard, if the sub-interval is still current.
+func (m *Meter) giveBack(e int64, n uint64) {
+	for {
+		w := m.word.Load()
+		if w&wordBusy != 0 || int64(w>>32)&epochMask != e || w&countMask < n {
+			return // rotated meanwhile: they stay counted, a conservative error
+		}
+		if m.word.CompareAndSwap(w, w-n) {
+			return
+		}
+	}
 }
 
 func (m *Meter) admitSlow(now int64, state MemState) Decision {
@@ -227,7 +253,6 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 	m.advanceLocked(now)
 	lim := m.limits[state]
 	if len(m.queue) == 0 && m.tryCountLocked(now, lim) {
-		m.admitted.Add(1)
 		return Decision{Verdict: Admit}
 	}
 	// At or over the limit, or others are waiting.
@@ -243,7 +268,6 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 	if m.cfg.Action == ActionLog || (m.cfg.Qualify > 0 && now-m.reachedAt.Load() < int64(m.cfg.Qualify)) {
 		m.word.Add(1) // we hold mu and the word is not busy: counted over the limit
 		m.over.Add(1)
-		m.admitted.Add(1)
 		return Decision{Verdict: Admit}
 	}
 	retry := m.retryAfterLocked(now)
@@ -348,8 +372,11 @@ func (m *Meter) rotateLocked(e int64) {
 			break
 		}
 	}
+	// Reservations parked in shards and not used are not admissions.
+	unused := m.shards.drain(uint32(m.epoch & epochMask))
 	i := m.epoch % subIntervals
-	m.ring[i], m.ringEpoch[i] = int64(w&countMask), m.epoch
+	m.ring[i], m.ringEpoch[i] = int64(w&countMask)-int64(unused), m.epoch
+	m.counted.Add(uint64(m.ring[i]))
 	var sum int64
 	for j := range m.ring {
 		if m.ringEpoch[j] > e-subIntervals && m.ringEpoch[j] < e {
@@ -391,15 +418,16 @@ type RuleStatus struct {
 }
 
 // Status returns the rule's counters. Rate is as of the last decision or
-// Advance.
+// Advance, and includes admissions reserved on the fast path and not yet used.
 func (m *Meter) Status() RuleStatus {
+	cur := m.word.Load() & countMask
 	return RuleStatus{
 		Name:     m.cfg.Name,
 		Rate:     m.prev.Load() + int64(m.word.Load()&countMask),
 		Limit:    m.cfg.Limit,
 		Unit:     m.cfg.Unit,
 		Queued:   m.queued.Load(),
-		Admitted: m.admitted.Load(),
+		Admitted: m.counted.Load() + cur - m.released.Load(),
 		Released: m.released.Load(),
 		Delayed:  m.delayed.Load(),
 		Refused:  m.refused.Load(),

@@ -324,6 +324,60 @@ func TestARMConcurrentExact(t *testing.T) {
 	}
 }
 
+// TestARMBatchedReservations: with a large limit the fast path reserves in
+// batches per shard; no window may admit more than the limit, and
+// reservations left unused are given back when the sub-interval rotates.
+func TestARMBatchedReservations(t *testing.T) {
+	const limit, goroutines, phases = 6000, 8, 24
+	m, _ := NewMeter(RuleConfig{Name: "b", Limit: limit, Unit: time.Second, Action: ActionReject}, 0, nil)
+	sub := int64(time.Second) / 6
+	var counts [phases]atomic.Int64
+	for p := 0; p < phases; p++ {
+		perG := 100 // 800 per sub-interval: under the limit for six
+		if p%6 == 5 {
+			perG = 2000 // 16,000: far over
+		}
+		var wg sync.WaitGroup
+		for g := 0; g < goroutines; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < perG; i++ {
+					if m.Admit(int64(p)*sub+int64(i), Normal).Verdict == Admit {
+						counts[p].Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	for p := 0; p < 5; p++ {
+		if got := counts[p].Load(); got != goroutines*100 {
+			t.Errorf("sub-interval %d under the limit: admitted %d, want all %d", p, got, goroutines*100)
+		}
+	}
+	for i := 0; i+6 <= phases; i++ {
+		var sum int64
+		for j := i; j < i+6; j++ {
+			sum += counts[j].Load()
+		}
+		if sum > limit {
+			t.Fatalf("sub-intervals %d..%d admitted %d > limit %d", i, i+5, sum, limit)
+		}
+		if i%6 == 0 && sum < limit*95/100 {
+			t.Errorf("sub-intervals %d..%d admitted %d: reservations were lost (limit %d, demand far over)", i, i+5, sum, limit)
+		}
+	}
+	st := m.Status()
+	var total int64
+	for i := range counts {
+		total += counts[i].Load()
+	}
+	if int64(st.Admitted) < total-int64(numShards*maxBatch) || int64(st.Admitted) > total+int64(numShards*maxBatch) {
+		t.Errorf("status admitted %d, counted %d", st.Admitted, total)
+	}
+}
+
 func TestARMFastPathAllocs(t *testing.T) {
 	m, _ := NewMeter(RuleConfig{Name: "a", Limit: 1 << 30, Unit: time.Hour}, 0, nil)
 	now := int64(0)

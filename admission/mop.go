@@ -45,9 +45,9 @@ type MOPConfig struct {
 	InitialRate float64
 	// MinRate is the floor of the allowed rate, per second. Default 1.
 	MinRate float64
-	// Burst is how far ahead of its rate a backend may be sent work, as a
-	// duration at the allowed rate (GCRA tolerance). Default 100ms; at least
-	// one request is always allowed.
+	// Burst is how much work may be sent at once, as a duration at the
+	// allowed rate (GCRA tolerance): max(1, rate × Burst) requests.
+	// Default 100ms.
 	Burst time.Duration
 	// Margin is the fraction below the predicted safe rate that is allowed,
 	// to absorb noise. Default 0.03.
@@ -125,11 +125,12 @@ type MOP struct {
 	cfg MOPConfig
 
 	// Hot path.
-	tat      atomic.Int64 // GCRA theoretical arrival time, monotonic ns
-	emission atomic.Int64 // ns between admissions at the allowed rate
-	tau      atomic.Int64 // GCRA tolerance, ns
-	admitted atomic.Uint64
-	refused  atomic.Uint64
+	tat      atomic.Int64  // GCRA theoretical arrival time, monotonic ns
+	emission atomic.Int64  // ns between admissions at the allowed rate
+	tau      atomic.Int64  // GCRA tolerance, ns
+	batch    atomic.Int64  // admissions reserved per CAS on tat (see shard.go)
+	granted  atomic.Uint64 // admissions reserved on tat (parked ones included)
+	shards   shards        // parked reservations and the refusal counts
 
 	// Published for readers.
 	phase   atomic.Uint32
@@ -153,7 +154,10 @@ type learner struct {
 	fit         fit
 	base, slope float64 // model in use: memory ≈ base + slope × rate
 	haveModel   bool
-	crossed     bool // memory passed the ceiling during this window
+	crossed     bool    // memory passed the ceiling during this window
+	prevRate    float64 // admitted rate of the previous window
+	cutSeen     bool
+	lastCutMem  float64 // memory fraction that caused it
 }
 
 // NewMOP validates cfg and returns a limiter in Discovery at InitialRate.
@@ -173,23 +177,41 @@ func (m *MOP) Allow(now int64) bool {
 	if m == nil {
 		return true
 	}
+	sh := m.shards.pick()
+	tick := uint32(now >> 20) // reservations live for one ~1ms tick
+	if sh.take(tick) {
+		return true
+	}
 	t := m.emission.Load()
 	tau := m.tau.Load()
+	batch := m.batch.Load()
 	for {
 		tat := m.tat.Load()
 		next := tat
 		if next < now {
 			next = now
 		}
-		if next-now > tau {
-			m.refused.Add(1)
+		ahead := next - now
+		if ahead > tau {
+			sh.refused.Add(1)
 			return false
 		}
-		if m.tat.CompareAndSwap(tat, next+t) {
-			m.admitted.Add(1)
+		n := min(batch, (tau-ahead)/t+1) // only what the tolerance allows
+		if m.tat.CompareAndSwap(tat, next+n*t) {
+			m.granted.Add(uint64(n))
+			if n > 1 {
+				sh.park(tick, uint64(n-1)) // a displaced batch is simply unused
+			}
 			return true
 		}
 	}
+}
+
+// counts returns how much new work was admitted and refused since start.
+// At rates high enough to reserve in batches, admitted includes
+// reservations that went unused (a few per millisecond at most).
+func (m *MOP) counts() (admitted, refused uint64) {
+	return m.granted.Load(), m.shards.refused()
 }
 
 // Headroom returns how many requests Allow would admit at now without
@@ -232,12 +254,17 @@ func (m *MOP) setAllowed(rate float64) {
 	if emission < 1 {
 		emission = 1
 	}
-	tau := int64(m.cfg.Burst)
-	if tau < emission {
-		tau = emission
+	// Up to max(1, rate × Burst) requests may go at once: tolerance is
+	// that many emission intervals less one.
+	burst := math.Floor(rate * m.cfg.Burst.Seconds())
+	tau := int64(0)
+	if burst > 1 {
+		tau = int64((burst - 1) * float64(emission))
 	}
 	m.emission.Store(emission)
 	m.tau.Store(tau)
+	// Reserve in batches only at rates where one tick holds many requests.
+	m.batch.Store(int64(max(1, min(maxBatch, rate/2000))))
 }
 
 func loadF(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
@@ -247,13 +274,14 @@ func (m *MOP) Status() MOPStatus {
 	if m == nil {
 		return MOPStatus{}
 	}
+	admitted, refused := m.counts()
 	return MOPStatus{
 		Phase:          MOPPhase(m.phase.Load()),
 		AllowedRate:    loadF(&m.allowed),
 		LearnedRate:    loadF(&m.learned),
 		MemoryFraction: loadF(&m.memFrac),
-		Admitted:       m.admitted.Load(),
-		Refused:        m.refused.Load(),
+		Admitted:       admitted,
+		Refused:        refused,
 	}
 }
 
@@ -320,11 +348,16 @@ func (m *MOP) Observe(now int64, used, max int64) {
 		l.lateSum += frac
 		l.lateN++
 	}
-	if frac > m.cfg.MaxHeap && !l.crossed {
-		// Do not wait for the window to end: memory lags the rate, so cut
-		// now, to the model's safe rate if there is one.
+	switch {
+	case frac <= m.cfg.MaxHeap:
+		l.cutSeen = false // the episode over the ceiling has ended
+	case !l.crossed && (!l.cutSeen || frac > l.lastCutMem):
+		// Do not wait for the window to end: cut now. But memory lags the
+		// rate by up to a session lifetime, so while memory stays over the
+		// ceiling only memory still rising past the last cut's level cuts
+		// again mid-window.
 		l.crossed = true
-		m.cut(frac)
+		m.cut(now, frac)
 	}
 }
 
@@ -332,24 +365,27 @@ func (m *MOP) startWindow(now int64) {
 	l := &m.l
 	l.started = true
 	l.winStart = now
-	l.admitted0 = m.admitted.Load()
-	l.refused0 = m.refused.Load()
+	l.admitted0, l.refused0 = m.counts()
 	l.lateSum, l.lateN = 0, 0
 	l.crossed = false
 }
 
-// cut lowers the allowed rate after memory passed the ceiling.
-func (m *MOP) cut(frac float64) {
+// cut lowers the allowed rate after memory passed the ceiling. With a
+// model, the rate is scaled by how far over the ceiling memory is (memory
+// above the base grows with the rate); without one it drops by 30%.
+func (m *MOP) cut(now int64, frac float64) {
+	l := &m.l
 	rate := loadF(&m.allowed)
 	next := rate * 0.7
-	if m.l.haveModel && frac > m.l.base {
-		// Memory scales with the rate above the base: scale the rate down
-		// by how far over the ceiling we are.
-		next = math.Min(next, rate*(m.cfg.MaxHeap-m.l.base)/(frac-m.l.base)*(1-m.cfg.Margin))
+	if l.haveModel && frac > l.base && m.cfg.MaxHeap > l.base {
+		next = rate * (m.cfg.MaxHeap - l.base) / (frac - l.base) * (1 - m.cfg.Margin)
 	}
+	l.lastCutMem, l.cutSeen = frac, true
 	m.setAllowed(next)
 	if MOPPhase(m.phase.Load()) == Discovery {
 		m.learn(loadF(&m.allowed), "memory passed the ceiling during discovery")
+	} else {
+		m.learn(loadF(&m.allowed), fmt.Sprintf("memory at %.1f%% passed the ceiling", 100*frac))
 	}
 }
 
@@ -370,8 +406,8 @@ func (m *MOP) learn(rate float64, why string) {
 func (m *MOP) judgeWindow(end int64) {
 	l := &m.l
 	secs := m.cfg.Window.Seconds()
-	admitted := m.admitted.Load() - l.admitted0
-	refused := m.refused.Load() - l.refused0
+	a, r := m.counts()
+	admitted, refused := a-l.admitted0, r-l.refused0
 	rate := float64(admitted) / secs
 	demandLimited := refused > 0
 	mem := l.last
@@ -388,42 +424,31 @@ func (m *MOP) judgeWindow(end int64) {
 	ceiling := m.cfg.MaxHeap
 	phase := MOPPhase(m.phase.Load())
 
-	// Update the model: memory ≈ base + slope × rate.
-	if rate > 0 {
-		l.fit.add(rate, mem)
-	}
+	// A window is steady when its rate is within 10% of the previous one:
+	// only then does its memory reflect its rate (memory lags by a lifetime).
+	steady := l.prevRate > 0 && math.Abs(rate-l.prevRate) <= 0.1*math.Max(rate, l.prevRate)
+	l.prevRate = rate
+
 	if phase == Discovery {
+		if crossed {
+			return // cut and learned mid-window
+		}
+		if rate > 0 {
+			l.fit.add(rate, mem)
+		}
 		if b, s, ok := l.fit.line(); ok && s > 0 {
 			l.base, l.slope, l.haveModel = b, s, true
 		}
-	} else if l.haveModel && rate >= 0.2*allowed && mem > l.base {
-		// With a steady rate the intercept cannot be refitted: keep the base
-		// and re-estimate the slope from this window. Bad news is taken at
-		// once, good news slowly.
-		s := (mem - l.base) / rate
-		if s > l.slope {
-			l.slope = s
-		} else {
-			l.slope += 0.3 * (s - l.slope)
+		if mem > ceiling {
+			m.cut(end, mem)
+			return
 		}
-	}
-	safe := math.Inf(1)
-	if l.haveModel {
-		safe = (ceiling - l.base) / l.slope * (1 - m.cfg.Margin)
-	}
-
-	switch {
-	case phase == Discovery && (crossed || mem > ceiling):
-		if !crossed {
-			m.cut(mem)
-		}
-	case phase == Discovery:
 		if !demandLimited {
 			return // demand below the allowed rate: nothing new to learn
 		}
 		next := allowed * 2 // raise slowly: at most double per window
-		if safe < next {
-			next = safe
+		if l.haveModel {
+			next = math.Min(next, m.safeRate())
 		}
 		if next <= allowed*1.02 {
 			// The model says we are at the safe rate and memory held.
@@ -431,21 +456,46 @@ func (m *MOP) judgeWindow(end int64) {
 			return
 		}
 		m.setAllowed(next)
-	default: // Learned: adapt slowly
-		next := allowed
-		switch {
-		case mem > ceiling:
-			next = math.Min(allowed*0.9, safe)
-		case safe < allowed:
-			next = safe
-		case demandLimited && safe > allowed:
-			next = math.Min(safe, allowed*1.1)
-		}
-		if next != allowed {
-			m.setAllowed(next)
-			m.learn(loadF(&m.allowed), "adapted")
-		}
+		return
 	}
+
+	// Learned: adapt slowly. A window with a cut is held so that the cut
+	// can take effect; memory still over the ceiling after a steady window
+	// cuts again.
+	if crossed {
+		return
+	}
+	if mem > ceiling {
+		if steady {
+			m.cut(end, mem)
+		}
+		return
+	}
+	if steady && l.haveModel && rate >= 0.2*allowed && mem > l.base {
+		// With a steady rate the intercept cannot be refitted: keep the
+		// base and re-estimate the slope from this window.
+		l.slope = (mem - l.base) / rate
+	}
+	if !l.haveModel {
+		return
+	}
+	safe := m.safeRate()
+	next := allowed
+	switch {
+	case safe < allowed:
+		next = safe
+	case demandLimited && safe > allowed:
+		next = math.Min(safe, allowed*1.1)
+	}
+	if next != allowed {
+		m.setAllowed(next)
+		m.learn(loadF(&m.allowed), fmt.Sprintf("adapted at %.1f%% memory", 100*mem))
+	}
+}
+
+// safeRate is the model's rate at the ceiling, less the margin.
+func (m *MOP) safeRate() float64 {
+	return (m.cfg.MaxHeap - m.l.base) / m.l.slope * (1 - m.cfg.Margin)
 }
 
 // fit is a least-squares line through (rate, memory) points.

@@ -1,0 +1,61 @@
+package admission
+
+import (
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// The fast paths are benchmarked in parallel beside golang.org/x/time/rate's
+// Limiter.Allow, the reference. Limits are set so that every call takes the
+// admit path. Run: go test -run '^$' -bench . -benchmem -cpu 1,2 ./admission
+
+func BenchmarkARMAdmitParallel(b *testing.B) {
+	m, _ := NewMeter(RuleConfig{Name: "b", Limit: 1<<31 - 1, Unit: time.Hour}, 0, nil)
+	var clock MonoClock
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.Admit(clock.Now(), Normal)
+		}
+	})
+}
+
+func BenchmarkMOPAllowParallel(b *testing.B) {
+	m, _ := NewMOP(MOPConfig{Name: "b", InitialRate: 1e12, MinRate: 1})
+	var clock MonoClock
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.Allow(clock.Now())
+		}
+	})
+}
+
+func BenchmarkDecideParallel(b *testing.B) {
+	c, _ := NewController(ControllerConfig{Rules: []RuleConfig{
+		{Name: "invites", Match: Match{Proto: "sip", Method: "INVITE"}, Limit: 1<<31 - 1, Unit: time.Hour},
+	}}, nil, 0)
+	mop, _ := NewMOP(MOPConfig{Name: "b", InitialRate: 1e12})
+	var clock MonoClock
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		r := &Request{Proto: "sip", Method: "INVITE"}
+		for pb.Next() {
+			c.Decide(clock.Now(), r, mop)
+		}
+	})
+}
+
+// BenchmarkXRateAllowParallel is the reference: x/time/rate with a limit
+// high enough that every call is allowed.
+func BenchmarkXRateAllowParallel(b *testing.B) {
+	l := rate.NewLimiter(rate.Limit(1e12), 1<<30)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l.Allow()
+		}
+	})
+}
