@@ -1,0 +1,124 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+func init() {
+	register("simulate", "replay arrivals through one ARM rule offline and print the TDWM table", runSimulate)
+}
+
+// simRow is one interval as printed with --json.
+type simRow struct {
+	Interval int    `json:"interval"`
+	Start    string `json:"start"`
+	Arrived  int    `json:"arrived"`
+	Admitted int    `json:"admitted"`
+	Released int    `json:"released"`
+	Refused  int    `json:"refused"`
+	Rate     int64  `json:"rate"`
+	Queued   int64  `json:"queued"`
+}
+
+func runSimulate(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: sluice simulate --limit N/UNIT --arrivals A1,A2,... [--queue 1000] [--action delay|reject|log] [--qualify 0s] [--wait 0s] [--json]")
+		fmt.Fprintln(stderr, "\nReplays arrivals, given per sub-interval (a sixth of UNIT), through one ARM rule and prints")
+		fmt.Fprintln(stderr, "interval, start, arrived, admitted, released, refused, rate and queued.")
+		fs.PrintDefaults()
+	}
+	limit := fs.String("limit", "", "rule limit as N/UNIT, UNIT one of s, sec, second, m, min, minute, h, hour (required)")
+	arrivals := fs.String("arrivals", "", "comma-separated arrivals per sub-interval (required)")
+	queue := fs.Int("queue", 1000, "delay queue bound")
+	action := fs.String("action", "delay", "what to do over the limit: delay, reject or log")
+	qualify := fs.Duration("qualify", 0, "qualification time: how long the rate may stay at the limit before the rule throttles")
+	wait := fs.Duration("wait", 0, "longest wait in the delay queue before refusal (0: no bound)")
+	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "sluice simulate: "+format+"\n", a...)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected argument %q", fs.Arg(0))
+	}
+	if *limit == "" {
+		return bad("--limit is required, e.g. --limit 10/min")
+	}
+	n, unit, err := admission.ParseLimit(*limit)
+	if err != nil {
+		return bad("--limit: %v", err)
+	}
+	if *arrivals == "" {
+		return bad("--arrivals is required, e.g. --arrivals 1,2,2,3")
+	}
+	var counts []int
+	for i, f := range strings.Split(*arrivals, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 0 {
+			return bad("--arrivals: item %d %q is not a count >= 0", i+1, f)
+		}
+		counts = append(counts, c)
+	}
+	act, err := admission.ParseAction(*action)
+	if err != nil {
+		return bad("--action: %v", err)
+	}
+	if *queue < 1 {
+		return bad("--queue must be >= 1 (got %d)", *queue)
+	}
+	if *qualify < 0 {
+		return bad("--qualify must not be negative")
+	}
+	if *wait < 0 {
+		return bad("--wait must not be negative")
+	}
+	rc := admission.RuleConfig{Name: "simulated", Limit: n, Unit: unit, Action: act, Queue: *queue, Qualify: *qualify, MaxWait: *wait}
+	rows, err := admission.Simulate(rc, counts)
+	if err != nil {
+		return bad("%v", err)
+	}
+	if *asJSON {
+		out := make([]simRow, len(rows))
+		for i, r := range rows {
+			out[i] = simRow{r.Interval, r.Start.String(), r.Arrived, r.Admitted, r.Released, r.Refused, r.Rate, r.Queued}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			fmt.Fprintln(stderr, "sluice simulate:", err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintf(stdout, "rule: limit %d per %s, %d sub-intervals of %s, action %s, queue %d, qualify %s\n\n",
+		n, unit, 6, unit/6, act, *queue, *qualify)
+	tw := tabwriter.NewWriter(stdout, 2, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "interval\tstart\tarrived\tadmitted\treleased\trefused\trate\tqueued\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.Interval, fmtStart(r.Start), r.Arrived, r.Admitted, r.Released, r.Refused, r.Rate, r.Queued)
+	}
+	if err := tw.Flush(); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// fmtStart prints a sub-interval's start as an offset from the first.
+func fmtStart(d time.Duration) string { return "+" + d.String() }

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestSimulateSeedJSON(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := dispatch([]string{"simulate", "--limit", "10/min", "--arrivals", "1,2,2,3,2,1,3,0,0,0", "--json"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil {
+		t.Fatalf("output is not a JSON array: %v\n%s", err, out.String())
+	}
+	wantRate := []float64{1, 3, 5, 8, 10, 10, 10, 10, 9, 6}
+	wantQueue := []float64{0, 0, 0, 0, 0, 1, 3, 1, 0, 0}
+	keys := []string{"interval", "start", "arrived", "admitted", "released", "refused", "rate", "queued"}
+	if len(rows) != 10 {
+		t.Fatalf("%d rows, want 10", len(rows))
+	}
+	for i, r := range rows {
+		if len(r) != len(keys) {
+			t.Errorf("row %d has keys %v, want exactly %v", i, r, keys)
+		}
+		for _, k := range keys {
+			if _, ok := r[k]; !ok {
+				t.Errorf("row %d lacks %q", i, k)
+			}
+		}
+		if r["interval"] != float64(i+1) || r["rate"] != wantRate[i] || r["queued"] != wantQueue[i] {
+			t.Errorf("row %d: %v, want rate %v queued %v", i, r, wantRate[i], wantQueue[i])
+		}
+	}
+	if rows[6]["start"] != "1m0s" || rows[6]["released"] != float64(1) {
+		t.Errorf("row 7: %v", rows[6])
+	}
+}
+
+func TestSimulateTable(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := dispatch([]string{"simulate", "--limit", "10/min", "--arrivals", "1,2,2,3,2,1,3,0,0,0"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	last := strings.Fields(lines[len(lines)-1])
+	if want := []string{"10", "+1m30s", "0", "0", "0", "0", "6", "0"}; strings.Join(last, " ") != strings.Join(want, " ") {
+		t.Errorf("last row %v, want %v", last, want)
+	}
+}
+
+func TestSimulateBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--limit", "10/day", "--arrivals", "1"}, "--limit"},
+		{[]string{"--limit", "ten/min", "--arrivals", "1"}, "--limit"},
+		{[]string{"--arrivals", "1"}, "--limit"},
+		{[]string{"--limit", "10/min", "--arrivals", "1,-2"}, "--arrivals"},
+		{[]string{"--limit", "10/min", "--arrivals", "1,x"}, "--arrivals"},
+		{[]string{"--limit", "10/min", "--arrivals", "1", "--action", "drop"}, "--action"},
+		{[]string{"--limit", "10/min", "--arrivals", "1", "--queue", "0"}, "--queue"},
+		{[]string{"--limit", "10/min", "--arrivals", "1", "--qualify", "-1s"}, "--qualify"},
+	} {
+		var out, errb bytes.Buffer
+		code := dispatch(append([]string{"simulate"}, tc.args...), &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), tc.flag) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and a message naming %s", tc.args, code, errb.String(), tc.flag)
+		}
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := dispatch([]string{"bogus"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "bogus") {
+		t.Errorf("exit %d, stderr %q", code, errb.String())
+	}
+}
