@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what the interop tests need beyond Go: sipp (Debian package
+# sip-tester) and wrk. Idempotent: installs only what is missing. Needs root.
+set -euo pipefail
+need=()
+command -v sipp >/dev/null 2>&1 || need+=(sip-tester)
+command -v wrk >/dev/null 2>&1 || need+=(wrk)
+if [ ${#need[@]} -eq 0 ]; then
+  echo "install-test-deps: sipp and wrk present"
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-test-deps: need root to install ${need[*]} (apt-get)" >&2
+  exit 1
+fi
+echo "install-test-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}"
