@@ -96,6 +96,7 @@ type Backend struct {
 	// Health. Each source sets its own word; State combines them.
 	drained   atomic.Bool  // operator drain
 	probeDown atomic.Bool  // active health check says down
+	probeBusy atomic.Bool  // active health check says "send no new requests" (HTTP 429)
 	busyUntil atomic.Int64 // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
 	ejectedAt atomic.Int64 // passive ejection: down before this monotonic ns
 	consecErr atomic.Int32 // consecutive failures, for passive ejection
@@ -157,7 +158,7 @@ func (b *Backend) State(now int64) State {
 	if b.probeDown.Load() || now < b.ejectedAt.Load() {
 		return Down
 	}
-	if b.drained.Load() {
+	if b.drained.Load() || b.probeBusy.Load() {
 		return Draining
 	}
 	if u := b.busyUntil.Load(); u < 0 || now < u {
@@ -222,6 +223,12 @@ func (b *Backend) ClearBusy() { b.busyUntil.Store(0) }
 
 // SetProbeDown records the verdict of the active health check.
 func (b *Backend) SetProbeDown(down bool) { b.probeDown.Store(down) }
+
+// SetProbeBusy records a health answer of "send no new requests" (OHI's
+// 429): the backend drains new work while affinity continues. It is kept
+// apart from SetBusy so that a health check clearing it does not cut short
+// a Retry-After.
+func (b *Backend) SetProbeBusy(busy bool) { b.probeBusy.Store(busy) }
 
 // Eject takes the backend Down until now+d, as passive ejection does.
 func (b *Backend) Eject(now int64, d time.Duration) { b.ejectedAt.Store(now + int64(d)) }

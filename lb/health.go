@@ -1,0 +1,264 @@
+package lb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// ProbeResult is the verdict of one active health probe.
+type ProbeResult uint8
+
+// Probe verdicts.
+const (
+	// ProbeUp: the backend answered well.
+	ProbeUp ProbeResult = iota
+	// ProbeBusy: the backend is alive but asks for no new work (an HTTP
+	// health answer of 429, as Oracle Health Insurance's memory states
+	// give it). It counts as up for rise/fall; the backend drains.
+	ProbeBusy
+	// ProbeDown: no answer, or an answer that says the backend is unwell.
+	ProbeDown
+)
+
+var probeNames = [...]string{"up", "busy", "down"}
+
+// String returns "up", "busy" or "down".
+func (r ProbeResult) String() string {
+	if int(r) < len(probeNames) {
+		return probeNames[r]
+	}
+	return fmt.Sprintf("probe(%d)", r)
+}
+
+// Prober checks one backend once. It must return when ctx is done; the
+// error, if any, says why a probe is down and is only logged.
+type Prober interface {
+	Probe(ctx context.Context, b *Backend) (ProbeResult, error)
+}
+
+// ProberFunc adapts a function to Prober.
+type ProberFunc func(ctx context.Context, b *Backend) (ProbeResult, error)
+
+// Probe implements Prober.
+func (f ProberFunc) Probe(ctx context.Context, b *Backend) (ProbeResult, error) { return f(ctx, b) }
+
+// HTTPProber sends GET Path to the backend over plain HTTP/1.1: 2xx and
+// 3xx are up, 429 is busy, anything else (or no answer) is down.
+type HTTPProber struct {
+	// Path is the request path, e.g. "/healthz".
+	Path string
+	// Client sends the probe; nil uses a client without keep-alive, so a
+	// probe also proves that new connections are accepted.
+	Client *http.Client
+}
+
+var defaultProbeClient = &http.Client{
+	Transport:     &http.Transport{DisableKeepAlives: true, Proxy: nil},
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+}
+
+// Probe implements Prober.
+func (p HTTPProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) {
+	c := p.Client
+	if c == nil {
+		c = defaultProbeClient
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.addr+p.Path, nil)
+	if err != nil {
+		return ProbeDown, fmt.Errorf("probe %s: %w", b.id, err)
+	}
+	req.Header.Set("User-Agent", "sluice-health")
+	resp, err := c.Do(req)
+	if err != nil {
+		return ProbeDown, fmt.Errorf("probe %s: %w", b.id, err)
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests:
+		return ProbeBusy, nil
+	case resp.StatusCode >= 200 && resp.StatusCode < 400:
+		return ProbeUp, nil
+	}
+	return ProbeDown, fmt.Errorf("probe %s: status %d", b.id, resp.StatusCode)
+}
+
+// TCPProber is up when a TCP connection to the backend opens.
+type TCPProber struct{}
+
+// Probe implements Prober.
+func (TCPProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", b.addr)
+	if err != nil {
+		return ProbeDown, fmt.Errorf("probe %s: %w", b.id, err)
+	}
+	c.Close()
+	return ProbeUp, nil
+}
+
+// HealthConfig configures active health checks.
+type HealthConfig struct {
+	// Interval between probes of one backend. Flag -health-interval,
+	// default 2s.
+	Interval time.Duration
+	// Timeout of one probe. Flag -health-timeout, default 1s; at most
+	// Interval.
+	Timeout time.Duration
+	// Rise is how many probes in a row must succeed to bring a down
+	// backend up. Flag -health-rise, default 2.
+	Rise int
+	// Fall is how many probes in a row must fail to take an up backend
+	// down. Flag -health-fall, default 3.
+	Fall int
+}
+
+func (c *HealthConfig) setDefaults() {
+	if c.Interval == 0 {
+		c.Interval = 2 * time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = min(time.Second, c.Interval)
+	}
+	if c.Rise == 0 {
+		c.Rise = 2
+	}
+	if c.Fall == 0 {
+		c.Fall = 3
+	}
+}
+
+// Validate reports the first invalid field, naming its flag.
+func (c HealthConfig) Validate() error {
+	switch {
+	case c.Interval < 0:
+		return errors.New("-health-interval must be positive")
+	case c.Timeout < 0 || c.Timeout > c.Interval:
+		return fmt.Errorf("-health-timeout must be in (0, -health-interval] (got %s)", c.Timeout)
+	case c.Rise < 1:
+		return fmt.Errorf("-health-rise must be >= 1 (got %d)", c.Rise)
+	case c.Fall < 1:
+		return fmt.Errorf("-health-fall must be >= 1 (got %d)", c.Fall)
+	}
+	return nil
+}
+
+// HealthChecker probes backends on a ticker and moves them up and down
+// with rise/fall counts. Backends start up: a balancer that starts before
+// its backends fails over on the first connect errors (passive ejection)
+// and the checker takes them down after Fall probes.
+type HealthChecker struct {
+	cfg    HealthConfig
+	logger *slog.Logger
+	checks []*healthCheck
+}
+
+type healthCheck struct {
+	b      *Backend
+	prober Prober
+	mu     sync.Mutex // serialises Observe for one backend
+	ok     int        // consecutive successes
+	bad    int        // consecutive failures
+}
+
+// NewHealthChecker validates cfg (zero fields take their defaults).
+func NewHealthChecker(cfg HealthConfig, logger *slog.Logger) (*HealthChecker, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &HealthChecker{cfg: cfg, logger: logger.With("component", "health")}, nil
+}
+
+// Add registers b to be probed with p. Call it before Run.
+func (h *HealthChecker) Add(b *Backend, p Prober) {
+	h.checks = append(h.checks, &healthCheck{b: b, prober: p})
+}
+
+// Run probes every registered backend each Interval, each on its own
+// goroutine, until ctx is done; it returns when they have all stopped.
+func (h *HealthChecker) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, c := range h.checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(h.cfg.Interval)
+			defer t.Stop()
+			for {
+				h.probe(ctx, c)
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// ProbeAll probes every backend once, synchronously: for tests and for a
+// first verdict at start-up.
+func (h *HealthChecker) ProbeAll(ctx context.Context) {
+	for _, c := range h.checks {
+		h.probe(ctx, c)
+	}
+}
+
+func (h *HealthChecker) probe(ctx context.Context, c *healthCheck) {
+	pctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
+	r, err := c.prober.Probe(pctx, c.b)
+	cancel()
+	if ctx.Err() != nil {
+		return // shutting down: not the backend's fault
+	}
+	h.observe(c, r, err)
+}
+
+// observe applies one probe verdict to c's backend.
+func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.b
+	// A failed probe says nothing about busyness: keep the last answer.
+	if busy := r == ProbeBusy; r != ProbeDown && b.probeBusy.Load() != busy {
+		b.SetProbeBusy(busy)
+		h.logger.Info("backend busy changed", "backend", b.id, "busy", busy)
+	}
+	if r == ProbeDown {
+		c.ok = 0
+		c.bad++
+		if c.bad >= h.cfg.Fall && !b.probeDown.Load() {
+			b.SetProbeDown(true)
+			h.logger.Warn("backend down", "backend", b.id, "fails", c.bad, "err", err)
+		}
+		return
+	}
+	c.bad = 0
+	c.ok++
+	if c.ok >= h.cfg.Rise && b.probeDown.Load() {
+		b.SetProbeDown(false)
+		h.logger.Info("backend up", "backend", b.id, "passes", c.ok)
+	}
+}
+
+// check returns the registered check of b, for tests.
+func (h *HealthChecker) check(b *Backend) *healthCheck {
+	for _, c := range h.checks {
+		if c.b == b {
+			return c
+		}
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package lb
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestHealthRiseFall(t *testing.T) {
+	b, _ := NewBackend(BackendConfig{Addr: "a:1"})
+	var verdict atomic.Uint32
+	h, err := NewHealthChecker(HealthConfig{Interval: time.Second, Rise: 2, Fall: 3}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Add(b, ProberFunc(func(context.Context, *Backend) (ProbeResult, error) {
+		r := ProbeResult(verdict.Load())
+		if r == ProbeDown {
+			return r, errors.New("refused")
+		}
+		return r, nil
+	}))
+	ctx := context.Background()
+	steps := []struct {
+		probe ProbeResult
+		want  State
+	}{
+		{ProbeUp, Up},
+		{ProbeDown, Up},
+		{ProbeDown, Up},
+		{ProbeDown, Down}, // fall = 3
+		{ProbeUp, Down},
+		{ProbeDown, Down}, // resets the rise count
+		{ProbeUp, Down},
+		{ProbeUp, Up}, // rise = 2
+		{ProbeBusy, Draining},
+		{ProbeUp, Up},
+		{ProbeDown, Up},
+		{ProbeBusy, Draining}, // busy is alive: resets the fall count
+		{ProbeDown, Draining},
+		{ProbeDown, Draining},
+		{ProbeDown, Down},
+	}
+	for i, s := range steps {
+		verdict.Store(uint32(s.probe))
+		h.ProbeAll(ctx)
+		if got := b.State(0); got != s.want {
+			t.Fatalf("step %d (%v): state = %v, want %v", i, s.probe, got, s.want)
+		}
+	}
+}
+
+func TestHTTPProber(t *testing.T) {
+	var code atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" {
+			w.WriteHeader(404)
+			return
+		}
+		w.WriteHeader(int(code.Load()))
+	}))
+	defer srv.Close()
+	b, _ := NewBackend(BackendConfig{Addr: srv.Listener.Addr().String()})
+	p := HTTPProber{Path: "/health"}
+	for _, tc := range []struct {
+		code int32
+		want ProbeResult
+	}{{200, ProbeUp}, {204, ProbeUp}, {302, ProbeUp}, {429, ProbeBusy}, {503, ProbeDown}, {500, ProbeDown}} {
+		code.Store(tc.code)
+		got, err := p.Probe(context.Background(), b)
+		if got != tc.want {
+			t.Errorf("status %d: probe = %v (%v), want %v", tc.code, got, err, tc.want)
+		}
+	}
+	// A closed port is down.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, _ := NewBackend(BackendConfig{Addr: ln.Addr().String()})
+	ln.Close()
+	if got, err := p.Probe(context.Background(), dead); got != ProbeDown || err == nil {
+		t.Errorf("closed port: probe = %v, %v; want down with an error", got, err)
+	}
+	if got, _ := (TCPProber{}).Probe(context.Background(), dead); got != ProbeDown {
+		t.Errorf("tcp probe of closed port = %v, want down", got)
+	}
+	if got, _ := (TCPProber{}).Probe(context.Background(), b); got != ProbeUp {
+		t.Errorf("tcp probe of open port = %v, want up", got)
+	}
+}
+
+func TestHealthCheckerRunStops(t *testing.T) {
+	b, _ := NewBackend(BackendConfig{Addr: "a:1"})
+	h, err := NewHealthChecker(HealthConfig{Interval: 5 * time.Millisecond, Fall: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probed := make(chan struct{}, 1)
+	h.Add(b, ProberFunc(func(context.Context, *Backend) (ProbeResult, error) {
+		select {
+		case probed <- struct{}{}:
+		default:
+		}
+		return ProbeDown, nil
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	<-probed
+	cancel()
+	<-done
+	if b.State(0) != Down {
+		t.Errorf("state = %v after a failed probe with fall 1, want down", b.State(0))
+	}
+}
+
+func TestHealthConfigValidate(t *testing.T) {
+	for _, c := range []HealthConfig{
+		{Interval: -1},
+		{Interval: time.Second, Timeout: 2 * time.Second},
+		{Rise: -1},
+		{Fall: -2},
+	} {
+		if _, err := NewHealthChecker(c, nil); err == nil {
+			t.Errorf("NewHealthChecker(%+v) succeeded, want an error", c)
+		}
+	}
+}
