@@ -1,0 +1,125 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/persist"
+)
+
+func init() {
+	register("events", "print the event log from the data directory", runEvents)
+}
+
+// eventsDefaultAdmin is the default admin listener, used in the hint printed
+// when the store is held by a running sluice.
+const eventsDefaultAdmin = "127.0.0.1:9090"
+
+func runEvents(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("events", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: sluice events [--since TIME] [--limit N] [--data-dir DIR] [--json]")
+		fmt.Fprintln(stderr, "\nPrints the event log of a stopped sluice from its data directory, oldest first:")
+		fmt.Fprintln(stderr, "time, kind, subject and message. While sluice runs, read it with")
+		fmt.Fprintln(stderr, "curl http://ADMIN/events?since=TIME&limit=N instead.")
+		fs.PrintDefaults()
+	}
+	dir := fs.String("data-dir", eventsEnv("SLUICE_DATA_DIR", persist.DefaultDir),
+		"data directory to read (env SLUICE_DATA_DIR)")
+	sinceFlag := fs.String("since", "",
+		"print events at or after TIME: RFC 3339 (2026-11-29T15:04:05Z) or a duration before now (15m);\n"+
+			"without it, the newest --limit events")
+	limit := fs.Int("limit", persist.DefaultEventsLimit, "most events to print; 0 prints all")
+	asJSON := fs.Bool("json", false, "print one JSON object per line")
+	admin := fs.String("admin-listen", eventsEnv("SLUICE_ADMIN_LISTEN", eventsDefaultAdmin),
+		"admin address of the running sluice, only used in the hint printed when the store is in use (env SLUICE_ADMIN_LISTEN)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "sluice events: "+format+"\n", a...)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected argument %q", fs.Arg(0))
+	}
+	if *limit < 0 {
+		return bad("--limit must not be negative")
+	}
+	since, err := persist.ParseSince(*sinceFlag, time.Now())
+	if err != nil {
+		return bad("--%v", err)
+	}
+
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s, err := persist.Open(persist.Config{Dir: *dir, ReadOnly: true}, logger)
+	switch {
+	case errors.Is(err, persist.ErrLocked):
+		fmt.Fprintf(stderr, "sluice events: data directory %s is in use by a running sluice; read its event log with\n", *dir)
+		fmt.Fprintf(stderr, "  curl 'http://%s/events?limit=%d'\n", *admin, max(*limit, 1))
+		return 1
+	case err != nil:
+		fmt.Fprintf(stderr, "sluice events: %v\n", err)
+		return 1
+	}
+	defer s.Close()
+
+	var evs []admission.Event
+	if *sinceFlag == "" && *limit > 0 {
+		evs, err = s.Tail(*limit)
+	} else {
+		evs, err = s.Events(since, *limit)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice events: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, ev := range evs {
+			if err := enc.Encode(ev); err != nil {
+				fmt.Fprintf(stderr, "sluice events: %v\n", err)
+				return 1
+			}
+		}
+		return 0
+	}
+	for _, ev := range evs {
+		fmt.Fprintf(stdout, "%s  %-16s %s  %s\n", ev.Time.Format("2006-01-02T15:04:05.000Z07:00"),
+			ev.Kind, eventsField(ev.Subject), eventsField(ev.Message))
+	}
+	return 0
+}
+
+// eventsField prints "-" for an empty field and quotes one that holds a
+// control character, so that one event stays on one line.
+func eventsField(s string) string {
+	switch {
+	case s == "":
+		return "-"
+	case strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// eventsEnv returns the environment variable name, or def when unset.
+func eventsEnv(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}

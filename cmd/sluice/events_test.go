@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/persist"
+)
+
+var evT0 = time.Date(2026, 11, 29, 15, 0, 0, 0, time.UTC)
+
+// eventsStore writes events into a new store in a temporary directory and
+// returns the directory with the store closed.
+func eventsStore(t *testing.T, evs ...admission.Event) string {
+	t.Helper()
+	dir := t.TempDir()
+	s, err := persist.Open(persist.Config{Dir: dir, SweepInterval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		s.Append(ev)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func runEventsCmd(args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	code = dispatch(append([]string{"events"}, args...), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestEventsCommand(t *testing.T) {
+	dir := eventsStore(t,
+		admission.Event{Time: evT0, Kind: admission.EventMemoryState, Subject: "node", Message: "normal -> low"},
+		admission.Event{Time: evT0.Add(time.Minute), Kind: admission.EventARMEngaged, Subject: "invites", Message: "rate 10/min reached"},
+		admission.Event{Time: evT0.Add(2 * time.Minute), Kind: admission.EventConfigWarning, Message: "two\nlines"},
+	)
+	tests := []struct {
+		name string
+		args []string
+		want []string // one substring per output line
+	}{
+		{"all", nil, []string{"2026-11-29T15:00:00.000Z  memory.state     node  normal -> low", "arm.engaged", `config.warning   -  "two\nlines"`}},
+		{"newest", []string{"--limit", "1"}, []string{"config.warning"}},
+		{"since", []string{"--since", "2026-11-29T15:01:00Z"}, []string{"arm.engaged", "config.warning"}},
+		{"since and limit", []string{"-since=2026-11-29T15:00:00Z", "-limit=2"}, []string{"memory.state", "arm.engaged"}},
+		{"limit 0 is all", []string{"--limit", "0"}, []string{"memory.state", "arm.engaged", "config.warning"}},
+		{"after the last", []string{"--since", "2026-11-29T16:00:00Z"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runEventsCmd(append(tc.args, "--data-dir", dir)...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			if out == "" {
+				lines = nil
+			}
+			if len(lines) != len(tc.want) {
+				t.Fatalf("got %d lines %q, want %d", len(lines), out, len(tc.want))
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(lines[i], w) {
+					t.Errorf("line %d = %q, want it to contain %q", i, lines[i], w)
+				}
+			}
+		})
+	}
+
+	code, out, errOut := runEventsCmd("--json", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("--json: exit %d: %s", code, errOut)
+	}
+	dec := json.NewDecoder(strings.NewReader(out))
+	var n int
+	for dec.More() {
+		var ev admission.Event
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatalf("--json output %q: %v", out, err)
+		}
+		if n == 0 && (!ev.Time.Equal(evT0) || ev.Kind != admission.EventMemoryState || ev.Subject != "node") {
+			t.Errorf("first JSON event = %+v", ev)
+		}
+		n++
+	}
+	if n != 3 {
+		t.Errorf("--json printed %d events, want 3", n)
+	}
+}
+
+func TestEventsCommandErrors(t *testing.T) {
+	dir := eventsStore(t)
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"bad since", []string{"--since", "yesterday", "--data-dir", dir}, 2, "RFC 3339"},
+		{"negative limit", []string{"--limit", "-1", "--data-dir", dir}, 2, "--limit"},
+		{"argument", []string{"--data-dir", dir, "extra"}, 2, "unexpected argument"},
+		{"unknown flag", []string{"--nope"}, 2, "nope"},
+		{"no store", []string{"--data-dir", filepath.Join(dir, "missing")}, 1, "no store"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := runEventsCmd(tc.args...)
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Errorf("exit %d %q; want %d containing %q", code, errOut, tc.code, tc.want)
+			}
+		})
+	}
+	if code, _, _ := runEventsCmd("-help"); code != 0 {
+		t.Errorf("-help: exit %d, want 0", code)
+	}
+}
+
+func TestEventsCommandWhileRunning(t *testing.T) {
+	dir := eventsStore(t)
+	s, err := persist.Open(persist.Config{Dir: dir}, nil) // as a running sluice holds it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	code, _, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", "127.0.0.1:19090", "--limit", "5")
+	if code != 1 || !strings.Contains(errOut, "in use by a running sluice") ||
+		!strings.Contains(errOut, "curl 'http://127.0.0.1:19090/events?limit=5'") {
+		t.Fatalf("exit %d %q; want 1 with a curl hint", code, errOut)
+	}
+}
