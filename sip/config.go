@@ -1,0 +1,249 @@
+package sip
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config configures the SIP front end. Each field maps to one flag of
+// cmd/sluice; New fills the defaults named in the comments.
+type Config struct {
+	// Listen is the address served on both UDP and TCP. Flag -sip-listen,
+	// default ":5060".
+	Listen string
+	// Advertise is the host:port written into our Via and Record-Route and
+	// recognised in Route and Request-URI. Flag -sip-advertise. Default: the
+	// listen address, or, when that has no IP, the local address the kernel
+	// picks to reach the first backend.
+	Advertise string
+	// Backends are the upstreams. Flag -sip-backend (repeatable).
+	Backends []BackendConfig
+	// Policy selects a backend for new work. Flag -sip-lb-policy, default
+	// "hash" (consistent hash on Call-ID).
+	Policy string
+	// TokenTTL is how long the signed backend token in our Record-Route
+	// stays valid: the longest dialog we keep affinity for. Flag
+	// -sip-affinity-ttl, default 24h.
+	TokenTTL time.Duration
+	// FailoverTimeout is how long new work waits for a first response from
+	// a backend before it is moved to the next one. Flag
+	// -sip-failover-timeout, default 2s.
+	FailoverTimeout time.Duration
+	// DrainDefault is how long a backend that answered 503 without a
+	// Retry-After gets no new work. Flag -sip-drain-default, default 5s.
+	DrainDefault time.Duration
+	// HealthInterval is the OPTIONS ping period per backend; 0 disables
+	// pinging. Flag -sip-health-interval, default 5s.
+	HealthInterval time.Duration
+	// HealthTimeout is how long a ping waits for an answer. Flag
+	// -sip-health-timeout, default 2s.
+	HealthTimeout time.Duration
+	// HealthRise and HealthFall are the consecutive answered / unanswered
+	// pings that mark a backend up / down. Flags -sip-health-rise (default
+	// 2) and -sip-health-fall (default 3).
+	HealthRise, HealthFall int
+	// TCPIdleTimeout closes a TCP connection that received nothing for this
+	// long. Flag -sip-tcp-idle-timeout, default 5m.
+	TCPIdleTimeout time.Duration
+	// TCPMaxConns bounds the accepted TCP connections; more are closed at
+	// once. Flag -sip-tcp-max-conns, default 10000.
+	TCPMaxConns int
+	// UDPBuffer is the socket receive and send buffer in bytes. Flag
+	// -sip-udp-buffer, default 4 MiB (the kernel may cap it at
+	// net.core.rmem_max).
+	UDPBuffer int
+	// MaxMessage is the largest message accepted, in bytes. Flag
+	// -sip-max-message, default 65535.
+	MaxMessage int
+}
+
+// BackendConfig is one -sip-backend value:
+// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME].
+type BackendConfig struct {
+	// ID names the backend in tokens, logs and metrics. Default: ADDR.
+	ID string
+	// Addr is the backend's IP:port (a host name is resolved once at start).
+	Addr string
+	// Transport is "udp" (default) or "tcp".
+	Transport string
+	// Weight is the relative share of new work, default 1.
+	Weight int
+	// MetricsURL is the backend's memory probe (Prometheus text), optional.
+	MetricsURL string
+}
+
+// ParseBackend parses a -sip-backend value.
+func ParseBackend(s string) (BackendConfig, error) {
+	parts := strings.Split(s, ",")
+	b := BackendConfig{Addr: strings.TrimSpace(parts[0]), Transport: "udp", Weight: 1}
+	if b.Addr == "" {
+		return b, fmt.Errorf("-sip-backend %q: missing address", s)
+	}
+	if _, _, err := net.SplitHostPort(b.Addr); err != nil {
+		return b, fmt.Errorf("-sip-backend %q: address: %w", s, err)
+	}
+	for _, kv := range parts[1:] {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return b, fmt.Errorf("-sip-backend %q: %q is not key=value", s, kv)
+		}
+		k, v = strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v)
+		switch k {
+		case "transport":
+			v = strings.ToLower(v)
+			if v != "udp" && v != "tcp" {
+				return b, fmt.Errorf("-sip-backend %q: transport must be udp or tcp", s)
+			}
+			b.Transport = v
+		case "weight":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1000 {
+				return b, fmt.Errorf("-sip-backend %q: weight must be a whole number in 1..1000", s)
+			}
+			b.Weight = n
+		case "metrics":
+			u, err := url.Parse(v)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return b, fmt.Errorf("-sip-backend %q: metrics must be an http(s) URL", s)
+			}
+			b.MetricsURL = v
+		case "id":
+			if v == "" || len(v) > 64 || strings.ContainsAny(v, " \t\r\n") {
+				return b, fmt.Errorf("-sip-backend %q: id must be 1..64 characters without spaces", s)
+			}
+			b.ID = v
+		default:
+			return b, fmt.Errorf("-sip-backend %q: unknown key %q", s, k)
+		}
+	}
+	if b.ID == "" {
+		b.ID = b.Addr
+	}
+	return b, nil
+}
+
+// ErrNoBackends is returned by New when no backend is configured.
+var ErrNoBackends = errors.New("-sip-backend: at least one backend is required")
+
+func (c *Config) setDefaults() {
+	if c.Listen == "" {
+		c.Listen = ":5060"
+	}
+	if c.Policy == "" {
+		c.Policy = "hash"
+	}
+	if c.TokenTTL == 0 {
+		c.TokenTTL = 24 * time.Hour
+	}
+	if c.FailoverTimeout == 0 {
+		c.FailoverTimeout = 2 * time.Second
+	}
+	if c.DrainDefault == 0 {
+		c.DrainDefault = 5 * time.Second
+	}
+	if c.HealthTimeout == 0 {
+		c.HealthTimeout = 2 * time.Second
+	}
+	if c.HealthRise == 0 {
+		c.HealthRise = 2
+	}
+	if c.HealthFall == 0 {
+		c.HealthFall = 3
+	}
+	if c.TCPIdleTimeout == 0 {
+		c.TCPIdleTimeout = 5 * time.Minute
+	}
+	if c.TCPMaxConns == 0 {
+		c.TCPMaxConns = 10000
+	}
+	if c.UDPBuffer == 0 {
+		c.UDPBuffer = 4 << 20
+	}
+	if c.MaxMessage == 0 {
+		c.MaxMessage = 65535
+	}
+}
+
+// Validate reports the first invalid field, naming its flag. It expects
+// defaults to be filled.
+func (c *Config) Validate() error {
+	switch {
+	case len(c.Backends) == 0:
+		return ErrNoBackends
+	case c.TokenTTL < time.Minute:
+		return errors.New("-sip-affinity-ttl must be at least 1m")
+	case c.FailoverTimeout < 10*time.Millisecond:
+		return errors.New("-sip-failover-timeout must be at least 10ms")
+	case c.DrainDefault < 0:
+		return errors.New("-sip-drain-default must not be negative")
+	case c.HealthInterval < 0:
+		return errors.New("-sip-health-interval must not be negative")
+	case c.HealthInterval > 0 && c.HealthTimeout >= c.HealthInterval:
+		return errors.New("-sip-health-timeout must be shorter than -sip-health-interval")
+	case c.HealthRise < 1 || c.HealthFall < 1:
+		return errors.New("-sip-health-rise and -sip-health-fall must be at least 1")
+	case c.TCPIdleTimeout < time.Second:
+		return errors.New("-sip-tcp-idle-timeout must be at least 1s")
+	case c.TCPMaxConns < 1:
+		return errors.New("-sip-tcp-max-conns must be at least 1")
+	case c.UDPBuffer < 1<<16:
+		return errors.New("-sip-udp-buffer must be at least 65536")
+	case c.MaxMessage < 1024 || c.MaxMessage > 1<<20:
+		return errors.New("-sip-max-message must be in 1024..1048576")
+	}
+	ids := map[string]bool{}
+	for _, b := range c.Backends {
+		if ids[b.ID] {
+			return fmt.Errorf("-sip-backend: duplicate id %q", b.ID)
+		}
+		ids[b.ID] = true
+	}
+	return nil
+}
+
+// hostPort is a parsed host:port with the port defaulted to 5060.
+type hostPort struct {
+	host string // lowercase; IPv6 without brackets
+	port int
+}
+
+func parseHostPort(s string) (hostPort, error) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return hostPort{}, fmt.Errorf("parse address %q: %w", s, err)
+	}
+	port := 5060
+	if p != "" {
+		port, err = strconv.Atoi(p)
+		if err != nil || port < 0 || port > 65535 {
+			return hostPort{}, fmt.Errorf("parse address %q: bad port", s)
+		}
+	}
+	return hostPort{host: strings.ToLower(h), port: port}, nil
+}
+
+func (hp hostPort) String() string {
+	return net.JoinHostPort(hp.host, strconv.Itoa(hp.port))
+}
+
+// resolveAddr resolves a backend address to an IP:port once at start.
+func resolveAddr(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap, nil
+	}
+	ua, err := net.ResolveUDPAddr("udp", s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", s, err)
+	}
+	return ua.AddrPort(), nil
+}

@@ -1,0 +1,126 @@
+package sip
+
+import (
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// Metrics are the SIP front end's counters, all monotonic since start.
+// Fields are atomics: read them with Load; do not copy a Metrics.
+type Metrics struct {
+	Requests  atomic.Uint64 // parsed requests received
+	Responses atomic.Uint64 // parsed responses received
+
+	Forwarded      atomic.Uint64 // requests sent upstream or downstream
+	NewWork        atomic.Uint64 // new work forwarded (attempts, failovers included)
+	Affinity       atomic.Uint64 // in-dialog requests routed by a valid token
+	CallIDFallback atomic.Uint64 // in-dialog requests without our Route, routed by Call-ID hash
+	Relayed        atomic.Uint64 // responses relayed
+
+	Refused   atomic.Uint64                // new work refused by the balancer (503)
+	RefusedBy [4]atomic.Uint64             // by admission.Reason (none, memory, arm, mop)
+	Delayed   atomic.Uint64                // new work held in an ARM delay queue
+	Failovers atomic.Uint64                // new work moved to another backend
+	AllFailed atomic.Uint64                // new work answered 500: every backend failed
+	Timeouts  atomic.Uint64                // attempts that got no answer in time
+
+	Backend503   atomic.Uint64 // 503 answers from backends (absorbed, never relayed)
+	ForgedTokens atomic.Uint64 // in-dialog requests with our Route and a bad token (403)
+	TooManyHops  atomic.Uint64 // 483 answers
+
+	Malformed        atomic.Uint64 // unparsable or invalid messages
+	BadRequests      atomic.Uint64 // 400 answers
+	MalformedDropped atomic.Uint64 // malformed messages that could not be answered
+	Oversize         atomic.Uint64 // datagrams over -sip-max-message or too big to send
+	StrayResponses   atomic.Uint64 // responses whose top Via is not ours
+
+	LocalReplies    atomic.Uint64 // responses the balancer generated
+	OptionsAnswered atomic.Uint64 // OPTIONS to the balancer answered 200
+	AbsorbedACKs    atomic.Uint64 // ACKs of our own final answers
+	Retransmissions atomic.Uint64 // client retransmissions absorbed
+	Retransmitted   atomic.Uint64 // our retransmissions to UDP backends
+
+	SendErrors atomic.Uint64 // failed writes
+	TCPRefused atomic.Uint64 // TCP connections over -sip-tcp-max-conns
+	Panics     atomic.Uint64 // recovered handler panics (bugs)
+
+	PingsSent   atomic.Uint64 // OPTIONS health pings
+	PingsFailed atomic.Uint64 // pings without an answer in time
+}
+
+// Metrics returns the server's counters.
+func (s *Server) Metrics() *Metrics { return &s.metrics }
+
+// BackendStatus is a point-in-time view of one backend.
+type BackendStatus struct {
+	ID        string
+	Addr      string
+	Transport string
+	Weight    int
+	Up        bool
+	Draining  bool
+}
+
+// Backends returns the state of every backend.
+func (s *Server) Backends() []BackendStatus {
+	now := s.clock.Now()
+	out := make([]BackendStatus, 0, len(s.pool.list))
+	for _, b := range s.pool.list {
+		out = append(out, BackendStatus{
+			ID: b.id, Addr: b.addr.String(), Transport: b.transport(), Weight: b.lb.Weight(),
+			Up: b.lb.State(now) != lb.Down, Draining: b.lb.State(now) == lb.Draining,
+		})
+	}
+	return out
+}
+
+// WritePrometheus writes the counters in the Prometheus text format.
+func (s *Server) WritePrometheus(w io.Writer) {
+	m := &s.metrics
+	c := func(name, help string, v uint64) {
+		fmt.Fprintf(w, "# HELP sluice_sip_%s %s\n# TYPE sluice_sip_%s counter\nsluice_sip_%s %d\n", name, help, name, name, v)
+	}
+	c("requests_total", "SIP requests received.", m.Requests.Load())
+	c("responses_total", "SIP responses received.", m.Responses.Load())
+	c("forwarded_total", "SIP requests forwarded.", m.Forwarded.Load())
+	c("new_work_total", "New-work attempts forwarded to backends.", m.NewWork.Load())
+	c("affinity_total", "In-dialog requests routed by a valid token.", m.Affinity.Load())
+	c("callid_fallback_total", "In-dialog requests without our Route, routed by Call-ID hash.", m.CallIDFallback.Load())
+	c("relayed_total", "SIP responses relayed.", m.Relayed.Load())
+	fmt.Fprintf(w, "# HELP sluice_sip_refused_total New work refused with 503 by the balancer.\n# TYPE sluice_sip_refused_total counter\n")
+	for r := range m.RefusedBy {
+		name := admission.Reason(r).String()
+		if name == "" {
+			name = "no_backend"
+		}
+		fmt.Fprintf(w, "sluice_sip_refused_total{reason=%q} %d\n", name, m.RefusedBy[r].Load())
+	}
+	c("delayed_total", "New work held in an ARM delay queue.", m.Delayed.Load())
+	c("failovers_total", "New work moved to another backend.", m.Failovers.Load())
+	c("all_failed_total", "New work answered 500 because every backend failed.", m.AllFailed.Load())
+	c("timeouts_total", "Attempts without an answer in time.", m.Timeouts.Load())
+	c("backend_503_total", "503 answers from backends (absorbed).", m.Backend503.Load())
+	c("forged_tokens_total", "In-dialog requests with an invalid token.", m.ForgedTokens.Load())
+	c("too_many_hops_total", "483 answers.", m.TooManyHops.Load())
+	c("malformed_total", "Malformed messages.", m.Malformed.Load())
+	c("bad_requests_total", "400 answers.", m.BadRequests.Load())
+	c("malformed_dropped_total", "Malformed messages dropped unanswered.", m.MalformedDropped.Load())
+	c("oversize_total", "Oversize datagrams.", m.Oversize.Load())
+	c("stray_responses_total", "Responses not for us.", m.StrayResponses.Load())
+	c("send_errors_total", "Failed writes.", m.SendErrors.Load())
+	c("pings_failed_total", "Unanswered OPTIONS health pings.", m.PingsFailed.Load())
+	fmt.Fprintf(w, "# HELP sluice_sip_transactions Live new-work transactions.\n# TYPE sluice_sip_transactions gauge\nsluice_sip_transactions %d\n", s.txns.Len())
+	fmt.Fprintf(w, "# HELP sluice_sip_tcp_connections Open TCP connections.\n# TYPE sluice_sip_tcp_connections gauge\nsluice_sip_tcp_connections %d\n", s.tcp.len())
+	fmt.Fprintf(w, "# HELP sluice_sip_backend_up Backend health (1 up).\n# TYPE sluice_sip_backend_up gauge\n")
+	for _, b := range s.Backends() {
+		up := 0
+		if b.Up {
+			up = 1
+		}
+		fmt.Fprintf(w, "sluice_sip_backend_up{backend=%q} %d\n", b.ID, up)
+	}
+}

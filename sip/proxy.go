@@ -1,0 +1,440 @@
+package sip
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// handleRequest classifies a parsed request and routes it: ACK, CANCEL,
+// in-dialog (To-tag) and new work.
+func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
+	via, cid, cseq := req.Via(), req.CallID(), req.CSeq()
+	if via == nil || cid == nil || cseq == nil {
+		s.malformed(raw, src, "missing via, call-id or cseq")
+		return
+	}
+	if req.To() == nil || header(req, "from", "f") == nil || cseq.MethodName != req.Method ||
+		!strings.EqualFold(req.SipVersion, "SIP/2.0") || req.Recipient.Host == "" && req.Recipient.Raw() == "" {
+		s.metrics.Malformed.Add(1)
+		if req.Method != gosip.ACK {
+			s.metrics.BadRequests.Add(1)
+			s.reply(req, src, 400, "Bad Request")
+		}
+		return
+	}
+	now := s.clock.Now()
+	// RFC 3261 §16.3 step 3; an OPTIONS that may go no further is for us.
+	if mf := req.MaxForwards(); mf != nil && mf.Val() == 0 {
+		switch req.Method {
+		case gosip.OPTIONS:
+			s.answerOptions(req, src)
+		case gosip.ACK:
+		default:
+			s.metrics.TooManyHops.Add(1)
+			s.reply(req, src, 483, "Too Many Hops")
+		}
+		return
+	}
+	switch {
+	case req.Method == gosip.ACK:
+		s.handleAck(req, src, now)
+	case req.Method == gosip.CANCEL:
+		s.handleCancel(req, src, now)
+	case toTag(req) != "":
+		s.handleInDialog(req, src, now)
+	default:
+		s.handleNewWork(req, src, now)
+	}
+}
+
+// header returns the first header with one of the given lowercase names.
+func header(m interface{ GetHeader(string) gosip.Header }, names ...string) gosip.Header {
+	for _, n := range names {
+		if h := m.GetHeader(n); h != nil {
+			return h
+		}
+	}
+	return nil
+}
+
+// isOurs reports whether u addresses the balancer.
+func (s *Server) isOurs(u *gosip.Uri) bool {
+	if uriPort(u) != s.adv.port {
+		return false
+	}
+	h := strings.Trim(u.Host, "[]")
+	if strings.EqualFold(h, s.adv.host) {
+		return true
+	}
+	if ip, err := netip.ParseAddr(h); err == nil {
+		ip = ip.Unmap()
+		if ip == s.advIP {
+			return true
+		}
+		if la, ok := s.udp.LocalAddr().(*net.UDPAddr); ok {
+			if lip, ok := netip.AddrFromSlice(la.IP); ok && lip.Unmap() == ip {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// viaIsOurs reports whether a Via names the balancer.
+func (s *Server) viaIsOurs(v *gosip.ViaHeader) bool {
+	u := gosip.Uri{Host: v.Host, Port: v.Port}
+	return s.isOurs(&u)
+}
+
+// popOurRoutes removes the Route entries that name us from the top of the
+// route set (one, or two with double record-routing) and returns the
+// token of the first one.
+func (s *Server) popOurRoutes(req *gosip.Request) (token string, had bool) {
+	for {
+		r := req.Route()
+		if r == nil || !s.isOurs(&r.Address) {
+			return token, had
+		}
+		if !had {
+			token, _ = r.Address.UriParams.Get(tokenParam)
+		}
+		had = true
+		req.RemoveHeader("Route")
+	}
+}
+
+// verifyToken checks a Record-Route token against the request's Call-ID
+// and returns the backend it names.
+func (s *Server) verifyToken(token, callID string) (string, bool) {
+	if token == "" {
+		return "", false
+	}
+	subj, ok := s.signer.Verify(token, time.Now())
+	if !ok {
+		return "", false
+	}
+	return splitSubject(subj, callID)
+}
+
+// prepareForward applies the per-hop changes every forwarded request gets:
+// Max-Forwards decremented (or set to 70) and the client's Via stamped with
+// received/rport so the relayed response finds its way back
+// (RFC 3261 §18.2.1, RFC 3581).
+func (s *Server) prepareForward(req *gosip.Request, src source) {
+	if mf := req.MaxForwards(); mf != nil {
+		mf.Dec()
+	} else {
+		m := gosip.MaxForwardsHeader(70)
+		req.AppendHeader(&m)
+	}
+	v := req.Via()
+	ip := src.addr.Addr().String()
+	if !strings.EqualFold(strings.Trim(v.Host, "[]"), ip) {
+		v.Params.Add("received", ip)
+	}
+	if r, ok := v.Params.Get("rport"); (ok && r == "") || src.conn != nil {
+		v.Params.Add("rport", strconv.Itoa(int(src.addr.Port())))
+		if src.conn != nil {
+			v.Params.Add("received", ip)
+		}
+	}
+	if req.ContentLength() == nil {
+		cl := gosip.ContentLengthHeader(len(req.Body()))
+		req.AppendHeader(&cl)
+	}
+}
+
+// ourVia returns a Via naming the balancer for the given transport.
+func (s *Server) ourVia(branch string, tcp bool) *gosip.ViaHeader {
+	tr := "UDP"
+	if tcp {
+		tr = "TCP"
+	}
+	p := make(gosip.HeaderParams, 1, 2)
+	p[0] = gosip.HeaderKV{K: "branch", V: branch}
+	return &gosip.ViaHeader{ProtocolName: "SIP", ProtocolVersion: "2.0", Transport: tr, Host: s.adv.host, Port: s.adv.port, Params: p}
+}
+
+// ourRecordRoute returns a Record-Route naming the balancer with token.
+func (s *Server) ourRecordRoute(token string, tcp bool) *gosip.RecordRouteHeader {
+	p := make(gosip.HeaderParams, 0, 3)
+	p = append(p, gosip.HeaderKV{K: "lr"})
+	if tcp {
+		p = append(p, gosip.HeaderKV{K: "transport", V: "tcp"})
+	}
+	p = append(p, gosip.HeaderKV{K: tokenParam, V: token})
+	return &gosip.RecordRouteHeader{Address: gosip.Uri{Scheme: "sip", Host: s.adv.host, Port: s.adv.port, UriParams: p}}
+}
+
+// forwardStateless sends req to dst with our Via, keeping no state.
+func (s *Server) forwardStateless(req *gosip.Request, src source, dst target, branchID string) {
+	ckey := clientKey(req)
+	s.prepareForward(req, src)
+	req.PrependHeader(s.ourVia(branchFor(ckey, branchID), dst.tcp))
+	if err := s.sendMsg(req, dst); err != nil {
+		s.log.Debug("sip forward", "err", err, "call_id", req.CallID().Value())
+		return
+	}
+	s.metrics.Forwarded.Add(1)
+}
+
+// handleAck routes an ACK: absorbed if it acknowledges our own final
+// response, to the INVITE's backend if it acknowledges a relayed non-2xx
+// answer, else as an in-dialog request (the ACK of a 2xx).
+func (s *Server) handleAck(req *gosip.Request, src source, now int64) {
+	tag := toTag(req)
+	if strings.HasPrefix(tag, localTagPrefix) {
+		s.txns.dropClient(clientKey(req))
+		s.metrics.AbsorbedACKs.Add(1)
+		return
+	}
+	if t := s.txns.takeCompleted(clientKey(req)); t != nil {
+		// The ACK of a non-2xx answer is hop-by-hop, but as we relayed the
+		// answer we pass the ACK on with the INVITE's branch, as a
+		// stateless proxy would (RFC 3261 §16.11).
+		s.popOurRoutes(req)
+		s.prepareForward(req, src)
+		req.PrependHeader(s.ourVia(t.branch, t.cur.tcp))
+		if err := s.sendMsg(req, target{addr: t.cur.addr, tcp: t.cur.tcp}); err == nil {
+			s.metrics.Forwarded.Add(1)
+		}
+		return
+	}
+	if tag == "" {
+		s.metrics.Malformed.Add(1)
+		return
+	}
+	s.handleInDialog(req, src, now)
+}
+
+// handleCancel sends a CANCEL to the backend of its INVITE.
+func (s *Server) handleCancel(req *gosip.Request, src source, now int64) {
+	ckey := clientKey(req)
+	s.popOurRoutes(req)
+	if t, b, branch, answered := s.txns.cancel(ckey); t != nil {
+		if answered {
+			// The INVITE is still waiting for admission: nothing was sent
+			// upstream, so we answer both ourselves.
+			s.reply(req, src, 200, "OK")
+			s.finishLocal(t, 487, "Request Terminated", nil)
+			return
+		}
+		if b == nil {
+			s.reply(req, src, 200, "OK")
+			return
+		}
+		s.prepareForward(req, src)
+		req.PrependHeader(s.ourVia(branch, b.tcp))
+		if err := s.sendMsg(req, target{addr: b.addr, tcp: b.tcp}); err == nil {
+			s.metrics.Forwarded.Add(1)
+		}
+		return
+	}
+	// No state (completed, or a restart in between): the backend the INVITE
+	// most likely went to, with the branch it got there.
+	b := s.pool.home(lb.Hash(req.CallID().Value()), now)
+	if b == nil {
+		s.reply(req, src, 481, "Call/Transaction Does Not Exist")
+		return
+	}
+	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp}, b.id)
+}
+
+// handleInDialog routes a request with a To-tag. With our Route on top, the
+// token in it names the backend: always admitted. A missing or forged
+// token gets 403. Without our Route (a UA that ignores Record-Route), the
+// Call-ID hash picks the backend, and methods that can create a dialog go
+// through admission like new work.
+func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
+	callID := req.CallID().Value()
+	token, had := s.popOurRoutes(req)
+	fromBackend := s.pool.byAddr[src.addr] != nil && src.conn == nil ||
+		src.conn != nil && s.pool.byAddr[src.addr] != nil
+	if had {
+		id, ok := s.verifyToken(token, callID)
+		if !ok {
+			s.metrics.ForgedTokens.Add(1)
+			if req.Method != gosip.ACK {
+				s.reply(req, src, 403, "Forbidden", "Warning: 399 "+s.adv.String()+` "invalid affinity token"`)
+			}
+			return
+		}
+		s.admitAffinity(now, req.Method)
+		if fromBackend {
+			s.forwardDownstream(req, src)
+			return
+		}
+		b := s.pool.byID[id]
+		if b == nil {
+			if req.Method != gosip.ACK {
+				s.reply(req, src, 480, "Temporarily Unavailable", "Warning: 399 "+s.adv.String()+` "backend gone"`)
+			}
+			return
+		}
+		s.metrics.Affinity.Add(1)
+		s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp}, b.id)
+		return
+	}
+	if fromBackend {
+		s.admitAffinity(now, req.Method)
+		s.forwardDownstream(req, src)
+		return
+	}
+	b := s.pool.home(lb.Hash(callID), now)
+	if b == nil {
+		if req.Method != gosip.ACK {
+			s.reply(req, src, 503, "Service Unavailable", "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)))
+		}
+		return
+	}
+	if dialogCreating(req.Method) {
+		// A To-tag we did not sign proves nothing: this could be
+		// dialog-creating load in disguise.
+		ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
+		d := s.adm.Decide(now, &ar, b.lb.MOP())
+		if d.Verdict == admission.Delay {
+			d.Wait.Cancel()
+			d = s.adm.Resume(now, &ar, d, b.lb.MOP())
+		}
+		if d.Verdict != admission.Admit {
+			s.refuse(req, src, d)
+			return
+		}
+	} else {
+		s.admitAffinity(now, req.Method)
+	}
+	s.metrics.CallIDFallback.Add(1)
+	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp}, b.id)
+}
+
+func (s *Server) admitAffinity(now int64, m gosip.RequestMethod) {
+	ar := admission.Request{Class: admission.Affinity, Proto: "sip", Method: string(m)}
+	s.adm.Decide(now, &ar, nil)
+}
+
+// forwardDownstream sends a request from a backend towards the client: to
+// the next Route, else to the Request-URI (RFC 3261 §16.6 step 6).
+func (s *Server) forwardDownstream(req *gosip.Request, src source) {
+	u := &req.Recipient
+	if r := req.Route(); r != nil {
+		u = &r.Address
+	}
+	tcp := false
+	if tp, ok := u.UriParams.Get("transport"); ok && strings.EqualFold(tp, "tcp") {
+		tcp = true
+	}
+	ip, err := netip.ParseAddr(strings.Trim(u.Host, "[]"))
+	if err != nil {
+		// A host name: resolve off the reader goroutine.
+		host, port := u.Host, uriPort(u)
+		go func() {
+			ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
+			defer cancel()
+			ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
+			if err != nil || len(ips) == 0 {
+				s.metrics.SendErrors.Add(1)
+				return
+			}
+			s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ips[0].Unmap(), uint16(port)), tcp: tcp}, "down")
+		}()
+		return
+	}
+	s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ip.Unmap(), uint16(uriPort(u))), tcp: tcp}, "down")
+}
+
+// answerOptions answers an OPTIONS addressed to the balancer itself, so
+// monitors can ping it.
+func (s *Server) answerOptions(req *gosip.Request, src source) {
+	s.metrics.OptionsAnswered.Add(1)
+	s.reply(req, src, 200, "OK", "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER, SUBSCRIBE, NOTIFY, REFER, MESSAGE, INFO, PRACK, UPDATE, PUBLISH")
+}
+
+// handleNewWork admits, selects and forwards a request without To-tag,
+// transaction-statefully so a backend's 503 or silence moves it on.
+func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
+	if req.Method == gosip.OPTIONS && req.Route() == nil && s.isOurs(&req.Recipient) && req.Recipient.User == "" {
+		s.answerOptions(req, src)
+		return
+	}
+	ckey := clientKey(req)
+	if s.txns.retransmission(s, ckey, req, src) {
+		return
+	}
+	s.popOurRoutes(req) // a pre-loaded route to us; any token in it counts for nothing
+	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
+	d := s.adm.Decide(now, &ar, nil)
+	switch d.Verdict {
+	case admission.Refuse:
+		s.refuse(req, src, d)
+		return
+	case admission.Delay:
+		t := s.txns.create(ckey, req, src, now, true)
+		if t == nil {
+			d.Wait.Cancel()
+			return
+		}
+		if req.Method == gosip.INVITE {
+			s.send100(t)
+		}
+		s.metrics.Delayed.Add(1)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			d := s.adm.Wait(s.ctx, s.clock, &ar, d, nil)
+			if !s.txns.release(t) {
+				return // canceled meanwhile
+			}
+			if d.Verdict != admission.Admit {
+				s.txns.remove(t)
+				s.refuse(req, src, d)
+				return
+			}
+			s.attempt(t, s.clock.Now(), false)
+		}()
+		return
+	}
+	t := s.txns.create(ckey, req, src, now, false)
+	if t == nil {
+		return
+	}
+	s.attempt(t, now, false)
+}
+
+// jitter returns d in whole seconds plus up to half of it at random (at
+// least one second), so refused clients do not come back in step.
+func (s *Server) jitter(d time.Duration) int {
+	sec := admission.RetryAfterSeconds(d)
+	return sec + int(fastRand()%uint64(sec/2+1))
+}
+
+// refuse answers new work the balancer refuses itself: 503 with a jittered
+// Retry-After and a Warning naming the limit (RFC 3261 §21.5.4, §20.43).
+// It keeps no state. This is the one place a decision becomes SIP.
+func (s *Server) refuse(req *gosip.Request, src source, d admission.Decision) {
+	s.metrics.Refused.Add(1)
+	if int(d.Reason) < len(s.metrics.RefusedBy) {
+		s.metrics.RefusedBy[d.Reason].Add(1)
+	}
+	if req.Method == gosip.ACK {
+		return
+	}
+	what := d.Reason.String()
+	if name := s.adm.RuleName(d); name != "" {
+		what += " rule " + name
+	}
+	if what == "" {
+		what = "no backend available"
+	}
+	s.reply(req, src, 503, "Service Unavailable",
+		"Retry-After: "+strconv.Itoa(s.jitter(d.RetryAfter)),
+		"Warning: 399 "+s.adv.String()+` "overload: `+what+`"`)
+}

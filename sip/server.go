@@ -1,0 +1,434 @@
+package sip
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// Signer makes and checks the affinity tokens carried in our Record-Route.
+// *lb.Signer implements it.
+type Signer interface {
+	Token(backendID string, expires time.Time) string
+	Verify(token string, now time.Time) (backendID string, ok bool)
+}
+
+// Deps are the collaborators of a Server.
+type Deps struct {
+	// Admission decides new work. Required.
+	Admission *admission.Controller
+	// Signer signs and verifies the backend token. Required.
+	Signer Signer
+	// Clock gives the monotonic time of admission decisions. Default
+	// admission.MonoClock.
+	Clock admission.Clock
+	// MOP returns the memory overload limiter of a backend, or nil for none.
+	MOP func(BackendConfig) *admission.MOP
+}
+
+// Server is the SIP front end: a proxy on one UDP socket and one TCP
+// listener. Create it with New, start it with Start, stop it with Close.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	adm    *admission.Controller
+	signer Signer
+	clock  admission.Clock
+	pool   *pool
+	parser *gosip.Parser
+
+	adv     hostPort // advertised address
+	advIP   netip.Addr
+	udp     *net.UDPConn
+	tcpLn   *net.TCPListener
+	tcp     tcpTable
+	txns    txnTable
+	pings   pingTable
+	metrics Metrics
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+// New validates cfg and builds a Server; it opens no socket.
+func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Admission == nil || deps.Signer == nil {
+		return nil, errors.New("sip: admission controller and signer are required")
+	}
+	if deps.Clock == nil {
+		deps.Clock = admission.MonoClock{}
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	p, err := newPool(cfg.Backends, cfg.Policy, deps.MOP)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:    cfg,
+		log:    logger.With("component", "sip"),
+		adm:    deps.Admission,
+		signer: deps.Signer,
+		clock:  deps.Clock,
+		pool:   p,
+		parser: newParser(),
+	}
+	s.tcp.init()
+	s.txns.init()
+	s.pings.init()
+	return s, nil
+}
+
+// newParser builds a sipgo parser that gives types only to the headers the
+// proxy reads; every other header is kept as received (name and value) and
+// written back unchanged.
+func newParser() *gosip.Parser {
+	all := gosip.DefaultHeadersParser()
+	m := map[string]gosip.HeaderParser{}
+	for _, k := range []string{"via", "v", "to", "t", "call-id", "i", "cseq", "max-forwards", "content-length", "l", "route"} {
+		m[k] = all[k]
+	}
+	p := gosip.NewParser(gosip.WithHeadersParsers(m))
+	return p
+}
+
+// Start opens the UDP socket and TCP listener and serves until Close or
+// ctx is done.
+func (s *Server) Start(ctx context.Context) error {
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.parser.MaxMessageLength = s.cfg.MaxMessage
+	uaddr, err := net.ResolveUDPAddr("udp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("-sip-listen %s: %w", s.cfg.Listen, err)
+	}
+	s.udp, err = net.ListenUDP("udp", uaddr)
+	if err != nil {
+		return fmt.Errorf("listen udp %s: %w", s.cfg.Listen, err)
+	}
+	_ = s.udp.SetReadBuffer(s.cfg.UDPBuffer)
+	_ = s.udp.SetWriteBuffer(s.cfg.UDPBuffer)
+	la := s.udp.LocalAddr().(*net.UDPAddr)
+	s.tcpLn, err = net.ListenTCP("tcp", &net.TCPAddr{IP: la.IP, Port: la.Port, Zone: la.Zone})
+	if err != nil {
+		s.udp.Close()
+		return fmt.Errorf("listen tcp %s: %w", s.cfg.Listen, err)
+	}
+	if err := s.setAdvertise(la); err != nil {
+		s.udp.Close()
+		s.tcpLn.Close()
+		return err
+	}
+	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(s.pool.list), "policy", s.cfg.Policy)
+	s.wg.Add(3)
+	go s.serveUDP()
+	go s.serveTCP()
+	go s.tick()
+	if s.cfg.HealthInterval > 0 {
+		hc, err := lb.NewHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
+			Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}, s.log)
+		if err != nil {
+			return fmt.Errorf("sip health: %w", err)
+		}
+		for _, b := range s.pool.list {
+			hc.Add(b.lb, optionsProber{s})
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			hc.Run(s.ctx)
+		}()
+	}
+	for _, b := range s.pool.list {
+		if b.cfg.MetricsURL == "" {
+			continue
+		}
+		mp, err := lb.NewMemoryProbe(b.lb, lb.MemoryProbeConfig{URL: b.cfg.MetricsURL}, s.clock, s.log)
+		if err != nil {
+			return fmt.Errorf("sip memory probe: %w", err)
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			mp.Run(s.ctx)
+		}()
+	}
+	go func() {
+		<-s.ctx.Done()
+		s.shutdown()
+	}()
+	return nil
+}
+
+func (s *Server) setAdvertise(la *net.UDPAddr) error {
+	adv := s.cfg.Advertise
+	if adv == "" {
+		ip, _ := netip.AddrFromSlice(la.IP)
+		ip = ip.Unmap()
+		if !ip.IsValid() || ip.IsUnspecified() {
+			// The address the kernel would use to reach the first backend.
+			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(s.pool.list[0].addr))
+			if err != nil {
+				return fmt.Errorf("-sip-advertise: none given and no local address found: %w", err)
+			}
+			ip, _ = netip.AddrFromSlice(c.LocalAddr().(*net.UDPAddr).IP)
+			ip = ip.Unmap()
+			c.Close()
+		}
+		adv = netip.AddrPortFrom(ip, uint16(la.Port)).String()
+	}
+	hp, err := parseHostPort(adv)
+	if err != nil {
+		return fmt.Errorf("-sip-advertise: %w", err)
+	}
+	s.adv = hp
+	if ip, err := netip.ParseAddr(hp.host); err == nil {
+		s.advIP = ip.Unmap()
+	}
+	return nil
+}
+
+// Addr returns the UDP address the server listens on (the TCP listener has
+// the same port), or nil before Start.
+func (s *Server) Addr() net.Addr {
+	if s.udp == nil {
+		return nil
+	}
+	return s.udp.LocalAddr()
+}
+
+// Close stops the server and waits for its goroutines.
+func (s *Server) Close() error {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.shutdown()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) shutdown() {
+	if !s.closed.CompareAndSwap(false, true) {
+		return
+	}
+	if s.udp != nil {
+		s.udp.Close()
+	}
+	if s.tcpLn != nil {
+		s.tcpLn.Close()
+	}
+	s.tcp.closeAll()
+}
+
+// source is where a message came from.
+type source struct {
+	addr netip.AddrPort
+	conn *tcpConn // nil for UDP
+}
+
+func (src source) transport() string {
+	if src.conn != nil {
+		return "TCP"
+	}
+	return "UDP"
+}
+
+func (s *Server) serveUDP() {
+	defer s.wg.Done()
+	buf := make([]byte, 65536)
+	for {
+		n, addr, err := s.udp.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if s.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Warn("sip udp read", "err", err)
+			continue
+		}
+		if n > s.cfg.MaxMessage {
+			s.metrics.Oversize.Add(1)
+			continue
+		}
+		addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+		s.handleDatagram(buf[:n], source{addr: addr})
+	}
+}
+
+// handleDatagram handles one complete message (a UDP datagram or a framed
+// TCP message). data is reused after it returns.
+func (s *Server) handleDatagram(data []byte, src source) {
+	if len(bytes.Trim(data, "\r\n \t\x00")) == 0 {
+		return // keep-alive
+	}
+	defer func() {
+		// A bug in message handling must not take the listener down.
+		if r := recover(); r != nil {
+			s.metrics.Panics.Add(1)
+			s.log.Error("sip message handler panicked", "err", fmt.Sprint(r), "src", src.addr.String())
+		}
+	}()
+	msg, err := s.parser.ParseSIP(data)
+	if err != nil || msg == nil {
+		s.malformed(data, src, "parse")
+		return
+	}
+	msg.SetTransport(src.transport())
+	msg.SetSource(src.addr.String())
+	switch m := msg.(type) {
+	case *gosip.Request:
+		s.metrics.Requests.Add(1)
+		s.handleRequest(m, data, src)
+	case *gosip.Response:
+		s.metrics.Responses.Add(1)
+		s.handleResponse(m, src)
+	}
+}
+
+// target is where a message goes.
+type target struct {
+	addr netip.AddrPort
+	tcp  bool
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// sendMsg serializes m and sends it to t.
+func (s *Server) sendMsg(m gosip.Message, t target) error {
+	b := bufPool.Get().(*bytes.Buffer)
+	b.Reset()
+	m.StringWrite(b)
+	err := s.sendBytes(b.Bytes(), t)
+	bufPool.Put(b)
+	return err
+}
+
+// sendBytes sends one serialized message to t.
+func (s *Server) sendBytes(p []byte, t target) error {
+	if !t.tcp {
+		if len(p) > 65507 {
+			s.metrics.Oversize.Add(1)
+			return errors.New("send udp: message larger than a datagram")
+		}
+		_, err := s.udp.WriteToUDPAddrPort(p, t.addr)
+		if err != nil {
+			s.metrics.SendErrors.Add(1)
+			return fmt.Errorf("send udp %s: %w", t.addr, err)
+		}
+		return nil
+	}
+	c := s.tcp.get(t.addr)
+	if c == nil {
+		if s.pool.byAddr[t.addr] != nil || true {
+			s.dialAsync(t.addr)
+		}
+		s.metrics.SendErrors.Add(1)
+		return fmt.Errorf("send tcp %s: no connection", t.addr)
+	}
+	if err := c.write(p); err != nil {
+		s.metrics.SendErrors.Add(1)
+		return fmt.Errorf("send tcp %s: %w", t.addr, err)
+	}
+	return nil
+}
+
+// replyTarget is where a response to req goes (RFC 3261 §18.2.2, RFC 3581):
+// over TCP the connection it came on; over UDP the source address with the
+// Via port, or the source port when the Via asks for rport.
+func replyTarget(req *gosip.Request, src source) target {
+	if src.conn != nil {
+		return target{addr: src.addr, tcp: true}
+	}
+	port := src.addr.Port()
+	if v := req.Via(); v != nil {
+		if _, rport := v.Params.Get("rport"); !rport && v.Port > 0 {
+			port = uint16(v.Port)
+		}
+	}
+	return target{addr: netip.AddrPortFrom(src.addr.Addr(), port)}
+}
+
+// viaTarget is where a response goes after our Via was removed: the next
+// Via's received/rport, else its sent-by.
+func viaTarget(v *gosip.ViaHeader) (target, bool) {
+	host := v.Host
+	port := v.Port
+	if r, ok := v.Params.Get("received"); ok && r != "" {
+		host = r
+	}
+	if r, ok := v.Params.Get("rport"); ok && r != "" {
+		if p, err := parsePort(r); err == nil {
+			port = p
+		}
+	}
+	if port == 0 {
+		port = 5060
+	}
+	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	if err != nil {
+		return target{}, false
+	}
+	return target{addr: netip.AddrPortFrom(ip.Unmap(), uint16(port)), tcp: strings.EqualFold(v.Transport, "TCP")}, true
+}
+
+func parsePort(s string) (int, error) {
+	n := 0
+	if s == "" || len(s) > 5 {
+		return 0, errors.New("bad port")
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, errors.New("bad port")
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n > 65535 {
+		return 0, errors.New("bad port")
+	}
+	return n, nil
+}
+
+// tick drives transaction timers and the refusal summary.
+func (s *Server) tick() {
+	defer s.wg.Done()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	var lastLog time.Time
+	var lastRefused uint64
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.txnTimers(s.clock.Now())
+		if time.Since(lastLog) >= 10*time.Second {
+			lastLog = time.Now()
+			r := s.metrics.Refused.Load()
+			if r != lastRefused {
+				s.log.Info("sip new work refused", "refused_total", r, "since_last", r-lastRefused,
+					"malformed_total", s.metrics.Malformed.Load(), "forged_total", s.metrics.ForgedTokens.Load())
+				lastRefused = r
+			}
+		}
+	}
+}

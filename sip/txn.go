@@ -1,0 +1,534 @@
+package sip
+
+import (
+	"bytes"
+	"strconv"
+	"sync"
+	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// Transaction states of new work.
+const (
+	stWaiting    = iota // delayed by an ARM rule, nothing sent yet
+	stCalling           // sent to a backend, no answer yet
+	stProceeding        // a provisional answer came back
+	stCompleted         // a non-2xx final answer went to the client; waiting for its ACK
+	stSwitching         // one goroutine is moving it to the next backend
+)
+
+// RFC 3261 timers.
+const (
+	timerT1 = 500 * time.Millisecond
+	timerT2 = 4 * time.Second
+	// timerC bounds an INVITE after its last provisional answer.
+	timerC = 3 * time.Minute
+	// completedLinger keeps a completed INVITE for its ACK (Timer D).
+	completedLinger = 32 * time.Second
+	// trying100 is when we answer 100 Trying for an INVITE nobody answered.
+	trying100 = 200 * time.Millisecond
+)
+
+// txn is one request of new work forwarded transaction-statefully, so a
+// backend's 503 or silence moves it to the next backend. It lives from the
+// request until the final answer (plus the ACK wait of a non-2xx INVITE
+// answer); affinity traffic and responses never create one. All fields are
+// guarded by txnTable.mu.
+type txn struct {
+	ckey     string
+	req      *gosip.Request
+	invite   bool
+	callID   string
+	src      source
+	state    int
+	canceled bool
+
+	cur      *backend
+	branch   string
+	branches []string
+	tried    lb.Set
+	wire     []byte // the request as last sent to cur
+	via      *gosip.ViaHeader
+	rrs      []*gosip.RecordRouteHeader
+
+	created   int64
+	sentAt    int64
+	nextRetx  int64
+	retxEvery int64
+	deadline  int64 // silence failover (calling) or Timer C (proceeding)
+	expires   int64 // completed: when the ACK wait ends
+	sent100   bool
+	lastFinal []byte // the final answer given to the client, for its retransmissions
+	prepared  bool
+}
+
+// txnTable indexes live transactions by client key and by our branch.
+type txnTable struct {
+	mu       sync.Mutex
+	byClient map[string]*txn
+	byBranch map[string]*txn
+}
+
+func (tt *txnTable) init() {
+	tt.byClient = map[string]*txn{}
+	tt.byBranch = map[string]*txn{}
+}
+
+// Len returns the number of live transactions.
+func (tt *txnTable) Len() int {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	return len(tt.byClient)
+}
+
+func (tt *txnTable) create(ckey string, req *gosip.Request, src source, now int64, waiting bool) *txn {
+	t := &txn{ckey: ckey, req: req, invite: req.Method == gosip.INVITE, callID: req.CallID().Value(), src: src, created: now}
+	t.state = stSwitching // the creator sends it
+	if waiting {
+		t.state = stWaiting
+	}
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	if tt.byClient[ckey] != nil {
+		return nil
+	}
+	tt.byClient[ckey] = t
+	return t
+}
+
+func (tt *txnTable) removeLocked(t *txn) {
+	if tt.byClient[t.ckey] == t {
+		delete(tt.byClient, t.ckey)
+	}
+	for _, b := range t.branches {
+		if tt.byBranch[b] == t {
+			delete(tt.byBranch, b)
+		}
+	}
+}
+
+func (tt *txnTable) remove(t *txn) {
+	tt.mu.Lock()
+	tt.removeLocked(t)
+	tt.mu.Unlock()
+}
+
+// dropClient forgets the transaction of ckey (its ACK came).
+func (tt *txnTable) dropClient(ckey string) {
+	tt.mu.Lock()
+	if t := tt.byClient[ckey]; t != nil && t.state == stCompleted {
+		tt.removeLocked(t)
+	}
+	tt.mu.Unlock()
+}
+
+// takeCompleted removes and returns the INVITE transaction of ckey if it
+// is waiting for the ACK of a relayed non-2xx answer.
+func (tt *txnTable) takeCompleted(ckey string) *txn {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	t := tt.byClient[ckey]
+	if t == nil || t.state != stCompleted || t.cur == nil {
+		return nil
+	}
+	tt.removeLocked(t)
+	return t
+}
+
+// cancel marks the INVITE of ckey canceled. It returns the transaction,
+// the backend and branch to send the CANCEL to, and whether the INVITE was
+// still waiting for admission (then nothing went upstream and the caller
+// answers both itself).
+func (tt *txnTable) cancel(ckey string) (t *txn, b *backend, branch string, waiting bool) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	t = tt.byClient[ckey]
+	if t == nil || !t.invite {
+		return nil, nil, "", false
+	}
+	if t.state == stCompleted {
+		return t, nil, "", false
+	}
+	t.canceled = true
+	if t.state == stWaiting {
+		tt.removeLocked(t)
+		return t, nil, "", true
+	}
+	return t, t.cur, t.branch, false
+}
+
+// release moves a delayed transaction on; false if it was canceled.
+func (tt *txnTable) release(t *txn) bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	if t.canceled || tt.byClient[t.ckey] != t {
+		return false
+	}
+	t.state = stSwitching
+	return true
+}
+
+// retransmission handles a request retransmitted by the client while its
+// transaction is live, and reports whether it was one.
+func (tt *txnTable) retransmission(s *Server, ckey string, req *gosip.Request, src source) bool {
+	tt.mu.Lock()
+	t := tt.byClient[ckey]
+	if t == nil || t.req.Method != req.Method {
+		tt.mu.Unlock()
+		return false
+	}
+	state, final, invite := t.state, t.lastFinal, t.invite
+	tt.mu.Unlock()
+	s.metrics.Retransmissions.Add(1)
+	switch {
+	case state == stCompleted && final != nil:
+		_ = s.sendBytes(final, replyTarget(req, src))
+	case invite:
+		// Our own timers retransmit upstream; a 100 stops the client's.
+		s.send100(t)
+	}
+	return true
+}
+
+// attempt sends t to the next backend that takes new work and whose MOP
+// admits it. When none is left it answers the client: 503 from the
+// balancer when no backend was tried (all down, draining or at their MOP
+// rate), 500 when every backend tried failed (RFC 3261 §16.7: a backend's
+// 503 is never passed on).
+func (s *Server) attempt(t *txn, now int64, failover bool) {
+	key := lb.Hash(t.callID)
+	var mopRetry time.Duration
+	mopRefused := false
+	for {
+		s.txns.mu.Lock()
+		b, out, retry := s.pool.pick(key, now, &t.tried)
+		s.txns.mu.Unlock()
+		if out == lb.MOPRefused && (!mopRefused || retry < mopRetry) {
+			mopRetry, mopRefused = retry, true
+		}
+		if b == nil {
+			break
+		}
+		if s.send(t, b, now) {
+			if failover {
+				s.metrics.Failovers.Add(1)
+			}
+			return
+		}
+	}
+	switch {
+	case !failover && mopRefused:
+		s.txns.remove(t)
+		s.refuse(t.req, t.src, s.adm.RefuseMOP(mopRetry))
+	case !failover:
+		s.txns.remove(t)
+		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.DrainDefault})
+	default:
+		s.metrics.AllFailed.Add(1)
+		s.finishLocal(t, 500, "Server Internal Error", []string{"Warning: 399 " + s.adv.String() + ` "no backend could take the request"`})
+	}
+}
+
+// send forwards t to b: our Via with this attempt's branch and, for
+// dialog-creating requests, Record-Route with a token naming b.
+func (s *Server) send(t *txn, b *backend, now int64) bool {
+	req := t.req
+	branch := branchFor(t.ckey, b.id)
+	s.txns.mu.Lock()
+	if t.canceled {
+		s.txns.mu.Unlock()
+		return false
+	}
+	if !t.prepared {
+		s.prepareForward(req, t.src)
+		t.via = s.ourVia(branch, b.tcp)
+		req.PrependHeader(t.via)
+		t.prepared = true
+	}
+	t.via.Params.Add("branch", branch)
+	t.via.Transport = b.transport()
+	if recordRoutes(req.Method) {
+		token := s.signer.Token(tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
+		if t.rrs == nil {
+			// One Record-Route, or two when the client's transport differs
+			// from the backend's (RFC 5658 double record-routing), so each
+			// side reaches us over its own. The backend-facing one is on
+			// top; both go above every other header, as Kamailio does,
+			// which keeps them first among the Record-Routes (§16.6 step 4).
+			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.tcp))
+			if ctcp := t.src.conn != nil; ctcp != b.tcp {
+				t.rrs = append(t.rrs, s.ourRecordRoute(token, ctcp))
+			}
+			req.PrependHeader(asHeaders(t.rrs)...)
+			// Keep our Via on top.
+			req.RemoveHeader("Via")
+			req.PrependHeader(t.via)
+		}
+		for _, rr := range t.rrs {
+			rr.Address.UriParams.Add(tokenParam, token)
+		}
+	}
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	req.StringWrite(buf)
+	wire := append([]byte(nil), buf.Bytes()...)
+	bufPool.Put(buf)
+	t.cur, t.branch, t.wire = b, branch, wire
+	t.branches = append(t.branches, branch)
+	t.state = stCalling
+	t.sentAt = now
+	t.retxEvery = int64(timerT1)
+	t.nextRetx = now + t.retxEvery
+	t.deadline = now + int64(s.cfg.FailoverTimeout)
+	s.txns.byBranch[branch] = t
+	s.txns.mu.Unlock()
+	if err := s.sendBytes(wire, target{addr: b.addr, tcp: b.tcp}); err != nil {
+		s.log.Debug("sip forward new work", "err", err, "upstream", b.id)
+		s.txns.mu.Lock()
+		delete(s.txns.byBranch, branch)
+		s.txns.mu.Unlock()
+		return false
+	}
+	s.metrics.Forwarded.Add(1)
+	s.metrics.NewWork.Add(1)
+	return true
+}
+
+func asHeaders(rrs []*gosip.RecordRouteHeader) []gosip.Header {
+	hs := make([]gosip.Header, len(rrs))
+	for i, rr := range rrs {
+		hs[i] = rr
+	}
+	return hs
+}
+
+// txnResponse handles a response to an attempt of t. Our Via is already
+// removed; next is the client's.
+func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *gosip.ViaHeader, src source) {
+	code := res.StatusCode
+	now := s.clock.Now()
+	s.txns.mu.Lock()
+	if branch != t.branch || t.state == stCompleted || t.state == stSwitching {
+		// An answer from an attempt we moved away from (or are moving away
+		// from), or a retransmitted final answer.
+		completed := branch == t.branch && t.state == stCompleted
+		s.txns.mu.Unlock()
+		switch {
+		case completed || code >= 200 && code < 300:
+			s.relay(res, next)
+		case code >= 300 && t.invite:
+			s.ackUpstream(t, res, branch, src)
+		}
+		return
+	}
+	cur := t.cur
+	switch {
+	case code < 200:
+		if t.state == stCalling {
+			t.state = stProceeding
+		}
+		t.deadline = now + int64(timerC)
+		sent100 := t.sent100
+		if code == 100 {
+			t.sent100 = true
+		}
+		s.txns.mu.Unlock()
+		if code == 100 {
+			// 100 is hop-by-hop (RFC 3261 §16.7 step 5): answer our own.
+			if !sent100 {
+				s.send100(t)
+			}
+			return
+		}
+		s.relay(res, next)
+	case code == 503:
+		canceled := t.canceled
+		t.state = stSwitching
+		s.txns.mu.Unlock()
+		s.metrics.Backend503.Add(1)
+		cur.drain(now, s.retryAfter(res))
+		if t.invite {
+			s.ackUpstream(t, res, branch, src)
+		}
+		if canceled {
+			s.finishLocal(t, 487, "Request Terminated", nil)
+			return
+		}
+		s.attempt(t, now, true)
+	default:
+		if t.invite && code >= 300 {
+			t.state = stCompleted
+			t.expires = now + int64(completedLinger)
+			b := bufPool.Get().(*bytes.Buffer)
+			b.Reset()
+			res.StringWrite(b)
+			t.lastFinal = append([]byte(nil), b.Bytes()...)
+			bufPool.Put(b)
+			s.txns.mu.Unlock()
+		} else {
+			s.txns.removeLocked(t)
+			s.txns.mu.Unlock()
+		}
+		s.relay(res, next)
+	}
+}
+
+func indexAny(s, chars string) int {
+	for i := 0; i < len(s); i++ {
+		for j := 0; j < len(chars); j++ {
+			if s[i] == chars[j] {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// relay sends a response on by the Via stack.
+func (s *Server) relay(res *gosip.Response, next *gosip.ViaHeader) {
+	dst, ok := viaTarget(next)
+	if !ok {
+		s.metrics.Malformed.Add(1)
+		return
+	}
+	if err := s.sendMsg(res, dst); err == nil {
+		s.metrics.Relayed.Add(1)
+	}
+}
+
+// ackUpstream acknowledges a non-2xx answer we do not pass on (RFC 3261
+// §17.1.1.3): same branch and Request-URI as the INVITE, the answer's To.
+func (s *Server) ackUpstream(t *txn, res *gosip.Response, branch string, src source) {
+	b := s.pool.byAddr[src.addr]
+	if b == nil {
+		return
+	}
+	s.txns.mu.Lock()
+	req := t.req
+	var w bytes.Buffer
+	w.WriteString("ACK ")
+	req.Recipient.StringWrite(&w)
+	w.WriteString(" SIP/2.0\r\n")
+	s.ourVia(branch, b.tcp).StringWrite(&w)
+	w.WriteString("\r\nMax-Forwards: 70\r\n")
+	for _, h := range req.Headers() {
+		if _, ok := h.(*gosip.RouteHeader); ok {
+			h.StringWrite(&w)
+			w.WriteString("\r\n")
+		}
+	}
+	if f := header(req, "from", "f"); f != nil {
+		w.WriteString("From: ")
+		w.WriteString(f.Value())
+		w.WriteString("\r\n")
+	}
+	if to := res.To(); to != nil {
+		to.StringWrite(&w)
+		w.WriteString("\r\n")
+	}
+	w.WriteString("Call-ID: ")
+	w.WriteString(t.callID)
+	w.WriteString("\r\nCSeq: ")
+	w.WriteString(strconv.FormatUint(uint64(req.CSeq().SeqNo), 10))
+	w.WriteString(" ACK\r\nContent-Length: 0\r\n\r\n")
+	s.txns.mu.Unlock()
+	_ = s.sendBytes(w.Bytes(), target{addr: b.addr, tcp: b.tcp})
+}
+
+// finishLocal answers t's client with our own final response and ends t
+// (kept for the ACK if it is an INVITE).
+func (s *Server) finishLocal(t *txn, code int, reason string, extra []string) {
+	s.txns.mu.Lock()
+	p := s.buildReply(t.req, code, reason, extra...)
+	dst := replyTarget(t.req, t.src)
+	if t.invite {
+		t.state = stCompleted
+		t.cur = nil
+		t.expires = s.clock.Now() + int64(completedLinger)
+		t.lastFinal = p
+		if s.txns.byClient[t.ckey] == nil {
+			s.txns.byClient[t.ckey] = t
+		}
+	} else {
+		s.txns.removeLocked(t)
+	}
+	s.txns.mu.Unlock()
+	_ = s.sendBytes(p, dst)
+}
+
+// send100 answers 100 Trying to an INVITE (RFC 3261 §16.2).
+func (s *Server) send100(t *txn) {
+	s.txns.mu.Lock()
+	t.sent100 = true
+	p := s.buildReply(t.req, 100, "Trying")
+	dst := replyTarget(t.req, t.src)
+	s.txns.mu.Unlock()
+	_ = s.sendBytes(p, dst)
+}
+
+// txnTimers runs retransmissions, silence failover, 100 Trying and expiry.
+func (s *Server) txnTimers(now int64) {
+	type action struct {
+		t    *txn
+		kind int
+		wire []byte
+		dst  target
+	}
+	const (
+		doRetx = iota
+		doFailover
+		do100
+		doTimeout
+	)
+	var acts []action
+	s.txns.mu.Lock()
+	for _, t := range s.txns.byClient {
+		switch t.state {
+		case stCalling:
+			if now >= t.deadline {
+				t.state = stSwitching
+				acts = append(acts, action{t: t, kind: doFailover})
+				continue
+			}
+			if t.invite && !t.sent100 && now-t.created >= int64(trying100) {
+				t.sent100 = true
+				acts = append(acts, action{t: t, kind: do100, wire: s.buildReply(t.req, 100, "Trying"), dst: replyTarget(t.req, t.src)})
+			}
+			if !t.cur.tcp && now >= t.nextRetx {
+				t.retxEvery *= 2
+				if !t.invite && t.retxEvery > int64(timerT2) {
+					t.retxEvery = int64(timerT2)
+				}
+				t.nextRetx = now + t.retxEvery
+				acts = append(acts, action{t: t, kind: doRetx, wire: t.wire, dst: target{addr: t.cur.addr}})
+			}
+		case stProceeding:
+			if now >= t.deadline {
+				acts = append(acts, action{t: t, kind: doTimeout})
+			}
+		case stCompleted:
+			if now >= t.expires {
+				s.txns.removeLocked(t)
+			}
+		}
+	}
+	s.txns.mu.Unlock()
+	for _, a := range acts {
+		switch a.kind {
+		case doRetx:
+			s.metrics.Retransmitted.Add(1)
+			_ = s.sendBytes(a.wire, a.dst)
+		case do100:
+			_ = s.sendBytes(a.wire, a.dst)
+		case doFailover:
+			s.metrics.Timeouts.Add(1)
+			s.attempt(a.t, now, true)
+		case doTimeout:
+			s.txns.remove(a.t)
+		}
+	}
+}
