@@ -72,10 +72,15 @@ func (s *Store) Flush() error {
 	select {
 	case <-done:
 		return nil
-	case <-s.quit:
-		// The writer drains the queue before it exits.
-		<-done
-		return nil
+	case <-s.writerDone:
+		// The writer drained the queue before it exited; the marker was
+		// either in it or came too late.
+		select {
+		case <-done:
+			return nil
+		default:
+			return fmt.Errorf("flush events to %s: %w", s.cfg.Dir, ErrClosed)
+		}
 	}
 }
 
@@ -83,6 +88,7 @@ func (s *Store) Flush() error {
 // maxBatch events at a time, and stores it. On Close it drains the queue.
 func (s *Store) writeEvents() {
 	defer s.wg.Done()
+	defer close(s.writerDone)
 	batch := make([]eventReq, 0, maxBatch)
 	failing := false
 	commit := func() {
@@ -247,11 +253,13 @@ func (s *Store) Tail(n int) ([]admission.Event, error) {
 }
 
 func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission.Event, error) {
-	if s.isClosed() {
-		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, ErrClosed)
+	release, err := s.acquire()
+	if err != nil {
+		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
 	}
+	defer release()
 	var out []admission.Event
-	err := s.db.View(func(txn *badger.Txn) error {
+	err = s.db.View(func(txn *badger.Txn) error {
 		opts := badger.DefaultIteratorOptions
 		opts.Prefix = evPrefix
 		opts.Reverse = newest
@@ -300,9 +308,11 @@ func (s *Store) SweepEvents() (int, error) {
 	if s.cfg.ReadOnly {
 		return 0, fmt.Errorf("sweep events in %s: store is read-only", s.cfg.Dir)
 	}
-	if s.isClosed() {
-		return 0, fmt.Errorf("sweep events in %s: %w", s.cfg.Dir, ErrClosed)
+	release, err := s.acquire()
+	if err != nil {
+		return 0, fmt.Errorf("sweep events in %s: %w", s.cfg.Dir, err)
 	}
+	defer release()
 	var cutoff []byte // keys below it are too old; nil: no age limit
 	if s.cfg.EventsRetention > 0 {
 		cutoff = eventSeek(s.cfg.Now().Add(-s.cfg.EventsRetention))
@@ -314,7 +324,7 @@ func (s *Store) SweepEvents() (int, error) {
 	// Count all events and those too old, then delete the oldest
 	// max(old, total-EventsMax) of them.
 	var total, old int
-	err := s.db.View(func(txn *badger.Txn) error {
+	err = s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(keysOnly)
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {

@@ -98,9 +98,11 @@ func (s *Store) SaveMOP(states map[string]admission.MOPState) error {
 	if s.cfg.ReadOnly {
 		return fmt.Errorf("save mop states to %s: store is read-only", s.cfg.Dir)
 	}
-	if s.isClosed() {
-		return fmt.Errorf("save mop states to %s: %w", s.cfg.Dir, ErrClosed)
+	release, err := s.acquire()
+	if err != nil {
+		return fmt.Errorf("save mop states to %s: %w", s.cfg.Dir, err)
 	}
+	defer release()
 	var errs []error
 	type rec struct{ k, v []byte }
 	recs := make([]rec, 0, len(states))
@@ -145,8 +147,13 @@ func (s *Store) Save(key string, st admission.MOPState) error {
 // (*admission.MOP).Import. A record that does not decode gives an error
 // wrapping ErrCorrupt.
 func (s *Store) LoadMOP() (map[string]admission.MOPState, error) {
+	release, err := s.acquire()
+	if err != nil {
+		return nil, fmt.Errorf("load mop states from %s: %w", s.cfg.Dir, err)
+	}
+	defer release()
 	out := make(map[string]admission.MOPState)
-	err := s.db.View(func(txn *badger.Txn) error {
+	err = s.db.View(func(txn *badger.Txn) error {
 		opts := badger.DefaultIteratorOptions
 		opts.Prefix = mopPrefix
 		it := txn.NewIterator(opts)

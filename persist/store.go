@@ -138,11 +138,17 @@ type Store struct {
 	log *slog.Logger
 	db  *badger.DB
 
-	events  chan eventReq
-	quit    chan struct{} // closed by Close: background goroutines stop
-	wg      sync.WaitGroup
-	seq     uint64        // next event sequence number; writer goroutine only
-	dropped atomic.Uint64 // events Append could not queue
+	events     chan eventReq
+	quit       chan struct{} // closed by Close: background goroutines stop
+	writerDone chan struct{} // closed when the event writer has drained and exited
+	wg         sync.WaitGroup
+
+	// dbMu guards dbClosed: operations hold it for reading while they use
+	// db, Close for writing while it closes db.
+	dbMu     sync.RWMutex
+	dbClosed bool
+	seq      uint64        // next event sequence number; writer goroutine only
+	dropped  atomic.Uint64 // events Append could not queue
 
 	mu     sync.Mutex
 	savers map[*Saver]struct{}
@@ -195,6 +201,10 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 		}
 		log.Warn("data directory reset: learned rates and events discarded", "dir", dir, "files_removed", n)
 	}
+	if err := checkManifest(dir); err != nil {
+		release()
+		return nil, fmt.Errorf("open store %s: %w: %w; %s", dir, ErrCorrupt, err, resetHint)
+	}
 	// Badger takes its own flock; ours must be gone first. A process that
 	// grabs the directory in between makes badger.Open fail, which is fine.
 	release()
@@ -202,14 +212,20 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 	start := time.Now()
 	db, err := openBadger(dir, cfg.ReadOnly, log)
 	if err != nil {
+		if release, lerr := lockDir(dir, cfg.ReadOnly); errors.Is(lerr, ErrLocked) {
+			return nil, fmt.Errorf("open store %s: %w", dir, ErrLocked)
+		} else if lerr == nil {
+			release()
+		}
 		return nil, fmt.Errorf("open store %s: %w; %s", dir, err, resetHint)
 	}
 	s := &Store{
-		cfg:    cfg,
-		log:    log,
-		db:     db,
-		quit:   make(chan struct{}),
-		savers: make(map[*Saver]struct{}),
+		cfg:        cfg,
+		log:        log,
+		db:         db,
+		quit:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+		savers:     make(map[*Saver]struct{}),
 	}
 	if err := s.checkFormat(); err != nil {
 		db.Close()
@@ -361,12 +377,26 @@ func (s *Store) Close() error {
 		}
 		close(s.quit)
 		s.wg.Wait()
+		s.dbMu.Lock()
+		s.dbClosed = true
 		if err := s.db.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close store %s: %w", s.cfg.Dir, err))
 		}
+		s.dbMu.Unlock()
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
+}
+
+// acquire makes db usable until the returned release is called, or
+// reports ErrClosed once Close has closed it.
+func (s *Store) acquire() (release func(), err error) {
+	s.dbMu.RLock()
+	if s.dbClosed {
+		s.dbMu.RUnlock()
+		return nil, ErrClosed
+	}
+	return s.dbMu.RUnlock, nil
 }
 
 // isClosed reports whether Close has begun.
@@ -377,6 +407,25 @@ func (s *Store) isClosed() bool {
 	default:
 		return false
 	}
+}
+
+// checkManifest refuses a directory that holds store files but no
+// MANIFEST: badger would start a new manifest and delete the tables it does
+// not list, losing the data without a word.
+func checkManifest(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, badger.ManifestFilename)); !errors.Is(err, os.ErrNotExist) {
+		return nil // present, or unreadable: badger.Open will say
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if n := e.Name(); n != "LOCK" && isStoreFile(n) {
+			return fmt.Errorf("%s is missing but %s exists", badger.ManifestFilename, n)
+		}
+	}
+	return nil
 }
 
 // wipe removes the files of a store from dir and returns how many. It

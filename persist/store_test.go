@@ -213,6 +213,23 @@ func TestCorruptManifest(t *testing.T) {
 	checkRecoverable(t, dir, nil)
 }
 
+// TestMissingManifest: without its MANIFEST badger would start afresh and
+// delete the tables it does not know; Open refuses instead.
+func TestMissingManifest(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, Config{Dir: dir})
+	if err := s.Save("http/a:1", learned(10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, badger.ManifestFilename)); err != nil {
+		t.Fatal(err)
+	}
+	checkRecoverable(t, dir, ErrCorrupt)
+}
+
 func TestNewStoreHasFormatVersion(t *testing.T) {
 	dir := t.TempDir()
 	s := openTest(t, Config{Dir: dir})
