@@ -135,36 +135,53 @@ func (s *Store) fill(batch []eventReq) []eventReq {
 	return batch
 }
 
-// writeBatch stores the events of batch, counting those it could not
-// store as dropped. A WriteBatch splits what does not fit in one
-// transaction (the small memtable caps one at about 150 KiB).
+// writeBatch stores the events of batch in one transaction, counting
+// those it could not store as dropped. A batch too big for one transaction
+// (the small memtable caps one at about 150 KiB) goes through a
+// WriteBatch, which splits it.
 func (s *Store) writeBatch(batch []eventReq) error {
+	type rec struct{ k, v []byte }
+	recs := make([]rec, 0, len(batch))
 	var errs []error
-	wb := s.db.NewWriteBatch()
-	defer wb.Cancel()
-	n := 0
 	for _, r := range batch {
 		if r.flush != nil {
 			continue
 		}
 		v, err := encodeEvent(r.ev)
-		if err == nil {
-			err = wb.Set(eventKey(r.ev.Time, s.seq), v)
-		}
 		if err != nil {
 			s.dropped.Add(1)
 			errs = append(errs, err)
 			continue
 		}
+		recs = append(recs, rec{eventKey(r.ev.Time, s.seq), v})
 		s.seq++
-		n++
 	}
-	if n == 0 {
+	if len(recs) == 0 {
 		return errors.Join(errs...)
 	}
-	if err := wb.Flush(); err != nil {
-		s.dropped.Add(uint64(n))
-		errs = append(errs, fmt.Errorf("write %d events to %s: %w", n, s.cfg.Dir, err))
+	err := s.db.Update(func(txn *badger.Txn) error {
+		for _, r := range recs {
+			if err := txn.Set(r.k, r.v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, badger.ErrTxnTooBig) {
+		wb := s.db.NewWriteBatch()
+		defer wb.Cancel()
+		for _, r := range recs {
+			if err = wb.Set(r.k, r.v); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			err = wb.Flush()
+		}
+	}
+	if err != nil {
+		s.dropped.Add(uint64(len(recs)))
+		errs = append(errs, fmt.Errorf("write %d events to %s: %w", len(recs), s.cfg.Dir, err))
 	}
 	return errors.Join(errs...)
 }
@@ -258,8 +275,17 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
 	}
 	defer release()
+	out, err := s.scanEvents(newest, since, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
+	}
+	return out, nil
+}
+
+// scanEvents reads events for readEvents; db must be open.
+func (s *Store) scanEvents(newest bool, since time.Time, limit int) ([]admission.Event, error) {
 	var out []admission.Event
-	err = s.db.View(func(txn *badger.Txn) error {
+	err := s.db.View(func(txn *badger.Txn) error {
 		opts := badger.DefaultIteratorOptions
 		opts.Prefix = evPrefix
 		opts.Reverse = newest
@@ -292,7 +318,7 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
+		return nil, err
 	}
 	if newest {
 		slices.Reverse(out)

@@ -222,20 +222,48 @@ func TestEventKeysSortByTime(t *testing.T) {
 	}
 }
 
+// BenchmarkAppend measures Append and the writer behind it: it waits for
+// the writer every 256 events, so nothing is dropped.
 func BenchmarkAppend(b *testing.B) {
-	s, err := Open(Config{Dir: b.TempDir(), SweepInterval: -1, EventsBuffer: 1 << 16}, nil)
+	s, err := Open(Config{Dir: b.TempDir(), SweepInterval: -1}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	e := ev(t0, "x")
+	e := ev(t0, "backend 127.0.0.1:18081 learned 120.5/s")
 	b.ReportAllocs()
+	i := 0
 	for b.Loop() {
 		s.Append(e)
+		if i++; i%256 == 0 {
+			s.Flush()
+		}
 	}
-	b.StopTimer()
 	s.Flush()
 	b.ReportMetric(float64(s.EventsDropped()), "dropped")
+}
+
+// BenchmarkOpenFullLog measures Open (which decodes every record) with
+// DefaultEventsMax events stored.
+func BenchmarkOpenFullLog(b *testing.B) {
+	dir := b.TempDir()
+	s, err := Open(Config{Dir: dir, SweepInterval: -1, EventsBuffer: DefaultEventsMax}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range DefaultEventsMax {
+		s.Append(ev(t0.Add(time.Duration(i)*time.Millisecond), "backend 127.0.0.1:18081 learned 120.5/s"))
+	}
+	if err := s.Close(); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		s, err := Open(Config{Dir: dir, SweepInterval: -1}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.Close()
+	}
 }
 
 func BenchmarkSaveMOP(b *testing.B) {

@@ -273,6 +273,9 @@ func openBadger(dir string, readOnly bool, log *slog.Logger) (db *badger.DB, err
 	return badger.Open(badgerOptions(dir, readOnly, log))
 }
 
+// openCheckEvents is how many of the newest events Open decodes.
+const openCheckEvents = 1000
+
 // Key prefixes. See README.md for the layout.
 var (
 	formatKey = []byte("meta/format")
@@ -282,7 +285,10 @@ var (
 
 // checkFormat writes the format version into a new store, or checks it and
 // decodes every record of an existing one, so that a damaged store stops
-// start-up instead of failing later. It also finds the next event sequence.
+// start-up instead of failing later. Every key is checked, every learned
+// state and the newest openCheckEvents events are decoded; an older event
+// that does not decode is reported by Events when it is read. It also finds
+// the next event sequence.
 func (s *Store) checkFormat() error {
 	dir := s.cfg.Dir
 	corrupt := func(key []byte, err error) error {
@@ -291,33 +297,35 @@ func (s *Store) checkFormat() error {
 	var version []byte
 	haveRecords := false
 	var lastSeq uint64
+	// Keys only: 100k event keys take ~25ms; decoding every event value
+	// would take ~270ms, so only the newest openCheckEvents are decoded.
 	err := s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.DefaultIteratorOptions)
+		opts := badger.DefaultIteratorOptions
+		opts.PrefetchValues = false
+		it := txn.NewIterator(opts)
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			item := it.Item()
 			k := item.Key()
 			haveRecords = true
-			var derr error
-			err := item.Value(func(v []byte) error {
-				switch {
-				case bytes.Equal(k, formatKey):
-					version = bytes.Clone(v)
-				case bytes.HasPrefix(k, mopPrefix):
-					if _, derr = parseMOPKey(k); derr == nil {
+			var derr, err error
+			switch {
+			case bytes.Equal(k, formatKey):
+				version, err = item.ValueCopy(nil)
+			case bytes.HasPrefix(k, mopPrefix):
+				if _, derr = parseMOPKey(k); derr == nil {
+					err = item.Value(func(v []byte) error {
 						_, derr = decodeMOP(v)
-					}
-				case bytes.HasPrefix(k, evPrefix):
-					var seq uint64
-					if _, seq, derr = decodeEventKey(k); derr == nil {
-						_, derr = decodeEvent(v)
-						lastSeq = max(lastSeq, seq)
-					}
-				default:
-					derr = errors.New("unknown key")
+						return nil
+					})
 				}
-				return nil
-			})
+			case bytes.HasPrefix(k, evPrefix):
+				var seq uint64
+				_, seq, derr = decodeEventKey(k)
+				lastSeq = max(lastSeq, seq)
+			default:
+				derr = errors.New("unknown key")
+			}
 			if err != nil {
 				return fmt.Errorf("read store %s: key %q: %w", dir, k, err)
 			}
@@ -329,6 +337,9 @@ func (s *Store) checkFormat() error {
 	})
 	if err != nil {
 		return err
+	}
+	if _, err := s.scanEvents(true, time.Time{}, openCheckEvents); err != nil {
+		return fmt.Errorf("open store %s: %w; %s", dir, err, resetHint)
 	}
 	s.seq = lastSeq + 1
 	switch {

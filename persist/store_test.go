@@ -197,6 +197,26 @@ func TestCorruptStore(t *testing.T) {
 	}
 }
 
+// TestOldCorruptEvent: Open decodes only the newest events; a bad older
+// one is reported when it is read, not skipped.
+func TestOldCorruptEvent(t *testing.T) {
+	dir := t.TempDir()
+	kv := map[string]string{"meta/format": "1", string(eventKey(t0, 0)): "{bad"}
+	for i := 1; i <= openCheckEvents; i++ {
+		kv[string(eventKey(t0.Add(time.Duration(i)*time.Second), uint64(i)))] =
+			`{"time":"2026-11-29T15:00:00Z","kind":"config.warning","message":"ok"}`
+	}
+	writeRaw(t, dir, kv)
+	s := openTest(t, Config{Dir: dir, SweepInterval: -1})
+	if evs, err := s.Tail(10); err != nil || len(evs) != 10 {
+		t.Fatalf("Tail(10) = %d events, %v", len(evs), err)
+	}
+	_, err := s.Events(time.Time{}, 0)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("Events over a bad record: %v; want ErrCorrupt naming %s", err, dir)
+	}
+}
+
 func TestCorruptManifest(t *testing.T) {
 	dir := t.TempDir()
 	s := openTest(t, Config{Dir: dir})
