@@ -104,6 +104,24 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// persistFlags registers the flags of persist.Config on fs, for the run
+// command: -data-dir, -data-reset, -persist-interval, -events-retention and
+// -events-max, with their defaults and units. Environment twins
+// (SLUICE_DATA_DIR, ...) are applied by the caller like those of every
+// other flag.
+func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
+	fs.StringVar(&cfg.Dir, "data-dir", persist.DefaultDir,
+		"data directory for learned MOP rates and the event log")
+	fs.BoolVar(&cfg.Reset, "data-reset", false,
+		"wipe the store in -data-dir at start (learned rates and events are lost); use when it cannot be opened")
+	fs.DurationVar(&cfg.Interval, "persist-interval", persist.DefaultInterval,
+		"how often learned MOP rates are saved; at most this much learning is lost on kill -9")
+	fs.DurationVar(&cfg.EventsRetention, "events-retention", persist.DefaultEventsRetention,
+		"how long events are kept (negative: no age limit)")
+	fs.IntVar(&cfg.EventsMax, "events-max", persist.DefaultEventsMax,
+		"most events kept; the oldest beyond it are deleted (negative: no limit)")
+}
+
 // eventsField prints "-" for an empty field and quotes one that holds a
 // control character, so that one event stays on one line.
 func eventsField(s string) string {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -136,5 +138,25 @@ func TestEventsCommandWhileRunning(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "in use by a running sluice") ||
 		!strings.Contains(errOut, "curl 'http://127.0.0.1:19090/events?limit=5'") {
 		t.Fatalf("exit %d %q; want 1 with a curl hint", code, errOut)
+	}
+}
+
+func TestPersistFlags(t *testing.T) {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var cfg persist.Config
+	persistFlags(fs, &cfg)
+	if cfg.Dir != persist.DefaultDir || cfg.Interval != 5*time.Second || cfg.EventsRetention != 7*24*time.Hour ||
+		cfg.EventsMax != 100000 || cfg.Reset {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+	err := fs.Parse([]string{"-data-dir", "/var/lib/sluice", "-data-reset", "-persist-interval", "2s",
+		"-events-retention", "24h", "-events-max", "500"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := persist.Config{Dir: "/var/lib/sluice", Reset: true, Interval: 2 * time.Second,
+		EventsRetention: 24 * time.Hour, EventsMax: 500}
+	if fmt.Sprintf("%+v", cfg) != fmt.Sprintf("%+v", want) {
+		t.Fatalf("parsed %+v, want %+v", cfg, want)
 	}
 }
