@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dgraph-io/badger/v4"
 
@@ -227,16 +228,34 @@ func decodeEventKey(k []byte) (nanos, seq uint64, err error) {
 	return nanos, binary.BigEndian.Uint64(rest[8:]), nil
 }
 
+// maxText is the longest subject or message stored, in bytes; longer ones
+// are cut, so that one event can never outgrow a transaction.
+const maxText = 4096
+
 // encodeEvent is the stored value of an event: its JSON form.
 func encodeEvent(ev admission.Event) ([]byte, error) {
 	if ev.Kind == "" {
 		return nil, errors.New("encode event: empty kind")
 	}
+	ev.Kind = admission.EventKind(cut(string(ev.Kind), maxText))
+	ev.Subject = cut(ev.Subject, maxText)
+	ev.Message = cut(ev.Message, maxText)
 	v, err := json.Marshal(ev)
 	if err != nil {
 		return nil, fmt.Errorf("encode event %s: %w", ev.Kind, err)
 	}
 	return v, nil
+}
+
+// cut shortens s to at most n bytes without splitting a UTF-8 sequence.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // decodeEvent parses a stored event.

@@ -2,10 +2,12 @@ package persist
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -195,6 +197,20 @@ func TestBackgroundSweep(t *testing.T) {
 			t.Fatalf("the background sweep did not remove the old event: %q", messages(evs))
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestLongEventIsCut(t *testing.T) {
+	s := openTest(t, Config{Dir: t.TempDir(), SweepInterval: -1})
+	long := strings.Repeat("é", 1<<20) // 2 MiB: more than one transaction holds
+	appendAll(t, s, ev(t0, long))
+	evs, err := s.Events(time.Time{}, 0)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("Events = %d events, %v; want 1", len(evs), err)
+	}
+	m := evs[0].Message
+	if len(m) > maxText+len("…") || !strings.HasPrefix(long, strings.TrimSuffix(m, "…")) || !utf8.ValidString(m) {
+		t.Fatalf("stored message of %d bytes (valid UTF-8 %v); want at most %d, a prefix", len(m), utf8.ValidString(m), maxText)
 	}
 }
 

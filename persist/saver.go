@@ -27,8 +27,9 @@ type Saver struct {
 }
 
 // NewSaver starts a Saver that calls states every Config.Interval and
-// stores what it returns with SaveMOP. states is called from the Saver's
-// goroutine only, never concurrently with itself; keys are MOPKey values.
+// stores what it returns with SaveMOP; keys are MOPKey values. states is
+// called from the Saver's goroutine, or from SaveNow and Close, never
+// concurrently with itself.
 // Close the Saver (or the Store) to stop it with a final save.
 func (s *Store) NewSaver(states func() map[string]admission.MOPState) (*Saver, error) {
 	if states == nil {

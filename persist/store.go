@@ -142,13 +142,13 @@ type Store struct {
 	quit       chan struct{} // closed by Close: background goroutines stop
 	writerDone chan struct{} // closed when the event writer has drained and exited
 	wg         sync.WaitGroup
+	seq        uint64        // next event sequence number; writer goroutine only
+	dropped    atomic.Uint64 // events not stored; see EventsDropped
 
 	// dbMu guards dbClosed: operations hold it for reading while they use
 	// db, Close for writing while it closes db.
 	dbMu     sync.RWMutex
 	dbClosed bool
-	seq      uint64        // next event sequence number; writer goroutine only
-	dropped  atomic.Uint64 // events Append could not queue
 
 	mu     sync.Mutex
 	savers map[*Saver]struct{}
