@@ -2,9 +2,11 @@ package persist
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -112,6 +114,28 @@ const crashEnv = "SLUICE_PERSIST_CRASH_DIR"
 
 var crashKeys = []string{"http/127.0.0.1:18081", "http/127.0.0.1:18082", "sip/127.0.0.1:5071"}
 
+// dirDigest describes the files of dir: names, sizes and a hash of their
+// contents, ignoring LOCK.
+func dirDigest(t *testing.T, dir string) string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		if e.Name() == "LOCK" {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s:%d:%x ", e.Name(), len(data), sha256.Sum256(data))
+	}
+	return b.String()
+}
+
 // TestMain lets the crash test re-execute the test binary as the process
 // that gets killed.
 func TestMain(m *testing.M) {
@@ -180,11 +204,38 @@ func TestCrashKeepsSavedStates(t *testing.T) {
 		t.Fatalf("child stopped after call %d: %v", seen, lines.Err())
 	}
 
+	// A read-only open (sluice events) of the crashed store reads a copy
+	// and leaves the store as it is.
+	before := dirDigest(t, dir)
+	ro := openTest(t, Config{Dir: dir, ReadOnly: true})
+	roStates, err := ro.LoadMOP()
+	if err != nil {
+		t.Fatalf("read-only open after kill -9: %v", err)
+	}
+	roEvents, err := ro.Events(time.Time{}, 0)
+	if err != nil || len(roEvents) == 0 {
+		t.Fatalf("read-only Events after kill -9 = %d events, %v", len(roEvents), err)
+	}
+	copied := ro.tmpDir
+	if err := ro.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if copied != "" {
+		if _, err := os.Stat(copied); !os.IsNotExist(err) {
+			t.Errorf("the temporary copy %s is still there: %v", copied, err)
+		}
+	}
+	t.Logf("read-only open read a copy: %v", copied != "")
+	if after := dirDigest(t, dir); after != before {
+		t.Fatalf("read-only open changed the store:\n%s\n%s", before, after)
+	}
+
 	s := openTest(t, Config{Dir: dir})
 	got, err := s.LoadMOP()
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkStates(t, roStates, got)
 	if len(got) != len(crashKeys) {
 		t.Fatalf("after kill -9: %d states %v, want %d", len(got), got, len(crashKeys))
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -65,8 +66,10 @@ type Config struct {
 	Reset bool
 	// ReadOnly opens an existing store for reading with a shared lock, as
 	// `sluice events` does: nothing is written, Append drops events and no
-	// background goroutine runs. It fails with ErrLocked while a sluice has
-	// the store open.
+	// sweep runs. It fails with ErrLocked while a sluice has the store open.
+	// A store left by a crash cannot be opened read-only by badger (its
+	// write-ahead log must be replayed); it is copied to a temporary
+	// directory, opened there, and the copy is removed at Close.
 	ReadOnly bool
 	// Interval is how often a Saver saves the learned MOP states. At most
 	// one interval of learning is lost on kill -9.
@@ -134,9 +137,10 @@ func (c Config) Validate() error {
 // Close it once, after the Savers that use it (Close stops any that are
 // still running, with their final save).
 type Store struct {
-	cfg Config
-	log *slog.Logger
-	db  *badger.DB
+	cfg    Config
+	log    *slog.Logger
+	db     *badger.DB
+	tmpDir string // a read-only open of a crashed store reads a copy here
 
 	events     chan eventReq
 	quit       chan struct{} // closed by Close: background goroutines stop
@@ -211,6 +215,14 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 
 	start := time.Now()
 	db, err := openBadger(dir, cfg.ReadOnly, log)
+	var tmpDir string
+	if err != nil && cfg.ReadOnly && strings.Contains(err.Error(), badger.ErrTruncateNeeded.Error()) {
+		// A store left by a crash needs its write-ahead log replayed,
+		// which badger does only read-write (badger wraps the sentinel
+		// as text, hence the string match). Read a copy instead of
+		// touching the store.
+		db, tmpDir, err = openCopy(dir, log)
+	}
 	if err != nil {
 		if release, lerr := lockDir(dir, cfg.ReadOnly); errors.Is(lerr, ErrLocked) {
 			return nil, fmt.Errorf("open store %s: %w", dir, ErrLocked)
@@ -223,12 +235,14 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 		cfg:        cfg,
 		log:        log,
 		db:         db,
+		tmpDir:     tmpDir,
 		quit:       make(chan struct{}),
 		writerDone: make(chan struct{}),
 		savers:     make(map[*Saver]struct{}),
 	}
 	if err := s.checkFormat(); err != nil {
 		db.Close()
+		s.removeTmp()
 		return nil, err
 	}
 	log.Debug("store opened", "dir", dir, "read_only", cfg.ReadOnly, "took", time.Since(start))
@@ -394,6 +408,7 @@ func (s *Store) Close() error {
 			errs = append(errs, fmt.Errorf("close store %s: %w", s.cfg.Dir, err))
 		}
 		s.dbMu.Unlock()
+		s.removeTmp()
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
@@ -417,6 +432,62 @@ func (s *Store) isClosed() bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// openCopy copies the store in dir to a temporary directory, holding a
+// shared lock on dir meanwhile, and opens the copy read-write so that
+// badger replays its write-ahead log there.
+func openCopy(dir string, log *slog.Logger) (*badger.DB, string, error) {
+	release, err := lockDir(dir, true)
+	if err != nil {
+		return nil, "", err
+	}
+	defer release()
+	tmp, err := os.MkdirTemp("", "sluice-store-copy-")
+	if err != nil {
+		return nil, "", fmt.Errorf("copy store: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	for i := 0; err == nil && i < len(entries); i++ {
+		if n := entries[i].Name(); n != "LOCK" && entries[i].Type().IsRegular() && isStoreFile(n) {
+			err = copyFile(filepath.Join(dir, n), filepath.Join(tmp, n))
+		}
+	}
+	var db *badger.DB
+	if err == nil {
+		db, err = openBadger(tmp, false, log)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, "", fmt.Errorf("copy store to %s: %w", tmp, err)
+	}
+	return db, tmp, nil
+}
+
+func copyFile(from, to string) error {
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return err
+	}
+	return dst.Close()
+}
+
+// removeTmp deletes the copy made by openCopy, if any.
+func (s *Store) removeTmp() {
+	if s.tmpDir != "" {
+		if err := os.RemoveAll(s.tmpDir); err != nil {
+			s.log.Warn("removing temporary copy of the store failed", "dir", s.tmpDir, "err", err)
+		}
 	}
 }
 
