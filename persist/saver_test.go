@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/sluicelb/sluice/admission"
 )
 
@@ -143,7 +145,8 @@ func TestMain(m *testing.M) {
 		crashChild(dir)
 		return
 	}
-	os.Exit(m.Run())
+	// Close must stop every goroutine, ours and badger's.
+	goleak.VerifyTestMain(m)
 }
 
 // crashChild saves states through a Saver every 10ms and prints the

@@ -214,14 +214,16 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 	release()
 
 	start := time.Now()
-	db, err := openBadger(dir, cfg.ReadOnly, log)
+	var db *badger.DB
 	var tmpDir string
-	if err != nil && cfg.ReadOnly && strings.Contains(err.Error(), badger.ErrTruncateNeeded.Error()) {
+	if cfg.ReadOnly && hasWAL(dir) {
 		// A store left by a crash needs its write-ahead log replayed,
-		// which badger does only read-write (badger wraps the sentinel
-		// as text, hence the string match). Read a copy instead of
-		// touching the store.
+		// which badger does only read-write (read-only it fails with
+		// ErrTruncateNeeded, and leaks goroutines doing so). Read a
+		// copy instead of touching the store.
 		db, tmpDir, err = openCopy(dir, log)
+	} else {
+		db, err = openBadger(dir, cfg.ReadOnly, log)
 	}
 	if err != nil {
 		if release, lerr := lockDir(dir, cfg.ReadOnly); errors.Is(lerr, ErrLocked) {
@@ -433,6 +435,18 @@ func (s *Store) isClosed() bool {
 	default:
 		return false
 	}
+}
+
+// hasWAL reports whether dir holds a memtable write-ahead log (*.mem),
+// which a clean Close flushes and removes.
+func hasWAL(dir string) bool {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".mem") {
+			return true
+		}
+	}
+	return false
 }
 
 // openCopy copies the store in dir to a temporary directory, holding a
