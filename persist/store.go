@@ -134,8 +134,8 @@ func (c Config) Validate() error {
 }
 
 // Store is an open data directory. All methods are safe for concurrent use.
-// Close it once, after the Savers that use it (Close stops any that are
-// still running, with their final save).
+// Close stops the Savers still running (each saves a last time) before it
+// closes the database; operations after Close return ErrClosed.
 type Store struct {
 	cfg    Config
 	log    *slog.Logger
