@@ -108,8 +108,15 @@ func (s *Signer) Token(backendID string, expires time.Time) string {
 // time. Verify never panics, whatever the input, and allocates only the
 // returned id.
 func (s *Signer) Verify(token string, now time.Time) (backendID string, ok bool) {
+	backendID, _, ok = s.VerifyExpiry(token, now)
+	return backendID, ok
+}
+
+// VerifyExpiry is Verify that also returns the token's expiry, so that a
+// caller can renew a token that is about to run out.
+func (s *Signer) VerifyExpiry(token string, now time.Time) (backendID string, expires time.Time, ok bool) {
 	if len(token) == 0 || len(token) > maxToken {
-		return "", false
+		return "", time.Time{}, false
 	}
 	// Copy into a stack buffer: []byte(token) would allocate for tokens
 	// longer than 32 bytes.
@@ -119,33 +126,33 @@ func (s *Signer) Verify(token string, now time.Time) (backendID string, ok bool)
 	for i := 0; i < len(token); i++ {
 		c := token[i]
 		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-			return "", false
+			return "", time.Time{}, false
 		}
 		in[i] = c
 	}
 	var stack [maxRaw]byte
 	n, err := b64.Decode(stack[:], in[:len(token)])
 	if err != nil || n < 1+8+1+macSize {
-		return "", false
+		return "", time.Time{}, false
 	}
 	raw := stack[:n]
 	if raw[0] != tokenVersion {
-		return "", false
+		return "", time.Time{}, false
 	}
 	idLen := int(raw[9])
 	if n != 1+8+1+idLen+macSize {
-		return "", false
+		return "", time.Time{}, false
 	}
 	body, got := raw[:n-macSize], raw[n-macSize:]
 	var sum [sha256.Size]byte
 	if !hmac.Equal(s.mac(body, &sum)[:macSize], got) {
-		return "", false
+		return "", time.Time{}, false
 	}
 	exp := int64(binary.BigEndian.Uint64(raw[1:9]))
 	if now.Unix() >= exp {
-		return "", false
+		return "", time.Time{}, false
 	}
-	return string(raw[10 : 10+idLen]), true
+	return string(raw[10 : 10+idLen]), time.Unix(exp, 0), true
 }
 
 // mac returns HMAC-SHA256(key, b) (RFC 2104) in out. It is spelled out

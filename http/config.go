@@ -1,0 +1,229 @@
+package http
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// Config configures the HTTP front end. Fields map 1:1 to flags of
+// `sluice run`; zero values take the defaults named in each field.
+type Config struct {
+	// Listen is the address to serve on. Flag -http-listen, default ":8080".
+	Listen string
+	// TrustedProxies are the networks whose X-Forwarded-For, Forwarded and
+	// X-Forwarded-Proto values are kept (and appended to). From anyone else
+	// those headers are replaced. Flag -http-trusted-proxy (repeatable CIDR).
+	TrustedProxies []netip.Prefix
+
+	// StickyCookie names the signed balancer cookie; "-" disables it. Flag
+	// -http-sticky-cookie, default "SLUICE".
+	StickyCookie string
+	// StickyTTL is the lifetime of the sticky cookie; it is renewed when
+	// less than half is left. Flag -http-sticky-ttl, default 1h.
+	StickyTTL time.Duration
+	// AppCookie names an application session cookie (e.g. JSESSIONID) to
+	// learn from backends' Set-Cookie; "" disables. Flag
+	// -http-sticky-app-cookie.
+	AppCookie string
+	// AppCookieTTL is how long a learned session id pins its backend after
+	// it was last seen. Flag -http-sticky-app-ttl, default 30m.
+	AppCookieTTL time.Duration
+	// AppCookieMax bounds the learned session table. Flag
+	// -http-sticky-app-max, default 100000.
+	AppCookieMax int
+
+	// HashKey is the key for the consistent-hash policy: "source" (client
+	// address), "header:NAME" or "cookie:NAME". Flag -http-hash-key,
+	// default "source".
+	HashKey string
+
+	// MaxConns bounds the connections to each backend. Flag
+	// -http-backend-max-conns, default 1024.
+	MaxConns int
+	// ConnWait is how long a request waits for a free backend connection
+	// when MaxConns are busy before it is answered 503. Flag
+	// -http-backend-conn-wait, default 100ms.
+	ConnWait time.Duration
+	// ConnectTimeout bounds dialing a backend. Flag -http-connect-timeout,
+	// default 2s.
+	ConnectTimeout time.Duration
+	// BackendTimeout bounds a whole exchange with a backend (write the
+	// request, read the response head). Flag -http-backend-timeout,
+	// default 30s.
+	BackendTimeout time.Duration
+	// BackendIdle closes backend connections idle this long. Flag
+	// -http-backend-idle, default 30s.
+	BackendIdle time.Duration
+
+	// ClientReadTimeout bounds reading a client request (headers and
+	// buffered body). Flag -http-client-timeout, default 60s.
+	ClientReadTimeout time.Duration
+	// ClientIdle closes idle client keep-alive connections. Flag
+	// -http-client-idle, default 120s.
+	ClientIdle time.Duration
+	// StreamThreshold is the body size, in bytes, above which request
+	// bodies are streamed to the backend instead of buffered. Response
+	// bodies are always streamed. Flag -http-stream-threshold, default 1 MiB.
+	StreamThreshold int
+
+	// RetryAfterNoBackend is the Retry-After of a 503 when no backend is
+	// up. Default 5s.
+	RetryAfterNoBackend time.Duration
+
+	// Clock supplies monotonic time for admission and lb; nil is
+	// admission.MonoClock.
+	Clock admission.Clock
+	// Now supplies wall time for cookie expiry; nil is time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Listen == "" {
+		c.Listen = ":8080"
+	}
+	if c.StickyCookie == "" {
+		c.StickyCookie = "SLUICE"
+	}
+	if c.StickyTTL == 0 {
+		c.StickyTTL = time.Hour
+	}
+	if c.AppCookieTTL == 0 {
+		c.AppCookieTTL = 30 * time.Minute
+	}
+	if c.AppCookieMax == 0 {
+		c.AppCookieMax = 100000
+	}
+	if c.HashKey == "" {
+		c.HashKey = "source"
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 1024
+	}
+	if c.ConnWait == 0 {
+		c.ConnWait = 100 * time.Millisecond
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 2 * time.Second
+	}
+	if c.BackendTimeout == 0 {
+		c.BackendTimeout = 30 * time.Second
+	}
+	if c.BackendIdle == 0 {
+		c.BackendIdle = 30 * time.Second
+	}
+	if c.ClientReadTimeout == 0 {
+		c.ClientReadTimeout = 60 * time.Second
+	}
+	if c.ClientIdle == 0 {
+		c.ClientIdle = 120 * time.Second
+	}
+	if c.StreamThreshold == 0 {
+		c.StreamThreshold = 1 << 20
+	}
+	if c.RetryAfterNoBackend == 0 {
+		c.RetryAfterNoBackend = 5 * time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = admission.MonoClock{}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports the first invalid field, naming its flag.
+func (c *Config) Validate() error {
+	switch {
+	case c.StickyTTL < time.Second:
+		return fmt.Errorf("-http-sticky-ttl must be at least 1s (got %s)", c.StickyTTL)
+	case c.StickyCookie != "-" && !validCookieName(c.StickyCookie):
+		return fmt.Errorf("-http-sticky-cookie %q is not a valid cookie name", c.StickyCookie)
+	case c.AppCookie != "" && !validCookieName(c.AppCookie):
+		return fmt.Errorf("-http-sticky-app-cookie %q is not a valid cookie name", c.AppCookie)
+	case c.AppCookieTTL < 0:
+		return errors.New("-http-sticky-app-ttl must be positive")
+	case c.AppCookieMax < 0:
+		return errors.New("-http-sticky-app-max must be positive")
+	case c.MaxConns < 0:
+		return errors.New("-http-backend-max-conns must be positive")
+	case c.ConnWait < 0:
+		return errors.New("-http-backend-conn-wait must not be negative")
+	case c.ConnectTimeout < 0, c.BackendTimeout < 0, c.BackendIdle < 0:
+		return errors.New("-http-connect-timeout, -http-backend-timeout and -http-backend-idle must be positive")
+	case c.ClientReadTimeout < 0 || c.ClientIdle < 0:
+		return errors.New("-http-client-timeout and -http-client-idle must be positive")
+	case c.StreamThreshold < 0:
+		return errors.New("-http-stream-threshold must be positive")
+	}
+	if _, _, err := parseHashKey(c.HashKey); err != nil {
+		return err
+	}
+	return nil
+}
+
+// hashKind says what a consistent-hash key is taken from.
+type hashKind uint8
+
+const (
+	hashSource hashKind = iota
+	hashHeader
+	hashCookie
+)
+
+func parseHashKey(s string) (hashKind, string, error) {
+	kind, name, _ := strings.Cut(s, ":")
+	switch strings.ToLower(kind) {
+	case "source", "src", "ip":
+		return hashSource, "", nil
+	case "header":
+		if name != "" {
+			return hashHeader, name, nil
+		}
+	case "cookie":
+		if validCookieName(name) {
+			return hashCookie, name, nil
+		}
+	}
+	return 0, "", fmt.Errorf("-http-hash-key %q: want source, header:NAME or cookie:NAME", s)
+}
+
+// validCookieName reports whether s is an RFC 6265 token.
+func validCookieName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("()<>@,;:\\\"/[]?={}", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseTrustedProxies parses a comma-separated list of CIDRs or single
+// addresses for -http-trusted-proxy.
+func ParseTrustedProxies(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(f); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("-http-trusted-proxy %q: not a CIDR or address", f)
+		}
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}

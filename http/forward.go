@@ -1,0 +1,320 @@
+package http
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// hopByHop are the headers a proxy removes in both directions (RFC 9110
+// §7.6.1), besides those the Connection header names.
+var hopByHop = [...]string{
+	"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Trailer",
+	"Transfer-Encoding", "Upgrade", "Proxy-Authenticate", "Proxy-Authorization",
+}
+
+// errAborted marks a request ended by memory state Critical.
+var errAborted = errors.New("aborted: memory state critical")
+
+// forward sends the request to b and relays the answer, retrying once on
+// another backend when the request is idempotent and failed before a byte
+// was sent. Affinity requests are retried elsewhere too, since a backend
+// that refuses connections is down and its clients are re-pinned.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admission.Class, key uint64, renew bool) {
+	s.prepareRequest(ctx)
+	var body *bodyReader
+	if ctx.Request.IsBodyStream() {
+		// Watch the client's body as it is streamed on, to tell a broken
+		// upload (400) from a backend failure (502). SetBodyStream only
+		// drops fasthttp's reference to its stream; the server still owns,
+		// drains and recycles it after the handler.
+		body = bodyReaders.Get().(*bodyReader)
+		body.r, body.err = ctx.RequestBodyStream(), nil
+		ctx.Request.SetBodyStream(body, ctx.Request.Header.ContentLength())
+	}
+	defer func() {
+		if body != nil {
+			body.r = nil
+			bodyReaders.Put(body)
+		}
+	}()
+	for attempt := 0; ; attempt++ {
+		b.Acquire()
+		err := s.roundTrip(ctx, b, class)
+		if err == errAborted {
+			body = nil // the abandoned exchange may still read it
+			return     // answered, and the backend released by the round trip
+		}
+		if err != nil && body != nil && body.err != nil && body.err != io.EOF {
+			// The client's body stream broke while it was being sent on:
+			// the client's fault, not the backend's.
+			b.Release(s.clock.Now(), lb.Abandoned)
+			ctx.Response.CloseBodyStream()
+			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
+			ctx.SetConnectionClose()
+			return
+		}
+		b.Release(s.clock.Now(), result(err, ctx.Response.StatusCode()))
+		if err == nil {
+			break
+		}
+		if attempt == 0 && notSent(err) && idempotent(ctx.Method()) {
+			nb, out, _ := s.pool.Pick(s.clock.Now(), key, b)
+			if out == lb.Picked {
+				s.stats.Retried.Add(1)
+				b, renew, class = nb, s.sticky != nil, admission.NewWork
+				continue
+			}
+		}
+		s.upstreamError(ctx, err)
+		return
+	}
+	if class == admission.NewWork && s.mem.State() == admission.Critical {
+		// The state turned Critical while this request was in flight on
+		// the fast path (see roundTrip): drop the answer, closing the
+		// backend connection if the body is still streaming.
+		ctx.Response.CloseBodyStream()
+		s.stats.Aborted.Add(1)
+		s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, memoryRetry, psCritical, "memory state critical")
+		return
+	}
+	if class == admission.Affinity {
+		s.stats.Affinity.Add(1)
+	} else {
+		s.stats.NewWork.Add(1)
+	}
+	s.prepareResponse(ctx, b, renew)
+}
+
+// roundTrip does one exchange with b. New work admitted while the node
+// memory state is above Normal runs on its own goroutine so that turning
+// Critical can end it at once: the client gets 503 and the backend
+// connection is closed when the exchange returns. In state Normal the
+// exchange runs inline (no goroutine per request); if the state turns
+// Critical meanwhile, forward discards the answer when it arrives.
+func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, b *lb.Backend, class admission.Class) error {
+	hc := s.clients[b.Index()]
+	if class == admission.Affinity || s.mem == nil || s.mem.State() == admission.Normal {
+		return hc.Do(&ctx.Request, &ctx.Response)
+	}
+	crit := s.mem.CriticalC()
+	const (
+		running = iota
+		finished
+		abandoned
+	)
+	var state atomic.Uint32
+	done := make(chan error, 1)
+	go func() {
+		err := hc.Do(&ctx.Request, &ctx.Response)
+		if state.CompareAndSwap(running, finished) {
+			done <- err
+			return
+		}
+		// The handler has returned and fasthttp has let go of ctx: clean
+		// up what the exchange left.
+		ctx.Response.CloseBodyStream()
+		b.Release(s.clock.Now(), lb.Abandoned)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-crit:
+		if !state.CompareAndSwap(running, abandoned) {
+			return <-done
+		}
+	}
+	s.stats.Aborted.Add(1)
+	resp := fasthttp.AcquireResponse()
+	s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, memoryRetry, psCritical, "memory state critical")
+	ctx.TimeoutErrorWithResponse(resp)
+	fasthttp.ReleaseResponse(resp)
+	return errAborted
+}
+
+// result classifies an exchange for passive health.
+func result(err error, status int) lb.Result {
+	switch {
+	case err == nil && status >= 500:
+		return lb.ServerError
+	case err == nil:
+		return lb.OK
+	case errors.Is(err, fasthttp.ErrTimeout):
+		return lb.Timeout
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		return lb.Abandoned // our own limit, not the backend's fault
+	}
+	return lb.ConnectError
+}
+
+// bodyReader passes a streamed request body through and keeps the first
+// error reading it.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+var bodyReaders = sync.Pool{New: func() any { return new(bodyReader) }}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && b.err == nil {
+		b.err = err
+	}
+	return n, err
+}
+
+// notSent reports whether err happened before any byte of the request
+// reached the backend: the dial failed, or no connection was free.
+func notSent(err error) bool {
+	if errors.Is(err, fasthttp.ErrNoFreeConns) || errors.Is(err, fasthttp.ErrDialTimeout) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// idempotent reports whether a method may be sent twice (RFC 9110 §9.2.2).
+func idempotent(m []byte) bool {
+	switch string(m) {
+	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE", "QUERY":
+		return true
+	}
+	return false
+}
+
+// upstreamError answers a failed exchange: 504 on timeouts, 503 when no
+// backend connection was free, 502 otherwise (RFC 9209 error types).
+func (s *Server) upstreamError(ctx *fasthttp.RequestCtx, err error) {
+	s.stats.UpstreamError.Add(1)
+	ctx.Response.CloseBodyStream()
+	var op *net.OpError
+	switch {
+	case errors.Is(err, fasthttp.ErrDialTimeout):
+		s.writeRefusal(&ctx.Response, fasthttp.StatusGatewayTimeout, 0, psConnectTimeout, "backend connect timeout")
+	case errors.Is(err, fasthttp.ErrTimeout):
+		s.writeRefusal(&ctx.Response, fasthttp.StatusGatewayTimeout, 0, psResponseTimeout, "backend response timeout")
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, connRetry, psConnLimit, "backend connection limit reached")
+	case errors.Is(err, syscall.ECONNREFUSED):
+		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psConnRefused, "backend refused the connection")
+	case errors.As(err, &op) && op.Op == "dial":
+		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psDestUnavailable, "backend unreachable")
+	case errors.Is(err, fasthttp.ErrConnectionClosed):
+		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psConnTerminated, "backend closed the connection")
+	default:
+		s.logger.Debug("upstream error", "err", err)
+		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psProtocolError, "bad answer from backend")
+	}
+}
+
+// prepareRequest removes hop-by-hop headers and sets X-Forwarded-For,
+// X-Forwarded-Proto and Forwarded (RFC 7239). Values from clients outside
+// the trusted proxies are replaced, from trusted ones appended to.
+func (s *Server) prepareRequest(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Request.Header
+	stripHopByHop(h.Peek("Connection"), h.DelBytes, h.Del)
+
+	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	ip = ip.Unmap()
+	trusted := s.isTrusted(ip)
+	var buf [320]byte
+	v := buf[:0]
+	if prior := h.Peek("X-Forwarded-For"); trusted && len(prior) > 0 {
+		v = append(append(v, prior...), ", "...)
+	}
+	v = ip.AppendTo(v)
+	h.SetBytesV("X-Forwarded-For", v)
+
+	if !trusted || len(h.Peek("X-Forwarded-Proto")) == 0 {
+		h.Set("X-Forwarded-Proto", "http")
+	}
+
+	v = buf[:0]
+	if prior := h.Peek("Forwarded"); trusted && len(prior) > 0 {
+		v = append(append(v, prior...), ", "...)
+	}
+	v = append(v, "for="...)
+	if ip.Is6() {
+		v = append(v, `"[`...)
+		v = ip.AppendTo(v)
+		v = append(v, `]"`...)
+	} else {
+		v = ip.AppendTo(v)
+	}
+	v = append(v, ";proto=http"...)
+	if host := h.Host(); len(host) > 0 && len(host) < 200 && bytes.IndexAny(host, "\"\\\r\n") < 0 {
+		v = append(v, `;host="`...)
+		v = append(v, host...)
+		v = append(v, '"')
+	}
+	h.SetBytesV("Forwarded", v)
+}
+
+func (s *Server) isTrusted(ip netip.Addr) bool {
+	for _, p := range s.trusted {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// stripHopByHop deletes the headers named in conn (the Connection value)
+// and the fixed hop-by-hop list.
+func stripHopByHop(conn []byte, delBytes func([]byte), del func(string)) {
+	for len(conn) > 0 {
+		var tok []byte
+		if i := bytes.IndexByte(conn, ','); i >= 0 {
+			tok, conn = conn[:i], conn[i+1:]
+		} else {
+			tok, conn = conn, nil
+		}
+		tok = bytes.TrimSpace(tok)
+		if len(tok) > 0 && !bytes.EqualFold(tok, []byte("close")) && !bytes.EqualFold(tok, []byte("keep-alive")) {
+			delBytes(tok)
+		}
+	}
+	for _, k := range hopByHop {
+		del(k)
+	}
+}
+
+// prepareResponse removes hop-by-hop headers from the backend's answer,
+// learns the application session cookie and sets the sticky cookie.
+func (s *Server) prepareResponse(ctx *fasthttp.RequestCtx, b *lb.Backend, renew bool) {
+	h := &ctx.Response.Header
+	stripHopByHop(h.Peek("Connection"), h.DelBytes, h.Del)
+	if s.sessions != nil {
+		s.learnSession(h, b)
+	}
+	if renew && s.sticky != nil {
+		h.AddBytesV("Set-Cookie", s.sticky.header(b, s.cfg.Now()))
+	}
+}
+
+// learnSession records the application session id the backend set.
+func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend) {
+	for name, raw := range h.Cookies() {
+		if string(name) != s.appName {
+			continue
+		}
+		c := fasthttp.AcquireCookie()
+		// Entries end by TTL; a backend clearing the cookie sets an empty
+		// or different value, which the client then sends instead.
+		if c.ParseBytes(raw) == nil && len(c.Value()) > 0 {
+			s.sessions.put(c.Value(), b, s.clock.Now())
+		}
+		fasthttp.ReleaseCookie(c)
+	}
+}

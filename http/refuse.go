@@ -1,0 +1,86 @@
+package http
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// Proxy-Status values (RFC 9209 §2.3 error types) for the answers sluice
+// makes itself. The mapping:
+//
+//	memory state Lower/Critical    proxy_internal_response (answered locally)
+//	ARM rule refusal               http_request_denied (policy)
+//	MOP refusal on every backend   connection_limit_reached
+//	no backend up                  destination_unavailable
+//	backend connection limit       connection_limit_reached
+//	dial refused / unreachable     connection_refused / destination_unavailable
+//	dial or response timeout       connection_timeout / http_response_timeout
+//	backend closed the connection  connection_terminated
+//	unparsable backend answer      http_protocol_error
+//	broken streamed request body   http_request_error (400)
+var (
+	psMemoryLower     = []byte(`sluice; error=proxy_internal_response; details="memory state lower"`)
+	psCritical        = []byte(`sluice; error=proxy_internal_response; details="memory state critical"`)
+	psMOP             = []byte(`sluice; error=connection_limit_reached; details="mop"`)
+	psNoBackend       = []byte(`sluice; error=destination_unavailable; details="no backend up"`)
+	psConnLimit       = []byte(`sluice; error=connection_limit_reached; details="backend max conns"`)
+	psConnRefused     = []byte(`sluice; error=connection_refused`)
+	psDestUnavailable = []byte(`sluice; error=destination_unavailable`)
+	psConnectTimeout  = []byte(`sluice; error=connection_timeout`)
+	psResponseTimeout = []byte(`sluice; error=http_response_timeout`)
+	psConnTerminated  = []byte(`sluice; error=connection_terminated`)
+	psProtocolError   = []byte(`sluice; error=http_protocol_error`)
+	psARMUnknown      = []byte(`sluice; error=http_request_denied; details="arm"`)
+	psBadRequest      = []byte(`sluice; error=http_request_error; details="malformed body"`)
+)
+
+// Retry-After of answers that have no guard to compute one from.
+const (
+	memoryRetry = 5 * time.Second // in-flight request ended by Critical
+	connRetry   = time.Second     // backend connection limit
+)
+
+// refuseDecision answers an admission refusal: the decision's status
+// (429 for memory and ARM, -mop-reject-code for MOP) and Retry-After.
+func (s *Server) refuseDecision(ctx *fasthttp.RequestCtx, d admission.Decision) {
+	ps, msg := psMOP, "backend capacity reached"
+	switch d.Reason {
+	case admission.ReasonMemory:
+		ps, msg = psMemoryLower, "overloaded: memory"
+		if s.mem.State() == admission.Critical {
+			ps = psCritical
+		}
+	case admission.ReasonARM:
+		ps, msg = psARMUnknown, "rate limit exceeded"
+		if int(d.Rule) >= 0 && int(d.Rule) < len(s.armPS) {
+			ps = s.armPS[d.Rule]
+		}
+	}
+	s.refuse(ctx, int(d.HTTPStatus), d.RetryAfter, ps, msg)
+}
+
+// refuse answers with status, a short text body, Proxy-Status and, when
+// retry > 0 or the status is 429 or 503, Retry-After in whole seconds (at
+// least 1). It is the one place where sluice's own answers are made.
+func (s *Server) refuse(ctx *fasthttp.RequestCtx, status int, retry time.Duration, proxyStatus []byte, msg string) {
+	s.stats.Refused.Add(1)
+	s.writeRefusal(&ctx.Response, status, retry, proxyStatus, msg)
+}
+
+func (s *Server) writeRefusal(resp *fasthttp.Response, status int, retry time.Duration, proxyStatus []byte, msg string) {
+	// Reset first: it clears every header (as ctx.Error does), so the
+	// headers go on after it.
+	resp.Reset()
+	resp.SetStatusCode(status)
+	resp.Header.SetContentType("text/plain; charset=utf-8")
+	resp.SetBodyString(msg + "\n")
+	resp.Header.SetBytesV("Proxy-Status", proxyStatus)
+	if retry > 0 || status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
+		var buf [20]byte
+		resp.Header.SetBytesV("Retry-After", strconv.AppendInt(buf[:0], int64(admission.RetryAfterSeconds(retry)), 10))
+	}
+}

@@ -1,0 +1,314 @@
+package http
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// Server is the HTTP front end. Build it with New, start it with Serve or
+// ListenAndServe, stop it with Shutdown. Safe for concurrent use.
+type Server struct {
+	cfg      Config
+	pool     *lb.Pool
+	ctrl     *admission.Controller
+	mem      *admission.Memory
+	signer   *lb.Signer
+	clock    admission.Clock
+	logger   *slog.Logger
+	clients  []*fasthttp.HostClient // by backend index
+	sticky   *stickyCookie          // nil when disabled
+	sessions *sessionTable          // nil when disabled
+	appName  string
+	trusted  []netip.Prefix
+	hashKind hashKind
+	hashName string
+	hashed   bool     // the pool's policy uses the key
+	armPS    [][]byte // Proxy-Status value per ARM rule
+	srv      *fasthttp.Server
+
+	stats Stats
+}
+
+// Stats counts what the front end did since start. Fields are atomics.
+type Stats struct {
+	Affinity      atomic.Uint64 // requests forwarded by affinity
+	NewWork       atomic.Uint64 // new-work requests forwarded
+	Refused       atomic.Uint64 // answered 429/503 by admission, MOP or no backend
+	UpstreamError atomic.Uint64 // answered 502/503/504 for a backend failure
+	Retried       atomic.Uint64 // moved to another backend after a connect failure
+	Aborted       atomic.Uint64 // in-flight new work ended by memory state Critical
+	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
+}
+
+// New builds the front end. signer may be nil only when the sticky cookie
+// is disabled (StickyCookie "-"). The logger gets component=http.
+func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signer, logger *slog.Logger) (*Server, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if pool == nil || ctrl == nil {
+		return nil, errors.New("new http front end: pool and controller are required")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		cfg:     cfg,
+		pool:    pool,
+		ctrl:    ctrl,
+		mem:     ctrl.Memory(),
+		signer:  signer,
+		clock:   cfg.Clock,
+		logger:  logger.With("component", "http"),
+		trusted: cfg.TrustedProxies,
+		appName: cfg.AppCookie,
+	}
+	if cfg.StickyCookie != "-" {
+		if signer == nil {
+			return nil, errors.New("new http front end: sticky cookie needs an affinity key (-affinity-key-file)")
+		}
+		s.sticky = newStickyCookie(cfg.StickyCookie, cfg.StickyTTL, signer, pool.Len())
+	}
+	if cfg.AppCookie != "" {
+		s.sessions = newSessionTable(cfg.AppCookieTTL, cfg.AppCookieMax)
+	}
+	s.hashKind, s.hashName, _ = parseHashKey(cfg.HashKey)
+	_, s.hashed = pool.Policy().(*lb.ConsistentHash)
+	for _, m := range ctrl.Rules() {
+		s.armPS = append(s.armPS, []byte(fmt.Sprintf("sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())))
+	}
+	for _, b := range pool.Backends() {
+		s.clients = append(s.clients, s.newClient(b.Addr()))
+	}
+	s.srv = &fasthttp.Server{
+		Handler:               s.handle,
+		Name:                  "sluice",
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+		NoDefaultContentType:  true,
+		ReadTimeout:           cfg.ClientReadTimeout,
+		IdleTimeout:           cfg.ClientIdle,
+		MaxRequestBodySize:    cfg.StreamThreshold,
+		StreamRequestBody:     true,
+		CloseOnShutdown:       true,
+		// Answer malformed requests 400 without a handler call; the
+		// connection is closed, the server keeps serving.
+		Logger: fasthttpLogger{s.logger},
+	}
+	return s, nil
+}
+
+func (s *Server) newClient(addr string) *fasthttp.HostClient {
+	timeout := s.cfg.ConnectTimeout
+	return &fasthttp.HostClient{
+		Addr:                     addr,
+		NoDefaultUserAgentHeader: true,
+		DisablePathNormalizing:   true,
+		MaxConns:                 s.cfg.MaxConns,
+		MaxConnWaitTimeout:       s.cfg.ConnWait,
+		MaxIdleConnDuration:      s.cfg.BackendIdle,
+		ReadTimeout:              s.cfg.BackendTimeout,
+		WriteTimeout:             s.cfg.BackendTimeout,
+		StreamResponseBody:       true,
+		// One retry on the same backend, for idempotent requests whose
+		// pooled keep-alive connection turned out to be closed; never
+		// after a timeout, which would double the wait on a slow backend.
+		MaxIdemponentCallAttempts: 2,
+		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (bool, bool) {
+			return false, attempts < 2 && !errors.Is(err, fasthttp.ErrTimeout) && idempotent(req.Header.Method())
+		},
+		Dial: func(addr string) (net.Conn, error) { return fasthttp.DialTimeout(addr, timeout) },
+	}
+}
+
+// Stats returns the front end's counters.
+func (s *Server) Stats() *Stats { return &s.stats }
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.pool.Len())
+	return s.srv.Serve(ln)
+}
+
+// ListenAndServe listens on Config.Listen and serves.
+func (s *Server) ListenAndServe() error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen -http-listen %s: %w", s.cfg.Listen, err)
+	}
+	return s.Serve(ln)
+}
+
+// Shutdown stops accepting, lets in-flight requests finish until ctx is
+// done, and closes idle backend connections.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.ShutdownWithContext(ctx)
+	for _, c := range s.clients {
+		c.CloseIdleConnections()
+	}
+	return err
+}
+
+// b2s views b as a string without copying. Only for values that are used
+// before the handler returns and not retained (admission.Request says
+// Decide keeps no reference; Signer.Verify copies what it returns).
+func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// handle is the request path: classify, admit, pick, forward.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	now := s.clock.Now()
+	closeAfter := ctx.Request.Header.ConnectionClose()
+	b, renew, repinned := s.affinity(ctx, now)
+	class := admission.NewWork
+	if b != nil {
+		class = admission.Affinity
+	}
+	r := admission.Request{
+		Class:  class,
+		Proto:  "http",
+		Method: b2s(ctx.Method()),
+		Host:   b2s(ctx.Host()),
+		Path:   b2s(ctx.Path()),
+	}
+	d := s.ctrl.Decide(now, &r, nil)
+	for d.Verdict == admission.Delay {
+		d = s.wait(ctx, &r, d)
+	}
+	if d.Verdict == admission.Refuse {
+		s.refuseDecision(ctx, d)
+		s.finish(ctx, closeAfter)
+		return
+	}
+	var key uint64
+	if b == nil {
+		key = s.key(ctx)
+		var out lb.Outcome
+		var retry time.Duration
+		b, out, retry = s.pool.Pick(now, key, nil)
+		switch out {
+		case lb.NoBackend:
+			s.refuse(ctx, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
+			s.finish(ctx, closeAfter)
+			return
+		case lb.MOPRefused:
+			s.refuseDecision(ctx, s.ctrl.RefuseMOP(retry))
+			s.finish(ctx, closeAfter)
+			return
+		}
+		renew = s.sticky != nil
+		if repinned {
+			s.stats.Repinned.Add(1)
+		}
+	}
+	s.forward(ctx, b, class, key, renew)
+	s.finish(ctx, closeAfter)
+}
+
+// finish restores the client's Connection: close, which removing
+// hop-by-hop headers cleared.
+func (s *Server) finish(ctx *fasthttp.RequestCtx, closeAfter bool) {
+	if closeAfter {
+		ctx.SetConnectionClose()
+	}
+}
+
+// affinity returns the backend a valid sticky cookie or learned session
+// pins the request to, if it still takes affinity traffic. renew is true
+// when the sticky cookie should be sent again (absent via the session
+// table, or past half its lifetime); repinned when a valid pin named a
+// backend that is down.
+func (s *Server) affinity(ctx *fasthttp.RequestCtx, now int64) (b *lb.Backend, renew, repinned bool) {
+	if s.sticky != nil {
+		if tok := ctx.Request.Header.Cookie(s.sticky.name); len(tok) > 0 {
+			wall := s.cfg.Now()
+			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
+				if b = s.pool.Pinned(id, now); b != nil {
+					return b, exp.Sub(wall) < s.cfg.StickyTTL/2, false
+				}
+				repinned = true
+			}
+		}
+	}
+	if s.sessions != nil {
+		if sid := ctx.Request.Header.Cookie(s.appName); len(sid) > 0 {
+			if b = s.sessions.get(sid, now); b != nil {
+				if b.AcceptsAffinity(now) {
+					return b, s.sticky != nil, false
+				}
+				b, repinned = nil, true
+			}
+		}
+	}
+	return nil, false, repinned
+}
+
+// wait blocks on a delayed decision until the rule releases the request,
+// its wait runs out, the server shuts down, or memory turns Critical.
+func (s *Server) wait(ctx *fasthttp.RequestCtx, r *admission.Request, d admission.Decision) admission.Decision {
+	var crit <-chan struct{}
+	if s.mem != nil {
+		crit = s.mem.CriticalC()
+	}
+	select {
+	case <-d.Wait.Done():
+	case <-crit:
+		// admission has no "refuse for memory" call: Decide gives that
+		// refusal when the state refuses new work, which it checks first.
+		if d.Wait.Cancel() && s.mem.State().RefusesNewWork() {
+			md := s.ctrl.Decide(s.clock.Now(), r, nil)
+			if md.Verdict == admission.Refuse {
+				return md
+			}
+			if md.Verdict == admission.Delay {
+				md.Wait.Cancel()
+			}
+		}
+	case <-ctx.Done():
+		d.Wait.Cancel()
+	}
+	<-d.Wait.Done()
+	return s.ctrl.Resume(s.clock.Now(), r, d, nil)
+}
+
+// key returns the consistent-hash key of the request, 0 for other
+// policies. It allocates nothing.
+func (s *Server) key(ctx *fasthttp.RequestCtx) uint64 {
+	if !s.hashed {
+		return 0
+	}
+	switch s.hashKind {
+	case hashHeader:
+		return lb.HashBytes(ctx.Request.Header.Peek(s.hashName))
+	case hashCookie:
+		return lb.HashBytes(ctx.Request.Header.Cookie(s.hashName))
+	}
+	if a, ok := netip.AddrFromSlice(ctx.RemoteIP()); ok {
+		ip := a.Unmap().As16()
+		return lb.HashBytes(ip[:])
+	}
+	return 0
+}
+
+// fasthttpLogger sends fasthttp's own messages (malformed requests, accept
+// errors) to slog at debug level: a flood of bad requests must not flood
+// the log.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	if f.l.Enabled(context.Background(), slog.LevelDebug) {
+		f.l.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
+	}
+}

@@ -1,0 +1,146 @@
+package http
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicelb/sluice/lb"
+)
+
+// stickyCookie makes the Set-Cookie value of the balancer cookie. Tokens
+// have second resolution, so every response in the same second to the same
+// backend carries the same value: it is built once per backend and second
+// and then reused, which keeps new-work responses free of HMAC work and
+// allocation under load.
+type stickyCookie struct {
+	name   string
+	ttl    time.Duration
+	signer *lb.Signer
+	cache  []atomic.Pointer[cookieValue] // by backend index
+}
+
+type cookieValue struct {
+	expires int64 // unix seconds
+	header  []byte
+}
+
+func newStickyCookie(name string, ttl time.Duration, signer *lb.Signer, backends int) *stickyCookie {
+	return &stickyCookie{name: name, ttl: ttl, signer: signer, cache: make([]atomic.Pointer[cookieValue], backends)}
+}
+
+// header returns the Set-Cookie value pinning b, valid from now for ttl.
+func (s *stickyCookie) header(b *lb.Backend, now time.Time) []byte {
+	exp := now.Add(s.ttl).Unix()
+	slot := &s.cache[b.Index()]
+	if v := slot.Load(); v != nil && v.expires == exp {
+		return v.header
+	}
+	tok := s.signer.Token(b.ID(), time.Unix(exp, 0))
+	h := make([]byte, 0, len(s.name)+len(tok)+64)
+	h = append(h, s.name...)
+	h = append(h, '=')
+	h = append(h, tok...)
+	h = append(h, "; Path=/; Max-Age="...)
+	h = strconv.AppendInt(h, int64(s.ttl/time.Second), 10)
+	h = append(h, "; HttpOnly; SameSite=Lax"...)
+	slot.Store(&cookieValue{expires: exp, header: h})
+	return h
+}
+
+// sessionTable maps application session ids (e.g. JSESSIONID values) to
+// the backend that issued them, with a TTL refreshed on use. It is bounded:
+// when a shard is full, expired entries go first, then an arbitrary one.
+type sessionTable struct {
+	ttl    int64 // ns
+	perCap int
+	shards [16]sessionShard
+}
+
+type sessionShard struct {
+	mu sync.Mutex
+	m  map[string]sessionEntry
+}
+
+type sessionEntry struct {
+	backend *lb.Backend
+	expires int64 // monotonic ns
+}
+
+func newSessionTable(ttl time.Duration, max int) *sessionTable {
+	t := &sessionTable{ttl: int64(ttl), perCap: max/16 + 1}
+	for i := range t.shards {
+		t.shards[i].m = make(map[string]sessionEntry)
+	}
+	return t
+}
+
+func (t *sessionTable) shard(id []byte) *sessionShard {
+	return &t.shards[lb.HashBytes(id)&15]
+}
+
+// get returns the backend id is pinned to at now, or nil, and extends its
+// lifetime. It does not allocate.
+func (t *sessionTable) get(id []byte, now int64) *lb.Backend {
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.m[string(id)]
+	if !ok {
+		return nil
+	}
+	if now >= e.expires {
+		delete(s.m, string(id))
+		return nil
+	}
+	e.expires = now + t.ttl
+	s.m[string(id)] = e
+	return e.backend
+}
+
+// put pins id to b from now.
+func (t *sessionTable) put(id []byte, b *lb.Backend, now int64) {
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.m[string(id)]; ok {
+		e.backend, e.expires = b, now+t.ttl
+		s.m[string(id)] = e
+		return
+	}
+	if len(s.m) >= t.perCap {
+		for k, e := range s.m {
+			if now >= e.expires {
+				delete(s.m, k)
+			}
+		}
+		for k := range s.m {
+			if len(s.m) < t.perCap {
+				break
+			}
+			delete(s.m, k)
+		}
+	}
+	s.m[string(id)] = sessionEntry{backend: b, expires: now + t.ttl}
+}
+
+// forget removes id, e.g. when the backend cleared the cookie.
+func (t *sessionTable) forget(id []byte) {
+	s := t.shard(id)
+	s.mu.Lock()
+	delete(s.m, string(id))
+	s.mu.Unlock()
+}
+
+// len returns the number of entries, for tests and status.
+func (t *sessionTable) len() int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
