@@ -29,6 +29,9 @@ func (s *Server) buildReply(req *gosip.Request, code int, reason string, extra .
 	w.WriteString("\r\n")
 	for _, h := range req.Headers() {
 		if v, ok := h.(*gosip.ViaHeader); ok {
+			if s.ourViaHeader(v) {
+				continue // ours, on a request we already forwarded
+			}
 			v.StringWrite(&w)
 			w.WriteString("\r\n")
 		}
@@ -67,7 +70,7 @@ func (s *Server) buildReply(req *gosip.Request, code int, reason string, extra .
 
 // reply answers req with a response of our own, without state.
 func (s *Server) reply(req *gosip.Request, src source, code int, reason string, extra ...string) {
-	if err := s.sendBytes(s.buildReply(req, code, reason, extra...), replyTarget(req, src)); err == nil {
+	if err := s.sendBytes(s.buildReply(req, code, reason, extra...), s.replyTarget(req, src)); err == nil {
 		s.metrics.LocalReplies.Add(1)
 	}
 }

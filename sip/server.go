@@ -353,17 +353,38 @@ func (s *Server) sendBytes(p []byte, t target) error {
 // replyTarget is where a response to req goes (RFC 3261 §18.2.2, RFC 3581):
 // over TCP the connection it came on; over UDP the source address with the
 // Via port, or the source port when the Via asks for rport.
-func replyTarget(req *gosip.Request, src source) target {
+func (s *Server) replyTarget(req *gosip.Request, src source) target {
 	if src.conn != nil {
 		return target{addr: src.addr, tcp: true}
 	}
 	port := src.addr.Port()
-	if v := req.Via(); v != nil {
+	if v := s.clientVia(req); v != nil {
 		if _, rport := v.Params.Get("rport"); !rport && v.Port > 0 {
 			port = uint16(v.Port)
 		}
 	}
 	return target{addr: netip.AddrPortFrom(src.addr.Addr(), port)}
+}
+
+// clientVia is the top Via that is not ours: the client's, also after we
+// added ours to a request we forward.
+func (s *Server) clientVia(req *gosip.Request) *gosip.ViaHeader {
+	v := req.Via()
+	if v == nil || !s.ourViaHeader(v) {
+		return v
+	}
+	for _, h := range req.Headers() {
+		if vh, ok := h.(*gosip.ViaHeader); ok && !s.ourViaHeader(vh) {
+			return vh
+		}
+	}
+	return nil
+}
+
+// ourViaHeader reports whether v is a Via this balancer added.
+func (s *Server) ourViaHeader(v *gosip.ViaHeader) bool {
+	br, _ := v.Params.Get("branch")
+	return strings.HasPrefix(br, ourBranchPrefix) && s.viaIsOurs(v)
 }
 
 // viaTarget is where a response goes after our Via was removed: the next

@@ -186,7 +186,7 @@ func (tt *txnTable) retransmission(s *Server, ckey string, req *gosip.Request, s
 	s.metrics.Retransmissions.Add(1)
 	switch {
 	case state == stCompleted && final != nil:
-		_ = s.sendBytes(final, replyTarget(req, src))
+		_ = s.sendBytes(final, s.replyTarget(req, src))
 	case invite:
 		// Our own timers retransmit upstream; a 100 stops the client's.
 		s.send100(t)
@@ -444,7 +444,7 @@ func (s *Server) ackUpstream(t *txn, res *gosip.Response, branch string, src sou
 func (s *Server) finishLocal(t *txn, code int, reason string, extra []string) {
 	s.txns.mu.Lock()
 	p := s.buildReply(t.req, code, reason, extra...)
-	dst := replyTarget(t.req, t.src)
+	dst := s.replyTarget(t.req, t.src)
 	if t.invite {
 		t.state = stCompleted
 		t.cur = nil
@@ -465,7 +465,7 @@ func (s *Server) send100(t *txn) {
 	s.txns.mu.Lock()
 	t.sent100 = true
 	p := s.buildReply(t.req, 100, "Trying")
-	dst := replyTarget(t.req, t.src)
+	dst := s.replyTarget(t.req, t.src)
 	s.txns.mu.Unlock()
 	_ = s.sendBytes(p, dst)
 }
@@ -496,7 +496,7 @@ func (s *Server) txnTimers(now int64) {
 			}
 			if t.invite && !t.sent100 && now-t.created >= int64(trying100) {
 				t.sent100 = true
-				acts = append(acts, action{t: t, kind: do100, wire: s.buildReply(t.req, 100, "Trying"), dst: replyTarget(t.req, t.src)})
+				acts = append(acts, action{t: t, kind: do100, wire: s.buildReply(t.req, 100, "Trying"), dst: s.replyTarget(t.req, t.src)})
 			}
 			if !t.cur.tcp && now >= t.nextRetx {
 				t.retxEvery *= 2

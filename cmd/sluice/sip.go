@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -159,6 +160,7 @@ func runSIP(args []string, stdout, stderr io.Writer) int {
 	})
 	keyFile := fs.String("affinity-key-file", envDefault("affinity-key-file", "sluice-affinity.key"), "HMAC key for affinity tokens (created when missing)")
 	logLevel := fs.String("log-level", envDefault("log-level", "info"), "debug, info, warn or error")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file (for benchmarks)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -193,6 +195,21 @@ func runSIP(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "sluice sip:", err)
 		return 2
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "sluice sip:", err)
+			return 1
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "sluice sip:", err)
+			return 1
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
