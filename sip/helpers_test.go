@@ -79,11 +79,11 @@ func (s *Server) udpAddr() netip.AddrPort {
 
 // uas modes: how a fake backend answers an INVITE.
 const (
-	modeAnswer  = iota // 180 then 200
-	modeBusy           // 486
-	mode503            // 503 Retry-After: 30
-	modeSilent         // nothing
-	modeRing           // 180 only; CANCEL gets 200 + 487
+	modeAnswer = iota // 180 then 200
+	modeBusy          // 486
+	mode503           // 503 Retry-After: 30
+	modeSilent        // nothing
+	modeRing          // 180 only; CANCEL gets 200 + 487
 )
 
 // seenReq is what a fake backend recorded of one request.
@@ -103,10 +103,10 @@ type uas struct {
 	addr netip.AddrPort
 	mode atomic.Int32
 	name string
+	drop atomic.Bool // do not record requests (load tests)
 
 	mu   sync.Mutex
 	seen []seenReq
-	reqs chan seenReq
 	done chan struct{}
 }
 
@@ -117,7 +117,7 @@ func newUAS(t testing.TB, name string) *uas {
 		t.Fatal(err)
 	}
 	_ = c.SetReadBuffer(4 << 20)
-	u := &uas{t: t, conn: c, addr: c.LocalAddr().(*net.UDPAddr).AddrPort(), name: name, reqs: make(chan seenReq, 4096), done: make(chan struct{})}
+	u := &uas{t: t, conn: c, addr: c.LocalAddr().(*net.UDPAddr).AddrPort(), name: name, done: make(chan struct{})}
 	go u.serve()
 	t.Cleanup(func() {
 		c.Close()
@@ -144,12 +144,10 @@ func (u *uas) serve() {
 		}
 		br, _ := req.Via().Params.Get("branch")
 		sr := seenReq{Method: req.Method, CallID: req.CallID().Value(), Branch: br, Raw: string(buf[:n]), Req: req}
-		u.mu.Lock()
-		u.seen = append(u.seen, sr)
-		u.mu.Unlock()
-		select {
-		case u.reqs <- sr:
-		default:
+		if !u.drop.Load() {
+			u.mu.Lock()
+			u.seen = append(u.seen, sr)
+			u.mu.Unlock()
 		}
 		u.answer(req, from)
 	}

@@ -1,0 +1,58 @@
+package sip
+
+import (
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// TestNoGrowthPerDialog: the affinity lives in the token, not in a table.
+// After 10,000 complete calls no transaction is left, and neither the
+// live heap nor the goroutine count grew with the number of calls.
+func TestNoGrowthPerDialog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10,000 calls")
+	}
+	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+	b1.drop.Store(true)
+	b2.drop.Store(true)
+	s := testServer(t, []*uas{b1, b2}, nil, nil)
+	const workers = 8
+	run := func(calls int) {
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			c := newUAC(t, s.udpAddr())
+			go func() {
+				defer wg.Done()
+				for i := 0; i < calls/workers; i++ {
+					c.newCall().complete()
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	heap := func() uint64 {
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	run(1000) // warm up pools and maps
+	h0, g0 := heap(), runtime.NumGoroutine()
+	run(10000)
+	eventually(t, "transactions to end", func() bool { return s.txns.Len() == 0 })
+	h1, g1 := heap(), runtime.NumGoroutine()
+	t.Logf("heap %d -> %d bytes, goroutines %d -> %d", h0, h1, g0, g1)
+	// 10,000 dialogs kept at even 100 bytes each would add 1 MB.
+	if h1 > h0+1<<20 {
+		t.Errorf("live heap grew by %d bytes over 10,000 calls", h1-h0)
+	}
+	if g1 > g0 {
+		t.Errorf("goroutines grew from %d to %d", g0, g1)
+	}
+	if got := s.metrics.Forwarded.Load(); got < 11000*3 {
+		t.Errorf("forwarded %d requests, want at least %d", got, 11000*3)
+	}
+}
