@@ -1,0 +1,212 @@
+// Package admin is the admin listener of sluice: /healthz and /status, on a
+// mux that other parts (the event log, Prometheus metrics) add handlers to
+// with Handle. It uses net/http: the admin port carries little traffic and
+// must stay answerable when the front ends are saturated.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// Server is the admin HTTP listener. Register handlers with Handle before
+// Serve; Handle after Serve is safe too (http.ServeMux is concurrent-safe).
+type Server struct {
+	mux    *http.ServeMux
+	srv    *http.Server
+	logger *slog.Logger
+}
+
+// New returns an admin server with no routes. The logger gets
+// component=admin.
+func New(logger *slog.Logger) *Server {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	return &Server{
+		mux:    mux,
+		logger: logger.With("component", "admin"),
+		srv: &http.Server{
+			Handler:           mux,
+			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       10 * time.Second,
+			WriteTimeout:      30 * time.Second,
+			IdleTimeout:       60 * time.Second,
+		},
+	}
+}
+
+// Handle registers h for pattern (net/http ServeMux syntax, e.g.
+// "GET /metrics").
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// Handler returns the mux, for tests.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Serve answers on ln until Shutdown; it returns nil after Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.logger.Info("admin listening", "addr", ln.Addr().String())
+	if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
+	}
+	return nil
+}
+
+// Shutdown stops the listener and waits for open requests until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+// Healthz answers 200 while the node memory state is Normal and 429
+// otherwise (Low, Lower, Critical: "send no new requests", as Oracle Health
+// Insurance's health endpoint does), with the state in the body. A nil mem
+// is always Normal.
+func Healthz(mem *admission.Memory) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := mem.State()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if st != admission.Normal {
+			w.Header().Set("Retry-After", "5")
+		}
+		w.WriteHeader(st.HealthCode())
+		fmt.Fprintln(w, st)
+	})
+}
+
+// Status is the JSON document of /status.
+type Status struct {
+	MemoryState string          `json:"memory_state"`
+	Memory      MemoryStatus    `json:"memory"`
+	Backends    []BackendStatus `json:"backends"`
+	ARM         []RuleStatus    `json:"arm"`
+}
+
+// MemoryStatus is the node's own memory.
+type MemoryStatus struct {
+	UsedBytes  int64 `json:"used_bytes"`
+	LimitBytes int64 `json:"limit_bytes"`
+}
+
+// BackendStatus is one backend in /status.
+type BackendStatus struct {
+	ID          string    `json:"id"`
+	Protocol    string    `json:"protocol"`
+	Addr        string    `json:"addr"`
+	State       string    `json:"state"`
+	Weight      int       `json:"weight"`
+	Outstanding int64     `json:"outstanding"`
+	Requests    uint64    `json:"requests"`
+	Failures    uint64    `json:"failures"`
+	MOP         MOPStatus `json:"mop"`
+}
+
+// MOPStatus is a backend's memory overload protection in /status. Rates
+// are per second; learned_rate is 0 while discovering; memory_percent is
+// the last sampled used/max of the backend, 0 when unknown. enabled is
+// false for a backend without a memory probe (no MOP).
+type MOPStatus struct {
+	Enabled       bool    `json:"enabled"`
+	Phase         string  `json:"phase"`
+	AllowedRate   float64 `json:"allowed_rate"`
+	LearnedRate   float64 `json:"learned_rate"`
+	MemoryPercent float64 `json:"memory_percent"`
+	Admitted      uint64  `json:"admitted"`
+	Refused       uint64  `json:"refused"`
+}
+
+// RuleStatus is one ARM rule in /status: rate is the admissions in the
+// current six sub-intervals of its unit, limit the base limit per unit.
+type RuleStatus struct {
+	Name     string `json:"name"`
+	Rate     int64  `json:"rate"`
+	Limit    int64  `json:"limit"`
+	Unit     string `json:"unit"`
+	Queued   int64  `json:"queued"`
+	Admitted uint64 `json:"admitted"`
+	Delayed  uint64 `json:"delayed"`
+	Refused  uint64 `json:"refused"`
+}
+
+// FromBackend converts an lb view (with its MOP, nil for none).
+func FromBackend(s lb.BackendStatus, mop *admission.MOP) BackendStatus {
+	return BackendStatus{
+		ID: s.ID, Protocol: s.Proto, Addr: s.Addr, State: s.State.String(), Weight: s.Weight,
+		Outstanding: s.Outstanding, Requests: s.Requests, Failures: s.Failures,
+		MOP: FromMOP(mop),
+	}
+}
+
+// FromMOP converts a MOP's status; nil gives Enabled false.
+func FromMOP(m *admission.MOP) MOPStatus {
+	if m == nil {
+		return MOPStatus{Phase: "off"}
+	}
+	s := m.Status()
+	return MOPStatus{
+		Enabled: true, Phase: s.Phase.String(), AllowedRate: s.AllowedRate, LearnedRate: s.LearnedRate,
+		MemoryPercent: 100 * s.MemoryFraction, Admitted: s.Admitted, Refused: s.Refused,
+	}
+}
+
+// Source gathers the parts of /status.
+type Source struct {
+	// Memory is the node memory state; nil is always Normal.
+	Memory *admission.Memory
+	// Controller supplies the ARM rules; nil for none.
+	Controller *admission.Controller
+	// Backends lists the backends of every front end, in order.
+	Backends func() []BackendStatus
+}
+
+// Snapshot builds the Status document now.
+func (src Source) Snapshot() Status {
+	st := Status{MemoryState: src.Memory.State().String(), Backends: []BackendStatus{}, ARM: []RuleStatus{}}
+	if src.Memory != nil {
+		st.Memory.UsedBytes, st.Memory.LimitBytes = src.Memory.Usage()
+	}
+	if src.Backends != nil {
+		st.Backends = append(st.Backends, src.Backends()...)
+	}
+	if src.Controller != nil {
+		for _, m := range src.Controller.Rules() {
+			rs := m.Status()
+			st.ARM = append(st.ARM, RuleStatus{
+				Name: rs.Name, Rate: rs.Rate, Limit: rs.Limit, Unit: unitName(rs.Unit), Queued: rs.Queued,
+				Admitted: rs.Admitted + rs.Released, Delayed: rs.Delayed, Refused: rs.Refused,
+			})
+		}
+	}
+	return st
+}
+
+func unitName(u time.Duration) string {
+	switch u {
+	case time.Second:
+		return "s"
+	case time.Minute:
+		return "min"
+	case time.Hour:
+		return "h"
+	}
+	return u.String()
+}
+
+// StatusHandler answers /status with src's Snapshot as indented JSON.
+func StatusHandler(src Source) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(src.Snapshot())
+	})
+}
