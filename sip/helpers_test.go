@@ -154,12 +154,12 @@ func (u *uas) serve() {
 }
 
 func (u *uas) respond(req *gosip.Request, to netip.AddrPort, code int, reason string, extra ...gosip.Header) {
-	if req.To() != nil {
-		if _, ok := req.To().Params.Get("tag"); !ok && code > 100 {
-			req.To().Params.Add("tag", "uas-"+u.name)
+	res := gosip.NewResponseFromRequest(req, code, reason, nil)
+	if to := res.To(); to != nil && code > 100 {
+		if tag, _ := req.To().Params.Get("tag"); tag == "" {
+			to.Params.Add("tag", "uas-"+u.name) // the same for every answer
 		}
 	}
-	res := gosip.NewResponseFromRequest(req, code, reason, nil)
 	if code >= 200 && code < 300 || code > 100 && code < 200 {
 		res.AppendHeader(&gosip.ContactHeader{Address: gosip.Uri{Scheme: "sip", Host: "127.0.0.1", Port: int(u.addr.Port())}})
 	}
@@ -279,6 +279,12 @@ func (c *uac) recv() gosip.Message {
 	}
 	m, err := gosip.ParseMessage(buf[:n])
 	if err != nil {
+		// A 400 echoing a malformed header of ours cannot be parsed: keep
+		// its status line.
+		var code int
+		if _, serr := fmt.Sscanf(string(buf[:n]), "SIP/2.0 %d ", &code); serr == nil {
+			return gosip.NewResponse(code, "unparsable")
+		}
 		c.t.Errorf("uac got unparsable message: %v\n%s", err, buf[:n])
 		return nil
 	}

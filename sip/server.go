@@ -121,18 +121,26 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("-sip-listen %s: %w", s.cfg.Listen, err)
 	}
-	s.udp, err = net.ListenUDP("udp", uaddr)
-	if err != nil {
-		return fmt.Errorf("listen udp %s: %w", s.cfg.Listen, err)
+	// UDP and TCP share the port. With port 0 the kernel picks the UDP
+	// port, which may be taken for TCP: try a few.
+	for try := 0; ; try++ {
+		s.udp, err = net.ListenUDP("udp", uaddr)
+		if err != nil {
+			return fmt.Errorf("listen udp %s: %w", s.cfg.Listen, err)
+		}
+		la := s.udp.LocalAddr().(*net.UDPAddr)
+		s.tcpLn, err = net.ListenTCP("tcp", &net.TCPAddr{IP: la.IP, Port: la.Port, Zone: la.Zone})
+		if err == nil {
+			break
+		}
+		s.udp.Close()
+		if uaddr.Port != 0 || try == 20 {
+			return fmt.Errorf("listen tcp %s: %w", la, err)
+		}
 	}
 	_ = s.udp.SetReadBuffer(s.cfg.UDPBuffer)
 	_ = s.udp.SetWriteBuffer(s.cfg.UDPBuffer)
 	la := s.udp.LocalAddr().(*net.UDPAddr)
-	s.tcpLn, err = net.ListenTCP("tcp", &net.TCPAddr{IP: la.IP, Port: la.Port, Zone: la.Zone})
-	if err != nil {
-		s.udp.Close()
-		return fmt.Errorf("listen tcp %s: %w", s.cfg.Listen, err)
-	}
 	if err := s.setAdvertise(la); err != nil {
 		s.udp.Close()
 		s.tcpLn.Close()

@@ -79,10 +79,12 @@ func newUAS(t *testing.T, cfg Config, lcfg demo.LedgerConfig) (*UAS, *fakeClock)
 	return u, clk
 }
 
-// caller is a sipgo UAC on loopback.
+// caller is a sipgo UAC on loopback. Over UDP it sends from a listener
+// socket of its own: sipgo's ephemeral client sockets are reference
+// counted, and a count that goes negative leaves the socket open after the
+// user agent is closed.
 type caller struct {
-	client *sipgo.Client
-	dialog *sipgo.DialogUA
+	udp, tcp *sipgo.Client
 }
 
 func newCaller(t *testing.T) *caller {
@@ -99,17 +101,53 @@ func newCaller(t *testing.T) *caller {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ua.Close() })
-	cl, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"), sipgo.WithClientLogger(quiet))
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &caller{
-		client: cl,
-		dialog: &sipgo.DialogUA{
-			Client:     cl,
-			ContactHDR: sip.ContactHeader{Address: sip.Uri{User: "alice", Host: "127.0.0.1", Port: 5999}},
-		},
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		ua.TransportLayer().ServeUDP(pc)
+	}()
+	t.Cleanup(func() {
+		pc.Close()
+		<-served
+		ua.Close()
+	})
+	// Requests must find the listener in the pool, or sipgo binds anew.
+	for i := 0; ; i++ {
+		if c, _ := ua.TransportLayer().GetConnection("udp", pc.LocalAddr().String()); c != nil {
+			break
+		}
+		if i == 10000 {
+			t.Fatal("caller's udp listener never served")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	udp, err := sipgo.NewClient(ua, sipgo.WithClientConnectionAddr(pc.LocalAddr().String()), sipgo.WithClientLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"), sipgo.WithClientLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &caller{udp: udp, tcp: tcp}
+}
+
+func (c *caller) client(transport string) *sipgo.Client {
+	if transport == "udp" {
+		return c.udp
+	}
+	return c.tcp
+}
+
+// dialog returns a dialog user agent sending over transport.
+func (c *caller) dialog(transport string) *sipgo.DialogUA {
+	return &sipgo.DialogUA{
+		Client:     c.client(transport),
+		ContactHDR: sip.ContactHeader{Address: sip.Uri{User: "alice", Host: "127.0.0.1", Port: 5999}},
 	}
 }
 
@@ -154,7 +192,7 @@ func TestDialogHoldsMemoryUntilBye(t *testing.T) {
 			// and BYE, sent by the route set, reach it.
 			rr := &sip.RecordRouteHeader{Address: sip.Uri{Host: host, Port: p, UriParams: sip.HeaderParams{{K: "lr"}, {K: "proxy", V: "rr1"}}}}
 			var codes []int
-			sess, err := c.dialog.Invite(ctx, target(t, u, transport), []byte(sdpOffer), rr, sip.NewHeader("Content-Type", "application/sdp"))
+			sess, err := c.dialog(transport).Invite(ctx, target(t, u, transport), []byte(sdpOffer), rr, sip.NewHeader("Content-Type", "application/sdp"))
 			if err != nil {
 				t.Fatalf("Invite: %v", err)
 			}
@@ -329,10 +367,10 @@ func scrape(t *testing.T, u *UAS) (used, live float64) {
 
 // request sends a request built by the client (Via, From, To, Call-ID,
 // CSeq added) and returns the final response.
-func request(t *testing.T, c *caller, method sip.RequestMethod, to sip.Uri) *sip.Response {
+func request(t *testing.T, c *caller, transport string, method sip.RequestMethod, to sip.Uri) *sip.Response {
 	t.Helper()
 	req := sip.NewRequest(method, to)
-	res, err := c.client.Do(ctxT(t), req)
+	res, err := c.client(transport).Do(ctxT(t), req)
 	if err != nil {
 		t.Fatalf("%s: %v", method, err)
 	}
@@ -354,7 +392,7 @@ func TestOutOfDialogRequests(t *testing.T) {
 	for _, transport := range []string{"udp", "tcp"} {
 		for _, tc := range tests {
 			t.Run(transport+"/"+tc.method.String(), func(t *testing.T) {
-				res := request(t, c, tc.method, target(t, u, transport))
+				res := request(t, c, transport, tc.method, target(t, u, transport))
 				if res.StatusCode != tc.want {
 					t.Errorf("%s: %d %s, want %d", tc.method, res.StatusCode, res.Reason, tc.want)
 				}
@@ -371,7 +409,7 @@ func TestOutOfDialogRequests(t *testing.T) {
 func TestCancelReleasesMemory(t *testing.T) {
 	u, _ := newUAS(t, Config{AnswerDelay: time.Hour}, demo.LedgerConfig{})
 	c := newCaller(t)
-	sess, err := c.dialog.Invite(ctxT(t), target(t, u, "udp"), nil)
+	sess, err := c.dialog("udp").Invite(ctxT(t), target(t, u, "udp"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +443,7 @@ func TestDialogTimeout(t *testing.T) {
 	u, clk := newUAS(t, Config{DialogTimeout: time.Minute}, demo.LedgerConfig{})
 	c := newCaller(t)
 	ctx := ctxT(t)
-	sess, err := c.dialog.Invite(ctx, target(t, u, "udp"), nil)
+	sess, err := c.dialog("udp").Invite(ctx, target(t, u, "udp"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +476,7 @@ func TestOutOfMemory503(t *testing.T) {
 	u, _ := newUAS(t, Config{}, demo.LedgerConfig{Max: dialogBytes, Limit: dialogBytes})
 	c := newCaller(t)
 	ctx := ctxT(t)
-	first, err := c.dialog.Invite(ctx, target(t, u, "udp"), nil)
+	first, err := c.dialog("udp").Invite(ctx, target(t, u, "udp"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,7 +485,7 @@ func TestOutOfMemory503(t *testing.T) {
 		t.Fatalf("first call: %v", err)
 	}
 	first.Ack(ctx)
-	second, err := c.dialog.Invite(ctx, target(t, u, "udp"), nil)
+	second, err := c.dialog("udp").Invite(ctx, target(t, u, "udp"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +511,7 @@ func TestCloseEndsRingingCall(t *testing.T) {
 	u, _ := newUAS(t, Config{AnswerDelay: time.Hour}, demo.LedgerConfig{})
 	c := newCaller(t)
 	ctx := ctxT(t)
-	sess, err := c.dialog.Invite(ctx, target(t, u, "tcp"), nil)
+	sess, err := c.dialog("tcp").Invite(ctx, target(t, u, "tcp"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
