@@ -312,6 +312,14 @@ func (u *UAS) guard(h sipgo.RequestHandler) sipgo.RequestHandler {
 		u.mu.Lock()
 		if u.closed {
 			u.mu.Unlock()
+			// sipgo handles each message on a goroutine of its own. One that
+			// starts a transaction after Close has cleared the connection
+			// pools opens a fresh connection to answer on; close it, or its
+			// reader goroutine outlives the UAS. (A UDP listener's
+			// connection ignores Close.)
+			if stx, ok := tx.(*sip.ServerTx); ok && stx.Connection() != nil {
+				stx.Connection().Close()
+			}
 			return
 		}
 		u.handlers.Add(1)
