@@ -98,12 +98,13 @@ type seenReq struct {
 // uas is a fake SIP backend on a UDP socket, answering with sipgo-built
 // responses. It records every request it gets.
 type uas struct {
-	t    testing.TB
-	conn *net.UDPConn
-	addr netip.AddrPort
-	mode atomic.Int32
-	name string
-	drop atomic.Bool // do not record requests (load tests)
+	t        testing.TB
+	conn     *net.UDPConn
+	addr     netip.AddrPort
+	mode     atomic.Int32
+	name     string
+	drop     atomic.Bool  // do not record requests (load tests)
+	pingCode atomic.Int32 // answer to OPTIONS; 0 is 200
 
 	mu   sync.Mutex
 	seen []seenReq
@@ -208,6 +209,10 @@ func (u *uas) answer(req *gosip.Request, from netip.AddrPort) {
 		}
 	default:
 		if u.mode.Load() == modeSilent {
+			return
+		}
+		if req.Method == gosip.OPTIONS && u.pingCode.Load() == 503 {
+			u.respond(req, from, 503, "Service Unavailable", gosip.NewHeader("Retry-After", "60"))
 			return
 		}
 		u.respond(req, from, 200, "OK")

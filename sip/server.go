@@ -114,7 +114,23 @@ func newParser() *gosip.Parser {
 
 // Start opens the UDP socket and TCP listener and serves until Close or
 // ctx is done.
+//
+// Backends are pinged with OPTIONS when HealthInterval is set. Memory
+// probes of -sip-backend metrics=URL are not started here: the caller
+// builds them around the MOP limiters it hands over in Deps.MOP.
 func (s *Server) Start(ctx context.Context) error {
+	var hc *lb.HealthChecker
+	if s.cfg.HealthInterval > 0 {
+		var err error
+		hc, err = lb.NewHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
+			Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}, s.log)
+		if err != nil {
+			return fmt.Errorf("sip health: %w", err)
+		}
+		for _, b := range s.pool.list {
+			hc.Add(b.lb, optionsProber{s})
+		}
+	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.parser.MaxMessageLength = s.cfg.MaxMessage
 	uaddr, err := net.ResolveUDPAddr("udp", s.cfg.Listen)
@@ -151,36 +167,16 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.serveUDP()
 	go s.serveTCP()
 	go s.tick()
-	if s.cfg.HealthInterval > 0 {
-		hc, err := lb.NewHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
-			Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}, s.log)
-		if err != nil {
-			return fmt.Errorf("sip health: %w", err)
-		}
-		for _, b := range s.pool.list {
-			hc.Add(b.lb, optionsProber{s})
-		}
+	if hc != nil {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			hc.Run(s.ctx)
 		}()
 	}
-	for _, b := range s.pool.list {
-		if b.cfg.MetricsURL == "" {
-			continue
-		}
-		mp, err := lb.NewMemoryProbe(b.lb, lb.MemoryProbeConfig{URL: b.cfg.MetricsURL}, s.clock, s.log)
-		if err != nil {
-			return fmt.Errorf("sip memory probe: %w", err)
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			mp.Run(s.ctx)
-		}()
-	}
+	s.wg.Add(1)
 	go func() {
+		defer s.wg.Done()
 		<-s.ctx.Done()
 		s.shutdown()
 	}()

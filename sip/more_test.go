@@ -1,0 +1,100 @@
+package sip
+
+import (
+	"testing"
+	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/lb"
+)
+
+// TestCallIDFallback: a client that ignores Record-Route (sipp -sn uac)
+// sends ACK and BYE to the balancer with no Route; the Call-ID hash takes
+// them to the INVITE's backend.
+func TestCallIDFallback(t *testing.T) {
+	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+	s := testServer(t, []*uas{b1, b2}, nil, nil)
+	c := newUAC(t, s.udpAddr())
+	for i := 0; i < 20; i++ {
+		k := c.newCall()
+		k.invite("")
+		c.recvResponse(180)
+		k.learn(c.recvResponse(200))
+		k.route = nil
+		k.target = "sip:service@" + s.udpAddr().String() // like sipp's built-in uac
+		k.inDialog("ACK", 1, k.branch+"-ack")
+		k.inDialog("BYE", 2, k.branch+"-bye")
+		c.recvResponse(200)
+		home := b1
+		if b1.count(gosip.INVITE, k.callID) == 0 {
+			home = b2
+		}
+		if home.count(gosip.BYE, k.callID) != 1 {
+			t.Fatalf("call %d: BYE not at the INVITE's backend", i)
+		}
+	}
+	if s.metrics.CallIDFallback.Load() != 40 {
+		t.Errorf("fallback count %d, want 40", s.metrics.CallIDFallback.Load())
+	}
+}
+
+// TestDelayedNewWork: an ARM rule with action=delay holds INVITEs over its
+// limit (answering 100 Trying) and releases them when the window moves
+// on; the calls then complete.
+func TestDelayedNewWork(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, []string{"name=inv,proto=sip,method=INVITE,limit=2/s,action=delay,queue=10,wait=5s"}, nil)
+	c := newUAC(t, s.udpAddr())
+	var ks []*call
+	for i := 0; i < 4; i++ {
+		k := c.newCall()
+		k.invite("")
+		ks = append(ks, k)
+	}
+	got := map[string]int{}
+	for len(got) < 4 {
+		m := c.recv()
+		if m == nil {
+			t.Fatalf("only %d of 4 calls answered", len(got))
+		}
+		if res, ok := m.(*gosip.Response); ok && res.StatusCode == 200 {
+			got[res.CallID().Value()]++
+		}
+	}
+	if s.metrics.Delayed.Load() != 2 || s.metrics.Refused.Load() != 0 {
+		t.Errorf("delayed %d refused %d, want 2 and 0", s.metrics.Delayed.Load(), s.metrics.Refused.Load())
+	}
+}
+
+// TestHealthOptions: OPTIONS pings take a silent backend down and bring it
+// back; a backend answering pings with 503 drains for its Retry-After.
+func TestHealthOptions(t *testing.T) {
+	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+	b1.mode.Store(modeSilent)
+	s := testServer(t, []*uas{b1, b2}, nil, func(c *Config) {
+		c.HealthInterval = 50 * time.Millisecond
+		c.HealthTimeout = 40 * time.Millisecond
+		c.HealthRise, c.HealthFall = 1, 2
+	})
+	state := func(b *backend) lb.State { return b.lb.State(s.clock.Now()) }
+	eventually(t, "silent backend down", func() bool { return state(s.pool.list[0]) == lb.Down })
+	if state(s.pool.list[1]) != lb.Up {
+		t.Errorf("answering backend is %s", state(s.pool.list[1]))
+	}
+	b1.mode.Store(modeAnswer)
+	eventually(t, "backend up again", func() bool { return state(s.pool.list[0]) == lb.Up })
+
+	// A ping answered 503 drains b2.
+	b2.mode.Store(mode503)
+	b2.pingCode.Store(503)
+	eventually(t, "503 backend draining", func() bool { return state(s.pool.list[1]) == lb.Draining })
+	c := newUAC(t, s.udpAddr())
+	for i := 0; i < 5; i++ {
+		k := c.newCall()
+		k.complete()
+		if b1.count(gosip.BYE, k.callID) != 1 {
+			t.Fatalf("call %d not on the backend that is up", i)
+		}
+	}
+}
