@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# SIP benchmark and interop legs for sluice, on loopback (127.0.0.1) only.
+#
+# usage: bench/sip.sh [sweep|ci|overload|all]      (default: sweep)
+#   sweep     ../shared/peers/run.sh sip-target with sluice as the third
+#             system: SIPp uac_rr.xml -> sluice udp :5080 -> SIPp uas_rr.xml
+#             on :5071/:5072, sluice pinned to CPU0 and SIPp to CPU1 like the
+#             peers; prints the highest clean call rate next to Kamailio
+#             stateful and stateless from the peers' RESULTS.md.
+#   overload  run.sh sip-target-overload: uac_overload.xml at OVL_RATE
+#             (600) calls/s against an INVITE limit of OVL_LIMIT (300)/s;
+#             fails if any established call fails.
+#   ci        short legs, no peers needed: 200 calls/s for 10 s with SIPp's
+#             built-in uac/uas (no Record-Route awareness: Call-ID fallback)
+#             and with the record-route scenarios, plus a short overload run;
+#             fails on any failed call.
+#   all       sweep, then overload.
+# Knobs (env): PEERS=/work/shared/peers CI_RATE=200 CI_SECS=10 LB_PORT=5080
+#   OVL_LIMIT=300 OVL_RATE=600 OUT=$TMPDIR/sluice-bench/sip-<timestamp> and run.sh's own
+#   (SIP_RATES, SIP_SECS, PIN, LB_CPUS, GEN_CPUS, ...).
+# Every process is started by this script, bounded by `timeout`, and
+# stopped by its PID.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd -P)
+MODE=${1:-sweep}
+PEERS=${PEERS:-$ROOT/../shared/peers}
+[ -d "$PEERS" ] || PEERS=/work/shared/peers
+CI_RATE=${CI_RATE:-200}
+CI_SECS=${CI_SECS:-10}
+LB_PORT=${LB_PORT:-5080}
+OVL_LIMIT=${OVL_LIMIT:-300}
+OVL_RATE=${OVL_RATE:-600}
+OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/sip-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd -P)
+BIN=$OUT/sluice
+
+log() { echo "[$(date +%T)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+command -v sipp >/dev/null || die "sipp not installed (scripts/install-test-deps.sh)"
+log "building sluice into $BIN"
+go build -o "$BIN" ./cmd/sluice || die "build failed"
+
+# The sluice command line of every leg: UDP :LB_PORT, two UDP backends, no
+# OPTIONS pings (SIPp answerers would count them as unexpected calls).
+lb_cmd() {   # lb_cmd [extra flags...]
+    echo "exec $BIN sip -sip-listen 127.0.0.1:$LB_PORT -sip-backend 127.0.0.1:5071 -sip-backend 127.0.0.1:5072" \
+        "-sip-health-interval 0 -sip-udp-buffer 4194304 -affinity-key-file $OUT/affinity.key -log-level warn $*"
+}
+
+STARTED=()
+start() {   # start NAME CMD... (background, bounded, logged); sets LASTPID
+    local name=$1; shift
+    timeout -k 5 600 "$@" > "$OUT/$name.log" 2>&1 &
+    LASTPID=$!
+    STARTED+=("$LASTPID")
+}
+stop_all() {
+    local p
+    for p in "${STARTED[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${STARTED[@]}"; do wait "$p" 2>/dev/null; done
+    STARTED=()
+}
+trap stop_all EXIT
+wait_udp() { for _ in $(seq 100); do ss -Hlun "sport = :$1" | grep -q . && return 0; sleep 0.1; done; die "nothing on udp $1"; }
+free_udp() { ss -Hlun "sport = :$1" | grep -q . && die "udp port $1 already in use"; return 0; }
+csvcol() { awk -F';' -v c="$2" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == c) k = i } END { print (k ? $k : "") }' "$1"; }
+
+# ci_leg NAME UAS_ARGS UAC_ARGS: 2 answerers, sluice, one bounded UAC run.
+FAILED=0
+ci_leg() {
+    local name=$1 uas=$2 uac=$3 dir=$OUT/$1 n=$((CI_RATE * CI_SECS)) ok fail p
+    mkdir -p "$dir"
+    for p in 5071 5072; do free_udp $p; done
+    free_udp "$LB_PORT"
+    for p in 5071 5072; do
+        start "$name-uas$p" bash -c "cd $dir && exec sipp $uas -i 127.0.0.1 -p $p -nostdin -buff_size 1048576"
+    done
+    wait_udp 5071; wait_udp 5072
+    start "$name-sluice" bash -c "$(lb_cmd "${LB_EXTRA:-}")"
+    wait_udp "$LB_PORT"
+    log "$name: sipp $uac at $CI_RATE calls/s for $n calls"
+    (cd "$dir" && timeout $((CI_SECS + 60)) sipp "127.0.0.1:$LB_PORT" $uac -i 127.0.0.1 -p 5061 -r "$CI_RATE" -m "$n" \
+        -nostdin -timeout $((CI_SECS + 40))s -recv_timeout 8000 -buff_size 1048576 -trace_stat -stf stat.csv -fd 1 \
+        ${UAC_EXTRA:-} > uac.out 2>&1)
+    ok=$(csvcol "$dir/stat.csv" 'SuccessfulCall(C)'); fail=$(csvcol "$dir/stat.csv" 'FailedCall(C)')
+    log "$name: successful=${ok:-0} failed=${fail:-?} of $n retrans=$(csvcol "$dir/stat.csv" 'Retransmissions(C)')"
+    if [ "${ok:-0}" != "$n" ] || [ "${fail:-1}" != 0 ]; then
+        log "$name: FAILED (see $dir)"
+        FAILED=1
+    fi
+    stop_all
+}
+
+# ci_overload: uac_overload.xml above an INVITE limit; every call must end
+# cleanly (200 or 503) and none may fail.
+ci_overload() {
+    local dir=$OUT/ci-overload n=$((OVL_RATE * 5)) c200 c503 fail
+    mkdir -p "$dir"
+    for p in 5071 5072; do
+        start "ovl-uas$p" bash -c "cd $dir && exec sipp -sf $PEERS/sip/uas_rr.xml -i 127.0.0.1 -p $p -nostdin -buff_size 1048576"
+    done
+    wait_udp 5071; wait_udp 5072
+    start "ovl-sluice" bash -c "$(lb_cmd "-arm name=invites,proto=sip,method=INVITE,limit=$OVL_LIMIT/s,action=reject")"
+    wait_udp "$LB_PORT"
+    log "ci-overload: uac_overload.xml at $OVL_RATE calls/s, limit $OVL_LIMIT/s, $n calls"
+    (cd "$dir" && timeout 90 sipp "127.0.0.1:$LB_PORT" -sf "$PEERS/sip/uac_overload.xml" -i 127.0.0.1 -p 5061 -r "$OVL_RATE" -m "$n" \
+        -nostdin -timeout 60s -recv_timeout 8000 -buff_size 1048576 -trace_stat -stf stat.csv -fd 1 -trace_counts > uac.out 2>&1)
+    local cnt; cnt=$(ls "$dir"/*_counts.csv 2>/dev/null | head -1)
+    c200=$(csvcol "$cnt" 5_200_Recv); c503=$(csvcol "$cnt" 4_503_Recv); fail=$(csvcol "$dir/stat.csv" 'FailedCall(C)')
+    log "ci-overload: 200=$c200 503=$c503 failed=$fail"
+    if [ "${fail:-1}" != 0 ] || [ "${c503:-0}" = 0 ] || [ $(( ${c200:-0} + ${c503:-0} )) != "$n" ]; then
+        log "ci-overload: FAILED (see $dir)"
+        FAILED=1
+    fi
+    stop_all
+}
+
+kamailio_figure() {   # kamailio_figure 'sip-kamailio (tm' -> "4,000"
+    grep -F "| $1" "$PEERS/RESULTS.md" | grep -o '\*\*[0-9,]*\*\*' | head -1 | tr -d '*'
+}
+
+sweep() {
+    log "sweep: $PEERS/run.sh sip-target 127.0.0.1:$LB_PORT (sluice pinned to CPU${LB_CPUS:-0}, GOMAXPROCS follows the pinning)"
+    LB_SIP_ADDR=127.0.0.1:$LB_PORT LB_SIP_CMD="$(lb_cmd)" OUT=$OUT/sweep "$PEERS/run.sh" sip-target "127.0.0.1:$LB_PORT" \
+        2>&1 | tee "$OUT/sweep.log"
+    local best
+    best=$(awk -F'\t' '$1 == "sip-target" && $2 == "max_clean_cps" { print $3 }' "$OUT/sweep/results.tsv")
+    echo
+    echo "== SIP, highest clean call rate (all calls succeed, no retransmissions), 10 s per point"
+    printf '%-36s %s\n' "sluice (stateful new work, stateless in-dialog)" "${best:-?} calls/s"
+    printf '%-36s %s\n' "Kamailio stateful (tm), RESULTS.md" "$(kamailio_figure 'sip-kamailio (tm')  calls/s"
+    printf '%-36s %s\n' "Kamailio stateless, RESULTS.md" "$(kamailio_figure 'sip-kamailio-sl')  calls/s"
+    grep -E '^sip-target' "$OUT/sweep/results.tsv" | sed 's/^/  /'
+}
+
+overload() {
+    LB_SIP_ADDR=127.0.0.1:$LB_PORT OVL_LIMIT=$OVL_LIMIT OVL_RATE=$OVL_RATE \
+        LB_SIP_CMD="$(lb_cmd "-arm name=invites,proto=sip,method=INVITE,limit=$OVL_LIMIT/s,action=reject")" \
+        OUT=$OUT/overload "$PEERS/run.sh" sip-target-overload "127.0.0.1:$LB_PORT" 2>&1 | tee "$OUT/overload.log"
+    local f
+    f=$(awk -F'\t' '$1 == "sip-target-overload" && $2 == "failed_calls" { print $3 }' "$OUT/overload/results.tsv")
+    echo "overload: failed calls: ${f:-?}"
+    case $f in 0*) ;; *) FAILED=1 ;; esac
+}
+
+case $MODE in
+    ci)
+        ci_leg ci-builtin "-sn uas" "-sn uac"
+        ci_leg ci-record-route "-sf $PEERS/sip/uas_rr.xml" "-sf $PEERS/sip/uac_rr.xml"
+        ci_overload ;;
+    sweep) sweep ;;
+    overload) overload ;;
+    all) sweep; overload ;;
+    *) die "unknown mode $MODE (sweep, ci, overload, all)" ;;
+esac
+[ "$FAILED" = 0 ] || { log "FAILED"; exit 1; }
+log "ok (logs in $OUT)"
