@@ -179,12 +179,15 @@ func New(cfg Config) (*UAS, error) {
 		}
 		u.ledger, u.ownLedger = l, true
 	}
-	if err := u.listen(); err != nil {
+	fail := func(err error) (*UAS, error) {
 		u.closeListeners()
 		if u.ownLedger {
 			u.ledger.Close()
 		}
 		return nil, fmt.Errorf("sip backend %s: %w", cfg.Name, err)
+	}
+	if err := u.listen(); err != nil {
+		return fail(err)
 	}
 
 	sipLog := slog.New(demoteHandler{u.logger.Handler()})
@@ -199,20 +202,12 @@ func New(cfg Config) (*UAS, error) {
 		),
 	)
 	if err != nil {
-		u.closeListeners()
-		if u.ownLedger {
-			u.ledger.Close()
-		}
-		return nil, fmt.Errorf("sip backend %s: create user agent: %w", cfg.Name, err)
+		return fail(fmt.Errorf("create user agent: %w", err))
 	}
 	srv, err := sipgo.NewServer(ua, sipgo.WithServerLogger(sipLog))
 	if err != nil {
 		ua.Close()
-		u.closeListeners()
-		if u.ownLedger {
-			u.ledger.Close()
-		}
-		return nil, fmt.Errorf("sip backend %s: create server: %w", cfg.Name, err)
+		return fail(fmt.Errorf("create server: %w", err))
 	}
 	u.ua, u.srv = ua, srv
 	// The handler map has no lock: register everything before serving.
