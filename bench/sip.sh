@@ -15,7 +15,7 @@
 #             and with the record-route scenarios, plus a short overload run;
 #             fails on any failed call.
 #   all       sweep, then overload.
-# Knobs (env): PEERS=/work/shared/peers CI_RATE=200 CI_SECS=10 LB_PORT=5080
+# Knobs (env): PEERS=/work/shared/peers CI_RATE=200 CI_SECS=10 LB_PORT=5060 (the port Kamailio has in the peers run, so run.sh counts its drops)
 #   OVL_LIMIT=300 OVL_RATE=600 OUT=$TMPDIR/sluice-bench/sip-<timestamp> and run.sh's own
 #   (SIP_RATES, SIP_SECS, PIN, LB_CPUS, GEN_CPUS, ...).
 # Every process is started by this script, bounded by `timeout`, and
@@ -28,7 +28,7 @@ PEERS=${PEERS:-$ROOT/../shared/peers}
 [ -d "$PEERS" ] || PEERS=/work/shared/peers
 CI_RATE=${CI_RATE:-200}
 CI_SECS=${CI_SECS:-10}
-LB_PORT=${LB_PORT:-5080}
+LB_PORT=${LB_PORT:-5060}
 OVL_LIMIT=${OVL_LIMIT:-300}
 OVL_RATE=${OVL_RATE:-600}
 OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/sip-$(date +%Y%m%d-%H%M%S)}
