@@ -257,8 +257,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, now int64) {
 func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
-	fromBackend := s.pool.byAddr[src.addr] != nil && src.conn == nil ||
-		src.conn != nil && s.pool.byAddr[src.addr] != nil
+	fromBackend := s.pool.byAddr[src.addr] != nil
 	if had {
 		id, ok := s.verifyToken(token, callID)
 		if !ok {
@@ -344,11 +343,11 @@ func (s *Server) forwardDownstream(req *gosip.Request, src source) {
 				s.metrics.SendErrors.Add(1)
 				return
 			}
-			s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ips[0].Unmap(), uint16(port)), tcp: tcp}, "down")
+			s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ips[0].Unmap(), uint16(port)), tcp: tcp, dial: true}, "down")
 		}()
 		return
 	}
-	s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ip.Unmap(), uint16(uriPort(u))), tcp: tcp}, "down")
+	s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ip.Unmap(), uint16(uriPort(u))), tcp: tcp, dial: true}, "down")
 }
 
 // answerOptions answers an OPTIONS addressed to the balancer itself, so

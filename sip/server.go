@@ -311,6 +311,7 @@ func (s *Server) handleDatagram(data []byte, src source) {
 type target struct {
 	addr netip.AddrPort
 	tcp  bool
+	dial bool // open a TCP connection when there is none
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -341,7 +342,10 @@ func (s *Server) sendBytes(p []byte, t target) error {
 	}
 	c := s.tcp.get(t.addr)
 	if c == nil {
-		if s.pool.byAddr[t.addr] != nil || true {
+		// Dial backends (the message is lost; new work fails over), and
+		// clients for requests going downstream. A response whose client
+		// connection is gone is dropped.
+		if s.pool.byAddr[t.addr] != nil || t.dial {
 			s.dialAsync(t.addr)
 		}
 		s.metrics.SendErrors.Add(1)

@@ -64,6 +64,17 @@ type txn struct {
 	sent100   bool
 	lastFinal []byte // the final answer given to the client, for its retransmissions
 	prepared  bool
+	acquired  bool // cur counts this attempt as outstanding
+}
+
+// settleLocked ends the current attempt's outstanding count on its backend
+// with result r (lb passive health and least-outstanding selection). The
+// caller holds txnTable.mu.
+func (t *txn) settleLocked(now int64, r lb.Result) {
+	if t.acquired && t.cur != nil {
+		t.cur.lb.Release(now, r)
+	}
+	t.acquired = false
 }
 
 // txnTable indexes live transactions by client key and by our branch.
@@ -101,6 +112,7 @@ func (tt *txnTable) create(ckey string, req *gosip.Request, src source, now int6
 }
 
 func (tt *txnTable) removeLocked(t *txn) {
+	t.settleLocked(0, lb.Abandoned)
 	if tt.byClient[t.ckey] == t {
 		delete(tt.byClient, t.ckey)
 	}
@@ -277,7 +289,10 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	req.StringWrite(buf)
 	wire := append([]byte(nil), buf.Bytes()...)
 	bufPool.Put(buf)
+	t.settleLocked(now, lb.Abandoned)
 	t.cur, t.branch, t.wire = b, branch, wire
+	t.acquired = true
+	b.lb.Acquire()
 	t.branches = append(t.branches, branch)
 	t.state = stCalling
 	t.sentAt = now
@@ -290,6 +305,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		s.log.Debug("sip forward new work", "err", err, "upstream", b.id)
 		s.txns.mu.Lock()
 		delete(s.txns.byBranch, branch)
+		t.settleLocked(now, lb.ConnectError)
 		s.txns.mu.Unlock()
 		return false
 	}
@@ -348,6 +364,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 	case code == 503:
 		canceled := t.canceled
 		t.state = stSwitching
+		t.settleLocked(now, lb.ServerError)
 		s.txns.mu.Unlock()
 		s.metrics.Backend503.Add(1)
 		cur.drain(now, s.retryAfter(res))
@@ -360,6 +377,11 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 		}
 		s.attempt(t, now, true)
 	default:
+		if code >= 500 {
+			t.settleLocked(now, lb.ServerError)
+		} else {
+			t.settleLocked(now, lb.OK)
+		}
 		if t.invite && code >= 300 {
 			t.state = stCompleted
 			t.expires = now + int64(completedLinger)
@@ -446,6 +468,7 @@ func (s *Server) finishLocal(t *txn, code int, reason string, extra []string) {
 	p := s.buildReply(t.req, code, reason, extra...)
 	dst := s.replyTarget(t.req, t.src)
 	if t.invite {
+		t.settleLocked(0, lb.Abandoned)
 		t.state = stCompleted
 		t.cur = nil
 		t.expires = s.clock.Now() + int64(completedLinger)
@@ -491,6 +514,7 @@ func (s *Server) txnTimers(now int64) {
 		case stCalling:
 			if now >= t.deadline {
 				t.state = stSwitching
+				t.settleLocked(now, lb.Timeout)
 				acts = append(acts, action{t: t, kind: doFailover})
 				continue
 			}
