@@ -163,6 +163,11 @@ func (s *Server) Start(ctx context.Context) error {
 		return err
 	}
 	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(s.pool.list), "policy", s.cfg.Policy)
+	for _, b := range s.pool.list {
+		if b.tcp {
+			s.dialAsync(b.addr) // so the first request finds a connection
+		}
+	}
 	s.wg.Add(3)
 	go s.serveUDP()
 	go s.serveTCP()

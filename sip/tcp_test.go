@@ -166,3 +166,116 @@ func TestTCPManyConnections(t *testing.T) {
 		t.Error("refused connection not counted")
 	}
 }
+
+// tcpUAS is a fake backend on TCP: it answers INVITE with 180 and 200 and
+// everything else but ACK with 200, on the connection the request came on.
+type tcpUAS struct {
+	ln   net.Listener
+	addr string
+	got  chan string // methods received
+	done chan struct{}
+}
+
+func newTCPUAS(t *testing.T) *tcpUAS {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &tcpUAS{ln: ln, addr: ln.Addr().String(), got: make(chan string, 100), done: make(chan struct{})}
+	var conns []net.Conn
+	go func() {
+		defer close(u.done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				for _, c := range conns {
+					c.Close()
+				}
+				return
+			}
+			conns = append(conns, c)
+			go u.serve(c)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-u.done
+	})
+	return u
+}
+
+func (u *tcpUAS) serve(c net.Conn) {
+	var buf []byte
+	chunk := make([]byte, 4096)
+	for {
+		n, err := c.Read(chunk)
+		if err != nil {
+			return
+		}
+		buf = append(buf, chunk[:n]...)
+		for {
+			size, ok, ferr := frame(buf, 1<<20)
+			if ferr != nil || !ok {
+				break
+			}
+			m, perr := gosip.ParseMessage(append([]byte(nil), buf[:size]...))
+			buf = buf[size:]
+			req, isReq := m.(*gosip.Request)
+			if perr != nil || !isReq {
+				continue
+			}
+			u.got <- string(req.Method)
+			answer := func(code int, reason string) {
+				res := gosip.NewResponseFromRequest(req, code, reason, nil)
+				if code > 100 {
+					res.To().Params.Add("tag", "tcpuas")
+					res.AppendHeader(&gosip.ContactHeader{Address: gosip.Uri{Scheme: "sip", Host: "127.0.0.1", UriParams: gosip.HeaderParams{{K: "transport", V: "tcp"}}}})
+				}
+				_, _ = c.Write([]byte(res.String()))
+			}
+			switch req.Method {
+			case gosip.ACK:
+			case gosip.INVITE:
+				answer(180, "Ringing")
+				answer(200, "OK")
+			default:
+				answer(200, "OK")
+			}
+		}
+	}
+}
+
+// TestTCPBackend: a UDP client's call to a backend reached over TCP
+// (transport=tcp), with double record-routing.
+func TestTCPBackend(t *testing.T) {
+	be := newTCPUAS(t)
+	s := testServer(t, nil, nil, func(c *Config) {
+		c.Backends = []BackendConfig{{ID: "tcp1", Addr: be.addr, Transport: "tcp", Weight: 1}}
+	})
+	eventually(t, "connection to the backend", func() bool { return s.tcp.len() == 1 })
+	c := newUAC(t, s.udpAddr())
+	k := c.newCall()
+	k.invite("")
+	c.recvResponse(180)
+	ok := c.recvResponse(200)
+	k.learn(ok)
+	if len(k.route) != 2 {
+		t.Fatalf("route set %v: want two entries (double record-route)", k.route)
+	}
+	k.inDialog("ACK", 1, k.branch+"-ack")
+	k.inDialog("BYE", 2, k.branch+"-bye")
+	c.recvResponse(200)
+	var got []string
+	for len(got) < 3 {
+		select {
+		case m := <-be.got:
+			got = append(got, m)
+		case <-time.After(wait):
+			t.Fatalf("backend got %v", got)
+		}
+	}
+	if strings.Join(got, ",") != "INVITE,ACK,BYE" {
+		t.Errorf("backend got %v", got)
+	}
+}
