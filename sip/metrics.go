@@ -57,22 +57,31 @@ func (s *Server) Metrics() *Metrics { return &s.metrics }
 
 // BackendStatus is a point-in-time view of one backend.
 type BackendStatus struct {
-	ID        string
-	Addr      string
-	Transport string
-	Weight    int
-	Up        bool
-	Draining  bool
+	ID          string
+	Addr        string
+	Transport   string
+	Weight      int
+	Up          bool  // not down (health checks, passive ejection)
+	Draining    bool  // up but taking no new work (503 Retry-After, operator drain)
+	Outstanding int64 // new-work transactions waiting for a final answer
+	Requests    uint64
+	Failures    uint64
 }
+
+// Pool returns the lb pool of the SIP backends (for /status and persisting
+// their MOP state).
+func (s *Server) Pool() *lb.Pool { return s.pool.lb }
 
 // Backends returns the state of every backend.
 func (s *Server) Backends() []BackendStatus {
 	now := s.clock.Now()
 	out := make([]BackendStatus, 0, len(s.pool.list))
 	for _, b := range s.pool.list {
+		st := b.lb.Status(now)
 		out = append(out, BackendStatus{
 			ID: b.id, Addr: b.addr.String(), Transport: b.transport(), Weight: b.lb.Weight(),
-			Up: b.lb.State(now) != lb.Down, Draining: b.lb.State(now) == lb.Draining,
+			Up: st.State != lb.Down, Draining: st.State == lb.Draining,
+			Outstanding: st.Outstanding, Requests: st.Requests, Failures: st.Failures,
 		})
 	}
 	return out

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -162,7 +163,7 @@ func (s *Server) Start(ctx context.Context) error {
 		s.tcpLn.Close()
 		return err
 	}
-	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(s.pool.list), "policy", s.cfg.Policy)
+	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(s.pool.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0))
 	for _, b := range s.pool.list {
 		if b.tcp {
 			s.dialAsync(b.addr) // so the first request finds a connection
