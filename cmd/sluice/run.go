@@ -1,0 +1,576 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/admission"
+	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/persist"
+	lbsip "github.com/sluicelb/sluice/sip"
+)
+
+func init() {
+	register("run", "run the balancer: HTTP and SIP front ends, admission control, admin listener", runRun)
+}
+
+// runOptions holds the flags of `sluice run`.
+type runOptions struct {
+	http         lbhttp.Config
+	httpBackends listFlag
+	trusted      listFlag
+	policy       string
+	health       lb.HealthConfig
+	passive      lb.PassiveConfig
+	arm          listFlag
+	mop          admission.MOPConfig
+	mopMaxHeap   fraction
+	mopReject    int
+	mopProbe     lb.MemoryProbeConfig
+	mem          admission.MemoryConfig
+	memLimit     byteSize
+	memLow       fraction
+	memLower     fraction
+	memCritical  fraction
+	keyFile      string
+	persist      persist.Config
+	adminListen  string
+	logLevel     string
+	shutdown     time.Duration
+	cpuProfile   string
+	sip          *sipOptions
+}
+
+// newRunFlags defines the flags of `sluice run` on fs and returns where
+// they land, and the names whose SLUICE_* twin applyEnv handles (the SIP
+// flags read their twins themselves).
+func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
+	o := &runOptions{}
+	h := &o.http
+	fs.StringVar(&h.Listen, "http-listen", ":8080", "HTTP listen address")
+	o.httpBackends.check = func(s string) error { _, err := lbhttp.ParseBackend(s); return err }
+	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME] (repeatable; none: no HTTP front end)")
+	o.trusted.check = func(s string) error { _, err := lbhttp.ParseTrustedProxies(s); return err }
+	fs.Var(&o.trusted, "http-trusted-proxy", "`CIDR` whose X-Forwarded-For/Forwarded are kept and appended to (repeatable, or comma-separated)")
+	fs.StringVar(&h.StickyCookie, "http-sticky-cookie", "SLUICE", "name of the signed sticky cookie; - disables it")
+	fs.DurationVar(&h.StickyTTL, "http-sticky-ttl", time.Hour, "lifetime of the sticky cookie (renewed past half)")
+	fs.StringVar(&h.AppCookie, "http-sticky-app-cookie", "", "application session cookie to learn from backends' Set-Cookie, e.g. JSESSIONID")
+	fs.DurationVar(&h.AppCookieTTL, "http-sticky-app-ttl", 30*time.Minute, "a learned session id pins its backend this long after last use")
+	fs.IntVar(&h.AppCookieMax, "http-sticky-app-max", 100000, "most learned session ids kept")
+	fs.StringVar(&h.HashKey, "http-hash-key", "source", "key of -lb-policy consistent-hash: source, header:NAME or cookie:NAME")
+	fs.IntVar(&h.MaxConns, "http-backend-max-conns", 1024, "most connections to each HTTP backend")
+	fs.DurationVar(&h.ConnWait, "http-backend-conn-wait", 100*time.Millisecond, "wait for a free backend connection before answering 503")
+	fs.DurationVar(&h.ConnectTimeout, "http-connect-timeout", 2*time.Second, "timeout dialing a backend")
+	fs.DurationVar(&h.BackendTimeout, "http-backend-timeout", 30*time.Second, "timeout writing a request to and reading the answer from a backend (504 past it)")
+	fs.DurationVar(&h.BackendIdle, "http-backend-idle", 30*time.Second, "close backend connections idle this long (keep it below the backends' keep-alive timeout)")
+	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", 60*time.Second, "timeout reading a client request")
+	fs.DurationVar(&h.ClientIdle, "http-client-idle", 120*time.Second, "close idle client connections after this long")
+	fs.IntVar(&h.StreamThreshold, "http-stream-threshold", 1<<20, "request bodies larger than this many bytes are streamed to the backend, not buffered")
+
+	fs.StringVar(&o.policy, "lb-policy", "round-robin", "HTTP selection of new work: round-robin, weighted-round-robin, least-outstanding, p2c, consistent-hash")
+	fs.DurationVar(&o.health.Interval, "health-interval", 2*time.Second, "active health check period per backend (0 disables)")
+	fs.DurationVar(&o.health.Timeout, "health-timeout", time.Second, "timeout of one health probe")
+	fs.IntVar(&o.health.Rise, "health-rise", 2, "passing probes in a row that bring a backend up")
+	fs.IntVar(&o.health.Fall, "health-fall", 3, "failing probes in a row that take a backend down")
+	fs.IntVar(&o.passive.MaxFails, "health-max-fails", 3, "consecutive connect errors, timeouts or 5xx that eject a backend (0 disables)")
+	fs.DurationVar(&o.passive.Cooldown, "health-cooldown", 10*time.Second, "how long an ejected backend stays out")
+
+	o.arm.check = func(s string) error { _, err := admission.ParseRule(s); return err }
+	fs.Var(&o.arm, "arm", "ARM `rule` name=N,limit=100/s[,proto=,method=,host=,path=,action=delay|reject|log,queue=,wait=,qualify=,low=,lower=] (repeatable)")
+	o.mopMaxHeap = 0.85
+	fs.Var(&o.mopMaxHeap, "mop-max-heap", "MOP memory ceiling of a backend, fraction of its max memory (0.85) or percent (85)")
+	fs.DurationVar(&o.mop.Window, "mop-window", 60*time.Second, "MOP averaging window: at least as long as most sessions live")
+	fs.Float64Var(&o.mop.InitialRate, "mop-initial-rate", 10, "MOP allowed new work per second before anything is learned")
+	fs.IntVar(&o.mopReject, "mop-reject-code", 503, "HTTP status when every backend's MOP refuses")
+	fs.StringVar(&o.mopProbe.UsedMetric, "mop-used-metric", lb.DefaultUsedMetric, "Prometheus series summed as a backend's used memory")
+	fs.StringVar(&o.mopProbe.MaxMetric, "mop-max-metric", lb.DefaultMaxMetric, "Prometheus series summed as a backend's maximum memory")
+	fs.DurationVar(&o.mopProbe.Interval, "mop-probe-interval", time.Second, "how often a backend's metrics= URL is polled")
+
+	fs.Var(&o.memLimit, "mem-limit", "memory limit of this process in bytes (e.g. 512MiB); default GOMEMLIMIT; without either, memory states are off")
+	o.memLow, o.memLower, o.memCritical = 0.70, 0.80, 0.90
+	fs.Var(&o.memLow, "mem-low", "memory state Low at this share of the limit (no new background work; /healthz 429)")
+	fs.Var(&o.memLower, "mem-lower", "memory state Lower at this share (new work refused 429)")
+	fs.Var(&o.memCritical, "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
+
+	fs.StringVar(&o.keyFile, "affinity-key-file", "", "HMAC key of sticky cookies and SIP tokens (default DATA-DIR/affinity.key; created when missing)")
+	persistFlags(fs, &o.persist)
+	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz and /status (empty disables)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may finish")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
+
+	var own []string
+	for n := range flagNames(fs) {
+		own = append(own, n)
+	}
+	o.sip = addSIPFlags(fs)
+	return o, own
+}
+
+// runRun is the run command: it serves until SIGINT or SIGTERM.
+func runRun(args []string, stdout, stderr io.Writer) int {
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	return run(ctx, args, stdout, stderr, nil)
+}
+
+// runHooks lets tests learn the bound addresses.
+type runHooks struct {
+	ready func(httpAddr, adminAddr net.Addr)
+}
+
+// run parses args, wires the parts, serves until ctx is done and then
+// shuts down gracefully. It returns 2 for a bad flag, 1 for a failure to
+// start.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *runHooks) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o, own := newRunFlags(fs)
+	if err := applyEnv(fs, own, os.LookupEnv); err != nil {
+		fmt.Fprintln(stderr, "sluice run:", err)
+		return 2
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sluice run: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	// The default -health-timeout (1s) follows a shorter -health-interval.
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	if !explicit["health-timeout"] && o.health.Interval > 0 && o.health.Timeout > o.health.Interval {
+		o.health.Timeout = o.health.Interval
+	}
+	p, err := o.build(stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "sluice run:", err)
+		return 2
+	}
+	if err := p.start(ctx, o, hooks); err != nil {
+		p.logger.Error("start failed", "err", err)
+		fmt.Fprintln(stderr, "sluice run:", err)
+		p.stop(o.shutdown)
+		return 1
+	}
+	<-ctx.Done()
+	p.logger.Info("shutting down", "timeout", o.shutdown)
+	p.stop(o.shutdown)
+	return 0
+}
+
+// plan is everything built from the flags before anything listens.
+type plan struct {
+	logger   *slog.Logger
+	clock    admission.Clock
+	events   admission.EventSink
+	mem      *admission.Memory
+	ctrl     *admission.Controller
+	signer   *lb.Signer
+	httpPool *lb.Pool
+	httpSrv  *lbhttp.Server
+	health   *lb.HealthChecker
+	probes   []*lb.MemoryProbe
+	sipSrv   *lbsip.Server
+	sipMOPs  map[string]*admission.MOP // by SIP backend id
+	admin    *admin.Server
+
+	// mops lists every backend's MOP limiter by its persist key
+	// (persist.MOPKey(proto, addr)), built before any front end serves:
+	// the place where learned states are imported at start and exported
+	// for saving.
+	mops []mopEntry
+
+	cpuProfile *os.File
+	stopFronts []func(context.Context) error // front ends, in start order
+	background sync.WaitGroup
+	cancel     context.CancelFunc
+}
+
+type mopEntry struct {
+	key string
+	mop *admission.MOP
+}
+
+// build validates the options and constructs every part. Errors name the
+// flag.
+func (o *runOptions) build(stderr io.Writer) (*plan, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", o.logLevel)
+	}
+	p := &plan{
+		logger:  slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})),
+		clock:   admission.MonoClock{},
+		sipMOPs: map[string]*admission.MOP{},
+	}
+	p.events = func(ev admission.Event) {
+		p.logger.Info("event", "kind", string(ev.Kind), "subject", ev.Subject, "msg", ev.Message)
+	}
+	if len(o.httpBackends.values) == 0 && !o.sip.enabled() {
+		return nil, errors.New("no backends: give -http-backend and/or -sip-backend")
+	}
+	if err := o.checkPositive(); err != nil {
+		return nil, err
+	}
+
+	var err error
+	o.mem = admission.MemoryConfig{Limit: int64(o.memLimit), Low: float64(o.memLow), Lower: float64(o.memLower), Critical: float64(o.memCritical)}
+	if p.mem, err = admission.NewMemory(o.mem, nil, p.events); err != nil {
+		return nil, err
+	}
+	var rules []admission.RuleConfig
+	for _, s := range o.arm.values {
+		rc, err := admission.ParseRule(s)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, rc)
+	}
+	if p.ctrl, err = admission.NewController(admission.ControllerConfig{Rules: rules, MOPRejectCode: o.mopReject, Events: p.events}, p.mem, p.clock.Now()); err != nil {
+		return nil, err
+	}
+	o.mop.MaxHeap = float64(o.mopMaxHeap)
+	if err := o.checkMOP(); err != nil {
+		return nil, err
+	}
+
+	keyFile := o.keyFile
+	if keyFile == "" {
+		keyFile = filepath.Join(o.persist.Dir, "affinity.key")
+	}
+	key, err := lb.LoadOrCreateKey(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("-affinity-key-file: %w", err)
+	}
+	if p.signer, err = lb.NewSigner(key); err != nil {
+		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)
+	}
+
+	if len(o.httpBackends.values) > 0 {
+		if err := p.buildHTTP(o); err != nil {
+			return nil, err
+		}
+	}
+	if o.sip.enabled() {
+		if err := p.buildSIP(o); err != nil {
+			return nil, err
+		}
+	}
+	if o.adminListen != "" {
+		p.admin = admin.New(p.logger)
+		p.admin.Handle("GET /healthz", admin.Healthz(p.mem))
+		p.admin.Handle("GET /status", admin.StatusHandler(admin.Source{Memory: p.mem, Controller: p.ctrl, Backends: p.backendStatus}))
+	}
+	return p, nil
+}
+
+// checkPositive rejects zero or negative values of the flags whose zero
+// value the packages would silently replace by their default.
+func (o *runOptions) checkPositive() error {
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"-mop-initial-rate", o.mop.InitialRate > 0},
+		{"-mop-window", o.mop.Window > 0},
+		{"-mop-probe-interval", o.mopProbe.Interval > 0},
+		{"-health-timeout", o.health.Timeout > 0},
+		{"-health-rise", o.health.Rise > 0},
+		{"-health-fall", o.health.Fall > 0},
+		{"-health-cooldown", o.passive.Cooldown > 0},
+		{"-health-max-fails", o.passive.MaxFails >= 0},
+		{"-http-sticky-ttl", o.http.StickyTTL > 0},
+		{"-http-sticky-app-ttl", o.http.AppCookieTTL > 0},
+		{"-http-sticky-app-max", o.http.AppCookieMax > 0},
+		{"-http-backend-max-conns", o.http.MaxConns > 0},
+		{"-http-connect-timeout", o.http.ConnectTimeout > 0},
+		{"-http-backend-timeout", o.http.BackendTimeout > 0},
+		{"-http-backend-idle", o.http.BackendIdle > 0},
+		{"-http-client-timeout", o.http.ClientReadTimeout > 0},
+		{"-http-client-idle", o.http.ClientIdle > 0},
+		{"-http-stream-threshold", o.http.StreamThreshold > 0},
+		{"-shutdown-timeout", o.shutdown > 0},
+	} {
+		if !c.ok {
+			return fmt.Errorf("%s must be positive", c.name)
+		}
+	}
+	return nil
+}
+
+// checkMOP validates the MOP flags once, before any backend needs them.
+func (o *runOptions) checkMOP() error {
+	c := o.mop
+	c.Name = "check"
+	_, err := admission.NewMOP(c)
+	return err
+}
+
+// newMOP builds the limiter of one backend with a memory probe.
+func (p *plan) newMOP(o *runOptions, proto, id, addr string) (*admission.MOP, error) {
+	c := o.mop
+	c.Name = proto + " " + id
+	c.Events = p.events
+	m, err := admission.NewMOP(c)
+	if err != nil {
+		return nil, err
+	}
+	p.mops = append(p.mops, mopEntry{key: persist.MOPKey(proto, addr), mop: m})
+	return m, nil
+}
+
+func (p *plan) buildHTTP(o *runOptions) error {
+	var backends []*lb.Backend
+	var specs []lbhttp.BackendSpec
+	for _, s := range o.httpBackends.values {
+		spec, err := lbhttp.ParseBackend(s)
+		if err != nil {
+			return err
+		}
+		var mop *admission.MOP
+		if spec.MetricsURL != "" {
+			// MOP learns from memory samples: without a probe it would
+			// hold the backend at -mop-initial-rate for ever.
+			if mop, err = p.newMOP(o, "http", spec.ID, spec.Addr); err != nil {
+				return err
+			}
+		}
+		b, err := lb.NewBackend(lb.BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: "http", Weight: spec.Weight, MOP: mop})
+		if err != nil {
+			return fmt.Errorf("-http-backend %q: %w", s, err)
+		}
+		backends = append(backends, b)
+		specs = append(specs, spec)
+	}
+	var err error
+	if p.httpPool, err = lb.NewPool(lb.PoolConfig{Policy: o.policy, Passive: o.passive}, backends); err != nil {
+		return err
+	}
+	if o.health.Interval > 0 {
+		if p.health, err = lb.NewHealthChecker(o.health, p.logger); err != nil {
+			return err
+		}
+		for i, b := range backends {
+			if specs[i].HealthPath != "" {
+				p.health.Add(b, lb.HTTPProber{Path: specs[i].HealthPath})
+			} else {
+				p.health.Add(b, lb.TCPProber{})
+			}
+		}
+	} else if o.health.Interval < 0 {
+		return errors.New("-health-interval must not be negative")
+	}
+	for i, b := range backends {
+		if specs[i].MetricsURL == "" {
+			continue
+		}
+		pc := o.mopProbe
+		pc.URL = specs[i].MetricsURL
+		probe, err := lb.NewMemoryProbe(b, pc, p.clock, p.logger)
+		if err != nil {
+			return err
+		}
+		p.probes = append(p.probes, probe)
+	}
+	for _, s := range o.trusted.values {
+		nets, err := lbhttp.ParseTrustedProxies(s)
+		if err != nil {
+			return err
+		}
+		o.http.TrustedProxies = append(o.http.TrustedProxies, nets...)
+	}
+	o.http.Clock = p.clock
+	p.httpSrv, err = lbhttp.New(o.http, p.httpPool, p.ctrl, p.signer, p.logger)
+	return err
+}
+
+func (p *plan) buildSIP(o *runOptions) error {
+	if o.sip.cfg.Listen == "" {
+		o.sip.cfg.Listen = ":5060"
+	}
+	cfg, err := o.sip.config()
+	if err != nil {
+		return err
+	}
+	var mopErr error
+	mops := func(bc lbsip.BackendConfig) *admission.MOP {
+		if bc.MetricsURL == "" || mopErr != nil {
+			return nil
+		}
+		id := bc.ID
+		if id == "" {
+			id = bc.Addr
+		}
+		m, err := p.newMOP(o, "sip", id, bc.Addr)
+		if err != nil {
+			mopErr = err
+			return nil
+		}
+		// The probe feeds the MOP through a stand-in lb.Backend: it only
+		// reads the backend's id and limiter.
+		shadow, err := lb.NewBackend(lb.BackendConfig{ID: id, Addr: bc.Addr, Proto: "sip", MOP: m})
+		if err == nil {
+			pc := o.mopProbe
+			pc.URL = bc.MetricsURL
+			var probe *lb.MemoryProbe
+			if probe, err = lb.NewMemoryProbe(shadow, pc, p.clock, p.logger); err == nil {
+				p.probes = append(p.probes, probe)
+			}
+		}
+		if err != nil {
+			mopErr = err
+		}
+		p.sipMOPs[id] = m
+		return m
+	}
+	p.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: p.ctrl, Signer: p.signer, Clock: p.clock, MOP: mops}, p.logger)
+	if err != nil {
+		return err
+	}
+	return mopErr
+}
+
+// start runs the background loops, binds the listeners and starts the
+// front ends: the one place where front ends start.
+func (p *plan) start(parent context.Context, o *runOptions, hooks *runHooks) error {
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		p.cpuProfile = f
+	}
+	ctx, cancel := context.WithCancel(parent)
+	p.cancel = cancel
+	p.goBackground(func() { p.mem.Run(ctx) })
+	p.goBackground(func() { p.ctrl.Run(ctx, p.clock, 10*time.Millisecond) })
+	if p.health != nil {
+		p.health.ProbeAll(ctx) // a first verdict before traffic
+		p.goBackground(func() { p.health.Run(ctx) })
+	}
+	for _, probe := range p.probes {
+		p.goBackground(func() { probe.Run(ctx) })
+	}
+	if _, limit := p.mem.Usage(); limit <= 0 {
+		p.logger.Info("memory states off: set -mem-limit or GOMEMLIMIT")
+	}
+
+	var httpAddr, adminAddr net.Addr
+	if p.admin != nil {
+		ln, err := net.Listen("tcp", o.adminListen)
+		if err != nil {
+			return fmt.Errorf("-admin-listen %s: %w", o.adminListen, err)
+		}
+		adminAddr = ln.Addr()
+		p.goBackground(func() {
+			if err := p.admin.Serve(ln); err != nil {
+				p.logger.Error("admin stopped", "err", err)
+			}
+		})
+	}
+	if p.httpSrv != nil {
+		ln, err := net.Listen("tcp", o.http.Listen)
+		if err != nil {
+			return fmt.Errorf("-http-listen %s: %w", o.http.Listen, err)
+		}
+		httpAddr = ln.Addr()
+		p.goBackground(func() {
+			if err := p.httpSrv.Serve(ln); err != nil {
+				p.logger.Error("http front end stopped", "err", err)
+			}
+		})
+		p.stopFronts = append(p.stopFronts, p.httpSrv.Shutdown)
+	}
+	if p.sipSrv != nil {
+		if err := p.sipSrv.Start(ctx); err != nil {
+			return fmt.Errorf("start sip front end: %w", err)
+		}
+		p.stopFronts = append(p.stopFronts, func(context.Context) error { return p.sipSrv.Close() })
+	}
+	if hooks != nil && hooks.ready != nil {
+		hooks.ready(httpAddr, adminAddr)
+	}
+	return nil
+}
+
+func (p *plan) goBackground(f func()) {
+	p.background.Add(1)
+	go func() {
+		defer p.background.Done()
+		f()
+	}()
+}
+
+// stop ends the front ends (in-flight requests get up to timeout), then
+// the admin listener and the background loops: the one place where front
+// ends stop.
+func (p *plan) stop(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for i := len(p.stopFronts) - 1; i >= 0; i-- {
+		if err := p.stopFronts[i](ctx); err != nil {
+			p.logger.Warn("front end shutdown", "err", err)
+		}
+	}
+	if p.admin != nil {
+		p.admin.Shutdown(ctx)
+	}
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.background.Wait()
+	if p.cpuProfile != nil {
+		pprof.StopCPUProfile()
+		p.cpuProfile.Close()
+	}
+}
+
+// backendStatus lists the HTTP and SIP backends for /status.
+func (p *plan) backendStatus() []admin.BackendStatus {
+	var out []admin.BackendStatus
+	if p.httpPool != nil {
+		now := p.clock.Now()
+		for _, b := range p.httpPool.Backends() {
+			out = append(out, admin.FromBackend(b.Status(now), b.MOP()))
+		}
+	}
+	if p.sipSrv != nil {
+		for _, b := range p.sipSrv.Backends() {
+			state := lb.Up
+			switch {
+			case !b.Up:
+				state = lb.Down
+			case b.Draining:
+				state = lb.Draining
+			}
+			out = append(out, admin.BackendStatus{
+				ID: b.ID, Protocol: "sip", Addr: b.Addr, State: state.String(), Weight: b.Weight,
+				MOP: admin.FromMOP(p.sipMOPs[b.ID]),
+			})
+		}
+	}
+	return out
+}

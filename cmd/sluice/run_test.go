@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestRunBadFlags(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"-data-dir", dir, "-http-listen", "127.0.0.1:0", "-admin-listen", "", "-http-backend", "127.0.0.1:1"}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"no backends", []string{"-data-dir", dir}, nil, "-http-backend"},
+		{"bad backend", append(base, "-http-backend", "nohost"), nil, "-http-backend"},
+		{"bad policy", append(base, "-lb-policy", "fastest"), nil, "-lb-policy"},
+		{"bad max heap", append(base, "-mop-max-heap", "150"), nil, "-mop-max-heap"},
+		{"bad window", append(base, "-mop-window", "-1s"), nil, "-mop-window"},
+		{"bad initial rate", append(base, "-mop-initial-rate", "0"), nil, "-mop-initial-rate"},
+		{"bad reject code", append(base, "-mop-reject-code", "200"), nil, "-mop-reject-code"},
+		{"bad mem order", append(base, "-mem-low", "0.9", "-mem-lower", "0.8"), nil, "-mem-low"},
+		{"bad mem limit", append(base, "-mem-limit", "lots"), nil, "-mem-limit"},
+		{"bad arm", append(base, "-arm", "name=x"), nil, "-arm"},
+		{"bad hash key", append(base, "-http-hash-key", "body"), nil, "-http-hash-key"},
+		{"bad trusted proxy", append(base, "-http-trusted-proxy", "10.0.0.0/99"), nil, "-http-trusted-proxy"},
+		{"bad health fall", append(base, "-health-fall", "0"), nil, "-health-fall"},
+		{"zero health timeout", append(base, "-health-timeout", "0"), nil, "-health-timeout"},
+		{"health timeout over interval", append(base, "-health-timeout", "5s"), nil, "-health-timeout"},
+		{"zero max conns", append(base, "-http-backend-max-conns", "0"), nil, "-http-backend-max-conns"},
+		{"bad metrics selector", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-used-metric", "a{"), nil, "-mop-used-metric"},
+		{"bad log level", append(base, "-log-level", "loud"), nil, "-log-level"},
+		{"bad duration", append(base, "-http-sticky-ttl", "soon"), nil, "-http-sticky-ttl"},
+		{"unknown flag", append(base, "-frobnicate"), nil, "-frobnicate"},
+		{"bad env", base, map[string]string{"SLUICE_HTTP_STICKY_TTL": "soon"}, "SLUICE_HTTP_STICKY_TTL (-http-sticky-ttl)"},
+		{"bad env list", base, map[string]string{"SLUICE_ARM": "name=x,limit=1/s name=y"}, "SLUICE_ARM (-arm)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			// A run that starts by mistake ends with the context.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			var stderr bytes.Buffer
+			code := run(ctx, tc.args, io.Discard, &stderr, nil)
+			if code != 2 || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("exit %d, stderr %q; want 2 and a message naming %s", code, stderr.String(), tc.want)
+			}
+		})
+	}
+}
+
+func TestListFlagEnvThenCommandLine(t *testing.T) {
+	var l listFlag
+	if err := l.setEnv("a:1 b:2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.String(); got != "a:1 b:2" {
+		t.Fatalf("from env: %q", got)
+	}
+	l.Set("c:3")
+	l.Set("d:4")
+	if got := l.String(); got != "c:3 d:4" {
+		t.Errorf("command line after env = %q, want it to replace the env values", got)
+	}
+}
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "1024": 1024, "1K": 1024, "512MiB": 512 << 20, "2G": 2 << 30, "3 GB": 3 << 30, "1t": 1 << 40} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "-1", "1X", "1.5G"} {
+		if _, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q) succeeded", in)
+		}
+	}
+}
+
+// TestRunServes starts `sluice run` in-process against two loopback
+// backends, checks forwarding, /healthz and /status, and stops it.
+func TestRunServes(t *testing.T) {
+	var backends []*httptest.Server
+	var args []string
+	for i := range 2 {
+		name := fmt.Sprintf("b%d", i)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, name)
+		}))
+		defer srv.Close()
+		backends = append(backends, srv)
+		args = append(args, "-http-backend", srv.Listener.Addr().String()+",id="+name)
+	}
+	// The environment gives the listen address; the command line wins over
+	// it for the policy.
+	t.Setenv("SLUICE_HTTP_LISTEN", "127.0.0.1:0")
+	t.Setenv("SLUICE_LB_POLICY", "consistent-hash")
+	args = append(args, "-lb-policy", "round-robin", "-admin-listen", "127.0.0.1:0", "-data-dir", t.TempDir(),
+		"-arm", "name=api,path=/api/,limit=100/s", "-health-interval", "100ms")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan [2]net.Addr, 1)
+	done := make(chan int, 1)
+	var stderr syncBuffer
+	go func() {
+		done <- run(ctx, args, io.Discard, &stderr, &runHooks{ready: func(h, a net.Addr) { ready <- [2]net.Addr{h, a} }})
+	}()
+	var addrs [2]net.Addr
+	select {
+	case addrs = <-ready:
+	case code := <-done:
+		t.Fatalf("run exited %d: %s", code, stderr.String())
+	}
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	seen := map[string]int{}
+	for range 10 {
+		code, body := get("http://" + addrs[0].String() + "/api/x")
+		if code != 200 {
+			t.Fatalf("proxied GET: %d %s", code, body)
+		}
+		seen[body]++
+	}
+	if seen["b0"] != 5 || seen["b1"] != 5 {
+		t.Errorf("round robin (flag over env) spread = %v, want 5 and 5", seen)
+	}
+	if code, body := get("http://" + addrs[1].String() + "/healthz"); code != 200 || strings.TrimSpace(body) != "normal" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	code, body := get("http://" + addrs[1].String() + "/status")
+	if code != 200 {
+		t.Fatalf("/status = %d", code)
+	}
+	var st struct {
+		MemoryState string `json:"memory_state"`
+		Backends    []struct {
+			ID       string `json:"id"`
+			Protocol string `json:"protocol"`
+			State    string `json:"state"`
+		} `json:"backends"`
+		ARM []struct {
+			Name  string `json:"name"`
+			Rate  int64  `json:"rate"`
+			Limit int64  `json:"limit"`
+		} `json:"arm"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("/status: %v: %s", err, body)
+	}
+	if st.MemoryState != "normal" || len(st.Backends) != 2 || st.Backends[0].ID != "b0" || st.Backends[0].Protocol != "http" ||
+		st.Backends[0].State != "up" || len(st.ARM) != 1 || st.ARM[0].Name != "api" || st.ARM[0].Limit != 100 || st.ARM[0].Rate != 10 {
+		t.Errorf("/status = %s", body)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Errorf("run exited %d after cancel: %s", code, stderr.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
