@@ -26,7 +26,7 @@ const wait = 5 * time.Second
 var testKey = []byte("0123456789abcdef0123456789abcdef")
 
 // testServer starts a Server on 127.0.0.1 with the given backends.
-func testServer(t testing.TB, backends []*uas, rules []string, mut func(*Config)) *Server {
+func testServer(t testing.TB, backends []*uas, rules []string, mut func(*Config), mem ...*admission.Memory) *Server {
 	t.Helper()
 	signer, err := lb.NewSigner(testKey)
 	if err != nil {
@@ -41,7 +41,11 @@ func testServer(t testing.TB, backends []*uas, rules []string, mut func(*Config)
 		rcs = append(rcs, rc)
 	}
 	clock := admission.MonoClock{}
-	adm, err := admission.NewController(admission.ControllerConfig{Rules: rcs}, nil, clock.Now())
+	var m *admission.Memory
+	if len(mem) > 0 {
+		m = mem[0]
+	}
+	adm, err := admission.NewController(admission.ControllerConfig{Rules: rcs}, m, clock.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,12 +21,13 @@ type Metrics struct {
 	CallIDFallback atomic.Uint64 // in-dialog requests without our Route, routed by Call-ID hash
 	Relayed        atomic.Uint64 // responses relayed
 
-	Refused   atomic.Uint64    // new work refused by the balancer (503)
-	RefusedBy [4]atomic.Uint64 // by admission.Reason (none, memory, arm, mop)
-	Delayed   atomic.Uint64    // new work held in an ARM delay queue
-	Failovers atomic.Uint64    // new work moved to another backend
-	AllFailed atomic.Uint64    // new work answered 500: every backend failed
-	Timeouts  atomic.Uint64    // attempts that got no answer in time
+	Refused    atomic.Uint64    // new work refused by the balancer (503)
+	RefusedBy  [4]atomic.Uint64 // by admission.Reason (none, memory, arm, mop)
+	Delayed    atomic.Uint64    // new work held in an ARM delay queue
+	Failovers  atomic.Uint64    // new work moved to another backend
+	AllFailed  atomic.Uint64    // new work answered 500: every backend failed
+	Timeouts   atomic.Uint64    // attempts that got no answer in time
+	Terminated atomic.Uint64    // new work ended with 503 in memory state Critical
 
 	Backend503   atomic.Uint64 // 503 answers from backends (absorbed, never relayed)
 	ForgedTokens atomic.Uint64 // in-dialog requests with our Route and a bad token (403)
@@ -112,6 +113,7 @@ func (s *Server) WritePrometheus(w io.Writer) {
 	c("failovers_total", "New work moved to another backend.", m.Failovers.Load())
 	c("all_failed_total", "New work answered 500 because every backend failed.", m.AllFailed.Load())
 	c("timeouts_total", "Attempts without an answer in time.", m.Timeouts.Load())
+	c("terminated_total", "New work ended in memory state Critical.", m.Terminated.Load())
 	c("backend_503_total", "503 answers from backends (absorbed).", m.Backend503.Load())
 	c("forged_tokens_total", "In-dialog requests with an invalid token.", m.ForgedTokens.Load())
 	c("too_many_hops_total", "483 answers.", m.TooManyHops.Load())

@@ -1,11 +1,14 @@
 package sip
 
 import (
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
 
@@ -96,5 +99,57 @@ func TestHealthOptions(t *testing.T) {
 		if b1.count(gosip.BYE, k.callID) != 1 {
 			t.Fatalf("call %d not on the backend that is up", i)
 		}
+	}
+}
+
+// fakeMemory reports a settable used memory against a limit of 100.
+type fakeMemory struct{ used atomic.Int64 }
+
+func (f *fakeMemory) ReadMemory() (used, limit int64) { return f.used.Load(), 100 }
+
+// TestMemoryStates: in memory state Lower new work is refused with 503
+// while BYEs pass; in Critical a ringing INVITE is ended with 503 and
+// CANCELed at its backend.
+func TestMemoryStates(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	fm := &fakeMemory{}
+	mem, err := admission.NewMemory(admission.MemoryConfig{Limit: 100}, fm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := testServer(t, []*uas{b1}, nil, nil, mem)
+	c := newUAC(t, s.udpAddr())
+	est := c.newCall()
+	est.invite("")
+	c.recvResponse(180)
+	est.learn(c.recvResponse(200))
+	est.inDialog("ACK", 1, est.branch+"-ack")
+
+	fm.used.Store(85) // Lower
+	mem.Sample()
+	k := c.newCall()
+	k.invite("")
+	if w := c.recvResponse(503).GetHeader("warning"); w == nil || !strings.Contains(w.Value(), "memory") {
+		t.Errorf("503 Warning %v, want the memory state named", w)
+	}
+	est.inDialog("BYE", 2, est.branch+"-bye")
+	c.recvResponse(200)
+
+	fm.used.Store(10) // Normal
+	mem.Sample()
+	b1.mode.Store(modeRing)
+	ring := c.newCall()
+	ring.invite("")
+	c.recvResponse(180)
+	fm.used.Store(95) // Critical: in-flight new work is terminated
+	mem.Sample()
+	res := c.recvResponse(503)
+	if tag, _ := res.To().Params.Get("tag"); !strings.HasPrefix(tag, localTagPrefix) {
+		t.Errorf("503 To-tag %q, want ours", tag)
+	}
+	eventually(t, "CANCEL at the backend", func() bool { return b1.count(gosip.CANCEL, ring.callID) == 1 })
+	eventually(t, "the backend's 487 ACKed", func() bool { return b1.count(gosip.ACK, ring.callID) == 1 })
+	if s.metrics.Terminated.Load() != 1 {
+		t.Errorf("terminated %d, want 1", s.metrics.Terminated.Load())
 	}
 }

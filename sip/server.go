@@ -455,7 +455,11 @@ func (s *Server) tick() {
 			return
 		case <-t.C:
 		}
-		s.txnTimers(s.clock.Now())
+		now := s.clock.Now()
+		s.txnTimers(now)
+		if s.adm.Memory().State() == admission.Critical {
+			s.terminateNewWork(now)
+		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()
 			r := s.metrics.Refused.Load()

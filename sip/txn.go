@@ -65,6 +65,7 @@ type txn struct {
 	lastFinal []byte // the final answer given to the client, for its retransmissions
 	prepared  bool
 	acquired  bool // cur counts this attempt as outstanding
+	local     bool // we gave the final answer ourselves (500, 487, 503)
 }
 
 // settleLocked ends the current attempt's outstanding count on its backend
@@ -144,7 +145,7 @@ func (tt *txnTable) takeCompleted(ckey string) *txn {
 	tt.mu.Lock()
 	defer tt.mu.Unlock()
 	t := tt.byClient[ckey]
-	if t == nil || t.state != stCompleted || t.cur == nil {
+	if t == nil || t.state != stCompleted || t.cur == nil || t.local {
 		return nil
 	}
 	tt.removeLocked(t)
@@ -331,7 +332,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 	if branch != t.branch || t.state == stCompleted || t.state == stSwitching {
 		// An answer from an attempt we moved away from (or are moving away
 		// from), or a retransmitted final answer.
-		completed := branch == t.branch && t.state == stCompleted
+		completed := branch == t.branch && t.state == stCompleted && !t.local
 		s.txns.mu.Unlock()
 		switch {
 		case completed || code >= 200 && code < 300:
@@ -430,12 +431,24 @@ func (s *Server) ackUpstream(t *txn, res *gosip.Response, branch string, src sou
 		return
 	}
 	s.txns.mu.Lock()
+	p := s.hopRequestLocked(t, "ACK", res.To(), branch)
+	s.txns.mu.Unlock()
+	_ = s.sendBytes(p, target{addr: b.addr, tcp: b.tcp})
+}
+
+// hopRequestLocked builds an ACK or CANCEL of our own for t's INVITE as
+// sent with branch (RFC 3261 §9.1, §17.1.1.3): its Request-URI, Route set,
+// From, Call-ID and CSeq number; To from the answer for an ACK. The caller
+// holds txnTable.mu.
+func (s *Server) hopRequestLocked(t *txn, method string, to *gosip.ToHeader, branch string) []byte {
 	req := t.req
+	tcp := t.cur != nil && t.cur.tcp
 	var w bytes.Buffer
-	w.WriteString("ACK ")
+	w.WriteString(method)
+	w.WriteByte(' ')
 	req.Recipient.StringWrite(&w)
 	w.WriteString(" SIP/2.0\r\n")
-	s.ourVia(branch, b.tcp).StringWrite(&w)
+	s.ourVia(branch, tcp).StringWrite(&w)
 	w.WriteString("\r\nMax-Forwards: 70\r\n")
 	for _, h := range req.Headers() {
 		if _, ok := h.(*gosip.RouteHeader); ok {
@@ -448,7 +461,10 @@ func (s *Server) ackUpstream(t *txn, res *gosip.Response, branch string, src sou
 		w.WriteString(f.Value())
 		w.WriteString("\r\n")
 	}
-	if to := res.To(); to != nil {
+	if to == nil {
+		to = req.To()
+	}
+	if to != nil {
 		to.StringWrite(&w)
 		w.WriteString("\r\n")
 	}
@@ -456,9 +472,10 @@ func (s *Server) ackUpstream(t *txn, res *gosip.Response, branch string, src sou
 	w.WriteString(t.callID)
 	w.WriteString("\r\nCSeq: ")
 	w.WriteString(strconv.FormatUint(uint64(req.CSeq().SeqNo), 10))
-	w.WriteString(" ACK\r\nContent-Length: 0\r\n\r\n")
-	s.txns.mu.Unlock()
-	_ = s.sendBytes(w.Bytes(), target{addr: b.addr, tcp: b.tcp})
+	w.WriteByte(' ')
+	w.WriteString(method)
+	w.WriteString("\r\nContent-Length: 0\r\n\r\n")
+	return w.Bytes()
 }
 
 // finishLocal answers t's client with our own final response and ends t
@@ -467,10 +484,10 @@ func (s *Server) finishLocal(t *txn, code int, reason string, extra []string) {
 	s.txns.mu.Lock()
 	p := s.buildReply(t.req, code, reason, extra...)
 	dst := s.replyTarget(t.req, t.src)
+	t.local = true
 	if t.invite {
 		t.settleLocked(0, lb.Abandoned)
 		t.state = stCompleted
-		t.cur = nil
 		t.expires = s.clock.Now() + int64(completedLinger)
 		t.lastFinal = p
 		if s.txns.byClient[t.ckey] == nil {
@@ -554,5 +571,43 @@ func (s *Server) txnTimers(now int64) {
 		case doTimeout:
 			s.txns.remove(a.t)
 		}
+	}
+}
+
+// terminateNewWork ends every new-work transaction still without a final
+// answer, as the memory state Critical demands (SPEC §3): the client gets
+// 503 with Retry-After, and an INVITE already at a backend is CANCELed
+// there (its 487 is then ACKed and absorbed). Affinity traffic is not
+// touched: it has no transaction.
+func (s *Server) terminateNewWork(now int64) {
+	var victims []*txn
+	s.txns.mu.Lock()
+	for _, t := range s.txns.byClient {
+		if t.state != stCompleted && !t.local {
+			victims = append(victims, t)
+		}
+	}
+	s.txns.mu.Unlock()
+	for _, t := range victims {
+		s.txns.mu.Lock()
+		if t.state == stCompleted || t.local || t.state == stSwitching {
+			s.txns.mu.Unlock()
+			continue
+		}
+		var cancel []byte
+		var dst target
+		if t.invite && t.cur != nil && (t.state == stCalling || t.state == stProceeding) {
+			cancel = s.hopRequestLocked(t, "CANCEL", nil, t.branch)
+			dst = target{addr: t.cur.addr, tcp: t.cur.tcp}
+		}
+		t.canceled = true
+		s.txns.mu.Unlock()
+		if cancel != nil {
+			_ = s.sendBytes(cancel, dst)
+		}
+		s.metrics.Terminated.Add(1)
+		s.finishLocal(t, 503, "Service Unavailable", []string{
+			"Retry-After: " + strconv.Itoa(s.jitter(s.cfg.DrainDefault)),
+			"Warning: 399 " + s.adv.String() + ` "overload: memory critical"`})
 	}
 }
