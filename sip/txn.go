@@ -482,6 +482,14 @@ func (s *Server) hopRequestLocked(t *txn, method string, to *gosip.ToHeader, bra
 // (kept for the ACK if it is an INVITE).
 func (s *Server) finishLocal(t *txn, code int, reason string, extra []string) {
 	s.txns.mu.Lock()
+	p, dst := s.finishLocalLocked(t, code, reason, extra)
+	s.txns.mu.Unlock()
+	_ = s.sendBytes(p, dst)
+}
+
+// finishLocalLocked is finishLocal without the send; the caller holds
+// txnTable.mu and sends p to dst.
+func (s *Server) finishLocalLocked(t *txn, code int, reason string, extra []string) ([]byte, target) {
 	p := s.buildReply(t.req, code, reason, extra...)
 	dst := s.replyTarget(t.req, t.src)
 	t.local = true
@@ -496,8 +504,7 @@ func (s *Server) finishLocal(t *txn, code int, reason string, extra []string) {
 	} else {
 		s.txns.removeLocked(t)
 	}
-	s.txns.mu.Unlock()
-	_ = s.sendBytes(p, dst)
+	return p, dst
 }
 
 // send100 answers 100 Trying to an INVITE (RFC 3261 §16.2).
@@ -601,13 +608,16 @@ func (s *Server) terminateNewWork(now int64) {
 			dst = target{addr: t.cur.addr, tcp: t.cur.tcp}
 		}
 		t.canceled = true
+		// The transaction is ours to finish before the CANCEL leaves, so
+		// the backend's 487 finds it completed and is absorbed.
+		p, pdst := s.finishLocalLocked(t, 503, "Service Unavailable", []string{
+			"Retry-After: " + strconv.Itoa(s.jitter(s.cfg.DrainDefault)),
+			"Warning: 399 " + s.adv.String() + ` "overload: memory critical"`})
 		s.txns.mu.Unlock()
 		if cancel != nil {
 			_ = s.sendBytes(cancel, dst)
 		}
 		s.metrics.Terminated.Add(1)
-		s.finishLocal(t, 503, "Service Unavailable", []string{
-			"Retry-After: " + strconv.Itoa(s.jitter(s.cfg.DrainDefault)),
-			"Warning: 399 " + s.adv.String() + ` "overload: memory critical"`})
+		_ = s.sendBytes(p, pdst)
 	}
 }
