@@ -117,7 +117,7 @@ type Controller struct {
 	mem   *Memory
 	rules []*Meter
 
-	admitted [2]atomic.Uint64 // by class
+	admitted shards // admissions by class, counted per shard (shard.counts)
 	refused  [numReasons]atomic.Uint64
 }
 
@@ -172,7 +172,7 @@ func (c *Controller) Rules() []*Meter { return c.rules }
 // each. Affinity is always admitted.
 func (c *Controller) Decide(now int64, r *Request, mop *MOP) Decision {
 	if r.Class == Affinity {
-		c.admitted[Affinity].Add(1)
+		c.admitted.pick().counts[Affinity].Add(1)
 		return Decision{Verdict: Admit, Rule: -1}
 	}
 	st := c.mem.State()
@@ -202,7 +202,7 @@ func (c *Controller) decideFrom(now int64, r *Request, mop *MOP, st MemState, fi
 	if mop != nil && !mop.Allow(now) {
 		return c.RefuseMOP(mop.RetryAfter(now))
 	}
-	c.admitted[NewWork].Add(1)
+	c.admitted.pick().counts[NewWork].Add(1)
 	return Decision{Verdict: Admit, Rule: -1}
 }
 
@@ -260,8 +260,8 @@ func (c *Controller) RuleName(d Decision) string {
 // Counts returns how many requests were admitted by class and refused by
 // reason since start.
 func (c *Controller) Counts() (admitted [2]uint64, refused [numReasons]uint64) {
-	for i := range c.admitted {
-		admitted[i] = c.admitted[i].Load()
+	for i := range admitted {
+		admitted[i] = c.admitted.count(i)
 	}
 	for i := range c.refused {
 		refused[i] = c.refused[i].Load()

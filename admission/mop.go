@@ -124,13 +124,18 @@ type MOPStatus struct {
 type MOP struct {
 	cfg MOPConfig
 
-	// Hot path.
+	// Hot path. tat and granted are written by every refill: they share a
+	// cache line of their own, away from the read-mostly settings and the
+	// shards.
+	_        [64]byte
 	tat      atomic.Int64  // GCRA theoretical arrival time, monotonic ns
-	emission atomic.Int64  // ns between admissions at the allowed rate
-	tau      atomic.Int64  // GCRA tolerance, ns
-	batch    atomic.Int64  // admissions reserved per CAS on tat (see shard.go)
 	granted  atomic.Uint64 // admissions reserved on tat (parked ones included)
-	shards   shards        // parked reservations and the refusal counts
+	_        [48]byte
+	emission atomic.Int64 // ns between admissions at the allowed rate
+	tau      atomic.Int64 // GCRA tolerance, ns
+	batch    atomic.Int64 // admissions reserved per CAS on tat (see shard.go)
+	_        [40]byte
+	shards   shards // parked reservations and the refusal counts
 
 	// Published for readers.
 	phase   atomic.Uint32

@@ -22,12 +22,14 @@ const (
 	shardTokens = 1<<32 - 1
 )
 
-// shard is one slot of parked reservations and its counters, alone on its
-// cache line.
+// shard is one slot of parked reservations and its counters. It spans two
+// cache lines so that the hot words of neighbours never share one, whatever
+// the alignment of the array.
 type shard struct {
-	w       atomic.Uint64 // epoch (high 32 bits) | tokens (low 32 bits)
-	refused atomic.Uint64 // refusals decided on this shard
-	_       [48]byte
+	w       atomic.Uint64    // epoch (high 32 bits) | tokens (low 32 bits)
+	refused atomic.Uint64    // refusals decided on this shard
+	counts  [2]atomic.Uint64 // Controller: admissions by class
+	_       [96]byte
 }
 
 // shards is a set of shard slots; the zero value is ready.
@@ -81,6 +83,13 @@ func (s *shards) drain(e uint32) (n uint64) {
 func (s *shards) refused() (n uint64) {
 	for i := range s {
 		n += s[i].refused.Load()
+	}
+	return n
+}
+
+func (s *shards) count(i int) (n uint64) {
+	for j := range s {
+		n += s[j].counts[i].Load()
 	}
 	return n
 }
