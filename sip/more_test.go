@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"context"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -151,5 +152,55 @@ func TestMemoryStates(t *testing.T) {
 	eventually(t, "the backend's 487 ACKed", func() bool { return b1.count(gosip.ACK, ring.callID) == 1 })
 	if s.metrics.Terminated.Load() != 1 {
 		t.Errorf("terminated %d, want 1", s.metrics.Terminated.Load())
+	}
+}
+
+// TestMOPRefusal: new work goes only to a backend whose MOP admits it;
+// when none does, the balancer answers 503 naming MOP.
+func TestMOPRefusal(t *testing.T) {
+	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+	mops := map[string]*admission.MOP{}
+	s := testServer(t, []*uas{b1, b2}, nil, nil)
+	// A second server whose backends each admit one INVITE per 10 s.
+	signer, _ := lb.NewSigner(testKey)
+	adm, _ := admission.NewController(admission.ControllerConfig{}, nil, admission.MonoClock{}.Now())
+	cfg := s.cfg
+	cfg.Listen = "127.0.0.1:0"
+	s2, err := New(cfg, Deps{Admission: adm, Signer: signer, MOP: func(bc BackendConfig) *admission.MOP {
+		m, err := admission.NewMOP(admission.MOPConfig{Name: bc.ID, InitialRate: 0.1, MinRate: 0.1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mops[bc.ID] = m
+		return m
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	c := newUAC(t, s2.udpAddr())
+	for i := 0; i < 2; i++ {
+		k := c.newCall()
+		k.invite("")
+		c.recvResponse(180)
+		c.recvResponse(200)
+	}
+	if b1.count(gosip.INVITE, "") != 1 || b2.count(gosip.INVITE, "") != 1 {
+		t.Errorf("INVITEs per backend %d/%d, want one each (MOP moves the second)", b1.count(gosip.INVITE, ""), b2.count(gosip.INVITE, ""))
+	}
+	k := c.newCall()
+	k.invite("")
+	res := c.recvResponse(503)
+	if w := res.GetHeader("warning"); w == nil || !strings.Contains(w.Value(), "mop") {
+		t.Errorf("Warning %v, want mop named", w)
+	}
+	if res.GetHeader("retry-after") == nil {
+		t.Error("no Retry-After")
+	}
+	if s2.metrics.RefusedBy[admission.ReasonMOP].Load() != 1 {
+		t.Errorf("MOP refusals %d, want 1", s2.metrics.RefusedBy[admission.ReasonMOP].Load())
 	}
 }
