@@ -101,12 +101,14 @@ func (p *pool) pick(key uint64, now int64, tried *lb.Set) (*backend, lb.Outcome,
 }
 
 // home returns the backend the policy gives key, ignoring MOP: the
-// fallback for in-dialog requests that carry no token. Only the hash
+// fallback for in-dialog requests that carry no token. It is never nil. Only the hash
 // policy makes this the backend of the dialog's INVITE.
 func (p *pool) home(key uint64, now int64) *backend {
 	i := p.lb.Policy().Select(p.lb.Backends(), now, key, lb.Set{})
 	if i < 0 {
-		return nil
+		// Nothing takes new work (all down or draining): in-dialog
+		// requests still go somewhere fixed rather than being refused.
+		return p.list[key%uint64(len(p.list))]
 	}
 	return p.list[i]
 }

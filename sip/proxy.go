@@ -242,10 +242,6 @@ func (s *Server) handleCancel(req *gosip.Request, src source, now int64) {
 	// No state (completed, or a restart in between): the backend the INVITE
 	// most likely went to, with the branch it got there.
 	b := s.pool.home(lb.Hash(req.CallID().Value()), now)
-	if b == nil {
-		s.reply(req, src, 481, "Call/Transaction Does Not Exist")
-		return
-	}
 	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp}, b.id)
 }
 
@@ -289,12 +285,6 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
 		return
 	}
 	b := s.pool.home(lb.Hash(callID), now)
-	if b == nil {
-		if req.Method != gosip.ACK {
-			s.reply(req, src, 503, "Service Unavailable", "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)))
-		}
-		return
-	}
 	if dialogCreating(req.Method) {
 		// A To-tag we did not sign proves nothing: this could be
 		// dialog-creating load in disguise.

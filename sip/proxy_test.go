@@ -320,6 +320,11 @@ func TestFailover503(t *testing.T) {
 	if res.GetHeader("retry-after") == nil {
 		t.Error("balancer 503 without Retry-After")
 	}
+	// While every backend drains, an in-dialog request without our Route
+	// (Call-ID fallback) still gets through.
+	k.toTag, k.target, k.route = "uas-b3", "sip:service@"+s2.udpAddr().String(), nil
+	k.inDialog("BYE", 2, k.branch+"-bye")
+	c2.recvResponse(200)
 }
 
 // TestFailoverSilence: a silent backend loses the request to the next one
