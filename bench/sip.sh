@@ -26,6 +26,10 @@ ROOT=$(pwd -P)
 MODE=${1:-sweep}
 PEERS=${PEERS:-$ROOT/../shared/peers}
 [ -d "$PEERS" ] || PEERS=/work/shared/peers
+# SIPp scenarios: the peers' copies, else ours (sip/testdata/sipp, the same
+# files), so the ci leg runs on a clone without the peers' harness.
+SCEN=$PEERS/sip
+[ -f "$SCEN/uac_rr.xml" ] || SCEN=$ROOT/sip/testdata/sipp
 CI_RATE=${CI_RATE:-200}
 CI_SECS=${CI_SECS:-10}
 LB_PORT=${LB_PORT:-5060}
@@ -100,13 +104,13 @@ ci_overload() {
     local dir=$OUT/ci-overload n=$((OVL_RATE * 5)) c200 c503 fail
     mkdir -p "$dir"
     for p in 5071 5072; do
-        start "ovl-uas$p" bash -c "cd $dir && exec sipp -sf $PEERS/sip/uas_rr.xml -i 127.0.0.1 -p $p -nostdin -buff_size 1048576"
+        start "ovl-uas$p" bash -c "cd $dir && exec sipp -sf $SCEN/uas_rr.xml -i 127.0.0.1 -p $p -nostdin -buff_size 1048576"
     done
     wait_udp 5071; wait_udp 5072
     start "ovl-sluice" bash -c "$(lb_cmd "-arm name=invites,proto=sip,method=INVITE,limit=$OVL_LIMIT/s,action=reject")"
     wait_udp "$LB_PORT"
     log "ci-overload: uac_overload.xml at $OVL_RATE calls/s, limit $OVL_LIMIT/s, $n calls"
-    (cd "$dir" && timeout 90 sipp "127.0.0.1:$LB_PORT" -sf "$PEERS/sip/uac_overload.xml" -i 127.0.0.1 -p 5061 -r "$OVL_RATE" -m "$n" \
+    (cd "$dir" && timeout 90 sipp "127.0.0.1:$LB_PORT" -sf "$SCEN/uac_overload.xml" -i 127.0.0.1 -p 5061 -r "$OVL_RATE" -m "$n" \
         -nostdin -timeout 60s -recv_timeout 8000 -buff_size 1048576 -trace_stat -stf stat.csv -fd 1 -trace_counts > uac.out 2>&1)
     local cnt; cnt=$(ls "$dir"/*_counts.csv 2>/dev/null | head -1)
     c200=$(csvcol "$cnt" 5_200_Recv); c503=$(csvcol "$cnt" 4_503_Recv); fail=$(csvcol "$dir/stat.csv" 'FailedCall(C)')
@@ -149,7 +153,7 @@ overload() {
 case $MODE in
     ci)
         ci_leg ci-builtin "-sn uas" "-sn uac"
-        ci_leg ci-record-route "-sf $PEERS/sip/uas_rr.xml" "-sf $PEERS/sip/uac_rr.xml"
+        ci_leg ci-record-route "-sf $SCEN/uas_rr.xml" "-sf $SCEN/uac_rr.xml"
         ci_overload ;;
     sweep) sweep ;;
     overload) overload ;;
