@@ -44,7 +44,8 @@ type Deps struct {
 // listener. Create it with New, start it with Start, stop it with Close.
 type Server struct {
 	cfg    Config
-	log    *slog.Logger
+	log    *slog.Logger // component=sip
+	base   *slog.Logger // as given, for lb components that name themselves
 	adm    *admission.Controller
 	signer Signer
 	clock  admission.Clock
@@ -88,6 +89,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	s := &Server{
 		cfg:    cfg,
 		log:    logger.With("component", "sip"),
+		base:   logger,
 		adm:    deps.Admission,
 		signer: deps.Signer,
 		clock:  deps.Clock,
@@ -124,7 +126,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.cfg.HealthInterval > 0 {
 		var err error
 		hc, err = lb.NewHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
-			Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}, s.log)
+			Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}, s.base.With("proto", "sip"))
 		if err != nil {
 			return fmt.Errorf("sip health: %w", err)
 		}
