@@ -204,3 +204,24 @@ func TestMOPRefusal(t *testing.T) {
 		t.Errorf("MOP refusals %d, want 1", s2.metrics.RefusedBy[admission.ReasonMOP].Load())
 	}
 }
+
+// TestDrain: after Drain, new INVITEs get 503 while the BYE of an
+// established call still passes.
+func TestDrain(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, nil)
+	c := newUAC(t, s.udpAddr())
+	est := c.newCall()
+	est.invite("")
+	c.recvResponse(180)
+	est.learn(c.recvResponse(200))
+	est.inDialog("ACK", 1, est.branch+"-ack")
+	s.Drain()
+	k := c.newCall()
+	k.invite("")
+	if w := c.recvResponse(503).GetHeader("warning"); w == nil || !strings.Contains(w.Value(), "draining") {
+		t.Errorf("Warning %v", w)
+	}
+	est.inDialog("BYE", 2, est.branch+"-bye")
+	c.recvResponse(200)
+}

@@ -358,6 +358,13 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 	if s.txns.retransmission(s, ckey, req, src) {
 		return
 	}
+	if s.draining.Load() {
+		s.metrics.Refused.Add(1)
+		s.reply(req, src, 503, "Service Unavailable",
+			"Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)),
+			"Warning: 399 "+s.adv.String()+` "draining"`)
+		return
+	}
 	s.popOurRoutes(req) // a pre-loaded route to us; any token in it counts for nothing
 	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
 	d := s.adm.Decide(now, &ar, nil)

@@ -61,10 +61,21 @@ type Server struct {
 	pings   pingTable
 	metrics Metrics
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	closed atomic.Bool
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	closed   atomic.Bool
+	draining atomic.Bool
+}
+
+// Drain starts a graceful stop: from now on new work is refused with 503
+// (Retry-After: -sip-drain-default) while in-dialog requests, CANCELs, ACKs
+// and responses keep flowing, so established calls can end. Call Close
+// when the drain period is over. Safe to call more than once.
+func (s *Server) Drain() {
+	if !s.draining.Swap(true) {
+		s.log.Info("sip draining: new work refused, dialogs continue")
+	}
 }
 
 // New validates cfg and builds a Server; it opens no socket.

@@ -161,6 +161,7 @@ func runSIP(args []string, stdout, stderr io.Writer) int {
 	keyFile := fs.String("affinity-key-file", envDefault("affinity-key-file", "sluice-affinity.key"), "HMAC key for affinity tokens (created when missing)")
 	logLevel := fs.String("log-level", envDefault("log-level", "info"), "debug, info, warn or error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file (for benchmarks)")
+	drain := fs.Duration("drain-timeout", envDuration("drain-timeout", 0), "on SIGTERM, refuse new work and keep dialogs flowing this long before exiting")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -211,15 +212,22 @@ func runSIP(args []string, stdout, stderr io.Writer) int {
 			f.Close()
 		}()
 	}
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	sig, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
-	go adm.Run(ctx, clock, 10*time.Millisecond)
-	srv, err := startSIP(ctx, o, adm, signer, nil, logger)
+	// The server runs until after the drain, not until the signal.
+	run, stop := context.WithCancel(context.Background())
+	defer stop()
+	go adm.Run(run, clock, 10*time.Millisecond)
+	srv, err := startSIP(run, o, adm, signer, nil, logger)
 	if err != nil {
 		fmt.Fprintln(stderr, "sluice sip:", err)
 		return 1
 	}
-	<-ctx.Done()
+	<-sig.Done()
+	if *drain > 0 {
+		srv.Drain()
+		time.Sleep(*drain)
+	}
 	srv.Close()
 	m := srv.Metrics()
 	fmt.Fprintf(stdout, "sip: requests=%d responses=%d forwarded=%d relayed=%d refused=%d failovers=%d malformed=%d\n",
