@@ -153,9 +153,10 @@ func (tt *txnTable) takeCompleted(ckey string) *txn {
 }
 
 // cancel marks the INVITE of ckey canceled. It returns the transaction,
-// the backend and branch to send the CANCEL to, and whether the INVITE was
-// still waiting for admission (then nothing went upstream and the caller
-// answers both itself).
+// the backend and branch to send the CANCEL to (none when there is nothing
+// upstream to cancel: the caller answers the CANCEL itself), and whether
+// the INVITE was still waiting for admission (then the caller answers the
+// INVITE with 487 too).
 func (tt *txnTable) cancel(ckey string) (t *txn, b *backend, branch string, waiting bool) {
 	tt.mu.Lock()
 	defer tt.mu.Unlock()
@@ -167,9 +168,14 @@ func (tt *txnTable) cancel(ckey string) (t *txn, b *backend, branch string, wait
 		return t, nil, "", false
 	}
 	t.canceled = true
-	if t.state == stWaiting {
+	switch t.state {
+	case stWaiting:
 		tt.removeLocked(t)
 		return t, nil, "", true
+	case stSwitching:
+		// Between backends: the attempt in progress sees canceled and
+		// answers 487; the CANCEL itself is answered here.
+		return t, nil, "", false
 	}
 	return t, t.cur, t.branch, false
 }
@@ -218,6 +224,12 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 	mopRefused := false
 	for {
 		s.txns.mu.Lock()
+		if t.canceled {
+			// CANCELed while between backends: the INVITE ends here.
+			s.txns.mu.Unlock()
+			s.finishLocal(t, 487, "Request Terminated", nil)
+			return
+		}
 		b, out, retry := s.pool.pick(key, now, &t.tried)
 		s.txns.mu.Unlock()
 		if out == lb.MOPRefused && (!mopRefused || retry < mopRetry) {
