@@ -197,6 +197,9 @@ func (u *uas) answer(req *gosip.Request, from netip.AddrPort) {
 			u.respond(req, from, 180, "Ringing")
 		}
 	case gosip.CANCEL:
+		if u.mode.Load() == modeSilent {
+			return
+		}
 		u.respond(req, from, 200, "OK")
 		// 487 for the INVITE with the same branch.
 		u.mu.Lock()

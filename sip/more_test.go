@@ -2,6 +2,7 @@ package sip
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -224,4 +225,37 @@ func TestDrain(t *testing.T) {
 	}
 	est.inDialog("BYE", 2, est.branch+"-bye")
 	c.recvResponse(200)
+}
+
+// TestCancelDuringFailover: a CANCEL for an INVITE stuck at a silent
+// backend ends it with 487 when the failover comes, and the INVITE never
+// reaches the next backend.
+func TestCancelDuringFailover(t *testing.T) {
+	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+	b1.mode.Store(modeSilent)
+	b2.mode.Store(modeSilent)
+	s := testServer(t, []*uas{b1, b2}, nil, nil)
+	c := newUAC(t, s.udpAddr())
+	k := c.newCall()
+	k.invite("")
+	first := b1
+	eventually(t, "the INVITE at a backend", func() bool {
+		if b2.count(gosip.INVITE, k.callID) > 0 {
+			first = b2
+		}
+		return b1.count(gosip.INVITE, k.callID)+b2.count(gosip.INVITE, k.callID) > 0
+	})
+	other := b1
+	if first == b1 {
+		other = b2
+	}
+	cancel := fmt.Sprintf("CANCEL sip:service@%s SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:alice@test>;tag=a%s\r\nTo: <sip:service@test>\r\nCall-ID: %s\r\nCSeq: 1 CANCEL\r\nContent-Length: 0\r\n\r\n",
+		c.lb, c.addr, k.branch, k.callID, k.callID)
+	c.send(cancel)
+	c.recvResponse(487)
+	c.send(cancel) // the first went to the silent backend
+	c.recvResponse(200)
+	if n := other.count(gosip.INVITE, k.callID); n != 0 {
+		t.Errorf("the canceled INVITE reached the next backend (%d)", n)
+	}
 }
