@@ -27,6 +27,8 @@ const (
 	timerT2 = 4 * time.Second
 	// timerC bounds an INVITE after its last provisional answer.
 	timerC = 3 * time.Minute
+	// timerF bounds a non-INVITE request (64·T1).
+	timerF = 32 * time.Second
 	// completedLinger keeps a completed INVITE for its ACK (Timer D).
 	completedLinger = 32 * time.Second
 	// trying100 is when we answer 100 Trying for an INVITE nobody answered.
@@ -360,7 +362,11 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 		if t.state == stCalling {
 			t.state = stProceeding
 		}
-		t.deadline = now + int64(timerC)
+		if t.invite {
+			t.deadline = now + int64(timerC)
+		} else {
+			t.deadline = t.sentAt + int64(timerF)
+		}
 		sent100 := t.sent100
 		if code == 100 {
 			t.sent100 = true
@@ -532,10 +538,12 @@ func (s *Server) send100(t *txn) {
 // txnTimers runs retransmissions, silence failover, 100 Trying and expiry.
 func (s *Server) txnTimers(now int64) {
 	type action struct {
-		t    *txn
-		kind int
-		wire []byte
-		dst  target
+		t      *txn
+		kind   int
+		wire   []byte
+		dst    target
+		cancel []byte
+		up     target
 	}
 	const (
 		doRetx = iota
@@ -568,7 +576,15 @@ func (s *Server) txnTimers(now int64) {
 			}
 		case stProceeding:
 			if now >= t.deadline {
-				acts = append(acts, action{t: t, kind: doTimeout})
+				// Timer C or F (RFC 3261 §16.8): cancel upstream, 408 to
+				// the client.
+				var cancel []byte
+				if t.invite {
+					cancel = s.hopRequestLocked(t, "CANCEL", nil, t.branch)
+				}
+				t.canceled = true
+				p, dst := s.finishLocalLocked(t, 408, "Request Timeout", nil)
+				acts = append(acts, action{t: t, kind: doTimeout, wire: p, dst: dst, cancel: cancel, up: target{addr: t.cur.addr, tcp: t.cur.tcp}})
 			}
 		case stCompleted:
 			if now >= t.expires {
@@ -588,7 +604,11 @@ func (s *Server) txnTimers(now int64) {
 			s.metrics.Timeouts.Add(1)
 			s.attempt(a.t, now, true)
 		case doTimeout:
-			s.txns.remove(a.t)
+			s.metrics.Timeouts.Add(1)
+			if a.cancel != nil {
+				_ = s.sendBytes(a.cancel, a.up)
+			}
+			_ = s.sendBytes(a.wire, a.dst)
 		}
 	}
 }
