@@ -208,8 +208,10 @@ func (tt *txnTable) retransmission(s *Server, ckey string, req *gosip.Request, s
 	switch {
 	case state == stCompleted && final != nil:
 		_ = s.sendBytes(final, s.replyTarget(req, src))
-	case invite:
+	case invite && (state == stCalling || state == stWaiting):
 		// Our own timers retransmit upstream; a 100 stops the client's.
+		// Once a provisional answer went out, a late 100 would be out of
+		// order: say nothing.
 		s.send100(t)
 	}
 	return true
@@ -548,7 +550,6 @@ func (s *Server) txnTimers(now int64) {
 	const (
 		doRetx = iota
 		doFailover
-		do100
 		doTimeout
 	)
 	var acts []action
@@ -562,9 +563,13 @@ func (s *Server) txnTimers(now int64) {
 				acts = append(acts, action{t: t, kind: doFailover})
 				continue
 			}
-			if t.invite && !t.sent100 && now-t.created >= int64(trying100) {
+			if t.invite && !t.sent100 && t.src.conn == nil && now-t.created >= int64(trying100) {
+				// 100 Trying stops the client's retransmissions (RFC 3261
+				// §16.2), so only UDP clients get it. It is sent under the
+				// lock: a 180 relayed by the reader takes the lock first
+				// or after, never overtakes it or is overtaken.
 				t.sent100 = true
-				acts = append(acts, action{t: t, kind: do100, wire: s.buildReply(t.req, 100, "Trying"), dst: s.replyTarget(t.req, t.src)})
+				_ = s.sendBytes(s.buildReply(t.req, 100, "Trying"), s.replyTarget(t.req, t.src))
 			}
 			if !t.cur.tcp && now >= t.nextRetx {
 				t.retxEvery *= 2
@@ -597,8 +602,6 @@ func (s *Server) txnTimers(now int64) {
 		switch a.kind {
 		case doRetx:
 			s.metrics.Retransmitted.Add(1)
-			_ = s.sendBytes(a.wire, a.dst)
-		case do100:
 			_ = s.sendBytes(a.wire, a.dst)
 		case doFailover:
 			s.metrics.Timeouts.Add(1)
