@@ -82,7 +82,7 @@ type Config struct {
 	// Clock supplies monotonic time for admission and lb; nil is
 	// admission.MonoClock.
 	Clock admission.Clock
-	// Now supplies wall time for cookie expiry; nil is time.Now.
+	// Now supplies wall time for cookie expiry; nil derives it from Clock.
 	Now func() time.Time
 }
 
@@ -134,9 +134,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.Clock == nil {
 		c.Clock = admission.MonoClock{}
-	}
-	if c.Now == nil {
-		c.Now = time.Now
 	}
 }
 

@@ -17,7 +17,8 @@ import (
 )
 
 // hopByHop are the headers a proxy removes in both directions (RFC 9110
-// §7.6.1), besides those the Connection header names.
+// §7.6.1), besides those the Connection header names; in the order of
+// their bits in headerBit.
 var hopByHop = [...]string{
 	"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Trailer",
 	"Transfer-Encoding", "Upgrade", "Proxy-Authenticate", "Proxy-Authorization",
@@ -30,7 +31,7 @@ var errAborted = errors.New("aborted: memory state critical")
 // another backend when the request is idempotent and failed before a byte
 // was sent. Affinity requests are retried elsewhere too, since a backend
 // that refuses connections is down and its clients are re-pinned.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admission.Class, key uint64, renew bool) {
+func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admission.Class, key uint64, renew bool, now int64) {
 	s.prepareRequest(ctx)
 	var body *bodyReader
 	if ctx.Request.IsBodyStream() {
@@ -58,18 +59,21 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admissio
 		if err != nil && body != nil && body.err != nil && body.err != io.EOF {
 			// The client's body stream broke while it was being sent on:
 			// the client's fault, not the backend's.
-			b.Release(s.clock.Now(), lb.Abandoned)
+			b.Release(now, lb.Abandoned)
 			ctx.Response.CloseBodyStream()
 			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
 			ctx.SetConnectionClose()
 			return
 		}
-		b.Release(s.clock.Now(), result(err, ctx.Response.StatusCode()))
+		// The request's start time stands in for its end: passive
+		// ejection cool-downs are seconds, requests milliseconds.
+		b.Release(now, result(err, ctx.Response.StatusCode()))
 		if err == nil {
 			break
 		}
 		if attempt == 0 && notSent(err) && idempotent(ctx.Method()) {
-			nb, out, _ := s.pool.Pick(s.clock.Now(), key, b)
+			now = s.clock.Now()
+			nb, out, _ := s.pool.Pick(now, key, b)
 			if out == lb.Picked {
 				s.stats.Retried.Add(1)
 				b, renew, class = nb, s.sticky != nil, admission.NewWork
@@ -93,7 +97,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admissio
 	} else {
 		s.stats.NewWork.Add(1)
 	}
-	s.prepareResponse(ctx, b, renew)
+	s.prepareResponse(ctx, b, renew, now)
 }
 
 // roundTrip does one exchange with b. New work admitted while the node
@@ -218,31 +222,115 @@ func (s *Server) upstreamError(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
+// Bits of headerBits: which headers of interest a message carries.
+const (
+	hConnection uint16 = 1 << iota
+	hKeepAlive
+	hProxyConnection
+	hTE
+	hTrailer
+	hTransferEncoding
+	hUpgrade
+	hProxyAuthenticate
+	hProxyAuthorization
+	hXForwardedFor
+	hForwarded
+	hXForwardedProto
+
+	hHopByHop = hXForwardedFor - 1
+)
+
+// headerBit returns the bit of a header name, 0 for the rest. It is one
+// length switch and at most two comparisons, so that a message is checked
+// in one pass instead of a Peek or Del per name.
+func headerBit(k []byte) uint16 {
+	eq := func(name string) bool { return bytes.EqualFold(k, []byte(name)) }
+	switch len(k) {
+	case 2:
+		if eq("TE") {
+			return hTE
+		}
+	case 7:
+		if eq("Trailer") {
+			return hTrailer
+		}
+		if eq("Upgrade") {
+			return hUpgrade
+		}
+	case 9:
+		if eq("Forwarded") {
+			return hForwarded
+		}
+	case 10:
+		if eq("Connection") {
+			return hConnection
+		}
+		if eq("Keep-Alive") {
+			return hKeepAlive
+		}
+	case 15:
+		if eq("X-Forwarded-For") {
+			return hXForwardedFor
+		}
+	case 16:
+		if eq("Proxy-Connection") {
+			return hProxyConnection
+		}
+	case 17:
+		if eq("Transfer-Encoding") {
+			return hTransferEncoding
+		}
+		if eq("X-Forwarded-Proto") {
+			return hXForwardedProto
+		}
+	case 18:
+		if eq("Proxy-Authenticate") {
+			return hProxyAuthenticate
+		}
+	case 19:
+		if eq("Proxy-Authorization") {
+			return hProxyAuthorization
+		}
+	}
+	return 0
+}
+
 // prepareRequest removes hop-by-hop headers and sets X-Forwarded-For,
 // X-Forwarded-Proto and Forwarded (RFC 7239). Values from clients outside
-// the trusted proxies are replaced, from trusted ones appended to.
+// the trusted proxies are replaced, from trusted ones appended to. The
+// client's headers are scanned once; names are deleted only when present.
 func (s *Server) prepareRequest(ctx *fasthttp.RequestCtx) {
 	h := &ctx.Request.Header
-	stripHopByHop(h.Peek("Connection"), h.DelBytes, h.Del)
+	var seen uint16
+	for k := range h.AllInOrder() {
+		seen |= headerBit(k)
+	}
+	if seen&hHopByHop != 0 {
+		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
+	}
 
 	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
 	ip = ip.Unmap()
 	trusted := s.isTrusted(ip)
 	var buf [320]byte
 	v := buf[:0]
-	if prior := h.Peek("X-Forwarded-For"); trusted && len(prior) > 0 {
-		v = append(append(v, prior...), ", "...)
+	if seen&hXForwardedFor != 0 {
+		if prior := h.Peek("X-Forwarded-For"); trusted && len(prior) > 0 {
+			v = append(append(v, prior...), ", "...)
+		}
 	}
 	v = ip.AppendTo(v)
 	h.SetBytesV("X-Forwarded-For", v)
 
-	if !trusted || len(h.Peek("X-Forwarded-Proto")) == 0 {
+	if !trusted || seen&hXForwardedProto == 0 || len(h.Peek("X-Forwarded-Proto")) == 0 {
 		h.Set("X-Forwarded-Proto", "http")
 	}
 
 	v = buf[:0]
-	if prior := h.Peek("Forwarded"); trusted && len(prior) > 0 {
-		v = append(append(v, prior...), ", "...)
+	if seen&hForwarded != 0 {
+		if prior := h.Peek("Forwarded"); trusted && len(prior) > 0 {
+			v = append(append(v, prior...), ", "...)
+		}
 	}
 	v = append(v, "for="...)
 	if ip.Is6() {
@@ -271,8 +359,8 @@ func (s *Server) isTrusted(ip netip.Addr) bool {
 }
 
 // stripHopByHop deletes the headers named in conn (the Connection value)
-// and the fixed hop-by-hop list.
-func stripHopByHop(conn []byte, delBytes func([]byte), del func(string)) {
+// and those of the fixed hop-by-hop list whose bits are in seen.
+func stripHopByHop(seen uint16, conn []byte, delBytes func([]byte), del func(string)) {
 	for len(conn) > 0 {
 		var tok []byte
 		if i := bytes.IndexByte(conn, ','); i >= 0 {
@@ -285,26 +373,36 @@ func stripHopByHop(conn []byte, delBytes func([]byte), del func(string)) {
 			delBytes(tok)
 		}
 	}
-	for _, k := range hopByHop {
-		del(k)
+	for i, k := range hopByHop {
+		if seen&(1<<i) != 0 {
+			del(k)
+		}
 	}
 }
 
 // prepareResponse removes hop-by-hop headers from the backend's answer,
 // learns the application session cookie and sets the sticky cookie.
-func (s *Server) prepareResponse(ctx *fasthttp.RequestCtx, b *lb.Backend, renew bool) {
+func (s *Server) prepareResponse(ctx *fasthttp.RequestCtx, b *lb.Backend, renew bool, now int64) {
 	h := &ctx.Response.Header
-	stripHopByHop(h.Peek("Connection"), h.DelBytes, h.Del)
+	var seen uint16
+	for k := range h.All() {
+		seen |= headerBit(k)
+	}
+	// All yields "Connection: close" too: a backend closing its connection
+	// does not close the client's.
+	if seen&hHopByHop != 0 {
+		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
+	}
 	if s.sessions != nil {
-		s.learnSession(h, b)
+		s.learnSession(h, b, now)
 	}
 	if renew && s.sticky != nil {
-		h.AddBytesV("Set-Cookie", s.sticky.header(b, s.cfg.Now()))
+		h.AddBytesV("Set-Cookie", s.sticky.header(b, s.wall(now)))
 	}
 }
 
 // learnSession records the application session id the backend set.
-func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend) {
+func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, now int64) {
 	for name, raw := range h.Cookies() {
 		if string(name) != s.appName {
 			continue
@@ -313,7 +411,7 @@ func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend) {
 		// Entries end by TTL; a backend clearing the cookie sets an empty
 		// or different value, which the client then sends instead.
 		if c.ParseBytes(raw) == nil && len(c.Value()) > 0 {
-			s.sessions.put(c.Value(), b, s.clock.Now())
+			s.sessions.put(c.Value(), b, now)
 		}
 		fasthttp.ReleaseCookie(c)
 	}

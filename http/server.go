@@ -37,6 +37,10 @@ type Server struct {
 	hashed   bool     // the pool's policy uses the key
 	armPS    [][]byte // Proxy-Status value per ARM rule
 	srv      *fasthttp.Server
+	// wallBase and monoBase map monotonic time to wall time for cookie
+	// expiry without a second clock read per request.
+	wallBase time.Time
+	monoBase int64
 
 	stats Stats
 }
@@ -76,6 +80,7 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 		trusted: cfg.TrustedProxies,
 		appName: cfg.AppCookie,
 	}
+	s.wallBase, s.monoBase = time.Now(), cfg.Clock.Now()
 	if cfg.StickyCookie != "-" {
 		if signer == nil {
 			return nil, errors.New("new http front end: sticky cookie needs an affinity key (-affinity-key-file)")
@@ -213,7 +218,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.stats.Repinned.Add(1)
 		}
 	}
-	s.forward(ctx, b, class, key, renew)
+	s.forward(ctx, b, class, key, renew, now)
 	s.finish(ctx, closeAfter)
 }
 
@@ -233,7 +238,7 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, closeAfter bool) {
 func (s *Server) affinity(ctx *fasthttp.RequestCtx, now int64) (b *lb.Backend, renew, repinned bool) {
 	if s.sticky != nil {
 		if tok := ctx.Request.Header.Cookie(s.sticky.name); len(tok) > 0 {
-			wall := s.cfg.Now()
+			wall := s.wall(now)
 			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
 				if b = s.pool.Pinned(id, now); b != nil {
 					return b, exp.Sub(wall) < s.cfg.StickyTTL/2, false
@@ -281,6 +286,16 @@ func (s *Server) wait(ctx *fasthttp.RequestCtx, r *admission.Request, d admissio
 	}
 	<-d.Wait.Done()
 	return s.ctrl.Resume(s.clock.Now(), r, d, nil)
+}
+
+// wall returns the wall time at monotonic now: Config.Now when set, else
+// derived from the monotonic clock (a step of the system clock after start
+// shifts cookie expiry by that step).
+func (s *Server) wall(now int64) time.Time {
+	if s.cfg.Now != nil {
+		return s.cfg.Now()
+	}
+	return s.wallBase.Add(time.Duration(now - s.monoBase))
 }
 
 // key returns the consistent-hash key of the request, 0 for other
