@@ -75,6 +75,16 @@ type Config struct {
 	// bodies are always streamed. Flag -http-stream-threshold, default 1 MiB.
 	StreamThreshold int
 
+	// ResponseBuffer is the largest response body, in bytes, that is read
+	// into memory before it is relayed; 0 streams every response. Buffering
+	// is faster for small answers, but fasthttp has to choose before the
+	// answer arrives: an idempotent request without a body is first sent
+	// on the buffering pool, and if the answer is larger it is sent again
+	// on the streaming pool (the backend sees it twice). Requests with a
+	// body always stream. Flag -http-response-buffer, default 64 KiB;
+	// -1 turns buffering off.
+	ResponseBuffer int
+
 	// RetryAfterNoBackend is the Retry-After of a 503 when no backend is
 	// up. Default 5s.
 	RetryAfterNoBackend time.Duration
@@ -128,6 +138,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.StreamThreshold == 0 {
 		c.StreamThreshold = 1 << 20
+	}
+	if c.ResponseBuffer == 0 {
+		c.ResponseBuffer = 64 << 10
+	}
+	if c.ResponseBuffer < 0 {
+		c.ResponseBuffer = 0
 	}
 	if c.RetryAfterNoBackend == 0 {
 		c.RetryAfterNoBackend = 5 * time.Second

@@ -107,9 +107,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admissio
 // exchange runs inline (no goroutine per request); if the state turns
 // Critical meanwhile, forward discards the answer when it arrives.
 func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, b *lb.Backend, class admission.Class) error {
-	hc := s.clients[b.Index()]
 	if class == admission.Affinity || s.mem == nil || s.mem.State() == admission.Normal {
-		return hc.Do(&ctx.Request, &ctx.Response)
+		return s.exchange(ctx, b)
 	}
 	crit := s.mem.CriticalC()
 	const (
@@ -120,7 +119,7 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, b *lb.Backend, class admiss
 	var state atomic.Uint32
 	done := make(chan error, 1)
 	go func() {
-		err := hc.Do(&ctx.Request, &ctx.Response)
+		err := s.exchange(ctx, b)
 		if state.CompareAndSwap(running, finished) {
 			done <- err
 			return
@@ -144,6 +143,19 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, b *lb.Backend, class admiss
 	ctx.TimeoutErrorWithResponse(resp)
 	fasthttp.ReleaseResponse(resp)
 	return errAborted
+}
+
+// exchange sends the request to b once, or twice when a buffered answer
+// turned out too large (see Config.ResponseBuffer).
+func (s *Server) exchange(ctx *fasthttp.RequestCtx, b *lb.Backend) error {
+	if s.buffered != nil && !ctx.Request.IsBodyStream() && idempotent(ctx.Method()) {
+		err := s.buffered[b.Index()].Do(&ctx.Request, &ctx.Response)
+		if !errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			return err
+		}
+		s.stats.Restreamed.Add(1)
+	}
+	return s.clients[b.Index()].Do(&ctx.Request, &ctx.Response)
 }
 
 // result classifies an exchange for passive health.

@@ -27,7 +27,8 @@ type Server struct {
 	signer   *lb.Signer
 	clock    admission.Clock
 	logger   *slog.Logger
-	clients  []*fasthttp.HostClient // by backend index
+	clients  []*fasthttp.HostClient // by backend index; responses streamed
+	buffered []*fasthttp.HostClient // by backend index; small responses buffered, nil when off
 	sticky   *stickyCookie          // nil when disabled
 	sessions *sessionTable          // nil when disabled
 	appName  string
@@ -52,6 +53,7 @@ type Stats struct {
 	Refused       atomic.Uint64 // answered 429/503 by admission, MOP or no backend
 	UpstreamError atomic.Uint64 // answered 502/503/504 for a backend failure
 	Retried       atomic.Uint64 // moved to another backend after a connect failure
+	Restreamed    atomic.Uint64 // sent again, streaming, after the answer outgrew ResponseBuffer
 	Aborted       atomic.Uint64 // in-flight new work ended by memory state Critical
 	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
 }
@@ -96,7 +98,10 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 		s.armPS = append(s.armPS, []byte(fmt.Sprintf("sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())))
 	}
 	for _, b := range pool.Backends() {
-		s.clients = append(s.clients, s.newClient(b.Addr()))
+		s.clients = append(s.clients, s.newClient(b.Addr(), 0))
+		if cfg.ResponseBuffer > 0 {
+			s.buffered = append(s.buffered, s.newClient(b.Addr(), cfg.ResponseBuffer))
+		}
 	}
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
@@ -116,7 +121,10 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 	return s, nil
 }
 
-func (s *Server) newClient(addr string) *fasthttp.HostClient {
+// newClient returns the connection pool to one backend: streaming response
+// bodies when buffer is 0, else buffering those up to buffer bytes and
+// failing larger ones with fasthttp.ErrBodyTooLarge.
+func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
 	timeout := s.cfg.ConnectTimeout
 	return &fasthttp.HostClient{
 		Addr:                     addr,
@@ -127,7 +135,8 @@ func (s *Server) newClient(addr string) *fasthttp.HostClient {
 		MaxIdleConnDuration:      s.cfg.BackendIdle,
 		ReadTimeout:              s.cfg.BackendTimeout,
 		WriteTimeout:             s.cfg.BackendTimeout,
-		StreamResponseBody:       true,
+		StreamResponseBody:       buffer == 0,
+		MaxResponseBodySize:      buffer,
 		// One retry on the same backend, for idempotent requests whose
 		// pooled keep-alive connection turned out to be closed; never
 		// after a timeout, which would double the wait on a slow backend.
@@ -161,7 +170,7 @@ func (s *Server) ListenAndServe() error {
 // done, and closes idle backend connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
-	for _, c := range s.clients {
+	for _, c := range append(s.clients, s.buffered...) {
 		c.CloseIdleConnections()
 	}
 	return err

@@ -80,6 +80,7 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", 60*time.Second, "timeout reading a client request")
 	fs.DurationVar(&h.ClientIdle, "http-client-idle", 120*time.Second, "close idle client connections after this long")
 	fs.IntVar(&h.StreamThreshold, "http-stream-threshold", 1<<20, "request bodies larger than this many bytes are streamed to the backend, not buffered")
+	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", 64<<10, "answers to body-less idempotent requests up to this many bytes are buffered, larger ones re-requested and streamed (-1: always stream)")
 
 	fs.StringVar(&o.policy, "lb-policy", "round-robin", "HTTP selection of new work: round-robin, weighted-round-robin, least-outstanding, p2c, consistent-hash")
 	fs.DurationVar(&o.health.Interval, "health-interval", 2*time.Second, "active health check period per backend (0 disables)")
