@@ -204,7 +204,7 @@ func (s *Server) handleAck(req *gosip.Request, src source, now int64) {
 		s.popOurRoutes(req)
 		s.prepareForward(req, src)
 		req.PrependHeader(s.ourVia(t.branch, t.cur.tcp))
-		if err := s.sendMsg(req, target{addr: t.cur.addr, tcp: t.cur.tcp}); err == nil {
+		if err := s.sendMsg(req, target{addr: t.cur.addr, tcp: t.cur.tcp, dial: true}); err == nil {
 			s.metrics.Forwarded.Add(1)
 		}
 		return
@@ -234,7 +234,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, now int64) {
 		}
 		s.prepareForward(req, src)
 		req.PrependHeader(s.ourVia(branch, b.tcp))
-		if err := s.sendMsg(req, target{addr: b.addr, tcp: b.tcp}); err == nil {
+		if err := s.sendMsg(req, target{addr: b.addr, tcp: b.tcp, dial: true}); err == nil {
 			s.metrics.Forwarded.Add(1)
 		}
 		return
@@ -242,7 +242,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, now int64) {
 	// No state (completed, or a restart in between): the backend the INVITE
 	// most likely went to, with the branch it got there.
 	b := s.pool.home(lb.Hash(req.CallID().Value()), now)
-	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp}, b.id)
+	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
 }
 
 // handleInDialog routes a request with a To-tag. With our Route on top, the
@@ -276,7 +276,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
 			return
 		}
 		s.metrics.Affinity.Add(1)
-		s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp}, b.id)
+		s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
 		return
 	}
 	if fromBackend {
@@ -302,7 +302,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
 		s.admitAffinity(now, req.Method)
 	}
 	s.metrics.CallIDFallback.Add(1)
-	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp}, b.id)
+	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
 }
 
 func (s *Server) admitAffinity(now int64, m gosip.RequestMethod) {

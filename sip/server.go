@@ -179,7 +179,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(s.pool.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0))
 	for _, b := range s.pool.list {
 		if b.tcp {
-			s.dialAsync(b.addr) // so the first request finds a connection
+			s.dialAsync(b.addr, nil) // so the first request finds a connection
 		}
 	}
 	s.wg.Add(3)
@@ -330,7 +330,7 @@ func (s *Server) handleDatagram(data []byte, src source) {
 type target struct {
 	addr netip.AddrPort
 	tcp  bool
-	dial bool // open a TCP connection when there is none
+	dial bool // over TCP, queue the message for a new connection when there is none
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -361,11 +361,15 @@ func (s *Server) sendBytes(p []byte, t target) error {
 	}
 	c := s.tcp.get(t.addr)
 	if c == nil {
-		// Dial backends (the message is lost; new work fails over), and
-		// clients for requests going downstream. A response whose client
+		// With dial, the message waits for a new connection. Without, a
+		// backend still gets one opened (new work meanwhile fails over
+		// rather than arriving twice), and a response whose client
 		// connection is gone is dropped.
-		if s.pool.byAddr[t.addr] != nil || t.dial {
-			s.dialAsync(t.addr)
+		if t.dial && s.dialAsync(t.addr, p) {
+			return nil
+		}
+		if s.pool.byAddr[t.addr] != nil {
+			s.dialAsync(t.addr, nil)
 		}
 		s.metrics.SendErrors.Add(1)
 		return fmt.Errorf("send tcp %s: no connection", t.addr)

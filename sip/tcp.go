@@ -29,12 +29,12 @@ func (c *tcpConn) write(p []byte) error {
 type tcpTable struct {
 	mu      sync.RWMutex
 	conns   map[netip.AddrPort]*tcpConn
-	dialing map[netip.AddrPort]bool
+	dialing map[netip.AddrPort][][]byte // messages waiting for the connection
 }
 
 func (t *tcpTable) init() {
 	t.conns = map[netip.AddrPort]*tcpConn{}
-	t.dialing = map[netip.AddrPort]bool{}
+	t.dialing = map[netip.AddrPort][][]byte{}
 }
 
 func (t *tcpTable) get(a netip.AddrPort) *tcpConn {
@@ -42,12 +42,6 @@ func (t *tcpTable) get(a netip.AddrPort) *tcpConn {
 	c := t.conns[a]
 	t.mu.RUnlock()
 	return c
-}
-
-func (t *tcpTable) add(c *tcpConn) {
-	t.mu.Lock()
-	t.conns[c.remote] = c
-	t.mu.Unlock()
 }
 
 func (t *tcpTable) remove(c *tcpConn) {
@@ -94,41 +88,79 @@ func (s *Server) serveTCP() {
 }
 
 func (s *Server) startConn(c *net.TCPConn) *tcpConn {
+	return s.startConnQueued(c, netip.AddrPort{})
+}
+
+// startConnQueued registers c and starts its reader. When dialled is
+// valid, the messages queued for it by dialAsync are written first, before
+// any other writer can reach the connection, so they keep their order.
+func (s *Server) startConnQueued(c *net.TCPConn, dialled netip.AddrPort) *tcpConn {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port())}
-	s.tcp.add(tc)
+	tc.mu.Lock()
+	s.tcp.mu.Lock()
+	s.tcp.conns[tc.remote] = tc
+	var q [][]byte
+	if dialled.IsValid() {
+		q = s.tcp.dialing[dialled]
+		delete(s.tcp.dialing, dialled)
+	}
+	s.tcp.mu.Unlock()
 	if s.closed.Load() {
 		c.Close()
 	}
 	s.wg.Add(1)
 	go s.readConn(tc)
+	for _, m := range q {
+		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(m); err != nil {
+			s.metrics.SendErrors.Add(1)
+			break
+		}
+	}
+	tc.mu.Unlock()
 	return tc
 }
 
-// dialAsync opens a connection to a without blocking the caller; messages
-// sent before it is up are lost (new work then fails over).
-func (s *Server) dialAsync(a netip.AddrPort) {
+// maxPending bounds the messages queued for a connection being dialled.
+const maxPending = 64
+
+// dialAsync opens a connection to a without blocking the caller. p, if not
+// nil, is sent once the connection is up (with anything else queued for a
+// meanwhile); nil only opens it. It reports whether p was queued.
+func (s *Server) dialAsync(a netip.AddrPort, p []byte) bool {
 	s.tcp.mu.Lock()
-	if s.tcp.dialing[a] || s.tcp.conns[a] != nil || s.closed.Load() {
+	if s.tcp.conns[a] != nil || s.closed.Load() {
 		s.tcp.mu.Unlock()
-		return
+		return false
 	}
-	s.tcp.dialing[a] = true
+	q, dialing := s.tcp.dialing[a]
+	if p != nil && len(q) < maxPending {
+		q = append(q, append([]byte(nil), p...))
+	}
+	s.tcp.dialing[a] = q
+	queued := p != nil && len(q) > 0 && len(q) <= maxPending
 	s.tcp.mu.Unlock()
+	if dialing {
+		return queued
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		d := net.Dialer{Timeout: 2 * time.Second}
 		c, err := d.DialContext(s.ctx, "tcp", a.String())
-		s.tcp.mu.Lock()
-		delete(s.tcp.dialing, a)
-		s.tcp.mu.Unlock()
 		if err != nil {
+			s.tcp.mu.Lock()
+			q := s.tcp.dialing[a]
+			delete(s.tcp.dialing, a)
+			s.tcp.mu.Unlock()
 			s.log.Debug("sip tcp dial", "addr", a.String(), "err", err)
+			s.metrics.SendErrors.Add(uint64(len(q)))
 			return
 		}
-		s.startConn(c.(*net.TCPConn))
+		s.startConnQueued(c.(*net.TCPConn), a)
 	}()
+	return queued
 }
 
 // readConn frames messages by Content-Length (RFC 3261 §18.3) across

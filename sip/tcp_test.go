@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -170,10 +171,22 @@ func TestTCPManyConnections(t *testing.T) {
 // tcpUAS is a fake backend on TCP: it answers INVITE with 180 and 200 and
 // everything else but ACK with 200, on the connection the request came on.
 type tcpUAS struct {
-	ln   net.Listener
-	addr string
-	got  chan string // methods received
-	done chan struct{}
+	ln    net.Listener
+	addr  string
+	got   chan string // methods received
+	done  chan struct{}
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+// dropConns closes every connection the backend has accepted.
+func (u *tcpUAS) dropConns() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, c := range u.conns {
+		c.Close()
+	}
+	u.conns = nil
 }
 
 func newTCPUAS(t *testing.T) *tcpUAS {
@@ -183,18 +196,17 @@ func newTCPUAS(t *testing.T) *tcpUAS {
 		t.Fatal(err)
 	}
 	u := &tcpUAS{ln: ln, addr: ln.Addr().String(), got: make(chan string, 100), done: make(chan struct{})}
-	var conns []net.Conn
 	go func() {
 		defer close(u.done)
 		for {
 			c, err := ln.Accept()
 			if err != nil {
-				for _, c := range conns {
-					c.Close()
-				}
+				u.dropConns()
 				return
 			}
-			conns = append(conns, c)
+			u.mu.Lock()
+			u.conns = append(u.conns, c)
+			u.mu.Unlock()
 			go u.serve(c)
 		}
 	}()
@@ -264,6 +276,10 @@ func TestTCPBackend(t *testing.T) {
 		t.Fatalf("route set %v: want two entries (double record-route)", k.route)
 	}
 	k.inDialog("ACK", 1, k.branch+"-ack")
+	// The backend drops its connection: the BYE waits for a new one.
+	eventually(t, "INVITE and ACK at the backend", func() bool { return len(be.got) >= 2 })
+	be.dropConns()
+	eventually(t, "our side to notice", func() bool { return s.tcp.len() == 0 })
 	k.inDialog("BYE", 2, k.branch+"-bye")
 	c.recvResponse(200)
 	var got []string
