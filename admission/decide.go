@@ -31,6 +31,27 @@ type Request struct {
 	Path   string
 }
 
+// Protocols counted apart by the Controller; anything else counts as other.
+const (
+	protoHTTP = iota
+	protoSIP
+	protoOther
+	numProtos
+)
+
+// ProtoNames are the protocol labels of Counts, by index.
+var ProtoNames = [numProtos]string{"http", "sip", "other"}
+
+func protoIndex(p string) int {
+	switch p {
+	case "http":
+		return protoHTTP
+	case "sip":
+		return protoSIP
+	}
+	return protoOther
+}
+
 // Verdict is the outcome of a decision.
 type Verdict uint8
 
@@ -117,8 +138,8 @@ type Controller struct {
 	mem   *Memory
 	rules []*Meter
 
-	admitted shards // admissions by class, counted per shard (shard.counts)
-	refused  [numReasons]atomic.Uint64
+	admitted shards // admissions by protocol and class, counted per shard (shard.counts)
+	refused  [numProtos][numReasons]atomic.Uint64
 }
 
 // ErrBadStatus is returned for a refusal status outside 400–599.
@@ -172,12 +193,12 @@ func (c *Controller) Rules() []*Meter { return c.rules }
 // each. Affinity is always admitted.
 func (c *Controller) Decide(now int64, r *Request, mop *MOP) Decision {
 	if r.Class == Affinity {
-		c.admitted.pick().counts[Affinity].Add(1)
+		c.admitted.pick().counts[protoIndex(r.Proto)][Affinity].Add(1)
 		return Decision{Verdict: Admit, Rule: -1}
 	}
 	st := c.mem.State()
 	if st.RefusesNewWork() {
-		return c.refuse(Decision{Verdict: Refuse, Reason: ReasonMemory, Rule: -1, RetryAfter: c.cfg.MemoryRetryAfter})
+		return c.refuse(r, Decision{Verdict: Refuse, Reason: ReasonMemory, Rule: -1, RetryAfter: c.cfg.MemoryRetryAfter})
 	}
 	return c.decideFrom(now, r, mop, st, 0)
 }
@@ -194,15 +215,15 @@ func (c *Controller) decideFrom(now int64, r *Request, mop *MOP, st MemState, fi
 		}
 		d.Rule = int16(i)
 		if d.Verdict == Refuse {
-			return c.refuse(d)
+			return c.refuse(r, d)
 		}
 		d.HTTPStatus = uint16(c.cfg.RefuseCode)
 		return d
 	}
 	if mop != nil && !mop.Allow(now) {
-		return c.RefuseMOP(mop.RetryAfter(now))
+		return c.RefuseMOPFor(r, mop.RetryAfter(now))
 	}
-	c.admitted.pick().counts[NewWork].Add(1)
+	c.admitted.pick().counts[protoIndex(r.Proto)][NewWork].Add(1)
 	return Decision{Verdict: Admit, Rule: -1}
 }
 
@@ -213,7 +234,7 @@ func (c *Controller) Resume(now int64, r *Request, d Decision, mop *MOP) Decisio
 		return d
 	}
 	if !d.Wait.Admitted() {
-		return c.refuse(Decision{Verdict: Refuse, Reason: ReasonARM, Rule: d.Rule, RetryAfter: d.Wait.RetryAfter()})
+		return c.refuse(r, Decision{Verdict: Refuse, Reason: ReasonARM, Rule: d.Rule, RetryAfter: d.Wait.RetryAfter()})
 	}
 	return c.decideFrom(now, r, mop, c.mem.State(), int(d.Rule)+1)
 }
@@ -235,17 +256,23 @@ func (c *Controller) Wait(ctx context.Context, clock Clock, r *Request, d Decisi
 }
 
 // RefuseMOP is the decision for new work that no candidate backend's MOP
-// would take; retry is the soonest any of them frees up.
+// would take; retry is the soonest any of them frees up. It is counted
+// under protocol "other": prefer RefuseMOPFor.
 func (c *Controller) RefuseMOP(retry time.Duration) Decision {
-	return c.refuse(Decision{Verdict: Refuse, Reason: ReasonMOP, Rule: -1, RetryAfter: retry})
+	return c.RefuseMOPFor(&Request{}, retry)
 }
 
-func (c *Controller) refuse(d Decision) Decision {
+// RefuseMOPFor is RefuseMOP for request r, counted under its protocol.
+func (c *Controller) RefuseMOPFor(r *Request, retry time.Duration) Decision {
+	return c.refuse(r, Decision{Verdict: Refuse, Reason: ReasonMOP, Rule: -1, RetryAfter: retry})
+}
+
+func (c *Controller) refuse(r *Request, d Decision) Decision {
 	d.HTTPStatus = uint16(c.cfg.RefuseCode)
 	if d.Reason == ReasonMOP {
 		d.HTTPStatus = uint16(c.cfg.MOPRejectCode)
 	}
-	c.refused[d.Reason].Add(1)
+	c.refused[protoIndex(r.Proto)][d.Reason].Add(1)
 	return d
 }
 
@@ -257,17 +284,32 @@ func (c *Controller) RuleName(d Decision) string {
 	return c.rules[d.Rule].cfg.Name
 }
 
-// Counts returns how many requests were admitted by class and refused by
-// reason since start.
-func (c *Controller) Counts() (admitted [2]uint64, refused [numReasons]uint64) {
-	for i := range admitted {
-		admitted[i] = c.admitted.count(i)
-	}
-	for i := range c.refused {
-		refused[i] = c.refused[i].Load()
-	}
-	return
+// Counts is what a Controller decided since start, indexed by protocol
+// (see ProtoNames), class and reason.
+type Counts struct {
+	Admitted [numProtos][2]uint64          // by protocol and Class
+	Refused  [numProtos][numReasons]uint64 // by protocol and Reason
 }
+
+// Counts returns how many requests were admitted and refused since start.
+func (c *Controller) Counts() Counts {
+	var out Counts
+	for p := range out.Admitted {
+		for cl := range out.Admitted[p] {
+			out.Admitted[p][cl] = c.admitted.count(p, cl)
+		}
+		for r := range out.Refused[p] {
+			out.Refused[p][r] = c.refused[p][r].Load()
+		}
+	}
+	return out
+}
+
+// ClassNames are the class labels of Counts, by index.
+var ClassNames = [2]string{"new", "affinity"}
+
+// ReasonNames are the reason labels of Counts, by index ("" for none).
+var ReasonNames = reasonNames
 
 // Advance moves every rule to now (expiry, releases, timeouts).
 func (c *Controller) Advance(now int64) {

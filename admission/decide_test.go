@@ -128,3 +128,22 @@ func TestImportsStdlibOnly(t *testing.T) {
 		}
 	}
 }
+
+func TestControllerCounts(t *testing.T) {
+	c := newTestController(t, nil, RuleConfig{Name: "one", Match: Match{Proto: "sip"}, Limit: 1, Unit: time.Minute, Action: ActionReject})
+	c.Decide(0, &Request{Proto: "sip"}, nil)                  // admitted new
+	c.Decide(1, &Request{Proto: "sip"}, nil)                  // refused arm
+	c.Decide(2, &Request{Proto: "sip", Class: Affinity}, nil) // admitted affinity
+	c.Decide(3, &Request{Proto: "http"}, nil)                 // admitted new
+	c.RefuseMOPFor(&Request{Proto: "http"}, time.Second)      // refused mop
+	got := c.Counts()
+	if got.Admitted[protoSIP][NewWork] != 1 || got.Admitted[protoSIP][Affinity] != 1 || got.Admitted[protoHTTP][NewWork] != 1 {
+		t.Errorf("admitted: %+v", got.Admitted)
+	}
+	if got.Refused[protoSIP][ReasonARM] != 1 || got.Refused[protoHTTP][ReasonMOP] != 1 {
+		t.Errorf("refused: %+v", got.Refused)
+	}
+	if ProtoNames[protoSIP] != "sip" || ClassNames[Affinity] != "affinity" || ReasonNames[ReasonMOP] != "mop" {
+		t.Error("label tables out of order")
+	}
+}

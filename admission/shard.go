@@ -26,10 +26,10 @@ const (
 // cache lines so that the hot words of neighbours never share one, whatever
 // the alignment of the array.
 type shard struct {
-	w       atomic.Uint64    // epoch (high 32 bits) | tokens (low 32 bits)
-	refused atomic.Uint64    // refusals decided on this shard
-	counts  [2]atomic.Uint64 // Controller: admissions by class
-	_       [96]byte
+	w       atomic.Uint64               // epoch (high 32 bits) | tokens (low 32 bits)
+	refused atomic.Uint64               // refusals decided on this shard
+	counts  [numProtos][2]atomic.Uint64 // Controller: admissions by protocol and class
+	_       [64]byte
 }
 
 // shards is a set of shard slots; the zero value is ready.
@@ -87,9 +87,9 @@ func (s *shards) refused() (n uint64) {
 	return n
 }
 
-func (s *shards) count(i int) (n uint64) {
+func (s *shards) count(proto, class int) (n uint64) {
 	for j := range s {
-		n += s[j].counts[i].Load()
+		n += s[j].counts[proto][class].Load()
 	}
 	return n
 }
