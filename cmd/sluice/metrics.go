@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/admission"
+)
+
+// metricsSources are what /metrics reads at scrape time. Everything is
+// read from counters the request paths keep anyway; a scrape adds nothing to
+// them. Any field may be nil.
+type metricsSources struct {
+	ctrl     *admission.Controller
+	mem      *admission.Memory
+	backends func() []admin.BackendStatus
+	// extra writes more families in the text format after ours (the SIP
+	// front end's own counters).
+	extra []func(io.Writer)
+	// forward holds the forwarding latency histograms, observed by the
+	// front ends.
+	forward *prometheus.HistogramVec
+}
+
+// newForwardHistogram is sluice_forward_duration_seconds{protocol}: from a
+// request's arrival to its backend's answer being relayed.
+func newForwardHistogram() *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sluice_forward_duration_seconds",
+		Help:    "Time from a request's arrival to the relay of its backend's answer (HTTP: whole exchange; SIP: new work to its final answer).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"protocol"})
+}
+
+var (
+	descAdmitted   = prometheus.NewDesc("sluice_requests_admitted_total", "Requests admitted by the balancer, by protocol and class (new work or affinity).", []string{"protocol", "class"}, nil)
+	descRefused    = prometheus.NewDesc("sluice_requests_refused_total", "New work refused by the balancer, by protocol and the guard that refused it.", []string{"protocol", "reason"}, nil)
+	descMemState   = prometheus.NewDesc("sluice_memory_state", "Node memory state: 0 normal, 1 low, 2 lower, 3 critical.", nil, nil)
+	descMemUsed    = prometheus.NewDesc("sluice_memory_used_bytes", "Memory the Go runtime holds against its limit, last sample.", nil, nil)
+	descMemLimit   = prometheus.NewDesc("sluice_memory_limit_bytes", "Memory limit of the node memory states (0: states off).", nil, nil)
+	descARMRate    = prometheus.NewDesc("sluice_arm_rate", "ARM rule arrival rate: admissions in the current six sub-intervals.", []string{"rule"}, nil)
+	descARMLimit   = prometheus.NewDesc("sluice_arm_limit", "ARM rule limit per unit.", []string{"rule", "unit"}, nil)
+	descARMQueued  = prometheus.NewDesc("sluice_arm_queued", "Requests waiting in the ARM rule's delay queue.", []string{"rule"}, nil)
+	descARMDelayed = prometheus.NewDesc("sluice_arm_delayed_total", "Requests the ARM rule put in its delay queue.", []string{"rule"}, nil)
+	descARMRefused = prometheus.NewDesc("sluice_arm_refused_total", "Requests the ARM rule refused.", []string{"rule"}, nil)
+	descARMOver    = prometheus.NewDesc("sluice_arm_over_limit_total", "Requests admitted over the limit (action=log, or while qualifying).", []string{"rule"}, nil)
+	descMOPAllowed = prometheus.NewDesc("sluice_mop_allowed_rate", "New work per second MOP lets through to the backend now.", []string{"protocol", "backend"}, nil)
+	descMOPLearned = prometheus.NewDesc("sluice_mop_learned_rate", "Learned safe rate of new work per second (0 while discovering).", []string{"protocol", "backend"}, nil)
+	descMOPPhase   = prometheus.NewDesc("sluice_mop_learned", "1 when the backend's MOP rate is learned, 0 while discovering.", []string{"protocol", "backend"}, nil)
+	descBEMemory   = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe.", []string{"protocol", "backend"}, nil)
+	descBEState    = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining.", []string{"protocol", "backend", "state"}, nil)
+	descBEOut      = prometheus.NewDesc("sluice_backend_outstanding", "Requests sent to the backend and not yet answered.", []string{"protocol", "backend"}, nil)
+)
+
+// collector turns metricsSources into Prometheus metrics on each scrape.
+type collector struct{ src metricsSources }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descAdmitted, descRefused, descMemState, descMemUsed, descMemLimit,
+		descARMRate, descARMLimit, descARMQueued, descARMDelayed, descARMRefused, descARMOver,
+		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descBEState, descBEOut} {
+		ch <- d
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	if ctrl := c.src.ctrl; ctrl != nil {
+		counts := ctrl.Counts()
+		for p, proto := range admission.ProtoNames {
+			for cl, class := range admission.ClassNames {
+				counter(descAdmitted, float64(counts.Admitted[p][cl]), proto, class)
+			}
+			for r, reason := range admission.ReasonNames {
+				if reason != "" {
+					counter(descRefused, float64(counts.Refused[p][r]), proto, reason)
+				}
+			}
+		}
+		for _, m := range ctrl.Rules() {
+			st := m.Status()
+			gauge(descARMRate, float64(st.Rate), st.Name)
+			gauge(descARMLimit, float64(st.Limit), st.Name, unitLabel(st.Unit))
+			gauge(descARMQueued, float64(st.Queued), st.Name)
+			counter(descARMDelayed, float64(st.Delayed), st.Name)
+			counter(descARMRefused, float64(st.Refused), st.Name)
+			counter(descARMOver, float64(st.Over), st.Name)
+		}
+	}
+	if mem := c.src.mem; mem != nil {
+		used, limit := mem.Usage()
+		gauge(descMemState, float64(mem.State()))
+		gauge(descMemUsed, float64(used))
+		gauge(descMemLimit, float64(limit))
+	}
+	if c.src.backends != nil {
+		for _, b := range c.src.backends() {
+			for _, s := range []string{"up", "down", "draining"} {
+				v := 0.0
+				if b.State == s {
+					v = 1
+				}
+				gauge(descBEState, v, b.Protocol, b.ID, s)
+			}
+			gauge(descBEOut, float64(b.Outstanding), b.Protocol, b.ID)
+			if !b.MOP.Enabled {
+				continue
+			}
+			gauge(descMOPAllowed, b.MOP.AllowedRate, b.Protocol, b.ID)
+			gauge(descMOPLearned, b.MOP.LearnedRate, b.Protocol, b.ID)
+			learned := 0.0
+			if b.MOP.Phase == admission.Learned.String() {
+				learned = 1
+			}
+			gauge(descMOPPhase, learned, b.Protocol, b.ID)
+			gauge(descBEMemory, b.MOP.MemoryPercent/100, b.Protocol, b.ID)
+		}
+	}
+}
+
+func unitLabel(d time.Duration) string {
+	switch d {
+	case time.Second:
+		return "second"
+	case time.Minute:
+		return "minute"
+	case time.Hour:
+		return "hour"
+	}
+	return d.String()
+}
+
+// metricsHandler serves /metrics in the Prometheus text format: our
+// families from a registry of their own (plus the Go runtime's), then the
+// extra writers'.
+func metricsHandler(src metricsSources) (http.Handler, error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(collector{src}); err != nil {
+		return nil, err
+	}
+	if src.forward != nil {
+		if err := reg.Register(src.forward); err != nil {
+			return nil, err
+		}
+	}
+	if err := reg.Register(prometheus.NewGoCollector()); err != nil {
+		return nil, err
+	}
+	format := expfmt.NewFormat(expfmt.TypeTextPlain)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		families, err := reg.Gather()
+		if err != nil {
+			http.Error(w, "gather metrics: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		var buf bytes.Buffer
+		enc := expfmt.NewEncoder(&buf, format)
+		for _, f := range families {
+			if err := enc.Encode(f); err != nil {
+				http.Error(w, "encode metrics: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		for _, x := range src.extra {
+			x(&buf)
+		}
+		w.Header().Set("Content-Type", string(format))
+		w.Write(buf.Bytes())
+	}), nil
+}
