@@ -282,11 +282,20 @@ func TestFailover503(t *testing.T) {
 	b1.mode.Store(mode503)
 	s := testServer(t, []*uas{b1, b2}, nil, nil)
 	c := newUAC(t, s.udpAddr())
-	for i := 0; i < 10; i++ {
+	// Calls until one was first sent to b1 (the hash decides), then ten
+	// more: b1 drains after its 503 and sees none of them.
+	extra := -1
+	for i := 0; extra < 10; i++ {
+		if i == 64 {
+			t.Fatal("b1 was never tried")
+		}
 		k := c.newCall()
 		k.complete()
 		if b2.count(gosip.BYE, k.callID) != 1 {
 			t.Fatalf("call %d did not complete on b2", i)
+		}
+		if extra >= 0 || b1.count(gosip.INVITE, "") > 0 {
+			extra++
 		}
 	}
 	if got := b1.count(gosip.INVITE, ""); got != 1 {
@@ -334,7 +343,12 @@ func TestFailoverSilence(t *testing.T) {
 	b1.mode.Store(modeSilent)
 	s := testServer(t, []*uas{b1, b2}, nil, nil)
 	c := newUAC(t, s.udpAddr())
-	for i := 0; i < 4; i++ {
+	// Calls until two of them were first sent to the silent backend (the
+	// hash decides which backend a Call-ID tries first).
+	for i := 0; b1.count(gosip.INVITE, "") < 2; i++ {
+		if i == 64 {
+			t.Fatal("the silent backend was never tried")
+		}
 		k := c.newCall()
 		k.invite("")
 		c.recvResponse(180)

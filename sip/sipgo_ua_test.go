@@ -133,7 +133,7 @@ func TestSipgoDialogs(t *testing.T) {
 	lbAddr := s.udpAddr()
 	route := &gosip.RouteHeader{Address: gosip.Uri{Scheme: "sip", Host: "127.0.0.1", Port: int(lbAddr.Port()), UriParams: gosip.HeaderParams{{K: "lr"}}}}
 	used := map[*sipgoUAS]int{}
-	for i := 0; i < 12; i++ {
+	for i := 0; i < 24; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		sess, err := dua.Invite(ctx, gosip.Uri{Scheme: "sip", User: "bob", Host: "service.example.com"}, []byte("v=0\r\n"), route.Clone(),
 			gosip.NewHeader("Content-Type", "application/sdp"))
