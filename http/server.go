@@ -136,6 +136,7 @@ func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
 		ReadTimeout:              s.cfg.BackendTimeout,
 		WriteTimeout:             s.cfg.BackendTimeout,
 		StreamResponseBody:       buffer == 0,
+		ConnPoolStrategy:         fasthttp.LIFO, // reuse the warmest connection; idle extras time out
 		MaxResponseBodySize:      buffer,
 		// One retry on the same backend, for idempotent requests whose
 		// pooled keep-alive connection turned out to be closed; never
