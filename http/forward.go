@@ -73,6 +73,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admissio
 		}
 		if attempt == 0 && notSent(err) && idempotent(ctx.Method()) {
 			now = s.clock.Now()
+			if class == admission.Affinity {
+				// Its backend refuses connections: from here it is new
+				// work, re-pinned, and admitted as such.
+				if !s.admitRepin(ctx, now) {
+					return
+				}
+				key = s.key(ctx)
+			}
 			nb, out, _ := s.pool.Pick(now, key, b)
 			if out == lb.Picked {
 				s.stats.Retried.Add(1)
@@ -143,6 +151,27 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, b *lb.Backend, class admiss
 	ctx.TimeoutErrorWithResponse(resp)
 	fasthttp.ReleaseResponse(resp)
 	return errAborted
+}
+
+// admitRepin asks admission about an affinity request whose backend
+// failed, as new work. It answers the refusal itself and returns false
+// when the request may not go on; a delay counts as a refusal here, since
+// the client has already waited for one backend.
+func (s *Server) admitRepin(ctx *fasthttp.RequestCtx, now int64) bool {
+	r := admission.Request{Class: admission.NewWork, Proto: "http", Method: b2s(ctx.Method()), Host: b2s(ctx.Host()), Path: b2s(ctx.Path())}
+	d := s.ctrl.Decide(now, &r, nil)
+	switch d.Verdict {
+	case admission.Admit:
+		return true
+	case admission.Delay:
+		d.Wait.Cancel()
+		<-d.Wait.Done()
+		if d = s.ctrl.Resume(now, &r, d, nil); d.Verdict == admission.Admit {
+			return true
+		}
+	}
+	s.refuseDecision(ctx, d)
+	return false
 }
 
 // exchange sends the request to b once, or twice when a buffered answer

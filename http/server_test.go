@@ -783,3 +783,20 @@ func TestConfigErrors(t *testing.T) {
 		t.Errorf("bad CIDR error = %v", err)
 	}
 }
+
+// TestRepinIsNewWork: an affinity request whose backend refuses connections
+// is moved only as new work, so admission can still refuse it.
+func TestRepinIsNewWork(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 2, arm: []string{"name=api,limit=1/min,action=reject"}})
+	first := r.get("/", "")
+	cookie := stickyFrom(t, first)
+	for _, be := range r.backends {
+		if be.name == first.body {
+			be.stop()
+		}
+	}
+	rep := r.get("/", cookie)
+	if rep.status != 429 || !strings.Contains(rep.header.Get("Proxy-Status"), "arm rule api") {
+		t.Errorf("re-pin while ARM refuses: %d %v, want 429 from the ARM rule", rep.status, rep.header)
+	}
+}

@@ -191,7 +191,6 @@ type plan struct {
 	health   *lb.HealthChecker
 	probes   []*lb.MemoryProbe
 	sipSrv   *lbsip.Server
-	sipMOPs  map[string]*admission.MOP // by SIP backend id
 	admin    *admin.Server
 
 	// mops lists every backend's MOP limiter by its persist key
@@ -219,9 +218,8 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", o.logLevel)
 	}
 	p := &plan{
-		logger:  slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})),
-		clock:   admission.MonoClock{},
-		sipMOPs: map[string]*admission.MOP{},
+		logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})),
+		clock:  admission.MonoClock{},
 	}
 	p.events = func(ev admission.Event) {
 		p.logger.Info("event", "kind", string(ev.Kind), "subject", ev.Subject, "msg", ev.Message)
@@ -440,7 +438,6 @@ func (p *plan) buildSIP(o *runOptions) error {
 		if err != nil {
 			mopErr = err
 		}
-		p.sipMOPs[id] = m
 		return m
 	}
 	p.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: p.ctrl, Signer: p.signer, Clock: p.clock, MOP: mops}, p.logger)
@@ -552,26 +549,21 @@ func (p *plan) stop(timeout time.Duration) {
 // backendStatus lists the HTTP and SIP backends for /status.
 func (p *plan) backendStatus() []admin.BackendStatus {
 	var out []admin.BackendStatus
-	if p.httpPool != nil {
-		now := p.clock.Now()
-		for _, b := range p.httpPool.Backends() {
+	now := p.clock.Now()
+	for _, pool := range []*lb.Pool{p.httpPool, p.sipPool()} {
+		if pool == nil {
+			continue
+		}
+		for _, b := range pool.Backends() {
 			out = append(out, admin.FromBackend(b.Status(now), b.MOP()))
 		}
 	}
-	if p.sipSrv != nil {
-		for _, b := range p.sipSrv.Backends() {
-			state := lb.Up
-			switch {
-			case !b.Up:
-				state = lb.Down
-			case b.Draining:
-				state = lb.Draining
-			}
-			out = append(out, admin.BackendStatus{
-				ID: b.ID, Protocol: "sip", Addr: b.Addr, State: state.String(), Weight: b.Weight,
-				MOP: admin.FromMOP(p.sipMOPs[b.ID]),
-			})
-		}
-	}
 	return out
+}
+
+func (p *plan) sipPool() *lb.Pool {
+	if p.sipSrv == nil {
+		return nil
+	}
+	return p.sipSrv.Pool()
 }
