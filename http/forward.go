@@ -238,15 +238,16 @@ func idempotent(m []byte) bool {
 	return false
 }
 
-// upstreamError answers a failed exchange: 504 on timeouts, 503 when no
-// backend connection was free, 502 otherwise (RFC 9209 error types).
+// upstreamError answers a failed exchange: 502 when the backend could not
+// be reached (including a connect timeout), 504 when it did not answer in
+// time, 503 when no backend connection was free (RFC 9209 error types).
 func (s *Server) upstreamError(ctx *fasthttp.RequestCtx, err error) {
 	s.stats.UpstreamError.Add(1)
 	ctx.Response.CloseBodyStream()
 	var op *net.OpError
 	switch {
 	case errors.Is(err, fasthttp.ErrDialTimeout):
-		s.writeRefusal(&ctx.Response, fasthttp.StatusGatewayTimeout, 0, psConnectTimeout, "backend connect timeout")
+		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psConnectTimeout, "backend connect timeout")
 	case errors.Is(err, fasthttp.ErrTimeout):
 		s.writeRefusal(&ctx.Response, fasthttp.StatusGatewayTimeout, 0, psResponseTimeout, "backend response timeout")
 	case errors.Is(err, fasthttp.ErrNoFreeConns):

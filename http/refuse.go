@@ -17,8 +17,9 @@ import (
 //	MOP refusal on every backend   connection_limit_reached
 //	no backend up                  destination_unavailable
 //	backend connection limit       connection_limit_reached
-//	dial refused / unreachable     connection_refused / destination_unavailable
-//	dial or response timeout       connection_timeout / http_response_timeout
+//	dial refused / unreachable     connection_refused / destination_unavailable (502)
+//	dial timeout                   connection_timeout (502)
+//	response timeout               http_response_timeout (504)
 //	backend closed the connection  connection_terminated
 //	unparsable backend answer      http_protocol_error
 //	broken streamed request body   http_request_error (400)

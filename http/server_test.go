@@ -800,3 +800,30 @@ func TestRepinIsNewWork(t *testing.T) {
 		t.Errorf("re-pin while ARM refuses: %d %v, want 429 from the ARM rule", rep.status, rep.header)
 	}
 }
+
+// TestBackendConnLimit503: with every backend connection busy, the next
+// request gets 503 with Retry-After, and the backend is not blamed.
+func TestBackendConnLimit503(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 1, passive: lb.PassiveConfig{MaxFails: 1}, cfg: Config{MaxConns: 1, ConnWait: time.Millisecond}})
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		entered <- struct{}{}
+		<-release
+		ctx.SetBodyString("slow")
+	}
+	slow := make(chan reply, 1)
+	go func() { slow <- r.get("/slow", "") }()
+	<-entered
+	rep := r.get("/", "")
+	if rep.status != 503 || rep.header.Get("Retry-After") != "1" || !strings.Contains(rep.header.Get("Proxy-Status"), "connection_limit_reached") {
+		t.Errorf("second request with the only connection busy: %d %v", rep.status, rep.header)
+	}
+	close(release)
+	if rep := <-slow; rep.status != 200 {
+		t.Errorf("slow request: %d", rep.status)
+	}
+	if s := r.pool.Backends()[0].State(r.clock.Now()); s != lb.Up {
+		t.Errorf("backend state %v after our own connection limit, want up", s)
+	}
+}
