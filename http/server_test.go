@@ -35,7 +35,7 @@ type backend struct {
 	handler func(ctx *fasthttp.RequestCtx) // optional override
 }
 
-func startBackend(t *testing.T, name string) *backend {
+func startBackend(t testing.TB, name string) *backend {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -85,7 +85,7 @@ type fakeMem struct{ used atomic.Int64 }
 func (f *fakeMem) ReadMemory() (int64, int64) { return f.used.Load(), 1000 }
 
 type rig struct {
-	t        *testing.T
+	t        testing.TB
 	backends []*backend
 	pool     *lb.Pool
 	ctrl     *admission.Controller
@@ -107,7 +107,7 @@ type rigOpts struct {
 	passive  lb.PassiveConfig
 }
 
-func newRig(t *testing.T, o rigOpts) *rig {
+func newRig(t testing.TB, o rigOpts) *rig {
 	t.Helper()
 	if o.backends == 0 {
 		o.backends = 2

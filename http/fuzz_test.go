@@ -1,0 +1,55 @@
+package http
+
+import (
+	"bufio"
+	"io"
+	"net"
+	nethttp "net/http"
+	"testing"
+	"time"
+)
+
+// FuzzServeRaw sends arbitrary bytes to the front end over a real loopback
+// connection: whatever they are, the server answers or closes the
+// connection without crashing, and keeps serving the next client.
+func FuzzServeRaw(f *testing.F) {
+	for _, seed := range []string{
+		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GARBAGE\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nCookie: SLUICE=AQAAAAB\r\nConnection: close, X-A\r\nX-A: 1\r\n\r\n",
+		"GET /\xff HTTP/1.0\r\n\r\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	r := newRig(f, rigOpts{backends: 1})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		c, err := net.DialTimeout("tcp", r.addr, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		c.Write(raw)
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.CloseWrite()
+		}
+		if resp, err := nethttp.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		c.Close()
+		// The server still answers a well-formed request.
+		c2, err := net.DialTimeout("tcp", r.addr, 2*time.Second)
+		if err != nil {
+			t.Fatalf("after %q: %v", raw, err)
+		}
+		defer c2.Close()
+		c2.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c2, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := nethttp.ReadResponse(bufio.NewReader(c2), nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("after %q the server does not serve: %v", raw, err)
+		}
+	})
+}
