@@ -71,16 +71,18 @@ type Reason uint8
 
 // Reasons.
 const (
-	ReasonNone   Reason = iota
-	ReasonMemory        // node memory state Lower or Critical
-	ReasonARM           // an ARM rule
-	ReasonMOP           // every candidate backend is at its MOP rate
-	numReasons
+	ReasonNone     Reason = iota
+	ReasonMemory          // node memory state Lower or Critical
+	ReasonARM             // an ARM rule
+	ReasonMOP             // every candidate backend is at its MOP rate
+	ReasonDraining        // the balancer is shutting down (SIGTERM)
+	NumReasons            // the number of reasons, for arrays indexed by Reason
+	numReasons     = NumReasons
 )
 
-var reasonNames = [numReasons]string{"", "memory", "arm", "mop"}
+var reasonNames = [numReasons]string{"", "memory", "arm", "mop", "draining"}
 
-// String returns "memory", "arm", "mop" or "".
+// String returns "memory", "arm", "mop", "draining" or "".
 func (r Reason) String() string {
 	if r < numReasons {
 		return reasonNames[r]
@@ -138,6 +140,7 @@ type Controller struct {
 	mem   *Memory
 	rules []*Meter
 
+	draining atomic.Bool
 	admitted shards // admissions by protocol and class, counted per shard (shard.counts)
 	refused  [numProtos][numReasons]atomic.Uint64
 }
@@ -181,6 +184,13 @@ func NewController(cfg ControllerConfig, mem *Memory, now int64) (*Controller, e
 	return c, nil
 }
 
+// SetDraining turns shutdown draining on or off: while on, new work is
+// refused (reason draining, status 503) and affinity still passes.
+func (c *Controller) SetDraining(on bool) { c.draining.Store(on) }
+
+// Draining reports whether SetDraining(true) is in force.
+func (c *Controller) Draining() bool { return c.draining.Load() }
+
 // Memory returns the node memory tracker, possibly nil.
 func (c *Controller) Memory() *Memory { return c.mem }
 
@@ -195,6 +205,9 @@ func (c *Controller) Decide(now int64, r *Request, mop *MOP) Decision {
 	if r.Class == Affinity {
 		c.admitted.pick().counts[protoIndex(r.Proto)][Affinity].Add(1)
 		return Decision{Verdict: Admit, Rule: -1}
+	}
+	if c.draining.Load() {
+		return c.refuse(r, Decision{Verdict: Refuse, Reason: ReasonDraining, Rule: -1, RetryAfter: c.cfg.MemoryRetryAfter})
 	}
 	st := c.mem.State()
 	if st.RefusesNewWork() {
@@ -268,9 +281,13 @@ func (c *Controller) RefuseMOPFor(r *Request, retry time.Duration) Decision {
 }
 
 func (c *Controller) refuse(r *Request, d Decision) Decision {
-	d.HTTPStatus = uint16(c.cfg.RefuseCode)
-	if d.Reason == ReasonMOP {
+	switch d.Reason {
+	case ReasonMOP:
 		d.HTTPStatus = uint16(c.cfg.MOPRejectCode)
+	case ReasonDraining:
+		d.HTTPStatus = 503
+	default:
+		d.HTTPStatus = uint16(c.cfg.RefuseCode)
 	}
 	c.refused[protoIndex(r.Proto)][d.Reason].Add(1)
 	return d

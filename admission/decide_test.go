@@ -147,3 +147,19 @@ func TestControllerCounts(t *testing.T) {
 		t.Error("label tables out of order")
 	}
 }
+
+func TestDecideDraining(t *testing.T) {
+	c := newTestController(t, nil)
+	c.SetDraining(true)
+	d := c.Decide(0, &Request{Proto: "http"}, nil)
+	if d.Verdict != Refuse || d.Reason != ReasonDraining || d.HTTPStatus != 503 || d.RetryAfter <= 0 {
+		t.Errorf("new work while draining: %+v", d)
+	}
+	if d := c.Decide(0, &Request{Proto: "http", Class: Affinity}, nil); d.Verdict != Admit {
+		t.Errorf("affinity while draining: %+v", d)
+	}
+	c.SetDraining(false)
+	if d := c.Decide(0, &Request{Proto: "http"}, nil); d.Verdict != Admit {
+		t.Errorf("new work after draining ended: %+v", d)
+	}
+}

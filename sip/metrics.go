@@ -21,13 +21,13 @@ type Metrics struct {
 	CallIDFallback atomic.Uint64 // in-dialog requests without our Route, routed by Call-ID hash
 	Relayed        atomic.Uint64 // responses relayed
 
-	Refused    atomic.Uint64    // new work refused by the balancer (503)
-	RefusedBy  [4]atomic.Uint64 // by admission.Reason (none, memory, arm, mop)
-	Delayed    atomic.Uint64    // new work held in an ARM delay queue
-	Failovers  atomic.Uint64    // new work moved to another backend
-	AllFailed  atomic.Uint64    // new work answered 500: every backend failed
-	Timeouts   atomic.Uint64    // attempts that got no answer in time
-	Terminated atomic.Uint64    // new work ended with 503 in memory state Critical
+	Refused    atomic.Uint64                       // new work refused by the balancer (503)
+	RefusedBy  [admission.NumReasons]atomic.Uint64 // by admission.Reason (none, memory, arm, mop, draining)
+	Delayed    atomic.Uint64                       // new work held in an ARM delay queue
+	Failovers  atomic.Uint64                       // new work moved to another backend
+	AllFailed  atomic.Uint64                       // new work answered 500: every backend failed
+	Timeouts   atomic.Uint64                       // attempts that got no answer in time
+	Terminated atomic.Uint64                       // new work ended with 503 in memory state Critical
 
 	Backend503   atomic.Uint64 // 503 answers from backends (absorbed, never relayed)
 	ForgedTokens atomic.Uint64 // in-dialog requests with our Route and a bad token (403)
