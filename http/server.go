@@ -235,7 +235,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // finish restores the client's Connection: close, which removing
 // hop-by-hop headers cleared.
 func (s *Server) finish(ctx *fasthttp.RequestCtx, closeAfter bool) {
-	if closeAfter {
+	// After an abort (TimeoutErrorWithResponse) the abandoned exchange may
+	// still write ctx.Response: leave ctx alone.
+	if closeAfter && ctx.LastTimeoutErrorResponse() == nil {
 		ctx.SetConnectionClose()
 	}
 }

@@ -620,7 +620,20 @@ func TestCriticalAbortsInFlight(t *testing.T) {
 		ctx.SetBodyString("late")
 	}
 	newWork := make(chan reply, 1)
-	go func() { newWork <- r.get("/new", "") }()
+	go func() {
+		// Connection: close makes the handler touch the response after
+		// the abort, which must not race with the abandoned exchange.
+		req, _ := nethttp.NewRequest("GET", "http://"+r.addr+"/new", nil)
+		req.Close = true
+		resp, err := r.client.Do(req)
+		if err != nil {
+			newWork <- reply{}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		newWork <- reply{status: resp.StatusCode, body: string(b), header: resp.Header}
+	}()
 	<-entered
 	sticky := make(chan reply, 1)
 	go func() { sticky <- r.get("/sticky", cookie) }()
