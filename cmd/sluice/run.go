@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	lbhttp "github.com/sluicelb/sluice/http"
@@ -111,7 +113,7 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	persistFlags(fs, &o.persist)
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz and /status (empty disables)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may finish")
+	fs.DurationVar(&o.shutdown, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests and affinity traffic may finish (new work is refused at once)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
 
 	var own []string
@@ -166,15 +168,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 		fmt.Fprintln(stderr, "sluice run:", err)
 		return 2
 	}
+	// Learned rates are restored before anything listens.
+	if err := p.openStore(o); err != nil {
+		p.logger.Error("start failed", "err", err)
+		fmt.Fprintln(stderr, "sluice run:", err)
+		return 1
+	}
+	if err := p.mountMetrics(); err != nil {
+		fmt.Fprintln(stderr, "sluice run:", err)
+		p.closeStore()
+		return 1
+	}
 	if err := p.start(ctx, o, hooks); err != nil {
 		p.logger.Error("start failed", "err", err)
 		fmt.Fprintln(stderr, "sluice run:", err)
 		p.stop(o.shutdown)
+		p.closeStore()
 		return 1
 	}
 	<-ctx.Done()
-	p.logger.Info("shutting down", "timeout", o.shutdown)
-	p.stop(o.shutdown)
+	left := p.drain(o.shutdown)
+	p.logger.Info("shutting down", "timeout", left)
+	p.stop(left)
+	p.closeStore()
 	return 0
 }
 
@@ -183,6 +199,10 @@ type plan struct {
 	logger   *slog.Logger
 	clock    admission.Clock
 	events   admission.EventSink
+	eventLog *eventLog
+	store    *persist.Store
+	saver    *persist.Saver
+	forward  *prometheus.HistogramVec // forwarding latency, by protocol
 	mem      *admission.Memory
 	ctrl     *admission.Controller
 	signer   *lb.Signer
@@ -221,9 +241,9 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 		logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})),
 		clock:  admission.MonoClock{},
 	}
-	p.events = func(ev admission.Event) {
-		p.logger.Info("event", "kind", string(ev.Kind), "subject", ev.Subject, "msg", ev.Message)
-	}
+	p.eventLog = &eventLog{logger: p.logger}
+	p.events = p.eventLog.emit
+	p.forward = newForwardHistogram()
 	if len(o.httpBackends.values) == 0 && !o.sip.enabled() {
 		return nil, errors.New("no backends: give -http-backend and/or -sip-backend")
 	}
@@ -276,7 +296,7 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 	}
 	if o.adminListen != "" {
 		p.admin = admin.New(p.logger)
-		p.admin.Handle("GET /healthz", admin.Healthz(p.mem))
+		p.admin.Handle("GET /healthz", p.healthz())
 		p.admin.Handle("GET /status", admin.StatusHandler(admin.Source{Memory: p.mem, Controller: p.ctrl, Backends: p.backendStatus}))
 	}
 	return p, nil
@@ -508,6 +528,17 @@ func (p *plan) start(parent context.Context, o *runOptions, hooks *runHooks) err
 		}
 		p.stopFronts = append(p.stopFronts, func(context.Context) error { return p.sipSrv.Close() })
 	}
+	attrs := []any{}
+	if httpAddr != nil {
+		attrs = append(attrs, "http", httpAddr.String())
+	}
+	if p.sipSrv != nil {
+		attrs = append(attrs, "sip", p.sipSrv.Addr().String())
+	}
+	if adminAddr != nil {
+		attrs = append(attrs, "admin", adminAddr.String())
+	}
+	p.logger.Info("listening", attrs...)
 	if hooks != nil && hooks.ready != nil {
 		hooks.ready(httpAddr, adminAddr)
 	}
