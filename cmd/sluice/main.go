@@ -9,6 +9,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -68,6 +69,10 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
 		usage(stdout)
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		newRunFlags(fs)
+		fmt.Fprintln(stdout)
+		groupedUsage(stdout, "run", fs)
 		return 0
 	case "-version", "--version":
 		args[0] = "version"

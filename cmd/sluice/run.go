@@ -143,6 +143,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o, own := newRunFlags(fs)
+	fs.Usage = func() { groupedUsage(fs.Output(), "run", fs) }
 	if err := applyEnv(fs, own, os.LookupEnv); err != nil {
 		fmt.Fprintln(stderr, "sluice run:", err)
 		return 2

@@ -81,3 +81,28 @@ func TestUnknownCommand(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, errb.String())
 	}
 }
+
+func TestHelpGroupsFlags(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := dispatch([]string{"--help"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	s := out.String()
+	last := -1
+	for _, section := range []string{"HTTP front end:", "SIP front end:", "ARM rules", "MOP (memory", "Node memory states:", "Persistence and event log:", "Operations:"} {
+		i := strings.Index(s, section)
+		if i < 0 || i < last {
+			t.Errorf("section %q missing or out of order", section)
+		}
+		last = i
+	}
+	for _, want := range []string{"-mop-window", "(default 1m0s)", "-sip-listen", "-drain-timeout", "SLUICE_HTTP_LISTEN"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("help lacks %q", want)
+		}
+	}
+	out.Reset()
+	if code := dispatch([]string{"version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "sluice ") {
+		t.Errorf("version: %d %q", code, out.String())
+	}
+}
