@@ -25,10 +25,10 @@ func TestHotPathAllocs(t *testing.T) {
 	b := r.pool.Backends()[0]
 	now := r.clock.Now()
 	run := func() {
-		s.affinity(&ctx, now)
-		s.key(&ctx)
+		s.affinity(&ctx, s.rt.Load(), now)
+		s.key(&ctx, s.rt.Load())
 		s.prepareRequest(&ctx)
-		s.prepareResponse(&ctx, b, true, now)
+		s.prepareResponse(&ctx, s.rt.Load(), b, true, now)
 		ctx.Response.Header.Del("Set-Cookie")
 	}
 	run()

@@ -31,7 +31,7 @@ var errAborted = errors.New("aborted: memory state critical")
 // another backend when the request is idempotent and failed before a byte
 // was sent. Affinity requests are retried elsewhere too, since a backend
 // that refuses connections is down and its clients are re-pinned.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admission.Class, key uint64, renew bool, now int64) {
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, class admission.Class, key uint64, renew bool, now int64) {
 	s.prepareRequest(ctx)
 	var body *bodyReader
 	if ctx.Request.IsBodyStream() {
@@ -51,7 +51,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admissio
 	}()
 	for attempt := 0; ; attempt++ {
 		b.Acquire()
-		err := s.roundTrip(ctx, b, class)
+		err := s.roundTrip(ctx, rt, b, class)
 		if err == errAborted {
 			body = nil // the abandoned exchange may still read it
 			return     // answered, and the backend released by the round trip
@@ -79,9 +79,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admissio
 				if !s.admitRepin(ctx, now) {
 					return
 				}
-				key = s.key(ctx)
+				key = s.key(ctx, rt)
 			}
-			nb, out, _ := s.pool.Pick(now, key, b)
+			nb, out, _ := rt.pool.Pick(now, key, b)
 			if out == lb.Picked {
 				s.stats.Retried.Add(1)
 				b, renew, class = nb, s.sticky != nil, admission.NewWork
@@ -105,7 +105,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admissio
 	} else {
 		s.stats.NewWork.Add(1)
 	}
-	s.prepareResponse(ctx, b, renew, now)
+	s.prepareResponse(ctx, rt, b, renew, now)
 }
 
 // roundTrip does one exchange with b. New work admitted while the node
@@ -114,9 +114,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, b *lb.Backend, class admissio
 // connection is closed when the exchange returns. In state Normal the
 // exchange runs inline (no goroutine per request); if the state turns
 // Critical meanwhile, forward discards the answer when it arrives.
-func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, b *lb.Backend, class admission.Class) error {
+func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, class admission.Class) error {
 	if class == admission.Affinity || s.mem == nil || s.mem.State() == admission.Normal {
-		return s.exchange(ctx, b)
+		return s.exchange(ctx, rt, b)
 	}
 	crit := s.mem.CriticalC()
 	const (
@@ -127,7 +127,7 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, b *lb.Backend, class admiss
 	var state atomic.Uint32
 	done := make(chan error, 1)
 	go func() {
-		err := s.exchange(ctx, b)
+		err := s.exchange(ctx, rt, b)
 		if state.CompareAndSwap(running, finished) {
 			done <- err
 			return
@@ -176,15 +176,15 @@ func (s *Server) admitRepin(ctx *fasthttp.RequestCtx, now int64) bool {
 
 // exchange sends the request to b once, or twice when a buffered answer
 // turned out too large (see Config.ResponseBuffer).
-func (s *Server) exchange(ctx *fasthttp.RequestCtx, b *lb.Backend) error {
-	if s.buffered != nil && !ctx.Request.IsBodyStream() && idempotent(ctx.Method()) {
-		err := s.buffered[b.Index()].Do(&ctx.Request, &ctx.Response)
+func (s *Server) exchange(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend) error {
+	if rt.buffered != nil && !ctx.Request.IsBodyStream() && idempotent(ctx.Method()) {
+		err := rt.buffered[b.Index()].Do(&ctx.Request, &ctx.Response)
 		if !errors.Is(err, fasthttp.ErrBodyTooLarge) {
 			return err
 		}
 		s.stats.Restreamed.Add(1)
 	}
-	return s.clients[b.Index()].Do(&ctx.Request, &ctx.Response)
+	return rt.clients[b.Index()].Do(&ctx.Request, &ctx.Response)
 }
 
 // result classifies an exchange for passive health.
@@ -424,7 +424,7 @@ func stripHopByHop(seen uint16, conn []byte, delBytes func([]byte), del func(str
 
 // prepareResponse removes hop-by-hop headers from the backend's answer,
 // learns the application session cookie and sets the sticky cookie.
-func (s *Server) prepareResponse(ctx *fasthttp.RequestCtx, b *lb.Backend, renew bool, now int64) {
+func (s *Server) prepareResponse(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, renew bool, now int64) {
 	h := &ctx.Response.Header
 	var seen uint16
 	for k := range h.All() {
@@ -439,7 +439,7 @@ func (s *Server) prepareResponse(ctx *fasthttp.RequestCtx, b *lb.Backend, renew 
 		s.learnSession(h, b, now)
 	}
 	if renew && s.sticky != nil {
-		h.AddBytesV("Set-Cookie", s.sticky.header(b, s.wall(now)))
+		h.AddBytesV("Set-Cookie", s.sticky.header(&rt.cookies[b.Index()], b, s.wall(now)))
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 // makes itself. The mapping:
 //
 //	memory state Lower/Critical    proxy_internal_response (answered locally)
+//	draining on SIGTERM            proxy_internal_response (answered locally)
 //	ARM rule refusal               http_request_denied (policy)
 //	MOP refusal on every backend   connection_limit_reached
 //	no backend up                  destination_unavailable
@@ -26,6 +27,7 @@ import (
 var (
 	psMemoryLower     = []byte(`sluice; error=proxy_internal_response; details="memory state lower"`)
 	psCritical        = []byte(`sluice; error=proxy_internal_response; details="memory state critical"`)
+	psDraining        = []byte(`sluice; error=proxy_internal_response; details="draining"`)
 	psMOP             = []byte(`sluice; error=connection_limit_reached; details="mop"`)
 	psNoBackend       = []byte(`sluice; error=destination_unavailable; details="no backend up"`)
 	psConnLimit       = []byte(`sluice; error=connection_limit_reached; details="backend max conns"`)
@@ -55,6 +57,8 @@ func (s *Server) refuseDecision(ctx *fasthttp.RequestCtx, d admission.Decision) 
 		if s.mem.State() == admission.Critical {
 			ps = psCritical
 		}
+	case admission.ReasonDraining:
+		ps, msg = psDraining, "shutting down"
 	case admission.ReasonARM:
 		ps, msg = psARMUnknown, "rate limit exceeded"
 		if int(d.Rule) >= 0 && int(d.Rule) < len(s.armPS) {

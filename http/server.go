@@ -21,21 +21,18 @@ import (
 // ListenAndServe, stop it with Shutdown. Safe for concurrent use.
 type Server struct {
 	cfg      Config
-	pool     *lb.Pool
+	rt       atomic.Pointer[route] // the backends; SetPool swaps them
 	ctrl     *admission.Controller
 	mem      *admission.Memory
 	signer   *lb.Signer
 	clock    admission.Clock
 	logger   *slog.Logger
-	clients  []*fasthttp.HostClient // by backend index; responses streamed
-	buffered []*fasthttp.HostClient // by backend index; small responses buffered, nil when off
-	sticky   *stickyCookie          // nil when disabled
-	sessions *sessionTable          // nil when disabled
+	sticky   *stickyCookie // nil when disabled
+	sessions *sessionTable // nil when disabled
 	appName  string
 	trusted  []netip.Prefix
 	hashKind hashKind
 	hashName string
-	hashed   bool     // the pool's policy uses the key
 	armPS    [][]byte // Proxy-Status value per ARM rule
 	srv      *fasthttp.Server
 	// wallBase and monoBase map monotonic time to wall time for cookie
@@ -73,7 +70,6 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 	}
 	s := &Server{
 		cfg:     cfg,
-		pool:    pool,
 		ctrl:    ctrl,
 		mem:     ctrl.Memory(),
 		signer:  signer,
@@ -87,22 +83,16 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 		if signer == nil {
 			return nil, errors.New("new http front end: sticky cookie needs an affinity key (-affinity-key-file)")
 		}
-		s.sticky = newStickyCookie(cfg.StickyCookie, cfg.StickyTTL, signer, pool.Len())
+		s.sticky = newStickyCookie(cfg.StickyCookie, cfg.StickyTTL, signer)
 	}
 	if cfg.AppCookie != "" {
 		s.sessions = newSessionTable(cfg.AppCookieTTL, cfg.AppCookieMax)
 	}
 	s.hashKind, s.hashName, _ = parseHashKey(cfg.HashKey)
-	_, s.hashed = pool.Policy().(*lb.ConsistentHash)
 	for _, m := range ctrl.Rules() {
 		s.armPS = append(s.armPS, []byte(fmt.Sprintf("sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())))
 	}
-	for _, b := range pool.Backends() {
-		s.clients = append(s.clients, s.newClient(b.Addr(), 0))
-		if cfg.ResponseBuffer > 0 {
-			s.buffered = append(s.buffered, s.newClient(b.Addr(), cfg.ResponseBuffer))
-		}
-	}
+	s.rt.Store(s.newRoute(pool, nil))
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		Name:                  "sluice",
@@ -120,6 +110,73 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 	}
 	return s, nil
 }
+
+// route is the set of backends requests go to, with a connection pool per
+// backend. A request loads it once and uses it throughout, so a SetPool in
+// the middle of a request does not mix two sets.
+type route struct {
+	pool     *lb.Pool
+	clients  []*fasthttp.HostClient // by backend index; responses streamed
+	buffered []*fasthttp.HostClient // by backend index; small responses buffered, nil when off
+	cookies  []atomic.Pointer[cookieValue]
+	hashed   bool // the pool's policy uses the key
+}
+
+// newRoute builds the route of pool, reusing the connection pools of old
+// for backends at the same address.
+func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
+	reuse := map[string][2]*fasthttp.HostClient{}
+	if old != nil {
+		for i, b := range old.pool.Backends() {
+			pair := [2]*fasthttp.HostClient{old.clients[i]}
+			if old.buffered != nil {
+				pair[1] = old.buffered[i]
+			}
+			reuse[b.Addr()] = pair
+		}
+	}
+	rt := &route{pool: pool, cookies: make([]atomic.Pointer[cookieValue], pool.Len())}
+	_, rt.hashed = pool.Policy().(*lb.ConsistentHash)
+	for _, b := range pool.Backends() {
+		pair, ok := reuse[b.Addr()]
+		delete(reuse, b.Addr())
+		if !ok {
+			pair[0] = s.newClient(b.Addr(), 0)
+			if s.cfg.ResponseBuffer > 0 {
+				pair[1] = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
+			}
+		}
+		rt.clients = append(rt.clients, pair[0])
+		if s.cfg.ResponseBuffer > 0 {
+			rt.buffered = append(rt.buffered, pair[1])
+		}
+	}
+	for _, pair := range reuse { // backends removed: close their idle connections
+		for _, c := range pair {
+			if c != nil {
+				c.CloseIdleConnections()
+			}
+		}
+	}
+	return rt
+}
+
+// SetPool replaces the backends while the server runs, for a reload.
+// Requests under way finish on the set they started with; connection pools
+// of backends whose address stays are kept. Sticky cookies and learned
+// session ids name backends by id, so clients of a backend that stays keep
+// it; a backend removed is no longer reached (its clients are re-pinned).
+func (s *Server) SetPool(pool *lb.Pool) error {
+	if pool == nil {
+		return errors.New("set http backends: nil pool")
+	}
+	s.rt.Store(s.newRoute(pool, s.rt.Load()))
+	s.logger.Info("http backends set", "backends", pool.Len())
+	return nil
+}
+
+// Pool returns the backends in use.
+func (s *Server) Pool() *lb.Pool { return s.rt.Load().pool }
 
 // newClient returns the connection pool to one backend: streaming response
 // bodies when buffer is 0, else buffering those up to buffer bytes and
@@ -154,7 +211,7 @@ func (s *Server) Stats() *Stats { return &s.stats }
 
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.pool.Len())
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.rt.Load().pool.Len())
 	return s.srv.Serve(ln)
 }
 
@@ -171,7 +228,8 @@ func (s *Server) ListenAndServe() error {
 // done, and closes idle backend connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
-	for _, c := range append(s.clients, s.buffered...) {
+	rt := s.rt.Load()
+	for _, c := range append(rt.clients, rt.buffered...) {
 		c.CloseIdleConnections()
 	}
 	return err
@@ -185,8 +243,9 @@ func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 // handle is the request path: classify, admit, pick, forward.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	now := s.clock.Now()
+	rt := s.rt.Load()
 	closeAfter := ctx.Request.Header.ConnectionClose()
-	b, renew, repinned := s.affinity(ctx, now)
+	b, renew, repinned := s.affinity(ctx, rt, now)
 	class := admission.NewWork
 	if b != nil {
 		class = admission.Affinity
@@ -209,17 +268,17 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	var key uint64
 	if b == nil {
-		key = s.key(ctx)
+		key = s.key(ctx, rt)
 		var out lb.Outcome
 		var retry time.Duration
-		b, out, retry = s.pool.Pick(now, key, nil)
+		b, out, retry = rt.pool.Pick(now, key, nil)
 		switch out {
 		case lb.NoBackend:
 			s.refuse(ctx, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
 			s.finish(ctx, closeAfter)
 			return
 		case lb.MOPRefused:
-			s.refuseDecision(ctx, s.ctrl.RefuseMOP(retry))
+			s.refuseDecision(ctx, s.ctrl.RefuseMOPFor(&r, retry))
 			s.finish(ctx, closeAfter)
 			return
 		}
@@ -228,7 +287,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.stats.Repinned.Add(1)
 		}
 	}
-	s.forward(ctx, b, class, key, renew, now)
+	s.forward(ctx, rt, b, class, key, renew, now)
 	s.finish(ctx, closeAfter)
 }
 
@@ -247,12 +306,12 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, closeAfter bool) {
 // when the sticky cookie should be sent again (absent via the session
 // table, or past half its lifetime); repinned when a valid pin named a
 // backend that is down.
-func (s *Server) affinity(ctx *fasthttp.RequestCtx, now int64) (b *lb.Backend, renew, repinned bool) {
+func (s *Server) affinity(ctx *fasthttp.RequestCtx, rt *route, now int64) (b *lb.Backend, renew, repinned bool) {
 	if s.sticky != nil {
 		if tok := ctx.Request.Header.Cookie(s.sticky.name); len(tok) > 0 {
 			wall := s.wall(now)
 			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
-				if b = s.pool.Pinned(id, now); b != nil {
+				if b = rt.pool.Pinned(id, now); b != nil {
 					return b, exp.Sub(wall) < s.cfg.StickyTTL/2, false
 				}
 				repinned = true
@@ -262,7 +321,9 @@ func (s *Server) affinity(ctx *fasthttp.RequestCtx, now int64) (b *lb.Backend, r
 	if s.sessions != nil {
 		if sid := ctx.Request.Header.Cookie(s.appName); len(sid) > 0 {
 			if b = s.sessions.get(sid, now); b != nil {
-				if b.AcceptsAffinity(now) {
+				// The table may predate a reload: find the backend by id
+				// in the set in use.
+				if b = rt.pool.Lookup(b.ID()); b != nil && b.AcceptsAffinity(now) {
 					return b, s.sticky != nil, false
 				}
 				b, repinned = nil, true
@@ -312,8 +373,8 @@ func (s *Server) wall(now int64) time.Time {
 
 // key returns the consistent-hash key of the request, 0 for other
 // policies. It allocates nothing.
-func (s *Server) key(ctx *fasthttp.RequestCtx) uint64 {
-	if !s.hashed {
+func (s *Server) key(ctx *fasthttp.RequestCtx, rt *route) uint64 {
+	if !rt.hashed {
 		return 0
 	}
 	switch s.hashKind {

@@ -18,7 +18,6 @@ type stickyCookie struct {
 	name   string
 	ttl    time.Duration
 	signer *lb.Signer
-	cache  []atomic.Pointer[cookieValue] // by backend index
 }
 
 type cookieValue struct {
@@ -26,14 +25,14 @@ type cookieValue struct {
 	header  []byte
 }
 
-func newStickyCookie(name string, ttl time.Duration, signer *lb.Signer, backends int) *stickyCookie {
-	return &stickyCookie{name: name, ttl: ttl, signer: signer, cache: make([]atomic.Pointer[cookieValue], backends)}
+func newStickyCookie(name string, ttl time.Duration, signer *lb.Signer) *stickyCookie {
+	return &stickyCookie{name: name, ttl: ttl, signer: signer}
 }
 
 // header returns the Set-Cookie value pinning b, valid from now for ttl.
-func (s *stickyCookie) header(b *lb.Backend, now time.Time) []byte {
+// slot caches it for b (see route.cookies).
+func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], b *lb.Backend, now time.Time) []byte {
 	exp := now.Add(s.ttl).Unix()
-	slot := &s.cache[b.Index()]
 	if v := slot.Load(); v != nil && v.expires == exp {
 		return v.header
 	}
