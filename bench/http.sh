@@ -47,7 +47,7 @@ go build -o "$BIN" ./cmd/sluice || die "build failed"
 export LB_HTTP_ADDR=127.0.0.1:$PORT
 export LB_HTTP_CMD="exec env GOMAXPROCS=$GMP $BIN run -http-listen 127.0.0.1:$PORT \
 -http-backend 127.0.0.1:18081 -http-backend 127.0.0.1:18082 -admin-listen '' \
--data-dir $OUT/data -log-level warn -shutdown-timeout 3s $SLUICE_FLAGS"
+-data-dir $OUT/data -log-level warn -drain-timeout 3s $SLUICE_FLAGS"
 log "sluice: $LB_HTTP_CMD"
 # shellcheck disable=SC2086
 OUT=$OUT/peers "$PEERS/run.sh" $SYSTEMS http-target || die "run.sh failed"

@@ -109,7 +109,7 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	fs.Var(&o.memLower, "mem-lower", "memory state Lower at this share (new work refused 429)")
 	fs.Var(&o.memCritical, "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
 
-	fs.StringVar(&o.keyFile, "affinity-key-file", "", "HMAC key of sticky cookies and SIP tokens (default DATA-DIR/affinity.key; created when missing)")
+	fs.StringVar(&o.keyFile, "affinity-key-file", "", "HMAC key of sticky cookies and SIP tokens, created when missing (default: sluice-affinity.key next to -data-dir)")
 	persistFlags(fs, &o.persist)
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz and /status (empty disables)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -275,7 +275,7 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 
 	keyFile := o.keyFile
 	if keyFile == "" {
-		keyFile = filepath.Join(o.persist.Dir, "affinity.key")
+		keyFile = defaultKeyFile(o.persist.Dir)
 	}
 	key, err := lb.LoadOrCreateKey(keyFile)
 	if err != nil {
@@ -303,6 +303,16 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 	return p, nil
 }
 
+// defaultKeyFile is where the affinity key lives when -affinity-key-file
+// is not given: next to the data directory, not in it, because -data-reset
+// refuses to wipe a directory holding anything but the store's files, and
+// because the key must outlive a reset (sticky cookies and SIP dialogs
+// issued before it stay valid). For the default -data-dir ./sluice-data it
+// is ./sluice-affinity.key, the default of `sluice sip` too.
+func defaultKeyFile(dataDir string) string {
+	return filepath.Join(filepath.Dir(filepath.Clean(dataDir)), "sluice-affinity.key")
+}
+
 // checkPositive rejects zero or negative values of the flags whose zero
 // value the packages would silently replace by their default.
 func (o *runOptions) checkPositive() error {
@@ -328,7 +338,7 @@ func (o *runOptions) checkPositive() error {
 		{"-http-client-timeout", o.http.ClientReadTimeout > 0},
 		{"-http-client-idle", o.http.ClientIdle > 0},
 		{"-http-stream-threshold", o.http.StreamThreshold > 0},
-		{"-shutdown-timeout", o.shutdown > 0},
+		{"-drain-timeout", o.shutdown > 0},
 	} {
 		if !c.ok {
 			return fmt.Errorf("%s must be positive", c.name)

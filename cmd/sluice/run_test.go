@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -196,4 +198,46 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestRunDataResetKeepsKey: the generated affinity key does not live among
+// the store's files, so -data-reset (which refuses a directory holding
+// anything else) still works, and the key survives it: sticky cookies
+// issued before the reset stay valid.
+func TestRunDataResetKeepsKey(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer backend.Close()
+	dir := filepath.Join(t.TempDir(), "data")
+	runOnce := func(extra ...string) (int, string) {
+		args := append([]string{"-http-listen", "127.0.0.1:0", "-admin-listen", "", "-data-dir", dir,
+			"-http-backend", backend.Listener.Addr().String()}, extra...)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var stderr syncBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, args, io.Discard, &stderr, &runHooks{ready: func(net.Addr, net.Addr) { cancel() }})
+		}()
+		select {
+		case code := <-done:
+			return code, stderr.String()
+		case <-time.After(20 * time.Second):
+			t.Fatal("run did not stop")
+		}
+		return -1, ""
+	}
+	if code, out := runOnce(); code != 0 {
+		t.Fatalf("first run: exit %d: %s", code, out)
+	}
+	key1, err := os.ReadFile(filepath.Join(filepath.Dir(dir), "sluice-affinity.key"))
+	if err != nil {
+		t.Fatalf("default key file: %v", err)
+	}
+	if code, out := runOnce("-data-reset"); code != 0 {
+		t.Fatalf("run with -data-reset: exit %d: %s", code, out)
+	}
+	key2, err := os.ReadFile(filepath.Join(filepath.Dir(dir), "sluice-affinity.key"))
+	if err != nil || !bytes.Equal(key1, key2) {
+		t.Errorf("key changed across -data-reset (%v)", err)
+	}
 }
