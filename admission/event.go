@@ -16,6 +16,7 @@ const (
 	EventMOPPhase      EventKind = "mop.phase"       // a backend's MOP phase changed
 	EventMOPLearned    EventKind = "mop.learned"     // a backend's learned rate changed
 	EventConfigWarning EventKind = "config.warning"  // a configuration value was ignored or adjusted
+	EventConfigReload  EventKind = "config.reload"   // the backends were re-read (SIGHUP)
 )
 
 // Event is one entry of the event log. Subject names the rule, backend or

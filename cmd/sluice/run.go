@@ -49,12 +49,15 @@ type runOptions struct {
 	memLower     fraction
 	memCritical  fraction
 	keyFile      string
-	persist      persist.Config
-	adminListen  string
-	logLevel     string
-	shutdown     time.Duration
-	cpuProfile   string
-	sip          *sipOptions
+	backendsFile string
+	// The backends given by flags; -backends-file adds to them.
+	flagHTTPBackends, flagSIPBackends []string
+	persist                           persist.Config
+	adminListen                       string
+	logLevel                          string
+	shutdown                          time.Duration
+	cpuProfile                        string
+	sip                               *sipOptions
 }
 
 // newRunFlags defines the flags of `sluice run` on fs and returns where
@@ -110,6 +113,7 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	fs.Var(&o.memCritical, "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
 
 	fs.StringVar(&o.keyFile, "affinity-key-file", "", "HMAC key of sticky cookies and SIP tokens, created when missing (default: sluice-affinity.key next to -data-dir)")
+	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, one \"http SPEC\" or \"sip SPEC\" a line, added to the flags' and re-read on SIGHUP")
 	persistFlags(fs, &o.persist)
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz and /status (empty disables)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -187,7 +191,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 		p.closeStore()
 		return 1
 	}
-	<-ctx.Done()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for wait := true; wait; {
+		select {
+		case <-ctx.Done():
+			wait = false
+		case <-hup:
+			if err := p.reload(o); err != nil {
+				p.logger.Error("reload failed: backends unchanged", "err", err)
+			} else {
+				p.logger.Info("reloaded backends", "file", o.backendsFile)
+			}
+		}
+	}
 	left := p.drain(o.shutdown)
 	p.logger.Info("shutting down", "timeout", left)
 	p.stop(left)
@@ -207,10 +225,11 @@ type plan struct {
 	mem      *admission.Memory
 	ctrl     *admission.Controller
 	signer   *lb.Signer
-	httpPool *lb.Pool
 	httpSrv  *lbhttp.Server
-	health   *lb.HealthChecker
-	probes   []*lb.MemoryProbe
+	httpGen  *httpGen          // HTTP backends with their health checks and probes
+	probes   []*lb.MemoryProbe // SIP backends' memory probes
+	mopByKey map[string]*admission.MOP
+	ctx      context.Context // of the running plan, for reloads
 	sipSrv   *lbsip.Server
 	admin    *admin.Server
 
@@ -245,8 +264,18 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 	p.eventLog = &eventLog{logger: p.logger}
 	p.events = p.eventLog.emit
 	p.forward = newForwardHistogram()
+	o.flagHTTPBackends = append([]string{}, o.httpBackends.values...)
+	o.flagSIPBackends = append([]string{}, o.sip.backends...)
+	if o.backendsFile != "" {
+		h, s, err := readBackendsFile(o.backendsFile)
+		if err != nil {
+			return nil, err
+		}
+		o.httpBackends.values = append(o.httpBackends.values, h...)
+		o.sip.backends = append(o.sip.backends, s...)
+	}
 	if len(o.httpBackends.values) == 0 && !o.sip.enabled() {
-		return nil, errors.New("no backends: give -http-backend and/or -sip-backend")
+		return nil, errors.New("no backends: give -http-backend and/or -sip-backend (or -backends-file)")
 	}
 	if err := o.checkPositive(); err != nil {
 		return nil, err
@@ -357,6 +386,10 @@ func (o *runOptions) checkMOP() error {
 
 // newMOP builds the limiter of one backend with a memory probe.
 func (p *plan) newMOP(o *runOptions, proto, id, addr string) (*admission.MOP, error) {
+	key := persist.MOPKey(proto, addr)
+	if m := p.mopByKey[key]; m != nil {
+		return m, nil // a backend that stays across a reload keeps what it learned
+	}
 	c := o.mop
 	c.Name = proto + " " + id
 	c.Events = p.events
@@ -364,63 +397,20 @@ func (p *plan) newMOP(o *runOptions, proto, id, addr string) (*admission.MOP, er
 	if err != nil {
 		return nil, err
 	}
-	p.mops = append(p.mops, mopEntry{key: persist.MOPKey(proto, addr), mop: m})
+	p.mops = append(p.mops, mopEntry{key: key, mop: m})
+	if p.mopByKey == nil {
+		p.mopByKey = map[string]*admission.MOP{}
+	}
+	p.mopByKey[key] = m
 	return m, nil
 }
 
 func (p *plan) buildHTTP(o *runOptions) error {
-	var backends []*lb.Backend
-	var specs []lbhttp.BackendSpec
-	for _, s := range o.httpBackends.values {
-		spec, err := lbhttp.ParseBackend(s)
-		if err != nil {
-			return err
-		}
-		var mop *admission.MOP
-		if spec.MetricsURL != "" {
-			// MOP learns from memory samples: without a probe it would
-			// hold the backend at -mop-initial-rate for ever.
-			if mop, err = p.newMOP(o, "http", spec.ID, spec.Addr); err != nil {
-				return err
-			}
-		}
-		b, err := lb.NewBackend(lb.BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: "http", Weight: spec.Weight, MOP: mop})
-		if err != nil {
-			return fmt.Errorf("-http-backend %q: %w", s, err)
-		}
-		backends = append(backends, b)
-		specs = append(specs, spec)
-	}
-	var err error
-	if p.httpPool, err = lb.NewPool(lb.PoolConfig{Policy: o.policy, Passive: o.passive}, backends); err != nil {
+	gen, err := p.newHTTPGen(o, o.httpBackends.values)
+	if err != nil {
 		return err
 	}
-	if o.health.Interval > 0 {
-		if p.health, err = lb.NewHealthChecker(o.health, p.logger); err != nil {
-			return err
-		}
-		for i, b := range backends {
-			if specs[i].HealthPath != "" {
-				p.health.Add(b, lb.HTTPProber{Path: specs[i].HealthPath})
-			} else {
-				p.health.Add(b, lb.TCPProber{})
-			}
-		}
-	} else if o.health.Interval < 0 {
-		return errors.New("-health-interval must not be negative")
-	}
-	for i, b := range backends {
-		if specs[i].MetricsURL == "" {
-			continue
-		}
-		pc := o.mopProbe
-		pc.URL = specs[i].MetricsURL
-		probe, err := lb.NewMemoryProbe(b, pc, p.clock, p.logger)
-		if err != nil {
-			return err
-		}
-		p.probes = append(p.probes, probe)
-	}
+	p.httpGen = gen
 	for _, s := range o.trusted.values {
 		nets, err := lbhttp.ParseTrustedProxies(s)
 		if err != nil {
@@ -429,7 +419,7 @@ func (p *plan) buildHTTP(o *runOptions) error {
 		o.http.TrustedProxies = append(o.http.TrustedProxies, nets...)
 	}
 	o.http.Clock = p.clock
-	p.httpSrv, err = lbhttp.New(o.http, p.httpPool, p.ctrl, p.signer, p.logger)
+	p.httpSrv, err = lbhttp.New(o.http, p.httpGen.pool, p.ctrl, p.signer, p.logger)
 	return err
 }
 
@@ -496,9 +486,9 @@ func (p *plan) start(parent context.Context, o *runOptions, hooks *runHooks) err
 	p.cancel = cancel
 	p.goBackground(func() { p.mem.Run(ctx) })
 	p.goBackground(func() { p.ctrl.Run(ctx, p.clock, 10*time.Millisecond) })
-	if p.health != nil {
-		p.health.ProbeAll(ctx) // a first verdict before traffic
-		p.goBackground(func() { p.health.Run(ctx) })
+	p.ctx = ctx
+	if p.httpGen != nil {
+		p.startHTTPGen(p.httpGen)
 	}
 	for _, probe := range p.probes {
 		p.goBackground(func() { probe.Run(ctx) })
@@ -592,7 +582,11 @@ func (p *plan) stop(timeout time.Duration) {
 func (p *plan) backendStatus() []admin.BackendStatus {
 	var out []admin.BackendStatus
 	now := p.clock.Now()
-	for _, pool := range []*lb.Pool{p.httpPool, p.sipPool()} {
+	var httpPool *lb.Pool
+	if p.httpSrv != nil {
+		httpPool = p.httpSrv.Pool() // the set in force, also after a reload
+	}
+	for _, pool := range []*lb.Pool{httpPool, p.sipPool()} {
 		if pool == nil {
 			continue
 		}

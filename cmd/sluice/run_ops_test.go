@@ -83,6 +83,14 @@ func backendMOP(t *testing.T, admin string) (mopView, bool) {
 // it and the admin address it printed.
 func startSluice(t *testing.T, args ...string) (*exec.Cmd, string) {
 	t.Helper()
+	cmd, addrs := startSluiceAddrs(t, args...)
+	return cmd, addrs["admin"]
+}
+
+// startSluiceAddrs is startSluice returning every address of the
+// "listening" log line by name (http, sip, admin).
+func startSluiceAddrs(t *testing.T, args ...string) (*exec.Cmd, map[string]string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"run"}, args...)...)
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_MAIN=1")
 	stderr, _ := cmd.StderrPipe()
@@ -90,16 +98,21 @@ func startSluice(t *testing.T, args ...string) (*exec.Cmd, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	found := make(chan string, 1)
+	found := make(chan map[string]string, 1)
 	go func() {
-		re := regexp.MustCompile(`admin=([0-9.]+:[0-9]+)`)
+		re := regexp.MustCompile(`(http|sip|admin)=([0-9.]+:[0-9]+)`)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case found <- m[1]:
-				default:
-				}
+			if !strings.Contains(sc.Text(), "msg=listening") {
+				continue
+			}
+			addrs := map[string]string{}
+			for _, m := range re.FindAllStringSubmatch(sc.Text(), -1) {
+				addrs[m[1]] = m[2]
+			}
+			select {
+			case found <- addrs:
+			default:
 			}
 		}
 	}()
@@ -107,9 +120,9 @@ func startSluice(t *testing.T, args ...string) (*exec.Cmd, string) {
 	case a := <-found:
 		return cmd, a
 	case <-time.After(20 * time.Second):
-		t.Fatal("sluice did not report its admin address")
+		t.Fatal("sluice did not report its addresses")
 	}
-	return nil, ""
+	return nil, nil
 }
 
 // TestKill9KeepsLearnedRate: learned MOP state survives kill -9; after the
