@@ -94,6 +94,11 @@ type Config struct {
 	Clock admission.Clock
 	// Now supplies wall time for cookie expiry; nil derives it from Clock.
 	Now func() time.Time
+	// ObserveForward, when set, is called with the time from a request's
+	// arrival to the end of its forwarding (the backend's answer relayed,
+	// or the error answered), for a latency histogram. It is called on the
+	// request path: it must be quick and safe for concurrent use.
+	ObserveForward func(time.Duration)
 }
 
 func (c *Config) setDefaults() {

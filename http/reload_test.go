@@ -1,7 +1,9 @@
 package http
 
 import (
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicelb/sluice/lb"
 )
@@ -57,5 +59,22 @@ func TestSetPoolKeepsAffinity(t *testing.T) {
 	}
 	if err := r.srv.SetPool(nil); err == nil {
 		t.Error("SetPool(nil) succeeded")
+	}
+}
+
+func TestObserveForward(t *testing.T) {
+	var n atomic.Int64
+	r := newRig(t, rigOpts{cfg: Config{ObserveForward: func(d time.Duration) {
+		if d >= 0 {
+			n.Add(1)
+		}
+	}}})
+	for range 5 {
+		if rep := r.get("/", ""); rep.status != 200 {
+			t.Fatalf("status %d", rep.status)
+		}
+	}
+	if got := n.Load(); got != 5 {
+		t.Errorf("observed %d forwards, want 5", got)
 	}
 }

@@ -288,6 +288,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	s.forward(ctx, rt, b, class, key, renew, now)
+	if s.cfg.ObserveForward != nil {
+		s.cfg.ObserveForward(time.Duration(s.clock.Now() - now))
+	}
 	s.finish(ctx, closeAfter)
 }
 
