@@ -124,13 +124,11 @@ type MOPStatus struct {
 type MOP struct {
 	cfg MOPConfig
 
-	// Hot path. tat and granted are written by every refill: they share a
-	// cache line of their own, away from the read-mostly settings and the
-	// shards.
+	// Hot path. tat is written by every refill: it has a cache line of its
+	// own, away from the read-mostly settings and the shards.
 	_        [64]byte
-	tat      atomic.Int64  // GCRA theoretical arrival time, monotonic ns
-	granted  atomic.Uint64 // admissions reserved on tat (parked ones included)
-	_        [48]byte
+	tat      atomic.Int64 // GCRA theoretical arrival time, monotonic ns
+	_        [56]byte
 	emission atomic.Int64 // ns between admissions at the allowed rate
 	tau      atomic.Int64 // GCRA tolerance, ns
 	batch    atomic.Int64 // admissions reserved per CAS on tat (see shard.go)
@@ -203,7 +201,7 @@ func (m *MOP) Allow(now int64) bool {
 		}
 		n := min(batch, (tau-ahead)/t+1) // only what the tolerance allows
 		if m.tat.CompareAndSwap(tat, next+n*t) {
-			m.granted.Add(uint64(n))
+			sh.granted.Add(uint64(n))
 			if n > 1 {
 				sh.park(tick, uint64(n-1)) // a displaced batch is simply unused
 			}
@@ -216,7 +214,7 @@ func (m *MOP) Allow(now int64) bool {
 // At rates high enough to reserve in batches, admitted includes
 // reservations that went unused (a few per millisecond at most).
 func (m *MOP) counts() (admitted, refused uint64) {
-	return m.granted.Load(), m.shards.refused()
+	return m.shards.granted(), m.shards.refused()
 }
 
 // Headroom returns how many requests Allow would admit at now without
@@ -269,7 +267,7 @@ func (m *MOP) setAllowed(rate float64) {
 	m.emission.Store(emission)
 	m.tau.Store(tau)
 	// Reserve in batches only at rates where one tick holds many requests.
-	m.batch.Store(int64(max(1, min(maxBatch, rate/2000))))
+	m.batch.Store(int64(max(1, min(maxMOPBatch, rate/2000))))
 }
 
 func loadF(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }

@@ -18,7 +18,8 @@ import (
 
 const (
 	numShards   = 16 // power of two
-	maxBatch    = 16
+	maxBatch    = 16 // ARM
+	maxMOPBatch = 64 // MOP: reservations expire with their ~1ms tick anyway
 	shardTokens = 1<<32 - 1
 )
 
@@ -28,8 +29,9 @@ const (
 type shard struct {
 	w       atomic.Uint64               // epoch (high 32 bits) | tokens (low 32 bits)
 	refused atomic.Uint64               // refusals decided on this shard
+	granted atomic.Uint64               // MOP: admissions reserved here (parked ones included)
 	counts  [numProtos][2]atomic.Uint64 // Controller: admissions by protocol and class
-	_       [64]byte
+	_       [48]byte
 }
 
 // shards is a set of shard slots; the zero value is ready.
@@ -83,6 +85,13 @@ func (s *shards) drain(e uint32) (n uint64) {
 func (s *shards) refused() (n uint64) {
 	for i := range s {
 		n += s[i].refused.Load()
+	}
+	return n
+}
+
+func (s *shards) granted() (n uint64) {
+	for i := range s {
+		n += s[i].granted.Load()
 	}
 	return n
 }
