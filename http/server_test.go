@@ -840,3 +840,56 @@ func TestBackendConnLimit503(t *testing.T) {
 		t.Errorf("backend state %v after our own connection limit, want up", s)
 	}
 }
+
+// TestHealth429Drains: a backend whose health check answers 429 ("send no
+// new requests") gets no new work, while its sticky clients stay.
+func TestHealth429Drains(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 2})
+	var busy atomic.Bool
+	for _, be := range r.backends {
+		be.handler = func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) == "/health" {
+				if busy.Load() && be.name == "b0" {
+					ctx.SetStatusCode(429)
+				}
+				return
+			}
+			ctx.SetBodyString(be.name)
+		}
+	}
+	h, err := lb.NewHealthChecker(lb.HealthConfig{Interval: time.Second, Rise: 1, Fall: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range r.pool.Backends() {
+		h.Add(b, lb.HTTPProber{Path: "/health"})
+	}
+	var cookie string
+	for cookie == "" {
+		if rep := r.get("/", ""); rep.body == "b0" {
+			cookie = stickyFrom(t, rep)
+		}
+	}
+	busy.Store(true)
+	h.ProbeAll(context.Background())
+	if s := r.pool.Lookup("b0").State(r.clock.Now()); s != lb.Draining {
+		t.Fatalf("b0 state after a 429 health answer = %v, want draining", s)
+	}
+	for range 10 {
+		if rep := r.get("/", ""); rep.body != "b1" {
+			t.Fatalf("new work went to %s, want b1", rep.body)
+		}
+		if rep := r.get("/", cookie); rep.status != 200 || rep.body != "b0" {
+			t.Fatalf("sticky client of the draining backend: %d %s", rep.status, rep.body)
+		}
+	}
+	busy.Store(false)
+	h.ProbeAll(context.Background())
+	seen := map[string]bool{}
+	for range 4 {
+		seen[r.get("/", "").body] = true
+	}
+	if !seen["b0"] {
+		t.Errorf("b0 got no new work after its health answer turned 200: %v", seen)
+	}
+}
