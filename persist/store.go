@@ -524,26 +524,37 @@ func checkManifest(dir string) error {
 	return nil
 }
 
-// wipe removes the files of a store from dir and returns how many. It
-// refuses, removing nothing, when dir holds anything that is not a badger
-// file, so that a mistyped -data-dir never deletes unrelated data.
+// AffinityKeyFile is the name of the affinity key in the data directory
+// (the default of -affinity-key-file). A reset keeps it: sticky cookies and
+// SIP dialogs issued before the reset stay valid.
+const AffinityKeyFile = "affinity.key"
+
+// wipe removes the files of a store from dir and returns how many; the
+// affinity key stays. It refuses, removing nothing, when dir holds anything
+// else that is not a badger file, so that a mistyped -data-dir never
+// deletes unrelated data.
 func wipe(dir string) (int, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, err
 	}
+	var remove []string
 	for _, e := range entries {
+		if e.Name() == AffinityKeyFile && e.Type().IsRegular() {
+			continue
+		}
 		if e.IsDir() || !isStoreFile(e.Name()) {
 			return 0, fmt.Errorf("%s is not part of a store; remove it by hand or choose another -data-dir",
 				filepath.Join(dir, e.Name()))
 		}
+		remove = append(remove, e.Name())
 	}
-	for i, e := range entries {
-		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+	for i, n := range remove {
+		if err := os.Remove(filepath.Join(dir, n)); err != nil {
 			return i, err
 		}
 	}
-	return len(entries), nil
+	return len(remove), nil
 }
 
 // isStoreFile reports whether name is a file badger creates.

@@ -306,6 +306,32 @@ func TestResetRefusesForeignFiles(t *testing.T) {
 	}
 }
 
+// TestResetKeepsAffinityKey: the affinity key in the data directory is not
+// a foreign file and outlives a reset.
+func TestResetKeepsAffinityKey(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, Config{Dir: dir})
+	if err := s.Save("http/a:1", learned(10)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	key := filepath.Join(dir, AffinityKeyFile)
+	if err := os.WriteFile(key, []byte("0123456789abcdef0123456789abcdef"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(Config{Dir: dir, Reset: true}, nil)
+	if err != nil {
+		t.Fatalf("reset with the affinity key present: %v", err)
+	}
+	defer s.Close()
+	if states, _ := s.LoadMOP(); len(states) != 0 {
+		t.Errorf("reset kept %d learned states", len(states))
+	}
+	if b, err := os.ReadFile(key); err != nil || string(b) != "0123456789abcdef0123456789abcdef" {
+		t.Errorf("affinity key after reset: %q, %v", b, err)
+	}
+}
+
 func TestReadOnly(t *testing.T) {
 	dir := t.TempDir()
 	_, err := Open(Config{Dir: filepath.Join(dir, "missing"), ReadOnly: true}, nil)
