@@ -112,7 +112,7 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	fs.Var(&o.memLower, "mem-lower", "memory state Lower at this share (new work refused 429)")
 	fs.Var(&o.memCritical, "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
 
-	fs.StringVar(&o.keyFile, "affinity-key-file", "", "HMAC key of sticky cookies and SIP tokens, created when missing (default: sluice-affinity.key next to -data-dir)")
+	fs.StringVar(&o.keyFile, "affinity-key-file", "", "HMAC key of sticky cookies and SIP tokens, created when missing (default: affinity.key in -data-dir)")
 	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, one \"http SPEC\" or \"sip SPEC\" a line, added to the flags' and re-read on SIGHUP")
 	persistFlags(fs, &o.persist)
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz and /status (empty disables)")
@@ -333,13 +333,10 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 }
 
 // defaultKeyFile is where the affinity key lives when -affinity-key-file
-// is not given: next to the data directory, not in it, because -data-reset
-// refuses to wipe a directory holding anything but the store's files, and
-// because the key must outlive a reset (sticky cookies and SIP dialogs
-// issued before it stay valid). For the default -data-dir ./sluice-data it
-// is ./sluice-affinity.key, the default of `sluice sip` too.
+// is not given: in the data directory, where -data-reset leaves it, so that
+// sticky cookies and SIP dialogs issued before a reset stay valid.
 func defaultKeyFile(dataDir string) string {
-	return filepath.Join(filepath.Dir(filepath.Clean(dataDir)), "sluice-affinity.key")
+	return filepath.Join(dataDir, persist.AffinityKeyFile)
 }
 
 // checkPositive rejects zero or negative values of the flags whose zero
@@ -419,6 +416,8 @@ func (p *plan) buildHTTP(o *runOptions) error {
 		o.http.TrustedProxies = append(o.http.TrustedProxies, nets...)
 	}
 	o.http.Clock = p.clock
+	hist := p.forward.WithLabelValues("http")
+	o.http.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
 	p.httpSrv, err = lbhttp.New(o.http, p.httpGen.pool, p.ctrl, p.signer, p.logger)
 	return err
 }

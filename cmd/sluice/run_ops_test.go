@@ -227,7 +227,8 @@ func TestRunDrainOnSIGTERM(t *testing.T) {
 	if code, _, body := httpGet(t, admin+"/events?limit=50"); code != 200 || !strings.Contains(body, "config.warning") {
 		t.Errorf("/events: %d %s", code, body)
 	}
-	if code, _, body := httpGet(t, admin+"/metrics"); code != 200 || !strings.Contains(body, `sluice_requests_admitted_total{class="new",protocol="http"} 1`) {
+	if code, _, body := httpGet(t, admin+"/metrics"); code != 200 || !strings.Contains(body, `sluice_requests_admitted_total{class="new",protocol="http"} 1`) ||
+		!strings.Contains(body, `sluice_forward_duration_seconds_count{protocol="http"} 1`) {
 		t.Errorf("/metrics: %d\n%s", code, body)
 	}
 

@@ -200,10 +200,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestRunDataResetKeepsKey: the generated affinity key does not live among
-// the store's files, so -data-reset (which refuses a directory holding
-// anything else) still works, and the key survives it: sticky cookies
-// issued before the reset stay valid.
+// TestRunDataResetKeepsKey: the generated affinity key lives in the data
+// directory, -data-reset still works, and the key survives it: sticky
+// cookies issued before the reset stay valid.
 func TestRunDataResetKeepsKey(t *testing.T) {
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer backend.Close()
@@ -229,14 +228,14 @@ func TestRunDataResetKeepsKey(t *testing.T) {
 	if code, out := runOnce(); code != 0 {
 		t.Fatalf("first run: exit %d: %s", code, out)
 	}
-	key1, err := os.ReadFile(filepath.Join(filepath.Dir(dir), "sluice-affinity.key"))
+	key1, err := os.ReadFile(filepath.Join(dir, "affinity.key"))
 	if err != nil {
 		t.Fatalf("default key file: %v", err)
 	}
 	if code, out := runOnce("-data-reset"); code != 0 {
 		t.Fatalf("run with -data-reset: exit %d: %s", code, out)
 	}
-	key2, err := os.ReadFile(filepath.Join(filepath.Dir(dir), "sluice-affinity.key"))
+	key2, err := os.ReadFile(filepath.Join(dir, "affinity.key"))
 	if err != nil || !bytes.Equal(key1, key2) {
 		t.Errorf("key changed across -data-reset (%v)", err)
 	}
