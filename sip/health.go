@@ -24,15 +24,18 @@ func (pt *pingTable) init() { pt.m = map[string]chan int{} }
 // optionsProber is the SIP health check (RFC 3261 §11): an OPTIONS to the
 // backend. Any answer means up; a 503 also drains the backend for its
 // Retry-After; silence until the probe's deadline means down. Rise/fall
-// counting is lb.HealthChecker's.
-type optionsProber struct{ s *Server }
+// counting is lb.HealthChecker's. p is the pool whose backends it pings.
+type optionsProber struct {
+	s *Server
+	p *pool
+}
 
 var _ lb.Prober = optionsProber{}
 
 // Probe implements lb.Prober.
 func (p optionsProber) Probe(ctx context.Context, lbb *lb.Backend) (lb.ProbeResult, error) {
 	s := p.s
-	b := s.pool.list[lbb.Index()]
+	b := p.p.list[lbb.Index()]
 	s.pings.mu.Lock()
 	s.pings.seq++
 	seq := s.pings.seq
@@ -93,7 +96,7 @@ func (s *Server) pingAnswered(branch string, res *gosip.Response, src source) {
 		return
 	}
 	if res.StatusCode == 503 {
-		if b := s.pool.byAddr[src.addr]; b != nil {
+		if b := s.pool.Load().byAddr[src.addr]; b != nil {
 			b.drain(s.clock.Now(), s.retryAfter(res))
 		}
 	}

@@ -18,6 +18,7 @@ type Metrics struct {
 	Forwarded      atomic.Uint64 // requests sent upstream or downstream
 	NewWork        atomic.Uint64 // new work forwarded (attempts, failovers included)
 	Affinity       atomic.Uint64 // in-dialog requests routed by a valid token
+	AffinityGone   atomic.Uint64 // of those, to a backend SetBackends removed
 	CallIDFallback atomic.Uint64 // in-dialog requests without our Route, routed by Call-ID hash
 	Relayed        atomic.Uint64 // responses relayed
 
@@ -70,14 +71,16 @@ type BackendStatus struct {
 }
 
 // Pool returns the lb pool of the SIP backends (for /status and persisting
-// their MOP state).
-func (s *Server) Pool() *lb.Pool { return s.pool.lb }
+// their MOP state). SetBackends replaces it: call Pool again rather than
+// keeping it.
+func (s *Server) Pool() *lb.Pool { return s.pool.Load().lb }
 
 // Backends returns the state of every backend.
 func (s *Server) Backends() []BackendStatus {
 	now := s.clock.Now()
-	out := make([]BackendStatus, 0, len(s.pool.list))
-	for _, b := range s.pool.list {
+	p := s.pool.Load()
+	out := make([]BackendStatus, 0, len(p.list))
+	for _, b := range p.list {
 		st := b.lb.Status(now)
 		out = append(out, BackendStatus{
 			ID: b.id, Addr: b.addr.String(), Transport: b.transport(), Weight: b.lb.Weight(),
@@ -99,6 +102,7 @@ func (s *Server) WritePrometheus(w io.Writer) {
 	c("forwarded_total", "SIP requests forwarded.", m.Forwarded.Load())
 	c("new_work_total", "New-work attempts forwarded to backends.", m.NewWork.Load())
 	c("affinity_total", "In-dialog requests routed by a valid token.", m.Affinity.Load())
+	c("affinity_removed_total", "In-dialog requests routed by a valid token to a backend removed by a reload.", m.AffinityGone.Load())
 	c("callid_fallback_total", "In-dialog requests without our Route, routed by Call-ID hash.", m.CallIDFallback.Load())
 	c("relayed_total", "SIP responses relayed.", m.Relayed.Load())
 	fmt.Fprintf(w, "# HELP sluice_sip_refused_total New work refused with 503 by the balancer.\n# TYPE sluice_sip_refused_total counter\n")

@@ -83,17 +83,17 @@ func TestHealthOptions(t *testing.T) {
 		c.HealthRise, c.HealthFall = 1, 2
 	})
 	state := func(b *backend) lb.State { return b.lb.State(s.clock.Now()) }
-	eventually(t, "silent backend down", func() bool { return state(s.pool.list[0]) == lb.Down })
-	if state(s.pool.list[1]) != lb.Up {
-		t.Errorf("answering backend is %s", state(s.pool.list[1]))
+	eventually(t, "silent backend down", func() bool { return state(s.pool.Load().list[0]) == lb.Down })
+	if state(s.pool.Load().list[1]) != lb.Up {
+		t.Errorf("answering backend is %s", state(s.pool.Load().list[1]))
 	}
 	b1.mode.Store(modeAnswer)
-	eventually(t, "backend up again", func() bool { return state(s.pool.list[0]) == lb.Up })
+	eventually(t, "backend up again", func() bool { return state(s.pool.Load().list[0]) == lb.Up })
 
 	// A ping answered 503 drains b2.
 	b2.mode.Store(mode503)
 	b2.pingCode.Store(503)
-	eventually(t, "503 backend draining", func() bool { return state(s.pool.list[1]) == lb.Draining })
+	eventually(t, "503 backend draining", func() bool { return state(s.pool.Load().list[1]) == lb.Draining })
 	c := newUAC(t, s.udpAddr())
 	for i := 0; i < 5; i++ {
 		k := c.newCall()

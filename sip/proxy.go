@@ -44,13 +44,14 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		}
 		return
 	}
+	p := s.pool.Load()
 	switch {
 	case req.Method == gosip.ACK:
-		s.handleAck(req, src, now)
+		s.handleAck(req, src, p, now)
 	case req.Method == gosip.CANCEL:
-		s.handleCancel(req, src, now)
+		s.handleCancel(req, src, p, now)
 	case toTag(req) != "":
-		s.handleInDialog(req, src, now)
+		s.handleInDialog(req, src, p, now)
 	default:
 		s.handleNewWork(req, src, now)
 	}
@@ -190,7 +191,7 @@ func (s *Server) forwardStateless(req *gosip.Request, src source, dst target, br
 // handleAck routes an ACK: absorbed if it acknowledges our own final
 // response, to the INVITE's backend if it acknowledges a relayed non-2xx
 // answer, else as an in-dialog request (the ACK of a 2xx).
-func (s *Server) handleAck(req *gosip.Request, src source, now int64) {
+func (s *Server) handleAck(req *gosip.Request, src source, p *pool, now int64) {
 	tag := toTag(req)
 	if strings.HasPrefix(tag, localTagPrefix) {
 		s.txns.dropClient(clientKey(req))
@@ -213,11 +214,11 @@ func (s *Server) handleAck(req *gosip.Request, src source, now int64) {
 		s.metrics.Malformed.Add(1)
 		return
 	}
-	s.handleInDialog(req, src, now)
+	s.handleInDialog(req, src, p, now)
 }
 
 // handleCancel sends a CANCEL to the backend of its INVITE.
-func (s *Server) handleCancel(req *gosip.Request, src source, now int64) {
+func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64) {
 	ckey := clientKey(req)
 	s.popOurRoutes(req)
 	if t, b, branch, answered := s.txns.cancel(ckey); t != nil {
@@ -241,7 +242,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, now int64) {
 	}
 	// No state (completed, or a restart in between): the backend the INVITE
 	// most likely went to, with the branch it got there.
-	b := s.pool.home(lb.Hash(req.CallID().Value()), now)
+	b := p.home(lb.Hash(req.CallID().Value()), now)
 	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
 }
 
@@ -249,11 +250,12 @@ func (s *Server) handleCancel(req *gosip.Request, src source, now int64) {
 // token in it names the backend: always admitted. A missing or forged
 // token gets 403. Without our Route (a UA that ignores Record-Route), the
 // Call-ID hash picks the backend, and methods that can create a dialog go
-// through admission like new work.
-func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
+// through admission like new work. A token naming a backend SetBackends
+// removed still routes to that backend's last address.
+func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
-	fromBackend := s.pool.byAddr[src.addr] != nil
+	fromBackend := p.backendAt(src.addr) != nil
 	if had {
 		id, ok := s.verifyToken(token, callID)
 		if !ok {
@@ -268,7 +270,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
 			s.forwardDownstream(req, src)
 			return
 		}
-		b := s.pool.byID[id]
+		b, removed := p.dialogBackend(id)
 		if b == nil {
 			if req.Method != gosip.ACK {
 				s.reply(req, src, 480, "Temporarily Unavailable", "Warning: 399 "+s.adv.String()+` "backend gone"`)
@@ -276,6 +278,9 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
 			return
 		}
 		s.metrics.Affinity.Add(1)
+		if removed {
+			s.metrics.AffinityGone.Add(1)
+		}
 		s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
 		return
 	}
@@ -284,7 +289,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, now int64) {
 		s.forwardDownstream(req, src)
 		return
 	}
-	b := s.pool.home(lb.Hash(callID), now)
+	b := p.home(lb.Hash(callID), now)
 	if dialogCreating(req.Method) {
 		// A To-tag we did not sign proves nothing: this could be
 		// dialog-creating load in disguise.

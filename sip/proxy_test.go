@@ -54,7 +54,7 @@ func TestCallsAcrossBackends(t *testing.T) {
 	if n := s.txns.Len(); n != 0 {
 		t.Errorf("%d transactions left after all calls ended", n)
 	}
-	for _, b := range s.pool.list {
+	for _, b := range s.pool.Load().list {
 		if n := b.lb.Outstanding(); n != 0 {
 			t.Errorf("backend %s: %d outstanding after all calls ended", b.id, n)
 		}
@@ -302,12 +302,12 @@ func TestFailover503(t *testing.T) {
 		t.Errorf("b1 got %d INVITEs; after its first 503 it should drain", got)
 	}
 	eventually(t, "ACK of the 503", func() bool { return b1.count(gosip.ACK, "") == 1 })
-	for _, b := range s.pool.list {
+	for _, b := range s.pool.Load().list {
 		if n := b.lb.Outstanding(); n != 0 {
 			t.Errorf("backend %s: %d outstanding", b.id, n)
 		}
 	}
-	if st := s.pool.list[0].lb.Status(s.clock.Now()); st.Failures != 1 {
+	if st := s.pool.Load().list[0].lb.Status(s.clock.Now()); st.Failures != 1 {
 		t.Errorf("b1 failures %d, want 1 (its 503)", st.Failures)
 	}
 	if s.metrics.Failovers.Load() != 1 || s.metrics.Backend503.Load() != 1 {

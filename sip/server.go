@@ -17,7 +17,6 @@ import (
 	gosip "github.com/emiago/sipgo/sip"
 
 	"github.com/sluicelb/sluice/admission"
-	"github.com/sluicelb/sluice/lb"
 )
 
 // Signer makes and checks the affinity tokens carried in our Record-Route.
@@ -37,6 +36,8 @@ type Deps struct {
 	// admission.MonoClock.
 	Clock admission.Clock
 	// MOP returns the memory overload limiter of a backend, or nil for none.
+	// New calls it once per backend, with defaults filled in;
+	// SetBackends takes a hook of its own.
 	MOP func(BackendConfig) *admission.MOP
 }
 
@@ -49,7 +50,9 @@ type Server struct {
 	adm    *admission.Controller
 	signer Signer
 	clock  admission.Clock
-	pool   *pool
+	// pool is the backend set. It is replaced whole by SetBackends; a
+	// message loads it once and works with that pool throughout.
+	pool   atomic.Pointer[pool]
 	parser *gosip.Parser
 
 	adv     hostPort // advertised address
@@ -66,6 +69,13 @@ type Server struct {
 	wg       sync.WaitGroup
 	closed   atomic.Bool
 	draining atomic.Bool
+
+	// reloadMu serialises SetBackends with Start and Close; it guards the
+	// fields below. The message path never takes it.
+	reloadMu   sync.Mutex
+	started    bool               // Start got past opening the sockets
+	stopping   bool               // Close was called: start no goroutine
+	healthStop context.CancelFunc // ends the OPTIONS pings of the current pool
 }
 
 // Drain starts a graceful stop: from now on new work is refused with 503
@@ -93,7 +103,18 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	p, err := newPool(cfg.Backends, cfg.Policy, deps.MOP)
+	specs, err := checkBackends(cfg.Backends)
+	if err != nil {
+		return nil, err
+	}
+	var mops []*admission.MOP
+	if deps.MOP != nil {
+		mops = make([]*admission.MOP, len(specs))
+		for i, sp := range specs {
+			mops[i] = deps.MOP(sp.cfg)
+		}
+	}
+	p, err := newPool(specs, cfg.Policy, mops)
 	if err != nil {
 		return nil, err
 	}
@@ -104,9 +125,9 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		adm:    deps.Admission,
 		signer: deps.Signer,
 		clock:  deps.Clock,
-		pool:   p,
 		parser: newParser(),
 	}
+	s.pool.Store(p)
 	s.tcp.init()
 	s.txns.init()
 	s.pings.init()
@@ -133,17 +154,8 @@ func newParser() *gosip.Parser {
 // probes of -sip-backend metrics=URL are not started here: the caller
 // builds them around the MOP limiters it hands over in Deps.MOP.
 func (s *Server) Start(ctx context.Context) error {
-	var hc *lb.HealthChecker
-	if s.cfg.HealthInterval > 0 {
-		var err error
-		hc, err = lb.NewHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
-			Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}, s.base.With("proto", "sip"))
-		if err != nil {
-			return fmt.Errorf("sip health: %w", err)
-		}
-		for _, b := range s.pool.list {
-			hc.Add(b.lb, optionsProber{s})
-		}
+	if _, err := s.newHealth(s.pool.Load()); err != nil {
+		return err
 	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.parser.MaxMessageLength = s.cfg.MaxMessage
@@ -176,23 +188,16 @@ func (s *Server) Start(ctx context.Context) error {
 		s.tcpLn.Close()
 		return err
 	}
-	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(s.pool.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0))
-	for _, b := range s.pool.list {
-		if b.tcp {
-			s.dialAsync(b.addr, nil) // so the first request finds a connection
-		}
-	}
 	s.wg.Add(3)
 	go s.serveUDP()
 	go s.serveTCP()
 	go s.tick()
-	if hc != nil {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			hc.Run(s.ctx)
-		}()
-	}
+	s.reloadMu.Lock()
+	p := s.pool.Load()
+	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(p.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0))
+	s.started = true
+	s.runBackendsLocked(p)
+	s.reloadMu.Unlock()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -209,7 +214,7 @@ func (s *Server) setAdvertise(la *net.UDPAddr) error {
 		ip = ip.Unmap()
 		if !ip.IsValid() || ip.IsUnspecified() {
 			// The address the kernel would use to reach the first backend.
-			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(s.pool.list[0].addr))
+			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(s.pool.Load().list[0].addr))
 			if err != nil {
 				return fmt.Errorf("-sip-advertise: none given and no local address found: %w", err)
 			}
@@ -241,6 +246,9 @@ func (s *Server) Addr() net.Addr {
 
 // Close stops the server and waits for its goroutines.
 func (s *Server) Close() error {
+	s.reloadMu.Lock()
+	s.stopping = true
+	s.reloadMu.Unlock()
 	if s.cancel != nil {
 		s.cancel()
 	}
@@ -368,7 +376,7 @@ func (s *Server) sendBytes(p []byte, t target) error {
 		if t.dial && s.dialAsync(t.addr, p) {
 			return nil
 		}
-		if s.pool.byAddr[t.addr] != nil {
+		if s.pool.Load().backendAt(t.addr) != nil {
 			s.dialAsync(t.addr, nil)
 		}
 		s.metrics.SendErrors.Add(1)

@@ -53,6 +53,7 @@ type txn struct {
 	branch   string
 	branches []string
 	tried    lb.Set
+	pool     *pool  // the pool tried counts in
 	wire     []byte // the request as last sent to cur
 	via      *gosip.ViaHeader
 	rrs      []*gosip.RecordRouteHeader
@@ -234,7 +235,14 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 			s.finishLocal(t, 487, "Request Terminated", nil)
 			return
 		}
-		b, out, retry := s.pool.pick(key, now, &t.tried)
+		p := s.pool.Load()
+		if t.pool != p {
+			// First attempt, or the backends were replaced since the
+			// last one: tried was counted in another pool's order.
+			t.tried = remapTried(t.pool, p, t.tried)
+			t.pool = p
+		}
+		b, out, retry := p.pick(key, now, &t.tried)
 		s.txns.mu.Unlock()
 		if out == lb.MOPRefused && (!mopRefused || retry < mopRetry) {
 			mopRetry, mopRefused = retry, true
@@ -388,7 +396,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 		t.settleLocked(now, lb.ServerError)
 		s.txns.mu.Unlock()
 		s.metrics.Backend503.Add(1)
-		cur.drain(now, s.retryAfter(res))
+		s.drainBackend(cur, now, s.retryAfter(res))
 		if t.invite {
 			s.ackUpstream(t, res, branch, src)
 		}
@@ -446,7 +454,7 @@ func (s *Server) relay(res *gosip.Response, next *gosip.ViaHeader) {
 // ackUpstream acknowledges a non-2xx answer we do not pass on (RFC 3261
 // §17.1.1.3): same branch and Request-URI as the INVITE, the answer's To.
 func (s *Server) ackUpstream(t *txn, res *gosip.Response, branch string, src source) {
-	b := s.pool.byAddr[src.addr]
+	b := s.pool.Load().backendAt(src.addr)
 	if b == nil {
 		return
 	}
