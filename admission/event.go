@@ -17,6 +17,7 @@ const (
 	EventMOPLearned    EventKind = "mop.learned"     // a backend's learned rate changed
 	EventConfigWarning EventKind = "config.warning"  // a configuration value was ignored or adjusted
 	EventConfigReload  EventKind = "config.reload"   // the backends were re-read (SIGHUP)
+	EventBackendState  EventKind = "backend.state"   // a backend went up, down or draining by its health checks
 )
 
 // Event is one entry of the event log. Subject names the rule, backend or

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // ProbeResult is the verdict of one active health probe.
@@ -118,6 +120,10 @@ type HealthConfig struct {
 	// Fall is how many probes in a row must fail to take an up backend
 	// down. Flag -health-fall, default 3.
 	Fall int
+	// Events receives a backend.state event on every change the checks
+	// make (down, up, draining by a 429 answer, no longer draining). May be
+	// nil.
+	Events admission.EventSink
 }
 
 func (c *HealthConfig) setDefaults() {
@@ -235,6 +241,11 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error) {
 	if busy := r == ProbeBusy; r != ProbeDown && b.probeBusy.Load() != busy {
 		b.SetProbeBusy(busy)
 		h.logger.Info("backend busy changed", "backend", b.id, "busy", busy)
+		if busy {
+			h.event(b, "backend "+b.id+" draining: its health check answered 429 (no new work, affinity continues)")
+		} else {
+			h.event(b, "backend "+b.id+" takes new work again: its health check no longer answers 429")
+		}
 	}
 	if r == ProbeDown {
 		c.ok = 0
@@ -242,6 +253,7 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error) {
 		if c.bad >= h.cfg.Fall && !b.probeDown.Load() {
 			b.SetProbeDown(true)
 			h.logger.Warn("backend down", "backend", b.id, "fails", c.bad, "err", err)
+			h.event(b, fmt.Sprintf("backend %s down after %d failed health checks: %v", b.id, c.bad, err))
 		}
 		return
 	}
@@ -250,6 +262,13 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error) {
 	if c.ok >= h.cfg.Rise && b.probeDown.Load() {
 		b.SetProbeDown(false)
 		h.logger.Info("backend up", "backend", b.id, "passes", c.ok)
+		h.event(b, fmt.Sprintf("backend %s up after %d passed health checks", b.id, c.ok))
+	}
+}
+
+func (h *HealthChecker) event(b *Backend, msg string) {
+	if h.cfg.Events != nil {
+		h.cfg.Events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: b.proto + " " + b.id, Message: msg})
 	}
 }
 

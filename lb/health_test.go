@@ -6,15 +6,25 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 func TestHealthRiseFall(t *testing.T) {
-	b, _ := NewBackend(BackendConfig{Addr: "a:1"})
+	b, _ := NewBackend(BackendConfig{Addr: "a:1", Proto: "http"})
 	var verdict atomic.Uint32
-	h, err := NewHealthChecker(HealthConfig{Interval: time.Second, Rise: 2, Fall: 3}, nil)
+	var events []string
+	sink := func(ev admission.Event) {
+		if ev.Kind != admission.EventBackendState || ev.Subject != "http a:1" {
+			t.Errorf("event %+v", ev)
+		}
+		events = append(events, ev.Message)
+	}
+	h, err := NewHealthChecker(HealthConfig{Interval: time.Second, Rise: 2, Fall: 3, Events: sink}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,6 +61,16 @@ func TestHealthRiseFall(t *testing.T) {
 		h.ProbeAll(ctx)
 		if got := b.State(0); got != s.want {
 			t.Fatalf("step %d (%v): state = %v, want %v", i, s.probe, got, s.want)
+		}
+	}
+	// down, up, draining, not draining, draining, down
+	want := []string{" down ", " up ", " draining", " takes new work", " draining", " down "}
+	if len(events) != len(want) {
+		t.Fatalf("events %q, want %d", events, len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(events[i], w) {
+			t.Errorf("event %d %q, want it to say %q", i, events[i], w)
 		}
 	}
 }

@@ -58,7 +58,7 @@ func (p *plan) newHTTPGen(o *runOptions, specs []string) (*httpGen, error) {
 		return nil, err
 	}
 	if o.health.Interval > 0 {
-		if g.health, err = lb.NewHealthChecker(o.health, p.logger); err != nil {
+		if g.health, err = lb.NewHealthChecker(p.healthConfig(o), p.logger); err != nil {
 			return nil, err
 		}
 		for i, b := range backends {
@@ -176,4 +176,11 @@ func (p *plan) reload(o *runOptions) error {
 	p.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: o.backendsFile,
 		Message: fmt.Sprintf("backends reloaded: %d http, %d sip", len(httpAll), len(sipAll))})
 	return nil
+}
+
+// healthConfig is -health-* with the event log attached.
+func (p *plan) healthConfig(o *runOptions) lb.HealthConfig {
+	c := o.health
+	c.Events = p.events
+	return c
 }
