@@ -50,11 +50,11 @@ func TestSIGHUPReloadsBackends(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("# two backends", "http "+addrs["b1"]+",id=b1", "http "+addrs["b2"]+",id=b2")
+	write("# two backends", "http "+addrs["b1"]+",id=b1", "http "+addrs["b2"]+",id=b2", "sip 127.0.0.1:5999,id=s1")
 	cmd, got := startSluiceAddrs(t, "-http-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0", "-data-dir", t.TempDir(),
-		"-backends-file", file, "-health-interval", "0")
+		"-backends-file", file, "-health-interval", "0", "-sip-listen", "127.0.0.1:0", "-sip-health-interval", "0")
 	front, admin := "http://"+got["http"], got["admin"]
-	if ids := statusBackends(t, admin); strings.Join(ids, " ") != "b1/1 b2/1" {
+	if ids := statusBackends(t, admin); strings.Join(ids, " ") != "b1/1 b2/1 s1/1" {
 		t.Fatalf("backends at start: %v", ids)
 	}
 	// Find a client pinned to b1.
@@ -70,11 +70,13 @@ func TestSIGHUPReloadsBackends(t *testing.T) {
 		t.Fatal("no request went to b1")
 	}
 
-	write("http "+addrs["b1"]+",id=b1,weight=3", "http "+addrs["b3"]+",id=b3")
+	write("http "+addrs["b1"]+",id=b1,weight=3", "http "+addrs["b3"]+",id=b3", "sip 127.0.0.1:5999,id=s1", "sip 127.0.0.1:5998,id=s2,weight=2")
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the reload", func() bool { return strings.Join(statusBackends(t, admin), " ") == "b1/3 b3/1" })
+	waitFor(t, 10*time.Second, "the reload", func() bool {
+		return strings.Join(statusBackends(t, admin), " ") == "b1/3 b3/1 s1/1 s2/2"
+	})
 	for i := range 10 {
 		if code, _, body := httpGet(t, front+"/", "Cookie", cookie); code != 200 || body != "b1" {
 			t.Fatalf("sticky request %d after reload: %d %q", i, code, body)
@@ -92,7 +94,7 @@ func TestSIGHUPReloadsBackends(t *testing.T) {
 	write("http nohost,id=x")
 	cmd.Process.Signal(syscall.SIGHUP)
 	time.Sleep(300 * time.Millisecond) // a reload that fails leaves nothing to wait for
-	if ids := statusBackends(t, admin); strings.Join(ids, " ") != "b1/3 b3/1" {
+	if ids := statusBackends(t, admin); strings.Join(ids, " ") != "b1/3 b3/1 s1/1 s2/2" {
 		t.Errorf("a bad file changed the backends: %v", ids)
 	}
 }

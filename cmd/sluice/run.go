@@ -215,23 +215,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 
 // plan is everything built from the flags before anything listens.
 type plan struct {
-	logger   *slog.Logger
-	clock    admission.Clock
-	events   admission.EventSink
-	eventLog *eventLog
-	store    *persist.Store
-	saver    *persist.Saver
-	forward  *prometheus.HistogramVec // forwarding latency, by protocol
-	mem      *admission.Memory
-	ctrl     *admission.Controller
-	signer   *lb.Signer
-	httpSrv  *lbhttp.Server
-	httpGen  *httpGen          // HTTP backends with their health checks and probes
-	probes   []*lb.MemoryProbe // SIP backends' memory probes
-	mopByKey map[string]*admission.MOP
-	ctx      context.Context // of the running plan, for reloads
-	sipSrv   *lbsip.Server
-	admin    *admin.Server
+	logger         *slog.Logger
+	clock          admission.Clock
+	events         admission.EventSink
+	eventLog       *eventLog
+	store          *persist.Store
+	saver          *persist.Saver
+	forward        *prometheus.HistogramVec // forwarding latency, by protocol
+	mem            *admission.Memory
+	ctrl           *admission.Controller
+	signer         *lb.Signer
+	httpSrv        *lbhttp.Server
+	httpGen        *httpGen          // HTTP backends with their health checks and probes
+	probes         []*lb.MemoryProbe // SIP backends' memory probes
+	sipProbeCancel context.CancelFunc
+	mopByKey       map[string]*admission.MOP
+	ctx            context.Context // of the running plan, for reloads
+	sipSrv         *lbsip.Server
+	admin          *admin.Server
 
 	// mops lists every backend's MOP limiter by its persist key
 	// (persist.MOPKey(proto, addr)), built before any front end serves:
@@ -431,40 +432,16 @@ func (p *plan) buildSIP(o *runOptions) error {
 		return err
 	}
 	var mopErr error
-	mops := func(bc lbsip.BackendConfig) *admission.MOP {
-		if bc.MetricsURL == "" || mopErr != nil {
-			return nil
-		}
-		id := bc.ID
-		if id == "" {
-			id = bc.Addr
-		}
-		m, err := p.newMOP(o, "sip", id, bc.Addr)
-		if err != nil {
-			mopErr = err
-			return nil
-		}
-		// The probe feeds the MOP through a stand-in lb.Backend: it only
-		// reads the backend's id and limiter.
-		shadow, err := lb.NewBackend(lb.BackendConfig{ID: id, Addr: bc.Addr, Proto: "sip", MOP: m})
-		if err == nil {
-			pc := o.mopProbe
-			pc.URL = bc.MetricsURL
-			var probe *lb.MemoryProbe
-			if probe, err = lb.NewMemoryProbe(shadow, pc, p.clock, p.logger); err == nil {
-				p.probes = append(p.probes, probe)
-			}
-		}
-		if err != nil {
-			mopErr = err
-		}
-		return m
-	}
+	mops := p.sipMOPHook(o, &mopErr)
 	p.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: p.ctrl, Signer: p.signer, Clock: p.clock, MOP: mops}, p.logger)
 	if err != nil {
 		return err
 	}
-	return mopErr
+	if mopErr != nil {
+		return mopErr
+	}
+	p.probes, err = p.sipProbesFor(o, cfg.Backends)
+	return err
 }
 
 // start runs the background loops, binds the listeners and starts the
@@ -489,9 +466,7 @@ func (p *plan) start(parent context.Context, o *runOptions, hooks *runHooks) err
 	if p.httpGen != nil {
 		p.startHTTPGen(p.httpGen)
 	}
-	for _, probe := range p.probes {
-		p.goBackground(func() { probe.Run(ctx) })
-	}
+	p.startSIPProbes(p.probes)
 	if _, limit := p.mem.Usage(); limit <= 0 {
 		p.logger.Info("memory states off: set -mem-limit or GOMEMLIMIT")
 	}
