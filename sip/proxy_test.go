@@ -1,11 +1,17 @@
 package sip
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
 )
 
 // TestCallsAcrossBackends: INVITE/180/200/ACK/BYE through the proxy to two
@@ -401,5 +407,48 @@ func TestOrder(t *testing.T) {
 		case 100:
 			n--
 		}
+	}
+}
+
+// TestObserveForward: each new-work transaction reports its time to the
+// final answer once.
+func TestObserveForward(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	signer, err := lb.NewSigner(testKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm, err := admission.NewController(admission.ControllerConfig{}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var observed atomic.Int64
+	cfg := Config{Listen: "127.0.0.1:0", Backends: []BackendConfig{{ID: "b1", Addr: b1.addr.String(), Transport: "udp", Weight: 1}}}
+	s, err := New(cfg, Deps{Admission: adm, Signer: signer, ObserveForward: func(d time.Duration) {
+		if d >= 0 {
+			observed.Add(1)
+		}
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := newUAC(t, s.udpAddr())
+	for range 3 {
+		k := c.newCall()
+		k.invite("")
+		c.recvResponse(180)
+		k.learn(c.recvResponse(200))
+		k.inDialog("ACK", 1, k.branch+"-ack")
+		k.inDialog("BYE", 2, k.branch+"-bye")
+		c.recvResponse(200)
+	}
+	if got := observed.Load(); got != 3 {
+		t.Errorf("observed %d forwards, want 3 (one per INVITE; in-dialog requests are stateless)", got)
 	}
 }

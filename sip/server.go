@@ -39,17 +39,23 @@ type Deps struct {
 	// New calls it once per backend, with defaults filled in;
 	// SetBackends takes a hook of its own.
 	MOP func(BackendConfig) *admission.MOP
+	// ObserveForward, when set, is called with the time from a new-work
+	// request's arrival to the relay of its backend's final answer, for a
+	// latency histogram. It is called on the message path: it must be
+	// quick and safe for concurrent use.
+	ObserveForward func(time.Duration)
 }
 
 // Server is the SIP front end: a proxy on one UDP socket and one TCP
 // listener. Create it with New, start it with Start, stop it with Close.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger // component=sip
-	base   *slog.Logger // as given, for lb components that name themselves
-	adm    *admission.Controller
-	signer Signer
-	clock  admission.Clock
+	cfg     Config
+	log     *slog.Logger // component=sip
+	base    *slog.Logger // as given, for lb components that name themselves
+	adm     *admission.Controller
+	observe func(time.Duration) // Deps.ObserveForward, or nil
+	signer  Signer
+	clock   admission.Clock
 	// pool is the backend set. It is replaced whole by SetBackends; a
 	// message loads it once and works with that pool throughout.
 	pool   atomic.Pointer[pool]
@@ -119,13 +125,14 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:    cfg,
-		log:    logger.With("component", "sip"),
-		base:   logger,
-		adm:    deps.Admission,
-		signer: deps.Signer,
-		clock:  deps.Clock,
-		parser: newParser(),
+		cfg:     cfg,
+		log:     logger.With("component", "sip"),
+		base:    logger,
+		adm:     deps.Admission,
+		observe: deps.ObserveForward,
+		signer:  deps.Signer,
+		clock:   deps.Clock,
+		parser:  newParser(),
 	}
 	s.pool.Store(p)
 	s.tcp.init()

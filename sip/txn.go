@@ -411,6 +411,9 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 		} else {
 			t.settleLocked(now, lb.OK)
 		}
+		if s.observe != nil {
+			s.observe(time.Duration(now - t.created))
+		}
 		if t.invite && code >= 300 {
 			t.state = stCompleted
 			t.expires = now + int64(completedLinger)

@@ -433,7 +433,9 @@ func (p *plan) buildSIP(o *runOptions) error {
 	}
 	var mopErr error
 	mops := p.sipMOPHook(o, &mopErr)
-	p.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: p.ctrl, Signer: p.signer, Clock: p.clock, MOP: mops}, p.logger)
+	hist := p.forward.WithLabelValues("sip")
+	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
+	p.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: p.ctrl, Signer: p.signer, Clock: p.clock, MOP: mops, ObserveForward: observe}, p.logger)
 	if err != nil {
 		return err
 	}
