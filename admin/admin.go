@@ -180,24 +180,12 @@ func (src Source) Snapshot() Status {
 		for _, m := range src.Controller.Rules() {
 			rs := m.Status()
 			st.ARM = append(st.ARM, RuleStatus{
-				Name: rs.Name, Rate: rs.Rate, Limit: rs.Limit, Unit: unitName(rs.Unit), Queued: rs.Queued,
+				Name: rs.Name, Rate: rs.Rate, Limit: rs.Limit, Unit: admission.UnitName(rs.Unit), Queued: rs.Queued,
 				Admitted: rs.Admitted + rs.Released, Delayed: rs.Delayed, Refused: rs.Refused,
 			})
 		}
 	}
 	return st
-}
-
-func unitName(u time.Duration) string {
-	switch u {
-	case time.Second:
-		return "s"
-	case time.Minute:
-		return "min"
-	case time.Hour:
-		return "h"
-	}
-	return u.String()
 }
 
 // StatusHandler answers /status with src's Snapshot as indented JSON.

@@ -263,7 +263,7 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 		if m.cfg.Action == ActionLog {
 			kind, verb = EventARMWouldLimit, "log only"
 		}
-		m.events.emit(kind, m.cfg.Name, fmt.Sprintf("arm rule %s reached its limit %d/%s (%s)", m.cfg.Name, lim, unitName(m.cfg.Unit), verb))
+		m.events.emit(kind, m.cfg.Name, fmt.Sprintf("arm rule %s reached its limit %d/%s (%s)", m.cfg.Name, lim, UnitName(m.cfg.Unit), verb))
 	}
 	if m.cfg.Action == ActionLog || (m.cfg.Qualify > 0 && now-m.reachedAt.Load() < int64(m.cfg.Qualify)) {
 		m.word.Add(1) // we hold mu and the word is not busy: counted over the limit
@@ -435,7 +435,8 @@ func (m *Meter) Status() RuleStatus {
 	}
 }
 
-func unitName(u time.Duration) string {
+// UnitName spells a rule's unit as in the -arm grammar: "s", "min" or "h".
+func UnitName(u time.Duration) string {
 	switch u {
 	case time.Second:
 		return "s"
