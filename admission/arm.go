@@ -154,6 +154,7 @@ type Meter struct {
 	ringEpoch [subIntervals]int64
 	queue     []*Wait // FIFO; head at queue[0]
 	engaged   bool
+	refusing  bool     // a refusal event was written during this engagement
 	state     MemState // memory state seen by the last decision
 }
 
@@ -273,6 +274,11 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 	retry := m.retryAfterLocked(now)
 	if m.cfg.Action == ActionReject || len(m.queue) >= m.cfg.Queue {
 		m.refused.Add(1)
+		why := "over the limit"
+		if m.cfg.Action == ActionDelay {
+			why = "over the limit and the delay queue is full"
+		}
+		m.noteRefusalLocked(why)
 		return Decision{Verdict: Refuse, Reason: ReasonARM, RetryAfter: retry}
 	}
 	w := &Wait{m: m, done: make(chan struct{}), deadline: -1}
@@ -343,17 +349,28 @@ func (m *Meter) advanceLocked(now int64) int {
 		w.retryAfter = m.retryAfterLocked(now) // written before done is closed
 		if w.finish(waitTimedOut) {
 			m.refused.Add(1)
+			m.noteRefusalLocked("a delayed request waited past its maximum wait")
 		}
 	}
 	rate := m.prev.Load() + int64(m.word.Load()&countMask)
 	if rate < lim && len(m.queue) == 0 {
 		m.reachedAt.Store(-1)
 		if m.engaged {
-			m.engaged = false
+			m.engaged, m.refusing = false, false
 			m.events.emit(EventARMReleased, m.cfg.Name, fmt.Sprintf("arm rule %s is under its limit again (rate %d of %d)", m.cfg.Name, rate, lim))
 		}
 	}
 	return released
+}
+
+// noteRefusalLocked writes one arm.refusing event per engagement, so a
+// refusing rule is visible in the event log without an event per request.
+func (m *Meter) noteRefusalLocked(why string) {
+	if m.refusing {
+		return
+	}
+	m.refusing = true
+	m.events.emit(EventARMRefusing, m.cfg.Name, fmt.Sprintf("arm rule %s is refusing requests: %s", m.cfg.Name, why))
 }
 
 func (m *Meter) popLocked() {

@@ -119,7 +119,7 @@ func (s *Server) newHealth(p *pool) (*lb.HealthChecker, error) {
 		return nil, nil
 	}
 	hc, err := lb.NewHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
-		Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}, s.base.With("proto", "sip"))
+		Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall, Events: s.events}, s.base.With("proto", "sip"))
 	if err != nil {
 		return nil, fmt.Errorf("sip health: %w", err)
 	}

@@ -44,6 +44,9 @@ type Deps struct {
 	// latency histogram. It is called on the message path: it must be
 	// quick and safe for concurrent use.
 	ObserveForward func(time.Duration)
+	// Events receives backend.state events from the OPTIONS health checks
+	// (down, up, draining). May be nil.
+	Events admission.EventSink
 }
 
 // Server is the SIP front end: a proxy on one UDP socket and one TCP
@@ -54,6 +57,7 @@ type Server struct {
 	base    *slog.Logger // as given, for lb components that name themselves
 	adm     *admission.Controller
 	observe func(time.Duration) // Deps.ObserveForward, or nil
+	events  admission.EventSink // Deps.Events, or nil
 	signer  Signer
 	clock   admission.Clock
 	// pool is the backend set. It is replaced whole by SetBackends; a
@@ -130,6 +134,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		base:    logger,
 		adm:     deps.Admission,
 		observe: deps.ObserveForward,
+		events:  deps.Events,
 		signer:  deps.Signer,
 		clock:   deps.Clock,
 		parser:  newParser(),

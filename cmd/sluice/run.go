@@ -435,7 +435,7 @@ func (p *plan) buildSIP(o *runOptions) error {
 	mops := p.sipMOPHook(o, &mopErr)
 	hist := p.forward.WithLabelValues("sip")
 	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
-	p.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: p.ctrl, Signer: p.signer, Clock: p.clock, MOP: mops, ObserveForward: observe}, p.logger)
+	p.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: p.ctrl, Signer: p.signer, Clock: p.clock, MOP: mops, ObserveForward: observe, Events: p.events}, p.logger)
 	if err != nil {
 		return err
 	}
