@@ -182,6 +182,13 @@ func TestRunCorruptStoreStopsStartup(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); err != nil {
 		t.Errorf("the corrupt store was touched: %v", err)
 	}
+	// With -data-reset the same directory starts afresh.
+	stderr = syncBuffer{}
+	code = run(ctx, []string{"-data-dir", dir, "-data-reset", "-http-listen", "127.0.0.1:0", "-admin-listen", "", "-http-backend", "127.0.0.1:1"},
+		io.Discard, &stderr, &runHooks{ready: func(net.Addr, net.Addr) { cancel() }})
+	if code != 0 {
+		t.Errorf("with -data-reset: exit %d, stderr %q", code, stderr.String())
+	}
 }
 
 // TestRunDrainOnSIGTERM: on shutdown, health turns 429 at once, new work is
