@@ -198,9 +198,9 @@ func (c *Controller) Memory() *Memory { return c.mem }
 func (c *Controller) Rules() []*Meter { return c.rules }
 
 // Decide admits, delays or refuses r at now. mop is the candidate backend's
-// limiter, or nil to leave MOP to the caller (see RefuseMOP): a front end
+// limiter, or nil to leave MOP to the caller (see RefuseMOPFor): a front end
 // that tries several candidates calls Decide with nil and then MOP.Allow on
-// each. Affinity is always admitted.
+// each (RefuseMOPFor when all refuse). Affinity is always admitted.
 func (c *Controller) Decide(now int64, r *Request, mop *MOP) Decision {
 	if r.Class == Affinity {
 		c.admitted.pick().counts[protoIndex(r.Proto)][Affinity].Add(1)
@@ -268,14 +268,9 @@ func (c *Controller) Wait(ctx context.Context, clock Clock, r *Request, d Decisi
 	return c.Resume(clock.Now(), r, d, mop)
 }
 
-// RefuseMOP is the decision for new work that no candidate backend's MOP
-// would take; retry is the soonest any of them frees up. It is counted
-// under protocol "other": prefer RefuseMOPFor.
-func (c *Controller) RefuseMOP(retry time.Duration) Decision {
-	return c.RefuseMOPFor(&Request{}, retry)
-}
-
-// RefuseMOPFor is RefuseMOP for request r, counted under its protocol.
+// RefuseMOPFor is the decision for new work r that no candidate backend's
+// MOP would take; retry is the soonest any of them frees up. It is counted
+// under r's protocol.
 func (c *Controller) RefuseMOPFor(r *Request, retry time.Duration) Decision {
 	return c.refuse(r, Decision{Verdict: Refuse, Reason: ReasonMOP, Rule: -1, RetryAfter: retry})
 }

@@ -22,7 +22,7 @@ const (
 	// answers 503, SIP 500 or 503 (RFC 3261 §16.7).
 	NoBackend
 	// MOPRefused: at least one backend accepts new work but every such
-	// candidate's MOP refused; answer with admission.Controller.RefuseMOP.
+	// candidate's MOP refused; answer with admission.Controller.RefuseMOPFor.
 	MOPRefused
 )
 

@@ -260,7 +260,8 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 	switch {
 	case !failover && mopRefused:
 		s.txns.remove(t)
-		s.refuse(t.req, t.src, s.adm.RefuseMOP(mopRetry))
+		ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(t.req.Method)}
+		s.refuse(t.req, t.src, s.adm.RefuseMOPFor(&ar, mopRetry))
 	case !failover:
 		s.txns.remove(t)
 		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.DrainDefault})
