@@ -25,10 +25,11 @@ func TestHotPathAllocs(t *testing.T) {
 	b := r.pool.Backends()[0]
 	now := r.clock.Now()
 	run := func() {
-		s.affinity(&ctx, s.rt.Load(), now)
-		s.key(&ctx, s.rt.Load())
-		s.prepareRequest(&ctx)
-		s.prepareResponse(&ctx, s.rt.Load(), b, true, now)
+		ip := remoteAddr(&ctx)
+		s.affinity(&ctx.Request.Header, s.rt.Load(), now)
+		s.key(&ctx.Request.Header, ip, s.rt.Load())
+		s.prepareRequest(&ctx.Request.Header, ip)
+		s.prepareResponse(&ctx.Response.Header, s.rt.Load(), b, true, now)
 		ctx.Response.Header.Del("Set-Cookie")
 	}
 	run()
@@ -47,8 +48,9 @@ func BenchmarkPrepareRequest(b *testing.B) {
 		b.Fatal(err)
 	}
 	s := &Server{}
+	ip := remoteAddr(&ctx)
 	for b.Loop() {
-		s.prepareRequest(&ctx)
+		s.prepareRequest(&ctx.Request.Header, ip)
 	}
 }
 

@@ -32,7 +32,7 @@ var errAborted = errors.New("aborted: memory state critical")
 // was sent. Affinity requests are retried elsewhere too, since a backend
 // that refuses connections is down and its clients are re-pinned.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, class admission.Class, key uint64, renew bool, now int64) {
-	s.prepareRequest(ctx)
+	s.prepareRequest(&ctx.Request.Header, remoteAddr(ctx))
 	var body *bodyReader
 	if ctx.Request.IsBodyStream() {
 		// Watch the client's body as it is streamed on, to tell a broken
@@ -79,7 +79,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, cla
 				if !s.admitRepin(ctx, now) {
 					return
 				}
-				key = s.key(ctx, rt)
+				key = s.key(&ctx.Request.Header, remoteAddr(ctx), rt)
 			}
 			nb, out, _ := rt.pool.Pick(now, key, b)
 			if out == lb.Picked {
@@ -105,7 +105,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, cla
 	} else {
 		s.stats.NewWork.Add(1)
 	}
-	s.prepareResponse(ctx, rt, b, renew, now)
+	s.prepareResponse(&ctx.Response.Header, rt, b, renew, now)
 }
 
 // roundTrip does one exchange with b. New work admitted while the node
@@ -341,8 +341,7 @@ func headerBit(k []byte) uint16 {
 // X-Forwarded-Proto and Forwarded (RFC 7239). Values from clients outside
 // the trusted proxies are replaced, from trusted ones appended to. The
 // client's headers are scanned once; names are deleted only when present.
-func (s *Server) prepareRequest(ctx *fasthttp.RequestCtx) {
-	h := &ctx.Request.Header
+func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 	var seen uint16
 	for k := range h.AllInOrder() {
 		seen |= headerBit(k)
@@ -351,8 +350,6 @@ func (s *Server) prepareRequest(ctx *fasthttp.RequestCtx) {
 		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
 	}
 
-	ip, _ := netip.AddrFromSlice(ctx.RemoteIP())
-	ip = ip.Unmap()
 	trusted := s.isTrusted(ip)
 	var buf [320]byte
 	v := buf[:0]
@@ -424,8 +421,7 @@ func stripHopByHop(seen uint16, conn []byte, delBytes func([]byte), del func(str
 
 // prepareResponse removes hop-by-hop headers from the backend's answer,
 // learns the application session cookie and sets the sticky cookie.
-func (s *Server) prepareResponse(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, renew bool, now int64) {
-	h := &ctx.Response.Header
+func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, rt *route, b *lb.Backend, renew bool, now int64) {
 	var seen uint16
 	for k := range h.All() {
 		seen |= headerBit(k)

@@ -245,7 +245,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	now := s.clock.Now()
 	rt := s.rt.Load()
 	closeAfter := ctx.Request.Header.ConnectionClose()
-	b, renew, repinned := s.affinity(ctx, rt, now)
+	b, renew, repinned := s.affinity(&ctx.Request.Header, rt, now)
 	class := admission.NewWork
 	if b != nil {
 		class = admission.Affinity
@@ -268,7 +268,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	var key uint64
 	if b == nil {
-		key = s.key(ctx, rt)
+		key = s.key(&ctx.Request.Header, remoteAddr(ctx), rt)
 		var out lb.Outcome
 		var retry time.Duration
 		b, out, retry = rt.pool.Pick(now, key, nil)
@@ -309,9 +309,9 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, closeAfter bool) {
 // when the sticky cookie should be sent again (absent via the session
 // table, or past half its lifetime); repinned when a valid pin named a
 // backend that is down.
-func (s *Server) affinity(ctx *fasthttp.RequestCtx, rt *route, now int64) (b *lb.Backend, renew, repinned bool) {
+func (s *Server) affinity(h *fasthttp.RequestHeader, rt *route, now int64) (b *lb.Backend, renew, repinned bool) {
 	if s.sticky != nil {
-		if tok := ctx.Request.Header.Cookie(s.sticky.name); len(tok) > 0 {
+		if tok := h.Cookie(s.sticky.name); len(tok) > 0 {
 			wall := s.wall(now)
 			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
 				if b = rt.pool.Pinned(id, now); b != nil {
@@ -322,7 +322,7 @@ func (s *Server) affinity(ctx *fasthttp.RequestCtx, rt *route, now int64) (b *lb
 		}
 	}
 	if s.sessions != nil {
-		if sid := ctx.Request.Header.Cookie(s.appName); len(sid) > 0 {
+		if sid := h.Cookie(s.appName); len(sid) > 0 {
 			if b = s.sessions.get(sid, now); b != nil {
 				// The table may predate a reload: find the backend by id
 				// in the set in use.
@@ -376,21 +376,27 @@ func (s *Server) wall(now int64) time.Time {
 
 // key returns the consistent-hash key of the request, 0 for other
 // policies. It allocates nothing.
-func (s *Server) key(ctx *fasthttp.RequestCtx, rt *route) uint64 {
+func (s *Server) key(h *fasthttp.RequestHeader, client netip.Addr, rt *route) uint64 {
 	if !rt.hashed {
 		return 0
 	}
 	switch s.hashKind {
 	case hashHeader:
-		return lb.HashBytes(ctx.Request.Header.Peek(s.hashName))
+		return lb.HashBytes(h.Peek(s.hashName))
 	case hashCookie:
-		return lb.HashBytes(ctx.Request.Header.Cookie(s.hashName))
+		return lb.HashBytes(h.Cookie(s.hashName))
 	}
-	if a, ok := netip.AddrFromSlice(ctx.RemoteIP()); ok {
-		ip := a.Unmap().As16()
+	if client.IsValid() {
+		ip := client.As16()
 		return lb.HashBytes(ip[:])
 	}
 	return 0
+}
+
+// remoteAddr returns the client's address, unmapped from IPv4-in-IPv6.
+func remoteAddr(ctx *fasthttp.RequestCtx) netip.Addr {
+	a, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	return a.Unmap()
 }
 
 // fasthttpLogger sends fasthttp's own messages (malformed requests, accept
