@@ -85,6 +85,17 @@ type Config struct {
 	// -1 turns buffering off.
 	ResponseBuffer int
 
+	// Engine chooses how connections are driven: "loop" (default on
+	// Linux) runs event loops over epoll that parse with fasthttp's header
+	// types and hand any connection they do not handle (HTTP/1.0, chunked
+	// or large request bodies, Upgrade, Expect, malformed heads) to the
+	// fasthttp server; "fasthttp" serves every connection with fasthttp's
+	// goroutine per connection. Flag -http-engine.
+	Engine string
+	// Loops is the number of event loops of the loop engine; 0 is
+	// GOMAXPROCS. Flag -http-loops.
+	Loops int
+
 	// RetryAfterNoBackend is the Retry-After of a 503 when no backend is
 	// up. Default 5s.
 	RetryAfterNoBackend time.Duration
@@ -156,7 +167,16 @@ func (c *Config) setDefaults() {
 	if c.Clock == nil {
 		c.Clock = admission.MonoClock{}
 	}
+	if c.Engine == "" {
+		c.Engine = defaultEngine
+	}
 }
+
+// Engine names (Config.Engine).
+const (
+	EngineLoop     = "loop"
+	EngineFastHTTP = "fasthttp"
+)
 
 // Validate reports the first invalid field, naming its flag.
 func (c *Config) Validate() error {
@@ -181,6 +201,12 @@ func (c *Config) Validate() error {
 		return errors.New("-http-client-timeout and -http-client-idle must be positive")
 	case c.StreamThreshold < 0:
 		return errors.New("-http-stream-threshold must be positive")
+	case c.Engine != EngineLoop && c.Engine != EngineFastHTTP:
+		return fmt.Errorf("-http-engine %q: want %s or %s", c.Engine, EngineLoop, EngineFastHTTP)
+	case c.Engine == EngineLoop && !loopSupported:
+		return fmt.Errorf("-http-engine %s needs Linux (epoll); use %s", EngineLoop, EngineFastHTTP)
+	case c.Loops < 0:
+		return errors.New("-http-loops must not be negative")
 	}
 	if _, _, err := parseHashKey(c.HashKey); err != nil {
 		return err

@@ -170,7 +170,7 @@ func (s *Server) admitRepin(ctx *fasthttp.RequestCtx, now int64) bool {
 			return true
 		}
 	}
-	s.refuseDecision(ctx, d)
+	s.refuseDecision(&ctx.Response, d)
 	return false
 }
 

@@ -49,7 +49,7 @@ const (
 
 // refuseDecision answers an admission refusal: the decision's status
 // (429 for memory and ARM, -mop-reject-code for MOP) and Retry-After.
-func (s *Server) refuseDecision(ctx *fasthttp.RequestCtx, d admission.Decision) {
+func (s *Server) refuseDecision(resp *fasthttp.Response, d admission.Decision) {
 	ps, msg := psMOP, "backend capacity reached"
 	switch d.Reason {
 	case admission.ReasonMemory:
@@ -65,15 +65,15 @@ func (s *Server) refuseDecision(ctx *fasthttp.RequestCtx, d admission.Decision) 
 			ps = s.armPS[d.Rule]
 		}
 	}
-	s.refuse(ctx, int(d.HTTPStatus), d.RetryAfter, ps, msg)
+	s.refuse(resp, int(d.HTTPStatus), d.RetryAfter, ps, msg)
 }
 
 // refuse answers with status, a short text body, Proxy-Status and, when
 // retry > 0 or the status is 429 or 503, Retry-After in whole seconds (at
 // least 1). It is the one place where sluice's own answers are made.
-func (s *Server) refuse(ctx *fasthttp.RequestCtx, status int, retry time.Duration, proxyStatus []byte, msg string) {
+func (s *Server) refuse(resp *fasthttp.Response, status int, retry time.Duration, proxyStatus []byte, msg string) {
 	s.stats.Refused.Add(1)
-	s.writeRefusal(&ctx.Response, status, retry, proxyStatus, msg)
+	s.writeRefusal(resp, status, retry, proxyStatus, msg)
 }
 
 func (s *Server) writeRefusal(resp *fasthttp.Response, status int, retry time.Duration, proxyStatus []byte, msg string) {

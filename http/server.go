@@ -35,6 +35,7 @@ type Server struct {
 	hashName string
 	armPS    [][]byte // Proxy-Status value per ARM rule
 	srv      *fasthttp.Server
+	loops    atomic.Pointer[loopEngine] // set while the loop engine serves
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
@@ -211,6 +212,9 @@ func (s *Server) Stats() *Stats { return &s.stats }
 
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	if s.cfg.Engine == EngineLoop {
+		return s.serveLoops(ln)
+	}
 	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.rt.Load().pool.Len())
 	return s.srv.Serve(ln)
 }
@@ -227,7 +231,12 @@ func (s *Server) ListenAndServe() error {
 // Shutdown stops accepting, lets in-flight requests finish until ctx is
 // done, and closes idle backend connections.
 func (s *Server) Shutdown(ctx context.Context) error {
-	err := s.srv.ShutdownWithContext(ctx)
+	var err error
+	if e := s.loops.Load(); e != nil {
+		err = e.shutdown(ctx)
+	} else {
+		err = s.srv.ShutdownWithContext(ctx)
+	}
 	rt := s.rt.Load()
 	for _, c := range append(rt.clients, rt.buffered...) {
 		c.CloseIdleConnections()
@@ -259,10 +268,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	d := s.ctrl.Decide(now, &r, nil)
 	for d.Verdict == admission.Delay {
-		d = s.wait(ctx, &r, d)
+		d = s.wait(ctx.Done(), &r, d)
 	}
 	if d.Verdict == admission.Refuse {
-		s.refuseDecision(ctx, d)
+		s.refuseDecision(&ctx.Response, d)
 		s.finish(ctx, closeAfter)
 		return
 	}
@@ -274,11 +283,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		b, out, retry = rt.pool.Pick(now, key, nil)
 		switch out {
 		case lb.NoBackend:
-			s.refuse(ctx, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
+			s.refuse(&ctx.Response, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
 			s.finish(ctx, closeAfter)
 			return
 		case lb.MOPRefused:
-			s.refuseDecision(ctx, s.ctrl.RefuseMOPFor(&r, retry))
+			s.refuseDecision(&ctx.Response, s.ctrl.RefuseMOPFor(&r, retry))
 			s.finish(ctx, closeAfter)
 			return
 		}
@@ -337,8 +346,8 @@ func (s *Server) affinity(h *fasthttp.RequestHeader, rt *route, now int64) (b *l
 }
 
 // wait blocks on a delayed decision until the rule releases the request,
-// its wait runs out, the server shuts down, or memory turns Critical.
-func (s *Server) wait(ctx *fasthttp.RequestCtx, r *admission.Request, d admission.Decision) admission.Decision {
+// its wait runs out, done is closed (shutdown), or memory turns Critical.
+func (s *Server) wait(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
 	var crit <-chan struct{}
 	if s.mem != nil {
 		crit = s.mem.CriticalC()
@@ -357,7 +366,7 @@ func (s *Server) wait(ctx *fasthttp.RequestCtx, r *admission.Request, d admissio
 				md.Wait.Cancel()
 			}
 		}
-	case <-ctx.Done():
+	case <-done:
 		d.Wait.Cancel()
 	}
 	<-d.Wait.Done()

@@ -8,6 +8,7 @@ import (
 	"net"
 	nethttp "net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,6 +99,11 @@ type rig struct {
 	client   *nethttp.Client
 }
 
+// testEngine is the engine the tests run on unless a test names one:
+// SLUICE_TEST_HTTP_ENGINE (loop or fasthttp), else the platform default.
+// The test script runs this package once per engine.
+var testEngine = os.Getenv("SLUICE_TEST_HTTP_ENGINE")
+
 type rigOpts struct {
 	backends int
 	policy   string
@@ -159,6 +165,9 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	}
 	cfg := o.cfg
 	cfg.Clock = r.clock
+	if cfg.Engine == "" {
+		cfg.Engine = testEngine
+	}
 	r.srv, err = New(cfg, r.pool, r.ctrl, r.signer, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -733,7 +742,7 @@ func TestStreamsLargeBodies(t *testing.T) {
 // TestLargeAnswerRestreamed: a GET whose answer outgrows the response
 // buffer is sent again on the streaming pool and relayed whole.
 func TestLargeAnswerRestreamed(t *testing.T) {
-	r := newRig(t, rigOpts{backends: 1, cfg: Config{ResponseBuffer: 1 << 10}})
+	r := newRig(t, rigOpts{backends: 1, cfg: Config{ResponseBuffer: 1 << 10, Engine: EngineFastHTTP}})
 	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
 		n := 100
 		if string(ctx.Path()) == "/big" {
