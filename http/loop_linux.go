@@ -592,8 +592,11 @@ func (l *evloop) parse(c *cconn) bool {
 
 // path returns the request's path as fasthttp's RequestCtx.Path does
 // (decoded and normalized), so ARM rules see the same path on both
-// engines.
+// engines; nil when no rule looks at paths.
 func (l *evloop) path(h *fasthttp.RequestHeader) []byte {
+	if !l.s.needPath {
+		return nil
+	}
 	l.uri.Reset()
 	if l.uri.Parse(nil, h.RequestURI()) != nil {
 		return h.RequestURI()

@@ -34,6 +34,7 @@ type Server struct {
 	hashKind hashKind
 	hashName string
 	armPS    [][]byte // Proxy-Status value per ARM rule
+	needPath bool     // an ARM rule matches on the path
 	srv      *fasthttp.Server
 	loops    atomic.Pointer[loopEngine] // set while the loop engine serves
 	// wallBase and monoBase map monotonic time to wall time for cookie
@@ -91,6 +92,7 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 	}
 	s.hashKind, s.hashName, _ = parseHashKey(cfg.HashKey)
 	for _, m := range ctrl.Rules() {
+		s.needPath = s.needPath || m.Config().Match.PathPrefix != ""
 		s.armPS = append(s.armPS, []byte(fmt.Sprintf("sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())))
 	}
 	s.rt.Store(s.newRoute(pool, nil))
