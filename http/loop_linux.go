@@ -65,8 +65,38 @@ type loopEngine struct {
 	handoff  *handoffListener
 	stopping atomic.Bool
 	force    atomic.Bool
-	stop     chan struct{} // closed when shutdown starts
+	stop     chan struct{}  // closed when shutdown starts
+	detached sync.WaitGroup // a loop is done once it stopped watching the listener
 	wg       sync.WaitGroup
+	lnOnce   sync.Once
+	openMu   sync.Mutex
+	open     map[string]*atomic.Int64 // connections per backend address, all loops
+}
+
+// openCount returns the counter of connections to addr that all loops
+// share.
+func (e *loopEngine) openCount(addr string) *atomic.Int64 {
+	e.openMu.Lock()
+	defer e.openMu.Unlock()
+	if e.open == nil {
+		e.open = map[string]*atomic.Int64{}
+	}
+	n := e.open[addr]
+	if n == nil {
+		n = new(atomic.Int64)
+		e.open[addr] = n
+	}
+	return n
+}
+
+// closeListener closes the listening socket once every loop has stopped
+// watching it, so that no loop accepts on a descriptor number reused
+// since.
+func (e *loopEngine) closeListener() {
+	e.lnOnce.Do(func() {
+		syscall.Close(e.lnfd)
+		e.ln.Close()
+	})
 }
 
 // serveLoops serves ln with the loop engine until Shutdown.
@@ -100,9 +130,8 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		n = runtime.GOMAXPROCS(0)
 	}
 	e := &loopEngine{s: s, lnfd: lnfd, ln: ln, stop: make(chan struct{}), handoff: newHandoffListener(ln.Addr())}
-	limit := max(1, s.cfg.MaxConns/n)
 	for i := 0; i < n; i++ {
-		l, err := newLoop(e, limit)
+		l, err := newLoop(e)
 		if err != nil {
 			for _, l := range e.loops {
 				l.closeFDs()
@@ -112,6 +141,8 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		}
 		e.loops = append(e.loops, l)
 	}
+	e.detached.Add(len(e.loops))
+	e.wg.Add(len(e.loops))
 	if !s.loops.CompareAndSwap(nil, e) {
 		for _, l := range e.loops {
 			l.closeFDs()
@@ -129,12 +160,13 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		go e.watchCritical()
 	}
 	for _, l := range e.loops {
-		e.wg.Add(1)
 		go l.run()
 	}
+	if s.shut.Load() { // Shutdown ran before the loops were known
+		go e.shutdown(context.Background())
+	}
 	e.wg.Wait()
-	syscall.Close(lnfd)
-	ln.Close()
+	e.closeListener()
 	<-fastDone
 	return nil
 }
@@ -148,6 +180,14 @@ func (e *loopEngine) shutdown(ctx context.Context) error {
 	}
 	for _, l := range e.loops {
 		l.wake()
+	}
+	// Refuse new connections at once, as fasthttp does.
+	detached := make(chan struct{})
+	go func() { e.detached.Wait(); close(detached) }()
+	select {
+	case <-detached:
+		e.closeListener()
+	case <-ctx.Done():
 	}
 	done := make(chan struct{})
 	go func() { e.wg.Wait(); close(done) }()
@@ -204,11 +244,11 @@ type evloop struct {
 	s       *Server
 	ep      int
 	wakefd  int
-	limit   int // connections per backend in this loop
 	fds     []fdOwner
 	events  []syscall.EpollEvent
-	mu      sync.Mutex
+	mu      sync.Mutex // guards posted and closed
 	posted  []func()
+	closed  bool
 	pools   map[string]*bpool
 	rd      bytes.Reader
 	br      *bufio.Reader
@@ -234,10 +274,12 @@ type fdOwner struct {
 type cconn struct {
 	fd       int
 	gen      uint32 // bumped when closed or handed over; posted work checks it
+	seq      uint32 // bumped per request
 	ip       netip.Addr
 	in       []byte // read buffer: in[r:w] not yet consumed
 	r, w     int
 	rready   bool   // the socket may have unread bytes
+	hup      bool   // the peer has shut down its side: read until EOF
 	out      []byte // answer bytes the socket did not take yet: out[o:]
 	o        int
 	busy     bool // a request is being handled
@@ -289,6 +331,7 @@ type bconn struct {
 	in         []byte
 	r, w       int
 	rready     bool
+	hup        bool // the backend has shut down its side: read until EOF
 	wready     bool
 	connecting bool
 	used       bool   // it carried an exchange before: a keep-alive reuse
@@ -300,17 +343,22 @@ type bconn struct {
 type bpool struct {
 	addr    string
 	sa      syscall.Sockaddr
-	idle    []*bconn // LIFO: the warmest connection first
-	open    int
+	idle    []*bconn      // LIFO: the warmest connection last
+	open    *atomic.Int64 // connections to addr of all loops
 	waiters []waiter
 }
 
 type waiter struct {
-	c   *cconn
-	gen uint32
+	c        *cconn
+	gen, seq uint32
 }
 
-func newLoop(e *loopEngine, limit int) (*evloop, error) {
+// valid reports whether the request that queued w still waits.
+func (w waiter) valid() bool {
+	return w.c.gen == w.gen && w.c.seq == w.seq && w.c.fd >= 0 && w.c.x.waitUntil != 0
+}
+
+func newLoop(e *loopEngine) (*evloop, error) {
 	ep, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -321,7 +369,7 @@ func newLoop(e *loopEngine, limit int) (*evloop, error) {
 		return nil, errno
 	}
 	l := &evloop{
-		e: e, s: e.s, ep: ep, wakefd: int(r), limit: limit,
+		e: e, s: e.s, ep: ep, wakefd: int(r),
 		events: make([]syscall.EpollEvent, 256),
 		pools:  map[string]*bpool{},
 		br:     bufio.NewReaderSize(nil, backendBufSize),
@@ -341,6 +389,9 @@ func newLoop(e *loopEngine, limit int) (*evloop, error) {
 }
 
 func (l *evloop) closeFDs() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
 	syscall.Close(l.ep)
 	syscall.Close(l.wakefd)
 }
@@ -353,9 +404,15 @@ func (l *evloop) post(f func()) {
 	l.wake()
 }
 
+// wake interrupts epoll_wait. After the loop has ended it does nothing:
+// its descriptor number may belong to another file by then.
 func (l *evloop) wake() {
-	one := uint64(1)
-	syscall.Write(l.wakefd, (*[8]byte)(unsafe.Pointer(&one))[:])
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		one := uint64(1)
+		syscall.Write(l.wakefd, (*[8]byte)(unsafe.Pointer(&one))[:])
+	}
 }
 
 func (l *evloop) run() {
@@ -415,6 +472,7 @@ func (l *evloop) drain() bool {
 	if !l.stopped {
 		l.stopped = true
 		syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_DEL, l.e.lnfd, nil)
+		l.e.detached.Done()
 	}
 	for _, o := range l.fds {
 		if c := o.c; c != nil && (force || (!c.busy && c.o == len(c.out) && c.w == c.r)) {
@@ -498,6 +556,9 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 	}
 	if ev&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
 		c.rready = true
+		// After a shutdown no new edge comes: a short read does not
+		// mean drained, the EOF is still to be read.
+		c.hup = c.hup || ev&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
 		l.clientIn(c)
 	}
 }
@@ -541,7 +602,7 @@ func (l *evloop) clientIn(c *cconn) {
 			l.closeClient(c) // EOF or reset; an unfinished request is dropped, as fasthttp does
 			return
 		}
-		if n < len(c.in)-c.w {
+		if n < len(c.in)-c.w && !c.hup {
 			c.rready = false // a short read drained the socket; the next edge reports more
 		}
 		c.w += n
@@ -614,6 +675,7 @@ func (l *evloop) readReqHead(p []byte) bool {
 func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	s := l.s
 	now := s.clock.Now()
+	c.seq++
 	x := &c.x
 	*x = exchange{reqLen: x.reqLen, req: x.req[:0], start: now, rt: s.rt.Load()}
 	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
@@ -770,6 +832,7 @@ func (l *evloop) writeClient(c *cconn, p []byte) {
 	if len(p) > 0 {
 		c.out = append(c.out[:0], p...)
 		c.o = 0
+		c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout) // a client that stops reading is dropped
 	}
 }
 
@@ -789,8 +852,12 @@ func (l *evloop) flushClient(c *cconn) {
 			return
 		}
 		c.o += n
+		c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout)
 	}
 	c.out, c.o = c.out[:0], 0
+	if c.busy {
+		c.deadline = 0
+	}
 	if c.closing {
 		l.closeClient(c)
 		return
@@ -829,6 +896,7 @@ func (l *evloop) closeClient(c *cconn) {
 // handover gives the connection, with the bytes read so far, to the
 // fasthttp server for the rest of its life.
 func (l *evloop) handover(c *cconn) {
+	l.s.stats.HandedOver.Add(1)
 	prefix := append([]byte(nil), c.in[c.r:c.w]...)
 	syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_DEL, c.fd, nil)
 	l.fds[c.fd] = fdOwner{}
@@ -850,7 +918,7 @@ func (l *evloop) handover(c *cconn) {
 func (l *evloop) pool(addr string) *bpool {
 	p := l.pools[addr]
 	if p == nil {
-		p = &bpool{addr: addr}
+		p = &bpool{addr: addr, open: l.e.openCount(addr)}
 		l.pools[addr] = p
 	}
 	return p
@@ -869,9 +937,10 @@ func (l *evloop) send(c *cconn) {
 	if n := len(p.idle); n > 0 {
 		bc = p.idle[n-1]
 		p.idle = p.idle[:n-1]
-	} else if p.open >= l.limit {
+	} else if p.open.Load() >= int64(l.s.cfg.MaxConns) {
 		x.waitUntil = l.now + int64(l.s.cfg.ConnWait)
-		p.waiters = append(p.waiters, waiter{c, c.gen})
+		p.waiters = append(p.waiters, waiter{c, c.gen, c.seq})
+		l.e.shedIdle(p.addr, l)
 		return
 	} else {
 		var err error
@@ -924,7 +993,7 @@ func (l *evloop) dial(p *bpool) (*bconn, error) {
 	}
 	bc := &bconn{fd: fd, pool: p, in: make([]byte, backendBufSize), connecting: err != nil, wready: err == nil}
 	l.setFD(fd, fdOwner{b: bc})
-	p.open++
+	p.open.Add(1)
 	return bc, nil
 }
 
@@ -961,6 +1030,7 @@ func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 	}
 	if ev&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
 		bc.rready = true
+		bc.hup = bc.hup || ev&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
 		if bc.c == nil {
 			// An idle connection: the backend closed it or sent bytes
 			// nobody asked for; a read that finds nothing was a stale edge.
@@ -1055,7 +1125,7 @@ func (l *evloop) relay(bc *bconn) {
 			l.backendBroke(bc, fasthttp.ErrConnectionClosed)
 			return
 		}
-		if n < len(bc.in)-bc.w {
+		if n < len(bc.in)-bc.w && !bc.hup {
 			bc.rready = false
 		}
 		bc.w += n
@@ -1204,7 +1274,7 @@ func (l *evloop) complete(c *cconn) {
 	if bc != nil {
 		bc.c = nil
 		x.bc = nil
-		if x.bclose || bc.r < bc.w || bc.fd < 0 {
+		if x.bclose || bc.r < bc.w || len(bc.pend) > 0 || bc.fd < 0 {
 			l.closeBackend(bc)
 		} else {
 			bc.r, bc.w = 0, 0
@@ -1223,7 +1293,7 @@ func (l *evloop) release(bc *bconn) {
 	for len(p.waiters) > 0 {
 		w := p.waiters[0]
 		p.waiters = p.waiters[1:]
-		if w.c.gen != w.gen || w.c.fd < 0 {
+		if !w.valid() {
 			continue
 		}
 		p.idle = append(p.idle, bc)
@@ -1241,7 +1311,7 @@ func (l *evloop) closeBackend(bc *bconn) {
 	l.fds[bc.fd] = fdOwner{}
 	bc.fd = -1
 	p := bc.pool
-	p.open--
+	p.open.Add(-1)
 	for i, ib := range p.idle {
 		if ib == bc {
 			p.idle = append(p.idle[:i], p.idle[i+1:]...)
@@ -1252,13 +1322,42 @@ func (l *evloop) closeBackend(bc *bconn) {
 		c.x.bc = nil
 	}
 	bc.c = nil
-	// A connection slot is free: a waiting request may dial.
-	for len(p.waiters) > 0 && p.open < l.limit {
+	l.serveWaiters(p) // a connection slot is free: a waiting request may dial
+}
+
+// serveWaiters sends requests waiting for a connection to p while one is
+// idle or may be dialled.
+func (l *evloop) serveWaiters(p *bpool) {
+	for len(p.waiters) > 0 && (len(p.idle) > 0 || p.open.Load() < int64(l.s.cfg.MaxConns)) {
 		w := p.waiters[0]
 		p.waiters = p.waiters[1:]
-		if w.c.gen == w.gen && w.c.fd >= 0 {
+		if w.valid() {
 			l.send(w.c)
 		}
+	}
+}
+
+// shedIdle asks the other loops to close one idle connection to addr, so
+// that from, which has requests waiting for a connection and none idle,
+// may dial one: -http-backend-max-conns counts the connections of all
+// loops.
+func (e *loopEngine) shedIdle(addr string, from *evloop) {
+	for _, ol := range e.loops {
+		if ol == from {
+			continue
+		}
+		ol.post(func() {
+			p := ol.pools[addr]
+			if p == nil || len(p.idle) == 0 {
+				return
+			}
+			ol.closeBackend(p.idle[0]) // the coldest
+			from.post(func() {
+				if p := from.pools[addr]; p != nil {
+					from.serveWaiters(p)
+				}
+			})
+		})
 	}
 }
 
@@ -1273,6 +1372,7 @@ func (l *evloop) failed(c *cconn, err error, res lb.Result, notSent bool) {
 		l.closeBackend(bc)
 	}
 	x.bc = nil
+	x.waitUntil = 0
 	x.release(res)
 	if c.fd < 0 {
 		return
@@ -1358,6 +1458,7 @@ func (l *evloop) abort(c *cconn) {
 		l.closeBackend(bc)
 	}
 	x.bc = nil
+	x.waitUntil = 0
 	x.release(lb.Abandoned)
 	l.s.stats.Aborted.Add(1)
 	if x.gotHead {
@@ -1394,6 +1495,10 @@ func (l *evloop) expire() {
 			l.closeClient(c)
 		}
 		if bc := o.b; bc != nil && bc.deadline != 0 && now > bc.deadline {
+			if c := bc.c; c != nil && c.o < len(c.out) {
+				bc.deadline = now + int64(l.s.cfg.BackendTimeout) // paused for a slow client, whose own deadline counts
+				continue
+			}
 			switch c := bc.c; {
 			case c == nil:
 				l.closeBackend(bc)
@@ -1409,7 +1514,7 @@ func (l *evloop) expire() {
 		for len(p.waiters) > 0 && now > p.waiters[0].c.x.waitUntil {
 			w := p.waiters[0]
 			p.waiters = p.waiters[1:]
-			if w.c.gen == w.gen && w.c.fd >= 0 {
+			if w.valid() {
 				w.c.x.waitUntil = 0
 				l.failed(w.c, errNoConn, lb.Abandoned, true)
 			}

@@ -37,6 +37,7 @@ type Server struct {
 	needPath bool     // an ARM rule matches on the path
 	srv      *fasthttp.Server
 	loops    atomic.Pointer[loopEngine] // set while the loop engine serves
+	shut     atomic.Bool                // Shutdown was called
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
@@ -55,6 +56,7 @@ type Stats struct {
 	Restreamed    atomic.Uint64 // sent again, streaming, after the answer outgrew ResponseBuffer
 	Aborted       atomic.Uint64 // in-flight new work ended by memory state Critical
 	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
+	HandedOver    atomic.Uint64 // loop engine: connections given to the fasthttp server
 }
 
 // New builds the front end. signer may be nil only when the sticky cookie
@@ -105,6 +107,7 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 		ReadTimeout:           cfg.ClientReadTimeout,
 		IdleTimeout:           cfg.ClientIdle,
 		MaxRequestBodySize:    cfg.StreamThreshold,
+		ReadBufferSize:        16 << 10, // request heads up to 16 KiB on either engine
 		StreamRequestBody:     true,
 		CloseOnShutdown:       true,
 		// Answer malformed requests 400 without a handler call; the
@@ -233,6 +236,7 @@ func (s *Server) ListenAndServe() error {
 // Shutdown stops accepting, lets in-flight requests finish until ctx is
 // done, and closes idle backend connections.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.shut.Store(true)
 	var err error
 	if e := s.loops.Load(); e != nil {
 		err = e.shutdown(ctx)

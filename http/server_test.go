@@ -43,7 +43,7 @@ func startBackend(t testing.TB, name string) *backend {
 		t.Fatal(err)
 	}
 	be := &backend{name: name, ln: ln}
-	be.srv = &fasthttp.Server{Handler: be.serve, MaxRequestBodySize: 64 << 20}
+	be.srv = &fasthttp.Server{Handler: be.serve, MaxRequestBodySize: 64 << 20, ReadBufferSize: 32 << 10}
 	go be.srv.Serve(ln)
 	t.Cleanup(func() { be.srv.Shutdown() })
 	return be
@@ -77,8 +77,53 @@ func (be *backend) addr() string { return be.ln.Addr().String() }
 
 // stop closes the backend: connections to its port are refused.
 func (be *backend) stop() {
-	be.srv.Shutdown()
+	if be.srv != nil {
+		be.srv.Shutdown()
+	}
 	be.ln.Close()
+}
+
+// startRawBackend serves each connection with serve, for answers a
+// fasthttp server would not give (close-delimited bodies, 1xx, garbage).
+func startRawBackend(t testing.TB, name string, serve func(net.Conn)) *backend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := &backend{name: name, ln: ln}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			be.hits.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				serve(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return be
 }
 
 type fakeMem struct{ used atomic.Int64 }
@@ -111,6 +156,7 @@ type rigOpts struct {
 	mopRate  float64 // 0: no MOP
 	cfg      Config
 	passive  lb.PassiveConfig
+	raw      func(net.Conn) // backend 0 is a raw TCP server running this per connection
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -122,7 +168,12 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	r.clock.Set(int64(time.Hour))
 	var bs []*lb.Backend
 	for i := range o.backends {
-		be := startBackend(t, fmt.Sprintf("b%d", i))
+		var be *backend
+		if i == 0 && o.raw != nil {
+			be = startRawBackend(t, "b0", o.raw)
+		} else {
+			be = startBackend(t, fmt.Sprintf("b%d", i))
+		}
 		r.backends = append(r.backends, be)
 		var mop *admission.MOP
 		if o.mopRate > 0 {

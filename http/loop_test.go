@@ -1,0 +1,411 @@
+//go:build linux
+
+package http
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net"
+	nethttp "net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// Tests of the loop engine's own paths: framing, pipelining, back
+// pressure, keep-alive reuse, hand-over to fasthttp and the immediate
+// Critical abort. The rest of the suite runs on whichever engine
+// SLUICE_TEST_HTTP_ENGINE names.
+
+func loopRig(t *testing.T, o rigOpts) *rig {
+	t.Helper()
+	o.cfg.Engine = EngineLoop
+	return newRig(t, o)
+}
+
+// rawConn is a client connection that reads answers one by one.
+type rawConn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dialRaw(t *testing.T, addr string) *rawConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	t.Cleanup(func() { c.Close() })
+	return &rawConn{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+func (rc *rawConn) send(raw string) {
+	rc.t.Helper()
+	if _, err := io.WriteString(rc.c, raw); err != nil {
+		rc.t.Fatal(err)
+	}
+}
+
+// read reads one answer; method is the request's (HEAD answers have no body).
+func (rc *rawConn) read(method string) (*nethttp.Response, string) {
+	rc.t.Helper()
+	resp, err := nethttp.ReadResponse(rc.br, &nethttp.Request{Method: method})
+	if err != nil {
+		rc.t.Fatalf("reading answer: %v", err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		rc.t.Fatalf("reading body: %v", err)
+	}
+	return resp, string(b)
+}
+
+func TestLoopServesWithoutHandover(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 2})
+	for range 10 {
+		if rep := r.get("/", ""); rep.status != 200 {
+			t.Fatalf("GET: %d %q", rep.status, rep.body)
+		}
+	}
+	if rep := r.do("POST", "/form", "", strings.NewReader(strings.Repeat("p", 60<<10))); rep.status != 200 {
+		t.Fatalf("POST 60 KiB: %d", rep.status)
+	}
+	if got := r.backends[0].bodyLen + r.backends[1].bodyLen; got < 60<<10 {
+		t.Errorf("backends got %d body bytes, want 61440", got)
+	}
+	if got := r.srv.Stats().HandedOver.Load(); got != 0 {
+		t.Errorf("handed over %d connections, want 0", got)
+	}
+}
+
+func TestLoopPipelinedInOrder(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 2})
+	for _, be := range r.backends {
+		be.handler = func(ctx *fasthttp.RequestCtx) { ctx.SetBody(ctx.Path()) }
+	}
+	rc := dialRaw(t, r.addr)
+	var all strings.Builder
+	for _, p := range []string{"/a", "/b", "/c", "/d"} {
+		all.WriteString("GET " + p + " HTTP/1.1\r\nHost: x\r\n\r\n")
+	}
+	rc.send(all.String())
+	for _, want := range []string{"/a", "/b", "/c", "/d"} {
+		if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != want {
+			t.Fatalf("answer %d %q, want 200 %q", resp.StatusCode, body, want)
+		}
+	}
+}
+
+func TestLoopChunkedAnswerRelayed(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for i := range 3 {
+				w.WriteString(strings.Repeat(string(rune('a'+i)), 1000))
+				w.Flush()
+			}
+		})
+	}
+	rc := dialRaw(t, r.addr)
+	for range 2 { // the second answer on the same connection shows the end was found
+		rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, body := rc.read("GET")
+		if resp.StatusCode != 200 || body != strings.Repeat("a", 1000)+strings.Repeat("b", 1000)+strings.Repeat("c", 1000) {
+			t.Fatalf("answer %d, %d bytes", resp.StatusCode, len(body))
+		}
+		if len(resp.TransferEncoding) != 1 || resp.TransferEncoding[0] != "chunked" {
+			t.Errorf("Transfer-Encoding %v, want chunked", resp.TransferEncoding)
+		}
+	}
+}
+
+// readHead reads a request head from a raw backend connection.
+func readHead(c net.Conn, br *bufio.Reader) bool {
+	req, err := nethttp.ReadRequest(br)
+	if err != nil {
+		return false
+	}
+	io.Copy(io.Discard, req.Body)
+	return true
+}
+
+func TestLoopCloseDelimitedAnswer(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+		if readHead(c, bufio.NewReader(c)) {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end")
+		}
+	}})
+	rc := dialRaw(t, r.addr)
+	rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, body := rc.read("GET")
+	if resp.StatusCode != 200 || body != "until the end" || !resp.Close {
+		t.Errorf("answer %d %q close=%v, want 200 %q and Connection: close", resp.StatusCode, body, resp.Close, "until the end")
+	}
+}
+
+func TestLoopInformationalAnswer(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for readHead(c, br) {
+			io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n")
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	}})
+	rc := dialRaw(t, r.addr)
+	rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, _ := rc.read("GET"); resp.StatusCode != 103 || resp.Header.Get("Link") == "" {
+		t.Fatalf("first answer %d %v, want 103 with Link", resp.StatusCode, resp.Header)
+	}
+	if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("final answer %d %q, want 200 ok", resp.StatusCode, body)
+	}
+}
+
+func TestLoopHeadAndNoContent(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/none":
+			ctx.SetStatusCode(fasthttp.StatusNoContent)
+		case "/same":
+			ctx.SetStatusCode(fasthttp.StatusNotModified)
+		default:
+			ctx.SetBodyString("twelve bytes")
+		}
+	}
+	rc := dialRaw(t, r.addr)
+	for _, step := range []struct{ method, path string }{{"HEAD", "/"}, {"GET", "/none"}, {"GET", "/same"}, {"GET", "/"}} {
+		rc.send(step.method + " " + step.path + " HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, body := rc.read(step.method)
+		switch {
+		case step.method == "HEAD" && (resp.StatusCode != 200 || resp.ContentLength != 12 || body != ""):
+			t.Errorf("HEAD: %d length %d body %q, want 200, 12, no body", resp.StatusCode, resp.ContentLength, body)
+		case step.path == "/none" && resp.StatusCode != 204:
+			t.Errorf("204: got %d", resp.StatusCode)
+		case step.path == "/same" && resp.StatusCode != 304:
+			t.Errorf("304: got %d", resp.StatusCode)
+		case step.method == "GET" && step.path == "/" && body != "twelve bytes":
+			t.Errorf("GET after: %d %q", resp.StatusCode, body)
+		}
+	}
+}
+
+// TestLoopHandsOver: what the loop does not handle goes to the fasthttp
+// server with the bytes already read, and is served there.
+func TestLoopHandsOver(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		ctx.SetBodyString("got " + string(ctx.Request.Body()))
+	}
+	big := strings.Repeat("h", 20<<10)
+	for _, tc := range []struct {
+		name, raw string
+		status    int
+		body      string
+	}{
+		{"HTTP/1.0", "GET / HTTP/1.0\r\nHost: x\r\n\r\n", 200, "got "},
+		{"chunked body", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 200, "got hello"},
+		{"Expect", "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi", 200, "got hi"},
+		{"head over 16 KiB", "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + big + "\r\n\r\n", 431, ""},
+		{"garbage", "GARBAGE\r\n\r\n", 400, ""},
+	} {
+		before := r.srv.Stats().HandedOver.Load()
+		rc := dialRaw(t, r.addr)
+		rc.send(tc.raw)
+		resp, body := rc.read("GET")
+		if resp.StatusCode == 100 {
+			resp, body = rc.read("POST")
+		}
+		if resp.StatusCode != tc.status || (tc.body != "" && body != tc.body) {
+			t.Errorf("%s: %d %q, want %d %q", tc.name, resp.StatusCode, body, tc.status, tc.body)
+		}
+		if got := r.srv.Stats().HandedOver.Load() - before; got != 1 {
+			t.Errorf("%s: handed over %d, want 1", tc.name, got)
+		}
+	}
+	// A head of 8 KiB stays on the loop.
+	before := r.srv.Stats().HandedOver.Load()
+	rc := dialRaw(t, r.addr)
+	rc.send("GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + big[:8<<10] + "\r\n\r\n")
+	if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
+		t.Errorf("8 KiB head: %d", resp.StatusCode)
+	}
+	if got := r.srv.Stats().HandedOver.Load() - before; got != 0 {
+		t.Errorf("8 KiB head handed over")
+	}
+}
+
+// TestLoopSlowClient: an answer larger than every socket buffer reaches a
+// client that reads slowly, whole; relaying waits for the client.
+func TestLoopSlowClient(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	const size = 8 << 20
+	pattern := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) { ctx.SetBody(pattern) }
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	rc := &rawConn{t: t, c: c, br: bufio.NewReaderSize(c, 1024)}
+	for range 2 {
+		rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := nethttp.ReadResponse(rc.br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 0, size)
+		buf := make([]byte, 1000)
+		for {
+			n, err := resp.Body.Read(buf)
+			got = append(got, buf[:n]...)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("after %d bytes: %v", len(got), err)
+			}
+		}
+		if !bytes.Equal(got, pattern) {
+			t.Fatalf("got %d bytes, want the %d-byte pattern", len(got), size)
+		}
+	}
+}
+
+// TestLoopStaleKeepAlive: a backend that closes each connection after one
+// answer without saying so; GETs are sent again on a fresh connection and
+// all succeed.
+func TestLoopStaleKeepAlive(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+		if readHead(c, bufio.NewReader(c)) {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	}})
+	for i := range 30 {
+		if rep := r.get("/", ""); rep.status != 200 || rep.body != "ok" {
+			t.Fatalf("GET %d: %d %q", i, rep.status, rep.body)
+		}
+	}
+}
+
+func TestLoopBadAnswer502(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+		if readHead(c, bufio.NewReader(c)) {
+			io.WriteString(c, "SPDY/9 banana\r\n\r\n")
+		}
+	}})
+	rep := r.get("/", "")
+	if rep.status != 502 || !strings.Contains(rep.header.Get("Proxy-Status"), "http_protocol_error") {
+		t.Errorf("garbage answer: %d %q, want 502 http_protocol_error", rep.status, rep.header.Get("Proxy-Status"))
+	}
+}
+
+// TestLoopLargeAnswerOnce: the loop relays any answer as it arrives, so
+// a large answer is requested once (the fasthttp engine sends it twice).
+func TestLoopLargeAnswerOnce(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1, cfg: Config{ResponseBuffer: 1 << 10}})
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(strings.Repeat("z", 300<<10)) }
+	if rep := r.get("/big", ""); rep.status != 200 || len(rep.body) != 300<<10 {
+		t.Fatalf("big: %d, %d bytes", rep.status, len(rep.body))
+	}
+	if got := r.backends[0].hits.Load(); got != 1 {
+		t.Errorf("backend saw the GET %d times, want 1", got)
+	}
+}
+
+// TestLoopCriticalAbortsNormalWork: on the loop, new work admitted while
+// the state was Normal is ended with 503 as soon as the state turns
+// Critical, without waiting for its backend.
+func TestLoopCriticalAbortsNormalWork(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		entered <- struct{}{}
+		<-release
+		ctx.SetBodyString("late")
+	}
+	done := make(chan reply, 1)
+	go func() {
+		resp, err := r.client.Get("http://" + r.addr + "/new")
+		if err != nil {
+			done <- reply{}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- reply{status: resp.StatusCode, body: string(b), header: resp.Header}
+	}()
+	<-entered
+	if st := r.setMemory(950); st != admission.Critical {
+		t.Fatalf("state %v, want critical", st)
+	}
+	rep := <-done // answered while the backend still holds the request
+	if rep.status != 503 || !strings.Contains(rep.header.Get("Proxy-Status"), "memory state critical") || rep.header.Get("Retry-After") == "" {
+		t.Errorf("in-flight new work: %d %v, want 503 memory state critical", rep.status, rep.header)
+	}
+	if got := r.srv.Stats().Aborted.Load(); got != 1 {
+		t.Errorf("aborted = %d, want 1", got)
+	}
+	once.Do(func() { close(release) })
+}
+
+// TestLoopShutdownFinishesInFlight: Shutdown refuses new connections, lets
+// the request under way finish (with Connection: close) and returns.
+func TestLoopShutdownFinishesInFlight(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		entered <- struct{}{}
+		<-release
+		ctx.SetBodyString("finished")
+	}
+	rc := dialRaw(t, r.addr)
+	rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-entered
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- r.srv.Shutdown(ctx)
+	}()
+	// New connections are refused once the loops let go of the listener.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", r.addr, time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("still accepting connections during shutdown")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	resp, body := rc.read("GET")
+	if resp.StatusCode != 200 || body != "finished" || !resp.Close {
+		t.Errorf("in-flight answer: %d %q close=%v, want 200 finished with Connection: close", resp.StatusCode, body, resp.Close)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+}
