@@ -168,7 +168,7 @@ func (c *Config) setDefaults() {
 		c.Clock = admission.MonoClock{}
 	}
 	if c.Engine == "" {
-		c.Engine = defaultEngine
+		c.Engine = DefaultEngine
 	}
 }
 

@@ -26,7 +26,8 @@ import (
 
 const (
 	loopSupported = true
-	defaultEngine = EngineLoop
+	// DefaultEngine is the engine Config.Engine "" means on this platform.
+	DefaultEngine = EngineLoop
 )
 
 // Sizes of the loop engine's buffers.

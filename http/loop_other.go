@@ -10,7 +10,8 @@ import (
 
 const (
 	loopSupported = false
-	defaultEngine = EngineFastHTTP
+	// DefaultEngine is the engine Config.Engine "" means on this platform.
+	DefaultEngine = EngineFastHTTP
 )
 
 type loopEngine struct{}

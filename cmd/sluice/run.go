@@ -85,7 +85,9 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", 60*time.Second, "timeout reading a client request")
 	fs.DurationVar(&h.ClientIdle, "http-client-idle", 120*time.Second, "close idle client connections after this long")
 	fs.IntVar(&h.StreamThreshold, "http-stream-threshold", 1<<20, "request bodies larger than this many bytes are streamed to the backend, not buffered")
-	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", 64<<10, "answers to body-less idempotent requests up to this many bytes are buffered, larger ones re-requested and streamed (-1: always stream)")
+	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", 64<<10, "fasthttp engine: answers to body-less idempotent requests up to this many bytes are buffered, larger ones re-requested and streamed (-1: always stream); the loop engine relays every answer as it arrives")
+	fs.StringVar(&h.Engine, "http-engine", lbhttp.DefaultEngine, "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade and Expect to fasthttp")
+	fs.IntVar(&h.Loops, "http-loops", 0, "event loops of the loop engine (0: GOMAXPROCS)")
 
 	fs.StringVar(&o.policy, "lb-policy", "round-robin", "HTTP selection of new work: round-robin, weighted-round-robin, least-outstanding, p2c, consistent-hash")
 	fs.DurationVar(&o.health.Interval, "health-interval", 2*time.Second, "active health check period per backend (0 disables)")
