@@ -314,6 +314,7 @@ type exchange struct {
 	remain     int64
 	chunk      chunkScan
 	bclose     bool // the backend connection is not reusable afterwards
+	observed   bool // ObserveForward was called
 }
 
 // Body framings of a response.
@@ -768,6 +769,7 @@ func (l *evloop) answerLocal(c *cconn) {
 	out := resp.Header.AppendBytes(l.out[:0])
 	out = append(out, body...)
 	l.out = out[:0]
+	l.observe(c)
 	l.writeClient(c, out)
 	l.finish(c)
 }
@@ -777,9 +779,7 @@ func (l *evloop) finish(c *cconn) {
 	if c.fd < 0 {
 		return
 	}
-	if c.x.b != nil && l.s.cfg.ObserveForward != nil {
-		l.s.cfg.ObserveForward(time.Duration(l.s.clock.Now() - c.x.start))
-	}
+	l.observe(c)
 	c.r += c.x.reqLen
 	c.x.reqLen = 0
 	c.x.rt, c.x.b, c.x.bc = nil, nil, nil
@@ -805,6 +805,32 @@ func (l *evloop) finish(c *cconn) {
 	if c.w > c.r || c.rready {
 		l.clientIn(c)
 	}
+}
+
+// observe reports a forwarded request's time to Config.ObserveForward,
+// once, before the last bytes of its answer go out (a client that has its
+// answer sees it counted).
+func (l *evloop) observe(c *cconn) {
+	if x := &c.x; x.b != nil && !x.observed && l.s.cfg.ObserveForward != nil {
+		x.observed = true
+		l.s.cfg.ObserveForward(time.Duration(l.s.clock.Now() - x.start))
+	}
+}
+
+// settle accounts for a relayed answer before its last bytes go out: the
+// backend's count, the front end's counters, the latency.
+func (l *evloop) settle(c *cconn) {
+	x := &c.x
+	if !x.acquired {
+		return
+	}
+	x.release(result(nil, x.status))
+	if x.class == admission.Affinity {
+		l.s.stats.Affinity.Add(1)
+	} else {
+		l.s.stats.NewWork.Add(1)
+	}
+	l.observe(c)
 }
 
 // writeClient writes p to the client, keeping what the socket does not take.
@@ -1212,6 +1238,9 @@ func (l *evloop) consume(bc *bconn) bool {
 		out = append(out, bc.in[bc.r:bc.r+k]...)
 		l.out = out[:0]
 		bc.r += k
+		if done {
+			l.settle(c)
+		}
 		l.writeClient(c, out)
 		if done {
 			l.complete(c)
@@ -1222,6 +1251,9 @@ func (l *evloop) consume(bc *bconn) bool {
 	if err != nil {
 		l.failed(c, errBadAnswer, lb.ServerError, false)
 		return true
+	}
+	if done {
+		l.settle(c)
 	}
 	l.writeClient(c, bc.in[bc.r:bc.r+k])
 	bc.r += k
@@ -1266,12 +1298,7 @@ func (l *evloop) complete(c *cconn) {
 	x := &c.x
 	bc := x.bc
 	s := l.s
-	x.release(result(nil, x.status))
-	if x.class == admission.Affinity {
-		s.stats.Affinity.Add(1)
-	} else {
-		s.stats.NewWork.Add(1)
-	}
+	l.settle(c) // for answers that end when the backend closes
 	if bc != nil {
 		bc.c = nil
 		x.bc = nil
