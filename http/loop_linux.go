@@ -32,9 +32,11 @@ const (
 
 // Sizes of the loop engine's buffers.
 const (
+	clientInitBuf  = 4 << 10  // a client connection's read buffer, grown for a larger head
 	clientBufSize  = 16 << 10 // a request head must fit; larger heads go to fasthttp
 	maxLoopBody    = 64 << 10 // request bodies up to this are buffered by the loop
-	backendBufSize = 64 << 10 // a response head must fit; bodies are relayed through it
+	backendInitBuf = 16 << 10 // a backend connection's read buffer; answers are relayed through it
+	backendBufSize = 64 << 10 // a response head must fit
 	tickEvery      = 100 * time.Millisecond
 	epollET        = 1 << 31
 	connEvents     = syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | epollET
@@ -534,7 +536,7 @@ func (l *evloop) getBuf() []byte {
 		l.bufs = l.bufs[:n-1]
 		return b
 	}
-	return make([]byte, clientBufSize)
+	return make([]byte, clientInitBuf)
 }
 
 func sockaddrIP(sa syscall.Sockaddr) netip.Addr {
@@ -590,8 +592,13 @@ func (l *evloop) clientIn(c *cconn) {
 			c.r = 0
 		}
 		if c.w == len(c.in) {
-			l.handover(c) // parse wants more than the buffer holds
-			return
+			if len(c.in) >= clientBufSize {
+				l.handover(c) // parse wants more than the buffer holds
+				return
+			}
+			nb := make([]byte, clientBufSize)
+			copy(nb, c.in[:c.w])
+			c.in = nb
 		}
 		n, errno := rawRead(c.fd, c.in[c.w:])
 		switch {
@@ -631,7 +638,7 @@ func (l *evloop) parse(c *cconn) bool {
 		return true
 	}
 	cl := h.ContentLength()
-	if cl == -1 || cl > maxLoopBody {
+	if cl == -1 || cl > min(maxLoopBody, l.s.cfg.StreamThreshold) {
 		l.handover(c) // chunked or large body: fasthttp streams it
 		return true
 	}
@@ -798,8 +805,8 @@ func (l *evloop) finish(c *cconn) {
 	c.deadline = l.now + int64(l.s.cfg.ClientIdle)
 	if c.w == c.r {
 		c.r, c.w = 0, 0
-		if len(c.in) > clientBufSize {
-			c.in = l.getBuf() // give back the large buffer of a body
+		if len(c.in) > clientInitBuf {
+			c.in = l.getBuf() // drop the larger buffer of a large head or a body
 		}
 	}
 	if c.w > c.r || c.rready {
@@ -914,7 +921,7 @@ func (l *evloop) closeClient(c *cconn) {
 	c.fd = -1
 	c.gen++
 	l.clients--
-	if len(c.in) == clientBufSize && len(l.bufs) < 256 {
+	if len(c.in) == clientInitBuf && len(l.bufs) < 1024 {
 		l.bufs = append(l.bufs, c.in)
 	}
 	c.in = nil
@@ -1018,7 +1025,7 @@ func (l *evloop) dial(p *bpool) (*bconn, error) {
 		syscall.Close(fd)
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 	}
-	bc := &bconn{fd: fd, pool: p, in: make([]byte, backendBufSize), connecting: err != nil, wready: err == nil}
+	bc := &bconn{fd: fd, pool: p, in: make([]byte, backendInitBuf), connecting: err != nil, wready: err == nil}
 	l.setFD(fd, fdOwner{b: bc})
 	p.open.Add(1)
 	return bc, nil
@@ -1130,9 +1137,14 @@ func (l *evloop) relay(bc *bconn) {
 			bc.w = copy(bc.in, bc.in[bc.r:bc.w])
 			bc.r = 0
 		}
-		if bc.w == len(bc.in) {
-			l.failed(c, errBadAnswer, lb.ServerError, false) // a head larger than the buffer
-			return
+		if bc.w == len(bc.in) { // only while reading a head: bodies are consumed as they come
+			if len(bc.in) >= backendBufSize {
+				l.failed(c, errBadAnswer, lb.ServerError, false) // a head over 64 KiB
+				return
+			}
+			nb := make([]byte, backendBufSize)
+			copy(nb, bc.in[:bc.w])
+			bc.in = nb
 		}
 		n, errno := rawRead(bc.fd, bc.in[bc.w:])
 		switch {
@@ -1307,6 +1319,9 @@ func (l *evloop) complete(c *cconn) {
 		} else {
 			bc.r, bc.w = 0, 0
 			bc.used = true
+			if len(bc.in) > backendInitBuf {
+				bc.in = make([]byte, backendInitBuf)
+			}
 			bc.deadline = l.now + int64(s.cfg.BackendIdle)
 			l.release(bc)
 		}

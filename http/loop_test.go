@@ -81,7 +81,13 @@ func TestLoopServesWithoutHandover(t *testing.T) {
 	if rep := r.do("POST", "/form", "", strings.NewReader(strings.Repeat("p", 60<<10))); rep.status != 200 {
 		t.Fatalf("POST 60 KiB: %d", rep.status)
 	}
-	if got := r.backends[0].bodyLen + r.backends[1].bodyLen; got < 60<<10 {
+	var got int
+	for _, be := range r.backends {
+		be.mu.Lock()
+		got += be.bodyLen
+		be.mu.Unlock()
+	}
+	if got != 60<<10 {
 		t.Errorf("backends got %d body bytes, want 61440", got)
 	}
 	if got := r.srv.Stats().HandedOver.Load(); got != 0 {
@@ -407,5 +413,46 @@ func TestLoopShutdownFinishesInFlight(t *testing.T) {
 	}
 	if err := <-shut; err != nil {
 		t.Errorf("Shutdown: %v", err)
+	}
+}
+
+// TestLoopBufferLimits: a request head grows the client buffer up to
+// 16 KiB, an answer head the backend buffer up to 64 KiB; a body over
+// -http-stream-threshold goes to fasthttp, which streams it.
+func TestLoopBufferLimits(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1, cfg: Config{StreamThreshold: 4 << 10}})
+	big := strings.Repeat("v", 40<<10)
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		if ctx.IsGet() {
+			ctx.Response.Header.Set("X-Large", big)
+		}
+		ctx.SetBodyString("body")
+	}
+	rc := dialRaw(t, r.addr)
+	rc.send("GET / HTTP/1.1\r\nHost: x\r\nX-Mid: " + strings.Repeat("m", 10<<10) + "\r\n\r\n")
+	resp, body := rc.read("GET")
+	if resp.StatusCode != 200 || body != "body" || resp.Header.Get("X-Large") != big {
+		t.Fatalf("answer with a 40 KiB head: %d %q, X-Large %d bytes", resp.StatusCode, body, len(resp.Header.Get("X-Large")))
+	}
+	if got := r.srv.Stats().HandedOver.Load(); got != 0 {
+		t.Fatalf("a 10 KiB request head was handed over")
+	}
+	if rep := r.do("POST", "/", "", strings.NewReader(strings.Repeat("p", 3<<10))); rep.status != 200 {
+		t.Fatalf("POST 3 KiB: %d", rep.status)
+	}
+	if got := r.srv.Stats().HandedOver.Load(); got != 0 {
+		t.Fatalf("a body under the threshold was handed over")
+	}
+	if rep := r.do("POST", "/", "", strings.NewReader(strings.Repeat("p", 5<<10))); rep.status != 200 {
+		t.Fatalf("POST 5 KiB: %d", rep.status)
+	}
+	if got := r.srv.Stats().HandedOver.Load(); got != 1 {
+		t.Errorf("a body over -http-stream-threshold: handed over %d, want 1", got)
+	}
+	r.backends[0].mu.Lock()
+	got := r.backends[0].bodyLen
+	r.backends[0].mu.Unlock()
+	if got != 5<<10 {
+		t.Errorf("backend got %d body bytes, want %d", got, 5<<10)
 	}
 }

@@ -201,6 +201,7 @@ func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
 		StreamResponseBody:       buffer == 0,
 		ConnPoolStrategy:         fasthttp.LIFO, // reuse the warmest connection; idle extras time out
 		MaxResponseBodySize:      buffer,
+		ReadBufferSize:           16 << 10, // answer heads up to 16 KiB (the default 4 KiB fails larger Set-Cookie/CSP heads)
 		// One retry on the same backend, for idempotent requests whose
 		// pooled keep-alive connection turned out to be closed; never
 		// after a timeout, which would double the wait on a slow backend.
