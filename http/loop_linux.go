@@ -1314,7 +1314,11 @@ func (l *evloop) complete(c *cconn) {
 	if bc != nil {
 		bc.c = nil
 		x.bc = nil
-		if x.bclose || bc.r < bc.w || len(bc.pend) > 0 || bc.fd < 0 {
+		// Not reusable: the backend said so or shut down its side, sent
+		// more than the answer, did not read the whole request, or may
+		// have bytes unread (the last read filled the buffer) that no
+		// edge will announce.
+		if x.bclose || bc.hup || bc.rready || bc.r < bc.w || len(bc.pend) > 0 || bc.fd < 0 {
 			l.closeBackend(bc)
 		} else {
 			bc.r, bc.w = 0, 0

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,12 +35,12 @@ func loopRig(t *testing.T, o rigOpts) *rig {
 
 // rawConn is a client connection that reads answers one by one.
 type rawConn struct {
-	t  *testing.T
+	t  testing.TB
 	c  net.Conn
 	br *bufio.Reader
 }
 
-func dialRaw(t *testing.T, addr string) *rawConn {
+func dialRaw(t testing.TB, addr string) *rawConn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
@@ -519,4 +520,59 @@ func TestLoopNoFDLeak(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// FuzzLoopBackendAnswer has a backend answer with arbitrary bytes: the
+// client gets an answer (relayed, or 502/504) or a closed connection, and
+// the loop keeps serving.
+func FuzzLoopBackendAnswer(f *testing.F) {
+	for _, seed := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+		"HTTP/1.1 200 OK\r\n\r\nuntil close",
+		"HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA",
+		"garbage",
+	} {
+		f.Add([]byte(seed))
+	}
+	var answer atomic.Pointer[[]byte]
+	r := newRig(f, rigOpts{backends: 1, cfg: Config{Engine: EngineLoop, BackendTimeout: time.Second}, raw: func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for readHead(c, br) {
+			if p := answer.Load(); p != nil {
+				c.Write(*p)
+			}
+			if tc, ok := c.(*net.TCPConn); ok {
+				tc.CloseWrite()
+			}
+		}
+	}})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		answer.Store(&raw)
+		c, err := net.DialTimeout("tcp", r.addr, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, err := nethttp.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatalf("answer %q: no answer and no close from the front end", raw)
+		}
+		// The loop still serves: a request it answers itself.
+		ok := []byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		answer.Store(&ok)
+		rc := dialRaw(t, r.addr)
+		rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("after answer %q the front end answers %d %q", raw, resp.StatusCode, body)
+		}
+	})
 }
