@@ -576,3 +576,18 @@ func FuzzLoopBackendAnswer(f *testing.F) {
 		}
 	})
 }
+
+// TestLoopHeadRefused: sluice's own answer to HEAD carries no body, so the
+// next answer on the connection is read right.
+func TestLoopHeadRefused(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	r.setMemory(850) // Lower: new work refused
+	rc := dialRaw(t, r.addr)
+	rc.send("HEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, body := rc.read("HEAD"); resp.StatusCode != 429 || body != "" {
+		t.Fatalf("HEAD: %d %q, want 429 without body", resp.StatusCode, body)
+	}
+	if resp, body := rc.read("GET"); resp.StatusCode != 429 || body == "" {
+		t.Fatalf("GET after HEAD: %d %q, want 429 with its text", resp.StatusCode, body)
+	}
+}

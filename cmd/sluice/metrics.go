@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
+	lbhttp "github.com/sluicelb/sluice/http"
 )
 
 // metricsSources are what /metrics reads at scrape time. Everything is
@@ -26,6 +28,8 @@ type metricsSources struct {
 	// forward holds the forwarding latency histograms, observed by the
 	// front ends.
 	forward *prometheus.HistogramVec
+	// http is the HTTP front end's counters.
+	http *lbhttp.Stats
 }
 
 // newForwardHistogram is sluice_forward_duration_seconds{protocol}: from a
@@ -56,6 +60,7 @@ var (
 	descBEMemory   = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe.", []string{"protocol", "backend"}, nil)
 	descBEState    = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining.", []string{"protocol", "backend", "state"}, nil)
 	descBEOut      = prometheus.NewDesc("sluice_backend_outstanding", "Requests sent to the backend and not yet answered.", []string{"protocol", "backend"}, nil)
+	descHTTP       = prometheus.NewDesc("sluice_http_events_total", "HTTP front end events: upstream_error (502/503/504 for a backend failure), retried (sent to another backend after a connect failure), restreamed (fasthttp engine: answer outgrew the buffer, requested again), aborted (in-flight new work ended by memory state critical), repinned (affinity to a down backend, sent elsewhere), handed_over (loop engine: connection given to the fasthttp server).", []string{"event"}, nil)
 )
 
 // collector turns metricsSources into Prometheus metrics on each scrape.
@@ -64,7 +69,7 @@ type collector struct{ src metricsSources }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmitted, descRefused, descMemState, descMemUsed, descMemLimit,
 		descARMRate, descARMLimit, descARMQueued, descARMDelayed, descARMRefused, descARMOver,
-		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descBEState, descBEOut} {
+		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descBEState, descBEOut, descHTTP} {
 		ch <- d
 	}
 }
@@ -96,6 +101,17 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descARMDelayed, float64(st.Delayed), st.Name)
 			counter(descARMRefused, float64(st.Refused), st.Name)
 			counter(descARMOver, float64(st.Over), st.Name)
+		}
+	}
+	if st := c.src.http; st != nil {
+		for _, e := range []struct {
+			name string
+			v    *atomic.Uint64
+		}{
+			{"upstream_error", &st.UpstreamError}, {"retried", &st.Retried}, {"restreamed", &st.Restreamed},
+			{"aborted", &st.Aborted}, {"repinned", &st.Repinned}, {"handed_over", &st.HandedOver},
+		} {
+			counter(descHTTP, float64(e.v.Load()), e.name)
 		}
 	}
 	if mem := c.src.mem; mem != nil {

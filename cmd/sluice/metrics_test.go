@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
+	lbhttp "github.com/sluicelb/sluice/http"
 )
 
 func TestMetricsExposition(t *testing.T) {
@@ -30,7 +31,11 @@ func TestMetricsExposition(t *testing.T) {
 	mop, _ := admission.NewMOP(admission.MOPConfig{Name: "b1"})
 	hist := newForwardHistogram()
 	hist.WithLabelValues("http").Observe(0.002)
+	var hs lbhttp.Stats
+	hs.HandedOver.Add(3)
+	hs.UpstreamError.Add(2)
 	h, err := metricsHandler(metricsSources{
+		http: &hs,
 		ctrl: ctrl,
 		backends: func() []admin.BackendStatus {
 			return []admin.BackendStatus{{ID: "b1", Protocol: "http", State: "draining", MOP: admin.FromMOP(mop)}}
@@ -64,6 +69,9 @@ func TestMetricsExposition(t *testing.T) {
 		`sluice_backend_state{backend="b1",protocol="http",state="draining"} 1`,
 		`sluice_mop_allowed_rate{backend="b1",protocol="http"} 10`,
 		`sluice_forward_duration_seconds_count{protocol="http"} 1`,
+		`sluice_http_events_total{event="handed_over"} 3`,
+		`sluice_http_events_total{event="upstream_error"} 2`,
+		`sluice_http_events_total{event="aborted"} 0`,
 	} {
 		if !strings.Contains(body, line) {
 			t.Errorf("missing %q", line)

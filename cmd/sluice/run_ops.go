@@ -125,6 +125,9 @@ func (p *plan) mountMetrics() error {
 		return nil
 	}
 	src := metricsSources{ctrl: p.ctrl, mem: p.mem, backends: p.backendStatus, forward: p.forward}
+	if p.httpSrv != nil {
+		src.http = p.httpSrv.Stats()
+	}
 	if p.sipSrv != nil {
 		src.extra = append(src.extra, func(w io.Writer) { p.sipSrv.WritePrometheus(w) })
 	}
