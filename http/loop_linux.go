@@ -259,6 +259,8 @@ type evloop struct {
 	respH   fasthttp.ResponseHeader
 	local   fasthttp.Response
 	uri     fasthttp.URI
+	toWrite []*bconn // backend connections with a request to write this round
+	toBuf   []*bconn
 	out     []byte
 	clients int
 	now     int64 // I/O time (ns since start), read once per wake-up
@@ -452,6 +454,7 @@ func (l *evloop) run() {
 			l.tick = l.now
 			l.expire()
 		}
+		l.flushBackends()
 		if l.e.stopping.Load() && l.drain() {
 			return
 		}
@@ -470,6 +473,24 @@ func (l *evloop) wait() (int, error) {
 		return int(r), nil
 	}
 	return syscall.EpollWait(l.ep, l.events, int(tickEvery/time.Millisecond))
+}
+
+// flushBackends writes the requests started in this round of events.
+// Writing them back to back, rather than each as its client's event is
+// handled, lets a backend find several requests per wake-up instead of
+// being woken for each.
+func (l *evloop) flushBackends() {
+	for len(l.toWrite) > 0 {
+		bs := l.toWrite
+		l.toWrite = l.toBuf[:0]
+		for i, bc := range bs {
+			if bc.fd >= 0 && bc.c != nil && len(bc.pend) > 0 && !bc.connecting {
+				l.writeBackend(bc) // may queue a retry
+			}
+			bs[i] = nil
+		}
+		l.toBuf = bs[:0]
+	}
 }
 
 func (l *evloop) runPosted() {
@@ -1007,7 +1028,7 @@ func (l *evloop) send(c *cconn) {
 		return
 	}
 	bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
-	l.writeBackend(bc)
+	l.toWrite = append(l.toWrite, bc) // written after this round of events, together
 }
 
 func (l *evloop) dial(p *bpool) (*bconn, error) {
