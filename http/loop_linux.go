@@ -432,10 +432,19 @@ func (l *evloop) run() {
 			l.s.logger.Error("http loop: epoll_wait failed", "err", err)
 			n = 0
 		}
+		// Answers first: relaying them ends requests, while new requests
+		// only queue writes to the backends until the round is over.
+		for i := 0; i < n; i++ {
+			if fd := int(l.events[i].Fd); fd < len(l.fds) && l.fds[fd].b != nil {
+				l.backendEvent(l.fds[fd].b, l.events[i].Events)
+				l.events[i].Fd = -1
+			}
+		}
 		for i := 0; i < n; i++ {
 			ev := l.events[i]
 			fd := int(ev.Fd)
 			switch {
+			case fd < 0:
 			case fd == l.e.lnfd:
 				l.accept()
 			case fd == l.wakefd:
