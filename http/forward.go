@@ -159,19 +159,29 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, c
 // the client has already waited for one backend.
 func (s *Server) admitRepin(ctx *fasthttp.RequestCtx, now int64) bool {
 	r := admission.Request{Class: admission.NewWork, Proto: "http", Method: b2s(ctx.Method()), Host: b2s(ctx.Host()), Path: b2s(ctx.Path())}
-	d := s.ctrl.Decide(now, &r, nil)
+	d, ok := s.admitNow(&r, now)
+	if !ok {
+		s.refuseDecision(&ctx.Response, d)
+	}
+	return ok
+}
+
+// admitNow asks admission about r and reports whether it is admitted at
+// once; a delay is cancelled and counts as a refusal (the decision to
+// answer with is returned).
+func (s *Server) admitNow(r *admission.Request, now int64) (admission.Decision, bool) {
+	d := s.ctrl.Decide(now, r, nil)
 	switch d.Verdict {
 	case admission.Admit:
-		return true
+		return d, true
 	case admission.Delay:
 		d.Wait.Cancel()
 		<-d.Wait.Done()
-		if d = s.ctrl.Resume(now, &r, d, nil); d.Verdict == admission.Admit {
-			return true
+		if d = s.ctrl.Resume(now, r, d, nil); d.Verdict == admission.Admit {
+			return d, true
 		}
 	}
-	s.refuseDecision(&ctx.Response, d)
-	return false
+	return d, false
 }
 
 // exchange sends the request to b once, or twice when a buffered answer

@@ -1526,21 +1526,12 @@ func (l *evloop) admitRepin(c *cconn, now int64) bool {
 	h := &l.reqH
 	r := admission.Request{Class: admission.NewWork, Proto: "http", Method: b2s(h.Method()), Host: b2s(h.Host()), Path: b2s(l.path(h))}
 	c.x.key = l.s.key(h, c.ip, c.x.rt)
-	d := l.s.ctrl.Decide(now, &r, nil)
-	switch d.Verdict {
-	case admission.Admit:
-		return true
-	case admission.Delay:
-		d.Wait.Cancel()
-		<-d.Wait.Done()
-		if d = l.s.ctrl.Resume(now, &r, d, nil); d.Verdict == admission.Admit {
-			return true
-		}
+	d, ok := l.s.admitNow(&r, now)
+	if !ok {
+		l.s.refuseDecision(&l.local, d)
+		l.answerLocal(c)
 	}
-	l.s.stats.UpstreamError.Add(1)
-	l.s.refuseDecision(&l.local, d)
-	l.answerLocal(c)
-	return false
+	return ok
 }
 
 // abort ends in-flight new work when memory turns Critical: 503 if no byte
