@@ -259,6 +259,10 @@ type evloop struct {
 	respH   fasthttp.ResponseHeader
 	local   fasthttp.Response
 	uri     fasthttp.URI
+	epFile  *os.File        // l.ep, registered with Go's poller
+	epRaw   syscall.RawConn // of epFile; nil when ep could not be registered
+	pollFn  func(fd uintptr) bool
+	polled  int
 	toWrite []*bconn // backend connections with a request to write this round
 	toBuf   []*bconn
 	out     []byte
@@ -382,6 +386,26 @@ func newLoop(e *loopEngine) (*evloop, error) {
 		base:   time.Now(),
 	}
 	l.local.Header.SetNoDefaultContentType(true)
+	// Register the epoll descriptor with Go's poller (it is readable while
+	// events are ready) so that waiting parks the goroutine, not the P.
+	if err := syscall.SetNonblock(ep, true); err == nil {
+		f := os.NewFile(uintptr(ep), "epoll")
+		if f.SetReadDeadline(time.Time{}) == nil { // pollable
+			if rc, err := f.SyscallConn(); err == nil {
+				l.epFile, l.epRaw = f, rc
+				l.pollFn = func(fd uintptr) bool {
+					l.polled = l.poll(int(fd))
+					return l.polled > 0
+				}
+			}
+		}
+		if l.epRaw == nil {
+			// os.NewFile owns ep now; a descriptor that is not pollable
+			// stays usable through the File's Fd.
+			l.epFile = f
+			l.ep = int(f.Fd())
+		}
+	}
 	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, l.wakefd, &syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.wakefd)}); err != nil {
 		l.closeFDs()
 		return nil, err
@@ -398,7 +422,11 @@ func (l *evloop) closeFDs() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
-	syscall.Close(l.ep)
+	if l.epFile != nil {
+		l.epFile.Close() // leaves Go's poller and closes l.ep
+	} else {
+		syscall.Close(l.ep)
+	}
 	syscall.Close(l.wakefd)
 }
 
@@ -470,18 +498,35 @@ func (l *evloop) run() {
 	}
 }
 
-// wait returns the ready events. It polls first without blocking and
-// without telling the scheduler: under load events are almost always
-// ready, and a blocking call the runtime knows about lets sysmon hand the
-// P to another thread after 20µs, which on one core costs a thread switch
-// back on return. Only when nothing is ready does it block, as a system
-// call the scheduler sees, so other goroutines run meanwhile.
+// wait returns the ready events, or none after tickEvery. It polls
+// without blocking first: under load events are almost always ready. When
+// none are, it parks the goroutine on Go's own poller, in which the loop's
+// epoll descriptor is registered, so the P is free for other goroutines at
+// once. A blocking epoll_wait would keep the P until sysmon takes it (20 µs
+// to 10 ms later), holding up the rest of the process meanwhile (health
+// checks, SIP, the admin server) and costing a thread switch back.
 func (l *evloop) wait() (int, error) {
-	r, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), 0, 0, 0)
-	if e == 0 && r > 0 {
-		return int(r), nil
+	if n := l.poll(l.ep); n > 0 {
+		return n, nil
 	}
-	return syscall.EpollWait(l.ep, l.events, int(tickEvery/time.Millisecond))
+	if l.epRaw == nil { // the descriptor could not join Go's poller
+		return syscall.EpollWait(l.ep, l.events, int(tickEvery/time.Millisecond))
+	}
+	l.epFile.SetReadDeadline(time.Now().Add(tickEvery))
+	l.polled = 0
+	if err := l.epRaw.Read(l.pollFn); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, err
+	}
+	return l.polled, nil
+}
+
+// poll collects ready events without blocking.
+func (l *evloop) poll(ep int) int {
+	r, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), 0, 0, 0)
+	if e != 0 {
+		return 0
+	}
+	return int(r)
 }
 
 // flushBackends writes the requests started in this round of events.

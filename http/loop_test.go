@@ -591,3 +591,32 @@ func TestLoopHeadRefused(t *testing.T) {
 		t.Fatalf("GET after HEAD: %d %q, want 429 with its text", resp.StatusCode, body)
 	}
 }
+
+// BenchmarkRoundTrip is one keep-alive GET through the front end to an
+// in-process backend, per engine, over loopback: client, front end and
+// backend share the benchmark's CPUs, so compare the engines with each
+// other, not with bench/http.sh.
+func BenchmarkRoundTrip(b *testing.B) {
+	for _, engine := range []string{EngineLoop, EngineFastHTTP} {
+		b.Run(engine, func(b *testing.B) {
+			r := newRig(b, rigOpts{backends: 1, cfg: Config{Engine: engine}})
+			c, err := net.Dial("tcp", r.addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			req := []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			var resp fasthttp.Response
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.Write(req); err != nil {
+					b.Fatal(err)
+				}
+				if err := resp.Read(br); err != nil || resp.StatusCode() != 200 {
+					b.Fatal(err, resp.StatusCode())
+				}
+			}
+		})
+	}
+}
