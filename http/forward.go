@@ -254,23 +254,30 @@ func idempotent(m []byte) bool {
 func (s *Server) upstreamError(ctx *fasthttp.RequestCtx, err error) {
 	s.stats.UpstreamError.Add(1)
 	ctx.Response.CloseBodyStream()
+	s.writeUpstreamError(&ctx.Response, err)
+}
+
+// writeUpstreamError makes the answer to a failed exchange, by cause. Both
+// engines describe causes with fasthttp's errors, net.OpError for dials
+// and syscall errors.
+func (s *Server) writeUpstreamError(resp *fasthttp.Response, err error) {
 	var op *net.OpError
 	switch {
 	case errors.Is(err, fasthttp.ErrDialTimeout):
-		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psConnectTimeout, "backend connect timeout")
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnectTimeout, "backend connect timeout")
 	case errors.Is(err, fasthttp.ErrTimeout):
-		s.writeRefusal(&ctx.Response, fasthttp.StatusGatewayTimeout, 0, psResponseTimeout, "backend response timeout")
+		s.writeRefusal(resp, fasthttp.StatusGatewayTimeout, 0, psResponseTimeout, "backend response timeout")
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
-		s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, connRetry, psConnLimit, "backend connection limit reached")
+		s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, connRetry, psConnLimit, "backend connection limit reached")
 	case errors.Is(err, syscall.ECONNREFUSED):
-		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psConnRefused, "backend refused the connection")
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnRefused, "backend refused the connection")
 	case errors.As(err, &op) && op.Op == "dial":
-		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psDestUnavailable, "backend unreachable")
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psDestUnavailable, "backend unreachable")
 	case errors.Is(err, fasthttp.ErrConnectionClosed):
-		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psConnTerminated, "backend closed the connection")
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnTerminated, "backend closed the connection")
 	default:
 		s.logger.Debug("upstream error", "err", err)
-		s.writeRefusal(&ctx.Response, fasthttp.StatusBadGateway, 0, psProtocolError, "bad answer from backend")
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psProtocolError, "bad answer from backend")
 	}
 }
 

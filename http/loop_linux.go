@@ -763,6 +763,15 @@ func (l *evloop) path(h *fasthttp.RequestHeader) []byte {
 	return l.uri.Path()
 }
 
+// reparse parses c's current request head into l.reqH again (the scratch
+// header served other requests since) and returns the request's body.
+func (l *evloop) reparse(c *cconn) []byte {
+	buf := c.in[c.r : c.r+c.x.reqLen]
+	end := bytes.Index(buf, crlf2) + 4
+	l.readReqHead(buf[:end])
+	return buf[end:]
+}
+
 func (l *evloop) readReqHead(p []byte) bool {
 	l.rd.Reset(p)
 	l.br.Reset(&l.rd)
@@ -807,10 +816,8 @@ func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision, rene
 			if c.gen != gen || c.fd < 0 {
 				return
 			}
-			buf := c.in[c.r : c.r+c.x.reqLen]
-			end := bytes.Index(buf, crlf2) + 4
-			l.readReqHead(buf[:end])
-			l.admitted(c, &l.reqH, buf[end:], &r, d, nil, renew, repinned)
+			body := l.reparse(c)
+			l.admitted(c, &l.reqH, body, &r, d, nil, renew, repinned)
 		})
 	}()
 }
@@ -1007,8 +1014,14 @@ func (l *evloop) closeClient(c *cconn) {
 		c.x.release(lb.Abandoned)
 		l.closeBackend(bc)
 	}
-	syscall.Close(c.fd)
-	l.fds[c.fd] = fdOwner{}
+	syscall.Close(l.detach(c))
+}
+
+// detach makes the loop forget c (posted work and waiters see it gone)
+// and returns its descriptor, for the caller to close or hand on.
+func (l *evloop) detach(c *cconn) int {
+	fd := c.fd
+	l.fds[fd] = fdOwner{}
 	c.fd = -1
 	c.gen++
 	l.clients--
@@ -1016,6 +1029,7 @@ func (l *evloop) closeClient(c *cconn) {
 		l.bufs = append(l.bufs, c.in)
 	}
 	c.in = nil
+	return fd
 }
 
 // handover gives the connection, with the bytes read so far, to the
@@ -1024,11 +1038,7 @@ func (l *evloop) handover(c *cconn) {
 	l.s.stats.HandedOver.Add(1)
 	prefix := append([]byte(nil), c.in[c.r:c.w]...)
 	syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_DEL, c.fd, nil)
-	l.fds[c.fd] = fdOwner{}
-	l.clients--
-	c.gen++
-	f := os.NewFile(uintptr(c.fd), "http-client")
-	c.fd = -1
+	f := os.NewFile(uintptr(l.detach(c)), "http-client")
 	nc, err := net.FileConn(f)
 	f.Close()
 	if err != nil {
@@ -1179,7 +1189,7 @@ func (l *evloop) writeBackend(bc *bconn) {
 			bc.wready = false
 			return
 		case errno != 0:
-			l.backendBroke(bc, errno)
+			l.backendBroke(bc)
 			return
 		}
 		bc.pend = bc.pend[n:]
@@ -1190,7 +1200,7 @@ func (l *evloop) writeBackend(bc *bconn) {
 // exchange: a reused keep-alive connection that the backend had closed
 // gets the request once more on a fresh one when that is safe; otherwise
 // the client gets 502, or loses its connection if the answer had begun.
-func (l *evloop) backendBroke(bc *bconn, err error) {
+func (l *evloop) backendBroke(bc *bconn) {
 	c := bc.c
 	used, gotBytes := bc.used, bc.w > 0
 	l.closeBackend(bc)
@@ -1205,7 +1215,7 @@ func (l *evloop) backendBroke(bc *bconn, err error) {
 		l.send(c)
 		return
 	}
-	l.failed(c, err, lb.ConnectError, false)
+	l.failed(c, fasthttp.ErrConnectionClosed, lb.ConnectError, false)
 }
 
 // relay reads the backend's answer and passes it on to the client as it
@@ -1245,14 +1255,14 @@ func (l *evloop) relay(bc *bconn) {
 		case errno == syscall.EINTR:
 			continue
 		case errno != 0:
-			l.backendBroke(bc, errno)
+			l.backendBroke(bc)
 			return
 		case n == 0:
 			if c.x.gotHead && c.x.framing == frameClose {
 				l.complete(c)
 				return
 			}
-			l.backendBroke(bc, fasthttp.ErrConnectionClosed)
+			l.backendBroke(bc)
 			return
 		}
 		if n < len(bc.in)-bc.w && !bc.hup {
@@ -1536,38 +1546,15 @@ func (l *evloop) failed(c *cconn, err error, res lb.Result, notSent bool) {
 		}
 	}
 	s.stats.UpstreamError.Add(1)
-	var op *net.OpError
-	resp := &l.local
-	switch {
-	case err == errTimeout && notSent:
-		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnectTimeout, "backend connect timeout")
-	case err == errTimeout:
-		s.writeRefusal(resp, fasthttp.StatusGatewayTimeout, 0, psResponseTimeout, "backend response timeout")
-	case err == errNoConn:
-		s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, connRetry, psConnLimit, "backend connection limit reached")
-	case errors.Is(err, syscall.ECONNREFUSED):
-		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnRefused, "backend refused the connection")
-	case errors.As(err, &op) && op.Op == "dial":
-		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psDestUnavailable, "backend unreachable")
-	case err == errBadAnswer:
-		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psProtocolError, "bad answer from backend")
-	default:
-		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnTerminated, "backend closed the connection")
-	}
+	s.writeUpstreamError(&l.local, err)
 	l.answerLocal(c)
 }
-
-var (
-	errTimeout = errors.New("timeout")
-	errNoConn  = errors.New("no free backend connection")
-)
 
 // admitRepin admits, as new work, an affinity request whose backend
 // refused the connection; it answers the refusal itself and returns false
 // when the request may not go on.
 func (l *evloop) admitRepin(c *cconn, now int64) bool {
-	buf := c.in[c.r : c.r+c.x.reqLen]
-	l.readReqHead(buf[:bytes.Index(buf, crlf2)+4])
+	l.reparse(c)
 	h := &l.reqH
 	r := admission.Request{Class: admission.NewWork, Proto: "http", Method: b2s(h.Method()), Host: b2s(h.Host()), Path: b2s(l.path(h))}
 	c.x.key = l.s.key(h, c.ip, c.x.rt)
@@ -1633,9 +1620,9 @@ func (l *evloop) expire() {
 				l.closeBackend(bc)
 			case bc.connecting:
 				bc.pool.sa = nil
-				l.failed(c, errTimeout, lb.Timeout, true)
+				l.failed(c, fasthttp.ErrDialTimeout, lb.Timeout, true)
 			default:
-				l.failed(c, errTimeout, lb.Timeout, false)
+				l.failed(c, fasthttp.ErrTimeout, lb.Timeout, false)
 			}
 		}
 	}
@@ -1645,7 +1632,7 @@ func (l *evloop) expire() {
 			p.waiters = p.waiters[1:]
 			if w.valid() {
 				w.c.x.waitUntil = 0
-				l.failed(w.c, errNoConn, lb.Abandoned, true)
+				l.failed(w.c, fasthttp.ErrNoFreeConns, lb.Abandoned, true)
 			}
 		}
 	}
