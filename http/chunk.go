@@ -5,10 +5,16 @@ import "errors"
 // chunkScan finds the end of a chunked body (RFC 9112 §7.1) in bytes that
 // arrive in pieces, without changing them: the loop engine relays chunked
 // answers as they are and only needs to know where they end.
+//
+// With strict set (request bodies), every line must end in CRLF, a chunk
+// size is followed by CRLF or ';' and extensions and trailers hold no
+// control bytes: the lenient forms are where parsers disagree on where a
+// chunked body ends.
 type chunkScan struct {
-	st   uint8
-	size int64 // bytes of chunk data still to skip, or the size being read
-	any  bool  // a size digit was read
+	st     uint8
+	size   int64 // bytes of chunk data still to skip, or the size being read
+	any    bool  // a size digit was read
+	strict bool
 }
 
 // States of chunkScan.
@@ -22,7 +28,11 @@ const (
 	csLineStart        // start of a trailer line (or of the final empty line)
 	csTrailer          // inside a trailer field line, up to LF
 	csEndLF            // CR of the final empty line seen
+	csTrailerLF        // CR at the end of a trailer line seen (strict)
 )
+
+// ctl reports whether b is a control byte other than HTAB.
+func ctl(b byte) bool { return (b < 0x20 && b != '\t') || b == 0x7f }
 
 var errBadChunk = errors.New("malformed chunked body")
 
@@ -42,17 +52,24 @@ func (c *chunkScan) feed(p []byte) (n int, done bool, err error) {
 				c.any = true
 			case !c.any:
 				return i, false, errBadChunk
-			case b == ';' || b == ' ' || b == '\t':
+			case b == ';':
+				c.st = csExt
+			case (b == ' ' || b == '\t') && !c.strict:
 				c.st = csExt
 			case b == '\r':
 				c.st = csSizeLF
-			case b == '\n':
+			case b == '\n' && !c.strict:
 				c.endSize()
 			default:
 				return i, false, errBadChunk
 			}
 		case csExt:
-			if b == '\n' {
+			switch {
+			case c.strict && b == '\r':
+				c.st = csSizeLF
+			case c.strict && ctl(b):
+				return i, false, errBadChunk
+			case b == '\n':
 				c.endSize()
 			}
 		case csSizeLF:
@@ -75,6 +92,9 @@ func (c *chunkScan) feed(p []byte) (n int, done bool, err error) {
 			case '\r':
 				c.st = csDataLF
 			case '\n':
+				if c.strict {
+					return i, false, errBadChunk
+				}
 				c.st = csSize
 			default:
 				return i, false, errBadChunk
@@ -89,14 +109,30 @@ func (c *chunkScan) feed(p []byte) (n int, done bool, err error) {
 			case '\r':
 				c.st = csEndLF
 			case '\n':
+				if c.strict {
+					return i, false, errBadChunk
+				}
 				return i + 1, true, nil
 			default:
+				if c.strict && (ctl(b) || b == ' ') {
+					return i, false, errBadChunk // obs-fold or a control byte
+				}
 				c.st = csTrailer
 			}
 		case csTrailer:
-			if b == '\n' {
+			switch {
+			case c.strict && b == '\r':
+				c.st = csTrailerLF
+			case c.strict && ctl(b):
+				return i, false, errBadChunk
+			case b == '\n':
 				c.st = csLineStart
 			}
+		case csTrailerLF:
+			if b != '\n' {
+				return i, false, errBadChunk
+			}
+			c.st = csLineStart
 		case csEndLF:
 			if b != '\n' {
 				return i, false, errBadChunk

@@ -33,6 +33,11 @@ var errAborted = errors.New("aborted: memory state critical")
 // that refuses connections is down and its clients are re-pinned.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, class admission.Class, key uint64, renew bool, now int64) {
 	s.prepareRequest(&ctx.Request.Header, remoteAddr(ctx))
+	// An HTTP/1.0 request may come without Host, and "Host:" empty is
+	// valid: the backend gets its own address as authority (the fasthttp
+	// client would refuse to send the request, and that refusal would be
+	// charged to the backend).
+	noHost := len(ctx.Request.Header.Host()) == 0
 	var body *bodyReader
 	if ctx.Request.IsBodyStream() {
 		// Watch the client's body as it is streamed on, to tell a broken
@@ -50,6 +55,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, cla
 		}
 	}()
 	for attempt := 0; ; attempt++ {
+		if noHost {
+			ctx.Request.Header.SetHost(b.Addr())
+		}
 		b.Acquire()
 		err := s.roundTrip(ctx, rt, b, class)
 		if err == errAborted {

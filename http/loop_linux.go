@@ -259,6 +259,7 @@ type evloop struct {
 	respH   fasthttp.ResponseHeader
 	local   fasthttp.Response
 	uri     fasthttp.URI
+	target  []byte // scratch: an absolute-form target made origin-form
 	epFile  *os.File        // l.ep, registered with Go's poller
 	epRaw   syscall.RawConn // of epFile; nil when ep could not be registered
 	pollFn  func(fd uintptr) bool
@@ -301,6 +302,7 @@ type cconn struct {
 // exchange is the request a client connection is handling.
 type exchange struct {
 	reqLen     int    // bytes of the request at in[r:]
+	bodyLen    int    // its Content-Length, the last bytes of reqLen; -1 when it has none
 	req        []byte // the request as sent to the backend
 	rt         *route
 	b          *lb.Backend
@@ -709,29 +711,30 @@ func (l *evloop) clientIn(c *cconn) {
 
 // parse looks at the buffered bytes: it returns true when it started a
 // request (or handed the connection over, or answered), false when it
-// needs more bytes.
+// needs more bytes. checkHead decides the request's framing from the
+// client's bytes before anything else reads them; a head it refuses is
+// answered (400, 431, 501 or 505) and the connection closed.
 func (l *evloop) parse(c *cconn) bool {
 	buf := c.in[c.r:c.w]
-	end := bytes.Index(buf, crlf2)
-	if end < 0 {
-		if bytes.Contains(buf, []byte("\n\n")) || len(buf) >= clientBufSize {
-			l.handover(c) // bare LF line ends, or a head too large: fasthttp answers
-			return true
-		}
+	hi, err := checkHead(buf, l.s.connDeny)
+	if err == errHeadIncomplete {
 		return false
 	}
-	hlen := end + 4
+	if err != nil {
+		l.refuseHead(c, err)
+		return true
+	}
+	hlen := hi.n
 	h := &l.reqH
-	if !l.readReqHead(buf[:hlen]) || !h.IsHTTP11() || len(h.Peek("Upgrade")) > 0 || len(h.Peek("Expect")) > 0 {
-		l.handover(c)
+	if hi.http10 || hi.chunked || !l.readReqHead(buf[:hlen]) || len(h.Peek("Upgrade")) > 0 || len(h.Peek("Expect")) > 0 {
+		l.handover(c) // fasthttp serves these, behind the same check
 		return true
 	}
-	cl := h.ContentLength()
-	if cl == -1 || cl > min(maxLoopBody, l.s.cfg.StreamThreshold) {
-		l.handover(c) // chunked or large body: fasthttp streams it
+	if hi.bodyLen > int64(min(maxLoopBody, l.s.cfg.StreamThreshold)) {
+		l.handover(c) // a large body: fasthttp streams it
 		return true
 	}
-	cl = max(cl, 0)
+	cl := int(max(hi.bodyLen, 0))
 	need := hlen + cl
 	if len(buf) < need {
 		if c.r+need > len(c.in) {
@@ -745,8 +748,27 @@ func (l *evloop) parse(c *cconn) bool {
 	c.busy = true
 	c.deadline = 0
 	c.x.reqLen = need
+	c.x.bodyLen = int(hi.bodyLen)
 	l.begin(c, h, buf[hlen:need])
 	return true
+}
+
+// refuseHead answers a request head checkHead refused and closes the
+// connection once the answer is out: after a head sluice cannot frame,
+// nothing more on the connection can be trusted.
+func (l *evloop) refuseHead(c *cconn, err error) {
+	he, ok := err.(*headError)
+	if !ok {
+		he = errRequestLine
+	}
+	s := l.s
+	s.stats.BadRequest.Add(1)
+	s.logger.Debug("http request refused", "reason", he.reason, "client", c.ip.String())
+	c.busy = true
+	c.deadline = 0
+	c.x = exchange{reqLen: c.w - c.r, req: c.x.req[:0], closeAfter: true}
+	s.writeRefusal(&l.local, he.status, 0, psHeadRefused, he.reason)
+	l.answerLocal(c)
 }
 
 // path returns the request's path as fasthttp's RequestCtx.Path does
@@ -767,15 +789,27 @@ func (l *evloop) path(h *fasthttp.RequestHeader) []byte {
 // header served other requests since) and returns the request's body.
 func (l *evloop) reparse(c *cconn) []byte {
 	buf := c.in[c.r : c.r+c.x.reqLen]
-	end := bytes.Index(buf, crlf2) + 4
+	end := len(buf) - max(c.x.bodyLen, 0)
 	l.readReqHead(buf[:end])
 	return buf[end:]
 }
 
+// readReqHead parses a head checkHead accepted into l.reqH; an
+// absolute-form target becomes origin-form with its authority as Host
+// (see splitAbsolute), as on the fasthttp engine.
 func (l *evloop) readReqHead(p []byte) bool {
 	l.rd.Reset(p)
 	l.br.Reset(&l.rd)
-	return l.reqH.Read(l.br) == nil
+	h := &l.reqH
+	if h.Read(l.br) != nil {
+		return false
+	}
+	if auth, rest, ok := splitAbsolute(h.RequestURI()); ok {
+		h.SetHostBytes(auth)
+		l.target = originForm(l.target[:0], rest)
+		h.SetRequestURIBytes(l.target)
+	}
+	return true
 }
 
 // begin classifies and admits the request whose head is h.
@@ -784,7 +818,7 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	now := s.clock.Now()
 	c.seq++
 	x := &c.x
-	*x = exchange{reqLen: x.reqLen, req: x.req[:0], start: now, rt: s.rt.Load()}
+	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0], start: now, rt: s.rt.Load()}
 	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
 	x.idem = idempotent(h.Method())
 	x.head = h.IsHead()
@@ -855,6 +889,14 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 	x.b, x.renew = b, renew
 	s.prepareRequest(h, c.ip)
 	h.ResetConnectionClose()
+	if len(h.Host()) == 0 {
+		h.SetHost(b.Addr()) // "Host:" empty is valid (RFC 9112 §3.2); the backend gets an authority
+	}
+	// The framing checkHead decided, and nothing else: the body that
+	// follows is exactly bodyLen bytes, or there is none.
+	if x.bodyLen >= 0 {
+		h.SetContentLength(x.bodyLen)
+	}
 	x.req = h.AppendBytes(x.req[:0])
 	x.req = append(x.req, body...)
 	l.send(c)
@@ -1045,7 +1087,7 @@ func (l *evloop) handover(c *cconn) {
 		l.s.logger.Warn("http: handing a connection to fasthttp failed", "err", err)
 		return
 	}
-	l.e.handoff.push(&prefixConn{Conn: nc, prefix: prefix})
+	l.e.handoff.push(l.s.gate(nc, prefix))
 }
 
 // --- backend side ---
@@ -1686,18 +1728,3 @@ func (h *handoffListener) Close() error {
 }
 
 func (h *handoffListener) Addr() net.Addr { return h.addr }
-
-// prefixConn is a connection whose first bytes were already read.
-type prefixConn struct {
-	net.Conn
-	prefix []byte
-}
-
-func (p *prefixConn) Read(b []byte) (int, error) {
-	if len(p.prefix) > 0 {
-		n := copy(b, p.prefix)
-		p.prefix = p.prefix[n:]
-		return n, nil
-	}
-	return p.Conn.Read(b)
-}

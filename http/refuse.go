@@ -24,6 +24,7 @@ import (
 //	backend closed the connection  connection_terminated
 //	unparsable backend answer      http_protocol_error
 //	broken streamed request body   http_request_error (400)
+//	refused request head           http_request_error (400, 431, 501, 505)
 var (
 	psMemoryLower     = []byte(`sluice; error=proxy_internal_response; details="memory state lower"`)
 	psCritical        = []byte(`sluice; error=proxy_internal_response; details="memory state critical"`)
@@ -39,6 +40,7 @@ var (
 	psProtocolError   = []byte(`sluice; error=http_protocol_error`)
 	psARMUnknown      = []byte(`sluice; error=http_request_denied; details="arm"`)
 	psBadRequest      = []byte(`sluice; error=http_request_error; details="malformed body"`)
+	psHeadRefused     = []byte(`sluice; error=http_request_error`)
 )
 
 // Retry-After of answers that have no guard to compute one from.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -35,6 +36,7 @@ type Server struct {
 	hashName string
 	armPS    [][]byte // Proxy-Status value per ARM rule
 	needPath bool     // an ARM rule matches on the path
+	connDeny string   // the hash header, lower case: Connection may not name it
 	srv      *fasthttp.Server
 	loops    atomic.Pointer[loopEngine] // set while the loop engine serves
 	shut     atomic.Bool                // Shutdown was called
@@ -57,6 +59,7 @@ type Stats struct {
 	Aborted       atomic.Uint64 // in-flight new work ended by memory state Critical
 	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
 	HandedOver    atomic.Uint64 // loop engine: connections given to the fasthttp server
+	BadRequest    atomic.Uint64 // request heads refused (400, 431, 501, 505), connection closed
 }
 
 // New builds the front end. signer may be nil only when the sticky cookie
@@ -93,6 +96,9 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 		s.sessions = newSessionTable(cfg.AppCookieTTL, cfg.AppCookieMax)
 	}
 	s.hashKind, s.hashName, _ = parseHashKey(cfg.HashKey)
+	if s.hashKind == hashHeader {
+		s.connDeny = strings.ToLower(s.hashName)
+	}
 	for _, m := range ctrl.Rules() {
 		s.needPath = s.needPath || m.Config().Match.PathPrefix != ""
 		s.armPS = append(s.armPS, []byte(fmt.Sprintf("sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())))
@@ -112,7 +118,8 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 		CloseOnShutdown:       true,
 		// Answer malformed requests 400 without a handler call; the
 		// connection is closed, the server keeps serving.
-		Logger: fasthttpLogger{s.logger},
+		ErrorHandler: s.errorHandlerCtx,
+		Logger:       fasthttpLogger{s.logger},
 	}
 	return s, nil
 }
@@ -222,7 +229,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		return s.serveLoops(ln)
 	}
 	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.rt.Load().pool.Len())
-	return s.srv.Serve(ln)
+	return s.srv.Serve(gateListener{ln, s})
 }
 
 // ListenAndServe listens on Config.Listen and serves.
@@ -258,6 +265,16 @@ func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // handle is the request path: classify, admit, pick, forward.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	// The gate (gate.go) checked this head as the loop does; the target
+	// and Host are made what the loop makes them: an absolute-form target
+	// becomes origin-form with its authority as Host, and the Host header
+	// is what the backend gets (fasthttp would otherwise take it from the
+	// parsed target).
+	ctx.Request.UseHostHeader = true
+	if auth, rest, ok := splitAbsolute(ctx.Request.Header.RequestURI()); ok {
+		ctx.Request.Header.SetHostBytes(auth)
+		ctx.Request.SetRequestURIBytes(originForm(nil, rest))
+	}
 	now := s.clock.Now()
 	rt := s.rt.Load()
 	closeAfter := ctx.Request.Header.ConnectionClose()

@@ -1,0 +1,203 @@
+package http
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+
+	"github.com/valyala/fasthttp"
+)
+
+// gateConn is the front door of every client connection the fasthttp
+// engine reads (its own, and those the loop hands over): fasthttp reads a
+// request head only after checkHead accepted it, so both engines accept
+// and refuse the same heads. The gate follows each body by the framing
+// checkHead decided (Content-Length, or chunked with the strict chunk
+// scanner), so it knows where the next head starts. A refused head is
+// replaced by a line fasthttp cannot parse: fasthttp answers it through
+// Server.refuseHeadCtx (the same answer the loop gives) and closes the
+// connection, after answering the requests before it in order.
+type gateConn struct {
+	net.Conn
+	s      *Server
+	buf    []byte // bytes read from the client: buf[r:w] not yet passed on
+	r, w   int
+	ok     int   // buf[r:r+ok] is checked and may be passed on
+	state  uint8 // gateHead, gateBody, gateChunked, gateRefused, gatePoisoned
+	remain int64 // gateBody: body bytes still to come
+	chunk  chunkScan
+	err    *headError // the refused head
+	rerr   error      // the read error to return once buf is passed on
+}
+
+const (
+	gateHead = iota
+	gateBody
+	gateChunked
+	gateRefused
+	gatePoisoned
+)
+
+// gatePoison is what fasthttp reads in place of a refused head: no method,
+// so it fails at once.
+var gatePoison = []byte("\x00\r\n\r\n")
+
+// gate wraps c; prefix holds bytes already read from it (a hand-over).
+func (s *Server) gate(c net.Conn, prefix []byte) *gateConn {
+	g := &gateConn{Conn: c, s: s, buf: make([]byte, max(4<<10, len(prefix)))}
+	g.w = copy(g.buf, prefix)
+	return g
+}
+
+// Read passes on checked bytes, reading and checking more as needed.
+func (g *gateConn) Read(p []byte) (int, error) {
+	for {
+		if g.ok > 0 {
+			n := copy(p, g.buf[g.r:g.r+g.ok])
+			g.r += n
+			g.ok -= n
+			return n, nil
+		}
+		switch g.state {
+		case gateRefused:
+			g.state = gatePoisoned
+			return copy(p, gatePoison), nil
+		case gatePoisoned:
+			return 0, io.EOF
+		}
+		if g.r < g.w && g.check() {
+			continue
+		}
+		if g.rerr != nil {
+			return 0, g.rerr
+		}
+		if err := g.fill(); err != nil {
+			if g.r < g.w && g.state == gateHead {
+				// A head cut off by EOF or a timeout: dropped, as fasthttp
+				// drops an unfinished request.
+				g.r = g.w
+			}
+			g.rerr = err
+		}
+	}
+}
+
+// check looks at the unchecked bytes buf[r:w] and marks what may be passed
+// on; it returns false when it needs more bytes.
+func (g *gateConn) check() bool {
+	avail := g.buf[g.r:g.w]
+	switch g.state {
+	case gateHead:
+		hi, err := checkHead(avail, g.s.connDeny)
+		if err == errHeadIncomplete {
+			return false
+		}
+		if err != nil {
+			var he *headError
+			if !errors.As(err, &he) {
+				he = errRequestLine
+			}
+			g.err, g.state = he, gateRefused
+			g.s.stats.BadRequest.Add(1)
+			g.s.logger.Debug("http request refused", "reason", he.reason, "client", g.RemoteAddr().String())
+			g.r, g.w = 0, 0
+			return true
+		}
+		g.ok = hi.n
+		switch {
+		case hi.chunked:
+			g.state, g.chunk = gateChunked, chunkScan{strict: true}
+		case hi.bodyLen > 0:
+			g.state, g.remain = gateBody, hi.bodyLen
+		}
+	case gateBody:
+		n := int64(len(avail))
+		if n >= g.remain {
+			n = g.remain
+			g.state = gateHead
+		}
+		g.remain -= n
+		g.ok = int(n)
+	case gateChunked:
+		n, done, err := g.chunk.feed(avail)
+		g.ok = n
+		if err != nil {
+			// A broken chunked body: what came before it is passed on,
+			// then the connection ends; fasthttp reads a truncated body
+			// and answers 400.
+			g.state, g.err = gatePoisoned, badHead("malformed chunked body")
+			g.w = g.r + n
+		} else if done {
+			g.state = gateHead
+		}
+		if n == 0 && !done && err == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// fill reads more bytes from the client into buf.
+func (g *gateConn) fill() error {
+	if g.r == g.w {
+		g.r, g.w = 0, 0
+	} else if g.r > 0 && g.w == len(g.buf) {
+		g.w = copy(g.buf, g.buf[g.r:g.w])
+		g.r = 0
+	}
+	if g.w == len(g.buf) {
+		if len(g.buf) >= maxHeadSize+4<<10 {
+			return nil // cannot happen: checkHead refuses heads over maxHeadSize
+		}
+		nb := make([]byte, min(2*len(g.buf), maxHeadSize+4<<10))
+		copy(nb, g.buf[:g.w])
+		g.buf = nb
+	}
+	n, err := g.Conn.Read(g.buf[g.w:])
+	g.w += n
+	if n > 0 {
+		return nil
+	}
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	return err
+}
+
+// gateListener wraps every accepted connection in a gate.
+type gateListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l gateListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return l.s.gate(c, nil), nil
+}
+
+// errorHandlerCtx answers what fasthttp could not read: a head the gate
+// refused gets the refusal checkHead gave (the loop's answer), others the
+// status fasthttp would give. fasthttp closes the connection after it.
+func (s *Server) errorHandlerCtx(ctx *fasthttp.RequestCtx, err error) {
+	if g, ok := ctx.Conn().(*gateConn); ok && g.err != nil {
+		s.writeRefusal(&ctx.Response, g.err.status, 0, psHeadRefused, g.err.reason)
+		return
+	}
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.As(err, &small):
+		s.writeRefusal(&ctx.Response, errHeadTooLarge.status, 0, psHeadRefused, errHeadTooLarge.reason)
+	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
+		s.writeRefusal(&ctx.Response, fasthttp.StatusRequestTimeout, 0, psHeadRefused, "request timeout")
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		s.writeRefusal(&ctx.Response, fasthttp.StatusRequestEntityTooLarge, 0, psHeadRefused, "request body too large")
+	default:
+		s.stats.BadRequest.Add(1)
+		s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psHeadRefused, "malformed request")
+	}
+}
