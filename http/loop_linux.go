@@ -259,7 +259,7 @@ type evloop struct {
 	respH   fasthttp.ResponseHeader
 	local   fasthttp.Response
 	uri     fasthttp.URI
-	target  []byte // scratch: an absolute-form target made origin-form
+	target  []byte          // scratch: an absolute-form target made origin-form
 	epFile  *os.File        // l.ep, registered with Go's poller
 	epRaw   syscall.RawConn // of epFile; nil when ep could not be registered
 	pollFn  func(fd uintptr) bool
