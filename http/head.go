@@ -100,12 +100,13 @@ var tchar = func() (t [256]bool) {
 	return
 }()
 
-// vchar marks the bytes allowed in a field value besides SP and HTAB:
-// visible ASCII and obs-text (RFC 9110 §5.5).
-var vchar = func() (t [256]bool) {
+// fieldChar marks the bytes allowed in a field value: visible ASCII,
+// obs-text, SP and HTAB (RFC 9110 §5.5).
+var fieldChar = func() (t [256]bool) {
 	for c := 0x21; c <= 0xff; c++ {
 		t[c] = c != 0x7f
 	}
+	t[' '], t['\t'] = true, true
 	return
 }()
 
@@ -232,9 +233,17 @@ func checkHead(p []byte, extra string) (headInfo, error) {
 		}
 		value := trimOWS(line[colon+1:])
 		for _, c := range value {
-			if !vchar[c] && c != ' ' && c != '\t' {
+			if !fieldChar[c] {
+				if c == '\r' {
+					return h, errBareCR
+				}
 				return h, errFieldValue
 			}
+		}
+		switch len(name) {
+		case 4, 10, 14, 17: // host, connection, content-length, transfer-encoding
+		default:
+			continue
 		}
 		switch {
 		case eqFold(name, "content-length"):
@@ -324,35 +333,25 @@ func (h *headInfo) absoluteForm(t []byte, off int) error {
 }
 
 // lineEnd returns the index of the CR of the CRLF that ends the line
-// starting at pos. A bare LF or a bare CR is refused; a head without its
-// end within maxHeadSize is refused too.
+// starting at pos. A LF without CR before it is refused; a head without
+// its end within maxHeadSize is refused too. Bytes inside the line are
+// checked by the caller (a CR or NUL there is refused as a control byte).
 func lineEnd(p []byte, pos int) (int, error) {
-	for i := pos; i < len(p); i++ {
-		switch p[i] {
-		case '\n':
-			return 0, errBareLF
-		case '\r':
-			if i+1 == len(p) {
-				if i+1 >= maxHeadSize {
-					return 0, errHeadTooLarge
-				}
-				return 0, errHeadIncomplete
-			}
-			if p[i+1] != '\n' {
-				return 0, errBareCR
-			}
-			if i+2 > maxHeadSize {
-				return 0, errHeadTooLarge
-			}
-			return i, nil
-		case 0:
-			return 0, errFieldValue
+	i := bytes.IndexByte(p[pos:], '\n')
+	if i < 0 {
+		if len(p) >= maxHeadSize {
+			return 0, errHeadTooLarge
 		}
+		return 0, errHeadIncomplete
 	}
-	if len(p) >= maxHeadSize {
+	i += pos
+	if i+1 > maxHeadSize {
 		return 0, errHeadTooLarge
 	}
-	return 0, errHeadIncomplete
+	if i == pos || p[i-1] != '\r' {
+		return 0, errBareLF
+	}
+	return i - 1, nil
 }
 
 // connectionNominates reads a Connection value: ok is false when it is not
