@@ -72,6 +72,7 @@ var (
 	errHostMissing    = badHead("HTTP/1.1 request without Host")
 	errHostDup        = badHead("more than one Host")
 	errHostBad        = badHead("malformed Host")
+	errHostEmpty      = badHead("empty Host")
 	errUserinfo       = badHead("userinfo in request target")
 	errConnNominates  = badHead("Connection names a header the proxy relies on")
 	errConnToken      = badHead("malformed Connection")
@@ -267,6 +268,12 @@ func checkHead(p []byte, extra string) (headInfo, error) {
 		case eqFold(name, "host"):
 			if h.hostLen >= 0 {
 				return h, errHostDup
+			}
+			if len(value) == 0 {
+				// Valid only for targets without an authority (RFC 9112
+				// §3.2), which no origin server behind a balancer serves;
+				// fasthttp refuses it too.
+				return h, errHostEmpty
 			}
 			for _, c := range value {
 				if !hostChar[c] {
