@@ -475,3 +475,19 @@ func originForm(dst, rest []byte) []byte {
 	}
 	return append(dst, rest...)
 }
+
+// hasField reports whether the head p has a field named name (lower
+// case), looking only at line starts.
+func hasField(p []byte, name string) bool {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			return false
+		}
+		p = p[i+1:]
+		if len(p) > len(name) && p[len(name)] == ':' && eqFold(p[:len(name)], name) {
+			return true
+		}
+	}
+	return false
+}

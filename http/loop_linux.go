@@ -1358,7 +1358,11 @@ func (l *evloop) consume(bc *bconn) bool {
 		default:
 			x.framing = frameClose
 		}
-		x.bclose = h.ConnectionClose() || x.framing == frameClose
+		// An answer with both Transfer-Encoding and Content-Length is
+		// relayed chunked (RFC 9112 §6.3), but the connection it came on
+		// is not trusted with another request.
+		x.bclose = h.ConnectionClose() || x.framing == frameClose ||
+			(x.framing == frameChunked && hasField(buf[:hlen], "content-length"))
 		if x.class == admission.NewWork && l.s.mem != nil && l.s.mem.State() == admission.Critical {
 			l.abort(c)
 			return true

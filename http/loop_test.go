@@ -622,3 +622,23 @@ func BenchmarkRoundTrip(b *testing.B) {
 		})
 	}
 }
+
+// TestLoopAmbiguousAnswerNotReused: an answer with both Transfer-Encoding
+// and Content-Length is relayed chunked, and its backend connection is
+// closed rather than trusted with the next request.
+func TestLoopAmbiguousAnswerNotReused(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for readHead(c, br) {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+		}
+	}})
+	for i := range 3 {
+		if rep := r.get("/", ""); rep.status != 200 || rep.body != "ok" {
+			t.Fatalf("GET %d: %d %q", i, rep.status, rep.body)
+		}
+	}
+	if got := r.backends[0].hits.Load(); got != 3 {
+		t.Fatalf("backend connections: %d, want 3 (none reused)", got)
+	}
+}
