@@ -111,11 +111,13 @@ var fieldChar = func() (t [256]bool) {
 	return
 }()
 
-// targetChar marks the bytes allowed in a request target: visible ASCII.
-// Raw non-ASCII bytes are refused (clients percent-encode them).
+// targetChar marks the bytes allowed in a request target: visible ASCII
+// but '#' (a fragment is never sent, RFC 9112 §3.2; parsers differ on
+// whether they cut it off). Raw non-ASCII bytes are refused (clients
+// percent-encode them).
 var targetChar = func() (t [256]bool) {
 	for c := 0x21; c <= 0x7e; c++ {
-		t[c] = true
+		t[c] = c != '#'
 	}
 	return
 }()
