@@ -179,8 +179,13 @@ func checkHead(p []byte, extra string) (headInfo, error) {
 		}
 		return h, errRequestLine
 	}
-	for _, c := range target {
+	for i, c := range target {
 		if !targetChar[c] {
+			return h, errTarget
+		}
+		// A '%' starts a percent-encoded octet (RFC 3986 §2.1); a backend
+		// that decodes the target refuses a broken one.
+		if c == '%' && (i+2 >= len(target) || !isHex(target[i+1]) || !isHex(target[i+2])) {
 			return h, errTarget
 		}
 	}
@@ -492,4 +497,8 @@ func hasField(p []byte, name string) bool {
 		}
 	}
 	return false
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }

@@ -100,6 +100,8 @@ func TestCheckHeadVectors(t *testing.T) {
 		{"HTTP/1.2", "GET / HTTP/1.2\r\n" + h + "\r\n", 505, 0, false, "version"},
 		{"method not a token", "G(T / HTTP/1.1\r\n" + h + "\r\n", 400, 0, false, "method"},
 		{"raw UTF-8 target", "GET /caf\xc3\xa9 HTTP/1.1\r\n" + h + "\r\n", 400, 0, false, "target"},
+		{"broken percent-encoding", "GET /a%4 HTTP/1.1\r\n" + h + "\r\n", 400, 0, false, "target"},
+		{"percent-encoding", "GET /a%4f%20b HTTP/1.1\r\n" + h + "\r\n", 0, -1, false, ""},
 		{"fragment in target", "GET /a#b HTTP/1.1\r\n" + h + "\r\n", 400, 0, false, "target"},
 		{"DEL in target", "GET /a\x7fb HTTP/1.1\r\n" + h + "\r\n", 400, 0, false, "target"},
 		{"leading empty line", "\r\nGET / HTTP/1.1\r\n" + h + "\r\n", 400, 0, false, "request line"},
