@@ -105,10 +105,10 @@ type eventWriter struct {
 	// mu is held while segments are written or swept: by the writer
 	// goroutine, and by SweepEvents called directly.
 	mu       sync.Mutex
-	seq      uint64 // next sequence number
-	reported uint64 // dropped events already logged
-	cur    *segment // segment being appended to
-	rotate bool     // start a new segment at the next write
+	seq      uint64   // next sequence number
+	reported uint64   // dropped events already logged
+	cur      *segment // segment being appended to
+	rotate   bool     // start a new segment at the next write
 }
 
 // Append queues an event for the event log and returns at once; it never
@@ -515,4 +515,3 @@ func decodeEvent(v []byte) (admission.Event, error) {
 	}
 	return ev, nil
 }
-

@@ -145,6 +145,10 @@ func TestMain(m *testing.M) {
 		crashChild(dir)
 		return
 	}
+	if dir := os.Getenv(tmpfsEnv); dir != "" {
+		tmpfsChild(dir)
+		return
+	}
 	// Close must stop every goroutine, ours and badger's.
 	goleak.VerifyTestMain(m)
 }
