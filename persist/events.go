@@ -194,6 +194,15 @@ func (s *Store) writeEvents() {
 			batch = s.fill(append(batch[:0], r))
 			s.commit(batch)
 		case <-retry.C:
+			// A vanished directory is reported even when there is
+			// nothing to write.
+			if fi, err := s.fs.Stat(s.dir); err != nil {
+				s.fault("data directory", err)
+			} else if !fi.IsDir() {
+				s.fault("data directory", fmt.Errorf("%s is not a directory", s.dir))
+			} else {
+				s.ok("data directory")
+			}
 			if s.pendingCount() > 0 {
 				s.ew.mu.Lock()
 				s.writePending()
