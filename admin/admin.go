@@ -88,6 +88,9 @@ type Status struct {
 	Memory      MemoryStatus    `json:"memory"`
 	Backends    []BackendStatus `json:"backends"`
 	ARM         []RuleStatus    `json:"arm"`
+	// Storage is the data directory's health (persist.Health), when a
+	// store is open.
+	Storage any `json:"storage,omitempty"`
 }
 
 // MemoryStatus is the node's own memory.
@@ -165,6 +168,9 @@ type Source struct {
 	Controller *admission.Controller
 	// Backends lists the backends of every front end, in order.
 	Backends func() []BackendStatus
+	// Storage reports the data directory's health; nil, or nil returned,
+	// leaves it out.
+	Storage func() any
 }
 
 // Snapshot builds the Status document now.
@@ -184,6 +190,9 @@ func (src Source) Snapshot() Status {
 				Admitted: rs.Admitted + rs.Released, Delayed: rs.Delayed, Refused: rs.Refused,
 			})
 		}
+	}
+	if src.Storage != nil {
+		st.Storage = src.Storage()
 	}
 	return st
 }

@@ -7,26 +7,108 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
-
-	"github.com/dgraph-io/badger/v4"
 
 	"github.com/sluicelb/sluice/admission"
 )
 
-// maxBatch is the most events written in one transaction.
+// The event log is a series of segment files, events-<first sequence>.log,
+// each a JSON object per line (an event and its sequence number), appended
+// to with write(2): no memory mapping, so a full or vanished filesystem
+// gives an error, never a SIGBUS. A segment is closed at segmentMax bytes
+// and after a failed write (whose partial last line, having no newline,
+// is ignored when read).
+
+// segmentMax is the size at which a new segment is started.
+const segmentMax = 1 << 20
+
+// maxBatch is the most events written in one write.
 const maxBatch = 256
 
-// eventKeyLen is len("ev/") + 8 bytes of time + 8 bytes of sequence.
+// eventKeyLen is the length of a format 1 event key: len("ev/") + 8 bytes
+// of time + 8 bytes of sequence.
 const eventKeyLen = 3 + 8 + 8
 
+// record is one line of a segment: an event and its sequence number,
+// which orders events of the same instant and is never reused.
+type record struct {
+	Seq uint64 `json:"seq"`
+	admission.Event
+}
+
+// segment is the index entry of one segment file.
+type segment struct {
+	name        string
+	first, last uint64 // sequence numbers
+	count       int
+	min, max    int64 // event times, Unix nanoseconds
+	size        int64
+}
+
+func segmentName(first uint64) string { return fmt.Sprintf("events-%020d.log", first) }
+
+func isSegmentName(n string) bool {
+	_, ok := parseSegmentName(n)
+	return ok
+}
+
+func parseSegmentName(n string) (uint64, bool) {
+	num, ok := strings.CutPrefix(n, "events-")
+	if num, ok2 := strings.CutSuffix(num, ".log"); ok && ok2 && len(num) == 20 {
+		v, err := strconv.ParseUint(num, 10, 64)
+		return v, err == nil
+	}
+	return 0, false
+}
+
+func sortSegments(segs []*segment) {
+	slices.SortFunc(segs, func(a, b *segment) int {
+		if a.first != b.first {
+			if a.first < b.first {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.name, b.name)
+	})
+}
+
+// add puts r (written at the end of the segment) into the index entry.
+func (g *segment) add(r record, size int) {
+	t := unixNanos(r.Time)
+	if g.count == 0 {
+		g.min, g.max, g.first = t, t, r.Seq
+	}
+	g.min, g.max = min(g.min, t), max(g.max, t)
+	g.last = max(g.last, r.Seq)
+	g.count++
+	g.size += int64(size)
+}
+
 // eventReq is one item for the writer goroutine: an event, or a Flush
-// marker (flush non-nil) closed once everything queued before it is written.
+// marker (flush non-nil) answered once everything queued before it was
+// written or failed to be.
 type eventReq struct {
 	ev    admission.Event
-	flush chan struct{}
+	flush chan error
+}
+
+// eventWriter is the state of the writer goroutine.
+type eventWriter struct {
+	// mu is held while segments are written or swept: by the writer
+	// goroutine, and by SweepEvents called directly.
+	mu       sync.Mutex
+	seq      uint64   // next sequence number
+	reported uint64   // dropped events already logged
+	cur      *segment // segment being appended to
+	rotate   bool     // start a new segment at the next write
 }
 
 // Append queues an event for the event log and returns at once; it never
@@ -34,7 +116,9 @@ type eventReq struct {
 // When Config.EventsBuffer events are already waiting, or the store is
 // read-only or closed, the event is dropped and counted (EventsDropped);
 // drops are logged by the sweep. An event with a zero Time gets Config.Now().
-// Events appended while Close runs may be lost without being counted.
+// While the disk cannot take events they wait in memory, where Events and
+// Tail see them too. Events appended while Close runs may be lost without
+// being counted.
 func (s *Store) Append(ev admission.Event) {
 	if s.events == nil || s.isClosed() {
 		s.dropped.Add(1)
@@ -55,30 +139,32 @@ func (s *Store) Append(ev admission.Event) {
 func (s *Store) EventSink() admission.EventSink { return s.Append }
 
 // EventsDropped returns how many events were not stored since Open: the
-// buffer was full, the store was read-only or closed, or a write failed.
+// buffer or the in-memory backlog was full, the store was read-only or
+// closed, or an event could not be encoded.
 func (s *Store) EventsDropped() uint64 { return s.dropped.Load() }
 
-// Flush waits until every event appended before it is written (or
-// dropped). It returns ErrClosed when the store is closed or read-only.
+// Flush waits until every event appended before it was written, and
+// returns the write error when some could not be (they wait in memory).
+// It returns ErrClosed when the store is closed or read-only.
 func (s *Store) Flush() error {
 	if s.events == nil || s.isClosed() {
 		return fmt.Errorf("flush events to %s: %w", s.cfg.Dir, ErrClosed)
 	}
-	done := make(chan struct{})
+	done := make(chan error, 1)
 	select {
 	case s.events <- eventReq{flush: done}:
 	case <-s.quit:
 		return fmt.Errorf("flush events to %s: %w", s.cfg.Dir, ErrClosed)
 	}
 	select {
-	case <-done:
-		return nil
+	case err := <-done:
+		return err
 	case <-s.writerDone:
 		// The writer drained the queue before it exited; the marker was
 		// either in it or came too late.
 		select {
-		case <-done:
-			return nil
+		case err := <-done:
+			return err
 		default:
 			return fmt.Errorf("flush events to %s: %w", s.cfg.Dir, ErrClosed)
 		}
@@ -86,38 +172,55 @@ func (s *Store) Flush() error {
 }
 
 // writeEvents is the writer goroutine: it takes what is queued, up to
-// maxBatch events at a time, and stores it. On Close it drains the queue.
+// maxBatch events at a time, and appends it to the current segment;
+// retries what the disk refused every Config.Interval; runs the
+// retention sweep. On Close it drains the queue and tries once more.
 func (s *Store) writeEvents() {
 	defer s.wg.Done()
 	defer close(s.writerDone)
-	batch := make([]eventReq, 0, maxBatch)
-	failing := false
-	commit := func() {
-		err := s.writeBatch(batch)
-		switch {
-		case err != nil && !failing:
-			s.log.Warn("writing events failed", "dir", s.cfg.Dir, "err", err)
-		case err == nil && failing:
-			s.log.Info("writing events works again", "dir", s.cfg.Dir)
-		}
-		failing = err != nil
-		for _, r := range batch {
-			if r.flush != nil {
-				close(r.flush)
-			}
-		}
+	retry := time.NewTicker(s.cfg.Interval)
+	defer retry.Stop()
+	var sweep <-chan time.Time
+	if s.cfg.SweepInterval > 0 {
+		t := time.NewTicker(s.cfg.SweepInterval)
+		defer t.Stop()
+		sweep = t.C
+		s.sweepAndReport()
 	}
+	batch := make([]eventReq, 0, maxBatch)
 	for {
 		select {
 		case r := <-s.events:
 			batch = s.fill(append(batch[:0], r))
-			commit()
+			s.commit(batch)
+		case <-retry.C:
+			// A vanished directory is reported even when there is
+			// nothing to write.
+			if fi, err := s.fs.Stat(s.dir); err != nil {
+				s.fault("data directory", err)
+			} else if !fi.IsDir() {
+				s.fault("data directory", fmt.Errorf("%s is not a directory", s.dir))
+			} else {
+				s.ok("data directory")
+			}
+			if s.pendingCount() > 0 {
+				s.ew.mu.Lock()
+				s.writePending()
+				s.ew.mu.Unlock()
+			}
+		case <-sweep:
+			s.sweepAndReport()
 		case <-s.quit:
 			for {
 				if batch = s.fill(batch[:0]); len(batch) == 0 {
+					if s.pendingCount() > 0 {
+						s.ew.mu.Lock()
+						s.writePending()
+						s.ew.mu.Unlock()
+					}
 					return
 				}
-				commit()
+				s.commit(batch)
 			}
 		}
 	}
@@ -136,82 +239,231 @@ func (s *Store) fill(batch []eventReq) []eventReq {
 	return batch
 }
 
-// writeBatch stores the events of batch in one transaction, counting
-// those it could not store as dropped. A batch too big for one transaction
-// (the small memtable caps one at about 150 KiB) goes through a
-// WriteBatch, which splits it.
-func (s *Store) writeBatch(batch []eventReq) error {
-	type rec struct{ k, v []byte }
-	recs := make([]rec, 0, len(batch))
-	var errs []error
+// commit numbers the events of batch, adds them to what waits in
+// memory, writes that, and answers the Flush markers.
+func (s *Store) commit(batch []eventReq) {
+	s.ew.mu.Lock()
+	defer s.ew.mu.Unlock()
+	var add []record
 	for _, r := range batch {
 		if r.flush != nil {
 			continue
 		}
-		v, err := encodeEvent(r.ev)
-		if err != nil {
+		ev := r.ev
+		if ev.Kind == "" {
 			s.dropped.Add(1)
-			errs = append(errs, err)
+			s.log.Debug("event without a kind not stored", "subject", ev.Subject)
 			continue
 		}
-		recs = append(recs, rec{eventKey(r.ev.Time, s.seq), v})
-		s.seq++
+		ev.Kind = admission.EventKind(cut(string(ev.Kind), maxText))
+		ev.Subject, ev.Message = cut(ev.Subject, maxText), cut(ev.Message, maxText)
+		add = append(add, record{Seq: s.ew.seq, Event: ev})
+		s.ew.seq++
 	}
-	if len(recs) == 0 {
-		return errors.Join(errs...)
+	if len(add) > 0 {
+		limit := 4 * max(s.cfg.EventsBuffer, 1)
+		s.segMu.Lock()
+		s.pending = append(s.pending, add...)
+		if over := len(s.pending) - limit; over > 0 {
+			s.pending = slices.Delete(s.pending, 0, over)
+			s.dropped.Add(uint64(over))
+		}
+		s.segMu.Unlock()
 	}
-	err := s.db.Update(func(txn *badger.Txn) error {
-		for _, r := range recs {
-			if err := txn.Set(r.k, r.v); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if errors.Is(err, badger.ErrTxnTooBig) {
-		wb := s.db.NewWriteBatch()
-		defer wb.Cancel()
-		for _, r := range recs {
-			if err = wb.Set(r.k, r.v); err != nil {
-				break
-			}
-		}
-		if err == nil {
-			err = wb.Flush()
+	err := s.writePending()
+	for _, r := range batch {
+		if r.flush != nil {
+			r.flush <- err
 		}
 	}
+}
+
+func (s *Store) pendingCount() int {
+	s.segMu.RLock()
+	defer s.segMu.RUnlock()
+	return len(s.pending)
+}
+
+// writePending appends the events waiting in memory to the current
+// segment, in batches. Events whose line was written whole leave memory;
+// on a failed write the rest stay and the next write starts a new segment.
+func (s *Store) writePending() error {
+	for {
+		s.segMu.RLock()
+		todo := s.pending[:min(len(s.pending), maxBatch)]
+		s.segMu.RUnlock()
+		if len(todo) == 0 {
+			return nil
+		}
+		if err := s.writeRecords(todo); err != nil {
+			s.fault("events", err)
+			return fmt.Errorf("write events to %s: %w: %w", s.cfg.Dir, ErrUnwritable, err)
+		}
+		s.ok("events")
+	}
+}
+
+// writeRecords appends recs (the head of pending) to the current segment
+// and takes those written whole off pending.
+func (s *Store) writeRecords(recs []record) error {
+	var buf []byte
+	ends := make([]int, 0, len(recs))
+	for _, r := range recs {
+		line, err := encodeRecord(r)
+		if err != nil { // kinds and texts were checked; cannot happen
+			return err
+		}
+		buf = append(buf, line...)
+		ends = append(ends, len(buf))
+	}
+	seg := s.ew.cur
+	if seg == nil || s.ew.rotate || seg.size >= segmentMax {
+		if err := s.ensureFormat(); err != nil {
+			return err
+		}
+		seg = &segment{name: segmentName(recs[0].Seq)}
+	}
+	flags := os.O_WRONLY | os.O_CREATE | os.O_APPEND
+	if seg != s.ew.cur {
+		// A file of this name can only hold the cut-short line of a
+		// write that failed before any of its events were written.
+		flags |= os.O_TRUNC
+	}
+	f, err := s.fs.OpenFile(filepath.Join(s.dir, seg.name), flags, 0o600)
 	if err != nil {
-		s.dropped.Add(uint64(len(recs)))
-		errs = append(errs, fmt.Errorf("write %d events to %s: %w", len(recs), s.cfg.Dir, err))
+		s.ew.rotate = true
+		return err
 	}
-	return errors.Join(errs...)
+	n, err := f.Write(buf)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	whole := 0
+	for whole < len(ends) && ends[whole] <= n {
+		whole++
+	}
+	s.segMu.Lock()
+	if whole > 0 {
+		if seg != s.ew.cur {
+			s.segs = append(s.segs, seg)
+			s.ew.cur, s.ew.rotate = seg, false
+		}
+		prev := 0
+		for i, r := range recs[:whole] {
+			seg.add(r, ends[i]-prev)
+			prev = ends[i]
+		}
+		s.pending = s.pending[whole:]
+	}
+	s.segMu.Unlock()
+	if err != nil {
+		s.ew.rotate = true
+	}
+	return err
+}
+
+// encodeRecord is the line of a record in a segment.
+func encodeRecord(r record) ([]byte, error) {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("encode event %s: %w", r.Kind, err)
+	}
+	return append(v, '\n'), nil
+}
+
+// decodeRecord parses one line of a segment.
+func decodeRecord(line []byte) (record, error) {
+	var r record
+	ev, err := decodeEvent(line)
+	if err != nil {
+		return r, err
+	}
+	var seq struct {
+		Seq *uint64 `json:"seq"`
+	}
+	if err := json.Unmarshal(line, &seq); err != nil || seq.Seq == nil || *seq.Seq == 0 {
+		return r, errors.New("event: missing sequence number")
+	}
+	return record{Seq: *seq.Seq, Event: ev}, nil
+}
+
+// segmentLine is one record of a segment and its line as stored.
+type segmentLine struct {
+	rec  record
+	line []byte
+}
+
+// readSegment reads and decodes a segment file. The bytes after its last
+// newline are a write cut short (the disk filled or failed) and ignored;
+// a whole line that does not decode gives an error wrapping ErrCorrupt.
+func readSegment(fsys fileSystem, dir, name string) ([]segmentLine, error) {
+	data, err := fsys.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return nil, err
+	}
+	if i := bytes.LastIndexByte(data, '\n'); i >= 0 {
+		data = data[:i+1]
+	} else {
+		data = nil
+	}
+	var out []segmentLine
+	for n := 1; len(data) > 0; n++ {
+		i := bytes.IndexByte(data, '\n')
+		line := data[:i+1]
+		data = data[i+1:]
+		r, err := decodeRecord(line[:len(line)-1])
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s line %d: %w", ErrCorrupt, name, n, err)
+		}
+		out = append(out, segmentLine{r, line})
+	}
+	return out, nil
+}
+
+// scanSegment reads a segment at Open and returns its index entry.
+func (s *Store) scanSegment(name string) (*segment, error) {
+	lines, err := readSegment(s.fs, s.dir, name)
+	if err != nil {
+		return nil, err
+	}
+	first, _ := parseSegmentName(name)
+	seg := &segment{name: name, first: first, last: first}
+	for _, l := range lines {
+		seg.add(l.rec, len(l.line))
+	}
+	seg.first = first
+	return seg, nil
+}
+
+func (s *Store) eventCount() int {
+	s.segMu.RLock()
+	defer s.segMu.RUnlock()
+	n := len(s.pending)
+	for _, g := range s.segs {
+		n += g.count
+	}
+	return n
 }
 
 // unixNanos is t in Unix nanoseconds, clamped to [0, MaxInt64] so that
-// keys of times outside what int64 nanoseconds can hold still sort.
-func unixNanos(t time.Time) uint64 {
+// times outside what int64 nanoseconds can hold still sort.
+func unixNanos(t time.Time) int64 {
 	switch {
 	case t.Before(time.Unix(0, 0)):
 		return 0
 	case t.After(time.Unix(0, math.MaxInt64)):
 		return math.MaxInt64
 	}
-	return uint64(t.UnixNano())
+	return t.UnixNano()
 }
 
-// eventKey is "ev/" + big-endian Unix nanoseconds + big-endian sequence:
-// keys sort by time, and events at the same instant by arrival, without
-// ever colliding.
+// eventKey is a format 1 event key: "ev/" + big-endian Unix nanoseconds +
+// big-endian sequence.
 func eventKey(t time.Time, seq uint64) []byte {
 	k := make([]byte, 0, eventKeyLen)
 	k = append(k, evPrefix...)
-	k = binary.BigEndian.AppendUint64(k, unixNanos(t))
+	k = binary.BigEndian.AppendUint64(k, uint64(unixNanos(t)))
 	return binary.BigEndian.AppendUint64(k, seq)
-}
-
-// eventSeek is the first key at or after t.
-func eventSeek(t time.Time) []byte {
-	return binary.BigEndian.AppendUint64(bytes.Clone(evPrefix), unixNanos(t))
 }
 
 // decodeEventKey returns the time (Unix nanoseconds) and sequence of an
@@ -271,175 +523,4 @@ func decodeEvent(v []byte) (admission.Event, error) {
 		return ev, errors.New("event: missing time or kind")
 	}
 	return ev, nil
-}
-
-// Events returns up to limit events at or after since, oldest first;
-// limit <= 0 means all of them. Events still queued by Append are not
-// included (Flush first to see them).
-func (s *Store) Events(since time.Time, limit int) ([]admission.Event, error) {
-	return s.readEvents(false, since, limit)
-}
-
-// Tail returns the newest n events (n > 0), oldest first.
-func (s *Store) Tail(n int) ([]admission.Event, error) {
-	if n <= 0 {
-		return nil, nil
-	}
-	return s.readEvents(true, time.Time{}, n)
-}
-
-func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission.Event, error) {
-	release, err := s.acquire()
-	if err != nil {
-		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
-	}
-	defer release()
-	out, err := s.scanEvents(newest, since, limit)
-	if err != nil {
-		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
-	}
-	return out, nil
-}
-
-// scanEvents reads events for readEvents; db must be open.
-func (s *Store) scanEvents(newest bool, since time.Time, limit int) ([]admission.Event, error) {
-	var out []admission.Event
-	err := s.db.View(func(txn *badger.Txn) error {
-		opts := badger.DefaultIteratorOptions
-		opts.Prefix = evPrefix
-		opts.Reverse = newest
-		if limit > 0 && limit < opts.PrefetchSize {
-			opts.PrefetchSize = limit
-		}
-		it := txn.NewIterator(opts)
-		defer it.Close()
-		seek := eventSeek(since)
-		if newest {
-			seek = append(bytes.Clone(evPrefix), bytes.Repeat([]byte{0xff}, 16)...)
-		}
-		for it.Seek(seek); it.Valid() && (limit <= 0 || len(out) < limit); it.Next() {
-			item := it.Item()
-			var ev admission.Event
-			var derr error
-			if _, _, derr = decodeEventKey(item.Key()); derr == nil {
-				if err := item.Value(func(v []byte) error {
-					ev, derr = decodeEvent(v)
-					return nil
-				}); err != nil {
-					return err
-				}
-			}
-			if derr != nil {
-				return fmt.Errorf("%w: key %q: %w", ErrCorrupt, item.Key(), derr)
-			}
-			out = append(out, ev)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if newest {
-		slices.Reverse(out)
-	}
-	return out, nil
-}
-
-// SweepEvents enforces retention once: it deletes events older than
-// Config.EventsRetention (by Config.Now) and then the oldest beyond
-// Config.EventsMax, and returns how many it deleted. The background sweep
-// calls it every Config.SweepInterval.
-func (s *Store) SweepEvents() (int, error) {
-	if s.cfg.ReadOnly {
-		return 0, fmt.Errorf("sweep events in %s: store is read-only", s.cfg.Dir)
-	}
-	release, err := s.acquire()
-	if err != nil {
-		return 0, fmt.Errorf("sweep events in %s: %w", s.cfg.Dir, err)
-	}
-	defer release()
-	var cutoff []byte // keys below it are too old; nil: no age limit
-	if s.cfg.EventsRetention > 0 {
-		cutoff = eventSeek(s.cfg.Now().Add(-s.cfg.EventsRetention))
-	}
-	keysOnly := badger.DefaultIteratorOptions
-	keysOnly.Prefix = evPrefix
-	keysOnly.PrefetchValues = false
-
-	// Count all events and those too old, then delete the oldest
-	// max(old, total-EventsMax) of them.
-	var total, old int
-	err = s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(keysOnly)
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			total++
-			if cutoff != nil && bytes.Compare(it.Item().Key(), cutoff) < 0 {
-				old++
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("sweep events in %s: %w", s.cfg.Dir, err)
-	}
-	n := old
-	if s.cfg.EventsMax > 0 && total-s.cfg.EventsMax > n {
-		n = total - s.cfg.EventsMax
-	}
-	if n == 0 {
-		return 0, nil
-	}
-	wb := s.db.NewWriteBatch()
-	defer wb.Cancel()
-	deleted := 0
-	err = s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(keysOnly)
-		defer it.Close()
-		for it.Rewind(); it.Valid() && deleted < n; it.Next() {
-			if err := wb.Delete(it.Item().KeyCopy(nil)); err != nil {
-				return err
-			}
-			deleted++
-		}
-		return nil
-	})
-	if err == nil {
-		err = wb.Flush()
-	}
-	if err != nil {
-		return 0, fmt.Errorf("sweep events in %s: %w", s.cfg.Dir, err)
-	}
-	// Reclaim value-log space of large deleted events; ErrNoRewrite just
-	// means there was nothing worth rewriting.
-	for s.db.RunValueLogGC(0.5) == nil {
-	}
-	return deleted, nil
-}
-
-// sweepLoop runs SweepEvents every Config.SweepInterval, starting at once,
-// and logs events dropped since the previous sweep.
-func (s *Store) sweepLoop() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.SweepInterval)
-	defer t.Stop()
-	var reported uint64
-	for {
-		if n, err := s.SweepEvents(); err != nil {
-			if !errors.Is(err, ErrClosed) {
-				s.log.Warn("event retention sweep failed", "dir", s.cfg.Dir, "err", err)
-			}
-		} else if n > 0 {
-			s.log.Debug("old events deleted", "count", n)
-		}
-		if d := s.dropped.Load(); d != reported {
-			s.log.Warn("events dropped", "count", d-reported, "total", d)
-			reported = d
-		}
-		select {
-		case <-t.C:
-		case <-s.quit:
-			return
-		}
-	}
 }

@@ -126,7 +126,7 @@ func TestEventsSurviveReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Append(ev(t0, "before"))
-	if err := s.Close(); err != nil { // Close writes what is queued
+	if err := s.Close(bg); err != nil { // Close writes what is queued
 		t.Fatal(err)
 	}
 	s = openTest(t, Config{Dir: dir, SweepInterval: -1})
@@ -245,7 +245,7 @@ func BenchmarkAppend(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	defer s.Close(bg)
 	e := ev(t0, "backend 127.0.0.1:18081 learned 120.5/s")
 	b.ReportAllocs()
 	i := 0
@@ -270,7 +270,7 @@ func BenchmarkOpenFullLog(b *testing.B) {
 	for i := range DefaultEventsMax {
 		s.Append(ev(t0.Add(time.Duration(i)*time.Millisecond), "backend 127.0.0.1:18081 learned 120.5/s"))
 	}
-	if err := s.Close(); err != nil {
+	if err := s.Close(bg); err != nil {
 		b.Fatal(err)
 	}
 	for b.Loop() {
@@ -278,7 +278,7 @@ func BenchmarkOpenFullLog(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s.Close()
+		s.Close(bg)
 	}
 }
 
@@ -287,7 +287,7 @@ func BenchmarkSaveMOP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	defer s.Close(bg)
 	states := make(map[string]admission.MOPState)
 	for i := range 16 {
 		states[MOPKey("http", fmt.Sprintf("10.0.0.%d:8080", i))] = learned(100)

@@ -5,12 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"strings"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/dgraph-io/badger/v4"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -89,50 +88,96 @@ func decodeMOP(v []byte) (admission.MOPState, error) {
 	return st, nil
 }
 
-// SaveMOP stores the given learned states, keyed by MOPKey, in one
-// transaction and syncs them to disk before returning. States of backends
-// not in the map are kept, so a backend removed and added again gets its
-// learned rate back. A state with an invalid key or a non-finite number is
-// skipped and reported in the returned error; the others are still saved.
+// encodeMOPFile is the content of mop.json: a JSON object of learned
+// states by MOPKey, keys sorted.
+func encodeMOPFile(states map[string]admission.MOPState) ([]byte, error) {
+	for key, st := range states {
+		if err := checkMOPKey(key); err != nil {
+			return nil, fmt.Errorf("mop state %q: %w", key, err)
+		}
+		if err := checkMOP(st); err != nil {
+			return nil, fmt.Errorf("mop state %q: %w", key, err)
+		}
+	}
+	data, err := json.MarshalIndent(states, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(data, '\n'), nil
+}
+
+// decodeMOPFile parses mop.json and checks every key and state.
+func decodeMOPFile(data []byte) (map[string]admission.MOPState, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("learned states: %w", err)
+	}
+	out := make(map[string]admission.MOPState, len(raw))
+	for key, v := range raw {
+		if err := checkMOPKey(key); err != nil {
+			return nil, fmt.Errorf("mop key %q: %w", key, err)
+		}
+		st, err := decodeMOP(v)
+		if err != nil {
+			return nil, fmt.Errorf("mop key %q: %w", key, err)
+		}
+		out[key] = st
+	}
+	return out, nil
+}
+
+// SaveMOP stores the given learned states, keyed by MOPKey, and syncs
+// them to disk before returning: all states are written to a new file
+// that replaces mop.json in one rename, so a save is all or nothing.
+// States of backends not in the map are kept, so a backend removed and
+// added again gets its learned rate back. A state with an invalid key or a
+// non-finite number is skipped and reported in the returned error; the
+// others are still saved.
+//
+// When the data directory cannot be written the error wraps
+// ErrUnwritable; the states are kept in memory (LoadMOP returns them) and
+// written by the next save that works. The failure is counted and logged
+// by the store (see Health).
 func (s *Store) SaveMOP(states map[string]admission.MOPState) error {
 	if s.cfg.ReadOnly {
 		return fmt.Errorf("save mop states to %s: store is read-only", s.cfg.Dir)
 	}
-	release, err := s.acquire()
-	if err != nil {
+	if err := s.checkOpen(); err != nil {
 		return fmt.Errorf("save mop states to %s: %w", s.cfg.Dir, err)
 	}
-	defer release()
 	var errs []error
-	type rec struct{ k, v []byte }
-	recs := make([]rec, 0, len(states))
+	s.mopMu.Lock()
 	for key, st := range states {
 		if err := checkMOPKey(key); err != nil {
 			errs = append(errs, fmt.Errorf("save mop state %q: %w", key, err))
 			continue
 		}
-		v, err := encodeMOP(st)
-		if err != nil {
+		if err := checkMOP(st); err != nil {
 			errs = append(errs, fmt.Errorf("save mop state %q: %w", key, err))
 			continue
 		}
-		recs = append(recs, rec{append(bytes.Clone(mopPrefix), key...), v})
+		s.mop[key] = st
 	}
-	if len(recs) > 0 {
-		err := s.db.Update(func(txn *badger.Txn) error {
-			for _, r := range recs {
-				if err := txn.Set(r.k, r.v); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err == nil {
-			err = s.db.Sync()
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("save mop states to %s: %w", s.cfg.Dir, err))
-		}
+	all := maps.Clone(s.mop)
+	s.mopMu.Unlock()
+	if len(all) == 0 {
+		return errors.Join(errs...)
+	}
+	data, err := encodeMOPFile(all)
+	if err != nil { // checked above; cannot happen
+		return errors.Join(append(errs, err)...)
+	}
+	s.mopWrite.Lock()
+	err = s.ensureFormat()
+	if err == nil {
+		err = writeAtomic(s.fs, s.dir, mopFile, data)
+	}
+	s.mopWrite.Unlock()
+	if err != nil {
+		s.fault("learned rates", err)
+		errs = append(errs, fmt.Errorf("save mop states to %s: %w: %w", s.cfg.Dir, ErrUnwritable, err))
+	} else {
+		s.ok("learned rates")
 	}
 	return errors.Join(errs...)
 }
@@ -142,45 +187,14 @@ func (s *Store) Save(key string, st admission.MOPState) error {
 	return s.SaveMOP(map[string]admission.MOPState{key: st})
 }
 
-// LoadMOP returns every stored learned state keyed by MOPKey. Call it at
-// start, before traffic is admitted, and hand each state to the backend's
-// (*admission.MOP).Import. A record that does not decode gives an error
-// wrapping ErrCorrupt.
+// LoadMOP returns every learned state keyed by MOPKey: those read at Open
+// and those saved since. Call it at start, before traffic is admitted,
+// and hand each state to the backend's (*admission.MOP).Import.
 func (s *Store) LoadMOP() (map[string]admission.MOPState, error) {
-	release, err := s.acquire()
-	if err != nil {
+	if err := s.checkOpen(); err != nil {
 		return nil, fmt.Errorf("load mop states from %s: %w", s.cfg.Dir, err)
 	}
-	defer release()
-	out := make(map[string]admission.MOPState)
-	err = s.db.View(func(txn *badger.Txn) error {
-		opts := badger.DefaultIteratorOptions
-		opts.Prefix = mopPrefix
-		it := txn.NewIterator(opts)
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			item := it.Item()
-			key, err := parseMOPKey(item.Key())
-			if err != nil {
-				return fmt.Errorf("%w: %w", ErrCorrupt, err)
-			}
-			var st admission.MOPState
-			var derr error
-			if err := item.Value(func(v []byte) error {
-				st, derr = decodeMOP(v)
-				return nil
-			}); err != nil {
-				return err
-			}
-			if derr != nil {
-				return fmt.Errorf("%w: key %q: %w", ErrCorrupt, item.Key(), derr)
-			}
-			out[key] = st
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("load mop states from %s: %w", s.cfg.Dir, err)
-	}
-	return out, nil
+	s.mopMu.Lock()
+	defer s.mopMu.Unlock()
+	return maps.Clone(s.mop), nil
 }

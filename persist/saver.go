@@ -1,6 +1,7 @@
 package persist
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -13,15 +14,18 @@ import (
 // goroutine, and once more when it is closed. It pulls the states from the
 // function it was given, so nothing on a request's path waits for the disk.
 // At most one interval of learning is lost when the process is killed.
+// A save the disk refuses is retried at the next interval; the store
+// counts, logs and reports the failure (Store.Health).
 type Saver struct {
 	s        *Store
 	states   func() map[string]admission.MOPState
 	interval time.Duration
 
 	mu       sync.Mutex // serialises saves
-	failing  bool       // the last save failed; logged once per failure streak
+	failing  bool       // the last save had an invalid state; logged once per streak
 	quit     chan struct{}
-	done     chan struct{}
+	done     chan struct{} // closed when the ticker loop has ended
+	stopped  chan struct{} // closed when Close has finished
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -44,6 +48,7 @@ func (s *Store) NewSaver(states func() map[string]admission.MOPState) (*Saver, e
 		interval: s.cfg.Interval,
 		quit:     make(chan struct{}),
 		done:     make(chan struct{}),
+		stopped:  make(chan struct{}),
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -63,7 +68,7 @@ func (sv *Saver) run() {
 	for {
 		select {
 		case <-t.C:
-			sv.save() // logged inside
+			sv.save() // reported inside
 		case <-sv.quit:
 			return
 		}
@@ -81,26 +86,36 @@ func (sv *Saver) save() error {
 		return nil
 	}
 	err := sv.s.SaveMOP(states)
-	switch {
-	case err != nil && !sv.failing:
-		sv.s.log.Warn("saving learned mop states failed", "dir", sv.s.cfg.Dir, "err", err)
-	case err == nil && sv.failing:
-		sv.s.log.Info("saving learned mop states works again", "dir", sv.s.cfg.Dir)
+	// A disk failure is logged by the store, rate-limited; what is left
+	// is a state that cannot be stored, logged once until saves work.
+	invalid := err != nil && !errors.Is(err, ErrUnwritable)
+	if invalid && !sv.failing {
+		sv.s.log.Warn("learned mop state not saved", "dir", sv.s.cfg.Dir, "err", err)
 	}
-	sv.failing = err != nil
+	sv.failing = invalid
 	return err
 }
 
 // Close stops the Saver and saves the states a last time, returning the
-// error of that save. Calls after the first return the first result.
-func (sv *Saver) Close() error {
+// error of that save. It returns by ctx's deadline even when the disk
+// does not answer (the save goes on, abandoned). Calls after the first
+// wait for the same work and return its result.
+func (sv *Saver) Close(ctx context.Context) error {
 	sv.stopOnce.Do(func() {
-		close(sv.quit)
-		<-sv.done
-		sv.stopErr = sv.save()
-		sv.s.mu.Lock()
-		delete(sv.s.savers, sv)
-		sv.s.mu.Unlock()
+		go func() {
+			close(sv.quit)
+			<-sv.done
+			sv.stopErr = sv.save()
+			sv.s.mu.Lock()
+			delete(sv.s.savers, sv)
+			sv.s.mu.Unlock()
+			close(sv.stopped)
+		}()
 	})
-	return sv.stopErr
+	select {
+	case <-sv.stopped:
+		return sv.stopErr
+	case <-ctx.Done():
+		return fmt.Errorf("final save of learned rates to %s: %w", sv.s.cfg.Dir, ctx.Err())
+	}
 }

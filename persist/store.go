@@ -1,11 +1,10 @@
 package persist
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -15,14 +14,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
-	"github.com/dgraph-io/badger/v4/options"
+	"github.com/sluicelb/sluice/admission"
 )
 
-// FormatVersion is the layout of keys and values this package writes. It is
-// stored under the key "meta/format" when a store is created and checked at
-// every open; a store with another version is not read.
-const FormatVersion = 1
+// FormatVersion is the layout of the files this package writes (see
+// README.md). It is stored in the file "format" when a store is created
+// and checked at every open. Version 1 stores (Badger databases) are
+// migrated at open.
+const FormatVersion = 2
 
 // DefaultDir is the default data directory (flag -data-dir).
 const DefaultDir = "./sluice-data"
@@ -36,12 +35,19 @@ const (
 	DefaultSweepInterval   = time.Minute
 )
 
+// Files of a store.
+const (
+	formatFile = "format"
+	mopFile    = "mop.json"
+)
+
 // ErrLocked reports that another process holds the data directory open.
 // A directory can be open read-write in one process only.
 var ErrLocked = errors.New("data directory is in use by another process")
 
 // ErrCorrupt reports a store that cannot be decoded: an unknown format
-// version, a record that does not parse, or a key this version does not know.
+// version, a record that does not parse, or a file this version does not
+// know.
 var ErrCorrupt = errors.New("store cannot be decoded")
 
 // ErrNoStore reports that a read-only open found no store in the directory.
@@ -50,11 +56,17 @@ var ErrNoStore = errors.New("no store in directory")
 // ErrClosed is returned by operations on a closed Store.
 var ErrClosed = errors.New("store closed")
 
+// ErrUnwritable wraps the error of a write that failed because of the
+// data directory (missing, read-only, full, I/O error). Such failures are
+// reported by Health and logged by the store itself, rate-limited.
+var ErrUnwritable = errors.New("data directory cannot be written")
+
 // resetHint tells an operator how to recover from a store that cannot be opened.
 const resetHint = "to start over with an empty store, run with -data-reset " +
 	"(learned rates and events in that directory are lost)"
 
-// Config configures a Store. Each field maps to one flag of `sluice run`.
+// Config configures a Store. Each exported field but Now maps to one flag
+// of `sluice run`.
 type Config struct {
 	// Dir is the data directory; it is created if missing (mode 0700).
 	// Flag -data-dir, default "./sluice-data".
@@ -67,13 +79,12 @@ type Config struct {
 	// ReadOnly opens an existing store for reading with a shared lock, as
 	// `sluice events` does: nothing is written, Append drops events and no
 	// sweep runs. It fails with ErrLocked while a sluice has the store open.
-	// A store left by a crash cannot be opened read-only by badger (its
-	// write-ahead log must be replayed); it is copied to a temporary
-	// directory, opened there, and the copy is removed at Close.
+	// A format 1 (Badger) store is migrated into a temporary directory,
+	// read there, and the copy is removed at Close.
 	ReadOnly bool
-	// Interval is how often a Saver saves the learned MOP states. At most
-	// one interval of learning is lost on kill -9.
-	// Flag -persist-interval, default 5s.
+	// Interval is how often a Saver saves the learned MOP states, and how
+	// often writes that failed are retried. At most one interval of
+	// learning is lost on kill -9. Flag -persist-interval, default 5s.
 	Interval time.Duration
 	// EventsRetention is how long events are kept; older ones are deleted
 	// by the sweep. Negative keeps events regardless of age.
@@ -84,15 +95,25 @@ type Config struct {
 	// Flag -events-max, default 100000.
 	EventsMax int
 	// EventsBuffer is how many appended events may wait for the writer
-	// goroutine; Append drops (and counts) events beyond it. Default 1024.
+	// goroutine; Append drops (and counts) events beyond it. While the disk
+	// cannot take them, up to 4×EventsBuffer written-off events wait in
+	// memory (the oldest are dropped beyond that). Default 1024.
 	EventsBuffer int
 	// SweepInterval is how often retention is enforced, starting at Open.
 	// Default 1m; negative turns the background sweep off (call
 	// SweepEvents yourself).
 	SweepInterval time.Duration
-	// Now returns the wall time used for event times and retention; nil
-	// means time.Now. Tests inject a clock here.
+	// FaultLogInterval is how often a store that keeps failing to write
+	// logs a count of its failures; the first failure and the recovery
+	// are logged at once. Default 5m.
+	FaultLogInterval time.Duration
+	// Now returns the wall time used for event times, retention and fault
+	// reports; nil means time.Now. Tests inject a clock here.
 	Now func() time.Time
+
+	// fs is where files are written; nil means the operating system.
+	// Tests inject failures here.
+	fs fileSystem
 }
 
 func (c *Config) setDefaults() {
@@ -114,8 +135,14 @@ func (c *Config) setDefaults() {
 	if c.SweepInterval == 0 {
 		c.SweepInterval = DefaultSweepInterval
 	}
+	if c.FaultLogInterval == 0 {
+		c.FaultLogInterval = DefaultFaultLogInterval
+	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.fs == nil {
+		c.fs = osFS{}
 	}
 }
 
@@ -135,30 +162,50 @@ func (c Config) Validate() error {
 
 // Store is an open data directory. All methods are safe for concurrent use.
 // Close stops the Savers still running (each saves a last time) before it
-// closes the database; operations after Close return ErrClosed.
+// releases the directory; operations after Close return ErrClosed.
+//
+// A store never stops the balancer because of its disk: a write that
+// fails (directory removed, read-only, full, I/O error) is counted,
+// logged once and reported by Health; learned states and events stay in
+// memory and are written when the directory takes writes again. Close
+// returns by its context's deadline even when the disk does not answer.
 type Store struct {
 	cfg    Config
 	log    *slog.Logger
-	db     *badger.DB
-	tmpDir string // a read-only open of a crashed store reads a copy here
+	fs     fileSystem
+	dir    string // where files are read and written: cfg.Dir, or tmpDir
+	tmpDir string // a read-only open of a format 1 store reads a migrated copy here
+	unlock func() // releases the directory lock
+
+	// mopMu guards mop, the learned states as last saved or loaded;
+	// mopWrite serialises writes of mopFile (it may be held by a write
+	// the disk never finishes, mopMu never is).
+	mopMu    sync.Mutex
+	mop      map[string]admission.MOPState
+	mopWrite sync.Mutex
 
 	events     chan eventReq
 	quit       chan struct{} // closed by Close: background goroutines stop
 	writerDone chan struct{} // closed when the event writer has drained and exited
 	wg         sync.WaitGroup
-	seq        uint64        // next event sequence number; writer goroutine only
 	dropped    atomic.Uint64 // events not stored; see EventsDropped
 
-	// dbMu guards dbClosed: operations hold it for reading while they use
-	// db, Close for writing while it closes db.
-	dbMu     sync.RWMutex
-	dbClosed bool
+	// segMu guards the event segment index and the events waiting in
+	// memory; the writer goroutine is the only one to change them.
+	segMu   sync.RWMutex
+	segs    []*segment
+	pending []record
+	ew      eventWriter // writer goroutine only
+
+	health health
 
 	mu     sync.Mutex
 	savers map[*Saver]struct{}
-	closed bool
+	closed bool // Close has begun
+	shut   atomic.Bool
 
 	closeOnce sync.Once
+	closeDone chan struct{}
 	closeErr  error
 }
 
@@ -168,9 +215,8 @@ type Store struct {
 // not decode, is not opened: the error wraps ErrCorrupt, names the directory
 // and says to start with -data-reset; nothing is ever wiped unless
 // cfg.Reset is set. A directory held by another process gives an error
-// wrapping ErrLocked. Badger is opened with small-memory options (about
-// 1.5 MB of Go heap instead of ~88 MB) and logs through logger at WARN and
-// above.
+// wrapping ErrLocked. A format 1 (Badger) store is migrated to format 2;
+// its files are moved to the subdirectory badger-v1.
 func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -183,201 +229,259 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 	dir := cfg.Dir
 
 	if cfg.ReadOnly {
-		if _, err := os.Stat(filepath.Join(dir, badger.ManifestFilename)); err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("open store %s: %w", dir, ErrNoStore)
-			}
+		if fi, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("open store %s: %w", dir, ErrNoStore)
+		} else if err != nil {
 			return nil, fmt.Errorf("open store %s: %w", dir, err)
+		} else if !fi.IsDir() {
+			return nil, fmt.Errorf("open store %s: not a directory", dir)
 		}
 	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data directory %s: %w", dir, err)
 	}
-
-	release, err := lockDir(dir, cfg.ReadOnly)
+	unlock, err := lockDir(dir, cfg.ReadOnly)
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", dir, err)
-	}
-	if cfg.Reset {
-		n, err := wipe(dir)
-		if err != nil {
-			release()
-			return nil, fmt.Errorf("reset store %s: %w", dir, err)
-		}
-		log.Warn("data directory reset: learned rates and events discarded", "dir", dir, "files_removed", n)
-	}
-	if err := checkManifest(dir); err != nil {
-		release()
-		return nil, fmt.Errorf("open store %s: %w: %w; %s", dir, ErrCorrupt, err, resetHint)
-	}
-	// Badger takes its own flock; ours must be gone first. A process that
-	// grabs the directory in between makes badger.Open fail, which is fine.
-	release()
-
-	start := time.Now()
-	var db *badger.DB
-	var tmpDir string
-	if cfg.ReadOnly && hasWAL(dir) {
-		// A store left by a crash needs its write-ahead log replayed,
-		// which badger does only read-write (read-only it fails with
-		// ErrTruncateNeeded, and leaks goroutines doing so). Read a
-		// copy instead of touching the store.
-		db, tmpDir, err = openCopy(dir, log)
-	} else {
-		db, err = openBadger(dir, cfg.ReadOnly, log)
-	}
-	if err != nil {
-		if release, lerr := lockDir(dir, cfg.ReadOnly); errors.Is(lerr, ErrLocked) {
-			return nil, fmt.Errorf("open store %s: %w", dir, ErrLocked)
-		} else if lerr == nil {
-			release()
-		}
-		return nil, fmt.Errorf("open store %s: %w; %s", dir, err, resetHint)
 	}
 	s := &Store{
 		cfg:        cfg,
 		log:        log,
-		db:         db,
-		tmpDir:     tmpDir,
+		fs:         cfg.fs,
+		dir:        dir,
+		unlock:     unlock,
+		mop:        map[string]admission.MOPState{},
 		quit:       make(chan struct{}),
 		writerDone: make(chan struct{}),
+		closeDone:  make(chan struct{}),
 		savers:     make(map[*Saver]struct{}),
 	}
-	if err := s.checkFormat(); err != nil {
-		db.Close()
+	start := time.Now()
+	if err := s.open(); err != nil {
+		s.unlock() // migrate may have taken the lock anew
 		s.removeTmp()
 		return nil, err
 	}
-	log.Debug("store opened", "dir", dir, "read_only", cfg.ReadOnly, "took", time.Since(start))
+	log.Debug("store opened", "dir", dir, "read_only", cfg.ReadOnly, "events", s.eventCount(), "took", time.Since(start))
 	if !cfg.ReadOnly {
 		s.events = make(chan eventReq, cfg.EventsBuffer)
 		s.wg.Add(1)
 		go s.writeEvents()
-		if cfg.SweepInterval > 0 {
-			s.wg.Add(1)
-			go s.sweepLoop()
-		}
 	}
 	return s, nil
 }
 
-// badgerOptions are the small-memory options of notes/libraries.md §3:
-// a 1 MiB memtable instead of 64 MiB keeps ~88 MB off the Go heap (which
-// would otherwise count against GOMEMLIMIT and distort the node memory
-// state), and ValueThreshold must shrink with it or Open fails.
-func badgerOptions(dir string, readOnly bool, log *slog.Logger) badger.Options {
-	return badger.DefaultOptions(dir).
-		WithLogger(badgerLogger{log}).
-		WithReadOnly(readOnly).
-		WithMemTableSize(1 << 20).WithNumMemtables(1).
-		WithNumLevelZeroTables(1).WithNumLevelZeroTablesStall(2).
-		WithValueLogFileSize(1 << 20).
-		WithValueThreshold(1 << 10).
-		WithBlockCacheSize(0).WithCompression(options.None).
-		WithIndexCacheSize(0).WithBaseTableSize(256 << 10).WithBaseLevelSize(1 << 20).
-		WithNumCompactors(2).
-		WithNumGoroutines(1).WithMetricsEnabled(false).WithDetectConflicts(false)
-}
-
-// openBadger opens the database, turning a panic inside badger.Open (seen
-// with some damaged files) into an error.
-func openBadger(dir string, readOnly bool, log *slog.Logger) (db *badger.DB, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			db, err = nil, fmt.Errorf("badger: %v", r)
-		}
-	}()
-	return badger.Open(badgerOptions(dir, readOnly, log))
-}
-
-// openCheckEvents is how many of the newest events Open decodes.
-const openCheckEvents = 1000
-
-// Key prefixes. See README.md for the layout.
-var (
-	formatKey = []byte("meta/format")
-	mopPrefix = []byte("mop/")
-	evPrefix  = []byte("ev/")
-)
-
-// checkFormat writes the format version into a new store, or checks it and
-// decodes every record of an existing one, so that a damaged store stops
-// start-up instead of failing later. Every key is checked, every learned
-// state and the newest openCheckEvents events are decoded; an older event
-// that does not decode is reported by Events when it is read. It also finds
-// the next event sequence.
-func (s *Store) checkFormat() error {
+// open resets, migrates and loads the store; the directory is locked.
+func (s *Store) open() error {
 	dir := s.cfg.Dir
-	corrupt := func(key []byte, err error) error {
-		return fmt.Errorf("open store %s: %w: key %q: %w; %s", dir, ErrCorrupt, key, err, resetHint)
-	}
-	var version []byte
-	haveRecords := false
-	var lastSeq uint64
-	// Keys only: 100k event keys take ~25ms; decoding every event value
-	// would take ~270ms, so only the newest openCheckEvents are decoded.
-	err := s.db.View(func(txn *badger.Txn) error {
-		opts := badger.DefaultIteratorOptions
-		opts.PrefetchValues = false
-		it := txn.NewIterator(opts)
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			item := it.Item()
-			k := item.Key()
-			haveRecords = true
-			var derr, err error
-			switch {
-			case bytes.Equal(k, formatKey):
-				version, err = item.ValueCopy(nil)
-			case bytes.HasPrefix(k, mopPrefix):
-				if _, derr = parseMOPKey(k); derr == nil {
-					err = item.Value(func(v []byte) error {
-						_, derr = decodeMOP(v)
-						return nil
-					})
-				}
-			case bytes.HasPrefix(k, evPrefix):
-				var seq uint64
-				_, seq, derr = decodeEventKey(k)
-				lastSeq = max(lastSeq, seq)
-			default:
-				derr = errors.New("unknown key")
-			}
-			if err != nil {
-				return fmt.Errorf("read store %s: key %q: %w", dir, k, err)
-			}
-			if derr != nil {
-				return corrupt(bytes.Clone(k), derr)
-			}
+	if s.cfg.Reset {
+		n, err := wipe(dir)
+		if err != nil {
+			return fmt.Errorf("reset store %s: %w", dir, err)
 		}
-		return nil
-	})
+		s.log.Warn("data directory reset: learned rates and events discarded", "dir", dir, "files_removed", n)
+	}
+	entries, err := os.ReadDir(dir)
 	if err != nil {
+		return fmt.Errorf("open store %s: %w", dir, err)
+	}
+	_, statErr := os.Stat(filepath.Join(dir, formatFile))
+	hasFormat := statErr == nil
+	if old := badgerFiles(entries); len(old) > 0 {
+		if err := s.migrate(hasFormat); err != nil {
+			return err
+		}
+	}
+	if err := s.load(); err != nil {
 		return err
 	}
-	if _, err := s.scanEvents(true, time.Time{}, openCheckEvents); err != nil {
-		return fmt.Errorf("open store %s: %w; %s", dir, err, resetHint)
+	return nil
+}
+
+// migrate turns the format 1 (Badger) store in the data directory into a
+// format 2 one. Read-write, it writes the new files next to the old ones,
+// the format file last, and then moves the old files into badger-v1; a
+// failure before the format file is written leaves the old store as it
+// was, and the next open tries again. Read-only, it writes the new store
+// into a temporary directory and reads that.
+func (s *Store) migrate(hasFormat bool) error {
+	dir := s.cfg.Dir
+	if hasFormat {
+		// Migrated, but the move of the old files was cut short.
+		return s.moveBadgerFiles()
 	}
-	s.seq = lastSeq + 1
-	switch {
-	case version == nil && haveRecords:
-		return corrupt(formatKey, errors.New("missing, but the store holds records"))
-	case version == nil && s.cfg.ReadOnly:
-		return nil
-	case version == nil:
-		err := s.db.Update(func(txn *badger.Txn) error {
-			return txn.Set(formatKey, []byte(strconv.Itoa(FormatVersion)))
-		})
-		if err == nil {
-			err = s.db.Sync()
+	// Badger takes its own lock on the directory; ours must be released
+	// meanwhile. A process that takes the directory in between makes the
+	// read fail, which is fine.
+	s.unlock()
+	v1, err := readBadger(dir, s.log)
+	unlock, lerr := lockDir(dir, s.cfg.ReadOnly)
+	if lerr != nil {
+		s.unlock = func() {}
+		return fmt.Errorf("open store %s: %w", dir, lerr)
+	}
+	s.unlock = unlock
+	if err != nil {
+		return fmt.Errorf("open store %s: format 1 (Badger) store: %w; %s", dir, err, resetHint)
+	}
+	to := dir
+	if s.cfg.ReadOnly {
+		if to, err = os.MkdirTemp("", "sluice-store-v2-"); err != nil {
+			return fmt.Errorf("open store %s: migrate to a temporary directory: %w", dir, err)
 		}
+		s.tmpDir, s.dir = to, to
+	} else if err := removeV2Files(dir); err != nil {
+		return fmt.Errorf("migrate store %s: remove the files of an unfinished migration: %w", dir, err)
+	}
+	if err := writeV2(s.fs, to, v1); err != nil {
+		return fmt.Errorf("migrate store %s from format 1 (Badger) to %d: %w (the old store is unchanged)", dir, FormatVersion, err)
+	}
+	if s.cfg.ReadOnly {
+		return nil
+	}
+	if err := s.moveBadgerFiles(); err != nil {
+		return err
+	}
+	s.log.Warn("data directory migrated from format 1 (Badger); the old files are kept, remove them once this sluice runs well",
+		"dir", dir, "learned_rates", len(v1.states), "events", len(v1.events), "old_files", filepath.Join(dir, badgerDir))
+	return nil
+}
+
+// moveBadgerFiles moves the files of a migrated format 1 store into the
+// subdirectory badger-v1, where nothing reads them.
+func (s *Store) moveBadgerFiles() error {
+	dir := s.cfg.Dir
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("open store %s: %w", dir, err)
+	}
+	dst := filepath.Join(dir, badgerDir)
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		return fmt.Errorf("open store %s: keep the old files: %w", dir, err)
+	}
+	for _, e := range entries {
+		if n := e.Name(); e.Type().IsRegular() && isBadgerFile(n) {
+			if err := os.Rename(filepath.Join(dir, n), filepath.Join(dst, n)); err != nil {
+				return fmt.Errorf("open store %s: move old file %s to %s: %w", dir, n, dst, err)
+			}
+		}
+	}
+	return nil
+}
+
+// writeV2 writes a whole store into dir: learned states, event segments,
+// and the format file last, each synced.
+func writeV2(fsys fileSystem, dir string, v1 *v1Store) error {
+	if len(v1.states) > 0 {
+		data, err := encodeMOPFile(v1.states)
 		if err != nil {
-			return fmt.Errorf("write format version to %s: %w", dir, err)
+			return err
 		}
-		return nil
+		if err := writeAtomic(fsys, dir, mopFile, data); err != nil {
+			return err
+		}
 	}
-	if v, err := strconv.Atoi(string(version)); err != nil || v != FormatVersion {
-		return corrupt(formatKey, fmt.Errorf("version %q, this sluice reads version %d", version, FormatVersion))
+	var buf []byte
+	first := uint64(0)
+	flush := func() error {
+		if len(buf) == 0 {
+			return nil
+		}
+		err := writeAtomic(fsys, dir, segmentName(first), buf)
+		buf = buf[:0]
+		return err
 	}
+	for _, r := range v1.events {
+		line, err := encodeRecord(r)
+		if err != nil {
+			return err
+		}
+		if len(buf) == 0 {
+			first = r.Seq
+		}
+		buf = append(buf, line...)
+		if len(buf) >= segmentMax {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	return writeAtomic(fsys, dir, formatFile, []byte(strconv.Itoa(FormatVersion)+"\n"))
+}
+
+// load reads the format file, the learned states and the event index.
+func (s *Store) load() error {
+	dir := s.dir
+	corrupt := func(file string, err error) error {
+		return fmt.Errorf("open store %s: %w: %s: %w; %s", s.cfg.Dir, ErrCorrupt, file, err, resetHint)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
+	}
+	var haveRecords bool
+	var segNames []string
+	for _, e := range entries {
+		n := e.Name()
+		switch {
+		case n == formatFile || n == AffinityKeyFile || n == badgerDir || n == "LOCK":
+		case strings.HasSuffix(n, tmpSuffix) && isStoreFile(strings.TrimSuffix(n, tmpSuffix)):
+			// An atomic write cut short by a crash; the file it was to
+			// replace is whole.
+			if !s.cfg.ReadOnly {
+				if err := os.Remove(filepath.Join(dir, n)); err != nil {
+					return fmt.Errorf("open store %s: remove unfinished write %s: %w", s.cfg.Dir, n, err)
+				}
+			}
+		case n == mopFile:
+			haveRecords = true
+		case isSegmentName(n):
+			haveRecords = true
+			segNames = append(segNames, n)
+		}
+	}
+	version, err := os.ReadFile(filepath.Join(dir, formatFile))
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && haveRecords:
+		return corrupt(formatFile, errors.New("missing, but the store holds records"))
+	case errors.Is(err, fs.ErrNotExist) && s.cfg.ReadOnly:
+	case errors.Is(err, fs.ErrNotExist):
+		if err := writeAtomic(s.fs, dir, formatFile, []byte(strconv.Itoa(FormatVersion)+"\n")); err != nil {
+			return fmt.Errorf("write format version to %s: %w", s.cfg.Dir, err)
+		}
+	case err != nil:
+		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
+	default:
+		if v, err := strconv.Atoi(strings.TrimSpace(string(version))); err != nil || v != FormatVersion {
+			return corrupt(formatFile, fmt.Errorf("version %q, this sluice reads version %d", strings.TrimSpace(string(version)), FormatVersion))
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, mopFile)); err == nil {
+		states, err := decodeMOPFile(data)
+		if err != nil {
+			return corrupt(mopFile, err)
+		}
+		s.mop = states
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
+	}
+	var next uint64 = 1
+	for _, n := range segNames {
+		seg, err := s.scanSegment(n)
+		if err != nil {
+			if errors.Is(err, ErrCorrupt) {
+				return fmt.Errorf("open store %s: %w; %s", s.cfg.Dir, err, resetHint)
+			}
+			return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
+		}
+		s.segs = append(s.segs, seg)
+		next = max(next, seg.last+1, seg.first+1)
+	}
+	sortSegments(s.segs)
+	s.ew.seq = next
+	s.ew.rotate = true
 	return nil
 }
 
@@ -385,49 +489,61 @@ func (s *Store) checkFormat() error {
 func (s *Store) Dir() string { return s.cfg.Dir }
 
 // Close stops running Savers (each saves once more), writes the events
-// still queued, stops the sweep and closes the database. Calls after the
-// first return the first result.
-func (s *Store) Close() error {
+// still queued, stops the sweep and releases the directory. It returns
+// when that is done or when ctx is done, whichever comes first: a disk
+// that does not answer never holds up shutdown (the goroutines left
+// waiting for it are abandoned; the process is about to exit). Calls
+// after the first wait for the same work and return its result.
+func (s *Store) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		savers := make([]*Saver, 0, len(s.savers))
-		for sv := range s.savers {
-			savers = append(savers, sv)
-		}
-		s.mu.Unlock()
-		var errs []error
-		for _, sv := range savers {
-			if err := sv.Close(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		close(s.quit)
-		s.wg.Wait()
-		s.dbMu.Lock()
-		s.dbClosed = true
-		if err := s.db.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close store %s: %w", s.cfg.Dir, err))
-		}
-		s.dbMu.Unlock()
-		s.removeTmp()
-		s.closeErr = errors.Join(errs...)
+		go func() {
+			s.closeErr = s.shutdown()
+			close(s.closeDone)
+		}()
 	})
-	return s.closeErr
-}
-
-// acquire makes db usable until the returned release is called, or
-// reports ErrClosed once Close has closed it.
-func (s *Store) acquire() (release func(), err error) {
-	s.dbMu.RLock()
-	if s.dbClosed {
-		s.dbMu.RUnlock()
-		return nil, ErrClosed
+	select {
+	case <-s.closeDone:
+		return s.closeErr
+	case <-ctx.Done():
+		return fmt.Errorf("close store %s: %w: the disk did not finish the last writes; learned rates and events since the last successful save may be lost",
+			s.cfg.Dir, ctx.Err())
 	}
-	return s.dbMu.RUnlock, nil
 }
 
-// isClosed reports whether Close has begun.
+func (s *Store) shutdown() error {
+	s.mu.Lock()
+	s.closed = true
+	savers := make([]*Saver, 0, len(s.savers))
+	for sv := range s.savers {
+		savers = append(savers, sv)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, sv := range savers {
+		if err := sv.Close(context.Background()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	close(s.quit)
+	s.wg.Wait()
+	if n := s.pendingCount(); n > 0 {
+		errs = append(errs, fmt.Errorf("close store %s: %d events could not be written: %w", s.cfg.Dir, n, s.LastError()))
+	}
+	s.shut.Store(true)
+	s.unlock()
+	s.removeTmp()
+	return errors.Join(errs...)
+}
+
+// checkOpen reports ErrClosed once Close has finished.
+func (s *Store) checkOpen() error {
+	if s.shut.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// isClosed reports whether Close has begun stopping the background work.
 func (s *Store) isClosed() bool {
 	select {
 	case <-s.quit:
@@ -437,66 +553,7 @@ func (s *Store) isClosed() bool {
 	}
 }
 
-// hasWAL reports whether dir holds a memtable write-ahead log (*.mem),
-// which a clean Close flushes and removes.
-func hasWAL(dir string) bool {
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".mem") {
-			return true
-		}
-	}
-	return false
-}
-
-// openCopy copies the store in dir to a temporary directory, holding a
-// shared lock on dir meanwhile, and opens the copy read-write so that
-// badger replays its write-ahead log there.
-func openCopy(dir string, log *slog.Logger) (*badger.DB, string, error) {
-	release, err := lockDir(dir, true)
-	if err != nil {
-		return nil, "", err
-	}
-	defer release()
-	tmp, err := os.MkdirTemp("", "sluice-store-copy-")
-	if err != nil {
-		return nil, "", fmt.Errorf("copy store: %w", err)
-	}
-	entries, err := os.ReadDir(dir)
-	for i := 0; err == nil && i < len(entries); i++ {
-		if n := entries[i].Name(); n != "LOCK" && entries[i].Type().IsRegular() && isStoreFile(n) {
-			err = copyFile(filepath.Join(dir, n), filepath.Join(tmp, n))
-		}
-	}
-	var db *badger.DB
-	if err == nil {
-		db, err = openBadger(tmp, false, log)
-	}
-	if err != nil {
-		os.RemoveAll(tmp)
-		return nil, "", fmt.Errorf("copy store to %s: %w", tmp, err)
-	}
-	return db, tmp, nil
-}
-
-func copyFile(from, to string) error {
-	src, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		dst.Close()
-		return err
-	}
-	return dst.Close()
-}
-
-// removeTmp deletes the copy made by openCopy, if any.
+// removeTmp deletes the copy made for a read-only open, if any.
 func (s *Store) removeTmp() {
 	if s.tmpDir != "" {
 		if err := os.RemoveAll(s.tmpDir); err != nil {
@@ -505,23 +562,14 @@ func (s *Store) removeTmp() {
 	}
 }
 
-// checkManifest refuses a directory that holds store files but no
-// MANIFEST: badger would start a new manifest and delete the tables it does
-// not list, losing the data without a word.
-func checkManifest(dir string) error {
-	if _, err := os.Stat(filepath.Join(dir, badger.ManifestFilename)); !errors.Is(err, os.ErrNotExist) {
-		return nil // present, or unreadable: badger.Open will say
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
+// ensureFormat writes the format file when it is missing: after the data
+// directory was removed and made again while sluice ran, the first write
+// that works makes it a store again.
+func (s *Store) ensureFormat() error {
+	if _, err := s.fs.Stat(filepath.Join(s.dir, formatFile)); !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	for _, e := range entries {
-		if n := e.Name(); n != "LOCK" && isStoreFile(n) {
-			return fmt.Errorf("%s is missing but %s exists", badger.ManifestFilename, n)
-		}
-	}
-	return nil
+	return writeAtomic(s.fs, s.dir, formatFile, []byte(strconv.Itoa(FormatVersion)+"\n"))
 }
 
 // AffinityKeyFile is the name of the affinity key in the data directory
@@ -529,10 +577,10 @@ func checkManifest(dir string) error {
 // SIP dialogs issued before the reset stay valid.
 const AffinityKeyFile = "affinity.key"
 
-// wipe removes the files of a store from dir and returns how many; the
-// affinity key stays. It refuses, removing nothing, when dir holds anything
-// else that is not a badger file, so that a mistyped -data-dir never
-// deletes unrelated data.
+// wipe removes the files of a store from dir (including a format 1 store
+// and the badger-v1 directory of a migrated one) and returns how many; the
+// affinity key stays. It refuses, removing nothing, when dir holds
+// anything else, so that a mistyped -data-dir never deletes unrelated data.
 func wipe(dir string) (int, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -540,52 +588,55 @@ func wipe(dir string) (int, error) {
 	}
 	var remove []string
 	for _, e := range entries {
-		if e.Name() == AffinityKeyFile && e.Type().IsRegular() {
+		n := e.Name()
+		switch {
+		case n == AffinityKeyFile && e.Type().IsRegular():
 			continue
-		}
-		if e.IsDir() || !isStoreFile(e.Name()) {
+		case n == badgerDir && e.IsDir():
+			sub, err := os.ReadDir(filepath.Join(dir, n))
+			if err != nil {
+				return 0, err
+			}
+			for _, f := range sub {
+				if !f.Type().IsRegular() || !isBadgerFile(f.Name()) {
+					return 0, fmt.Errorf("%s is not part of a store; remove it by hand or choose another -data-dir",
+						filepath.Join(dir, n, f.Name()))
+				}
+			}
+		case e.IsDir() || !isStoreFile(n):
 			return 0, fmt.Errorf("%s is not part of a store; remove it by hand or choose another -data-dir",
-				filepath.Join(dir, e.Name()))
+				filepath.Join(dir, n))
 		}
-		remove = append(remove, e.Name())
+		remove = append(remove, n)
 	}
 	for i, n := range remove {
-		if err := os.Remove(filepath.Join(dir, n)); err != nil {
+		if err := os.RemoveAll(filepath.Join(dir, n)); err != nil {
 			return i, err
 		}
 	}
 	return len(remove), nil
 }
 
-// isStoreFile reports whether name is a file badger creates.
-func isStoreFile(name string) bool {
-	switch name {
-	case "LOCK", "MANIFEST", "MANIFEST-REWRITE", "KEYREGISTRY", "REWRITE-KEYREGISTRY", "DISCARD":
-		return true
+// removeV2Files removes format 2 files from dir: before a migration
+// they can only be left by an earlier migration that did not finish.
+func removeV2Files(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
 	}
-	stem, ext, ok := strings.Cut(name, ".")
-	if !ok || stem == "" {
-		return false
+	for _, e := range entries {
+		if n := e.Name(); e.Type().IsRegular() && isStoreFile(n) && !isBadgerFile(n) {
+			if err := os.Remove(filepath.Join(dir, n)); err != nil {
+				return err
+			}
+		}
 	}
-	if _, err := strconv.ParseUint(stem, 10, 64); err != nil {
-		return false
-	}
-	ext, _, _ = strings.Cut(ext, ".") // e.g. a temporary "000007.sst.tmp"
-	return ext == "sst" || ext == "vlog" || ext == "mem"
+	return nil
 }
 
-// badgerLogger sends badger's messages to slog: errors and warnings as
-// such, everything else at DEBUG.
-type badgerLogger struct{ l *slog.Logger }
-
-func (b badgerLogger) Errorf(f string, a ...any)   { b.emit(slog.LevelError, f, a) }
-func (b badgerLogger) Warningf(f string, a ...any) { b.emit(slog.LevelWarn, f, a) }
-func (b badgerLogger) Infof(f string, a ...any)    { b.emit(slog.LevelDebug, f, a) }
-func (b badgerLogger) Debugf(f string, a ...any)   { b.emit(slog.LevelDebug, f, a) }
-
-func (b badgerLogger) emit(level slog.Level, f string, a []any) {
-	if !b.l.Enabled(context.Background(), level) {
-		return
-	}
-	b.l.Log(context.Background(), level, "badger", "detail", strings.TrimSpace(fmt.Sprintf(f, a...)))
+// isStoreFile reports whether name is a file of a store: format 2, a
+// temporary file of an atomic write, or format 1 (Badger).
+func isStoreFile(name string) bool {
+	name = strings.TrimSuffix(name, tmpSuffix)
+	return name == formatFile || name == mopFile || isSegmentName(name) || isBadgerFile(name)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -75,7 +76,7 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sluice events: %v\n", err)
 		return 1
 	}
-	defer s.Close()
+	defer s.Close(context.Background())
 
 	var evs []admission.Event
 	if *sinceFlag == "" && *limit > 0 {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -28,7 +29,7 @@ func eventsStore(t *testing.T, evs ...admission.Event) string {
 	for _, ev := range evs {
 		s.Append(ev)
 	}
-	if err := s.Close(); err != nil {
+	if err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -133,7 +134,7 @@ func TestEventsCommandWhileRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer s.Close(context.Background())
 	code, _, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", "127.0.0.1:19090", "--limit", "5")
 	if code != 1 || !strings.Contains(errOut, "in use by a running sluice") ||
 		!strings.Contains(errOut, "curl 'http://127.0.0.1:19090/events?limit=5'") {

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/persist"
 )
 
 // metricsSources are what /metrics reads at scrape time. Everything is
@@ -30,6 +31,8 @@ type metricsSources struct {
 	forward *prometheus.HistogramVec
 	// http is the HTTP front end's counters.
 	http *lbhttp.Stats
+	// store is the data directory.
+	store *persist.Store
 }
 
 // newForwardHistogram is sluice_forward_duration_seconds{protocol}: from a
@@ -43,24 +46,28 @@ func newForwardHistogram() *prometheus.HistogramVec {
 }
 
 var (
-	descAdmitted   = prometheus.NewDesc("sluice_requests_admitted_total", "Requests admitted by the balancer, by protocol and class (new work or affinity).", []string{"protocol", "class"}, nil)
-	descRefused    = prometheus.NewDesc("sluice_requests_refused_total", "New work refused by the balancer, by protocol and the guard that refused it.", []string{"protocol", "reason"}, nil)
-	descMemState   = prometheus.NewDesc("sluice_memory_state", "Node memory state: 0 normal, 1 low, 2 lower, 3 critical.", nil, nil)
-	descMemUsed    = prometheus.NewDesc("sluice_memory_used_bytes", "Memory the Go runtime holds against its limit, last sample.", nil, nil)
-	descMemLimit   = prometheus.NewDesc("sluice_memory_limit_bytes", "Memory limit of the node memory states (0: states off).", nil, nil)
-	descARMRate    = prometheus.NewDesc("sluice_arm_rate", "ARM rule arrival rate: admissions in the current six sub-intervals.", []string{"rule"}, nil)
-	descARMLimit   = prometheus.NewDesc("sluice_arm_limit", "ARM rule limit per unit.", []string{"rule", "unit"}, nil)
-	descARMQueued  = prometheus.NewDesc("sluice_arm_queued", "Requests waiting in the ARM rule's delay queue.", []string{"rule"}, nil)
-	descARMDelayed = prometheus.NewDesc("sluice_arm_delayed_total", "Requests the ARM rule put in its delay queue.", []string{"rule"}, nil)
-	descARMRefused = prometheus.NewDesc("sluice_arm_refused_total", "Requests the ARM rule refused.", []string{"rule"}, nil)
-	descARMOver    = prometheus.NewDesc("sluice_arm_over_limit_total", "Requests admitted over the limit (action=log, or while qualifying).", []string{"rule"}, nil)
-	descMOPAllowed = prometheus.NewDesc("sluice_mop_allowed_rate", "New work per second MOP lets through to the backend now.", []string{"protocol", "backend"}, nil)
-	descMOPLearned = prometheus.NewDesc("sluice_mop_learned_rate", "Learned safe rate of new work per second (0 while discovering).", []string{"protocol", "backend"}, nil)
-	descMOPPhase   = prometheus.NewDesc("sluice_mop_learned", "1 when the backend's MOP rate is learned, 0 while discovering.", []string{"protocol", "backend"}, nil)
-	descBEMemory   = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe.", []string{"protocol", "backend"}, nil)
-	descBEState    = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining.", []string{"protocol", "backend", "state"}, nil)
-	descBEOut      = prometheus.NewDesc("sluice_backend_outstanding", "Requests sent to the backend and not yet answered.", []string{"protocol", "backend"}, nil)
-	descHTTP       = prometheus.NewDesc("sluice_http_events_total", "HTTP front end events: upstream_error (502/503/504 for a backend failure), retried (sent to another backend after a connect failure), restreamed (fasthttp engine: answer outgrew the buffer, requested again), aborted (in-flight new work ended by memory state critical), repinned (affinity to a down backend, sent elsewhere), handed_over (loop engine: connection given to the fasthttp server).", []string{"event"}, nil)
+	descAdmitted     = prometheus.NewDesc("sluice_requests_admitted_total", "Requests admitted by the balancer, by protocol and class (new work or affinity).", []string{"protocol", "class"}, nil)
+	descRefused      = prometheus.NewDesc("sluice_requests_refused_total", "New work refused by the balancer, by protocol and the guard that refused it.", []string{"protocol", "reason"}, nil)
+	descMemState     = prometheus.NewDesc("sluice_memory_state", "Node memory state: 0 normal, 1 low, 2 lower, 3 critical.", nil, nil)
+	descMemUsed      = prometheus.NewDesc("sluice_memory_used_bytes", "Memory the Go runtime holds against its limit, last sample.", nil, nil)
+	descMemLimit     = prometheus.NewDesc("sluice_memory_limit_bytes", "Memory limit of the node memory states (0: states off).", nil, nil)
+	descARMRate      = prometheus.NewDesc("sluice_arm_rate", "ARM rule arrival rate: admissions in the current six sub-intervals.", []string{"rule"}, nil)
+	descARMLimit     = prometheus.NewDesc("sluice_arm_limit", "ARM rule limit per unit.", []string{"rule", "unit"}, nil)
+	descARMQueued    = prometheus.NewDesc("sluice_arm_queued", "Requests waiting in the ARM rule's delay queue.", []string{"rule"}, nil)
+	descARMDelayed   = prometheus.NewDesc("sluice_arm_delayed_total", "Requests the ARM rule put in its delay queue.", []string{"rule"}, nil)
+	descARMRefused   = prometheus.NewDesc("sluice_arm_refused_total", "Requests the ARM rule refused.", []string{"rule"}, nil)
+	descARMOver      = prometheus.NewDesc("sluice_arm_over_limit_total", "Requests admitted over the limit (action=log, or while qualifying).", []string{"rule"}, nil)
+	descMOPAllowed   = prometheus.NewDesc("sluice_mop_allowed_rate", "New work per second MOP lets through to the backend now.", []string{"protocol", "backend"}, nil)
+	descMOPLearned   = prometheus.NewDesc("sluice_mop_learned_rate", "Learned safe rate of new work per second (0 while discovering).", []string{"protocol", "backend"}, nil)
+	descMOPPhase     = prometheus.NewDesc("sluice_mop_learned", "1 when the backend's MOP rate is learned, 0 while discovering.", []string{"protocol", "backend"}, nil)
+	descBEMemory     = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe.", []string{"protocol", "backend"}, nil)
+	descBEState      = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining.", []string{"protocol", "backend", "state"}, nil)
+	descBEOut        = prometheus.NewDesc("sluice_backend_outstanding", "Requests sent to the backend and not yet answered.", []string{"protocol", "backend"}, nil)
+	descStoreOK      = prometheus.NewDesc("sluice_persist_healthy", "1 while the data directory takes writes, 0 while saving learned rates or events fails (they wait in memory and are retried).", nil, nil)
+	descStoreErrors  = prometheus.NewDesc("sluice_persist_write_errors_total", "Failed writes to the data directory (each retry counts).", nil, nil)
+	descStorePending = prometheus.NewDesc("sluice_persist_events_pending", "Events waiting in memory for the data directory to take them.", nil, nil)
+	descStoreDropped = prometheus.NewDesc("sluice_persist_events_dropped_total", "Events not stored: queue or in-memory backlog full.", nil, nil)
+	descHTTP         = prometheus.NewDesc("sluice_http_events_total", "HTTP front end events: upstream_error (502/503/504 for a backend failure), retried (sent to another backend after a connect failure), restreamed (fasthttp engine: answer outgrew the buffer, requested again), aborted (in-flight new work ended by memory state critical), repinned (affinity to a down backend, sent elsewhere), handed_over (loop engine: connection given to the fasthttp server).", []string{"event"}, nil)
 )
 
 // collector turns metricsSources into Prometheus metrics on each scrape.
@@ -69,7 +76,8 @@ type collector struct{ src metricsSources }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmitted, descRefused, descMemState, descMemUsed, descMemLimit,
 		descARMRate, descARMLimit, descARMQueued, descARMDelayed, descARMRefused, descARMOver,
-		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descBEState, descBEOut, descHTTP} {
+		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descBEState, descBEOut, descHTTP,
+		descStoreOK, descStoreErrors, descStorePending, descStoreDropped} {
 		ch <- d
 	}
 }
@@ -102,6 +110,17 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descARMRefused, float64(st.Refused), st.Name)
 			counter(descARMOver, float64(st.Over), st.Name)
 		}
+	}
+	if s := c.src.store; s != nil {
+		h := s.Health()
+		ok := 0.0
+		if h.Healthy {
+			ok = 1
+		}
+		gauge(descStoreOK, ok)
+		counter(descStoreErrors, float64(h.SaveErrors))
+		gauge(descStorePending, float64(h.EventsPending))
+		counter(descStoreDropped, float64(h.EventsDropped))
 	}
 	if st := c.src.http; st != nil {
 		for _, e := range []struct {

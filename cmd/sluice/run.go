@@ -131,9 +131,26 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 }
 
 // runRun is the run command: it serves until SIGINT or SIGTERM.
+// A second SIGINT or SIGTERM ends the process at once, without waiting
+// for the drain or the final save.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		s, ok := <-sigs
+		if !ok {
+			return
+		}
+		cancel()
+		s, ok = <-sigs
+		if ok {
+			fmt.Fprintf(stderr, "sluice run: second %v: exiting now, without finishing the drain or the final save\n", s)
+			os.Exit(1)
+		}
+	}()
 	return run(ctx, args, stdout, stderr, nil)
 }
 
@@ -330,7 +347,7 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 	if o.adminListen != "" {
 		p.admin = admin.New(p.logger)
 		p.admin.Handle("GET /healthz", p.healthz())
-		p.admin.Handle("GET /status", admin.StatusHandler(admin.Source{Memory: p.mem, Controller: p.ctrl, Backends: p.backendStatus}))
+		p.admin.Handle("GET /status", admin.StatusHandler(admin.Source{Memory: p.mem, Controller: p.ctrl, Backends: p.backendStatus, Storage: p.storageStatus}))
 	}
 	return p, nil
 }

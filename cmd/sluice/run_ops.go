@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -64,7 +65,7 @@ func (p *plan) openStore(o *runOptions) error {
 	}
 	states, err := st.LoadMOP()
 	if err != nil {
-		st.Close()
+		st.Close(context.Background())
 		return fmt.Errorf("load learned rates: %w", err)
 	}
 	imported := 0
@@ -84,7 +85,7 @@ func (p *plan) openStore(o *runOptions) error {
 	p.logger.Info("data directory open", "dir", st.Dir(), "learned_rates", len(states), "restored", imported)
 	saver, err := st.NewSaver(p.mopStates)
 	if err != nil {
-		st.Close()
+		st.Close(context.Background())
 		return fmt.Errorf("start saving learned rates: %w", err)
 	}
 	p.store, p.saver = st, saver
@@ -104,16 +105,23 @@ func (p *plan) mopStates() map[string]admission.MOPState {
 	return out
 }
 
-// closeStore saves the learned rates a last time and closes the store.
+// storeCloseTimeout bounds the final save at shutdown: a disk that does
+// not answer must not keep the process from exiting.
+const storeCloseTimeout = 3 * time.Second
+
+// closeStore saves the learned rates a last time and closes the store,
+// giving up after storeCloseTimeout.
 func (p *plan) closeStore() {
 	if p.store == nil {
 		return
 	}
-	if err := p.saver.Close(); err != nil {
-		p.logger.Error("save learned rates", "err", err)
+	ctx, cancel := context.WithTimeout(context.Background(), storeCloseTimeout)
+	defer cancel()
+	if err := p.saver.Close(ctx); err != nil {
+		p.logger.Error("final save of learned rates failed", "err", err)
 	}
 	p.eventLog.detach()
-	if err := p.store.Close(); err != nil {
+	if err := p.store.Close(ctx); err != nil {
 		p.logger.Error("close data directory", "err", err)
 	}
 	p.store = nil
@@ -124,7 +132,7 @@ func (p *plan) mountMetrics() error {
 	if p.admin == nil {
 		return nil
 	}
-	src := metricsSources{ctrl: p.ctrl, mem: p.mem, backends: p.backendStatus, forward: p.forward}
+	src := metricsSources{ctrl: p.ctrl, mem: p.mem, backends: p.backendStatus, forward: p.forward, store: p.store}
 	if p.httpSrv != nil {
 		src.http = p.httpSrv.Stats()
 	}
@@ -208,4 +216,12 @@ func (p *plan) drain(timeout time.Duration) time.Duration {
 		}
 	}
 	return max(timeout-time.Since(start), time.Second)
+}
+
+// storageStatus is the data directory's health for /status.
+func (p *plan) storageStatus() any {
+	if st := p.store; st != nil {
+		return st.Health()
+	}
+	return nil
 }
