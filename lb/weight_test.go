@@ -31,7 +31,7 @@ func TestSetWeightRebuildsPolicies(t *testing.T) {
 			if got := p.Status(0)[1].Weight; got != 3 {
 				t.Errorf("Status weight = %d, want 3", got)
 			}
-			got := counts(t, p, tc.n, func(i int) uint64 { return Hash(string(rune(i)) + "k") ^ uint64(i)*0x9e3779b97f4a7c15 })
+			got := counts(t, p, tc.n, func(i int) uint64 { return Hash(string(rune(i))+"k") ^ uint64(i)*0x9e3779b97f4a7c15 })
 			if !tc.check(got) {
 				t.Errorf("counts after weight 3 = %v, want %s", got, tc.want)
 			}
