@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
@@ -24,6 +25,13 @@ type Server struct {
 	mux    *http.ServeMux
 	srv    *http.Server
 	logger *slog.Logger
+
+	mu      sync.Mutex
+	tasks   []func(context.Context)
+	taskCtx context.Context    // of the running tasks; nil before Serve
+	cancel  context.CancelFunc // ends taskCtx
+	closed  bool               // Shutdown was called: tasks never start
+	running sync.WaitGroup
 }
 
 // New returns an admin server with no routes. The logger gets
@@ -53,17 +61,64 @@ func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, 
 // Handler returns the mux, for tests.
 func (s *Server) Handler() http.Handler { return s.mux }
 
+// Go registers a background task of the admin listener (the dashboard's
+// sampler): it starts when Serve does, or at once if Serve already
+// started, and its context ends at Shutdown, which waits for it to return.
+// A server that never serves never starts its tasks.
+func (s *Server) Go(task func(ctx context.Context)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tasks = append(s.tasks, task)
+	if s.cancel != nil && !s.closed {
+		s.start(task)
+	}
+}
+
+// startTasks starts the registered tasks once.
+func (s *Server) startTasks() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil || s.closed {
+		return
+	}
+	s.taskCtx, s.cancel = context.WithCancel(context.Background())
+	for _, t := range s.tasks {
+		s.start(t)
+	}
+}
+
+func (s *Server) start(task func(context.Context)) {
+	ctx := s.taskCtx
+	s.running.Add(1)
+	go func() {
+		defer s.running.Done()
+		task(ctx)
+	}()
+}
+
 // Serve answers on ln until Shutdown; it returns nil after Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	s.logger.Info("admin listening", "addr", ln.Addr().String())
+	s.startTasks()
 	if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
 	}
 	return nil
 }
 
-// Shutdown stops the listener and waits for open requests until ctx ends.
-func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+// Shutdown stops the listener and waits for open requests until ctx ends,
+// then ends the background tasks and waits for them.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	s.mu.Lock()
+	s.closed = true
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.mu.Unlock()
+	s.running.Wait()
+	return err
+}
 
 // Healthz answers 200 while the node memory state is Normal and 429
 // otherwise (Low, Lower, Critical: "send no new requests", as Oracle Health

@@ -85,7 +85,7 @@ type Backend struct {
 	id     string
 	addr   string
 	proto  string
-	weight int
+	weight atomic.Int32 // in [1, MaxWeight]; set at run time by Pool.SetWeight
 	index  int
 	mop    *admission.MOP
 
@@ -129,7 +129,9 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 	if cfg.Weight < 1 || cfg.Weight > MaxWeight {
 		return nil, fmt.Errorf("new backend %s: weight %d not in [1,%d]: %w", cfg.ID, cfg.Weight, MaxWeight, ErrBadBackend)
 	}
-	return &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, weight: cfg.Weight, mop: cfg.MOP, index: -1}, nil
+	b := &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, mop: cfg.MOP, index: -1}
+	b.weight.Store(int32(cfg.Weight))
+	return b, nil
 }
 
 // ID returns the backend's id, the value carried in affinity tokens.
@@ -141,8 +143,9 @@ func (b *Backend) Addr() string { return b.addr }
 // Proto returns "http" or "sip".
 func (b *Backend) Proto() string { return b.proto }
 
-// Weight returns the configured weight.
-func (b *Backend) Weight() int { return b.weight }
+// Weight returns the backend's weight: the configured one until
+// Pool.SetWeight changes it.
+func (b *Backend) Weight() int { return int(b.weight.Load()) }
 
 // Index returns the backend's position in its pool, so a front end can keep
 // per-backend data (a connection pool) in a slice; -1 before NewPool.
@@ -252,7 +255,7 @@ func (b *Backend) Status(now int64) BackendStatus {
 		ID:          b.id,
 		Proto:       b.proto,
 		Addr:        b.addr,
-		Weight:      b.weight,
+		Weight:      b.Weight(),
 		State:       b.State(now),
 		Outstanding: b.outstanding.Load(),
 		Requests:    b.requests.Load(),

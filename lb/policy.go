@@ -95,8 +95,8 @@ func NewWeightedRoundRobin(bs []*Backend) *WeightedRoundRobin {
 	w := make([]int, len(bs))
 	total := 0
 	for i, b := range bs {
-		w[i] = b.weight
-		total += b.weight
+		w[i] = b.Weight()
+		total += w[i]
 	}
 	if total > maxSequence {
 		sum := total
@@ -163,7 +163,7 @@ type LeastOutstanding struct {
 func better(bs []*Backend, i, j int, now int64) bool {
 	a, b := bs[i], bs[j]
 	// o_a/w_a < o_b/w_b without division.
-	l, r := a.outstanding.Load()*int64(b.weight), b.outstanding.Load()*int64(a.weight)
+	l, r := a.outstanding.Load()*int64(b.weight.Load()), b.outstanding.Load()*int64(a.weight.Load())
 	if l != r {
 		return l < r
 	}
@@ -267,7 +267,7 @@ func NewConsistentHash(bs []*Backend) *ConsistentHash {
 	var count uint64
 	for count < m {
 		for i, b := range bs {
-			for range b.weight {
+			for range b.Weight() {
 				c := (offset[i] + next[i]*skip[i]) % m
 				for filled[c] {
 					next[i]++

@@ -3,6 +3,8 @@ package lb
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,9 +64,18 @@ type PoolConfig struct {
 type Pool struct {
 	backends []*Backend
 	byID     map[string]*Backend
-	policy   Policy
-	name     string
+	// policy is swapped by SetWeight when a policy that precomputes from
+	// the weights (weighted-round-robin, consistent-hash) must be rebuilt;
+	// Pick loads it once per call.
+	policy atomic.Pointer[policyBox]
+	name   string
+	// reweigh serializes SetWeight so that two changes do not rebuild
+	// from a mix of old and new weights.
+	reweigh sync.Mutex
 }
+
+// policyBox holds a Policy for atomic.Pointer.
+type policyBox struct{ Policy }
 
 // ErrNoBackends is returned by NewPool for an empty backend list.
 var ErrNoBackends = errors.New("pool has no backends")
@@ -107,7 +118,7 @@ func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.policy = pol
+	p.policy.Store(&policyBox{pol})
 	p.name = cfg.Policy
 	return p, nil
 }
@@ -120,7 +131,35 @@ func (p *Pool) Backends() []*Backend { return p.backends }
 func (p *Pool) Len() int { return len(p.backends) }
 
 // Policy returns the selection policy in use.
-func (p *Pool) Policy() Policy { return p.policy }
+func (p *Pool) Policy() Policy { return p.policy.Load().Policy }
+
+// SetWeight changes the weight of the backend id at run time, within
+// [1, MaxWeight], and rebuilds the policy from the new weights (policies
+// that read weights per pick see it at once). Requests picked meanwhile use
+// the old policy; weighted-round-robin starts its cycle over. It takes a
+// lock and allocates: it is an operator's control, not a request path.
+func (p *Pool) SetWeight(id string, w int) error {
+	b := p.byID[id]
+	if b == nil {
+		return fmt.Errorf("set weight of %q: %w", id, ErrUnknownBackend)
+	}
+	if w < 1 || w > MaxWeight {
+		return fmt.Errorf("set weight of %q: %d not in [1,%d]: %w", id, w, MaxWeight, ErrBadBackend)
+	}
+	p.reweigh.Lock()
+	defer p.reweigh.Unlock()
+	old := b.weight.Swap(int32(w))
+	pol, err := NewPolicy(p.name, p.backends)
+	if err != nil {
+		b.weight.Store(old) // the name was valid at NewPool: unreachable
+		return fmt.Errorf("set weight of %q: %w", id, err)
+	}
+	p.policy.Store(&policyBox{pol})
+	return nil
+}
+
+// ErrUnknownBackend is wrapped by SetWeight for an id not in the pool.
+var ErrUnknownBackend = errors.New("no such backend")
 
 // Lookup returns the backend with the given id, or nil. Lookup with
 // string(b) of a byte slice does not allocate.
@@ -153,8 +192,9 @@ func (p *Pool) Pick(now int64, key uint64, skip *Backend) (b *Backend, out Outco
 		tried.Add(skip.index)
 	}
 	out = NoBackend
+	pol := p.policy.Load().Policy
 	for {
-		i := p.policy.Select(p.backends, now, key, tried)
+		i := pol.Select(p.backends, now, key, tried)
 		if i < 0 {
 			return nil, out, retryAfter
 		}

@@ -347,7 +347,18 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 	if o.adminListen != "" {
 		p.admin = admin.New(p.logger)
 		p.admin.Handle("GET /healthz", p.healthz())
-		p.admin.Handle("GET /status", admin.StatusHandler(admin.Source{Memory: p.mem, Controller: p.ctrl, Backends: p.backendStatus, Storage: p.storageStatus}))
+		src := admin.Source{Memory: p.mem, Controller: p.ctrl, Backends: p.backendStatus, Storage: p.storageStatus}
+		p.admin.Handle("GET /status", admin.StatusHandler(src))
+		// The dashboard at / samples src every second while the admin
+		// listener serves; its buttons drain and reweigh the pools in force.
+		pools := func() []*lb.Pool {
+			var pools []*lb.Pool
+			if p.httpSrv != nil {
+				pools = append(pools, p.httpSrv.Pool())
+			}
+			return append(pools, p.sipPool())
+		}
+		admin.NewDashboard(admin.DashboardConfig{Source: src, Control: admin.PoolControl(pools), MOPMaxHeap: o.mop.MaxHeap, Events: p.events}, p.logger).Register(p.admin)
 	}
 	return p, nil
 }

@@ -1,0 +1,276 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// ui is the dashboard page, its script and the vendored chart library
+// (uPlot, MIT; refreshed by scripts/vendor-ui.sh). Nothing is fetched from
+// elsewhere at run time.
+//
+//go:embed ui
+var ui embed.FS
+
+// Control changes backends at run time for the dashboard's buttons and
+// POST /control/backends/{id}/.... protocol is "http" or "sip", or "" when
+// the id is unique across front ends. Implementations must be safe for
+// concurrent use.
+type Control interface {
+	// Drain stops (on) or resumes (!on) new work to the backend; its
+	// affinity traffic continues.
+	Drain(protocol, id string, on bool) error
+	// SetWeight sets the backend's weight, in [1, lb.MaxWeight].
+	SetWeight(protocol, id string, w int) error
+}
+
+// Errors of a Control, mapped to 404 and 409 by the control endpoints.
+var (
+	// ErrNoSuchBackend: no backend has the id (in the protocol, if given).
+	ErrNoSuchBackend = errors.New("no such backend")
+	// ErrAmbiguousBackend: the id names a backend of more than one
+	// protocol; add ?protocol=http or ?protocol=sip.
+	ErrAmbiguousBackend = errors.New("backend id used by more than one protocol: add ?protocol=http or ?protocol=sip")
+)
+
+// PoolControl is a Control over the pools in force, which it asks for on
+// every call (a reload may replace them). nil pools are skipped.
+type PoolControl func() []*lb.Pool
+
+var _ Control = PoolControl(nil)
+
+func (pc PoolControl) find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
+	var pool *lb.Pool
+	var found *lb.Backend
+	for _, p := range pc() {
+		if p == nil {
+			continue
+		}
+		b := p.Lookup(id)
+		if b == nil || (protocol != "" && b.Proto() != protocol) {
+			continue
+		}
+		if found != nil {
+			return nil, nil, fmt.Errorf("backend %q: %w", id, ErrAmbiguousBackend)
+		}
+		pool, found = p, b
+	}
+	if found == nil {
+		if protocol != "" {
+			return nil, nil, fmt.Errorf("backend %q of protocol %s: %w", id, protocol, ErrNoSuchBackend)
+		}
+		return nil, nil, fmt.Errorf("backend %q: %w", id, ErrNoSuchBackend)
+	}
+	return pool, found, nil
+}
+
+// Drain implements Control with lb.Backend.Drain.
+func (pc PoolControl) Drain(protocol, id string, on bool) error {
+	_, b, err := pc.find(protocol, id)
+	if err != nil {
+		return err
+	}
+	b.Drain(on)
+	return nil
+}
+
+// SetWeight implements Control with lb.Pool.SetWeight.
+func (pc PoolControl) SetWeight(protocol, id string, w int) error {
+	p, _, err := pc.find(protocol, id)
+	if err != nil {
+		return err
+	}
+	return p.SetWeight(id, w)
+}
+
+// DashboardConfig configures the dashboard.
+type DashboardConfig struct {
+	// Source is what /status shows; the sampler records it every Interval.
+	Source Source
+	// Control backs the drain, undrain and weight buttons; nil answers
+	// 501 to them.
+	Control Control
+	// MOPMaxHeap is the MOP memory ceiling (-mop-max-heap) as a fraction,
+	// drawn on each backend's memory plot; 0 draws none.
+	MOPMaxHeap float64
+	// Samples is the size of the history ring. Default
+	// DefaultHistorySamples (15 minutes at 1 s).
+	Samples int
+	// Interval is the sampling period. Default 1s.
+	Interval time.Duration
+	// Ticker makes the sampler's ticker; tests inject their own channel.
+	// Default time.NewTicker.
+	Ticker func(d time.Duration) (ticks <-chan time.Time, stop func())
+	// Events receives an event for every control change (shown as a
+	// marker on the plots); nil for none.
+	Events admission.EventSink
+}
+
+// Dashboard is the live page at the admin listener's "/" with its history
+// ring (GET /status/history) and control endpoints.
+type Dashboard struct {
+	cfg    DashboardConfig
+	hist   *History
+	logger *slog.Logger
+}
+
+// NewDashboard fills cfg's defaults and returns a dashboard; nothing is
+// sampled before Run (started by Register with the admin listener).
+func NewDashboard(cfg DashboardConfig, logger *slog.Logger) *Dashboard {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Ticker == nil {
+		cfg.Ticker = func(d time.Duration) (<-chan time.Time, func()) {
+			t := time.NewTicker(d)
+			return t.C, t.Stop
+		}
+	}
+	h := NewHistory(cfg.Samples)
+	h.maxHeapPercent = 100 * cfg.MOPMaxHeap
+	return &Dashboard{cfg: cfg, hist: h, logger: logger.With("component", "admin")}
+}
+
+// History returns the dashboard's ring.
+func (d *Dashboard) History() *History { return d.hist }
+
+// Register mounts the page, GET /status/history and the control endpoints
+// on s, and has s run the sampler while it serves.
+func (d *Dashboard) Register(s *Server) {
+	s.Handle("GET /{$}", d.page())
+	s.Handle("GET /ui/", http.FileServerFS(ui))
+	s.Handle("GET /status/history", d.historyHandler())
+	// The control endpoints change state: refuse cross-site browser
+	// requests (a page elsewhere posting to the loopback admin port).
+	cop := http.NewCrossOriginProtection()
+	s.Handle("POST /control/backends/{id}/drain", cop.Handler(d.control("drain")))
+	s.Handle("POST /control/backends/{id}/undrain", cop.Handler(d.control("undrain")))
+	s.Handle("POST /control/backends/{id}/weight", cop.Handler(d.control("weight")))
+	s.Go(d.Run)
+}
+
+// Run samples every Interval until ctx ends.
+func (d *Dashboard) Run(ctx context.Context) {
+	ticks, stop := d.cfg.Ticker(d.cfg.Interval)
+	defer stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-ticks:
+			d.Sample(now)
+		}
+	}
+}
+
+// Sample records the Source as of now in the history.
+func (d *Dashboard) Sample(now time.Time) {
+	st := d.cfg.Source.Snapshot()
+	var counts *admission.Counts
+	if c := d.cfg.Source.Controller; c != nil {
+		cs := c.Counts()
+		counts = &cs
+	}
+	d.hist.Record(now, st, counts)
+}
+
+func (d *Dashboard) page() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := ui.ReadFile("ui/index.html")
+		if err != nil { // the file is embedded: only a broken build gets here
+			http.Error(w, "dashboard page missing from the build", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.Write(body)
+	})
+}
+
+// historyHandler answers GET /status/history[?since=UNIX_MS] with the
+// samples after since (all without it): the page loads everything once,
+// then asks for the new samples every second.
+func (d *Dashboard) historyHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var since int64
+		if v := r.URL.Query().Get("since"); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				http.Error(w, fmt.Sprintf("since %q: want unix milliseconds, e.g. %d", v, time.Now().UnixMilli()), http.StatusBadRequest)
+				return
+			}
+			since = n
+		}
+		var buf bytes.Buffer
+		d.hist.WriteJSON(&buf, since)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Write(buf.Bytes())
+	})
+}
+
+// control handles POST /control/backends/{id}/{action}[?protocol=P]; the
+// weight comes as the form or query value weight.
+func (d *Dashboard) control(action string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		if d.cfg.Control == nil {
+			http.Error(w, "backend control is not available on this listener", http.StatusNotImplemented)
+			return
+		}
+		id := r.PathValue("id")
+		proto := r.URL.Query().Get("protocol")
+		var err error
+		var done string
+		switch action {
+		case "drain", "undrain":
+			on := action == "drain"
+			err = d.cfg.Control.Drain(proto, id, on)
+			done = map[bool]string{true: "drained", false: "undrained"}[on]
+		case "weight":
+			v := strings.TrimSpace(r.FormValue("weight"))
+			wt, perr := strconv.Atoi(v)
+			if perr != nil || wt < 1 || wt > lb.MaxWeight {
+				http.Error(w, fmt.Sprintf("weight %q: want an integer from 1 to %d", v, lb.MaxWeight), http.StatusBadRequest)
+				return
+			}
+			err = d.cfg.Control.SetWeight(proto, id, wt)
+			done = "weight set to " + strconv.Itoa(wt)
+		}
+		if err != nil {
+			code := http.StatusInternalServerError
+			switch {
+			case errors.Is(err, ErrNoSuchBackend):
+				code = http.StatusNotFound
+			case errors.Is(err, ErrAmbiguousBackend):
+				code = http.StatusConflict
+			case errors.Is(err, lb.ErrBadBackend):
+				code = http.StatusBadRequest
+			}
+			d.logger.Warn("backend control refused", "action", action, "backend", id, "protocol", proto, "remote", r.RemoteAddr, "err", err)
+			http.Error(w, err.Error(), code)
+			return
+		}
+		d.logger.Info("backend changed by operator", "action", action, "backend", id, "protocol", proto, "result", done, "remote", r.RemoteAddr)
+		if d.cfg.Events != nil {
+			d.cfg.Events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: id,
+				Message: done + " by the operator from " + r.RemoteAddr})
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintf(w, "backend %s %s\n", id, done)
+	})
+}
