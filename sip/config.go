@@ -31,6 +31,15 @@ type Config struct {
 	// stays valid: the longest dialog we keep affinity for. Flag
 	// -sip-affinity-ttl, default 24h.
 	TokenTTL time.Duration
+	// DialogTTL is how long an entry of the dialog table lives without an
+	// in-dialog request: a bit more than the longest call expected. Flag
+	// -sip-dialog-ttl, default 1h.
+	DialogTTL time.Duration
+	// DialogMax caps the dialog table's entries (dialogEntryBytes each,
+	// so also its memory). When full, new dialogs are not recorded and
+	// their in-dialog requests without our Route go by Call-ID hash. Flag
+	// -sip-dialog-max, default 2,000,000.
+	DialogMax int
 	// FailoverTimeout is how long new work waits for a first response from
 	// a backend before it is moved to the next one. Flag
 	// -sip-failover-timeout, default 2s.
@@ -132,6 +141,14 @@ func ParseBackend(s string) (BackendConfig, error) {
 	return b, nil
 }
 
+// Defaults of the dialog table: entries idle for an hour go, and two
+// million entries (10,000 calls/s of 180 s, with room for lingering ones)
+// take at most 2e6 × dialogEntryBytes = 128 MB.
+const (
+	DefaultDialogTTL = time.Hour
+	DefaultDialogMax = 2_000_000
+)
+
 // ErrNoBackends is returned by New when no backend is configured.
 var ErrNoBackends = errors.New("-sip-backend: at least one backend is required")
 
@@ -144,6 +161,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.TokenTTL == 0 {
 		c.TokenTTL = 24 * time.Hour
+	}
+	if c.DialogTTL == 0 {
+		c.DialogTTL = DefaultDialogTTL
+	}
+	if c.DialogMax == 0 {
+		c.DialogMax = DefaultDialogMax
 	}
 	if c.FailoverTimeout == 0 {
 		c.FailoverTimeout = 2 * time.Second
@@ -182,6 +205,10 @@ func (c *Config) Validate() error {
 		return ErrNoBackends
 	case c.TokenTTL < time.Minute:
 		return errors.New("-sip-affinity-ttl must be at least 1m")
+	case c.DialogTTL < time.Minute:
+		return errors.New("-sip-dialog-ttl must be at least 1m (a bit more than the longest call)")
+	case c.DialogMax < 1:
+		return errors.New("-sip-dialog-max must be at least 1")
 	case c.FailoverTimeout < 10*time.Millisecond:
 		return errors.New("-sip-failover-timeout must be at least 10ms")
 	case c.DrainDefault < 0:

@@ -20,6 +20,9 @@ type Metrics struct {
 	Affinity       atomic.Uint64 // in-dialog requests routed by a valid token
 	AffinityGone   atomic.Uint64 // of those, to a backend SetBackends removed
 	CallIDFallback atomic.Uint64 // in-dialog requests without our Route, routed by Call-ID hash
+	DialogRouted   atomic.Uint64 // in-dialog requests without our Route, routed by the dialog table
+	DialogMisses   atomic.Uint64 // in-dialog requests without our Route not in the dialog table
+	DialogsFull    atomic.Uint64 // INVITEs not recorded in the dialog table: it was full
 	Relayed        atomic.Uint64 // responses relayed
 
 	Refused    atomic.Uint64                       // new work refused by the balancer (503)
@@ -104,6 +107,9 @@ func (s *Server) WritePrometheus(w io.Writer) {
 	c("affinity_total", "In-dialog requests routed by a valid token.", m.Affinity.Load())
 	c("affinity_removed_total", "In-dialog requests routed by a valid token to a backend removed by a reload.", m.AffinityGone.Load())
 	c("callid_fallback_total", "In-dialog requests without our Route, routed by Call-ID hash.", m.CallIDFallback.Load())
+	c("dialog_routed_total", "In-dialog requests without our Route, routed by the dialog table.", m.DialogRouted.Load())
+	c("dialog_misses_total", "In-dialog requests without our Route not found in the dialog table.", m.DialogMisses.Load())
+	c("dialog_full_total", "Dialogs not recorded because the dialog table was full.", m.DialogsFull.Load())
 	c("relayed_total", "SIP responses relayed.", m.Relayed.Load())
 	fmt.Fprintf(w, "# HELP sluice_sip_refused_total New work refused with 503 by the balancer.\n# TYPE sluice_sip_refused_total counter\n")
 	for r := range m.RefusedBy {
@@ -129,6 +135,8 @@ func (s *Server) WritePrometheus(w io.Writer) {
 	c("send_errors_total", "Failed writes.", m.SendErrors.Load())
 	c("pings_failed_total", "Unanswered OPTIONS health pings.", m.PingsFailed.Load())
 	fmt.Fprintf(w, "# HELP sluice_sip_transactions Live new-work transactions.\n# TYPE sluice_sip_transactions gauge\nsluice_sip_transactions %d\n", s.txns.Len())
+	fmt.Fprintf(w, "# HELP sluice_sip_dialogs Entries of the dialog table.\n# TYPE sluice_sip_dialogs gauge\nsluice_sip_dialogs %d\n", s.dialogs.Len())
+	fmt.Fprintf(w, "# HELP sluice_sip_dialogs_bytes Heap of the dialog table (entries times the measured entry size).\n# TYPE sluice_sip_dialogs_bytes gauge\nsluice_sip_dialogs_bytes %d\n", s.dialogs.Bytes())
 	fmt.Fprintf(w, "# HELP sluice_sip_tcp_connections Open TCP connections.\n# TYPE sluice_sip_tcp_connections gauge\nsluice_sip_tcp_connections %d\n", s.tcp.len())
 	fmt.Fprintf(w, "# HELP sluice_sip_backend_up Backend health (1 up).\n# TYPE sluice_sip_backend_up gauge\n")
 	for _, b := range s.Backends() {

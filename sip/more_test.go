@@ -15,8 +15,9 @@ import (
 )
 
 // TestCallIDFallback: a client that ignores Record-Route (sipp -sn uac)
-// sends ACK and BYE to the balancer with no Route; the Call-ID hash takes
-// them to the INVITE's backend.
+// sends ACK and BYE to the balancer with no Route; the dialog table takes
+// them to the INVITE's backend. A BYE of a dialog the table never saw
+// goes by the Call-ID hash and counts as a miss.
 func TestCallIDFallback(t *testing.T) {
 	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
 	s := testServer(t, []*uas{b1, b2}, nil, nil)
@@ -39,8 +40,20 @@ func TestCallIDFallback(t *testing.T) {
 			t.Fatalf("call %d: BYE not at the INVITE's backend", i)
 		}
 	}
-	if s.metrics.CallIDFallback.Load() != 40 {
-		t.Errorf("fallback count %d, want 40", s.metrics.CallIDFallback.Load())
+	if got, fb := s.metrics.DialogRouted.Load(), s.metrics.CallIDFallback.Load(); got != 40 || fb != 0 {
+		t.Errorf("routed by the dialog table %d, by Call-ID hash %d; want 40 and 0", got, fb)
+	}
+	k := c.newCall()
+	k.toTag = "never-seen"
+	k.target = "sip:service@" + s.udpAddr().String()
+	k.inDialog("BYE", 2, k.branch+"-bye")
+	c.recvResponse(200)
+	if got, miss := s.metrics.CallIDFallback.Load(), s.metrics.DialogMisses.Load(); got != 1 || miss != 1 {
+		t.Errorf("unknown dialog: by Call-ID hash %d, misses %d; want 1 and 1", got, miss)
+	}
+	home := s.pool.Load().home(lb.Hash(k.callID), s.clock.Now())
+	if n := map[string]*uas{"b1": b1, "b2": b2}[home.id].count(gosip.BYE, k.callID); n != 1 {
+		t.Errorf("unknown dialog's BYE at the hash's backend %s: %d, want 1", home.id, n)
 	}
 }
 

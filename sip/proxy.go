@@ -2,6 +2,7 @@ package sip
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
@@ -240,9 +241,10 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64
 		}
 		return
 	}
-	// No state (completed, or a restart in between): the backend the INVITE
-	// most likely went to, with the branch it got there.
-	b := p.home(lb.Hash(req.CallID().Value()), now)
+	// No state (completed, or a restart in between): the backend the
+	// dialog table recorded for the INVITE, else the one it most likely
+	// went to, with the branch it got there.
+	b, _ := s.dialogRoute(req, p, now, false)
 	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
 }
 
@@ -289,7 +291,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 		s.forwardDownstream(req, src)
 		return
 	}
-	b := p.home(lb.Hash(callID), now)
+	b, fromTable := s.dialogRoute(req, p, now, true)
 	if dialogCreating(req.Method) {
 		// A To-tag we did not sign proves nothing: this could be
 		// dialog-creating load in disguise.
@@ -306,8 +308,52 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 	} else {
 		s.admitAffinity(now, req.Method)
 	}
-	s.metrics.CallIDFallback.Add(1)
+	if fromTable {
+		s.metrics.DialogRouted.Add(1)
+	} else {
+		s.metrics.CallIDFallback.Add(1)
+	}
 	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
+}
+
+// dialogRoute picks the backend of a request that belongs to a dialog but
+// carries no token of ours: the one the dialog table recorded for its
+// INVITE (fromTable true), else the Call-ID hash's current choice, which
+// is the INVITE's backend only if the INVITE was not moved off it. A miss
+// is counted and logged at debug level. refresh extends the entry's idle
+// deadline (in-dialog requests do, a stateless CANCEL does not).
+func (s *Server) dialogRoute(req *gosip.Request, p *pool, now int64, refresh bool) (*backend, bool) {
+	callID := req.CallID().Value()
+	var from string
+	if f := header(req, "from", "f"); f != nil {
+		from = tagParam(f.Value())
+	}
+	to := toTag(req)
+	var id string
+	var ok bool
+	if refresh {
+		id, ok = s.dialogs.lookup(callID, from, to, now)
+	} else {
+		id, ok = s.dialogs.peek(callID, from, to, now)
+	}
+	if ok {
+		if b, _ := p.dialogBackend(id); b != nil {
+			return b, true
+		}
+	}
+	s.metrics.DialogMisses.Add(1)
+	if s.log.Enabled(s.ctx, slog.LevelDebug) {
+		s.log.Debug("sip dialog table miss: routed by call-id hash", "method", string(req.Method), "call_id", callID,
+			"from_tag", from, "to_tag", to, "recorded_backend", id)
+	}
+	return p.home(lb.Hash(callID), now), false
+}
+
+// insertDialog records that the INVITE of dialog key went to backend id.
+func (s *Server) insertDialog(key uint64, id string, now int64) {
+	if !s.dialogs.insert(key, id, now) {
+		s.metrics.DialogsFull.Add(1)
+	}
 }
 
 func (s *Server) admitAffinity(now int64, m gosip.RequestMethod) {
@@ -378,7 +424,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		s.refuse(req, src, d)
 		return
 	case admission.Delay:
-		t := s.txns.create(ckey, req, src, now, true)
+		t := s.txns.create(s, ckey, req, src, now, true)
 		if t == nil {
 			d.Wait.Cancel()
 			return
@@ -403,7 +449,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		}()
 		return
 	}
-	t := s.txns.create(ckey, req, src, now, false)
+	t := s.txns.create(s, ckey, req, src, now, false)
 	if t == nil {
 		return
 	}

@@ -194,6 +194,15 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 		s.metrics.StrayResponses.Add(1)
 		return
 	}
+	if res.StatusCode >= 200 && res.CSeq().MethodName == gosip.BYE {
+		// The dialog is over (RFC 3261 §15.1.1), whichever side hung up:
+		// its table entry lingers for retransmitted BYEs, then goes.
+		var from string
+		if f := header(res, "from", "f"); f != nil {
+			from = tagParam(f.Value())
+		}
+		s.dialogs.ended(res.CallID().Value(), from, toTag(res), s.clock.Now())
+	}
 	s.txns.mu.Lock()
 	t := s.txns.byBranch[br]
 	s.txns.mu.Unlock()

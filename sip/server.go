@@ -71,6 +71,7 @@ type Server struct {
 	tcpLn   *net.TCPListener
 	tcp     tcpTable
 	txns    txnTable
+	dialogs dialogTable
 	pings   pingTable
 	metrics Metrics
 
@@ -142,6 +143,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	s.pool.Store(p)
 	s.tcp.init()
 	s.txns.init()
+	s.dialogs.init(cfg.DialogTTL, cfg.DialogMax)
 	s.pings.init()
 	return s, nil
 }
@@ -484,8 +486,8 @@ func (s *Server) tick() {
 	defer s.wg.Done()
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
-	var lastLog time.Time
-	var lastRefused uint64
+	var lastLog, lastFullLog time.Time
+	var lastRefused, lastFull uint64
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -494,6 +496,13 @@ func (s *Server) tick() {
 		}
 		now := s.clock.Now()
 		s.txnTimers(now)
+		s.dialogs.sweep(now, dialogSweepShards)
+		if f := s.metrics.DialogsFull.Load(); f != lastFull && time.Since(lastFullLog) >= time.Minute {
+			lastFullLog = time.Now()
+			s.log.Warn("sip dialog table full: new dialogs not recorded, their in-dialog requests without our Route go by Call-ID hash; raise -sip-dialog-max or lower -sip-dialog-ttl",
+				"entries", s.dialogs.Len(), "max", s.cfg.DialogMax, "bytes", s.dialogs.Bytes(), "not_recorded_total", f, "since_last", f-lastFull)
+			lastFull = f
+		}
 		if s.adm.Memory().State() == admission.Critical {
 			s.terminateNewWork(now)
 		}

@@ -45,6 +45,7 @@ type txn struct {
 	req      *gosip.Request
 	invite   bool
 	callID   string
+	dkey     uint64 // dialog table key of an INVITE (Call-ID + From-tag)
 	src      source
 	state    int
 	canceled bool
@@ -100,8 +101,11 @@ func (tt *txnTable) Len() int {
 	return len(tt.byClient)
 }
 
-func (tt *txnTable) create(ckey string, req *gosip.Request, src source, now int64, waiting bool) *txn {
+func (tt *txnTable) create(s *Server, ckey string, req *gosip.Request, src source, now int64, waiting bool) *txn {
 	t := &txn{ckey: ckey, req: req, invite: req.Method == gosip.INVITE, callID: req.CallID().Value(), src: src, created: now}
+	if t.invite {
+		t.dkey = s.dialogs.key(t.callID, tagParam(header(req, "from", "f").Value()))
+	}
 	t.state = stSwitching // the creator sends it
 	if waiting {
 		t.state = stWaiting
@@ -327,6 +331,12 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	t.deadline = now + int64(s.cfg.FailoverTimeout)
 	s.txns.byBranch[branch] = t
 	s.txns.mu.Unlock()
+	if t.invite {
+		// Before the INVITE leaves, so an ACK or BYE racing its 2xx (read
+		// by another goroutine) finds the dialog's backend. A later
+		// attempt moves it.
+		s.insertDialog(t.dkey, b.id, now)
+	}
 	if err := s.sendBytes(wire, target{addr: b.addr, tcp: b.tcp}); err != nil {
 		s.log.Debug("sip forward new work", "err", err, "upstream", b.id)
 		s.txns.mu.Lock()
@@ -416,6 +426,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 			s.observe(time.Duration(now - t.created))
 		}
 		if t.invite && code >= 300 {
+			s.dialogs.remove(t.dkey) // no dialog
 			t.state = stCompleted
 			t.expires = now + int64(completedLinger)
 			b := bufPool.Get().(*bytes.Buffer)
@@ -425,6 +436,9 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 			bufPool.Put(b)
 			s.txns.mu.Unlock()
 		} else {
+			if t.invite {
+				s.dialogs.confirm(t.dkey, toTag(res))
+			}
 			s.txns.removeLocked(t)
 			s.txns.mu.Unlock()
 		}
@@ -526,6 +540,7 @@ func (s *Server) finishLocalLocked(t *txn, code int, reason string, extra []stri
 	dst := s.replyTarget(t.req, t.src)
 	t.local = true
 	if t.invite {
+		s.dialogs.remove(t.dkey) // our own final answer: no dialog
 		t.settleLocked(0, lb.Abandoned)
 		t.state = stCompleted
 		t.expires = s.clock.Now() + int64(completedLinger)

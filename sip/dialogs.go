@@ -1,0 +1,367 @@
+package sip
+
+import (
+	"hash/maphash"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The dialog table remembers which backend took each INVITE, so that
+// in-dialog requests without our Route (UAs that ignore Record-Route, such
+// as SIPp's built-in uac scenario) reach that backend even when the INVITE
+// did not go to the Call-ID hash's pick: another policy than hash, a
+// failover after a 503 or silence, a MOP refusal of the hash pick, or a
+// hash pick that changed since (a backend draining, down or reloaded).
+// Requests with a valid token never consult it; they stay stateless.
+//
+// Key. An entry is keyed by Call-ID + the caller's From-tag, both known
+// when the INVITE is forwarded, so the entry exists before the 2xx is
+// relayed and an ACK or BYE racing it finds its backend. The To-tag is
+// not part of the key: every fork of the INVITE answers from behind the
+// one backend we picked, so all early and confirmed dialogs of one INVITE
+// share the entry. The To-tag of the first 2xx is recorded to recognise
+// requests in the other direction (From-tag = the callee's tag, To-tag =
+// the caller's), so a BYE from either side, and its answer, find the entry.
+//
+// Lifetime. Inserted (or moved) each time the INVITE is sent to a backend;
+// removed on a non-2xx final answer to the INVITE, including our own;
+// after a final answer to a BYE it lingers for Timer F (32 s) so
+// retransmitted BYEs still reach the same backend; otherwise it expires
+// after -sip-dialog-ttl without an in-dialog request (each one refreshes
+// it). Expired entries are swept a few shards per tick of the server's
+// timer goroutine, and ignored by lookups as soon as they are due.
+//
+// Size. Keys are 64-bit keyed hashes (hash/maphash with a per-process
+// seed, so nobody can craft collisions) and values hold no pointer, so an
+// entry has a fixed size and the map is never scanned by the garbage
+// collector. The entry cap (-sip-dialog-max) is therefore also the byte
+// cap: dialogEntryBytes each, measured by TestDialogBytesPerEntry. When
+// the table is full, new dialogs are not inserted (counted; their
+// token-less in-dialog requests fall back to the Call-ID hash).
+
+// dialogShards is the number of independently locked parts of the table.
+// A power of two; the shard is the key's top bits.
+const dialogShards = 256
+
+// dialogSweepShards is how many shards one sweep call scans: with the
+// server's 50 ms tick, the whole table is scanned every 3.2 s.
+const dialogSweepShards = 4
+
+// dialogLinger keeps an entry after a final answer to a BYE, for
+// retransmissions of the BYE (Timer F, 64·T1).
+const dialogLinger = timerF
+
+// dialogEntryBytes is the heap one entry costs, map overhead included,
+// rounded up from the worst figure TestDialogBytesPerEntry measures over
+// the map's growth cycle. Bytes() is Len() times this.
+const dialogEntryBytes = 64
+
+// dialogEntry is the value stored per dialog. It holds no pointer.
+type dialogEntry struct {
+	deadline int64  // monotonic ns: expiry when idle, or end of the linger
+	toTag    uint32 // hash of the first 2xx's To-tag; 0 before one is seen
+	backend  uint16 // index into the table's backend id registry
+	linger   bool   // a BYE was answered: refreshes do not extend it
+}
+
+type dialogShard struct {
+	mu sync.Mutex
+	m  map[uint64]dialogEntry
+	_  [40]byte // keep neighbouring shards' locks off one cache line
+}
+
+// dialogIDs is an immutable registry of backend ids, so entries store a
+// small index instead of a string or a pointer. It is replaced whole when
+// an id is seen for the first time (rare: configuration and reloads).
+type dialogIDs struct {
+	ids   []string
+	index map[string]uint16
+}
+
+// maxDialogIDs bounds the registry; past it, inserts for new ids fail.
+const maxDialogIDs = 1 << 16
+
+// dialogTable maps dialogs established through the balancer to the
+// backend that took their INVITE. Safe for concurrent use; no lock is
+// shared by all shards on the hot path.
+type dialogTable struct {
+	seed   maphash.Seed
+	ttl    int64
+	max    int64
+	count  atomic.Int64
+	shards [dialogShards]dialogShard
+	next   atomic.Uint32 // next shard to sweep
+
+	ids   atomic.Pointer[dialogIDs]
+	idsMu sync.Mutex // serialises registry updates only
+}
+
+func (dt *dialogTable) init(ttl time.Duration, max int) {
+	dt.seed = maphash.MakeSeed()
+	dt.ttl = int64(ttl)
+	dt.max = int64(max)
+	for i := range dt.shards {
+		dt.shards[i].m = map[uint64]dialogEntry{}
+	}
+	dt.ids.Store(&dialogIDs{index: map[string]uint16{}})
+}
+
+// key is the table key of the dialog with Call-ID callID and caller tag
+// tag. It is never 0.
+func (dt *dialogTable) key(callID, tag string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(dt.seed)
+	h.WriteString(callID)
+	h.WriteByte(0)
+	h.WriteString(tag)
+	k := h.Sum64()
+	if k == 0 {
+		k = 1
+	}
+	return k
+}
+
+// tagHash is the recorded form of a To-tag; never 0.
+func (dt *dialogTable) tagHash(tag string) uint32 {
+	v := uint32(maphash.String(dt.seed, tag))
+	if v == 0 {
+		v = 1
+	}
+	return v
+}
+
+func (dt *dialogTable) shard(k uint64) *dialogShard {
+	return &dt.shards[k>>(64-8)]
+}
+
+// idIndex returns the registry index of backend id, adding it if new.
+func (dt *dialogTable) idIndex(id string) (uint16, bool) {
+	if i, ok := dt.ids.Load().index[id]; ok {
+		return i, true
+	}
+	dt.idsMu.Lock()
+	defer dt.idsMu.Unlock()
+	cur := dt.ids.Load()
+	if i, ok := cur.index[id]; ok {
+		return i, true
+	}
+	if len(cur.ids) >= maxDialogIDs {
+		return 0, false
+	}
+	next := &dialogIDs{ids: append(cur.ids[:len(cur.ids):len(cur.ids)], id), index: make(map[string]uint16, len(cur.index)+1)}
+	for k, v := range cur.index {
+		next.index[k] = v
+	}
+	i := uint16(len(cur.ids))
+	next.index[id] = i
+	dt.ids.Store(next)
+	return i, true
+}
+
+// insert records that the INVITE of dialog k went to backend id at now,
+// replacing an earlier attempt's backend. It reports false when the table
+// is full.
+func (dt *dialogTable) insert(k uint64, id string, now int64) bool {
+	idx, ok := dt.idIndex(id)
+	if !ok {
+		return false
+	}
+	sh := dt.shard(k)
+	sh.mu.Lock()
+	e, exists := sh.m[k]
+	if !exists {
+		// Reserve a place first, so concurrent inserts never overshoot
+		// max (a CAS loop would do the same; add-check-undo is simpler).
+		if dt.count.Add(1) > dt.max {
+			dt.count.Add(-1)
+			sh.mu.Unlock()
+			return false
+		}
+	}
+	e = dialogEntry{deadline: now + dt.ttl, backend: idx}
+	sh.m[k] = e
+	sh.mu.Unlock()
+	return true
+}
+
+// confirm records the To-tag of the first 2xx to dialog k's INVITE.
+func (dt *dialogTable) confirm(k uint64, toTag string) {
+	th := dt.tagHash(toTag)
+	sh := dt.shard(k)
+	sh.mu.Lock()
+	if e, ok := sh.m[k]; ok && e.toTag == 0 {
+		e.toTag = th
+		sh.m[k] = e
+	}
+	sh.mu.Unlock()
+}
+
+// remove forgets dialog k (its INVITE failed).
+func (dt *dialogTable) remove(k uint64) {
+	sh := dt.shard(k)
+	sh.mu.Lock()
+	if _, ok := sh.m[k]; ok {
+		delete(sh.m, k)
+		dt.count.Add(-1)
+	}
+	sh.mu.Unlock()
+}
+
+// find returns the key of the live entry that a message with these
+// Call-ID and tags belongs to, in either direction: the caller's requests
+// carry the key's tag as From-tag, the callee's as To-tag (and then the
+// From-tag must be the recorded To-tag). It refreshes the entry's idle
+// deadline when refresh is set, and applies fn to the entry under its
+// shard lock when fn is not nil.
+func (dt *dialogTable) find(callID, fromTag, toTag string, now int64, fn func(*dialogEntry)) (dialogEntry, bool) {
+	k := dt.key(callID, fromTag)
+	sh := dt.shard(k)
+	sh.mu.Lock()
+	e, ok := sh.m[k]
+	if ok && now < e.deadline {
+		if fn != nil {
+			fn(&e)
+			sh.m[k] = e
+		}
+		sh.mu.Unlock()
+		return e, true
+	}
+	sh.mu.Unlock()
+	if toTag == "" {
+		return dialogEntry{}, false
+	}
+	k = dt.key(callID, toTag)
+	sh = dt.shard(k)
+	th := dt.tagHash(fromTag)
+	sh.mu.Lock()
+	e, ok = sh.m[k]
+	if ok && now < e.deadline && e.toTag == th {
+		if fn != nil {
+			fn(&e)
+			sh.m[k] = e
+		}
+		sh.mu.Unlock()
+		return e, true
+	}
+	sh.mu.Unlock()
+	return dialogEntry{}, false
+}
+
+// lookup returns the backend id of the dialog an in-dialog request
+// belongs to, and refreshes its idle deadline (not past a linger).
+func (dt *dialogTable) lookup(callID, fromTag, toTag string, now int64) (string, bool) {
+	e, ok := dt.find(callID, fromTag, toTag, now, func(e *dialogEntry) {
+		if e.linger {
+			// A BYE after a final answer to a BYE: a retransmission, or a
+			// retry after a challenge. Keep it for another linger.
+			e.deadline = now + int64(dialogLinger)
+		} else {
+			e.deadline = now + dt.ttl
+		}
+	})
+	if !ok {
+		return "", false
+	}
+	return dt.ids.Load().ids[e.backend], true
+}
+
+// peek is lookup without the refresh.
+func (dt *dialogTable) peek(callID, fromTag, toTag string, now int64) (string, bool) {
+	e, ok := dt.find(callID, fromTag, toTag, now, nil)
+	if !ok {
+		return "", false
+	}
+	return dt.ids.Load().ids[e.backend], true
+}
+
+// ended starts the linger of the dialog a final answer to a BYE belongs
+// to; the sweep removes it afterwards.
+func (dt *dialogTable) ended(callID, fromTag, toTag string, now int64) {
+	dt.find(callID, fromTag, toTag, now, func(e *dialogEntry) {
+		e.linger = true
+		if d := now + int64(dialogLinger); d < e.deadline {
+			e.deadline = d
+		}
+	})
+}
+
+// sweep removes the expired entries of the next few shards. Called from
+// the server's timer goroutine; tests call it with a fake clock.
+func (dt *dialogTable) sweep(now int64, shards int) (removed int) {
+	for range shards {
+		sh := &dt.shards[(dt.next.Add(1)-1)%dialogShards]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if now >= e.deadline {
+				delete(sh.m, k)
+				removed++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	dt.count.Add(-int64(removed))
+	return removed
+}
+
+// Len returns the number of entries (live and lingering or expired but
+// not yet swept).
+func (dt *dialogTable) Len() int { return int(dt.count.Load()) }
+
+// Bytes returns the heap the entries take, by the measured per-entry cost.
+func (dt *dialogTable) Bytes() int64 { return dt.count.Load() * dialogEntryBytes }
+
+// tagParam returns the tag parameter of a From or To header value (name-addr
+// or addr-spec with header parameters, RFC 3261 §20.20), "" when none. It
+// skips a quoted display name and the <...> URI, whose own parameters are
+// not the header's.
+func tagParam(v string) string {
+	i := 0
+	// Parameters start after the URI: after '>' for a name-addr, else at
+	// the first ';' of an addr-spec.
+	if lt := indexOutsideQuotes(v, '<'); lt >= 0 {
+		gt := strings.IndexByte(v[lt:], '>')
+		if gt < 0 {
+			return ""
+		}
+		i = lt + gt + 1
+	}
+	rest := v[i:]
+	for {
+		semi := strings.IndexByte(rest, ';')
+		if semi < 0 {
+			return ""
+		}
+		rest = rest[semi+1:]
+		end := strings.IndexByte(rest, ';')
+		p := rest
+		if end >= 0 {
+			p = rest[:end]
+		}
+		name, val, _ := strings.Cut(p, "=")
+		if strings.EqualFold(strings.TrimSpace(name), "tag") {
+			return strings.TrimSpace(val)
+		}
+	}
+}
+
+// indexOutsideQuotes is the index of c in v outside "quoted strings", or -1.
+func indexOutsideQuotes(v string, c byte) int {
+	quoted := false
+	for i := 0; i < len(v); i++ {
+		switch v[i] {
+		case '\\':
+			if quoted {
+				i++
+			}
+		case '"':
+			quoted = !quoted
+		case c:
+			if !quoted {
+				return i
+			}
+		}
+	}
+	return -1
+}
