@@ -209,58 +209,58 @@ func (dt *dialogTable) remove(k uint64) {
 	sh.mu.Unlock()
 }
 
-// find returns the key of the live entry that a message with these
-// Call-ID and tags belongs to, in either direction: the caller's requests
-// carry the key's tag as From-tag, the callee's as To-tag (and then the
-// From-tag must be the recorded To-tag). It refreshes the entry's idle
-// deadline when refresh is set, and applies fn to the entry under its
-// shard lock when fn is not nil.
-func (dt *dialogTable) find(callID, fromTag, toTag string, now int64, fn func(*dialogEntry)) (dialogEntry, bool) {
-	k := dt.key(callID, fromTag)
-	sh := dt.shard(k)
-	sh.mu.Lock()
-	e, ok := sh.m[k]
-	if ok && now < e.deadline {
-		if fn != nil {
-			fn(&e)
-			sh.m[k] = e
-		}
-		sh.mu.Unlock()
+// What find does to the entry it finds.
+const (
+	dialogPeek    = iota // nothing
+	dialogRefresh        // an in-dialog request: extend the idle deadline
+	dialogEnd            // a final answer to a BYE: start the linger
+)
+
+// find returns the live entry that a message with these Call-ID and tags
+// belongs to, in either direction: the caller's requests carry the key's
+// tag as From-tag, the callee's as To-tag (and then the From-tag must be
+// the recorded To-tag). It applies op to the entry under its shard lock.
+func (dt *dialogTable) find(callID, fromTag, toTag string, now int64, op int) (dialogEntry, bool) {
+	if e, ok := dt.findKey(dt.key(callID, fromTag), 0, now, op); ok {
 		return e, true
 	}
-	sh.mu.Unlock()
 	if toTag == "" {
 		return dialogEntry{}, false
 	}
-	k = dt.key(callID, toTag)
-	sh = dt.shard(k)
-	th := dt.tagHash(fromTag)
+	return dt.findKey(dt.key(callID, toTag), dt.tagHash(fromTag), now, op)
+}
+
+// findKey is find for one key; with toTag not 0 the entry's recorded
+// To-tag must be toTag.
+func (dt *dialogTable) findKey(k uint64, toTag uint32, now int64, op int) (dialogEntry, bool) {
+	sh := dt.shard(k)
 	sh.mu.Lock()
-	e, ok = sh.m[k]
-	if ok && now < e.deadline && e.toTag == th {
-		if fn != nil {
-			fn(&e)
-			sh.m[k] = e
-		}
-		sh.mu.Unlock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	if !ok || now >= e.deadline || toTag != 0 && e.toTag != toTag {
+		return dialogEntry{}, false
+	}
+	switch {
+	case op == dialogRefresh && e.linger:
+		// A BYE after a final answer to a BYE: a retransmission, or a
+		// retry after a challenge. Keep it for another linger.
+		e.deadline = now + int64(dialogLinger)
+	case op == dialogRefresh:
+		e.deadline = now + dt.ttl
+	case op == dialogEnd:
+		e.linger = true
+		e.deadline = min(e.deadline, now+int64(dialogLinger))
+	default:
 		return e, true
 	}
-	sh.mu.Unlock()
-	return dialogEntry{}, false
+	sh.m[k] = e
+	return e, true
 }
 
 // lookup returns the backend id of the dialog an in-dialog request
 // belongs to, and refreshes its idle deadline (not past a linger).
 func (dt *dialogTable) lookup(callID, fromTag, toTag string, now int64) (string, bool) {
-	e, ok := dt.find(callID, fromTag, toTag, now, func(e *dialogEntry) {
-		if e.linger {
-			// A BYE after a final answer to a BYE: a retransmission, or a
-			// retry after a challenge. Keep it for another linger.
-			e.deadline = now + int64(dialogLinger)
-		} else {
-			e.deadline = now + dt.ttl
-		}
-	})
+	e, ok := dt.find(callID, fromTag, toTag, now, dialogRefresh)
 	if !ok {
 		return "", false
 	}
@@ -269,7 +269,7 @@ func (dt *dialogTable) lookup(callID, fromTag, toTag string, now int64) (string,
 
 // peek is lookup without the refresh.
 func (dt *dialogTable) peek(callID, fromTag, toTag string, now int64) (string, bool) {
-	e, ok := dt.find(callID, fromTag, toTag, now, nil)
+	e, ok := dt.find(callID, fromTag, toTag, now, dialogPeek)
 	if !ok {
 		return "", false
 	}
@@ -279,12 +279,7 @@ func (dt *dialogTable) peek(callID, fromTag, toTag string, now int64) (string, b
 // ended starts the linger of the dialog a final answer to a BYE belongs
 // to; the sweep removes it afterwards.
 func (dt *dialogTable) ended(callID, fromTag, toTag string, now int64) {
-	dt.find(callID, fromTag, toTag, now, func(e *dialogEntry) {
-		e.linger = true
-		if d := now + int64(dialogLinger); d < e.deadline {
-			e.deadline = d
-		}
-	})
+	dt.find(callID, fromTag, toTag, now, dialogEnd)
 }
 
 // sweep removes the expired entries of the next few shards. Called from

@@ -297,9 +297,9 @@ func BenchmarkDialogInsert(b *testing.B) {
 	dt := newDialogTable(time.Hour, 1<<20)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
-		var i uint64
+		i := uint64(fastRand())
 		for pb.Next() {
-			k := dt.key("call@host", strconv.FormatUint(i, 36))
+			k := (i+1)*0x9e3779b97f4a7c15 | 1 // spread over the shards like hashed keys
 			dt.insert(k, "b1", 0)
 			dt.remove(k)
 			i++
