@@ -77,6 +77,8 @@ func addSIPFlags(fs *flag.FlagSet) *sipOptions {
 	})
 	fs.StringVar(&c.Policy, "sip-lb-policy", envDefault("sip-lb-policy", "hash"), "selection of new work: hash (consistent hash on Call-ID), round-robin, weighted-round-robin, least-outstanding, p2c")
 	fs.DurationVar(&c.TokenTTL, "sip-affinity-ttl", envDuration("sip-affinity-ttl", 24*time.Hour), "lifetime of the signed backend token in Record-Route (longest dialog)")
+	fs.DurationVar(&c.DialogTTL, "sip-dialog-ttl", envDuration("sip-dialog-ttl", lbsip.DefaultDialogTTL), "dialog table: forget a dialog after this long without an in-dialog request (a bit more than the longest call)")
+	fs.IntVar(&c.DialogMax, "sip-dialog-max", envInt("sip-dialog-max", lbsip.DefaultDialogMax), "dialog table: most dialogs recorded (64 bytes each at most); when full, new dialogs' requests without our Route go by Call-ID hash")
 	fs.DurationVar(&c.FailoverTimeout, "sip-failover-timeout", envDuration("sip-failover-timeout", 2*time.Second), "silence before new work moves to the next backend")
 	fs.DurationVar(&c.DrainDefault, "sip-drain-default", envDuration("sip-drain-default", 5*time.Second), "no new work to a backend that answered 503 without Retry-After for this long")
 	fs.DurationVar(&c.HealthInterval, "sip-health-interval", envDuration("sip-health-interval", 5*time.Second), "OPTIONS ping period per backend (0 disables)")
