@@ -11,8 +11,10 @@
 #             (600) calls/s against an INVITE limit of OVL_LIMIT (300)/s;
 #             fails if any established call fails.
 #   ci        short legs, no peers needed: 200 calls/s for 10 s with SIPp's
-#             built-in uac/uas (no Record-Route awareness: Call-ID fallback)
-#             and with the record-route scenarios, plus a short overload run;
+#             built-in uac/uas (no Record-Route awareness: the dialog table
+#             routes ACK and BYE), again under round-robin (the INVITE's
+#             backend is not the Call-ID hash's), with the record-route
+#             scenarios, plus a short overload run;
 #             fails on any failed call.
 #   all       sweep, then overload.
 # Knobs (env): PEERS=/work/shared/peers CI_RATE=200 CI_SECS=10 LB_PORT=5060 (the port Kamailio has in the peers run, so run.sh counts its drops)
@@ -153,6 +155,7 @@ overload() {
 case $MODE in
     ci)
         ci_leg ci-builtin "-sn uas" "-sn uac"
+        LB_EXTRA="-sip-lb-policy round-robin" ci_leg ci-builtin-round-robin "-sn uas" "-sn uac"
         ci_leg ci-record-route "-sf $SCEN/uas_rr.xml" "-sf $SCEN/uac_rr.xml"
         ci_overload ;;
     sweep) sweep ;;
