@@ -124,14 +124,20 @@ func TestSIPpBuiltinUACEveryPolicy(t *testing.T) {
 			lo := netip.MustParseAddr("127.0.0.1")
 			b1 := &uas{addr: netip.AddrPortFrom(lo, uint16(p1))}
 			b2 := &uas{addr: netip.AddrPortFrom(lo, uint16(p2))}
-			s := mopServer(t, []*uas{b1, b2}, func(c *Config) { c.Policy = policy }, tinyMOP(t))
+			s := mopServer(t, []*uas{b1, b2}, func(c *Config) {
+				c.Policy = policy
+				// The default: sipp answerers on a busy machine can take
+				// longer than the unit tests' 300 ms, and a silence
+				// failover to b1 would meet its MOP and fail the call.
+				c.FailoverTimeout = 2 * time.Second
+			}, tinyMOP(t))
 
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			stf, msgs := filepath.Join(dir, "uac.csv"), filepath.Join(dir, "uac.msg")
 			cmd := exec.CommandContext(ctx, sipp, s.udpAddr().String(), "-sn", "uac", "-i", "127.0.0.1",
 				"-p", strconv.Itoa(freeUDPPort(t)), "-r", strconv.Itoa(rate), "-m", strconv.Itoa(calls),
-				"-nostdin", "-timeout", "40s", "-recv_timeout", "5000",
+				"-nostdin", "-timeout", "40s", "-recv_timeout", "10000",
 				"-trace_stat", "-stf", stf, "-fd", "1", "-trace_msg", "-message_file", msgs)
 			cmd.Dir = dir
 			out, err := cmd.CombinedOutput()
