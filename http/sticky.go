@@ -12,7 +12,7 @@ import (
 // stickyCookie makes the Set-Cookie value of the balancer cookie. Tokens
 // have second resolution, so every response in the same second to the same
 // backend carries the same value: it is built once per backend and second
-// and then reused, which keeps new-work responses free of HMAC work and
+// and then reused, which keeps new-work responses free of sealing work and
 // allocation under load.
 type stickyCookie struct {
 	name   string

@@ -19,7 +19,7 @@ const (
 	pingBranchPrefix  = ourBranchPrefix + "h"
 )
 
-// tokenParam is the Record-Route URI parameter carrying the signed token.
+// tokenParam is the Record-Route URI parameter carrying the sealed token.
 const tokenParam = "sl"
 
 // localTagPrefix starts every To-tag of a final response the balancer

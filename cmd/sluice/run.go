@@ -114,7 +114,7 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	fs.Var(&o.memLower, "mem-lower", "memory state Lower at this share (new work refused 429)")
 	fs.Var(&o.memCritical, "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
 
-	fs.StringVar(&o.keyFile, "affinity-key-file", "", "HMAC key of sticky cookies and SIP tokens, created when missing (default: affinity.key in -data-dir)")
+	fs.StringVar(&o.keyFile, "affinity-key-file", "", "key, or key ring of \"ID HEXKEY\" lines (newest last), of sticky cookies and SIP tokens; created when missing (default: affinity.key in -data-dir)")
 	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, one \"http SPEC\" or \"sip SPEC\" a line, added to the flags' and re-read on SIGHUP")
 	persistFlags(fs, &o.persist)
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz and /status (empty disables)")
@@ -326,11 +326,11 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 	if keyFile == "" {
 		keyFile = defaultKeyFile(o.persist.Dir)
 	}
-	key, err := lb.LoadOrCreateKey(keyFile)
+	ring, err := lb.LoadOrCreateKeyRing(keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("-affinity-key-file: %w", err)
 	}
-	if p.signer, err = lb.NewSigner(key); err != nil {
+	if p.signer, err = lb.NewRingSigner(ring); err != nil {
 		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)
 	}
 

@@ -160,7 +160,7 @@ func runSIP(args []string, stdout, stderr io.Writer) int {
 		rules = append(rules, rc)
 		return nil
 	})
-	keyFile := fs.String("affinity-key-file", envDefault("affinity-key-file", "sluice-affinity.key"), "HMAC key for affinity tokens (created when missing)")
+	keyFile := fs.String("affinity-key-file", envDefault("affinity-key-file", "sluice-affinity.key"), "key, or key ring of \"ID HEXKEY\" lines (newest last), of affinity tokens (created when missing)")
 	logLevel := fs.String("log-level", envDefault("log-level", "info"), "debug, info, warn or error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file (for benchmarks)")
 	drain := fs.Duration("drain-timeout", envDuration("drain-timeout", 0), "on SIGTERM, refuse new work and keep dialogs flowing this long before exiting")
@@ -183,12 +183,12 @@ func runSIP(args []string, stdout, stderr io.Writer) int {
 	if o.cfg.Listen == "" {
 		o.cfg.Listen = ":5060"
 	}
-	key, err := lb.LoadOrCreateKey(*keyFile)
+	ring, err := lb.LoadOrCreateKeyRing(*keyFile)
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice sip:", err)
+		fmt.Fprintln(stderr, "sluice sip: -affinity-key-file:", err)
 		return 1
 	}
-	signer, err := lb.NewSigner(key)
+	signer, err := lb.NewRingSigner(ring)
 	if err != nil {
 		fmt.Fprintln(stderr, "sluice sip:", err)
 		return 1
