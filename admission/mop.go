@@ -54,6 +54,11 @@ type MOPConfig struct {
 	Margin float64
 	// Events receives phase changes and learned-rate updates. May be nil.
 	Events EventSink
+
+	// doubling selects the earlier discovery, which starts at InitialRate
+	// and at most doubles the rate per window: kept as the baseline that
+	// the tests and the README's table compare against.
+	doubling bool
 }
 
 func (c *MOPConfig) setDefaults() {
@@ -152,6 +157,7 @@ type learner struct {
 	admitted0   uint64
 	refused0    uint64
 	lateSum     float64 // memory fractions sampled in the last quarter of the window
+	lateMax     float64 // and the highest of them
 	lateN       int
 	last        float64
 	fit         fit
@@ -161,6 +167,54 @@ type learner struct {
 	prevRate    float64 // admitted rate of the previous window
 	cutSeen     bool
 	lastCutMem  float64 // memory fraction that caused it
+
+	hist    history // recent samples, for the discovery bound
+	midRate float64 // allowed rate half way through the window (discovery)
+	midSet  bool
+	capped  bool // the bound, not demand, held the rate in the window's second half
+	sfit    fit  // discovery: memory against ρ at every sample
+}
+
+// mopSample is one memory sample with the admission counters at its time.
+type mopSample struct {
+	at       int64   // monotonic ns
+	admitted uint64  // admitted since start
+	refused  uint64  // refused since start
+	mem      float64 // used/max as reported
+}
+
+// history is a ring of recent samples, at most histCap, at least minGap
+// apart, so that it always spans more than the bound's horizon whatever
+// the probe interval.
+type history struct {
+	s      []mopSample
+	head   int // index of the newest
+	n      int
+	minGap int64
+}
+
+const (
+	histCap     = 512
+	histPerHorz = 200 // samples kept per horizon at most
+)
+
+func (h *history) add(x mopSample) {
+	if h.s == nil {
+		h.s = make([]mopSample, histCap)
+	}
+	if h.n > 0 && x.at-h.s[h.head].at < h.minGap {
+		return
+	}
+	h.head = (h.head + 1) % len(h.s)
+	h.s[h.head] = x
+	if h.n < len(h.s) {
+		h.n++
+	}
+}
+
+// at returns the i-th newest sample (0: the newest).
+func (h *history) at(i int) mopSample {
+	return h.s[(h.head-i+len(h.s))%len(h.s)]
 }
 
 // NewMOP validates cfg and returns a limiter in Discovery at InitialRate.
@@ -349,6 +403,7 @@ func (m *MOP) Observe(now int64, used, max int64) {
 	l.last = frac
 	if now-l.winStart >= w*3/4 {
 		l.lateSum += frac
+		l.lateMax = math.Max(l.lateMax, frac)
 		l.lateN++
 	}
 	switch {
@@ -362,6 +417,150 @@ func (m *MOP) Observe(now int64, used, max int64) {
 		l.crossed = true
 		m.cut(now, frac)
 	}
+	admitted, refused := m.counts()
+	if MOPPhase(m.phase.Load()) == Discovery && !l.crossed && !m.cfg.doubling {
+		m.discover(now, frac, admitted, refused)
+	}
+	l.hist.minGap = int64(m.cfg.Window) / histPerHorz
+	l.hist.add(mopSample{at: now, admitted: admitted, refused: refused, mem: frac})
+}
+
+// discoveryGrowth is how far above the demand seen in the last probe
+// interval discovery sets the allowed rate, when the safe bound permits.
+const discoveryGrowth = 2
+
+// discover sets the allowed rate after a memory sample during discovery:
+// the demand seen since the previous sample, doubled, but never more than
+// the safe bound (see discoveryBound), and never less than InitialRate.
+func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
+	l := &m.l
+	w := int64(m.cfg.Window)
+	allowed := loadF(&m.allowed)
+	if !l.midSet && now-l.winStart >= w/2 {
+		l.midRate, l.midSet = allowed, true
+	}
+	if l.hist.n == 0 {
+		return
+	}
+	prev := l.hist.at(0)
+	dt := float64(now-prev.at) / float64(time.Second)
+	if dt <= 0 {
+		return
+	}
+	target := allowed
+	if dRef := refused - prev.refused; dRef > 0 {
+		demand := float64(admitted-prev.admitted+dRef) / dt
+		target = math.Max(allowed, demand) * discoveryGrowth
+	}
+	bound := m.discoveryBound(now, admitted, frac)
+	if bound < target && l.midSet {
+		l.capped = true
+	}
+	next := math.Max(math.Min(target, bound), m.cfg.InitialRate)
+	if math.Abs(next-allowed) > 0.005*allowed {
+		m.setAllowed(next)
+	}
+}
+
+// discoveryBound is the highest rate that cannot take the backend's memory
+// over the ceiling, from the samples so far and two assumptions: memory is
+// base + bytes × live sessions with base >= 0, and a session lives at most
+// one window (the operator's promise when choosing -mop-window).
+//
+// Then, for a session lifetime L <= W, memory now is m = base + bytes ×
+// (admissions in the last L), so bytes × L <= m / ρ, where ρ is the lowest
+// average admitted rate over any trailing span up to W; at a steady rate r
+// memory is base + bytes × L × r <= m × r / ρ. The bound is therefore
+// ceiling × ρ / m, less the margin. It needs no fit and holds at every
+// sample, not only at the end of a window, so the rate may grow as soon as
+// memory shows room: by a factor near ceiling/m while memory is low, and
+// approaching the safe rate from below as memory nears the ceiling (memory
+// at a rate above ρ is predicted as if all of it, base included, grew with
+// the rate).
+//
+// m is the highest sample of the last quarter window, so that a heap that
+// only shrinks at collections is judged by its peaks, and ρ is taken over
+// spans ending now and at the previous sample, so that a probe reporting
+// memory one interval late is still bounded.
+func (m *MOP) discoveryBound(now int64, admitted uint64, frac float64) float64 {
+	l := &m.l
+	h := &l.hist
+	horizon := int64(m.cfg.Window)
+	mem := frac
+	rho := math.Inf(1)
+	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
+	for e, end := range ends {
+		if e == 1 && h.n < 2 {
+			break
+		}
+		whole := false // a span of at least the horizon was seen
+		for i := e; i < h.n && !whole; i++ {
+			s := h.at(i)
+			d := end.at - s.at
+			if e == 0 && d <= horizon/4 {
+				mem = math.Max(mem, s.mem)
+			}
+			if d <= 0 {
+				continue
+			}
+			whole = d >= horizon
+			rho = math.Min(rho, float64(end.admitted-s.admitted)/float64(d))
+		}
+		if !whole && h.n < len(h.s) {
+			// Younger than the horizon: nothing was admitted before the
+			// first sample but what the counters hold.
+			rho = math.Min(rho, float64(end.admitted)/float64(horizon))
+		}
+	}
+	if math.IsInf(rho, 1) || mem <= 0 {
+		return math.Inf(1)
+	}
+	rho *= float64(time.Second)
+	bound := m.cfg.MaxHeap * (1 - m.cfg.Margin) * rho / mem
+	if rho > 0 {
+		l.sfit.add(rho, frac)
+	}
+	if f := m.fitBound(); f > bound {
+		bound = f
+	}
+	return bound
+}
+
+// fitBound is the rate at which the line fitted through every discovery
+// sample (memory against ρ) predicts the ceiling, less a margin that
+// shrinks as the fit firms up: three standard errors of the prediction
+// plus two of the residuals (noise, and a collected heap's sawtooth about
+// its mean). It is 0 until the slope is known within 10%. It lets
+// discovery close in on a high base faster than discoveryBound, which
+// counts the base as if it grew with the rate.
+func (m *MOP) fitBound() float64 {
+	f := &m.l.sfit
+	if f.n < 10 {
+		return 0
+	}
+	mx, my := f.sx/f.n, f.sy/f.n
+	sxx := f.sxx - f.n*mx*mx
+	sxy := f.sxy - f.n*mx*my
+	syy := f.syy - f.n*my*my
+	if sxx <= 0 {
+		return 0
+	}
+	slope := sxy / sxx
+	if slope <= 0 {
+		return 0
+	}
+	base := my - slope*mx
+	sd := math.Sqrt(math.Max(0, syy-slope*sxy) / (f.n - 2))
+	if sd/math.Sqrt(sxx) > 0.1*slope {
+		return 0
+	}
+	room := m.cfg.MaxHeap*(1-m.cfg.Margin) - base - 2*sd
+	r := room / slope
+	for range 2 { // the prediction's error grows away from the mean rate
+		se := sd * math.Sqrt(1/f.n+(r-mx)*(r-mx)/sxx)
+		r = (room - 3*se) / slope
+	}
+	return math.Max(0, r)
 }
 
 func (m *MOP) startWindow(now int64) {
@@ -369,8 +568,42 @@ func (m *MOP) startWindow(now int64) {
 	l.started = true
 	l.winStart = now
 	l.admitted0, l.refused0 = m.counts()
-	l.lateSum, l.lateN = 0, 0
+	l.lateSum, l.lateMax, l.lateN = 0, 0, 0
 	l.crossed = false
+	l.midSet, l.capped = false, false
+}
+
+// judgeDoubling is the discovery step of the baseline: while demand is
+// refused, double the rate, capped by the window fit's prediction.
+func (m *MOP) judgeDoubling(allowed, mem float64, demandLimited bool) {
+	l := &m.l
+	if b, s, ok := l.fit.line(); ok && s > 0 {
+		l.base, l.slope, l.haveModel = b, s, true
+	}
+	if !demandLimited {
+		return
+	}
+	next := allowed * 2
+	if l.haveModel {
+		next = math.Min(next, m.safeRate())
+	}
+	if next <= allowed*1.02 {
+		m.learn(allowed, fmt.Sprintf("rate %.1f/s held a window at %.1f%% memory", allowed, 100*mem))
+		return
+	}
+	m.setAllowed(next)
+}
+
+// setModel fixes the model the Learned phase adapts, from the point (rate,
+// mem) reached at the end of discovery: the base of the window fit when it
+// is plausible, else 0, which overstates the slope and so errs low.
+func (m *MOP) setModel(rate, mem float64) {
+	l := &m.l
+	base := 0.0
+	if b, s, ok := l.fit.line(); ok && s > 0 && b > 0 && b < 0.9*mem {
+		base = b
+	}
+	l.base, l.slope, l.haveModel = base, (mem-base)/rate, true
 }
 
 // cut lowers the allowed rate after memory passed the ceiling. With a
@@ -415,10 +648,16 @@ func (m *MOP) judgeWindow(end int64) {
 	demandLimited := refused > 0
 	mem := l.last
 	if l.lateN > 0 {
+		// The peak, not the mean: the promise is about the highest
+		// memory, and a collected heap peaks well above its mean.
+		mem = l.lateMax
+	}
+	if l.lateN > 0 && m.cfg.doubling {
 		mem = l.lateSum / float64(l.lateN)
 	}
 	haveMem := l.lateN > 0
 	crossed := l.crossed
+	midSet, midRate, capped := l.midSet, l.midRate, l.capped
 	m.startWindow(end)
 	if !haveMem {
 		return // no sample late in the window: nothing to judge
@@ -439,26 +678,20 @@ func (m *MOP) judgeWindow(end int64) {
 		if rate > 0 {
 			l.fit.add(rate, mem)
 		}
-		if b, s, ok := l.fit.line(); ok && s > 0 {
-			l.base, l.slope, l.haveModel = b, s, true
-		}
 		if mem > ceiling {
 			m.cut(end, mem)
 			return
 		}
-		if !demandLimited {
-			return // demand below the allowed rate: nothing new to learn
-		}
-		next := allowed * 2 // raise slowly: at most double per window
-		if l.haveModel {
-			next = math.Min(next, m.safeRate())
-		}
-		if next <= allowed*1.02 {
-			// The model says we are at the safe rate and memory held.
-			m.learn(allowed, fmt.Sprintf("rate %.1f/s held a window at %.1f%% memory", allowed, 100*mem))
+		if m.cfg.doubling {
+			m.judgeDoubling(allowed, mem, demandLimited)
 			return
 		}
-		m.setAllowed(next)
+		if demandLimited && capped && midSet && rate > 0 && math.Abs(allowed-midRate) <= 0.05*allowed {
+			// Demand was refused, and the bound held the rate steady for
+			// half a window: memory is near the ceiling at this rate.
+			m.setModel(rate, mem)
+			m.learn(allowed, fmt.Sprintf("rate %.1f/s held at %.1f%% memory", allowed, 100*mem))
+		}
 		return
 	}
 
@@ -503,7 +736,7 @@ func (m *MOP) safeRate() float64 {
 
 // fit is a least-squares line through (rate, memory) points.
 type fit struct {
-	n, sx, sy, sxx, sxy float64
+	n, sx, sy, sxx, sxy, syy float64
 }
 
 func (f *fit) add(x, y float64) {
@@ -512,6 +745,7 @@ func (f *fit) add(x, y float64) {
 	f.sy += y
 	f.sxx += x * x
 	f.sxy += x * y
+	f.syy += y * y
 }
 
 // line returns intercept and slope; ok is false while the rates seen are too

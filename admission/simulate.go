@@ -1,7 +1,10 @@
 package admission
 
 import (
+	"errors"
 	"fmt"
+	"math"
+	"math/rand"
 	"time"
 )
 
@@ -53,4 +56,295 @@ func Simulate(rc RuleConfig, arrivals []int) ([]IntervalRow, error) {
 		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// BackendModel is a simulated backend for MOP: memory is base + bytes per
+// session × live sessions, plus garbage that only a collection frees.
+// Sessions live Lifetime, spread by Jitter. It is what `sluice simulate
+// --mop` replays and what the MOP tests drive in fake time.
+type BackendModel struct {
+	// MaxBytes is the backend's maximum memory (its max heap), bytes.
+	MaxBytes float64
+	// BaseBytes is the memory used with no session live, bytes.
+	BaseBytes float64
+	// BytesPerSession is the memory one live session holds, bytes.
+	BytesPerSession float64
+	// Lifetime is how long a session lives after its admission.
+	Lifetime time.Duration
+	// Jitter spreads lifetimes uniformly over Lifetime × [1-Jitter,
+	// 1+Jitter]; in [0,1). 0: every session lives exactly Lifetime.
+	Jitter float64
+	// GarbagePerSession is memory a session leaves behind at admission
+	// that only a collection frees, bytes. With GCEvery it makes the
+	// sawtooth of a garbage-collected heap (a JVM's used heap).
+	GarbagePerSession float64
+	// GCEvery is the period of collections; 0 frees garbage at once.
+	GCEvery time.Duration
+	// ProbeLag makes the probe report the memory of this many probe
+	// intervals before.
+	ProbeLag int
+	// Noise is uniform measurement noise of the probe, ± this fraction of
+	// MaxBytes.
+	Noise float64
+	// Seed seeds lifetimes and noise; runs with one seed are identical.
+	Seed int64
+}
+
+// Validate reports the first field out of range.
+func (b BackendModel) Validate() error {
+	switch {
+	case !(b.MaxBytes > 0):
+		return fmt.Errorf("max heap must be positive (got %g)", b.MaxBytes)
+	case b.BaseBytes < 0 || b.BaseBytes >= b.MaxBytes:
+		return fmt.Errorf("base must be in [0, max heap) (got %g of %g)", b.BaseBytes, b.MaxBytes)
+	case !(b.BytesPerSession > 0):
+		return fmt.Errorf("bytes per session must be positive (got %g)", b.BytesPerSession)
+	case b.Lifetime <= 0:
+		return fmt.Errorf("lifetime must be positive (got %s)", b.Lifetime)
+	case b.Jitter < 0 || b.Jitter >= 1:
+		return fmt.Errorf("jitter must be in [0,1) (got %g)", b.Jitter)
+	case b.GarbagePerSession < 0 || b.GCEvery < 0:
+		return errors.New("garbage per session and gc period must not be negative")
+	case b.ProbeLag < 0:
+		return fmt.Errorf("probe lag must not be negative (got %d)", b.ProbeLag)
+	case b.Noise < 0 || b.Noise >= 0.5:
+		return fmt.Errorf("noise must be in [0, 0.5) (got %g)", b.Noise)
+	}
+	return nil
+}
+
+// SafeRate is the highest steady rate of new sessions per second whose
+// memory peak stays at ceiling (a fraction of MaxBytes), ignoring noise.
+func (b BackendModel) SafeRate(ceiling float64) float64 {
+	perRate := b.BytesPerSession * b.Lifetime.Seconds()
+	if b.GCEvery > 0 {
+		perRate += b.GarbagePerSession * b.GCEvery.Seconds()
+	}
+	return (ceiling*b.MaxBytes - b.BaseBytes) / perRate
+}
+
+// SimBackend is the state of a BackendModel as time moves in steps.
+type SimBackend struct {
+	model   BackendModel
+	rng     *rand.Rand
+	step    int64   // current step
+	stepDur int64   // ns
+	expire  []int   // sessions ending at each step, a ring indexed by step
+	live    int     // sessions live
+	garbage float64 // bytes
+	nextGC  int64   // ns
+	probes  []float64
+	probeN  int
+}
+
+// NewSimBackend returns model's backend at time 0 with no session, moving
+// in steps of step.
+func NewSimBackend(model BackendModel, step time.Duration) (*SimBackend, error) {
+	if err := model.Validate(); err != nil {
+		return nil, err
+	}
+	if step <= 0 {
+		return nil, errors.New("simulation step must be positive")
+	}
+	b := &SimBackend{model: model, rng: rand.New(rand.NewSource(model.Seed)), stepDur: int64(step),
+		nextGC: int64(model.GCEvery), probes: make([]float64, model.ProbeLag+1)}
+	b.sizeRing()
+	return b, nil
+}
+
+// sizeRing makes the expiry ring long enough for the longest lifetime,
+// keeping the sessions already scheduled.
+func (b *SimBackend) sizeRing() {
+	need := int(float64(b.model.Lifetime)*(1+b.model.Jitter)/float64(b.stepDur)) + 2
+	if need <= len(b.expire) {
+		return
+	}
+	ring := make([]int, need)
+	for i, n := range b.expire {
+		// Entry i holds the sessions ending at the one step s in
+		// (b.step, b.step+len] with s ≡ i modulo len.
+		old := int64(len(b.expire))
+		ahead := ((int64(i)-b.step)%old + old) % old
+		if ahead == 0 {
+			ahead = old
+		}
+		ring[(b.step+ahead)%int64(need)] += n
+	}
+	b.expire = ring
+}
+
+// SetLifetime changes how long sessions admitted from now on live.
+func (b *SimBackend) SetLifetime(d time.Duration) {
+	b.model.Lifetime = d
+	b.sizeRing()
+}
+
+// Advance moves one step on, in which admitted sessions started, and
+// returns the used memory as a fraction of MaxBytes at its end.
+func (b *SimBackend) Advance(admitted int) float64 {
+	m := &b.model
+	b.step++
+	for k := 0; k < admitted; k++ {
+		life := float64(m.Lifetime)
+		if m.Jitter > 0 {
+			life *= 1 - m.Jitter + 2*m.Jitter*b.rng.Float64()
+		}
+		steps := max(1, int64(math.Round(life/float64(b.stepDur))))
+		b.expire[(b.step+steps)%int64(len(b.expire))]++
+	}
+	slot := b.step % int64(len(b.expire))
+	b.live += admitted - b.expire[slot]
+	b.expire[slot] = 0
+	if m.GCEvery > 0 {
+		b.garbage += float64(admitted) * m.GarbagePerSession
+		if now := b.step * b.stepDur; now >= b.nextGC {
+			b.garbage = 0
+			b.nextGC += int64(m.GCEvery)
+		}
+	}
+	return b.Used()
+}
+
+// Used is the memory in use now as a fraction of MaxBytes.
+func (b *SimBackend) Used() float64 {
+	m := &b.model
+	return (m.BaseBytes + float64(b.live)*m.BytesPerSession + b.garbage) / m.MaxBytes
+}
+
+// Probe is one reading of the backend's memory probe: used and max bytes,
+// ProbeLag readings late and with the model's noise.
+func (b *SimBackend) Probe() (used, maxBytes int64) {
+	m := &b.model
+	b.probes[b.probeN%len(b.probes)] = b.Used()
+	b.probeN++
+	frac := b.probes[b.probeN%len(b.probes)] // the oldest kept: ProbeLag readings ago
+	if b.probeN < len(b.probes) {
+		frac = b.probes[0]
+	}
+	if m.Noise > 0 {
+		frac += m.Noise * (2*b.rng.Float64() - 1)
+	}
+	return int64(max(0, frac) * m.MaxBytes), int64(m.MaxBytes)
+}
+
+// MOPWindow is one averaging window of a MOP simulation.
+type MOPWindow struct {
+	Window   int           `json:"window"` // from 1
+	End      time.Duration `json:"end"`
+	Phase    MOPPhase      `json:"phase"`
+	Allowed  float64       `json:"allowed_rate"` // per second, at the window's end
+	Admitted int           `json:"admitted"`
+	Refused  int           `json:"refused"`
+	Memory   float64       `json:"memory"`      // used fraction at the window's end
+	PeakMem  float64       `json:"peak_memory"` // highest used fraction in the window
+}
+
+// MOPSim drives one MOP and one SimBackend in fake time: new work arrives
+// evenly at a given rate, each request asks MOP.Allow, admitted ones start
+// sessions, and the probe feeds MOP.Observe every ProbeEvery.
+type MOPSim struct {
+	MOP        *MOP
+	Backend    *SimBackend
+	Clock      ManualClock
+	Step       time.Duration // default 10ms
+	ProbeEvery time.Duration // default 1s
+
+	windows []MOPWindow
+	cur     MOPWindow
+	steps   int64
+	carry   float64
+
+	// Peak is the highest used fraction seen.
+	Peak float64
+	// Admitted and Refused count all new work since the start.
+	Admitted, Refused int
+	// RefusedLowMemory counts refusals while the backend's memory was
+	// under half the ceiling: work refused for lack of discovery.
+	RefusedLowMemory int
+	// RefusedDiscovery counts refusals while MOP was in Discovery.
+	RefusedDiscovery int
+	// Allowed is the allowed rate at every probe, in order.
+	Allowed []float64
+}
+
+// NewMOPSim returns a simulation of a new MOP with cfg in front of model.
+func NewMOPSim(cfg MOPConfig, model BackendModel) (*MOPSim, error) {
+	m, err := NewMOP(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &MOPSim{MOP: m, Step: 10 * time.Millisecond, ProbeEvery: time.Second}
+	if s.Backend, err = NewSimBackend(model, s.Step); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run offers rate new requests per second for d and returns every window
+// that ended so far.
+func (s *MOPSim) Run(rate float64, d time.Duration) []MOPWindow {
+	step := int64(s.Step)
+	probeSteps := max(1, int64(s.ProbeEvery)/step)
+	winSteps := max(1, int64(s.MOP.cfg.Window)/step)
+	half := s.MOP.cfg.MaxHeap / 2
+	for n := int64(d) / step; n > 0; n-- {
+		start := s.steps * step
+		s.carry += rate * s.Step.Seconds()
+		arrivals := int(s.carry)
+		s.carry -= float64(arrivals)
+		admitted := 0
+		low := s.Backend.Used() < half
+		discovering := MOPPhase(s.MOP.phase.Load()) == Discovery
+		for k := 0; k < arrivals; k++ {
+			// Arrivals are spread over the step, as they would be.
+			s.Clock.Set(start + int64(k)*step/int64(arrivals))
+			if s.MOP.Allow(s.Clock.Now()) {
+				admitted++
+				continue
+			}
+			s.Refused++
+			s.cur.Refused++
+			if low {
+				s.RefusedLowMemory++
+			}
+			if discovering {
+				s.RefusedDiscovery++
+			}
+		}
+		s.steps++
+		now := s.Clock.Advance(time.Duration(start + step - s.Clock.Now()))
+		used := s.Backend.Advance(admitted)
+		s.Admitted += admitted
+		s.cur.Admitted += admitted
+		s.Peak = max(s.Peak, used)
+		s.cur.PeakMem = max(s.cur.PeakMem, used)
+		if s.steps%probeSteps == 0 {
+			u, m := s.Backend.Probe()
+			s.MOP.Observe(now, u, m)
+			s.Allowed = append(s.Allowed, s.MOP.Status().AllowedRate)
+		}
+		if s.steps%winSteps == 0 {
+			st := s.MOP.Status()
+			s.cur.Window = len(s.windows) + 1
+			s.cur.End = time.Duration(now)
+			s.cur.Phase, s.cur.Allowed, s.cur.Memory = st.Phase, st.AllowedRate, used
+			s.windows = append(s.windows, s.cur)
+			s.cur = MOPWindow{}
+		}
+	}
+	return s.windows
+}
+
+// Settled is how long after the start the allowed rate came within tol
+// (0.10: 10%) of its last value and stayed there.
+func (s *MOPSim) Settled(tol float64) time.Duration {
+	if len(s.Allowed) == 0 {
+		return 0
+	}
+	final := s.Allowed[len(s.Allowed)-1]
+	i := len(s.Allowed)
+	for i > 0 && math.Abs(s.Allowed[i-1]-final) <= tol*final {
+		i--
+	}
+	return time.Duration(i) * s.ProbeEvery
 }
