@@ -171,8 +171,13 @@ type learner struct {
 	hist    history // recent samples, for the discovery bound
 	midRate float64 // allowed rate half way through the window (discovery)
 	midSet  bool
-	capped  bool // the bound, not demand, held the rate in the window's second half
-	sfit    fit  // discovery: memory against ρ at every sample
+	capped  bool                  // the bound, not demand, held the rate in the window's second half
+	fits    [len(fitSpans)][2]fit // discovery: memory against the rate over each span, now and one sample late
+
+	discStart int64 // first sample of discovery
+
+	headroom float64 // headroomBound at the last sample, per second
+	rho      float64 // and its lowest trailing admitted rate, per second
 }
 
 // mopSample is one memory sample with the admission counters at its time.
@@ -418,6 +423,7 @@ func (m *MOP) Observe(now int64, used, max int64) {
 		m.cut(now, frac)
 	}
 	admitted, refused := m.counts()
+	l.headroom, l.rho = m.headroomBound(now, admitted, frac)
 	if MOPPhase(m.phase.Load()) == Discovery && !l.crossed && !m.cfg.doubling {
 		m.discover(now, frac, admitted, refused)
 	}
@@ -431,7 +437,7 @@ const discoveryGrowth = 2
 
 // discover sets the allowed rate after a memory sample during discovery:
 // the demand seen since the previous sample, doubled, but never more than
-// the safe bound (see discoveryBound), and never less than InitialRate.
+// the safe bound (see headroomBound), and never less than InitialRate.
 func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 	l := &m.l
 	w := int64(m.cfg.Window)
@@ -440,6 +446,7 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 		l.midRate, l.midSet = allowed, true
 	}
 	if l.hist.n == 0 {
+		l.discStart = now
 		return
 	}
 	prev := l.hist.at(0)
@@ -452,7 +459,11 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 		demand := float64(admitted-prev.admitted+dRef) / dt
 		target = math.Max(allowed, demand) * discoveryGrowth
 	}
-	bound := m.discoveryBound(now, admitted, frac)
+	bound := l.headroom
+	m.addFitPoints(now, admitted, frac)
+	if f, _, _ := m.fitBound(now); f > bound {
+		bound = f
+	}
 	if bound < target && l.midSet {
 		l.capped = true
 	}
@@ -462,7 +473,7 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 	}
 }
 
-// discoveryBound is the highest rate that cannot take the backend's memory
+// headroomBound is the highest rate that cannot take the backend's memory
 // over the ceiling, from the samples so far and two assumptions: memory is
 // base + bytes × live sessions with base >= 0, and a session lives at most
 // one window (the operator's promise when choosing -mop-window).
@@ -482,12 +493,14 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 // only shrinks at collections is judged by its peaks, and ρ is taken over
 // spans ending now and at the previous sample, so that a probe reporting
 // memory one interval late is still bounded.
-func (m *MOP) discoveryBound(now int64, admitted uint64, frac float64) float64 {
-	l := &m.l
-	h := &l.hist
+func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rho float64) {
+	h := &m.l.hist
+	if h.n == 0 {
+		return math.Inf(1), 0
+	}
 	horizon := int64(m.cfg.Window)
 	mem := frac
-	rho := math.Inf(1)
+	rho = math.Inf(1)
 	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
 	for e, end := range ends {
 		if e == 1 && h.n < 2 {
@@ -513,46 +526,95 @@ func (m *MOP) discoveryBound(now int64, admitted uint64, frac float64) float64 {
 		}
 	}
 	if math.IsInf(rho, 1) || mem <= 0 {
-		return math.Inf(1)
+		return math.Inf(1), 0
 	}
 	rho *= float64(time.Second)
-	bound := m.cfg.MaxHeap * (1 - m.cfg.Margin) * rho / mem
-	if rho > 0 {
-		l.sfit.add(rho, frac)
-	}
-	if f := m.fitBound(); f > bound {
-		bound = f
-	}
-	return bound
+	return m.cfg.MaxHeap * (1 - m.cfg.Margin) * rho / mem, rho
 }
 
-// fitBound is the rate at which the line fitted through every discovery
-// sample (memory against ρ) predicts the ceiling, less a margin that
-// shrinks as the fit firms up: three standard errors of the prediction
-// plus two of the residuals (noise, and a collected heap's sawtooth about
-// its mean). It is 0 until the slope is known within 10%. It lets
-// discovery close in on a high base faster than discoveryBound, which
-// counts the base as if it grew with the rate.
-func (m *MOP) fitBound() float64 {
-	f := &m.l.sfit
+// fitSpans are the candidate session lifetimes, in windows, of the fits:
+// memory is base + slope × the admitted rate over the last lifetime.
+var fitSpans = [...]float64{1. / 8, 1. / 4, 1. / 2, 1}
+
+// addFitPoints adds the sample to every fit: memory against the admitted
+// rate over each span, ending now and ending at the previous sample (a
+// probe one interval late).
+func (m *MOP) addFitPoints(now int64, admitted uint64, frac float64) {
+	l := &m.l
+	h := &l.hist
+	if h.n == 0 {
+		return
+	}
+	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
+	for e, end := range ends {
+		for k, span := range fitSpans {
+			d := int64(span * float64(m.cfg.Window))
+			before := h.countAt(end.at - d)
+			l.fits[k][e].add(float64(end.admitted-before)*float64(time.Second)/float64(d), frac)
+		}
+	}
+}
+
+// countAt is the admitted count of the newest sample at or before t: 0
+// when the history does not reach back that far and has lost nothing.
+func (h *history) countAt(t int64) uint64 {
+	for i := 0; i < h.n; i++ {
+		if s := h.at(i); s.at <= t {
+			return s.admitted
+		}
+	}
+	if h.n == len(h.s) {
+		return h.at(h.n - 1).admitted
+	}
+	return 0
+}
+
+// fitBound is the rate at which the best of the fits (the one with the
+// smallest residuals) predicts the ceiling, less a margin that shrinks as
+// the fit firms up: three standard errors of the prediction plus two of
+// the residuals (noise, and a collected heap's sawtooth about its mean).
+// It is 0 until the slope is known within 10%. It lets discovery close in
+// on a high base faster than headroomBound, which counts the base as if it
+// grew with the rate.
+func (m *MOP) fitBound(now int64) (rate, base, slope float64) {
+	if now-m.l.discStart < int64(m.cfg.Window) {
+		// Until memory has been seen for a whole window, a short
+		// lifetime fits as well as the true one and predicts too little
+		// memory per rate: only headroomBound is safe then.
+		return 0, 0, 0
+	}
+	bestSD := math.Inf(1)
+	for k := range m.l.fits {
+		for e := range m.l.fits[k] {
+			if r, b, sl, sd, ok := m.fitRate(&m.l.fits[k][e]); ok && sd < bestSD {
+				rate, base, slope, bestSD = r, b, sl, sd
+			}
+		}
+	}
+	return rate, base, slope
+}
+
+// fitRate is the safe rate predicted by one fit and its residual standard
+// deviation; ok is false while the fit cannot tell.
+func (m *MOP) fitRate(f *fit) (rate, base, slope, sd float64, ok bool) {
 	if f.n < 10 {
-		return 0
+		return 0, 0, 0, 0, false
 	}
 	mx, my := f.sx/f.n, f.sy/f.n
 	sxx := f.sxx - f.n*mx*mx
 	sxy := f.sxy - f.n*mx*my
 	syy := f.syy - f.n*my*my
 	if sxx <= 0 {
-		return 0
+		return 0, 0, 0, 0, false
 	}
-	slope := sxy / sxx
+	slope = sxy / sxx
 	if slope <= 0 {
-		return 0
+		return 0, 0, 0, 0, false
 	}
-	base := my - slope*mx
-	sd := math.Sqrt(math.Max(0, syy-slope*sxy) / (f.n - 2))
+	base = my - slope*mx
+	sd = math.Sqrt(math.Max(0, syy-slope*sxy) / (f.n - 2))
 	if sd/math.Sqrt(sxx) > 0.1*slope {
-		return 0
+		return 0, 0, 0, 0, false
 	}
 	room := m.cfg.MaxHeap*(1-m.cfg.Margin) - base - 2*sd
 	r := room / slope
@@ -560,7 +622,9 @@ func (m *MOP) fitBound() float64 {
 		se := sd * math.Sqrt(1/f.n+(r-mx)*(r-mx)/sxx)
 		r = (room - 3*se) / slope
 	}
-	return math.Max(0, r)
+	// A line is trusted at most twice past the highest rate it has seen.
+	// The base returned is that of the line through the peaks.
+	return math.Max(0, math.Min(r, 2*f.xmax)), base + 2*sd, slope, sd, true
 }
 
 func (m *MOP) startWindow(now int64) {
@@ -594,14 +658,19 @@ func (m *MOP) judgeDoubling(allowed, mem float64, demandLimited bool) {
 	m.setAllowed(next)
 }
 
-// setModel fixes the model the Learned phase adapts, from the point (rate,
-// mem) reached at the end of discovery: the base of the window fit when it
-// is plausible, else 0, which overstates the slope and so errs low.
-func (m *MOP) setModel(rate, mem float64) {
+// setModel fixes the model the Learned phase adapts: the best sample fit's
+// line through the peaks when there is one, else the line from the base of
+// the window fit (or 0, which overstates the slope and so errs low) to the
+// point (rate, mem) reached.
+func (m *MOP) setModel(now int64, rate, mem float64) {
 	l := &m.l
+	if r, b, s := m.fitBound(now); r > 0 && b >= 0 && b < mem {
+		l.base, l.slope, l.haveModel = b, s, true
+		return
+	}
 	base := 0.0
-	if b, s, ok := l.fit.line(); ok && s > 0 && b > 0 && b < 0.9*mem {
-		base = b
+	if b, s, ok := l.fit.line(); ok && s > 0 {
+		base = math.Max(0, math.Min(b, 0.9*mem))
 	}
 	l.base, l.slope, l.haveModel = base, (mem-base)/rate, true
 }
@@ -613,7 +682,12 @@ func (m *MOP) cut(now int64, frac float64) {
 	l := &m.l
 	rate := loadF(&m.allowed)
 	next := rate * 0.7
-	if l.haveModel && frac > l.base && m.cfg.MaxHeap > l.base {
+	if !l.haveModel && !m.cfg.doubling && l.rho > 0 {
+		// Discovery ends here: memory reflects the rate admitted over
+		// the last lifetime, ρ, not the allowed rate.
+		m.setModel(now, l.rho, frac)
+		next = math.Min(next, m.safeRate())
+	} else if l.haveModel && frac > l.base && m.cfg.MaxHeap > l.base {
 		next = rate * (m.cfg.MaxHeap - l.base) / (frac - l.base) * (1 - m.cfg.Margin)
 	}
 	l.lastCutMem, l.cutSeen = frac, true
@@ -689,7 +763,7 @@ func (m *MOP) judgeWindow(end int64) {
 		if demandLimited && capped && midSet && rate > 0 && math.Abs(allowed-midRate) <= 0.05*allowed {
 			// Demand was refused, and the bound held the rate steady for
 			// half a window: memory is near the ceiling at this rate.
-			m.setModel(rate, mem)
+			m.setModel(end, math.Max(rate, l.rho), mem)
 			m.learn(allowed, fmt.Sprintf("rate %.1f/s held at %.1f%% memory", allowed, 100*mem))
 		}
 		return
@@ -721,7 +795,9 @@ func (m *MOP) judgeWindow(end int64) {
 	case safe < allowed:
 		next = safe
 	case demandLimited && safe > allowed:
-		next = math.Min(safe, allowed*1.1)
+		// Creep up, but not past what the samples prove safe: the
+		// model may miss peaks (a collected heap) that they show.
+		next = math.Max(allowed, math.Min(math.Min(safe, allowed*1.1), l.headroom))
 	}
 	if next != allowed {
 		m.setAllowed(next)
@@ -737,6 +813,7 @@ func (m *MOP) safeRate() float64 {
 // fit is a least-squares line through (rate, memory) points.
 type fit struct {
 	n, sx, sy, sxx, sxy, syy float64
+	xmax                     float64
 }
 
 func (f *fit) add(x, y float64) {
@@ -746,6 +823,7 @@ func (f *fit) add(x, y float64) {
 	f.sxx += x * x
 	f.sxy += x * y
 	f.syy += y * y
+	f.xmax = math.Max(f.xmax, x)
 }
 
 // line returns intercept and slope; ok is false while the rates seen are too
