@@ -462,7 +462,9 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 	bound := l.headroom
 	m.addFitPoints(now, admitted, frac)
 	if f, _, _ := m.fitBound(now); f > bound {
-		bound = f
+		// At most twice what the samples alone prove: a fit that went
+		// wrong cannot run far ahead of the evidence.
+		bound = math.Min(f, 2*bound)
 	}
 	if bound < target && l.midSet {
 		l.capped = true
@@ -569,8 +571,8 @@ func (h *history) countAt(t int64) uint64 {
 	return 0
 }
 
-// fitBound is the rate at which the best of the fits (the one with the
-// smallest residuals) predicts the ceiling, less a margin that shrinks as
+// fitBound is the rate at which the fits (the most cautious of those with
+// residuals near the smallest) predict the ceiling, less a margin that shrinks as
 // the fit firms up: three standard errors of the prediction plus two of
 // the residuals (noise, and a collected heap's sawtooth about its mean).
 // It is 0 until the slope is known within 10%. It lets discovery close in
@@ -583,13 +585,29 @@ func (m *MOP) fitBound(now int64) (rate, base, slope float64) {
 		// memory per rate: only headroomBound is safe then.
 		return 0, 0, 0
 	}
-	bestSD := math.Inf(1)
+	type cand struct{ rate, base, slope, sd float64 }
+	var cands [len(fitSpans) * 2]cand
+	n, bestSD := 0, math.Inf(1)
 	for k := range m.l.fits {
 		for e := range m.l.fits[k] {
-			if r, b, sl, sd, ok := m.fitRate(&m.l.fits[k][e]); ok && sd < bestSD {
-				rate, base, slope, bestSD = r, b, sl, sd
+			if r, b, sl, sd, ok := m.fitRate(&m.l.fits[k][e]); ok {
+				cands[n] = cand{r, b, sl, sd}
+				n++
+				bestSD = math.Min(bestSD, sd)
 			}
 		}
+	}
+	// Of the fits about as good as the best, trust the most cautious:
+	// with a sawtooth or jitter several lifetimes fit alike, and the
+	// shorter ones predict too little memory.
+	rate = math.Inf(1)
+	for _, c := range cands[:n] {
+		if c.sd <= 1.5*bestSD && c.rate < rate {
+			rate, base, slope = c.rate, c.base, c.slope
+		}
+	}
+	if math.IsInf(rate, 1) {
+		return 0, 0, 0
 	}
 	return rate, base, slope
 }
@@ -760,9 +778,10 @@ func (m *MOP) judgeWindow(end int64) {
 			m.judgeDoubling(allowed, mem, demandLimited)
 			return
 		}
-		if demandLimited && capped && midSet && rate > 0 && math.Abs(allowed-midRate) <= 0.05*allowed {
-			// Demand was refused, and the bound held the rate steady for
-			// half a window: memory is near the ceiling at this rate.
+		near := mem >= m.cfg.MaxHeap*(1-m.cfg.Margin)-0.02
+		if demandLimited && capped && near && midSet && rate > 0 && math.Abs(allowed-midRate) <= 0.05*allowed {
+			// Demand was refused, the bound held the rate steady for half
+			// a window, and memory peaks near the ceiling: learned.
 			m.setModel(end, math.Max(rate, l.rho), mem)
 			m.learn(allowed, fmt.Sprintf("rate %.1f/s held at %.1f%% memory", allowed, 100*mem))
 		}

@@ -3,8 +3,12 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand"
+	"strconv"
+	"strings"
+	"text/tabwriter"
 	"time"
 )
 
@@ -230,7 +234,8 @@ func (b *SimBackend) Probe() (used, maxBytes int64) {
 // MOPWindow is one averaging window of a MOP simulation.
 type MOPWindow struct {
 	Window   int           `json:"window"` // from 1
-	End      time.Duration `json:"end"`
+	End      time.Duration `json:"-"`
+	EndSecs  float64       `json:"end_s"` // End in seconds
 	Phase    MOPPhase      `json:"phase"`
 	Allowed  float64       `json:"allowed_rate"` // per second, at the window's end
 	Admitted int           `json:"admitted"`
@@ -327,6 +332,7 @@ func (s *MOPSim) Run(rate float64, d time.Duration) []MOPWindow {
 			st := s.MOP.Status()
 			s.cur.Window = len(s.windows) + 1
 			s.cur.End = time.Duration(now)
+			s.cur.EndSecs = s.cur.End.Seconds()
 			s.cur.Phase, s.cur.Allowed, s.cur.Memory = st.Phase, st.AllowedRate, used
 			s.windows = append(s.windows, s.cur)
 			s.cur = MOPWindow{}
@@ -347,4 +353,200 @@ func (s *MOPSim) Settled(tol float64) time.Duration {
 		i--
 	}
 	return time.Duration(i) * s.ProbeEvery
+}
+
+// MOPSimSpec is what `sluice simulate --mop` replays: a backend model, the
+// MOP settings in front of it, and the offered rate.
+type MOPSimSpec struct {
+	Model   BackendModel
+	MOP     MOPConfig
+	Rate    float64 // offered new work per second
+	Windows int     // averaging windows to run
+}
+
+// MOPSimKeys documents the keys of ParseMOPSimSpec, for help texts.
+const MOPSimKeys = `base=SIZE|PCT%   memory used with no session (bytes, or % of max-heap)     required
+bytes=SIZE       memory one live session holds                             required
+lifetime=DUR     how long a session lives                                  required
+max-heap=SIZE    the backend's maximum memory                              required
+rate=N           new sessions offered per second                           required
+jitter=F         lifetimes spread over lifetime × [1-F, 1+F]               default 0
+gc=DUR           collection period: garbage is freed only then             default none
+garbage=SIZE     garbage a session leaves until the next collection        default 0
+lag=N            the probe reports memory N probe intervals late           default 0
+noise=F          probe noise, ± fraction of max-heap                       default 0
+ceiling=F        MOP ceiling, fraction of max-heap (-mop-max-heap)         default 0.85
+window=DUR       MOP averaging window (-mop-window)                        default 60s
+initial=N        MOP rate before anything is learned (-mop-initial-rate)   default 10
+windows=N        windows to run                                            default 6
+seed=N           seed of jitter and noise                                  default 1
+SIZE is bytes with an optional unit (K, M, G, KiB, MiB, GiB, ...; powers of 1024).`
+
+// ParseMOPSimSpec parses "base=100MiB,bytes=64KiB,lifetime=30s,
+// max-heap=1GiB,rate=200" and the optional keys of MOPSimKeys. An error
+// names the key at fault.
+func ParseMOPSimSpec(spec string) (MOPSimSpec, error) {
+	s := MOPSimSpec{Windows: 6, MOP: MOPConfig{Name: "simulated", Window: time.Minute}}
+	s.Model.Seed = 1
+	var basePct float64 = -1
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(spec, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || v == "" {
+			return s, fmt.Errorf("%q: want key=value", kv)
+		}
+		if seen[k] {
+			return s, fmt.Errorf("%s: given twice", k)
+		}
+		seen[k] = true
+		var err error
+		switch k {
+		case "base":
+			if p, isPct := strings.CutSuffix(v, "%"); isPct {
+				basePct, err = strconv.ParseFloat(strings.TrimSpace(p), 64)
+				if err == nil && !(basePct >= 0 && basePct < 100) {
+					err = errors.New("percentage must be in [0, 100)")
+				}
+			} else {
+				s.Model.BaseBytes, err = parseSize(v)
+			}
+		case "bytes":
+			s.Model.BytesPerSession, err = parseSize(v)
+		case "lifetime":
+			s.Model.Lifetime, err = time.ParseDuration(v)
+		case "max-heap":
+			s.Model.MaxBytes, err = parseSize(v)
+		case "rate":
+			s.Rate, err = parsePositive(v)
+		case "jitter":
+			s.Model.Jitter, err = strconv.ParseFloat(v, 64)
+		case "gc":
+			s.Model.GCEvery, err = time.ParseDuration(v)
+		case "garbage":
+			s.Model.GarbagePerSession, err = parseSize(v)
+		case "lag":
+			s.Model.ProbeLag, err = strconv.Atoi(v)
+		case "noise":
+			s.Model.Noise, err = strconv.ParseFloat(v, 64)
+		case "ceiling":
+			s.MOP.MaxHeap, err = strconv.ParseFloat(v, 64)
+		case "window":
+			s.MOP.Window, err = time.ParseDuration(v)
+		case "initial":
+			s.MOP.InitialRate, err = parsePositive(v)
+		case "windows":
+			s.Windows, err = strconv.Atoi(v)
+			if err == nil && (s.Windows < 1 || s.Windows > 1000) {
+				err = errors.New("must be in [1, 1000]")
+			}
+		case "seed":
+			s.Model.Seed, err = strconv.ParseInt(v, 10, 64)
+		default:
+			return s, fmt.Errorf("unknown key %q (want base, bytes, lifetime, max-heap, rate, jitter, gc, garbage, lag, noise, ceiling, window, initial, windows or seed)", k)
+		}
+		if err != nil {
+			return s, fmt.Errorf("%s=%s: %w", k, v, err)
+		}
+	}
+	for _, k := range []string{"base", "bytes", "lifetime", "max-heap", "rate"} {
+		if !seen[k] {
+			return s, fmt.Errorf("%s is required", k)
+		}
+	}
+	if basePct >= 0 {
+		s.Model.BaseBytes = basePct / 100 * s.Model.MaxBytes
+	}
+	if err := s.Model.Validate(); err != nil {
+		return s, err
+	}
+	s.MOP.setDefaults()
+	if err := s.MOP.Validate(); err != nil {
+		return s, err
+	}
+	if s.Model.BaseBytes >= s.MOP.MaxHeap*s.Model.MaxBytes {
+		return s, fmt.Errorf("base: %.0f bytes is already over the ceiling (%.0f of %.0f bytes)", s.Model.BaseBytes, s.MOP.MaxHeap*s.Model.MaxBytes, s.Model.MaxBytes)
+	}
+	if s.MOP.Window < 10*time.Millisecond || s.Model.Lifetime < 10*time.Millisecond || (s.Model.GCEvery > 0 && s.Model.GCEvery < 10*time.Millisecond) {
+		return s, errors.New("window, lifetime and gc must be at least 10ms (the simulation step)")
+	}
+	if steps := float64(s.Windows) * float64(s.MOP.Window) / float64(10*time.Millisecond); steps > 1e7 || s.Rate*s.MOP.Window.Seconds()*float64(s.Windows) > 1e8 {
+		return s, errors.New("windows: the run is too long to simulate (over 10^7 steps or 10^8 requests)")
+	}
+	return s, nil
+}
+
+func parsePositive(v string) (float64, error) {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f > 0) || math.IsInf(f, 0) {
+		return 0, errors.New("want a positive number")
+	}
+	return f, nil
+}
+
+// parseSize reads bytes with an optional unit: K, M, G, T with or without
+// "B" or "iB", all powers of 1024.
+func parseSize(v string) (float64, error) {
+	i := len(v)
+	for i > 0 && (v[i-1] < '0' || v[i-1] > '9') && v[i-1] != '.' {
+		i--
+	}
+	n, err := strconv.ParseFloat(strings.TrimSpace(v[:i]), 64)
+	if err != nil || n < 0 || math.IsInf(n, 0) {
+		return 0, errors.New("want a size in bytes, e.g. 64KiB")
+	}
+	unit := strings.ToLower(strings.TrimSpace(v[i:]))
+	shift, ok := map[string]int{"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[strings.TrimSuffix(strings.TrimSuffix(unit, "b"), "i")]
+	if !ok {
+		return 0, fmt.Errorf("unknown unit %q (want K, M, G or T)", unit)
+	}
+	return n * float64(int64(1)<<shift), nil
+}
+
+// MOPSimReport is the outcome of a simulation.
+type MOPSimReport struct {
+	Spec             MOPSimSpec
+	SafeRate         float64     // the model's highest safe steady rate at the ceiling
+	Windows          []MOPWindow // one row per averaging window
+	Peak             float64     // highest used fraction
+	RefusedLowMemory int         // refused while memory was under half the ceiling
+	Settled          time.Duration
+}
+
+// RunMOPSim replays spec in fake time.
+func RunMOPSim(spec MOPSimSpec) (MOPSimReport, error) {
+	sim, err := NewMOPSim(spec.MOP, spec.Model)
+	if err != nil {
+		return MOPSimReport{}, err
+	}
+	rows := sim.Run(spec.Rate, time.Duration(spec.Windows)*sim.MOP.cfg.Window)
+	return MOPSimReport{Spec: spec, SafeRate: spec.Model.SafeRate(sim.MOP.cfg.MaxHeap), Windows: rows,
+		Peak: sim.Peak, RefusedLowMemory: sim.RefusedLowMemory, Settled: sim.Settled(0.10)}, nil
+}
+
+// WriteTable prints the report: a header with the model, one row per window
+// (allowed rate, admitted, refused, memory at the end and at its peak), and
+// a summary.
+func (r MOPSimReport) WriteTable(w io.Writer) error {
+	m, c := r.Spec.Model, r.Spec.MOP
+	fmt.Fprintf(w, "backend: base %.1f%%, %.0f bytes per session living %s (jitter %g), max heap %.0f bytes", 100*m.BaseBytes/m.MaxBytes, m.BytesPerSession, m.Lifetime, m.Jitter, m.MaxBytes)
+	if m.GCEvery > 0 {
+		fmt.Fprintf(w, ", %.0f bytes of garbage per session collected every %s", m.GarbagePerSession, m.GCEvery)
+	}
+	fmt.Fprintf(w, "\nmop: ceiling %.1f%%, window %s, initial rate %g/s; offered %g/s; safe rate at the ceiling %.1f/s\n\n", 100*c.MaxHeap, c.Window, c.InitialRate, r.Spec.Rate, r.SafeRate)
+	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "window\tend\tphase\tallowed/s\tadmitted\trefused\tmemory\tpeak\t")
+	for _, row := range r.Windows {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.1f\t%d\t%d\t%.1f%%\t%.1f%%\t\n", row.Window, row.End, row.Phase, row.Allowed, row.Admitted, row.Refused, 100*row.Memory, 100*row.PeakMem)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\npeak memory %.1f%% (ceiling %.1f%%); refused while memory was under half the ceiling: %d; allowed rate within 10%% of its last value after %s\n",
+		100*r.Peak, 100*c.MaxHeap, r.RefusedLowMemory, r.Settled)
+	return err
 }
