@@ -536,7 +536,9 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 
 // fitSpans are the candidate session lifetimes, in windows, of the fits:
 // memory is base + slope × the admitted rate over the last lifetime.
-var fitSpans = [...]float64{1. / 8, 1. / 4, 1. / 2, 1}
+// The longest, one and a half windows, lets the fits notice sessions that
+// outlive the window.
+var fitSpans = [...]float64{1. / 8, 1. / 4, 1. / 2, 1, 1.5}
 
 // addFitPoints adds the sample to every fit: memory against the admitted
 // rate over each span, ending now and ending at the previous sample (a

@@ -3,6 +3,7 @@ package admission
 import (
 	"math"
 	"math/rand"
+	"strings"
 	"testing"
 	"time"
 )
@@ -223,5 +224,236 @@ func TestMOPConfigValidate(t *testing.T) {
 		if _, err := NewMOP(c); err == nil {
 			t.Errorf("NewMOP(%+v) accepted", c)
 		}
+	}
+}
+
+// mopModel is one simulated backend of the discovery tests.
+type mopModel struct {
+	name   string
+	cfg    MOPConfig
+	model  BackendModel
+	demand float64 // offered new work per second
+}
+
+// mopModels are the backends discovery must handle: sessions that live
+// exactly one window, lifetimes with jitter, a garbage-collected heap, a
+// probe one interval late, and the case reported by users (ceiling 0.50,
+// safe rate about 206/s).
+func mopModels() []mopModel {
+	const gib = 1 << 30
+	w := time.Minute
+	// perSess gives the bytes per session for which rate holds memory at
+	// ceiling with sessions living life.
+	perSess := func(ceiling, base, rate float64, life time.Duration) float64 {
+		return (ceiling - base) * gib / (rate * life.Seconds())
+	}
+	return []mopModel{
+		{"one-window", MOPConfig{Name: "sim", MaxHeap: 0.85, Window: w},
+			BackendModel{MaxBytes: gib, BaseBytes: 0.2 * gib, BytesPerSession: perSess(0.85, 0.2, 200, w), Lifetime: w, Noise: 0.01, Seed: 1}, 600},
+		{"jitter", MOPConfig{Name: "sim", MaxHeap: 0.85, Window: w},
+			BackendModel{MaxBytes: gib, BaseBytes: 0.2 * gib, BytesPerSession: perSess(0.85, 0.2, 200, 45*time.Second), Lifetime: 45 * time.Second, Jitter: 0.3, Noise: 0.01, Seed: 2}, 600},
+		{"gc-sawtooth", MOPConfig{Name: "sim", MaxHeap: 0.85, Window: w},
+			BackendModel{MaxBytes: gib, BaseBytes: 0.25 * gib, BytesPerSession: perSess(0.85, 0.25, 300, w/2), Lifetime: w / 2,
+				GarbagePerSession: 0.5 * perSess(0.85, 0.25, 300, w/2), GCEvery: 7 * time.Second, Noise: 0.005, Seed: 3}, 900},
+		{"probe-lag", MOPConfig{Name: "sim", MaxHeap: 0.85, Window: w},
+			BackendModel{MaxBytes: gib, BaseBytes: 0.2 * gib, BytesPerSession: perSess(0.85, 0.2, 1000, w), Lifetime: w, ProbeLag: 1, Noise: 0.01, Seed: 4}, 3000},
+		{"reported", MOPConfig{Name: "sim", MaxHeap: 0.50, Window: 30 * time.Second, InitialRate: 20},
+			BackendModel{MaxBytes: 512 << 20, BaseBytes: 0.1 * (512 << 20), BytesPerSession: perSess(0.50, 0.1, 206, 30*time.Second) / 2, Lifetime: 30 * time.Second, Noise: 0.005, Seed: 5}, 600},
+		{"demo", MOPConfig{Name: "sim", MaxHeap: 0.85, Window: 30 * time.Second, InitialRate: 5},
+			BackendModel{MaxBytes: 64 << 20, BaseBytes: 0.002 * (64 << 20), BytesPerSession: 64 << 10 / 40, Lifetime: 30 * time.Second, Noise: 0.001, Seed: 6}, 10},
+	}
+}
+
+// TestMOPDiscoveryModels: against each backend of mopModels, from a cold
+// start, discovery never lets memory pass the ceiling by more than 2
+// points, never allows more than the backend's true safe rate while
+// discovering, reaches its learned rate (within 10%) in at most 3
+// windows, ends within 10% under the true safe rate, and refuses less new
+// work while memory is under half the ceiling than the baseline that
+// doubles the rate per window. The figures are the README's table.
+func TestMOPDiscoveryModels(t *testing.T) {
+	for _, mc := range mopModels() {
+		t.Run(mc.name, func(t *testing.T) {
+			run := func(doubling bool) *MOPSim {
+				cfg := mc.cfg
+				cfg.doubling = doubling
+				s, err := NewMOPSim(cfg, mc.model)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.Run(mc.demand, 8*cfg.Window)
+				return s
+			}
+			base, s := run(true), run(false)
+			ceiling, w := mc.cfg.MaxHeap, mc.cfg.Window
+			safe := mc.model.SafeRate(ceiling)
+			t.Logf("%s: safe %.0f/s; refused under half the ceiling %d (baseline %d), in discovery %d (baseline %d); peak %.3f (baseline %.3f); within 10%% after %.2f windows (baseline %.2f); highest rate allowed in discovery %.0f/s (baseline %.0f/s)",
+				mc.name, safe, s.RefusedLowMemory, base.RefusedLowMemory, s.RefusedDiscovery, base.RefusedDiscovery, s.Peak, base.Peak,
+				s.Settled(0.1).Seconds()/w.Seconds(), base.Settled(0.1).Seconds()/w.Seconds(), s.MaxAllowedDiscovery, base.MaxAllowedDiscovery)
+			if s.Peak > ceiling+0.02 {
+				t.Errorf("peak memory %.3f, want <= %.2f", s.Peak, ceiling+0.02)
+			}
+			if s.MaxAllowedDiscovery > math.Max(safe, mc.cfg.InitialRate) {
+				t.Errorf("discovery allowed %.1f/s, over the safe %.1f/s", s.MaxAllowedDiscovery, safe)
+			}
+			if got := s.Settled(0.1); got > 3*w {
+				t.Errorf("allowed rate within 10%% of its last value after %s, want <= 3 windows (%s)", got, 3*w)
+			}
+			final := s.MOP.Status().AllowedRate
+			if mc.demand > safe && (final > 1.02*safe || final < 0.9*safe) {
+				t.Errorf("final allowed %.1f/s, want within 10%% under the safe %.1f/s", final, safe)
+			}
+			if mc.demand < safe && s.Refused > int(2*mc.demand) {
+				t.Errorf("demand %.0f/s under the safe rate: %d refused, want at most 2 seconds' worth", mc.demand, s.Refused)
+			}
+			if s.RefusedLowMemory >= base.RefusedLowMemory {
+				t.Errorf("refused under half the ceiling: %d, baseline %d; want fewer", s.RefusedLowMemory, base.RefusedLowMemory)
+			}
+		})
+	}
+}
+
+// TestMOPDiscoverySweep runs discovery against many backends (lifetimes
+// from a quarter window to a window, jitter, noise, a late probe, a
+// collected heap, demand 1.5 to 10 times the safe rate, bases up to half
+// the ceiling): memory never passes the ceiling by more than 2 points.
+func TestMOPDiscoverySweep(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sweep of 48 simulations")
+	}
+	const gib = 1 << 30
+	w := time.Minute
+	rng := rand.New(rand.NewSource(7))
+	worst := 0.0
+	for i := 0; i < 48; i++ {
+		ceiling := []float64{0.5, 0.7, 0.85}[i%3]
+		base := rng.Float64() * 0.5 * ceiling
+		life := time.Duration(float64(w) * (0.25 + 0.75*rng.Float64()))
+		safe := 20 + 980*rng.Float64()
+		bm := BackendModel{MaxBytes: gib, BaseBytes: base * gib, Lifetime: life, Jitter: 0.3 * rng.Float64(),
+			Noise: 0.01 * rng.Float64(), ProbeLag: i % 2, Seed: int64(i)}
+		bm.BytesPerSession = (ceiling - base) * gib / (safe * life.Seconds())
+		if i%4 < 2 {
+			bm.GCEvery = time.Duration(2+rng.Intn(8)) * time.Second
+			bm.GarbagePerSession = 0.2 * bm.BytesPerSession * life.Seconds() / bm.GCEvery.Seconds()
+		}
+		s, err := NewMOPSim(MOPConfig{Name: "sweep", MaxHeap: ceiling, Window: w}, bm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		demand := (1.5 + 8.5*rng.Float64()) * bm.SafeRate(ceiling)
+		s.Run(demand, 6*w)
+		worst = math.Max(worst, s.Peak-ceiling)
+		if s.Peak > ceiling+0.02 {
+			t.Errorf("run %d %+v at %.0f/s: peak %.3f over the ceiling %.2f by more than 2 points", i, bm, demand, s.Peak, ceiling)
+		}
+	}
+	t.Logf("worst peak over the ceiling: %+.3f", worst)
+}
+
+// TestSimBackend checks the simulated backend itself: memory at a steady
+// rate is base + rate × lifetime × bytes; garbage leaves only at a
+// collection; a lagging probe reports the previous reading.
+func TestSimBackend(t *testing.T) {
+	m := BackendModel{MaxBytes: 1000, BaseBytes: 100, BytesPerSession: 1, Lifetime: time.Second}
+	b, err := NewSimBackend(m, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 300; i++ {
+		b.Advance(2) // 200 per second, each held one second
+	}
+	if got, want := b.Used(), (100+200.0)/1000; math.Abs(got-want) > 1e-9 {
+		t.Errorf("steady memory %.4f, want %.4f", got, want)
+	}
+
+	m.GCEvery, m.GarbagePerSession = 500*time.Millisecond, 1
+	b, _ = NewSimBackend(m, 10*time.Millisecond)
+	prev := 0.0
+	drops := 0
+	for i := 1; i <= 300; i++ {
+		u := b.Advance(2)
+		if u < prev {
+			drops++
+			if i%50 != 0 {
+				t.Errorf("step %d: memory fell from %.3f to %.3f between collections", i, prev, u)
+			}
+		}
+		prev = u
+	}
+	if drops < 4 {
+		t.Errorf("%d collections seen in 3s at one per 500ms", drops)
+	}
+
+	m = BackendModel{MaxBytes: 1000, BaseBytes: 100, BytesPerSession: 1, Lifetime: time.Hour, ProbeLag: 1}
+	b, _ = NewSimBackend(m, 10*time.Millisecond)
+	b.Advance(100)
+	if used, _ := b.Probe(); used != 200 {
+		t.Errorf("first reading %d, want the memory now (200)", used)
+	}
+	b.Advance(100)
+	if used, _ := b.Probe(); used != 200 {
+		t.Errorf("lagging reading %d, want the previous one (200)", used)
+	}
+
+	b.SetLifetime(2 * time.Hour) // the ring grows and keeps what is scheduled
+	if b.live != 200 || b.Used() != 0.3 {
+		t.Errorf("after SetLifetime: %d live, memory %.3f; want 200 and 0.300", b.live, b.Used())
+	}
+}
+
+func TestParseMOPSimSpec(t *testing.T) {
+	s, err := ParseMOPSimSpec("base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=300,gc=5s,garbage=4k,lag=1,ceiling=0.5,window=30s,windows=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Model.BaseBytes != 0.1*(1<<30) || s.Model.BytesPerSession != 64<<10 || s.Model.Lifetime != 30*time.Second ||
+		s.Model.MaxBytes != 1<<30 || s.Rate != 300 || s.Model.GCEvery != 5*time.Second || s.Model.GarbagePerSession != 4096 ||
+		s.Model.ProbeLag != 1 || s.MOP.MaxHeap != 0.5 || s.MOP.Window != 30*time.Second || s.Windows != 4 || s.MOP.InitialRate != 10 {
+		t.Errorf("parsed %+v", s)
+	}
+	for _, tc := range []struct{ spec, key string }{
+		{"bytes=1k,lifetime=1s,max-heap=1g,rate=1", "base"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g", "rate"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=-3", "rate"},
+		{"base=1m,bytes=1q,lifetime=1s,max-heap=1g,rate=1", "bytes"},
+		{"base=1m,bytes=1k,lifetime=soon,max-heap=1g,rate=1", "lifetime"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,ceiling=1.5", "max-heap"},
+		{"base=120%,bytes=1k,lifetime=1s,max-heap=1g,rate=1", "base"},
+		{"base=900m,bytes=1k,lifetime=1s,max-heap=1g,rate=1", "base"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,colour=red", "colour"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,rate=2", "rate"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,jitter=1", "jitter"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,windows=0", "windows"},
+	} {
+		if _, err := ParseMOPSimSpec(tc.spec); err == nil || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("%q: error %v, want one naming %s", tc.spec, err, tc.key)
+		}
+	}
+}
+
+func TestRunMOPSimTable(t *testing.T) {
+	spec, err := ParseMOPSimSpec("base=10%,bytes=1MiB,lifetime=30s,max-heap=512MiB,rate=30,window=30s,windows=3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := RunMOPSim(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Windows) != 3 {
+		t.Fatalf("%d windows, want 3", len(r.Windows))
+	}
+	var out strings.Builder
+	if err := r.WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"allowed/s", "admitted", "refused", "memory", "peak memory", "safe rate at the ceiling"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	if r.Windows[2].Admitted+r.Windows[2].Refused != 900 {
+		t.Errorf("window 3 offered %d, want 900 (30/s for 30s)", r.Windows[2].Admitted+r.Windows[2].Refused)
 	}
 }

@@ -270,6 +270,9 @@ type MOPSim struct {
 	RefusedDiscovery int
 	// Allowed is the allowed rate at every probe, in order.
 	Allowed []float64
+	// MaxAllowedDiscovery is the highest allowed rate seen at a probe
+	// while MOP was in Discovery.
+	MaxAllowedDiscovery float64
 }
 
 // NewMOPSim returns a simulation of a new MOP with cfg in front of model.
@@ -326,7 +329,11 @@ func (s *MOPSim) Run(rate float64, d time.Duration) []MOPWindow {
 		if s.steps%probeSteps == 0 {
 			u, m := s.Backend.Probe()
 			s.MOP.Observe(now, u, m)
-			s.Allowed = append(s.Allowed, s.MOP.Status().AllowedRate)
+			st := s.MOP.Status()
+			s.Allowed = append(s.Allowed, st.AllowedRate)
+			if st.Phase == Discovery {
+				s.MaxAllowedDiscovery = max(s.MaxAllowedDiscovery, st.AllowedRate)
+			}
 		}
 		if s.steps%winSteps == 0 {
 			st := s.MOP.Status()
