@@ -176,6 +176,7 @@ type learner struct {
 
 	discStart int64 // first sample of discovery
 
+	rise     float64 // mean rise of memory between samples, recently
 	headroom float64 // headroomBound at the last sample, per second
 	rho      float64 // and its lowest trailing admitted rate, per second
 }
@@ -503,17 +504,25 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 	horizon := int64(m.cfg.Window)
 	mem := frac
 	rho = math.Inf(1)
+	var riseSum float64 // rises between consecutive samples of the last quarter window
+	var rises int
 	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
 	for e, end := range ends {
 		if e == 1 && h.n < 2 {
 			break
 		}
 		whole := false // a span of at least the horizon was seen
+		next := frac   // the sample after s
 		for i := e; i < h.n && !whole; i++ {
 			s := h.at(i)
 			d := end.at - s.at
 			if e == 0 && d <= horizon/4 {
 				mem = math.Max(mem, s.mem)
+				if next > s.mem {
+					riseSum += next - s.mem
+					rises++
+				}
+				next = s.mem
 			}
 			if d <= 0 {
 				continue
@@ -526,6 +535,13 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 			// first sample but what the counters hold.
 			rho = math.Min(rho, float64(end.admitted)/float64(horizon))
 		}
+	}
+	if rises > 0 {
+		// Memory may peak between samples, above the highest one, by
+		// about what it rises in one interval: a collected heap's
+		// highest point is just before a collection nobody sampled.
+		m.l.rise = riseSum / float64(rises)
+		mem += m.l.rise
 	}
 	if math.IsInf(rho, 1) || mem <= 0 {
 		return math.Inf(1), 0
@@ -743,8 +759,9 @@ func (m *MOP) judgeWindow(end int64) {
 	mem := l.last
 	if l.lateN > 0 {
 		// The peak, not the mean: the promise is about the highest
-		// memory, and a collected heap peaks well above its mean.
-		mem = l.lateMax
+		// memory, and a collected heap peaks well above its mean, by up
+		// to a rise between samples above the highest sample.
+		mem = l.lateMax + l.rise
 	}
 	if l.lateN > 0 && m.cfg.doubling {
 		mem = l.lateSum / float64(l.lateN)
