@@ -176,7 +176,7 @@ type learner struct {
 
 	discStart int64 // first sample of discovery
 
-	rise     float64 // mean rise of memory between samples, recently
+	rise     float64 // mean rise of memory between samples beyond its trend, recently
 	headroom float64 // headroomBound at the last sample, per second
 	rho      float64 // and its lowest trailing admitted rate, per second
 }
@@ -504,8 +504,8 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 	horizon := int64(m.cfg.Window)
 	mem := frac
 	rho = math.Inf(1)
-	var riseSum float64 // rises between consecutive samples of the last quarter window
-	var rises int
+	var riseSum, stepSum float64 // rises, and all changes, between consecutive samples of the last quarter window
+	var rises, steps int
 	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
 	for e, end := range ends {
 		if e == 1 && h.n < 2 {
@@ -518,6 +518,8 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 			d := end.at - s.at
 			if e == 0 && d <= horizon/4 {
 				mem = math.Max(mem, s.mem)
+				stepSum += next - s.mem
+				steps++
 				if next > s.mem {
 					riseSum += next - s.mem
 					rises++
@@ -538,9 +540,10 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 	}
 	if rises > 0 {
 		// Memory may peak between samples, above the highest one, by
-		// about what it rises in one interval: a collected heap's
-		// highest point is just before a collection nobody sampled.
-		m.l.rise = riseSum / float64(rises)
+		// about what it rises in one interval beyond its trend: a
+		// collected heap's highest point is just before a collection
+		// nobody sampled.
+		m.l.rise = math.Max(0, riseSum/float64(rises)-stepSum/float64(steps))
 		mem += m.l.rise
 	}
 	if math.IsInf(rho, 1) || mem <= 0 {
