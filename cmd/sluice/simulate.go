@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	register("simulate", "replay arrivals through one ARM rule offline and print the TDWM table", runSimulate)
+	register("simulate", "replay arrivals through one ARM rule, or a backend model through MOP (--mop), offline", runSimulate)
 }
 
 // simRow is one interval as printed with --json.
@@ -36,6 +36,12 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: sluice simulate --limit N/UNIT --arrivals A1,A2,... [--queue 1000] [--action delay|reject|log] [--qualify 0s] [--wait 0s] [--json]")
 		fmt.Fprintln(stderr, "\nReplays arrivals, given per sub-interval (a sixth of UNIT), through one ARM rule and prints")
 		fmt.Fprintln(stderr, "interval, start, arrived, admitted, released, refused, rate and queued.")
+		fmt.Fprintln(stderr, "\n   or: sluice simulate --mop base=SIZE|PCT%,bytes=SIZE,lifetime=DUR,max-heap=SIZE,rate=N[,KEY=VALUE...] [--json]")
+		fmt.Fprintln(stderr, "\nReplays a backend model through MOP discovery in fake time and prints, per averaging window, the")
+		fmt.Fprintln(stderr, "allowed rate, admitted, refused and memory. Keys:")
+		fmt.Fprintln(stderr, "  "+strings.ReplaceAll(admission.MOPSimKeys, "\n", "\n  "))
+		fmt.Fprintln(stderr, "Example: --mop base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=300,window=30s")
+		fmt.Fprintln(stderr)
 		fs.PrintDefaults()
 	}
 	limit := fs.String("limit", "", "rule limit as N/UNIT, UNIT one of s, sec, second, m, min, minute, h, hour (required)")
@@ -45,6 +51,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	qualify := fs.Duration("qualify", 0, "qualification time: how long the rate may stay at the limit before the rule throttles")
 	wait := fs.Duration("wait", 0, "longest wait in the delay queue before refusal (0: no bound)")
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
+	mopSpec := fs.String("mop", "", "replay a backend model through MOP instead (see the keys above)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -57,6 +64,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		return bad("unexpected argument %q", fs.Arg(0))
+	}
+	if *mopSpec != "" {
+		return simulateMOP(*mopSpec, *asJSON, stdout, stderr)
 	}
 	if *limit == "" {
 		return bad("--limit is required, e.g. --limit 10/min")
@@ -122,3 +132,25 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 
 // fmtStart prints a sub-interval's start as an offset from the first.
 func fmtStart(d time.Duration) string { return "+" + d.String() }
+
+// simulateMOP runs `sluice simulate --mop SPEC`.
+func simulateMOP(spec string, asJSON bool, stdout, stderr io.Writer) int {
+	s, err := admission.ParseMOPSimSpec(spec)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice simulate: --mop: %v\n", err)
+		return 2
+	}
+	r, err := admission.RunMOPSim(s)
+	if err == nil && asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(r.Windows)
+	} else if err == nil {
+		err = r.WriteTable(stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "sluice simulate:", err)
+		return 1
+	}
+	return 0
+}

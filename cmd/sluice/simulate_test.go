@@ -106,3 +106,51 @@ func TestHelpGroupsFlags(t *testing.T) {
 		t.Errorf("version: %d %q", code, out.String())
 	}
 }
+
+func TestSimulateMOP(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"simulate", "--mop", "base=10%,bytes=1MiB,lifetime=30s,max-heap=1GiB,rate=100,ceiling=0.5,window=30s,windows=4", "--json"}
+	if code := dispatch(args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil {
+		t.Fatalf("output is not a JSON array: %v\n%s", err, out.String())
+	}
+	if len(rows) != 4 {
+		t.Fatalf("%d windows, want 4", len(rows))
+	}
+	for i, r := range rows {
+		for _, k := range []string{"window", "allowed_rate", "admitted", "refused", "memory", "peak_memory"} {
+			if _, ok := r[k]; !ok {
+				t.Errorf("window %d lacks %q: %v", i+1, k, r)
+			}
+		}
+		if got := r["admitted"].(float64) + r["refused"].(float64); got != 3000 {
+			t.Errorf("window %d offered %v, want 3000 (100/s for 30s)", i+1, got)
+		}
+		if r["peak_memory"].(float64) > 0.52 {
+			t.Errorf("window %d: peak memory %v over the ceiling 0.50 by more than 2 points", i+1, r["peak_memory"])
+		}
+	}
+
+	out.Reset()
+	if code := dispatch(args[:3], &out, &errb); code != 0 || !strings.Contains(out.String(), "allowed/s") {
+		t.Errorf("table: exit %d, output %q", code, out.String())
+	}
+}
+
+func TestSimulateMOPBadInput(t *testing.T) {
+	for _, spec := range []string{"base=1m", "base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=fast", "base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,shade=blue"} {
+		var out, errb bytes.Buffer
+		code := dispatch([]string{"simulate", "--mop=" + spec}, &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), "--mop") {
+			t.Errorf("--mop %q: exit %d, stderr %q; want 2 and a message naming the flag", spec, code, errb.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	dispatch([]string{"simulate", "-help"}, &out, &errb)
+	if !strings.Contains(errb.String(), "--mop") || !strings.Contains(errb.String(), "max-heap=SIZE") {
+		t.Errorf("help does not document --mop:\n%s", errb.String())
+	}
+}
