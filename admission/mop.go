@@ -178,6 +178,7 @@ type learner struct {
 
 	rise     float64 // mean rise of memory between samples beyond its trend, recently
 	headroom float64 // headroomBound at the last sample, per second
+	proven   float64 // the highest finite headroomBound since discovery began or memory last passed the ceiling
 	rho      float64 // and its lowest trailing admitted rate, per second
 }
 
@@ -425,6 +426,9 @@ func (m *MOP) Observe(now int64, used, max int64) {
 	}
 	admitted, refused := m.counts()
 	l.headroom, l.rho = m.headroomBound(now, admitted, frac)
+	if !math.IsInf(l.headroom, 1) {
+		l.proven = math.Max(l.proven, l.headroom)
+	}
 	if MOPPhase(m.phase.Load()) == Discovery && !l.crossed && !m.cfg.doubling {
 		m.discover(now, frac, admitted, refused)
 	}
@@ -460,7 +464,12 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 		demand := float64(admitted-prev.admitted+dRef) / dt
 		target = math.Max(allowed, demand) * discoveryGrowth
 	}
-	bound := l.headroom
+	// Each sample's bound holds on its own (it bounds bytes × lifetime
+	// from that sample's memory and admitted rate), so the highest one
+	// seen stands until memory passes the ceiling: a pause in traffic,
+	// which drives the trailing admitted rate and so the latest bound to
+	// zero, does not send discovery back to its start.
+	bound := math.Max(l.headroom, l.proven)
 	m.addFitPoints(now, admitted, frac)
 	if f, _, _ := m.fitBound(now); f > bound {
 		// At most twice what the samples alone prove: a fit that went
@@ -730,6 +739,7 @@ func (m *MOP) cut(now int64, frac float64) {
 		next = rate * (m.cfg.MaxHeap - l.base) / (frac - l.base) * (1 - m.cfg.Margin)
 	}
 	l.lastCutMem, l.cutSeen = frac, true
+	l.proven = 0
 	m.setAllowed(next)
 	if MOPPhase(m.phase.Load()) == Discovery {
 		m.learn(loadF(&m.allowed), "memory passed the ceiling during discovery")

@@ -457,3 +457,30 @@ func TestRunMOPSimTable(t *testing.T) {
 		t.Errorf("window 3 offered %d, want 900 (30/s for 30s)", r.Windows[2].Admitted+r.Windows[2].Refused)
 	}
 }
+
+// TestMOPDiscoveryKeepsRateAcrossPause: demand that discovery has grown
+// to, stopped for two windows and offered again, is admitted again
+// without refusals: the bound proven by the first burst stands (only
+// memory over the ceiling withdraws it), while the trailing admitted rate
+// of the pause proves nothing.
+func TestMOPDiscoveryKeepsRateAcrossPause(t *testing.T) {
+	w := 30 * time.Second
+	model := BackendModel{MaxBytes: 64 << 20, BaseBytes: 0.002 * (64 << 20), BytesPerSession: 64 << 10, Lifetime: 10 * time.Second, Noise: 0.001, Seed: 7}
+	s, err := NewMOPSim(MOPConfig{Name: "sim", MaxHeap: 0.85, Window: w, InitialRate: 5}, model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Run(20, 20*time.Second) // grows from 5/s to cover 20/s
+	if st := s.MOP.Status(); st.Phase != Discovery || st.AllowedRate < 20 {
+		t.Fatalf("after the first burst: %+v, want discovery allowing >= 20/s", st)
+	}
+	s.Run(0, 2*w)
+	before := s.Refused
+	s.Run(20, 20*time.Second)
+	if got := s.Refused - before; got != 0 {
+		t.Fatalf("second burst after a pause: %d refused, want 0 (allowed %.1f/s)", got, s.MOP.Status().AllowedRate)
+	}
+	if s.Peak > 0.85 {
+		t.Fatalf("peak memory %.3f over the ceiling", s.Peak)
+	}
+}
