@@ -47,7 +47,12 @@ type MOPConfig struct {
 	MinRate float64
 	// Burst is how much work may be sent at once, as a duration at the
 	// allowed rate (GCRA tolerance): max(1, rate × Burst) requests.
-	// Default 100ms.
+	// Default 1s: MOP guards memory that builds up over a session's
+	// lifetime (seconds to minutes), so a second's worth arriving at once
+	// changes nothing for the backend, while a tighter tolerance refuses
+	// clients whose arrivals merely jitter around a rate under the
+	// allowed one (Poisson arrivals at half the rate with 100 ms of
+	// tolerance see refusals).
 	Burst time.Duration
 	// Margin is the fraction below the predicted safe rate that is allowed,
 	// to absorb noise. Default 0.03.
@@ -75,7 +80,7 @@ func (c *MOPConfig) setDefaults() {
 		c.MinRate = 1
 	}
 	if c.Burst == 0 {
-		c.Burst = 100 * time.Millisecond
+		c.Burst = time.Second
 	}
 	if c.Margin == 0 {
 		c.Margin = 0.03

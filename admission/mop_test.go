@@ -484,3 +484,30 @@ func TestMOPDiscoveryKeepsRateAcrossPause(t *testing.T) {
 		t.Fatalf("peak memory %.3f over the ceiling", s.Peak)
 	}
 }
+
+// TestMOPBurstAbsorbsJitter: Poisson arrivals at half the allowed rate
+// are never refused with the default one-second tolerance; with 100 ms
+// some are (why the default is a second).
+func TestMOPBurstAbsorbsJitter(t *testing.T) {
+	refusals := func(burst time.Duration) int {
+		m, err := NewMOP(MOPConfig{Name: "jitter", InitialRate: 20, Burst: burst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewSource(2))
+		now, refused := int64(time.Hour), 0
+		for range 1200 { // 120 s at 10/s
+			now += int64(rng.ExpFloat64() / 10 * float64(time.Second))
+			if !m.Allow(now) {
+				refused++
+			}
+		}
+		return refused
+	}
+	if got := refusals(0); got != 0 {
+		t.Errorf("default tolerance: %d of 1200 refused, want 0", got)
+	}
+	if got := refusals(100 * time.Millisecond); got == 0 {
+		t.Errorf("100 ms tolerance: none refused; the case for one second is gone")
+	}
+}
