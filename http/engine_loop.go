@@ -1,0 +1,568 @@
+//go:build linux
+
+package http
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+const (
+	loopSupported = true
+	// DefaultEngine is the engine Config.Engine "" means on this platform.
+	DefaultEngine = EngineLoop
+)
+
+// Sizes of the loop engine's buffers.
+const (
+	clientInitBuf  = 4 << 10  // a client connection's read buffer, grown for a larger head
+	clientBufSize  = 16 << 10 // a request head must fit; larger heads go to fasthttp
+	maxLoopBody    = 64 << 10 // request bodies up to this are buffered by the loop
+	backendInitBuf = 16 << 10 // a backend connection's read buffer; answers are relayed through it
+	backendBufSize = 64 << 10 // a response head must fit
+	tickEvery      = 100 * time.Millisecond
+	epollET        = 1 << 31
+	connEvents     = syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | epollET
+)
+
+// The loop engine serves HTTP/1.1 keep-alive traffic on event loops: one
+// goroutine per loop waits in epoll_wait and drives every client and
+// backend connection of that loop. Compared with a goroutine per
+// connection it saves, per request, the read that finds no data before a
+// goroutine parks (Go reads first, then waits; the loop waits first) and
+// two goroutine switches; on loopback that is about a fifth of the CPU a
+// proxied request costs.
+//
+// The loop handles the common case: HTTP/1.1 requests with no body or a
+// Content-Length body up to 64 KiB, and any response (Content-Length,
+// chunked, or delimited by close), relayed as it arrives. A connection
+// whose request it does not handle (HTTP/1.0, chunked or larger bodies,
+// Upgrade, Expect, a head over 16 KiB or one fasthttp rejects) is handed,
+// with the bytes already read, to the fasthttp server for the rest of its
+// life. Both paths share classification, admission, header rewriting and
+// the answers sluice makes itself.
+type loopEngine struct {
+	s        *Server
+	loops    []*evloop
+	lnfd     int
+	ln       net.Listener
+	handoff  *handoffListener
+	stopping atomic.Bool
+	force    atomic.Bool
+	stop     chan struct{}  // closed when shutdown starts
+	detached sync.WaitGroup // a loop is done once it stopped watching the listener
+	wg       sync.WaitGroup
+	lnOnce   sync.Once
+	openMu   sync.Mutex
+	open     map[string]*atomic.Int64 // connections per backend address, all loops
+}
+
+// openCount returns the counter of connections to addr that all loops
+// share.
+func (e *loopEngine) openCount(addr string) *atomic.Int64 {
+	e.openMu.Lock()
+	defer e.openMu.Unlock()
+	if e.open == nil {
+		e.open = map[string]*atomic.Int64{}
+	}
+	n := e.open[addr]
+	if n == nil {
+		n = new(atomic.Int64)
+		e.open[addr] = n
+	}
+	return n
+}
+
+// closeListener closes the listening socket once every loop has stopped
+// watching it, so that no loop accepts on a descriptor number reused
+// since.
+func (e *loopEngine) closeListener() {
+	e.lnOnce.Do(func() {
+		syscall.Close(e.lnfd)
+		e.ln.Close()
+	})
+}
+
+// serveLoops serves ln with the loop engine until Shutdown.
+func (s *Server) serveLoops(ln net.Listener) error {
+	tl, ok := ln.(*net.TCPListener)
+	if !ok {
+		s.logger.Warn("http loop engine needs a TCP listener; serving with fasthttp", "listener", ln.Addr().String())
+		return s.srv.Serve(ln)
+	}
+	rc, err := tl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	lnfd := -1
+	var derr error
+	if err := rc.Control(func(fd uintptr) {
+		r, _, e := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_DUPFD_CLOEXEC, 0)
+		if e != 0 {
+			derr = e
+			return
+		}
+		lnfd = int(r)
+	}); err != nil {
+		return err
+	}
+	if derr != nil {
+		return derr
+	}
+	n := s.cfg.Loops
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	e := &loopEngine{s: s, lnfd: lnfd, ln: ln, stop: make(chan struct{}), handoff: newHandoffListener(ln.Addr())}
+	for i := 0; i < n; i++ {
+		l, err := newLoop(e)
+		if err != nil {
+			for _, l := range e.loops {
+				l.closeFDs()
+			}
+			syscall.Close(lnfd)
+			return err
+		}
+		e.loops = append(e.loops, l)
+	}
+	e.detached.Add(len(e.loops))
+	e.wg.Add(len(e.loops))
+	if !s.loops.CompareAndSwap(nil, e) {
+		for _, l := range e.loops {
+			l.closeFDs()
+		}
+		syscall.Close(lnfd)
+		return errors.New("http front end is already serving")
+	}
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.rt.Load().pool.Len(), "engine", EngineLoop, "loops", n)
+	fastDone := make(chan struct{})
+	go func() {
+		defer close(fastDone)
+		s.srv.Serve(e.handoff)
+	}()
+	if s.mem != nil {
+		go e.watchCritical()
+	}
+	for _, l := range e.loops {
+		go l.run()
+	}
+	if s.shut.Load() { // Shutdown ran before the loops were known
+		go e.shutdown(context.Background())
+	}
+	e.wg.Wait()
+	e.closeListener()
+	<-fastDone
+	return nil
+}
+
+// shutdown stops accepting, lets requests under way finish and closes
+// idle connections, until every loop connection is gone or ctx is done;
+// then it shuts the fasthttp server down for the connections handed to it.
+func (e *loopEngine) shutdown(ctx context.Context) error {
+	if e.stopping.CompareAndSwap(false, true) {
+		close(e.stop)
+	}
+	for _, l := range e.loops {
+		l.wake()
+	}
+	// Refuse new connections at once, as fasthttp does.
+	detached := make(chan struct{})
+	go func() { e.detached.Wait(); close(detached) }()
+	select {
+	case <-detached:
+		e.closeListener()
+	case <-ctx.Done():
+	}
+	done := make(chan struct{})
+	go func() { e.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		e.force.Store(true)
+		for _, l := range e.loops {
+			l.wake()
+		}
+		<-done
+	}
+	e.handoff.Close()
+	if ferr := e.s.srv.ShutdownWithContext(ctx); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// watchCritical ends in-flight new work on every loop as soon as the node
+// memory state turns Critical.
+func (e *loopEngine) watchCritical() {
+	mem := e.s.mem
+	for {
+		select {
+		case <-mem.CriticalC():
+		case <-e.stop:
+			return
+		}
+		for _, l := range e.loops {
+			l.post(l.abortNewWork)
+		}
+		// Wait for the state to leave Critical before watching again.
+		t := time.NewTicker(50 * time.Millisecond)
+		for mem.State() == admission.Critical {
+			select {
+			case <-t.C:
+			case <-e.stop:
+				t.Stop()
+				return
+			}
+		}
+		t.Stop()
+	}
+}
+
+// shedIdle asks the other loops to close one idle connection to addr, so
+// that from, which has requests waiting for a connection and none idle,
+// may dial one: -http-backend-max-conns counts the connections of all
+// loops.
+func (e *loopEngine) shedIdle(addr string, from *evloop) {
+	for _, ol := range e.loops {
+		if ol == from {
+			continue
+		}
+		ol.post(func() {
+			p := ol.pools[addr]
+			if p == nil || len(p.idle) == 0 {
+				return
+			}
+			ol.closeBackend(p.idle[0]) // the coldest
+			from.post(func() {
+				if p := from.pools[addr]; p != nil {
+					from.serveWaiters(p)
+				}
+			})
+		})
+	}
+}
+
+// evloop is one event loop and everything it owns: its client
+// connections, a keep-alive pool per backend address, and scratch headers
+// that are parsed and serialized within one event.
+type evloop struct {
+	e       *loopEngine
+	s       *Server
+	ep      int
+	wakefd  int
+	fds     []fdOwner
+	events  []syscall.EpollEvent
+	mu      sync.Mutex // guards posted and closed
+	posted  []func()
+	closed  bool
+	pools   map[string]*bpool
+	rd      bytes.Reader
+	br      *bufio.Reader
+	reqH    fasthttp.RequestHeader
+	respH   fasthttp.ResponseHeader
+	local   fasthttp.Response
+	uri     fasthttp.URI
+	target  []byte          // scratch: an absolute-form target made origin-form
+	epFile  *os.File        // l.ep, registered with Go's poller
+	epRaw   syscall.RawConn // of epFile; nil when ep could not be registered
+	pollFn  func(fd uintptr) bool
+	polled  int
+	toWrite []*bconn // backend connections with a request to write this round
+	toBuf   []*bconn
+	out     []byte
+	clients int
+	now     int64 // I/O time (ns since start), read once per wake-up
+	base    time.Time
+	tick    int64
+	stopped bool
+	bufs    [][]byte // free client buffers
+}
+
+type fdOwner struct {
+	c *cconn
+	b *bconn
+}
+
+func newLoop(e *loopEngine) (*evloop, error) {
+	ep, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	r, _, errno := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if errno != 0 {
+		syscall.Close(ep)
+		return nil, errno
+	}
+	l := &evloop{
+		e: e, s: e.s, ep: ep, wakefd: int(r),
+		events: make([]syscall.EpollEvent, 256),
+		pools:  map[string]*bpool{},
+		br:     bufio.NewReaderSize(nil, backendBufSize),
+		base:   time.Now(),
+	}
+	l.local.Header.SetNoDefaultContentType(true)
+	// Register the epoll descriptor with Go's poller (it is readable while
+	// events are ready) so that waiting parks the goroutine, not the P.
+	if err := syscall.SetNonblock(ep, true); err == nil {
+		f := os.NewFile(uintptr(ep), "epoll")
+		if f.SetReadDeadline(time.Time{}) == nil { // pollable
+			if rc, err := f.SyscallConn(); err == nil {
+				l.epFile, l.epRaw = f, rc
+				l.pollFn = func(fd uintptr) bool {
+					l.polled = l.poll(int(fd))
+					return l.polled > 0
+				}
+			}
+		}
+		if l.epRaw == nil {
+			// os.NewFile owns ep now; a descriptor that is not pollable
+			// stays usable through the File's Fd.
+			l.epFile = f
+			l.ep = int(f.Fd())
+		}
+	}
+	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, l.wakefd, &syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.wakefd)}); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	// EPOLLEXCLUSIVE: one loop is woken per incoming connection.
+	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, e.lnfd, &syscall.EpollEvent{Events: syscall.EPOLLIN | 1<<28, Fd: int32(e.lnfd)}); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *evloop) closeFDs() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if l.epFile != nil {
+		l.epFile.Close() // leaves Go's poller and closes l.ep
+	} else {
+		syscall.Close(l.ep)
+	}
+	syscall.Close(l.wakefd)
+}
+
+// post runs f on the loop's goroutine soon.
+func (l *evloop) post(f func()) {
+	l.mu.Lock()
+	l.posted = append(l.posted, f)
+	l.mu.Unlock()
+	l.wake()
+}
+
+// wake interrupts epoll_wait. After the loop has ended it does nothing:
+// its descriptor number may belong to another file by then.
+func (l *evloop) wake() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		one := uint64(1)
+		syscall.Write(l.wakefd, (*[8]byte)(unsafe.Pointer(&one))[:])
+	}
+}
+
+func (l *evloop) run() {
+	defer l.e.wg.Done()
+	l.now = int64(time.Since(l.base))
+	l.tick = l.now
+	for {
+		n, err := l.wait()
+		l.now = int64(time.Since(l.base))
+		if err != nil && err != syscall.EINTR {
+			l.s.logger.Error("http loop: epoll_wait failed", "err", err)
+			n = 0
+		}
+		// Answers first: relaying them ends requests, while new requests
+		// only queue writes to the backends until the round is over.
+		for i := 0; i < n; i++ {
+			if fd := int(l.events[i].Fd); fd < len(l.fds) && l.fds[fd].b != nil {
+				l.backendEvent(l.fds[fd].b, l.events[i].Events)
+				l.events[i].Fd = -1
+			}
+		}
+		for i := 0; i < n; i++ {
+			ev := l.events[i]
+			fd := int(ev.Fd)
+			switch {
+			case fd < 0:
+			case fd == l.e.lnfd:
+				l.accept()
+			case fd == l.wakefd:
+				var buf [8]byte
+				syscall.Read(l.wakefd, buf[:])
+				l.runPosted()
+			case fd < len(l.fds):
+				if o := l.fds[fd]; o.c != nil {
+					l.clientEvent(o.c, ev.Events)
+				} else if o.b != nil {
+					l.backendEvent(o.b, ev.Events)
+				}
+			}
+		}
+		if l.now-l.tick >= int64(tickEvery) {
+			l.tick = l.now
+			l.expire()
+		}
+		l.flushBackends()
+		if l.e.stopping.Load() && l.drain() {
+			return
+		}
+	}
+}
+
+// wait returns the ready events, or none after tickEvery. It polls
+// without blocking first: under load events are almost always ready. When
+// none are, it parks the goroutine on Go's own poller, in which the loop's
+// epoll descriptor is registered, so the P is free for other goroutines at
+// once. A blocking epoll_wait would keep the P until sysmon takes it (20 µs
+// to 10 ms later), holding up the rest of the process meanwhile (health
+// checks, SIP, the admin server) and costing a thread switch back.
+func (l *evloop) wait() (int, error) {
+	if n := l.poll(l.ep); n > 0 {
+		return n, nil
+	}
+	if l.epRaw == nil { // the descriptor could not join Go's poller
+		return syscall.EpollWait(l.ep, l.events, int(tickEvery/time.Millisecond))
+	}
+	l.epFile.SetReadDeadline(time.Now().Add(tickEvery))
+	l.polled = 0
+	if err := l.epRaw.Read(l.pollFn); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, err
+	}
+	return l.polled, nil
+}
+
+// flushBackends writes the requests started in this round of events.
+// Writing them back to back, rather than each as its client's event is
+// handled, lets a backend find several requests per wake-up instead of
+// being woken for each.
+func (l *evloop) flushBackends() {
+	for len(l.toWrite) > 0 {
+		bs := l.toWrite
+		l.toWrite = l.toBuf[:0]
+		for i, bc := range bs {
+			if bc.fd >= 0 && bc.c != nil && len(bc.pend) > 0 && !bc.connecting {
+				l.writeBackend(bc) // may queue a retry
+			}
+			bs[i] = nil
+		}
+		l.toBuf = bs[:0]
+	}
+}
+
+func (l *evloop) runPosted() {
+	l.mu.Lock()
+	fs := l.posted
+	l.posted = nil
+	l.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// drain handles shutdown: stop accepting, close idle clients (busy ones
+// close after their answer), and once no client is left close the backend
+// connections. It reports whether the loop is done.
+func (l *evloop) drain() bool {
+	force := l.e.force.Load()
+	if !l.stopped {
+		l.stopped = true
+		syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_DEL, l.e.lnfd, nil)
+		l.e.detached.Done()
+	}
+	for _, o := range l.fds {
+		if c := o.c; c != nil && (force || (!c.busy && c.o == len(c.out) && c.w == c.r)) {
+			l.closeClient(c)
+		}
+	}
+	if l.clients > 0 {
+		return false
+	}
+	for _, o := range l.fds {
+		if o.b != nil {
+			l.closeBackend(o.b)
+		}
+	}
+	l.closeFDs()
+	return true
+}
+
+func (l *evloop) setFD(fd int, o fdOwner) {
+	for fd >= len(l.fds) {
+		l.fds = append(l.fds, make([]fdOwner, len(l.fds)+64)...)
+	}
+	l.fds[fd] = o
+}
+
+// expire enforces deadlines: idle and slow clients are closed, backend
+// connects and answers that take too long fail, idle backend connections
+// are closed, requests waiting for a connection get 503.
+func (l *evloop) expire() {
+	now := l.now
+	for _, o := range l.fds {
+		if c := o.c; c != nil && c.deadline != 0 && now > c.deadline {
+			l.closeClient(c)
+		}
+		if bc := o.b; bc != nil && bc.deadline != 0 && now > bc.deadline {
+			if c := bc.c; c != nil && c.o < len(c.out) {
+				bc.deadline = now + int64(l.s.cfg.BackendTimeout) // paused for a slow client, whose own deadline counts
+				continue
+			}
+			switch c := bc.c; {
+			case c == nil:
+				l.closeBackend(bc)
+			case bc.connecting:
+				bc.pool.sa = nil
+				l.failed(c, fasthttp.ErrDialTimeout, lb.Timeout, true)
+			default:
+				l.failed(c, fasthttp.ErrTimeout, lb.Timeout, false)
+			}
+		}
+	}
+	for _, p := range l.pools {
+		for len(p.waiters) > 0 && now > p.waiters[0].c.x.waitUntil {
+			w := p.waiters[0]
+			p.waiters = p.waiters[1:]
+			if w.valid() {
+				w.c.x.waitUntil = 0
+				l.failed(w.c, fasthttp.ErrNoFreeConns, lb.Abandoned, true)
+			}
+		}
+	}
+}
+
+// abortNewWork runs on the loop when memory turned Critical.
+func (l *evloop) abortNewWork() {
+	if l.s.mem.State() != admission.Critical {
+		return
+	}
+	for _, o := range l.fds {
+		c := o.c
+		if c == nil || !c.busy || c.x.class != admission.NewWork || c.x.b == nil {
+			continue
+		}
+		if c.x.bc != nil || c.x.waitUntil != 0 {
+			l.abort(c)
+		}
+	}
+}

@@ -1,0 +1,351 @@
+//go:build linux
+
+package http
+
+import (
+	"net"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/lb"
+)
+
+// bconn is a backend connection.
+type bconn struct {
+	fd         int
+	pool       *bpool
+	c          *cconn // the client whose request it carries; nil when idle
+	in         []byte
+	r, w       int
+	rready     bool
+	hup        bool // the backend has shut down its side: read until EOF
+	wready     bool
+	connecting bool
+	used       bool   // it carried an exchange before: a keep-alive reuse
+	pend       []byte // request bytes not written yet
+	deadline   int64
+}
+
+// bpool is a loop's connections to one backend address.
+type bpool struct {
+	addr    string
+	sa      syscall.Sockaddr
+	idle    []*bconn      // LIFO: the warmest connection last
+	open    *atomic.Int64 // connections to addr of all loops
+	waiters []waiter
+}
+
+type waiter struct {
+	c        *cconn
+	gen, seq uint32
+}
+
+// valid reports whether the request that queued w still waits.
+func (w waiter) valid() bool {
+	return w.c.gen == w.gen && w.c.seq == w.seq && w.c.fd >= 0 && w.c.x.waitUntil != 0
+}
+
+func (l *evloop) pool(addr string) *bpool {
+	p := l.pools[addr]
+	if p == nil {
+		p = &bpool{addr: addr, open: l.e.openCount(addr)}
+		l.pools[addr] = p
+	}
+	return p
+}
+
+// send gets a connection to the exchange's backend and writes the request.
+func (l *evloop) send(c *cconn) {
+	x := &c.x
+	if !x.acquired {
+		x.b.Acquire()
+		x.acquired = true
+	}
+	x.waitUntil = 0
+	p := l.pool(x.b.Addr())
+	var bc *bconn
+	if n := len(p.idle); n > 0 {
+		bc = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+	} else if p.open.Load() >= int64(l.s.cfg.MaxConns) {
+		x.waitUntil = l.now + int64(l.s.cfg.ConnWait)
+		p.waiters = append(p.waiters, waiter{c, c.gen, c.seq})
+		l.e.shedIdle(p.addr, l)
+		return
+	} else {
+		var err error
+		if bc, err = l.dial(p); err != nil {
+			l.failed(c, err, lb.ConnectError, true)
+			return
+		}
+	}
+	x.bc = bc
+	bc.c = c
+	bc.pend = x.req
+	if bc.connecting {
+		bc.deadline = l.now + int64(l.s.cfg.ConnectTimeout)
+		return
+	}
+	bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+	l.toWrite = append(l.toWrite, bc) // written after this round of events, together
+}
+
+func (l *evloop) dial(p *bpool) (*bconn, error) {
+	if p.sa == nil {
+		a, err := net.ResolveTCPAddr("tcp", p.addr)
+		if err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+		}
+		if ip4 := a.IP.To4(); ip4 != nil {
+			p.sa = &syscall.SockaddrInet4{Port: a.Port, Addr: [4]byte(ip4)}
+		} else {
+			p.sa = &syscall.SockaddrInet6{Port: a.Port, Addr: [16]byte(a.IP.To16())}
+		}
+	}
+	family := syscall.AF_INET
+	if _, ok := p.sa.(*syscall.SockaddrInet6); ok {
+		family = syscall.AF_INET6
+	}
+	fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+	}
+	syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
+	err = syscall.Connect(fd, p.sa)
+	if err != nil && err != syscall.EINPROGRESS {
+		syscall.Close(fd)
+		p.sa = nil // resolve again next time
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+	}
+	if err := syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_ADD, fd, &syscall.EpollEvent{Events: connEvents, Fd: int32(fd)}); err != nil {
+		syscall.Close(fd)
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+	}
+	bc := &bconn{fd: fd, pool: p, in: make([]byte, backendInitBuf), connecting: err != nil, wready: err == nil}
+	l.setFD(fd, fdOwner{b: bc})
+	p.open.Add(1)
+	return bc, nil
+}
+
+func (l *evloop) backendEvent(bc *bconn, ev uint32) {
+	if bc.connecting {
+		if ev&(syscall.EPOLLOUT|syscall.EPOLLERR|syscall.EPOLLHUP) == 0 {
+			return
+		}
+		soerr, err := syscall.GetsockoptInt(bc.fd, syscall.SOL_SOCKET, syscall.SO_ERROR)
+		if err == nil && soerr != 0 {
+			err = syscall.Errno(soerr)
+		}
+		if err != nil {
+			bc.pool.sa = nil
+			if c := bc.c; c != nil {
+				l.closeBackend(bc)
+				l.failed(c, &net.OpError{Op: "dial", Net: "tcp", Err: err}, lb.ConnectError, true)
+			} else {
+				l.closeBackend(bc)
+			}
+			return
+		}
+		bc.connecting = false
+		bc.wready = true
+		if bc.c != nil {
+			bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+		}
+	}
+	if ev&syscall.EPOLLOUT != 0 {
+		bc.wready = true
+		if len(bc.pend) > 0 {
+			l.writeBackend(bc)
+		}
+	}
+	if ev&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
+		bc.rready = true
+		bc.hup = bc.hup || ev&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
+		if bc.c == nil {
+			// An idle connection: the backend closed it or sent bytes
+			// nobody asked for; a read that finds nothing was a stale edge.
+			var one [1]byte
+			if _, errno := rawRead(bc.fd, one[:]); errno != syscall.EAGAIN {
+				l.closeBackend(bc)
+			}
+			return
+		}
+		l.relay(bc)
+	}
+}
+
+func (l *evloop) writeBackend(bc *bconn) {
+	for len(bc.pend) > 0 && bc.wready {
+		n, errno := rawWrite(bc.fd, bc.pend)
+		switch {
+		case errno == syscall.EINTR:
+			continue
+		case errno == syscall.EAGAIN:
+			bc.wready = false
+			return
+		case errno != 0:
+			l.backendBroke(bc)
+			return
+		}
+		bc.pend = bc.pend[n:]
+	}
+}
+
+// backendBroke handles a backend connection that failed while carrying an
+// exchange: a reused keep-alive connection that the backend had closed
+// gets the request once more on a fresh one when that is safe; otherwise
+// the client gets 502, or loses its connection if the answer had begun.
+func (l *evloop) backendBroke(bc *bconn) {
+	c := bc.c
+	used, gotBytes := bc.used, bc.w > 0
+	l.closeBackend(bc)
+	if c == nil {
+		return
+	}
+	x := &c.x
+	if used && !x.gotHead && !gotBytes && x.idem && !x.staleRetry {
+		x.staleRetry = true
+		x.release(lb.Abandoned)
+		x.bc = nil
+		l.send(c)
+		return
+	}
+	l.failed(c, fasthttp.ErrConnectionClosed, lb.ConnectError, false)
+}
+
+// relay reads the backend's answer and passes it on to the client as it
+// arrives, until the answer is complete or the client cannot take more.
+func (l *evloop) relay(bc *bconn) {
+	c := bc.c
+	for c != nil && bc.c == c && c.fd >= 0 && c.o == len(c.out) {
+		if bc.r < bc.w && l.consume(bc) {
+			return // complete, or failed
+		}
+		if bc.c != c || c.o < len(c.out) {
+			return
+		}
+		if !bc.rready {
+			return
+		}
+		if bc.r == bc.w {
+			bc.r, bc.w = 0, 0
+		} else if bc.r > 0 {
+			bc.w = copy(bc.in, bc.in[bc.r:bc.w])
+			bc.r = 0
+		}
+		if bc.w == len(bc.in) { // only while reading a head: bodies are consumed as they come
+			if len(bc.in) >= backendBufSize {
+				l.failed(c, errBadAnswer, lb.ServerError, false) // a head over 64 KiB
+				return
+			}
+			nb := make([]byte, backendBufSize)
+			copy(nb, bc.in[:bc.w])
+			bc.in = nb
+		}
+		n, errno := rawRead(bc.fd, bc.in[bc.w:])
+		switch {
+		case errno == syscall.EAGAIN:
+			bc.rready = false
+			return
+		case errno == syscall.EINTR:
+			continue
+		case errno != 0:
+			l.backendBroke(bc)
+			return
+		case n == 0:
+			if c.x.gotHead && c.x.framing == frameClose {
+				l.complete(c)
+				return
+			}
+			l.backendBroke(bc)
+			return
+		}
+		if n < len(bc.in)-bc.w && !bc.hup {
+			bc.rready = false
+		}
+		bc.w += n
+		bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+	}
+}
+
+// complete ends a successful exchange: the backend connection goes back to
+// the pool (or is closed), and the client goes on.
+func (l *evloop) complete(c *cconn) {
+	x := &c.x
+	bc := x.bc
+	s := l.s
+	l.settle(c) // for answers that end when the backend closes
+	if bc != nil {
+		bc.c = nil
+		x.bc = nil
+		// Not reusable: the backend said so or shut down its side, sent
+		// more than the answer, did not read the whole request, or may
+		// have bytes unread (the last read filled the buffer) that no
+		// edge will announce.
+		if x.bclose || bc.hup || bc.rready || bc.r < bc.w || len(bc.pend) > 0 || bc.fd < 0 {
+			l.closeBackend(bc)
+		} else {
+			bc.r, bc.w = 0, 0
+			bc.used = true
+			if len(bc.in) > backendInitBuf {
+				bc.in = make([]byte, backendInitBuf)
+			}
+			bc.deadline = l.now + int64(s.cfg.BackendIdle)
+			l.release(bc)
+		}
+	}
+	l.finish(c)
+}
+
+// release puts an idle connection back, or gives it to a request waiting
+// for one.
+func (l *evloop) release(bc *bconn) {
+	p := bc.pool
+	for len(p.waiters) > 0 {
+		w := p.waiters[0]
+		p.waiters = p.waiters[1:]
+		if !w.valid() {
+			continue
+		}
+		p.idle = append(p.idle, bc)
+		l.send(w.c)
+		return
+	}
+	p.idle = append(p.idle, bc)
+}
+
+func (l *evloop) closeBackend(bc *bconn) {
+	if bc.fd < 0 {
+		return
+	}
+	syscall.Close(bc.fd)
+	l.fds[bc.fd] = fdOwner{}
+	bc.fd = -1
+	p := bc.pool
+	p.open.Add(-1)
+	for i, ib := range p.idle {
+		if ib == bc {
+			p.idle = append(p.idle[:i], p.idle[i+1:]...)
+			break
+		}
+	}
+	if c := bc.c; c != nil && c.x.bc == bc {
+		c.x.bc = nil
+	}
+	bc.c = nil
+	l.serveWaiters(p) // a connection slot is free: a waiting request may dial
+}
+
+// serveWaiters sends requests waiting for a connection to p while one is
+// idle or may be dialled.
+func (l *evloop) serveWaiters(p *bpool) {
+	for len(p.waiters) > 0 && (len(p.idle) > 0 || p.open.Load() < int64(l.s.cfg.MaxConns)) {
+		w := p.waiters[0]
+		p.waiters = p.waiters[1:]
+		if w.valid() {
+			l.send(w.c)
+		}
+	}
+}
