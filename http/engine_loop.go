@@ -8,15 +8,14 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
+
 	"time"
-	"unsafe"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
@@ -36,8 +35,6 @@ const (
 	backendInitBuf = 16 << 10 // a backend connection's read buffer; answers are relayed through it
 	backendBufSize = 64 << 10 // a response head must fit
 	tickEvery      = 100 * time.Millisecond
-	epollET        = 1 << 31
-	connEvents     = syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | epollET
 )
 
 // The loop engine serves HTTP/1.1 keep-alive traffic on event loops: one
@@ -93,7 +90,7 @@ func (e *loopEngine) openCount(addr string) *atomic.Int64 {
 // since.
 func (e *loopEngine) closeListener() {
 	e.lnOnce.Do(func() {
-		syscall.Close(e.lnfd)
+		closeFD(e.lnfd)
 		e.ln.Close()
 	})
 }
@@ -105,24 +102,9 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		s.logger.Warn("http loop engine needs a TCP listener; serving with fasthttp", "listener", ln.Addr().String())
 		return s.srv.Serve(ln)
 	}
-	rc, err := tl.SyscallConn()
+	lnfd, err := dupListener(tl)
 	if err != nil {
 		return err
-	}
-	lnfd := -1
-	var derr error
-	if err := rc.Control(func(fd uintptr) {
-		r, _, e := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_DUPFD_CLOEXEC, 0)
-		if e != 0 {
-			derr = e
-			return
-		}
-		lnfd = int(r)
-	}); err != nil {
-		return err
-	}
-	if derr != nil {
-		return derr
 	}
 	n := s.cfg.Loops
 	if n <= 0 {
@@ -135,7 +117,7 @@ func (s *Server) serveLoops(ln net.Listener) error {
 			for _, l := range e.loops {
 				l.closeFDs()
 			}
-			syscall.Close(lnfd)
+			closeFD(lnfd)
 			return err
 		}
 		e.loops = append(e.loops, l)
@@ -146,7 +128,7 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		for _, l := range e.loops {
 			l.closeFDs()
 		}
-		syscall.Close(lnfd)
+		closeFD(lnfd)
 		return errors.New("http front end is already serving")
 	}
 	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.rt.Load().pool.Len(), "engine", EngineLoop, "loops", n)
@@ -263,12 +245,10 @@ func (e *loopEngine) shedIdle(addr string, from *evloop) {
 // connections, a keep-alive pool per backend address, and scratch headers
 // that are parsed and serialized within one event.
 type evloop struct {
+	poller
 	e       *loopEngine
 	s       *Server
-	ep      int
-	wakefd  int
 	fds     []fdOwner
-	events  []syscall.EpollEvent
 	mu      sync.Mutex // guards posted and closed
 	posted  []func()
 	closed  bool
@@ -279,11 +259,7 @@ type evloop struct {
 	respH   fasthttp.ResponseHeader
 	local   fasthttp.Response
 	uri     fasthttp.URI
-	target  []byte          // scratch: an absolute-form target made origin-form
-	epFile  *os.File        // l.ep, registered with Go's poller
-	epRaw   syscall.RawConn // of epFile; nil when ep could not be registered
-	pollFn  func(fd uintptr) bool
-	polled  int
+	target  []byte   // scratch: an absolute-form target made origin-form
 	toWrite []*bconn // backend connections with a request to write this round
 	toBuf   []*bconn
 	out     []byte
@@ -301,65 +277,26 @@ type fdOwner struct {
 }
 
 func newLoop(e *loopEngine) (*evloop, error) {
-	ep, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
-	if err != nil {
-		return nil, err
-	}
-	r, _, errno := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
-	if errno != 0 {
-		syscall.Close(ep)
-		return nil, errno
-	}
 	l := &evloop{
-		e: e, s: e.s, ep: ep, wakefd: int(r),
-		events: make([]syscall.EpollEvent, 256),
-		pools:  map[string]*bpool{},
-		br:     bufio.NewReaderSize(nil, backendBufSize),
-		base:   time.Now(),
+		e: e, s: e.s,
+		pools: map[string]*bpool{},
+		br:    bufio.NewReaderSize(nil, backendBufSize),
+		base:  time.Now(),
+	}
+	if err := l.poller.open(e.lnfd); err != nil {
+		return nil, err
 	}
 	l.local.Header.SetNoDefaultContentType(true)
-	// Register the epoll descriptor with Go's poller (it is readable while
-	// events are ready) so that waiting parks the goroutine, not the P.
-	if err := syscall.SetNonblock(ep, true); err == nil {
-		f := os.NewFile(uintptr(ep), "epoll")
-		if f.SetReadDeadline(time.Time{}) == nil { // pollable
-			if rc, err := f.SyscallConn(); err == nil {
-				l.epFile, l.epRaw = f, rc
-				l.pollFn = func(fd uintptr) bool {
-					l.polled = l.poll(int(fd))
-					return l.polled > 0
-				}
-			}
-		}
-		if l.epRaw == nil {
-			// os.NewFile owns ep now; a descriptor that is not pollable
-			// stays usable through the File's Fd.
-			l.epFile = f
-			l.ep = int(f.Fd())
-		}
-	}
-	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, l.wakefd, &syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.wakefd)}); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
-	// EPOLLEXCLUSIVE: one loop is woken per incoming connection.
-	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, e.lnfd, &syscall.EpollEvent{Events: syscall.EPOLLIN | 1<<28, Fd: int32(e.lnfd)}); err != nil {
-		l.closeFDs()
-		return nil, err
-	}
 	return l, nil
 }
 
+// closeFDs closes the loop's epoll instance and eventfd, once its
+// connections are closed; wake does nothing after it.
 func (l *evloop) closeFDs() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
-	if l.epFile != nil {
-		l.epFile.Close() // leaves Go's poller and closes l.ep
-	} else {
-		syscall.Close(l.ep)
-	}
-	syscall.Close(l.wakefd)
+	l.poller.close()
 }
 
 // post runs f on the loop's goroutine soon.
@@ -376,8 +313,7 @@ func (l *evloop) wake() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.closed {
-		one := uint64(1)
-		syscall.Write(l.wakefd, (*[8]byte)(unsafe.Pointer(&one))[:])
+		l.signal()
 	}
 }
 
@@ -386,9 +322,9 @@ func (l *evloop) run() {
 	l.now = int64(time.Since(l.base))
 	l.tick = l.now
 	for {
-		n, err := l.wait()
+		n, err := l.wait(tickEvery)
 		l.now = int64(time.Since(l.base))
-		if err != nil && err != syscall.EINTR {
+		if err != nil && err != unix.EINTR {
 			l.s.logger.Error("http loop: epoll_wait failed", "err", err)
 			n = 0
 		}
@@ -408,8 +344,7 @@ func (l *evloop) run() {
 			case fd == l.e.lnfd:
 				l.accept()
 			case fd == l.wakefd:
-				var buf [8]byte
-				syscall.Read(l.wakefd, buf[:])
+				l.clearSignal()
 				l.runPosted()
 			case fd < len(l.fds):
 				if o := l.fds[fd]; o.c != nil {
@@ -428,28 +363,6 @@ func (l *evloop) run() {
 			return
 		}
 	}
-}
-
-// wait returns the ready events, or none after tickEvery. It polls
-// without blocking first: under load events are almost always ready. When
-// none are, it parks the goroutine on Go's own poller, in which the loop's
-// epoll descriptor is registered, so the P is free for other goroutines at
-// once. A blocking epoll_wait would keep the P until sysmon takes it (20 µs
-// to 10 ms later), holding up the rest of the process meanwhile (health
-// checks, SIP, the admin server) and costing a thread switch back.
-func (l *evloop) wait() (int, error) {
-	if n := l.poll(l.ep); n > 0 {
-		return n, nil
-	}
-	if l.epRaw == nil { // the descriptor could not join Go's poller
-		return syscall.EpollWait(l.ep, l.events, int(tickEvery/time.Millisecond))
-	}
-	l.epFile.SetReadDeadline(time.Now().Add(tickEvery))
-	l.polled = 0
-	if err := l.epRaw.Read(l.pollFn); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-		return 0, err
-	}
-	return l.polled, nil
 }
 
 // flushBackends writes the requests started in this round of events.
@@ -487,7 +400,7 @@ func (l *evloop) drain() bool {
 	force := l.e.force.Load()
 	if !l.stopped {
 		l.stopped = true
-		syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_DEL, l.e.lnfd, nil)
+		l.unwatch(l.e.lnfd)
 		l.e.detached.Done()
 	}
 	for _, o := range l.fds {

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"syscall"
 )
 
 // handover gives the connection, with the bytes read so far, to the
@@ -14,7 +13,7 @@ import (
 func (l *evloop) handover(c *cconn) {
 	l.s.stats.HandedOver.Add(1)
 	prefix := append([]byte(nil), c.in[c.r:c.w]...)
-	syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_DEL, c.fd, nil)
+	l.unwatch(c.fd)
 	f := os.NewFile(uintptr(l.detach(c)), "http-client")
 	nc, err := net.FileConn(f)
 	f.Close()

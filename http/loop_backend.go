@@ -5,9 +5,9 @@ package http
 import (
 	"net"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluicelb/sluice/lb"
 )
@@ -31,7 +31,7 @@ type bconn struct {
 // bpool is a loop's connections to one backend address.
 type bpool struct {
 	addr    string
-	sa      syscall.Sockaddr
+	sa      unix.Sockaddr
 	idle    []*bconn      // LIFO: the warmest connection last
 	open    *atomic.Int64 // connections to addr of all loops
 	waiters []waiter
@@ -94,36 +94,22 @@ func (l *evloop) send(c *cconn) {
 
 func (l *evloop) dial(p *bpool) (*bconn, error) {
 	if p.sa == nil {
-		a, err := net.ResolveTCPAddr("tcp", p.addr)
+		sa, err := resolve(p.addr)
 		if err != nil {
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 		}
-		if ip4 := a.IP.To4(); ip4 != nil {
-			p.sa = &syscall.SockaddrInet4{Port: a.Port, Addr: [4]byte(ip4)}
-		} else {
-			p.sa = &syscall.SockaddrInet6{Port: a.Port, Addr: [16]byte(a.IP.To16())}
-		}
+		p.sa = sa
 	}
-	family := syscall.AF_INET
-	if _, ok := p.sa.(*syscall.SockaddrInet6); ok {
-		family = syscall.AF_INET6
-	}
-	fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
+	fd, connecting, err := connect(p.sa)
 	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
-	}
-	syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
-	err = syscall.Connect(fd, p.sa)
-	if err != nil && err != syscall.EINPROGRESS {
-		syscall.Close(fd)
 		p.sa = nil // resolve again next time
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 	}
-	if err := syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_ADD, fd, &syscall.EpollEvent{Events: connEvents, Fd: int32(fd)}); err != nil {
-		syscall.Close(fd)
+	if err := l.watch(fd); err != nil {
+		closeFD(fd)
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 	}
-	bc := &bconn{fd: fd, pool: p, in: make([]byte, backendInitBuf), connecting: err != nil, wready: err == nil}
+	bc := &bconn{fd: fd, pool: p, in: make([]byte, backendInitBuf), connecting: connecting, wready: !connecting}
 	l.setFD(fd, fdOwner{b: bc})
 	p.open.Add(1)
 	return bc, nil
@@ -131,14 +117,10 @@ func (l *evloop) dial(p *bpool) (*bconn, error) {
 
 func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 	if bc.connecting {
-		if ev&(syscall.EPOLLOUT|syscall.EPOLLERR|syscall.EPOLLHUP) == 0 {
+		if ev&evConnDone == 0 {
 			return
 		}
-		soerr, err := syscall.GetsockoptInt(bc.fd, syscall.SOL_SOCKET, syscall.SO_ERROR)
-		if err == nil && soerr != 0 {
-			err = syscall.Errno(soerr)
-		}
-		if err != nil {
+		if err := connectResult(bc.fd); err != nil {
 			bc.pool.sa = nil
 			if c := bc.c; c != nil {
 				l.closeBackend(bc)
@@ -154,20 +136,20 @@ func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 			bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
 		}
 	}
-	if ev&syscall.EPOLLOUT != 0 {
+	if ev&evWritable != 0 {
 		bc.wready = true
 		if len(bc.pend) > 0 {
 			l.writeBackend(bc)
 		}
 	}
-	if ev&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
+	if ev&evReadable != 0 {
 		bc.rready = true
-		bc.hup = bc.hup || ev&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
+		bc.hup = bc.hup || ev&evPeerShut != 0
 		if bc.c == nil {
 			// An idle connection: the backend closed it or sent bytes
 			// nobody asked for; a read that finds nothing was a stale edge.
 			var one [1]byte
-			if _, errno := rawRead(bc.fd, one[:]); errno != syscall.EAGAIN {
+			if _, errno := rawRead(bc.fd, one[:]); errno != unix.EAGAIN {
 				l.closeBackend(bc)
 			}
 			return
@@ -180,9 +162,9 @@ func (l *evloop) writeBackend(bc *bconn) {
 	for len(bc.pend) > 0 && bc.wready {
 		n, errno := rawWrite(bc.fd, bc.pend)
 		switch {
-		case errno == syscall.EINTR:
+		case errno == unix.EINTR:
 			continue
-		case errno == syscall.EAGAIN:
+		case errno == unix.EAGAIN:
 			bc.wready = false
 			return
 		case errno != 0:
@@ -246,10 +228,10 @@ func (l *evloop) relay(bc *bconn) {
 		}
 		n, errno := rawRead(bc.fd, bc.in[bc.w:])
 		switch {
-		case errno == syscall.EAGAIN:
+		case errno == unix.EAGAIN:
 			bc.rready = false
 			return
-		case errno == syscall.EINTR:
+		case errno == unix.EINTR:
 			continue
 		case errno != 0:
 			l.backendBroke(bc)
@@ -320,7 +302,7 @@ func (l *evloop) closeBackend(bc *bconn) {
 	if bc.fd < 0 {
 		return
 	}
-	syscall.Close(bc.fd)
+	closeFD(bc.fd)
 	l.fds[bc.fd] = fdOwner{}
 	bc.fd = -1
 	p := bc.pool

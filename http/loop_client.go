@@ -5,10 +5,11 @@ package http
 import (
 	"net/netip"
 	"strings"
-	"syscall"
+
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
@@ -63,11 +64,11 @@ type exchange struct {
 
 func (l *evloop) accept() {
 	for range 64 {
-		fd, sa, err := syscall.Accept4(l.e.lnfd, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
+		fd, ip, err := accept(l.e.lnfd)
 		if err != nil {
 			switch err {
-			case syscall.EAGAIN, syscall.EINTR:
-			case syscall.ECONNABORTED:
+			case unix.EAGAIN, unix.EINTR:
+			case unix.ECONNABORTED:
 				continue
 			default: // EMFILE, ENFILE, ENOBUFS: the listener stays ready, retried next wake-up
 				l.s.logger.Warn("http accept failed", "err", err)
@@ -75,13 +76,12 @@ func (l *evloop) accept() {
 			return
 		}
 		if l.e.stopping.Load() {
-			syscall.Close(fd)
+			closeFD(fd)
 			continue
 		}
-		syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
-		c := &cconn{fd: fd, ip: sockaddrIP(sa), in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
-		if err := syscall.EpollCtl(l.ep, syscall.EPOLL_CTL_ADD, fd, &syscall.EpollEvent{Events: connEvents, Fd: int32(fd)}); err != nil {
-			syscall.Close(fd)
+		c := &cconn{fd: fd, ip: ip, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
+		if err := l.watch(fd); err != nil {
+			closeFD(fd)
 			continue
 		}
 		l.setFD(fd, fdOwner{c: c})
@@ -99,17 +99,17 @@ func (l *evloop) getBuf() []byte {
 }
 
 func (l *evloop) clientEvent(c *cconn, ev uint32) {
-	if ev&syscall.EPOLLOUT != 0 && c.o < len(c.out) {
+	if ev&evWritable != 0 && c.o < len(c.out) {
 		l.flushClient(c)
 		if c.fd < 0 {
 			return
 		}
 	}
-	if ev&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
+	if ev&evReadable != 0 {
 		c.rready = true
 		// After a shutdown no new edge comes: a short read does not
 		// mean drained, the EOF is still to be read.
-		c.hup = c.hup || ev&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
+		c.hup = c.hup || ev&evPeerShut != 0
 		l.clientIn(c)
 	}
 }
@@ -149,10 +149,10 @@ func (l *evloop) clientIn(c *cconn) {
 		}
 		n, errno := rawRead(c.fd, c.in[c.w:])
 		switch {
-		case errno == syscall.EAGAIN:
+		case errno == unix.EAGAIN:
 			c.rready = false
 			return
-		case errno == syscall.EINTR:
+		case errno == unix.EINTR:
 			continue
 		case errno != 0 || n == 0:
 			l.closeClient(c) // EOF or reset; an unfinished request is dropped, as fasthttp does
@@ -447,10 +447,10 @@ func (l *evloop) writeClient(c *cconn, p []byte) {
 	}
 	for len(p) > 0 {
 		n, errno := rawWrite(c.fd, p)
-		if errno == syscall.EINTR {
+		if errno == unix.EINTR {
 			continue
 		}
-		if errno == syscall.EAGAIN {
+		if errno == unix.EAGAIN {
 			break
 		}
 		if errno != 0 {
@@ -471,10 +471,10 @@ func (l *evloop) writeClient(c *cconn, p []byte) {
 func (l *evloop) flushClient(c *cconn) {
 	for c.o < len(c.out) {
 		n, errno := rawWrite(c.fd, c.out[c.o:])
-		if errno == syscall.EINTR {
+		if errno == unix.EINTR {
 			continue
 		}
-		if errno == syscall.EAGAIN {
+		if errno == unix.EAGAIN {
 			return
 		}
 		if errno != 0 {
@@ -512,7 +512,7 @@ func (l *evloop) closeClient(c *cconn) {
 		c.x.release(lb.Abandoned)
 		l.closeBackend(bc)
 	}
-	syscall.Close(l.detach(c))
+	closeFD(l.detach(c))
 }
 
 // detach makes the loop forget c (posted work and waiters see it gone)
