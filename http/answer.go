@@ -8,7 +8,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
 
@@ -70,12 +69,11 @@ func (l *evloop) consume(bc *bconn) bool {
 		// is not trusted with another request.
 		x.bclose = h.ConnectionClose() || x.framing == frameClose ||
 			(x.framing == frameChunked && hasField(buf[:hlen], "content-length"))
-		if x.class == admission.NewWork && l.s.mem != nil && l.s.mem.State() == admission.Critical {
+		if l.s.endedByCritical(&x.plan) {
 			l.abort(c)
 			return true
 		}
-		s := l.s
-		s.prepareResponse(h, x.rt, x.b, x.renew, x.start)
+		l.s.prepareResponse(h, &x.plan)
 		switch x.framing {
 		case frameNone:
 			if cl >= 0 {
@@ -127,16 +125,6 @@ func (l *evloop) consume(bc *bconn) bool {
 		l.complete(c)
 	}
 	return done || c.fd < 0
-}
-
-// release ends the backend's count of this request, once. The request's
-// start time stands in for its end: passive ejection cool-downs are
-// seconds, requests milliseconds.
-func (x *exchange) release(res lb.Result) {
-	if x.acquired {
-		x.acquired = false
-		x.b.Release(x.start, res)
-	}
 }
 
 // bodyBytes returns how many bytes of p belong to the answer's body and

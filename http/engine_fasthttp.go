@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -18,7 +17,13 @@ import (
 	"github.com/sluicelb/sluice/lb"
 )
 
-// handle is the request path: classify, admit, pick, forward.
+// The fasthttp engine: fasthttp's server, a goroutine per connection,
+// reads each request (behind the gate, gate.go) and calls handle, which
+// goes down the pipeline (pipeline.go) and does the backend I/O with a
+// fasthttp.HostClient per backend (backendSet.clients). It also serves
+// every connection the loop engine hands over.
+
+// handle is the fasthttp engine's request path: admit, pick, forward.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	// The gate (gate.go) checked this head as the loop does; the target
 	// and Host are made what the loop makes them: an absolute-form target
@@ -26,65 +31,37 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	// is what the backend gets (fasthttp would otherwise take it from the
 	// parsed target).
 	ctx.Request.UseHostHeader = true
-	if auth, rest, ok := splitAbsolute(ctx.Request.Header.RequestURI()); ok {
-		ctx.Request.Header.SetHostBytes(auth)
+	h := &ctx.Request.Header
+	if auth, rest, ok := splitAbsolute(h.RequestURI()); ok {
+		h.SetHostBytes(auth)
 		ctx.Request.SetRequestURIBytes(originForm(nil, rest))
 	}
-	now := s.clock.Now()
-	rt := s.rt.Load()
-	closeAfter := ctx.Request.Header.ConnectionClose()
-	b, renew, repinned := s.affinity(&ctx.Request.Header, rt, now)
-	class := admission.NewWork
-	if b != nil {
-		class = admission.Affinity
+	closeAfter := h.ConnectionClose()
+	var p plan
+	path := s.pathOf(ctx)
+	r, d := s.admit(&p, h, path, s.clock.Now())
+	if d.Verdict == admission.Delay {
+		d = s.waitDelay(ctx.Done(), &r, d)
 	}
-	r := admission.Request{
-		Class:  class,
-		Proto:  "http",
-		Method: b2s(ctx.Method()),
-		Host:   b2s(ctx.Host()),
-		Path:   b2s(ctx.Path()),
+	if s.pick(&p, &ctx.Response, &r, d, h, remoteAddr(ctx)) {
+		s.forward(ctx, &p, path)
+		s.observe(&p)
 	}
-	d := s.ctrl.Decide(now, &r, nil)
-	for d.Verdict == admission.Delay {
-		d = s.wait(ctx.Done(), &r, d)
-	}
-	if d.Verdict == admission.Refuse {
-		s.refuseDecision(&ctx.Response, d)
-		s.finish(ctx, closeAfter)
-		return
-	}
-	var key uint64
-	if b == nil {
-		key = s.key(&ctx.Request.Header, remoteAddr(ctx), rt)
-		var out lb.Outcome
-		var retry time.Duration
-		b, out, retry = rt.pool.Pick(now, key, nil)
-		switch out {
-		case lb.NoBackend:
-			s.refuse(&ctx.Response, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
-			s.finish(ctx, closeAfter)
-			return
-		case lb.MOPRefused:
-			s.refuseDecision(&ctx.Response, s.ctrl.RefuseMOPFor(&r, retry))
-			s.finish(ctx, closeAfter)
-			return
-		}
-		renew = s.sticky != nil
-		if repinned {
-			s.stats.Repinned.Add(1)
-		}
-	}
-	s.forward(ctx, rt, b, class, key, renew, now)
-	if s.cfg.ObserveForward != nil {
-		s.cfg.ObserveForward(time.Duration(s.clock.Now() - now))
-	}
-	s.finish(ctx, closeAfter)
+	restoreConnClose(ctx, closeAfter)
 }
 
-// finish restores the client's Connection: close, which removing
-// hop-by-hop headers cleared.
-func (s *Server) finish(ctx *fasthttp.RequestCtx, closeAfter bool) {
+// pathOf returns the request's path for ARM rules, nil when no rule looks
+// at paths.
+func (s *Server) pathOf(ctx *fasthttp.RequestCtx) []byte {
+	if !s.needPath {
+		return nil
+	}
+	return ctx.Path()
+}
+
+// restoreConnClose restores the client's Connection: close, which
+// removing hop-by-hop headers cleared.
+func restoreConnClose(ctx *fasthttp.RequestCtx, closeAfter bool) {
 	// After an abort (TimeoutErrorWithResponse) the abandoned exchange may
 	// still write ctx.Response: leave ctx alone.
 	if closeAfter && ctx.LastTimeoutErrorResponse() == nil {
@@ -95,17 +72,17 @@ func (s *Server) finish(ctx *fasthttp.RequestCtx, closeAfter bool) {
 // errAborted marks a request ended by memory state Critical.
 var errAborted = errors.New("aborted: memory state critical")
 
-// forward sends the request to b and relays the answer, retrying once on
-// another backend when the request is idempotent and failed before a byte
-// was sent. Affinity requests are retried elsewhere too, since a backend
-// that refuses connections is down and its clients are re-pinned.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, class admission.Class, key uint64, renew bool, now int64) {
-	s.prepareRequest(&ctx.Request.Header, remoteAddr(ctx))
+// forward sends the request to p.b and relays the answer, once more to
+// another backend when the pipeline allows it (retryElsewhere).
+func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
+	h := &ctx.Request.Header
+	ip := remoteAddr(ctx)
+	s.prepareRequest(h, ip)
 	// An HTTP/1.0 request may come without Host, and "Host:" empty is
 	// valid: the backend gets its own address as authority (the fasthttp
 	// client would refuse to send the request, and that refusal would be
 	// charged to the backend).
-	noHost := len(ctx.Request.Header.Host()) == 0
+	noHost := len(h.Host()) == 0
 	var body *bodyReader
 	if ctx.Request.IsBodyStream() {
 		// Watch the client's body as it is streamed on, to tell a broken
@@ -114,7 +91,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, cla
 		// drains and recycles it after the handler.
 		body = bodyReaders.Get().(*bodyReader)
 		body.r, body.err = ctx.RequestBodyStream(), nil
-		ctx.Request.SetBodyStream(body, ctx.Request.Header.ContentLength())
+		ctx.Request.SetBodyStream(body, h.ContentLength())
 	}
 	defer func() {
 		if body != nil {
@@ -122,77 +99,63 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, cla
 			bodyReaders.Put(body)
 		}
 	}()
-	for attempt := 0; ; attempt++ {
+	for {
 		if noHost {
-			ctx.Request.Header.SetHost(b.Addr())
+			h.SetHost(p.b.Addr())
 		}
-		b.Acquire()
-		err := s.roundTrip(ctx, rt, b, class)
+		p.acquireBackend()
+		err := s.roundTrip(ctx, p)
 		if err == errAborted {
-			body = nil // the abandoned exchange may still read it
-			return     // answered, and the backend released by the round trip
+			p.acquired = false // the abandoned exchange releases it when it returns
+			body = nil         // and may still read the body
+			return
 		}
 		if err != nil && body != nil && body.err != nil && body.err != io.EOF {
 			// The client's body stream broke while it was being sent on:
 			// the client's fault, not the backend's.
-			b.Release(now, lb.Abandoned)
+			p.releaseBackend(lb.Abandoned)
 			ctx.Response.CloseBodyStream()
 			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
 			ctx.SetConnectionClose()
 			return
 		}
-		// The request's start time stands in for its end: passive
-		// ejection cool-downs are seconds, requests milliseconds.
-		b.Release(now, result(err, ctx.Response.StatusCode()))
+		p.releaseBackend(result(err, ctx.Response.StatusCode()))
 		if err == nil {
 			break
 		}
-		if attempt == 0 && notSent(err) && idempotent(ctx.Method()) {
-			now = s.clock.Now()
-			if class == admission.Affinity {
-				// Its backend refuses connections: from here it is new
-				// work, re-pinned, and admitted as such.
-				if !s.admitRepin(ctx, now) {
-					return
-				}
-				key = s.key(&ctx.Request.Header, remoteAddr(ctx), rt)
-			}
-			nb, out, _ := rt.pool.Pick(now, key, b)
-			if out == lb.Picked {
-				s.stats.Retried.Add(1)
-				b, renew, class = nb, s.sticky != nil, admission.NewWork
+		if p.mayRetry(notSent(err)) {
+			switch s.retryElsewhere(p, &ctx.Response, h, path, ip) {
+			case retrySend:
 				continue
+			case retryRefused:
+				return
 			}
 		}
-		s.upstreamError(ctx, err)
+		ctx.Response.CloseBodyStream()
+		s.writeFailure(&ctx.Response, err)
 		return
 	}
-	if class == admission.NewWork && s.mem.State() == admission.Critical {
+	if s.endedByCritical(p) {
 		// The state turned Critical while this request was in flight on
 		// the fast path (see roundTrip): drop the answer, closing the
 		// backend connection if the body is still streaming.
 		ctx.Response.CloseBodyStream()
-		s.stats.Aborted.Add(1)
-		s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, memoryRetry, psCritical, "memory state critical")
+		s.writeAborted(&ctx.Response)
 		return
 	}
-	if class == admission.Affinity {
-		s.stats.Affinity.Add(1)
-	} else {
-		s.stats.NewWork.Add(1)
-	}
-	s.prepareResponse(&ctx.Response.Header, rt, b, renew, now)
+	s.prepareResponse(&ctx.Response.Header, p)
 }
 
-// roundTrip does one exchange with b. New work admitted while the node
+// roundTrip does one exchange with p.b. New work admitted while the node
 // memory state is above Normal runs on its own goroutine so that turning
 // Critical can end it at once: the client gets 503 and the backend
 // connection is closed when the exchange returns. In state Normal the
 // exchange runs inline (no goroutine per request); if the state turns
 // Critical meanwhile, forward discards the answer when it arrives.
-func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, class admission.Class) error {
-	if class == admission.Affinity || s.mem == nil || s.mem.State() == admission.Normal {
-		return s.exchange(ctx, rt, b)
+func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, p *plan) error {
+	set, b := p.set, p.b
+	if p.class == admission.Affinity || s.mem == nil || s.mem.State() == admission.Normal {
+		return s.exchange(ctx, set, b)
 	}
 	crit := s.mem.CriticalC()
 	const (
@@ -203,7 +166,7 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, c
 	var state atomic.Uint32
 	done := make(chan error, 1)
 	go func() {
-		err := s.exchange(ctx, rt, b)
+		err := s.exchange(ctx, set, b)
 		if state.CompareAndSwap(running, finished) {
 			done <- err
 			return
@@ -221,9 +184,8 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, c
 			return <-done
 		}
 	}
-	s.stats.Aborted.Add(1)
 	resp := fasthttp.AcquireResponse()
-	s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, memoryRetry, psCritical, "memory state critical")
+	s.writeAborted(resp)
 	ctx.TimeoutErrorWithResponse(resp)
 	fasthttp.ReleaseResponse(resp)
 	return errAborted
@@ -231,15 +193,15 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend, c
 
 // exchange sends the request to b once, or twice when a buffered answer
 // turned out too large (see Config.ResponseBuffer).
-func (s *Server) exchange(ctx *fasthttp.RequestCtx, rt *route, b *lb.Backend) error {
-	if rt.buffered != nil && !ctx.Request.IsBodyStream() && idempotent(ctx.Method()) {
-		err := rt.buffered[b.Index()].Do(&ctx.Request, &ctx.Response)
+func (s *Server) exchange(ctx *fasthttp.RequestCtx, set *backendSet, b *lb.Backend) error {
+	if set.buffered != nil && !ctx.Request.IsBodyStream() && idempotent(ctx.Method()) {
+		err := set.buffered[b.Index()].Do(&ctx.Request, &ctx.Response)
 		if !errors.Is(err, fasthttp.ErrBodyTooLarge) {
 			return err
 		}
 		s.stats.Restreamed.Add(1)
 	}
-	return rt.clients[b.Index()].Do(&ctx.Request, &ctx.Response)
+	return set.clients[b.Index()].Do(&ctx.Request, &ctx.Response)
 }
 
 // newClient returns the connection pool to one backend: streaming response
@@ -286,15 +248,6 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		b.err = err
 	}
 	return n, err
-}
-
-// upstreamError answers a failed exchange: 502 when the backend could not
-// be reached (including a connect timeout), 504 when it did not answer in
-// time, 503 when no backend connection was free (RFC 9209 error types).
-func (s *Server) upstreamError(ctx *fasthttp.RequestCtx, err error) {
-	s.stats.UpstreamError.Add(1)
-	ctx.Response.CloseBodyStream()
-	s.writeUpstreamError(&ctx.Response, err)
 }
 
 // remoteAddr returns the client's address, unmapped from IPv4-in-IPv6.

@@ -131,7 +131,7 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		closeFD(lnfd)
 		return errors.New("http front end is already serving")
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.rt.Load().pool.Len(), "engine", EngineLoop, "loops", n)
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len(), "engine", EngineLoop, "loops", n)
 	fastDone := make(chan struct{})
 	go func() {
 		defer close(fastDone)
@@ -227,13 +227,13 @@ func (e *loopEngine) shedIdle(addr string, from *evloop) {
 			continue
 		}
 		ol.post(func() {
-			p := ol.pools[addr]
+			p := ol.connPools[addr]
 			if p == nil || len(p.idle) == 0 {
 				return
 			}
 			ol.closeBackend(p.idle[0]) // the coldest
 			from.post(func() {
-				if p := from.pools[addr]; p != nil {
+				if p := from.connPools[addr]; p != nil {
 					from.serveWaiters(p)
 				}
 			})
@@ -246,29 +246,29 @@ func (e *loopEngine) shedIdle(addr string, from *evloop) {
 // that are parsed and serialized within one event.
 type evloop struct {
 	poller
-	e       *loopEngine
-	s       *Server
-	fds     []fdOwner
-	mu      sync.Mutex // guards posted and closed
-	posted  []func()
-	closed  bool
-	pools   map[string]*bpool
-	rd      bytes.Reader
-	br      *bufio.Reader
-	reqH    fasthttp.RequestHeader
-	respH   fasthttp.ResponseHeader
-	local   fasthttp.Response
-	uri     fasthttp.URI
-	target  []byte   // scratch: an absolute-form target made origin-form
-	toWrite []*bconn // backend connections with a request to write this round
-	toBuf   []*bconn
-	out     []byte
-	clients int
-	now     int64 // I/O time (ns since start), read once per wake-up
-	base    time.Time
-	tick    int64
-	stopped bool
-	bufs    [][]byte // free client buffers
+	e         *loopEngine
+	s         *Server
+	fds       []fdOwner
+	mu        sync.Mutex // guards posted and closed
+	posted    []func()
+	closed    bool
+	connPools map[string]*connPool
+	rd        bytes.Reader
+	br        *bufio.Reader
+	reqH      fasthttp.RequestHeader
+	respH     fasthttp.ResponseHeader
+	local     fasthttp.Response
+	uri       fasthttp.URI
+	target    []byte   // scratch: an absolute-form target made origin-form
+	toWrite   []*bconn // backend connections with a request to write this round
+	toBuf     []*bconn
+	out       []byte
+	clients   int
+	now       int64 // I/O time (ns since start), read once per wake-up
+	base      time.Time
+	tick      int64
+	stopped   bool
+	bufs      [][]byte // free client buffers
 }
 
 type fdOwner struct {
@@ -279,9 +279,9 @@ type fdOwner struct {
 func newLoop(e *loopEngine) (*evloop, error) {
 	l := &evloop{
 		e: e, s: e.s,
-		pools: map[string]*bpool{},
-		br:    bufio.NewReaderSize(nil, backendBufSize),
-		base:  time.Now(),
+		connPools: map[string]*connPool{},
+		br:        bufio.NewReaderSize(nil, backendBufSize),
+		base:      time.Now(),
 	}
 	if err := l.poller.open(e.lnfd); err != nil {
 		return nil, err
@@ -445,14 +445,14 @@ func (l *evloop) expire() {
 			case c == nil:
 				l.closeBackend(bc)
 			case bc.connecting:
-				bc.pool.sa = nil
+				bc.cp.sa = nil
 				l.failed(c, fasthttp.ErrDialTimeout, lb.Timeout, true)
 			default:
 				l.failed(c, fasthttp.ErrTimeout, lb.Timeout, false)
 			}
 		}
 	}
-	for _, p := range l.pools {
+	for _, p := range l.connPools {
 		for len(p.waiters) > 0 && now > p.waiters[0].c.x.waitUntil {
 			w := p.waiters[0]
 			p.waiters = p.waiters[1:]

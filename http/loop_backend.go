@@ -15,8 +15,8 @@ import (
 // bconn is a backend connection.
 type bconn struct {
 	fd         int
-	pool       *bpool
-	c          *cconn // the client whose request it carries; nil when idle
+	cp         *connPool // the loop's connections to its address
+	c          *cconn    // the client whose request it carries; nil when idle
 	in         []byte
 	r, w       int
 	rready     bool
@@ -29,7 +29,7 @@ type bconn struct {
 }
 
 // bpool is a loop's connections to one backend address.
-type bpool struct {
+type connPool struct {
 	addr    string
 	sa      unix.Sockaddr
 	idle    []*bconn      // LIFO: the warmest connection last
@@ -47,11 +47,11 @@ func (w waiter) valid() bool {
 	return w.c.gen == w.gen && w.c.seq == w.seq && w.c.fd >= 0 && w.c.x.waitUntil != 0
 }
 
-func (l *evloop) pool(addr string) *bpool {
-	p := l.pools[addr]
+func (l *evloop) connPool(addr string) *connPool {
+	p := l.connPools[addr]
 	if p == nil {
-		p = &bpool{addr: addr, open: l.e.openCount(addr)}
-		l.pools[addr] = p
+		p = &connPool{addr: addr, open: l.e.openCount(addr)}
+		l.connPools[addr] = p
 	}
 	return p
 }
@@ -59,12 +59,9 @@ func (l *evloop) pool(addr string) *bpool {
 // send gets a connection to the exchange's backend and writes the request.
 func (l *evloop) send(c *cconn) {
 	x := &c.x
-	if !x.acquired {
-		x.b.Acquire()
-		x.acquired = true
-	}
+	x.acquireBackend()
 	x.waitUntil = 0
-	p := l.pool(x.b.Addr())
+	p := l.connPool(x.b.Addr())
 	var bc *bconn
 	if n := len(p.idle); n > 0 {
 		bc = p.idle[n-1]
@@ -92,7 +89,7 @@ func (l *evloop) send(c *cconn) {
 	l.toWrite = append(l.toWrite, bc) // written after this round of events, together
 }
 
-func (l *evloop) dial(p *bpool) (*bconn, error) {
+func (l *evloop) dial(p *connPool) (*bconn, error) {
 	if p.sa == nil {
 		sa, err := resolve(p.addr)
 		if err != nil {
@@ -109,7 +106,7 @@ func (l *evloop) dial(p *bpool) (*bconn, error) {
 		closeFD(fd)
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 	}
-	bc := &bconn{fd: fd, pool: p, in: make([]byte, backendInitBuf), connecting: connecting, wready: !connecting}
+	bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), connecting: connecting, wready: !connecting}
 	l.setFD(fd, fdOwner{b: bc})
 	p.open.Add(1)
 	return bc, nil
@@ -121,7 +118,7 @@ func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 			return
 		}
 		if err := connectResult(bc.fd); err != nil {
-			bc.pool.sa = nil
+			bc.cp.sa = nil
 			if c := bc.c; c != nil {
 				l.closeBackend(bc)
 				l.failed(c, &net.OpError{Op: "dial", Net: "tcp", Err: err}, lb.ConnectError, true)
@@ -189,7 +186,7 @@ func (l *evloop) backendBroke(bc *bconn) {
 	x := &c.x
 	if used && !x.gotHead && !gotBytes && x.idem && !x.staleRetry {
 		x.staleRetry = true
-		x.release(lb.Abandoned)
+		x.releaseBackend(lb.Abandoned)
 		x.bc = nil
 		l.send(c)
 		return
@@ -275,16 +272,16 @@ func (l *evloop) complete(c *cconn) {
 				bc.in = make([]byte, backendInitBuf)
 			}
 			bc.deadline = l.now + int64(s.cfg.BackendIdle)
-			l.release(bc)
+			l.putIdle(bc)
 		}
 	}
-	l.finish(c)
+	l.endRequest(c)
 }
 
-// release puts an idle connection back, or gives it to a request waiting
+// putIdle puts an idle connection back, or gives it to a request waiting
 // for one.
-func (l *evloop) release(bc *bconn) {
-	p := bc.pool
+func (l *evloop) putIdle(bc *bconn) {
+	p := bc.cp
 	for len(p.waiters) > 0 {
 		w := p.waiters[0]
 		p.waiters = p.waiters[1:]
@@ -305,7 +302,7 @@ func (l *evloop) closeBackend(bc *bconn) {
 	closeFD(bc.fd)
 	l.fds[bc.fd] = fdOwner{}
 	bc.fd = -1
-	p := bc.pool
+	p := bc.cp
 	p.open.Add(-1)
 	for i, ib := range p.idle {
 		if ib == bc {
@@ -322,7 +319,7 @@ func (l *evloop) closeBackend(bc *bconn) {
 
 // serveWaiters sends requests waiting for a connection to p while one is
 // idle or may be dialled.
-func (l *evloop) serveWaiters(p *bpool) {
+func (l *evloop) serveWaiters(p *connPool) {
 	for len(p.waiters) > 0 && (len(p.idle) > 0 || p.open.Load() < int64(l.s.cfg.MaxConns)) {
 		w := p.waiters[0]
 		p.waiters = p.waiters[1:]

@@ -6,8 +6,6 @@ import (
 	"net/netip"
 	"strings"
 
-	"time"
-
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
@@ -34,32 +32,24 @@ type cconn struct {
 	x        exchange
 }
 
-// exchange is the request a client connection is handling.
+// exchange is the request a client connection is handling: its way
+// through the pipeline (plan) and the loop's state of its I/O.
 type exchange struct {
+	plan
 	reqLen     int    // bytes of the request at in[r:]
 	bodyLen    int    // its Content-Length, the last bytes of reqLen; -1 when it has none
 	req        []byte // the request as sent to the backend
-	rt         *route
-	b          *lb.Backend
-	bc         *bconn
-	class      admission.Class
-	key        uint64
-	start      int64 // admission clock
-	renew      bool
-	closeAfter bool
-	idem       bool
-	head       bool
-	acquired   bool // b.Acquire was called and Release is due
-	attempt    int  // another backend was tried
-	staleRetry bool // resent once after a reused connection turned out closed
-	waitUntil  int64
-	gotHead    bool
-	status     int
-	framing    uint8
-	remain     int64
+	bc         *bconn // the backend connection carrying it; nil before and after
+	closeAfter bool   // close the client connection after the answer
+	head       bool   // a HEAD request: the answer has no body
+	staleRetry bool   // resent once after a reused connection turned out closed
+	waitUntil  int64  // waiting for a backend connection until then (loop clock); 0 when not waiting
+	gotHead    bool   // the answer's head was relayed: a failure can no longer be answered
+	status     int    // the answer's status
+	framing    uint8  // the answer body's framing (answer.go)
+	remain     int64  // frameLength: body bytes still to come
 	chunk      chunkScan
 	bclose     bool // the backend connection is not reusable afterwards
-	observed   bool // ObserveForward was called
 }
 
 func (l *evloop) accept() {
@@ -268,85 +258,53 @@ func (l *evloop) readReqHead(p []byte) bool {
 	return true
 }
 
-// begin classifies and admits the request whose head is h.
+// begin takes the request whose head is h into the pipeline: admit, then
+// (after an ARM delay, off the loop) admitted.
 func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
-	s := l.s
-	now := s.clock.Now()
 	c.seq++
 	x := &c.x
-	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0], start: now, rt: s.rt.Load()}
+	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0]}
 	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
-	x.idem = idempotent(h.Method())
 	x.head = h.IsHead()
-	b, renew, repinned := s.affinity(h, x.rt, now)
-	x.class = admission.NewWork
-	if b != nil {
-		x.class = admission.Affinity
-	}
-	r := admission.Request{Class: x.class, Proto: "http", Method: b2s(h.Method()), Host: b2s(h.Host()), Path: b2s(l.path(h))}
-	d := s.ctrl.Decide(now, &r, nil)
+	r, d := l.s.admit(&x.plan, h, l.path(h), l.s.clock.Now())
 	if d.Verdict == admission.Delay {
-		l.delay(c, r, d, renew, repinned)
+		l.delay(c, r, d)
 		return
 	}
-	l.admitted(c, h, body, &r, d, b, renew, repinned)
+	l.admitted(c, h, body, &r, d)
 }
 
 // delay waits for an ARM rule's queue off the loop, then carries on with
-// the request on the loop.
-func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision, renew, repinned bool) {
+// the request on the loop (admitted), unless the connection is gone by
+// then. r is cloned: the bytes it viewed are the loop's scratch.
+func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision) {
 	r.Method, r.Host, r.Path = strings.Clone(r.Method), strings.Clone(r.Host), strings.Clone(r.Path)
 	gen := c.gen
 	go func() {
-		d := d
-		for d.Verdict == admission.Delay {
-			d = l.s.wait(l.e.stop, &r, d)
-		}
+		d := l.s.waitDelay(l.e.stop, &r, d)
 		l.post(func() {
 			if c.gen != gen || c.fd < 0 {
 				return
 			}
 			body := l.reparse(c)
-			l.admitted(c, &l.reqH, body, &r, d, nil, renew, repinned)
+			l.admitted(c, &l.reqH, body, &r, d)
 		})
 	}()
 }
 
-// admitted goes on from an admission decision: refuse, or pick a backend
-// and send.
-func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *admission.Request, d admission.Decision, b *lb.Backend, renew, repinned bool) {
+// admitted goes on from an admission decision: answer the refusal, or
+// (pick) rewrite the head for the backend and send the request.
+func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *admission.Request, d admission.Decision) {
 	s := l.s
 	x := &c.x
-	if d.Verdict == admission.Refuse {
-		s.refuseDecision(&l.local, d)
+	if !s.pick(&x.plan, &l.local, r, d, h, c.ip) {
 		l.answerLocal(c)
 		return
 	}
-	if b == nil {
-		var out lb.Outcome
-		var retry time.Duration
-		x.key = s.key(h, c.ip, x.rt)
-		b, out, retry = x.rt.pool.Pick(x.start, x.key, nil)
-		switch out {
-		case lb.NoBackend:
-			s.refuse(&l.local, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
-			l.answerLocal(c)
-			return
-		case lb.MOPRefused:
-			s.refuseDecision(&l.local, s.ctrl.RefuseMOPFor(r, retry))
-			l.answerLocal(c)
-			return
-		}
-		renew = s.sticky != nil
-		if repinned {
-			s.stats.Repinned.Add(1)
-		}
-	}
-	x.b, x.renew = b, renew
 	s.prepareRequest(h, c.ip)
 	h.ResetConnectionClose()
 	if len(h.Host()) == 0 {
-		h.SetHost(b.Addr()) // "Host:" empty is valid (RFC 9112 §3.2); the backend gets an authority
+		h.SetHost(x.b.Addr()) // "Host:" empty is valid (RFC 9112 §3.2); the backend gets an authority
 	}
 	// The framing checkHead decided, and nothing else: the body that
 	// follows is exactly bodyLen bytes, or there is none.
@@ -372,20 +330,20 @@ func (l *evloop) answerLocal(c *cconn) {
 		out = append(out, body...)
 	}
 	l.out = out[:0]
-	l.observe(c)
+	l.s.observe(&c.x.plan)
 	l.writeClient(c, out)
-	l.finish(c)
+	l.endRequest(c)
 }
 
-// finish ends the client's current request and goes on with the next.
-func (l *evloop) finish(c *cconn) {
+// endRequest ends the client's current request and goes on with the next.
+func (l *evloop) endRequest(c *cconn) {
 	if c.fd < 0 {
 		return
 	}
-	l.observe(c)
+	l.s.observe(&c.x.plan)
 	c.r += c.x.reqLen
 	c.x.reqLen = 0
-	c.x.rt, c.x.b, c.x.bc = nil, nil, nil
+	c.x.set, c.x.b, c.x.bc = nil, nil, nil
 	c.busy = false
 	if c.x.closeAfter || l.e.stopping.Load() {
 		c.closing = true
@@ -410,30 +368,16 @@ func (l *evloop) finish(c *cconn) {
 	}
 }
 
-// observe reports a forwarded request's time to Config.ObserveForward,
-// once, before the last bytes of its answer go out (a client that has its
-// answer sees it counted).
-func (l *evloop) observe(c *cconn) {
-	if x := &c.x; x.b != nil && !x.observed && l.s.cfg.ObserveForward != nil {
-		x.observed = true
-		l.s.cfg.ObserveForward(time.Duration(l.s.clock.Now() - x.start))
-	}
-}
-
-// settle accounts for a relayed answer before its last bytes go out: the
-// backend's count, the front end's counters, the latency.
+// settle accounts for a relayed answer before its last bytes go out (a
+// client that has its answer sees it counted): the backend's count and
+// the latency.
 func (l *evloop) settle(c *cconn) {
 	x := &c.x
 	if !x.acquired {
 		return
 	}
-	x.release(result(nil, x.status))
-	if x.class == admission.Affinity {
-		l.s.stats.Affinity.Add(1)
-	} else {
-		l.s.stats.NewWork.Add(1)
-	}
-	l.observe(c)
+	x.releaseBackend(result(nil, x.status))
+	l.s.observe(&x.plan)
 }
 
 // writeClient writes p to the client, keeping what the socket does not take.
@@ -509,7 +453,7 @@ func (l *evloop) closeClient(c *cconn) {
 	if bc := c.x.bc; c.busy && bc != nil {
 		// The client left mid-exchange: the backend connection is in an
 		// unknown state.
-		c.x.release(lb.Abandoned)
+		c.x.releaseBackend(lb.Abandoned)
 		l.closeBackend(bc)
 	}
 	closeFD(l.detach(c))
@@ -531,9 +475,9 @@ func (l *evloop) detach(c *cconn) int {
 }
 
 // failed answers a failed exchange: once more on another backend when the
-// request never reached the first one and may be sent twice, else 502,
-// 503 or 504 by cause; if part of the answer was already relayed the
-// client's connection is closed instead.
+// pipeline allows it (retryElsewhere), else 502, 503 or 504 by cause; if
+// part of the answer was already relayed the client's connection is
+// closed instead.
 func (l *evloop) failed(c *cconn, err error, res lb.Result, notSent bool) {
 	s := l.s
 	x := &c.x
@@ -542,49 +486,29 @@ func (l *evloop) failed(c *cconn, err error, res lb.Result, notSent bool) {
 	}
 	x.bc = nil
 	x.waitUntil = 0
-	x.release(res)
+	x.releaseBackend(res)
 	if c.fd < 0 {
 		return
 	}
 	if x.gotHead {
 		s.stats.UpstreamError.Add(1)
 		x.closeAfter = true
-		l.finish(c)
+		l.endRequest(c)
 		return
 	}
-	if notSent && x.attempt == 0 && x.idem {
-		now := s.clock.Now()
-		if x.class == admission.Affinity && !l.admitRepin(c, now) {
-			return
-		}
-		nb, out, _ := x.rt.pool.Pick(now, x.key, x.b)
-		if out == lb.Picked {
-			s.stats.Retried.Add(1)
-			x.attempt++
-			x.b, x.renew, x.class = nb, s.sticky != nil, admission.NewWork
+	if x.mayRetry(notSent) {
+		l.reparse(c) // the head, for re-admitting an affinity request
+		switch s.retryElsewhere(&x.plan, &l.local, &l.reqH, l.path(&l.reqH), c.ip) {
+		case retrySend:
 			l.send(c)
 			return
+		case retryRefused:
+			l.answerLocal(c)
+			return
 		}
 	}
-	s.stats.UpstreamError.Add(1)
-	s.writeUpstreamError(&l.local, err)
+	s.writeFailure(&l.local, err)
 	l.answerLocal(c)
-}
-
-// admitRepin admits, as new work, an affinity request whose backend
-// refused the connection; it answers the refusal itself and returns false
-// when the request may not go on.
-func (l *evloop) admitRepin(c *cconn, now int64) bool {
-	l.reparse(c)
-	h := &l.reqH
-	r := admission.Request{Class: admission.NewWork, Proto: "http", Method: b2s(h.Method()), Host: b2s(h.Host()), Path: b2s(l.path(h))}
-	c.x.key = l.s.key(h, c.ip, c.x.rt)
-	d, ok := l.s.admitNow(&r, now)
-	if !ok {
-		l.s.refuseDecision(&l.local, d)
-		l.answerLocal(c)
-	}
-	return ok
 }
 
 // abort ends in-flight new work when memory turns Critical: 503 if no byte
@@ -596,12 +520,12 @@ func (l *evloop) abort(c *cconn) {
 	}
 	x.bc = nil
 	x.waitUntil = 0
-	x.release(lb.Abandoned)
-	l.s.stats.Aborted.Add(1)
+	x.releaseBackend(lb.Abandoned)
 	if x.gotHead {
+		l.s.stats.Aborted.Add(1)
 		l.closeClient(c)
 		return
 	}
-	l.s.writeRefusal(&l.local, fasthttp.StatusServiceUnavailable, memoryRetry, psCritical, "memory state critical")
+	l.s.writeAborted(&l.local)
 	l.answerLocal(c)
 }

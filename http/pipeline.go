@@ -1,10 +1,27 @@
 package http
 
+// The request pipeline, once for both engines. An engine reads a request
+// head into a fasthttp.RequestHeader and then goes down these steps; it
+// does the I/O in between (sending, relaying, answering) and nothing else:
+//
+//	admit       classify (affinity or new work) and ask admission
+//	waitDelay   an ARM delay: block until the rule's queue releases it
+//	pick        answer a refusal, or choose the backend (new work)
+//	            prepareRequest (rewrite.go), then the engine sends
+//	retryElsewhere  after a failure before a byte was sent: another backend
+//	endedByCritical the answer arrives: new work under Critical gets 503
+//	            prepareResponse (rewrite.go), then the engine relays
+//	releaseBackend, observe: the backend's count and the latency, once
+//
+// Answers sluice makes itself are written into a fasthttp.Response by
+// refuse.go's functions; the engine sends that response its own way.
+
 import (
 	"errors"
 	"net"
 	"net/netip"
 	"syscall"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -12,17 +29,183 @@ import (
 	"github.com/sluicelb/sluice/lb"
 )
 
+// plan is one request's way through the pipeline, whichever engine serves
+// it. An engine keeps it for the life of the request (the fasthttp engine
+// on the handler's stack, the loop in the client connection's exchange).
+type plan struct {
+	set      *backendSet // loaded once: a SetPool during the request does not mix two sets
+	b        *lb.Backend // where it goes; nil until affinity or pick names one
+	class    admission.Class
+	key      uint64 // consistent-hash key (new work; 0 for other policies)
+	start    int64  // admission clock when the request began
+	renew    bool   // the answer sets the sticky cookie
+	repinned bool   // a valid pin named a backend that is down
+	idem     bool   // the method may be sent twice (RFC 9110 §9.2.2)
+	retried  bool   // moved to another backend once already
+	acquired bool   // b.Acquire was called: releaseBackend is due
+	observed bool   // ObserveForward was called
+}
+
+// admit starts p for the request whose head is h and asks admission about
+// it: affinity (a valid pin to a backend that takes affinity) skips the
+// guards, new work goes through them. path is the request's decoded path,
+// or nil when no ARM rule looks at paths (Server.needPath). The returned
+// request views h's bytes: use it before h changes, or clone it.
+func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int64) (admission.Request, admission.Decision) {
+	set := s.backends.Load()
+	b, renew, repinned := s.affinity(h, set, now)
+	*p = plan{set: set, b: b, start: now, renew: renew, repinned: repinned, idem: idempotent(h.Method())}
+	if b != nil {
+		p.class = admission.Affinity
+	}
+	r := admissionRequest(p.class, h, path)
+	return r, s.ctrl.Decide(now, &r, nil)
+}
+
+// admissionRequest is what admission sees of a request: plain values that
+// view h's bytes without copying (Decide keeps no reference).
+func admissionRequest(class admission.Class, h *fasthttp.RequestHeader, path []byte) admission.Request {
+	return admission.Request{Class: class, Proto: "http", Method: b2s(h.Method()), Host: b2s(h.Host()), Path: b2s(path)}
+}
+
+// waitDelay blocks on a delayed decision until it is an admission or a
+// refusal (see wait). It runs off the loop's goroutine on the loop engine.
+func (s *Server) waitDelay(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
+	for d.Verdict == admission.Delay {
+		d = s.wait(done, r, d)
+	}
+	return d
+}
+
+// pick goes on from a decision that is not a delay. It returns true when
+// the request is to be sent to p.b: the pinned backend for affinity, else
+// one the pool picks (trying the next when MOP refuses). It returns false
+// when the request is refused; resp then holds the answer (admission's
+// refusal, MOP on every backend, or no backend up).
+func (s *Server) pick(p *plan, resp *fasthttp.Response, r *admission.Request, d admission.Decision, h *fasthttp.RequestHeader, ip netip.Addr) bool {
+	if d.Verdict == admission.Refuse {
+		s.refuseDecision(resp, d)
+		return false
+	}
+	if p.b != nil {
+		return true
+	}
+	p.key = s.key(h, ip, p.set)
+	b, out, retry := p.set.pool.Pick(p.start, p.key, nil)
+	switch out {
+	case lb.NoBackend:
+		s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
+		return false
+	case lb.MOPRefused:
+		s.refuseDecision(resp, s.ctrl.RefuseMOPFor(r, retry))
+		return false
+	}
+	p.b, p.renew = b, s.sticky != nil
+	if p.repinned {
+		s.stats.Repinned.Add(1)
+	}
+	return true
+}
+
+// acquireBackend counts the request on p.b, once per backend it goes to.
+func (p *plan) acquireBackend() {
+	if !p.acquired {
+		p.b.Acquire()
+		p.acquired = true
+	}
+}
+
+// releaseBackend ends p.b's count of the request with its result, once.
+// The request's start time stands in for its end: passive ejection
+// cool-downs are seconds, requests milliseconds.
+func (p *plan) releaseBackend(res lb.Result) {
+	if p.acquired {
+		p.acquired = false
+		p.b.Release(p.start, res)
+	}
+}
+
+// mayRetry reports whether a failed exchange may go once more to another
+// backend: the request never reached the first (notSent), may be sent
+// twice, and has not been moved already. Affinity requests are moved too,
+// since a backend that refuses connections is down and its clients are
+// re-pinned.
+func (p *plan) mayRetry(notSent bool) bool {
+	return notSent && p.idem && !p.retried
+}
+
+// retryStep is what follows a failed exchange that mayRetry allowed.
+type retryStep uint8
+
+const (
+	retryNone    retryStep = iota // no other backend: answer the failure
+	retrySend                     // p.b is another backend: send it there
+	retryRefused                  // re-admission refused it: resp holds the answer
+)
+
+// retryElsewhere moves p, whose backend failed before a byte was sent, to
+// another backend. An affinity request is from here new work, re-pinned
+// and admitted as such (a delay counts as a refusal: the client has
+// already waited for one backend); h and path are its head, as for admit.
+func (s *Server) retryElsewhere(p *plan, resp *fasthttp.Response, h *fasthttp.RequestHeader, path []byte, ip netip.Addr) retryStep {
+	now := s.clock.Now()
+	if p.class == admission.Affinity {
+		r := admissionRequest(admission.NewWork, h, path)
+		if d, ok := s.admitNow(&r, now); !ok {
+			s.refuseDecision(resp, d)
+			return retryRefused
+		}
+		p.key = s.key(h, ip, p.set)
+	}
+	nb, out, _ := p.set.pool.Pick(now, p.key, p.b)
+	if out != lb.Picked {
+		return retryNone
+	}
+	s.stats.Retried.Add(1)
+	p.retried = true
+	p.b, p.renew, p.class = nb, s.sticky != nil, admission.NewWork
+	return retrySend
+}
+
+// endedByCritical reports whether p is new work that memory state
+// Critical ends while it is in flight.
+func (s *Server) endedByCritical(p *plan) bool {
+	return p.class == admission.NewWork && s.mem != nil && s.mem.State() == admission.Critical
+}
+
+// writeAborted counts and answers new work ended by memory state Critical.
+func (s *Server) writeAborted(resp *fasthttp.Response) {
+	s.stats.Aborted.Add(1)
+	s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, memoryRetry, psCritical, "memory state critical")
+}
+
+// writeFailure counts and answers an exchange that failed before any of
+// the answer was relayed: 502, 503 or 504 by cause (writeUpstreamError).
+func (s *Server) writeFailure(resp *fasthttp.Response, err error) {
+	s.stats.UpstreamError.Add(1)
+	s.writeUpstreamError(resp, err)
+}
+
+// observe reports p's time to Config.ObserveForward, once, when it was
+// sent to a backend.
+func (s *Server) observe(p *plan) {
+	if p.b != nil && !p.observed && s.cfg.ObserveForward != nil {
+		p.observed = true
+		s.cfg.ObserveForward(time.Duration(s.clock.Now() - p.start))
+	}
+}
+
 // affinity returns the backend a valid sticky cookie or learned session
 // pins the request to, if it still takes affinity traffic. renew is true
 // when the sticky cookie should be sent again (absent via the session
 // table, or past half its lifetime); repinned when a valid pin named a
 // backend that is down.
-func (s *Server) affinity(h *fasthttp.RequestHeader, rt *route, now int64) (b *lb.Backend, renew, repinned bool) {
+func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, now int64) (b *lb.Backend, renew, repinned bool) {
 	if s.sticky != nil {
 		if tok := h.Cookie(s.sticky.name); len(tok) > 0 {
 			wall := s.wall(now)
 			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
-				if b = rt.pool.Pinned(id, now); b != nil {
+				if b = set.pool.Pinned(id, now); b != nil {
 					return b, exp.Sub(wall) < s.cfg.StickyTTL/2, false
 				}
 				repinned = true
@@ -34,7 +217,7 @@ func (s *Server) affinity(h *fasthttp.RequestHeader, rt *route, now int64) (b *l
 			if b = s.sessions.get(sid, now); b != nil {
 				// The table may predate a reload: find the backend by id
 				// in the set in use.
-				if b = rt.pool.Lookup(b.ID()); b != nil && b.AcceptsAffinity(now) {
+				if b = set.pool.Lookup(b.ID()); b != nil && b.AcceptsAffinity(now) {
 					return b, s.sticky != nil, false
 				}
 				b, repinned = nil, true
@@ -42,6 +225,25 @@ func (s *Server) affinity(h *fasthttp.RequestHeader, rt *route, now int64) (b *l
 		}
 	}
 	return nil, false, repinned
+}
+
+// key returns the consistent-hash key of the request, 0 for other
+// policies. It allocates nothing.
+func (s *Server) key(h *fasthttp.RequestHeader, client netip.Addr, set *backendSet) uint64 {
+	if !set.hashed {
+		return 0
+	}
+	switch s.hashKind {
+	case hashHeader:
+		return lb.HashBytes(h.Peek(s.hashName))
+	case hashCookie:
+		return lb.HashBytes(h.Cookie(s.hashName))
+	}
+	if client.IsValid() {
+		ip := client.As16()
+		return lb.HashBytes(ip[:])
+	}
+	return 0
 }
 
 // wait blocks on a delayed decision until the rule releases the request,
@@ -70,38 +272,6 @@ func (s *Server) wait(done <-chan struct{}, r *admission.Request, d admission.De
 	}
 	<-d.Wait.Done()
 	return s.ctrl.Resume(s.clock.Now(), r, d, nil)
-}
-
-// key returns the consistent-hash key of the request, 0 for other
-// policies. It allocates nothing.
-func (s *Server) key(h *fasthttp.RequestHeader, client netip.Addr, rt *route) uint64 {
-	if !rt.hashed {
-		return 0
-	}
-	switch s.hashKind {
-	case hashHeader:
-		return lb.HashBytes(h.Peek(s.hashName))
-	case hashCookie:
-		return lb.HashBytes(h.Cookie(s.hashName))
-	}
-	if client.IsValid() {
-		ip := client.As16()
-		return lb.HashBytes(ip[:])
-	}
-	return 0
-}
-
-// admitRepin asks admission about an affinity request whose backend
-// failed, as new work. It answers the refusal itself and returns false
-// when the request may not go on; a delay counts as a refusal here, since
-// the client has already waited for one backend.
-func (s *Server) admitRepin(ctx *fasthttp.RequestCtx, now int64) bool {
-	r := admission.Request{Class: admission.NewWork, Proto: "http", Method: b2s(ctx.Method()), Host: b2s(ctx.Host()), Path: b2s(ctx.Path())}
-	d, ok := s.admitNow(&r, now)
-	if !ok {
-		s.refuseDecision(&ctx.Response, d)
-	}
-	return ok
 }
 
 // admitNow asks admission about r and reports whether it is admitted at

@@ -172,9 +172,9 @@ func stripHopByHop(seen uint16, conn []byte, delBytes func([]byte), del func(str
 	}
 }
 
-// prepareResponse removes hop-by-hop headers from the backend's answer,
-// learns the application session cookie and sets the sticky cookie.
-func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, rt *route, b *lb.Backend, renew bool, now int64) {
+// prepareResponse removes hop-by-hop headers from the backend's answer to
+// p, learns the application session cookie and sets the sticky cookie.
+func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
 	var seen uint16
 	for k := range h.All() {
 		seen |= headerBit(k)
@@ -185,10 +185,10 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, rt *route, b *lb.Ba
 		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
 	}
 	if s.sessions != nil {
-		s.learnSession(h, b, now)
+		s.learnSession(h, p.b, p.start)
 	}
-	if renew && s.sticky != nil {
-		h.AddBytesV("Set-Cookie", s.sticky.header(&rt.cookies[b.Index()], b, s.wall(now)))
+	if p.renew && s.sticky != nil {
+		h.AddBytesV("Set-Cookie", s.sticky.header(&p.set.cookies[p.b.Index()], p.b, s.wall(p.start)))
 	}
 }
 

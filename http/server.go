@@ -22,7 +22,7 @@ import (
 // ListenAndServe, stop it with Shutdown. Safe for concurrent use.
 type Server struct {
 	cfg      Config
-	rt       atomic.Pointer[route] // the backends; SetPool swaps them
+	backends atomic.Pointer[backendSet] // SetPool swaps them
 	ctrl     *admission.Controller
 	mem      *admission.Memory
 	signer   *lb.Signer
@@ -49,10 +49,9 @@ type Server struct {
 }
 
 // Stats counts what the front end did since start. Fields are atomics.
+// Admitted and refused requests, by class and guard, are counted by the
+// admission controller, not here.
 type Stats struct {
-	Affinity      atomic.Uint64 // requests forwarded by affinity
-	NewWork       atomic.Uint64 // new-work requests forwarded
-	Refused       atomic.Uint64 // answered 429/503 by admission, MOP or no backend
 	UpstreamError atomic.Uint64 // answered 502/503/504 for a backend failure
 	Retried       atomic.Uint64 // moved to another backend after a connect failure
 	Restreamed    atomic.Uint64 // sent again, streaming, after the answer outgrew ResponseBuffer
@@ -103,7 +102,7 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 		s.needPath = s.needPath || m.Config().Match.PathPrefix != ""
 		s.armPS = append(s.armPS, []byte(fmt.Sprintf("sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())))
 	}
-	s.rt.Store(s.newRoute(pool, nil))
+	s.backends.Store(s.newBackendSet(pool, nil))
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		Name:                  "sluice",
@@ -124,20 +123,23 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 	return s, nil
 }
 
-// route is the set of backends requests go to, with a connection pool per
-// backend. A request loads it once and uses it throughout, so a SetPool in
-// the middle of a request does not mix two sets.
-type route struct {
+// backendSet is the set of backends requests go to (an lb.Pool) and what
+// the front end keeps per backend: the fasthttp engine's connection pools
+// and the sticky cookie cache. A request loads it once (plan.set) and uses
+// it throughout, so a SetPool in the middle of a request does not mix two
+// sets. The loop engine keeps its connections per address in each loop
+// (connPool), so they outlive a SetPool by themselves.
+type backendSet struct {
 	pool     *lb.Pool
-	clients  []*fasthttp.HostClient // by backend index; responses streamed
-	buffered []*fasthttp.HostClient // by backend index; small responses buffered, nil when off
+	clients  []*fasthttp.HostClient // fasthttp engine, by backend index; answers streamed
+	buffered []*fasthttp.HostClient // fasthttp engine, by backend index; small answers buffered, nil when off
 	cookies  []atomic.Pointer[cookieValue]
 	hashed   bool // the pool's policy uses the key
 }
 
-// newRoute builds the route of pool, reusing the connection pools of old
-// for backends at the same address.
-func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
+// newBackendSet builds the set of pool, reusing the fasthttp connection
+// pools of old for backends at the same address.
+func (s *Server) newBackendSet(pool *lb.Pool, old *backendSet) *backendSet {
 	reuse := map[string][2]*fasthttp.HostClient{}
 	if old != nil {
 		for i, b := range old.pool.Backends() {
@@ -148,8 +150,8 @@ func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
 			reuse[b.Addr()] = pair
 		}
 	}
-	rt := &route{pool: pool, cookies: make([]atomic.Pointer[cookieValue], pool.Len())}
-	_, rt.hashed = pool.Policy().(*lb.ConsistentHash)
+	set := &backendSet{pool: pool, cookies: make([]atomic.Pointer[cookieValue], pool.Len())}
+	_, set.hashed = pool.Policy().(*lb.ConsistentHash)
 	for _, b := range pool.Backends() {
 		pair, ok := reuse[b.Addr()]
 		delete(reuse, b.Addr())
@@ -159,9 +161,9 @@ func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
 				pair[1] = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
 			}
 		}
-		rt.clients = append(rt.clients, pair[0])
+		set.clients = append(set.clients, pair[0])
 		if s.cfg.ResponseBuffer > 0 {
-			rt.buffered = append(rt.buffered, pair[1])
+			set.buffered = append(set.buffered, pair[1])
 		}
 	}
 	for _, pair := range reuse { // backends removed: close their idle connections
@@ -171,7 +173,7 @@ func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
 			}
 		}
 	}
-	return rt
+	return set
 }
 
 // SetPool replaces the backends while the server runs, for a reload.
@@ -183,13 +185,13 @@ func (s *Server) SetPool(pool *lb.Pool) error {
 	if pool == nil {
 		return errors.New("set http backends: nil pool")
 	}
-	s.rt.Store(s.newRoute(pool, s.rt.Load()))
+	s.backends.Store(s.newBackendSet(pool, s.backends.Load()))
 	s.logger.Info("http backends set", "backends", pool.Len())
 	return nil
 }
 
 // Pool returns the backends in use.
-func (s *Server) Pool() *lb.Pool { return s.rt.Load().pool }
+func (s *Server) Pool() *lb.Pool { return s.backends.Load().pool }
 
 // Stats returns the front end's counters.
 func (s *Server) Stats() *Stats { return &s.stats }
@@ -199,7 +201,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.cfg.Engine == EngineLoop {
 		return s.serveLoops(ln)
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.rt.Load().pool.Len())
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len())
 	return s.srv.Serve(gateListener{ln, s})
 }
 
@@ -222,8 +224,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	} else {
 		err = s.srv.ShutdownWithContext(ctx)
 	}
-	rt := s.rt.Load()
-	for _, c := range append(rt.clients, rt.buffered...) {
+	set := s.backends.Load()
+	for _, c := range append(set.clients, set.buffered...) {
 		c.CloseIdleConnections()
 	}
 	return err
