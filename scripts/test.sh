@@ -2,9 +2,8 @@
 # The test command: formatting, vet, every Go test under the race detector
 # (the wrk interop test among them; the HTTP suite runs each test on both
 # connection engines, as subtests; SLUICE_TEST_HTTP_ENGINE=loop or fasthttp
-# keeps one), then
-# the sipp interop leg. sipp and wrk
-# are installed first when missing (root, Debian packages).
+# keeps one), then the sipp interop leg. sipp and wrk are installed first
+# when missing (root, Debian packages).
 # Exits non-zero on the first failure. SKIP_INTEROP=1: Go tests only, and
 # the tests that need sipp or wrk skip themselves when those are missing.
 set -euo pipefail
