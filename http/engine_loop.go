@@ -2,6 +2,51 @@
 
 package http
 
+// The loop engine, by layer (each file's functions call only down or
+// sideways, never back up):
+//
+//	engine_loop.go   lifecycle: start, shutdown, the event loop, deadlines
+//	loop_client.go   the client state machine: read, check, hand to the pipeline, answer
+//	loop_backend.go  backend connections: pool per address, dial, send, relay
+//	answer.go        answer framing: the head, then body bytes to the end
+//	handoff.go       connections the loop gives to the fasthttp engine
+//	epoll_linux.go   epoll, eventfd, sockets, raw reads and writes
+//
+// Ownership rules, which every function of the loop relies on:
+//
+//   - One goroutine per loop (run) owns everything reachable from its
+//     evloop: client connections (cconn), backend connections (bconn), its
+//     connPools and the scratch headers and buffers. No other goroutine
+//     touches them. Other goroutines reach a loop only with post (a
+//     function run on the loop's goroutine, after the eventfd wakes it).
+//     Shared between loops are only the engine's atomics: stopping, force,
+//     and the per-address connection counts against MaxConns.
+//   - A descriptor has one owner, named by l.fds[fd] (the listener and the
+//     eventfd are known by number). Closing a connection clears its l.fds
+//     entry, so an event still queued for that number finds no owner and is
+//     dropped (or, if the number was reused within the round, reaches the
+//     new owner as a readiness its read or write finds EAGAIN on).
+//   - A negative fd (c.fd < 0, bc.fd < 0) means closed or handed over: the
+//     struct lives on only in references that have yet to see it. Any call
+//     that may close a connection (writeClient, relay, failed, send...) is
+//     followed by a check of fd before the connection is used again.
+//   - A client carries one request at a time (c.busy; c.x is its
+//     exchange); pipelined requests wait in c.in. While the request is at
+//     a backend, c.x.bc and bc.c point at each other: the backend connection
+//     belongs to that request until complete, failed or abort clears both.
+//     An idle backend connection has bc.c == nil and is in its connPool's
+//     idle list; only idle connections are given to another request.
+//   - Generation counters: c.gen is bumped when the client connection is
+//     closed or handed over, c.seq when it starts a request. Work that
+//     outlives the event that started it (an ARM delay ending on another
+//     goroutine, a request queued for a backend connection, a waiter)
+//     records them and does nothing if they changed.
+//   - The backend's outstanding count (lb.Backend Acquire/Release) is the
+//     request's plan's (acquireBackend, releaseBackend: once each per
+//     backend), whatever ends the request.
+//   - Time: l.now is the loop's I/O clock for deadlines (read once per
+//     wake-up); the pipeline uses the admission clock (Config.Clock).
+
 import (
 	"bufio"
 	"bytes"
@@ -11,7 +56,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -271,11 +315,13 @@ type evloop struct {
 	bufs      [][]byte // free client buffers
 }
 
+// fdOwner is the connection that holds a descriptor: one of c and b is set.
 type fdOwner struct {
 	c *cconn
 	b *bconn
 }
 
+// newLoop makes a loop of e with its epoll instance, watching the listener.
 func newLoop(e *loopEngine) (*evloop, error) {
 	l := &evloop{
 		e: e, s: e.s,
@@ -317,6 +363,10 @@ func (l *evloop) wake() {
 	}
 }
 
+// run is the loop's goroutine: wait for events, handle backend events
+// before client events, run posted work, enforce deadlines every
+// tickEvery, write the requests the round started, and on shutdown drain
+// until no connection is left.
 func (l *evloop) run() {
 	defer l.e.wg.Done()
 	l.now = int64(time.Since(l.base))
@@ -383,6 +433,7 @@ func (l *evloop) flushBackends() {
 	}
 }
 
+// runPosted runs the functions other goroutines posted, in order.
 func (l *evloop) runPosted() {
 	l.mu.Lock()
 	fs := l.posted
@@ -420,6 +471,7 @@ func (l *evloop) drain() bool {
 	return true
 }
 
+// setFD records o as the owner of descriptor fd, growing the table.
 func (l *evloop) setFD(fd int, o fdOwner) {
 	for fd >= len(l.fds) {
 		l.fds = append(l.fds, make([]fdOwner, len(l.fds)+64)...)

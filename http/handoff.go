@@ -33,10 +33,12 @@ type handoffListener struct {
 	once sync.Once
 }
 
+// newHandoffListener returns a listener that reports addr as its address.
 func newHandoffListener(addr net.Addr) *handoffListener {
 	return &handoffListener{addr: addr, ch: make(chan net.Conn, 256), done: make(chan struct{})}
 }
 
+// push gives c to the fasthttp server, or closes it once the listener is closed.
 func (h *handoffListener) push(c net.Conn) {
 	select {
 	case h.ch <- c:
@@ -45,6 +47,7 @@ func (h *handoffListener) push(c net.Conn) {
 	}
 }
 
+// Accept returns the next handed-over connection, net.ErrClosed after Close.
 func (h *handoffListener) Accept() (net.Conn, error) {
 	select {
 	case c := <-h.ch:
@@ -54,9 +57,11 @@ func (h *handoffListener) Accept() (net.Conn, error) {
 	}
 }
 
+// Close ends Accept; connections pushed afterwards are closed.
 func (h *handoffListener) Close() error {
 	h.once.Do(func() { close(h.done) })
 	return nil
 }
 
+// Addr returns the address of the listener the loops accept on.
 func (h *handoffListener) Addr() net.Addr { return h.addr }

@@ -37,6 +37,8 @@ type connPool struct {
 	waiters []waiter
 }
 
+// waiter is a request queued for a connection to an address at its
+// connection limit; gen and seq tell whether it still waits.
 type waiter struct {
 	c        *cconn
 	gen, seq uint32
@@ -47,6 +49,7 @@ func (w waiter) valid() bool {
 	return w.c.gen == w.gen && w.c.seq == w.seq && w.c.fd >= 0 && w.c.x.waitUntil != 0
 }
 
+// connPool returns the loop's connections to addr, made on first use.
 func (l *evloop) connPool(addr string) *connPool {
 	p := l.connPools[addr]
 	if p == nil {
@@ -89,6 +92,10 @@ func (l *evloop) send(c *cconn) {
 	l.toWrite = append(l.toWrite, bc) // written after this round of events, together
 }
 
+// dial opens a connection to p's address, non-blocking: it may still be
+// connecting when returned. The address is resolved on first use and
+// again after a failed dial. Errors are dial *net.OpErrors, so that the
+// pipeline tells them from failures after sending (notSent).
 func (l *evloop) dial(p *connPool) (*bconn, error) {
 	if p.sa == nil {
 		sa, err := resolve(p.addr)
@@ -112,6 +119,9 @@ func (l *evloop) dial(p *connPool) (*bconn, error) {
 	return bc, nil
 }
 
+// backendEvent handles readiness of a backend connection: a connect that
+// finished, room to write the request, or answer bytes (or the close of
+// an idle connection).
 func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 	if bc.connecting {
 		if ev&evConnDone == 0 {
@@ -155,6 +165,8 @@ func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 	}
 }
 
+// writeBackend writes the request bytes still pending while the socket
+// takes them; the rest waits for the next EPOLLOUT edge.
 func (l *evloop) writeBackend(bc *bconn) {
 	for len(bc.pend) > 0 && bc.wready {
 		n, errno := rawWrite(bc.fd, bc.pend)
@@ -295,6 +307,9 @@ func (l *evloop) putIdle(bc *bconn) {
 	p.idle = append(p.idle, bc)
 }
 
+// closeBackend closes a backend connection and frees its slot under
+// -http-backend-max-conns, which a waiting request may take. The request
+// it carried, if any, is the caller's to answer.
 func (l *evloop) closeBackend(bc *bconn) {
 	if bc.fd < 0 {
 		return

@@ -52,6 +52,8 @@ type exchange struct {
 	bclose     bool // the backend connection is not reusable afterwards
 }
 
+// accept takes up to 64 new client connections from the listener per
+// event, watching each; other loops get the rest (EPOLLEXCLUSIVE).
 func (l *evloop) accept() {
 	for range 64 {
 		fd, ip, err := accept(l.e.lnfd)
@@ -79,6 +81,7 @@ func (l *evloop) accept() {
 	}
 }
 
+// getBuf returns a client read buffer of clientInitBuf bytes, reused when one is free.
 func (l *evloop) getBuf() []byte {
 	if n := len(l.bufs); n > 0 {
 		b := l.bufs[n-1]
@@ -88,6 +91,8 @@ func (l *evloop) getBuf() []byte {
 	return make([]byte, clientInitBuf)
 }
 
+// clientEvent handles readiness of a client connection: writing pending
+// answer bytes first, then reading and starting requests.
 func (l *evloop) clientEvent(c *cconn, ev uint32) {
 	if ev&evWritable != 0 && c.o < len(c.out) {
 		l.flushClient(c)
@@ -446,6 +451,8 @@ func (l *evloop) flushClient(c *cconn) {
 	}
 }
 
+// closeClient closes a client connection; a backend connection carrying
+// its request is closed too, as its state is unknown.
 func (l *evloop) closeClient(c *cconn) {
 	if c.fd < 0 {
 		return
