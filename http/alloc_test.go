@@ -9,8 +9,9 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// TestHotPathAllocs: classifying, keying and rewriting a request and its
-// answer allocate nothing once buffers are warm.
+// TestHotPathAllocs: admitting, picking and rewriting a request and its
+// answer (the pipeline's steps both engines take) allocate nothing once
+// buffers are warm.
 func TestHotPathAllocs(t *testing.T) {
 	r := newRig(t, rigOpts{backends: 2, policy: "consistent-hash"})
 	s := r.srv
@@ -22,17 +23,23 @@ func TestHotPathAllocs(t *testing.T) {
 	}
 	ctx.Response.Header.Set("Content-Type", "text/plain")
 	ctx.Response.SetBodyString("b1\n")
-	b := r.pool.Backends()[0]
+	h := &ctx.Request.Header
 	now := r.clock.Now()
+	var p plan
+	picked := true
 	run := func() {
 		ip := remoteAddr(&ctx)
-		s.affinity(&ctx.Request.Header, s.rt.Load(), now)
-		s.key(&ctx.Request.Header, ip, s.rt.Load())
-		s.prepareRequest(&ctx.Request.Header, ip)
-		s.prepareResponse(&ctx.Response.Header, s.rt.Load(), b, true, now)
+		req, d := s.admit(&p, h, nil, now)
+		picked = s.pick(&p, &ctx.Response, &req, d, h, ip)
+		s.prepareRequest(h, ip)
+		p.renew = true
+		s.prepareResponse(&ctx.Response.Header, &p)
 		ctx.Response.Header.Del("Set-Cookie")
 	}
 	run()
+	if !picked || p.b == nil {
+		t.Fatal("the request was not admitted to a backend")
+	}
 	if n := testing.AllocsPerRun(200, run); n != 0 {
 		t.Errorf("hot path allocates %v times per request, want 0", n)
 	}

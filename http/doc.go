@@ -5,10 +5,12 @@
 // a keep-alive connection pool per backend.
 //
 // Two engines drive the connections (Config.Engine): on Linux, event loops
-// over epoll that parse with fasthttp's header types (loop_linux.go), and
-// fasthttp's server with a HostClient per backend, which also serves every
-// connection a loop hands over. Both share classification, admission,
-// header rewriting and the answers sluice makes itself.
+// over epoll that parse with fasthttp's header types (engine_loop.go and
+// the loop_*.go files), and fasthttp's server with a HostClient per
+// backend (engine_fasthttp.go), which also serves every connection a loop
+// hands over. Both go down one request pipeline (pipeline.go: admit, pick,
+// retry, abort on Critical), header rewriting (rewrite.go) and the answers
+// sluice makes itself (refuse.go); an engine does only the I/O.
 //
 // Refusals are answered with 429 or 503, Retry-After and a Proxy-Status
 // header (RFC 9209), built by writeRefusal. The package is the only

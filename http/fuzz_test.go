@@ -9,9 +9,10 @@ import (
 	"time"
 )
 
-// FuzzServeRaw sends arbitrary bytes to the front end over a real loopback
-// connection: whatever they are, the server answers or closes the
-// connection without crashing, and keeps serving the next client.
+// FuzzServeRaw sends arbitrary bytes to the front end, on each engine,
+// over a real loopback connection: whatever they are, the server answers
+// or closes the connection without crashing, and keeps serving the next
+// client.
 func FuzzServeRaw(f *testing.F) {
 	for _, seed := range []string{
 		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -23,33 +24,44 @@ func FuzzServeRaw(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	r := newRig(f, rigOpts{backends: 1})
+	var rigs []*rig
+	for _, engine := range suiteEngines {
+		rigs = append(rigs, newRig(f, rigOpts{backends: 1, cfg: Config{Engine: engine}}))
+	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		c, err := net.DialTimeout("tcp", r.addr, 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(2 * time.Second))
-		c.Write(raw)
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.CloseWrite()
-		}
-		if resp, err := nethttp.ReadResponse(bufio.NewReader(c), nil); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		c.Close()
-		// The server still answers a well-formed request.
-		c2, err := net.DialTimeout("tcp", r.addr, 2*time.Second)
-		if err != nil {
-			t.Fatalf("after %q: %v", raw, err)
-		}
-		defer c2.Close()
-		c2.SetDeadline(time.Now().Add(5 * time.Second))
-		io.WriteString(c2, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		resp, err := nethttp.ReadResponse(bufio.NewReader(c2), nil)
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("after %q the server does not serve: %v", raw, err)
+		for _, r := range rigs {
+			serveRawOnce(t, r.addr, raw)
 		}
 	})
+}
+
+// serveRawOnce sends raw to the front end at addr, reads what comes back,
+// then asserts that a well-formed request on a new connection is served.
+func serveRawOnce(t *testing.T, addr string, raw []byte) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	c.Write(raw)
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	if resp, err := nethttp.ReadResponse(bufio.NewReader(c), nil); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	c.Close()
+	// The server still answers a well-formed request.
+	c2, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatalf("after %q: %v", raw, err)
+	}
+	defer c2.Close()
+	c2.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c2, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := nethttp.ReadResponse(bufio.NewReader(c2), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after %q the server does not serve: %v", raw, err)
+	}
 }

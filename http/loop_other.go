@@ -16,8 +16,10 @@ const (
 
 type loopEngine struct{}
 
+// serveLoops fails: the loop engine needs epoll (Config.Validate refuses it first).
 func (s *Server) serveLoops(net.Listener) error {
 	return errors.New("http: the loop engine needs Linux")
 }
 
+// shutdown has nothing to stop.
 func (e *loopEngine) shutdown(context.Context) error { return nil }

@@ -24,53 +24,12 @@ import (
 
 // Tests of the loop engine's own paths: framing, pipelining, back
 // pressure, keep-alive reuse, hand-over to fasthttp and the immediate
-// Critical abort. The rest of the suite runs on whichever engine
-// SLUICE_TEST_HTTP_ENGINE names.
+// Critical abort. The rest of the suite runs on both engines (onEngines).
 
 func loopRig(t *testing.T, o rigOpts) *rig {
 	t.Helper()
 	o.cfg.Engine = EngineLoop
 	return newRig(t, o)
-}
-
-// rawConn is a client connection that reads answers one by one.
-type rawConn struct {
-	t  testing.TB
-	c  net.Conn
-	br *bufio.Reader
-}
-
-func dialRaw(t testing.TB, addr string) *rawConn {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	t.Cleanup(func() { c.Close() })
-	return &rawConn{t: t, c: c, br: bufio.NewReader(c)}
-}
-
-func (rc *rawConn) send(raw string) {
-	rc.t.Helper()
-	if _, err := io.WriteString(rc.c, raw); err != nil {
-		rc.t.Fatal(err)
-	}
-}
-
-// read reads one answer; method is the request's (HEAD answers have no body).
-func (rc *rawConn) read(method string) (*nethttp.Response, string) {
-	rc.t.Helper()
-	resp, err := nethttp.ReadResponse(rc.br, &nethttp.Request{Method: method})
-	if err != nil {
-		rc.t.Fatalf("reading answer: %v", err)
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		rc.t.Fatalf("reading body: %v", err)
-	}
-	return resp, string(b)
 }
 
 func TestLoopServesWithoutHandover(t *testing.T) {

@@ -67,17 +67,13 @@ func (s *Server) refuseDecision(resp *fasthttp.Response, d admission.Decision) {
 			ps = s.armPS[d.Rule]
 		}
 	}
-	s.refuse(resp, int(d.HTTPStatus), d.RetryAfter, ps, msg)
+	s.writeRefusal(resp, int(d.HTTPStatus), d.RetryAfter, ps, msg)
 }
 
-// refuse answers with status, a short text body, Proxy-Status and, when
-// retry > 0 or the status is 429 or 503, Retry-After in whole seconds (at
-// least 1). It is the one place where sluice's own answers are made.
-func (s *Server) refuse(resp *fasthttp.Response, status int, retry time.Duration, proxyStatus []byte, msg string) {
-	s.stats.Refused.Add(1)
-	s.writeRefusal(resp, status, retry, proxyStatus, msg)
-}
-
+// writeRefusal answers with status, a short text body, Proxy-Status and,
+// when retry > 0 or the status is 429 or 503, Retry-After in whole seconds
+// (at least 1). It is the one place where sluice's own answers are made;
+// the engine sends resp its own way.
 func (s *Server) writeRefusal(resp *fasthttp.Response, status int, retry time.Duration, proxyStatus []byte, msg string) {
 	// Reset first: it clears every header (as ctx.Error does), so the
 	// headers go on after it.

@@ -22,7 +22,7 @@ import (
 // ListenAndServe, stop it with Shutdown. Safe for concurrent use.
 type Server struct {
 	cfg      Config
-	rt       atomic.Pointer[route] // the backends; SetPool swaps them
+	backends atomic.Pointer[backendSet] // SetPool swaps them
 	ctrl     *admission.Controller
 	mem      *admission.Memory
 	signer   *lb.Signer
@@ -49,10 +49,9 @@ type Server struct {
 }
 
 // Stats counts what the front end did since start. Fields are atomics.
+// Admitted and refused requests, by class and guard, are counted by the
+// admission controller, not here.
 type Stats struct {
-	Affinity      atomic.Uint64 // requests forwarded by affinity
-	NewWork       atomic.Uint64 // new-work requests forwarded
-	Refused       atomic.Uint64 // answered 429/503 by admission, MOP or no backend
 	UpstreamError atomic.Uint64 // answered 502/503/504 for a backend failure
 	Retried       atomic.Uint64 // moved to another backend after a connect failure
 	Restreamed    atomic.Uint64 // sent again, streaming, after the answer outgrew ResponseBuffer
@@ -103,7 +102,7 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 		s.needPath = s.needPath || m.Config().Match.PathPrefix != ""
 		s.armPS = append(s.armPS, []byte(fmt.Sprintf("sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())))
 	}
-	s.rt.Store(s.newRoute(pool, nil))
+	s.backends.Store(s.newBackendSet(pool, nil))
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		Name:                  "sluice",
@@ -124,20 +123,23 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 	return s, nil
 }
 
-// route is the set of backends requests go to, with a connection pool per
-// backend. A request loads it once and uses it throughout, so a SetPool in
-// the middle of a request does not mix two sets.
-type route struct {
+// backendSet is the set of backends requests go to (an lb.Pool) and what
+// the front end keeps per backend: the fasthttp engine's connection pools
+// and the sticky cookie cache. A request loads it once (plan.set) and uses
+// it throughout, so a SetPool in the middle of a request does not mix two
+// sets. The loop engine keeps its connections per address in each loop
+// (connPool), so they outlive a SetPool by themselves.
+type backendSet struct {
 	pool     *lb.Pool
-	clients  []*fasthttp.HostClient // by backend index; responses streamed
-	buffered []*fasthttp.HostClient // by backend index; small responses buffered, nil when off
+	clients  []*fasthttp.HostClient // fasthttp engine, by backend index; answers streamed
+	buffered []*fasthttp.HostClient // fasthttp engine, by backend index; small answers buffered, nil when off
 	cookies  []atomic.Pointer[cookieValue]
 	hashed   bool // the pool's policy uses the key
 }
 
-// newRoute builds the route of pool, reusing the connection pools of old
-// for backends at the same address.
-func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
+// newBackendSet builds the set of pool, reusing the fasthttp connection
+// pools of old for backends at the same address.
+func (s *Server) newBackendSet(pool *lb.Pool, old *backendSet) *backendSet {
 	reuse := map[string][2]*fasthttp.HostClient{}
 	if old != nil {
 		for i, b := range old.pool.Backends() {
@@ -148,8 +150,8 @@ func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
 			reuse[b.Addr()] = pair
 		}
 	}
-	rt := &route{pool: pool, cookies: make([]atomic.Pointer[cookieValue], pool.Len())}
-	_, rt.hashed = pool.Policy().(*lb.ConsistentHash)
+	set := &backendSet{pool: pool, cookies: make([]atomic.Pointer[cookieValue], pool.Len())}
+	_, set.hashed = pool.Policy().(*lb.ConsistentHash)
 	for _, b := range pool.Backends() {
 		pair, ok := reuse[b.Addr()]
 		delete(reuse, b.Addr())
@@ -159,9 +161,9 @@ func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
 				pair[1] = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
 			}
 		}
-		rt.clients = append(rt.clients, pair[0])
+		set.clients = append(set.clients, pair[0])
 		if s.cfg.ResponseBuffer > 0 {
-			rt.buffered = append(rt.buffered, pair[1])
+			set.buffered = append(set.buffered, pair[1])
 		}
 	}
 	for _, pair := range reuse { // backends removed: close their idle connections
@@ -171,7 +173,7 @@ func (s *Server) newRoute(pool *lb.Pool, old *route) *route {
 			}
 		}
 	}
-	return rt
+	return set
 }
 
 // SetPool replaces the backends while the server runs, for a reload.
@@ -183,42 +185,13 @@ func (s *Server) SetPool(pool *lb.Pool) error {
 	if pool == nil {
 		return errors.New("set http backends: nil pool")
 	}
-	s.rt.Store(s.newRoute(pool, s.rt.Load()))
+	s.backends.Store(s.newBackendSet(pool, s.backends.Load()))
 	s.logger.Info("http backends set", "backends", pool.Len())
 	return nil
 }
 
 // Pool returns the backends in use.
-func (s *Server) Pool() *lb.Pool { return s.rt.Load().pool }
-
-// newClient returns the connection pool to one backend: streaming response
-// bodies when buffer is 0, else buffering those up to buffer bytes and
-// failing larger ones with fasthttp.ErrBodyTooLarge.
-func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
-	timeout := s.cfg.ConnectTimeout
-	return &fasthttp.HostClient{
-		Addr:                     addr,
-		NoDefaultUserAgentHeader: true,
-		DisablePathNormalizing:   true,
-		MaxConns:                 s.cfg.MaxConns,
-		MaxConnWaitTimeout:       s.cfg.ConnWait,
-		MaxIdleConnDuration:      s.cfg.BackendIdle,
-		ReadTimeout:              s.cfg.BackendTimeout,
-		WriteTimeout:             s.cfg.BackendTimeout,
-		StreamResponseBody:       buffer == 0,
-		ConnPoolStrategy:         fasthttp.LIFO, // reuse the warmest connection; idle extras time out
-		MaxResponseBodySize:      buffer,
-		ReadBufferSize:           16 << 10, // answer heads up to 16 KiB (the default 4 KiB fails larger Set-Cookie/CSP heads)
-		// One retry on the same backend, for idempotent requests whose
-		// pooled keep-alive connection turned out to be closed; never
-		// after a timeout, which would double the wait on a slow backend.
-		MaxIdemponentCallAttempts: 2,
-		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (bool, bool) {
-			return false, attempts < 2 && !errors.Is(err, fasthttp.ErrTimeout) && idempotent(req.Header.Method())
-		},
-		Dial: func(addr string) (net.Conn, error) { return fasthttp.DialTimeout(addr, timeout) },
-	}
-}
+func (s *Server) Pool() *lb.Pool { return s.backends.Load().pool }
 
 // Stats returns the front end's counters.
 func (s *Server) Stats() *Stats { return &s.stats }
@@ -228,7 +201,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.cfg.Engine == EngineLoop {
 		return s.serveLoops(ln)
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.rt.Load().pool.Len())
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len())
 	return s.srv.Serve(gateListener{ln, s})
 }
 
@@ -251,150 +224,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	} else {
 		err = s.srv.ShutdownWithContext(ctx)
 	}
-	rt := s.rt.Load()
-	for _, c := range append(rt.clients, rt.buffered...) {
+	set := s.backends.Load()
+	for _, c := range append(set.clients, set.buffered...) {
 		c.CloseIdleConnections()
 	}
 	return err
-}
-
-// b2s views b as a string without copying. Only for values that are used
-// before the handler returns and not retained (admission.Request says
-// Decide keeps no reference; Signer.Verify copies what it returns).
-func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
-
-// handle is the request path: classify, admit, pick, forward.
-func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	// The gate (gate.go) checked this head as the loop does; the target
-	// and Host are made what the loop makes them: an absolute-form target
-	// becomes origin-form with its authority as Host, and the Host header
-	// is what the backend gets (fasthttp would otherwise take it from the
-	// parsed target).
-	ctx.Request.UseHostHeader = true
-	if auth, rest, ok := splitAbsolute(ctx.Request.Header.RequestURI()); ok {
-		ctx.Request.Header.SetHostBytes(auth)
-		ctx.Request.SetRequestURIBytes(originForm(nil, rest))
-	}
-	now := s.clock.Now()
-	rt := s.rt.Load()
-	closeAfter := ctx.Request.Header.ConnectionClose()
-	b, renew, repinned := s.affinity(&ctx.Request.Header, rt, now)
-	class := admission.NewWork
-	if b != nil {
-		class = admission.Affinity
-	}
-	r := admission.Request{
-		Class:  class,
-		Proto:  "http",
-		Method: b2s(ctx.Method()),
-		Host:   b2s(ctx.Host()),
-		Path:   b2s(ctx.Path()),
-	}
-	d := s.ctrl.Decide(now, &r, nil)
-	for d.Verdict == admission.Delay {
-		d = s.wait(ctx.Done(), &r, d)
-	}
-	if d.Verdict == admission.Refuse {
-		s.refuseDecision(&ctx.Response, d)
-		s.finish(ctx, closeAfter)
-		return
-	}
-	var key uint64
-	if b == nil {
-		key = s.key(&ctx.Request.Header, remoteAddr(ctx), rt)
-		var out lb.Outcome
-		var retry time.Duration
-		b, out, retry = rt.pool.Pick(now, key, nil)
-		switch out {
-		case lb.NoBackend:
-			s.refuse(&ctx.Response, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
-			s.finish(ctx, closeAfter)
-			return
-		case lb.MOPRefused:
-			s.refuseDecision(&ctx.Response, s.ctrl.RefuseMOPFor(&r, retry))
-			s.finish(ctx, closeAfter)
-			return
-		}
-		renew = s.sticky != nil
-		if repinned {
-			s.stats.Repinned.Add(1)
-		}
-	}
-	s.forward(ctx, rt, b, class, key, renew, now)
-	if s.cfg.ObserveForward != nil {
-		s.cfg.ObserveForward(time.Duration(s.clock.Now() - now))
-	}
-	s.finish(ctx, closeAfter)
-}
-
-// finish restores the client's Connection: close, which removing
-// hop-by-hop headers cleared.
-func (s *Server) finish(ctx *fasthttp.RequestCtx, closeAfter bool) {
-	// After an abort (TimeoutErrorWithResponse) the abandoned exchange may
-	// still write ctx.Response: leave ctx alone.
-	if closeAfter && ctx.LastTimeoutErrorResponse() == nil {
-		ctx.SetConnectionClose()
-	}
-}
-
-// affinity returns the backend a valid sticky cookie or learned session
-// pins the request to, if it still takes affinity traffic. renew is true
-// when the sticky cookie should be sent again (absent via the session
-// table, or past half its lifetime); repinned when a valid pin named a
-// backend that is down.
-func (s *Server) affinity(h *fasthttp.RequestHeader, rt *route, now int64) (b *lb.Backend, renew, repinned bool) {
-	if s.sticky != nil {
-		if tok := h.Cookie(s.sticky.name); len(tok) > 0 {
-			wall := s.wall(now)
-			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
-				if b = rt.pool.Pinned(id, now); b != nil {
-					return b, exp.Sub(wall) < s.cfg.StickyTTL/2, false
-				}
-				repinned = true
-			}
-		}
-	}
-	if s.sessions != nil {
-		if sid := h.Cookie(s.appName); len(sid) > 0 {
-			if b = s.sessions.get(sid, now); b != nil {
-				// The table may predate a reload: find the backend by id
-				// in the set in use.
-				if b = rt.pool.Lookup(b.ID()); b != nil && b.AcceptsAffinity(now) {
-					return b, s.sticky != nil, false
-				}
-				b, repinned = nil, true
-			}
-		}
-	}
-	return nil, false, repinned
-}
-
-// wait blocks on a delayed decision until the rule releases the request,
-// its wait runs out, done is closed (shutdown), or memory turns Critical.
-func (s *Server) wait(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
-	var crit <-chan struct{}
-	if s.mem != nil {
-		crit = s.mem.CriticalC()
-	}
-	select {
-	case <-d.Wait.Done():
-	case <-crit:
-		// admission has no "refuse for memory" call: Decide gives that
-		// refusal when the state refuses new work, which it checks first.
-		if d.Wait.Cancel() && s.mem.State().RefusesNewWork() {
-			md := s.ctrl.Decide(s.clock.Now(), r, nil)
-			if md.Verdict == admission.Refuse {
-				return md
-			}
-			if md.Verdict == admission.Delay {
-				md.Wait.Cancel()
-			}
-		}
-	case <-done:
-		d.Wait.Cancel()
-	}
-	<-d.Wait.Done()
-	return s.ctrl.Resume(s.clock.Now(), r, d, nil)
 }
 
 // wall returns the wall time at monotonic now: Config.Now when set, else
@@ -407,38 +241,7 @@ func (s *Server) wall(now int64) time.Time {
 	return s.wallBase.Add(time.Duration(now - s.monoBase))
 }
 
-// key returns the consistent-hash key of the request, 0 for other
-// policies. It allocates nothing.
-func (s *Server) key(h *fasthttp.RequestHeader, client netip.Addr, rt *route) uint64 {
-	if !rt.hashed {
-		return 0
-	}
-	switch s.hashKind {
-	case hashHeader:
-		return lb.HashBytes(h.Peek(s.hashName))
-	case hashCookie:
-		return lb.HashBytes(h.Cookie(s.hashName))
-	}
-	if client.IsValid() {
-		ip := client.As16()
-		return lb.HashBytes(ip[:])
-	}
-	return 0
-}
-
-// remoteAddr returns the client's address, unmapped from IPv4-in-IPv6.
-func remoteAddr(ctx *fasthttp.RequestCtx) netip.Addr {
-	a, _ := netip.AddrFromSlice(ctx.RemoteIP())
-	return a.Unmap()
-}
-
-// fasthttpLogger sends fasthttp's own messages (malformed requests, accept
-// errors) to slog at debug level: a flood of bad requests must not flood
-// the log.
-type fasthttpLogger struct{ l *slog.Logger }
-
-func (f fasthttpLogger) Printf(format string, args ...any) {
-	if f.l.Enabled(context.Background(), slog.LevelDebug) {
-		f.l.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
-	}
-}
+// b2s views b as a string without copying. Only for values that are used
+// before the handler returns and not retained (admission.Request says
+// Decide keeps no reference; Signer.Verify copies what it returns).
+func b2s(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }

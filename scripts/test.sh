@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: formatting, vet, every Go test under the race detector
-# (the wrk interop test among them; the HTTP package on both engines), then
-# the sipp interop leg. sipp and wrk
-# are installed first when missing (root, Debian packages).
+# (the wrk interop test among them; the HTTP suite runs each test on both
+# connection engines, as subtests; SLUICE_TEST_HTTP_ENGINE=loop or fasthttp
+# keeps one), then the sipp interop leg. sipp and wrk are installed first
+# when missing (root, Debian packages).
 # Exits non-zero on the first failure. SKIP_INTEROP=1: Go tests only, and
 # the tests that need sipp or wrk skip themselves when those are missing.
 set -euo pipefail
@@ -24,13 +25,6 @@ go vet ./...
 
 echo "== go test -race"
 go test -race -count=1 -timeout 15m ./...
-
-# The HTTP front end has two connection engines; the run above used the
-# platform default (the event loop on Linux). The same suite again on the
-# goroutine-per-connection engine, which also serves connections the loop
-# hands over.
-echo "== go test -race ./http (fasthttp engine)"
-SLUICE_TEST_HTTP_ENGINE=fasthttp go test -race -count=1 -timeout 5m ./http
 
 if [ "${SKIP_INTEROP:-0}" = 1 ]; then
   echo "== sipp interop skipped (SKIP_INTEROP=1)"

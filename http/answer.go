@@ -1,0 +1,147 @@
+//go:build linux
+
+package http
+
+import (
+	"bytes"
+	"errors"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/lb"
+)
+
+// Body framings of a response.
+const (
+	frameNone = iota
+	frameLength
+	frameChunked
+	frameClose
+)
+
+var crlf2 = []byte("\r\n\r\n")
+
+var errBadAnswer = errors.New("malformed answer from backend")
+
+// consume handles the bytes in bc.in[r:w]: the answer's head, then body
+// bytes. It returns true when the exchange ended (complete or failed).
+func (l *evloop) consume(bc *bconn) bool {
+	c := bc.c
+	x := &c.x
+	if !x.gotHead {
+		buf := bc.in[bc.r:bc.w]
+		end := bytes.Index(buf, crlf2)
+		if end < 0 {
+			return false
+		}
+		hlen := end + 4
+		h := &l.respH
+		l.rd.Reset(buf[:hlen])
+		l.br.Reset(&l.rd)
+		if err := h.Read(l.br); err != nil {
+			l.failed(c, errBadAnswer, lb.ServerError, false)
+			return true
+		}
+		st := h.StatusCode()
+		if st < 200 {
+			if st == fasthttp.StatusSwitchingProtocols {
+				l.failed(c, errBadAnswer, lb.ServerError, false)
+				return true
+			}
+			l.writeClient(c, buf[:hlen]) // 1xx informational: passed on as is
+			bc.r += hlen
+			return false
+		}
+		x.gotHead, x.status = true, st
+		cl := h.ContentLength()
+		switch {
+		case x.head || st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified:
+			x.framing = frameNone
+		case cl >= 0:
+			x.framing, x.remain = frameLength, int64(cl)
+		case cl == -1:
+			x.framing, x.chunk = frameChunked, chunkScan{}
+		default:
+			x.framing = frameClose
+		}
+		// An answer with both Transfer-Encoding and Content-Length is
+		// relayed chunked (RFC 9112 §6.3), but the connection it came on
+		// is not trusted with another request.
+		x.bclose = h.ConnectionClose() || x.framing == frameClose ||
+			(x.framing == frameChunked && hasField(buf[:hlen], "content-length"))
+		if l.s.endedByCritical(&x.plan) {
+			l.abort(c)
+			return true
+		}
+		l.s.prepareResponse(h, &x.plan)
+		switch x.framing {
+		case frameNone:
+			if cl >= 0 {
+				h.SetContentLength(cl) // a HEAD answer keeps its length
+			}
+		case frameLength:
+			h.SetContentLength(cl)
+		case frameChunked:
+			h.SetContentLength(-1)
+		case frameClose:
+			h.SetContentLength(-2)
+			x.closeAfter = true
+		}
+		h.ResetConnectionClose()
+		if x.closeAfter || l.e.stopping.Load() {
+			h.SetConnectionClose()
+		}
+		h.SetNoDefaultContentType(true)
+		bc.r += hlen
+		out := h.AppendBytes(l.out[:0])
+		k, done, err := x.bodyBytes(bc.in[bc.r:bc.w])
+		if err != nil {
+			l.failed(c, errBadAnswer, lb.ServerError, false)
+			return true
+		}
+		out = append(out, bc.in[bc.r:bc.r+k]...)
+		l.out = out[:0]
+		bc.r += k
+		if done {
+			l.settle(c)
+		}
+		l.writeClient(c, out)
+		if done {
+			l.complete(c)
+		}
+		return done || c.fd < 0
+	}
+	k, done, err := x.bodyBytes(bc.in[bc.r:bc.w])
+	if err != nil {
+		l.failed(c, errBadAnswer, lb.ServerError, false)
+		return true
+	}
+	if done {
+		l.settle(c)
+	}
+	l.writeClient(c, bc.in[bc.r:bc.r+k])
+	bc.r += k
+	if done {
+		l.complete(c)
+	}
+	return done || c.fd < 0
+}
+
+// bodyBytes returns how many bytes of p belong to the answer's body and
+// whether the body ends within them.
+func (x *exchange) bodyBytes(p []byte) (int, bool, error) {
+	switch x.framing {
+	case frameNone:
+		return 0, true, nil
+	case frameLength:
+		k := int64(len(p))
+		if k >= x.remain {
+			k = x.remain
+		}
+		x.remain -= k
+		return int(k), x.remain == 0, nil
+	case frameChunked:
+		return x.chunk.feed(p)
+	}
+	return len(p), false, nil // frameClose: until the backend closes
+}

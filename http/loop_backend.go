@@ -1,0 +1,345 @@
+//go:build linux
+
+package http
+
+import (
+	"net"
+	"sync/atomic"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluicelb/sluice/lb"
+)
+
+// bconn is a backend connection.
+type bconn struct {
+	fd         int
+	cp         *connPool // the loop's connections to its address
+	c          *cconn    // the client whose request it carries; nil when idle
+	in         []byte
+	r, w       int
+	rready     bool
+	hup        bool // the backend has shut down its side: read until EOF
+	wready     bool
+	connecting bool
+	used       bool   // it carried an exchange before: a keep-alive reuse
+	pend       []byte // request bytes not written yet
+	deadline   int64
+}
+
+// bpool is a loop's connections to one backend address.
+type connPool struct {
+	addr    string
+	sa      unix.Sockaddr
+	idle    []*bconn      // LIFO: the warmest connection last
+	open    *atomic.Int64 // connections to addr of all loops
+	waiters []waiter
+}
+
+// waiter is a request queued for a connection to an address at its
+// connection limit; gen and seq tell whether it still waits.
+type waiter struct {
+	c        *cconn
+	gen, seq uint32
+}
+
+// valid reports whether the request that queued w still waits.
+func (w waiter) valid() bool {
+	return w.c.gen == w.gen && w.c.seq == w.seq && w.c.fd >= 0 && w.c.x.waitUntil != 0
+}
+
+// connPool returns the loop's connections to addr, made on first use.
+func (l *evloop) connPool(addr string) *connPool {
+	p := l.connPools[addr]
+	if p == nil {
+		p = &connPool{addr: addr, open: l.e.openCount(addr)}
+		l.connPools[addr] = p
+	}
+	return p
+}
+
+// send gets a connection to the exchange's backend and writes the request.
+func (l *evloop) send(c *cconn) {
+	x := &c.x
+	x.acquireBackend()
+	x.waitUntil = 0
+	p := l.connPool(x.b.Addr())
+	var bc *bconn
+	if n := len(p.idle); n > 0 {
+		bc = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+	} else if p.open.Load() >= int64(l.s.cfg.MaxConns) {
+		x.waitUntil = l.now + int64(l.s.cfg.ConnWait)
+		p.waiters = append(p.waiters, waiter{c, c.gen, c.seq})
+		l.e.shedIdle(p.addr, l)
+		return
+	} else {
+		var err error
+		if bc, err = l.dial(p); err != nil {
+			l.failed(c, err, lb.ConnectError, true)
+			return
+		}
+	}
+	x.bc = bc
+	bc.c = c
+	bc.pend = x.req
+	if bc.connecting {
+		bc.deadline = l.now + int64(l.s.cfg.ConnectTimeout)
+		return
+	}
+	bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+	l.toWrite = append(l.toWrite, bc) // written after this round of events, together
+}
+
+// dial opens a connection to p's address, non-blocking: it may still be
+// connecting when returned. The address is resolved on first use and
+// again after a failed dial. Errors are dial *net.OpErrors, so that the
+// pipeline tells them from failures after sending (notSent).
+func (l *evloop) dial(p *connPool) (*bconn, error) {
+	if p.sa == nil {
+		sa, err := resolve(p.addr)
+		if err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+		}
+		p.sa = sa
+	}
+	fd, connecting, err := connect(p.sa)
+	if err != nil {
+		p.sa = nil // resolve again next time
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+	}
+	if err := l.watch(fd); err != nil {
+		closeFD(fd)
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+	}
+	bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), connecting: connecting, wready: !connecting}
+	l.setFD(fd, fdOwner{b: bc})
+	p.open.Add(1)
+	return bc, nil
+}
+
+// backendEvent handles readiness of a backend connection: a connect that
+// finished, room to write the request, or answer bytes (or the close of
+// an idle connection).
+func (l *evloop) backendEvent(bc *bconn, ev uint32) {
+	if bc.connecting {
+		if ev&evConnDone == 0 {
+			return
+		}
+		if err := connectResult(bc.fd); err != nil {
+			bc.cp.sa = nil
+			if c := bc.c; c != nil {
+				l.closeBackend(bc)
+				l.failed(c, &net.OpError{Op: "dial", Net: "tcp", Err: err}, lb.ConnectError, true)
+			} else {
+				l.closeBackend(bc)
+			}
+			return
+		}
+		bc.connecting = false
+		bc.wready = true
+		if bc.c != nil {
+			bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+		}
+	}
+	if ev&evWritable != 0 {
+		bc.wready = true
+		if len(bc.pend) > 0 {
+			l.writeBackend(bc)
+		}
+	}
+	if ev&evReadable != 0 {
+		bc.rready = true
+		bc.hup = bc.hup || ev&evPeerShut != 0
+		if bc.c == nil {
+			// An idle connection: the backend closed it or sent bytes
+			// nobody asked for; a read that finds nothing was a stale edge.
+			var one [1]byte
+			if _, errno := rawRead(bc.fd, one[:]); errno != unix.EAGAIN {
+				l.closeBackend(bc)
+			}
+			return
+		}
+		l.relay(bc)
+	}
+}
+
+// writeBackend writes the request bytes still pending while the socket
+// takes them; the rest waits for the next EPOLLOUT edge.
+func (l *evloop) writeBackend(bc *bconn) {
+	for len(bc.pend) > 0 && bc.wready {
+		n, errno := rawWrite(bc.fd, bc.pend)
+		switch {
+		case errno == unix.EINTR:
+			continue
+		case errno == unix.EAGAIN:
+			bc.wready = false
+			return
+		case errno != 0:
+			l.backendBroke(bc)
+			return
+		}
+		bc.pend = bc.pend[n:]
+	}
+}
+
+// backendBroke handles a backend connection that failed while carrying an
+// exchange: a reused keep-alive connection that the backend had closed
+// gets the request once more on a fresh one when that is safe; otherwise
+// the client gets 502, or loses its connection if the answer had begun.
+func (l *evloop) backendBroke(bc *bconn) {
+	c := bc.c
+	used, gotBytes := bc.used, bc.w > 0
+	l.closeBackend(bc)
+	if c == nil {
+		return
+	}
+	x := &c.x
+	if used && !x.gotHead && !gotBytes && x.idem && !x.staleRetry {
+		x.staleRetry = true
+		x.releaseBackend(lb.Abandoned)
+		x.bc = nil
+		l.send(c)
+		return
+	}
+	l.failed(c, fasthttp.ErrConnectionClosed, lb.ConnectError, false)
+}
+
+// relay reads the backend's answer and passes it on to the client as it
+// arrives, until the answer is complete or the client cannot take more.
+func (l *evloop) relay(bc *bconn) {
+	c := bc.c
+	for c != nil && bc.c == c && c.fd >= 0 && c.o == len(c.out) {
+		if bc.r < bc.w && l.consume(bc) {
+			return // complete, or failed
+		}
+		if bc.c != c || c.o < len(c.out) {
+			return
+		}
+		if !bc.rready {
+			return
+		}
+		if bc.r == bc.w {
+			bc.r, bc.w = 0, 0
+		} else if bc.r > 0 {
+			bc.w = copy(bc.in, bc.in[bc.r:bc.w])
+			bc.r = 0
+		}
+		if bc.w == len(bc.in) { // only while reading a head: bodies are consumed as they come
+			if len(bc.in) >= backendBufSize {
+				l.failed(c, errBadAnswer, lb.ServerError, false) // a head over 64 KiB
+				return
+			}
+			nb := make([]byte, backendBufSize)
+			copy(nb, bc.in[:bc.w])
+			bc.in = nb
+		}
+		n, errno := rawRead(bc.fd, bc.in[bc.w:])
+		switch {
+		case errno == unix.EAGAIN:
+			bc.rready = false
+			return
+		case errno == unix.EINTR:
+			continue
+		case errno != 0:
+			l.backendBroke(bc)
+			return
+		case n == 0:
+			if c.x.gotHead && c.x.framing == frameClose {
+				l.complete(c)
+				return
+			}
+			l.backendBroke(bc)
+			return
+		}
+		if n < len(bc.in)-bc.w && !bc.hup {
+			bc.rready = false
+		}
+		bc.w += n
+		bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+	}
+}
+
+// complete ends a successful exchange: the backend connection goes back to
+// the pool (or is closed), and the client goes on.
+func (l *evloop) complete(c *cconn) {
+	x := &c.x
+	bc := x.bc
+	s := l.s
+	l.settle(c) // for answers that end when the backend closes
+	if bc != nil {
+		bc.c = nil
+		x.bc = nil
+		// Not reusable: the backend said so or shut down its side, sent
+		// more than the answer, did not read the whole request, or may
+		// have bytes unread (the last read filled the buffer) that no
+		// edge will announce.
+		if x.bclose || bc.hup || bc.rready || bc.r < bc.w || len(bc.pend) > 0 || bc.fd < 0 {
+			l.closeBackend(bc)
+		} else {
+			bc.r, bc.w = 0, 0
+			bc.used = true
+			if len(bc.in) > backendInitBuf {
+				bc.in = make([]byte, backendInitBuf)
+			}
+			bc.deadline = l.now + int64(s.cfg.BackendIdle)
+			l.putIdle(bc)
+		}
+	}
+	l.endRequest(c)
+}
+
+// putIdle puts an idle connection back, or gives it to a request waiting
+// for one.
+func (l *evloop) putIdle(bc *bconn) {
+	p := bc.cp
+	for len(p.waiters) > 0 {
+		w := p.waiters[0]
+		p.waiters = p.waiters[1:]
+		if !w.valid() {
+			continue
+		}
+		p.idle = append(p.idle, bc)
+		l.send(w.c)
+		return
+	}
+	p.idle = append(p.idle, bc)
+}
+
+// closeBackend closes a backend connection and frees its slot under
+// -http-backend-max-conns, which a waiting request may take. The request
+// it carried, if any, is the caller's to answer.
+func (l *evloop) closeBackend(bc *bconn) {
+	if bc.fd < 0 {
+		return
+	}
+	closeFD(bc.fd)
+	l.fds[bc.fd] = fdOwner{}
+	bc.fd = -1
+	p := bc.cp
+	p.open.Add(-1)
+	for i, ib := range p.idle {
+		if ib == bc {
+			p.idle = append(p.idle[:i], p.idle[i+1:]...)
+			break
+		}
+	}
+	if c := bc.c; c != nil && c.x.bc == bc {
+		c.x.bc = nil
+	}
+	bc.c = nil
+	l.serveWaiters(p) // a connection slot is free: a waiting request may dial
+}
+
+// serveWaiters sends requests waiting for a connection to p while one is
+// idle or may be dialled.
+func (l *evloop) serveWaiters(p *connPool) {
+	for len(p.waiters) > 0 && (len(p.idle) > 0 || p.open.Load() < int64(l.s.cfg.MaxConns)) {
+		w := p.waiters[0]
+		p.waiters = p.waiters[1:]
+		if w.valid() {
+			l.send(w.c)
+		}
+	}
+}

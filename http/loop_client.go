@@ -1,0 +1,538 @@
+//go:build linux
+
+package http
+
+import (
+	"net/netip"
+	"strings"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// cconn is a client connection.
+type cconn struct {
+	fd       int
+	gen      uint32 // bumped when closed or handed over; posted work checks it
+	seq      uint32 // bumped per request
+	ip       netip.Addr
+	in       []byte // read buffer: in[r:w] not yet consumed
+	r, w     int
+	rready   bool   // the socket may have unread bytes
+	hup      bool   // the peer has shut down its side: read until EOF
+	out      []byte // answer bytes the socket did not take yet: out[o:]
+	o        int
+	busy     bool // a request is being handled
+	parsing  bool // clientIn is on the stack
+	closing  bool // close once out is written
+	deadline int64
+	x        exchange
+}
+
+// exchange is the request a client connection is handling: its way
+// through the pipeline (plan) and the loop's state of its I/O.
+type exchange struct {
+	plan
+	reqLen     int    // bytes of the request at in[r:]
+	bodyLen    int    // its Content-Length, the last bytes of reqLen; -1 when it has none
+	req        []byte // the request as sent to the backend
+	bc         *bconn // the backend connection carrying it; nil before and after
+	closeAfter bool   // close the client connection after the answer
+	head       bool   // a HEAD request: the answer has no body
+	staleRetry bool   // resent once after a reused connection turned out closed
+	waitUntil  int64  // waiting for a backend connection until then (loop clock); 0 when not waiting
+	gotHead    bool   // the answer's head was relayed: a failure can no longer be answered
+	status     int    // the answer's status
+	framing    uint8  // the answer body's framing (answer.go)
+	remain     int64  // frameLength: body bytes still to come
+	chunk      chunkScan
+	bclose     bool // the backend connection is not reusable afterwards
+}
+
+// accept takes up to 64 new client connections from the listener per
+// event, watching each; other loops get the rest (EPOLLEXCLUSIVE).
+func (l *evloop) accept() {
+	for range 64 {
+		fd, ip, err := accept(l.e.lnfd)
+		if err != nil {
+			switch err {
+			case unix.EAGAIN, unix.EINTR:
+			case unix.ECONNABORTED:
+				continue
+			default: // EMFILE, ENFILE, ENOBUFS: the listener stays ready, retried next wake-up
+				l.s.logger.Warn("http accept failed", "err", err)
+			}
+			return
+		}
+		if l.e.stopping.Load() {
+			closeFD(fd)
+			continue
+		}
+		c := &cconn{fd: fd, ip: ip, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
+		if err := l.watch(fd); err != nil {
+			closeFD(fd)
+			continue
+		}
+		l.setFD(fd, fdOwner{c: c})
+		l.clients++
+	}
+}
+
+// getBuf returns a client read buffer of clientInitBuf bytes, reused when one is free.
+func (l *evloop) getBuf() []byte {
+	if n := len(l.bufs); n > 0 {
+		b := l.bufs[n-1]
+		l.bufs = l.bufs[:n-1]
+		return b
+	}
+	return make([]byte, clientInitBuf)
+}
+
+// clientEvent handles readiness of a client connection: writing pending
+// answer bytes first, then reading and starting requests.
+func (l *evloop) clientEvent(c *cconn, ev uint32) {
+	if ev&evWritable != 0 && c.o < len(c.out) {
+		l.flushClient(c)
+		if c.fd < 0 {
+			return
+		}
+	}
+	if ev&evReadable != 0 {
+		c.rready = true
+		// After a shutdown no new edge comes: a short read does not
+		// mean drained, the EOF is still to be read.
+		c.hup = c.hup || ev&evPeerShut != 0
+		l.clientIn(c)
+	}
+}
+
+// clientIn reads and starts requests until the connection is busy, has
+// nothing more to read, or is gone.
+func (l *evloop) clientIn(c *cconn) {
+	if c.parsing {
+		return // the caller up the stack goes on
+	}
+	c.parsing = true
+	defer func() { c.parsing = false }()
+	for c.fd >= 0 && !c.busy && !c.closing {
+		if c.w > c.r {
+			if c.deadline == 0 || c.deadline > l.now+int64(l.s.cfg.ClientReadTimeout) {
+				c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout)
+			}
+			if l.parse(c) {
+				continue
+			}
+		}
+		if c.fd < 0 || !c.rready {
+			return
+		}
+		if c.r > 0 {
+			c.w = copy(c.in, c.in[c.r:c.w])
+			c.r = 0
+		}
+		if c.w == len(c.in) {
+			if len(c.in) >= clientBufSize {
+				l.handover(c) // parse wants more than the buffer holds
+				return
+			}
+			nb := make([]byte, clientBufSize)
+			copy(nb, c.in[:c.w])
+			c.in = nb
+		}
+		n, errno := rawRead(c.fd, c.in[c.w:])
+		switch {
+		case errno == unix.EAGAIN:
+			c.rready = false
+			return
+		case errno == unix.EINTR:
+			continue
+		case errno != 0 || n == 0:
+			l.closeClient(c) // EOF or reset; an unfinished request is dropped, as fasthttp does
+			return
+		}
+		if n < len(c.in)-c.w && !c.hup {
+			c.rready = false // a short read drained the socket; the next edge reports more
+		}
+		c.w += n
+	}
+}
+
+// parse looks at the buffered bytes: it returns true when it started a
+// request (or handed the connection over, or answered), false when it
+// needs more bytes. checkHead decides the request's framing from the
+// client's bytes before anything else reads them; a head it refuses is
+// answered (400, 431, 501 or 505) and the connection closed.
+func (l *evloop) parse(c *cconn) bool {
+	buf := c.in[c.r:c.w]
+	hi, err := checkHead(buf, l.s.connDeny)
+	if err == errHeadIncomplete {
+		return false
+	}
+	if err != nil {
+		l.refuseHead(c, err)
+		return true
+	}
+	hlen := hi.n
+	h := &l.reqH
+	if hi.http10 || hi.chunked || !l.readReqHead(buf[:hlen]) || len(h.Peek("Upgrade")) > 0 || len(h.Peek("Expect")) > 0 {
+		l.handover(c) // fasthttp serves these, behind the same check
+		return true
+	}
+	if hi.bodyLen > int64(min(maxLoopBody, l.s.cfg.StreamThreshold)) {
+		l.handover(c) // a large body: fasthttp streams it
+		return true
+	}
+	cl := int(max(hi.bodyLen, 0))
+	need := hlen + cl
+	if len(buf) < need {
+		if c.r+need > len(c.in) {
+			nb := make([]byte, clientBufSize+maxLoopBody)
+			c.w = copy(nb, buf)
+			c.r = 0
+			c.in = nb
+		}
+		return false
+	}
+	c.busy = true
+	c.deadline = 0
+	c.x.reqLen = need
+	c.x.bodyLen = int(hi.bodyLen)
+	l.begin(c, h, buf[hlen:need])
+	return true
+}
+
+// refuseHead answers a request head checkHead refused and closes the
+// connection once the answer is out: after a head sluice cannot frame,
+// nothing more on the connection can be trusted.
+func (l *evloop) refuseHead(c *cconn, err error) {
+	he, ok := err.(*headError)
+	if !ok {
+		he = errRequestLine
+	}
+	s := l.s
+	s.stats.BadRequest.Add(1)
+	s.logger.Debug("http request refused", "reason", he.reason, "client", c.ip.String())
+	c.busy = true
+	c.deadline = 0
+	c.x = exchange{reqLen: c.w - c.r, req: c.x.req[:0], closeAfter: true}
+	s.writeRefusal(&l.local, he.status, 0, psHeadRefused, he.reason)
+	l.answerLocal(c)
+}
+
+// path returns the request's path as fasthttp's RequestCtx.Path does
+// (decoded and normalized), so ARM rules see the same path on both
+// engines; nil when no rule looks at paths.
+func (l *evloop) path(h *fasthttp.RequestHeader) []byte {
+	if !l.s.needPath {
+		return nil
+	}
+	l.uri.Reset()
+	if l.uri.Parse(nil, h.RequestURI()) != nil {
+		return h.RequestURI()
+	}
+	return l.uri.Path()
+}
+
+// reparse parses c's current request head into l.reqH again (the scratch
+// header served other requests since) and returns the request's body.
+func (l *evloop) reparse(c *cconn) []byte {
+	buf := c.in[c.r : c.r+c.x.reqLen]
+	end := len(buf) - max(c.x.bodyLen, 0)
+	l.readReqHead(buf[:end])
+	return buf[end:]
+}
+
+// readReqHead parses a head checkHead accepted into l.reqH; an
+// absolute-form target becomes origin-form with its authority as Host
+// (see splitAbsolute), as on the fasthttp engine.
+func (l *evloop) readReqHead(p []byte) bool {
+	l.rd.Reset(p)
+	l.br.Reset(&l.rd)
+	h := &l.reqH
+	if h.Read(l.br) != nil {
+		return false
+	}
+	if auth, rest, ok := splitAbsolute(h.RequestURI()); ok {
+		h.SetHostBytes(auth)
+		l.target = originForm(l.target[:0], rest)
+		h.SetRequestURIBytes(l.target)
+	}
+	return true
+}
+
+// begin takes the request whose head is h into the pipeline: admit, then
+// (after an ARM delay, off the loop) admitted.
+func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
+	c.seq++
+	x := &c.x
+	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0]}
+	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
+	x.head = h.IsHead()
+	r, d := l.s.admit(&x.plan, h, l.path(h), l.s.clock.Now())
+	if d.Verdict == admission.Delay {
+		l.delay(c, r, d)
+		return
+	}
+	l.admitted(c, h, body, &r, d)
+}
+
+// delay waits for an ARM rule's queue off the loop, then carries on with
+// the request on the loop (admitted), unless the connection is gone by
+// then. r is cloned: the bytes it viewed are the loop's scratch.
+func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision) {
+	r.Method, r.Host, r.Path = strings.Clone(r.Method), strings.Clone(r.Host), strings.Clone(r.Path)
+	gen := c.gen
+	go func() {
+		d := l.s.waitDelay(l.e.stop, &r, d)
+		l.post(func() {
+			if c.gen != gen || c.fd < 0 {
+				return
+			}
+			body := l.reparse(c)
+			l.admitted(c, &l.reqH, body, &r, d)
+		})
+	}()
+}
+
+// admitted goes on from an admission decision: answer the refusal, or
+// (pick) rewrite the head for the backend and send the request.
+func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *admission.Request, d admission.Decision) {
+	s := l.s
+	x := &c.x
+	if !s.pick(&x.plan, &l.local, r, d, h, c.ip) {
+		l.answerLocal(c)
+		return
+	}
+	s.prepareRequest(h, c.ip)
+	h.ResetConnectionClose()
+	if len(h.Host()) == 0 {
+		h.SetHost(x.b.Addr()) // "Host:" empty is valid (RFC 9112 §3.2); the backend gets an authority
+	}
+	// The framing checkHead decided, and nothing else: the body that
+	// follows is exactly bodyLen bytes, or there is none.
+	if x.bodyLen >= 0 {
+		h.SetContentLength(x.bodyLen)
+	}
+	x.req = h.AppendBytes(x.req[:0])
+	x.req = append(x.req, body...)
+	l.send(c)
+}
+
+// answerLocal sends l.local, an answer sluice made itself, and ends the
+// request.
+func (l *evloop) answerLocal(c *cconn) {
+	resp := &l.local
+	body := resp.Body()
+	resp.Header.SetContentLength(len(body))
+	if c.x.closeAfter || l.e.stopping.Load() {
+		resp.Header.SetConnectionClose()
+	}
+	out := resp.Header.AppendBytes(l.out[:0])
+	if !c.x.head { // an answer to HEAD has the length of its body, not the body
+		out = append(out, body...)
+	}
+	l.out = out[:0]
+	l.s.observe(&c.x.plan)
+	l.writeClient(c, out)
+	l.endRequest(c)
+}
+
+// endRequest ends the client's current request and goes on with the next.
+func (l *evloop) endRequest(c *cconn) {
+	if c.fd < 0 {
+		return
+	}
+	l.s.observe(&c.x.plan)
+	c.r += c.x.reqLen
+	c.x.reqLen = 0
+	c.x.set, c.x.b, c.x.bc = nil, nil, nil
+	c.busy = false
+	if c.x.closeAfter || l.e.stopping.Load() {
+		c.closing = true
+		if c.o == len(c.out) {
+			l.closeClient(c)
+		}
+		return
+	}
+	if c.o < len(c.out) {
+		c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout)
+		return // clientIn runs when the answer is written
+	}
+	c.deadline = l.now + int64(l.s.cfg.ClientIdle)
+	if c.w == c.r {
+		c.r, c.w = 0, 0
+		if len(c.in) > clientInitBuf {
+			c.in = l.getBuf() // drop the larger buffer of a large head or a body
+		}
+	}
+	if c.w > c.r || c.rready {
+		l.clientIn(c)
+	}
+}
+
+// settle accounts for a relayed answer before its last bytes go out (a
+// client that has its answer sees it counted): the backend's count and
+// the latency.
+func (l *evloop) settle(c *cconn) {
+	x := &c.x
+	if !x.acquired {
+		return
+	}
+	x.releaseBackend(result(nil, x.status))
+	l.s.observe(&x.plan)
+}
+
+// writeClient writes p to the client, keeping what the socket does not take.
+func (l *evloop) writeClient(c *cconn, p []byte) {
+	if c.fd < 0 || len(p) == 0 {
+		return
+	}
+	if c.o < len(c.out) {
+		c.out = append(c.out, p...)
+		return
+	}
+	for len(p) > 0 {
+		n, errno := rawWrite(c.fd, p)
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno == unix.EAGAIN {
+			break
+		}
+		if errno != 0 {
+			l.closeClient(c)
+			return
+		}
+		p = p[n:]
+	}
+	if len(p) > 0 {
+		c.out = append(c.out[:0], p...)
+		c.o = 0
+		c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout) // a client that stops reading is dropped
+	}
+}
+
+// flushClient writes pending answer bytes after EPOLLOUT, then resumes
+// the backend it was relaying or the next request.
+func (l *evloop) flushClient(c *cconn) {
+	for c.o < len(c.out) {
+		n, errno := rawWrite(c.fd, c.out[c.o:])
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno == unix.EAGAIN {
+			return
+		}
+		if errno != 0 {
+			l.closeClient(c)
+			return
+		}
+		c.o += n
+		c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout)
+	}
+	c.out, c.o = c.out[:0], 0
+	if c.busy {
+		c.deadline = 0
+	}
+	if c.closing {
+		l.closeClient(c)
+		return
+	}
+	if bc := c.x.bc; c.busy && bc != nil {
+		l.relay(bc) // relaying was paused while the client was slow
+		return
+	}
+	if !c.busy {
+		c.deadline = l.now + int64(l.s.cfg.ClientIdle)
+		l.clientIn(c)
+	}
+}
+
+// closeClient closes a client connection; a backend connection carrying
+// its request is closed too, as its state is unknown.
+func (l *evloop) closeClient(c *cconn) {
+	if c.fd < 0 {
+		return
+	}
+	if bc := c.x.bc; c.busy && bc != nil {
+		// The client left mid-exchange: the backend connection is in an
+		// unknown state.
+		c.x.releaseBackend(lb.Abandoned)
+		l.closeBackend(bc)
+	}
+	closeFD(l.detach(c))
+}
+
+// detach makes the loop forget c (posted work and waiters see it gone)
+// and returns its descriptor, for the caller to close or hand on.
+func (l *evloop) detach(c *cconn) int {
+	fd := c.fd
+	l.fds[fd] = fdOwner{}
+	c.fd = -1
+	c.gen++
+	l.clients--
+	if len(c.in) == clientInitBuf && len(l.bufs) < 1024 {
+		l.bufs = append(l.bufs, c.in)
+	}
+	c.in = nil
+	return fd
+}
+
+// failed answers a failed exchange: once more on another backend when the
+// pipeline allows it (retryElsewhere), else 502, 503 or 504 by cause; if
+// part of the answer was already relayed the client's connection is
+// closed instead.
+func (l *evloop) failed(c *cconn, err error, res lb.Result, notSent bool) {
+	s := l.s
+	x := &c.x
+	if bc := x.bc; bc != nil {
+		l.closeBackend(bc)
+	}
+	x.bc = nil
+	x.waitUntil = 0
+	x.releaseBackend(res)
+	if c.fd < 0 {
+		return
+	}
+	if x.gotHead {
+		s.stats.UpstreamError.Add(1)
+		x.closeAfter = true
+		l.endRequest(c)
+		return
+	}
+	if x.mayRetry(notSent) {
+		l.reparse(c) // the head, for re-admitting an affinity request
+		switch s.retryElsewhere(&x.plan, &l.local, &l.reqH, l.path(&l.reqH), c.ip) {
+		case retrySend:
+			l.send(c)
+			return
+		case retryRefused:
+			l.answerLocal(c)
+			return
+		}
+	}
+	s.writeFailure(&l.local, err)
+	l.answerLocal(c)
+}
+
+// abort ends in-flight new work when memory turns Critical: 503 if no byte
+// of the answer was relayed yet, else the client connection is closed.
+func (l *evloop) abort(c *cconn) {
+	x := &c.x
+	if bc := x.bc; bc != nil {
+		l.closeBackend(bc)
+	}
+	x.bc = nil
+	x.waitUntil = 0
+	x.releaseBackend(lb.Abandoned)
+	if x.gotHead {
+		l.s.stats.Aborted.Add(1)
+		l.closeClient(c)
+		return
+	}
+	l.s.writeAborted(&l.local)
+	l.answerLocal(c)
+}

@@ -1,0 +1,351 @@
+package http
+
+// The request pipeline, once for both engines. An engine reads a request
+// head into a fasthttp.RequestHeader and then goes down these steps; it
+// does the I/O in between (sending, relaying, answering) and nothing else:
+//
+//	admit       classify (affinity or new work) and ask admission
+//	waitDelay   an ARM delay: block until the rule's queue releases it
+//	pick        answer a refusal, or choose the backend (new work)
+//	            prepareRequest (rewrite.go), then the engine sends
+//	retryElsewhere  after a failure before a byte was sent: another backend
+//	endedByCritical the answer arrives: new work under Critical gets 503
+//	            prepareResponse (rewrite.go), then the engine relays
+//	releaseBackend, observe: the backend's count and the latency, once
+//
+// Answers sluice makes itself are written into a fasthttp.Response by
+// refuse.go's functions; the engine sends that response its own way.
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// plan is one request's way through the pipeline, whichever engine serves
+// it. An engine keeps it for the life of the request (the fasthttp engine
+// on the handler's stack, the loop in the client connection's exchange).
+type plan struct {
+	set      *backendSet // loaded once: a SetPool during the request does not mix two sets
+	b        *lb.Backend // where it goes; nil until affinity or pick names one
+	class    admission.Class
+	key      uint64 // consistent-hash key (new work; 0 for other policies)
+	start    int64  // admission clock when the request began
+	renew    bool   // the answer sets the sticky cookie
+	repinned bool   // a valid pin named a backend that is down
+	idem     bool   // the method may be sent twice (RFC 9110 §9.2.2)
+	retried  bool   // moved to another backend once already
+	acquired bool   // b.Acquire was called: releaseBackend is due
+	observed bool   // ObserveForward was called
+}
+
+// admit starts p for the request whose head is h and asks admission about
+// it: affinity (a valid pin to a backend that takes affinity) skips the
+// guards, new work goes through them. path is the request's decoded path,
+// or nil when no ARM rule looks at paths (Server.needPath). The returned
+// request views h's bytes: use it before h changes, or clone it.
+func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int64) (admission.Request, admission.Decision) {
+	set := s.backends.Load()
+	b, renew, repinned := s.affinity(h, set, now)
+	*p = plan{set: set, b: b, start: now, renew: renew, repinned: repinned, idem: idempotent(h.Method())}
+	if b != nil {
+		p.class = admission.Affinity
+	}
+	r := admissionRequest(p.class, h, path)
+	return r, s.ctrl.Decide(now, &r, nil)
+}
+
+// admissionRequest is what admission sees of a request: plain values that
+// view h's bytes without copying (Decide keeps no reference).
+func admissionRequest(class admission.Class, h *fasthttp.RequestHeader, path []byte) admission.Request {
+	return admission.Request{Class: class, Proto: "http", Method: b2s(h.Method()), Host: b2s(h.Host()), Path: b2s(path)}
+}
+
+// waitDelay blocks on a delayed decision until it is an admission or a
+// refusal (see wait). It runs off the loop's goroutine on the loop engine.
+func (s *Server) waitDelay(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
+	for d.Verdict == admission.Delay {
+		d = s.wait(done, r, d)
+	}
+	return d
+}
+
+// pick goes on from a decision that is not a delay. It returns true when
+// the request is to be sent to p.b: the pinned backend for affinity, else
+// one the pool picks (trying the next when MOP refuses). It returns false
+// when the request is refused; resp then holds the answer (admission's
+// refusal, MOP on every backend, or no backend up).
+func (s *Server) pick(p *plan, resp *fasthttp.Response, r *admission.Request, d admission.Decision, h *fasthttp.RequestHeader, ip netip.Addr) bool {
+	if d.Verdict == admission.Refuse {
+		s.refuseDecision(resp, d)
+		return false
+	}
+	if p.b != nil {
+		return true
+	}
+	p.key = s.key(h, ip, p.set)
+	b, out, retry := p.set.pool.Pick(p.start, p.key, nil)
+	switch out {
+	case lb.NoBackend:
+		s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
+		return false
+	case lb.MOPRefused:
+		s.refuseDecision(resp, s.ctrl.RefuseMOPFor(r, retry))
+		return false
+	}
+	p.b, p.renew = b, s.sticky != nil
+	if p.repinned {
+		s.stats.Repinned.Add(1)
+	}
+	return true
+}
+
+// acquireBackend counts the request on p.b, once per backend it goes to.
+func (p *plan) acquireBackend() {
+	if !p.acquired {
+		p.b.Acquire()
+		p.acquired = true
+	}
+}
+
+// releaseBackend ends p.b's count of the request with its result, once.
+// The request's start time stands in for its end: passive ejection
+// cool-downs are seconds, requests milliseconds.
+func (p *plan) releaseBackend(res lb.Result) {
+	if p.acquired {
+		p.acquired = false
+		p.b.Release(p.start, res)
+	}
+}
+
+// mayRetry reports whether a failed exchange may go once more to another
+// backend: the request never reached the first (notSent), may be sent
+// twice, and has not been moved already. Affinity requests are moved too,
+// since a backend that refuses connections is down and its clients are
+// re-pinned.
+func (p *plan) mayRetry(notSent bool) bool {
+	return notSent && p.idem && !p.retried
+}
+
+// retryStep is what follows a failed exchange that mayRetry allowed.
+type retryStep uint8
+
+const (
+	retryNone    retryStep = iota // no other backend: answer the failure
+	retrySend                     // p.b is another backend: send it there
+	retryRefused                  // re-admission refused it: resp holds the answer
+)
+
+// retryElsewhere moves p, whose backend failed before a byte was sent, to
+// another backend. An affinity request is from here new work, re-pinned
+// and admitted as such (a delay counts as a refusal: the client has
+// already waited for one backend); h and path are its head, as for admit.
+func (s *Server) retryElsewhere(p *plan, resp *fasthttp.Response, h *fasthttp.RequestHeader, path []byte, ip netip.Addr) retryStep {
+	now := s.clock.Now()
+	if p.class == admission.Affinity {
+		r := admissionRequest(admission.NewWork, h, path)
+		if d, ok := s.admitNow(&r, now); !ok {
+			s.refuseDecision(resp, d)
+			return retryRefused
+		}
+		p.key = s.key(h, ip, p.set)
+	}
+	nb, out, _ := p.set.pool.Pick(now, p.key, p.b)
+	if out != lb.Picked {
+		return retryNone
+	}
+	s.stats.Retried.Add(1)
+	p.retried = true
+	p.b, p.renew, p.class = nb, s.sticky != nil, admission.NewWork
+	return retrySend
+}
+
+// endedByCritical reports whether p is new work that memory state
+// Critical ends while it is in flight.
+func (s *Server) endedByCritical(p *plan) bool {
+	return p.class == admission.NewWork && s.mem != nil && s.mem.State() == admission.Critical
+}
+
+// writeAborted counts and answers new work ended by memory state Critical.
+func (s *Server) writeAborted(resp *fasthttp.Response) {
+	s.stats.Aborted.Add(1)
+	s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, memoryRetry, psCritical, "memory state critical")
+}
+
+// writeFailure counts and answers an exchange that failed before any of
+// the answer was relayed: 502, 503 or 504 by cause (writeUpstreamError).
+func (s *Server) writeFailure(resp *fasthttp.Response, err error) {
+	s.stats.UpstreamError.Add(1)
+	s.writeUpstreamError(resp, err)
+}
+
+// observe reports p's time to Config.ObserveForward, once, when it was
+// sent to a backend.
+func (s *Server) observe(p *plan) {
+	if p.b != nil && !p.observed && s.cfg.ObserveForward != nil {
+		p.observed = true
+		s.cfg.ObserveForward(time.Duration(s.clock.Now() - p.start))
+	}
+}
+
+// affinity returns the backend a valid sticky cookie or learned session
+// pins the request to, if it still takes affinity traffic. renew is true
+// when the sticky cookie should be sent again (absent via the session
+// table, or past half its lifetime); repinned when a valid pin named a
+// backend that is down.
+func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, now int64) (b *lb.Backend, renew, repinned bool) {
+	if s.sticky != nil {
+		if tok := h.Cookie(s.sticky.name); len(tok) > 0 {
+			wall := s.wall(now)
+			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
+				if b = set.pool.Pinned(id, now); b != nil {
+					return b, exp.Sub(wall) < s.cfg.StickyTTL/2, false
+				}
+				repinned = true
+			}
+		}
+	}
+	if s.sessions != nil {
+		if sid := h.Cookie(s.appName); len(sid) > 0 {
+			if b = s.sessions.get(sid, now); b != nil {
+				// The table may predate a reload: find the backend by id
+				// in the set in use.
+				if b = set.pool.Lookup(b.ID()); b != nil && b.AcceptsAffinity(now) {
+					return b, s.sticky != nil, false
+				}
+				b, repinned = nil, true
+			}
+		}
+	}
+	return nil, false, repinned
+}
+
+// key returns the consistent-hash key of the request, 0 for other
+// policies. It allocates nothing.
+func (s *Server) key(h *fasthttp.RequestHeader, client netip.Addr, set *backendSet) uint64 {
+	if !set.hashed {
+		return 0
+	}
+	switch s.hashKind {
+	case hashHeader:
+		return lb.HashBytes(h.Peek(s.hashName))
+	case hashCookie:
+		return lb.HashBytes(h.Cookie(s.hashName))
+	}
+	if client.IsValid() {
+		ip := client.As16()
+		return lb.HashBytes(ip[:])
+	}
+	return 0
+}
+
+// wait blocks on a delayed decision until the rule releases the request,
+// its wait runs out, done is closed (shutdown), or memory turns Critical.
+func (s *Server) wait(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
+	var crit <-chan struct{}
+	if s.mem != nil {
+		crit = s.mem.CriticalC()
+	}
+	select {
+	case <-d.Wait.Done():
+	case <-crit:
+		// admission has no "refuse for memory" call: Decide gives that
+		// refusal when the state refuses new work, which it checks first.
+		if d.Wait.Cancel() && s.mem.State().RefusesNewWork() {
+			md := s.ctrl.Decide(s.clock.Now(), r, nil)
+			if md.Verdict == admission.Refuse {
+				return md
+			}
+			if md.Verdict == admission.Delay {
+				md.Wait.Cancel()
+			}
+		}
+	case <-done:
+		d.Wait.Cancel()
+	}
+	<-d.Wait.Done()
+	return s.ctrl.Resume(s.clock.Now(), r, d, nil)
+}
+
+// admitNow asks admission about r and reports whether it is admitted at
+// once; a delay is cancelled and counts as a refusal (the decision to
+// answer with is returned).
+func (s *Server) admitNow(r *admission.Request, now int64) (admission.Decision, bool) {
+	d := s.ctrl.Decide(now, r, nil)
+	switch d.Verdict {
+	case admission.Admit:
+		return d, true
+	case admission.Delay:
+		d.Wait.Cancel()
+		<-d.Wait.Done()
+		if d = s.ctrl.Resume(now, r, d, nil); d.Verdict == admission.Admit {
+			return d, true
+		}
+	}
+	return d, false
+}
+
+// idempotent reports whether a method may be sent twice (RFC 9110 §9.2.2).
+func idempotent(m []byte) bool {
+	switch string(m) {
+	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE", "QUERY":
+		return true
+	}
+	return false
+}
+
+// notSent reports whether err happened before any byte of the request
+// reached the backend: the dial failed, or no connection was free.
+func notSent(err error) bool {
+	if errors.Is(err, fasthttp.ErrNoFreeConns) || errors.Is(err, fasthttp.ErrDialTimeout) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// result classifies an exchange for passive health.
+func result(err error, status int) lb.Result {
+	switch {
+	case err == nil && status >= 500:
+		return lb.ServerError
+	case err == nil:
+		return lb.OK
+	case errors.Is(err, fasthttp.ErrTimeout):
+		return lb.Timeout
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		return lb.Abandoned // our own limit, not the backend's fault
+	}
+	return lb.ConnectError
+}
+
+// writeUpstreamError makes the answer to a failed exchange, by cause. Both
+// engines describe causes with fasthttp's errors, net.OpError for dials
+// and syscall errors.
+func (s *Server) writeUpstreamError(resp *fasthttp.Response, err error) {
+	var op *net.OpError
+	switch {
+	case errors.Is(err, fasthttp.ErrDialTimeout):
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnectTimeout, "backend connect timeout")
+	case errors.Is(err, fasthttp.ErrTimeout):
+		s.writeRefusal(resp, fasthttp.StatusGatewayTimeout, 0, psResponseTimeout, "backend response timeout")
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, connRetry, psConnLimit, "backend connection limit reached")
+	case errors.Is(err, syscall.ECONNREFUSED):
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnRefused, "backend refused the connection")
+	case errors.As(err, &op) && op.Op == "dial":
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psDestUnavailable, "backend unreachable")
+	case errors.Is(err, fasthttp.ErrConnectionClosed):
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psConnTerminated, "backend closed the connection")
+	default:
+		s.logger.Debug("upstream error", "err", err)
+		s.writeRefusal(resp, fasthttp.StatusBadGateway, 0, psProtocolError, "bad answer from backend")
+	}
+}
