@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime/debug"
 	"runtime/metrics"
 	"sync"
 	"sync/atomic"
@@ -51,10 +52,25 @@ type MemoryReader interface {
 	ReadMemory() (used, limit int64)
 }
 
-// RuntimeReader reads memory from runtime/metrics: used is what the Go runtime
-// compares against its memory limit (total mapped minus released heap), limit
-// is GOMEMLIMIT when one is set. It never stops the world. It is not safe for
-// concurrent use; Memory calls it from one goroutine.
+// Collector is implemented by a MemoryReader that can free garbage and hand
+// idle memory back to the operating system. Memory calls Collect before it
+// lets a reading above the Low threshold move or hold the state, at most once
+// per MemoryConfig.CollectEvery, so that the state follows memory that is
+// live, not garbage that the next collection would free: without it a burst
+// leaves the state raised until the runtime's periodic forced collection
+// (every two minutes), refusing new work with no load at all.
+type Collector interface {
+	Collect()
+}
+
+// RuntimeReader reads memory from runtime/metrics. used is the memory the Go
+// runtime holds in use: everything it has mapped (heap, stacks, metadata)
+// minus heap memory that is free, whether or not it was returned to the
+// operating system. Free spans are excluded because the runtime reuses or
+// returns them without any work being refused. Dead objects not yet collected
+// are still counted; Collect removes them. limit is GOMEMLIMIT when one is
+// set. Reading never stops the world. It is not safe for concurrent use;
+// Memory calls it under a mutex.
 type RuntimeReader struct {
 	samples []metrics.Sample
 }
@@ -64,6 +80,7 @@ func NewRuntimeReader() *RuntimeReader {
 	return &RuntimeReader{samples: []metrics.Sample{
 		{Name: "/memory/classes/total:bytes"},
 		{Name: "/memory/classes/heap/released:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"},
 		{Name: "/gc/gomemlimit:bytes"},
 	}}
 }
@@ -73,17 +90,23 @@ func (r *RuntimeReader) ReadMemory() (used, limit int64) {
 	metrics.Read(r.samples)
 	total := int64(r.samples[0].Value.Uint64())
 	released := int64(r.samples[1].Value.Uint64())
-	lim := r.samples[2].Value.Uint64()
+	free := int64(r.samples[2].Value.Uint64())
+	lim := r.samples[3].Value.Uint64()
 	if lim >= math.MaxInt64 {
 		lim = 0
 	}
-	return total - released, int64(lim)
+	return total - released - free, int64(lim)
 }
+
+// Collect implements Collector: a full collection, then as much free memory
+// as possible returned to the operating system (debug.FreeOSMemory). It
+// blocks for about one mark of the live heap.
+func (r *RuntimeReader) Collect() { debug.FreeOSMemory() }
 
 // MemoryConfig configures the node memory states.
 type MemoryConfig struct {
-	// Limit is the memory limit in bytes used when the reader reports none
-	// (GOMEMLIMIT unset). Flag -mem-limit. Required unless GOMEMLIMIT is set.
+	// Limit is the memory limit in bytes. Flag -mem-limit. When 0 the
+	// reader's limit (GOMEMLIMIT) is used; without either the states are off.
 	Limit int64
 	// Low, Lower and Critical are the thresholds as fractions of the limit,
 	// 0 < Low < Lower < Critical <= 1. Flags -mem-low, -mem-lower,
@@ -94,6 +117,13 @@ type MemoryConfig struct {
 	Hysteresis float64
 	// Interval is how often Run samples. Default 100ms.
 	Interval time.Duration
+	// CollectEvery is the least time between two collections asked of a
+	// Collector reader while used memory is at or above Low. Default 1s:
+	// under pressure the state is re-judged on live memory at least once a
+	// second, so it falls back within a second or two of the pressure ending.
+	CollectEvery time.Duration
+	// Clock times CollectEvery. Default MonoClock.
+	Clock Clock
 }
 
 func (c *MemoryConfig) setDefaults() {
@@ -105,6 +135,12 @@ func (c *MemoryConfig) setDefaults() {
 	}
 	if c.Interval == 0 {
 		c.Interval = 100 * time.Millisecond
+	}
+	if c.CollectEvery == 0 {
+		c.CollectEvery = time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = MonoClock{}
 	}
 }
 
@@ -119,6 +155,8 @@ func (c MemoryConfig) Validate() error {
 		return fmt.Errorf("memory hysteresis must be in [0, low) (got %g)", c.Hysteresis)
 	case c.Interval < 0:
 		return errors.New("memory sample interval must not be negative")
+	case c.CollectEvery < 0:
+		return errors.New("memory collect interval must not be negative")
 	}
 	return nil
 }
@@ -134,6 +172,9 @@ type Memory struct {
 	used     atomic.Int64
 	limit    atomic.Int64
 	sampleMu sync.Mutex // serialises Sample: the reader is single-goroutine
+	collects atomic.Uint64
+	lastColl int64 // clock time of the last Collect; under sampleMu
+	collOnce bool  // a Collect has happened; under sampleMu
 
 	critMu sync.Mutex
 	crit   chan struct{} // closed while in Critical; replaced on leaving it
@@ -160,6 +201,22 @@ func (m *Memory) State() MemState {
 	return MemState(m.state.Load())
 }
 
+// Collections returns how many times Sample asked the reader to collect.
+func (m *Memory) Collections() uint64 { return m.collects.Load() }
+
+// RuntimeLimit returns the limit to give the Go runtime
+// (debug.SetMemoryLimit) for a configured Limit: the Low threshold. The
+// runtime then collects and returns memory to stay under Low, so garbage
+// alone never raises the state and only live memory does. 0 when no Limit
+// is configured (GOMEMLIMIT, if set, is left as it is).
+func (c MemoryConfig) RuntimeLimit() int64 {
+	c.setDefaults()
+	if c.Limit <= 0 {
+		return 0
+	}
+	return int64(float64(c.Limit) * c.Low)
+}
+
 // Usage returns the last sampled used bytes and the limit in effect.
 func (m *Memory) Usage() (used, limit int64) { return m.used.Load(), m.limit.Load() }
 
@@ -178,17 +235,25 @@ func (m *Memory) CriticalC() <-chan struct{} {
 func (m *Memory) Sample() MemState {
 	m.sampleMu.Lock()
 	defer m.sampleMu.Unlock()
-	used, limit := m.reader.ReadMemory()
-	if limit <= 0 {
-		limit = m.cfg.Limit
-	}
-	m.used.Store(used)
-	m.limit.Store(limit)
+	used, limit := m.read()
 	old := MemState(m.state.Load())
 	if limit <= 0 {
 		return old // no limit known: states are off
 	}
 	frac := float64(used) / float64(limit)
+	if c, ok := m.reader.(Collector); ok && frac >= m.cfg.Low {
+		now := m.cfg.Clock.Now()
+		if !m.collOnce || now-m.lastColl >= int64(m.cfg.CollectEvery) {
+			c.Collect()
+			m.collects.Add(1)
+			m.collOnce, m.lastColl = true, now
+			used, limit = m.read()
+			if limit <= 0 {
+				return old
+			}
+			frac = float64(used) / float64(limit)
+		}
+	}
 	thresholds := [numStates]float64{0, m.cfg.Low, m.cfg.Lower, m.cfg.Critical}
 	next := old
 	for s := Critical; s > old; s-- { // rise to the highest threshold reached
@@ -215,6 +280,19 @@ func (m *Memory) Sample() MemState {
 			fmt.Sprintf("memory state %s -> %s: used %d of %d bytes (%.1f%%)", old, next, used, limit, 100*frac))
 	}
 	return next
+}
+
+// read reads the reader and stores the figures; the configured limit wins
+// over the reader's, because the runtime's own limit is set below it (see
+// RuntimeLimit).
+func (m *Memory) read() (used, limit int64) {
+	used, limit = m.reader.ReadMemory()
+	if m.cfg.Limit > 0 {
+		limit = m.cfg.Limit
+	}
+	m.used.Store(used)
+	m.limit.Store(limit)
+	return used, limit
 }
 
 // Run samples every Interval until ctx is done.
