@@ -49,7 +49,7 @@ var (
 	descAdmitted     = prometheus.NewDesc("sluice_requests_admitted_total", "Requests admitted by the balancer, by protocol and class (new work or affinity).", []string{"protocol", "class"}, nil)
 	descRefused      = prometheus.NewDesc("sluice_requests_refused_total", "New work refused by the balancer, by protocol and the guard that refused it.", []string{"protocol", "reason"}, nil)
 	descMemState     = prometheus.NewDesc("sluice_memory_state", "Node memory state: 0 normal, 1 low, 2 lower, 3 critical.", nil, nil)
-	descMemUsed      = prometheus.NewDesc("sluice_memory_used_bytes", "Memory the Go runtime holds against its limit, last sample.", nil, nil)
+	descMemUsed      = prometheus.NewDesc("sluice_memory_used_bytes", "Memory the Go runtime holds in use (free heap excluded, collected first when at or above -mem-low), last sample.", nil, nil)
 	descMemLimit     = prometheus.NewDesc("sluice_memory_limit_bytes", "Memory limit of the node memory states (0: states off).", nil, nil)
 	descARMRate      = prometheus.NewDesc("sluice_arm_rate", "ARM rule arrival rate: admissions in the current six sub-intervals.", []string{"rule"}, nil)
 	descARMLimit     = prometheus.NewDesc("sluice_arm_limit", "ARM rule limit per unit.", []string{"rule", "unit"}, nil)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"sync"
 	"syscall"
@@ -242,6 +243,7 @@ type plan struct {
 	saver          *persist.Saver
 	forward        *prometheus.HistogramVec // forwarding latency, by protocol
 	mem            *admission.Memory
+	prevGoMemLimit int64 // Go memory limit before -mem-limit set it; 0: untouched
 	ctrl           *admission.Controller
 	signer         *lb.Signer
 	httpSrv        *lbhttp.Server
@@ -305,6 +307,13 @@ func (o *runOptions) build(stderr io.Writer) (*plan, error) {
 	o.mem = admission.MemoryConfig{Limit: int64(o.memLimit), Low: float64(o.memLow), Lower: float64(o.memLower), Critical: float64(o.memCritical)}
 	if p.mem, err = admission.NewMemory(o.mem, nil, p.events); err != nil {
 		return nil, err
+	}
+	// The runtime collects and returns memory to stay under the Low share of
+	// -mem-limit, so that garbage never raises the memory state; only live
+	// memory does.
+	if rl := o.mem.RuntimeLimit(); rl > 0 {
+		p.prevGoMemLimit = debug.SetMemoryLimit(rl)
+		p.logger.Info("go memory limit set from -mem-limit", "limit_bytes", rl, "mem_limit_bytes", o.mem.Limit, "previous_bytes", p.prevGoMemLimit)
 	}
 	var rules []admission.RuleConfig
 	for _, s := range o.arm.values {
@@ -581,6 +590,9 @@ func (p *plan) stop(timeout time.Duration) {
 	if p.cpuProfile != nil {
 		pprof.StopCPUProfile()
 		p.cpuProfile.Close()
+	}
+	if p.prevGoMemLimit > 0 {
+		debug.SetMemoryLimit(p.prevGoMemLimit) // the process may run on (tests, embedding)
 	}
 }
 
