@@ -60,6 +60,11 @@ type Config struct {
 	// TCPIdleTimeout closes a TCP connection that received nothing for this
 	// long. Flag -sip-tcp-idle-timeout, default 5m.
 	TCPIdleTimeout time.Duration
+	// TCPMessageTimeout closes a TCP connection whose message is not
+	// complete this long after its first byte. Unlike the idle timeout it
+	// is not restarted by each byte, so a peer that trickles bytes cannot
+	// hold a connection. Flag -sip-tcp-message-timeout, default 10s.
+	TCPMessageTimeout time.Duration
 	// TCPMaxConns bounds the accepted TCP connections; more are closed at
 	// once. Flag -sip-tcp-max-conns, default 10000.
 	TCPMaxConns int
@@ -188,6 +193,9 @@ func (c *Config) setDefaults() {
 	if c.TCPIdleTimeout == 0 {
 		c.TCPIdleTimeout = 5 * time.Minute
 	}
+	if c.TCPMessageTimeout == 0 {
+		c.TCPMessageTimeout = 10 * time.Second
+	}
 	if c.TCPMaxConns == 0 {
 		c.TCPMaxConns = 10000
 	}
@@ -223,6 +231,8 @@ func (c *Config) Validate() error {
 		return errors.New("-sip-health-rise and -sip-health-fall must be at least 1")
 	case c.TCPIdleTimeout < time.Second:
 		return errors.New("-sip-tcp-idle-timeout must be at least 1s")
+	case c.TCPMessageTimeout < 100*time.Millisecond:
+		return errors.New("-sip-tcp-message-timeout must be at least 100ms")
 	case c.TCPMaxConns < 1:
 		return errors.New("-sip-tcp-max-conns must be at least 1")
 	case c.UDPBuffer < 1<<16:

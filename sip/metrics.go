@@ -51,6 +51,8 @@ type Metrics struct {
 
 	SendErrors atomic.Uint64 // failed writes
 	TCPRefused atomic.Uint64 // TCP connections over -sip-tcp-max-conns
+	TCPSlow    atomic.Uint64 // TCP connections closed: message not complete within -sip-tcp-message-timeout
+	TCPStalled atomic.Uint64 // TCP connections closed: peer did not read what we sent
 	Panics     atomic.Uint64 // recovered handler panics (bugs)
 
 	PingsSent   atomic.Uint64 // OPTIONS health pings
@@ -133,6 +135,9 @@ func (s *Server) WritePrometheus(w io.Writer) {
 	c("oversize_total", "Oversize datagrams.", m.Oversize.Load())
 	c("stray_responses_total", "Responses not for us.", m.StrayResponses.Load())
 	c("send_errors_total", "Failed writes.", m.SendErrors.Load())
+	c("tcp_refused_total", "TCP connections refused over -sip-tcp-max-conns.", m.TCPRefused.Load())
+	c("tcp_slow_closed_total", "TCP connections closed because a message was not complete within -sip-tcp-message-timeout.", m.TCPSlow.Load())
+	c("tcp_stalled_closed_total", "TCP connections closed because the peer did not read what was sent to it.", m.TCPStalled.Load())
 	c("pings_failed_total", "Unanswered OPTIONS health pings.", m.PingsFailed.Load())
 	fmt.Fprintf(w, "# HELP sluice_sip_transactions Live new-work transactions.\n# TYPE sluice_sip_transactions gauge\nsluice_sip_transactions %d\n", s.txns.Len())
 	fmt.Fprintf(w, "# HELP sluice_sip_dialogs Entries of the dialog table.\n# TYPE sluice_sip_dialogs gauge\nsluice_sip_dialogs %d\n", s.dialogs.Len())

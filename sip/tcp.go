@@ -5,30 +5,140 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 )
 
-// tcpConn is one TCP connection, accepted or dialled. Writes are serialized
-// by mu; one goroutine reads.
+// tcpConn is one TCP connection, accepted or dialled. One goroutine reads
+// it. Writes never block the caller: a write is tried once without waiting
+// (tryWrite) and what the socket did not take is queued for a flusher
+// goroutine that exists only while the queue is not empty. A peer that stops
+// reading therefore stalls nobody (the UDP reader relays to TCP clients too);
+// when its queue passes maxWriteQueue bytes the connection is closed.
 type tcpConn struct {
 	c      *net.TCPConn
 	remote netip.AddrPort
-	mu     sync.Mutex
+	srv    *Server
+
+	mu       sync.Mutex
+	out      [][]byte // queued for the flusher, in order
+	outBytes int
+	flushing bool // a flusher goroutine owns the socket's write side
+	dead     bool // closed for writing: every write fails at once
+	closing  bool // the reader ended: the flusher closes once the queue is out
 }
+
+// maxWriteQueue bounds the bytes queued for one connection whose peer does
+// not read; past it the connection is closed (about 250 SIP messages).
+const maxWriteQueue = 256 << 10
+
+// tcpWriteTimeout is how long the flusher waits for a peer to take a queued
+// message before the connection is given up.
+const tcpWriteTimeout = 5 * time.Second
+
+var errConnDead = errors.New("sip tcp connection closed")
 
 func (c *tcpConn) write(p []byte) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	_ = c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	_, err := c.c.Write(p)
-	return err
+	if c.dead {
+		c.mu.Unlock()
+		return errConnDead
+	}
+	if !c.flushing {
+		n, err := tryWrite(c.c, p)
+		if err != nil {
+			c.kill()
+			c.mu.Unlock()
+			return err
+		}
+		if n == len(p) {
+			c.mu.Unlock()
+			return nil
+		}
+		p = p[n:]
+	}
+	if c.outBytes+len(p) > maxWriteQueue {
+		c.kill()
+		c.mu.Unlock()
+		if c.srv != nil {
+			c.srv.metrics.TCPStalled.Add(1)
+			c.srv.log.Warn("sip tcp peer does not read: connection closed", "remote", c.remote.String(), "queued_bytes", c.outBytes+len(p))
+		}
+		return errConnDead
+	}
+	c.out = append(c.out, append([]byte(nil), p...))
+	c.outBytes += len(p)
+	start := !c.flushing
+	c.flushing = true
+	c.mu.Unlock()
+	if start {
+		c.startFlush()
+	}
+	return nil
+}
+
+// kill marks the connection dead and closes it, which also ends its reader.
+// c.mu must be held.
+func (c *tcpConn) kill() {
+	c.dead = true
+	c.out, c.outBytes = nil, 0
+	c.c.Close()
+}
+
+func (c *tcpConn) startFlush() {
+	if c.srv != nil {
+		c.srv.wg.Add(1)
+	}
+	go c.flush()
+}
+
+// flush writes the queue in order, blocking up to tcpWriteTimeout per
+// message, and exits when the queue is empty.
+func (c *tcpConn) flush() {
+	if c.srv != nil {
+		defer c.srv.wg.Done()
+	}
+	for {
+		c.mu.Lock()
+		if c.dead || len(c.out) == 0 {
+			if c.closing && !c.dead {
+				c.kill()
+			}
+			c.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		q := c.out
+		c.out = nil
+		c.mu.Unlock()
+		for i, m := range q {
+			_ = c.c.SetWriteDeadline(time.Now().Add(tcpWriteTimeout))
+			_, err := c.c.Write(m)
+			c.mu.Lock()
+			c.outBytes -= len(m)
+			if err != nil {
+				if !c.dead && c.srv != nil {
+					c.srv.metrics.SendErrors.Add(uint64(len(q) - i))
+					if errors.Is(err, os.ErrDeadlineExceeded) {
+						c.srv.metrics.TCPStalled.Add(1)
+					}
+				}
+				c.kill()
+				c.flushing = false
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Unlock()
+		}
+	}
 }
 
 // tcpTable maps remote addresses to live connections.
 type tcpTable struct {
 	mu      sync.RWMutex
 	conns   map[netip.AddrPort]*tcpConn
+	peak    int                         // most entries conns held since it was made
 	dialing map[netip.AddrPort][][]byte // messages waiting for the connection
 }
 
@@ -48,6 +158,15 @@ func (t *tcpTable) remove(c *tcpConn) {
 	t.mu.Lock()
 	if t.conns[c.remote] == c {
 		delete(t.conns, c.remote)
+	}
+	// A Go map never gives back its buckets: after a wave of thousands of
+	// connections, copy the survivors into a map of their own size.
+	if t.peak >= 1024 && len(t.conns) < t.peak/8 {
+		m := make(map[netip.AddrPort]*tcpConn, len(t.conns))
+		for k, v := range t.conns {
+			m[k] = v
+		}
+		t.conns, t.peak = m, len(m)
 	}
 	t.mu.Unlock()
 }
@@ -96,10 +215,11 @@ func (s *Server) startConn(c *net.TCPConn) *tcpConn {
 // any other writer can reach the connection, so they keep their order.
 func (s *Server) startConnQueued(c *net.TCPConn, dialled netip.AddrPort) *tcpConn {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port())}
+	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s}
 	tc.mu.Lock()
 	s.tcp.mu.Lock()
 	s.tcp.conns[tc.remote] = tc
+	s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
 	var q [][]byte
 	if dialled.IsValid() {
 		q = s.tcp.dialing[dialled]
@@ -111,12 +231,17 @@ func (s *Server) startConnQueued(c *net.TCPConn, dialled netip.AddrPort) *tcpCon
 	}
 	s.wg.Add(1)
 	go s.readConn(tc)
+	// The queued messages go first, through the flusher, so that no caller
+	// waits for a slow peer here either.
 	for _, m := range q {
-		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		if _, err := c.Write(m); err != nil {
-			s.metrics.SendErrors.Add(1)
-			break
-		}
+		tc.out = append(tc.out, m)
+		tc.outBytes += len(m)
+	}
+	if len(tc.out) > 0 {
+		tc.flushing = true
+		tc.mu.Unlock()
+		tc.startFlush()
+		return tc
 	}
 	tc.mu.Unlock()
 	return tc
@@ -163,30 +288,61 @@ func (s *Server) dialAsync(a netip.AddrPort, p []byte) bool {
 	return queued
 }
 
+// tcpReadSize is the read buffer of a connection between messages. It grows
+// while a larger message arrives and is cut back to this size once the
+// message is handled, so an idle connection holds tcpReadSize bytes plus
+// its reader goroutine's stack.
+const tcpReadSize = 2048
+
 // readConn frames messages by Content-Length (RFC 3261 §18.3) across
 // partial reads and hands each to handleDatagram. A framing error is
 // answered with 400 when possible and closes the connection; so does
-// silence longer than TCPIdleTimeout.
+// silence longer than TCPIdleTimeout between messages, and a message not
+// complete TCPMessageTimeout after its first byte: the head deadline is set
+// once per message, so a peer that trickles a byte at a time cannot hold the
+// connection by extending it.
 func (s *Server) readConn(tc *tcpConn) {
 	defer s.wg.Done()
 	defer func() {
 		s.tcp.remove(tc)
-		tc.c.Close()
+		tc.mu.Lock()
+		if !tc.dead && !tc.flushing {
+			tc.kill()
+		} else if !tc.dead {
+			// Let the flusher finish the answers already queued (a 400 before
+			// the close); it closes the socket when done or stalled.
+			_ = tc.c.CloseRead()
+			tc.closing = true
+		}
+		tc.mu.Unlock()
 	}()
 	src := source{addr: tc.remote, conn: tc}
-	buf := make([]byte, 0, 4096)
-	chunk := make([]byte, 32*1024)
+	buf := make([]byte, 0, tcpReadSize)
+	var msgDeadline time.Time // zero between messages
 	for {
-		_ = tc.c.SetReadDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
-		n, err := tc.c.Read(chunk)
+		now := time.Now()
+		dl := now.Add(s.cfg.TCPIdleTimeout)
+		if len(buf) > 0 {
+			if msgDeadline.IsZero() {
+				msgDeadline = now.Add(s.cfg.TCPMessageTimeout)
+			}
+			dl = msgDeadline
+		}
+		_ = tc.c.SetReadDeadline(dl)
+		if cap(buf)-len(buf) < 512 {
+			buf = append(buf, make([]byte, cap(buf))...)[:len(buf)]
+		}
+		n, err := tc.c.Read(buf[len(buf):cap(buf)])
 		if n > 0 {
-			buf = append(buf, chunk[:n]...)
+			buf = buf[:len(buf)+n]
+			done := false
 			for {
 				// RFC 5626 §3.5.1 keep-alive: CRLFCRLF is answered with CRLF;
 				// stray CRLFs between messages are skipped.
 				if len(buf) >= 4 && string(buf[:4]) == "\r\n\r\n" {
 					_ = tc.write([]byte("\r\n"))
 					buf = buf[:copy(buf, buf[4:])]
+					done = true
 					continue
 				}
 				skip := 0
@@ -206,12 +362,21 @@ func (s *Server) readConn(tc *tcpConn) {
 				}
 				s.handleDatagram(buf[:size], src)
 				buf = buf[:copy(buf, buf[size:])]
+				done = true
 			}
-			if cap(buf) > 256*1024 && len(buf) < 4096 {
-				buf = append(make([]byte, 0, 4096), buf...)
+			if done || len(buf) == 0 {
+				msgDeadline = time.Time{} // the next message starts its own clock
+			}
+			if len(buf) <= tcpReadSize/2 && cap(buf) > tcpReadSize {
+				buf = append(make([]byte, 0, tcpReadSize), buf...)
 			}
 		}
 		if err != nil {
+			var ne net.Error
+			if len(buf) > 0 && errors.As(err, &ne) && ne.Timeout() {
+				s.metrics.TCPSlow.Add(1)
+				s.log.Debug("sip tcp message not complete in time: connection closed", "remote", tc.remote.String(), "bytes", len(buf), "timeout", s.cfg.TCPMessageTimeout)
+			}
 			return
 		}
 	}
