@@ -86,6 +86,7 @@ func addSIPFlags(fs *flag.FlagSet) *sipOptions {
 	fs.IntVar(&c.HealthRise, "sip-health-rise", envInt("sip-health-rise", 2), "answered pings in a row that bring a backend up")
 	fs.IntVar(&c.HealthFall, "sip-health-fall", envInt("sip-health-fall", 3), "unanswered pings in a row that take a backend down")
 	fs.DurationVar(&c.TCPIdleTimeout, "sip-tcp-idle-timeout", envDuration("sip-tcp-idle-timeout", 5*time.Minute), "close TCP connections idle this long")
+	fs.DurationVar(&c.TCPMessageTimeout, "sip-tcp-message-timeout", envDuration("sip-tcp-message-timeout", 10*time.Second), "close a TCP connection whose message is not complete this long after its first byte (not restarted per byte)")
 	fs.IntVar(&c.TCPMaxConns, "sip-tcp-max-conns", envInt("sip-tcp-max-conns", 10000), "most TCP connections")
 	fs.IntVar(&c.UDPBuffer, "sip-udp-buffer", envInt("sip-udp-buffer", 4<<20), "UDP socket buffer in bytes")
 	fs.IntVar(&c.MaxMessage, "sip-max-message", envInt("sip-max-message", 65535), "largest SIP message in bytes")
