@@ -2,6 +2,8 @@ package sip
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -49,6 +51,40 @@ func FuzzAffinityToken(f *testing.F) {
 		}
 		if parsed && valid && !admitted && s.metrics.Panics.Load() == 0 {
 			t.Fatalf("Call-ID %q genuine token %q not admitted", callID, token)
+		}
+		if p := s.metrics.Panics.Load(); p != 0 {
+			t.Fatalf("%d handler panics", p)
+		}
+	})
+}
+
+// FuzzTCPStream sends any bytes, split at any point, over a real TCP
+// connection: the reader frames, answers or closes without a panic, the
+// connection ends once the peer has closed (nothing is held for it), and the
+// server still answers the next connection.
+func FuzzTCPStream(f *testing.F) {
+	b1 := newUAS(f, "b1")
+	b1.drop.Store(true)
+	s := testServer(f, []*uas{b1}, nil, func(c *Config) { c.TCPMessageTimeout = 200 * time.Millisecond })
+	opt := "OPTIONS sip:x@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:9;branch=z9hG4bK-s\r\nMax-Forwards: 0\r\nFrom: <sip:a@t>;tag=1\r\nTo: <sip:x@t>\r\nCall-ID: s@t\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
+	for _, seed := range []string{opt, "\r\n\r\n" + opt + opt, "\r\n", strings.Replace(opt, "Content-Length: 0", "Content-Length: 99999", 1),
+		strings.Replace(opt, "Content-Length: 0", "Content-Length: 10", 1) + "short", "garbage\r\n\r\n"} {
+		f.Add([]byte(seed), uint16(len(seed)/2))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
+		c, err := net.Dial("tcp", s.udpAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		k := min(int(cut), len(b))
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(b[:k]); err == nil {
+			_, _ = c.Write(b[k:])
+		}
+		_ = c.(*net.TCPConn).CloseWrite()
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Fatalf("connection not ended by the server: %v", err)
 		}
 		if p := s.metrics.Panics.Load(); p != 0 {
 			t.Fatalf("%d handler panics", p)
