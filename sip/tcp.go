@@ -58,12 +58,12 @@ func (c *tcpConn) write(p []byte) error {
 		}
 		p = p[n:]
 	}
-	if c.outBytes+len(p) > maxWriteQueue {
+	if queued := c.outBytes + len(p); queued > maxWriteQueue {
 		c.kill()
 		c.mu.Unlock()
 		if c.srv != nil {
 			c.srv.metrics.TCPStalled.Add(1)
-			c.srv.log.Warn("sip tcp peer does not read: connection closed", "remote", c.remote.String(), "queued_bytes", c.outBytes+len(p))
+			c.srv.log.Warn("sip tcp peer does not read: connection closed", "remote", c.remote.String(), "queued_bytes", queued)
 		}
 		return errConnDead
 	}
