@@ -22,7 +22,7 @@ func TestReadResults(t *testing.T) {
 		wantErr string
 	}{
 		{name: "three fields, blank lines skipped, CRLF tolerated",
-			in: "http-nginx\tc50.req_per_s\t83718\r\n\nhttp-nginx\tc50.cpu\tlb=97% gen=88%\n",
+			in:   "http-nginx\tc50.req_per_s\t83718\r\n\nhttp-nginx\tc50.cpu\tlb=97% gen=88%\n",
 			want: []Row{{"http-nginx", "c50.req_per_s", "83718"}, {"http-nginx", "c50.cpu", "lb=97% gen=88%"}}},
 		{name: "empty value kept", in: "sip-target\tat_max.latency\t\n",
 			want: []Row{{"sip-target", "at_max.latency", ""}}},
