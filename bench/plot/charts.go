@@ -256,7 +256,14 @@ func sipChart(w io.Writer, res []SIPResult, env Env) error {
 	}
 	cpuLabels := make([]string, len(res))
 	for i, v := range cpu {
-		cpuLabels[i] = fmtFixed(1)(v)
+		switch {
+		case res[i].NoneClean != "":
+			cpuLabels[i] = "no clean rate"
+		case math.IsNaN(res[i].LBCPU):
+			cpuLabels[i] = "no balancer"
+		default:
+			cpuLabels[i] = fmtFixed(1)(v)
+		}
 	}
 	right, err := systemBars("balancer CPU per call at that rate (µs)\nprocess CPU / clean calls per second, lower is better",
 		"µs CPU / call", names, cpu, cpuLabels)
