@@ -86,6 +86,8 @@ func TestChartsOfRealRuns(t *testing.T) {
 			systems: []string{"sluice", "HAProxy", "nginx"}},
 		{dir: "testdata/sip", files: []string{"sip.png"}, w: 1000, h: 450,
 			systems: []string{"sluice"}},
+		{dir: "testdata/sip-quota", files: []string{"sip.png"}, w: 1000, h: 450,
+			systems: []string{"Kamailio stateless"}}, // sluice had no clean rate in it
 	}
 	for _, tc := range tests {
 		t.Run(tc.dir, func(t *testing.T) {

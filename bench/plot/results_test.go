@@ -244,6 +244,30 @@ func TestLoadRunTestdata(t *testing.T) {
 			}
 		}
 	})
+	t.Run("sip-quota", func(t *testing.T) {
+		r, err := LoadRun("testdata/sip-quota")
+		if err != nil {
+			t.Fatal(err)
+		}
+		nan := math.NaN()
+		want := []SIPResult{
+			{System: "sip-target", NoneClean: "<1000", LBCPU: nan, P99: nan},
+			{System: "sip-kamailio-sl", MaxCleanCPS: 1000, LBCPU: 23, P99: 16},
+		}
+		if len(r.SIP) != len(want) {
+			t.Fatalf("got %+v, want %+v", r.SIP, want)
+		}
+		for i, g := range r.SIP {
+			w := want[i]
+			if g.System != w.System || g.MaxCleanCPS != w.MaxCleanCPS || g.NoneClean != w.NoneClean ||
+				!same(g.LBCPU, w.LBCPU) || !same(g.P99, w.P99) {
+				t.Errorf("result %d = %+v, want %+v", i, g, w)
+			}
+		}
+		if r.SIPEnv.Quota != "50" {
+			t.Errorf("quota = %q, want 50", r.SIPEnv.Quota)
+		}
+	})
 	t.Run("sip", func(t *testing.T) {
 		r, err := LoadRun("testdata/sip")
 		if err != nil {
