@@ -10,7 +10,8 @@
 # machine before each point, repeats points disturbed by other processes,
 # bounds every run and stops only what it started. Prints req/s, p50 and
 # p99 per system and connection count, and sluice's ratios to HAProxy and
-# nginx.
+# nginx, and draws them into OUT with go run ./bench/plot: http.png (req/s),
+# http-p99.png (p99) and http-cpu.png (balancer CPU per request).
 #
 # sluice runs as `sluice run` with its defaults (round robin, signed sticky
 # cookie set on every new-work answer, X-Forwarded-For / Forwarded added,
@@ -19,7 +20,8 @@
 # Knobs: GMP=1 (sluice's GOMAXPROCS) PORT=18095 (sluice's listen port)
 #   SYSTEMS="http-haproxy http-nginx" (peers measured in the same run; add
 #   http-direct or http-haproxy-sticky) SLUICE_FLAGS="" (extra flags)
-#   PEERS=/work/shared/peers OUT=$TMPDIR/sluice-bench/http-<timestamp>
+#   PEERS=$ROOT/../shared/peers (the peers' harness)
+#   OUT=$TMPDIR/sluice-bench/http-<timestamp>
 #   and run.sh's own: DURATION=10 CONNS="50 200" PIN=1 LB_CPUS=0 GEN_CPUS=1 ...
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -29,7 +31,6 @@ PORT=${PORT:-18095}
 SYSTEMS=${SYSTEMS:-"http-haproxy http-nginx"}
 SLUICE_FLAGS=${SLUICE_FLAGS:-}
 PEERS=${PEERS:-$ROOT/../shared/peers}
-[ -d "$PEERS" ] || PEERS=/work/shared/peers
 OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/http-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P)
 BIN=$OUT/sluice
@@ -78,3 +79,6 @@ awk -F'\t' -v systems="$SYSTEMS http-target" '
             print line
         }
     }' "$RES"
+echo
+log "charts: go run ./bench/plot -in $OUT"
+go run ./bench/plot -in "$OUT" || log "WARNING: no charts drawn (the results above stand; rerun: go run ./bench/plot -in $OUT)"

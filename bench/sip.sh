@@ -2,11 +2,13 @@
 # SIP benchmark and interop legs for sluice, on loopback (127.0.0.1) only.
 #
 # usage: bench/sip.sh [sweep|ci|overload|all]      (default: sweep)
-#   sweep     ../shared/peers/run.sh sip-target with sluice as the third
-#             system: SIPp uac_rr.xml -> sluice udp :5080 -> SIPp uas_rr.xml
-#             on :5071/:5072, sluice pinned to CPU0 and SIPp to CPU1 like the
-#             peers; prints the highest clean call rate next to Kamailio
-#             stateful and stateless from the peers' RESULTS.md.
+#   sweep     ../shared/peers/run.sh $SYSTEMS sip-target with sluice as the
+#             third system: SIPp uac_rr.xml -> {Kamailio | sluice} udp :5060
+#             -> SIPp uas_rr.xml on :5071/:5072, each balancer pinned to CPU0
+#             and SIPp to CPU1; prints the highest clean call rate of every
+#             system of the run (and Kamailio's from the peers' RESULTS.md)
+#             and draws sip.png (clean calls/s and balancer CPU per call,
+#             go run ./bench/plot) into OUT.
 #   overload  run.sh sip-target-overload: uac_overload.xml at OVL_RATE
 #             (600) calls/s against an INVITE limit of OVL_LIMIT (300)/s;
 #             fails if any established call fails.
@@ -17,7 +19,10 @@
 #             scenarios, plus a short overload run;
 #             fails on any failed call.
 #   all       sweep, then overload.
-# Knobs (env): PEERS=/work/shared/peers CI_RATE=200 CI_SECS=10 LB_PORT=5060 (the port Kamailio has in the peers run, so run.sh counts its drops)
+# Knobs (env): PEERS=$ROOT/../shared/peers (the peers' harness)
+#   SYSTEMS="sip-kamailio sip-kamailio-sl" (peers swept in the same run as
+#   sluice; SYSTEMS="" for sluice alone, add sip-direct for the harness's
+#   own ceiling) CI_RATE=200 CI_SECS=10 LB_PORT=5060 (the port Kamailio has in the peers run, so run.sh counts its drops)
 #   OVL_LIMIT=300 OVL_RATE=600 OUT=$TMPDIR/sluice-bench/sip-<timestamp> and run.sh's own
 #   (SIP_RATES, SIP_SECS, PIN, LB_CPUS, GEN_CPUS, ...).
 # Every process is started by this script, bounded by `timeout`, and
@@ -27,7 +32,7 @@ cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd -P)
 MODE=${1:-sweep}
 PEERS=${PEERS:-$ROOT/../shared/peers}
-[ -d "$PEERS" ] || PEERS=/work/shared/peers
+SYSTEMS=${SYSTEMS-"sip-kamailio sip-kamailio-sl"}
 # SIPp scenarios: the peers' copies, else ours (sip/testdata/sipp, the same
 # files), so the ci leg runs on a clone without the peers' harness.
 SCEN=$PEERS/sip
@@ -124,25 +129,50 @@ ci_overload() {
     stop_all
 }
 
+need_peers() { [ -x "$PEERS/run.sh" ] || die "no $PEERS/run.sh (the peers' harness; set PEERS)"; }
+
 kamailio_figure() {   # kamailio_figure 'sip-kamailio (tm' -> "4,000"
     grep -F "| $1" "$PEERS/RESULTS.md" | grep -o '\*\*[0-9,]*\*\*' | head -1 | tr -d '*'
 }
 
 sweep() {
-    log "sweep: $PEERS/run.sh sip-target 127.0.0.1:$LB_PORT (sluice pinned to CPU${LB_CPUS:-0}, GOMAXPROCS follows the pinning)"
-    LB_SIP_ADDR=127.0.0.1:$LB_PORT LB_SIP_CMD="$(lb_cmd)" OUT=$OUT/sweep "$PEERS/run.sh" sip-target "127.0.0.1:$LB_PORT" \
+    need_peers
+    log "sweep: $PEERS/run.sh $SYSTEMS sip-target 127.0.0.1:$LB_PORT (each balancer pinned to CPU${LB_CPUS:-0}; sluice's GOMAXPROCS follows the pinning)"
+    # shellcheck disable=SC2086
+    LB_SIP_ADDR=127.0.0.1:$LB_PORT LB_SIP_CMD="$(lb_cmd)" OUT=$OUT/sweep "$PEERS/run.sh" $SYSTEMS sip-target "127.0.0.1:$LB_PORT" \
         2>&1 | tee "$OUT/sweep.log"
-    local best
-    best=$(awk -F'\t' '$1 == "sip-target" && $2 == "max_clean_cps" { print $3 }' "$OUT/sweep/results.tsv")
+    local res=$OUT/sweep/results.tsv s
+    [ -s "$res" ] || die "no results in $res (see $OUT/sweep.log)"
     echo
-    echo "== SIP, highest clean call rate (all calls succeed, no retransmissions), 10 s per point"
-    printf '%-36s %s\n' "sluice (stateful new work, stateless in-dialog)" "${best:-?} calls/s"
-    printf '%-36s %s\n' "Kamailio stateful (tm), RESULTS.md" "$(kamailio_figure 'sip-kamailio (tm')  calls/s"
-    printf '%-36s %s\n' "Kamailio stateless, RESULTS.md" "$(kamailio_figure 'sip-kamailio-sl')  calls/s"
-    grep -E '^sip-target' "$OUT/sweep/results.tsv" | sed 's/^/  /'
+    echo "== SIP, highest clean call rate (all calls succeed, no retransmissions), ${SIP_SECS:-10} s per point"
+    for s in sip-target $SYSTEMS; do
+        printf '%-48s %s calls/s\n' "$(sys_name "$s"), this run" \
+            "$(awk -F'\t' -v s="$s" '$1 == s && $2 == "max_clean_cps" { print $3 }' "$res" | grep . || echo '?')"
+    done
+    printf '%-48s %s calls/s\n' "Kamailio stateful (tm), peers' RESULTS.md" "$(kamailio_figure 'sip-kamailio (tm')"
+    printf '%-48s %s calls/s\n' "Kamailio stateless, peers' RESULTS.md" "$(kamailio_figure 'sip-kamailio-sl')"
+    grep -E '^sip-' "$res" | sed 's/^/  /'
+    charts
+}
+
+sys_name() {   # sys_name sip-target -> the name the summary prints
+    case $1 in
+        sip-target) echo "sluice (stateful new work, stateless in-dialog)" ;;
+        sip-kamailio) echo "Kamailio stateful (tm)" ;;
+        sip-kamailio-sl) echo "Kamailio stateless" ;;
+        *) echo "$1" ;;
+    esac
+}
+
+# charts: sip.png (clean calls/s and balancer CPU per call per system) into
+# OUT. A failure to draw is reported but does not fail the measured run.
+charts() {
+    log "charts: go run ./bench/plot -in $OUT"
+    go run ./bench/plot -in "$OUT" || log "WARNING: no charts drawn (the results above stand; rerun: go run ./bench/plot -in $OUT)"
 }
 
 overload() {
+    need_peers
     LB_SIP_ADDR=127.0.0.1:$LB_PORT OVL_LIMIT=$OVL_LIMIT OVL_RATE=$OVL_RATE \
         LB_SIP_CMD="$(lb_cmd "-arm name=invites,proto=sip,method=INVITE,limit=$OVL_LIMIT/s,action=reject")" \
         OUT=$OUT/overload "$PEERS/run.sh" sip-target-overload "127.0.0.1:$LB_PORT" 2>&1 | tee "$OUT/overload.log"
