@@ -9,10 +9,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
-	"github.com/sluicelb/sluice/demo"
-	"github.com/sluicelb/sluice/sip/demoback"
+	"github.com/sluicelb/sluice/node"
 )
 
 func init() {
@@ -38,56 +36,6 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	return demoMain(ctx, args, stdout, stderr, nil)
 }
 
-// demoBackends are the embedded backends of a demo.
-type demoBackends struct {
-	http []*demo.HTTPBackend
-	sip  []*demoback.UAS
-}
-
-func (d *demoBackends) close() {
-	for _, b := range d.http {
-		b.Close()
-	}
-	for _, u := range d.sip {
-		u.Close()
-	}
-}
-
-// startDemoBackends starts two HTTP and two SIP backends on loopback. Each
-// session or dialog holds 64 KiB for up to 30 s against a 64 MiB maximum,
-// so a backend fills at about 34 new sessions per second and MOP's 85%
-// ceiling sits near 29 per second.
-func startDemoBackends(logger *slog.Logger) (*demoBackends, error) {
-	d := &demoBackends{}
-	for i := 1; i <= 2; i++ {
-		b, err := demo.NewHTTPBackend(demo.HTTPBackendConfig{Name: fmt.Sprintf("h%d", i), Logger: logger})
-		if err != nil {
-			d.close()
-			return nil, fmt.Errorf("demo http backend: %w", err)
-		}
-		d.http = append(d.http, b)
-		u, err := demoback.New(demoback.Config{Name: fmt.Sprintf("s%d", i), Logger: logger})
-		if err != nil {
-			d.close()
-			return nil, fmt.Errorf("demo sip backend: %w", err)
-		}
-		d.sip = append(d.sip, u)
-	}
-	return d, nil
-}
-
-// args are the run flags that put the demo backends behind the balancer.
-func (d *demoBackends) args() []string {
-	var a []string
-	for _, b := range d.http {
-		a = append(a, "-http-backend", fmt.Sprintf("%s,metrics=%s,id=%s", b.Addr(), b.MetricsURL(), b.Name()))
-	}
-	for _, u := range d.sip {
-		a = append(a, "-sip-backend", fmt.Sprintf("%s,metrics=%s,id=%s", u.Addr(), u.MetricsURL(), u.Name()))
-	}
-	return a
-}
-
 func demoMain(ctx context.Context, userArgs []string, stdout, stderr io.Writer, hooks *runHooks) int {
 	for _, a := range userArgs {
 		if a == "-h" || a == "-help" || a == "--help" {
@@ -96,16 +44,16 @@ func demoMain(ctx context.Context, userArgs []string, stdout, stderr io.Writer, 
 		}
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	backends, err := startDemoBackends(logger)
+	backends, err := node.StartDemo(logger)
 	if err != nil {
 		fmt.Fprintln(stderr, "sluice demo:", err)
 		return 1
 	}
-	defer backends.close()
-	args := append(append(append([]string{}, demoDefaults...), backends.args()...), userArgs...)
+	defer backends.Close()
+	args := append(append(append([]string{}, demoDefaults...), backends.Args()...), userArgs...)
 	sipAddr := flagValue(args, "sip-listen")
 	ready := func(httpAddr, adminAddr net.Addr) {
-		printDemoHelp(stdout, backends, httpAddr, adminAddr, sipAddr)
+		backends.PrintHelp(stdout, httpAddr, adminAddr, sipAddr)
 		if hooks != nil && hooks.ready != nil {
 			hooks.ready(httpAddr, adminAddr)
 		}
@@ -125,28 +73,4 @@ func flagValue(args []string, name string) string {
 		}
 	}
 	return v
-}
-
-func printDemoHelp(w io.Writer, d *demoBackends, httpAddr, adminAddr net.Addr, sipAddr string) {
-	fmt.Fprintln(w, "sluice demo is up.")
-	fmt.Fprintln(w)
-	if httpAddr != nil {
-		fmt.Fprintf(w, "  HTTP   http://%s   -> %s, %s\n", httpAddr, d.http[0].Addr(), d.http[1].Addr())
-	}
-	fmt.Fprintf(w, "  SIP    udp/tcp %s  -> %s, %s\n", sipAddr, d.sip[0].Addr(), d.sip[1].Addr())
-	if adminAddr != nil {
-		fmt.Fprintf(w, "  admin  http://%s   (/status /metrics /events /healthz)\n", adminAddr)
-	}
-	fmt.Fprintln(w, "\nEach new session holds 64 KiB in its backend for 30 s (64 MiB max): MOP learns about 29 new sessions/s per backend.")
-	fmt.Fprintln(w, "\nTry:")
-	if httpAddr != nil {
-		fmt.Fprintf(w, "  curl -si -c /tmp/sluice.jar -b /tmp/sluice.jar http://%s/          # a sticky session\n", httpAddr)
-		fmt.Fprintf(w, "  wrk -t2 -c20 -d60s http://%s/                                   # every request new work: watch MOP refuse\n", httpAddr)
-	}
-	fmt.Fprintf(w, "  sipp -sn uac -r 40 -d 10000 -m 4000 %s                          # calls of 10 s; BYEs always pass\n", sipAddr)
-	if adminAddr != nil {
-		fmt.Fprintf(w, "  watch -n1 'curl -s http://%s/status'\n", adminAddr)
-		fmt.Fprintf(w, "  curl -s 'http://%s/events?limit=20'\n", adminAddr)
-	}
-	fmt.Fprintf(w, "\nStop with Ctrl-C (drains for up to -drain-timeout). Started %s.\n", time.Now().Format(time.RFC3339))
 }

@@ -10,21 +10,14 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"runtime/debug"
-	"runtime/pprof"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	lbhttp "github.com/sluicelb/sluice/http"
 	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/node"
 	"github.com/sluicelb/sluice/persist"
-	lbsip "github.com/sluicelb/sluice/sip"
 )
 
 func init() {
@@ -44,21 +37,18 @@ type runOptions struct {
 	mopMaxHeap   fraction
 	mopReject    int
 	mopProbe     lb.MemoryProbeConfig
-	mem          admission.MemoryConfig
 	memLimit     byteSize
 	memLow       fraction
 	memLower     fraction
 	memCritical  fraction
 	keyFile      string
 	backendsFile string
-	// The backends given by flags; -backends-file adds to them.
-	flagHTTPBackends, flagSIPBackends []string
-	persist                           persist.Config
-	adminListen                       string
-	logLevel                          string
-	shutdown                          time.Duration
-	cpuProfile                        string
-	sip                               *sipOptions
+	persist      persist.Config
+	adminListen  string
+	logLevel     string
+	shutdown     time.Duration
+	cpuProfile   string
+	sip          *sipOptions
 }
 
 // newRunFlags defines the flags of `sluice run` on fs and returns where
@@ -188,28 +178,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 	if !explicit["health-timeout"] && o.health.Interval > 0 && o.health.Timeout > o.health.Interval {
 		o.health.Timeout = o.health.Interval
 	}
-	p, err := o.build(stderr)
+	cfg, logger, err := o.config(stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "sluice run:", err)
 		return 2
 	}
-	// Learned rates are restored before anything listens.
-	if err := p.openStore(o); err != nil {
-		p.logger.Error("start failed", "err", err)
+	n, err := node.New(cfg, logger)
+	if err != nil {
+		fmt.Fprintln(stderr, "sluice run:", err)
+		return 2
+	}
+	if err := n.Start(ctx); err != nil {
+		logger.Error("start failed", "err", err)
 		fmt.Fprintln(stderr, "sluice run:", err)
 		return 1
 	}
-	if err := p.mountMetrics(); err != nil {
-		fmt.Fprintln(stderr, "sluice run:", err)
-		p.closeStore()
-		return 1
-	}
-	if err := p.start(ctx, o, hooks); err != nil {
-		p.logger.Error("start failed", "err", err)
-		fmt.Fprintln(stderr, "sluice run:", err)
-		p.stop(o.shutdown)
-		p.closeStore()
-		return 1
+	if hooks != nil && hooks.ready != nil {
+		a := n.Addrs()
+		hooks.ready(a.HTTP, a.Admin)
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -219,405 +205,48 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 		case <-ctx.Done():
 			wait = false
 		case <-hup:
-			if err := p.reload(o); err != nil {
-				p.logger.Error("reload failed: backends unchanged", "err", err)
+			if err := n.Reload(); err != nil {
+				logger.Error("reload failed: backends unchanged", "err", err)
 			} else {
-				p.logger.Info("reloaded backends", "file", o.backendsFile)
+				logger.Info("reloaded backends", "file", o.backendsFile)
 			}
 		}
 	}
-	left := p.drain(o.shutdown)
-	p.logger.Info("shutting down", "timeout", left)
-	p.stop(left)
-	p.closeStore()
+	left := n.Drain(o.shutdown)
+	logger.Info("shutting down", "timeout", left)
+	n.Stop(left)
 	return 0
 }
 
-// plan is everything built from the flags before anything listens.
-type plan struct {
-	logger         *slog.Logger
-	clock          admission.Clock
-	events         admission.EventSink
-	eventLog       *eventLog
-	store          *persist.Store
-	saver          *persist.Saver
-	forward        *prometheus.HistogramVec // forwarding latency, by protocol
-	mem            *admission.Memory
-	prevGoMemLimit int64 // Go memory limit before -mem-limit set it; 0: untouched
-	ctrl           *admission.Controller
-	signer         *lb.Signer
-	httpSrv        *lbhttp.Server
-	httpGen        *httpGen          // HTTP backends with their health checks and probes
-	probes         []*lb.MemoryProbe // SIP backends' memory probes
-	sipProbeCancel context.CancelFunc
-	mopByKey       map[string]*admission.MOP
-	ctx            context.Context // of the running plan, for reloads
-	sipSrv         *lbsip.Server
-	admin          *admin.Server
-
-	// mops lists every backend's MOP limiter by its persist key
-	// (persist.MOPKey(proto, addr)), built before any front end serves:
-	// the place where learned states are imported at start and exported
-	// for saving.
-	mops []mopEntry
-
-	cpuProfile *os.File
-	stopFronts []func(context.Context) error // front ends, in start order
-	background sync.WaitGroup
-	cancel     context.CancelFunc
-}
-
-type mopEntry struct {
-	key string
-	mop *admission.MOP
-}
-
-// build validates the options and constructs every part. Errors name the
-// flag.
-func (o *runOptions) build(stderr io.Writer) (*plan, error) {
+// config turns the parsed flags into a node.Config and the logger of
+// -log-level.
+func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", o.logLevel)
+		return node.Config{}, nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", o.logLevel)
 	}
-	p := &plan{
-		logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})),
-		clock:  admission.MonoClock{},
-	}
-	p.eventLog = &eventLog{logger: p.logger}
-	p.events = p.eventLog.emit
-	p.forward = newForwardHistogram()
-	o.flagHTTPBackends = append([]string{}, o.httpBackends.values...)
-	o.flagSIPBackends = append([]string{}, o.sip.backends...)
-	if o.backendsFile != "" {
-		h, s, err := readBackendsFile(o.backendsFile)
-		if err != nil {
-			return nil, err
-		}
-		o.httpBackends.values = append(o.httpBackends.values, h...)
-		o.sip.backends = append(o.sip.backends, s...)
-	}
-	if len(o.httpBackends.values) == 0 && !o.sip.enabled() {
-		return nil, errors.New("no backends: give -http-backend and/or -sip-backend (or -backends-file)")
-	}
-	if err := o.checkPositive(); err != nil {
-		return nil, err
-	}
-
-	var err error
-	o.mem = admission.MemoryConfig{Limit: int64(o.memLimit), Low: float64(o.memLow), Lower: float64(o.memLower), Critical: float64(o.memCritical)}
-	if p.mem, err = admission.NewMemory(o.mem, nil, p.events); err != nil {
-		return nil, err
-	}
-	// The runtime collects and returns memory to stay under the Low share of
-	// -mem-limit, so that garbage never raises the memory state; only live
-	// memory does.
-	if rl := o.mem.RuntimeLimit(); rl > 0 {
-		p.prevGoMemLimit = debug.SetMemoryLimit(rl)
-		p.logger.Info("go memory limit set from -mem-limit", "limit_bytes", rl, "mem_limit_bytes", o.mem.Limit, "previous_bytes", p.prevGoMemLimit)
-	}
-	var rules []admission.RuleConfig
-	for _, s := range o.arm.values {
-		rc, err := admission.ParseRule(s)
-		if err != nil {
-			return nil, err
-		}
-		rules = append(rules, rc)
-	}
-	if p.ctrl, err = admission.NewController(admission.ControllerConfig{Rules: rules, MOPRejectCode: o.mopReject, Events: p.events}, p.mem, p.clock.Now()); err != nil {
-		return nil, err
-	}
-	o.mop.MaxHeap = float64(o.mopMaxHeap)
-	if err := o.checkMOP(); err != nil {
-		return nil, err
-	}
-
-	keyFile := o.keyFile
-	if keyFile == "" {
-		keyFile = defaultKeyFile(o.persist.Dir)
-	}
-	ring, err := lb.LoadOrCreateKeyRing(keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("-affinity-key-file: %w", err)
-	}
-	if p.signer, err = lb.NewRingSigner(ring); err != nil {
-		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)
-	}
-
-	if len(o.httpBackends.values) > 0 {
-		if err := p.buildHTTP(o); err != nil {
-			return nil, err
-		}
-	}
-	if o.sip.enabled() {
-		if err := p.buildSIP(o); err != nil {
-			return nil, err
-		}
-	}
-	if o.adminListen != "" {
-		p.admin = admin.New(p.logger)
-		p.admin.Handle("GET /healthz", p.healthz())
-		src := admin.Source{Memory: p.mem, Controller: p.ctrl, Backends: p.backendStatus, Storage: p.storageStatus}
-		p.admin.Handle("GET /status", admin.StatusHandler(src))
-		// The dashboard at / samples src every second while the admin
-		// listener serves; its buttons drain and reweigh the pools in force.
-		pools := func() []*lb.Pool {
-			var pools []*lb.Pool
-			if p.httpSrv != nil {
-				pools = append(pools, p.httpSrv.Pool())
-			}
-			return append(pools, p.sipPool())
-		}
-		admin.NewDashboard(admin.DashboardConfig{Source: src, Control: admin.PoolControl(pools), MOPMaxHeap: o.mop.MaxHeap, Events: p.events}, p.logger).Register(p.admin)
-	}
-	return p, nil
-}
-
-// defaultKeyFile is where the affinity key lives when -affinity-key-file
-// is not given: in the data directory, where -data-reset leaves it, so that
-// sticky cookies and SIP dialogs issued before a reset stay valid.
-func defaultKeyFile(dataDir string) string {
-	return filepath.Join(dataDir, persist.AffinityKeyFile)
-}
-
-// checkPositive rejects zero or negative values of the flags whose zero
-// value the packages would silently replace by their default.
-func (o *runOptions) checkPositive() error {
-	for _, c := range []struct {
-		name string
-		ok   bool
-	}{
-		{"-mop-initial-rate", o.mop.InitialRate > 0},
-		{"-mop-window", o.mop.Window > 0},
-		{"-mop-probe-interval", o.mopProbe.Interval > 0},
-		{"-health-timeout", o.health.Timeout > 0},
-		{"-health-rise", o.health.Rise > 0},
-		{"-health-fall", o.health.Fall > 0},
-		{"-health-cooldown", o.passive.Cooldown > 0},
-		{"-health-max-fails", o.passive.MaxFails >= 0},
-		{"-http-sticky-ttl", o.http.StickyTTL > 0},
-		{"-http-sticky-app-ttl", o.http.AppCookieTTL > 0},
-		{"-http-sticky-app-max", o.http.AppCookieMax > 0},
-		{"-http-backend-max-conns", o.http.MaxConns > 0},
-		{"-http-connect-timeout", o.http.ConnectTimeout > 0},
-		{"-http-backend-timeout", o.http.BackendTimeout > 0},
-		{"-http-backend-idle", o.http.BackendIdle > 0},
-		{"-http-client-timeout", o.http.ClientReadTimeout > 0},
-		{"-http-client-idle", o.http.ClientIdle > 0},
-		{"-http-stream-threshold", o.http.StreamThreshold > 0},
-		{"-drain-timeout", o.shutdown > 0},
-	} {
-		if !c.ok {
-			return fmt.Errorf("%s must be positive", c.name)
-		}
-	}
-	return nil
-}
-
-// checkMOP validates the MOP flags once, before any backend needs them.
-func (o *runOptions) checkMOP() error {
-	c := o.mop
-	c.Name = "check"
-	_, err := admission.NewMOP(c)
-	return err
-}
-
-// newMOP builds the limiter of one backend with a memory probe.
-func (p *plan) newMOP(o *runOptions, proto, id, addr string) (*admission.MOP, error) {
-	key := persist.MOPKey(proto, addr)
-	if m := p.mopByKey[key]; m != nil {
-		return m, nil // a backend that stays across a reload keeps what it learned
-	}
-	c := o.mop
-	c.Name = proto + " " + id
-	c.Events = p.events
-	m, err := admission.NewMOP(c)
-	if err != nil {
-		return nil, err
-	}
-	p.mops = append(p.mops, mopEntry{key: key, mop: m})
-	if p.mopByKey == nil {
-		p.mopByKey = map[string]*admission.MOP{}
-	}
-	p.mopByKey[key] = m
-	return m, nil
-}
-
-func (p *plan) buildHTTP(o *runOptions) error {
-	gen, err := p.newHTTPGen(o, o.httpBackends.values)
-	if err != nil {
-		return err
-	}
-	p.httpGen = gen
-	for _, s := range o.trusted.values {
-		nets, err := lbhttp.ParseTrustedProxies(s)
-		if err != nil {
-			return err
-		}
-		o.http.TrustedProxies = append(o.http.TrustedProxies, nets...)
-	}
-	o.http.Clock = p.clock
-	hist := p.forward.WithLabelValues("http")
-	o.http.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
-	p.httpSrv, err = lbhttp.New(o.http, p.httpGen.pool, p.ctrl, p.signer, p.logger)
-	return err
-}
-
-func (p *plan) buildSIP(o *runOptions) error {
-	if o.sip.cfg.Listen == "" {
-		o.sip.cfg.Listen = ":5060"
-	}
-	cfg, err := o.sip.config()
-	if err != nil {
-		return err
-	}
-	var mopErr error
-	mops := p.sipMOPHook(o, &mopErr)
-	hist := p.forward.WithLabelValues("sip")
-	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
-	p.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: p.ctrl, Signer: p.signer, Clock: p.clock, MOP: mops, ObserveForward: observe, Events: p.events}, p.logger)
-	if err != nil {
-		return err
-	}
-	if mopErr != nil {
-		return mopErr
-	}
-	p.probes, err = p.sipProbesFor(o, cfg.Backends)
-	return err
-}
-
-// start runs the background loops, binds the listeners and starts the
-// front ends: the one place where front ends start.
-func (p *plan) start(parent context.Context, o *runOptions, hooks *runHooks) error {
-	if o.cpuProfile != "" {
-		f, err := os.Create(o.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("-cpuprofile: %w", err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return fmt.Errorf("-cpuprofile: %w", err)
-		}
-		p.cpuProfile = f
-	}
-	ctx, cancel := context.WithCancel(parent)
-	p.cancel = cancel
-	p.goBackground(func() { p.mem.Run(ctx) })
-	p.goBackground(func() { p.ctrl.Run(ctx, p.clock, 10*time.Millisecond) })
-	p.ctx = ctx
-	if p.httpGen != nil {
-		p.startHTTPGen(p.httpGen)
-	}
-	p.startSIPProbes(p.probes)
-	if _, limit := p.mem.Usage(); limit <= 0 {
-		p.logger.Info("memory states off: set -mem-limit or GOMEMLIMIT")
-	}
-
-	var httpAddr, adminAddr net.Addr
-	if p.admin != nil {
-		ln, err := net.Listen("tcp", o.adminListen)
-		if err != nil {
-			return fmt.Errorf("-admin-listen %s: %w", o.adminListen, err)
-		}
-		adminAddr = ln.Addr()
-		p.goBackground(func() {
-			if err := p.admin.Serve(ln); err != nil {
-				p.logger.Error("admin stopped", "err", err)
-			}
-		})
-	}
-	if p.httpSrv != nil {
-		ln, err := net.Listen("tcp", o.http.Listen)
-		if err != nil {
-			return fmt.Errorf("-http-listen %s: %w", o.http.Listen, err)
-		}
-		httpAddr = ln.Addr()
-		p.goBackground(func() {
-			if err := p.httpSrv.Serve(ln); err != nil {
-				p.logger.Error("http front end stopped", "err", err)
-			}
-		})
-		p.stopFronts = append(p.stopFronts, p.httpSrv.Shutdown)
-	}
-	if p.sipSrv != nil {
-		if err := p.sipSrv.Start(ctx); err != nil {
-			return fmt.Errorf("start sip front end: %w", err)
-		}
-		p.stopFronts = append(p.stopFronts, func(context.Context) error { return p.sipSrv.Close() })
-	}
-	attrs := []any{}
-	if httpAddr != nil {
-		attrs = append(attrs, "http", httpAddr.String())
-	}
-	if p.sipSrv != nil {
-		attrs = append(attrs, "sip", p.sipSrv.Addr().String())
-	}
-	if adminAddr != nil {
-		attrs = append(attrs, "admin", adminAddr.String())
-	}
-	p.logger.Info("listening", attrs...)
-	if hooks != nil && hooks.ready != nil {
-		hooks.ready(httpAddr, adminAddr)
-	}
-	return nil
-}
-
-func (p *plan) goBackground(f func()) {
-	p.background.Add(1)
-	go func() {
-		defer p.background.Done()
-		f()
-	}()
-}
-
-// stop ends the front ends (in-flight requests get up to timeout), then
-// the admin listener and the background loops: the one place where front
-// ends stop.
-func (p *plan) stop(timeout time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	for i := len(p.stopFronts) - 1; i >= 0; i-- {
-		if err := p.stopFronts[i](ctx); err != nil {
-			p.logger.Warn("front end shutdown", "err", err)
-		}
-	}
-	if p.admin != nil {
-		p.admin.Shutdown(ctx)
-	}
-	if p.cancel != nil {
-		p.cancel()
-	}
-	p.background.Wait()
-	if p.cpuProfile != nil {
-		pprof.StopCPUProfile()
-		p.cpuProfile.Close()
-	}
-	if p.prevGoMemLimit > 0 {
-		debug.SetMemoryLimit(p.prevGoMemLimit) // the process may run on (tests, embedding)
-	}
-}
-
-// backendStatus lists the HTTP and SIP backends for /status.
-func (p *plan) backendStatus() []admin.BackendStatus {
-	var out []admin.BackendStatus
-	now := p.clock.Now()
-	var httpPool *lb.Pool
-	if p.httpSrv != nil {
-		httpPool = p.httpSrv.Pool() // the set in force, also after a reload
-	}
-	for _, pool := range []*lb.Pool{httpPool, p.sipPool()} {
-		if pool == nil {
-			continue
-		}
-		for _, b := range pool.Backends() {
-			out = append(out, admin.FromBackend(b.Status(now), b.MOP()))
-		}
-	}
-	return out
-}
-
-func (p *plan) sipPool() *lb.Pool {
-	if p.sipSrv == nil {
-		return nil
-	}
-	return p.sipSrv.Pool()
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	mop := o.mop
+	mop.MaxHeap = float64(o.mopMaxHeap)
+	return node.Config{
+		HTTP:           o.http,
+		HTTPBackends:   o.httpBackends.values,
+		TrustedProxies: o.trusted.values,
+		Policy:         o.policy,
+		Health:         o.health,
+		Passive:        o.passive,
+		ARM:            o.arm.values,
+		MOP:            mop,
+		MOPRejectCode:  o.mopReject,
+		MOPProbe:       o.mopProbe,
+		Memory:         admission.MemoryConfig{Limit: int64(o.memLimit), Low: float64(o.memLow), Lower: float64(o.memLower), Critical: float64(o.memCritical)},
+		KeyFile:        o.keyFile,
+		BackendsFile:   o.backendsFile,
+		Persist:        o.persist,
+		AdminListen:    o.adminListen,
+		DrainTimeout:   o.shutdown,
+		CPUProfile:     o.cpuProfile,
+		SIP:            o.sip.cfg,
+		SIPBackends:    o.sip.backends,
+	}, logger, nil
 }

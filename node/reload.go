@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"bufio"
@@ -26,8 +26,8 @@ type httpGen struct {
 // newHTTPGen builds the backends of specs. A backend whose key (protocol
 // and address) is already known keeps its MOP limiter, so what it learned
 // survives a reload.
-func (p *plan) newHTTPGen(o *runOptions, specs []string) (*httpGen, error) {
-	if o.health.Interval < 0 {
+func (n *Node) newHTTPGen(specs []string) (*httpGen, error) {
+	if n.cfg.Health.Interval < 0 {
 		return nil, errors.New("-health-interval must not be negative")
 	}
 	var backends []*lb.Backend
@@ -41,7 +41,7 @@ func (p *plan) newHTTPGen(o *runOptions, specs []string) (*httpGen, error) {
 		if spec.MetricsURL != "" {
 			// MOP learns from memory samples: without a probe it would
 			// hold the backend at -mop-initial-rate for ever.
-			if mop, err = p.newMOP(o, "http", spec.ID, spec.Addr); err != nil {
+			if mop, err = n.newMOP("http", spec.ID, spec.Addr); err != nil {
 				return nil, err
 			}
 		}
@@ -54,11 +54,11 @@ func (p *plan) newHTTPGen(o *runOptions, specs []string) (*httpGen, error) {
 	}
 	g := &httpGen{}
 	var err error
-	if g.pool, err = lb.NewPool(lb.PoolConfig{Policy: o.policy, Passive: o.passive}, backends); err != nil {
+	if g.pool, err = lb.NewPool(lb.PoolConfig{Policy: n.cfg.Policy, Passive: n.cfg.Passive}, backends); err != nil {
 		return nil, err
 	}
-	if o.health.Interval > 0 {
-		if g.health, err = lb.NewHealthChecker(p.healthConfig(o), p.logger); err != nil {
+	if n.cfg.Health.Interval > 0 {
+		if g.health, err = lb.NewHealthChecker(n.healthConfig(), n.logger); err != nil {
 			return nil, err
 		}
 		for i, b := range backends {
@@ -73,9 +73,9 @@ func (p *plan) newHTTPGen(o *runOptions, specs []string) (*httpGen, error) {
 		if parsed[i].MetricsURL == "" {
 			continue
 		}
-		pc := o.mopProbe
+		pc := n.cfg.MOPProbe
 		pc.URL = parsed[i].MetricsURL
-		probe, err := lb.NewMemoryProbe(b, pc, p.clock, p.logger)
+		probe, err := lb.NewMemoryProbe(b, pc, n.clock, n.logger)
 		if err != nil {
 			return nil, err
 		}
@@ -86,15 +86,15 @@ func (p *plan) newHTTPGen(o *runOptions, specs []string) (*httpGen, error) {
 
 // startHTTPGen runs g's health checks and probes until the plan stops or
 // g is retired.
-func (p *plan) startHTTPGen(g *httpGen) {
-	ctx, cancel := context.WithCancel(p.ctx)
+func (n *Node) startHTTPGen(g *httpGen) {
+	ctx, cancel := context.WithCancel(n.ctx)
 	g.cancel = cancel
 	if g.health != nil {
 		g.health.ProbeAll(ctx) // a first verdict before traffic
-		p.goBackground(func() { g.health.Run(ctx) })
+		n.goBackground(func() { g.health.Run(ctx) })
 	}
 	for _, probe := range g.probes {
-		p.goBackground(func() { probe.Run(ctx) })
+		n.goBackground(func() { probe.Run(ctx) })
 	}
 }
 
@@ -135,52 +135,53 @@ func readBackendsFile(path string) (httpSpecs, sipSpecs []string, err error) {
 	return httpSpecs, sipSpecs, nil
 }
 
-// reload re-reads -backends-file (SIGHUP) and puts the new backend sets in
+// Reload re-reads -backends-file (SIGHUP) and puts the new backend sets in
 // force: backends are added, removed or reweighted; those that stay keep
 // their learned rates and their clients' affinity (cookies and SIP tokens
 // name backends by id). On any error nothing changes.
-func (p *plan) reload(o *runOptions) error {
-	if o.backendsFile == "" {
+func (n *Node) Reload() error {
+	if n.cfg.BackendsFile == "" {
 		return errors.New("reload: no -backends-file given")
 	}
-	httpSpecs, sipSpecs, err := readBackendsFile(o.backendsFile)
+	httpSpecs, sipSpecs, err := readBackendsFile(n.cfg.BackendsFile)
 	if err != nil {
 		return err
 	}
-	httpAll := append(append([]string{}, o.flagHTTPBackends...), httpSpecs...)
-	sipAll := append(append([]string{}, o.flagSIPBackends...), sipSpecs...)
-	if (len(httpAll) > 0) != (p.httpSrv != nil) || (len(sipAll) > 0) != (p.sipSrv != nil) {
+	httpAll := append(append([]string{}, n.cfgHTTPBackends...), httpSpecs...)
+	sipAll := append(append([]string{}, n.cfgSIPBackends...), sipSpecs...)
+	if (len(httpAll) > 0) != (n.httpSrv != nil) || (len(sipAll) > 0) != (n.sipSrv != nil) {
 		return errors.New("reload: a front end can be added or removed only by a restart (keep at least one backend per protocol in use)")
 	}
 	var gen *httpGen
-	if p.httpSrv != nil {
-		if gen, err = p.newHTTPGen(o, httpAll); err != nil {
+	if n.httpSrv != nil {
+		if gen, err = n.newHTTPGen(httpAll); err != nil {
 			return fmt.Errorf("reload http backends: %w", err)
 		}
 	}
-	if p.sipSrv != nil {
-		if err := p.reloadSIP(o, sipAll); err != nil {
+	if n.sipSrv != nil {
+		if err := n.reloadSIP(sipAll); err != nil {
 			return fmt.Errorf("reload sip backends: %w", err)
 		}
 	}
 	if gen != nil {
-		p.startHTTPGen(gen)
-		if err := p.httpSrv.SetPool(gen.pool); err != nil {
+		n.startHTTPGen(gen)
+		if err := n.httpSrv.SetPool(gen.pool); err != nil {
 			gen.cancel()
 			return err
 		}
-		old := p.httpGen
-		p.httpGen = gen
+		old := n.httpGen
+		n.httpGen = gen
+		n.httpBackends = httpAll
 		old.cancel()
 	}
-	p.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: o.backendsFile,
+	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.BackendsFile,
 		Message: fmt.Sprintf("backends reloaded: %d http, %d sip", len(httpAll), len(sipAll))})
 	return nil
 }
 
 // healthConfig is -health-* with the event log attached.
-func (p *plan) healthConfig(o *runOptions) lb.HealthConfig {
-	c := o.health
-	c.Events = p.events
+func (n *Node) healthConfig() lb.HealthConfig {
+	c := n.cfg.Health
+	c.Events = n.events
 	return c
 }

@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -19,12 +19,12 @@ func sipID(bc lbsip.BackendConfig) string {
 // or the one a backend with the same address already had, so that what it
 // learned survives a reload. Backends without a memory probe get none. The
 // first error lands in *errp.
-func (p *plan) sipMOPHook(o *runOptions, errp *error) func(lbsip.BackendConfig) *admission.MOP {
+func (n *Node) sipMOPHook(errp *error) func(lbsip.BackendConfig) *admission.MOP {
 	return func(bc lbsip.BackendConfig) *admission.MOP {
 		if bc.MetricsURL == "" || *errp != nil {
 			return nil
 		}
-		m, err := p.newMOP(o, "sip", sipID(bc), bc.Addr)
+		m, err := n.newMOP("sip", sipID(bc), bc.Addr)
 		if err != nil {
 			*errp = err
 			return nil
@@ -36,13 +36,13 @@ func (p *plan) sipMOPHook(o *runOptions, errp *error) func(lbsip.BackendConfig) 
 // sipProbesFor builds the memory probes of the SIP backends that have a
 // metrics URL. A probe feeds the backend's MOP through a stand-in
 // lb.Backend: it only reads the backend's id and limiter.
-func (p *plan) sipProbesFor(o *runOptions, bcs []lbsip.BackendConfig) ([]*lb.MemoryProbe, error) {
+func (n *Node) sipProbesFor(bcs []lbsip.BackendConfig) ([]*lb.MemoryProbe, error) {
 	var probes []*lb.MemoryProbe
 	for _, bc := range bcs {
 		if bc.MetricsURL == "" {
 			continue
 		}
-		m, err := p.newMOP(o, "sip", sipID(bc), bc.Addr)
+		m, err := n.newMOP("sip", sipID(bc), bc.Addr)
 		if err != nil {
 			return nil, err
 		}
@@ -50,9 +50,9 @@ func (p *plan) sipProbesFor(o *runOptions, bcs []lbsip.BackendConfig) ([]*lb.Mem
 		if err != nil {
 			return nil, err
 		}
-		pc := o.mopProbe
+		pc := n.cfg.MOPProbe
 		pc.URL = bc.MetricsURL
-		probe, err := lb.NewMemoryProbe(shadow, pc, p.clock, p.logger)
+		probe, err := lb.NewMemoryProbe(shadow, pc, n.clock, n.logger)
 		if err != nil {
 			return nil, err
 		}
@@ -63,21 +63,21 @@ func (p *plan) sipProbesFor(o *runOptions, bcs []lbsip.BackendConfig) ([]*lb.Mem
 
 // startSIPProbes runs probes until the plan stops or the next reload, and
 // stops the ones that ran before.
-func (p *plan) startSIPProbes(probes []*lb.MemoryProbe) {
-	if p.sipProbeCancel != nil {
-		p.sipProbeCancel()
+func (n *Node) startSIPProbes(probes []*lb.MemoryProbe) {
+	if n.sipProbeCancel != nil {
+		n.sipProbeCancel()
 	}
-	ctx, cancel := context.WithCancel(p.ctx)
-	p.sipProbeCancel = cancel
+	ctx, cancel := context.WithCancel(n.ctx)
+	n.sipProbeCancel = cancel
 	for _, probe := range probes {
-		p.goBackground(func() { probe.Run(ctx) })
+		n.goBackground(func() { probe.Run(ctx) })
 	}
 }
 
 // reloadSIP puts a new list of SIP backends in force (see
 // sip.Server.SetBackends): those that stay keep their learned rates and
 // their dialogs; removed ones take no new work while calls on them end.
-func (p *plan) reloadSIP(o *runOptions, specs []string) error {
+func (n *Node) reloadSIP(specs []string) error {
 	var bcs []lbsip.BackendConfig
 	for _, s := range specs {
 		bc, err := lbsip.ParseBackend(s)
@@ -86,15 +86,32 @@ func (p *plan) reloadSIP(o *runOptions, specs []string) error {
 		}
 		bcs = append(bcs, bc)
 	}
-	probes, err := p.sipProbesFor(o, bcs)
+	probes, err := n.sipProbesFor(bcs)
 	if err != nil {
 		return err
 	}
 	var mopErr error
-	if err := p.sipSrv.SetBackends(bcs, p.sipMOPHook(o, &mopErr)); err != nil {
+	if err := n.sipSrv.SetBackends(bcs, n.sipMOPHook(&mopErr)); err != nil {
 		return err
 	}
-	p.startSIPProbes(probes)
-	o.sip.backends = specs
+	n.startSIPProbes(probes)
+	n.sipBackends = specs
 	return mopErr
+}
+
+// sipConfig is the SIP front end's Config with specs parsed as its
+// backends. A listen address defaults to :5060 once there is a backend.
+func sipConfig(c lbsip.Config, specs []string) (lbsip.Config, error) {
+	if c.Listen == "" {
+		c.Listen = ":5060"
+	}
+	c.Backends = nil
+	for _, s := range specs {
+		b, err := lbsip.ParseBackend(s)
+		if err != nil {
+			return c, err
+		}
+		c.Backends = append(c.Backends, b)
+	}
+	return c, nil
 }

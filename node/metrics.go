@@ -1,7 +1,8 @@
-package main
+package node
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"sync/atomic"
@@ -213,4 +214,24 @@ func metricsHandler(src metricsSources) (http.Handler, error) {
 		w.Header().Set("Content-Type", string(format))
 		w.Write(buf.Bytes())
 	}), nil
+}
+
+// mountMetrics adds /metrics to the admin listener.
+func (n *Node) mountMetrics() error {
+	if n.admin == nil {
+		return nil
+	}
+	src := metricsSources{ctrl: n.ctrl, mem: n.mem, backends: n.backendStatus, forward: n.forward, store: n.store}
+	if n.httpSrv != nil {
+		src.http = n.httpSrv.Stats()
+	}
+	if n.sipSrv != nil {
+		src.extra = append(src.extra, func(w io.Writer) { n.sipSrv.WritePrometheus(w) })
+	}
+	h, err := metricsHandler(src)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	n.admin.Handle("GET /metrics", h)
+	return nil
 }

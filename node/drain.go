@@ -1,0 +1,80 @@
+package node
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// healthz answers 200 in memory state Normal, 429 otherwise and from the
+// moment a drain starts, so that a balancer in front stops sending.
+func (n *Node) healthz() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := n.mem.State()
+		code, text := st.HealthCode(), st.String()
+		if n.ctrl.Draining() {
+			code, text = http.StatusTooManyRequests, "draining"
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if code != http.StatusOK {
+			w.Header().Set("Retry-After", "5")
+		}
+		w.WriteHeader(code)
+		fmt.Fprintln(w, text)
+	})
+}
+
+// inFlight is the new work and requests sent to backends and not yet
+// answered, over every front end.
+func (n *Node) inFlight() int64 {
+	var sum int64
+	for _, b := range n.backendStatus() {
+		sum += b.Outstanding
+	}
+	return sum
+}
+
+// drainQuiet is how long a drain waits with nothing in flight and no
+// affinity traffic before it ends early.
+const drainQuiet = 2 * time.Second
+
+// Drain refuses new work at once (health 429) and keeps serving in-flight
+// requests and affinity traffic until nothing has been in flight and no
+// affinity request has come for drainQuiet, or until timeout. It returns
+// the time left of timeout.
+func (n *Node) Drain(timeout time.Duration) time.Duration {
+	start := time.Now()
+	n.ctrl.SetDraining(true)
+	if n.sipSrv != nil {
+		n.sipSrv.Drain()
+	}
+	n.logger.Info("draining: new work refused, affinity and in-flight requests served", "timeout", timeout)
+	affinity := func() (sum uint64) {
+		c := n.ctrl.Counts()
+		for i := range c.Admitted {
+			sum += c.Admitted[i][admission.Affinity]
+		}
+		return sum
+	}
+	last, quietSince := affinity(), time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for range tick.C {
+		if time.Since(start) >= timeout {
+			n.logger.Warn("drain timeout reached", "in_flight", n.inFlight())
+			break
+		}
+		if a := affinity(); a != last || n.inFlight() > 0 {
+			last, quietSince = a, time.Now()
+			continue
+		}
+		if time.Since(quietSince) >= drainQuiet {
+			n.logger.Info("drained", "after", time.Since(start).Round(time.Millisecond))
+			break
+		}
+	}
+	return max(timeout-time.Since(start), time.Second)
+}

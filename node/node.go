@@ -1,0 +1,515 @@
+// Package node wires a sluice node together: the HTTP and SIP front ends,
+// the admission controller, the backends with their health checks and
+// memory probes, persistence of learned rates and the event log, and the
+// admin listener (/healthz, /status, /metrics, /events).
+//
+// New validates a Config and builds every part without listening; Start
+// restores learned rates and then listens; Reload re-reads the backends
+// file; Drain refuses new work while work under way finishes; Stop ends
+// everything and saves. cmd/sluice turns the command line into a Config;
+// tests drive a Node in-process.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"runtime/pprof"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/admission"
+	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/persist"
+	lbsip "github.com/sluicelb/sluice/sip"
+)
+
+// Config is everything a node is built from. cmd/sluice fills it from
+// flags, their SLUICE_* twins and a config file.
+type Config struct {
+	// HTTP configures the HTTP front end (its Listen is the address).
+	HTTP lbhttp.Config
+	// HTTPBackends are -http-backend specs, ADDR[,key=value...]. None: no
+	// HTTP front end (unless the backends file gives some).
+	HTTPBackends []string
+	// TrustedProxies are -http-trusted-proxy values, each a CIDR or a
+	// comma-separated list of them.
+	TrustedProxies []string
+	// Policy selects HTTP backends for new work (-lb-policy).
+	Policy string
+	// Health is the HTTP backends' active health check; Interval 0
+	// disables it.
+	Health lb.HealthConfig
+	// Passive is the HTTP backends' passive health check.
+	Passive lb.PassiveConfig
+	// ARM are the -arm rule specs.
+	ARM []string
+	// MOP configures every backend's limiter (Name and Events are set per
+	// backend).
+	MOP admission.MOPConfig
+	// MOPRejectCode is the HTTP status when every backend's MOP refuses.
+	MOPRejectCode int
+	// MOPProbe configures the backends' memory probes (URL is set per
+	// backend).
+	MOPProbe lb.MemoryProbeConfig
+	// Memory configures the node memory states.
+	Memory admission.MemoryConfig
+	// KeyFile holds the affinity HMAC key; "" is affinity.key in the data
+	// directory.
+	KeyFile string
+	// BackendsFile lists more backends ("http SPEC" / "sip SPEC" lines);
+	// Reload re-reads it.
+	BackendsFile string
+	// Persist configures the data directory.
+	Persist persist.Config
+	// AdminListen is the admin listener's address; "" disables it.
+	AdminListen string
+	// DrainTimeout bounds Drain.
+	DrainTimeout time.Duration
+	// CPUProfile, when set, is a file a CPU profile is written to while
+	// the node runs.
+	CPUProfile string
+	// SIP configures the SIP front end; its Backends come from SIPBackends.
+	SIP lbsip.Config
+	// SIPBackends are -sip-backend specs. None: no SIP front end (unless
+	// the backends file gives some).
+	SIPBackends []string
+}
+
+// Node is a sluice node. Create it with New; Start, Reload, Drain and Stop
+// are called from one goroutine.
+type Node struct {
+	cfg            Config
+	logger         *slog.Logger
+	clock          admission.Clock
+	events         admission.EventSink
+	eventLog       *eventLog
+	store          *persist.Store
+	saver          *persist.Saver
+	forward        *prometheus.HistogramVec // forwarding latency, by protocol
+	mem            *admission.Memory
+	prevGoMemLimit int64 // Go memory limit before -mem-limit set it; 0: untouched
+	ctrl           *admission.Controller
+	signer         *lb.Signer
+	httpSrv        *lbhttp.Server
+	httpGen        *httpGen          // HTTP backends with their health checks and probes
+	probes         []*lb.MemoryProbe // SIP backends' memory probes
+	sipProbeCancel context.CancelFunc
+	mopByKey       map[string]*admission.MOP
+	ctx            context.Context // of the running node, for reloads
+	sipSrv         *lbsip.Server
+	admin          *admin.Server
+
+	// The backends given by the Config; the backends file adds to them.
+	cfgHTTPBackends, cfgSIPBackends []string
+	httpBackends, sipBackends       []string // in force
+
+	// mops lists every backend's MOP limiter by its persist key
+	// (persist.MOPKey(proto, addr)), built before any front end serves:
+	// the place where learned states are imported at start and exported
+	// for saving.
+	mops []mopEntry
+
+	httpAddr, adminAddr net.Addr
+	cpuProfile          *os.File
+	stopFronts          []func(context.Context) error // front ends, in start order
+	background          sync.WaitGroup
+	cancel              context.CancelFunc
+}
+
+type mopEntry struct {
+	key string
+	mop *admission.MOP
+}
+
+// New validates cfg and constructs every part; nothing listens yet. Errors
+// name the flag of the field at fault.
+func New(cfg Config, logger *slog.Logger) (*Node, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	n := &Node{
+		cfg:    cfg,
+		logger: logger,
+		clock:  admission.MonoClock{},
+	}
+	n.eventLog = &eventLog{logger: n.logger}
+	n.events = n.eventLog.emit
+	n.forward = newForwardHistogram()
+	n.cfgHTTPBackends = append([]string{}, cfg.HTTPBackends...)
+	n.cfgSIPBackends = append([]string{}, cfg.SIPBackends...)
+	n.httpBackends = append([]string{}, cfg.HTTPBackends...)
+	n.sipBackends = append([]string{}, cfg.SIPBackends...)
+	if cfg.BackendsFile != "" {
+		h, s, err := readBackendsFile(cfg.BackendsFile)
+		if err != nil {
+			return nil, err
+		}
+		n.httpBackends = append(n.httpBackends, h...)
+		n.sipBackends = append(n.sipBackends, s...)
+	}
+	if len(n.httpBackends) == 0 && len(n.sipBackends) == 0 {
+		return nil, errors.New("no backends: give -http-backend and/or -sip-backend (or -backends-file)")
+	}
+	if err := cfg.checkPositive(); err != nil {
+		return nil, err
+	}
+
+	var err error
+	if n.mem, err = admission.NewMemory(cfg.Memory, nil, n.events); err != nil {
+		return nil, err
+	}
+	var rules []admission.RuleConfig
+	for _, s := range cfg.ARM {
+		rc, err := admission.ParseRule(s)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, rc)
+	}
+	if n.ctrl, err = admission.NewController(admission.ControllerConfig{Rules: rules, MOPRejectCode: cfg.MOPRejectCode, Events: n.events}, n.mem, n.clock.Now()); err != nil {
+		return nil, err
+	}
+	if err := cfg.checkMOP(); err != nil {
+		return nil, err
+	}
+
+	keyFile := cfg.KeyFile
+	if keyFile == "" {
+		keyFile = defaultKeyFile(cfg.Persist.Dir)
+	}
+	ring, err := lb.LoadOrCreateKeyRing(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("-affinity-key-file: %w", err)
+	}
+	if n.signer, err = lb.NewRingSigner(ring); err != nil {
+		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)
+	}
+
+	if len(n.httpBackends) > 0 {
+		if err := n.buildHTTP(); err != nil {
+			return nil, err
+		}
+	}
+	if len(n.sipBackends) > 0 {
+		if err := n.buildSIP(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.AdminListen != "" {
+		n.admin = admin.New(n.logger)
+		n.admin.Handle("GET /healthz", n.healthz())
+		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus}
+		n.admin.Handle("GET /status", admin.StatusHandler(src))
+		// The dashboard at / samples src every second while the admin
+		// listener serves; its buttons drain and reweigh the pools in force.
+		pools := func() []*lb.Pool {
+			var pools []*lb.Pool
+			if n.httpSrv != nil {
+				pools = append(pools, n.httpSrv.Pool())
+			}
+			return append(pools, n.sipPool())
+		}
+		admin.NewDashboard(admin.DashboardConfig{Source: src, Control: admin.PoolControl(pools), MOPMaxHeap: cfg.MOP.MaxHeap, Events: n.events}, n.logger).Register(n.admin)
+	}
+	return n, nil
+}
+
+// defaultKeyFile is where the affinity key lives when -affinity-key-file
+// is not given: in the data directory, where -data-reset leaves it, so that
+// sticky cookies and SIP dialogs issued before a reset stay valid.
+func defaultKeyFile(dataDir string) string {
+	return filepath.Join(dataDir, persist.AffinityKeyFile)
+}
+
+// checkPositive rejects zero or negative values of the fields whose zero
+// value the packages would silently replace by their default.
+func (c *Config) checkPositive() error {
+	for _, f := range []struct {
+		name string
+		ok   bool
+	}{
+		{"-mop-initial-rate", c.MOP.InitialRate > 0},
+		{"-mop-window", c.MOP.Window > 0},
+		{"-mop-probe-interval", c.MOPProbe.Interval > 0},
+		{"-health-timeout", c.Health.Timeout > 0},
+		{"-health-rise", c.Health.Rise > 0},
+		{"-health-fall", c.Health.Fall > 0},
+		{"-health-cooldown", c.Passive.Cooldown > 0},
+		{"-health-max-fails", c.Passive.MaxFails >= 0},
+		{"-http-sticky-ttl", c.HTTP.StickyTTL > 0},
+		{"-http-sticky-app-ttl", c.HTTP.AppCookieTTL > 0},
+		{"-http-sticky-app-max", c.HTTP.AppCookieMax > 0},
+		{"-http-backend-max-conns", c.HTTP.MaxConns > 0},
+		{"-http-connect-timeout", c.HTTP.ConnectTimeout > 0},
+		{"-http-backend-timeout", c.HTTP.BackendTimeout > 0},
+		{"-http-backend-idle", c.HTTP.BackendIdle > 0},
+		{"-http-client-timeout", c.HTTP.ClientReadTimeout > 0},
+		{"-http-client-idle", c.HTTP.ClientIdle > 0},
+		{"-http-stream-threshold", c.HTTP.StreamThreshold > 0},
+		{"-drain-timeout", c.DrainTimeout > 0},
+	} {
+		if !f.ok {
+			return fmt.Errorf("%s must be positive", f.name)
+		}
+	}
+	return nil
+}
+
+// checkMOP validates the MOP settings once, before any backend needs them.
+func (c *Config) checkMOP() error {
+	m := c.MOP
+	m.Name = "check"
+	_, err := admission.NewMOP(m)
+	return err
+}
+
+// newMOP builds the limiter of one backend with a memory probe.
+func (n *Node) newMOP(proto, id, addr string) (*admission.MOP, error) {
+	key := persist.MOPKey(proto, addr)
+	if m := n.mopByKey[key]; m != nil {
+		return m, nil // a backend that stays across a reload keeps what it learned
+	}
+	c := n.cfg.MOP
+	c.Name = proto + " " + id
+	c.Events = n.events
+	m, err := admission.NewMOP(c)
+	if err != nil {
+		return nil, err
+	}
+	n.mops = append(n.mops, mopEntry{key: key, mop: m})
+	if n.mopByKey == nil {
+		n.mopByKey = map[string]*admission.MOP{}
+	}
+	n.mopByKey[key] = m
+	return m, nil
+}
+
+func (n *Node) buildHTTP() error {
+	gen, err := n.newHTTPGen(n.httpBackends)
+	if err != nil {
+		return err
+	}
+	n.httpGen = gen
+	hc := n.cfg.HTTP
+	for _, s := range n.cfg.TrustedProxies {
+		nets, err := lbhttp.ParseTrustedProxies(s)
+		if err != nil {
+			return err
+		}
+		hc.TrustedProxies = append(hc.TrustedProxies, nets...)
+	}
+	hc.Clock = n.clock
+	hist := n.forward.WithLabelValues("http")
+	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
+	n.httpSrv, err = lbhttp.New(hc, n.httpGen.pool, n.ctrl, n.signer, n.logger)
+	return err
+}
+
+func (n *Node) buildSIP() error {
+	cfg, err := sipConfig(n.cfg.SIP, n.sipBackends)
+	if err != nil {
+		return err
+	}
+	var mopErr error
+	mops := n.sipMOPHook(&mopErr)
+	hist := n.forward.WithLabelValues("sip")
+	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
+	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, MOP: mops, ObserveForward: observe, Events: n.events}, n.logger)
+	if err != nil {
+		return err
+	}
+	if mopErr != nil {
+		return mopErr
+	}
+	n.probes, err = n.sipProbesFor(cfg.Backends)
+	return err
+}
+
+// Start restores the learned rates, then runs the background loops, binds
+// the listeners and starts the front ends: the one place where front ends
+// start. The node runs until Stop; ctx bounds its background work. On an
+// error everything started is stopped again.
+func (n *Node) Start(ctx context.Context) error {
+	// Learned rates are restored before anything listens.
+	if err := n.openStore(); err != nil {
+		return err
+	}
+	if err := n.mountMetrics(); err != nil {
+		n.closeStore()
+		return err
+	}
+	if err := n.start(ctx); err != nil {
+		n.Stop(n.cfg.DrainTimeout)
+		return err
+	}
+	return nil
+}
+
+func (n *Node) start(parent context.Context) error {
+	if n.cfg.CPUProfile != "" {
+		f, err := os.Create(n.cfg.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		n.cpuProfile = f
+	}
+	// The runtime collects and returns memory to stay under the Low share of
+	// -mem-limit, so that garbage never raises the memory state; only live
+	// memory does.
+	if rl := n.cfg.Memory.RuntimeLimit(); rl > 0 {
+		n.prevGoMemLimit = debug.SetMemoryLimit(rl)
+		n.logger.Info("go memory limit set from -mem-limit", "limit_bytes", rl, "mem_limit_bytes", n.cfg.Memory.Limit, "previous_bytes", n.prevGoMemLimit)
+	}
+	ctx, cancel := context.WithCancel(parent)
+	n.cancel = cancel
+	n.goBackground(func() { n.mem.Run(ctx) })
+	n.goBackground(func() { n.ctrl.Run(ctx, n.clock, 10*time.Millisecond) })
+	n.ctx = ctx
+	if n.httpGen != nil {
+		n.startHTTPGen(n.httpGen)
+	}
+	n.startSIPProbes(n.probes)
+	if _, limit := n.mem.Usage(); limit <= 0 {
+		n.logger.Info("memory states off: set -mem-limit or GOMEMLIMIT")
+	}
+
+	if n.admin != nil {
+		ln, err := net.Listen("tcp", n.cfg.AdminListen)
+		if err != nil {
+			return fmt.Errorf("-admin-listen %s: %w", n.cfg.AdminListen, err)
+		}
+		n.adminAddr = ln.Addr()
+		n.goBackground(func() {
+			if err := n.admin.Serve(ln); err != nil {
+				n.logger.Error("admin stopped", "err", err)
+			}
+		})
+	}
+	if n.httpSrv != nil {
+		ln, err := net.Listen("tcp", n.cfg.HTTP.Listen)
+		if err != nil {
+			return fmt.Errorf("-http-listen %s: %w", n.cfg.HTTP.Listen, err)
+		}
+		n.httpAddr = ln.Addr()
+		n.goBackground(func() {
+			if err := n.httpSrv.Serve(ln); err != nil {
+				n.logger.Error("http front end stopped", "err", err)
+			}
+		})
+		n.stopFronts = append(n.stopFronts, n.httpSrv.Shutdown)
+	}
+	if n.sipSrv != nil {
+		if err := n.sipSrv.Start(ctx); err != nil {
+			return fmt.Errorf("start sip front end: %w", err)
+		}
+		n.stopFronts = append(n.stopFronts, func(context.Context) error { return n.sipSrv.Close() })
+	}
+	attrs := []any{}
+	if n.httpAddr != nil {
+		attrs = append(attrs, "http", n.httpAddr.String())
+	}
+	if n.sipSrv != nil {
+		attrs = append(attrs, "sip", n.sipSrv.Addr().String())
+	}
+	if n.adminAddr != nil {
+		attrs = append(attrs, "admin", n.adminAddr.String())
+	}
+	n.logger.Info("listening", attrs...)
+	return nil
+}
+
+// Addrs are the addresses a started node listens on; nil for a listener
+// it does not have.
+type Addrs struct {
+	HTTP, SIP, Admin net.Addr
+}
+
+// Addrs returns the bound addresses (after Start).
+func (n *Node) Addrs() Addrs {
+	a := Addrs{HTTP: n.httpAddr, Admin: n.adminAddr}
+	if n.sipSrv != nil {
+		if sa := n.sipSrv.Addr(); sa != nil {
+			a.SIP = sa
+		}
+	}
+	return a
+}
+
+func (n *Node) goBackground(f func()) {
+	n.background.Add(1)
+	go func() {
+		defer n.background.Done()
+		f()
+	}()
+}
+
+// Stop ends the front ends (in-flight requests get up to timeout), then
+// the admin listener and the background loops, saves the learned rates a
+// last time and closes the store: the one place where front ends stop.
+func (n *Node) Stop(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for i := len(n.stopFronts) - 1; i >= 0; i-- {
+		if err := n.stopFronts[i](ctx); err != nil {
+			n.logger.Warn("front end shutdown", "err", err)
+		}
+	}
+	n.stopFronts = nil
+	if n.admin != nil {
+		n.admin.Shutdown(ctx)
+	}
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.background.Wait()
+	if n.cpuProfile != nil {
+		pprof.StopCPUProfile()
+		n.cpuProfile.Close()
+		n.cpuProfile = nil
+	}
+	if n.prevGoMemLimit > 0 {
+		debug.SetMemoryLimit(n.prevGoMemLimit) // the process may run on (tests, embedding)
+		n.prevGoMemLimit = 0
+	}
+	n.closeStore()
+}
+
+// backendStatus lists the HTTP and SIP backends for /status.
+func (n *Node) backendStatus() []admin.BackendStatus {
+	var out []admin.BackendStatus
+	now := n.clock.Now()
+	var httpPool *lb.Pool
+	if n.httpSrv != nil {
+		httpPool = n.httpSrv.Pool() // the set in force, also after a reload
+	}
+	for _, pool := range []*lb.Pool{httpPool, n.sipPool()} {
+		if pool == nil {
+			continue
+		}
+		for _, b := range pool.Backends() {
+			out = append(out, admin.FromBackend(b.Status(now), b.MOP()))
+		}
+	}
+	return out
+}
+
+func (n *Node) sipPool() *lb.Pool {
+	if n.sipSrv == nil {
+		return nil
+	}
+	return n.sipSrv.Pool()
+}

@@ -1,0 +1,134 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/persist"
+)
+
+// eventLog is the event sink of a run: every event is logged, and appended
+// to the store once it is open. Events emitted before that (configuration
+// warnings while the rules are built) wait in a small buffer.
+type eventLog struct {
+	logger *slog.Logger
+	mu     sync.Mutex
+	store  *persist.Store
+	early  []admission.Event
+}
+
+const maxEarlyEvents = 1000
+
+func (l *eventLog) emit(ev admission.Event) {
+	l.logger.Info("event", "kind", string(ev.Kind), "subject", ev.Subject, "msg", ev.Message)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.store != nil {
+		l.store.Append(ev)
+		return
+	}
+	if len(l.early) < maxEarlyEvents {
+		l.early = append(l.early, ev)
+	}
+}
+
+// attach starts writing to st, first the events that waited for it.
+func (l *eventLog) attach(st *persist.Store) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.store = st
+	for _, ev := range l.early {
+		st.Append(ev)
+	}
+	l.early = nil
+}
+
+func (l *eventLog) detach() {
+	l.mu.Lock()
+	l.store = nil
+	l.mu.Unlock()
+}
+
+// openStore opens the data directory, gives every backend's MOP the state
+// learned before the restart, and starts saving it. It runs before any
+// front end serves, so no request is admitted at an unlearned rate.
+func (n *Node) openStore() error {
+	st, err := persist.Open(n.cfg.Persist, n.logger)
+	if err != nil {
+		return fmt.Errorf("open data directory: %w", err)
+	}
+	states, err := st.LoadMOP()
+	if err != nil {
+		st.Close(context.Background())
+		return fmt.Errorf("load learned rates: %w", err)
+	}
+	imported := 0
+	for _, e := range n.mops {
+		s, ok := states[e.key]
+		if !ok {
+			continue
+		}
+		if err := e.mop.Import(s); err != nil {
+			n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigWarning, Subject: e.key,
+				Message: "stored learned rate not used: " + err.Error()})
+			continue
+		}
+		imported++
+		n.logger.Info("learned rate restored", "backend", e.key, "phase", s.Phase.String(), "learned_rate", s.LearnedRate, "allowed_rate", s.AllowedRate)
+	}
+	n.logger.Info("data directory open", "dir", st.Dir(), "learned_rates", len(states), "restored", imported)
+	saver, err := st.NewSaver(n.mopStates)
+	if err != nil {
+		st.Close(context.Background())
+		return fmt.Errorf("start saving learned rates: %w", err)
+	}
+	n.store, n.saver = st, saver
+	n.eventLog.attach(st)
+	if n.admin != nil {
+		n.admin.Handle("GET /events", st.EventsHandler())
+	}
+	return nil
+}
+
+// mopStates exports every backend's learned state, keyed for the store.
+func (n *Node) mopStates() map[string]admission.MOPState {
+	out := make(map[string]admission.MOPState, len(n.mops))
+	for _, e := range n.mops {
+		out[e.key] = e.mop.Export()
+	}
+	return out
+}
+
+// storeCloseTimeout bounds the final save at shutdown: a disk that does
+// not answer must not keep the process from exiting.
+const storeCloseTimeout = 3 * time.Second
+
+// closeStore saves the learned rates a last time and closes the store,
+// giving up after storeCloseTimeout.
+func (n *Node) closeStore() {
+	if n.store == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeCloseTimeout)
+	defer cancel()
+	if err := n.saver.Close(ctx); err != nil {
+		n.logger.Error("final save of learned rates failed", "err", err)
+	}
+	n.eventLog.detach()
+	if err := n.store.Close(ctx); err != nil {
+		n.logger.Error("close data directory", "err", err)
+	}
+	n.store = nil
+}
+
+// storageStatus is the data directory's health for /status.
+func (n *Node) storageStatus() any {
+	if st := n.store; st != nil {
+		return st.Health()
+	}
+	return nil
+}
