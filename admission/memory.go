@@ -110,12 +110,12 @@ type MemoryConfig struct {
 	Limit int64
 	// Low, Lower and Critical are the thresholds as fractions of the limit,
 	// 0 < Low < Lower < Critical <= 1. Flags -mem-low, -mem-lower,
-	// -mem-critical; defaults 0.70, 0.80, 0.90.
+	// -mem-critical.
 	Low, Lower, Critical float64
 	// Hysteresis is how far below a threshold (as a fraction of the limit)
-	// used memory must fall before the state drops back. Default 0.05.
+	// used memory must fall before the state drops back.
 	Hysteresis float64
-	// Interval is how often Run samples. Default 100ms.
+	// Interval is how often Run samples.
 	Interval time.Duration
 	// CollectEvery is the least time between two collections asked of a
 	// Collector reader while used memory is at or above Low. Default 1s:
@@ -126,15 +126,23 @@ type MemoryConfig struct {
 	Clock Clock
 }
 
+// DefaultMemoryConfig returns the defaults of every field but Limit: the
+// one place they are written (flags take their defaults from here; zero
+// fields are filled from here, the three thresholds together).
+func DefaultMemoryConfig() MemoryConfig {
+	return MemoryConfig{Low: 0.70, Lower: 0.80, Critical: 0.90, Hysteresis: 0.05, Interval: 100 * time.Millisecond}
+}
+
 func (c *MemoryConfig) setDefaults() {
+	d := DefaultMemoryConfig()
 	if c.Low == 0 && c.Lower == 0 && c.Critical == 0 {
-		c.Low, c.Lower, c.Critical = 0.70, 0.80, 0.90
+		c.Low, c.Lower, c.Critical = d.Low, d.Lower, d.Critical
 	}
 	if c.Hysteresis == 0 {
-		c.Hysteresis = 0.05
+		c.Hysteresis = d.Hysteresis
 	}
 	if c.Interval == 0 {
-		c.Interval = 100 * time.Millisecond
+		c.Interval = d.Interval
 	}
 	if c.CollectEvery == 0 {
 		c.CollectEvery = time.Second

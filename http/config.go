@@ -15,9 +15,9 @@ import (
 )
 
 // Config configures the HTTP front end. Fields map 1:1 to flags of
-// `sluice run`; zero values take the defaults named in each field.
+// `sluice run`; zero values take the defaults of DefaultConfig.
 type Config struct {
-	// Listen is the address to serve on. Flag -http-listen, default ":8080".
+	// Listen is the address to serve on. Flag -http-listen.
 	Listen string
 	// TrustedProxies are the networks whose X-Forwarded-For, Forwarded and
 	// X-Forwarded-Proto values are kept (and appended to). From anyone else
@@ -25,54 +25,51 @@ type Config struct {
 	TrustedProxies []netip.Prefix
 
 	// StickyCookie names the signed balancer cookie; "-" disables it. Flag
-	// -http-sticky-cookie, default "SLUICE".
+	// -http-sticky-cookie.
 	StickyCookie string
 	// StickyTTL is the lifetime of the sticky cookie; it is renewed when
-	// less than half is left. Flag -http-sticky-ttl, default 1h.
+	// less than half is left. Flag -http-sticky-ttl.
 	StickyTTL time.Duration
 	// AppCookie names an application session cookie (e.g. JSESSIONID) to
 	// learn from backends' Set-Cookie; "" disables. Flag
 	// -http-sticky-app-cookie.
 	AppCookie string
 	// AppCookieTTL is how long a learned session id pins its backend after
-	// it was last seen. Flag -http-sticky-app-ttl, default 30m.
+	// it was last seen. Flag -http-sticky-app-ttl.
 	AppCookieTTL time.Duration
 	// AppCookieMax bounds the learned session table. Flag
-	// -http-sticky-app-max, default 100000.
+	// -http-sticky-app-max.
 	AppCookieMax int
 
 	// HashKey is the key for the consistent-hash policy: "source" (client
-	// address), "header:NAME" or "cookie:NAME". Flag -http-hash-key,
-	// default "source".
+	// address), "header:NAME" or "cookie:NAME". Flag -http-hash-key.
 	HashKey string
 
 	// MaxConns bounds the connections to each backend. Flag
-	// -http-backend-max-conns, default 1024.
+	// -http-backend-max-conns.
 	MaxConns int
 	// ConnWait is how long a request waits for a free backend connection
 	// when MaxConns are busy before it is answered 503. Flag
-	// -http-backend-conn-wait, default 100ms.
+	// -http-backend-conn-wait.
 	ConnWait time.Duration
-	// ConnectTimeout bounds dialing a backend. Flag -http-connect-timeout,
-	// default 2s.
+	// ConnectTimeout bounds dialing a backend. Flag -http-connect-timeout.
 	ConnectTimeout time.Duration
 	// BackendTimeout bounds a whole exchange with a backend (write the
-	// request, read the response head). Flag -http-backend-timeout,
-	// default 30s.
+	// request, read the response head). Flag -http-backend-timeout.
 	BackendTimeout time.Duration
 	// BackendIdle closes backend connections idle this long. Flag
-	// -http-backend-idle, default 30s.
+	// -http-backend-idle.
 	BackendIdle time.Duration
 
 	// ClientReadTimeout bounds reading a client request (headers and
-	// buffered body). Flag -http-client-timeout, default 60s.
+	// buffered body). Flag -http-client-timeout.
 	ClientReadTimeout time.Duration
 	// ClientIdle closes idle client keep-alive connections. Flag
-	// -http-client-idle, default 120s.
+	// -http-client-idle.
 	ClientIdle time.Duration
 	// StreamThreshold is the body size, in bytes, above which request
 	// bodies are streamed to the backend instead of buffered. Response
-	// bodies are always streamed. Flag -http-stream-threshold, default 1 MiB.
+	// bodies are always streamed. Flag -http-stream-threshold.
 	StreamThreshold int
 
 	// ResponseBuffer is the largest response body, in bytes, that is read
@@ -81,8 +78,8 @@ type Config struct {
 	// answer arrives: an idempotent request without a body is first sent
 	// on the buffering pool, and if the answer is larger it is sent again
 	// on the streaming pool (the backend sees it twice). Requests with a
-	// body always stream. Flag -http-response-buffer, default 64 KiB;
-	// -1 turns buffering off.
+	// body always stream. Flag -http-response-buffer; -1 turns buffering
+	// off.
 	ResponseBuffer int
 
 	// Engine chooses how connections are driven: "loop" (default on
@@ -97,7 +94,7 @@ type Config struct {
 	Loops int
 
 	// RetryAfterNoBackend is the Retry-After of a 503 when no backend is
-	// up. Default 5s.
+	// up.
 	RetryAfterNoBackend time.Duration
 
 	// Clock supplies monotonic time for admission and lb; nil is
@@ -112,63 +109,64 @@ type Config struct {
 	ObserveForward func(time.Duration)
 }
 
+// DefaultConfig returns the defaults of every field: the one place they
+// are written (flags take their defaults from here; New fills zero fields
+// from here).
+func DefaultConfig() Config {
+	return Config{
+		Listen:              ":8080",
+		StickyCookie:        "SLUICE",
+		StickyTTL:           time.Hour,
+		AppCookieTTL:        30 * time.Minute,
+		AppCookieMax:        100000,
+		HashKey:             "source",
+		MaxConns:            1024,
+		ConnWait:            100 * time.Millisecond,
+		ConnectTimeout:      2 * time.Second,
+		BackendTimeout:      30 * time.Second,
+		BackendIdle:         30 * time.Second,
+		ClientReadTimeout:   60 * time.Second,
+		ClientIdle:          120 * time.Second,
+		StreamThreshold:     1 << 20,
+		ResponseBuffer:      64 << 10,
+		Engine:              DefaultEngine,
+		RetryAfterNoBackend: 5 * time.Second,
+	}
+}
+
+// setDefaults fills the zero fields from DefaultConfig.
 func (c *Config) setDefaults() {
-	if c.Listen == "" {
-		c.Listen = ":8080"
-	}
-	if c.StickyCookie == "" {
-		c.StickyCookie = "SLUICE"
-	}
-	if c.StickyTTL == 0 {
-		c.StickyTTL = time.Hour
-	}
-	if c.AppCookieTTL == 0 {
-		c.AppCookieTTL = 30 * time.Minute
-	}
-	if c.AppCookieMax == 0 {
-		c.AppCookieMax = 100000
-	}
-	if c.HashKey == "" {
-		c.HashKey = "source"
-	}
-	if c.MaxConns == 0 {
-		c.MaxConns = 1024
-	}
-	if c.ConnWait == 0 {
-		c.ConnWait = 100 * time.Millisecond
-	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = 2 * time.Second
-	}
-	if c.BackendTimeout == 0 {
-		c.BackendTimeout = 30 * time.Second
-	}
-	if c.BackendIdle == 0 {
-		c.BackendIdle = 30 * time.Second
-	}
-	if c.ClientReadTimeout == 0 {
-		c.ClientReadTimeout = 60 * time.Second
-	}
-	if c.ClientIdle == 0 {
-		c.ClientIdle = 120 * time.Second
-	}
-	if c.StreamThreshold == 0 {
-		c.StreamThreshold = 1 << 20
-	}
-	if c.ResponseBuffer == 0 {
-		c.ResponseBuffer = 64 << 10
-	}
+	d := DefaultConfig()
+	fill(&c.Listen, d.Listen)
+	fill(&c.StickyCookie, d.StickyCookie)
+	fill(&c.StickyTTL, d.StickyTTL)
+	fill(&c.AppCookieTTL, d.AppCookieTTL)
+	fill(&c.AppCookieMax, d.AppCookieMax)
+	fill(&c.HashKey, d.HashKey)
+	fill(&c.MaxConns, d.MaxConns)
+	fill(&c.ConnWait, d.ConnWait)
+	fill(&c.ConnectTimeout, d.ConnectTimeout)
+	fill(&c.BackendTimeout, d.BackendTimeout)
+	fill(&c.BackendIdle, d.BackendIdle)
+	fill(&c.ClientReadTimeout, d.ClientReadTimeout)
+	fill(&c.ClientIdle, d.ClientIdle)
+	fill(&c.StreamThreshold, d.StreamThreshold)
+	fill(&c.ResponseBuffer, d.ResponseBuffer)
 	if c.ResponseBuffer < 0 {
 		c.ResponseBuffer = 0
 	}
-	if c.RetryAfterNoBackend == 0 {
-		c.RetryAfterNoBackend = 5 * time.Second
-	}
+	fill(&c.RetryAfterNoBackend, d.RetryAfterNoBackend)
+	fill(&c.Engine, d.Engine)
 	if c.Clock == nil {
 		c.Clock = admission.MonoClock{}
 	}
-	if c.Engine == "" {
-		c.Engine = DefaultEngine
+}
+
+// fill sets *p to def when *p is the zero value.
+func fill[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
 	}
 }
 

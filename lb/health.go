@@ -108,17 +108,15 @@ func (TCPProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) {
 
 // HealthConfig configures active health checks.
 type HealthConfig struct {
-	// Interval between probes of one backend. Flag -health-interval,
-	// default 2s.
+	// Interval between probes of one backend. Flag -health-interval.
 	Interval time.Duration
-	// Timeout of one probe. Flag -health-timeout, default 1s; at most
-	// Interval.
+	// Timeout of one probe, at most Interval. Flag -health-timeout.
 	Timeout time.Duration
 	// Rise is how many probes in a row must succeed to bring a down
-	// backend up. Flag -health-rise, default 2.
+	// backend up. Flag -health-rise.
 	Rise int
 	// Fall is how many probes in a row must fail to take an up backend
-	// down. Flag -health-fall, default 3.
+	// down. Flag -health-fall.
 	Fall int
 	// Events receives a backend.state event on every change the checks
 	// make (down, up, draining by a 429 answer, no longer draining). May be
@@ -126,18 +124,26 @@ type HealthConfig struct {
 	Events admission.EventSink
 }
 
+// DefaultHealthConfig returns the defaults of every field: the one place
+// they are written (flags take their defaults from here; zero fields are
+// filled from here, a Timeout over Interval shortened to it).
+func DefaultHealthConfig() HealthConfig {
+	return HealthConfig{Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3}
+}
+
 func (c *HealthConfig) setDefaults() {
+	d := DefaultHealthConfig()
 	if c.Interval == 0 {
-		c.Interval = 2 * time.Second
+		c.Interval = d.Interval
 	}
 	if c.Timeout == 0 {
-		c.Timeout = min(time.Second, c.Interval)
+		c.Timeout = min(d.Timeout, c.Interval)
 	}
 	if c.Rise == 0 {
-		c.Rise = 2
+		c.Rise = d.Rise
 	}
 	if c.Fall == 0 {
-		c.Fall = 3
+		c.Fall = d.Fall
 	}
 }
 

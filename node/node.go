@@ -183,13 +183,13 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		return nil, err
 	}
 
-	keyFile := cfg.KeyFile
+	keyFile, keyFlag := cfg.KeyFile, "-affinity-key-file"
 	if keyFile == "" {
-		keyFile = defaultKeyFile(cfg.Persist.Dir)
+		keyFile, keyFlag = defaultKeyFile(cfg.Persist.Dir), "-data-dir"
 	}
 	ring, err := lb.LoadOrCreateKeyRing(keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("-affinity-key-file: %w", err)
+		return nil, fmt.Errorf("%s: %w", keyFlag, err)
 	}
 	if n.signer, err = lb.NewRingSigner(ring); err != nil {
 		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)

@@ -12,10 +12,9 @@ import (
 )
 
 // Config configures the SIP front end. Each field maps to one flag of
-// cmd/sluice; New fills the defaults named in the comments.
+// cmd/sluice; New fills zero fields from DefaultConfig.
 type Config struct {
-	// Listen is the address served on both UDP and TCP. Flag -sip-listen,
-	// default ":5060".
+	// Listen is the address served on both UDP and TCP. Flag -sip-listen.
 	Listen string
 	// Advertise is the host:port written into our Via and Record-Route and
 	// recognised in Route and Request-URI. Flag -sip-advertise. Default: the
@@ -24,56 +23,56 @@ type Config struct {
 	Advertise string
 	// Backends are the upstreams. Flag -sip-backend (repeatable).
 	Backends []BackendConfig
-	// Policy selects a backend for new work. Flag -sip-lb-policy, default
-	// "hash" (consistent hash on Call-ID).
+	// Policy selects a backend for new work. Flag -sip-lb-policy: "hash"
+	// (consistent hash on Call-ID) or one of lb.PolicyNames.
 	Policy string
 	// TokenTTL is how long the signed backend token in our Record-Route
 	// stays valid: the longest dialog we keep affinity for. Flag
-	// -sip-affinity-ttl, default 24h.
+	// -sip-affinity-ttl.
 	TokenTTL time.Duration
 	// DialogTTL is how long an entry of the dialog table lives without an
 	// in-dialog request: a bit more than the longest call expected. Flag
-	// -sip-dialog-ttl, default 1h.
+	// -sip-dialog-ttl.
 	DialogTTL time.Duration
 	// DialogMax caps the dialog table's entries (dialogEntryBytes each,
 	// so also its memory). When full, new dialogs are not recorded and
 	// their in-dialog requests without our Route go by Call-ID hash. Flag
-	// -sip-dialog-max, default 3,000,000.
+	// -sip-dialog-max.
 	DialogMax int
 	// FailoverTimeout is how long new work waits for a first response from
 	// a backend before it is moved to the next one. Flag
-	// -sip-failover-timeout, default 2s.
+	// -sip-failover-timeout.
 	FailoverTimeout time.Duration
 	// DrainDefault is how long a backend that answered 503 without a
-	// Retry-After gets no new work. Flag -sip-drain-default, default 5s.
+	// Retry-After gets no new work. Flag -sip-drain-default.
 	DrainDefault time.Duration
 	// HealthInterval is the OPTIONS ping period per backend; 0 disables
-	// pinging. Flag -sip-health-interval, default 5s.
+	// pinging. Flag -sip-health-interval.
 	HealthInterval time.Duration
 	// HealthTimeout is how long a ping waits for an answer. Flag
-	// -sip-health-timeout, default 2s.
+	// -sip-health-timeout.
 	HealthTimeout time.Duration
 	// HealthRise and HealthFall are the consecutive answered / unanswered
-	// pings that mark a backend up / down. Flags -sip-health-rise (default
-	// 2) and -sip-health-fall (default 3).
+	// pings that mark a backend up / down. Flags -sip-health-rise and
+	// -sip-health-fall.
 	HealthRise, HealthFall int
 	// TCPIdleTimeout closes a TCP connection that received nothing for this
-	// long. Flag -sip-tcp-idle-timeout, default 5m.
+	// long. Flag -sip-tcp-idle-timeout.
 	TCPIdleTimeout time.Duration
 	// TCPMessageTimeout closes a TCP connection whose message is not
 	// complete this long after its first byte. Unlike the idle timeout it
 	// is not restarted by each byte, so a peer that trickles bytes cannot
-	// hold a connection. Flag -sip-tcp-message-timeout, default 10s.
+	// hold a connection. Flag -sip-tcp-message-timeout.
 	TCPMessageTimeout time.Duration
 	// TCPMaxConns bounds the accepted TCP connections; more are closed at
-	// once. Flag -sip-tcp-max-conns, default 10000.
+	// once. Flag -sip-tcp-max-conns.
 	TCPMaxConns int
 	// UDPBuffer is the socket receive and send buffer in bytes. Flag
-	// -sip-udp-buffer, default 4 MiB (the kernel may cap it at
+	// -sip-udp-buffer (the kernel may cap it at
 	// net.core.rmem_max).
 	UDPBuffer int
 	// MaxMessage is the largest message accepted, in bytes. Flag
-	// -sip-max-message, default 65535.
+	// -sip-max-message.
 	MaxMessage int
 }
 
@@ -159,51 +158,57 @@ const (
 // ErrNoBackends is returned by New when no backend is configured.
 var ErrNoBackends = errors.New("-sip-backend: at least one backend is required")
 
+// DefaultConfig returns the defaults of every field: the one place they
+// are written (flags take their defaults from here; New fills zero fields
+// from here). HealthInterval's zero value disables pinging, so New keeps
+// a zero there.
+func DefaultConfig() Config {
+	return Config{
+		Listen:            ":5060",
+		Policy:            "hash",
+		TokenTTL:          24 * time.Hour,
+		DialogTTL:         DefaultDialogTTL,
+		DialogMax:         DefaultDialogMax,
+		FailoverTimeout:   2 * time.Second,
+		DrainDefault:      5 * time.Second,
+		HealthInterval:    5 * time.Second,
+		HealthTimeout:     2 * time.Second,
+		HealthRise:        2,
+		HealthFall:        3,
+		TCPIdleTimeout:    5 * time.Minute,
+		TCPMessageTimeout: 10 * time.Second,
+		TCPMaxConns:       10000,
+		UDPBuffer:         4 << 20,
+		MaxMessage:        65535,
+	}
+}
+
+// setDefaults fills the zero fields, but HealthInterval, from
+// DefaultConfig.
 func (c *Config) setDefaults() {
-	if c.Listen == "" {
-		c.Listen = ":5060"
-	}
-	if c.Policy == "" {
-		c.Policy = "hash"
-	}
-	if c.TokenTTL == 0 {
-		c.TokenTTL = 24 * time.Hour
-	}
-	if c.DialogTTL == 0 {
-		c.DialogTTL = DefaultDialogTTL
-	}
-	if c.DialogMax == 0 {
-		c.DialogMax = DefaultDialogMax
-	}
-	if c.FailoverTimeout == 0 {
-		c.FailoverTimeout = 2 * time.Second
-	}
-	if c.DrainDefault == 0 {
-		c.DrainDefault = 5 * time.Second
-	}
-	if c.HealthTimeout == 0 {
-		c.HealthTimeout = 2 * time.Second
-	}
-	if c.HealthRise == 0 {
-		c.HealthRise = 2
-	}
-	if c.HealthFall == 0 {
-		c.HealthFall = 3
-	}
-	if c.TCPIdleTimeout == 0 {
-		c.TCPIdleTimeout = 5 * time.Minute
-	}
-	if c.TCPMessageTimeout == 0 {
-		c.TCPMessageTimeout = 10 * time.Second
-	}
-	if c.TCPMaxConns == 0 {
-		c.TCPMaxConns = 10000
-	}
-	if c.UDPBuffer == 0 {
-		c.UDPBuffer = 4 << 20
-	}
-	if c.MaxMessage == 0 {
-		c.MaxMessage = 65535
+	d := DefaultConfig()
+	fill(&c.Listen, d.Listen)
+	fill(&c.Policy, d.Policy)
+	fill(&c.TokenTTL, d.TokenTTL)
+	fill(&c.DialogTTL, d.DialogTTL)
+	fill(&c.DialogMax, d.DialogMax)
+	fill(&c.FailoverTimeout, d.FailoverTimeout)
+	fill(&c.DrainDefault, d.DrainDefault)
+	fill(&c.HealthTimeout, d.HealthTimeout)
+	fill(&c.HealthRise, d.HealthRise)
+	fill(&c.HealthFall, d.HealthFall)
+	fill(&c.TCPIdleTimeout, d.TCPIdleTimeout)
+	fill(&c.TCPMessageTimeout, d.TCPMessageTimeout)
+	fill(&c.TCPMaxConns, d.TCPMaxConns)
+	fill(&c.UDPBuffer, d.UDPBuffer)
+	fill(&c.MaxMessage, d.MaxMessage)
+}
+
+// fill sets *p to def when *p is the zero value.
+func fill[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
 	}
 }
 

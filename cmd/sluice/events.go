@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -26,8 +25,7 @@ func init() {
 const eventsDefaultAdmin = "127.0.0.1:9090"
 
 func runEvents(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("events", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("events", stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: sluice events [--since TIME] [--limit N] [--data-dir DIR] [--json]")
 		fmt.Fprintln(stderr, "\nPrints the event log of a stopped sluice from its data directory, oldest first:")
@@ -35,27 +33,21 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "curl http://ADMIN/events?since=TIME&limit=N instead.")
 		fs.PrintDefaults()
 	}
-	dir := fs.String("data-dir", eventsEnv("SLUICE_DATA_DIR", persist.DefaultDir),
-		"data directory to read (env SLUICE_DATA_DIR)")
+	dir := fs.String("data-dir", persist.DefaultDir,
+		"data directory to read")
 	sinceFlag := fs.String("since", "",
 		"print events at or after TIME: RFC 3339 (2026-11-29T15:04:05Z) or a duration before now (15m);\n"+
 			"without it, the newest --limit events")
 	limit := fs.Int("limit", persist.DefaultEventsLimit, "most events to print; 0 prints all")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
-	admin := fs.String("admin-listen", eventsEnv("SLUICE_ADMIN_LISTEN", eventsDefaultAdmin),
-		"admin address of the running sluice, only used in the hint printed when the store is in use (env SLUICE_ADMIN_LISTEN)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	admin := fs.String("admin-listen", eventsDefaultAdmin,
+		"admin address of the running sluice, only used in the hint printed when the store is in use")
+	if code, ok := parseCommand("events", fs, args, stderr); !ok {
+		return code
 	}
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice events: "+format+"\n", a...)
 		return 2
-	}
-	if fs.NArg() > 0 {
-		return bad("unexpected argument %q", fs.Arg(0))
 	}
 	if *limit < 0 {
 		return bad("--limit must not be negative")
@@ -73,7 +65,7 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "  curl 'http://%s/events?limit=%d'\n", *admin, max(*limit, 1))
 		return 1
 	case err != nil:
-		fmt.Fprintf(stderr, "sluice events: %v\n", err)
+		fmt.Fprintf(stderr, "sluice events: -data-dir: %v\n", err)
 		return 1
 	}
 	defer s.Close(context.Background())
@@ -133,12 +125,4 @@ func eventsField(s string) string {
 		return strconv.Quote(s)
 	}
 	return s
-}
-
-// eventsEnv returns the environment variable name, or def when unset.
-func eventsEnv(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok && v != "" {
-		return v
-	}
-	return def
 }

@@ -26,7 +26,7 @@ var flagGroups = []struct {
 // groupedUsage prints fs's flags grouped by area, each with its default and
 // its environment twin.
 func groupedUsage(w io.Writer, cmd string, fs *flag.FlagSet) {
-	fmt.Fprintf(w, "usage: sluice %s [flags]\n\nEvery flag can also be set by its environment twin, e.g. -http-listen by SLUICE_HTTP_LISTEN;\na flag on the command line wins over the environment.\n", cmd)
+	fmt.Fprintf(w, "usage: sluice %s [flags]\n\nEvery flag can also be set by its environment twin, e.g. -http-listen by SLUICE_HTTP_LISTEN,\nor in the file of -config FILE, a line \"http-listen :8080\" each; the command line wins over the\nenvironment, the environment over the file.\n", cmd)
 	seen := map[string]bool{}
 	for _, g := range flagGroups {
 		var lines []string

@@ -9,7 +9,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -69,7 +68,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
 		usage(stdout)
-		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		fs := newFlagSet("run", stdout)
 		newRunFlags(fs)
 		fmt.Fprintln(stdout)
 		groupedUsage(stdout, "run", fs)

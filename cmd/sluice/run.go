@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -52,39 +52,40 @@ type runOptions struct {
 }
 
 // newRunFlags defines the flags of `sluice run` on fs and returns where
-// they land, and the names whose SLUICE_* twin applyEnv handles (the SIP
-// flags read their twins themselves).
-func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
+// they land. Defaults come from the packages' Default* functions.
+func newRunFlags(fs *flag.FlagSet) *runOptions {
 	o := &runOptions{}
 	h := &o.http
-	fs.StringVar(&h.Listen, "http-listen", ":8080", "HTTP listen address")
+	hd := lbhttp.DefaultConfig()
+	fs.StringVar(&h.Listen, "http-listen", hd.Listen, "HTTP listen address")
 	o.httpBackends.check = func(s string) error { _, err := lbhttp.ParseBackend(s); return err }
 	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME] (repeatable; none: no HTTP front end)")
 	o.trusted.check = func(s string) error { _, err := lbhttp.ParseTrustedProxies(s); return err }
 	fs.Var(&o.trusted, "http-trusted-proxy", "`CIDR` whose X-Forwarded-For/Forwarded are kept and appended to (repeatable, or comma-separated)")
-	fs.StringVar(&h.StickyCookie, "http-sticky-cookie", "SLUICE", "name of the signed sticky cookie; - disables it")
-	fs.DurationVar(&h.StickyTTL, "http-sticky-ttl", time.Hour, "lifetime of the sticky cookie (renewed past half)")
-	fs.StringVar(&h.AppCookie, "http-sticky-app-cookie", "", "application session cookie to learn from backends' Set-Cookie, e.g. JSESSIONID")
-	fs.DurationVar(&h.AppCookieTTL, "http-sticky-app-ttl", 30*time.Minute, "a learned session id pins its backend this long after last use")
-	fs.IntVar(&h.AppCookieMax, "http-sticky-app-max", 100000, "most learned session ids kept")
-	fs.StringVar(&h.HashKey, "http-hash-key", "source", "key of -lb-policy consistent-hash: source, header:NAME or cookie:NAME")
-	fs.IntVar(&h.MaxConns, "http-backend-max-conns", 1024, "most connections to each HTTP backend")
-	fs.DurationVar(&h.ConnWait, "http-backend-conn-wait", 100*time.Millisecond, "wait for a free backend connection before answering 503")
-	fs.DurationVar(&h.ConnectTimeout, "http-connect-timeout", 2*time.Second, "timeout dialing a backend")
-	fs.DurationVar(&h.BackendTimeout, "http-backend-timeout", 30*time.Second, "timeout writing a request to and reading the answer from a backend (504 past it)")
-	fs.DurationVar(&h.BackendIdle, "http-backend-idle", 30*time.Second, "close backend connections idle this long (keep it below the backends' keep-alive timeout)")
-	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", 60*time.Second, "timeout reading a client request")
-	fs.DurationVar(&h.ClientIdle, "http-client-idle", 120*time.Second, "close idle client connections after this long")
-	fs.IntVar(&h.StreamThreshold, "http-stream-threshold", 1<<20, "request bodies larger than this many bytes are streamed to the backend, not buffered")
-	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", 64<<10, "fasthttp engine: answers to body-less idempotent requests up to this many bytes are buffered, larger ones re-requested and streamed (-1: always stream); the loop engine relays every answer as it arrives")
-	fs.StringVar(&h.Engine, "http-engine", lbhttp.DefaultEngine, "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade and Expect to fasthttp")
-	fs.IntVar(&h.Loops, "http-loops", 0, "event loops of the loop engine (0: GOMAXPROCS)")
+	fs.StringVar(&h.StickyCookie, "http-sticky-cookie", hd.StickyCookie, "name of the signed sticky cookie; - disables it")
+	fs.DurationVar(&h.StickyTTL, "http-sticky-ttl", hd.StickyTTL, "lifetime of the sticky cookie (renewed past half)")
+	fs.StringVar(&h.AppCookie, "http-sticky-app-cookie", hd.AppCookie, "application session cookie to learn from backends' Set-Cookie, e.g. JSESSIONID")
+	fs.DurationVar(&h.AppCookieTTL, "http-sticky-app-ttl", hd.AppCookieTTL, "a learned session id pins its backend this long after last use")
+	fs.IntVar(&h.AppCookieMax, "http-sticky-app-max", hd.AppCookieMax, "most learned session ids kept")
+	fs.StringVar(&h.HashKey, "http-hash-key", hd.HashKey, "key of -lb-policy consistent-hash: source, header:NAME or cookie:NAME")
+	fs.IntVar(&h.MaxConns, "http-backend-max-conns", hd.MaxConns, "most connections to each HTTP backend")
+	fs.DurationVar(&h.ConnWait, "http-backend-conn-wait", hd.ConnWait, "wait for a free backend connection before answering 503")
+	fs.DurationVar(&h.ConnectTimeout, "http-connect-timeout", hd.ConnectTimeout, "timeout dialing a backend")
+	fs.DurationVar(&h.BackendTimeout, "http-backend-timeout", hd.BackendTimeout, "timeout writing a request to and reading the answer from a backend (504 past it)")
+	fs.DurationVar(&h.BackendIdle, "http-backend-idle", hd.BackendIdle, "close backend connections idle this long (keep it below the backends' keep-alive timeout)")
+	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", hd.ClientReadTimeout, "timeout reading a client request")
+	fs.DurationVar(&h.ClientIdle, "http-client-idle", hd.ClientIdle, "close idle client connections after this long")
+	fs.IntVar(&h.StreamThreshold, "http-stream-threshold", hd.StreamThreshold, "request bodies larger than this many bytes are streamed to the backend, not buffered")
+	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", hd.ResponseBuffer, "fasthttp engine: answers to body-less idempotent requests up to this many bytes are buffered, larger ones re-requested and streamed (-1: always stream); the loop engine relays every answer as it arrives")
+	fs.StringVar(&h.Engine, "http-engine", hd.Engine, "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade and Expect to fasthttp")
+	fs.IntVar(&h.Loops, "http-loops", hd.Loops, "event loops of the loop engine (0: GOMAXPROCS)")
 
-	fs.StringVar(&o.policy, "lb-policy", "round-robin", "HTTP selection of new work: round-robin, weighted-round-robin, least-outstanding, p2c, consistent-hash")
-	fs.DurationVar(&o.health.Interval, "health-interval", 2*time.Second, "active health check period per backend (0 disables)")
-	fs.DurationVar(&o.health.Timeout, "health-timeout", time.Second, "timeout of one health probe")
-	fs.IntVar(&o.health.Rise, "health-rise", 2, "passing probes in a row that bring a backend up")
-	fs.IntVar(&o.health.Fall, "health-fall", 3, "failing probes in a row that take a backend down")
+	hc := lb.DefaultHealthConfig()
+	fs.StringVar(&o.policy, "lb-policy", "round-robin", "HTTP selection of new work: "+strings.Join(lb.PolicyNames, ", "))
+	fs.DurationVar(&o.health.Interval, "health-interval", hc.Interval, "active health check period per backend (0 disables)")
+	fs.DurationVar(&o.health.Timeout, "health-timeout", hc.Timeout, "timeout of one health probe")
+	fs.IntVar(&o.health.Rise, "health-rise", hc.Rise, "passing probes in a row that bring a backend up")
+	fs.IntVar(&o.health.Fall, "health-fall", hc.Fall, "failing probes in a row that take a backend down")
 	fs.IntVar(&o.passive.MaxFails, "health-max-fails", 3, "consecutive connect errors, timeouts or 5xx that eject a backend (0 disables)")
 	fs.DurationVar(&o.passive.Cooldown, "health-cooldown", 10*time.Second, "how long an ejected backend stays out")
 
@@ -99,8 +100,9 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	fs.StringVar(&o.mopProbe.MaxMetric, "mop-max-metric", lb.DefaultMaxMetric, "Prometheus series summed as a backend's maximum memory")
 	fs.DurationVar(&o.mopProbe.Interval, "mop-probe-interval", time.Second, "how often a backend's metrics= URL is polled")
 
+	md := admission.DefaultMemoryConfig()
 	fs.Var(&o.memLimit, "mem-limit", "memory limit of this process in bytes (e.g. 512MiB); default GOMEMLIMIT; without either, memory states are off")
-	o.memLow, o.memLower, o.memCritical = 0.70, 0.80, 0.90
+	o.memLow, o.memLower, o.memCritical = fraction(md.Low), fraction(md.Lower), fraction(md.Critical)
 	fs.Var(&o.memLow, "mem-low", "memory state Low at this share of the limit (no new background work; /healthz 429)")
 	fs.Var(&o.memLower, "mem-lower", "memory state Lower at this share (new work refused 429)")
 	fs.Var(&o.memCritical, "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
@@ -108,17 +110,12 @@ func newRunFlags(fs *flag.FlagSet) (*runOptions, []string) {
 	fs.StringVar(&o.keyFile, "affinity-key-file", "", "key, or key ring of \"ID HEXKEY\" lines (newest last), of sticky cookies and SIP tokens; created when missing (default: affinity.key in -data-dir)")
 	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, one \"http SPEC\" or \"sip SPEC\" a line, added to the flags' and re-read on SIGHUP")
 	persistFlags(fs, &o.persist)
-	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz and /status (empty disables)")
+	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz, /status, /metrics and /events (empty disables)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.shutdown, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests and affinity traffic may finish (new work is refused at once)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
-
-	var own []string
-	for n := range flagNames(fs) {
-		own = append(own, n)
-	}
 	o.sip = addSIPFlags(fs)
-	return o, own
+	return o
 }
 
 // runRun is the run command: it serves until SIGINT or SIGTERM.
@@ -154,23 +151,11 @@ type runHooks struct {
 // shuts down gracefully. It returns 2 for a bad flag, 1 for a failure to
 // start.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *runHooks) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	o, own := newRunFlags(fs)
+	fs := newFlagSet("run", stderr)
+	o := newRunFlags(fs)
 	fs.Usage = func() { groupedUsage(fs.Output(), "run", fs) }
-	if err := applyEnv(fs, own, os.LookupEnv); err != nil {
-		fmt.Fprintln(stderr, "sluice run:", err)
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sluice run: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseCommand("run", fs, args, stderr); !ok {
+		return code
 	}
 	// The default -health-timeout (1s) follows a shorter -health-interval.
 	explicit := map[string]bool{}
@@ -247,6 +232,6 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		DrainTimeout:   o.shutdown,
 		CPUProfile:     o.cpuProfile,
 		SIP:            o.sip.cfg,
-		SIPBackends:    o.sip.backends,
+		SIPBackends:    o.sip.backends.values,
 	}, logger, nil
 }

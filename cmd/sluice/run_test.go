@@ -66,21 +66,6 @@ func TestRunBadFlags(t *testing.T) {
 	}
 }
 
-func TestListFlagEnvThenCommandLine(t *testing.T) {
-	var l listFlag
-	if err := l.setEnv("a:1 b:2"); err != nil {
-		t.Fatal(err)
-	}
-	if got := l.String(); got != "a:1 b:2" {
-		t.Fatalf("from env: %q", got)
-	}
-	l.Set("c:3")
-	l.Set("d:4")
-	if got := l.String(); got != "c:3 d:4" {
-		t.Errorf("command line after env = %q, want it to replace the env values", got)
-	}
-}
-
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int64{"0": 0, "1024": 1024, "1K": 1024, "512MiB": 512 << 20, "2G": 2 << 30, "3 GB": 3 << 30, "1t": 1 << 40} {
 		if got, err := parseBytes(in); err != nil || got != want {

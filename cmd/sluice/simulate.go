@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -30,8 +29,7 @@ type simRow struct {
 }
 
 func runSimulate(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("simulate", stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: sluice simulate --limit N/UNIT --arrivals A1,A2,... [--queue 1000] [--action delay|reject|log] [--qualify 0s] [--wait 0s] [--json]")
 		fmt.Fprintln(stderr, "\nReplays arrivals, given per sub-interval (a sixth of UNIT), through one ARM rule and prints")
@@ -52,18 +50,12 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 0, "longest wait in the delay queue before refusal (0: no bound)")
 	asJSON := fs.Bool("json", false, "print a JSON array instead of a table")
 	mopSpec := fs.String("mop", "", "replay a backend model through MOP instead (see the keys above)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return 2
+	if code, ok := parseCommand("simulate", fs, args, stderr); !ok {
+		return code
 	}
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice simulate: "+format+"\n", a...)
 		return 2
-	}
-	if fs.NArg() > 0 {
-		return bad("unexpected argument %q", fs.Arg(0))
 	}
 	if *mopSpec != "" {
 		return simulateMOP(*mopSpec, *asJSON, stdout, stderr)

@@ -11,13 +11,14 @@ import (
 // TestSIPFlags: -sip-* flags and their SLUICE_* twins fill the Config; the
 // command line wins over the environment.
 func TestSIPFlags(t *testing.T) {
-	t.Setenv("SLUICE_SIP_LISTEN", "127.0.0.1:5999")
-	t.Setenv("SLUICE_SIP_FAILOVER_TIMEOUT", "750ms")
-	t.Setenv("SLUICE_SIP_BACKEND", "10.0.0.1:5060 10.0.0.2:5060,transport=tcp")
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	env := map[string]string{
+		"SLUICE_SIP_LISTEN":           "127.0.0.1:5999",
+		"SLUICE_SIP_FAILOVER_TIMEOUT": "750ms",
+		"SLUICE_SIP_BACKEND":          "10.0.0.1:5060 10.0.0.2:5060,transport=tcp",
+	}
+	fs := newFlagSet("t", io.Discard)
 	o := addSIPFlags(fs)
-	if err := fs.Parse([]string{"-sip-listen", "127.0.0.1:5080", "-sip-backend", "10.0.0.3:5070,weight=3,id=c", "-sip-health-interval", "0"}); err != nil {
+	if err := parseFlags(fs, []string{"-sip-listen", "127.0.0.1:5080", "-sip-health-interval", "0"}, lookupIn(env)); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := o.config()
@@ -30,7 +31,7 @@ func TestSIPFlags(t *testing.T) {
 	if cfg.FailoverTimeout != 750*time.Millisecond {
 		t.Errorf("FailoverTimeout %s, want 750ms from SLUICE_SIP_FAILOVER_TIMEOUT", cfg.FailoverTimeout)
 	}
-	if len(cfg.Backends) != 3 || cfg.Backends[1].Transport != "tcp" || cfg.Backends[2].Weight != 3 || cfg.Backends[2].ID != "c" {
+	if len(cfg.Backends) != 2 || cfg.Backends[1].Transport != "tcp" || cfg.Backends[0].Weight != 1 {
 		t.Errorf("backends %+v", cfg.Backends)
 	}
 	if cfg.HealthInterval != 0 || cfg.Policy != "hash" {

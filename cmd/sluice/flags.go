@@ -1,0 +1,237 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// One mechanism reads the flags of every command: the command line, then
+// each flag's SLUICE_* environment twin, then the file named by -config.
+// A source only sets the flags that a source before it left alone, so the
+// command line wins over the environment and the environment over the
+// file. A bad value from any of them stops the command with a message
+// naming the flag and where the value came from.
+
+// listFlag is a repeatable flag: each use adds a value.
+type listFlag struct {
+	values []string
+	check  func(string) error // validates one value; may be nil
+}
+
+func (l *listFlag) String() string { return strings.Join(l.values, " ") }
+
+func (l *listFlag) Set(s string) error {
+	if l.check != nil {
+		if err := l.check(s); err != nil {
+			return err
+		}
+	}
+	l.values = append(l.values, s)
+	return nil
+}
+
+// envSplit marks a listFlag: its environment twin holds several values
+// separated by white space (the -arm and backend grammars have none).
+func (l *listFlag) envSplit() {}
+
+// envName is the environment twin of a flag: -http-listen →
+// SLUICE_HTTP_LISTEN.
+func envName(flagName string) string {
+	return "SLUICE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// configFlag is the flag naming the config file; every command has it.
+const configFlag = "config"
+
+// flagSetMade, when set, is told of every flag set a command makes, so
+// that a test can walk the flags of every command.
+var flagSetMade func(cmd string, fs *flag.FlagSet)
+
+// newFlagSet returns the flag set of a command, with -config defined.
+func newFlagSet(cmd string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if flagSetMade != nil {
+		flagSetMade(cmd, fs)
+	}
+	fs.String(configFlag, "", "read flags from this `file`: one \"name value\" a line (the flag name without -, a repeatable flag on several lines; # comments); the command line and SLUICE_* variables win over it")
+	return fs
+}
+
+// parseFlags sets fs's flags from args, then from their SLUICE_* twins
+// (lookup is os.LookupEnv outside tests), then from the -config file.
+// Errors of the command line are printed by the flag package; the others
+// are returned naming the flag and the source of the bad value.
+func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bool)) error {
+	if err := fs.Parse(args); err != nil {
+		return printedError{err}
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || set[f.Name] {
+			return
+		}
+		env := envName(f.Name)
+		v, ok := lookup(env)
+		if !ok {
+			return
+		}
+		if err = setFromEnv(fs, f, v); err != nil {
+			err = fmt.Errorf("%s (-%s): %w", env, f.Name, err)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if f := fs.Lookup(configFlag); f != nil && f.Value.String() != "" {
+		return readConfigFile(fs, f.Value.String(), set)
+	}
+	return nil
+}
+
+func setFromEnv(fs *flag.FlagSet, f *flag.Flag, v string) error {
+	if _, list := f.Value.(interface{ envSplit() }); list {
+		for _, s := range strings.Fields(v) {
+			if err := fs.Set(f.Name, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fs.Set(f.Name, v)
+}
+
+// readConfigFile sets the flags not in skip from file: one "name value"
+// a line, name being the flag's name with or without a leading -, value
+// the rest of the line (may be empty); blank lines and lines starting with
+// # are skipped. Errors name the file, the line and the flag.
+func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("-%s: %w", configFlag, err)
+	}
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, _ := strings.Cut(line, " ")
+		if j := strings.IndexByte(line, '\t'); j >= 0 && (j < len(name)) {
+			name, value = line[:j], line[j+1:]
+		}
+		name, value = strings.TrimLeft(name, "-"), strings.TrimSpace(value)
+		where := fmt.Sprintf("-%s %s:%d", configFlag, file, i+1)
+		f := fs.Lookup(name)
+		switch {
+		case f == nil:
+			return fmt.Errorf("%s: unknown flag %q", where, name)
+		case name == configFlag:
+			return fmt.Errorf("%s: a config file cannot name another", where)
+		case skip[name]:
+			continue
+		}
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("%s: -%s: %w", where, name, err)
+		}
+	}
+	return nil
+}
+
+// parseCommand is parseFlags for a command's run function: it returns
+// the exit status to stop with (0 after -help, 2 for a bad value) and
+// whether to go on.
+func parseCommand(cmd string, fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
+	err := parseFlags(fs, args, os.LookupEnv)
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		return 0, false
+	}
+	if !errors.As(err, new(printedError)) {
+		fmt.Fprintf(stderr, "sluice %s: %v\n", cmd, err)
+	}
+	return 2, false
+}
+
+// printedError is an error of the command line, which the flag package
+// has printed already, with the usage.
+type printedError struct{ err error }
+
+func (e printedError) Error() string { return e.err.Error() }
+func (e printedError) Unwrap() error { return e.err }
+
+// byteSize is a flag holding a size in bytes: a plain number or one with
+// a unit (K, M, G, T, with or without "B"/"iB"; all powers of 1024).
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteSize) Set(s string) error {
+	n, err := parseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b = byteSize(n)
+	return nil
+}
+
+func parseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := len(t)
+	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') {
+		i--
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("size %q: want a whole number of bytes, e.g. 512MiB", s)
+	}
+	shift := 0
+	switch strings.TrimSuffix(strings.TrimSuffix(unit, "b"), "i") {
+	case "":
+	case "k":
+		shift = 10
+	case "m":
+		shift = 20
+	case "g":
+		shift = 30
+	case "t":
+		shift = 40
+	default:
+		return 0, fmt.Errorf("size %q: unknown unit %q (want K, M, G or T)", s, unit)
+	}
+	if n > (1<<62)>>shift {
+		return 0, fmt.Errorf("size %q: too large", s)
+	}
+	return n << shift, nil
+}
+
+// fraction is a flag holding a share in (0,1]; a value above 1 and at most
+// 100 is read as a percentage (-mop-max-heap 85 is 0.85).
+type fraction float64
+
+func (f *fraction) String() string { return strconv.FormatFloat(float64(*f), 'g', -1, 64) }
+
+func (f *fraction) Set(s string) error {
+	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "%"), 64)
+	if err != nil {
+		return fmt.Errorf("%q is not a number", s)
+	}
+	if v > 1 && v <= 100 {
+		v /= 100
+	}
+	*f = fraction(v)
+	return nil
+}

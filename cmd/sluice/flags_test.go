@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// lookupIn is an environment made of m, for parseFlags.
+func lookupIn(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "sluice.conf")
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestFlagSources: the command line wins over the environment, the
+// environment over the config file; a repeatable flag takes all its values
+// from the first source that has it.
+func TestFlagSources(t *testing.T) {
+	conf := writeFile(t, `# sluice settings
+http-listen 127.0.0.1:1111
+-lb-policy p2c
+mop-window 90s
+arm name=a,limit=1/s
+arm name=b,limit=2/s
+admin-listen
+sip-backend 10.0.0.9:5060,id=f
+
+http-backend 10.0.0.1:80,id=file
+`)
+	fs := newFlagSet("run", io.Discard)
+	o := newRunFlags(fs)
+	env := map[string]string{
+		"SLUICE_CONFIG":       conf,
+		"SLUICE_LB_POLICY":    "least-outstanding",
+		"SLUICE_HTTP_BACKEND": "10.0.0.2:80,id=e1 10.0.0.3:80,id=e2",
+		"SLUICE_MOP_WINDOW":   "30s",
+	}
+	args := []string{"-mop-window", "45s", "-http-sticky-ttl", "2h"}
+	if err := parseFlags(fs, args, lookupIn(env)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, got, want string }{
+		{"http-listen (file)", o.http.Listen, "127.0.0.1:1111"},
+		{"lb-policy (env over file)", o.policy, "least-outstanding"},
+		{"mop-window (command line over env and file)", o.mop.Window.String(), "45s"},
+		{"http-sticky-ttl (command line)", o.http.StickyTTL.String(), "2h0m0s"},
+		{"arm (file, repeated)", strings.Join(o.arm.values, " "), "name=a,limit=1/s name=b,limit=2/s"},
+		{"http-backend (env over file)", strings.Join(o.httpBackends.values, " "), "10.0.0.2:80,id=e1 10.0.0.3:80,id=e2"},
+		{"admin-listen (file, empty)", o.adminListen, ""},
+		{"sip-backend (file)", strings.Join(o.sip.backends.values, " "), "10.0.0.9:5060,id=f"},
+		{"http-stream-threshold (default)", fmt.Sprint(o.http.StreamThreshold), "1048576"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %q, want %q", c.name, c.got, c.want)
+		}
+	}
+}
+
+// TestConfigFileErrors: a bad line stops parsing, naming the file, the
+// line and the flag.
+func TestConfigFileErrors(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"http-listen :1\nfrobnicate 3\n", `:2: unknown flag "frobnicate"`},
+		{"# ok\n\nmop-window soon\n", ":3: -mop-window: "},
+		{"arm name=x\n", ":1: -arm: "},
+		{"config other.conf\n", ":1: a config file cannot name another"},
+	} {
+		f := writeFile(t, tc.body)
+		fs := newFlagSet("run", io.Discard)
+		newRunFlags(fs)
+		err := parseFlags(fs, []string{"-config", f}, lookupIn(nil))
+		if err == nil || !strings.Contains(err.Error(), "-config "+f+tc.want) {
+			t.Errorf("%q: err %v, want one with %q", tc.body, err, "-config "+f+tc.want)
+		}
+	}
+	fs := newFlagSet("run", io.Discard)
+	newRunFlags(fs)
+	if err := parseFlags(fs, []string{"-config", filepath.Join(t.TempDir(), "missing")}, lookupIn(nil)); err == nil || !strings.Contains(err.Error(), "-config") {
+		t.Errorf("missing config file: err %v", err)
+	}
+}
+
+// badValues are values each flag that takes free text refuses; flags of
+// typed values (numbers, durations, sizes, shares, booleans) get "bogus".
+var badValues = map[string]string{
+	"http-backend":           "nohost",
+	"sip-backend":            "10.0.0.1:5060,transport=sctp",
+	"http-trusted-proxy":     "10.0.0.0/99",
+	"arm":                    "name=x",
+	"http-listen":            "127.0.0.1:99999",
+	"sip-listen":             "127.0.0.1:99999",
+	"admin-listen":           "127.0.0.1:99999",
+	"http-sticky-cookie":     "a b",
+	"http-sticky-app-cookie": "a;b",
+	"http-hash-key":          "body",
+	"http-engine":            "threads",
+	"lb-policy":              "fastest",
+	"sip-lb-policy":          "fastest",
+	"sip-advertise":          "no port",
+	"mop-used-metric":        "a{",
+	"mop-max-metric":         "a{",
+	"log-level":              "loud",
+	"affinity-key-file":      "/proc/no/such/dir/key",
+	"backends-file":          "/proc/no/such/file",
+	"data-dir":               "/proc/no/such/dir",
+	"cpuprofile":             "/proc/no/such/dir/cpu.prof",
+	"config":                 "/proc/no/such/file",
+	"since":                  "yesterday",
+	"limit":                  "ten/min",
+	"arrivals":               "1,x",
+	"action":                 "explode",
+	"mop":                    "base=lots",
+}
+
+// freeForm are flags whose every value is acceptable, with the reason.
+var freeForm = map[string]string{
+	"events admin-listen": "only printed in a hint",
+}
+
+// commandArgs are arguments under which each command starts; the flag
+// under test is left out of them.
+func commandArgs(cmd, dir string) [][2]string {
+	switch cmd {
+	case "run", "demo":
+		return [][2]string{{"data-dir", dir}, {"http-listen", "127.0.0.1:0"}, {"admin-listen", ""}, {"sip-listen", "127.0.0.1:0"},
+			{"http-backend", "127.0.0.1:1,metrics=http://127.0.0.1:1/m"}, {"sip-backend", "127.0.0.1:1"},
+			{"health-interval", "0"}, {"sip-health-interval", "0"}}
+	case "sip":
+		return [][2]string{{"sip-listen", "127.0.0.1:0"}, {"sip-backend", "127.0.0.1:1"}, {"sip-health-interval", "0"},
+			{"affinity-key-file", filepath.Join(dir, "key")}}
+	case "events":
+		return [][2]string{{"data-dir", dir}}
+	case "simulate":
+		return [][2]string{{"limit", "10/min"}, {"arrivals", "1,2"}}
+	}
+	return nil
+}
+
+// TestEveryFlagRejectsBadValue walks every flag of every command that has
+// flags: a bad value in its SLUICE_* twin stops the command with an error
+// naming the flag or the variable, and nothing is served.
+func TestEveryFlagRejectsBadValue(t *testing.T) {
+	sets := map[string]*flag.FlagSet{}
+	flagSetMade = func(cmd string, fs *flag.FlagSet) { sets[cmd] = fs }
+	for name, c := range commands {
+		if name != "demo" { // demo is run with demo backends: the same flags
+			c.run([]string{"-help"}, io.Discard, io.Discard)
+		}
+	}
+	flagSetMade = nil
+	cmds := make([]string, 0, len(sets))
+	for c := range sets {
+		cmds = append(cmds, c)
+	}
+	sort.Strings(cmds)
+	if !slices.Contains(cmds, "run") || !slices.Contains(cmds, "sip") {
+		t.Fatalf("commands walked: %v", cmds)
+	}
+	for _, cmd := range cmds {
+		sets[cmd].VisitAll(func(f *flag.Flag) {
+			t.Run(cmd+"/"+f.Name, func(t *testing.T) {
+				if why, ok := freeForm[cmd+" "+f.Name]; ok {
+					t.Skip(why)
+				}
+				bad := "bogus"
+				switch fmt.Sprintf("%T", f.Value) {
+				case "*flag.stringValue", "*main.listFlag", "flag.funcValue":
+					var ok bool
+					if bad, ok = badValues[f.Name]; !ok {
+						t.Fatalf("-%s of %s takes free text: add a bad value to badValues or a reason to freeForm", f.Name, cmd)
+					}
+				}
+				env := envName(f.Name)
+				t.Setenv(env, bad)
+				var args []string
+				for _, a := range commandArgs(cmd, t.TempDir()) {
+					if a[0] != f.Name {
+						args = append(args, "-"+a[0], a[1])
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				var stderr syncBuffer
+				var code int
+				switch cmd {
+				case "run":
+					code = run(ctx, args, io.Discard, &stderr, nil)
+				case "sip":
+					code = sipMain(ctx, args, io.Discard, &stderr)
+				default:
+					code = commands[cmd].run(args, io.Discard, &stderr)
+				}
+				out := stderr.String()
+				if code == 0 || !(strings.Contains(out, "-"+f.Name) || strings.Contains(out, env)) {
+					t.Errorf("%s=%q: exit %d, stderr %q; want a failure naming -%s or %s", env, bad, code, out, f.Name, env)
+				}
+			})
+		})
+	}
+}
