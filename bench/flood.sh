@@ -96,8 +96,8 @@ leg() {
     printf '  calls ok=%s failed=%s of %s (retransmissions %s); kernel UDP receive-buffer drops during the flood %s\n' \
         "${ok:-?}" "${fail:-?}" "$n" "$(csvcol "$dir/stat.csv" 'Retransmissions(C)')" "$((d1 - d0))"
     printf '  sluice: malformed %s, 400 sent %s, dropped unanswered %s, oversize %s, stray responses %s, panics logged %s\n' \
-        "$(metric sluice_sip_malformed_total)" "$(metric sluice_sip_bad_requests_total)" "$(metric sluice_sip_malformed_dropped_total)" \
-        "$(metric sluice_sip_oversize_total)" "$(metric sluice_sip_stray_responses_total)" "$(grep -c panic "$OUT/sluice-$rate.log")"
+        "$(metric 'sluice_frontend_events_total{event="malformed",protocol="sip"}')" "$(metric 'sluice_frontend_events_total{event="bad_requests",protocol="sip"}')" "$(metric 'sluice_frontend_events_total{event="malformed_dropped",protocol="sip"}')" \
+        "$(metric 'sluice_frontend_events_total{event="oversize",protocol="sip"}')" "$(metric 'sluice_frontend_events_total{event="stray_responses",protocol="sip"}')" "$(grep -c panic "$OUT/sluice-$rate.log")"
     printf '  peak RSS %s kB, peak goroutines %s; /healthz during the flood: %s answers, %s not 200, slowest %s ms; calls after the flood: %s of 5\n' \
         "$rss" "$gor" "$hz" "$hzbad" "$slow" "${after:-0}"
     stop_all

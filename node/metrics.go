@@ -1,19 +1,16 @@
 package node
 
 import (
-	"bytes"
 	"fmt"
-	"io"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
-	lbhttp "github.com/sluicelb/sluice/http"
 	"github.com/sluicelb/sluice/persist"
 )
 
@@ -24,16 +21,13 @@ type metricsSources struct {
 	ctrl     *admission.Controller
 	mem      *admission.Memory
 	backends func() []admin.BackendStatus
-	// extra writes more families in the text format after ours (the SIP
-	// front end's own counters).
-	extra []func(io.Writer)
 	// forward holds the forwarding latency histograms, observed by the
 	// front ends.
 	forward *prometheus.HistogramVec
-	// http is the HTTP front end's counters.
-	http *lbhttp.Stats
 	// store is the data directory.
 	store *persist.Store
+	// fronts are the front ends' own collectors.
+	fronts []prometheus.Collector
 }
 
 // newForwardHistogram is sluice_forward_duration_seconds{protocol}: from a
@@ -68,7 +62,6 @@ var (
 	descStoreErrors  = prometheus.NewDesc("sluice_persist_write_errors_total", "Failed writes to the data directory (each retry counts).", nil, nil)
 	descStorePending = prometheus.NewDesc("sluice_persist_events_pending", "Events waiting in memory for the data directory to take them.", nil, nil)
 	descStoreDropped = prometheus.NewDesc("sluice_persist_events_dropped_total", "Events not stored: queue or in-memory backlog full.", nil, nil)
-	descHTTP         = prometheus.NewDesc("sluice_http_events_total", "HTTP front end events: upstream_error (502/503/504 for a backend failure), retried (sent to another backend after a connect failure), restreamed (fasthttp engine: answer outgrew the buffer, requested again), aborted (in-flight new work ended by memory state critical), repinned (affinity to a down backend, sent elsewhere), handed_over (loop engine: connection given to the fasthttp server).", []string{"event"}, nil)
 )
 
 // collector turns metricsSources into Prometheus metrics on each scrape.
@@ -77,7 +70,7 @@ type collector struct{ src metricsSources }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmitted, descRefused, descMemState, descMemUsed, descMemLimit,
 		descARMRate, descARMLimit, descARMQueued, descARMDelayed, descARMRefused, descARMOver,
-		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descBEState, descBEOut, descHTTP,
+		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descBEState, descBEOut,
 		descStoreOK, descStoreErrors, descStorePending, descStoreDropped} {
 		ch <- d
 	}
@@ -123,17 +116,6 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descStorePending, float64(h.EventsPending))
 		counter(descStoreDropped, float64(h.EventsDropped))
 	}
-	if st := c.src.http; st != nil {
-		for _, e := range []struct {
-			name string
-			v    *atomic.Uint64
-		}{
-			{"upstream_error", &st.UpstreamError}, {"retried", &st.Retried}, {"restreamed", &st.Restreamed},
-			{"aborted", &st.Aborted}, {"repinned", &st.Repinned}, {"handed_over", &st.HandedOver},
-		} {
-			counter(descHTTP, float64(e.v.Load()), e.name)
-		}
-	}
 	if mem := c.src.mem; mem != nil {
 		used, limit := mem.Usage()
 		gauge(descMemState, float64(mem.State()))
@@ -177,43 +159,21 @@ func unitLabel(d time.Duration) string {
 	return d.String()
 }
 
-// metricsHandler serves /metrics in the Prometheus text format: our
-// families from a registry of their own (plus the Go runtime's), then the
-// extra writers'.
+// metricsHandler serves /metrics through promhttp: our families, the
+// front ends' and the Go runtime's and process's, from a registry of
+// their own.
 func metricsHandler(src metricsSources) (http.Handler, error) {
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(collector{src}); err != nil {
-		return nil, err
-	}
+	cs := []prometheus.Collector{collector{src}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if src.forward != nil {
-		if err := reg.Register(src.forward); err != nil {
+		cs = append(cs, src.forward)
+	}
+	for _, c := range append(cs, src.fronts...) {
+		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	if err := reg.Register(prometheus.NewGoCollector()); err != nil {
-		return nil, err
-	}
-	format := expfmt.NewFormat(expfmt.TypeTextPlain)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		families, err := reg.Gather()
-		if err != nil {
-			http.Error(w, "gather metrics: "+err.Error(), http.StatusInternalServerError)
-			return
-		}
-		var buf bytes.Buffer
-		enc := expfmt.NewEncoder(&buf, format)
-		for _, f := range families {
-			if err := enc.Encode(f); err != nil {
-				http.Error(w, "encode metrics: "+err.Error(), http.StatusInternalServerError)
-				return
-			}
-		}
-		for _, x := range src.extra {
-			x(&buf)
-		}
-		w.Header().Set("Content-Type", string(format))
-		w.Write(buf.Bytes())
-	}), nil
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
 }
 
 // mountMetrics adds /metrics to the admin listener.
@@ -223,10 +183,10 @@ func (n *Node) mountMetrics() error {
 	}
 	src := metricsSources{ctrl: n.ctrl, mem: n.mem, backends: n.backendStatus, forward: n.forward, store: n.store}
 	if n.httpSrv != nil {
-		src.http = n.httpSrv.Stats()
+		src.fronts = append(src.fronts, n.httpSrv.Collector())
 	}
 	if n.sipSrv != nil {
-		src.extra = append(src.extra, func(w io.Writer) { n.sipSrv.WritePrometheus(w) })
+		src.fronts = append(src.fronts, n.sipSrv.Collector())
 	}
 	h, err := metricsHandler(src)
 	if err != nil {

@@ -2,25 +2,39 @@ package node
 
 import (
 	"bytes"
-	"fmt"
-	"io"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/lb"
+	lbsip "github.com/sluicelb/sluice/sip"
 )
 
-func TestMetricsExposition(t *testing.T) {
-	ctrl, err := admission.NewController(admission.ControllerConfig{Rules: []admission.RuleConfig{
+// oddNames are backend ids and rule names an operator can write that the
+// exposition format must escape: quotes, backslashes, line breaks, control
+// characters, non-ASCII.
+var oddNames = []string{`b"1`, `back\slash`, "new\nline", "ctl\x01char", "tab\there", "ünïcødé", "{x=\"y\"}"}
+
+// scrape builds the /metrics handler of a node with an HTTP and a SIP
+// front end, some counts and the odd names, and returns what it serves.
+func scrape(t *testing.T) []byte {
+	t.Helper()
+	rules := []admission.RuleConfig{
 		{Name: "invites", Match: admission.Match{Proto: "sip", Method: "INVITE"}, Limit: 1, Unit: time.Minute, Action: admission.ActionReject},
-	}}, nil, 0)
+	}
+	for _, n := range oddNames {
+		rules = append(rules, admission.RuleConfig{Name: n, Match: admission.Match{PathPrefix: "/odd/"}, Limit: 5, Unit: time.Second, Action: admission.ActionLog})
+	}
+	ctrl, err := admission.NewController(admission.ControllerConfig{Rules: rules}, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,29 +48,52 @@ func TestMetricsExposition(t *testing.T) {
 	var hs lbhttp.Stats
 	hs.HandedOver.Add(3)
 	hs.UpstreamError.Add(2)
+	signer, err := lb.NewSigner(bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sipSrv, err := lbsip.New(lbsip.Config{Backends: []lbsip.BackendConfig{{ID: oddNames[0], Addr: "127.0.0.1:1"}}},
+		lbsip.Deps{Admission: ctrl, Signer: signer}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sipSrv.Metrics().Requests.Add(7)
+	sipSrv.Metrics().Terminated.Add(1)
 	h, err := metricsHandler(metricsSources{
-		http: &hs,
 		ctrl: ctrl,
 		backends: func() []admin.BackendStatus {
-			return []admin.BackendStatus{{ID: "b1", Protocol: "http", State: "draining", MOP: admin.FromMOP(mop)}}
+			out := []admin.BackendStatus{{ID: "b1", Protocol: "http", State: "draining", MOP: admin.FromMOP(mop)}}
+			for _, n := range oddNames {
+				out = append(out, admin.BackendStatus{ID: n, Protocol: "sip", State: "up", Outstanding: 2, MOP: admin.FromMOP(mop)})
+			}
+			return out
 		},
-		extra:   []func(io.Writer){func(w io.Writer) { fmt.Fprintln(w, "sluice_sip_requests_total 7") }},
 		forward: hist,
+		fronts:  []prometheus.Collector{lbhttp.NewCollector(&hs), sipSrv.Collector()},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	body := rec.Body.String()
+	if rec.Code != 200 {
+		t.Fatalf("/metrics: %d %s", rec.Code, rec.Body)
+	}
+	return rec.Body.Bytes()
+}
+
+func TestMetricsExposition(t *testing.T) {
+	raw := scrape(t)
+	body := string(raw)
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(bytes.NewReader(rec.Body.Bytes()))
+	families, err := p.TextToMetricFamilies(bytes.NewReader(raw))
 	if err != nil {
 		t.Fatalf("exposition does not parse: %v\n%s", err, body)
 	}
 	for _, name := range []string{"sluice_requests_admitted_total", "sluice_requests_refused_total", "sluice_arm_rate",
 		"sluice_arm_limit", "sluice_arm_queued", "sluice_mop_allowed_rate", "sluice_mop_learned_rate", "sluice_backend_memory_ratio",
-		"sluice_backend_state", "sluice_forward_duration_seconds", "sluice_sip_requests_total", "go_goroutines"} {
+		"sluice_backend_state", "sluice_forward_duration_seconds", "sluice_frontend_events_total", "sluice_frontend_transactions",
+		"go_goroutines", "process_resident_memory_bytes"} {
 		if families[name] == nil {
 			t.Errorf("missing family %s", name)
 		}
@@ -69,12 +106,64 @@ func TestMetricsExposition(t *testing.T) {
 		`sluice_backend_state{backend="b1",protocol="http",state="draining"} 1`,
 		`sluice_mop_allowed_rate{backend="b1",protocol="http"} 10`,
 		`sluice_forward_duration_seconds_count{protocol="http"} 1`,
-		`sluice_http_events_total{event="handed_over"} 3`,
-		`sluice_http_events_total{event="upstream_error"} 2`,
-		`sluice_http_events_total{event="aborted"} 0`,
+		`sluice_frontend_events_total{event="handed_over",protocol="http"} 3`,
+		`sluice_frontend_events_total{event="upstream_error",protocol="http"} 2`,
+		`sluice_frontend_events_total{event="aborted",protocol="http"} 0`,
+		`sluice_frontend_events_total{event="aborted",protocol="sip"} 1`,
+		`sluice_frontend_events_total{event="requests",protocol="sip"} 7`,
+		`sluice_frontend_events_total{event="refused_no_backend",protocol="sip"} 0`,
+		`sluice_frontend_transactions{protocol="sip"} 0`,
 	} {
 		if !strings.Contains(body, line) {
 			t.Errorf("missing %q", line)
 		}
+	}
+	if strings.Contains(body, "sluice_sip_") || strings.Contains(body, "sluice_http_") {
+		t.Errorf("per-protocol family names left:\n%s", body)
+	}
+}
+
+// TestMetricsOddNames: backend ids and rule names with quotes,
+// backslashes, line breaks, control characters and non-ASCII come back
+// from the exposition exactly as given, and promtool accepts it.
+func TestMetricsOddNames(t *testing.T) {
+	raw := scrape(t)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("exposition does not parse: %v\n%s", err, raw)
+	}
+	labelValues := func(family, label string) map[string]bool {
+		out := map[string]bool{}
+		if f := families[family]; f != nil {
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == label {
+						out[l.GetValue()] = true
+					}
+				}
+			}
+		}
+		return out
+	}
+	backends, rules := labelValues("sluice_backend_outstanding", "backend"), labelValues("sluice_arm_rate", "rule")
+	for _, n := range oddNames {
+		if !backends[n] {
+			t.Errorf("backend %q not in sluice_backend_outstanding: %v", n, backends)
+		}
+		if !rules[n] {
+			t.Errorf("rule %q not in sluice_arm_rate: %v", n, rules)
+		}
+	}
+
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (scripts/install-test-deps.sh installs it)")
+	}
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = bytes.NewReader(raw)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 }

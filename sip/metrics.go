@@ -1,9 +1,9 @@
 package sip
 
 import (
-	"fmt"
-	"io"
 	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
@@ -96,59 +96,70 @@ func (s *Server) Backends() []BackendStatus {
 	return out
 }
 
-// WritePrometheus writes the counters in the Prometheus text format.
-func (s *Server) WritePrometheus(w io.Writer) {
-	m := &s.metrics
-	c := func(name, help string, v uint64) {
-		fmt.Fprintf(w, "# HELP sluice_sip_%s %s\n# TYPE sluice_sip_%s counter\nsluice_sip_%s %d\n", name, help, name, name, v)
+// eventsHelp is the help of sluice_frontend_events_total. Every front end
+// writes the same text: Prometheus requires one help per family.
+const eventsHelp = "Front end events, by protocol and event (the front end's README lists its events)."
+
+var (
+	descEvents       = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "sip"})
+	descTransactions = prometheus.NewDesc("sluice_frontend_transactions", "Live new-work transactions of the front end.", nil, prometheus.Labels{"protocol": "sip"})
+	descConnections  = prometheus.NewDesc("sluice_frontend_connections", "Open client connections of the front end.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
+	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
+)
+
+// Collector returns the front end's counters as a prometheus.Collector:
+// sluice_frontend_events_total{protocol="sip",event} (one event per
+// Metrics field, named as in the README), sluice_frontend_transactions,
+// sluice_frontend_connections{transport="tcp"}, sluice_frontend_dialogs and
+// sluice_frontend_dialogs_bytes. It reads the counters at
+// scrape time and adds nothing to the message path.
+func (s *Server) Collector() prometheus.Collector { return collector{s} }
+
+type collector struct{ s *Server }
+
+// Describe implements prometheus.Collector.
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descEvents
+	ch <- descTransactions
+	ch <- descConnections
+	ch <- descDialogs
+	ch <- descDialogBytes
+}
+
+// Collect implements prometheus.Collector.
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	m := &c.s.metrics
+	for _, e := range []struct {
+		name string
+		v    *atomic.Uint64
+	}{
+		{"requests", &m.Requests}, {"responses", &m.Responses}, {"forwarded", &m.Forwarded},
+		{"new_work", &m.NewWork}, {"affinity", &m.Affinity}, {"affinity_removed", &m.AffinityGone},
+		{"callid_fallback", &m.CallIDFallback}, {"dialog_routed", &m.DialogRouted}, {"dialog_misses", &m.DialogMisses},
+		{"dialog_full", &m.DialogsFull}, {"relayed", &m.Relayed}, {"refused", &m.Refused},
+		{"delayed", &m.Delayed}, {"failovers", &m.Failovers}, {"all_failed", &m.AllFailed},
+		{"timeouts", &m.Timeouts}, {"aborted", &m.Terminated}, {"backend_503", &m.Backend503},
+		{"forged_tokens", &m.ForgedTokens}, {"too_many_hops", &m.TooManyHops}, {"malformed", &m.Malformed},
+		{"bad_requests", &m.BadRequests}, {"malformed_dropped", &m.MalformedDropped}, {"oversize", &m.Oversize},
+		{"stray_responses", &m.StrayResponses}, {"local_replies", &m.LocalReplies},
+		{"options_answered", &m.OptionsAnswered}, {"absorbed_acks", &m.AbsorbedACKs},
+		{"retransmissions", &m.Retransmissions}, {"retransmitted", &m.Retransmitted},
+		{"send_errors", &m.SendErrors}, {"tcp_refused", &m.TCPRefused},
+		{"tcp_slow_closed", &m.TCPSlow}, {"tcp_stalled_closed", &m.TCPStalled}, {"panics", &m.Panics},
+		{"pings_sent", &m.PingsSent}, {"pings_failed", &m.PingsFailed},
+	} {
+		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
-	c("requests_total", "SIP requests received.", m.Requests.Load())
-	c("responses_total", "SIP responses received.", m.Responses.Load())
-	c("forwarded_total", "SIP requests forwarded.", m.Forwarded.Load())
-	c("new_work_total", "New-work attempts forwarded to backends.", m.NewWork.Load())
-	c("affinity_total", "In-dialog requests routed by a valid token.", m.Affinity.Load())
-	c("affinity_removed_total", "In-dialog requests routed by a valid token to a backend removed by a reload.", m.AffinityGone.Load())
-	c("callid_fallback_total", "In-dialog requests without our Route, routed by Call-ID hash.", m.CallIDFallback.Load())
-	c("dialog_routed_total", "In-dialog requests without our Route, routed by the dialog table.", m.DialogRouted.Load())
-	c("dialog_misses_total", "In-dialog requests without our Route not found in the dialog table.", m.DialogMisses.Load())
-	c("dialog_full_total", "Dialogs not recorded because the dialog table was full.", m.DialogsFull.Load())
-	c("relayed_total", "SIP responses relayed.", m.Relayed.Load())
-	fmt.Fprintf(w, "# HELP sluice_sip_refused_total New work refused with 503 by the balancer.\n# TYPE sluice_sip_refused_total counter\n")
 	for r := range m.RefusedBy {
 		name := admission.Reason(r).String()
 		if name == "" {
 			name = "no_backend"
 		}
-		fmt.Fprintf(w, "sluice_sip_refused_total{reason=%q} %d\n", name, m.RefusedBy[r].Load())
+		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(m.RefusedBy[r].Load()), "refused_"+name)
 	}
-	c("delayed_total", "New work held in an ARM delay queue.", m.Delayed.Load())
-	c("failovers_total", "New work moved to another backend.", m.Failovers.Load())
-	c("all_failed_total", "New work answered 500 because every backend failed.", m.AllFailed.Load())
-	c("timeouts_total", "Attempts without an answer in time.", m.Timeouts.Load())
-	c("terminated_total", "New work ended in memory state Critical.", m.Terminated.Load())
-	c("backend_503_total", "503 answers from backends (absorbed).", m.Backend503.Load())
-	c("forged_tokens_total", "In-dialog requests with an invalid token.", m.ForgedTokens.Load())
-	c("too_many_hops_total", "483 answers.", m.TooManyHops.Load())
-	c("malformed_total", "Malformed messages.", m.Malformed.Load())
-	c("bad_requests_total", "400 answers.", m.BadRequests.Load())
-	c("malformed_dropped_total", "Malformed messages dropped unanswered.", m.MalformedDropped.Load())
-	c("oversize_total", "Oversize datagrams.", m.Oversize.Load())
-	c("stray_responses_total", "Responses not for us.", m.StrayResponses.Load())
-	c("send_errors_total", "Failed writes.", m.SendErrors.Load())
-	c("tcp_refused_total", "TCP connections refused over -sip-tcp-max-conns.", m.TCPRefused.Load())
-	c("tcp_slow_closed_total", "TCP connections closed because a message was not complete within -sip-tcp-message-timeout.", m.TCPSlow.Load())
-	c("tcp_stalled_closed_total", "TCP connections closed because the peer did not read what was sent to it.", m.TCPStalled.Load())
-	c("pings_failed_total", "Unanswered OPTIONS health pings.", m.PingsFailed.Load())
-	fmt.Fprintf(w, "# HELP sluice_sip_transactions Live new-work transactions.\n# TYPE sluice_sip_transactions gauge\nsluice_sip_transactions %d\n", s.txns.Len())
-	fmt.Fprintf(w, "# HELP sluice_sip_dialogs Entries of the dialog table.\n# TYPE sluice_sip_dialogs gauge\nsluice_sip_dialogs %d\n", s.dialogs.Len())
-	fmt.Fprintf(w, "# HELP sluice_sip_dialogs_bytes Heap of the dialog table (entries times the measured entry size).\n# TYPE sluice_sip_dialogs_bytes gauge\nsluice_sip_dialogs_bytes %d\n", s.dialogs.Bytes())
-	fmt.Fprintf(w, "# HELP sluice_sip_tcp_connections Open TCP connections.\n# TYPE sluice_sip_tcp_connections gauge\nsluice_sip_tcp_connections %d\n", s.tcp.len())
-	fmt.Fprintf(w, "# HELP sluice_sip_backend_up Backend health (1 up).\n# TYPE sluice_sip_backend_up gauge\n")
-	for _, b := range s.Backends() {
-		up := 0
-		if b.Up {
-			up = 1
-		}
-		fmt.Fprintf(w, "sluice_sip_backend_up{backend=%q} %d\n", b.ID, up)
-	}
+	ch <- prometheus.MustNewConstMetric(descTransactions, prometheus.GaugeValue, float64(c.s.txns.Len()))
+	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.len()), "tcp")
+	ch <- prometheus.MustNewConstMetric(descDialogs, prometheus.GaugeValue, float64(c.s.dialogs.Len()))
+	ch <- prometheus.MustNewConstMetric(descDialogBytes, prometheus.GaugeValue, float64(c.s.dialogs.Bytes()))
 }
