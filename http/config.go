@@ -3,10 +3,7 @@ package http
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -274,8 +271,8 @@ func ParseTrustedProxies(s string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// BackendSpec is one -http-backend value:
-// ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME].
+// BackendSpec is one -http-backend value: ADDR[,weight=N][,metrics=URL]
+// [,health=PATH][,id=NAME], the grammar of lb.ParseBackendSpec.
 type BackendSpec struct {
 	Addr       string // host:port
 	ID         string // default Addr
@@ -284,58 +281,11 @@ type BackendSpec struct {
 	HealthPath string // active HTTP health check path; "" probes by TCP connect
 }
 
-// ParseBackend parses a -http-backend value.
+// ParseBackend parses a -http-backend value with lb.ParseBackendSpec.
 func ParseBackend(s string) (BackendSpec, error) {
-	parts := strings.Split(s, ",")
-	spec := BackendSpec{Addr: strings.TrimSpace(parts[0])}
-	host, port, err := net.SplitHostPort(spec.Addr)
-	if err != nil || host == "" || port == "" {
-		return spec, fmt.Errorf("-http-backend %q: address must be host:port", s)
+	b, err := lb.ParseBackendSpec("http", s)
+	if err != nil {
+		return BackendSpec{}, fmt.Errorf("-http-backend: %w", err)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return spec, fmt.Errorf("-http-backend %q: bad port %q", s, port)
-	}
-	for _, kv := range parts[1:] {
-		kv = strings.TrimSpace(kv)
-		if kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return spec, fmt.Errorf("-http-backend %q: %q is not key=value", s, kv)
-		}
-		switch strings.ToLower(strings.TrimSpace(k)) {
-		case "weight":
-			w, err := strconv.Atoi(v)
-			if err != nil || w < 1 || w > lb.MaxWeight {
-				return spec, fmt.Errorf("-http-backend %q: weight must be in [1,%d]", s, lb.MaxWeight)
-			}
-			spec.Weight = w
-		case "metrics":
-			u, err := url.Parse(v)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return spec, fmt.Errorf("-http-backend %q: metrics must be an http:// or https:// URL", s)
-			}
-			spec.MetricsURL = v
-		case "health":
-			if !strings.HasPrefix(v, "/") {
-				return spec, fmt.Errorf("-http-backend %q: health must be a path starting with /", s)
-			}
-			spec.HealthPath = v
-		case "id":
-			if v == "" || len(v) > 255 {
-				return spec, fmt.Errorf("-http-backend %q: id must be 1-255 bytes", s)
-			}
-			spec.ID = v
-		default:
-			return spec, fmt.Errorf("-http-backend %q: unknown key %q (want weight, metrics, health, id)", s, k)
-		}
-	}
-	if spec.ID == "" {
-		spec.ID = spec.Addr
-	}
-	if spec.Weight == 0 {
-		spec.Weight = 1
-	}
-	return spec, nil
+	return BackendSpec{Addr: b.Addr, ID: b.ID, Weight: b.Weight, MetricsURL: b.MetricsURL, HealthPath: b.HealthPath}, nil
 }

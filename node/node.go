@@ -331,7 +331,7 @@ func (n *Node) buildSIP() error {
 	if mopErr != nil {
 		return mopErr
 	}
-	n.probes, err = n.sipProbesFor(cfg.Backends)
+	n.probes, err = n.sipProbesFor(n.sipSrv.Pool(), cfg.Backends)
 	return err
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicelb/sluice/admission"
 	lbhttp "github.com/sluicelb/sluice/http"
 	"github.com/sluicelb/sluice/lb"
+	lbsip "github.com/sluicelb/sluice/sip"
 )
 
 // httpGen is one set of HTTP backends: the pool, its active health checks
@@ -124,6 +125,9 @@ func readBackendsFile(path string) (httpSpecs, sipSpecs []string, err error) {
 			}
 			httpSpecs = append(httpSpecs, spec)
 		case proto == "sip":
+			if _, err := lbsip.ParseBackend(spec); err != nil {
+				return nil, nil, fmt.Errorf("-backends-file %s:%d: %w", path, n, err)
+			}
 			sipSpecs = append(sipSpecs, spec)
 		default:
 			return nil, nil, fmt.Errorf("-backends-file %s:%d: protocol %q: want http or sip", path, n, proto)

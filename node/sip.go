@@ -33,26 +33,25 @@ func (n *Node) sipMOPHook(errp *error) func(lbsip.BackendConfig) *admission.MOP 
 	}
 }
 
-// sipProbesFor builds the memory probes of the SIP backends that have a
-// metrics URL. A probe feeds the backend's MOP through a stand-in
-// lb.Backend: it only reads the backend's id and limiter.
-func (n *Node) sipProbesFor(bcs []lbsip.BackendConfig) ([]*lb.MemoryProbe, error) {
-	var probes []*lb.MemoryProbe
+// sipProbesFor builds the memory probes of the SIP backends in pool that
+// have a metrics URL in bcs. Each probe feeds the pool's own lb.Backend,
+// whose MOP the front end consults.
+func (n *Node) sipProbesFor(pool *lb.Pool, bcs []lbsip.BackendConfig) ([]*lb.MemoryProbe, error) {
+	urls := map[string]string{}
 	for _, bc := range bcs {
-		if bc.MetricsURL == "" {
+		if bc.MetricsURL != "" {
+			urls[sipID(bc)] = bc.MetricsURL
+		}
+	}
+	var probes []*lb.MemoryProbe
+	for _, b := range pool.Backends() {
+		u, ok := urls[b.ID()]
+		if !ok || b.MOP() == nil {
 			continue
 		}
-		m, err := n.newMOP("sip", sipID(bc), bc.Addr)
-		if err != nil {
-			return nil, err
-		}
-		shadow, err := lb.NewBackend(lb.BackendConfig{ID: sipID(bc), Addr: bc.Addr, Proto: "sip", MOP: m})
-		if err != nil {
-			return nil, err
-		}
 		pc := n.cfg.MOPProbe
-		pc.URL = bc.MetricsURL
-		probe, err := lb.NewMemoryProbe(shadow, pc, n.clock, n.logger)
+		pc.URL = u
+		probe, err := lb.NewMemoryProbe(b, pc, n.clock, n.logger)
 		if err != nil {
 			return nil, err
 		}
@@ -86,17 +85,22 @@ func (n *Node) reloadSIP(specs []string) error {
 		}
 		bcs = append(bcs, bc)
 	}
-	probes, err := n.sipProbesFor(bcs)
-	if err != nil {
-		return err
-	}
 	var mopErr error
 	if err := n.sipSrv.SetBackends(bcs, n.sipMOPHook(&mopErr)); err != nil {
 		return err
 	}
-	n.startSIPProbes(probes)
+	if mopErr != nil {
+		return mopErr
+	}
 	n.sipBackends = specs
-	return mopErr
+	// The probe settings and URLs were checked at start and by the
+	// parser: building the probes of the new set does not fail.
+	probes, err := n.sipProbesFor(n.sipSrv.Pool(), bcs)
+	if err != nil {
+		return err
+	}
+	n.startSIPProbes(probes)
+	return nil
 }
 
 // sipConfig is the SIP front end's Config with specs parsed as its

@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicelb/sluice/lb"
 )
 
 // Config configures the SIP front end. Each field maps to one flag of
@@ -77,7 +78,8 @@ type Config struct {
 }
 
 // BackendConfig is one -sip-backend value:
-// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME].
+// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME], the grammar
+// of lb.ParseBackendSpec.
 type BackendConfig struct {
 	// ID names the backend in tokens, logs and metrics. Default: ADDR.
 	ID string
@@ -91,58 +93,13 @@ type BackendConfig struct {
 	MetricsURL string
 }
 
-// ParseBackend parses a -sip-backend value.
+// ParseBackend parses a -sip-backend value with lb.ParseBackendSpec.
 func ParseBackend(s string) (BackendConfig, error) {
-	parts := strings.Split(s, ",")
-	b := BackendConfig{Addr: strings.TrimSpace(parts[0]), Transport: "udp", Weight: 1}
-	if b.Addr == "" {
-		return b, fmt.Errorf("-sip-backend %q: missing address", s)
+	b, err := lb.ParseBackendSpec("sip", s)
+	if err != nil {
+		return BackendConfig{}, fmt.Errorf("-sip-backend: %w", err)
 	}
-	if _, _, err := net.SplitHostPort(b.Addr); err != nil {
-		return b, fmt.Errorf("-sip-backend %q: address: %w", s, err)
-	}
-	for _, kv := range parts[1:] {
-		kv = strings.TrimSpace(kv)
-		if kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return b, fmt.Errorf("-sip-backend %q: %q is not key=value", s, kv)
-		}
-		k, v = strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v)
-		switch k {
-		case "transport":
-			v = strings.ToLower(v)
-			if v != "udp" && v != "tcp" {
-				return b, fmt.Errorf("-sip-backend %q: transport must be udp or tcp", s)
-			}
-			b.Transport = v
-		case "weight":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > 1000 {
-				return b, fmt.Errorf("-sip-backend %q: weight must be a whole number in 1..1000", s)
-			}
-			b.Weight = n
-		case "metrics":
-			u, err := url.Parse(v)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return b, fmt.Errorf("-sip-backend %q: metrics must be an http(s) URL", s)
-			}
-			b.MetricsURL = v
-		case "id":
-			if v == "" || len(v) > 64 || strings.ContainsAny(v, " \t\r\n") {
-				return b, fmt.Errorf("-sip-backend %q: id must be 1..64 characters without spaces", s)
-			}
-			b.ID = v
-		default:
-			return b, fmt.Errorf("-sip-backend %q: unknown key %q", s, k)
-		}
-	}
-	if b.ID == "" {
-		b.ID = b.Addr
-	}
-	return b, nil
+	return BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, Weight: b.Weight, MetricsURL: b.MetricsURL}, nil
 }
 
 // Defaults of the dialog table. Entries idle for an hour go. Three million

@@ -1,0 +1,121 @@
+package lb
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+// MaxIDLen is the longest backend id, in bytes. Ids travel in sticky
+// cookies, SIP Record-Route tokens, logs and metric labels.
+const MaxIDLen = 64
+
+// BackendSpec is one backend as an operator writes it, on the command line
+// (-http-backend, -sip-backend), in a backends file or in a config file:
+// ADDR[,key=value...]. Both protocols share the grammar, the parser and
+// the limits; a key that belongs to one protocol is refused for the other.
+type BackendSpec struct {
+	// Addr is host:port with a port in 1..65535.
+	Addr string
+	// ID names the backend in affinity tokens, logs and metrics: 1 to
+	// MaxIDLen bytes without white space or control characters. Key id,
+	// default Addr.
+	ID string
+	// Weight is the relative share of new work, 1..MaxWeight. Key weight,
+	// default 1.
+	Weight int
+	// MetricsURL is the backend's memory probe for MOP, an http(s) URL;
+	// "" leaves MOP off for it. Key metrics.
+	MetricsURL string
+	// HealthPath is the path of the active HTTP health check; "" probes
+	// by TCP connect. Key health, HTTP only.
+	HealthPath string
+	// Transport is "udp" or "tcp". Key transport, SIP only, default "udp".
+	Transport string
+}
+
+// specKeys are the keys each protocol accepts, in the order error
+// messages list them.
+var specKeys = map[string][]string{
+	"http": {"weight", "metrics", "id", "health"},
+	"sip":  {"weight", "metrics", "id", "transport"},
+}
+
+// ParseBackendSpec parses one backend of protocol proto ("http" or
+// "sip"). Errors quote the spec and name the part at fault.
+func ParseBackendSpec(proto, s string) (BackendSpec, error) {
+	keys, ok := specKeys[proto]
+	if !ok {
+		return BackendSpec{}, fmt.Errorf("backend %q: unknown protocol %q", s, proto)
+	}
+	bad := func(format string, a ...any) (BackendSpec, error) {
+		return BackendSpec{}, fmt.Errorf("backend %q: %s", s, fmt.Sprintf(format, a...))
+	}
+	parts := strings.Split(s, ",")
+	b := BackendSpec{Addr: strings.TrimSpace(parts[0]), Weight: 1}
+	if proto == "sip" {
+		b.Transport = "udp"
+	}
+	host, port, err := net.SplitHostPort(b.Addr)
+	if err != nil || host == "" || port == "" {
+		return bad("address %q: want host:port", b.Addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return bad("address %q: bad port %q", b.Addr, port)
+	}
+	for _, kv := range parts[1:] {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return bad("%q is not key=value", kv)
+		}
+		k, v = strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v)
+		known := false
+		for _, key := range keys {
+			known = known || key == k
+		}
+		if !known {
+			return bad("unknown key %q for a %s backend (want %s)", k, proto, strings.Join(keys, ", "))
+		}
+		switch k {
+		case "weight":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > MaxWeight {
+				return bad("weight must be a whole number in 1..%d", MaxWeight)
+			}
+			b.Weight = n
+		case "metrics":
+			u, err := url.Parse(v)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return bad("metrics must be an http(s) URL")
+			}
+			b.MetricsURL = v
+		case "id":
+			if v == "" || len(v) > MaxIDLen || strings.ContainsFunc(v, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+				return bad("id must be 1..%d bytes without spaces or control characters", MaxIDLen)
+			}
+			b.ID = v
+		case "health":
+			if !strings.HasPrefix(v, "/") {
+				return bad("health must be a path starting with /")
+			}
+			b.HealthPath = v
+		case "transport":
+			v = strings.ToLower(v)
+			if v != "udp" && v != "tcp" {
+				return bad("transport must be udp or tcp")
+			}
+			b.Transport = v
+		}
+	}
+	if b.ID == "" {
+		b.ID = b.Addr
+	}
+	return b, nil
+}

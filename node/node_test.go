@@ -1,0 +1,153 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/persist"
+	lbsip "github.com/sluicelb/sluice/sip"
+)
+
+// testConfig is a node on loopback ports the kernel picks, without admin
+// listener or health checks, storing in a fresh directory.
+func testConfig(t *testing.T) Config {
+	return Config{
+		HTTP:          lbhttp.Config{Listen: "127.0.0.1:0", StickyTTL: time.Hour, AppCookieTTL: time.Minute, AppCookieMax: 10, MaxConns: 8, ConnectTimeout: time.Second, BackendTimeout: 5 * time.Second, BackendIdle: time.Second, ClientReadTimeout: 5 * time.Second, ClientIdle: 5 * time.Second, StreamThreshold: 1 << 20},
+		Policy:        "round-robin",
+		Health:        lb.HealthConfig{Timeout: time.Second, Rise: 1, Fall: 1},
+		Passive:       lb.PassiveConfig{Cooldown: time.Second},
+		MOP:           admission.MOPConfig{MaxHeap: 0.85, Window: 10 * time.Second, InitialRate: 40},
+		MOPRejectCode: 503,
+		MOPProbe:      lb.MemoryProbeConfig{Interval: 20 * time.Millisecond},
+		Persist:       persist.Config{Dir: filepath.Join(t.TempDir(), "data"), Interval: time.Hour},
+		DrainTimeout:  5 * time.Second,
+		SIP:           lbsip.Config{Listen: "127.0.0.1:0"},
+	}
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s after %v", what, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// memoryReport is a backend's /metrics in the JSON form the probe reads,
+// at 95% of its maximum: over MOP's 85% ceiling, so MOP learns at once.
+func memoryReport(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprint(w, `{"heap_used_bytes":95,"heap_max_bytes":100}`)
+}
+
+// TestNodeServesAndStops drives a node in-process: it forwards to its
+// backend, drains (health 429, new work refused) and stops.
+func TestNodeServesAndStops(t *testing.T) {
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello") }))
+	defer be.Close()
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{be.Listener.Addr().String() + ",id=b1"}
+	cfg.AdminListen = "127.0.0.1:0"
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a := n.Addrs()
+	if a.HTTP == nil || a.Admin == nil || a.SIP != nil {
+		t.Fatalf("addrs %+v: want HTTP and admin, no SIP", a)
+	}
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("http://" + a.HTTP.String() + "/"); code != 200 || body != "hello" {
+		t.Fatalf("forwarded: %d %q", code, body)
+	}
+	if code, _ := get("http://" + a.Admin.String() + "/healthz"); code != 200 {
+		t.Fatalf("healthz before drain: %d", code)
+	}
+	drained := make(chan struct{})
+	go func() { n.Drain(3 * time.Second); close(drained) }()
+	waitFor(t, 3*time.Second, "health to turn 429", func() bool { code, _ := get("http://" + a.Admin.String() + "/healthz"); return code == 429 })
+	if code, _ := get("http://" + a.HTTP.String() + "/"); code != 503 {
+		t.Errorf("new work while draining: %d, want 503", code)
+	}
+	<-drained
+	n.Stop(time.Second)
+	if _, err := http.Get("http://" + a.HTTP.String() + "/"); err == nil {
+		t.Error("HTTP front end still answers after Stop")
+	}
+}
+
+// TestSIPMemoryProbeFeedsMOP: the memory probe of a SIP backend feeds the
+// MOP of the backend the front end selects from (no stand-in backend), at
+// start and after a reload that adds a backend.
+func TestSIPMemoryProbeFeedsMOP(t *testing.T) {
+	metrics := httptest.NewServer(http.HandlerFunc(memoryReport))
+	defer metrics.Close()
+	file := filepath.Join(t.TempDir(), "backends")
+	if err := os.WriteFile(file, []byte("# none yet\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.SIPBackends = []string{"127.0.0.1:1,id=s1,metrics=" + metrics.URL}
+	cfg.BackendsFile = file
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	learned := func(id string) func() bool {
+		return func() bool {
+			for _, b := range n.backendStatus() {
+				if b.ID == id && b.Protocol == "sip" && b.MOP.Phase == "learned" {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	waitFor(t, 5*time.Second, "s1's MOP to learn from its probe", learned("s1"))
+	if err := os.WriteFile(file, []byte("sip 127.0.0.1:2,id=s2,metrics="+metrics.URL+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "s2's MOP to learn after the reload", learned("s2"))
+	var ids []string
+	for _, b := range n.backendStatus() {
+		ids = append(ids, b.ID)
+	}
+	if strings.Join(ids, " ") != "s1 s2" {
+		t.Errorf("backends after reload: %v", ids)
+	}
+	if !learned("s1")() {
+		t.Error("s1 lost what it learned across the reload")
+	}
+}
