@@ -152,6 +152,9 @@ type Status struct {
 type MemoryStatus struct {
 	UsedBytes  int64 `json:"used_bytes"`
 	LimitBytes int64 `json:"limit_bytes"`
+	// LimitSource says where the limit comes from: -mem-limit, cgroup v2
+	// memory.max, cgroup v1 memory.limit_in_bytes, GOMEMLIMIT or none.
+	LimitSource string `json:"limit_source"`
 }
 
 // BackendStatus is one backend in /status.
@@ -231,6 +234,7 @@ type Source struct {
 // Snapshot builds the Status document now.
 func (src Source) Snapshot() Status {
 	st := Status{MemoryState: src.Memory.State().String(), Backends: []BackendStatus{}, ARM: []RuleStatus{}}
+	st.Memory.LimitSource = src.Memory.LimitSource()
 	if src.Memory != nil {
 		st.Memory.UsedBytes, st.Memory.LimitBytes = src.Memory.Usage()
 	}
