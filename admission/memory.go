@@ -105,9 +105,13 @@ func (r *RuntimeReader) Collect() { debug.FreeOSMemory() }
 
 // MemoryConfig configures the node memory states.
 type MemoryConfig struct {
-	// Limit is the memory limit in bytes. Flag -mem-limit. When 0 the
-	// reader's limit (GOMEMLIMIT) is used; without either the states are off.
+	// Limit is the memory limit in bytes. Flag -mem-limit, else the
+	// container's (DetectLimit). When 0 the reader's limit (GOMEMLIMIT) is
+	// used; without either the states are off.
 	Limit int64
+	// LimitSource says where Limit came from (LimitFromFlag,
+	// LimitFromCgroupV2, ...), for /status.
+	LimitSource string
 	// Low, Lower and Critical are the thresholds as fractions of the limit,
 	// 0 < Low < Lower < Critical <= 1. Flags -mem-low, -mem-lower,
 	// -mem-critical.
@@ -223,6 +227,24 @@ func (c MemoryConfig) RuntimeLimit() int64 {
 		return 0
 	}
 	return int64(float64(c.Limit) * c.Low)
+}
+
+// LimitSource says where the limit in effect comes from: the Config's
+// LimitSource when it is the Config's Limit, LimitFromGOMEMLIMIT when the
+// reader's, LimitFromNone without a limit.
+func (m *Memory) LimitSource() string {
+	if m == nil {
+		return LimitFromNone
+	}
+	switch l := m.limit.Load(); {
+	case l <= 0:
+		return LimitFromNone
+	case l == m.cfg.Limit && m.cfg.LimitSource != "":
+		return m.cfg.LimitSource
+	case l == m.cfg.Limit:
+		return LimitFromFlag
+	}
+	return LimitFromGOMEMLIMIT
 }
 
 // Usage returns the last sampled used bytes and the limit in effect.

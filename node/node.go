@@ -97,7 +97,8 @@ type Node struct {
 	saver          *persist.Saver
 	forward        *prometheus.HistogramVec // forwarding latency, by protocol
 	mem            *admission.Memory
-	prevGoMemLimit int64 // Go memory limit before -mem-limit set it; 0: untouched
+	memLimit       admission.MemoryConfig // with the limit in force and its source
+	prevGoMemLimit int64                  // Go memory limit before Start set it; 0: untouched
 	ctrl           *admission.Controller
 	signer         *lb.Signer
 	httpSrv        *lbhttp.Server
@@ -165,7 +166,18 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	}
 
 	var err error
-	if n.mem, err = admission.NewMemory(cfg.Memory, nil, n.events); err != nil {
+	// Without -mem-limit the container's limit counts (the OOM killer
+	// counts the cgroup), or GOMEMLIMIT when that is lower; a GOMEMLIMIT
+	// stays the reader's, so the runtime's own limit is left as it is.
+	mc := cfg.Memory
+	var detected int64
+	if mc.Limit > 0 {
+		mc.LimitSource = admission.LimitFromFlag
+	} else if detected, mc.LimitSource = admission.DetectLimit(os.DirFS("/"), debug.SetMemoryLimit(-1)); mc.LimitSource != admission.LimitFromGOMEMLIMIT {
+		mc.Limit = detected
+	}
+	n.memLimit = mc
+	if n.mem, err = admission.NewMemory(mc, nil, n.events); err != nil {
 		return nil, err
 	}
 	var rules []admission.RuleConfig
@@ -368,11 +380,11 @@ func (n *Node) start(parent context.Context) error {
 		n.cpuProfile = f
 	}
 	// The runtime collects and returns memory to stay under the Low share of
-	// -mem-limit, so that garbage never raises the memory state; only live
-	// memory does.
-	if rl := n.cfg.Memory.RuntimeLimit(); rl > 0 {
+	// the limit, so that garbage never raises the memory state; only live
+	// memory does. A limit from GOMEMLIMIT is left to the runtime as it is.
+	if rl := n.memLimit.RuntimeLimit(); rl > 0 {
 		n.prevGoMemLimit = debug.SetMemoryLimit(rl)
-		n.logger.Info("go memory limit set from -mem-limit", "limit_bytes", rl, "mem_limit_bytes", n.cfg.Memory.Limit, "previous_bytes", n.prevGoMemLimit)
+		n.logger.Info("go memory limit set", "limit_bytes", rl, "mem_limit_bytes", n.memLimit.Limit, "source", n.memLimit.LimitSource, "previous_bytes", n.prevGoMemLimit)
 	}
 	ctx, cancel := context.WithCancel(parent)
 	n.cancel = cancel
@@ -383,8 +395,10 @@ func (n *Node) start(parent context.Context) error {
 		n.startHTTPGen(n.httpGen)
 	}
 	n.startSIPProbes(n.probes)
-	if _, limit := n.mem.Usage(); limit <= 0 {
-		n.logger.Info("memory states off: set -mem-limit or GOMEMLIMIT")
+	if l := n.memLimit; l.LimitSource == admission.LimitFromNone {
+		n.logger.Info("memory states off: no -mem-limit, cgroup memory limit or GOMEMLIMIT")
+	} else {
+		n.logger.Info("memory limit", "bytes", l.Limit, "source", l.LimitSource)
 	}
 
 	if n.admin != nil {

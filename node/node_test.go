@@ -2,12 +2,14 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -150,4 +152,67 @@ func TestSIPMemoryProbeFeedsMOP(t *testing.T) {
 	if !learned("s1")() {
 		t.Error("s1 lost what it learned across the reload")
 	}
+}
+
+// TestMemoryLimitSource: /status names where the memory limit comes from;
+// the Low share of -mem-limit is the Go runtime's memory limit while the
+// node runs, and the previous one is back after Stop. Without -mem-limit the
+// limit is the machine's cgroup or GOMEMLIMIT, as DetectLimit finds it.
+func TestMemoryLimitSource(t *testing.T) {
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer be.Close()
+	status := func(n *Node) (int64, string) {
+		var st struct {
+			Memory struct {
+				LimitBytes  int64  `json:"limit_bytes"`
+				LimitSource string `json:"limit_source"`
+			} `json:"memory"`
+		}
+		resp, err := http.Get("http://" + n.Addrs().Admin.String() + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Memory.LimitBytes, st.Memory.LimitSource
+	}
+	start := func(limit int64) *Node {
+		cfg := testConfig(t)
+		cfg.HTTPBackends = []string{be.Listener.Addr().String()}
+		cfg.AdminListen = "127.0.0.1:0"
+		cfg.Memory.Limit = limit
+		n, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	before := debug.SetMemoryLimit(-1)
+	const limit = 3 << 30
+	n := start(limit)
+	waitFor(t, 5*time.Second, "the first memory sample", func() bool { l, _ := status(n); return l != 0 })
+	if l, src := status(n); l != limit || src != "-mem-limit" {
+		t.Errorf("/status memory limit %d from %q, want %d from -mem-limit", l, src, limit)
+	}
+	if got, want := debug.SetMemoryLimit(-1), (admission.MemoryConfig{Limit: limit}).RuntimeLimit(); got != want {
+		t.Errorf("runtime memory limit %d while running, want %d (the Low share)", got, want)
+	}
+	n.Stop(time.Second)
+	if got := debug.SetMemoryLimit(-1); got != before {
+		t.Errorf("runtime memory limit %d after Stop, want %d back", got, before)
+	}
+
+	wantLimit, wantSource := admission.DetectLimit(os.DirFS("/"), before)
+	n = start(0)
+	defer n.Stop(time.Second)
+	waitFor(t, 5*time.Second, fmt.Sprintf("/status to show %d bytes from %q", wantLimit, wantSource), func() bool {
+		l, src := status(n)
+		return l == wantLimit && src == wantSource
+	})
 }

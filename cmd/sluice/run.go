@@ -101,7 +101,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.DurationVar(&o.mopProbe.Interval, "mop-probe-interval", time.Second, "how often a backend's metrics= URL is polled")
 
 	md := admission.DefaultMemoryConfig()
-	fs.Var(&o.memLimit, "mem-limit", "memory limit of this process in bytes (e.g. 512MiB); default GOMEMLIMIT; without either, memory states are off")
+	fs.Var(&o.memLimit, "mem-limit", "memory limit of this process in bytes (e.g. 512MiB); its -mem-low share becomes the Go runtime's limit, so garbage is collected before the states climb; default: the cgroup's (v2 memory.max, v1 memory.limit_in_bytes) or GOMEMLIMIT, the smaller; without any, memory states are off")
 	o.memLow, o.memLower, o.memCritical = fraction(md.Low), fraction(md.Lower), fraction(md.Critical)
 	fs.Var(&o.memLow, "mem-low", "memory state Low at this share of the limit (no new background work; /healthz 429)")
 	fs.Var(&o.memLower, "mem-lower", "memory state Lower at this share (new work refused 429)")
