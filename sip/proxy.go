@@ -409,7 +409,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 	if s.txns.retransmission(s, ckey, req, src) {
 		return
 	}
-	if s.draining.Load() {
+	if s.adm.Draining() {
 		s.metrics.Refused.Add(1)
 		s.reply(req, src, 503, "Service Unavailable",
 			"Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)),

@@ -75,11 +75,10 @@ type Server struct {
 	pings   pingTable
 	metrics Metrics
 
-	ctx      context.Context
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	closed   atomic.Bool
-	draining atomic.Bool
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
 
 	// reloadMu serialises SetBackends with Start and Close; it guards the
 	// fields below. The message path never takes it.
@@ -92,9 +91,12 @@ type Server struct {
 // Drain starts a graceful stop: from now on new work is refused with 503
 // (Retry-After: -sip-drain-default) while in-dialog requests, CANCELs, ACKs
 // and responses keep flowing, so established calls can end. Call Close
-// when the drain period is over. Safe to call more than once.
+// when the drain period is over. Safe to call more than once. The flag is
+// the admission controller's (SetDraining), the one every front end
+// shares, so draining the controller drains this server too.
 func (s *Server) Drain() {
-	if !s.draining.Swap(true) {
+	if !s.adm.Draining() {
+		s.adm.SetDraining(true)
 		s.log.Info("sip draining: new work refused, dialogs continue")
 	}
 }
