@@ -5,25 +5,25 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 )
 
-// healthz answers 200 in memory state Normal, 429 otherwise and from the
-// moment a drain starts, so that a balancer in front stops sending.
+// healthz is admin.Healthz (200 in memory state Normal, 429 otherwise),
+// and 429 "draining" from the moment a drain starts, so that a balancer
+// in front stops sending.
 func (n *Node) healthz() http.Handler {
+	mem := admin.Healthz(n.mem)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		st := n.mem.State()
-		code, text := st.HealthCode(), st.String()
-		if n.ctrl.Draining() {
-			code, text = http.StatusTooManyRequests, "draining"
+		if !n.ctrl.Draining() {
+			mem.ServeHTTP(w, r)
+			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
-		if code != http.StatusOK {
-			w.Header().Set("Retry-After", "5")
-		}
-		w.WriteHeader(code)
-		fmt.Fprintln(w, text)
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprintln(w, "draining")
 	})
 }
 
