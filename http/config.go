@@ -281,6 +281,15 @@ type BackendSpec struct {
 	HealthPath string // active HTTP health check path; "" probes by TCP connect
 }
 
+// Prober is the active health check of the backend: an HTTP GET of
+// HealthPath, or a TCP connect when it has none.
+func (b BackendSpec) Prober() lb.Prober {
+	if b.HealthPath != "" {
+		return lb.HTTPProber{Path: b.HealthPath}
+	}
+	return lb.TCPProber{}
+}
+
 // ParseBackend parses a -http-backend value with lb.ParseBackendSpec.
 func ParseBackend(s string) (BackendSpec, error) {
 	b, err := lb.ParseBackendSpec("http", s)

@@ -192,6 +192,21 @@ func NewHealthChecker(cfg HealthConfig, logger *slog.Logger) (*HealthChecker, er
 	return &HealthChecker{cfg: cfg, logger: logger.With("component", "health")}, nil
 }
 
+// NewPoolHealthChecker is the one way a front end wires health checks: a
+// checker over every backend of pool, each probed with prober(b) (HTTP:
+// an HTTP GET or a TCP connect; SIP: an OPTIONS ping). A front end builds
+// one per backend set and stops it when the set is replaced.
+func NewPoolHealthChecker(cfg HealthConfig, pool *Pool, prober func(*Backend) Prober, logger *slog.Logger) (*HealthChecker, error) {
+	h, err := NewHealthChecker(cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range pool.Backends() {
+		h.Add(b, prober(b))
+	}
+	return h, nil
+}
+
 // Add registers b to be probed with p. Call it before Run.
 func (h *HealthChecker) Add(b *Backend, p Prober) {
 	h.checks = append(h.checks, &healthCheck{b: b, prober: p})

@@ -152,3 +152,47 @@ func TestHealthConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolHealthChecker: every backend of the pool is probed with the
+// prober the front end gives for it.
+func TestPoolHealthChecker(t *testing.T) {
+	var backends []*Backend
+	for _, id := range []string{"up", "down"} {
+		b, err := NewBackend(BackendConfig{ID: id, Addr: id + ":1", Proto: "sip"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		backends = append(backends, b)
+	}
+	pool, err := NewPool(PoolConfig{Policy: "round-robin"}, backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked []string
+	prober := func(b *Backend) Prober {
+		asked = append(asked, b.ID())
+		return ProberFunc(func(context.Context, *Backend) (ProbeResult, error) {
+			if b.ID() == "down" {
+				return ProbeDown, errors.New("no answer")
+			}
+			return ProbeUp, nil
+		})
+	}
+	h, err := NewPoolHealthChecker(HealthConfig{Interval: time.Second, Rise: 1, Fall: 1}, pool, prober, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(asked, " ") != "up down" {
+		t.Fatalf("probers asked for %v, want up and down", asked)
+	}
+	h.ProbeAll(context.Background())
+	for _, b := range backends {
+		want := Up
+		if b.ID() == "down" {
+			want = Down
+		}
+		if got := b.Status(0).State; got != want {
+			t.Errorf("%s: state %v, want %v", b.ID(), got, want)
+		}
+	}
+}

@@ -59,15 +59,9 @@ func (n *Node) newHTTPGen(specs []string) (*httpGen, error) {
 		return nil, err
 	}
 	if n.cfg.Health.Interval > 0 {
-		if g.health, err = lb.NewHealthChecker(n.healthConfig(), n.logger); err != nil {
+		prober := func(b *lb.Backend) lb.Prober { return parsed[b.Index()].Prober() }
+		if g.health, err = lb.NewPoolHealthChecker(n.healthConfig(), g.pool, prober, n.logger); err != nil {
 			return nil, err
-		}
-		for i, b := range backends {
-			if parsed[i].HealthPath != "" {
-				g.health.Add(b, lb.HTTPProber{Path: parsed[i].HealthPath})
-			} else {
-				g.health.Add(b, lb.TCPProber{})
-			}
 		}
 	}
 	for i, b := range backends {

@@ -118,13 +118,11 @@ func (s *Server) newHealth(p *pool) (*lb.HealthChecker, error) {
 	if s.cfg.HealthInterval <= 0 {
 		return nil, nil
 	}
-	hc, err := lb.NewHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
-		Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall, Events: s.events}, s.base.With("proto", "sip"))
+	hc, err := lb.NewPoolHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
+		Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall, Events: s.events}, p.lb,
+		func(*lb.Backend) lb.Prober { return optionsProber{s: s, p: p} }, s.base.With("proto", "sip"))
 	if err != nil {
 		return nil, fmt.Errorf("sip health: %w", err)
-	}
-	for _, b := range p.list {
-		hc.Add(b.lb, optionsProber{s: s, p: p})
 	}
 	return hc, nil
 }
