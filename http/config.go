@@ -1,7 +1,6 @@
 package http
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -173,35 +172,60 @@ const (
 	EngineFastHTTP = "fasthttp"
 )
 
-// Validate reports the first invalid field, naming its flag.
+// FieldError reports an invalid Config field by its Go name; cmd/sluice
+// maps the field to its flag.
+type FieldError struct {
+	Field string // the Config field, e.g. "StickyTTL"
+	Err   error
+}
+
+func (e *FieldError) Error() string { return "http: " + e.Field + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// ConfigField names the package and the field at fault.
+func (e *FieldError) ConfigField() (pkg, field string) { return "http", e.Field }
+
+func fieldError(field, format string, a ...any) error {
+	return &FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+}
+
+// Validate reports the first invalid field as a *FieldError.
 func (c *Config) Validate() error {
 	switch {
 	case c.StickyTTL < time.Second:
-		return fmt.Errorf("-http-sticky-ttl must be at least 1s (got %s)", c.StickyTTL)
+		return fieldError("StickyTTL", "must be at least 1s (got %s)", c.StickyTTL)
 	case c.StickyCookie != "-" && !validCookieName(c.StickyCookie):
-		return fmt.Errorf("-http-sticky-cookie %q is not a valid cookie name", c.StickyCookie)
+		return fieldError("StickyCookie", "%q is not a valid cookie name", c.StickyCookie)
 	case c.AppCookie != "" && !validCookieName(c.AppCookie):
-		return fmt.Errorf("-http-sticky-app-cookie %q is not a valid cookie name", c.AppCookie)
+		return fieldError("AppCookie", "%q is not a valid cookie name", c.AppCookie)
 	case c.AppCookieTTL < 0:
-		return errors.New("-http-sticky-app-ttl must be positive")
+		return fieldError("AppCookieTTL", "must be positive")
 	case c.AppCookieMax < 0:
-		return errors.New("-http-sticky-app-max must be positive")
+		return fieldError("AppCookieMax", "must be positive")
 	case c.MaxConns < 0:
-		return errors.New("-http-backend-max-conns must be positive")
+		return fieldError("MaxConns", "must be positive")
 	case c.ConnWait < 0:
-		return errors.New("-http-backend-conn-wait must not be negative")
-	case c.ConnectTimeout < 0, c.BackendTimeout < 0, c.BackendIdle < 0:
-		return errors.New("-http-connect-timeout, -http-backend-timeout and -http-backend-idle must be positive")
-	case c.ClientReadTimeout < 0 || c.ClientIdle < 0:
-		return errors.New("-http-client-timeout and -http-client-idle must be positive")
+		return fieldError("ConnWait", "must not be negative")
+	case c.ConnectTimeout < 0:
+		return fieldError("ConnectTimeout", "must be positive")
+	case c.BackendTimeout < 0:
+		return fieldError("BackendTimeout", "must be positive")
+	case c.BackendIdle < 0:
+		return fieldError("BackendIdle", "must be positive")
+	case c.ClientReadTimeout < 0:
+		return fieldError("ClientReadTimeout", "must be positive")
+	case c.ClientIdle < 0:
+		return fieldError("ClientIdle", "must be positive")
 	case c.StreamThreshold < 0:
-		return errors.New("-http-stream-threshold must be positive")
+		return fieldError("StreamThreshold", "must be positive")
 	case c.Engine != EngineLoop && c.Engine != EngineFastHTTP:
-		return fmt.Errorf("-http-engine %q: want %s or %s", c.Engine, EngineLoop, EngineFastHTTP)
+		return fieldError("Engine", "%q: want %s or %s", c.Engine, EngineLoop, EngineFastHTTP)
 	case c.Engine == EngineLoop && !loopSupported:
-		return fmt.Errorf("-http-engine %s needs Linux (epoll); use %s", EngineLoop, EngineFastHTTP)
+		return fieldError("Engine", "%s needs Linux (epoll); use %s", EngineLoop, EngineFastHTTP)
 	case c.Loops < 0:
-		return errors.New("-http-loops must not be negative")
+		return fieldError("Loops", "must not be negative")
 	}
 	if _, _, err := parseHashKey(c.HashKey); err != nil {
 		return err
@@ -232,7 +256,7 @@ func parseHashKey(s string) (hashKind, string, error) {
 			return hashCookie, name, nil
 		}
 	}
-	return 0, "", fmt.Errorf("-http-hash-key %q: want source, header:NAME or cookie:NAME", s)
+	return 0, "", fieldError("HashKey", "%q: want source, header:NAME or cookie:NAME", s)
 }
 
 // validCookieName reports whether s is an RFC 6265 token.
@@ -264,7 +288,7 @@ func ParseTrustedProxies(s string) ([]netip.Prefix, error) {
 		}
 		a, err := netip.ParseAddr(f)
 		if err != nil {
-			return nil, fmt.Errorf("-http-trusted-proxy %q: not a CIDR or address", f)
+			return nil, fieldError("TrustedProxies", "%q: not a CIDR or address", f)
 		}
 		out = append(out, netip.PrefixFrom(a, a.BitLen()))
 	}
@@ -294,7 +318,7 @@ func (b BackendSpec) Prober() lb.Prober {
 func ParseBackend(s string) (BackendSpec, error) {
 	b, err := lb.ParseBackendSpec("http", s)
 	if err != nil {
-		return BackendSpec{}, fmt.Errorf("-http-backend: %w", err)
+		return BackendSpec{}, fmt.Errorf("http %w", err)
 	}
 	return BackendSpec{Addr: b.Addr, ID: b.ID, Weight: b.Weight, MetricsURL: b.MetricsURL, HealthPath: b.HealthPath}, nil
 }

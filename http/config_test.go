@@ -28,8 +28,8 @@ func TestParseBackend(t *testing.T) {
 		t.Run(tc.in, func(t *testing.T) {
 			got, err := ParseBackend(tc.in)
 			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "-http-backend") {
-					t.Fatalf("error = %v, want one naming -http-backend and %q", err, tc.wantErr)
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "http backend") {
+					t.Fatalf("error = %v, want one naming the http backend and %q", err, tc.wantErr)
 				}
 				return
 			}

@@ -909,10 +909,10 @@ func TestConfigErrors(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{HashKey: "body"}, "-http-hash-key"},
-		{Config{StickyCookie: "a b"}, "-http-sticky-cookie"},
-		{Config{AppCookie: "x;y"}, "-http-sticky-app-cookie"},
-		{Config{StickyTTL: time.Millisecond}, "-http-sticky-ttl"},
+		{Config{HashKey: "body"}, "http: HashKey: "},
+		{Config{StickyCookie: "a b"}, "http: StickyCookie: "},
+		{Config{AppCookie: "x;y"}, "http: AppCookie: "},
+		{Config{StickyTTL: time.Millisecond}, "http: StickyTTL: "},
 	} {
 		tc.cfg.setDefaults()
 		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -922,7 +922,7 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := ParseTrustedProxies("10.0.0.0/8, 192.168.1.1,::1"); err != nil {
 		t.Error(err)
 	}
-	if _, err := ParseTrustedProxies("10.0.0.0/33"); err == nil || !strings.Contains(err.Error(), "-http-trusted-proxy") {
+	if _, err := ParseTrustedProxies("10.0.0.0/33"); err == nil || !strings.Contains(err.Error(), "http: TrustedProxies: ") {
 		t.Errorf("bad CIDR error = %v", err)
 	}
 }

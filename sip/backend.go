@@ -1,7 +1,6 @@
 package sip
 
 import (
-	"fmt"
 	"net/netip"
 	"strings"
 	"sync/atomic"
@@ -107,14 +106,14 @@ func checkBackends(cfgs []BackendConfig) ([]backendSpec, error) {
 		return nil, ErrNoBackends
 	}
 	if len(cfgs) > lb.MaxBackends {
-		return nil, fmt.Errorf("-sip-backend: %d backends, at most %d", len(cfgs), lb.MaxBackends)
+		return nil, fieldError("Backends", "%d backends, at most %d", len(cfgs), lb.MaxBackends)
 	}
 	specs := make([]backendSpec, 0, len(cfgs))
 	ids := make(map[string]bool, len(cfgs))
 	for _, c := range cfgs {
 		c.Addr = strings.TrimSpace(c.Addr)
 		if c.Addr == "" {
-			return nil, fmt.Errorf("-sip-backend %q: missing address", c.ID)
+			return nil, fieldError("Backends", "%q: missing address", c.ID)
 		}
 		if c.ID == "" {
 			c.ID = c.Addr
@@ -128,21 +127,21 @@ func checkBackends(cfgs []BackendConfig) ([]backendSpec, error) {
 		}
 		switch {
 		case c.Transport != "udp" && c.Transport != "tcp":
-			return nil, fmt.Errorf("-sip-backend %s: transport must be udp or tcp", c.ID)
+			return nil, fieldError("Backends", "%s: transport must be udp or tcp", c.ID)
 		case c.Weight < 1 || c.Weight > lb.MaxWeight:
-			return nil, fmt.Errorf("-sip-backend %s: weight %d not in 1..%d", c.ID, c.Weight, lb.MaxWeight)
+			return nil, fieldError("Backends", "%s: weight %d not in 1..%d", c.ID, c.Weight, lb.MaxWeight)
 		case strings.ContainsAny(c.ID, " \t\r\n"):
-			return nil, fmt.Errorf("-sip-backend %q: id must not contain spaces", c.ID)
+			return nil, fieldError("Backends", "%q: id must not contain spaces", c.ID)
 		case ids[c.ID]:
-			return nil, fmt.Errorf("-sip-backend: duplicate id %q", c.ID)
+			return nil, fieldError("Backends", "duplicate id %q", c.ID)
 		}
 		ids[c.ID] = true
 		ap, err := resolveAddr(c.Addr)
 		if err != nil {
-			return nil, fmt.Errorf("-sip-backend %s: %w", c.Addr, err)
+			return nil, fieldError("Backends", "%s: %w", c.Addr, err)
 		}
 		if !ap.Addr().IsValid() || ap.Port() == 0 {
-			return nil, fmt.Errorf("-sip-backend %s: no usable IP address and port", c.Addr)
+			return nil, fieldError("Backends", "%s: no usable IP address and port", c.Addr)
 		}
 		specs = append(specs, backendSpec{cfg: c, addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())})
 	}
@@ -166,7 +165,7 @@ func newPool(specs []backendSpec, policy string, mops []*admission.MOP) (*pool, 
 		}
 		lbb, err := lb.NewBackend(lb.BackendConfig{ID: c.ID, Addr: sp.addr.String(), Proto: "sip", Weight: c.Weight, MOP: mop})
 		if err != nil {
-			return nil, fmt.Errorf("-sip-backend %s: %w", c.Addr, err)
+			return nil, fieldError("Backends", "%s: %w", c.Addr, err)
 		}
 		b := &backend{lb: lbb, id: c.ID, addr: sp.addr, tcp: c.Transport == "tcp", cfg: c}
 		lbs = append(lbs, lbb)
@@ -176,7 +175,7 @@ func newPool(specs []backendSpec, policy string, mops []*admission.MOP) (*pool, 
 	}
 	lp, err := lb.NewPool(lb.PoolConfig{Policy: policy}, lbs)
 	if err != nil {
-		return nil, fmt.Errorf("-sip-lb-policy: %w", err)
+		return nil, &FieldError{Field: "Policy", Err: err}
 	}
 	p.lb = lp
 	return p, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -97,7 +98,7 @@ type BackendConfig struct {
 func ParseBackend(s string) (BackendConfig, error) {
 	b, err := lb.ParseBackendSpec("sip", s)
 	if err != nil {
-		return BackendConfig{}, fmt.Errorf("-sip-backend: %w", err)
+		return BackendConfig{}, fmt.Errorf("sip %w", err)
 	}
 	return BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, Weight: b.Weight, MetricsURL: b.MetricsURL}, nil
 }
@@ -112,8 +113,28 @@ const (
 	DefaultDialogMax = 3_000_000
 )
 
-// ErrNoBackends is returned by New when no backend is configured.
-var ErrNoBackends = errors.New("-sip-backend: at least one backend is required")
+// ErrNoBackends is returned by New and SetBackends when no backend is
+// configured.
+var ErrNoBackends = errors.New("at least one backend is required")
+
+// FieldError reports an invalid Config field by its Go name; cmd/sluice
+// maps the field to its flag.
+type FieldError struct {
+	Field string // the Config field, e.g. "TokenTTL"
+	Err   error
+}
+
+func (e *FieldError) Error() string { return "sip: " + e.Field + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// ConfigField names the package and the field at fault.
+func (e *FieldError) ConfigField() (pkg, field string) { return "sip", e.Field }
+
+func fieldError(field, format string, a ...any) error {
+	return &FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+}
 
 // DefaultConfig returns the defaults of every field: the one place they
 // are written (flags take their defaults from here; New fills zero fields
@@ -169,43 +190,47 @@ func fill[T comparable](p *T, def T) {
 	}
 }
 
-// Validate reports the first invalid field, naming its flag. It expects
+// Validate reports the first invalid field as a *FieldError. It expects
 // defaults to be filled.
 func (c *Config) Validate() error {
 	switch {
 	case len(c.Backends) == 0:
-		return ErrNoBackends
+		return &FieldError{Field: "Backends", Err: ErrNoBackends}
+	case c.Policy != "hash" && !slices.Contains(lb.PolicyNames, c.Policy):
+		return fieldError("Policy", "%q: want hash, %s", c.Policy, strings.Join(lb.PolicyNames, ", "))
 	case c.TokenTTL < time.Minute:
-		return errors.New("-sip-affinity-ttl must be at least 1m")
+		return fieldError("TokenTTL", "must be at least 1m")
 	case c.DialogTTL < time.Minute:
-		return errors.New("-sip-dialog-ttl must be at least 1m (a bit more than the longest call)")
+		return fieldError("DialogTTL", "must be at least 1m (a bit more than the longest call)")
 	case c.DialogMax < 1:
-		return errors.New("-sip-dialog-max must be at least 1")
+		return fieldError("DialogMax", "must be at least 1")
 	case c.FailoverTimeout < 10*time.Millisecond:
-		return errors.New("-sip-failover-timeout must be at least 10ms")
+		return fieldError("FailoverTimeout", "must be at least 10ms")
 	case c.DrainDefault < 0:
-		return errors.New("-sip-drain-default must not be negative")
+		return fieldError("DrainDefault", "must not be negative")
 	case c.HealthInterval < 0:
-		return errors.New("-sip-health-interval must not be negative")
+		return fieldError("HealthInterval", "must not be negative")
 	case c.HealthInterval > 0 && c.HealthTimeout >= c.HealthInterval:
-		return errors.New("-sip-health-timeout must be shorter than -sip-health-interval")
-	case c.HealthRise < 1 || c.HealthFall < 1:
-		return errors.New("-sip-health-rise and -sip-health-fall must be at least 1")
+		return fieldError("HealthTimeout", "must be shorter than HealthInterval")
+	case c.HealthRise < 1:
+		return fieldError("HealthRise", "must be at least 1")
+	case c.HealthFall < 1:
+		return fieldError("HealthFall", "must be at least 1")
 	case c.TCPIdleTimeout < time.Second:
-		return errors.New("-sip-tcp-idle-timeout must be at least 1s")
+		return fieldError("TCPIdleTimeout", "must be at least 1s")
 	case c.TCPMessageTimeout < 100*time.Millisecond:
-		return errors.New("-sip-tcp-message-timeout must be at least 100ms")
+		return fieldError("TCPMessageTimeout", "must be at least 100ms")
 	case c.TCPMaxConns < 1:
-		return errors.New("-sip-tcp-max-conns must be at least 1")
+		return fieldError("TCPMaxConns", "must be at least 1")
 	case c.UDPBuffer < 1<<16:
-		return errors.New("-sip-udp-buffer must be at least 65536")
+		return fieldError("UDPBuffer", "must be at least 65536")
 	case c.MaxMessage < 1024 || c.MaxMessage > 1<<20:
-		return errors.New("-sip-max-message must be in 1024..1048576")
+		return fieldError("MaxMessage", "must be in 1024..1048576")
 	}
 	ids := map[string]bool{}
 	for _, b := range c.Backends {
 		if ids[b.ID] {
-			return fmt.Errorf("-sip-backend: duplicate id %q", b.ID)
+			return fieldError("Backends", "duplicate id %q", b.ID)
 		}
 		ids[b.ID] = true
 	}

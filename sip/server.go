@@ -177,7 +177,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.parser.MaxMessageLength = s.cfg.MaxMessage
 	uaddr, err := net.ResolveUDPAddr("udp", s.cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("-sip-listen %s: %w", s.cfg.Listen, err)
+		return fieldError("Listen", "%s: %w", s.cfg.Listen, err)
 	}
 	// UDP and TCP share the port. With port 0 the kernel picks the UDP
 	// port, which may be taken for TCP: try a few.
@@ -232,7 +232,7 @@ func (s *Server) setAdvertise(la *net.UDPAddr) error {
 			// The address the kernel would use to reach the first backend.
 			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(s.pool.Load().list[0].addr))
 			if err != nil {
-				return fmt.Errorf("-sip-advertise: none given and no local address found: %w", err)
+				return fieldError("Advertise", "none given and no local address found: %w", err)
 			}
 			ip, _ = netip.AddrFromSlice(c.LocalAddr().(*net.UDPAddr).IP)
 			ip = ip.Unmap()
@@ -242,7 +242,7 @@ func (s *Server) setAdvertise(la *net.UDPAddr) error {
 	}
 	hp, err := parseHostPort(adv)
 	if err != nil {
-		return fmt.Errorf("-sip-advertise: %w", err)
+		return fieldError("Advertise", "%w", err)
 	}
 	s.adv = hp
 	if ip, err := netip.ParseAddr(hp.host); err == nil {

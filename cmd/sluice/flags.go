@@ -87,7 +87,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 			return
 		}
 		if err = setFromEnv(fs, f, v); err != nil {
-			err = fmt.Errorf("%s (-%s): %w", env, f.Name, err)
+			err = fmt.Errorf("%s (-%s): invalid value %q: %w", env, f.Name, v, err)
 		}
 	})
 	if err != nil {
@@ -142,7 +142,7 @@ func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
 			continue
 		}
 		if err := fs.Set(name, value); err != nil {
-			return fmt.Errorf("%s: -%s: %w", where, name, err)
+			return fmt.Errorf("%s: -%s: invalid value %q: %w", where, name, value, err)
 		}
 	}
 	return nil
@@ -171,6 +171,62 @@ type printedError struct{ err error }
 
 func (e printedError) Error() string { return e.err.Error() }
 func (e printedError) Unwrap() error { return e.err }
+
+// fieldFlags maps a library's Config field, as its FieldError names it
+// ("package.Field"), to the flag that sets it: the libraries speak of
+// their fields, the operator reads flags.
+var fieldFlags = map[string]string{
+	"http.Listen":            "http-listen",
+	"http.TrustedProxies":    "http-trusted-proxy",
+	"http.StickyCookie":      "http-sticky-cookie",
+	"http.StickyTTL":         "http-sticky-ttl",
+	"http.AppCookie":         "http-sticky-app-cookie",
+	"http.AppCookieTTL":      "http-sticky-app-ttl",
+	"http.AppCookieMax":      "http-sticky-app-max",
+	"http.HashKey":           "http-hash-key",
+	"http.MaxConns":          "http-backend-max-conns",
+	"http.ConnWait":          "http-backend-conn-wait",
+	"http.ConnectTimeout":    "http-connect-timeout",
+	"http.BackendTimeout":    "http-backend-timeout",
+	"http.BackendIdle":       "http-backend-idle",
+	"http.ClientReadTimeout": "http-client-timeout",
+	"http.ClientIdle":        "http-client-idle",
+	"http.StreamThreshold":   "http-stream-threshold",
+	"http.ResponseBuffer":    "http-response-buffer",
+	"http.Engine":            "http-engine",
+	"http.Loops":             "http-loops",
+	"sip.Listen":             "sip-listen",
+	"sip.Advertise":          "sip-advertise",
+	"sip.Backends":           "sip-backend",
+	"sip.Policy":             "sip-lb-policy",
+	"sip.TokenTTL":           "sip-affinity-ttl",
+	"sip.DialogTTL":          "sip-dialog-ttl",
+	"sip.DialogMax":          "sip-dialog-max",
+	"sip.FailoverTimeout":    "sip-failover-timeout",
+	"sip.DrainDefault":       "sip-drain-default",
+	"sip.HealthInterval":     "sip-health-interval",
+	"sip.HealthTimeout":      "sip-health-timeout",
+	"sip.HealthRise":         "sip-health-rise",
+	"sip.HealthFall":         "sip-health-fall",
+	"sip.TCPIdleTimeout":     "sip-tcp-idle-timeout",
+	"sip.TCPMessageTimeout":  "sip-tcp-message-timeout",
+	"sip.TCPMaxConns":        "sip-tcp-max-conns",
+	"sip.UDPBuffer":          "sip-udp-buffer",
+	"sip.MaxMessage":         "sip-max-message",
+}
+
+// flagError puts the flag in front of a library's error about one of its
+// Config fields; other errors come back as they are.
+func flagError(err error) error {
+	var fe interface{ ConfigField() (pkg, field string) }
+	if errors.As(err, &fe) {
+		pkg, field := fe.ConfigField()
+		if f, ok := fieldFlags[pkg+"."+field]; ok {
+			return fmt.Errorf("-%s: %w", f, err)
+		}
+	}
+	return err
+}
 
 // byteSize is a flag holding a size in bytes: a plain number or one with
 // a unit (K, M, G, T, with or without "B"/"iB"; all powers of 1024).

@@ -2,16 +2,21 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	lbhttp "github.com/sluicelb/sluice/http"
+	lbsip "github.com/sluicelb/sluice/sip"
 )
 
 // lookupIn is an environment made of m, for parseFlags.
@@ -212,5 +217,34 @@ func TestEveryFlagRejectsBadValue(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestFieldFlags: every field of the front ends' Configs that a flag sets
+// is mapped to that flag, and every mapped flag exists, so that an error
+// about a field reaches the operator under the flag's name.
+func TestFieldFlags(t *testing.T) {
+	fs := newFlagSet("run", io.Discard)
+	newRunFlags(fs)
+	notFlags := map[string]bool{ // set by the wiring, not by a flag of their own
+		"http.RetryAfterNoBackend": true, "http.Clock": true, "http.Now": true, "http.ObserveForward": true,
+	}
+	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(lbhttp.Config{}), "sip": reflect.TypeOf(lbsip.Config{})} {
+		for i := range typ.NumField() {
+			key := pkg + "." + typ.Field(i).Name
+			if notFlags[key] {
+				continue
+			}
+			name, ok := fieldFlags[key]
+			if !ok {
+				t.Errorf("%s has no flag in fieldFlags", key)
+			} else if fs.Lookup(name) == nil {
+				t.Errorf("%s maps to -%s, which sluice run does not have", key, name)
+			}
+		}
+	}
+	err := flagError(fmt.Errorf("build: %w", &lbsip.FieldError{Field: "TokenTTL", Err: errors.New("must be at least 1m")}))
+	if got, want := err.Error(), "-sip-affinity-ttl: build: sip: TokenTTL: must be at least 1m"; got != want {
+		t.Errorf("flagError = %q, want %q", got, want)
 	}
 }

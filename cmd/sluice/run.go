@@ -170,10 +170,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 	}
 	n, err := node.New(cfg, logger)
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice run:", err)
+		fmt.Fprintln(stderr, "sluice run:", flagError(err))
 		return 2
 	}
 	if err := n.Start(ctx); err != nil {
+		err = flagError(err)
 		logger.Error("start failed", "err", err)
 		fmt.Fprintln(stderr, "sluice run:", err)
 		return 1

@@ -173,7 +173,7 @@ func sipMain(sig context.Context, args []string, stdout, stderr io.Writer) int {
 	go adm.Run(run, clock, 10*time.Millisecond)
 	srv, err := startSIP(run, o, adm, signer, nil, logger)
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice sip:", err)
+		fmt.Fprintln(stderr, "sluice sip:", flagError(err))
 		return 1
 	}
 	<-sig.Done()
