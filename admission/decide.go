@@ -160,7 +160,7 @@ func NewController(cfg ControllerConfig, mem *Memory, now int64) (*Controller, e
 		cfg.MemoryRetryAfter = 5 * time.Second
 	}
 	if cfg.MOPRejectCode < 400 || cfg.MOPRejectCode > 599 {
-		return nil, fmt.Errorf("-mop-reject-code %d: %w", cfg.MOPRejectCode, ErrBadStatus)
+		return nil, &FieldError{Field: "ControllerConfig.MOPRejectCode", Err: fmt.Errorf("%d: %w", cfg.MOPRejectCode, ErrBadStatus)}
 	}
 	if cfg.RefuseCode < 400 || cfg.RefuseCode > 599 {
 		return nil, fmt.Errorf("refuse code %d: %w", cfg.RefuseCode, ErrBadStatus)
@@ -169,17 +169,17 @@ func NewController(cfg ControllerConfig, mem *Memory, now int64) (*Controller, e
 	seen := map[string]bool{}
 	for _, rc := range cfg.Rules {
 		if seen[rc.Name] {
-			return nil, fmt.Errorf("-arm: duplicate rule name %q", rc.Name)
+			return nil, fieldError("ControllerConfig.Rules", "duplicate rule name %q", rc.Name)
 		}
 		seen[rc.Name] = true
 		m, err := NewMeter(rc, now, cfg.Events)
 		if err != nil {
-			return nil, fmt.Errorf("-arm: %w", err)
+			return nil, &FieldError{Field: "ControllerConfig.Rules", Err: err}
 		}
 		c.rules = append(c.rules, m)
 	}
 	if len(c.rules) > 1<<15-1 {
-		return nil, errors.New("-arm: too many rules")
+		return nil, fieldError("ControllerConfig.Rules", "too many rules")
 	}
 	return c, nil
 }

@@ -96,7 +96,7 @@ func TestControllerConfigErrors(t *testing.T) {
 		cfg  ControllerConfig
 		want string
 	}{
-		{ControllerConfig{MOPRejectCode: 200}, "-mop-reject-code"},
+		{ControllerConfig{MOPRejectCode: 200}, "ControllerConfig.MOPRejectCode"},
 		{ControllerConfig{Rules: []RuleConfig{{Name: "a", Limit: 1, Unit: time.Second}, {Name: "a", Limit: 1, Unit: time.Second}}}, "duplicate"},
 		{ControllerConfig{Rules: []RuleConfig{{Name: "a", Limit: 1, Unit: time.Millisecond}}}, "unit"},
 	} {

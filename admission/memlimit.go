@@ -13,7 +13,7 @@ import (
 // Where the memory limit of the node memory states comes from
 // (MemoryConfig.LimitSource, shown in /status).
 const (
-	LimitFromFlag       = "-mem-limit"
+	LimitFromConfig     = "configured"
 	LimitFromCgroupV2   = "cgroup v2 memory.max"
 	LimitFromCgroupV1   = "cgroup v1 memory.limit_in_bytes"
 	LimitFromGOMEMLIMIT = "GOMEMLIMIT"

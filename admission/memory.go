@@ -109,7 +109,7 @@ type MemoryConfig struct {
 	// container's (DetectLimit). When 0 the reader's limit (GOMEMLIMIT) is
 	// used; without either the states are off.
 	Limit int64
-	// LimitSource says where Limit came from (LimitFromFlag,
+	// LimitSource says where Limit came from (the flag, LimitFromCgroupV2,
 	// LimitFromCgroupV2, ...), for /status.
 	LimitSource string
 	// Low, Lower and Critical are the thresholds as fractions of the limit,
@@ -156,13 +156,13 @@ func (c *MemoryConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field, naming its flag.
+// Validate reports the first invalid field as a *FieldError.
 func (c MemoryConfig) Validate() error {
 	switch {
 	case c.Limit < 0:
-		return errors.New("-mem-limit must not be negative")
+		return fieldError("MemoryConfig.Limit", "must not be negative")
 	case !(c.Low > 0 && c.Low < c.Lower && c.Lower < c.Critical && c.Critical <= 1):
-		return fmt.Errorf("-mem-low, -mem-lower, -mem-critical must satisfy 0 < low < lower < critical <= 1 (got %g, %g, %g)", c.Low, c.Lower, c.Critical)
+		return fieldError("MemoryConfig.Low", "Low, Lower and Critical must satisfy 0 < Low < Lower < Critical <= 1 (got %g, %g, %g)", c.Low, c.Lower, c.Critical)
 	case c.Hysteresis < 0 || c.Hysteresis >= c.Low:
 		return fmt.Errorf("memory hysteresis must be in [0, low) (got %g)", c.Hysteresis)
 	case c.Interval < 0:
@@ -230,8 +230,8 @@ func (c MemoryConfig) RuntimeLimit() int64 {
 }
 
 // LimitSource says where the limit in effect comes from: the Config's
-// LimitSource when it is the Config's Limit, LimitFromGOMEMLIMIT when the
-// reader's, LimitFromNone without a limit.
+// LimitSource (LimitFromConfig if empty) when it is the Config's Limit,
+// LimitFromGOMEMLIMIT when the reader's, LimitFromNone without a limit.
 func (m *Memory) LimitSource() string {
 	if m == nil {
 		return LimitFromNone
@@ -242,7 +242,7 @@ func (m *Memory) LimitSource() string {
 	case l == m.cfg.Limit && m.cfg.LimitSource != "":
 		return m.cfg.LimitSource
 	case l == m.cfg.Limit:
-		return LimitFromFlag
+		return LimitFromConfig
 	}
 	return LimitFromGOMEMLIMIT
 }

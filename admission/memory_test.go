@@ -167,8 +167,8 @@ func TestMemoryConfigErrors(t *testing.T) {
 		cfg  MemoryConfig
 		want string
 	}{
-		{MemoryConfig{Low: 0.9, Lower: 0.8, Critical: 0.95}, "-mem-low"},
-		{MemoryConfig{Limit: -1}, "-mem-limit"},
+		{MemoryConfig{Low: 0.9, Lower: 0.8, Critical: 0.95}, "MemoryConfig.Low"},
+		{MemoryConfig{Limit: -1}, "MemoryConfig.Limit"},
 	} {
 		if _, err := NewMemory(tc.cfg, &fakeReader{}, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: err %v, want one naming %s", tc.cfg, err, tc.want)

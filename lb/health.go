@@ -2,7 +2,6 @@ package lb
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -147,17 +146,17 @@ func (c *HealthConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field, naming its flag.
+// Validate reports the first invalid field as a *FieldError.
 func (c HealthConfig) Validate() error {
 	switch {
 	case c.Interval < 0:
-		return errors.New("-health-interval must be positive")
+		return fieldError("HealthConfig.Interval", "must be positive")
 	case c.Timeout < 0 || c.Timeout > c.Interval:
-		return fmt.Errorf("-health-timeout must be in (0, -health-interval] (got %s)", c.Timeout)
+		return fieldError("HealthConfig.Timeout", "must be in (0, Interval] (got %s)", c.Timeout)
 	case c.Rise < 1:
-		return fmt.Errorf("-health-rise must be >= 1 (got %d)", c.Rise)
+		return fieldError("HealthConfig.Rise", "must be >= 1 (got %d)", c.Rise)
 	case c.Fall < 1:
-		return fmt.Errorf("-health-fall must be >= 1 (got %d)", c.Fall)
+		return fieldError("HealthConfig.Fall", "must be >= 1 (got %d)", c.Fall)
 	}
 	return nil
 }

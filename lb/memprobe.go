@@ -212,18 +212,18 @@ func NewMemoryProbe(b *Backend, cfg MemoryProbeConfig, clock admission.Clock, lo
 		cfg.Interval = time.Second
 	}
 	if cfg.Interval < 0 {
-		return nil, errors.New("-mop-probe-interval must be positive")
+		return nil, fieldError("MemoryProbeConfig.Interval", "must be positive")
 	}
 	if cfg.Timeout <= 0 || cfg.Timeout > cfg.Interval {
 		cfg.Timeout = cfg.Interval
 	}
 	used, err := ParseMetricSelector(cfg.UsedMetric)
 	if err != nil {
-		return nil, fmt.Errorf("-mop-used-metric: %w", err)
+		return nil, &FieldError{Field: "MemoryProbeConfig.UsedMetric", Err: err}
 	}
 	max, err := ParseMetricSelector(cfg.MaxMetric)
 	if err != nil {
-		return nil, fmt.Errorf("-mop-max-metric: %w", err)
+		return nil, &FieldError{Field: "MemoryProbeConfig.MaxMetric", Err: err}
 	}
 	if clock == nil {
 		clock = admission.MonoClock{}

@@ -156,8 +156,8 @@ func TestNewMemoryProbeErrors(t *testing.T) {
 	}{
 		{MemoryProbeConfig{}, "empty metrics url"},
 		{MemoryProbeConfig{URL: "ftp://x"}, "http://"},
-		{MemoryProbeConfig{URL: "http://x", UsedMetric: "a{"}, "-mop-used-metric"},
-		{MemoryProbeConfig{URL: "http://x", MaxMetric: "a b"}, "-mop-max-metric"},
+		{MemoryProbeConfig{URL: "http://x", UsedMetric: "a{"}, "MemoryProbeConfig.UsedMetric"},
+		{MemoryProbeConfig{URL: "http://x", MaxMetric: "a b"}, "MemoryProbeConfig.MaxMetric"},
 	} {
 		if _, err := NewMemoryProbe(b, tc.cfg, nil, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewMemoryProbe(%+v) = %v, want error containing %q", tc.cfg, err, tc.want)

@@ -1,7 +1,6 @@
 package lb
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -28,7 +27,7 @@ var (
 	_ Policy = (*ConsistentHash)(nil)
 )
 
-// PolicyNames lists the names NewPolicy accepts, for -lb-policy.
+// PolicyNames lists the names NewPolicy accepts.
 var PolicyNames = []string{"round-robin", "weighted-round-robin", "least-outstanding", "p2c", "consistent-hash"}
 
 // NewPolicy builds the policy called name for bs: "round-robin" (default
@@ -49,7 +48,7 @@ func NewPolicy(name string, bs []*Backend) (Policy, error) {
 	case "consistent-hash", "hash", "maglev":
 		return NewConsistentHash(bs), nil
 	}
-	return nil, fmt.Errorf("-lb-policy %q: unknown (want one of %s)", name, strings.Join(PolicyNames, ", "))
+	return nil, fieldError("PoolConfig.Policy", "%q: unknown (want one of %s)", name, strings.Join(PolicyNames, ", "))
 }
 
 // eligible reports whether bs[i] may be tried for new work.

@@ -90,7 +90,7 @@ func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
 		return nil, fmt.Errorf("new pool: %d backends, at most %d: %w", len(backends), MaxBackends, ErrBadBackend)
 	}
 	if cfg.Passive.MaxFails < 0 || cfg.Passive.Cooldown < 0 {
-		return nil, errors.New("-health-max-fails and -health-cooldown must not be negative")
+		return nil, fieldError("PassiveConfig.MaxFails", "MaxFails and Cooldown must not be negative")
 	}
 	if cfg.Passive.MaxFails > 0 && cfg.Passive.Cooldown == 0 {
 		cfg.Passive.Cooldown = 10 * time.Second

@@ -367,9 +367,9 @@ func TestNewPoolErrors(t *testing.T) {
 		want string
 	}{
 		{"empty", PoolConfig{}, nil, "no backends"},
-		{"unknown policy", PoolConfig{Policy: "fastest"}, newBackends(t, 1), "-lb-policy"},
+		{"unknown policy", PoolConfig{Policy: "fastest"}, newBackends(t, 1), "PoolConfig.Policy"},
 		{"duplicate id", PoolConfig{}, append(dup, dup2), "duplicate backend id"},
-		{"negative max fails", PoolConfig{Passive: PassiveConfig{MaxFails: -1}}, newBackends(t, 1), "-health-max-fails"},
+		{"negative max fails", PoolConfig{Passive: PassiveConfig{MaxFails: -1}}, newBackends(t, 1), "PassiveConfig.MaxFails"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -172,7 +172,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	mc := cfg.Memory
 	var detected int64
 	if mc.Limit > 0 {
-		mc.LimitSource = admission.LimitFromFlag
+		mc.LimitSource = "-mem-limit"
 	} else if detected, mc.LimitSource = admission.DetectLimit(os.DirFS("/"), debug.SetMemoryLimit(-1)); mc.LimitSource != admission.LimitFromGOMEMLIMIT {
 		mc.Limit = detected
 	}

@@ -213,6 +213,20 @@ var fieldFlags = map[string]string{
 	"sip.TCPMaxConns":        "sip-tcp-max-conns",
 	"sip.UDPBuffer":          "sip-udp-buffer",
 	"sip.MaxMessage":         "sip-max-message",
+
+	"lb.PoolConfig.Policy":                     "lb-policy",
+	"lb.PassiveConfig.MaxFails":                "health-max-fails",
+	"lb.HealthConfig.Interval":                 "health-interval",
+	"lb.HealthConfig.Timeout":                  "health-timeout",
+	"lb.HealthConfig.Rise":                     "health-rise",
+	"lb.HealthConfig.Fall":                     "health-fall",
+	"lb.MemoryProbeConfig.Interval":            "mop-probe-interval",
+	"lb.MemoryProbeConfig.UsedMetric":          "mop-used-metric",
+	"lb.MemoryProbeConfig.MaxMetric":           "mop-max-metric",
+	"admission.MemoryConfig.Limit":             "mem-limit",
+	"admission.MemoryConfig.Low":               "mem-low",
+	"admission.ControllerConfig.MOPRejectCode": "mop-reject-code",
+	"admission.ControllerConfig.Rules":         "arm",
 }
 
 // flagError puts the flag in front of a library's error about one of its

@@ -243,6 +243,11 @@ func TestFieldFlags(t *testing.T) {
 			}
 		}
 	}
+	for key, name := range fieldFlags {
+		if fs.Lookup(name) == nil {
+			t.Errorf("%s maps to -%s, which sluice run does not have", key, name)
+		}
+	}
 	err := flagError(fmt.Errorf("build: %w", &lbsip.FieldError{Field: "TokenTTL", Err: errors.New("must be at least 1m")}))
 	if got, want := err.Error(), "-sip-affinity-ttl: build: sip: TokenTTL: must be at least 1m"; got != want {
 		t.Errorf("flagError = %q, want %q", got, want)

@@ -149,7 +149,7 @@ func sipMain(sig context.Context, args []string, stdout, stderr io.Writer) int {
 	clock := admission.MonoClock{}
 	adm, err := admission.NewController(admission.ControllerConfig{Rules: rules}, nil, clock.Now())
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice sip:", err)
+		fmt.Fprintln(stderr, "sluice sip:", flagError(err))
 		return 2
 	}
 	if *cpuProfile != "" {

@@ -1,0 +1,22 @@
+package admission
+
+import "fmt"
+
+// FieldError reports an invalid configuration field by its Go name
+// (type and field, e.g. "MemoryConfig.Low"); cmd/sluice maps the field to its flag.
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string { return "admission: " + e.Field + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// ConfigField names the package and the field at fault.
+func (e *FieldError) ConfigField() (pkg, field string) { return "admission", e.Field }
+
+func fieldError(field, format string, a ...any) error {
+	return &FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+}
