@@ -283,3 +283,23 @@ func TestRuleChangesUnderLoad(t *testing.T) {
 		t.Errorf("limit after the last change %d, want 209", got)
 	}
 }
+
+func TestParseRuleFile(t *testing.T) {
+	good := "# rules\n\nname=invites,proto=sip,method=INVITE,limit=100/s\n  name=api,limit=10/min,action=reject  \n"
+	rules, err := ParseRuleFile("arm.rules", []byte(good))
+	if err != nil || len(rules) != 2 || rules[0].Name != "invites" || rules[1].Action != ActionReject {
+		t.Fatalf("ParseRuleFile: %+v %v", rules, err)
+	}
+	for _, tc := range []struct{ in, err string }{
+		{"name=a,limit=1/s\nname=b,limit=lots\n", "arm.rules:2:"},
+		{"name=a,limit=1/s\n#\nname=a,limit=2/s\n", "arm.rules:3: rule name \"a\" already used on line 1"},
+		{"limit=1/s\n", "arm.rules:1:"},
+	} {
+		if _, err := ParseRuleFile("arm.rules", []byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("ParseRuleFile(%q) = %v, want %q", tc.in, err, tc.err)
+		}
+	}
+	if rules, err := ParseRuleFile("empty", nil); err != nil || len(rules) != 0 {
+		t.Errorf("empty file: %v %v", rules, err)
+	}
+}

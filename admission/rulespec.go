@@ -190,3 +190,28 @@ func ChangeRule(rc RuleConfig, changes string) (RuleConfig, error) {
 	}
 	return out, nil
 }
+
+// ParseRuleFile parses the content of an ARM rules file (-arm-file): one
+// rule a line in the -arm grammar, blank lines and lines starting with #
+// skipped. Errors name the file and line; the set is checked as a whole
+// (unique names).
+func ParseRuleFile(file string, data []byte) ([]RuleConfig, error) {
+	var rules []RuleConfig
+	where := map[string]int{}
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		rc, err := ParseRule(line)
+		if err != nil {
+			return nil, fmt.Errorf("-arm-file %s:%d: %w", file, i+1, err)
+		}
+		if first, dup := where[rc.Name]; dup {
+			return nil, fmt.Errorf("-arm-file %s:%d: rule name %q already used on line %d", file, i+1, rc.Name, first)
+		}
+		where[rc.Name] = i + 1
+		rules = append(rules, rc)
+	}
+	return rules, nil
+}
