@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register("ctl", "change a running sluice: drain, weight, MOP and ARM rules (admin listener client)", runCtl)
+	register("ctl", "change a running sluice: drain or weigh backends, reset or pin MOP rates, change arm rules (admin listener client)", runCtl)
 }
 
 // Exit codes of sluice ctl, for scripts.
