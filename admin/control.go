@@ -106,7 +106,7 @@ func (pc PoolControl) Apply(c Change) (string, error) {
 	if c.Target != TargetBackend {
 		return "", fmt.Errorf("%s: %w", c.Target, ErrUnknownAction)
 	}
-	p, b, err := pc.find(c.Protocol, c.Name)
+	p, b, err := pc.Find(c.Protocol, c.Name)
 	if err != nil {
 		return "", err
 	}

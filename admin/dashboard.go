@@ -49,7 +49,9 @@ type PoolControl func() []*lb.Pool
 
 var _ Control = PoolControl(nil)
 
-func (pc PoolControl) find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
+// Find returns the backend id (of protocol, if given) and its pool;
+// ErrNoSuchBackend or ErrAmbiguousBackend when there is not exactly one.
+func (pc PoolControl) Find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
 	var pool *lb.Pool
 	var found *lb.Backend
 	for _, p := range pc() {
@@ -76,7 +78,7 @@ func (pc PoolControl) find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
 
 // Drain implements Control with lb.Backend.Drain.
 func (pc PoolControl) Drain(protocol, id string, on bool) error {
-	_, b, err := pc.find(protocol, id)
+	_, b, err := pc.Find(protocol, id)
 	if err != nil {
 		return err
 	}
@@ -86,7 +88,7 @@ func (pc PoolControl) Drain(protocol, id string, on bool) error {
 
 // SetWeight implements Control with lb.Pool.SetWeight.
 func (pc PoolControl) SetWeight(protocol, id string, w int) error {
-	p, _, err := pc.find(protocol, id)
+	p, _, err := pc.Find(protocol, id)
 	if err != nil {
 		return err
 	}
