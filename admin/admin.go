@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
@@ -25,6 +26,7 @@ type Server struct {
 	mux    *http.ServeMux
 	srv    *http.Server
 	logger *slog.Logger
+	tokens atomic.Pointer[Tokens] // nil: no token needed (auth.go)
 
 	mu      sync.Mutex
 	tasks   []func(context.Context)
@@ -40,26 +42,27 @@ func New(logger *slog.Logger) *Server {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	mux := http.NewServeMux()
-	return &Server{
-		mux:    mux,
+	s := &Server{
+		mux:    http.NewServeMux(),
 		logger: logger.With("component", "admin"),
 		srv: &http.Server{
-			Handler:           mux,
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       10 * time.Second,
 			WriteTimeout:      30 * time.Second,
 			IdleTimeout:       60 * time.Second,
 		},
 	}
+	s.srv.Handler = s
+	return s
 }
 
 // Handle registers h for pattern (net/http ServeMux syntax, e.g.
 // "GET /metrics").
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
-// Handler returns the mux, for tests.
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler returns what the listener serves (the token check, then the
+// mux), for tests.
+func (s *Server) Handler() http.Handler { return s }
 
 // Go registers a background task of the admin listener (the dashboard's
 // sampler): it starts when Serve does, or at once if Serve already
@@ -212,8 +215,12 @@ func FromMOP(m *admission.MOP) MOPStatus {
 		return MOPStatus{Phase: "off"}
 	}
 	s := m.Status()
+	phase := s.Phase.String()
+	if m.Pinned() > 0 {
+		phase = "pinned" // by an operator: nothing is learned
+	}
 	return MOPStatus{
-		Enabled: true, Phase: s.Phase.String(), AllowedRate: s.AllowedRate, LearnedRate: s.LearnedRate,
+		Enabled: true, Phase: phase, AllowedRate: s.AllowedRate, LearnedRate: s.LearnedRate,
 		MemoryPercent: 100 * s.MemoryFraction, Admitted: s.Admitted, Refused: s.Refused,
 	}
 }

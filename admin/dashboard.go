@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
@@ -50,7 +49,9 @@ type PoolControl func() []*lb.Pool
 
 var _ Control = PoolControl(nil)
 
-func (pc PoolControl) find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
+// Find returns the backend id (of protocol, if given) and its pool;
+// ErrNoSuchBackend or ErrAmbiguousBackend when there is not exactly one.
+func (pc PoolControl) Find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
 	var pool *lb.Pool
 	var found *lb.Backend
 	for _, p := range pc() {
@@ -77,7 +78,7 @@ func (pc PoolControl) find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
 
 // Drain implements Control with lb.Backend.Drain.
 func (pc PoolControl) Drain(protocol, id string, on bool) error {
-	_, b, err := pc.find(protocol, id)
+	_, b, err := pc.Find(protocol, id)
 	if err != nil {
 		return err
 	}
@@ -87,7 +88,7 @@ func (pc PoolControl) Drain(protocol, id string, on bool) error {
 
 // SetWeight implements Control with lb.Pool.SetWeight.
 func (pc PoolControl) SetWeight(protocol, id string, w int) error {
-	p, _, err := pc.find(protocol, id)
+	p, _, err := pc.Find(protocol, id)
 	if err != nil {
 		return err
 	}
@@ -99,8 +100,14 @@ type DashboardConfig struct {
 	// Source is what /status shows; the sampler records it every Interval.
 	Source Source
 	// Control backs the drain, undrain and weight buttons; nil answers
-	// 501 to them.
+	// 501 to them. A Control that is also an Operator (PoolControl is)
+	// gets every backend action of the control endpoints.
 	Control Control
+	// Operator, when set, applies every change of the control endpoints
+	// (control.go) in place of Control.
+	Operator Operator
+	// Config answers GET /control/config; nil answers 501.
+	Config ConfigSource
 	// MOPMaxHeap is the MOP memory ceiling (-mop-max-heap) as a fraction,
 	// drawn on each backend's memory plot; 0 draws none.
 	MOPMaxHeap float64
@@ -154,12 +161,14 @@ func (d *Dashboard) Register(s *Server) {
 	s.Handle("GET /{$}", d.page())
 	s.Handle("GET /ui/", http.FileServerFS(ui))
 	s.Handle("GET /status/history", d.historyHandler())
-	// The control endpoints change state: refuse cross-site browser
-	// requests (a page elsewhere posting to the loopback admin port).
-	cop := http.NewCrossOriginProtection()
-	s.Handle("POST /control/backends/{id}/drain", cop.Handler(d.control("drain")))
-	s.Handle("POST /control/backends/{id}/undrain", cop.Handler(d.control("undrain")))
-	s.Handle("POST /control/backends/{id}/weight", cop.Handler(d.control("weight")))
+	op := d.cfg.Operator
+	if op == nil && d.cfg.Control != nil {
+		var ok bool
+		if op, ok = d.cfg.Control.(Operator); !ok {
+			op = legacyControl{d.cfg.Control}
+		}
+	}
+	RegisterControl(s, ControlConfig{Operator: op, Config: d.cfg.Config, Events: d.cfg.Events, Logger: d.logger})
 	s.Go(d.Run)
 }
 
@@ -220,57 +229,5 @@ func (d *Dashboard) historyHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		w.Write(buf.Bytes())
-	})
-}
-
-// control handles POST /control/backends/{id}/{action}[?protocol=P]; the
-// weight comes as the form or query value weight.
-func (d *Dashboard) control(action string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "no-store")
-		if d.cfg.Control == nil {
-			http.Error(w, "backend control is not available on this listener", http.StatusNotImplemented)
-			return
-		}
-		id := r.PathValue("id")
-		proto := r.URL.Query().Get("protocol")
-		var err error
-		var done string
-		switch action {
-		case "drain", "undrain":
-			on := action == "drain"
-			err = d.cfg.Control.Drain(proto, id, on)
-			done = map[bool]string{true: "drained", false: "undrained"}[on]
-		case "weight":
-			v := strings.TrimSpace(r.FormValue("weight"))
-			wt, perr := strconv.Atoi(v)
-			if perr != nil || wt < 1 || wt > lb.MaxWeight {
-				http.Error(w, fmt.Sprintf("weight %q: want an integer from 1 to %d", v, lb.MaxWeight), http.StatusBadRequest)
-				return
-			}
-			err = d.cfg.Control.SetWeight(proto, id, wt)
-			done = "weight set to " + strconv.Itoa(wt)
-		}
-		if err != nil {
-			code := http.StatusInternalServerError
-			switch {
-			case errors.Is(err, ErrNoSuchBackend):
-				code = http.StatusNotFound
-			case errors.Is(err, ErrAmbiguousBackend):
-				code = http.StatusConflict
-			case errors.Is(err, lb.ErrBadBackend):
-				code = http.StatusBadRequest
-			}
-			d.logger.Warn("backend control refused", "action", action, "backend", id, "protocol", proto, "remote", r.RemoteAddr, "err", err)
-			http.Error(w, err.Error(), code)
-			return
-		}
-		d.logger.Info("backend changed by operator", "action", action, "backend", id, "protocol", proto, "result", done, "remote", r.RemoteAddr)
-		if d.cfg.Events != nil {
-			d.cfg.Events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: id,
-				Message: done + " by the operator from " + r.RemoteAddr})
-		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "backend %s %s\n", id, done)
 	})
 }

@@ -127,7 +127,7 @@ func TestControlEndpoints(t *testing.T) {
 	out := logs.String()
 	for _, re := range []string{
 		`msg="backend changed by operator".*action=drain backend=a .*remote=192\.0\.2\.1:1234`,
-		`msg="backend changed by operator".*action=weight backend=a .*result="weight set to 7"`,
+		`msg="backend changed by operator".*action=weight backend=a .*result="weight 1 -> 7"`,
 		`msg="backend control refused".*backend=shared .*remote=192\.0\.2\.1:1234.*more than one protocol`,
 	} {
 		if !regexp.MustCompile(re).MatchString(out) {

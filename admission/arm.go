@@ -128,8 +128,8 @@ func pack(epoch int64, count uint64) uint64 {
 // (rotation, queueing, qualification, releases) runs under a mutex.
 type Meter struct {
 	cfg    RuleConfig
-	sub    int64 // sub-interval length, ns
-	limits [numStates]int64
+	sub    int64                   // sub-interval length, ns
+	limits [numStates]atomic.Int64 // by memory state; Reconfigure changes them at run time
 	events EventSink
 
 	_      [64]byte      // keep the hot words off the cache line of cfg
@@ -178,13 +178,7 @@ func NewMeter(cfg RuleConfig, now int64, events EventSink) (*Meter, error) {
 				cfg.Name, u.unit, u.state, cfg.Unit))
 		}
 	}
-	m.limits = [numStates]int64{cfg.Limit, cfg.Limit, cfg.Limit, cfg.Limit}
-	if cfg.LowLimit > 0 {
-		m.limits[Low], m.limits[Lower], m.limits[Critical] = cfg.LowLimit, cfg.LowLimit, cfg.LowLimit
-	}
-	if cfg.LowerLimit > 0 {
-		m.limits[Lower], m.limits[Critical] = cfg.LowerLimit, cfg.LowerLimit
-	}
+	m.setLimits(cfg)
 	m.epoch = now / m.sub
 	for i := range m.ringEpoch {
 		m.ringEpoch[i] = -1 << 62
@@ -193,8 +187,79 @@ func NewMeter(cfg RuleConfig, now int64, events EventSink) (*Meter, error) {
 	return m, nil
 }
 
-// Config returns the rule.
-func (m *Meter) Config() RuleConfig { return m.cfg }
+// setLimits publishes cfg's limit of each memory state.
+func (m *Meter) setLimits(cfg RuleConfig) {
+	lim := [numStates]int64{cfg.Limit, cfg.Limit, cfg.Limit, cfg.Limit}
+	if cfg.LowLimit > 0 {
+		lim[Low], lim[Lower], lim[Critical] = cfg.LowLimit, cfg.LowLimit, cfg.LowLimit
+	}
+	if cfg.LowerLimit > 0 {
+		lim[Lower], lim[Critical] = cfg.LowerLimit, cfg.LowerLimit
+	}
+	for i := range lim {
+		m.limits[i].Store(lim[i])
+	}
+}
+
+// limit is the rule's limit in force in state.
+func (m *Meter) limit(state MemState) int64 { return m.limits[state].Load() }
+
+// Config returns the rule as in force (after any Reconfigure).
+func (m *Meter) Config() RuleConfig {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cfg
+}
+
+// Reconfigurable reports whether Reconfigure can change the meter from its
+// rule to cfg in place: only the limits, the action, the queue length and
+// the maximum wait differ. The name, the match, the unit and the
+// qualification time are read without the meter's lock, so a change of
+// any of them needs a new meter.
+func (m *Meter) Reconfigurable(cfg RuleConfig) bool {
+	// Name, Match, Unit and Qualify never change after NewMeter: read
+	// field by field, apart from the ones Reconfigure writes.
+	return cfg.Name == m.cfg.Name && cfg.Match == m.cfg.Match && cfg.Unit == m.cfg.Unit && cfg.Qualify == m.cfg.Qualify
+}
+
+// Reconfigure changes the limits, action, queue length and maximum wait of
+// the rule in force, keeping its counters and the rate it has metered, so
+// the next decision uses the new values. A rising limit releases queued
+// requests at the next Advance; a falling one holds new work until the rate
+// is under it. It returns an error, changing nothing, when cfg is invalid
+// or not Reconfigurable.
+func (m *Meter) Reconfigure(cfg RuleConfig) error {
+	if cfg.Queue == 0 {
+		cfg.Queue = 1000
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if !m.Reconfigurable(cfg) {
+		return fmt.Errorf("arm rule %s: only limit, low, lower, action, queue and wait change in place", m.cfg.Name)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cfg.Limit, m.cfg.LowLimit, m.cfg.LowerLimit = cfg.Limit, cfg.LowLimit, cfg.LowerLimit
+	m.cfg.LowUnit, m.cfg.LowerUnit = cfg.LowUnit, cfg.LowerUnit
+	m.cfg.Action, m.cfg.Queue, m.cfg.MaxWait = cfg.Action, cfg.Queue, cfg.MaxWait
+	m.setLimits(cfg)
+	return nil
+}
+
+// retire admits every request still queued: the rule was removed, so its
+// limit no longer holds them back.
+func (m *Meter) retire() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for len(m.queue) > 0 {
+		w := m.queue[0]
+		m.popLocked()
+		if w.finish(waitAdmitted) {
+			m.released.Add(1)
+		}
+	}
+}
 
 // Name returns the rule's name.
 func (m *Meter) Name() string { return m.cfg.Name }
@@ -207,7 +272,7 @@ func (m *Meter) Admit(now int64, state MemState) Decision {
 	if m.queued.Load() == 0 && sh.take(uint32(e)) {
 		return Decision{Verdict: Admit}
 	}
-	lim := m.limits[state]
+	lim := m.limit(state)
 	for {
 		w := m.word.Load()
 		if w&wordBusy != 0 || int64(w>>32)&epochMask != e || m.queued.Load() != 0 {
@@ -252,7 +317,7 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 	defer m.mu.Unlock()
 	m.state = state
 	m.advanceLocked(now)
-	lim := m.limits[state]
+	lim := m.limit(state)
 	if len(m.queue) == 0 && m.tryCountLocked(now, lim) {
 		return Decision{Verdict: Admit}
 	}
@@ -325,7 +390,7 @@ func (m *Meter) advanceLocked(now int64) int {
 	if e > m.epoch {
 		m.rotateLocked(e)
 	}
-	lim := m.limits[m.state]
+	lim := m.limit(m.state)
 	released := 0
 	for len(m.queue) > 0 {
 		w := m.queue[0]
@@ -441,7 +506,7 @@ func (m *Meter) Status() RuleStatus {
 	return RuleStatus{
 		Name:     m.cfg.Name,
 		Rate:     m.prev.Load() + int64(m.word.Load()&countMask),
-		Limit:    m.cfg.Limit,
+		Limit:    m.limit(Normal),
 		Unit:     m.cfg.Unit,
 		Queued:   m.queued.Load(),
 		Admitted: m.counted.Load() + cur - m.released.Load(),

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -136,9 +139,10 @@ type ControllerConfig struct {
 // Controller is the one decision API of both front ends. Safe for concurrent
 // use; Decide allocates nothing on the admit path.
 type Controller struct {
-	cfg   ControllerConfig
-	mem   *Memory
-	rules []*Meter
+	cfg    ControllerConfig
+	mem    *Memory
+	rules  atomic.Pointer[[]*Meter] // in evaluation order; replaced whole by the rule changes
+	ruleMu sync.Mutex               // serialises rule changes
 
 	draining atomic.Bool
 	admitted shards // admissions by protocol and class, counted per shard (shard.counts)
@@ -166,22 +170,235 @@ func NewController(cfg ControllerConfig, mem *Memory, now int64) (*Controller, e
 		return nil, fmt.Errorf("refuse code %d: %w", cfg.RefuseCode, ErrBadStatus)
 	}
 	c := &Controller{cfg: cfg, mem: mem}
-	seen := map[string]bool{}
+	if err := checkRules(cfg.Rules); err != nil {
+		return nil, &FieldError{Field: "ControllerConfig.Rules", Err: err}
+	}
+	rules := []*Meter{}
 	for _, rc := range cfg.Rules {
-		if seen[rc.Name] {
-			return nil, fieldError("ControllerConfig.Rules", "duplicate rule name %q", rc.Name)
-		}
-		seen[rc.Name] = true
 		m, err := NewMeter(rc, now, cfg.Events)
 		if err != nil {
 			return nil, &FieldError{Field: "ControllerConfig.Rules", Err: err}
 		}
-		c.rules = append(c.rules, m)
+		rules = append(rules, m)
 	}
-	if len(c.rules) > 1<<15-1 {
-		return nil, fieldError("ControllerConfig.Rules", "too many rules")
-	}
+	c.rules.Store(&rules)
 	return c, nil
+}
+
+// maxRules bounds the rule set: Decision.Rule is an int16.
+const maxRules = 1<<15 - 1
+
+// checkRules validates a whole rule set: every rule, unique names, and not
+// too many.
+func checkRules(rules []RuleConfig) error {
+	if len(rules) > maxRules {
+		return errors.New("too many rules")
+	}
+	seen := map[string]bool{}
+	for _, rc := range rules {
+		if seen[rc.Name] {
+			return fmt.Errorf("duplicate rule name %q", rc.Name)
+		}
+		seen[rc.Name] = true
+		if err := rc.Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Errors of the rule changes.
+var (
+	// ErrNoSuchRule: no ARM rule has the name.
+	ErrNoSuchRule = errors.New("no such arm rule")
+	// ErrRuleExists: AddRule of a name already in use.
+	ErrRuleExists = errors.New("arm rule already exists")
+)
+
+// RuleChange says what SetRules did to one rule.
+type RuleChange struct {
+	Name string
+	// How is "added", "removed", "changed" (limits, action, queue or wait
+	// changed in place: counters and metered rate kept), "replaced" (its
+	// match, unit or qualification changed: a new meter, counters from
+	// zero) or "unchanged".
+	How string
+	// Old and New are the rule before and after (zero when absent).
+	Old, New RuleConfig
+}
+
+// SetRules makes rules the rule set in force at now, in their order. A
+// rule whose name is already in force keeps its meter (counters, metered
+// rate, queue) when only its limits, action, queue or wait differ; other
+// rules get new meters; requests queued by a removed rule are admitted by
+// it (the remaining rules still decide them). Nothing changes when any
+// rule is invalid. The next decision uses the new set.
+func (c *Controller) SetRules(rules []RuleConfig, now int64) ([]RuleChange, error) {
+	c.ruleMu.Lock()
+	defer c.ruleMu.Unlock()
+	return c.setRulesLocked(rules, now)
+}
+
+func (c *Controller) setRulesLocked(rules []RuleConfig, now int64) ([]RuleChange, error) {
+	for i := range rules {
+		if rules[i].Queue == 0 {
+			rules[i].Queue = 1000
+		}
+	}
+	if err := checkRules(rules); err != nil {
+		return nil, err
+	}
+	old := map[string]*Meter{}
+	for _, m := range *c.rules.Load() {
+		old[m.cfg.Name] = m
+	}
+	next := make([]*Meter, 0, len(rules))
+	var changes []RuleChange
+	var reconf []func() // in-place changes, made once every new meter is built
+	for _, rc := range rules {
+		m := old[rc.Name]
+		delete(old, rc.Name)
+		switch {
+		case m == nil:
+			nm, err := NewMeter(rc, now, c.cfg.Events)
+			if err != nil {
+				return nil, err
+			}
+			next = append(next, nm)
+			changes = append(changes, RuleChange{Name: rc.Name, How: "added", New: rc})
+		case m.Config() == rc:
+			next = append(next, m)
+			changes = append(changes, RuleChange{Name: rc.Name, How: "unchanged", Old: rc, New: rc})
+		case m.Reconfigurable(rc):
+			next = append(next, m)
+			changes = append(changes, RuleChange{Name: rc.Name, How: "changed", Old: m.Config(), New: rc})
+			reconf = append(reconf, func() { m.Reconfigure(rc) })
+		default:
+			nm, err := NewMeter(rc, now, c.cfg.Events)
+			if err != nil {
+				return nil, err
+			}
+			next = append(next, nm)
+			changes = append(changes, RuleChange{Name: rc.Name, How: "replaced", Old: m.Config(), New: rc})
+			old[rc.Name] = m // retired below
+		}
+	}
+	for _, f := range reconf {
+		f()
+	}
+	c.rules.Store(&next)
+	for _, m := range *c.sortedMeters(old) {
+		m.retire()
+		if _, kept := ruleIn(next, m.cfg.Name); !kept {
+			changes = append(changes, RuleChange{Name: m.cfg.Name, How: "removed", Old: m.Config()})
+		}
+	}
+	return changes, nil
+}
+
+// sortedMeters lists the meters of set by name, so events come in a stable order.
+func (c *Controller) sortedMeters(set map[string]*Meter) *[]*Meter {
+	out := make([]*Meter, 0, len(set))
+	for _, m := range set {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *Meter) int { return strings.Compare(a.cfg.Name, b.cfg.Name) })
+	return &out
+}
+
+func ruleIndex(rules []*Meter, m *Meter) (int, bool) {
+	for i, r := range rules {
+		if r == m {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+func ruleIn(rules []*Meter, name string) (int, bool) {
+	for i, m := range rules {
+		if m.cfg.Name == name {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+// RuleConfigs returns the rules in force, in evaluation order.
+func (c *Controller) RuleConfigs() []RuleConfig {
+	rules := c.Rules()
+	out := make([]RuleConfig, len(rules))
+	for i, m := range rules {
+		out[i] = m.Config()
+	}
+	return out
+}
+
+// Rule returns the rule in force named name.
+func (c *Controller) Rule(name string) (RuleConfig, bool) {
+	if i, ok := ruleIn(c.Rules(), name); ok {
+		return c.Rules()[i].Config(), true
+	}
+	return RuleConfig{}, false
+}
+
+// UpdateRule changes the rule named rc.Name (see SetRules for what is
+// kept); ErrNoSuchRule when there is none.
+func (c *Controller) UpdateRule(rc RuleConfig, now int64) (RuleChange, error) {
+	return c.edit(now, func(rules []RuleConfig) ([]RuleConfig, error) {
+		for i := range rules {
+			if rules[i].Name == rc.Name {
+				rules[i] = rc
+				return rules, nil
+			}
+		}
+		return nil, fmt.Errorf("arm rule %q: %w", rc.Name, ErrNoSuchRule)
+	}, rc.Name)
+}
+
+// AddRule appends a rule, evaluated after the others; ErrRuleExists when
+// the name is in use.
+func (c *Controller) AddRule(rc RuleConfig, now int64) (RuleChange, error) {
+	return c.edit(now, func(rules []RuleConfig) ([]RuleConfig, error) {
+		for _, r := range rules {
+			if r.Name == rc.Name {
+				return nil, fmt.Errorf("arm rule %q: %w", rc.Name, ErrRuleExists)
+			}
+		}
+		return append(rules, rc), nil
+	}, rc.Name)
+}
+
+// RemoveRule takes the rule named name out; requests it queued are
+// admitted by it. ErrNoSuchRule when there is none.
+func (c *Controller) RemoveRule(name string, now int64) (RuleChange, error) {
+	return c.edit(now, func(rules []RuleConfig) ([]RuleConfig, error) {
+		for i := range rules {
+			if rules[i].Name == name {
+				return append(rules[:i], rules[i+1:]...), nil
+			}
+		}
+		return nil, fmt.Errorf("arm rule %q: %w", name, ErrNoSuchRule)
+	}, name)
+}
+
+func (c *Controller) edit(now int64, f func([]RuleConfig) ([]RuleConfig, error), name string) (RuleChange, error) {
+	c.ruleMu.Lock()
+	defer c.ruleMu.Unlock()
+	rules, err := f(c.RuleConfigs())
+	if err != nil {
+		return RuleChange{}, err
+	}
+	changes, err := c.setRulesLocked(rules, now)
+	if err != nil {
+		return RuleChange{}, err
+	}
+	for _, ch := range changes {
+		if ch.Name == name {
+			return ch, nil
+		}
+	}
+	return RuleChange{}, fmt.Errorf("arm rule %q: %w", name, ErrNoSuchRule)
 }
 
 // SetDraining turns shutdown draining on or off: while on, new work is
@@ -195,7 +412,7 @@ func (c *Controller) Draining() bool { return c.draining.Load() }
 func (c *Controller) Memory() *Memory { return c.mem }
 
 // Rules returns the ARM meters in evaluation order.
-func (c *Controller) Rules() []*Meter { return c.rules }
+func (c *Controller) Rules() []*Meter { return *c.rules.Load() }
 
 // Decide admits, delays or refuses r at now. mop is the candidate backend's
 // limiter, or nil to leave MOP to the caller (see RefuseMOPFor): a front end
@@ -217,8 +434,9 @@ func (c *Controller) Decide(now int64, r *Request, mop *MOP) Decision {
 }
 
 func (c *Controller) decideFrom(now int64, r *Request, mop *MOP, st MemState, first int) Decision {
-	for i := first; i < len(c.rules); i++ {
-		m := c.rules[i]
+	rules := *c.rules.Load()
+	for i := first; i < len(rules); i++ {
+		m := rules[i]
 		if !m.cfg.Match.Matches(r) {
 			continue
 		}
@@ -249,7 +467,14 @@ func (c *Controller) Resume(now int64, r *Request, d Decision, mop *MOP) Decisio
 	if !d.Wait.Admitted() {
 		return c.refuse(r, Decision{Verdict: Refuse, Reason: ReasonARM, Rule: d.Rule, RetryAfter: d.Wait.RetryAfter()})
 	}
-	return c.decideFrom(now, r, mop, c.mem.State(), int(d.Rule)+1)
+	// The rules after the one that delayed it decide next; if the set
+	// changed meanwhile, after that rule's place in the new set (a removed
+	// rule's place is kept by index).
+	next := int(d.Rule) + 1
+	if i, ok := ruleIndex(*c.rules.Load(), d.Wait.m); ok {
+		next = i + 1
+	}
+	return c.decideFrom(now, r, mop, c.mem.State(), next)
 }
 
 // Wait blocks on a Delay decision until it is released, refused, or ctx is
@@ -290,10 +515,14 @@ func (c *Controller) refuse(r *Request, d Decision) Decision {
 
 // RuleName names the rule of a decision, or "" when no rule decided it.
 func (c *Controller) RuleName(d Decision) string {
-	if d.Rule < 0 || int(d.Rule) >= len(c.rules) {
+	if d.Wait != nil {
+		return d.Wait.m.cfg.Name
+	}
+	rules := *c.rules.Load()
+	if d.Rule < 0 || int(d.Rule) >= len(rules) {
 		return ""
 	}
-	return c.rules[d.Rule].cfg.Name
+	return rules[d.Rule].cfg.Name
 }
 
 // Counts is what a Controller decided since start, indexed by protocol
@@ -325,7 +554,7 @@ var ReasonNames = reasonNames
 
 // Advance moves every rule to now (expiry, releases, timeouts).
 func (c *Controller) Advance(now int64) {
-	for _, m := range c.rules {
+	for _, m := range *c.rules.Load() {
 		m.Advance(now)
 	}
 }
@@ -333,11 +562,9 @@ func (c *Controller) Advance(now int64) {
 // Run calls Advance every tick until ctx is done: the production driver of
 // ARM sub-interval expiry and delay-queue release. tick should be well under
 // the shortest sub-interval (a per-second rule has 166ms ones); 10ms is a
-// good default.
+// good default. It runs also while there are no rules: rules may be added
+// at run time.
 func (c *Controller) Run(ctx context.Context, clock Clock, tick time.Duration) {
-	if len(c.rules) == 0 {
-		return
-	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {

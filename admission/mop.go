@@ -150,6 +150,7 @@ type MOP struct {
 	allowed atomic.Uint64 // float64 bits
 	learned atomic.Uint64 // float64 bits
 	memFrac atomic.Uint64 // float64 bits
+	pinned  atomic.Uint64 // float64 bits of the rate an operator pinned; 0: learning (mopcontrol.go)
 
 	mu sync.Mutex // guards the learner below
 	l  learner
@@ -185,6 +186,8 @@ type learner struct {
 	headroom float64 // headroomBound at the last sample, per second
 	proven   float64 // the highest finite headroomBound since discovery began or memory last passed the ceiling
 	rho      float64 // and its lowest trailing admitted rate, per second
+
+	unpinned float64 // the allowed rate before Pin, restored by Unpin
 }
 
 // mopSample is one memory sample with the admission counters at its time.
@@ -358,10 +361,14 @@ func (m *MOP) Status() MOPStatus {
 func (m *MOP) Export() MOPState {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	allowed := loadF(&m.allowed)
+	if m.pinned.Load() != 0 {
+		allowed = m.l.unpinned // a pin is kept as an override, not as learned
+	}
 	return MOPState{
 		Phase:       MOPPhase(m.phase.Load()),
 		LearnedRate: loadF(&m.learned),
-		AllowedRate: loadF(&m.allowed),
+		AllowedRate: allowed,
 		Base:        m.l.base,
 		Slope:       m.l.slope,
 		UpdatedAt:   time.Now(),
@@ -404,6 +411,9 @@ func (m *MOP) Observe(now int64, used, max int64) {
 	m.memFrac.Store(math.Float64bits(frac))
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.pinned.Load() != 0 {
+		return // an operator holds the rate: nothing is learned (Pin, under mu)
+	}
 	l := &m.l
 	if !l.started {
 		m.startWindow(now)

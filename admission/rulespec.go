@@ -114,3 +114,104 @@ func ParseRule(s string) (RuleConfig, error) {
 	}
 	return rc, nil
 }
+
+// FormatRule writes rc in the -arm grammar, the same one ParseRule reads:
+// ParseRule(FormatRule(rc)) gives rc back (with the default queue). Keys
+// at their zero value are left out.
+func FormatRule(rc RuleConfig) string {
+	var b strings.Builder
+	add := func(k, v string) {
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(v)
+	}
+	add("name", rc.Name)
+	if rc.Match.Proto != "" {
+		add("proto", rc.Match.Proto)
+	}
+	if rc.Match.Method != "" {
+		add("method", rc.Match.Method)
+	}
+	if rc.Match.Host != "" {
+		add("host", rc.Match.Host)
+	}
+	if rc.Match.PathPrefix != "" {
+		add("path", rc.Match.PathPrefix)
+	}
+	add("limit", fmt.Sprintf("%d/%s", rc.Limit, UnitName(rc.Unit)))
+	if rc.Action != ActionDelay {
+		add("action", rc.Action.String())
+	}
+	if rc.Queue != 0 && rc.Queue != 1000 {
+		add("queue", strconv.Itoa(rc.Queue))
+	}
+	if rc.MaxWait != 0 {
+		add("wait", rc.MaxWait.String())
+	}
+	if rc.Qualify != 0 {
+		add("qualify", rc.Qualify.String())
+	}
+	for _, l := range []struct {
+		key   string
+		limit int64
+		unit  time.Duration
+	}{{"low", rc.LowLimit, rc.LowUnit}, {"lower", rc.LowerLimit, rc.LowerUnit}} {
+		if l.limit == 0 {
+			continue
+		}
+		u := l.unit
+		if u == 0 {
+			u = rc.Unit
+		}
+		add(l.key, fmt.Sprintf("%d/%s", l.limit, UnitName(u)))
+	}
+	return b.String()
+}
+
+// ChangeRule applies changes, key=value pairs of the -arm grammar
+// ("limit=500/s,action=reject"), to rc and returns the result, validated.
+// The name cannot change.
+func ChangeRule(rc RuleConfig, changes string) (RuleConfig, error) {
+	if strings.TrimSpace(changes) == "" {
+		return rc, fmt.Errorf("arm rule %s: no change given (want key=value pairs, e.g. limit=500/s)", rc.Name)
+	}
+	for _, kv := range strings.Split(changes, ",") {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.EqualFold(strings.TrimSpace(k), "name") {
+			return rc, fmt.Errorf("arm rule %s: the name cannot change (remove the rule and add one)", rc.Name)
+		}
+	}
+	out, err := ParseRule(FormatRule(rc) + "," + changes)
+	if err != nil {
+		return rc, fmt.Errorf("arm rule %s: %w", rc.Name, err)
+	}
+	return out, nil
+}
+
+// ParseRuleFile parses the content of an ARM rules file (-arm-file): one
+// rule a line in the -arm grammar, blank lines and lines starting with #
+// skipped. Errors name the file and line; the set is checked as a whole
+// (unique names).
+func ParseRuleFile(file string, data []byte) ([]RuleConfig, error) {
+	var rules []RuleConfig
+	where := map[string]int{}
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		rc, err := ParseRule(line)
+		if err != nil {
+			return nil, fmt.Errorf("-arm-file %s:%d: %w", file, i+1, err)
+		}
+		if first, dup := where[rc.Name]; dup {
+			return nil, fmt.Errorf("-arm-file %s:%d: rule name %q already used on line %d", file, i+1, rc.Name, first)
+		}
+		where[rc.Name] = i + 1
+		rules = append(rules, rc)
+	}
+	return rules, nil
+}

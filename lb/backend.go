@@ -20,8 +20,8 @@ const (
 	// health answer said "send no new requests" (HTTP 429, SIP 503 with
 	// Retry-After).
 	Draining
-	// Down takes nothing: active health checks failed, or passive
-	// ejection holds it out for a cool-down. Its affinity clients are
+	// Down takes nothing: active health checks failed, passive ejection
+	// holds it out for a cool-down, or an operator disabled it. Its affinity clients are
 	// re-pinned.
 	Down
 )
@@ -95,6 +95,7 @@ type Backend struct {
 
 	// Health. Each source sets its own word; State combines them.
 	drained   atomic.Bool  // operator drain
+	disabled  atomic.Bool  // operator disable: down, affinity included
 	probeDown atomic.Bool  // active health check says down
 	probeBusy atomic.Bool  // active health check says "send no new requests" (HTTP 429)
 	busyUntil atomic.Int64 // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
@@ -158,7 +159,7 @@ func (b *Backend) MOP() *admission.MOP { return b.mop }
 // active check failed or it is passively ejected, Draining if drained or
 // busy, else Up. It takes a few atomic loads.
 func (b *Backend) State(now int64) State {
-	if b.probeDown.Load() || now < b.ejectedAt.Load() {
+	if b.disabled.Load() || b.probeDown.Load() || now < b.ejectedAt.Load() {
 		return Down
 	}
 	if b.drained.Load() || b.probeBusy.Load() {
@@ -215,6 +216,18 @@ func (b *Backend) Outstanding() int64 { return b.outstanding.Load() }
 // Drain stops (true) or resumes (false) new work to the backend; affinity
 // traffic continues. It is the operator's switch.
 func (b *Backend) Drain(on bool) { b.drained.Store(on) }
+
+// Drained reports whether the operator drained the backend.
+func (b *Backend) Drained() bool { return b.drained.Load() }
+
+// Disable takes the backend out entirely (true): it is Down, gets no new
+// work and no affinity traffic (its clients are re-pinned), whatever its
+// health checks say; false puts it back. It is the operator's switch for a
+// backend being taken away.
+func (b *Backend) Disable(on bool) { b.disabled.Store(on) }
+
+// Disabled reports whether the operator disabled the backend.
+func (b *Backend) Disabled() bool { return b.disabled.Load() }
 
 // SetBusy makes the backend take no new work until the monotonic time
 // until (the SIP 503 Retry-After rule, RFC 3261 §21.5.4); until < 0 keeps

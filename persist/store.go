@@ -37,8 +37,9 @@ const (
 
 // Files of a store.
 const (
-	formatFile = "format"
-	mopFile    = "mop.json"
+	formatFile    = "format"
+	mopFile       = "mop.json"
+	overridesFile = "overrides.json"
 )
 
 // ErrLocked reports that another process holds the data directory open.
@@ -183,6 +184,10 @@ type Store struct {
 	mopMu    sync.Mutex
 	mop      map[string]admission.MOPState
 	mopWrite sync.Mutex
+
+	// ovMu guards overrides, the operator's run-time changes (overrides.go).
+	ovMu      sync.Mutex
+	overrides []Override
 
 	events     chan eventReq
 	quit       chan struct{} // closed by Close: background goroutines stop
@@ -435,7 +440,7 @@ func (s *Store) load() error {
 					return fmt.Errorf("open store %s: remove unfinished write %s: %w", s.cfg.Dir, n, err)
 				}
 			}
-		case n == mopFile:
+		case n == mopFile || n == overridesFile:
 			haveRecords = true
 		case isSegmentName(n):
 			haveRecords = true
@@ -464,6 +469,15 @@ func (s *Store) load() error {
 			return corrupt(mopFile, err)
 		}
 		s.mop = states
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, overridesFile)); err == nil {
+		ovs, err := decodeOverrides(data)
+		if err != nil {
+			return corrupt(overridesFile, err)
+		}
+		s.overrides = ovs
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
 	}
@@ -638,5 +652,5 @@ func removeV2Files(dir string) error {
 // temporary file of an atomic write, or format 1 (Badger).
 func isStoreFile(name string) bool {
 	name = strings.TrimSuffix(name, tmpSuffix)
-	return name == formatFile || name == mopFile || isSegmentName(name) || isBadgerFile(name)
+	return name == formatFile || name == mopFile || name == overridesFile || isSegmentName(name) || isBadgerFile(name)
 }

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluicelb/sluice/admin"
+)
+
+func init() {
+	register("ctl", "change a running sluice: drain or weigh backends, reset or pin MOP rates, change arm rules (admin listener client)", runCtl)
+}
+
+// Exit codes of sluice ctl, for scripts.
+const (
+	ctlOK          = 0 // the change was made (or the answer printed)
+	ctlRefused     = 1 // the admin listener refused it; its message is printed
+	ctlUsage       = 2 // bad command line
+	ctlUnreachable = 3 // the admin listener could not be reached
+)
+
+const ctlUsageText = `usage: sluice ctl [-admin URL] [-token-file FILE] [-protocol http|sip] COMMAND ARGS
+
+commands:
+  status                     memory state, backends and ARM rules
+  config                     the running configuration (config-file syntax)
+  drain ID | undrain ID      stop / resume new work to a backend (affinity continues)
+  disable ID | enable ID     take a backend out entirely (no affinity either) / back
+  weight ID N                set a backend's weight (1-1000)
+  mop reset ID               forget a backend's learned rate (discovery again)
+  mop pin ID RATE            hold a backend's MOP rate at RATE requests/s
+  mop unpin ID               learn again from the rate before the pin
+  arm set NAME KEY=VALUE...  change a rule: limit=500/s action=reject ...
+  arm add RULE               add a rule in the -arm grammar: name=x,limit=10/s,...
+  arm remove NAME            remove a rule
+
+exit status: 0 done, 1 refused by sluice (its message on stderr),
+2 usage error, 3 admin listener not reachable.
+`
+
+// ctlCall is one request a command makes.
+type ctlCall struct {
+	method, path, value string
+}
+
+// parseCtl turns the command words into a request.
+func parseCtl(args []string, protocol string) (ctlCall, error) {
+	need := func(n int, form string) error {
+		if len(args) != n {
+			return fmt.Errorf("%s: want %s", args[0], form)
+		}
+		return nil
+	}
+	q := ""
+	if protocol != "" {
+		q = "?protocol=" + url.QueryEscape(protocol)
+	}
+	backend := func(id, action string) string {
+		return "/control/backends/" + url.PathEscape(id) + "/" + action + q
+	}
+	if len(args) == 0 {
+		return ctlCall{}, errors.New("no command")
+	}
+	switch args[0] {
+	case "status":
+		return ctlCall{"GET", "/status", ""}, need(1, "no arguments")
+	case "config":
+		return ctlCall{"GET", "/control/config", ""}, need(1, "no arguments")
+	case "drain", "undrain", "disable", "enable":
+		if err := need(2, args[0]+" ID"); err != nil {
+			return ctlCall{}, err
+		}
+		return ctlCall{"POST", backend(args[1], args[0]), ""}, nil
+	case "weight":
+		if err := need(3, "weight ID N"); err != nil {
+			return ctlCall{}, err
+		}
+		return ctlCall{"POST", backend(args[1], "weight"), args[2]}, nil
+	case "mop":
+		if len(args) < 2 {
+			return ctlCall{}, errors.New("mop: want mop reset ID, mop pin ID RATE or mop unpin ID")
+		}
+		switch args[1] {
+		case "reset", "unpin":
+			if len(args) != 3 {
+				return ctlCall{}, fmt.Errorf("mop %s: want mop %s ID", args[1], args[1])
+			}
+			return ctlCall{"POST", backend(args[2], "mop/"+args[1]), ""}, nil
+		case "pin":
+			if len(args) != 4 {
+				return ctlCall{}, errors.New("mop pin: want mop pin ID RATE")
+			}
+			return ctlCall{"POST", backend(args[2], "mop/pin"), args[3]}, nil
+		}
+		return ctlCall{}, fmt.Errorf("mop %s: want reset, pin or unpin", args[1])
+	case "arm":
+		if len(args) < 2 {
+			return ctlCall{}, errors.New("arm: want arm set NAME KEY=VALUE..., arm add RULE or arm remove NAME")
+		}
+		switch args[1] {
+		case "set":
+			if len(args) < 4 {
+				return ctlCall{}, errors.New("arm set: want arm set NAME KEY=VALUE... (e.g. limit=500/s)")
+			}
+			return ctlCall{"POST", "/control/arm/" + url.PathEscape(args[2]) + "/set", strings.Join(args[3:], ",")}, nil
+		case "add":
+			if len(args) < 3 {
+				return ctlCall{}, errors.New("arm add: want arm add RULE (e.g. name=api,limit=10/s)")
+			}
+			return ctlCall{"POST", "/control/arm/add", strings.Join(args[2:], ",")}, nil
+		case "remove":
+			if len(args) != 3 {
+				return ctlCall{}, errors.New("arm remove: want arm remove NAME")
+			}
+			return ctlCall{"POST", "/control/arm/" + url.PathEscape(args[2]) + "/remove", ""}, nil
+		}
+		return ctlCall{}, fmt.Errorf("arm %s: want set, add or remove", args[1])
+	}
+	return ctlCall{}, fmt.Errorf("unknown command %q", args[0])
+}
+
+// readCtlToken reads the token to present from a token file: the first
+// token in it (the TOKEN of a "NAME TOKEN" line, or a line alone).
+func readCtlToken(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("-token-file: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		return f[len(f)-1], nil
+	}
+	return "", fmt.Errorf("-token-file %s: no token in the file", path)
+}
+
+func runCtl(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, ctlUsageText, "\nflags:\n"); fs.PrintDefaults() }
+	adminURL := fs.String("admin", envOr("SLUICE_ADMIN", "http://127.0.0.1:9090"), "the admin listener, URL or host:port (env SLUICE_ADMIN)")
+	tokenFile := fs.String("token-file", os.Getenv("SLUICE_TOKEN_FILE"), "`file` with the bearer token to present (its first token; env SLUICE_TOKEN_FILE)")
+	protocol := fs.String("protocol", "", "`protocol` of the backend (http or sip) when its id is used by both")
+	timeout := fs.Duration("timeout", 10*time.Second, "give up on the admin listener after this long")
+	if err := fs.Parse(args); err != nil {
+		return ctlUsage
+	}
+	if *protocol != "" && *protocol != "http" && *protocol != "sip" {
+		fmt.Fprintf(stderr, "sluice ctl: -protocol %q: want http or sip\n", *protocol)
+		return ctlUsage
+	}
+	call, err := parseCtl(fs.Args(), *protocol)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice ctl: %v\n\n%s", err, ctlUsageText)
+		return ctlUsage
+	}
+	base := strings.TrimRight(*adminURL, "/")
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	if u, err := url.Parse(base); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		fmt.Fprintf(stderr, "sluice ctl: -admin %q: want http://HOST:PORT\n", *adminURL)
+		return ctlUsage
+	}
+	token := ""
+	if *tokenFile != "" {
+		if token, err = readCtlToken(*tokenFile); err != nil {
+			fmt.Fprintf(stderr, "sluice ctl: %v\n", err)
+			return ctlUsage
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	var body io.Reader
+	if call.value != "" {
+		body = strings.NewReader(url.Values{"value": {call.value}}.Encode())
+	}
+	req, err := http.NewRequestWithContext(ctx, call.method, base+call.path, body)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice ctl: %v\n", err)
+		return ctlUsage
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice ctl: admin listener %s not reachable: %v\n(is sluice running? its -admin-listen address goes in -admin)\n", base, err)
+		return ctlUnreachable
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice ctl: reading the answer of %s: %v\n", base, err)
+		return ctlUnreachable
+	}
+	if resp.StatusCode/100 != 2 {
+		fmt.Fprintf(stderr, "sluice ctl: refused (%d %s): %s\n", resp.StatusCode, http.StatusText(resp.StatusCode), strings.TrimSpace(string(data)))
+		return ctlRefused
+	}
+	if call.path == "/status" {
+		if err := printStatus(stdout, data); err != nil {
+			fmt.Fprintf(stderr, "sluice ctl: status from %s: %v\n", base, err)
+			return ctlRefused
+		}
+		return ctlOK
+	}
+	stdout.Write(data)
+	return ctlOK
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// printStatus prints /status as two tables.
+func printStatus(w io.Writer, data []byte) error {
+	var st admin.Status
+	if err := json.Unmarshal(data, &st); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "memory %s (%d of %d bytes)\n\n", st.MemoryState, st.Memory.UsedBytes, st.Memory.LimitBytes)
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "BACKEND\tPROTO\tADDR\tSTATE\tWEIGHT\tOUTSTANDING\tMOP\tALLOWED/S\tLEARNED/S")
+	for _, b := range st.Backends {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f\t%.1f\n", b.ID, b.Protocol, b.Addr, b.State, b.Weight, b.Outstanding, b.MOP.Phase, b.MOP.AllowedRate, b.MOP.LearnedRate)
+	}
+	tw.Flush()
+	if len(st.ARM) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(tw, "ARM RULE\tRATE\tLIMIT\tQUEUED\tADMITTED\tDELAYED\tREFUSED")
+		for _, r := range st.ARM {
+			fmt.Fprintf(tw, "%s\t%d\t%d/%s\t%d\t%d\t%d\t%d\n", r.Name, r.Rate, r.Limit, r.Unit, r.Queued, r.Admitted, r.Delayed, r.Refused)
+		}
+		tw.Flush()
+	}
+	return nil
+}

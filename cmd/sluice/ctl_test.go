@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// ctlListener serves the control endpoints and /status of a pool (b1, b2)
+// and a controller (rule invites) on a loopback port.
+func ctlListener(t *testing.T, tokens *admin.Tokens) (addr string, pool *lb.Pool, ctrl *admission.Controller) {
+	t.Helper()
+	b1, _ := lb.NewBackend(lb.BackendConfig{ID: "b1", Addr: "127.0.0.1:10001", Proto: "http"})
+	b2, _ := lb.NewBackend(lb.BackendConfig{ID: "b2", Addr: "127.0.0.1:10002", Proto: "http"})
+	pool, err := lb.NewPool(lb.PoolConfig{}, []*lb.Backend{b1, b2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule, _ := admission.ParseRule("name=invites,proto=sip,limit=100/s")
+	ctrl, err = admission.NewController(admission.ControllerConfig{Rules: []admission.RuleConfig{rule}}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := admin.New(nil)
+	srv.RequireTokens(tokens)
+	pools := admin.PoolControl(func() []*lb.Pool { return []*lb.Pool{pool} })
+	srv.Handle("GET /status", admin.StatusHandler(admin.Source{Controller: ctrl, Backends: func() []admin.BackendStatus {
+		var out []admin.BackendStatus
+		for _, b := range pool.Backends() {
+			out = append(out, admin.FromBackend(b.Status(0), b.MOP()))
+		}
+		return out
+	}}))
+	admin.RegisterControl(srv, admin.ControlConfig{Operator: admin.Operators{
+		admin.TargetBackend: pools,
+		admin.TargetARM:     admin.RuleControl{Controller: ctrl, Now: func() int64 { return 0 }},
+	}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return ln.Addr().String(), pool, ctrl
+}
+
+func ctl(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = runCtl(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestCtlExitCodes(t *testing.T) {
+	addr, pool, ctrl := ctlListener(t, nil)
+	b1 := pool.Lookup("b1")
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		out    string // in stdout (0) or stderr (others)
+		effect func() bool
+	}{
+		{[]string{"status"}, 0, "b1", nil},
+		{[]string{"drain", "b1"}, 0, "drained false -> true", func() bool { return b1.State(0) == lb.Draining }},
+		{[]string{"undrain", "b1"}, 0, "drained true -> false", func() bool { return b1.State(0) == lb.Up }},
+		{[]string{"weight", "b1", "7"}, 0, "weight 1 -> 7", func() bool { return b1.Weight() == 7 }},
+		{[]string{"weight", "b1", "0"}, 1, "400 Bad Request", func() bool { return b1.Weight() == 7 }},
+		{[]string{"disable", "b9"}, 1, "no such backend", nil},
+		{[]string{"mop", "pin", "b1", "50"}, 1, "no memory probe", nil},
+		{[]string{"-protocol", "sip", "drain", "b1"}, 1, "of protocol sip", nil},
+		{[]string{"arm", "set", "invites", "limit=500/s", "action=reject"}, 0, "limit=500/s,action=reject", func() bool {
+			rc, _ := ctrl.Rule("invites")
+			return rc.Limit == 500 && rc.Action == admission.ActionReject
+		}},
+		{[]string{"arm", "add", "name=api,limit=5/s"}, 0, "added name=api", nil},
+		{[]string{"arm", "remove", "api"}, 0, "removed", nil},
+		{[]string{"arm", "remove", "api"}, 1, "no such arm rule", nil},
+		{[]string{"status"}, 0, "invites", nil},
+		{[]string{"config"}, 1, "501", nil}, // no ConfigSource on this listener
+		{[]string{}, 2, "no command", nil},
+		{[]string{"weight", "b1"}, 2, "weight ID N", nil},
+		{[]string{"frobnicate"}, 2, "unknown command", nil},
+		{[]string{"mop", "pin", "b1"}, 2, "mop pin ID RATE", nil},
+		{[]string{"-protocol", "ftp", "drain", "b1"}, 2, "want http or sip", nil},
+		{[]string{"-nosuchflag", "status"}, 2, "not defined", nil},
+	} {
+		args := append([]string{"-admin", addr}, tc.args...)
+		code, out, errOut := ctl(args...)
+		got := out
+		if tc.code != 0 {
+			got = errOut
+		}
+		if code != tc.code || !strings.Contains(got, tc.out) {
+			t.Errorf("sluice ctl %s = %d\nstdout %q\nstderr %q\nwant %d with %q", strings.Join(tc.args, " "), code, out, errOut, tc.code, tc.out)
+		}
+		if tc.effect != nil && !tc.effect() {
+			t.Errorf("sluice ctl %s: no effect", strings.Join(tc.args, " "))
+		}
+	}
+	// Nothing listens: 3.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	ln.Close()
+	if code, _, errOut := ctl("-admin", dead, "status"); code != 3 || !strings.Contains(errOut, "not reachable") {
+		t.Errorf("unreachable admin: %d %q, want 3", code, errOut)
+	}
+}
+
+func TestCtlToken(t *testing.T) {
+	tokens, err := admin.ParseTokens("t", []byte("ops 0123456789abcdef0123\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, pool, _ := ctlListener(t, tokens)
+	if code, _, errOut := ctl("-admin", "http://"+addr, "drain", "b2"); code != 1 || !strings.Contains(errOut, "401") {
+		t.Errorf("without a token: %d %q, want 1 and 401", code, errOut)
+	}
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	os.WriteFile(good, []byte("# mine\nops 0123456789abcdef0123\n"), 0o600)
+	os.WriteFile(bad, []byte("0123456789abcdef0000\n"), 0o600)
+	if code, _, errOut := ctl("-admin", addr, "-token-file", bad, "drain", "b2"); code != 1 || !strings.Contains(errOut, "403") {
+		t.Errorf("a wrong token: %d %q, want 1 and 403", code, errOut)
+	}
+	if code, _, errOut := ctl("-admin", addr, "-token-file", good, "drain", "b2"); code != 0 || pool.Lookup("b2").State(0) != lb.Draining {
+		t.Errorf("with the token: %d %q", code, errOut)
+	}
+	if code, _, errOut := ctl("-admin", addr, "-token-file", filepath.Join(dir, "missing"), "drain", "b2"); code != 2 || !strings.Contains(errOut, "-token-file") {
+		t.Errorf("a missing token file: %d %q, want 2", code, errOut)
+	}
+}
