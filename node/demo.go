@@ -79,7 +79,7 @@ func (d *Demo) PrintHelp(w io.Writer, httpAddr, adminAddr net.Addr, sipAddr stri
 		fmt.Fprintf(w, "  curl -si -c /tmp/sluice.jar -b /tmp/sluice.jar http://%s/          # a sticky session\n", httpAddr)
 		fmt.Fprintf(w, "  wrk -t2 -c20 -d60s http://%s/                                   # every request new work: watch MOP refuse\n", httpAddr)
 	}
-	fmt.Fprintf(w, "  sipp -sn uac -r 40 -d 10000 -m 4000 %s                          # calls of 10 s; BYEs always pass\n", sipAddr)
+	fmt.Fprintf(w, "  sipp -sn uac -r 20 -d 10000 -m 2000 %s                          # calls of 10 s, none refused; BYEs always pass\n", sipAddr)
 	if adminAddr != nil {
 		fmt.Fprintf(w, "  watch -n1 'curl -s http://%s/status'\n", adminAddr)
 		fmt.Fprintf(w, "  curl -s 'http://%s/events?limit=20'\n", adminAddr)

@@ -19,14 +19,15 @@ func init() {
 
 // demoDefaults come before the user's flags, so any of them can be
 // overridden: the listen addresses of the issue, a MOP window as long as a
-// demo session lives, and a memory limit so that the node memory states
-// are on.
+// demo session lives, a first MOP rate that carries the commands the
+// banner prints from a cold start (below the HTTP backends' safe 29/s),
+// and a memory limit so that the node memory states are on.
 var demoDefaults = []string{
 	"-http-listen", "127.0.0.1:8080",
 	"-sip-listen", "127.0.0.1:5060",
 	"-admin-listen", "127.0.0.1:9090",
 	"-mop-window", "30s",
-	"-mop-initial-rate", "5",
+	"-mop-initial-rate", "20",
 	"-mem-limit", "512MiB",
 }
 
@@ -52,13 +53,18 @@ func demoMain(ctx context.Context, userArgs []string, stdout, stderr io.Writer, 
 	defer backends.Close()
 	args := append(append(append([]string{}, demoDefaults...), backends.Args()...), userArgs...)
 	sipAddr := flagValue(args, "sip-listen")
+	addrs := func(a node.Addrs) {
+		if a.SIP != nil {
+			sipAddr = a.SIP.String() // the bound port when -sip-listen asked for port 0
+		}
+	}
 	ready := func(httpAddr, adminAddr net.Addr) {
 		backends.PrintHelp(stdout, httpAddr, adminAddr, sipAddr)
 		if hooks != nil && hooks.ready != nil {
 			hooks.ready(httpAddr, adminAddr)
 		}
 	}
-	return run(ctx, args, stdout, stderr, &runHooks{ready: ready})
+	return run(ctx, args, stdout, stderr, &runHooks{ready: ready, addrs: addrs})
 }
 
 // flagValue is the last value given to -name in args.

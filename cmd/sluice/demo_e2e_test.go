@@ -66,11 +66,11 @@ func TestDemoFirstRun(t *testing.T) {
 	httpURL := regexp.MustCompile(`http://[0-9.]+:[0-9]+/`).FindString(cmds["curl"])
 
 	t.Run("sipp as printed", func(t *testing.T) {
-		// As printed, with -m 4000 (100 s of calls) cut to 400 (10 s).
+		// As printed, with -m cut to 200 calls (10 s at the printed rate).
 		args := strings.Fields(cmds["sipp"])[1:]
 		for i := range args {
 			if args[i] == "-m" && i+1 < len(args) {
-				args[i+1] = "400"
+				args[i+1] = "200"
 			}
 		}
 		stat := filepath.Join(t.TempDir(), "stat.csv")
@@ -79,8 +79,8 @@ func TestDemoFirstRun(t *testing.T) {
 		out, err := exec.Command("sipp", args...).CombinedOutput()
 		created, ok, failed := sippCounts(t, stat)
 		t.Logf("sipp %s: created %d, successful %d, failed %d", strings.Join(args, " "), created, ok, failed)
-		if err != nil || created != 400 || ok != 400 || failed != 0 {
-			t.Fatalf("sipp: %v; created %d successful %d failed %d, want 400/400/0\n%s", err, created, ok, failed, tail(string(out), 2000))
+		if err != nil || created != 200 || ok != 200 || failed != 0 {
+			t.Fatalf("sipp: %v; created %d successful %d failed %d, want 200/200/0\n%s", err, created, ok, failed, tail(string(out), 2000))
 		}
 	})
 

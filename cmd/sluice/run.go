@@ -145,6 +145,8 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 // runHooks lets tests learn the bound addresses.
 type runHooks struct {
 	ready func(httpAddr, adminAddr net.Addr)
+	// addrs, when set, gets every bound address (SIP too) before ready.
+	addrs func(node.Addrs)
 }
 
 // run parses args, wires the parts, serves until ctx is done and then
@@ -178,6 +180,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 		logger.Error("start failed", "err", err)
 		fmt.Fprintln(stderr, "sluice run:", err)
 		return 1
+	}
+	if hooks != nil && hooks.addrs != nil {
+		hooks.addrs(n.Addrs())
 	}
 	if hooks != nil && hooks.ready != nil {
 		a := n.Addrs()
