@@ -211,11 +211,19 @@ func (l *evloop) backendBroke(bc *bconn) {
 func (l *evloop) relay(bc *bconn) {
 	c := bc.c
 	for c != nil && bc.c == c && c.fd >= 0 && c.o == len(c.out) {
-		if bc.r < bc.w && l.consume(bc) {
-			return // complete, or failed
-		}
-		if bc.c != c || c.o < len(c.out) {
-			return
+		// Consume what is buffered for as long as it makes progress: a
+		// 1xx answer and the final answer may arrive in one read.
+		for bc.r < bc.w {
+			r0 := bc.r
+			if l.consume(bc) {
+				return // complete, or failed
+			}
+			if bc.c != c || c.o < len(c.out) {
+				return
+			}
+			if bc.r == r0 {
+				break // a head not complete yet
+			}
 		}
 		if !bc.rready {
 			return

@@ -601,3 +601,28 @@ func TestLoopAmbiguousAnswerNotReused(t *testing.T) {
 		t.Fatalf("backend connections: %d, want 3 (none reused)", got)
 	}
 }
+
+// TestLoopInformationalSameRead: 1xx answers and the final answer that
+// arrive in one read are all relayed at once (the final answer once waited
+// for a read event that never came, until the backend timeout).
+func TestLoopInformationalSameRead(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1, cfg: Config{BackendTimeout: 20 * time.Second}, raw: func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for readHead(c, br) {
+			io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	}})
+	rc := dialRaw(t, r.addr)
+	for i := range 5 {
+		rc.c.SetDeadline(time.Now().Add(5 * time.Second))
+		rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		for _, want := range []int{100, 103} {
+			if resp, _ := rc.read("GET"); resp.StatusCode != want {
+				t.Fatalf("request %d: %d, want %d", i, resp.StatusCode, want)
+			}
+		}
+		if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("request %d: final answer %d %q, want 200 ok", i, resp.StatusCode, body)
+		}
+	}
+}
