@@ -7,9 +7,9 @@ import "errors"
 // answers as they are and only needs to know where they end.
 //
 // With strict set (request bodies), every line must end in CRLF, a chunk
-// size is followed by CRLF or ';' and extensions and trailers hold no
-// control bytes: the lenient forms are where parsers disagree on where a
-// chunked body ends.
+// size is followed by CRLF or ';', extensions hold no control bytes and
+// there is no trailer field: the lenient forms are where parsers disagree
+// on where a chunked body ends.
 type chunkScan struct {
 	st     uint8
 	size   int64 // bytes of chunk data still to skip, or the size being read
@@ -114,8 +114,11 @@ func (c *chunkScan) feed(p []byte) (n int, done bool, err error) {
 				}
 				return i + 1, true, nil
 			default:
-				if c.strict && (ctl(b) || b == ' ') {
-					return i, false, errBadChunk // obs-fold or a control byte
+				if c.strict {
+					// Request trailers are refused: a field that arrives
+					// after the head and body were sent on cannot be
+					// checked as a head field is (Forwarded, Upgrade, ...).
+					return i, false, errBadChunk
 				}
 				c.st = csTrailer
 			}

@@ -78,11 +78,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 	h := &ctx.Request.Header
 	ip := remoteAddr(ctx)
 	s.prepareRequest(h, ip)
-	// An HTTP/1.0 request may come without Host, and "Host:" empty is
-	// valid: the backend gets its own address as authority (the fasthttp
-	// client would refuse to send the request, and that refusal would be
-	// charged to the backend).
-	noHost := len(h.Host()) == 0
+	// An HTTP/1.0 request may come without Host: the backend gets the
+	// address the client connected to as authority (the fasthttp client
+	// would refuse to send the request without one, and that refusal would
+	// be charged to the backend). Never the backend's own address, which
+	// a backend echoes in redirects.
+	if len(h.Host()) == 0 {
+		h.SetHost(ctx.LocalAddr().String())
+	}
 	var body *bodyReader
 	if ctx.Request.IsBodyStream() {
 		// Watch the client's body as it is streamed on, to tell a broken
@@ -90,7 +93,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 		// drops fasthttp's reference to its stream; the server still owns,
 		// drains and recycles it after the handler.
 		body = bodyReaders.Get().(*bodyReader)
-		body.r, body.err = ctx.RequestBodyStream(), nil
+		body.r, body.err, body.n = ctx.RequestBodyStream(), nil, 0
 		ctx.Request.SetBodyStream(body, h.ContentLength())
 	}
 	defer func() {
@@ -100,9 +103,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 		}
 	}()
 	for {
-		if noHost {
-			h.SetHost(p.b.Addr())
-		}
 		p.acquireBackend()
 		err := s.roundTrip(ctx, p)
 		if err == errAborted {
@@ -110,9 +110,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 			body = nil         // and may still read the body
 			return
 		}
-		if err != nil && body != nil && body.err != nil && body.err != io.EOF {
-			// The client's body stream broke while it was being sent on:
-			// the client's fault, not the backend's.
+		if err != nil && body != nil && body.broken(h.ContentLength()) {
+			// The client's body stream broke or ended early while it was
+			// being sent on: the client's fault, not the backend's.
 			p.releaseBackend(lb.Abandoned)
 			ctx.Response.CloseBodyStream()
 			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
@@ -233,21 +233,29 @@ func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
 	}
 }
 
-// bodyReader passes a streamed request body through and keeps the first
-// error reading it.
+// bodyReader passes a streamed request body through, counting its bytes
+// and keeping the first error reading it.
 type bodyReader struct {
 	r   io.Reader
 	err error
+	n   int64
 }
 
 var bodyReaders = sync.Pool{New: func() any { return new(bodyReader) }}
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
+	b.n += int64(n)
 	if err != nil && b.err == nil {
 		b.err = err
 	}
 	return n, err
+}
+
+// broken reports whether the client's body failed: a read error, or an
+// end before the Content-Length (cl, -1 when chunked) was read.
+func (b *bodyReader) broken(cl int) bool {
+	return (b.err != nil && b.err != io.EOF) || (b.err == io.EOF && cl >= 0 && b.n < int64(cl))
 }
 
 // remoteAddr returns the client's address, unmapped from IPv4-in-IPv6.

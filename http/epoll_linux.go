@@ -190,6 +190,22 @@ func sockaddrIP(sa unix.Sockaddr) netip.Addr {
 	return netip.Addr{}
 }
 
+// localAuthority returns the local address of socket fd as host:port.
+func localAuthority(fd int) string {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return "localhost"
+	}
+	var port int
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		port = a.Port
+	case *unix.SockaddrInet6:
+		port = a.Port
+	}
+	return netip.AddrPortFrom(sockaddrIP(sa), uint16(port)).String()
+}
+
 // resolve returns the socket address of a backend's host:port.
 func resolve(addr string) (unix.Sockaddr, error) {
 	a, err := net.ResolveTCPAddr("tcp", addr)

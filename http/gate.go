@@ -78,6 +78,9 @@ func (g *gateConn) Read(p []byte) (int, error) {
 				// drops an unfinished request.
 				g.r = g.w
 			}
+			if err == io.EOF && (g.state == gateBody || g.state == gateChunked) {
+				err = io.ErrUnexpectedEOF // the client left in the middle of a body
+			}
 			g.rerr = err
 		}
 	}

@@ -123,7 +123,7 @@ var targetChar = func() (t [256]bool) {
 }()
 
 // hostChar marks the bytes of a Host value: reg-name, IP literal and
-// port characters (RFC 3986 §3.2.2).
+// port characters (RFC 3986 §3.2.2). validHost checks the structure.
 var hostChar = func() (t [256]bool) {
 	for c := '0'; c <= '9'; c++ {
 		t[c] = true
@@ -137,6 +137,67 @@ var hostChar = func() (t [256]bool) {
 	}
 	return
 }()
+
+// regNameChar marks the bytes of a reg-name or IPv4 address without
+// percent-encoding (unreserved and sub-delims, RFC 3986 §3.2.2).
+var regNameChar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+		t[c-32] = true
+	}
+	for _, c := range "-._~!$&'()*+,;=" {
+		t[c] = true
+	}
+	return
+}()
+
+// validHost reports whether v is uri-host [ ":" port ]: a reg-name or
+// IPv4 address of unreserved and sub-delim characters, or an IPv6 literal
+// in brackets, then at most one port of 1 to 5 digits. Percent-encoding
+// is refused: parsers disagree on whether to decode it.
+func validHost(v []byte) bool {
+	host, port, hasPort := v, []byte(nil), false
+	if len(v) > 0 && v[0] == '[' {
+		i := bytes.IndexByte(v, ']')
+		if i < 2 {
+			return false
+		}
+		for _, c := range v[1:i] {
+			if !isHex(c) && c != ':' && c != '.' {
+				return false
+			}
+		}
+		rest := v[i+1:]
+		if len(rest) > 0 {
+			if rest[0] != ':' {
+				return false
+			}
+			port, hasPort = rest[1:], true
+		}
+		host = nil
+	} else if i := bytes.IndexByte(v, ':'); i >= 0 {
+		host, port, hasPort = v[:i], v[i+1:], true
+	}
+	for _, c := range host {
+		if !regNameChar[c] {
+			return false
+		}
+	}
+	if hasPort {
+		if len(port) == 0 || len(port) > 5 {
+			return false
+		}
+		for _, c := range port {
+			if c < '0' || c > '9' {
+				return false
+			}
+		}
+	}
+	return len(v) > 0
+}
 
 // checkHead reads the request head at the start of p. It returns
 // errHeadIncomplete when p holds no complete head yet (and is not over
@@ -282,10 +343,8 @@ func checkHead(p []byte, extra string) (headInfo, error) {
 				// fasthttp refuses it too.
 				return h, errHostEmpty
 			}
-			for _, c := range value {
-				if !hostChar[c] {
-					return h, errHostBad
-				}
+			if !validHost(value) {
+				return h, errHostBad
 			}
 			h.hostLen = len(value)
 		case eqFold(name, "connection"):
@@ -330,13 +389,8 @@ func (h *headInfo) absoluteForm(t []byte, off int) error {
 	if bytes.IndexByte(auth, '@') >= 0 {
 		return errUserinfo
 	}
-	if len(auth) == 0 {
+	if !validHost(auth) {
 		return errTarget
-	}
-	for _, c := range auth {
-		if !hostChar[c] {
-			return errTarget
-		}
 	}
 	if e < len(t) && t[e] == '#' {
 		return errTarget

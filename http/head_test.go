@@ -184,17 +184,18 @@ func TestChunkScanStrict(t *testing.T) {
 		ok   bool
 	}{
 		{"5\r\nhello\r\n0\r\n\r\n", true},
-		{"5;ext=1\r\nhello\r\n0\r\nTrailer: v\r\n\r\n", true},
-		{"5\nhello\r\n0\r\n\r\n", false},         // bare LF after the size
-		{"5\r\nhello\n0\r\n\r\n", false},         // bare LF after the data
-		{"5\r\nhello\r\n0\r\n\n", false},         // bare LF at the end
-		{"5 \r\nhello\r\n0\r\n\r\n", false},      // whitespace after the size
-		{"5;a\nhello\r\n0\r\n\r\n", false},       // bare LF in an extension
-		{"5;a\x00\r\nhello\r\n0\r\n\r\n", false}, // NUL in an extension
-		{"ffffffffffffffffff\r\n", false},        // size overflow
-		{"0\r\nX: a\n\r\n", false},               // bare LF in a trailer
-		{"0\r\n folded\r\n\r\n", false},          // obs-fold in the trailer section
-		{"\r\n", false},                          // no size
+		{"5;ext=1\r\nhello\r\n0\r\n\r\n", true},
+		{"5\r\nhello\r\n0\r\nForwarded: for=6.6.6.6\r\n\r\n", false}, // a trailer field
+		{"5\nhello\r\n0\r\n\r\n", false},                             // bare LF after the size
+		{"5\r\nhello\n0\r\n\r\n", false},                             // bare LF after the data
+		{"5\r\nhello\r\n0\r\n\n", false},                             // bare LF at the end
+		{"5 \r\nhello\r\n0\r\n\r\n", false},                          // whitespace after the size
+		{"5;a\nhello\r\n0\r\n\r\n", false},                           // bare LF in an extension
+		{"5;a\x00\r\nhello\r\n0\r\n\r\n", false},                     // NUL in an extension
+		{"ffffffffffffffffff\r\n", false},                            // size overflow
+		{"0\r\nX: a\n\r\n", false},                                   // bare LF in a trailer
+		{"0\r\n folded\r\n\r\n", false},                              // obs-fold in the trailer section
+		{"\r\n", false},                                              // no size
 	} {
 		c := chunkScan{strict: true}
 		n, done, err := c.feed([]byte(tc.body))

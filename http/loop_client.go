@@ -309,7 +309,10 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 	s.prepareRequest(h, c.ip)
 	h.ResetConnectionClose()
 	if len(h.Host()) == 0 {
-		h.SetHost(x.b.Addr()) // "Host:" empty is valid (RFC 9112 §3.2); the backend gets an authority
+		// Only HTTP/1.0 may come without Host (the loop hands those to
+		// fasthttp, which does the same): the authority the client
+		// connected to, never the backend's own address.
+		h.SetHost(localAuthority(c.fd))
 	}
 	// The framing checkHead decided, and nothing else: the body that
 	// follows is exactly bodyLen bytes, or there is none.

@@ -234,7 +234,7 @@ var smuggleCases = []struct {
 	raw     string
 	forward []string // "METHOD target body" the backend must get, in order
 	refuse  int      // status of the last answer; 0: every answer is 200
-	host    string   // Host the backend must see for the first request ("" = any)
+	host    string   // Host the backend must see for the first request ("" = any, "listener" = the address the client connected to)
 }{
 	{"plain", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", []string{"GET / "}, 0, "x"},
 	{"pipelined three", "GET /1 HTTP/1.1\r\nHost: x\r\n\r\nPOST /2 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET /3 HTTP/1.1\r\nHost: x\r\n\r\n", []string{"GET /1 ", "POST /2 hello", "GET /3 "}, 0, ""},
@@ -249,6 +249,7 @@ var smuggleCases = []struct {
 	{"TE obs-fold", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", nil, 400, ""},
 	{"TE odd case", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ChUnKeD\r\n\r\n5\r\nhello\r\n0\r\n\r\n", []string{"POST / hello"}, 0, ""},
 	{"chunked then pipelined", "POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /after HTTP/1.1\r\nHost: x\r\n\r\n", []string{"POST /c hello", "GET /after "}, 0, ""},
+	{"chunked trailer field", "POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nForwarded: for=6.6.6.6\r\n\r\n", nil, 400, ""},
 	{"chunk size overflow", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff1\r\nhello\r\n0\r\n\r\n", nil, 400, ""},
 	{"chunk bare LF", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n", nil, 400, ""},
 	{"space before colon", "GET / HTTP/1.1\r\nHost: x\r\nContent-Length : 36\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n", nil, 400, ""},
@@ -265,10 +266,17 @@ var smuggleCases = []struct {
 	{"asterisk OPTIONS", "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", []string{"OPTIONS * "}, 0, ""},
 	{"asterisk GET", "GET * HTTP/1.1\r\nHost: x\r\n\r\n", nil, 400, ""},
 	{"CONNECT", "CONNECT other.example:443 HTTP/1.1\r\nHost: other.example:443\r\n\r\n", nil, 501, ""},
-	{"HTTP/1.0 without Host", "GET /old HTTP/1.0\r\n\r\n", []string{"GET /old "}, 0, "backend"},
+	{"HTTP/1.0 without Host", "GET /old HTTP/1.0\r\n\r\n", []string{"GET /old "}, 0, "listener"},
 	{"empty Host", "GET /e HTTP/1.1\r\nHost:\r\n\r\n", nil, 400, ""},
 	{"1.1 without Host", "GET / HTTP/1.1\r\n\r\n", nil, 400, ""},
 	{"two Host", "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", nil, 400, ""},
+	{"Host port junk", "GET / HTTP/1.1\r\nHost: a:80x\r\n\r\n", nil, 400, ""},
+	{"Host two ports", "GET / HTTP/1.1\r\nHost: a:80:90\r\n\r\n", nil, 400, ""},
+	{"Host open bracket", "GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", nil, 400, ""},
+	{"Host percent", "GET / HTTP/1.1\r\nHost: a%2fb\r\n\r\n", nil, 400, ""},
+	{"Host empty port", "GET / HTTP/1.1\r\nHost: a:\r\n\r\n", nil, 400, ""},
+	{"Host IPv6 and port", "GET /v6 HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n", []string{"GET /v6 "}, 0, "[::1]:8080"},
+	{"Host name and port", "GET /np HTTP/1.1\r\nHost: shop.example:8080\r\n\r\n", []string{"GET /np "}, 0, "shop.example:8080"},
 	{"HTTP/2.0 line", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", nil, 505, ""},
 	{"head over 16 KiB", "GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("a", 17<<10) + "\r\n\r\n", nil, 431, ""},
 	{"many headers", "GET / HTTP/1.1\r\nHost: x\r\n" + strings.Repeat("X-A: b\r\n", 250) + "\r\n", nil, 431, ""},
@@ -325,9 +333,9 @@ func TestSmuggling(t *testing.T) {
 					}
 				}
 				switch {
-				case tc.host == "backend" && len(complete) > 0 && complete[0].host != rec.ln.Addr().String():
-					t.Errorf("%s: backend saw Host %q, want its address", tc.name, complete[0].host)
-				case tc.host != "" && tc.host != "backend" && len(complete) > 0 && complete[0].host != tc.host:
+				case tc.host == "listener" && len(complete) > 0 && complete[0].host != r.addr:
+					t.Errorf("%s: backend saw Host %q, want the address the client connected to, %s (never the backend's own)", tc.name, complete[0].host, r.addr)
+				case tc.host != "" && tc.host != "listener" && len(complete) > 0 && complete[0].host != tc.host:
 					t.Errorf("%s: backend saw Host %q, want %q", tc.name, complete[0].host, tc.host)
 				}
 				checkDifferential(t, []byte(tc.raw), got)
@@ -466,4 +474,32 @@ func FuzzSmuggling(f *testing.F) {
 			checkDifferential(t, raw, recs[engine].since(m))
 		}
 	})
+}
+
+// TestAbortedUploadDoesNotEject: clients that leave in the middle of a
+// large upload (streamed to the backend as it arrives) are the clients'
+// failures: repeated past the passive-ejection threshold, they leave the
+// backend up for everyone else.
+func TestAbortedUploadDoesNotEject(t *testing.T) {
+	for _, engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			r, _ := smuggleRig(t, engine, Config{StickyCookie: "-"})
+			for range 5 {
+				c, err := net.Dial("tcp", r.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n"+strings.Repeat("a", 100000))
+				time.Sleep(100 * time.Millisecond) // part of the body reaches the backend
+				c.Close()
+
+			}
+			time.Sleep(200 * time.Millisecond)
+			for i := range 5 {
+				if rep := r.get(fmt.Sprintf("/after/%d", i), ""); rep.status != 200 {
+					t.Fatalf("request %d after the aborted uploads: %d %q", i, rep.status, rep.body)
+				}
+			}
+		})
+	}
 }
