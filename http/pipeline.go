@@ -314,7 +314,11 @@ func notSent(err error) bool {
 // result classifies an exchange for passive health.
 func result(err error, status int) lb.Result {
 	switch {
-	case err == nil && status >= 500:
+	case err == nil && (status == 502 || status == 503 || status == 504):
+		// The backend says it cannot serve (or cannot reach what it
+		// needs). A 500 or 501 is the application's answer to that one
+		// request, which any client could provoke at will: it is relayed
+		// and does not count toward ejection.
 		return lb.ServerError
 	case err == nil:
 		return lb.OK

@@ -1029,3 +1029,36 @@ func TestHealth429Drains(t *testing.T) {
 		}
 	})
 }
+
+// TestApplication500DoesNotEject: an application's 500, which any client
+// can provoke, is relayed and leaves the backend up; 503s from the
+// backend count toward passive ejection.
+func TestApplication500DoesNotEject(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, passive: lb.PassiveConfig{MaxFails: 3, Cooldown: time.Minute}, cfg: Config{StickyCookie: "-"}})
+		r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+			switch string(ctx.Path()) {
+			case "/boom":
+				ctx.SetStatusCode(500)
+			case "/busy":
+				ctx.SetStatusCode(503)
+			default:
+				ctx.SetBodyString("ok")
+			}
+		}
+		for i := range 6 {
+			if rep := r.get("/boom", ""); rep.status != 500 {
+				t.Fatalf("/boom %d: %d", i, rep.status)
+			}
+		}
+		if rep := r.get("/", ""); rep.status != 200 {
+			t.Fatalf("after six 500s: %d %q, want the backend still up", rep.status, rep.body)
+		}
+		for range 3 {
+			r.get("/busy", "")
+		}
+		if rep := r.get("/", ""); rep.status != 503 || !strings.Contains(rep.body, "no backend") {
+			t.Fatalf("after three 503s: %d %q, want the backend ejected", rep.status, rep.body)
+		}
+	})
+}
