@@ -1,0 +1,29 @@
+package lb
+
+import (
+	"strconv"
+	"strings"
+)
+
+// FormatBackendSpec writes b in the grammar ParseBackendSpec reads, keys
+// at their default left out: ParseBackendSpec(proto, FormatBackendSpec(proto, b))
+// gives b back.
+func FormatBackendSpec(proto string, b BackendSpec) string {
+	parts := []string{b.Addr}
+	if b.ID != "" && b.ID != b.Addr {
+		parts = append(parts, "id="+b.ID)
+	}
+	if b.Weight > 1 {
+		parts = append(parts, "weight="+strconv.Itoa(b.Weight))
+	}
+	if b.MetricsURL != "" {
+		parts = append(parts, "metrics="+b.MetricsURL)
+	}
+	if b.HealthPath != "" && proto == "http" {
+		parts = append(parts, "health="+b.HealthPath)
+	}
+	if b.Transport != "" && b.Transport != "udp" && proto == "sip" {
+		parts = append(parts, "transport="+b.Transport)
+	}
+	return strings.Join(parts, ",")
+}

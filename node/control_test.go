@@ -1,0 +1,259 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/persist"
+)
+
+// controlNode starts a node with HTTP backends b1 and b2 (each answers its
+// name) and an admin listener; it is stopped when the test ends unless
+// the test stops it first.
+func controlNode(t *testing.T, cfg Config) (*Node, string, string) {
+	t.Helper()
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop(time.Second) })
+	a := n.Addrs()
+	return n, "http://" + a.HTTP.String(), "http://" + a.Admin.String()
+}
+
+func twoBackends(t *testing.T) []string {
+	var specs []string
+	for _, name := range []string{"b1", "b2"} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, name) }))
+		t.Cleanup(srv.Close)
+		specs = append(specs, srv.Listener.Addr().String()+",id="+name)
+	}
+	return specs
+}
+
+func get(t *testing.T, u string, cookie string) (int, string, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", u, nil)
+	if cookie != "" {
+		req.Header.Set("Cookie", cookie)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), strings.SplitN(resp.Header.Get("Set-Cookie"), ";", 2)[0]
+}
+
+func post(t *testing.T, u, value string) (int, string) {
+	t.Helper()
+	resp, err := http.PostForm(u, url.Values{"value": {value}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// TestDrainAvoidsNewWorkKeepsAffinity: a drained backend gets no new work
+// while its sticky clients still reach it.
+func TestDrainAvoidsNewWorkKeepsAffinity(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = twoBackends(t)
+	cfg.AdminListen = "127.0.0.1:0"
+	_, front, adm := controlNode(t, cfg)
+	var cookie string
+	for range 4 {
+		if _, body, c := get(t, front+"/", ""); body == "b1" {
+			cookie = c
+			break
+		}
+	}
+	if cookie == "" {
+		t.Fatal("no request went to b1")
+	}
+	if code, body := post(t, adm+"/control/backends/b1/drain", ""); code != 200 {
+		t.Fatalf("drain: %d %s", code, body)
+	}
+	for i := range 10 {
+		if _, body, _ := get(t, front+"/", ""); body != "b2" {
+			t.Fatalf("new request %d after drain went to %q", i, body)
+		}
+		if code, body, _ := get(t, front+"/", cookie); code != 200 || body != "b1" {
+			t.Fatalf("sticky request %d after drain: %d %q, want b1", i, code, body)
+		}
+	}
+	if code, _ := post(t, adm+"/control/backends/b1/disable", ""); code != 200 {
+		t.Fatal("disable refused")
+	}
+	if _, body, _ := get(t, front+"/", cookie); body != "b2" {
+		t.Errorf("sticky request to a disabled backend went to %q, want re-pinned to b2", body)
+	}
+	if code, _, _ := get(t, adm+"/control/backends/b1/drain", ""); code != 405 {
+		t.Errorf("GET of a control path: %d, want 405", code)
+	}
+}
+
+// TestARMChangeTakesEffectOnNextDecision: raising a rule's limit through
+// the admin listener admits the very next request.
+func TestARMChangeTakesEffectOnNextDecision(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = twoBackends(t)[:1]
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.ARM = []string{"name=api,proto=http,limit=2/min,action=reject"}
+	_, front, adm := controlNode(t, cfg)
+	for i, want := range []int{200, 200, 429} {
+		if code, _, _ := get(t, front+"/", ""); code != want {
+			t.Fatalf("request %d: %d, want %d", i, code, want)
+		}
+	}
+	if code, body := post(t, adm+"/control/arm/api/set", "limit=3/min"); code != 200 {
+		t.Fatalf("arm set: %d %s", code, body)
+	}
+	if code, _, _ := get(t, front+"/", ""); code != 200 {
+		t.Errorf("next request after raising the limit: %d", code)
+	}
+	if code, _, _ := get(t, front+"/", ""); code != 429 {
+		t.Errorf("over the new limit: %d", code)
+	}
+	if code, body := post(t, adm+"/control/arm/api/remove", ""); code != 200 {
+		t.Fatalf("arm remove: %d %s", code, body)
+	}
+	if code, _, _ := get(t, front+"/", ""); code != 200 {
+		t.Errorf("after removing the rule: %d", code)
+	}
+}
+
+// TestOverridesSurviveRestartUnlessConfigChanged: changes are kept in the
+// data directory and applied at the next start; a flag changed since wins
+// and drops its override with an event.
+func TestOverridesSurviveRestartUnlessConfigChanged(t *testing.T) {
+	cfg := testConfig(t)
+	backends := twoBackends(t)
+	cfg.HTTPBackends = backends
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.ARM = []string{"name=api,proto=http,limit=2/min,action=reject", "name=keep,path=/k/,limit=9/min"}
+	n, _, adm := controlNode(t, cfg)
+	for _, c := range []struct{ path, value string }{
+		{"/control/backends/b1/weight", "5"},
+		{"/control/backends/b2/drain", ""},
+		{"/control/arm/api/set", "limit=50/min"},
+		{"/control/arm/add", "name=extra,path=/x/,limit=1/s"},
+		{"/control/arm/keep/remove", ""},
+	} {
+		if code, body := post(t, adm+c.path, c.value); code != 200 {
+			t.Fatalf("%s: %d %s", c.path, code, body)
+		}
+	}
+	n.Stop(time.Second)
+
+	// Same configuration: every change is back.
+	n2, _, adm2 := controlNode(t, cfg)
+	_, conf, _ := get(t, adm2+"/control/config", "")
+	for _, want := range []string{"arm name=api,proto=http,limit=50/min,action=reject", "arm name=extra,path=/x/,limit=1/s", ",id=b1,weight=5", "# http backend b2: drained"} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("after a restart the running configuration lacks %q:\n%s", want, conf)
+		}
+	}
+	if strings.Contains(conf, "name=keep") {
+		t.Errorf("the removed rule came back:\n%s", conf)
+	}
+	n2.Stop(time.Second)
+
+	// The flags changed since: b1's weight and api's rule come from them.
+	cfg.HTTPBackends = []string{backends[0] + ",weight=2", backends[1]}
+	cfg.ARM = []string{"name=api,proto=http,limit=7/min,action=reject", "name=keep,path=/k/,limit=9/min"}
+	n3, _, adm3 := controlNode(t, cfg)
+	_, conf, _ = get(t, adm3+"/control/config", "")
+	for _, want := range []string{"limit=7/min", ",id=b1,weight=2", "# http backend b2: drained", "name=extra"} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("with changed flags the running configuration lacks %q:\n%s", want, conf)
+		}
+	}
+	if strings.Contains(conf, "name=keep") {
+		t.Errorf("the rule removed at run time came back though its flag did not change:\n%s", conf)
+	}
+	n3.store.Flush()
+	evs, _ := n3.store.Tail(100)
+	var dropped []string
+	for _, e := range evs {
+		if strings.Contains(e.Message, "dropped: the configuration changed since") {
+			dropped = append(dropped, e.Subject)
+		}
+	}
+	if strings.Join(dropped, " ") != "arm/api backend/http/b1/weight" {
+		t.Errorf("drop events for %v, want arm/api and b1's weight", dropped)
+	}
+	var keys []string
+	for _, o := range n3.store.Overrides() {
+		keys = append(keys, o.Key)
+	}
+	if strings.Join(keys, " ") != "arm/extra arm/keep backend/http/b2/drain" {
+		t.Errorf("overrides kept %v", keys)
+	}
+	// Undoing a change removes its override.
+	if code, _ := post(t, adm3+"/control/backends/b2/undrain", ""); code != 200 {
+		t.Fatal("undrain refused")
+	}
+	for _, o := range n3.store.Overrides() {
+		if o.Key == "backend/http/b2/drain" {
+			t.Errorf("undrain back to the configured state kept %+v", o)
+		}
+	}
+}
+
+// TestAdminTokens: a node with a token file answers 401/403 without the
+// right token and names the token in the event log; off loopback without
+// one it does not start.
+func TestAdminTokens(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = twoBackends(t)[:1]
+	cfg.AdminListen = "0.0.0.0:0"
+	if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "-admin-token-file") || !strings.Contains(err.Error(), "-admin-listen") {
+		t.Fatalf("non-loopback admin without tokens: %v", err)
+	}
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.AdminTokenFile = filepath.Join(t.TempDir(), "tokens")
+	os.WriteFile(cfg.AdminTokenFile, []byte("ops 0123456789abcdef0123\n"), 0o600)
+	n, _, adm := controlNode(t, cfg)
+	if code, _ := post(t, adm+"/control/backends/b1/drain", ""); code != 401 {
+		t.Errorf("without a token: %d", code)
+	}
+	req, _ := http.NewRequest("POST", adm+"/control/backends/b1/drain", nil)
+	req.Header.Set("Authorization", "Bearer 0123456789abcdef0123")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("with the token: %d", resp.StatusCode)
+	}
+	n.store.Flush()
+	evs, _ := n.store.Tail(20)
+	found := false
+	for _, e := range evs {
+		found = found || strings.Contains(e.Message, "token ops")
+	}
+	if !found {
+		t.Errorf("no event names the token: %+v", evs)
+	}
+	var ov []persist.Override = n.store.Overrides()
+	if len(ov) != 1 || !strings.Contains(ov[0].By, "token ops") {
+		t.Errorf("override does not say who: %+v", ov)
+	}
+}
