@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,6 +54,9 @@ type Config struct {
 	Passive lb.PassiveConfig
 	// ARM are the -arm rule specs.
 	ARM []string
+	// ARMFile holds more ARM rules, one -arm spec a line (-arm-file);
+	// ReloadARM (SIGHUP) re-reads it.
+	ARMFile string
 	// MOP configures every backend's limiter (Name and Events are set per
 	// backend).
 	MOP admission.MOPConfig
@@ -73,6 +77,9 @@ type Config struct {
 	Persist persist.Config
 	// AdminListen is the admin listener's address; "" disables it.
 	AdminListen string
+	// AdminTokenFile holds the bearer tokens the admin listener requires
+	// (-admin-token-file); needed when AdminListen is not loopback.
+	AdminTokenFile string
 	// DrainTimeout bounds Drain.
 	DrainTimeout time.Duration
 	// CPUProfile, when set, is a file a CPU profile is written to while
@@ -109,6 +116,8 @@ type Node struct {
 	ctx            context.Context // of the running node, for reloads
 	sipSrv         *lbsip.Server
 	admin          *admin.Server
+	op             *operator              // run-time changes (control.go)
+	cfgRules       []admission.RuleConfig // the ARM rules of -arm and -arm-file, before overrides
 
 	// The backends given by the Config; the backends file adds to them.
 	cfgHTTPBackends, cfgSIPBackends []string
@@ -180,15 +189,13 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if n.mem, err = admission.NewMemory(mc, nil, n.events); err != nil {
 		return nil, err
 	}
-	var rules []admission.RuleConfig
-	for _, s := range cfg.ARM {
-		rc, err := admission.ParseRule(s)
-		if err != nil {
-			return nil, err
-		}
-		rules = append(rules, rc)
+	rules, err := n.loadRules()
+	if err != nil {
+		return nil, err
 	}
-	if n.ctrl, err = admission.NewController(admission.ControllerConfig{Rules: rules, MOPRejectCode: cfg.MOPRejectCode, Events: n.events}, n.mem, n.clock.Now()); err != nil {
+	n.cfgRules = rules
+	n.op = &operator{n: n}
+	if n.ctrl, err = admission.NewController(admission.ControllerConfig{Rules: slices.Clone(rules), MOPRejectCode: cfg.MOPRejectCode, Events: n.events}, n.mem, n.clock.Now()); err != nil {
 		return nil, err
 	}
 	if err := cfg.checkMOP(); err != nil {
@@ -217,21 +224,26 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 			return nil, err
 		}
 	}
+	if err := admin.CheckListen(cfg.AdminListen, cfg.AdminTokenFile); err != nil {
+		return nil, err
+	}
+	var tokens *admin.Tokens
+	if cfg.AdminTokenFile != "" {
+		if tokens, err = admin.LoadTokens(cfg.AdminTokenFile); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.AdminListen != "" {
 		n.admin = admin.New(n.logger)
+		n.admin.RequireTokens(tokens)
 		n.admin.Handle("GET /healthz", n.healthz())
 		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus}
 		n.admin.Handle("GET /status", admin.StatusHandler(src))
 		// The dashboard at / samples src every second while the admin
 		// listener serves; its buttons drain and reweigh the pools in force.
-		pools := func() []*lb.Pool {
-			var pools []*lb.Pool
-			if n.httpSrv != nil {
-				pools = append(pools, n.httpSrv.Pool())
-			}
-			return append(pools, n.sipPool())
-		}
-		admin.NewDashboard(admin.DashboardConfig{Source: src, Control: admin.PoolControl(pools), MOPMaxHeap: cfg.MOP.MaxHeap, Events: n.events}, n.logger).Register(n.admin)
+		// Its buttons and the control endpoints go through the operator,
+		// which keeps every change as an override (control.go).
+		admin.NewDashboard(admin.DashboardConfig{Source: src, Operator: n.op, Config: n, MOPMaxHeap: cfg.MOP.MaxHeap, Events: n.events}, n.logger).Register(n.admin)
 	}
 	return n, nil
 }
@@ -356,6 +368,9 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := n.openStore(); err != nil {
 		return err
 	}
+	// Run-time changes kept from before the restart, on top of the
+	// configuration, before anything listens.
+	n.applyOverrides("arm/", "backend/", "mop/")
 	if err := n.mountMetrics(); err != nil {
 		n.closeStore()
 		return err

@@ -174,6 +174,11 @@ func (n *Node) Reload() error {
 	}
 	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.BackendsFile,
 		Message: fmt.Sprintf("backends reloaded: %d http, %d sip", len(httpAll), len(sipAll))})
+	// The new backends start undrained at their configured weight: put
+	// the run-time changes back on them.
+	n.op.mu.Lock()
+	n.applyOverrides("backend/", "mop/")
+	n.op.mu.Unlock()
 	return nil
 }
 

@@ -123,6 +123,8 @@ var badValues = map[string]string{
 	"log-level":              "loud",
 	"affinity-key-file":      "/proc/no/such/dir/key",
 	"backends-file":          "/proc/no/such/file",
+	"arm-file":               "/proc/no/such/file",
+	"admin-token-file":       "/proc/no/such/file",
 	"data-dir":               "/proc/no/such/dir",
 	"cpuprofile":             "/proc/no/such/dir/cpu.prof",
 	"config":                 "/proc/no/such/file",

@@ -43,6 +43,8 @@ type runOptions struct {
 	memCritical  fraction
 	keyFile      string
 	backendsFile string
+	armFile      string
+	adminTokens  string
 	persist      persist.Config
 	adminListen  string
 	logLevel     string
@@ -110,7 +112,9 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.keyFile, "affinity-key-file", "", "key, or key ring of \"ID HEXKEY\" lines (newest last), of sticky cookies and SIP tokens; created when missing (default: affinity.key in -data-dir)")
 	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, one \"http SPEC\" or \"sip SPEC\" a line, added to the flags' and re-read on SIGHUP")
 	persistFlags(fs, &o.persist)
-	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz, /status, /metrics and /events (empty disables)")
+	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz, /status, /metrics, /events and /control (empty disables); off loopback it needs -admin-token-file")
+	fs.StringVar(&o.adminTokens, "admin-token-file", "", "`file` of bearer tokens the admin listener requires, one \"NAME TOKEN\" a line (the name goes into the event log)")
+	fs.StringVar(&o.armFile, "arm-file", "", "`file` of ARM rules, one -arm rule a line, added to the -arm flags' and re-read on SIGHUP")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.shutdown, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests and affinity traffic may finish (new work is refused at once)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
@@ -196,10 +200,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 		case <-ctx.Done():
 			wait = false
 		case <-hup:
-			if err := n.Reload(); err != nil {
-				logger.Error("reload failed: backends unchanged", "err", err)
-			} else {
-				logger.Info("reloaded backends", "file", o.backendsFile)
+			if o.backendsFile != "" {
+				if err := n.Reload(); err != nil {
+					logger.Error("reload failed: backends unchanged", "err", err)
+				} else {
+					logger.Info("reloaded backends", "file", o.backendsFile)
+				}
+			}
+			if o.armFile != "" {
+				if err := n.ReloadARM(); err != nil {
+					logger.Error("reload failed: arm rules unchanged", "err", err)
+				} else {
+					logger.Info("reloaded arm rules", "file", o.armFile)
+				}
 			}
 		}
 	}
@@ -235,6 +248,8 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		BackendsFile:   o.backendsFile,
 		Persist:        o.persist,
 		AdminListen:    o.adminListen,
+		AdminTokenFile: o.adminTokens,
+		ARMFile:        o.armFile,
 		DrainTimeout:   o.shutdown,
 		CPUProfile:     o.cpuProfile,
 		SIP:            o.sip.cfg,
