@@ -53,7 +53,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // pathOf returns the request's path for ARM rules, nil when no rule looks
 // at paths.
 func (s *Server) pathOf(ctx *fasthttp.RequestCtx) []byte {
-	if !s.needPath {
+	if !s.rules().needPath {
 		return nil
 	}
 	return ctx.Path()

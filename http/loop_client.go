@@ -226,7 +226,7 @@ func (l *evloop) refuseHead(c *cconn, err error) {
 // (decoded and normalized), so ARM rules see the same path on both
 // engines; nil when no rule looks at paths.
 func (l *evloop) path(h *fasthttp.RequestHeader) []byte {
-	if !l.s.needPath {
+	if !l.s.rules().needPath {
 		return nil
 	}
 	l.uri.Reset()

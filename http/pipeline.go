@@ -49,7 +49,7 @@ type plan struct {
 // admit starts p for the request whose head is h and asks admission about
 // it: affinity (a valid pin to a backend that takes affinity) skips the
 // guards, new work goes through them. path is the request's decoded path,
-// or nil when no ARM rule looks at paths (Server.needPath). The returned
+// or nil when no ARM rule looks at paths (Server.rules). The returned
 // request views h's bytes: use it before h changes, or clone it.
 func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int64) (admission.Request, admission.Decision) {
 	set := s.backends.Load()

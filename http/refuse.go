@@ -63,8 +63,8 @@ func (s *Server) refuseDecision(resp *fasthttp.Response, d admission.Decision) {
 		ps, msg = psDraining, "shutting down"
 	case admission.ReasonARM:
 		ps, msg = psARMUnknown, "rate limit exceeded"
-		if int(d.Rule) >= 0 && int(d.Rule) < len(s.armPS) {
-			ps = s.armPS[d.Rule]
+		if v := s.rules(); int(d.Rule) >= 0 && int(d.Rule) < len(v.armPS) {
+			ps = v.armPS[d.Rule]
 		}
 	}
 	s.writeRefusal(resp, int(d.HTTPStatus), d.RetryAfter, ps, msg)

@@ -34,9 +34,8 @@ type Server struct {
 	trusted  []netip.Prefix
 	hashKind hashKind
 	hashName string
-	armPS    [][]byte // Proxy-Status value per ARM rule
-	needPath bool     // an ARM rule matches on the path
-	connDeny string   // the hash header, lower case: Connection may not name it
+	ruleView atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
+	connDeny string                   // the hash header, lower case: Connection may not name it
 	srv      *fasthttp.Server
 	loops    atomic.Pointer[loopEngine] // set while the loop engine serves
 	shut     atomic.Bool                // Shutdown was called
@@ -98,10 +97,7 @@ func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signe
 	if s.hashKind == hashHeader {
 		s.connDeny = strings.ToLower(s.hashName)
 	}
-	for _, m := range ctrl.Rules() {
-		s.needPath = s.needPath || m.Config().Match.PathPrefix != ""
-		s.armPS = append(s.armPS, []byte(fmt.Sprintf("sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())))
-	}
+	s.rules()
 	s.backends.Store(s.newBackendSet(pool, nil))
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
