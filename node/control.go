@@ -173,13 +173,28 @@ func (n *Node) configuredBackend(proto, id string) (lb.BackendSpec, bool) {
 }
 
 // applyOverrides puts the stored overrides on top of the configuration:
-// at start (before any front end serves), after a reload of the backends
-// and after a reload of the ARM rules. An override whose setting the
-// configuration changed since is dropped, with an event. only limits
-// which keys are looked at ("arm/", "backend/" and "mop/").
+// at start (before any front end serves) and after a reload of the
+// backends. An override whose setting the configuration changed since is
+// dropped, with an event. only limits which keys are looked at ("arm/",
+// "backend/" and "mop/").
 func (n *Node) applyOverrides(only ...string) {
+	apply, dropped := n.reconcile(only...)
+	n.dropOverrides(dropped)
+	for _, o := range apply {
+		if err := n.applyOverride(o); err != nil {
+			n.overrideNotApplied(o, err)
+			continue
+		}
+		n.logger.Info("run-time change applied", "key", o.Key, "value", o.Value, "by", o.By, "at", o.At)
+	}
+}
+
+// reconcile splits the stored overrides whose keys start with one of only
+// into those that apply on top of the configuration in force and those it
+// overrules now. It changes nothing.
+func (n *Node) reconcile(only ...string) (apply, dropped []persist.Override) {
 	if n.store == nil {
-		return
+		return nil, nil
 	}
 	var ovs []persist.Override
 	for _, o := range n.store.Overrides() {
@@ -190,7 +205,12 @@ func (n *Node) applyOverrides(only ...string) {
 			}
 		}
 	}
-	apply, dropped := persist.Reconcile(ovs, n.configuredValue)
+	return persist.Reconcile(ovs, n.configuredValue)
+}
+
+// dropOverrides removes overrides the configuration overruled, with one
+// event each saying what was dropped and why.
+func (n *Node) dropOverrides(dropped []persist.Override) {
 	var gone []string
 	for _, o := range dropped {
 		now := n.configuredValue(o.Key)
@@ -207,14 +227,43 @@ func (n *Node) applyOverrides(only ...string) {
 			n.logger.Warn("dropped overrides not removed from the data directory", "err", err)
 		}
 	}
+}
+
+func (n *Node) overrideNotApplied(o persist.Override, err error) {
+	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigWarning, Subject: o.Key,
+		Message: fmt.Sprintf("run-time change %s=%q not applied: %v", o.Key, o.Value, err)})
+}
+
+// rulesWith returns rules with the ARM overrides of apply on top: a rule
+// changed or removed at run time, and rules added at run time after the
+// configured ones. An override that does not parse is left out, with an
+// event.
+func (n *Node) rulesWith(rules []admission.RuleConfig, apply []persist.Override) []admission.RuleConfig {
+	out := slices.Clone(rules)
 	for _, o := range apply {
-		if err := n.applyOverride(o); err != nil {
-			n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigWarning, Subject: o.Key,
-				Message: fmt.Sprintf("run-time change %s=%q not applied: %v", o.Key, o.Value, err)})
+		name, ok := strings.CutPrefix(o.Key, "arm/")
+		if !ok {
 			continue
 		}
-		n.logger.Info("run-time change applied", "key", o.Key, "value", o.Value, "by", o.By, "at", o.At)
+		i := slices.IndexFunc(out, func(r admission.RuleConfig) bool { return r.Name == name })
+		if o.Value == "" {
+			if i >= 0 {
+				out = slices.Delete(out, i, i+1)
+			}
+			continue
+		}
+		rc, err := admission.ParseRule(o.Value)
+		if err != nil {
+			n.overrideNotApplied(o, err)
+			continue
+		}
+		if i >= 0 {
+			out[i] = rc
+		} else {
+			out = append(out, rc)
+		}
 	}
+	return out
 }
 
 func (n *Node) applyOverride(o persist.Override) error {
@@ -283,10 +332,13 @@ func (n *Node) loadRules() ([]admission.RuleConfig, error) {
 }
 
 // ReloadARM re-reads -arm-file (SIGHUP) and puts the rules of -arm and the
-// file in force, with the run-time overrides on top: rules unchanged keep
-// their counters, changed limits and actions change in place. A file that
-// does not read or parse changes nothing; the error, naming the file and
-// line, is returned and written to the event log.
+// file in force, with the run-time overrides on top, in one step: rules
+// unchanged keep their counters, changed limits and actions change in
+// place, and a rule an override holds does not flip to the file's value
+// and back. An override whose rule the file changed is dropped (the file
+// wins), with an event. A file that does not read or parse changes
+// nothing; the error, naming the file and line, is returned and written to
+// the event log.
 func (n *Node) ReloadARM() error {
 	if n.cfg.ARMFile == "" {
 		return nil
@@ -295,10 +347,12 @@ func (n *Node) ReloadARM() error {
 	if err == nil {
 		n.op.mu.Lock()
 		defer n.op.mu.Unlock()
+		prev := n.cfgRules
+		n.cfgRules = rules // what configuredValue compares the overrides with
+		apply, dropped := n.reconcile("arm/")
 		var changes []admission.RuleChange
-		if changes, err = n.ctrl.SetRules(slices.Clone(rules), n.clock.Now()); err == nil {
-			n.cfgRules = rules
-			n.applyOverrides("arm/")
+		if changes, err = n.ctrl.SetRules(n.rulesWith(rules, apply), n.clock.Now()); err == nil {
+			n.dropOverrides(dropped)
 			var parts []string
 			for _, ch := range changes {
 				if ch.How != "unchanged" {
@@ -312,6 +366,7 @@ func (n *Node) ReloadARM() error {
 				Message: fmt.Sprintf("arm rules reloaded: %d in force (%s)", len(n.ctrl.Rules()), strings.Join(parts, ", "))})
 			return nil
 		}
+		n.cfgRules = prev
 		err = fmt.Errorf("-arm-file %s: %w", n.cfg.ARMFile, err)
 	}
 	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.ARMFile,

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
 )
 
@@ -255,5 +256,135 @@ func TestAdminTokens(t *testing.T) {
 	var ov []persist.Override = n.store.Overrides()
 	if len(ov) != 1 || !strings.Contains(ov[0].By, "token ops") {
 		t.Errorf("override does not say who: %+v", ov)
+	}
+}
+
+// eventsMatching returns the messages of the events in n's log that hold
+// substr.
+func eventsMatching(t *testing.T, n *Node, substr string) []string {
+	t.Helper()
+	n.store.Flush()
+	evs, err := n.store.Tail(200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		if strings.Contains(e.Message, substr) {
+			out = append(out, e.Message)
+		}
+	}
+	return out
+}
+
+// TestBackendsReloadKeepsRunTimeChanges: a reload of -backends-file keeps
+// a drained backend drained from the first request on (its sticky clients
+// still reach it); an override of a setting the file changed is dropped
+// with an event, the file's value wins.
+func TestBackendsReloadKeepsRunTimeChanges(t *testing.T) {
+	cfg := testConfig(t)
+	backends := twoBackends(t)
+	cfg.BackendsFile = filepath.Join(t.TempDir(), "backends")
+	writeBackends := func(lines ...string) {
+		t.Helper()
+		if err := os.WriteFile(cfg.BackendsFile, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeBackends("http "+backends[0], "http "+backends[1])
+	cfg.AdminListen = "127.0.0.1:0"
+	n, front, adm := controlNode(t, cfg)
+	var cookie string
+	for range 4 {
+		if _, body, c := get(t, front+"/", ""); body == "b1" {
+			cookie = c
+		}
+	}
+	for _, c := range [][2]string{{"/control/backends/b1/drain", ""}, {"/control/backends/b2/weight", "3"}} {
+		if code, body := post(t, adm+c[0], c[1]); code != 200 {
+			t.Fatalf("%s: %d %s", c[0], code, body)
+		}
+	}
+	writeBackends("http "+backends[0], "http "+backends[1]+",weight=2")
+	if err := n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	pool := n.httpSrv.Pool()
+	if b1 := pool.Lookup("b1"); b1 == nil || !b1.Drained() {
+		t.Fatalf("b1 after the reload: %+v, want drained", b1)
+	}
+	if w := pool.Lookup("b2").Weight(); w != 2 {
+		t.Errorf("b2's weight after the file changed it: %d, want 2 (the file wins)", w)
+	}
+	for i := range 6 {
+		if _, body, _ := get(t, front+"/", ""); body != "b2" {
+			t.Fatalf("new request %d after the reload went to %q", i, body)
+		}
+	}
+	if _, body, _ := get(t, front+"/", cookie); body != "b1" {
+		t.Errorf("sticky request after the reload went to %q, want b1", body)
+	}
+	if got := eventsMatching(t, n, "backend/http/b2/weight"); len(got) != 1 || !strings.Contains(got[0], `from "1" to "2"`) {
+		t.Errorf("drop events for b2's weight: %q", got)
+	}
+}
+
+// TestARMReloadKeepsOverrides: SIGHUP's reload of -arm-file leaves a rule
+// changed at run time as the operator set it while the file's line for it
+// is unchanged, and lets the file win (dropping the override, with an
+// event) once the line changed.
+func TestARMReloadKeepsOverrides(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = twoBackends(t)[:1]
+	cfg.ARMFile = filepath.Join(t.TempDir(), "arm.rules")
+	writeRules := func(lines ...string) {
+		t.Helper()
+		if err := os.WriteFile(cfg.ARMFile, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeRules("name=api,proto=http,limit=2/min,action=reject", "name=gone,path=/g/,limit=1/s")
+	cfg.AdminListen = "127.0.0.1:0"
+	n, _, adm := controlNode(t, cfg)
+	for _, c := range [][2]string{{"/control/arm/api/set", "limit=50/min"}, {"/control/arm/gone/remove", ""}} {
+		if code, body := post(t, adm+c[0], c[1]); code != 200 {
+			t.Fatalf("%s: %d %s", c[0], code, body)
+		}
+	}
+	rules := func() string {
+		var s []string
+		for _, rc := range n.ctrl.RuleConfigs() {
+			_, limit, _ := strings.Cut(admission.FormatRule(rc), "limit=")
+			limit, _, _ = strings.Cut(limit, ",")
+			s = append(s, rc.Name+":"+limit)
+		}
+		return strings.Join(s, " ")
+	}
+	writeRules("name=api,proto=http,limit=2/min,action=reject", "name=gone,path=/g/,limit=1/s", "name=more,path=/m/,limit=3/s")
+	if err := n.ReloadARM(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rules(); got != "api:50/min more:3/s" {
+		t.Errorf("rules after a reload that left api and gone alone: %s", got)
+	}
+	if got := eventsMatching(t, n, "arm rules reloaded"); len(got) != 1 || !strings.Contains(got[0], "(more added)") {
+		t.Errorf("reload events %q, want one naming only the added rule", got)
+	}
+	writeRules("name=api,proto=http,limit=7/min,action=reject", "name=gone,path=/g/,limit=1/s", "name=more,path=/m/,limit=3/s")
+	if err := n.ReloadARM(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rules(); got != "api:7/min more:3/s" {
+		t.Errorf("rules after the file changed api: %s", got)
+	}
+	if got := eventsMatching(t, n, "dropped: the configuration changed since"); len(got) != 1 || !strings.Contains(got[0], "arm/api") {
+		t.Errorf("drop events %q, want one for arm/api", got)
+	}
+	var keys []string
+	for _, o := range n.store.Overrides() {
+		keys = append(keys, o.Key)
+	}
+	if strings.Join(keys, " ") != "arm/gone" {
+		t.Errorf("overrides kept %v, want arm/gone", keys)
 	}
 }

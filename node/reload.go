@@ -145,6 +145,10 @@ func (n *Node) Reload() error {
 	if err != nil {
 		return err
 	}
+	// No run-time change while the pools are swapped: it would reach the
+	// old pool and be lost.
+	n.op.mu.Lock()
+	defer n.op.mu.Unlock()
 	httpAll := append(append([]string{}, n.cfgHTTPBackends...), httpSpecs...)
 	sipAll := append(append([]string{}, n.cfgSIPBackends...), sipSpecs...)
 	if (len(httpAll) > 0) != (n.httpSrv != nil) || (len(sipAll) > 0) != (n.sipSrv != nil) {
@@ -162,6 +166,7 @@ func (n *Node) Reload() error {
 		}
 	}
 	if gen != nil {
+		carryRunTimeState(n.httpGen.pool, gen.pool)
 		n.startHTTPGen(gen)
 		if err := n.httpSrv.SetPool(gen.pool); err != nil {
 			gen.cancel()
@@ -174,12 +179,23 @@ func (n *Node) Reload() error {
 	}
 	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.BackendsFile,
 		Message: fmt.Sprintf("backends reloaded: %d http, %d sip", len(httpAll), len(sipAll))})
-	// The new backends start undrained at their configured weight: put
-	// the run-time changes back on them.
-	n.op.mu.Lock()
+	// The new backends start at their configured weight: put the
+	// run-time changes kept in the data directory back on them.
 	n.applyOverrides("backend/", "mop/")
-	n.op.mu.Unlock()
 	return nil
+}
+
+// carryRunTimeState drains and disables each backend of next that the
+// operator drained or disabled in prev (same id), before next serves: a
+// reload of the backends does not send new work to a drained backend,
+// with or without a data directory.
+func carryRunTimeState(prev, next *lb.Pool) {
+	for _, b := range next.Backends() {
+		if ob := prev.Lookup(b.ID()); ob != nil {
+			b.Drain(ob.Drained())
+			b.Disable(ob.Disabled())
+		}
+	}
 }
 
 // healthConfig is -health-* with the event log attached.
