@@ -71,7 +71,7 @@ func (d *Demo) PrintHelp(w io.Writer, httpAddr, adminAddr net.Addr, sipAddr stri
 	}
 	fmt.Fprintf(w, "  SIP    udp/tcp %s  -> %s, %s\n", sipAddr, d.sip[0].Addr(), d.sip[1].Addr())
 	if adminAddr != nil {
-		fmt.Fprintf(w, "  admin  http://%s   (/status /metrics /events /healthz)\n", adminAddr)
+		fmt.Fprintf(w, "  admin  http://%s   (/status /metrics /events /healthz /control)\n", adminAddr)
 	}
 	fmt.Fprintln(w, "\nEach new session holds 64 KiB in its backend for 30 s (64 MiB max): MOP learns about 29 new sessions/s per backend.")
 	fmt.Fprintln(w, "\nTry:")
@@ -83,6 +83,7 @@ func (d *Demo) PrintHelp(w io.Writer, httpAddr, adminAddr net.Addr, sipAddr stri
 	if adminAddr != nil {
 		fmt.Fprintf(w, "  watch -n1 'curl -s http://%s/status'\n", adminAddr)
 		fmt.Fprintf(w, "  curl -s 'http://%s/events?limit=20'\n", adminAddr)
+		fmt.Fprintf(w, "  sluice ctl -admin %s drain h1                   # h1 gets no new work; its sticky sessions stay (undrain h1)\n", adminAddr)
 	}
 	fmt.Fprintf(w, "\nStop with Ctrl-C (drains for up to -drain-timeout). Started %s.\n", time.Now().Format(time.RFC3339))
 }

@@ -104,7 +104,7 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 // other flag.
 func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
 	fs.StringVar(&cfg.Dir, "data-dir", persist.DefaultDir,
-		"data directory for learned MOP rates and the event log")
+		"data directory for learned MOP rates, run-time changes (sluice ctl) and the event log")
 	fs.BoolVar(&cfg.Reset, "data-reset", false,
 		"wipe the store in -data-dir at start (learned rates and events are lost); use when it cannot be opened")
 	fs.DurationVar(&cfg.Interval, "persist-interval", persist.DefaultInterval,
