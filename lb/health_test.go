@@ -121,22 +121,27 @@ func TestHealthCheckerRunStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probed := make(chan struct{}, 1)
 	h.Add(b, ProberFunc(func(context.Context, *Backend) (ProbeResult, error) {
-		select {
-		case probed <- struct{}{}:
-		default:
-		}
 		return ProbeDown, nil
 	}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
-	<-probed
+	// A failed probe with fall 1 takes the backend down. (Waiting for the
+	// state, not for the probe call: a result that arrives after cancel
+	// is dropped by design.)
+	deadline := time.Now().Add(10 * time.Second)
+	for b.State(0) != Down {
+		if time.Now().After(deadline) {
+			t.Fatalf("state = %v 10 s after failing probes with fall 1, want down", b.State(0))
+		}
+		time.Sleep(time.Millisecond)
+	}
 	cancel()
-	<-done
-	if b.State(0) != Down {
-		t.Errorf("state = %v after a failed probe with fall 1, want down", b.State(0))
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context was cancelled")
 	}
 }
 
