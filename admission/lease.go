@@ -1,0 +1,165 @@
+package admission
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Lease modes: how a Meter with a Lease decides.
+const (
+	// LeaseShared spends tokens granted from a budget shared with other
+	// nodes; without a token the rule's action applies.
+	LeaseShared int32 = iota
+	// LeaseLocal applies the rule's limit divided by Divisor on this node
+	// alone (the shared budget is unreachable).
+	LeaseLocal
+	// LeaseOpen applies the rule's full limit on this node alone, as a
+	// standalone node would.
+	LeaseOpen
+	// LeaseClosed admits nothing the rule matches: no tokens are granted
+	// and decisions do not wait for any.
+	LeaseClosed
+)
+
+// Lease is the hook through which a Meter spends a budget leased from
+// elsewhere (a cluster of nodes sharing one limit). The admission package
+// does not know where the tokens come from: a leaser outside it grants
+// tokens with Grant, takes unused ones back with Drain at the end of the
+// shared sub-interval they were counted in, and learns through Need when
+// decisions run short.
+//
+// Decisions spend tokens with one CAS and never wait on the leaser, except
+// that a decision finding no token waits at most the lease's wait budget for
+// a refill it has asked for (see NewLease). All methods are safe for
+// concurrent use; a Lease must not be copied.
+type Lease struct {
+	tokens   atomic.Int64
+	expires  atomic.Int64 // monotonic ns: tokens may be spent before this
+	mode     atomic.Int32
+	divisor  atomic.Int64
+	arrivals atomic.Int64 // decisions that consulted this lease
+	state    atomic.Uint32
+	lowWater atomic.Int64
+	refill   atomic.Pointer[chan struct{}] // closed by Grant
+	need     chan struct{}                 // capacity 1
+	wait     time.Duration
+}
+
+// NewLease returns a lease in mode LeaseShared holding no token. wait bounds
+// how long a decision that finds no token waits for the leaser to grant
+// more (0: refuse or queue at once); it is a latency budget, a few
+// milliseconds at most.
+func NewLease(wait time.Duration) *Lease {
+	l := &Lease{need: make(chan struct{}, 1), wait: wait}
+	l.divisor.Store(1)
+	ch := make(chan struct{})
+	l.refill.Store(&ch)
+	return l
+}
+
+// Need is signalled (without blocking the decision) when tokens run low or
+// out. The leaser selects on it.
+func (l *Lease) Need() <-chan struct{} { return l.need }
+
+// Grant adds n tokens that may be spent until expires (monotonic ns, same
+// clock as decisions) and wakes decisions waiting for a refill.
+func (l *Lease) Grant(n, expires int64) {
+	l.expires.Store(expires)
+	if n > 0 {
+		l.tokens.Add(n)
+		l.lowWater.Store(n / 4)
+	}
+	ch := make(chan struct{})
+	old := l.refill.Swap(&ch)
+	close(*old)
+}
+
+// Drain takes back every unspent token and returns how many there were.
+func (l *Lease) Drain() int64 {
+	l.expires.Store(0)
+	n := l.tokens.Swap(0)
+	if n < 0 {
+		return 0
+	}
+	return n
+}
+
+// Tokens returns the unspent tokens.
+func (l *Lease) Tokens() int64 { return l.tokens.Load() }
+
+// SetMode switches how the meter decides (LeaseShared, LeaseLocal,
+// LeaseOpen or LeaseClosed). divisor is the share in LeaseLocal mode
+// (limit ÷ divisor, at least 1 admission); it is ignored otherwise.
+func (l *Lease) SetMode(mode int32, divisor int64) {
+	if divisor < 1 {
+		divisor = 1
+	}
+	l.divisor.Store(divisor)
+	l.mode.Store(mode)
+	if mode != LeaseShared {
+		l.Grant(0, l.expires.Load()) // release decisions waiting for a refill
+	}
+}
+
+// Mode returns the current mode.
+func (l *Lease) Mode() int32 { return l.mode.Load() }
+
+// Arrivals returns how many decisions consulted the lease since it was
+// made: the leaser sizes its requests from the rate of change.
+func (l *Lease) Arrivals() int64 { return l.arrivals.Load() }
+
+// State is the memory state seen by the latest decision: the leaser asks for
+// budget under that state's limit, so per-state limits hold cluster-wide.
+func (l *Lease) State() MemState { return MemState(l.state.Load()) }
+
+func (l *Lease) note(st MemState) {
+	l.arrivals.Add(1)
+	if MemState(l.state.Load()) != st {
+		l.state.Store(uint32(st))
+	}
+}
+
+// take spends one token valid at now.
+func (l *Lease) take(now int64) bool {
+	if now >= l.expires.Load() {
+		return false
+	}
+	for {
+		n := l.tokens.Load()
+		if n <= 0 {
+			return false
+		}
+		if l.tokens.CompareAndSwap(n, n-1) {
+			if n-1 <= l.lowWater.Load() {
+				l.signal()
+			}
+			return true
+		}
+	}
+}
+
+func (l *Lease) signal() {
+	select {
+	case l.need <- struct{}{}:
+	default:
+	}
+}
+
+// awaitRefill asks the leaser for tokens and waits up to the wait budget for
+// its next grant. It reports whether a grant came.
+func (l *Lease) awaitRefill() bool {
+	if l.wait <= 0 || l.mode.Load() != LeaseShared {
+		l.signal()
+		return false
+	}
+	ch := *l.refill.Load()
+	l.signal()
+	t := time.NewTimer(l.wait)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
+}

@@ -1,0 +1,200 @@
+package admission
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func leasedMeter(t *testing.T, rc RuleConfig, wait time.Duration) (*Meter, *Lease) {
+	t.Helper()
+	m, err := NewMeter(rc, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewLease(wait)
+	m.SetLease(l)
+	return m, l
+}
+
+// TestLeaseSteps walks a reject rule through grants, spending, expiry and
+// drain at fixed instants: a decision admits only with a valid token.
+func TestLeaseSteps(t *testing.T) {
+	rc := RuleConfig{Name: "r", Limit: 100, Unit: time.Second, Action: ActionReject}
+	m, l := leasedMeter(t, rc, 0)
+	sub := int64(time.Second / 6)
+	type step struct {
+		at      int64
+		grant   int64 // tokens granted before deciding (0: none)
+		expires int64
+		n       int // decisions
+		admit   int // of which admitted
+		tokens  int64
+	}
+	steps := []step{
+		{at: 0, n: 2, admit: 0},                                     // nothing leased yet
+		{at: 10, grant: 3, expires: sub, n: 5, admit: 3},            // three tokens, three admissions
+		{at: 20, grant: 2, expires: sub, n: 1, admit: 1, tokens: 1}, // one left
+		{at: sub, n: 1, admit: 0, tokens: 1},                        // expired at the boundary: not spendable
+	}
+	for i, s := range steps {
+		if s.grant > 0 {
+			l.Grant(s.grant, s.expires)
+		}
+		got := 0
+		for range s.n {
+			if m.Admit(s.at, Normal).Verdict == Admit {
+				got++
+			}
+		}
+		if got != s.admit || l.Tokens() != s.tokens {
+			t.Errorf("step %d at %d: admitted %d tokens %d, want %d and %d", i, s.at, got, l.Tokens(), s.admit, s.tokens)
+		}
+	}
+	if n := l.Drain(); n != 1 {
+		t.Errorf("Drain returned %d unspent tokens, want 1", n)
+	}
+	if st := m.Status(); st.Admitted != 4 || st.Refused != 5 {
+		t.Errorf("status admitted %d refused %d, want 4 and 5", st.Admitted, st.Refused)
+	}
+}
+
+// TestLeaseQueueServedFirst: delayed requests are released by the next
+// grant before any new arrival takes a token.
+func TestLeaseQueueServedFirst(t *testing.T) {
+	rc := RuleConfig{Name: "d", Limit: 100, Unit: time.Second, Action: ActionDelay}
+	m, l := leasedMeter(t, rc, 0)
+	var waits []*Wait
+	for range 3 {
+		d := m.Admit(1, Normal)
+		if d.Verdict != Delay {
+			t.Fatalf("without tokens got %v, want delay", d.Verdict)
+		}
+		waits = append(waits, d.Wait)
+	}
+	select {
+	case <-l.Need():
+	default:
+		t.Fatal("a decision without a token did not ask the leaser for more")
+	}
+	l.Grant(4, int64(time.Second))
+	// The next decision releases the three queued requests first and takes
+	// the fourth token itself; the one after finds none left.
+	if d := m.Admit(2, Normal); d.Verdict != Admit {
+		t.Fatalf("arrival after the grant got %v, want admit", d.Verdict)
+	}
+	if d := m.Admit(2, Normal); d.Verdict != Delay {
+		t.Fatalf("arrival with no token left got %v, want delay", d.Verdict)
+	}
+	for i, w := range waits {
+		if !w.Admitted() {
+			t.Errorf("wait %d not admitted", i)
+		}
+	}
+	if l.Tokens() != 0 {
+		t.Errorf("tokens left %d, want 0", l.Tokens())
+	}
+}
+
+// TestLeaseModes: local divides the limit by the node count, open applies
+// the full limit, closed admits nothing.
+func TestLeaseModes(t *testing.T) {
+	rc := RuleConfig{Name: "m", Limit: 10, Unit: time.Second, Action: ActionReject}
+	for _, tc := range []struct {
+		name    string
+		mode    int32
+		divisor int64
+		want    int
+	}{
+		{"local3", LeaseLocal, 3, 3},
+		{"local20", LeaseLocal, 20, 1},
+		{"open", LeaseOpen, 3, 10},
+		{"closed", LeaseClosed, 3, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, l := leasedMeter(t, rc, time.Second) // a wait budget must not delay closed or local
+			l.SetMode(tc.mode, tc.divisor)
+			got := 0
+			for range 30 {
+				if m.Admit(5, Normal).Verdict == Admit {
+					got++
+				}
+			}
+			if got != tc.want {
+				t.Errorf("admitted %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestLeasePerStateLimit: the local word still caps at the state's limit
+// even with tokens to spare, and the lease reports the state.
+func TestLeasePerStateLimit(t *testing.T) {
+	rc := RuleConfig{Name: "s", Limit: 10, LowLimit: 4, Unit: time.Second, Action: ActionReject}
+	m, l := leasedMeter(t, rc, 0)
+	l.Grant(100, int64(time.Second))
+	got := 0
+	for range 10 {
+		if m.Admit(1, Low).Verdict == Admit {
+			got++
+		}
+	}
+	if got != 4 || l.State() != Low || l.Tokens() != 96 {
+		t.Errorf("admitted %d state %v tokens %d, want 4 Low 96", got, l.State(), l.Tokens())
+	}
+}
+
+// TestLeaseWaitBudget: a decision without a token waits for a grant within
+// its budget.
+func TestLeaseWaitBudget(t *testing.T) {
+	rc := RuleConfig{Name: "w", Limit: 100, Unit: time.Second, Action: ActionReject}
+	m, l := leasedMeter(t, rc, 5*time.Second)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-l.Need()
+		l.Grant(1, int64(time.Second))
+	}()
+	if d := m.Admit(1, Normal); d.Verdict != Admit {
+		t.Errorf("got %v, want admit after the refill", d.Verdict)
+	}
+	<-done
+}
+
+// TestLeaseConcurrentExact: goroutines hammering a lease admit exactly the
+// tokens granted.
+func TestLeaseConcurrentExact(t *testing.T) {
+	rc := RuleConfig{Name: "c", Limit: 1 << 30, Unit: time.Hour, Action: ActionReject}
+	m, l := leasedMeter(t, rc, 0)
+	l.Grant(1000, int64(time.Hour))
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 300 {
+				if m.Admit(1, Normal).Verdict == Admit {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() != 1000 || l.Tokens() != 0 {
+		t.Errorf("admitted %d tokens %d, want 1000 and 0", admitted.Load(), l.Tokens())
+	}
+	if l.Arrivals() != 2400 {
+		t.Errorf("arrivals %d, want 2400", l.Arrivals())
+	}
+}
+
+func TestLeaseAdmitAllocs(t *testing.T) {
+	rc := RuleConfig{Name: "a", Limit: 1 << 30, Unit: time.Hour}
+	m, l := leasedMeter(t, rc, 0)
+	l.Grant(1<<40, int64(time.Hour))
+	if n := testing.AllocsPerRun(1000, func() { m.Admit(1, Normal) }); n != 0 {
+		t.Errorf("allocs per leased admission = %v, want 0", n)
+	}
+}
