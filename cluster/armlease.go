@@ -1,0 +1,224 @@
+package cluster
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// ruleLease keeps one ARM rule supplied with tokens from the rule's shared
+// counters. Its methods other than run are called from run's goroutine only
+// (or, in tests and the simulation, from one goroutine).
+type ruleLease struct {
+	c     *Cluster
+	m     *admission.Meter
+	l     *admission.Lease
+	key   string
+	subUS int64 // sub-interval in µs, the script's unit
+
+	seed atomic.Bool // count the local window once after a rejoin
+
+	// Owned by the leasing goroutine.
+	heldK      int64 // shared sub-interval of the tokens held
+	expires    int64 // monotonic ns when those tokens stop being spendable; 0: none held
+	dryUntil   int64 // monotonic ns until which the budget is known to be spent
+	lastArr    int64 // Arrivals at the last boundary
+	perSub     int64 // arrivals in the last sub-interval
+	wantNow    int64 // latest request in this sub-interval (doubles while short)
+	retK, retN int64 // unspent tokens to give back to shared sub-interval retK
+	retryAfter time.Duration
+
+	leases, granted, returned atomic.Uint64
+}
+
+func newRuleLease(c *Cluster, m *admission.Meter) *ruleLease {
+	return &ruleLease{c: c, m: m, l: admission.NewLease(c.cfg.Wait),
+		key:   c.prefix[:len(c.prefix)-1] + ":arm:" + m.Name() + "}",
+		subUS: int64(m.SubInterval() / time.Microsecond)}
+}
+
+// want sizes the next request: the node's own arrivals over half a
+// sub-interval, doubled each time the node runs short again within one
+// sub-interval, and at least what is queued. The script caps it near the
+// limit.
+func (r *ruleLease) want() int64 {
+	w := (r.perSub + 1) / 2
+	if r.wantNow*2 > w {
+		w = r.wantNow * 2
+	}
+	if q := r.m.Status().Queued; q > w {
+		w = q
+	}
+	if w < 1 {
+		w = 1
+	}
+	if lim := r.m.LimitIn(r.l.State()); w > lim {
+		w = lim
+	}
+	return w
+}
+
+// lease makes one round trip: gives back the pending return, asks for want
+// (0: return only), and grants what came. now is the monotonic time before
+// the call: a token's deadline is computed from it, so the local deadline
+// never falls after the shared sub-interval's end.
+func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
+	if r.c.state.Load() != stateUp {
+		return nil
+	}
+	var seed int64
+	if r.seed.Swap(false) {
+		// After Redis was away (perhaps restarted empty) the window may have
+		// lost what this node admitted meanwhile: count it again, once.
+		seed = r.m.Status().Rate
+	}
+	lim := r.m.LimitIn(r.l.State())
+	ctx, cancel := context.WithTimeout(ctx, r.c.cfg.Timeout)
+	defer cancel()
+	ret := r.retN
+	res, err := leaseScript.Run(ctx, r.c.rdb, []string{r.key}, lim, want, r.subUS, r.c.nodes.Load(), r.retK, ret, seed).Int64Slice()
+	r.c.roundTrips.Add(1)
+	if err != nil || len(res) != 5 {
+		if seed > 0 {
+			r.seed.Store(true)
+		}
+		r.c.roundTripFailed(err)
+		return err
+	}
+	r.leases.Add(1)
+	r.returned.Add(uint64(ret))
+	r.retN = 0
+	g, k, untilEnd := res[0], res[2], res[3]
+	r.retryAfter = time.Duration(res[4]) * time.Microsecond
+	end := now + untilEnd*int64(time.Microsecond)
+	if want == 0 {
+		return nil
+	}
+	if k != r.heldK {
+		r.wantNow = 0
+	}
+	r.wantNow = max(r.wantNow, want)
+	if g <= 0 {
+		r.dryUntil = end
+		r.l.SetDryUntil(end)
+		return nil
+	}
+	r.granted.Add(uint64(g))
+	if k != r.heldK && r.expires != 0 {
+		// The shared sub-interval moved on during the round trip: tokens of
+		// the old one must not be spent in the new one.
+		r.giveBack(r.l.Drain())
+	}
+	r.heldK, r.expires = k, end
+	r.l.Grant(g, end)
+	if r.m.Status().Queued > 0 {
+		r.m.Advance(r.c.clock.Now()) // the queue is served from the new tokens first
+	}
+	return nil
+}
+
+// giveBack queues n unspent tokens of the held sub-interval for return with
+// the next round trip. A return still pending from an older sub-interval is
+// dropped: it stays counted, which only makes the cluster more cautious.
+func (r *ruleLease) giveBack(n int64) {
+	if n <= 0 {
+		return
+	}
+	if r.retN > 0 && r.retK != r.heldK {
+		r.retN = 0
+	}
+	r.retK = r.heldK
+	r.retN += n
+}
+
+// boundary ends the held sub-interval: unspent tokens go back (with the next
+// request in the same round trip when there was demand).
+func (r *ruleLease) boundary(ctx context.Context, now int64) {
+	r.giveBack(r.l.Drain())
+	arr := r.l.Arrivals()
+	r.perSub, r.lastArr = arr-r.lastArr, arr
+	r.expires = 0
+	var want int64
+	if r.perSub > 0 || r.m.Status().Queued > 0 {
+		want = r.want()
+	}
+	if want == 0 && r.retN == 0 {
+		return
+	}
+	r.lease(ctx, now, want)
+}
+
+// onNeed answers a decision that ran short.
+func (r *ruleLease) onNeed(ctx context.Context, now int64) {
+	switch {
+	case r.expires != 0 && now >= r.expires:
+		r.boundary(ctx, now)
+	case now < r.dryUntil:
+		// spent until the next sub-interval; the timer asks again then
+	default:
+		r.lease(ctx, now, r.want())
+	}
+}
+
+// next is when the loop must act without being asked: at the end of the
+// held sub-interval, or when a spent budget may have room again.
+func (r *ruleLease) next() int64 {
+	switch {
+	case r.expires != 0:
+		return r.expires
+	case r.dryUntil != 0:
+		return r.dryUntil
+	}
+	return 0
+}
+
+// tick acts on next's deadline.
+func (r *ruleLease) tick(ctx context.Context, now int64) {
+	switch {
+	case r.expires != 0 && now >= r.expires:
+		r.boundary(ctx, now)
+	case r.dryUntil != 0 && now >= r.dryUntil:
+		r.dryUntil = 0
+		arr := r.l.Arrivals()
+		r.perSub, r.lastArr = arr-r.lastArr, arr
+		if r.perSub > 0 || r.m.Status().Queued > 0 {
+			r.lease(ctx, now, r.want())
+		}
+	}
+}
+
+// run is the rule's leasing loop.
+func (r *ruleLease) run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if r.c.state.Load() != stateUp {
+			r.expires, r.dryUntil = 0, 0
+		}
+		wait := time.Hour
+		if n := r.next(); n != 0 {
+			wait = time.Duration(n - r.c.clock.Now())
+			if wait < 0 {
+				wait = 0
+			}
+		}
+		if r.c.state.Load() != stateUp {
+			wait = r.c.cfg.Heartbeat
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			r.giveBack(r.l.Drain())
+			if r.retN > 0 {
+				r.lease(context.Background(), r.c.clock.Now(), 0)
+			}
+			return
+		case <-r.l.Need():
+			r.onNeed(ctx, r.c.clock.Now())
+		case <-timer.C:
+			r.tick(ctx, r.c.clock.Now())
+		}
+	}
+}

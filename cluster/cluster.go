@@ -1,0 +1,258 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// Event kinds written by this package.
+const (
+	EventDown admission.EventKind = "cluster.down" // Redis unreachable: the fail policy is in force
+	EventUp   admission.EventKind = "cluster.up"   // Redis answers again: budgets are shared again
+)
+
+// Cluster is this node's membership in a cluster: the heartbeat, one leaser
+// per ARM rule, and the switch to the fail policy and back. Create it with
+// New, attach rules with AttachRules, then Run it.
+type Cluster struct {
+	cfg    Config
+	rdb    redis.UniversalClient
+	clock  admission.Clock
+	events admission.EventSink
+	log    *slog.Logger
+	prefix string // "{sluice:NAME}" hash tag shared by the membership key
+
+	nodes      atomic.Int64 // last known node count, at least 1
+	state      atomic.Int32 // stateUnknown until the first round trip, then stateUp or stateDown
+	roundTrips atomic.Uint64
+	downs      atomic.Uint64
+
+	mu      sync.Mutex
+	rules   []*ruleLease
+	lastErr string
+	since   time.Time // of the current up or down state
+}
+
+// New returns a node of the cluster in cfg using rdb (see NewClient). It
+// starts in the fail policy's mode until the first heartbeat answers. clock
+// must be the clock decisions are made with.
+func New(cfg Config, rdb redis.UniversalClient, clock admission.Clock, events admission.EventSink, logger *slog.Logger) (*Cluster, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	if rdb == nil {
+		return nil, fmt.Errorf("%w: no Redis client", ErrConfig)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Cluster{cfg: cfg, rdb: rdb, clock: clock, events: events, prefix: "{sluice:" + cfg.Name + "}", since: time.Now(),
+		log: logger.With("component", "cluster", "cluster", cfg.Name, "node", cfg.Node)}
+	c.nodes.Store(1)
+	return c, nil
+}
+
+// AttachRules puts every meter on a leased budget. Call it before Run.
+func (c *Cluster) AttachRules(meters []*admission.Meter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range meters {
+		r := newRuleLease(c, m)
+		r.l.SetMode(c.failMode(), c.nodes.Load())
+		m.SetLease(r.l)
+		c.rules = append(c.rules, r)
+	}
+}
+
+// Run keeps the heartbeat and the leasers going until ctx is done, then
+// returns unspent tokens and leaves the member set (best effort).
+func (c *Cluster) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	c.mu.Lock()
+	rules := append([]*ruleLease(nil), c.rules...)
+	c.mu.Unlock()
+	c.heartbeat(ctx, false)
+	for _, r := range rules {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.run(ctx) }()
+	}
+	t := time.NewTicker(c.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			c.heartbeat(context.Background(), true)
+			return
+		case <-t.C:
+			c.heartbeat(ctx, false)
+		}
+	}
+}
+
+// heartbeat renews this node's membership (or leaves) and learns the node
+// count; its success or failure moves the node between shared budgets and
+// the fail policy.
+func (c *Cluster) heartbeat(ctx context.Context, leave bool) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	flag := "0"
+	if leave {
+		flag = "1"
+	}
+	ttl := 3 * c.cfg.Heartbeat.Milliseconds()
+	n, err := heartbeatScript.Run(ctx, c.rdb, []string{c.prefix + ":nodes"}, c.cfg.Node, ttl, flag).Int64()
+	c.roundTrips.Add(1)
+	if leave {
+		return
+	}
+	if err != nil {
+		c.setUp(false, err)
+		return
+	}
+	if n < 1 {
+		n = 1
+	}
+	c.nodes.Store(n)
+	c.setUp(true, nil)
+}
+
+// failMode is the lease mode of the fail policy.
+func (c *Cluster) failMode() int32 {
+	switch c.cfg.Fail {
+	case FailOpen:
+		return admission.LeaseOpen
+	case FailClosed:
+		return admission.LeaseClosed
+	}
+	return admission.LeaseLocal
+}
+
+// Redis reachability as the node last saw it.
+const (
+	stateUnknown int32 = iota
+	stateUp
+	stateDown
+)
+
+// setUp records the outcome of a round trip; a change of state switches
+// every rule's lease mode, writes an event and logs once.
+func (c *Cluster) setUp(ok bool, err error) {
+	want := stateDown
+	if ok {
+		want = stateUp
+	}
+	if c.state.Load() == want {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state.Load() == want {
+		return
+	}
+	c.state.Store(want)
+	c.since = time.Now()
+	if ok {
+		c.lastErr = ""
+		for _, r := range c.rules {
+			r.seed.Store(true)
+			r.l.SetMode(admission.LeaseShared, 1)
+		}
+		msg := fmt.Sprintf("cluster %s: Redis answers again; budgets are shared by %d nodes", c.cfg.Name, c.nodes.Load())
+		c.log.Info("redis reachable, budgets shared", "nodes", c.nodes.Load())
+		c.emit(EventUp, msg)
+		return
+	}
+	c.downs.Add(1)
+	if err != nil {
+		c.lastErr = err.Error()
+	}
+	n := c.nodes.Load()
+	for _, r := range c.rules {
+		r.l.Drain() // counted in Redis already; spending them later could overrun a window
+		r.l.SetMode(c.failMode(), n)
+	}
+	what := map[FailPolicy]string{
+		FailLocal:  fmt.Sprintf("each node enforces its share, limit ÷ %d", n),
+		FailOpen:   "each node enforces the full limit on its own",
+		FailClosed: "rules refuse what they match",
+	}[c.cfg.Fail]
+	msg := fmt.Sprintf("cluster %s: Redis unreachable (%v); fail policy %s: %s; retrying every %s",
+		c.cfg.Name, err, c.cfg.Fail, what, c.cfg.Heartbeat)
+	c.log.Warn("redis unreachable, fail policy in force", "policy", c.cfg.Fail.String(), "nodes", n, "err", err)
+	c.emit(EventDown, msg)
+}
+
+func (c *Cluster) emit(kind admission.EventKind, msg string) {
+	if c.events != nil {
+		c.events(admission.Event{Time: time.Now(), Kind: kind, Subject: c.cfg.Name, Message: msg})
+	}
+}
+
+// roundTripFailed reports a leaser's failed round trip.
+func (c *Cluster) roundTripFailed(err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	c.setUp(false, err)
+}
+
+// Up reports whether Redis answered the latest round trip.
+func (c *Cluster) Up() bool { return c.state.Load() == stateUp }
+
+// Nodes returns the last known node count.
+func (c *Cluster) Nodes() int64 { return c.nodes.Load() }
+
+// RoundTrips returns the Redis round trips made since start.
+func (c *Cluster) RoundTrips() uint64 { return c.roundTrips.Load() }
+
+// RuleStatus is one rule's leasing for /status.
+type RuleStatus struct {
+	Name     string `json:"name"`
+	Mode     string `json:"mode"` // shared, local, open or closed
+	Tokens   int64  `json:"tokens"`
+	Leases   uint64 `json:"leases"`
+	Granted  uint64 `json:"granted"`
+	Returned uint64 `json:"returned"`
+}
+
+// Status is the node's view of the cluster for /status.
+type Status struct {
+	Name       string       `json:"name"`
+	Node       string       `json:"node"`
+	Redis      string       `json:"redis"` // "up" or "down"
+	Since      time.Time    `json:"since"`
+	FailPolicy string       `json:"fail_policy"`
+	Nodes      int64        `json:"nodes"`
+	LastError  string       `json:"last_error,omitempty"`
+	Downs      uint64       `json:"downs"`
+	RoundTrips uint64       `json:"round_trips"`
+	Rules      []RuleStatus `json:"rules"`
+}
+
+var modeNames = [...]string{"shared", "local", "open", "closed"}
+
+// Status returns the node's view of the cluster.
+func (c *Cluster) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := Status{Name: c.cfg.Name, Node: c.cfg.Node, Redis: "down", Since: c.since, FailPolicy: c.cfg.Fail.String(),
+		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load()}
+	if c.Up() {
+		st.Redis = "up"
+	}
+	for _, r := range c.rules {
+		st.Rules = append(st.Rules, RuleStatus{Name: r.m.Name(), Mode: modeNames[r.l.Mode()], Tokens: r.l.Tokens(),
+			Leases: r.leases.Load(), Granted: r.granted.Load(), Returned: r.returned.Load()})
+	}
+	return st
+}

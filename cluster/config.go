@@ -1,0 +1,151 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// FailPolicy is what a node does while Redis is unreachable.
+type FailPolicy uint8
+
+// Fail policies.
+const (
+	FailLocal  FailPolicy = iota // each node enforces limit ÷ last known node count
+	FailOpen                     // each node enforces the full limit on its own
+	FailClosed                   // rules refuse (or delay) everything they match
+)
+
+var failNames = [...]string{"local", "open", "closed"}
+
+func (p FailPolicy) String() string {
+	if int(p) < len(failNames) {
+		return failNames[p]
+	}
+	return fmt.Sprintf("fail(%d)", p)
+}
+
+// ParseFailPolicy parses "local", "open" or "closed".
+func ParseFailPolicy(s string) (FailPolicy, error) {
+	for i, n := range failNames {
+		if strings.EqualFold(s, n) {
+			return FailPolicy(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown cluster fail policy %q (want local, open or closed)", s)
+}
+
+// Config configures a node's membership in a cluster. Fields map 1:1 to the
+// -cluster-* flags.
+type Config struct {
+	// Redis is the server's URL: redis://[user:pass@]host:port/db or
+	// rediss:// (TLS); with ?master_name=NAME (and more addr=host:port) the
+	// addresses are Sentinels; the schemes redis+cluster:// and
+	// rediss+cluster:// address a Redis Cluster. Empty: no cluster.
+	Redis string
+	// Name names the cluster: nodes with the same Redis and Name share
+	// budgets. Default "sluice".
+	Name string
+	// Node identifies this node among the members. Default host name and
+	// process id.
+	Node string
+	// Fail is the policy while Redis is unreachable. Default FailLocal.
+	Fail FailPolicy
+	// Wait bounds how long a decision that finds no leased token waits for
+	// a lease round trip. Default 2ms; at most 10ms.
+	Wait time.Duration
+	// Timeout bounds each Redis round trip of the background leasers and
+	// the heartbeat; a failure or timeout marks Redis unreachable.
+	// Default 100ms.
+	Timeout time.Duration
+	// Heartbeat is the membership heartbeat period; a node is counted for
+	// three periods after its last heartbeat. Default 50ms.
+	Heartbeat time.Duration
+}
+
+// DefaultConfig returns the defaults, written once here.
+func DefaultConfig() Config {
+	return Config{Name: "sluice", Fail: FailLocal, Wait: 2 * time.Millisecond, Timeout: 100 * time.Millisecond, Heartbeat: 50 * time.Millisecond}
+}
+
+// Enabled reports whether the node joins a cluster.
+func (c Config) Enabled() bool { return c.Redis != "" }
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("cluster: bad configuration")
+
+// fill sets defaults for zero fields and validates.
+func (c *Config) fill() error {
+	d := DefaultConfig()
+	if c.Name == "" {
+		c.Name = d.Name
+	}
+	if c.Node == "" {
+		h, _ := os.Hostname()
+		c.Node = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	if c.Wait == 0 {
+		c.Wait = d.Wait
+	}
+	if c.Timeout == 0 {
+		c.Timeout = d.Timeout
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = d.Heartbeat
+	}
+	switch {
+	case strings.ContainsAny(c.Name, "{}"):
+		return fmt.Errorf("%w: Name %q must not contain braces (they delimit Redis hash tags)", ErrConfig, c.Name)
+	case c.Wait < 0 || c.Wait > 10*time.Millisecond:
+		return fmt.Errorf("%w: Wait %s must be in [0, 10ms]", ErrConfig, c.Wait)
+	case c.Timeout < 0 || c.Heartbeat < 0:
+		return fmt.Errorf("%w: Timeout and Heartbeat must be positive", ErrConfig)
+	case c.Fail > FailClosed:
+		return fmt.Errorf("%w: unknown fail policy %d", ErrConfig, c.Fail)
+	}
+	return nil
+}
+
+// NewClient opens a go-redis universal client for url (see Config.Redis).
+// Retries are off and timeouts short: a leaser that fails falls back to the
+// fail policy rather than retrying while decisions run dry.
+func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Redis URL: %w", ErrConfig, err)
+	}
+	dial := 2 * timeout
+	switch {
+	case u.Scheme == "redis+cluster" || u.Scheme == "rediss+cluster":
+		u.Scheme = strings.TrimSuffix(u.Scheme, "+cluster")
+		o, err := redis.ParseClusterURL(u.String())
+		if err != nil {
+			return nil, fmt.Errorf("%w: Redis Cluster URL %s: %w", ErrConfig, redact(u), err)
+		}
+		o.MaxRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, dial, timeout, timeout
+		return redis.NewClusterClient(o), nil
+	case u.Query().Has("master_name"):
+		o, err := redis.ParseFailoverURL(u.String())
+		if err != nil {
+			return nil, fmt.Errorf("%w: Redis Sentinel URL %s: %w", ErrConfig, redact(u), err)
+		}
+		o.MaxRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, dial, timeout, timeout
+		return redis.NewFailoverClient(o), nil
+	case u.Scheme == "redis" || u.Scheme == "rediss":
+		o, err := redis.ParseURL(u.String())
+		if err != nil {
+			return nil, fmt.Errorf("%w: Redis URL %s: %w", ErrConfig, redact(u), err)
+		}
+		o.MaxRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, dial, timeout, timeout
+		return redis.NewClient(o), nil
+	}
+	return nil, fmt.Errorf("%w: Redis URL %s: scheme must be redis, rediss, redis+cluster or rediss+cluster", ErrConfig, redact(u))
+}
+
+// redact hides a password in u for error messages.
+func redact(u *url.URL) string { return u.Redacted() }
