@@ -87,6 +87,7 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 		r.c.roundTripFailed(err)
 		return err
 	}
+	r.c.fails.Store(0)
 	r.leases.Add(1)
 	r.returned.Add(uint64(ret))
 	r.retN = 0

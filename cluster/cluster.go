@@ -34,6 +34,8 @@ type Cluster struct {
 	nodes      atomic.Int64 // last known node count, at least 1
 	state      atomic.Int32 // stateUnknown until the first round trip, then stateUp or stateDown
 	roundTrips atomic.Uint64
+	failed     atomic.Uint64 // round trips that failed or timed out
+	fails      atomic.Int32  // consecutive failures
 	downs      atomic.Uint64
 
 	mu      sync.Mutex
@@ -116,9 +118,10 @@ func (c *Cluster) heartbeat(ctx context.Context, leave bool) {
 		return
 	}
 	if err != nil {
-		c.setUp(false, err)
+		c.roundTripFailed(err)
 		return
 	}
+	c.fails.Store(0)
 	if n < 1 {
 		n = 1
 	}
@@ -198,12 +201,20 @@ func (c *Cluster) emit(kind admission.EventKind, msg string) {
 	}
 }
 
-// roundTripFailed reports a leaser's failed round trip.
+// failuresToDown is how many round trips in a row must fail before the
+// node switches to the fail policy: one slow answer on a loaded machine
+// should not make the whole node flap.
+const failuresToDown = 2
+
+// roundTripFailed reports a failed round trip (heartbeat or lease).
 func (c *Cluster) roundTripFailed(err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
-	c.setUp(false, err)
+	c.failed.Add(1)
+	if c.fails.Add(1) >= failuresToDown {
+		c.setUp(false, err)
+	}
 }
 
 // Up reports whether Redis answered the latest round trip.
@@ -236,6 +247,7 @@ type Status struct {
 	LastError  string       `json:"last_error,omitempty"`
 	Downs      uint64       `json:"downs"`
 	RoundTrips uint64       `json:"round_trips"`
+	Failed     uint64       `json:"failed_round_trips"`
 	Rules      []RuleStatus `json:"rules"`
 }
 
@@ -246,7 +258,7 @@ func (c *Cluster) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{Name: c.cfg.Name, Node: c.cfg.Node, Redis: "down", Since: c.since, FailPolicy: c.cfg.Fail.String(),
-		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load()}
+		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load(), Failed: c.failed.Load()}
 	if c.Up() {
 		st.Redis = "up"
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 )
 
 // FailPolicy is what a node does while Redis is unreachable.
@@ -60,8 +61,8 @@ type Config struct {
 	// a lease round trip. Default 2ms; at most 10ms.
 	Wait time.Duration
 	// Timeout bounds each Redis round trip of the background leasers and
-	// the heartbeat; a failure or timeout marks Redis unreachable.
-	// Default 100ms.
+	// the heartbeat; two failures or timeouts in a row mark Redis
+	// unreachable. Decisions never wait this long (see Wait). Default 200ms.
 	Timeout time.Duration
 	// Heartbeat is the membership heartbeat period; a node is counted for
 	// three periods after its last heartbeat. Default 50ms.
@@ -70,7 +71,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults, written once here.
 func DefaultConfig() Config {
-	return Config{Name: "sluice", Fail: FailLocal, Wait: 2 * time.Millisecond, Timeout: 100 * time.Millisecond, Heartbeat: 50 * time.Millisecond}
+	return Config{Name: "sluice", Fail: FailLocal, Wait: 2 * time.Millisecond, Timeout: 200 * time.Millisecond, Heartbeat: 50 * time.Millisecond}
 }
 
 // Enabled reports whether the node joins a cluster.
@@ -113,8 +114,12 @@ func (c *Config) fill() error {
 
 // NewClient opens a go-redis universal client for url (see Config.Redis).
 // Retries are off and timeouts short: a leaser that fails falls back to the
-// fail policy rather than retrying while decisions run dry.
+// fail policy rather than retrying while decisions run dry. go-redis's own
+// log lines (one per failed dial, many a second while Redis is away) are
+// silenced: the cluster reports the outage once, as an event, a metric and
+// in /status.
 func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, error) {
+	redis.SetLogger(&logging.VoidLogger{})
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Redis URL: %w", ErrConfig, err)
@@ -127,21 +132,21 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 		if err != nil {
 			return nil, fmt.Errorf("%w: Redis Cluster URL %s: %w", ErrConfig, redact(u), err)
 		}
-		o.MaxRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, dial, timeout, timeout
+		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
 		return redis.NewClusterClient(o), nil
 	case u.Query().Has("master_name"):
 		o, err := redis.ParseFailoverURL(u.String())
 		if err != nil {
 			return nil, fmt.Errorf("%w: Redis Sentinel URL %s: %w", ErrConfig, redact(u), err)
 		}
-		o.MaxRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, dial, timeout, timeout
+		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
 		return redis.NewFailoverClient(o), nil
 	case u.Scheme == "redis" || u.Scheme == "rediss":
 		o, err := redis.ParseURL(u.String())
 		if err != nil {
 			return nil, fmt.Errorf("%w: Redis URL %s: %w", ErrConfig, redact(u), err)
 		}
-		o.MaxRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, dial, timeout, timeout
+		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
 		return redis.NewClient(o), nil
 	}
 	return nil, fmt.Errorf("%w: Redis URL %s: scheme must be redis, rediss, redis+cluster or rediss+cluster", ErrConfig, redact(u))
