@@ -355,7 +355,7 @@ func (m *Meter) admitLeased(now int64, state MemState, l *Lease) Decision {
 	if m.queued.Load() != 0 {
 		return m.admitSlow(now, state)
 	}
-	if !l.take(now) && !(l.awaitRefill() && l.take(now)) {
+	if !l.take(now) && !(l.awaitRefill(now) && l.take(now)) {
 		return m.admitSlow(now, state)
 	}
 	e := (now / m.sub) & epochMask

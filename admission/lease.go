@@ -40,6 +40,7 @@ type Lease struct {
 	arrivals atomic.Int64 // decisions that consulted this lease
 	state    atomic.Uint32
 	lowWater atomic.Int64
+	dryUntil atomic.Int64 // monotonic ns: the budget is spent until then
 	refill   atomic.Pointer[chan struct{}] // closed by Grant
 	need     chan struct{}                 // capacity 1
 	wait     time.Duration
@@ -66,6 +67,7 @@ func (l *Lease) Need() <-chan struct{} { return l.need }
 func (l *Lease) Grant(n, expires int64) {
 	l.expires.Store(expires)
 	if n > 0 {
+		l.dryUntil.Store(0)
 		l.tokens.Add(n)
 		l.lowWater.Store(n / 4)
 	}
@@ -83,6 +85,11 @@ func (l *Lease) Drain() int64 {
 	}
 	return n
 }
+
+// SetDryUntil tells decisions that the shared budget is spent until the
+// monotonic time until: they then do not wait for a refill (the rule's action
+// applies at once). A grant of tokens ends it early.
+func (l *Lease) SetDryUntil(until int64) { l.dryUntil.Store(until) }
 
 // Tokens returns the unspent tokens.
 func (l *Lease) Tokens() int64 { return l.tokens.Load() }
@@ -147,8 +154,8 @@ func (l *Lease) signal() {
 
 // awaitRefill asks the leaser for tokens and waits up to the wait budget for
 // its next grant. It reports whether a grant came.
-func (l *Lease) awaitRefill() bool {
-	if l.wait <= 0 || l.mode.Load() != LeaseShared {
+func (l *Lease) awaitRefill(now int64) bool {
+	if l.wait <= 0 || l.mode.Load() != LeaseShared || now < l.dryUntil.Load() {
 		l.signal()
 		return false
 	}

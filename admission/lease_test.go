@@ -160,6 +160,14 @@ func TestLeaseWaitBudget(t *testing.T) {
 		t.Errorf("got %v, want admit after the refill", d.Verdict)
 	}
 	<-done
+	l.SetDryUntil(10)
+	start := time.Now()
+	if d := m.Admit(2, Normal); d.Verdict != Refuse {
+		t.Errorf("with the budget spent got %v, want refuse", d.Verdict)
+	}
+	if time.Since(start) >= 5*time.Second {
+		t.Error("a decision waited for a refill while the budget was known to be spent")
+	}
 }
 
 // TestLeaseConcurrentExact: goroutines hammering a lease admit exactly the
