@@ -40,7 +40,7 @@ type Lease struct {
 	arrivals atomic.Int64 // decisions that consulted this lease
 	state    atomic.Uint32
 	lowWater atomic.Int64
-	dryUntil atomic.Int64 // monotonic ns: the budget is spent until then
+	dryUntil atomic.Int64                  // monotonic ns: the budget is spent until then
 	refill   atomic.Pointer[chan struct{}] // closed by Grant
 	need     chan struct{}                 // capacity 1
 	wait     time.Duration
