@@ -10,8 +10,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicelb/sluice/admission"
 )
+
+// gauge reads one sample of family name from c through a registry.
+func gauge(t *testing.T, c *Cluster, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			m := f.GetMetric()[0]
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
 
 func TestParseFailPolicy(t *testing.T) {
 	for _, tc := range []struct {
@@ -128,6 +154,9 @@ func TestFailPolicySwitch(t *testing.T) {
 				t.Error("one failed round trip switched to the fail policy; want two")
 			}
 			c.heartbeat(ctx, false)
+			if got := gauge(t, c, "sluice_cluster_up"); got != 0 {
+				t.Errorf("sluice_cluster_up = %v while Redis is away, want 0", got)
+			}
 			st := c.Status()
 			if st.Redis != "down" || st.Rules[0].Mode != tc.mode || st.LastError == "" || st.Downs != 1 {
 				t.Errorf("Redis closed: %+v, want down in mode %s", st, tc.mode)
