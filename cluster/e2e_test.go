@@ -130,7 +130,7 @@ type e2eRun struct {
 	procs  []*exec.Cmd
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -142,7 +142,7 @@ func freePort(t *testing.T) int {
 
 // startRedis starts redis-server on 127.0.0.1:port and waits until it
 // answers; the cleanup stops it by PID.
-func startRedis(t *testing.T, port int) *exec.Cmd {
+func startRedis(t testing.TB, port int) *exec.Cmd {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
