@@ -77,6 +77,7 @@ func runE2ENode() int {
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	last := time.Now()
+	wallOffset := time.Now().UnixMicro() - clock.Now()/1000 // wall µs = monotonic µs + offset
 	for ctx.Err() == nil {
 		<-tick.C
 		t := time.Now()
@@ -85,7 +86,10 @@ func runE2ENode() int {
 		last = t
 		for ; acc >= 1; acc-- {
 			now := clock.Now()
-			kr, kl := t.UnixMicro()/subUS, now/int64(time.Second/6)
+			// The shared sub-interval of the decision itself, by the
+			// monotonic reading it was made with (a wall reading taken
+			// before or after could fall on the other side of a boundary).
+			kr, kl := (now/1000+wallOffset)/subUS, now/int64(time.Second/6)
 			if kr != kR {
 				if kR != 0 {
 					fmt.Fprintf(out, "R %d %d %d %d %d %s %d\n", kR, admR, arrR, affOK, aff, c.Status().Rules[0].Mode, c.Nodes())
