@@ -206,3 +206,66 @@ func TestLeaseAdmitAllocs(t *testing.T) {
 		t.Errorf("allocs per leased admission = %v, want 0", n)
 	}
 }
+
+// TestMOPLeaseModes: a MOP with a lease spends tokens when shared, runs its
+// GCRA at the allowed rate ÷ divisor when local, and refuses when closed.
+func TestMOPLeaseModes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		mode    int32
+		divisor int64
+		grant   int64
+		want    int
+	}{
+		{"shared", LeaseShared, 1, 7, 7},
+		{"local", LeaseLocal, 4, 0, 25},
+		{"open", LeaseOpen, 4, 0, 100},
+		{"closed", LeaseClosed, 1, 50, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewMOP(MOPConfig{Name: "b", InitialRate: 100, MinRate: 1, Burst: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := NewLease(0)
+			l.SetMode(tc.mode, tc.divisor)
+			l.Grant(tc.grant, int64(time.Hour))
+			m.SetLease(l)
+			got := 0
+			for range 200 {
+				if m.Allow(1) {
+					got++
+				}
+			}
+			if got != tc.want {
+				t.Errorf("admitted %d of 200 at one instant, want %d", got, tc.want)
+			}
+			if a, r := m.LocalCounts(); int(a) < got || int(a+r) < 200 {
+				t.Errorf("local counts admitted %d refused %d after %d admitted of 200", a, r, got)
+			}
+		})
+	}
+}
+
+// TestMOPFollowerAndSource: a follower does not learn from its samples; a
+// count source replaces the node's own counts in the learner and status.
+func TestMOPFollowerAndSource(t *testing.T) {
+	m, _ := NewMOP(MOPConfig{Name: "b", InitialRate: 100, MinRate: 1})
+	m.SetCountSource(func() (uint64, uint64) { return 12345, 6 })
+	if st := m.Status(); st.Admitted != 12345 || st.Refused != 6 {
+		t.Errorf("status with a count source: %+v", st)
+	}
+	before := m.Status().AllowedRate
+	m.SetFollower(true)
+	for i := range 100 {
+		m.Observe(int64(i)*int64(time.Second), 99, 100) // far over any ceiling
+	}
+	if st := m.Status(); st.AllowedRate != before || st.MemoryFraction != 0.99 {
+		t.Errorf("follower changed its rate to %v (was %v) or lost the sample: %+v", st.AllowedRate, before, st)
+	}
+	m.SetFollower(false)
+	m.Observe(101*int64(time.Second), 99, 100)
+	if st := m.Status(); st.AllowedRate >= before {
+		t.Errorf("learner did not cut over the ceiling: %v", st.AllowedRate)
+	}
+}
