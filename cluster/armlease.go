@@ -8,12 +8,37 @@ import (
 	"github.com/sluicelb/sluice/admission"
 )
 
-// ruleLease keeps one ARM rule supplied with tokens from the rule's shared
-// counters. Its methods other than run are called from run's goroutine only
-// (or, in tests and the simulation, from one goroutine).
+// budget is what a ruleLease keeps supplied: an ARM rule or a backend's MOP.
+type budget interface {
+	Name() string
+	// limit is the most admissions per second-scaled unit the cluster may
+	// make in the memory state st.
+	limit(st admission.MemState) int64
+	sub() time.Duration
+	queued() int64
+	// windowRate is what this node admitted in the current window (the seed
+	// after a rejoin).
+	windowRate() int64
+	// advance serves queued requests after a grant.
+	advance(now int64)
+}
+
+type armBudget struct{ m *admission.Meter }
+
+func (b armBudget) Name() string                      { return b.m.Name() }
+func (b armBudget) limit(st admission.MemState) int64 { return b.m.LimitIn(st) }
+func (b armBudget) sub() time.Duration                { return b.m.SubInterval() }
+func (b armBudget) queued() int64                     { return b.m.Status().Queued }
+func (b armBudget) windowRate() int64                 { return b.m.Status().Rate }
+func (b armBudget) advance(now int64)                 { b.m.Advance(now) }
+
+// ruleLease keeps one ARM rule (or one backend's MOP) supplied with tokens
+// from its shared counters. Its methods other than run are called from
+// run's goroutine only (or, in tests and the simulation, from one
+// goroutine).
 type ruleLease struct {
 	c     *Cluster
-	m     *admission.Meter
+	m     budget
 	l     *admission.Lease
 	key   string
 	subUS int64 // sub-interval in µs, the script's unit
@@ -31,12 +56,20 @@ type ruleLease struct {
 	retryAfter time.Duration
 
 	leases, granted, returned atomic.Uint64
+	cancel                    atomic.Pointer[context.CancelFunc]
 }
 
-func newRuleLease(c *Cluster, m *admission.Meter) *ruleLease {
+// stop ends the leaser's loop (its unspent tokens go back).
+func (r *ruleLease) stop() {
+	if f := r.cancel.Load(); f != nil {
+		(*f)()
+	}
+}
+
+func newRuleLease(c *Cluster, m budget, kind string) *ruleLease {
 	return &ruleLease{c: c, m: m, l: admission.NewLease(c.cfg.Wait),
-		key:   c.prefix[:len(c.prefix)-1] + ":arm:" + m.Name() + "}",
-		subUS: int64(m.SubInterval() / time.Microsecond)}
+		key:   c.prefix[:len(c.prefix)-1] + ":" + kind + ":" + m.Name() + "}",
+		subUS: int64(m.sub() / time.Microsecond)}
 }
 
 // want sizes the next request: the node's own arrivals over half a
@@ -48,13 +81,13 @@ func (r *ruleLease) want() int64 {
 	if r.wantNow*2 > w {
 		w = r.wantNow * 2
 	}
-	if q := r.m.Status().Queued; q > w {
+	if q := r.m.queued(); q > w {
 		w = q
 	}
 	if w < 1 {
 		w = 1
 	}
-	if lim := r.m.LimitIn(r.l.State()); w > lim {
+	if lim := r.m.limit(r.l.State()); w > lim {
 		w = lim
 	}
 	return w
@@ -72,9 +105,9 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	if r.seed.Swap(false) {
 		// After Redis was away (perhaps restarted empty) the window may have
 		// lost what this node admitted meanwhile: count it again, once.
-		seed = r.m.Status().Rate
+		seed = r.m.windowRate()
 	}
-	lim := r.m.LimitIn(r.l.State())
+	lim := r.m.limit(r.l.State())
 	ctx, cancel := context.WithTimeout(ctx, r.c.cfg.Timeout)
 	defer cancel()
 	ret := r.retN
@@ -114,8 +147,8 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	}
 	r.heldK, r.expires = k, end
 	r.l.Grant(g, end)
-	if r.m.Status().Queued > 0 {
-		r.m.Advance(r.c.clock.Now()) // the queue is served from the new tokens first
+	if r.m.queued() > 0 {
+		r.m.advance(r.c.clock.Now()) // the queue is served from the new tokens first
 	}
 	return nil
 }
@@ -142,7 +175,7 @@ func (r *ruleLease) boundary(ctx context.Context, now int64) {
 	r.perSub, r.lastArr = arr-r.lastArr, arr
 	r.expires = 0
 	var want int64
-	if r.perSub > 0 || r.m.Status().Queued > 0 {
+	if r.perSub > 0 || r.m.queued() > 0 {
 		want = r.want()
 	}
 	if want == 0 && r.retN == 0 {
@@ -184,7 +217,7 @@ func (r *ruleLease) tick(ctx context.Context, now int64) {
 		r.dryUntil = 0
 		arr := r.l.Arrivals()
 		r.perSub, r.lastArr = arr-r.lastArr, arr
-		if r.perSub > 0 || r.m.Status().Queued > 0 {
+		if r.perSub > 0 || r.m.queued() > 0 {
 			r.lease(ctx, now, r.want())
 		}
 	}
@@ -192,6 +225,9 @@ func (r *ruleLease) tick(ctx context.Context, now int64) {
 
 // run is the rule's leasing loop.
 func (r *ruleLease) run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.cancel.Store(&cancel)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {

@@ -40,6 +40,8 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	rules   []*ruleLease
+	mops    []*mopShare
+	running func(*ruleLease) // starts a leaser once Run is running
 	lastErr string
 	since   time.Time // of the current up or down state
 }
@@ -68,7 +70,7 @@ func (c *Cluster) AttachRules(meters []*admission.Meter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range meters {
-		r := newRuleLease(c, m)
+		r := newRuleLease(c, armBudget{m}, "arm")
 		r.l.SetMode(c.failMode(), c.nodes.Load())
 		m.SetLease(r.l)
 		c.rules = append(c.rules, r)
@@ -79,24 +81,38 @@ func (c *Cluster) AttachRules(meters []*admission.Meter) {
 // returns unspent tokens and leaves the member set (best effort).
 func (c *Cluster) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	c.mu.Lock()
-	rules := append([]*ruleLease(nil), c.rules...)
-	c.mu.Unlock()
 	c.heartbeat(ctx, false)
-	for _, r := range rules {
+	c.mu.Lock()
+	c.running = func(r *ruleLease) {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.run(ctx) }()
 	}
+	for _, r := range c.rules {
+		c.running(r)
+	}
+	for _, s := range c.mops {
+		c.running(s.lease)
+	}
+	c.mu.Unlock()
 	t := time.NewTicker(c.cfg.Heartbeat)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			c.mu.Lock()
+			c.running = nil
+			c.mu.Unlock()
 			wg.Wait()
 			c.heartbeat(context.Background(), true)
 			return
 		case <-t.C:
 			c.heartbeat(ctx, false)
+			c.mu.Lock()
+			mops := append([]*mopShare(nil), c.mops...)
+			c.mu.Unlock()
+			for _, s := range mops {
+				s.sync(ctx)
+			}
 		}
 	}
 }
@@ -166,7 +182,7 @@ func (c *Cluster) setUp(ok bool, err error) {
 	c.since = time.Now()
 	if ok {
 		c.lastErr = ""
-		for _, r := range c.rules {
+		for _, r := range c.leasesLocked() {
 			r.seed.Store(true)
 			r.l.SetMode(admission.LeaseShared, 1)
 		}
@@ -180,7 +196,7 @@ func (c *Cluster) setUp(ok bool, err error) {
 		c.lastErr = err.Error()
 	}
 	n := c.nodes.Load()
-	for _, r := range c.rules {
+	for _, r := range c.leasesLocked() {
 		r.l.Drain() // counted in Redis already; spending them later could overrun a window
 		r.l.SetMode(c.failMode(), n)
 	}
@@ -217,6 +233,16 @@ func (c *Cluster) roundTripFailed(err error) {
 	}
 }
 
+// leasesLocked returns every leaser: the rules' and the backends'. The
+// caller holds mu.
+func (c *Cluster) leasesLocked() []*ruleLease {
+	all := append([]*ruleLease(nil), c.rules...)
+	for _, s := range c.mops {
+		all = append(all, s.lease)
+	}
+	return all
+}
+
 // Up reports whether Redis answered the latest round trip.
 func (c *Cluster) Up() bool { return c.state.Load() == stateUp }
 
@@ -249,6 +275,7 @@ type Status struct {
 	RoundTrips uint64       `json:"round_trips"`
 	Failed     uint64       `json:"failed_round_trips"`
 	Rules      []RuleStatus `json:"rules"`
+	Backends   []MOPStatus  `json:"backends,omitempty"`
 }
 
 var modeNames = [...]string{"shared", "local", "open", "closed"}
@@ -266,5 +293,11 @@ func (c *Cluster) Status() Status {
 		st.Rules = append(st.Rules, RuleStatus{Name: r.m.Name(), Mode: modeNames[r.l.Mode()], Tokens: r.l.Tokens(),
 			Leases: r.leases.Load(), Granted: r.granted.Load(), Returned: r.returned.Load()})
 	}
+	mops := append([]*mopShare(nil), c.mops...)
+	c.mu.Unlock()
+	for _, s := range mops { // s.mu is taken before c.mu elsewhere: not under c.mu
+		st.Backends = append(st.Backends, s.status())
+	}
+	c.mu.Lock() // for the deferred unlock
 	return st
 }

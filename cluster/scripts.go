@@ -69,3 +69,28 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('PEXPIRE', KEYS[1], ttl * 10)
 return redis.call('ZCARD', KEYS[1])
 `)
+
+// mopSyncScript adds a node's admitted and refused new work for one backend
+// to the cluster's totals, renews or takes the backend's learner lock, and
+// stores the learner's state when the caller holds the lock. KEYS[1] is the
+// backend's hash. ARGV: node id, lock ttl in ms, admitted delta, refused
+// delta, state (JSON; "" to leave it). The lock is a field with an expiry
+// time by Redis TIME, so a dead holder's lock is taken over once it
+// expires. Reply: admitted total, refused total, lock holder, state.
+var mopSyncScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local a = redis.call('HINCRBY', KEYS[1], 'admitted', ARGV[3])
+local r = redis.call('HINCRBY', KEYS[1], 'refused', ARGV[4])
+local holder = redis.call('HGET', KEYS[1], 'learner')
+local untl = tonumber(redis.call('HGET', KEYS[1], 'learner_until') or '0')
+if holder == ARGV[1] or not holder or untl < now then
+  holder = ARGV[1]
+  redis.call('HSET', KEYS[1], 'learner', holder, 'learner_until', now + tonumber(ARGV[2]))
+end
+if holder == ARGV[1] and ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[5])
+end
+redis.call('PEXPIRE', KEYS[1], 7 * 24 * 3600 * 1000)
+return {a, r, holder, redis.call('HGET', KEYS[1], 'state') or ''}
+`)
