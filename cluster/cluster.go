@@ -38,6 +38,8 @@ type Cluster struct {
 	fails      atomic.Int32  // consecutive failures
 	downs      atomic.Uint64
 
+	dialogs dialogBus
+
 	mu      sync.Mutex
 	rules   []*ruleLease
 	mops    []*mopShare
@@ -276,6 +278,7 @@ type Status struct {
 	Failed     uint64       `json:"failed_round_trips"`
 	Rules      []RuleStatus `json:"rules"`
 	Backends   []MOPStatus  `json:"backends,omitempty"`
+	Dialogs    DialogStats  `json:"dialogs"`
 }
 
 var modeNames = [...]string{"shared", "local", "open", "closed"}
@@ -285,7 +288,7 @@ func (c *Cluster) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{Name: c.cfg.Name, Node: c.cfg.Node, Redis: "down", Since: c.since, FailPolicy: c.cfg.Fail.String(),
-		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load(), Failed: c.failed.Load()}
+		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load(), Failed: c.failed.Load(), Dialogs: c.Dialogs()}
 	if c.Up() {
 		st.Redis = "up"
 	}
