@@ -355,7 +355,11 @@ func (m *Meter) admitLeased(now int64, state MemState, l *Lease) Decision {
 	if m.queued.Load() != 0 {
 		return m.admitSlow(now, state)
 	}
-	if !l.take(now) && !(l.awaitRefill(now) && l.take(now)) {
+	gen, ok := l.take(now)
+	if !ok && l.awaitRefill(now) {
+		gen, ok = l.take(now)
+	}
+	if !ok {
 		return m.admitSlow(now, state)
 	}
 	e := (now / m.sub) & epochMask
@@ -369,7 +373,7 @@ func (m *Meter) admitLeased(now int64, state MemState, l *Lease) Decision {
 			return Decision{Verdict: Admit}
 		}
 	}
-	l.tokens.Add(1) // not spent: the slow path takes one again
+	l.putBack(gen) // not spent: the slow path takes one again
 	return m.admitSlow(now, state)
 }
 
@@ -436,15 +440,19 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 // holds mu, so the word is not busy.
 func (m *Meter) tryCountLocked(now, lim int64) bool {
 	l := m.leaseShared()
-	if l != nil && !l.take(now) {
-		return false
+	var gen uint64
+	if l != nil {
+		var ok bool
+		if gen, ok = l.take(now); !ok {
+			return false
+		}
 	}
 	for {
 		w := m.word.Load()
 		rate := m.prev.Load() + int64(w&countMask)
 		if rate >= lim {
 			if l != nil {
-				l.tokens.Add(1)
+				l.putBack(gen)
 			}
 			return false
 		}
@@ -502,7 +510,7 @@ func (m *Meter) advanceLocked(now int64) int {
 	}
 	rate := m.prev.Load() + int64(m.word.Load()&countMask)
 	// With a shared budget the rule is under its limit while tokens are left.
-	if l := m.leaseShared(); l != nil && l.tokens.Load() <= 0 {
+	if l := m.leaseShared(); l != nil && l.Tokens() <= 0 {
 		rate = lim
 	}
 	if rate < lim && len(m.queue) == 0 {

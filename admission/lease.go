@@ -33,7 +33,10 @@ const (
 // a refill it has asked for (see NewLease). All methods are safe for
 // concurrent use; a Lease must not be copied.
 type Lease struct {
-	tokens   atomic.Int64
+	// word holds the tokens (low 32 bits) and a generation (high 32 bits)
+	// that Drain moves on: a token taken before a Drain and not spent is
+	// dropped rather than put back into the next sub-interval's tokens.
+	word     atomic.Uint64
 	expires  atomic.Int64 // monotonic ns: tokens may be spent before this
 	mode     atomic.Int32
 	divisor  atomic.Int64
@@ -67,8 +70,15 @@ func (l *Lease) Need() <-chan struct{} { return l.need }
 func (l *Lease) Grant(n, expires int64) {
 	l.expires.Store(expires)
 	if n > 0 {
+		n = min(n, maxLeaseTokens)
 		l.dryUntil.Store(0)
-		l.tokens.Add(n)
+		for {
+			w := l.word.Load()
+			t := min(int64(w&leaseTokenMask)+n, maxLeaseTokens)
+			if l.word.CompareAndSwap(w, w&^leaseTokenMask|uint64(t)) {
+				break
+			}
+		}
 		l.lowWater.Store(n / 4)
 	}
 	ch := make(chan struct{})
@@ -79,12 +89,19 @@ func (l *Lease) Grant(n, expires int64) {
 // Drain takes back every unspent token and returns how many there were.
 func (l *Lease) Drain() int64 {
 	l.expires.Store(0)
-	n := l.tokens.Swap(0)
-	if n < 0 {
-		return 0
+	for {
+		w := l.word.Load()
+		if l.word.CompareAndSwap(w, (w>>32+1)<<32) {
+			return int64(w & leaseTokenMask)
+		}
 	}
-	return n
 }
+
+// Token word layout.
+const (
+	leaseTokenMask = 1<<32 - 1
+	maxLeaseTokens = 1<<31 - 1
+)
 
 // SetDryUntil tells decisions that the shared budget is spent until the
 // monotonic time until: they then do not wait for a refill (the rule's action
@@ -92,7 +109,7 @@ func (l *Lease) Drain() int64 {
 func (l *Lease) SetDryUntil(until int64) { l.dryUntil.Store(until) }
 
 // Tokens returns the unspent tokens.
-func (l *Lease) Tokens() int64 { return l.tokens.Load() }
+func (l *Lease) Tokens() int64 { return int64(l.word.Load() & leaseTokenMask) }
 
 // SetMode switches how the meter decides (LeaseShared, LeaseLocal,
 // LeaseOpen or LeaseClosed). divisor is the share in LeaseLocal mode
@@ -126,21 +143,35 @@ func (l *Lease) note(st MemState) {
 	}
 }
 
-// take spends one token valid at now.
-func (l *Lease) take(now int64) bool {
+// take spends one token valid at now. It returns the generation to give
+// the token back under (putBack) if it ends up not spent.
+func (l *Lease) take(now int64) (gen uint64, ok bool) {
 	if now >= l.expires.Load() {
-		return false
+		return 0, false
 	}
 	for {
-		n := l.tokens.Load()
+		w := l.word.Load()
+		n := int64(w & leaseTokenMask)
 		if n <= 0 {
-			return false
+			return 0, false
 		}
-		if l.tokens.CompareAndSwap(n, n-1) {
+		if l.word.CompareAndSwap(w, w-1) {
 			if n-1 <= l.lowWater.Load() {
 				l.signal()
 			}
-			return true
+			return w >> 32, true
+		}
+	}
+}
+
+// putBack returns a token taken under generation gen and not spent, unless
+// a Drain came between: then its sub-interval is over and it is dropped (it
+// stays counted where it was granted, a cautious error).
+func (l *Lease) putBack(gen uint64) {
+	for {
+		w := l.word.Load()
+		if w>>32 != gen || l.word.CompareAndSwap(w, w+1) {
+			return
 		}
 	}
 }

@@ -269,3 +269,27 @@ func TestMOPFollowerAndSource(t *testing.T) {
 		t.Errorf("learner did not cut over the ceiling: %v", st.AllowedRate)
 	}
 }
+
+// TestLeasePutBackAfterDrain: a token taken before a Drain and not spent
+// is dropped, not added to the tokens granted after the Drain.
+func TestLeasePutBackAfterDrain(t *testing.T) {
+	l := NewLease(0)
+	l.Grant(2, 100)
+	g1, ok1 := l.take(1)
+	g2, ok2 := l.take(1)
+	if !ok1 || !ok2 {
+		t.Fatal("two tokens granted, could not take them")
+	}
+	l.putBack(g1) // same generation: back
+	if l.Tokens() != 1 {
+		t.Fatalf("tokens %d after a put-back, want 1", l.Tokens())
+	}
+	if n := l.Drain(); n != 1 {
+		t.Fatalf("Drain returned %d, want 1", n)
+	}
+	l.Grant(5, 200)
+	l.putBack(g2) // taken before the Drain: dropped
+	if l.Tokens() != 5 {
+		t.Errorf("tokens %d, want 5: a token of the drained sub-interval came back", l.Tokens())
+	}
+}

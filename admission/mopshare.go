@@ -55,12 +55,16 @@ func (m *MOP) allowLeased(now int64, l *Lease) bool {
 	case LeaseLocal:
 		return m.allowLocal(now, l.divisor.Load()) // the node's share of the allowed rate
 	}
-	if !l.take(now) && !(l.awaitRefill(now) && l.take(now)) {
+	gen, ok := l.take(now)
+	if !ok && l.awaitRefill(now) {
+		gen, ok = l.take(now)
+	}
+	if !ok {
 		m.shards.pick().refused.Add(1)
 		return false
 	}
 	if !m.allowLocal(now, 1) {
-		l.tokens.Add(1) // not spent
+		l.putBack(gen) // not spent
 		return false
 	}
 	return true
