@@ -357,6 +357,7 @@ func (m *Meter) admitLeased(now int64, state MemState, l *Lease) Decision {
 	}
 	gen, ok := l.take(now)
 	if !ok && l.awaitRefill(now) {
+		now = l.refreshed(now)
 		gen, ok = l.take(now)
 	}
 	if !ok {

@@ -26,8 +26,8 @@ func BenchmarkARMAdmitParallel(b *testing.B) {
 // and tokens to spend (a cluster node between lease round trips).
 func BenchmarkARMLeasedParallel(b *testing.B) {
 	m, _ := NewMeter(RuleConfig{Name: "b", Limit: 1<<31 - 1, Unit: time.Hour}, 0, nil)
-	l := NewLease(0)
-	l.Grant(1<<50, 1<<62)
+	l := NewLease(0, nil)
+	l.Grant(1<<50, 0, 1<<62)
 	m.SetLease(l)
 	var clock MonoClock
 	b.ReportAllocs()

@@ -37,6 +37,7 @@ type Lease struct {
 	// that Drain moves on: a token taken before a Drain and not spent is
 	// dropped rather than put back into the next sub-interval's tokens.
 	word     atomic.Uint64
+	from     atomic.Int64 // monotonic ns: tokens may be spent from this
 	expires  atomic.Int64 // monotonic ns: tokens may be spent before this
 	mode     atomic.Int32
 	divisor  atomic.Int64
@@ -47,14 +48,17 @@ type Lease struct {
 	refill   atomic.Pointer[chan struct{}] // closed by Grant
 	need     chan struct{}                 // capacity 1
 	wait     time.Duration
+	clock    Clock // re-read after a wait for a refill; may be nil
 }
 
 // NewLease returns a lease in mode LeaseShared holding no token. wait bounds
 // how long a decision that finds no token waits for the leaser to grant
 // more (0: refuse or queue at once); it is a latency budget, a few
-// milliseconds at most.
-func NewLease(wait time.Duration) *Lease {
-	l := &Lease{need: make(chan struct{}, 1), wait: wait}
+// milliseconds at most. clock is the decisions' clock: a decision that
+// waited reads it again, so it spends a new token at its real time, not at
+// a time before the token's sub-interval began. It may be nil when wait is 0.
+func NewLease(wait time.Duration, clock Clock) *Lease {
+	l := &Lease{need: make(chan struct{}, 1), wait: wait, clock: clock}
 	l.divisor.Store(1)
 	ch := make(chan struct{})
 	l.refill.Store(&ch)
@@ -65,9 +69,13 @@ func NewLease(wait time.Duration) *Lease {
 // out. The leaser selects on it.
 func (l *Lease) Need() <-chan struct{} { return l.need }
 
-// Grant adds n tokens that may be spent until expires (monotonic ns, same
-// clock as decisions) and wakes decisions waiting for a refill.
-func (l *Lease) Grant(n, expires int64) {
+// Grant adds n tokens that may be spent by decisions made at from or later
+// and before expires (monotonic ns, the decisions' clock), and wakes
+// decisions waiting for a refill. The bounds are those of the shared
+// sub-interval the tokens were counted in.
+func (l *Lease) Grant(n, from, expires int64) {
+	l.expires.Store(0) // no spending while the bounds change
+	l.from.Store(from)
 	l.expires.Store(expires)
 	if n > 0 {
 		n = min(n, maxLeaseTokens)
@@ -121,7 +129,7 @@ func (l *Lease) SetMode(mode int32, divisor int64) {
 	l.divisor.Store(divisor)
 	l.mode.Store(mode)
 	if mode != LeaseShared {
-		l.Grant(0, l.expires.Load()) // release decisions waiting for a refill
+		l.Grant(0, l.from.Load(), l.expires.Load()) // release decisions waiting for a refill
 	}
 }
 
@@ -145,14 +153,16 @@ func (l *Lease) note(st MemState) {
 
 // take spends one token valid at now. It returns the generation to give
 // the token back under (putBack) if it ends up not spent.
+//
+// The bounds are read after the word: Grant stores them before it adds the
+// tokens, and Drain moves the generation on, so the CAS below fails if the
+// tokens were drained and granted anew for another sub-interval after the
+// bounds were checked.
 func (l *Lease) take(now int64) (gen uint64, ok bool) {
-	if now >= l.expires.Load() {
-		return 0, false
-	}
 	for {
 		w := l.word.Load()
 		n := int64(w & leaseTokenMask)
-		if n <= 0 {
+		if n <= 0 || now >= l.expires.Load() || now < l.from.Load() {
 			return 0, false
 		}
 		if l.word.CompareAndSwap(w, w-1) {
@@ -181,6 +191,15 @@ func (l *Lease) signal() {
 	case l.need <- struct{}{}:
 	default:
 	}
+}
+
+// refreshed returns the time to decide at after a wait: the clock's reading
+// now, or now when the lease has no clock.
+func (l *Lease) refreshed(now int64) int64 {
+	if l.clock != nil {
+		return l.clock.Now()
+	}
+	return now
 }
 
 // awaitRefill asks the leaser for tokens and waits up to the wait budget for

@@ -13,7 +13,7 @@ func leasedMeter(t *testing.T, rc RuleConfig, wait time.Duration) (*Meter, *Leas
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := NewLease(wait)
+	l := NewLease(wait, nil)
 	m.SetLease(l)
 	return m, l
 }
@@ -40,7 +40,7 @@ func TestLeaseSteps(t *testing.T) {
 	}
 	for i, s := range steps {
 		if s.grant > 0 {
-			l.Grant(s.grant, s.expires)
+			l.Grant(s.grant, 0, s.expires)
 		}
 		got := 0
 		for range s.n {
@@ -78,7 +78,7 @@ func TestLeaseQueueServedFirst(t *testing.T) {
 	default:
 		t.Fatal("a decision without a token did not ask the leaser for more")
 	}
-	l.Grant(4, int64(time.Second))
+	l.Grant(4, 0, int64(time.Second))
 	// The next decision releases the three queued requests first and takes
 	// the fourth token itself; the one after finds none left.
 	if d := m.Admit(2, Normal); d.Verdict != Admit {
@@ -133,7 +133,7 @@ func TestLeaseModes(t *testing.T) {
 func TestLeasePerStateLimit(t *testing.T) {
 	rc := RuleConfig{Name: "s", Limit: 10, LowLimit: 4, Unit: time.Second, Action: ActionReject}
 	m, l := leasedMeter(t, rc, 0)
-	l.Grant(100, int64(time.Second))
+	l.Grant(100, 0, int64(time.Second))
 	got := 0
 	for range 10 {
 		if m.Admit(1, Low).Verdict == Admit {
@@ -154,7 +154,7 @@ func TestLeaseWaitBudget(t *testing.T) {
 	go func() {
 		defer close(done)
 		<-l.Need()
-		l.Grant(1, int64(time.Second))
+		l.Grant(1, 0, int64(time.Second))
 	}()
 	if d := m.Admit(1, Normal); d.Verdict != Admit {
 		t.Errorf("got %v, want admit after the refill", d.Verdict)
@@ -175,7 +175,7 @@ func TestLeaseWaitBudget(t *testing.T) {
 func TestLeaseConcurrentExact(t *testing.T) {
 	rc := RuleConfig{Name: "c", Limit: 1 << 30, Unit: time.Hour, Action: ActionReject}
 	m, l := leasedMeter(t, rc, 0)
-	l.Grant(1000, int64(time.Hour))
+	l.Grant(1000, 0, int64(time.Hour))
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for range 8 {
@@ -201,7 +201,7 @@ func TestLeaseConcurrentExact(t *testing.T) {
 func TestLeaseAdmitAllocs(t *testing.T) {
 	rc := RuleConfig{Name: "a", Limit: 1 << 30, Unit: time.Hour}
 	m, l := leasedMeter(t, rc, 0)
-	l.Grant(1<<40, int64(time.Hour))
+	l.Grant(1<<40, 0, int64(time.Hour))
 	if n := testing.AllocsPerRun(1000, func() { m.Admit(1, Normal) }); n != 0 {
 		t.Errorf("allocs per leased admission = %v, want 0", n)
 	}
@@ -227,9 +227,9 @@ func TestMOPLeaseModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := NewLease(0)
+			l := NewLease(0, nil)
 			l.SetMode(tc.mode, tc.divisor)
-			l.Grant(tc.grant, int64(time.Hour))
+			l.Grant(tc.grant, 0, int64(time.Hour))
 			m.SetLease(l)
 			got := 0
 			for range 200 {
@@ -273,8 +273,8 @@ func TestMOPFollowerAndSource(t *testing.T) {
 // TestLeasePutBackAfterDrain: a token taken before a Drain and not spent
 // is dropped, not added to the tokens granted after the Drain.
 func TestLeasePutBackAfterDrain(t *testing.T) {
-	l := NewLease(0)
-	l.Grant(2, 100)
+	l := NewLease(0, nil)
+	l.Grant(2, 0, 100)
 	g1, ok1 := l.take(1)
 	g2, ok2 := l.take(1)
 	if !ok1 || !ok2 {
@@ -287,9 +287,45 @@ func TestLeasePutBackAfterDrain(t *testing.T) {
 	if n := l.Drain(); n != 1 {
 		t.Fatalf("Drain returned %d, want 1", n)
 	}
-	l.Grant(5, 200)
+	l.Grant(5, 0, 200)
 	l.putBack(g2) // taken before the Drain: dropped
 	if l.Tokens() != 5 {
 		t.Errorf("tokens %d, want 5: a token of the drained sub-interval came back", l.Tokens())
 	}
+}
+
+// TestLeaseTokenBounds: tokens are spendable only by decisions made inside
+// their sub-interval's bounds; a decision that waited for a refill decides
+// at the clock's time after the wait, not at its earlier reading.
+func TestLeaseTokenBounds(t *testing.T) {
+	rc := RuleConfig{Name: "b", Limit: 100, Unit: time.Second, Action: ActionReject}
+	m, err := NewMeter(rc, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &ManualClock{}
+	l := NewLease(5*time.Second, clock)
+	m.SetLease(l)
+	l.Grant(3, 100, 200)
+	l.SetDryUntil(1 << 62) // no waiting for these three
+	for _, tc := range []struct {
+		now  int64
+		want Verdict
+	}{{99, Refuse}, {100, Admit}, {199, Admit}, {200, Refuse}} {
+		if d := m.Admit(tc.now, Normal); d.Verdict != tc.want {
+			t.Errorf("decision at %d: %v, want %v", tc.now, d.Verdict, tc.want)
+		}
+	}
+	l.SetDryUntil(0)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-l.Need()
+		clock.Set(300)
+		l.Grant(1, 300, 400)
+	}()
+	if d := m.Admit(250, Normal); d.Verdict != Admit { // read 250, admitted at 300 after the wait
+		t.Errorf("decision that waited for the next grant: %v, want admit", d.Verdict)
+	}
+	<-done
 }

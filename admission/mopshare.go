@@ -57,6 +57,7 @@ func (m *MOP) allowLeased(now int64, l *Lease) bool {
 	}
 	gen, ok := l.take(now)
 	if !ok && l.awaitRefill(now) {
+		now = l.refreshed(now)
 		gen, ok = l.take(now)
 	}
 	if !ok {
