@@ -32,6 +32,10 @@ func (b armBudget) queued() int64                     { return b.m.Status().Queu
 func (b armBudget) windowRate() int64                 { return b.m.Status().Rate }
 func (b armBudget) advance(now int64)                 { b.m.Advance(now) }
 
+// expiryMargin ends a lease's tokens this much before the shared
+// sub-interval they were counted in ends (see lease).
+const expiryMargin = 2 * time.Millisecond
+
 // ruleLease keeps one ARM rule (or one backend's MOP) supplied with tokens
 // from its shared counters. Its methods other than run are called from
 // run's goroutine only (or, in tests and the simulation, from one
@@ -47,6 +51,7 @@ type ruleLease struct {
 
 	// Owned by the leasing goroutine.
 	heldK      int64 // shared sub-interval of the tokens held
+	from       int64 // monotonic ns from which they may be spent
 	expires    int64 // monotonic ns when those tokens stop being spendable; 0: none held
 	dryUntil   int64 // monotonic ns until which the budget is known to be spent
 	lastArr    int64 // Arrivals at the last boundary
@@ -67,7 +72,7 @@ func (r *ruleLease) stop() {
 }
 
 func newRuleLease(c *Cluster, m budget, kind string) *ruleLease {
-	return &ruleLease{c: c, m: m, l: admission.NewLease(c.cfg.Wait),
+	return &ruleLease{c: c, m: m, l: admission.NewLease(c.cfg.Wait, c.clock),
 		key:   c.prefix[:len(c.prefix)-1] + ":" + kind + ":" + m.Name() + "}",
 		subUS: int64(m.sub() / time.Microsecond)}
 }
@@ -117,16 +122,23 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 		if seed > 0 {
 			r.seed.Store(true)
 		}
+		// A round trip that timed out may have run: giving the same tokens
+		// back again could count them twice. Keep them counted instead.
+		r.retN = 0
 		r.c.roundTripFailed(err)
 		return err
 	}
+	recv := r.c.clock.Now()
 	r.c.fails.Store(0)
 	r.leases.Add(1)
 	r.returned.Add(uint64(ret))
 	r.retN = 0
 	g, k, untilEnd := res[0], res[2], res[3]
 	r.retryAfter = time.Duration(res[4]) * time.Microsecond
-	end := now + untilEnd*int64(time.Microsecond)
+	// The reply's time may be Redis's cached time of the event loop
+	// iteration, a little before our request arrived: end the tokens'
+	// validity a margin early so none is spent after K ends.
+	end := now + untilEnd*int64(time.Microsecond) - int64(expiryMargin)
 	if want == 0 {
 		return nil
 	}
@@ -145,8 +157,13 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 		// the old one must not be spent in the new one.
 		r.giveBack(r.l.Drain())
 	}
+	if k != r.heldK || r.expires == 0 {
+		// Redis ran the script between sending and now, inside K: K had
+		// begun by now, so decisions from now on belong to it.
+		r.from = recv
+	}
 	r.heldK, r.expires = k, end
-	r.l.Grant(g, end)
+	r.l.Grant(g, r.from, end)
 	if r.m.queued() > 0 {
 		r.m.advance(r.c.clock.Now()) // the queue is served from the new tokens first
 	}

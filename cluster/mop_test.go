@@ -43,8 +43,8 @@ func TestMOPShared(t *testing.T) {
 		t.Fatalf("leaders a=%v b=%v, followers a=%v b=%v; want a learning, b following", sa.leader, sb.leader, ma.Follower(), mb.Follower())
 	}
 	// Both admit new work; the learner's counts are the cluster's total.
-	sa.lease.l.Grant(1000, 1<<62)
-	sb.lease.l.Grant(1000, 1<<62)
+	sa.lease.l.Grant(1000, 0, 1<<62)
+	sb.lease.l.Grant(1000, 0, 1<<62)
 	for range 30 {
 		ma.Allow(1)
 	}
