@@ -53,7 +53,9 @@ type ruleLease struct {
 	heldK      int64 // shared sub-interval of the tokens held
 	from       int64 // monotonic ns from which they may be spent
 	expires    int64 // monotonic ns when those tokens stop being spendable; 0: none held
-	dryUntil   int64 // monotonic ns until which the budget is known to be spent
+	dryUntil   int64 // monotonic ns: no request before (budget spent, or K not over yet)
+	kEnd       int64 // monotonic ns by which the shared sub-interval K has surely ended
+	subEnded   bool  // boundary has taken this sub-interval's arrivals
 	lastArr    int64 // Arrivals at the last boundary
 	perSub     int64 // arrivals in the last sub-interval
 	wantNow    int64 // latest request in this sub-interval (doubles while short)
@@ -139,6 +141,7 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	// iteration, a little before our request arrived: end the tokens'
 	// validity a margin early so none is spent after K ends.
 	end := now + untilEnd*int64(time.Microsecond) - int64(expiryMargin)
+	r.kEnd = recv + untilEnd*int64(time.Microsecond)
 	if want == 0 {
 		return nil
 	}
@@ -147,8 +150,8 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	}
 	r.wantNow = max(r.wantNow, want)
 	if g <= 0 {
-		r.dryUntil = end
-		r.l.SetDryUntil(end)
+		r.dryUntil = r.kEnd
+		r.l.SetDryUntil(r.kEnd)
 		return nil
 	}
 	r.granted.Add(uint64(g))
@@ -184,37 +187,38 @@ func (r *ruleLease) giveBack(n int64) {
 	r.retN += n
 }
 
-// boundary ends the held sub-interval: unspent tokens go back (with the next
-// request in the same round trip when there was demand).
-func (r *ruleLease) boundary(ctx context.Context, now int64) {
+// boundary ends the held sub-interval at the tokens' deadline, a little
+// before Redis moves on: unspent tokens are taken back, and the next request
+// (which carries them back) waits until K has surely ended, so that it is
+// granted from K+1. Decisions meanwhile wait for it within their budget.
+func (r *ruleLease) boundary(now int64) {
 	r.giveBack(r.l.Drain())
+	r.expires = 0
+	r.dryUntil = max(r.dryUntil, r.kEnd)
+	r.endSub()
+}
+
+// endSub takes the arrivals of the sub-interval that ends.
+func (r *ruleLease) endSub() {
 	arr := r.l.Arrivals()
 	r.perSub, r.lastArr = arr-r.lastArr, arr
-	r.expires = 0
-	var want int64
-	if r.perSub > 0 || r.m.queued() > 0 {
-		want = r.want()
-	}
-	if want == 0 && r.retN == 0 {
-		return
-	}
-	r.lease(ctx, now, want)
+	r.subEnded = true
 }
 
 // onNeed answers a decision that ran short.
 func (r *ruleLease) onNeed(ctx context.Context, now int64) {
 	switch {
 	case r.expires != 0 && now >= r.expires:
-		r.boundary(ctx, now)
+		r.boundary(now)
 	case now < r.dryUntil:
-		// spent until the next sub-interval; the timer asks again then
+		// spent, or K not over yet: the timer asks at dryUntil
 	default:
 		r.lease(ctx, now, r.want())
 	}
 }
 
 // next is when the loop must act without being asked: at the end of the
-// held sub-interval, or when a spent budget may have room again.
+// held tokens' validity, or when a new sub-interval has surely begun.
 func (r *ruleLease) next() int64 {
 	switch {
 	case r.expires != 0:
@@ -229,13 +233,19 @@ func (r *ruleLease) next() int64 {
 func (r *ruleLease) tick(ctx context.Context, now int64) {
 	switch {
 	case r.expires != 0 && now >= r.expires:
-		r.boundary(ctx, now)
+		r.boundary(now)
 	case r.dryUntil != 0 && now >= r.dryUntil:
 		r.dryUntil = 0
-		arr := r.l.Arrivals()
-		r.perSub, r.lastArr = arr-r.lastArr, arr
-		if r.perSub > 0 || r.m.queued() > 0 {
-			r.lease(ctx, now, r.want())
+		if !r.subEnded {
+			r.endSub() // a sub-interval without tokens ends here
+		}
+		r.subEnded = false
+		var want int64
+		if r.perSub > 0 || r.m.queued() > 0 || r.l.Arrivals() > r.lastArr {
+			want = r.want()
+		}
+		if want > 0 || r.retN > 0 {
+			r.lease(ctx, now, want)
 		}
 	}
 }

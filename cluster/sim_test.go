@@ -73,6 +73,7 @@ func simulate(t testing.TB, limit int64, demand []float64, dur time.Duration) si
 	acc := make([]float64, n)
 	for s := range steps {
 		now := int64(s) * int64(time.Millisecond)
+		clock.Set(now)
 		mr.SetTime(t0.Add(time.Duration(now)))
 		k := (t0.UnixMicro()+now/1000)/subUS - k0
 		for i, r := range nodes {
