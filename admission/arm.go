@@ -276,15 +276,16 @@ func (m *Meter) Lease() *Lease { return m.lease.Load() }
 
 // LimitIn returns the rule's base limit in state (per unit, before any
 // lease divisor).
-func (m *Meter) LimitIn(state MemState) int64 { return m.limits[state] }
+func (m *Meter) LimitIn(state MemState) int64 { return m.limit(state) }
 
 // SubInterval returns the length of one of the six sub-intervals.
 func (m *Meter) SubInterval() time.Duration { return time.Duration(m.sub) }
 
-// limit is the limit in force in state: the base limit, divided by the
-// lease's divisor when a lease in LeaseLocal mode is attached.
-func (m *Meter) limit(state MemState) int64 {
-	lim := m.limits[state]
+// limitInForce is the limit this node applies in state: the rule's limit,
+// divided by the lease's divisor when a lease in LeaseLocal mode is
+// attached.
+func (m *Meter) limitInForce(state MemState) int64 {
+	lim := m.limit(state)
 	if l := m.lease.Load(); l != nil && l.mode.Load() == LeaseLocal {
 		if d := l.divisor.Load(); d > 1 {
 			lim /= d
@@ -320,7 +321,7 @@ func (m *Meter) Admit(now int64, state MemState) Decision {
 	if m.queued.Load() == 0 && sh.take(uint32(e)) {
 		return Decision{Verdict: Admit}
 	}
-	lim := m.limit(state)
+	lim := m.limitInForce(state)
 	for {
 		w := m.word.Load()
 		if w&wordBusy != 0 || int64(w>>32)&epochMask != e || m.queued.Load() != 0 {
@@ -364,7 +365,7 @@ func (m *Meter) admitLeased(now int64, state MemState, l *Lease) Decision {
 		return m.admitSlow(now, state)
 	}
 	e := (now / m.sub) & epochMask
-	lim := m.limits[state]
+	lim := m.limit(state)
 	for {
 		w := m.word.Load()
 		if w&wordBusy != 0 || int64(w>>32)&epochMask != e || m.prev.Load()+int64(w&countMask) >= lim {
@@ -397,7 +398,7 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 	defer m.mu.Unlock()
 	m.state = state
 	m.advanceLocked(now)
-	lim := m.limit(state)
+	lim := m.limitInForce(state)
 	if len(m.queue) == 0 && m.tryCountLocked(now, lim) {
 		return Decision{Verdict: Admit}
 	}
@@ -482,7 +483,7 @@ func (m *Meter) advanceLocked(now int64) int {
 	if e > m.epoch {
 		m.rotateLocked(e)
 	}
-	lim := m.limit(m.state)
+	lim := m.limitInForce(m.state)
 	released := 0
 	for len(m.queue) > 0 {
 		w := m.queue[0]
