@@ -180,6 +180,7 @@ func (c *Cluster) setUp(ok bool, err error) {
 	if c.state.Load() == want {
 		return
 	}
+	first := c.state.Load() == stateUnknown
 	c.state.Store(want)
 	c.since = time.Now()
 	if ok {
@@ -189,6 +190,9 @@ func (c *Cluster) setUp(ok bool, err error) {
 			r.l.SetMode(admission.LeaseShared, 1)
 		}
 		msg := fmt.Sprintf("cluster %s: Redis answers again; budgets are shared by %d nodes", c.cfg.Name, c.nodes.Load())
+		if first {
+			msg = fmt.Sprintf("cluster %s: joined as %s; budgets are shared by %d nodes", c.cfg.Name, c.cfg.Node, c.nodes.Load())
+		}
 		c.log.Info("redis reachable, budgets shared", "nodes", c.nodes.Load())
 		c.emit(EventUp, msg)
 		return

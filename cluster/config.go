@@ -80,6 +80,41 @@ func (c Config) Enabled() bool { return c.Redis != "" }
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("cluster: bad configuration")
 
+// FieldError is a configuration error about one Config field; it wraps
+// ErrConfig.
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string { return "cluster: " + e.Field + ": " + e.Err.Error() }
+
+// Unwrap returns the cause (which wraps ErrConfig).
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// ConfigField names the package and the field at fault.
+func (e *FieldError) ConfigField() (pkg, field string) { return "cluster", e.Field }
+
+func fieldErr(field, format string, a ...any) error {
+	return &FieldError{Field: field, Err: fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)}
+}
+
+// Validate reports the first invalid field, also when Redis is empty (a
+// bad value is refused even while the node is standalone).
+func (c Config) Validate() error {
+	if err := c.fill(); err != nil {
+		return err
+	}
+	if c.Redis != "" {
+		rdb, err := NewClient(c.Redis, c.Timeout)
+		if err != nil {
+			return err
+		}
+		rdb.Close()
+	}
+	return nil
+}
+
 // fill sets defaults for zero fields and validates.
 func (c *Config) fill() error {
 	d := DefaultConfig()
@@ -100,14 +135,18 @@ func (c *Config) fill() error {
 		c.Heartbeat = d.Heartbeat
 	}
 	switch {
-	case strings.ContainsAny(c.Name, "{}"):
-		return fmt.Errorf("%w: Name %q must not contain braces (they delimit Redis hash tags)", ErrConfig, c.Name)
+	case strings.ContainsAny(c.Name, "{} \t\r\n"):
+		return fieldErr("Name", "%q must not contain braces (they delimit Redis hash tags) or white space", c.Name)
+	case strings.ContainsAny(c.Node, "{} \t\r\n"):
+		return fieldErr("Node", "%q must not contain braces or white space", c.Node)
 	case c.Wait < 0 || c.Wait > 10*time.Millisecond:
-		return fmt.Errorf("%w: Wait %s must be in [0, 10ms]", ErrConfig, c.Wait)
-	case c.Timeout < 0 || c.Heartbeat < 0:
-		return fmt.Errorf("%w: Timeout and Heartbeat must be positive", ErrConfig)
+		return fieldErr("Wait", "%s must be in [0, 10ms]: decisions wait at most this long for a lease", c.Wait)
+	case c.Timeout < 0:
+		return fieldErr("Timeout", "%s must be positive", c.Timeout)
+	case c.Heartbeat < 0:
+		return fieldErr("Heartbeat", "%s must be positive", c.Heartbeat)
 	case c.Fail > FailClosed:
-		return fmt.Errorf("%w: unknown fail policy %d", ErrConfig, c.Fail)
+		return fieldErr("Fail", "unknown fail policy %d", c.Fail)
 	}
 	return nil
 }
@@ -122,7 +161,7 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 	redis.SetLogger(&logging.VoidLogger{})
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: Redis URL: %w", ErrConfig, err)
+		return nil, fieldErr("Redis", "not a URL (want redis://host:port/db)") // url's error would repeat a password
 	}
 	dial := 2 * timeout
 	switch {
@@ -130,26 +169,26 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 		u.Scheme = strings.TrimSuffix(u.Scheme, "+cluster")
 		o, err := redis.ParseClusterURL(u.String())
 		if err != nil {
-			return nil, fmt.Errorf("%w: Redis Cluster URL %s: %w", ErrConfig, redact(u), err)
+			return nil, fieldErr("Redis", "Redis Cluster URL %s: %w", redact(u), err)
 		}
 		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
 		return redis.NewClusterClient(o), nil
 	case u.Query().Has("master_name"):
 		o, err := redis.ParseFailoverURL(u.String())
 		if err != nil {
-			return nil, fmt.Errorf("%w: Redis Sentinel URL %s: %w", ErrConfig, redact(u), err)
+			return nil, fieldErr("Redis", "Redis Sentinel URL %s: %w", redact(u), err)
 		}
 		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
 		return redis.NewFailoverClient(o), nil
 	case u.Scheme == "redis" || u.Scheme == "rediss":
 		o, err := redis.ParseURL(u.String())
 		if err != nil {
-			return nil, fmt.Errorf("%w: Redis URL %s: %w", ErrConfig, redact(u), err)
+			return nil, fieldErr("Redis", "URL %s: %w", redact(u), err)
 		}
 		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
 		return redis.NewClient(o), nil
 	}
-	return nil, fmt.Errorf("%w: Redis URL %s: scheme must be redis, rediss, redis+cluster or rediss+cluster", ErrConfig, redact(u))
+	return nil, fieldErr("Redis", "URL %s: scheme must be redis, rediss, redis+cluster or rediss+cluster", redact(u))
 }
 
 // redact hides a password in u for error messages.
