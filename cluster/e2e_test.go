@@ -337,7 +337,7 @@ func TestE2ELimitHolds(t *testing.T) {
 		{"uneven", []float64{360, 45, 45}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			run := startNodes(t, url, tc.demand, 6)
+			run := startNodes(t, url, tc.demand, 9) // outlives the measurement; stopped below
 			time.Sleep(1500 * time.Millisecond)
 			k0 := kNow()
 			time.Sleep(4 * time.Second)
