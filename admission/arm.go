@@ -140,6 +140,9 @@ type Meter struct {
 	// reachedAt is when the rate last reached the limit, or -1: the start
 	// of the qualification time.
 	reachedAt atomic.Int64
+	// lease, when set, makes the meter spend a budget leased from elsewhere
+	// (see Lease); nil is a standalone node.
+	lease atomic.Pointer[Lease]
 
 	shards   shards        // parked reservations of the fast path
 	counted  atomic.Uint64 // admissions of past sub-intervals, set at rotation
@@ -264,15 +267,61 @@ func (m *Meter) retire() {
 // Name returns the rule's name.
 func (m *Meter) Name() string { return m.cfg.Name }
 
+// SetLease attaches a lease (the meter then spends its tokens as well as
+// counting locally) or, with nil, makes the meter standalone again.
+func (m *Meter) SetLease(l *Lease) { m.lease.Store(l) }
+
+// Lease returns the attached lease, or nil.
+func (m *Meter) Lease() *Lease { return m.lease.Load() }
+
+// LimitIn returns the rule's base limit in state (per unit, before any
+// lease divisor).
+func (m *Meter) LimitIn(state MemState) int64 { return m.limit(state) }
+
+// SubInterval returns the length of one of the six sub-intervals.
+func (m *Meter) SubInterval() time.Duration { return time.Duration(m.sub) }
+
+// limitInForce is the limit this node applies in state: the rule's limit,
+// divided by the lease's divisor when a lease in LeaseLocal mode is
+// attached.
+func (m *Meter) limitInForce(state MemState) int64 {
+	lim := m.limit(state)
+	if l := m.lease.Load(); l != nil && l.mode.Load() == LeaseLocal {
+		if d := l.divisor.Load(); d > 1 {
+			lim /= d
+			if lim < 1 {
+				lim = 1
+			}
+		}
+	}
+	return lim
+}
+
+// leaseShared returns the attached lease if decisions spend its tokens.
+func (m *Meter) leaseShared() *Lease {
+	if l := m.lease.Load(); l != nil {
+		if md := l.mode.Load(); md == LeaseShared || md == LeaseClosed {
+			return l
+		}
+	}
+	return nil
+}
+
 // Admit decides one request at now while the node is in state. It returns
 // Admit, Delay (with a Wait to block on) or Refuse.
 func (m *Meter) Admit(now int64, state MemState) Decision {
+	if l := m.lease.Load(); l != nil {
+		l.note(state)
+		if md := l.mode.Load(); md == LeaseShared || md == LeaseClosed {
+			return m.admitLeased(now, state, l)
+		}
+	}
 	e := (now / m.sub) & epochMask
 	sh := m.shards.pick()
 	if m.queued.Load() == 0 && sh.take(uint32(e)) {
 		return Decision{Verdict: Admit}
 	}
-	lim := m.limit(state)
+	lim := m.limitInForce(state)
 	for {
 		w := m.word.Load()
 		if w&wordBusy != 0 || int64(w>>32)&epochMask != e || m.queued.Load() != 0 {
@@ -298,6 +347,38 @@ func (m *Meter) Admit(now int64, state MemState) Decision {
 	return m.admitSlow(now, state)
 }
 
+// admitLeased is the fast path with a shared budget: one token from the
+// lease and one count in the local word, both by CAS. Queued requests are
+// served first (by Advance), so a decision takes a token only when nobody
+// waits. Without a token it asks the leaser and waits at most the lease's
+// budget, then falls to the slow path where the rule's action applies.
+func (m *Meter) admitLeased(now int64, state MemState, l *Lease) Decision {
+	if m.queued.Load() != 0 {
+		return m.admitSlow(now, state)
+	}
+	gen, ok := l.take(now)
+	if !ok && l.awaitRefill(now) {
+		now = l.refreshed(now)
+		gen, ok = l.take(now)
+	}
+	if !ok {
+		return m.admitSlow(now, state)
+	}
+	e := (now / m.sub) & epochMask
+	lim := m.limit(state)
+	for {
+		w := m.word.Load()
+		if w&wordBusy != 0 || int64(w>>32)&epochMask != e || m.prev.Load()+int64(w&countMask) >= lim {
+			break
+		}
+		if m.word.CompareAndSwap(w, w+1) {
+			return Decision{Verdict: Admit}
+		}
+	}
+	l.putBack(gen) // not spent: the slow path takes one again
+	return m.admitSlow(now, state)
+}
+
 // giveBack returns n reserved admissions of epoch e that were displaced
 // from a shard, if the sub-interval is still current.
 func (m *Meter) giveBack(e int64, n uint64) {
@@ -317,7 +398,7 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 	defer m.mu.Unlock()
 	m.state = state
 	m.advanceLocked(now)
-	lim := m.limit(state)
+	lim := m.limitInForce(state)
 	if len(m.queue) == 0 && m.tryCountLocked(now, lim) {
 		return Decision{Verdict: Admit}
 	}
@@ -357,12 +438,24 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 }
 
 // tryCountLocked counts one admission in the current sub-interval if the
-// rate is under lim. The caller holds mu, so the word is not busy.
+// rate is under lim and, with a shared lease, a token is left. The caller
+// holds mu, so the word is not busy.
 func (m *Meter) tryCountLocked(now, lim int64) bool {
+	l := m.leaseShared()
+	var gen uint64
+	if l != nil {
+		var ok bool
+		if gen, ok = l.take(now); !ok {
+			return false
+		}
+	}
 	for {
 		w := m.word.Load()
 		rate := m.prev.Load() + int64(w&countMask)
 		if rate >= lim {
+			if l != nil {
+				l.putBack(gen)
+			}
 			return false
 		}
 		if m.word.CompareAndSwap(w, w+1) {
@@ -390,7 +483,7 @@ func (m *Meter) advanceLocked(now int64) int {
 	if e > m.epoch {
 		m.rotateLocked(e)
 	}
-	lim := m.limit(m.state)
+	lim := m.limitInForce(m.state)
 	released := 0
 	for len(m.queue) > 0 {
 		w := m.queue[0]
@@ -418,6 +511,10 @@ func (m *Meter) advanceLocked(now int64) int {
 		}
 	}
 	rate := m.prev.Load() + int64(m.word.Load()&countMask)
+	// With a shared budget the rule is under its limit while tokens are left.
+	if l := m.leaseShared(); l != nil && l.Tokens() <= 0 {
+		rate = lim
+	}
 	if rate < lim && len(m.queue) == 0 {
 		m.reachedAt.Store(-1)
 		if m.engaged {

@@ -22,6 +22,22 @@ func BenchmarkARMAdmitParallel(b *testing.B) {
 	})
 }
 
+// BenchmarkARMLeasedParallel is the fast path with a shared budget attached
+// and tokens to spend (a cluster node between lease round trips).
+func BenchmarkARMLeasedParallel(b *testing.B) {
+	m, _ := NewMeter(RuleConfig{Name: "b", Limit: 1<<31 - 1, Unit: time.Hour}, 0, nil)
+	l := NewLease(0, nil)
+	l.Grant(1<<50, 0, 1<<62)
+	m.SetLease(l)
+	var clock MonoClock
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.Admit(clock.Now(), Normal)
+		}
+	})
+}
+
 func BenchmarkMOPAllowParallel(b *testing.B) {
 	m, _ := NewMOP(MOPConfig{Name: "b", InitialRate: 1e12, MinRate: 1})
 	var clock MonoClock

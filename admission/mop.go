@@ -152,6 +152,11 @@ type MOP struct {
 	memFrac atomic.Uint64 // float64 bits
 	pinned  atomic.Uint64 // float64 bits of the rate an operator pinned; 0: learning (mopcontrol.go)
 
+	// Cluster hooks (see mopshare.go); nil or false on a standalone node.
+	lease    atomic.Pointer[Lease]
+	source   atomic.Pointer[countSource]
+	follower atomic.Bool
+
 	mu sync.Mutex // guards the learner below
 	l  learner
 }
@@ -249,12 +254,20 @@ func (m *MOP) Allow(now int64) bool {
 	if m == nil {
 		return true
 	}
+	if l := m.lease.Load(); l != nil {
+		return m.allowLeased(now, l)
+	}
+	return m.allowLocal(now, 1)
+}
+
+// allowLocal is the GCRA at the allowed rate divided by div.
+func (m *MOP) allowLocal(now, div int64) bool {
 	sh := m.shards.pick()
 	tick := uint32(now >> 20) // reservations live for one ~1ms tick
 	if sh.take(tick) {
 		return true
 	}
-	t := m.emission.Load()
+	t := m.emission.Load() * div
 	tau := m.tau.Load()
 	batch := m.batch.Load()
 	for {
@@ -283,6 +296,9 @@ func (m *MOP) Allow(now int64) bool {
 // At rates high enough to reserve in batches, admitted includes
 // reservations that went unused (a few per millisecond at most).
 func (m *MOP) counts() (admitted, refused uint64) {
+	if src := m.source.Load(); src != nil {
+		return (*src)()
+	}
 	return m.shards.granted(), m.shards.refused()
 }
 
@@ -409,6 +425,9 @@ func (m *MOP) Observe(now int64, used, max int64) {
 	}
 	frac := float64(used) / float64(max)
 	m.memFrac.Store(math.Float64bits(frac))
+	if m.follower.Load() {
+		return // another node learns for the cluster; Import brings its rates
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.pinned.Load() != 0 {

@@ -63,6 +63,7 @@ func (o *operator) Apply(c admin.Change) (string, error) {
 		done, err = n.backendOps().Apply(c)
 	case admin.TargetARM:
 		done, err = n.ruleOps().Apply(c)
+		n.rulesChanged()
 	default:
 		return "", fmt.Errorf("%s: %w", c.Target, admin.ErrUnknownAction)
 	}
@@ -270,6 +271,7 @@ func (n *Node) applyOverride(o persist.Override) error {
 	parts := strings.Split(o.Key, "/")
 	now := n.clock.Now()
 	if parts[0] == "arm" {
+		defer n.rulesChanged()
 		if o.Value == "" {
 			_, err := n.ctrl.RemoveRule(parts[1], now)
 			return err
@@ -352,6 +354,7 @@ func (n *Node) ReloadARM() error {
 		apply, dropped := n.reconcile("arm/")
 		var changes []admission.RuleChange
 		if changes, err = n.ctrl.SetRules(n.rulesWith(rules, apply), n.clock.Now()); err == nil {
+			n.rulesChanged()
 			n.dropOverrides(dropped)
 			var parts []string
 			for _, ch := range changes {
@@ -410,4 +413,13 @@ func (n *Node) RunningConfig() string {
 		}
 	}
 	return b.String()
+}
+
+// rulesChanged follows a change of the ARM rule set: with the cluster on,
+// rules added or replaced get their leased budget and removed ones stop
+// leasing.
+func (n *Node) rulesChanged() {
+	if n.cluster != nil {
+		n.cluster.SyncRules(n.ctrl.Rules())
+	}
 }

@@ -188,6 +188,9 @@ func (n *Node) mountMetrics() error {
 	if n.sipSrv != nil {
 		src.fronts = append(src.fronts, n.sipSrv.Collector())
 	}
+	if n.cluster != nil {
+		src.fronts = append(src.fronts, n.cluster)
+	}
 	h, err := metricsHandler(src)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)

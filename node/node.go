@@ -28,6 +28,7 @@ import (
 
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/cluster"
 	lbhttp "github.com/sluicelb/sluice/http"
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/persist"
@@ -90,6 +91,9 @@ type Config struct {
 	// SIPBackends are -sip-backend specs. None: no SIP front end (unless
 	// the backends file gives some).
 	SIPBackends []string
+	// Cluster joins a cluster of nodes sharing budgets through Redis;
+	// Redis "" keeps the node standalone.
+	Cluster cluster.Config
 }
 
 // Node is a sluice node. Create it with New; Start, Reload, Drain and Stop
@@ -118,6 +122,7 @@ type Node struct {
 	admin          *admin.Server
 	op             *operator              // run-time changes (control.go)
 	cfgRules       []admission.RuleConfig // the ARM rules of -arm and -arm-file, before overrides
+	cluster        *cluster.Cluster       // nil: standalone
 
 	// The backends given by the Config; the backends file adds to them.
 	cfgHTTPBackends, cfgSIPBackends []string
@@ -199,6 +204,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		return nil, err
 	}
 	if err := cfg.checkMOP(); err != nil {
+		return nil, err
+	}
+	if err := n.newCluster(); err != nil {
 		return nil, err
 	}
 
@@ -315,6 +323,9 @@ func (n *Node) newMOP(proto, id, addr string) (*admission.MOP, error) {
 		n.mopByKey = map[string]*admission.MOP{}
 	}
 	n.mopByKey[key] = m
+	if n.cluster != nil {
+		n.cluster.AttachMOP(key, m) // the same backend address has the same key on every node
+	}
 	return m, nil
 }
 
@@ -406,6 +417,7 @@ func (n *Node) start(parent context.Context) error {
 	n.goBackground(func() { n.mem.Run(ctx) })
 	n.goBackground(func() { n.ctrl.Run(ctx, n.clock, 10*time.Millisecond) })
 	n.ctx = ctx
+	n.startCluster(ctx)
 	if n.httpGen != nil {
 		n.startHTTPGen(n.httpGen)
 	}

@@ -202,6 +202,9 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 			from = tagParam(f.Value())
 		}
 		s.dialogs.ended(res.CallID().Value(), from, toTag(res), s.clock.Now())
+		if share := s.share.Load(); share != nil {
+			(*share)(DialogEvent{Op: DialogEnd, CallID: res.CallID().Value(), FromTag: from, ToTag: toTag(res)})
+		}
 	}
 	s.txns.mu.Lock()
 	t := s.txns.byBranch[br]

@@ -47,6 +47,10 @@ type Deps struct {
 	// Events receives backend.state events from the OPTIONS health checks
 	// (down, up, draining). May be nil.
 	Events admission.EventSink
+	// DialogShare, when set, receives every change of the dialog table so
+	// the other nodes of a cluster can apply it (ApplyDialog). It is called
+	// on the message path: it must not block. May be nil.
+	DialogShare func(DialogEvent)
 }
 
 // Server is the SIP front end: a proxy on one UDP socket and one TCP
@@ -56,8 +60,9 @@ type Server struct {
 	log     *slog.Logger // component=sip
 	base    *slog.Logger // as given, for lb components that name themselves
 	adm     *admission.Controller
-	observe func(time.Duration) // Deps.ObserveForward, or nil
-	events  admission.EventSink // Deps.Events, or nil
+	observe func(time.Duration)               // Deps.ObserveForward, or nil
+	share   atomic.Pointer[func(DialogEvent)] // Deps.DialogShare or SetDialogShare; nil: none
+	events  admission.EventSink               // Deps.Events, or nil
 	signer  Signer
 	clock   admission.Clock
 	// pool is the backend set. It is replaced whole by SetBackends; a
@@ -147,6 +152,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	s.txns.init()
 	s.dialogs.init(cfg.DialogTTL, cfg.DialogMax)
 	s.pings.init()
+	s.SetDialogShare(deps.DialogShare)
 	return s, nil
 }
 

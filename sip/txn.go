@@ -336,6 +336,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		// by another goroutine) finds the dialog's backend. A later
 		// attempt moves it.
 		s.insertDialog(t.dkey, b.id, now)
+		s.shareDialog(DialogInsert, t.req, "", b.id)
 	}
 	if err := s.sendBytes(wire, target{addr: b.addr, tcp: b.tcp}); err != nil {
 		s.log.Debug("sip forward new work", "err", err, "upstream", b.id)
@@ -427,6 +428,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 		}
 		if t.invite && code >= 300 {
 			s.dialogs.remove(t.dkey) // no dialog
+			s.shareDialog(DialogRemove, t.req, "", "")
 			t.state = stCompleted
 			t.expires = now + int64(completedLinger)
 			b := bufPool.Get().(*bytes.Buffer)
@@ -438,6 +440,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 		} else {
 			if t.invite {
 				s.dialogs.confirm(t.dkey, toTag(res))
+				s.shareDialog(DialogConfirm, t.req, toTag(res), "")
 			}
 			s.txns.removeLocked(t)
 			s.txns.mu.Unlock()
@@ -541,6 +544,7 @@ func (s *Server) finishLocalLocked(t *txn, code int, reason string, extra []stri
 	t.local = true
 	if t.invite {
 		s.dialogs.remove(t.dkey) // our own final answer: no dialog
+		s.shareDialog(DialogRemove, t.req, "", "")
 		t.settleLocked(0, lb.Abandoned)
 		t.state = stCompleted
 		t.expires = s.clock.Now() + int64(completedLinger)

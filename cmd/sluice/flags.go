@@ -227,6 +227,14 @@ var fieldFlags = map[string]string{
 	"admission.MemoryConfig.Low":               "mem-low",
 	"admission.ControllerConfig.MOPRejectCode": "mop-reject-code",
 	"admission.ControllerConfig.Rules":         "arm",
+
+	"cluster.Redis":     "cluster-redis",
+	"cluster.Name":      "cluster-name",
+	"cluster.Node":      "cluster-node",
+	"cluster.Fail":      "cluster-fail",
+	"cluster.Wait":      "cluster-wait",
+	"cluster.Timeout":   "cluster-timeout",
+	"cluster.Heartbeat": "cluster-heartbeat",
 }
 
 // flagError puts the flag in front of a library's error about one of its

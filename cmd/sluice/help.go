@@ -20,6 +20,7 @@ var flagGroups = []struct {
 	{"MOP (memory overload protection per backend)", []string{"mop-"}},
 	{"Node memory states", []string{"mem-"}},
 	{"Persistence and event log", []string{"data-", "persist-", "events-"}},
+	{"Cluster (several nodes sharing budgets through Redis)", []string{"cluster-"}},
 	{"Operations", []string{""}},
 }
 

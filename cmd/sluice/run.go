@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/cluster"
 	lbhttp "github.com/sluicelb/sluice/http"
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/node"
@@ -51,6 +52,7 @@ type runOptions struct {
 	shutdown     time.Duration
 	cpuProfile   string
 	sip          *sipOptions
+	cluster      cluster.Config
 }
 
 // newRunFlags defines the flags of `sluice run` on fs and returns where
@@ -119,6 +121,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.DurationVar(&o.shutdown, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests and affinity traffic may finish (new work is refused at once)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
 	o.sip = addSIPFlags(fs)
+	clusterFlags(fs, &o.cluster)
 	return o
 }
 
@@ -254,5 +257,6 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		CPUProfile:     o.cpuProfile,
 		SIP:            o.sip.cfg,
 		SIPBackends:    o.sip.backends.values,
+		Cluster:        o.cluster,
 	}, logger, nil
 }

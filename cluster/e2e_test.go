@@ -1,0 +1,465 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// The end-to-end tests run a real redis-server on a loopback port and three
+// sluice nodes as separate processes (this test binary re-executed in node
+// mode, see TestMain), so a node can be killed with SIGKILL. Each node
+// drives its own decisions at a given demand and prints, for every shared
+// sub-interval (Redis TIME, here the same wall clock) and every local one
+// (the node's monotonic clock, which its meter uses), how many it admitted.
+
+const (
+	e2eLimit = 300
+	subUS    = int64(time.Second / 6 / time.Microsecond)
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("SLUICE_CLUSTER_E2E_NODE") != "" {
+		os.Exit(runE2ENode())
+	}
+	os.Exit(m.Run())
+}
+
+// runE2ENode is one node: a Controller with a 300/s reject rule on the
+// cluster, new work at SLUICE_DEMAND per second and affinity at 20/s, until
+// killed or SLUICE_SECONDS pass.
+func runE2ENode() int {
+	demand, _ := strconv.ParseFloat(os.Getenv("SLUICE_DEMAND"), 64)
+	secs, _ := strconv.Atoi(os.Getenv("SLUICE_SECONDS"))
+	clock := admission.MonoClock{}
+	ctl, err := admission.NewController(admission.ControllerConfig{Rules: []admission.RuleConfig{
+		{Name: "invites", Limit: e2eLimit, Unit: time.Second, Action: admission.ActionReject},
+	}}, nil, clock.Now())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cfg := Config{Redis: os.Getenv("SLUICE_REDIS"), Name: "e2e", Node: os.Getenv("SLUICE_CLUSTER_E2E_NODE")}
+	rdb, err := NewClient(cfg.Redis, DefaultConfig().Timeout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	c, err := New(cfg, rdb, clock, nil, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	c.AttachRules(ctl.Rules())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(secs)*time.Second)
+	defer cancel()
+	go ctl.Run(ctx, clock, 5*time.Millisecond)
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	out := bufio.NewWriter(os.Stdout)
+	newReq := &admission.Request{Proto: "sip", Method: "INVITE", Class: admission.NewWork}
+	affReq := &admission.Request{Proto: "sip", Method: "BYE", Class: admission.Affinity}
+	var acc, accAff float64
+	var kR, kL, admR, arrR, admL, affOK, aff int64
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	wallOffset := time.Now().UnixMicro() - clock.Now()/1000 // wall µs = monotonic µs + offset
+	for ctx.Err() == nil {
+		<-tick.C
+		t := time.Now()
+		acc += demand * t.Sub(last).Seconds()
+		accAff += 20 * t.Sub(last).Seconds()
+		last = t
+		for ; acc >= 1; acc-- {
+			now := clock.Now()
+			admitted := ctl.Decide(now, newReq, nil).Verdict == admission.Admit
+			// The shared sub-interval of the decision itself, by the
+			// monotonic reading it was made with (a wall reading taken
+			// before or after could fall on the other side of a boundary).
+			// A decision that waited for a lease round trip (Config.Wait)
+			// was made at the clock's reading after the wait: count it
+			// when it returned.
+			if after := clock.Now(); after-now > int64(100*time.Microsecond) {
+				now = after
+			}
+			kr, kl := (now/1000+wallOffset)/subUS, now/int64(time.Second/6)
+			if kr != kR {
+				if kR != 0 {
+					fmt.Fprintf(out, "R %d %d %d %d %d %s %d\n", kR, admR, arrR, affOK, aff, c.Status().Rules[0].Mode, c.Nodes())
+				}
+				kR, admR, arrR = kr, 0, 0
+			}
+			if kl != kL {
+				if kL != 0 {
+					fmt.Fprintf(out, "L %d %d %s\n", kL, admL, c.Status().Rules[0].Mode)
+				}
+				kL, admL = kl, 0
+			}
+			arrR++
+			if admitted {
+				admR++
+				admL++
+			}
+		}
+		for ; accAff >= 1; accAff-- {
+			aff++
+			if ctl.Decide(clock.Now(), affReq, nil).Verdict == admission.Admit {
+				affOK++
+			}
+		}
+		out.Flush()
+	}
+	cancel()
+	<-done
+	return 0
+}
+
+// e2eRun collects what the nodes printed.
+type e2eRun struct {
+	mu     sync.Mutex
+	shared map[int64][]int64 // shared sub-interval → admitted per node
+	local  []map[int64]int64 // per node: local sub-interval → admitted
+	lmode  []map[int64]string
+	mode   []map[int64]string
+	nodes  []map[int64]int64 // per node: shared sub-interval → node count it saw
+	aff    []int64           // per node: affinity decisions and admitted (last report)
+	affOK  []int64
+	procs  []*exec.Cmd
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startRedis starts redis-server on 127.0.0.1:port and waits until it
+// answers; the cleanup stops it by PID.
+func startRedis(t testing.TB, port int) *exec.Cmd {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server not installed (scripts/install-test-deps.sh installs it)")
+	}
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopProc(cmd) })
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
+	defer rdb.Close()
+	for i := 0; i < 100; i++ {
+		if rdb.Ping(context.Background()).Err() == nil {
+			return cmd
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("redis-server on port %d did not answer within 2s", port)
+	return nil
+}
+
+func stopProc(cmd *exec.Cmd) {
+	if cmd.ProcessState == nil {
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+	}
+}
+
+// startNodes starts one node process per demand, each running secs seconds.
+func startNodes(t *testing.T, url string, demand []float64, secs int) *e2eRun {
+	t.Helper()
+	run := &e2eRun{shared: map[int64][]int64{}}
+	for i, d := range demand {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "SLUICE_CLUSTER_E2E_NODE=node"+strconv.Itoa(i), "SLUICE_REDIS="+url,
+			fmt.Sprintf("SLUICE_DEMAND=%g", d), fmt.Sprintf("SLUICE_SECONDS=%d", secs))
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { stopProc(cmd) })
+		run.procs = append(run.procs, cmd)
+		run.local = append(run.local, map[int64]int64{})
+		run.mode = append(run.mode, map[int64]string{})
+		run.lmode = append(run.lmode, map[int64]string{})
+		run.nodes = append(run.nodes, map[int64]int64{})
+		run.aff = append(run.aff, 0)
+		run.affOK = append(run.affOK, 0)
+		go run.read(i, len(demand), out)
+	}
+	return run
+}
+
+func (r *e2eRun) read(i, n int, out interface{ Read([]byte) (int, error) }) {
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		num := func(j int) int64 { v, _ := strconv.ParseInt(f[j], 10, 64); return v }
+		r.mu.Lock()
+		switch {
+		case f[0] == "R" && len(f) == 8:
+			k := num(1)
+			if r.shared[k] == nil {
+				r.shared[k] = make([]int64, n)
+			}
+			r.shared[k][i] = num(2)
+			r.affOK[i], r.aff[i] = num(4), num(5)
+			r.mode[i][k] = f[6]
+			r.nodes[i][k] = num(7)
+		case f[0] == "L" && len(f) == 4:
+			r.local[i][num(1)] = num(2)
+			r.lmode[i][num(1)] = f[3]
+		}
+		r.mu.Unlock()
+	}
+}
+
+// window sums shared sub-intervals [from, to) for the given nodes.
+func (r *e2eRun) window(from, to int64, nodes ...int) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var s int64
+	for k := from; k < to; k++ {
+		for _, i := range nodes {
+			if v := r.shared[k]; v != nil {
+				s += v[i]
+			}
+		}
+	}
+	return s
+}
+
+// worstShared is the most admitted by nodes in six consecutive shared
+// sub-intervals starting in [from, to).
+func (r *e2eRun) worstShared(from, to int64, nodes ...int) int64 {
+	var w int64
+	for k := from; k < to; k++ {
+		w = max(w, r.window(k, k+6, nodes...))
+	}
+	return w
+}
+
+// worstLocal is node i's most admitted in six consecutive local
+// sub-intervals (its meter's own alignment) that were all in mode, and how
+// many such windows there were.
+func (r *e2eRun) worstLocal(i int, mode string) (worst int64, windows int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k := range r.local[i] {
+		var s int64
+		ok := true
+		for j := k; j < k+6 && ok; j++ {
+			ok = r.lmode[i][j] == mode
+			s += r.local[i][j]
+		}
+		if ok {
+			worst = max(worst, s)
+			windows++
+		}
+	}
+	return worst, windows
+}
+
+// modes returns the modes node i reported for shared sub-intervals [from, to).
+func (r *e2eRun) modes(i int, from, to int64) map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := map[string]int{}
+	for k := from; k < to; k++ {
+		if md, ok := r.mode[i][k]; ok {
+			m[md]++
+		}
+	}
+	return m
+}
+
+// requireShared fails the test if a node left shared mode in [from, to):
+// the limit is only promised cluster-wide while Redis answers in time.
+func (r *e2eRun) requireShared(t *testing.T, from, to int64, nodes ...int) {
+	t.Helper()
+	if nodes == nil {
+		nodes = []int{0, 1, 2}
+	}
+	for _, i := range nodes {
+		if m := r.modes(i, from, to); len(m) != 1 || m["shared"] == 0 {
+			t.Errorf("node %d was in modes %v while Redis was up: its round trips failed (machine overloaded?)", i, m)
+		}
+	}
+}
+
+func kNow() int64 { return time.Now().UnixMicro() / subUS }
+
+func nodes(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// TestE2ELimitHolds: 300/s across three nodes holds within 2 % with demand
+// spread evenly and unevenly (80/10/10), and no window of six shared
+// sub-intervals admits more than 300.
+func TestE2ELimitHolds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end with redis-server")
+	}
+	port := freePort(t)
+	startRedis(t, port)
+	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	for _, tc := range []struct {
+		name   string
+		demand []float64
+	}{
+		{"even", []float64{150, 150, 150}},
+		{"uneven", []float64{360, 45, 45}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := startNodes(t, url, tc.demand, 9) // outlives the measurement; stopped below
+			time.Sleep(1500 * time.Millisecond)
+			k0 := kNow()
+			time.Sleep(4 * time.Second)
+			k1 := kNow() - 1 // the last sub-interval may not be reported yet
+			n := (k1 - k0) / 6 * 6
+			got := run.window(k0, k0+n, nodes(3)...)
+			rate := float64(got) / (float64(n) / 6)
+			worst := run.worstShared(k0, k0+n-5, nodes(3)...)
+			t.Logf("%s: %.1f admitted/s over %d sub-intervals (limit %d), worst window %d", tc.name, rate, n, e2eLimit, worst)
+			run.requireShared(t, k0, k0+n)
+			if rate < 0.98*e2eLimit || rate > 1.02*e2eLimit {
+				t.Errorf("cluster rate %.1f/s, want %d ± 2%%", rate, e2eLimit)
+			}
+			if worst > e2eLimit {
+				t.Errorf("a window of six sub-intervals admitted %d, over %d", worst, e2eLimit)
+			}
+			for _, p := range run.procs {
+				stopProc(p)
+			}
+		})
+	}
+}
+
+// TestE2ERedisAway: Redis killed mid-run: every node falls back to limit ÷ 3
+// on its own and affinity stays admitted; Redis restarted: the nodes rejoin
+// and share the budget again without a restart.
+func TestE2ERedisAway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end with redis-server")
+	}
+	port := freePort(t)
+	srv := startRedis(t, port)
+	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	run := startNodes(t, url, []float64{150, 150, 150}, 15)
+	time.Sleep(2 * time.Second)
+	stopProc(srv)
+	kDown := kNow()
+	time.Sleep(4 * time.Second)
+	kUp := kNow()
+	startRedis(t, port)
+	// go-redis redials a pool whose dials kept failing once a second, so
+	// the nodes rejoin within about a second; then the first window still
+	// holds what they admitted alone (counted again on rejoin).
+	var kShared int64
+	for i := 0; i < 50 && kShared == 0; i++ {
+		time.Sleep(100 * time.Millisecond)
+		k := kNow() - 1
+		if m := [3]map[string]int{run.modes(0, k, k+1), run.modes(1, k, k+1), run.modes(2, k, k+1)}; m[0]["shared"]+m[1]["shared"]+m[2]["shared"] == 3 {
+			kShared = k
+		}
+	}
+	if kShared == 0 {
+		t.Fatal("the nodes did not rejoin within 5s of Redis's restart")
+	}
+	t.Logf("rejoined %.2fs after the restart", float64(kShared-kUp)/6)
+	time.Sleep(1200 * time.Millisecond)
+	k0 := kNow()
+	time.Sleep(3 * time.Second)
+	k1 := kNow() - 1
+	for i := range 3 {
+		worst, windows := run.worstLocal(i, "local")
+		md := run.modes(i, kDown+2, kUp)
+		t.Logf("node %d while Redis was away: modes %v, worst local window %d (limit ÷ 3 = %d) over %d windows", i, md, worst, e2eLimit/3, windows)
+		if windows < 6 || md["local"] == 0 || md["shared"] > 0 {
+			t.Errorf("node %d: Redis away but modes %v, %d local windows", i, md, windows)
+		}
+		if worst > e2eLimit/3 {
+			t.Errorf("node %d admitted %d in a window while Redis was away, over limit ÷ 3 = %d", i, worst, e2eLimit/3)
+		}
+		if m := run.modes(i, k0, k1); m["shared"] == 0 || len(m) != 1 {
+			t.Errorf("node %d after Redis came back: modes %v, want shared only", i, m)
+		}
+		run.mu.Lock()
+		ok, all := run.affOK[i], run.aff[i]
+		run.mu.Unlock()
+		if ok != all || all < 100 {
+			t.Errorf("node %d: affinity admitted %d of %d, want all", i, ok, all)
+		}
+	}
+	n := (k1 - k0) / 6 * 6
+	rate := float64(run.window(k0, k0+n, nodes(3)...)) / (float64(n) / 6)
+	worst := run.worstShared(k0, k0+n-5, nodes(3)...)
+	run.requireShared(t, k0, k1)
+	t.Logf("after the restart: %.1f admitted/s over %d sub-intervals, worst window %d", rate, n, worst)
+	if rate < 0.95*e2eLimit || worst > e2eLimit {
+		t.Errorf("after the restart: %.1f/s and worst window %d, want about %d and at most %d", rate, worst, e2eLimit, e2eLimit)
+	}
+}
+
+// TestE2ENodeKilled: one of three nodes is killed with SIGKILL: within one
+// sub-interval the others count two nodes and take the whole limit.
+func TestE2ENodeKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end with redis-server")
+	}
+	port := freePort(t)
+	startRedis(t, port)
+	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	run := startNodes(t, url, []float64{200, 200, 200}, 9)
+	time.Sleep(2500 * time.Millisecond)
+	run.procs[2].Process.Signal(syscall.SIGKILL)
+	kKill := kNow()
+	time.Sleep(3800 * time.Millisecond)
+	// The dead node's admissions (and its last lease, counted but unspent)
+	// stay in the window until six sub-intervals after the kill; from then
+	// on the survivors alone must fill it.
+	rateFirst := float64(run.window(kKill+1, kKill+7, 0, 1))
+	from, to := kKill+7, kKill+19
+	rate := float64(run.window(from, to, 0, 1)) / 2
+	worst := run.worstShared(kKill-5, to-5, 0, 1, 2)
+	run.mu.Lock()
+	seen := []int64{run.nodes[0][kKill+1], run.nodes[1][kKill+1], run.nodes[0][kKill+2], run.nodes[1][kKill+2]}
+	run.mu.Unlock()
+	run.requireShared(t, kKill-6, to, 0, 1)
+	t.Logf("after the kill: survivors admitted %.0f in the first window, then %.1f/s over 12 sub-intervals; worst window %d; node counts seen at +1 and +2 sub-intervals %v", rateFirst, rate, worst, seen)
+	if rate < 0.98*e2eLimit {
+		t.Errorf("survivors admitted %.1f/s, want at least 98%% of %d", rate, e2eLimit)
+	}
+	if worst > e2eLimit {
+		t.Errorf("a window admitted %d, over %d", worst, e2eLimit)
+	}
+	if seen[2] != 2 || seen[3] != 2 {
+		t.Errorf("node counts one sub-interval after the kill %v, want 2", seen)
+	}
+}

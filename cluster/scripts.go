@@ -1,0 +1,96 @@
+package cluster
+
+import "github.com/redis/go-redis/v9"
+
+// leaseScript grants a slice of a rule's budget over the sliding window of
+// six sub-intervals. KEYS[1] is the rule's hash (field: sub-interval number
+// by Redis TIME; value: tokens counted in it). ARGV: limit, want,
+// sub-interval in µs, node count, sub-interval of a return, tokens returned,
+// tokens to count without a limit check (seed, after a rejoin).
+//
+// It first subtracts the return (only from a sub-interval still in the
+// window, never below zero), sums the live sub-intervals (deleting expired
+// ones), and grants g = min(want, max(1, free ÷ (2 × nodes))) when free > 0,
+// counting g in the current sub-interval. Reply: g, the window's sum after
+// the grant, the current sub-interval, µs until it ends, µs until the oldest
+// counted sub-interval leaves the window (a Retry-After hint).
+var leaseScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local limit, want, sub = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local nodes, rk, rn, seed = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local k = math.floor(now / sub)
+local cur = string.format('%d', k)
+if rn > 0 and rk > k - 6 and rk <= k then
+  local f = string.format('%d', rk)
+  local v = tonumber(redis.call('HGET', KEYS[1], f) or '0')
+  if v > 0 then redis.call('HINCRBY', KEYS[1], f, -math.min(v, rn)) end
+end
+local vals = redis.call('HGETALL', KEYS[1])
+local sum, oldest = 0, k
+for i = 1, #vals, 2 do
+  local f, v = tonumber(vals[i]), tonumber(vals[i + 1])
+  if f <= k - 6 then
+    redis.call('HDEL', KEYS[1], vals[i])
+  else
+    sum = sum + v
+    if v > 0 and f < oldest then oldest = f end
+  end
+end
+if seed > 0 then
+  redis.call('HINCRBY', KEYS[1], cur, seed)
+  sum = sum + seed
+end
+local g = 0
+local free = limit - sum
+if free > 0 and want > 0 then
+  local cap = math.floor(free / (2 * nodes))
+  if cap < 1 then cap = 1 end
+  g = math.min(want, cap)
+  redis.call('HINCRBY', KEYS[1], cur, g)
+end
+redis.call('PEXPIRE', KEYS[1], math.floor(sub * 7 / 1000) + 1000)
+return {g, sum + g, k, (k + 1) * sub - now, (oldest + 6) * sub - now}
+`)
+
+// heartbeatScript records a node as alive until now + ttl in the members'
+// sorted set (KEYS[1]), drops expired members and returns how many are
+// alive. ARGV: node id, ttl in ms, 1 to leave instead.
+var heartbeatScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+if ARGV[3] == '1' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+else
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], ttl * 10)
+return redis.call('ZCARD', KEYS[1])
+`)
+
+// mopSyncScript adds a node's admitted and refused new work for one backend
+// to the cluster's totals, renews or takes the backend's learner lock, and
+// stores the learner's state when the caller holds the lock. KEYS[1] is the
+// backend's hash. ARGV: node id, lock ttl in ms, admitted delta, refused
+// delta, state (JSON; "" to leave it). The lock is a field with an expiry
+// time by Redis TIME, so a dead holder's lock is taken over once it
+// expires. Reply: admitted total, refused total, lock holder, state.
+var mopSyncScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local a = redis.call('HINCRBY', KEYS[1], 'admitted', ARGV[3])
+local r = redis.call('HINCRBY', KEYS[1], 'refused', ARGV[4])
+local holder = redis.call('HGET', KEYS[1], 'learner')
+local untl = tonumber(redis.call('HGET', KEYS[1], 'learner_until') or '0')
+if holder == ARGV[1] or not holder or untl < now then
+  holder = ARGV[1]
+  redis.call('HSET', KEYS[1], 'learner', holder, 'learner_until', now + tonumber(ARGV[2]))
+end
+if holder == ARGV[1] and ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[5])
+end
+redis.call('PEXPIRE', KEYS[1], 7 * 24 * 3600 * 1000)
+return {a, r, holder, redis.call('HGET', KEYS[1], 'state') or ''}
+`)

@@ -1,0 +1,101 @@
+package cluster
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+func newMini(t *testing.T) (*miniredis.Miniredis, redis.UniversalClient) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return mr, rdb
+}
+
+// base is a Redis TIME on a sub-interval boundary of a 1s sub-interval.
+var base = time.Unix(1_800_000_000, 0)
+
+// TestLeaseScriptSteps is the script's golden vector: limit 10 over six
+// sub-intervals of 1s, three nodes, at fixed instants.
+func TestLeaseScriptSteps(t *testing.T) {
+	mr, rdb := newMini(t)
+	const sub = int64(time.Second / time.Microsecond)
+	k0 := base.UnixMicro() / sub
+	type step struct {
+		at                time.Duration // after base
+		want, nodes       int64
+		retAt, ret, seed  int64 // retAt: sub-interval offset from k0
+		g, sum, untilEnd  int64
+		retryAfterSeconds float64
+	}
+	steps := []step{
+		{at: 0, want: 4, nodes: 1, g: 4, sum: 4, untilEnd: sub, retryAfterSeconds: 6},                                 // cap 10/2=5
+		{at: 100 * time.Millisecond, want: 9, nodes: 3, g: 1, sum: 5, untilEnd: sub - 100000, retryAfterSeconds: 5.9}, // cap 6/6 → 1
+		{at: 1 * time.Second, want: 3, nodes: 1, retAt: 0, ret: 2, g: 3, sum: 6, untilEnd: sub, retryAfterSeconds: 5}, // 5-2 live, cap 3
+		{at: 2 * time.Second, want: 10, nodes: 1, g: 2, sum: 8, untilEnd: sub, retryAfterSeconds: 4},
+		{at: 3 * time.Second, want: 5, nodes: 1, g: 1, sum: 9, untilEnd: sub, retryAfterSeconds: 3}, // cap shrinks to 1
+		{at: 4 * time.Second, want: 5, nodes: 1, g: 1, sum: 10, untilEnd: sub, retryAfterSeconds: 2},
+		{at: 5 * time.Second, want: 5, nodes: 1, g: 0, sum: 10, untilEnd: sub, retryAfterSeconds: 1},                  // full
+		{at: 6 * time.Second, want: 5, nodes: 1, g: 1, sum: 8, untilEnd: sub, retryAfterSeconds: 1},                   // k0's 3 left: free 3, cap 1
+		{at: 7 * time.Second, want: 0, nodes: 1, retAt: 0, ret: 5, g: 0, sum: 5, untilEnd: sub, retryAfterSeconds: 1}, // a stale return to k0 is ignored; k2 is the oldest
+		{at: 8 * time.Second, want: 0, nodes: 1, retAt: 7, ret: 9, g: 0, sum: 3, untilEnd: sub, retryAfterSeconds: 1}, // never below zero
+		{at: 9 * time.Second, want: 0, nodes: 1, seed: 7, g: 0, sum: 9, untilEnd: sub, retryAfterSeconds: 1},
+	}
+	for i, s := range steps {
+		mr.SetTime(base.Add(s.at))
+		res, err := leaseScript.Run(context.Background(), rdb, []string{"{sluice:t:arm:r}"}, 10, s.want, sub, s.nodes, k0+s.retAt, s.ret, s.seed).Int64Slice()
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		k := k0 + int64(s.at/time.Second)
+		want := []int64{s.g, s.sum, k, s.untilEnd, int64(s.retryAfterSeconds * float64(sub))}
+		for j := range want {
+			if res[j] != want[j] {
+				t.Errorf("step %d at +%s: got %v, want %v", i, s.at, res, want)
+				break
+			}
+		}
+	}
+	if ttl := mr.TTL("{sluice:t:arm:r}"); ttl <= 6*time.Second || ttl > 9*time.Second {
+		t.Errorf("rule hash TTL %s, want just over the window", ttl)
+	}
+}
+
+// TestHeartbeatScript: members count while their heartbeat lasts, and a
+// leaving node is gone at once.
+func TestHeartbeatScript(t *testing.T) {
+	mr, rdb := newMini(t)
+	ctx := context.Background()
+	beat := func(at time.Duration, node, leave string) int64 {
+		mr.SetTime(base.Add(at))
+		n, err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, node, 150, leave).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Exact expiry instants: b (beat at 10ms, ttl 150ms) lives until 160ms.
+	if n := beat(0, "a", "0"); n != 1 {
+		t.Errorf("after a: %d nodes, want 1", n)
+	}
+	if n := beat(10*time.Millisecond, "b", "0"); n != 2 {
+		t.Errorf("after b: %d nodes, want 2", n)
+	}
+	if n := beat(20*time.Millisecond, "c", "0"); n != 3 {
+		t.Errorf("after c: %d nodes, want 3", n)
+	}
+	if n := beat(140*time.Millisecond, "a", "0"); n != 3 {
+		t.Errorf("a renews at 140ms: %d nodes, want 3", n)
+	}
+	if n := beat(165*time.Millisecond, "c", "0"); n != 2 {
+		t.Errorf("at 165ms b has expired: %d nodes, want 2", n)
+	}
+	if n := beat(170*time.Millisecond, "c", "1"); n != 1 {
+		t.Errorf("c leaves: %d nodes, want 1", n)
+	}
+}

@@ -1,0 +1,67 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/sluicelb/sluice/cluster"
+	lbsip "github.com/sluicelb/sluice/sip"
+)
+
+// newCluster joins the cluster of cfg.Cluster when -cluster-redis is given:
+// ARM rules spend leased budgets from now on (the fail policy applies until
+// Redis first answers). Backends' MOPs are attached as they are built
+// (newMOP) and the SIP dialog table once the node runs (startCluster).
+func (n *Node) newCluster() error {
+	if err := n.cfg.Cluster.Validate(); err != nil {
+		return err
+	}
+	if !n.cfg.Cluster.Enabled() {
+		return nil
+	}
+	d := cluster.DefaultConfig()
+	timeout := n.cfg.Cluster.Timeout
+	if timeout == 0 {
+		timeout = d.Timeout
+	}
+	rdb, err := cluster.NewClient(n.cfg.Cluster.Redis, timeout)
+	if err != nil {
+		return err
+	}
+	if n.cluster, err = cluster.New(n.cfg.Cluster, rdb, n.clock, n.events, n.logger); err != nil {
+		rdb.Close()
+		return err
+	}
+	n.cluster.AttachRules(n.ctrl.Rules())
+	return nil
+}
+
+// startCluster runs the membership and leasers, and shares the SIP dialog
+// table, until ctx ends.
+func (n *Node) startCluster(ctx context.Context) {
+	if n.cluster == nil {
+		return
+	}
+	n.goBackground(func() { n.cluster.Run(ctx) })
+	if n.sipSrv != nil {
+		srv := n.sipSrv
+		publish := n.cluster.ShareDialogs(ctx, func(b []byte) {
+			var ev lbsip.DialogEvent
+			if json.Unmarshal(b, &ev) == nil {
+				srv.ApplyDialog(ev)
+			}
+		})
+		srv.SetDialogShare(func(ev lbsip.DialogEvent) {
+			if b, err := json.Marshal(ev); err == nil {
+				publish(b)
+			}
+		})
+	}
+	if n.admin != nil {
+		n.admin.Handle("GET /status/cluster", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(n.cluster.Status())
+		}))
+	}
+}
