@@ -58,6 +58,17 @@ const (
 	Abandoned
 )
 
+var resultNames = [...]string{"ok", "connect error", "timeout", "server error", "abandoned"}
+
+// String returns "ok", "connect error", "timeout", "server error" or
+// "abandoned".
+func (r Result) String() string {
+	if int(r) < len(resultNames) {
+		return resultNames[r]
+	}
+	return fmt.Sprintf("result(%d)", r)
+}
+
 // BackendConfig describes one backend.
 type BackendConfig struct {
 	// ID names the backend in affinity tokens, logs and /status. It must be
@@ -108,6 +119,7 @@ type Backend struct {
 type passiveConfig struct {
 	maxFails int32
 	cooldown int64
+	onEject  func(b *Backend, r Result, until int64)
 }
 
 // ErrBadBackend is wrapped by NewBackend and NewPool for an invalid backend.
@@ -189,6 +201,16 @@ func (b *Backend) Acquire() {
 // passive ejection on, MaxFails consecutive ConnectError, Timeout or
 // ServerError results take the backend Down for the cool-down. OK resets
 // the count; Abandoned leaves it alone.
+//
+// now must be the time the result became known (the end of the request),
+// not its start: a timeout is charged when it fires, so an ejection it
+// causes lasts its full cool-down from then, and a request that started
+// before an ejection and fails after it extends it.
+//
+// An ejected backend stays on probation until a request succeeds: after
+// the cool-down one more failure ejects it again at once, so a backend
+// that still fails gets a trickle of new work rather than MaxFails
+// requests per cool-down.
 func (b *Backend) Release(now int64, r Result) {
 	b.outstanding.Add(-1)
 	switch r {
@@ -204,8 +226,15 @@ func (b *Backend) Release(now int64, r Result) {
 			return
 		}
 		if b.consecErr.Add(1) >= p.maxFails {
-			b.consecErr.Store(0)
-			b.ejectedAt.Store(now + p.cooldown)
+			b.consecErr.Store(p.maxFails - 1)
+			until := now + p.cooldown
+			prev := b.ejectedAt.Load()
+			for until > prev && !b.ejectedAt.CompareAndSwap(prev, until) {
+				prev = b.ejectedAt.Load()
+			}
+			if now >= prev && p.onEject != nil {
+				p.onEject(b, r, until)
+			}
 		}
 	}
 }
@@ -234,6 +263,28 @@ func (b *Backend) Disabled() bool { return b.disabled.Load() }
 // it busy until ClearBusy. Affinity traffic continues.
 func (b *Backend) SetBusy(until int64) { b.busyUntil.Store(until) }
 
+// MaxAvoid bounds Avoid: a backend's Retry-After keeps it from new work
+// for at most this long, so a typo (Retry-After: 86400) on one answer
+// cannot take a backend out for a day.
+const MaxAvoid = 5 * time.Minute
+
+// Avoid keeps new work away from the backend for d from now, the answer
+// to a 503 with Retry-After (RFC 9110 §10.2.3); d is capped at MaxAvoid.
+// It never shortens a later deadline already set by SetBusy or Avoid.
+// Affinity traffic continues.
+func (b *Backend) Avoid(now int64, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	until := now + int64(min(d, MaxAvoid))
+	for {
+		cur := b.busyUntil.Load()
+		if cur < 0 || cur >= until || b.busyUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
 // ClearBusy ends SetBusy.
 func (b *Backend) ClearBusy() { b.busyUntil.Store(0) }
 
@@ -247,6 +298,7 @@ func (b *Backend) SetProbeDown(down bool) { b.probeDown.Store(down) }
 func (b *Backend) SetProbeBusy(busy bool) { b.probeBusy.Store(busy) }
 
 // Eject takes the backend Down until now+d, as passive ejection does.
+// Unlike passive ejection it sets the deadline as given, even if earlier.
 func (b *Backend) Eject(now int64, d time.Duration) { b.ejectedAt.Store(now + int64(d)) }
 
 // BackendStatus is a point-in-time view of a backend for /status.

@@ -51,10 +51,22 @@ type ProberFunc func(ctx context.Context, b *Backend) (ProbeResult, error)
 func (f ProberFunc) Probe(ctx context.Context, b *Backend) (ProbeResult, error) { return f(ctx, b) }
 
 // HTTPProber sends GET Path to the backend over plain HTTP/1.1: 2xx and
-// 3xx are up, 429 is busy, anything else (or no answer) is down.
+// 3xx are up, 429 is busy, anything else (or no answer within the probe's
+// timeout) is down. With AnyBelow500 every status below 500 but 429 is up.
+//
+// Unlike TCPProber it proves that the backend answers: a backend that
+// accepts connections and never answers (a black hole: hung threads, a
+// full accept queue behind a live socket) passes a TCP connect and fails
+// this probe on its timeout.
 type HTTPProber struct {
-	// Path is the request path, e.g. "/healthz".
+	// Path is the request path, e.g. "/healthz"; empty is "/".
 	Path string
+	// AnyBelow500 counts any answer below 500 (but 429) as up: for a path
+	// the backend was not configured to answer (the default GET /, which
+	// an API may answer 401 or 404), where any answer proves the backend
+	// alive. Leave it false for a real health endpoint, whose 404 means
+	// the wrong service is listening.
+	AnyBelow500 bool
 	// Client sends the probe; nil uses a client without keep-alive, so a
 	// probe also proves that new connections are accepted.
 	Client *http.Client
@@ -71,7 +83,11 @@ func (p HTTPProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) 
 	if c == nil {
 		c = defaultProbeClient
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.addr+p.Path, nil)
+	path := p.Path
+	if path == "" {
+		path = "/"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.addr+path, nil)
 	if err != nil {
 		return ProbeDown, fmt.Errorf("probe %s: %w", b.id, err)
 	}
@@ -87,11 +103,16 @@ func (p HTTPProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) 
 		return ProbeBusy, nil
 	case resp.StatusCode >= 200 && resp.StatusCode < 400:
 		return ProbeUp, nil
+	case p.AnyBelow500 && resp.StatusCode < 500:
+		return ProbeUp, nil
 	}
 	return ProbeDown, fmt.Errorf("probe %s: status %d", b.id, resp.StatusCode)
 }
 
-// TCPProber is up when a TCP connection to the backend opens.
+// TCPProber is up when a TCP connection to the backend opens. It cannot
+// tell a black hole (accepts, never answers) from a working backend: use
+// it only where no application probe exists; HTTP backends get
+// HTTPProber.
 type TCPProber struct{}
 
 // Probe implements Prober.

@@ -47,6 +47,12 @@ type PassiveConfig struct {
 	// Cooldown is how long an ejected backend stays Down. Flag
 	// -health-cooldown, default 10s.
 	Cooldown time.Duration
+	// OnEject, if not nil, is called when a backend that was not ejected
+	// is ejected (not when a failure extends an ejection), with the result
+	// that tipped it and the monotonic ns it is out until: for the log and
+	// the event that tell an operator why a backend gets no traffic. It
+	// runs on the request path: keep it short and do not block.
+	OnEject func(b *Backend, r Result, until int64)
 }
 
 // PoolConfig configures a Pool.
@@ -98,7 +104,7 @@ func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
 	p := &Pool{backends: append([]*Backend(nil), backends...), byID: make(map[string]*Backend, len(backends))}
 	var passive *passiveConfig
 	if cfg.Passive.MaxFails > 0 {
-		passive = &passiveConfig{maxFails: int32(cfg.Passive.MaxFails), cooldown: int64(cfg.Passive.Cooldown)}
+		passive = &passiveConfig{maxFails: int32(cfg.Passive.MaxFails), cooldown: int64(cfg.Passive.Cooldown), onEject: cfg.Passive.OnEject}
 	}
 	for i, b := range p.backends {
 		if b == nil {
