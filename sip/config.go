@@ -45,6 +45,12 @@ type Config struct {
 	// a backend before it is moved to the next one. Flag
 	// -sip-failover-timeout.
 	FailoverTimeout time.Duration
+	// InDialogTimeout is how long an in-dialog request (not ACK) waits for
+	// any answer from its backend before the client gets our 408: a
+	// backend that died mid-call must not leave the client in silence
+	// until its own Timer F (32 s). Flag -sip-in-dialog-timeout (8 s, a
+	// quarter of Timer F).
+	InDialogTimeout time.Duration
 	// DrainDefault is how long a backend that answered 503 without a
 	// Retry-After gets no new work. Flag -sip-drain-default.
 	DrainDefault time.Duration
@@ -148,6 +154,7 @@ func DefaultConfig() Config {
 		DialogTTL:         DefaultDialogTTL,
 		DialogMax:         DefaultDialogMax,
 		FailoverTimeout:   2 * time.Second,
+		InDialogTimeout:   8 * time.Second,
 		DrainDefault:      5 * time.Second,
 		HealthInterval:    5 * time.Second,
 		HealthTimeout:     2 * time.Second,
@@ -171,6 +178,7 @@ func (c *Config) setDefaults() {
 	fill(&c.DialogTTL, d.DialogTTL)
 	fill(&c.DialogMax, d.DialogMax)
 	fill(&c.FailoverTimeout, d.FailoverTimeout)
+	fill(&c.InDialogTimeout, d.InDialogTimeout)
 	fill(&c.DrainDefault, d.DrainDefault)
 	fill(&c.HealthTimeout, d.HealthTimeout)
 	fill(&c.HealthRise, d.HealthRise)
@@ -208,6 +216,8 @@ func (c *Config) Validate() error {
 		return fieldError("FailoverTimeout", "must be at least 10ms")
 	case c.DrainDefault < 0:
 		return fieldError("DrainDefault", "must not be negative")
+	case c.InDialogTimeout < 10*time.Millisecond:
+		return fieldError("InDialogTimeout", "must be at least 10ms")
 	case c.HealthInterval < 0:
 		return fieldError("HealthInterval", "must not be negative")
 	case c.HealthInterval > 0 && c.HealthTimeout >= c.HealthInterval:

@@ -57,6 +57,9 @@ type Metrics struct {
 
 	PingsSent   atomic.Uint64 // OPTIONS health pings
 	PingsFailed atomic.Uint64 // pings without an answer in time
+
+	InDialogUnanswered  atomic.Uint64 // in-dialog requests answered 408: their backend did not answer in -sip-in-dialog-timeout
+	InDialogBackendDown atomic.Uint64 // in-dialog requests answered 480: their backend is down
 }
 
 // Metrics returns the server's counters.

@@ -179,14 +179,43 @@ func (s *Server) ourRecordRoute(token string, tcp bool) *gosip.RecordRouteHeader
 
 // forwardStateless sends req to dst with our Via, keeping no state.
 func (s *Server) forwardStateless(req *gosip.Request, src source, dst target, branchID string) {
-	ckey := clientKey(req)
+	_ = s.forwardStatelessBranch(req, src, dst, branchFor(clientKey(req), branchID))
+}
+
+// forwardStatelessBranch sends req to dst with our Via of branch br.
+func (s *Server) forwardStatelessBranch(req *gosip.Request, src source, dst target, br string) error {
 	s.prepareForward(req, src)
-	req.PrependHeader(s.ourVia(branchFor(ckey, branchID), dst.tcp))
+	req.PrependHeader(s.ourVia(br, dst.tcp))
 	if err := s.sendMsg(req, dst); err != nil {
 		s.log.Debug("sip forward", "err", err, "call_id", req.CallID().Value())
-		return
+		return err
 	}
 	s.metrics.Forwarded.Add(1)
+	return nil
+}
+
+// forwardInDialog sends an in-dialog request to the dialog's backend b.
+// The client always gets an answer: a backend that is down gets no
+// request and the client 480 at once; a send that fails gets 503; any
+// other request but ACK is watched and answered 408 if b stays silent
+// for -sip-in-dialog-timeout (inDialogWatch).
+func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now int64) {
+	ack := req.Method == gosip.ACK
+	if !b.lb.AcceptsAffinity(now) {
+		if !ack {
+			s.metrics.InDialogBackendDown.Add(1)
+			s.reply(req, src, 480, "Temporarily Unavailable", "Warning: 399 "+s.adv.String()+` "backend down"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)))
+		}
+		return
+	}
+	br := branchFor(clientKey(req), b.id)
+	if !ack {
+		s.watch(req, src, br, b.id, now)
+	}
+	if err := s.forwardStatelessBranch(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, br); err != nil && !ack {
+		s.unwatch(br)
+		s.reply(req, src, 503, "Service Unavailable", "Warning: 399 "+s.adv.String()+` "backend unreachable"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)))
+	}
 }
 
 // handleAck routes an ACK: absorbed if it acknowledges our own final
@@ -283,7 +312,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 		if removed {
 			s.metrics.AffinityGone.Add(1)
 		}
-		s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
+		s.forwardInDialog(req, src, b, now)
 		return
 	}
 	if fromBackend {
@@ -313,7 +342,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 	} else {
 		s.metrics.CallIDFallback.Add(1)
 	}
-	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
+	s.forwardInDialog(req, src, b, now)
 }
 
 // dialogRoute picks the backend of a request that belongs to a dialog but

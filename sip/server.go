@@ -78,6 +78,7 @@ type Server struct {
 	txns    txnTable
 	dialogs dialogTable
 	pings   pingTable
+	watched inDialogWatch
 	metrics Metrics
 
 	ctx    context.Context
@@ -504,6 +505,7 @@ func (s *Server) tick() {
 		}
 		now := s.clock.Now()
 		s.txnTimers(now)
+		s.expireWatched(now)
 		s.dialogs.sweep(now, dialogSweepShards)
 		if f := s.metrics.DialogsFull.Load(); f != lastFull && time.Since(lastFullLog) >= time.Minute {
 			lastFullLog = time.Now()

@@ -1,0 +1,136 @@
+package sip
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/lb"
+)
+
+// finalCode returns the status of the next final response the client
+// gets, or 0 if none comes within the wait bound (silence).
+func (c *uac) finalCode() int {
+	for {
+		m := c.recv()
+		if m == nil {
+			return 0
+		}
+		if res, ok := m.(*gosip.Response); ok && res.StatusCode >= 200 {
+			return res.StatusCode
+		}
+	}
+}
+
+// establish sets up calls until n of them are on backend on, returning
+// those calls (answered and ACKed, not yet ended).
+func establish(t *testing.T, c *uac, on *uas, n int) []*call {
+	t.Helper()
+	var out []*call
+	for i := 0; len(out) < n && i < 20*n; i++ {
+		k := c.newCall()
+		k.invite("")
+		k.c.recvResponse(180)
+		k.learn(k.c.recvResponse(200))
+		k.inDialog("ACK", 1, k.branch+"-ack")
+		if on.count(gosip.INVITE, k.callID) > 0 {
+			out = append(out, k)
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("only %d of %d calls landed on %s", len(out), n, on.name)
+	}
+	return out
+}
+
+// kill closes a fake backend's socket: it is gone, as after kill -9.
+func (u *uas) kill() {
+	u.conn.Close()
+	<-u.done
+}
+
+// TestFaultSIPBackendKilledMidCall: calls are up on b1 when it dies.
+// Their in-dialog requests get a final answer from the balancer, never
+// silence: 408 while nothing knows b1 is dead (it is watched for
+// -sip-in-dialog-timeout), 480 at once once the OPTIONS check took it
+// down. New work goes to b2, and nothing is left behind: no watched
+// request, no transaction, no extra goroutine.
+func TestFaultSIPBackendKilledMidCall(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		health bool
+		want   int
+	}{
+		{"undetected", false, 408},
+		{"detected", true, 480},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+			s := testServer(t, []*uas{b1, b2}, nil, func(c *Config) {
+				c.InDialogTimeout = 200 * time.Millisecond
+				if tc.health {
+					c.HealthInterval = 50 * time.Millisecond
+					c.HealthTimeout = 40 * time.Millisecond
+					c.HealthRise, c.HealthFall = 1, 2
+				}
+			})
+			c := newUAC(t, s.udpAddr())
+			calls := establish(t, c, b1, 3)
+			g0 := runtime.NumGoroutine()
+			b1.kill()
+			if tc.health {
+				eventually(t, "b1 down", func() bool {
+					return s.pool.Load().list[0].lb.State(s.clock.Now()) == lb.Down
+				})
+			}
+			for i, k := range calls {
+				method := "BYE"
+				if i == 1 {
+					method = "INFO"
+				}
+				k.inDialog(method, 2, k.branch+"-2")
+				if got := c.finalCode(); got != tc.want {
+					t.Fatalf("%s on a dead backend: final answer %d, want %d (0 is silence)", method, got, tc.want)
+				}
+			}
+			// New work lands on b2 (after a failover while b1 is not
+			// known dead, directly once it is).
+			for range 4 {
+				k := c.newCall()
+				k.complete()
+				if b2.count(gosip.INVITE, k.callID) != 1 {
+					t.Fatalf("new call %s not on b2", k.callID)
+				}
+			}
+			eventually(t, "nothing left", func() bool {
+				return s.watchedLen() == 0 && s.txns.Len() == 0 && runtime.NumGoroutine() <= g0
+			})
+			m := &s.metrics
+			if tc.health && m.InDialogBackendDown.Load() != 3 || !tc.health && m.InDialogUnanswered.Load() != 3 {
+				t.Errorf("counters: unanswered %d, backend down %d; want 3 of the expected kind",
+					m.InDialogUnanswered.Load(), m.InDialogBackendDown.Load())
+			}
+		})
+	}
+}
+
+// TestFaultSIPInDialogAnsweredNotWatched: an in-dialog request its backend
+// answers leaves no watch behind and never gets our 408.
+func TestFaultSIPInDialogAnsweredNotWatched(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, func(c *Config) { c.InDialogTimeout = 50 * time.Millisecond })
+	c := newUAC(t, s.udpAddr())
+	for range 20 {
+		c.newCall().complete()
+	}
+	if n := s.watchedLen(); n != 0 {
+		t.Errorf("%d in-dialog requests still watched after their answers", n)
+	}
+	time.Sleep(100 * time.Millisecond) // past the in-dialog timeout
+	s.expireWatched(s.clock.Now())
+	if n := s.metrics.InDialogUnanswered.Load(); n != 0 {
+		t.Errorf("%d answered in-dialog requests got our 408", n)
+	}
+}
