@@ -72,14 +72,31 @@ func okBackend(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// sipUAS is a minimal UDP SIP backend: it answers every request but ACK
-// with 200 (silent: nothing at all), echoing the transaction headers.
-func sipUAS(t *testing.T, silent bool) string {
+// sipBackend is a minimal UDP SIP backend: it answers every request but
+// ACK with 200 (silent: nothing at all), echoing the transaction headers,
+// and counts the requests it got by method and Call-ID.
+type sipBackend struct {
+	addr string
+	mu   sync.Mutex
+	seen map[string]int // "METHOD Call-ID"
+}
+
+// got returns how many method requests of callID the backend received.
+func (b *sipBackend) got(method, callID string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.seen[method+" "+callID]
+}
+
+func sipUAS(t *testing.T, silent bool) string { return newSIPBackend(t, silent).addr }
+
+func newSIPBackend(t *testing.T, silent bool) *sipBackend {
 	t.Helper()
 	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := &sipBackend{addr: c.LocalAddr().String(), seen: map[string]int{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -89,16 +106,35 @@ func sipUAS(t *testing.T, silent bool) string {
 			if err != nil {
 				return
 			}
+			msg := string(buf[:n])
+			if method, _, ok := strings.Cut(msg, " "); ok && !strings.HasPrefix(msg, "SIP/") {
+				b.mu.Lock()
+				b.seen[method+" "+sipHeader(msg, "Call-ID")]++
+				b.mu.Unlock()
+			}
 			if silent {
 				continue
 			}
-			if res := sipAnswer(string(buf[:n]), c.LocalAddr().String()); res != "" {
+			if res := sipAnswer(msg, b.addr); res != "" {
 				c.WriteToUDPAddrPort([]byte(res), from)
 			}
 		}
 	}()
 	t.Cleanup(func() { c.Close(); <-done })
-	return c.LocalAddr().String()
+	return b
+}
+
+// sipHeader returns the value of the first header name in msg.
+func sipHeader(msg, name string) string {
+	for _, l := range strings.Split(msg, "\r\n")[1:] {
+		if l == "" {
+			break
+		}
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.EqualFold(strings.TrimSpace(k), name) {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 // sipAnswer builds the 200 to a request (empty for ACK and responses).
