@@ -39,13 +39,13 @@ func (l *evloop) consume(bc *bconn) bool {
 		l.rd.Reset(buf[:hlen])
 		l.br.Reset(&l.rd)
 		if err := h.Read(l.br); err != nil {
-			l.failed(c, errBadAnswer, lb.ServerError, false)
+			l.failed(c, errBadAnswer, lb.ServerError)
 			return true
 		}
 		st := h.StatusCode()
 		if st < 200 {
 			if st == fasthttp.StatusSwitchingProtocols {
-				l.failed(c, errBadAnswer, lb.ServerError, false)
+				l.failed(c, errBadAnswer, lb.ServerError)
 				return true
 			}
 			l.writeClient(c, buf[:hlen]) // 1xx informational: passed on as is
@@ -96,7 +96,7 @@ func (l *evloop) consume(bc *bconn) bool {
 		out := h.AppendBytes(l.out[:0])
 		k, done, err := x.bodyBytes(bc.in[bc.r:bc.w])
 		if err != nil {
-			l.failed(c, errBadAnswer, lb.ServerError, false)
+			l.failed(c, errBadAnswer, lb.ServerError)
 			return true
 		}
 		out = append(out, bc.in[bc.r:bc.r+k]...)
@@ -113,7 +113,7 @@ func (l *evloop) consume(bc *bconn) bool {
 	}
 	k, done, err := x.bodyBytes(bc.in[bc.r:bc.w])
 	if err != nil {
-		l.failed(c, errBadAnswer, lb.ServerError, false)
+		l.failed(c, errBadAnswer, lb.ServerError)
 		return true
 	}
 	if done {

@@ -51,7 +51,11 @@ type Config struct {
 	// ConnectTimeout bounds dialing a backend. Flag -http-connect-timeout.
 	ConnectTimeout time.Duration
 	// BackendTimeout bounds a whole exchange with a backend (write the
-	// request, read the response head). Flag -http-backend-timeout.
+	// request, read the response head): the first-byte timeout. Flag
+	// -http-backend-timeout (10 s), so that a backend that accepts and
+	// never answers costs a client 10 s, not 30, before its request moves
+	// to another backend (idempotent) or gets 504; an endpoint that takes
+	// longer to start its answer needs a higher value.
 	BackendTimeout time.Duration
 	// BackendIdle closes backend connections idle this long. Flag
 	// -http-backend-idle.
@@ -119,7 +123,7 @@ func DefaultConfig() Config {
 		MaxConns:            1024,
 		ConnWait:            100 * time.Millisecond,
 		ConnectTimeout:      2 * time.Second,
-		BackendTimeout:      30 * time.Second,
+		BackendTimeout:      10 * time.Second,
 		BackendIdle:         30 * time.Second,
 		ClientReadTimeout:   60 * time.Second,
 		ClientIdle:          120 * time.Second,

@@ -113,17 +113,20 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 		if err != nil && body != nil && body.broken(h.ContentLength()) {
 			// The client's body stream broke or ended early while it was
 			// being sent on: the client's fault, not the backend's.
-			p.releaseBackend(lb.Abandoned)
+			p.releaseBackend(s.clock.Now(), lb.Abandoned)
 			ctx.Response.CloseBodyStream()
 			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
 			ctx.SetConnectionClose()
 			return
 		}
-		p.releaseBackend(result(err, ctx.Response.StatusCode()))
+		p.releaseBackend(s.clock.Now(), result(err, ctx.Response.StatusCode()))
 		if err == nil {
 			break
 		}
-		if p.mayRetry(notSent(err)) {
+		// An error here came before any of the answer was relayed; a body
+		// streamed from the client can be sent only once, so such a
+		// request moves only if it never left.
+		if p.mayRetry() && (body == nil || notSent(err)) {
 			switch s.retryElsewhere(p, &ctx.Response, h, path, ip) {
 			case retrySend:
 				continue

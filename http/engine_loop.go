@@ -498,9 +498,9 @@ func (l *evloop) expire() {
 				l.closeBackend(bc)
 			case bc.connecting:
 				bc.cp.sa = nil
-				l.failed(c, fasthttp.ErrDialTimeout, lb.Timeout, true)
+				l.failed(c, fasthttp.ErrDialTimeout, lb.Timeout)
 			default:
-				l.failed(c, fasthttp.ErrTimeout, lb.Timeout, false)
+				l.failed(c, fasthttp.ErrTimeout, lb.Timeout)
 			}
 		}
 	}
@@ -510,7 +510,7 @@ func (l *evloop) expire() {
 			p.waiters = p.waiters[1:]
 			if w.valid() {
 				w.c.x.waitUntil = 0
-				l.failed(w.c, fasthttp.ErrNoFreeConns, lb.Abandoned, true)
+				l.failed(w.c, fasthttp.ErrNoFreeConns, lb.Abandoned)
 			}
 		}
 	}

@@ -77,7 +77,7 @@ func (l *evloop) send(c *cconn) {
 	} else {
 		var err error
 		if bc, err = l.dial(p); err != nil {
-			l.failed(c, err, lb.ConnectError, true)
+			l.failed(c, err, lb.ConnectError)
 			return
 		}
 	}
@@ -131,7 +131,7 @@ func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 			bc.cp.sa = nil
 			if c := bc.c; c != nil {
 				l.closeBackend(bc)
-				l.failed(c, &net.OpError{Op: "dial", Net: "tcp", Err: err}, lb.ConnectError, true)
+				l.failed(c, &net.OpError{Op: "dial", Net: "tcp", Err: err}, lb.ConnectError)
 			} else {
 				l.closeBackend(bc)
 			}
@@ -198,12 +198,12 @@ func (l *evloop) backendBroke(bc *bconn) {
 	x := &c.x
 	if used && !x.gotHead && !gotBytes && x.idem && !x.staleRetry {
 		x.staleRetry = true
-		x.releaseBackend(lb.Abandoned)
+		x.releaseBackend(l.s.clock.Now(), lb.Abandoned)
 		x.bc = nil
 		l.send(c)
 		return
 	}
-	l.failed(c, fasthttp.ErrConnectionClosed, lb.ConnectError, false)
+	l.failed(c, fasthttp.ErrConnectionClosed, lb.ConnectError)
 }
 
 // relay reads the backend's answer and passes it on to the client as it
@@ -236,7 +236,7 @@ func (l *evloop) relay(bc *bconn) {
 		}
 		if bc.w == len(bc.in) { // only while reading a head: bodies are consumed as they come
 			if len(bc.in) >= backendBufSize {
-				l.failed(c, errBadAnswer, lb.ServerError, false) // a head over 64 KiB
+				l.failed(c, errBadAnswer, lb.ServerError) // a head over 64 KiB
 				return
 			}
 			nb := make([]byte, backendBufSize)

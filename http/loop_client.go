@@ -384,7 +384,7 @@ func (l *evloop) settle(c *cconn) {
 	if !x.acquired {
 		return
 	}
-	x.releaseBackend(result(nil, x.status))
+	x.releaseBackend(l.s.clock.Now(), result(nil, x.status))
 	l.s.observe(&x.plan)
 }
 
@@ -463,7 +463,7 @@ func (l *evloop) closeClient(c *cconn) {
 	if bc := c.x.bc; c.busy && bc != nil {
 		// The client left mid-exchange: the backend connection is in an
 		// unknown state.
-		c.x.releaseBackend(lb.Abandoned)
+		c.x.releaseBackend(l.s.clock.Now(), lb.Abandoned)
 		l.closeBackend(bc)
 	}
 	closeFD(l.detach(c))
@@ -485,10 +485,10 @@ func (l *evloop) detach(c *cconn) int {
 }
 
 // failed answers a failed exchange: once more on another backend when the
-// pipeline allows it (retryElsewhere), else 502, 503 or 504 by cause; if
-// part of the answer was already relayed the client's connection is
-// closed instead.
-func (l *evloop) failed(c *cconn, err error, res lb.Result, notSent bool) {
+// pipeline allows it (mayRetry, retryElsewhere), else 502, 503 or 504 by
+// cause; if part of the answer was already relayed the client's connection
+// is closed instead.
+func (l *evloop) failed(c *cconn, err error, res lb.Result) {
 	s := l.s
 	x := &c.x
 	if bc := x.bc; bc != nil {
@@ -496,7 +496,7 @@ func (l *evloop) failed(c *cconn, err error, res lb.Result, notSent bool) {
 	}
 	x.bc = nil
 	x.waitUntil = 0
-	x.releaseBackend(res)
+	x.releaseBackend(l.s.clock.Now(), res)
 	if c.fd < 0 {
 		return
 	}
@@ -506,7 +506,7 @@ func (l *evloop) failed(c *cconn, err error, res lb.Result, notSent bool) {
 		l.endRequest(c)
 		return
 	}
-	if x.mayRetry(notSent) {
+	if x.mayRetry() {
 		l.reparse(c) // the head, for re-admitting an affinity request
 		switch s.retryElsewhere(&x.plan, &l.local, &l.reqH, l.path(&l.reqH), c.ip) {
 		case retrySend:
@@ -530,7 +530,7 @@ func (l *evloop) abort(c *cconn) {
 	}
 	x.bc = nil
 	x.waitUntil = 0
-	x.releaseBackend(lb.Abandoned)
+	x.releaseBackend(l.s.clock.Now(), lb.Abandoned)
 	if x.gotHead {
 		l.s.stats.Aborted.Add(1)
 		l.closeClient(c)

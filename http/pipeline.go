@@ -116,22 +116,27 @@ func (p *plan) acquireBackend() {
 }
 
 // releaseBackend ends p.b's count of the request with its result, once.
-// The request's start time stands in for its end: passive ejection
-// cool-downs are seconds, requests milliseconds.
-func (p *plan) releaseBackend(res lb.Result) {
+// now is the time the result is known (the request's end): a timeout is
+// charged when it fires, so the passive ejection it causes lasts its whole
+// cool-down from then (charged at the request's start, a 10 s cool-down
+// had expired by the time a 30 s timeout landed).
+func (p *plan) releaseBackend(now int64, res lb.Result) {
 	if p.acquired {
 		p.acquired = false
-		p.b.Release(p.start, res)
+		p.b.Release(now, res)
 	}
 }
 
-// mayRetry reports whether a failed exchange may go once more to another
-// backend: the request never reached the first (notSent), may be sent
-// twice, and has not been moved already. Affinity requests are moved too,
-// since a backend that refuses connections is down and its clients are
-// re-pinned.
-func (p *plan) mayRetry(notSent bool) bool {
-	return notSent && p.idem && !p.retried
+// mayRetry reports whether an exchange that failed before any byte of the
+// answer was relayed may go once more to another backend: the request may
+// be sent twice (RFC 9110 §9.2.2) and has not been moved already. That
+// covers a request that never reached the backend and one the backend
+// took and never answered in time, reset, or answered with garbage; a
+// non-idempotent request is never sent twice. Affinity requests are moved
+// too, since a backend that fails them is down or hung and its clients
+// are re-pinned.
+func (p *plan) mayRetry() bool {
+	return p.idem && !p.retried
 }
 
 // retryStep is what follows a failed exchange that mayRetry allowed.

@@ -175,6 +175,9 @@ func stripHopByHop(seen uint16, conn []byte, delBytes func([]byte), del func(str
 // prepareResponse removes hop-by-hop headers from the backend's answer to
 // p, learns the application session cookie and sets the sticky cookie.
 func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
+	if h.StatusCode() == fasthttp.StatusServiceUnavailable {
+		s.backendBusy(h, p.b)
+	}
 	var seen uint16
 	for k := range h.All() {
 		seen |= headerBit(k)

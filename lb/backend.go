@@ -271,16 +271,21 @@ const MaxAvoid = 5 * time.Minute
 // Avoid keeps new work away from the backend for d from now, the answer
 // to a 503 with Retry-After (RFC 9110 §10.2.3); d is capped at MaxAvoid.
 // It never shortens a later deadline already set by SetBusy or Avoid.
-// Affinity traffic continues.
-func (b *Backend) Avoid(now int64, d time.Duration) {
+// Affinity traffic continues. It reports whether the backend was taking
+// new work until now (a new avoidance, worth a log line; an extension is
+// not).
+func (b *Backend) Avoid(now int64, d time.Duration) bool {
 	if d <= 0 {
-		return
+		return false
 	}
 	until := now + int64(min(d, MaxAvoid))
 	for {
 		cur := b.busyUntil.Load()
-		if cur < 0 || cur >= until || b.busyUntil.CompareAndSwap(cur, until) {
-			return
+		if cur < 0 || cur >= until {
+			return false
+		}
+		if b.busyUntil.CompareAndSwap(cur, until) {
+			return cur <= now
 		}
 	}
 }

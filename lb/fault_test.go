@@ -210,9 +210,12 @@ func TestFaultAvoidRetryAfter(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := p.Backends()[0]
-	b.Avoid(0, 30*time.Second)
-	b.Avoid(1*s, 5*time.Second) // shorter: ignored
-	b.Avoid(2*s, 0)             // none: ignored
+	if !b.Avoid(0, 30*time.Second) {
+		t.Error("first Avoid did not report a new avoidance")
+	}
+	if b.Avoid(1*s, 5*time.Second) || b.Avoid(2*s, 0) { // shorter, none: ignored
+		t.Error("a shorter or empty Avoid reported a new avoidance")
+	}
 	for _, st := range []struct {
 		at   int64
 		want State

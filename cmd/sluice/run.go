@@ -75,7 +75,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.IntVar(&h.MaxConns, "http-backend-max-conns", hd.MaxConns, "most connections to each HTTP backend")
 	fs.DurationVar(&h.ConnWait, "http-backend-conn-wait", hd.ConnWait, "wait for a free backend connection before answering 503")
 	fs.DurationVar(&h.ConnectTimeout, "http-connect-timeout", hd.ConnectTimeout, "timeout dialing a backend")
-	fs.DurationVar(&h.BackendTimeout, "http-backend-timeout", hd.BackendTimeout, "timeout writing a request to and reading the answer from a backend (504 past it)")
+	fs.DurationVar(&h.BackendTimeout, "http-backend-timeout", hd.BackendTimeout, "first-byte timeout: writing a request to a backend and reading its answer's head (past it: idempotent requests go once to another backend, others get 504)")
 	fs.DurationVar(&h.BackendIdle, "http-backend-idle", hd.BackendIdle, "close backend connections idle this long (keep it below the backends' keep-alive timeout)")
 	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", hd.ClientReadTimeout, "timeout reading a client request")
 	fs.DurationVar(&h.ClientIdle, "http-client-idle", hd.ClientIdle, "close idle client connections after this long")
