@@ -69,8 +69,16 @@ soak() {
         END {
             for (p in n) printf "%-5s rounds %d: sent before the kill %d, lost at the kill %d; sent in the gap %d; sent after the restart %d, lost %d\n", p, n[p], sent[p], lost[p], gap[p], after[p], alost[p]
         }' "$OUT/kill9-soak.log"
-    echo "== SIGTERM exit times (limit: -drain-timeout 2s + 5s)"
-    grep -oE 'exited [0-9.]+m?s after SIG(TERM|INT)[^)]*' "$OUT/sigterm-soak.log" | sort | uniq -c | sort -rn | head -20
+    echo "== exit times after the signal, by state ($OUT/sigterm-soak.log; limit -drain-timeout 2s + 5s, a second signal: at once)"
+    awk '/^=== (RUN|CONT)/ { name = $3 }
+        / exited [0-9.]+(ms|s) after SIG/ {
+            for (i = 1; i <= NF; i++) if ($i == "exited") v = $(i+1)
+            ms = (v ~ /ms$/) ? v + 0 : v * 1000
+            n[name]++; sum[name] += ms
+            if (!(name in lo) || ms < lo[name]) lo[name] = ms
+            if (ms > hi[name]) hi[name] = ms
+        }
+        END { for (k in n) printf "%-55s runs %2d  min %6.0f ms  mean %6.0f ms  max %6.0f ms\n", k, n[k], lo[k], sum[k] / n[k], hi[k] }' "$OUT/sigterm-soak.log" | sort
 }
 
 case $MODE in

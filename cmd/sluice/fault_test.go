@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -386,4 +387,179 @@ func idleClients(t *testing.T, addr string, n int, limit time.Duration) int {
 		t.Fatalf("the last idle connection, speaking: %q %v", line, err)
 	}
 	return len(conns)
+}
+
+// TestFaultHTTPBlackHoleEndToEnd is the reported case through `sluice run`
+// with its default health settings: of two HTTP backends one accepts
+// connections and never answers. Clients send a steady 20 GETs/s for
+// 12 s. Every client gets 200 (a request the hung backend took moves to
+// the other after the first-byte timeout), the hung backend is taken out
+// by its health check (an HTTP GET that times out) or by passive ejection,
+// the ejection is logged, and no request sent more than a second after it
+// went down reaches it. The hung backend's connection count is checked
+// before and after (no pile-up).
+func TestFaultHTTPBlackHoleEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("12 s of load through a sluice process")
+	}
+	var holeConns atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			holeConns.Add(1)
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	good := okBackend(t)
+	cmd, logs, addrs := startSluiceLogAll(t, "-http-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0", "-data-dir", t.TempDir(),
+		"-http-backend", good+",id=good", "-http-backend", ln.Addr().String()+",id=hole", "-http-sticky-cookie", "-")
+	_ = cmd
+	front := "http://" + addrs["http"]
+
+	type sent struct {
+		at      time.Time
+		took    time.Duration
+		status  int
+		viaHole bool // waited for the first-byte timeout
+	}
+	var (
+		rmu     sync.Mutex
+		results []sent
+		wg      sync.WaitGroup
+	)
+	client := &http.Client{Timeout: 30 * time.Second}
+	start := time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	for i := 0; i < 240; i++ { // 20/s for 12 s
+		<-tick.C
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			at := time.Now()
+			st := 0
+			if resp, err := client.Get(front + "/x"); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				st = resp.StatusCode
+			}
+			rmu.Lock()
+			results = append(results, sent{at: at, took: time.Since(at), status: st})
+			rmu.Unlock()
+		}()
+	}
+	tick.Stop()
+	wg.Wait()
+	var down time.Time
+	for _, l := range logs() {
+		if strings.Contains(l, "backend=hole") && (strings.Contains(l, "msg=\"backend down\"") || strings.Contains(l, "ejected")) {
+			if ts := logTime(l); !ts.IsZero() && (down.IsZero() || ts.Before(down)) {
+				down = ts
+			}
+		}
+	}
+	if down.IsZero() {
+		t.Fatalf("no log line says the hung backend went down or was ejected:\n%s", strings.Join(logs(), "\n"))
+	}
+	var non200, slow, slowLate int
+	for _, r := range results {
+		if r.status != 200 {
+			non200++
+		}
+		if r.took >= 5*time.Second { // it waited for the first-byte timeout: the hole took it
+			slow++
+			if r.at.After(down.Add(time.Second)) {
+				slowLate++
+			}
+		}
+	}
+	t.Logf("%d requests in %v; hung backend out %v after the first; %d waited for the first-byte timeout (then answered by the other backend), %d of them sent more than 1 s after it went out; %d not 200; connections to the hung backend: %d",
+		len(results), time.Since(start).Round(time.Millisecond), down.Sub(start).Round(time.Millisecond), slow, slowLate, non200, holeConns.Load())
+	if non200 != 0 {
+		t.Errorf("%d requests did not get 200", non200)
+	}
+	if slowLate != 0 {
+		t.Errorf("%d requests sent more than 1 s after the hung backend went out still went to it", slowLate)
+	}
+	after := holeConns.Load()
+	time.Sleep(3 * time.Second) // health probes keep running; new work does not
+	if n := holeConns.Load() - after; n > 3 {
+		t.Errorf("%d new connections to the hung backend in 3 s while down (probes only: at most 2)", n)
+	}
+}
+
+// logTime is the time= field of a log line, or the zero time.
+func logTime(l string) time.Time {
+	i := strings.Index(l, "time=")
+	if i < 0 {
+		return time.Time{}
+	}
+	f := l[i+5:]
+	if j := strings.IndexByte(f, ' '); j >= 0 {
+		f = f[:j]
+	}
+	ts, _ := time.Parse(time.RFC3339Nano, f)
+	return ts
+}
+
+// startSluiceLogAll runs sluice with args and returns it, a function that
+// returns every log line so far, and the addresses it listens on.
+func startSluiceLogAll(t *testing.T, args ...string) (*exec.Cmd, func() []string, map[string]string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"run"}, args...)...)
+	cmd.Env = append(os.Environ(), "SLUICE_TEST_MAIN=1")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var mu sync.Mutex
+	var lines []string
+	found := make(chan map[string]string, 1)
+	go func() {
+		re := regexp.MustCompile(`(http|sip|admin)=([0-9.]+:[0-9]+)`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			mu.Lock()
+			lines = append(lines, sc.Text())
+			mu.Unlock()
+			if strings.Contains(sc.Text(), "msg=listening") {
+				addrs := map[string]string{}
+				for _, m := range re.FindAllStringSubmatch(sc.Text(), -1) {
+					addrs[m[1]] = m[2]
+				}
+				found <- addrs
+			}
+		}
+	}()
+	all := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), lines...)
+	}
+	select {
+	case a := <-found:
+		return cmd, all, a
+	case <-time.After(20 * time.Second):
+		t.Fatal("sluice did not start listening")
+	}
+	return nil, nil, nil
 }
