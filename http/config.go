@@ -306,16 +306,18 @@ type BackendSpec struct {
 	ID         string // default Addr
 	Weight     int    // default 1
 	MetricsURL string // memory probe for MOP; "" disables MOP for it
-	HealthPath string // active HTTP health check path; "" probes by TCP connect
+	HealthPath string // active HTTP health check path; "" probes GET /
 }
 
 // Prober is the active health check of the backend: an HTTP GET of
-// HealthPath, or a TCP connect when it has none.
+// HealthPath (2xx/3xx up), or without one a GET / where any answer below
+// 500 is up. Either fails on a backend that accepts connections and never
+// answers, which a TCP connect would pass.
 func (b BackendSpec) Prober() lb.Prober {
 	if b.HealthPath != "" {
 		return lb.HTTPProber{Path: b.HealthPath}
 	}
-	return lb.TCPProber{}
+	return lb.HTTPProber{Path: "/", AnyBelow500: true}
 }
 
 // ParseBackend parses a -http-backend value with lb.ParseBackendSpec.

@@ -51,7 +51,12 @@ type Config struct {
 	// Health is the HTTP backends' active health check; Interval 0
 	// disables it.
 	Health lb.HealthConfig
-	// Passive is the HTTP backends' passive health check.
+	// HealthPath is -health-path: the HTTP probe's path ("": GET / where
+	// any answer below 500 is up; "-": a TCP connect only). A backend's
+	// own health=PATH wins.
+	HealthPath string
+	// Passive is the HTTP backends' passive health check (OnEject is set
+	// by the node: it logs and records each ejection).
 	Passive lb.PassiveConfig
 	// ARM are the -arm rule specs.
 	ARM []string
@@ -294,7 +299,7 @@ func (c *Config) checkPositive() error {
 			return fmt.Errorf("%s must be positive", f.name)
 		}
 	}
-	return nil
+	return checkHealthPath(c.HealthPath)
 }
 
 // checkMOP validates the MOP settings once, before any backend needs them.

@@ -55,11 +55,13 @@ func (n *Node) newHTTPGen(specs []string) (*httpGen, error) {
 	}
 	g := &httpGen{}
 	var err error
-	if g.pool, err = lb.NewPool(lb.PoolConfig{Policy: n.cfg.Policy, Passive: n.cfg.Passive}, backends); err != nil {
+	passive := n.cfg.Passive
+	passive.OnEject = n.onEject("http")
+	if g.pool, err = lb.NewPool(lb.PoolConfig{Policy: n.cfg.Policy, Passive: passive}, backends); err != nil {
 		return nil, err
 	}
 	if n.cfg.Health.Interval > 0 {
-		prober := func(b *lb.Backend) lb.Prober { return parsed[b.Index()].Prober() }
+		prober := func(b *lb.Backend) lb.Prober { return httpProber(n.cfg.HealthPath, parsed[b.Index()]) }
 		if g.health, err = lb.NewPoolHealthChecker(n.healthConfig(), g.pool, prober, n.logger); err != nil {
 			return nil, err
 		}

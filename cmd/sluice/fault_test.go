@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -562,4 +563,17 @@ func startSluiceLogAll(t *testing.T, args ...string) (*exec.Cmd, func() []string
 		t.Fatal("sluice did not start listening")
 	}
 	return nil, nil, nil
+}
+
+// TestFaultHealthPathFlag: a -health-path that is not a path stops
+// start-up with a message naming the flag.
+func TestFaultHealthPathFlag(t *testing.T) {
+	for _, bad := range []string{"healthz", "/a b", "http://x/"} {
+		var stderr syncBuffer
+		code := run(context.Background(), []string{"-health-path", bad, "-http-listen", "127.0.0.1:0", "-admin-listen", "", "-http-backend", "127.0.0.1:1", "-data-dir", t.TempDir()},
+			io.Discard, &stderr, nil)
+		if code != 2 || !strings.Contains(stderr.String(), "-health-path") {
+			t.Errorf("-health-path %q: exit %d, stderr %q; want 2 naming the flag", bad, code, stderr.String())
+		}
+	}
 }

@@ -203,6 +203,7 @@ var fieldFlags = map[string]string{
 	"sip.DialogTTL":          "sip-dialog-ttl",
 	"sip.DialogMax":          "sip-dialog-max",
 	"sip.FailoverTimeout":    "sip-failover-timeout",
+	"sip.InDialogTimeout":    "sip-in-dialog-timeout",
 	"sip.DrainDefault":       "sip-drain-default",
 	"sip.HealthInterval":     "sip-health-interval",
 	"sip.HealthTimeout":      "sip-health-timeout",

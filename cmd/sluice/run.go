@@ -32,6 +32,7 @@ type runOptions struct {
 	trusted      listFlag
 	policy       string
 	health       lb.HealthConfig
+	healthPath   string
 	passive      lb.PassiveConfig
 	arm          listFlag
 	mop          admission.MOPConfig
@@ -88,6 +89,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.policy, "lb-policy", "round-robin", "HTTP selection of new work: "+strings.Join(lb.PolicyNames, ", "))
 	fs.DurationVar(&o.health.Interval, "health-interval", hc.Interval, "active health check period per backend (0 disables)")
 	fs.DurationVar(&o.health.Timeout, "health-timeout", hc.Timeout, "timeout of one health probe")
+	fs.StringVar(&o.healthPath, "health-path", "", "HTTP health check: GET this path, 2xx/3xx up, 429 busy (default: GET / where any answer below 500 is up; - for a TCP connect only, which passes a hung backend; health=PATH in -http-backend wins)")
 	fs.IntVar(&o.health.Rise, "health-rise", hc.Rise, "passing probes in a row that bring a backend up")
 	fs.IntVar(&o.health.Fall, "health-fall", hc.Fall, "failing probes in a row that take a backend down")
 	fs.IntVar(&o.passive.MaxFails, "health-max-fails", 3, "consecutive connect errors, timeouts or 5xx that eject a backend (0 disables)")
@@ -241,6 +243,7 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		TrustedProxies: o.trusted.values,
 		Policy:         o.policy,
 		Health:         o.health,
+		HealthPath:     o.healthPath,
 		Passive:        o.passive,
 		ARM:            o.arm.values,
 		MOP:            mop,

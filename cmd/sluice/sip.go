@@ -38,6 +38,7 @@ func addSIPFlags(fs *flag.FlagSet) *sipOptions {
 	fs.DurationVar(&c.DialogTTL, "sip-dialog-ttl", d.DialogTTL, "dialog table: forget a dialog after this long without an in-dialog request (a bit more than the longest call)")
 	fs.IntVar(&c.DialogMax, "sip-dialog-max", d.DialogMax, "dialog table: most dialogs recorded (64 bytes each at most); when full, new dialogs' requests without our Route go by Call-ID hash")
 	fs.DurationVar(&c.FailoverTimeout, "sip-failover-timeout", d.FailoverTimeout, "silence before new work moves to the next backend")
+	fs.DurationVar(&c.InDialogTimeout, "sip-in-dialog-timeout", d.InDialogTimeout, "an in-dialog request its backend does not answer at all gets our 408 after this long (a dead backend never leaves a client in silence)")
 	fs.DurationVar(&c.DrainDefault, "sip-drain-default", d.DrainDefault, "no new work to a backend that answered 503 without Retry-After for this long")
 	fs.DurationVar(&c.HealthInterval, "sip-health-interval", d.HealthInterval, "OPTIONS ping period per backend (0 disables)")
 	fs.DurationVar(&c.HealthTimeout, "sip-health-timeout", d.HealthTimeout, "wait for an OPTIONS answer")
