@@ -151,6 +151,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"send_errors", &m.SendErrors}, {"tcp_refused", &m.TCPRefused},
 		{"tcp_slow_closed", &m.TCPSlow}, {"tcp_stalled_closed", &m.TCPStalled}, {"panics", &m.Panics},
 		{"pings_sent", &m.PingsSent}, {"pings_failed", &m.PingsFailed},
+		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
