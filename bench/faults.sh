@@ -37,7 +37,7 @@ step() {
         log "$name: FAILED (see $OUT/$name.log)"
         fail=1
     fi
-    grep -E '^(--- |ok |FAIL|PASS)|fault(_restart)?_test.go:[0-9]+:|smuggle_test.go:[0-9]+:|fault_test.go:[0-9]+:' "$OUT/$name.log" | grep -v '^=== ' || true
+    grep -E '^(--- |ok |FAIL|PASS)|(fault|fault_restart|smuggle|run_persist)_test.go:[0-9]+:' "$OUT/$name.log" | grep -v '^=== ' || true
 }
 
 ci() {
