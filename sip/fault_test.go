@@ -1,7 +1,9 @@
 package sip
 
 import (
+	"net"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,4 +176,53 @@ func TestFaultSIPBlackHoleNoPileUp(t *testing.T) {
 	}
 	t.Logf("%d calls completed; INVITEs the silent backend swallowed: %d; failovers: %d",
 		calls, b1.count(gosip.INVITE, ""), s.metrics.Failovers.Load())
+}
+
+// TestFaultSIPGarbageBackend: a backend that answers every request with
+// bytes that are not SIP. Its answers are dropped as malformed (nothing
+// reaches the client), calls fail over to the other backend on silence
+// until OPTIONS takes it down, and every call completes.
+func TestFaultSIPGarbageBackend(t *testing.T) {
+	garbage, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var got atomic.Int64
+	go func() {
+		defer close(done)
+		buf := make([]byte, 65536)
+		for {
+			_, from, err := garbage.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			got.Add(1)
+			garbage.WriteToUDPAddrPort([]byte("SIP/2.0 2OO OK\r\n\x00\xff garbage\r\n\r\n"), from)
+		}
+	}()
+	t.Cleanup(func() { garbage.Close(); <-done })
+	b2 := newUAS(t, "b2")
+	s := testServer(t, []*uas{b2}, nil, func(c *Config) {
+		c.Policy = "round-robin"
+		c.FailoverTimeout = 50 * time.Millisecond
+		c.HealthInterval = 200 * time.Millisecond
+		c.HealthTimeout = 150 * time.Millisecond
+		c.HealthRise, c.HealthFall = 1, 3
+		c.Backends = append([]BackendConfig{{ID: "garbage", Addr: garbage.LocalAddr().String(), Transport: "udp", Weight: 1}}, c.Backends...)
+	})
+	c := newUAC(t, s.udpAddr())
+	for range 30 {
+		k := c.newCall()
+		k.complete()
+		if b2.count(gosip.BYE, k.callID) != 1 {
+			t.Fatalf("call %s did not end on b2", k.callID)
+		}
+	}
+	if st := s.pool.Load().list[0].lb.State(s.clock.Now()); st != lb.Down {
+		t.Errorf("garbage backend is %v, want down", st)
+	}
+	eventually(t, "no transaction left", func() bool { return s.txns.Len() == 0 && s.watchedLen() == 0 })
+	t.Logf("30 calls completed; datagrams to the garbage backend: %d; malformed answers dropped: %d; failovers: %d",
+		got.Load(), s.metrics.Malformed.Load(), s.metrics.Failovers.Load())
 }
