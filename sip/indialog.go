@@ -2,6 +2,7 @@ package sip
 
 import (
 	"sync"
+	"sync/atomic"
 
 	gosip "github.com/emiago/sipgo/sip"
 )
@@ -21,6 +22,7 @@ import (
 type inDialogWatch struct {
 	mu      sync.Mutex
 	entries map[string]watchEntry // by our branch
+	n       atomic.Int64          // len(entries), read without the lock
 }
 
 type watchEntry struct {
@@ -49,6 +51,7 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 	if len(w.entries) >= maxWatched {
 		return
 	}
+	w.n.Add(1)
 	w.entries[br] = watchEntry{
 		deadline: now + int64(s.cfg.InDialogTimeout),
 		reply:    s.buildReply(req, 408, "Request Timeout", "Warning: 399 "+s.adv.String()+` "backend did not answer"`),
@@ -58,12 +61,17 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 	}
 }
 
-// answered forgets the request whose response carries our branch br.
+// answered forgets the request whose response carries our branch br. With
+// nothing watched (most responses answer new work) it takes no lock.
 func (s *Server) answered(br string) {
 	w := &s.watched
+	if w.n.Load() == 0 {
+		return
+	}
 	w.mu.Lock()
-	if len(w.entries) != 0 {
+	if _, ok := w.entries[br]; ok {
 		delete(w.entries, br)
+		w.n.Add(-1)
 	}
 	w.mu.Unlock()
 }
@@ -74,12 +82,16 @@ func (s *Server) unwatch(br string) { s.answered(br) }
 // expireWatched answers 408 to every watched request past its deadline.
 func (s *Server) expireWatched(now int64) {
 	w := &s.watched
+	if w.n.Load() == 0 {
+		return
+	}
 	var due []watchEntry
 	w.mu.Lock()
 	for br, e := range w.entries {
 		if now >= e.deadline {
 			due = append(due, e)
 			delete(w.entries, br)
+			w.n.Add(-1)
 		}
 	}
 	w.mu.Unlock()
