@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"fmt"
 	"net"
 	"runtime"
 	"sync/atomic"
@@ -225,4 +226,29 @@ func TestFaultSIPGarbageBackend(t *testing.T) {
 	eventually(t, "no transaction left", func() bool { return s.txns.Len() == 0 && s.watchedLen() == 0 })
 	t.Logf("30 calls completed; datagrams to the garbage backend: %d; malformed answers dropped: %d; failovers: %d",
 		got.Load(), s.metrics.Malformed.Load(), s.metrics.Failovers.Load())
+}
+
+// BenchmarkInDialogWatch is what watching costs an in-dialog request that
+// its backend answers: the 408 built ahead, the entry recorded, then
+// dropped by the answer.
+func BenchmarkInDialogWatch(b *testing.B) {
+	be := newUAS(b, "b1")
+	s := testServer(b, []*uas{be}, nil, nil)
+	msg, err := gosip.ParseMessage([]byte("BYE sip:bob@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-bench\r\nMax-Forwards: 70\r\nFrom: <sip:a@test>;tag=a\r\nTo: <sip:b@test>;tag=b\r\nCall-ID: bench@test\r\nCSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := msg.(*gosip.Request)
+	src := source{addr: be.addr}
+	branches := make([]string, 1024)
+	for i := range branches {
+		branches[i] = branchFor(fmt.Sprint(i), "b1")
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		br := branches[i&1023]
+		s.watch(req, src, br, "b1", 0)
+		s.answered(br)
+	}
 }
