@@ -112,6 +112,7 @@ var badValues = map[string]string{
 	"sip-listen":             "127.0.0.1:99999",
 	"admin-listen":           "127.0.0.1:99999",
 	"http-sticky-cookie":     "a b",
+	"health-path":            "healthz",
 	"http-sticky-app-cookie": "a;b",
 	"http-hash-key":          "body",
 	"http-engine":            "threads",
