@@ -73,7 +73,7 @@ soak() {
     awk '/^=== (RUN|CONT)/ { name = $3 }
         / exited [0-9.]+(ms|s) after SIG/ {
             for (i = 1; i <= NF; i++) if ($i == "exited") v = $(i+1)
-            ms = (v ~ /ms$/) ? v + 0 : v * 1000
+            ms = (v ~ /ms$/) ? v + 0 : (v ~ /µs$/) ? v / 1000 : v * 1000
             n[name]++; sum[name] += ms
             if (!(name in lo) || ms < lo[name]) lo[name] = ms
             if (ms > hi[name]) hi[name] = ms
