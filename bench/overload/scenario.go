@@ -146,9 +146,11 @@ type sluiceProc struct {
 // Duration while the sessions and dialogs keep sending. It returns what it
 // measured; an error means the scenario could not be carried out.
 func run(ctx context.Context, cfg config) (*report, error) {
-	out := cfg.Out
-	if out == nil {
-		out = io.Discard
+	var out io.Writer = io.Discard
+	if cfg.Out != nil {
+		// The sampler's rows and the phases' lines come from different
+		// goroutines.
+		out = &lockedWriter{w: cfg.Out}
 	}
 	logger := slog.New(slog.DiscardHandler)
 	sip.SetDefaultLogger(logger)
@@ -785,4 +787,16 @@ func freeUDPTCPPort() (int, error) {
 		}
 	}
 	return 0, errors.New("no loopback port free for both UDP and TCP")
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
