@@ -191,6 +191,7 @@ type learner struct {
 	headroom float64 // headroomBound at the last sample, per second
 	proven   float64 // the highest finite headroomBound since discovery began or memory last passed the ceiling
 	rho      float64 // and its lowest trailing admitted rate, per second
+	mem      float64 // and the memory it judged (recent peak plus the rise between samples)
 
 	unpinned float64 // the allowed rate before Pin, restored by Unpin
 }
@@ -504,11 +505,28 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 	// which drives the trailing admitted rate and so the latest bound to
 	// zero, does not send discovery back to its start.
 	bound := math.Max(l.headroom, l.proven)
+	// Memory held now that the trailing admitted rate ρ does not explain
+	// (sessions that affinity traffic keeps alive past a window, a base
+	// that grew since a bound was proven) stays at any rate: at a steady
+	// rate r memory is at most m + k × (r − ρ), where k is the memory per
+	// unit of rate, so the rate may pass ρ only by the room left now. For
+	// the proven bound k = ceiling / proven (the bytes × lifetime it
+	// found); the cap lies between the latest bound and the proven one,
+	// equals the proven one when memory fell with the rate (a pause), and
+	// keeps a rate proven before long-lived sessions filled the backend
+	// from being used on top of them. A fit is capped with its own slope.
+	c := m.cfg.MaxHeap * (1 - m.cfg.Margin)
+	if l.proven > 0 {
+		bound = math.Min(bound, math.Max(0, l.rho+l.proven*(1-l.mem/c)))
+	}
 	m.addFitPoints(now, admitted, frac)
-	if f, _, _ := m.fitBound(now); f > bound {
+	if f, _, slope := m.fitBound(now); f > bound {
+		if slope > 0 {
+			f = math.Min(f, l.rho+(c-l.mem)/slope)
+		}
 		// At most twice what the samples alone prove: a fit that went
 		// wrong cannot run far ahead of the evidence.
-		bound = math.Min(f, 2*bound)
+		bound = math.Max(bound, math.Min(f, 2*bound))
 	}
 	if bound < target && l.midSet {
 		l.capped = true
@@ -546,6 +564,7 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 	}
 	horizon := int64(m.cfg.Window)
 	mem := frac
+	m.l.mem = frac
 	rho = math.Inf(1)
 	var riseSum, stepSum float64 // rises, and all changes, between consecutive samples of the last quarter window
 	var rises, steps int
@@ -593,6 +612,7 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 		return math.Inf(1), 0
 	}
 	rho *= float64(time.Second)
+	m.l.mem = mem
 	return m.cfg.MaxHeap * (1 - m.cfg.Margin) * rho / mem, rho
 }
 
