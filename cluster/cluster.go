@@ -79,6 +79,22 @@ func (c *Cluster) AttachRules(meters []*admission.Meter) {
 	}
 }
 
+// SetLastNodes seeds the node count with the one an earlier run last saw
+// (kept in the data directory), for as long as Redis has not answered: the
+// fail policy "local" then divides each limit by it rather than by one, so
+// a node restarted during a Redis outage keeps to its share.
+func (c *Cluster) SetLastNodes(n int64) {
+	if n < 1 || c.state.Load() == stateUp {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nodes.Store(n)
+	for _, r := range c.leasesLocked() {
+		r.l.SetMode(c.failMode(), n)
+	}
+}
+
 // SyncRules follows a change of the rule set at run time (the control API,
 // a reloaded -arm-file): meters new to the set get a leased budget (and a
 // leaser, when Run is running), meters no longer in it stop leasing and

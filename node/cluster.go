@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/sluicelb/sluice/cluster"
 	lbsip "github.com/sluicelb/sluice/sip"
@@ -43,6 +44,12 @@ func (n *Node) startCluster(ctx context.Context) {
 	if n.cluster == nil {
 		return
 	}
+	if n.store != nil {
+		if last := n.store.ClusterNodes(); last > 1 {
+			n.cluster.SetLastNodes(last)
+		}
+		n.goBackground(func() { n.keepClusterNodes(ctx) })
+	}
 	n.goBackground(func() { n.cluster.Run(ctx) })
 	if n.sipSrv != nil {
 		srv := n.sipSrv
@@ -63,5 +70,33 @@ func (n *Node) startCluster(ctx context.Context) {
 			w.Header().Set("Content-Type", "application/json")
 			json.NewEncoder(w).Encode(n.cluster.Status())
 		}))
+	}
+}
+
+// keepClusterNodes saves the cluster's node count in the data directory
+// whenever it changes while Redis answers, so that a restart during a
+// Redis outage divides limits by it (see cluster.SetLastNodes).
+func (n *Node) keepClusterNodes(ctx context.Context) {
+	every := n.cfg.Cluster.Heartbeat
+	if every <= 0 {
+		every = cluster.DefaultConfig().Heartbeat
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	saved := n.store.ClusterNodes()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !n.cluster.Up() {
+			continue
+		}
+		if v := n.cluster.Nodes(); v != saved {
+			if err := n.store.SetClusterNodes(v); err == nil {
+				saved = v
+			}
+		}
 	}
 }

@@ -73,3 +73,58 @@ func TestTwoNodesShareARMLimit(t *testing.T) {
 		t.Errorf("/status/cluster: %+v", st)
 	}
 }
+
+// TestRestartDuringRedisOutageKeepsShare: a node that last saw three
+// members and restarts while Redis is away divides its limit by three
+// (the fail policy local), not by one: the count is kept in the data
+// directory.
+func TestRestartDuringRedisOutageKeepsShare(t *testing.T) {
+	mr := miniredis.RunT(t)
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }))
+	defer be.Close()
+	var cfgs []Config
+	var nodes []*Node
+	for i := range 3 {
+		cfg := testConfig(t)
+		cfg.HTTPBackends = []string{be.Listener.Addr().String() + ",id=b1"}
+		cfg.ARM = []string{"name=all,proto=http,limit=30/min,action=reject"}
+		cfg.Cluster = cluster.Config{Redis: "redis://" + mr.Addr() + "/0", Name: "t", Node: fmt.Sprintf("n%d", i), Heartbeat: 50 * time.Millisecond}
+		n, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		cfgs, nodes = append(cfgs, cfg), append(nodes, n)
+	}
+	waitFor(t, 5*time.Second, "node 0 to save a count of three", func() bool { return nodes[0].store.ClusterNodes() == 3 })
+	for _, n := range nodes {
+		n.Stop(time.Second)
+	}
+	mr.Close() // Redis away for the restart
+
+	n, err := New(cfgs[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	ok := 0
+	for range 30 {
+		resp, err := http.Get("http://" + n.Addrs().HTTP.String() + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			ok++
+		}
+	}
+	if ok != 10 {
+		t.Errorf("restarted with Redis away: admitted %d of 30 under a 30/min rule last shared by 3 nodes, want 10", ok)
+	}
+}

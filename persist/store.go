@@ -42,6 +42,8 @@ const (
 	overridesFile = "overrides.json"
 )
 
+// clusterFile: see cluster.go.
+
 // ErrLocked reports that another process holds the data directory open.
 // A directory can be open read-write in one process only.
 var ErrLocked = errors.New("data directory is in use by another process")
@@ -185,9 +187,11 @@ type Store struct {
 	mop      map[string]admission.MOPState
 	mopWrite sync.Mutex
 
-	// ovMu guards overrides, the operator's run-time changes (overrides.go).
-	ovMu      sync.Mutex
-	overrides []Override
+	// ovMu guards overrides, the operator's run-time changes (overrides.go),
+	// and clusterNodes, the cluster's last node count (cluster.go).
+	ovMu         sync.Mutex
+	overrides    []Override
+	clusterNodes int64
 
 	events     chan eventReq
 	quit       chan struct{} // closed by Close: background goroutines stop
@@ -440,7 +444,7 @@ func (s *Store) load() error {
 					return fmt.Errorf("open store %s: remove unfinished write %s: %w", s.cfg.Dir, n, err)
 				}
 			}
-		case n == mopFile || n == overridesFile:
+		case n == mopFile || n == overridesFile || n == clusterFile:
 			haveRecords = true
 		case isSegmentName(n):
 			haveRecords = true
@@ -469,6 +473,15 @@ func (s *Store) load() error {
 			return corrupt(mopFile, err)
 		}
 		s.mop = states
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, clusterFile)); err == nil {
+		n, err := decodeCluster(data)
+		if err != nil {
+			return corrupt(clusterFile, err)
+		}
+		s.clusterNodes = n
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
 	}
@@ -652,5 +665,5 @@ func removeV2Files(dir string) error {
 // temporary file of an atomic write, or format 1 (Badger).
 func isStoreFile(name string) bool {
 	name = strings.TrimSuffix(name, tmpSuffix)
-	return name == formatFile || name == mopFile || name == overridesFile || isSegmentName(name) || isBadgerFile(name)
+	return name == formatFile || name == mopFile || name == overridesFile || name == clusterFile || isSegmentName(name) || isBadgerFile(name)
 }
