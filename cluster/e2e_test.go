@@ -200,6 +200,7 @@ func startNodes(t *testing.T, url string, demand []float64, secs int) *e2eRun {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { stopProc(cmd) })
+		run.mu.Lock() // the readers of earlier nodes run already
 		run.procs = append(run.procs, cmd)
 		run.local = append(run.local, map[int64]int64{})
 		run.mode = append(run.mode, map[int64]string{})
@@ -207,6 +208,7 @@ func startNodes(t *testing.T, url string, demand []float64, secs int) *e2eRun {
 		run.nodes = append(run.nodes, map[int64]int64{})
 		run.aff = append(run.aff, 0)
 		run.affOK = append(run.affOK, 0)
+		run.mu.Unlock()
 		go run.read(i, len(demand), out)
 	}
 	return run

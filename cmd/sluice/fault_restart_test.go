@@ -52,15 +52,16 @@ func startSluiceLog(t *testing.T, args ...string) (*exec.Cmd, []string) {
 	found := make(chan []string, 1)
 	go func() {
 		var lines []string
+		sent := false
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			if found == nil {
+			if sent {
 				continue // keep draining the pipe
 			}
 			lines = append(lines, sc.Text())
 			if strings.Contains(sc.Text(), "msg=listening") {
 				found <- lines
-				found = nil
+				sent = true
 			}
 		}
 	}()
