@@ -158,6 +158,11 @@ type Meter struct {
 	queue     []*Wait // FIFO; head at queue[0]
 	engaged   bool
 	refusing  bool     // a refusal event was written during this engagement
+	// underSince is when an engaged rule's rate went under its limit, or
+	// -1. The rule is released (and says so) only after a whole unit
+	// under it: a rule held at its limit dips under at every sub-interval
+	// boundary, and an event per dip would flood the event log.
+	underSince int64
 	state     MemState // memory state seen by the last decision
 }
 
@@ -169,7 +174,7 @@ func NewMeter(cfg RuleConfig, now int64, events EventSink) (*Meter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Meter{cfg: cfg, sub: int64(cfg.Unit) / subIntervals, events: events}
+	m := &Meter{cfg: cfg, sub: int64(cfg.Unit) / subIntervals, events: events, underSince: -1}
 	m.reachedAt.Store(-1)
 	for _, u := range []struct {
 		unit  time.Duration
@@ -404,6 +409,7 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 	}
 	// At or over the limit, or others are waiting.
 	m.reachedAt.CompareAndSwap(-1, now)
+	m.underSince = -1
 	if !m.engaged {
 		m.engaged = true
 		kind, verb := EventARMEngaged, m.cfg.Action.String()
@@ -518,9 +524,16 @@ func (m *Meter) advanceLocked(now int64) int {
 	if rate < lim && len(m.queue) == 0 {
 		m.reachedAt.Store(-1)
 		if m.engaged {
-			m.engaged, m.refusing = false, false
-			m.events.emit(EventARMReleased, m.cfg.Name, fmt.Sprintf("arm rule %s is under its limit again (rate %d of %d)", m.cfg.Name, rate, lim))
+			if m.underSince < 0 {
+				m.underSince = now
+			}
+			if now-m.underSince >= int64(m.cfg.Unit) {
+				m.engaged, m.refusing, m.underSince = false, false, -1
+				m.events.emit(EventARMReleased, m.cfg.Name, fmt.Sprintf("arm rule %s is under its limit again (rate %d of %d)", m.cfg.Name, rate, lim))
+			}
 		}
+	} else {
+		m.underSince = -1
 	}
 	return released
 }

@@ -277,11 +277,32 @@ func TestARMEvents(t *testing.T) {
 	m.Admit(0, Normal)
 	m.Admit(1, Normal)
 	m.Admit(2, Normal)
-	m.Advance(int64(time.Minute))
-	// Two refusals, one refusing event.
+	m.Advance(int64(time.Minute)) // under the limit from here
+	if fmt.Sprint(kinds) != fmt.Sprint([]EventKind{EventARMEngaged, EventARMRefusing}) {
+		t.Errorf("events before a whole unit under the limit: %v", kinds)
+	}
+	m.Advance(2 * int64(time.Minute))
+	// Two refusals, one refusing event; released after a unit under the limit.
 	want := []EventKind{EventARMEngaged, EventARMRefusing, EventARMReleased}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Errorf("events: got %v, want %v", kinds, want)
+	}
+}
+
+// TestARMEventsSteadyOverload: a rule held at its limit for ten windows
+// dips under it at every sub-interval boundary; it writes one engaged and
+// one refusing event, not an event per dip.
+func TestARMEventsSteadyOverload(t *testing.T) {
+	var kinds []EventKind
+	m, _ := NewMeter(RuleConfig{Name: "s", Limit: 60, Unit: time.Second, Action: ActionReject}, 0,
+		func(e Event) { kinds = append(kinds, e.Kind) })
+	step := int64(time.Second) / 120 // 120 offers a second against a limit of 60
+	for now := int64(0); now < 10*int64(time.Second); now += step {
+		m.Advance(now)
+		m.Admit(now, Normal)
+	}
+	if want := []EventKind{EventARMEngaged, EventARMRefusing}; fmt.Sprint(kinds) != fmt.Sprint(want) {
+		t.Errorf("events over ten windows at the limit: got %d %v, want %v", len(kinds), kinds, want)
 	}
 }
 
