@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -145,6 +146,8 @@ func (c *Config) fill() error {
 		return fieldErr("Timeout", "%s must be positive", c.Timeout)
 	case c.Heartbeat < 0:
 		return fieldErr("Heartbeat", "%s must be positive", c.Heartbeat)
+	case c.Heartbeat > 10*time.Second:
+		return fieldErr("Heartbeat", "%s must be at most 10s: a dead node counts as a member for three heartbeats", c.Heartbeat)
 	case c.Fail > FailClosed:
 		return fieldErr("Fail", "unknown fail policy %d", c.Fail)
 	}
@@ -193,3 +196,21 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 
 // redact hides a password in u for error messages.
 func redact(u *url.URL) string { return u.Redacted() }
+
+// CheckReachable asks Redis once whether the configuration itself is
+// wrong: a refused password, a database index out of range or any other
+// answer Redis gives to a bad configuration is returned as an error (the
+// node must not run on for ever under its fail policy because of a typo).
+// A Redis that does not answer at all (refused, timed out) is not an
+// error: the node starts under its fail policy and joins when it can.
+func CheckReachable(ctx context.Context, rdb redis.UniversalClient) error {
+	err := rdb.Ping(ctx).Err()
+	if err == nil {
+		return nil
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return fieldErr("Redis", "Redis refused the configuration: %s", rerr.Error())
+	}
+	return nil
+}

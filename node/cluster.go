@@ -30,6 +30,13 @@ func (n *Node) newCluster() error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
+	err = cluster.CheckReachable(ctx, rdb)
+	cancel()
+	if err != nil {
+		rdb.Close()
+		return err
+	}
 	if n.cluster, err = cluster.New(n.cfg.Cluster, rdb, n.clock, n.events, n.logger); err != nil {
 		rdb.Close()
 		return err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,5 +127,29 @@ func TestRestartDuringRedisOutageKeepsShare(t *testing.T) {
 	}
 	if ok != 10 {
 		t.Errorf("restarted with Redis away: admitted %d of 30 under a 30/min rule last shared by 3 nodes, want 10", ok)
+	}
+}
+
+// TestClusterConfigMistakeStopsStartup: a Redis that refuses the
+// configuration (a wrong password) stops start-up with a message naming
+// the flag; an unreachable one does not (the fail policy applies).
+func TestClusterConfigMistakeStopsStartup(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.RequireAuth("right")
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"127.0.0.1:9,id=b1"}
+	cfg.Cluster = cluster.Config{Redis: "redis://:wrong@" + mr.Addr() + "/0", Name: "t", Node: "n0"}
+	if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "refused the configuration") {
+		t.Fatalf("wrong password: %v, want an error saying Redis refused the configuration", err)
+	}
+	addr := mr.Addr()
+	mr.Close()
+	cfg.Cluster.Redis = "redis://" + addr + "/0"
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatalf("Redis away at start: %v, want the node to start under its fail policy", err)
+	}
+	if n == nil {
+		t.Fatal("no node")
 	}
 }
