@@ -383,6 +383,9 @@ func (n *Node) ReloadARM() error {
 func (n *Node) RunningConfig() string {
 	var b strings.Builder
 	b.WriteString("# the running configuration of this sluice, in -config file syntax\n")
+	for _, l := range n.cfg.Settings {
+		b.WriteString(l + "\n")
+	}
 	for _, rc := range n.ctrl.RuleConfigs() {
 		fmt.Fprintf(&b, "arm %s\n", admission.FormatRule(rc))
 	}

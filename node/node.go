@@ -38,6 +38,10 @@ import (
 // Config is everything a node is built from. cmd/sluice fills it from
 // flags, their SLUICE_* twins and a config file.
 type Config struct {
+	// Settings are the command's other settings as it resolved them, one
+	// "name value" line each in the -config file syntax; RunningConfig
+	// writes them before the backends and rules in force.
+	Settings []string
 	// HTTP configures the HTTP front end (its Listen is the address).
 	HTTP lbhttp.Config
 	// HTTPBackends are -http-backend specs, ADDR[,key=value...]. None: no

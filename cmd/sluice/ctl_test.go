@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,5 +142,51 @@ func TestCtlToken(t *testing.T) {
 	}
 	if code, _, errOut := ctl("-admin", addr, "-token-file", filepath.Join(dir, "missing"), "drain", "b2"); code != 2 || !strings.Contains(errOut, "-token-file") {
 		t.Errorf("a missing token file: %d %q, want 2", code, errOut)
+	}
+}
+
+// TestRunningConfigRoundTrip: GET /control/config gives every setting of
+// the running node (not only backends and rules) in the -config syntax,
+// and a file of it is read back by -config to the same values.
+func TestRunningConfigRoundTrip(t *testing.T) {
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer be.Close()
+	args := []string{"-http-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0", "-data-dir", t.TempDir(),
+		"-http-backend", be.Listener.Addr().String() + ",id=b1", "-mop-window", "20s", "-lb-policy", "least-outstanding",
+		"-mem-limit", "256MiB", "-drain-timeout", "3s", "-arm", "name=api,proto=http,limit=50/s,action=reject"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan net.Addr, 1)
+	exit := make(chan int, 1)
+	var stderr syncBuffer
+	go func() {
+		exit <- run(ctx, args, io.Discard, &stderr, &runHooks{ready: func(_, a net.Addr) { ready <- a }})
+	}()
+	var admin net.Addr
+	select {
+	case admin = <-ready:
+	case code := <-exit:
+		t.Fatalf("run exited %d: %s", code, stderr.String())
+	}
+	resp, err := http.Get("http://" + admin.String() + "/control/config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"\nmop-window 20s\n", "\nlb-policy least-outstanding\n", "\ndrain-timeout 3s\n", "\nhttp-backend ", "\narm name=api,"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("running config lacks %q:\n%s", strings.TrimSpace(want), body)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "running.conf")
+	os.WriteFile(file, body, 0o600)
+	fs := newFlagSet("run", io.Discard)
+	o := newRunFlags(fs)
+	if err := readConfigFile(fs, file, nil); err != nil {
+		t.Fatalf("-config of the running configuration: %v", err)
+	}
+	if o.mop.Window != 20*time.Second || fs.Lookup("lb-policy").Value.String() != "least-outstanding" || len(o.arm.values) != 1 {
+		t.Errorf("read back: mop-window %s, lb-policy %s, %d arm rules", o.mop.Window, fs.Lookup("lb-policy").Value, len(o.arm.values))
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -313,4 +314,29 @@ func (f *fraction) Set(s string) error {
 	}
 	*f = fraction(v)
 	return nil
+}
+
+// settingLines renders the resolved value of every flag of fs in the
+// -config file syntax, one "name value" a line, for GET /control/config:
+// the backends and ARM rules in force are written by the node itself
+// (they change at run time), and -config, which a file cannot name, is
+// left out, as are empty values (a flag's empty default). A repeatable
+// flag gives one line per value.
+func settingLines(fs *flag.FlagSet, skip ...string) []string {
+	var out []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == configFlag || slices.Contains(skip, f.Name) {
+			return
+		}
+		if l, ok := f.Value.(*listFlag); ok {
+			for _, v := range l.values {
+				out = append(out, f.Name+" "+v)
+			}
+			return
+		}
+		if v := f.Value.String(); v != "" {
+			out = append(out, f.Name+" "+v)
+		}
+	})
+	return out
 }

@@ -179,6 +179,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 		fmt.Fprintln(stderr, "sluice run:", err)
 		return 2
 	}
+	cfg.Settings = settingLines(fs, "arm", "http-backend", "sip-backend")
 	n, err := node.New(cfg, logger)
 	if err != nil {
 		fmt.Fprintln(stderr, "sluice run:", flagError(err))
