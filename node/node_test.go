@@ -152,6 +152,25 @@ func TestSIPMemoryProbeFeedsMOP(t *testing.T) {
 	if !learned("s1")() {
 		t.Error("s1 lost what it learned across the reload")
 	}
+	// A bad file changes nothing and says so in the event log.
+	if err := os.WriteFile(file, []byte("sip 127.0.0.1:2,id=s2,wieght=3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Reload(); err == nil {
+		t.Fatal("a bad backends file was accepted")
+	}
+	n.store.Flush()
+	evs, err := n.store.Events(time.Time{}, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, ev := range evs {
+		found = found || (ev.Kind == admission.EventConfigReload && strings.Contains(ev.Message, "not reloaded"))
+	}
+	if !found {
+		t.Errorf("no config.reload event for the failed reload in %d events", len(evs))
+	}
 }
 
 // TestMemoryLimitSource: /status names where the memory limit comes from;

@@ -138,11 +138,21 @@ func readBackendsFile(path string) (httpSpecs, sipSpecs []string, err error) {
 // Reload re-reads -backends-file (SIGHUP) and puts the new backend sets in
 // force: backends are added, removed or reweighted; those that stay keep
 // their learned rates and their clients' affinity (cookies and SIP tokens
-// name backends by id). On any error nothing changes.
+// name backends by id). On any error nothing changes, and the error goes
+// to the event log too.
 func (n *Node) Reload() error {
 	if n.cfg.BackendsFile == "" {
 		return errors.New("reload: no -backends-file given")
 	}
+	err := n.reload()
+	if err != nil {
+		n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.BackendsFile,
+			Message: "backends not reloaded, the backends in force are unchanged: " + err.Error()})
+	}
+	return err
+}
+
+func (n *Node) reload() error {
 	httpSpecs, sipSpecs, err := readBackendsFile(n.cfg.BackendsFile)
 	if err != nil {
 		return err
@@ -159,12 +169,12 @@ func (n *Node) Reload() error {
 	var gen *httpGen
 	if n.httpSrv != nil {
 		if gen, err = n.newHTTPGen(httpAll); err != nil {
-			return fmt.Errorf("reload http backends: %w", err)
+			return fmt.Errorf("-backends-file %s: http backends: %w", n.cfg.BackendsFile, err)
 		}
 	}
 	if n.sipSrv != nil {
 		if err := n.reloadSIP(sipAll); err != nil {
-			return fmt.Errorf("reload sip backends: %w", err)
+			return fmt.Errorf("-backends-file %s: sip backends: %w", n.cfg.BackendsFile, err)
 		}
 	}
 	if gen != nil {
