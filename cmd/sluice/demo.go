@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -51,7 +52,7 @@ func demoMain(ctx context.Context, userArgs []string, stdout, stderr io.Writer, 
 		return 1
 	}
 	defer backends.Close()
-	args := append(append(append([]string{}, demoDefaults...), backends.Args()...), userArgs...)
+	args := append(append(demoDefaultsFor(userArgs, os.LookupEnv), backends.Args()...), userArgs...)
 	sipAddr := flagValue(args, "sip-listen")
 	addrs := func(a node.Addrs) {
 		if a.SIP != nil {
@@ -79,4 +80,40 @@ func flagValue(args []string, name string) string {
 		}
 	}
 	return v
+}
+
+// demoDefaultsFor returns the demo's defaults that the user did not set:
+// a default given as a flag would win over the user's SLUICE_* variable
+// and -config file, which come after the command line.
+func demoDefaultsFor(userArgs []string, lookupEnv func(string) (string, bool)) []string {
+	set := map[string]bool{}
+	for _, a := range userArgs {
+		if name, ok := strings.CutPrefix(a, "-"); ok {
+			name = strings.TrimPrefix(name, "-")
+			name, _, _ = strings.Cut(name, "=")
+			set[name] = true
+		}
+	}
+	cfgFile := flagValue(userArgs, configFlag)
+	if v, ok := lookupEnv(envName(configFlag)); ok && cfgFile == "" {
+		cfgFile = v
+	}
+	if cfgFile != "" {
+		if data, err := os.ReadFile(cfgFile); err == nil { // a bad file is reported by run
+			for _, line := range strings.Split(string(data), "\n") {
+				if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+					set[strings.TrimLeft(f[0], "-")] = true
+				}
+			}
+		}
+	}
+	var out []string
+	for i := 0; i+1 < len(demoDefaults); i += 2 {
+		name := strings.TrimPrefix(demoDefaults[i], "-")
+		if _, inEnv := lookupEnv(envName(name)); set[name] || inEnv {
+			continue
+		}
+		out = append(out, demoDefaults[i], demoDefaults[i+1])
+	}
+	return out
 }

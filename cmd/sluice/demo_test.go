@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -82,5 +84,31 @@ func TestDemoBackendsHoldMemory(t *testing.T) {
 	case <-exit:
 	case <-time.After(20 * time.Second):
 		t.Fatal("demo did not stop")
+	}
+}
+
+// TestDemoDefaultsYieldToUser: a demo default is left out when the user
+// sets that flag on the command line, in its SLUICE_* twin or in the
+// -config file, so the user's value (or its error) is the one in force.
+func TestDemoDefaultsYieldToUser(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.conf")
+	os.WriteFile(file, []byte("# demo\nmop-window 20s\n"), 0o600)
+	env := map[string]string{"SLUICE_MEM_LIMIT": "abc"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	got := strings.Join(demoDefaultsFor([]string{"-http-listen=127.0.0.1:0", "-config", file}, lookup), " ")
+	for _, gone := range []string{"-http-listen", "-mem-limit", "-mop-window"} {
+		if strings.Contains(got, gone+" ") {
+			t.Errorf("default %s kept though the user set it: %s", gone, got)
+		}
+	}
+	for _, kept := range []string{"-sip-listen", "-admin-listen", "-mop-initial-rate"} {
+		if !strings.Contains(got, kept+" ") {
+			t.Errorf("default %s dropped: %s", kept, got)
+		}
+	}
+	// The user's bad value now reaches the parser and stops start-up.
+	code := demoMain(context.Background(), []string{"-http-listen", "127.0.0.1:0", "-sip-listen", "127.0.0.1:0", "-admin-listen", "", "-mop-window", "nope"}, io.Discard, io.Discard, nil)
+	if code != 2 {
+		t.Errorf("demo with -mop-window nope exited %d, want 2", code)
 	}
 }

@@ -185,7 +185,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 		fmt.Fprintln(stderr, "sluice run:", flagError(err))
 		return 2
 	}
-	if err := n.Start(ctx); err != nil {
+	// ctx ends at SIGTERM, when the drain starts: the node runs on a
+	// context the signal does not end (its front ends must keep serving
+	// dialogs, sessions and in-flight requests through the drain), and
+	// Stop ends it afterwards.
+	if err := n.Start(context.WithoutCancel(ctx)); err != nil {
 		err = flagError(err)
 		logger.Error("start failed", "err", err)
 		fmt.Fprintln(stderr, "sluice run:", err)

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/node"
 )
 
 func TestRunBadFlags(t *testing.T) {
@@ -223,5 +225,72 @@ func TestRunDataResetKeepsKey(t *testing.T) {
 	key2, err := os.ReadFile(filepath.Join(dir, "affinity.key"))
 	if err != nil || !bytes.Equal(key1, key2) {
 		t.Errorf("key changed across -data-reset (%v)", err)
+	}
+}
+
+// TestRunSIPServesThroughDrain: after SIGTERM (ctx cancelled) the SIP
+// front end keeps its socket through the drain: a new INVITE is answered
+// 503 (draining), not met with silence.
+func TestRunSIPServesThroughDrain(t *testing.T) {
+	backend, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backend.Close()
+	args := []string{"-sip-listen", "127.0.0.1:0", "-sip-backend", backend.LocalAddr().String() + ",id=s1", "-sip-health-interval", "0",
+		"-admin-listen", "127.0.0.1:0", "-data-dir", t.TempDir(), "-drain-timeout", "10s"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrs := make(chan node.Addrs, 1)
+	exit := make(chan int, 1)
+	var stderr syncBuffer
+	go func() {
+		exit <- run(ctx, args, io.Discard, &stderr, &runHooks{addrs: func(a node.Addrs) { addrs <- a }})
+	}()
+	var sip, admin net.Addr
+	select {
+	case a := <-addrs:
+		sip, admin = a.SIP, a.Admin
+	case code := <-exit:
+		t.Fatalf("run exited %d: %s", code, stderr.String())
+	}
+	cancel() // SIGTERM: the drain starts
+	waitFor(t, 5*time.Second, "/healthz to say draining", func() bool {
+		resp, err := http.Get("http://" + admin.String() + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 429
+	})
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	local := c.LocalAddr().String()
+	invite := "INVITE sip:bob@example.com SIP/2.0\r\n" +
+		"Via: SIP/2.0/UDP " + local + ";branch=z9hG4bK-drain-1\r\n" +
+		"Max-Forwards: 70\r\nFrom: <sip:alice@example.com>;tag=a1\r\nTo: <sip:bob@example.com>\r\n" +
+		"Call-ID: drain-1@test\r\nCSeq: 1 INVITE\r\nContact: <sip:alice@" + local + ">\r\nContent-Length: 0\r\n\r\n"
+	var got string
+	deadline := time.Now().Add(5 * time.Second)
+	buf := make([]byte, 4096)
+	for got == "" && time.Now().Before(deadline) {
+		c.WriteTo([]byte(invite), sip)
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		for {
+			n, _, err := c.ReadFrom(buf)
+			if err != nil {
+				break
+			}
+			if line, _, _ := strings.Cut(string(buf[:n]), "\r\n"); !strings.Contains(line, " 100 ") {
+				got = line
+				break
+			}
+		}
+	}
+	if !strings.HasPrefix(got, "SIP/2.0 503") {
+		t.Fatalf("INVITE during the drain: got %q, want a 503 (the SIP socket must stay open while draining)", got)
 	}
 }
