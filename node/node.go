@@ -132,6 +132,8 @@ type Node struct {
 	op             *operator              // run-time changes (control.go)
 	cfgRules       []admission.RuleConfig // the ARM rules of -arm and -arm-file, before overrides
 	cluster        *cluster.Cluster       // nil: standalone
+	dataKeyFile    string                 // the affinity key generated in the data directory ("" with -affinity-key-file)
+	dataKey        []byte                 // and its bytes
 
 	// The backends given by the Config; the backends file adds to them.
 	cfgHTTPBackends, cfgSIPBackends []string
@@ -229,6 +231,13 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	}
 	if n.signer, err = lb.NewRingSigner(ring); err != nil {
 		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)
+	}
+	if cfg.KeyFile == "" {
+		// The generated key lives in the data directory: keep its bytes to
+		// write it back should the directory vanish while we run.
+		if data, err := os.ReadFile(keyFile); err == nil {
+			n.dataKeyFile, n.dataKey = keyFile, data
+		}
 	}
 
 	if len(n.httpBackends) > 0 {
@@ -426,6 +435,9 @@ func (n *Node) start(parent context.Context) error {
 	n.goBackground(func() { n.mem.Run(ctx) })
 	n.goBackground(func() { n.ctrl.Run(ctx, n.clock, 10*time.Millisecond) })
 	n.ctx = ctx
+	if n.dataKeyFile != "" {
+		n.goBackground(func() { n.keepDataKey(ctx, 5*time.Second) })
+	}
 	n.startCluster(ctx)
 	if n.httpGen != nil {
 		n.startHTTPGen(n.httpGen)

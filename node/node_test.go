@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -234,4 +235,31 @@ func TestMemoryLimitSource(t *testing.T) {
 		l, src := status(n)
 		return l == wantLimit && src == wantSource
 	})
+}
+
+// TestDataKeyWrittenBack: the affinity key generated in the data
+// directory is written back when the file vanishes while the node runs,
+// so a restart keeps the sticky sessions and dialogs it signed.
+func TestDataKeyWrittenBack(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"127.0.0.1:9,id=b1"}
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	file := filepath.Join(cfg.Persist.Dir, persist.AffinityKeyFile)
+	before, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(file)
+	n.restoreDataKey()
+	after, err := os.ReadFile(file)
+	if err != nil || !bytes.Equal(before, after) {
+		t.Fatalf("key file after it vanished: %v, same bytes %v", err, bytes.Equal(before, after))
+	}
 }

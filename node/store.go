@@ -2,8 +2,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -131,4 +135,48 @@ func (n *Node) storageStatus() any {
 		return st.Health()
 	}
 	return nil
+}
+
+// keepDataKey writes the affinity key generated in the data directory
+// back when the file has gone (the directory was removed or replaced while
+// sluice ran): without it the next start would make a new key, and every
+// sticky session and live SIP dialog would be new work again.
+func (n *Node) keepDataKey(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.restoreDataKey()
+	}
+}
+
+// restoreDataKey is one check of keepDataKey.
+func (n *Node) restoreDataKey() {
+	if n.dataKeyFile == "" {
+		return
+	}
+	if _, err := os.Stat(n.dataKeyFile); !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	dir := filepath.Dir(n.dataKeyFile)
+	if _, err := os.Stat(dir); err != nil {
+		return // the directory itself is gone: the store reports it
+	}
+	tmp := n.dataKeyFile + ".tmp"
+	err := os.WriteFile(tmp, n.dataKey, 0o600)
+	if err == nil {
+		err = os.Rename(tmp, n.dataKeyFile)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		n.logger.Warn("affinity key file missing and cannot be written back: a restart would make a new key", "file", n.dataKeyFile, "err", err)
+		return
+	}
+	n.logger.Warn("affinity key file was missing: written back from memory, so a restart keeps sticky sessions and dialogs", "file", n.dataKeyFile)
+	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigWarning, Subject: n.dataKeyFile,
+		Message: "affinity key file was missing from the data directory and was written back"})
 }
