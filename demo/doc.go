@@ -10,7 +10,7 @@
 // above HealthThreshold of the maximum, as Oracle Health Insurance's memory
 // states do. HTTPBackend is a small web application whose sessions (a
 // DEMOSESSION cookie) each hold memory for a lifetime. The SIP counterpart,
-// which holds memory per dialog, is sip/demoback.
+// which holds memory per dialog, is sip/sipdemo.
 //
 // This package imports the standard library only.
 package demo

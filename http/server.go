@@ -60,13 +60,26 @@ type Stats struct {
 	BadRequest    atomic.Uint64 // request heads refused (400, 431, 501, 505), connection closed
 }
 
-// New builds the front end. signer may be nil only when the sticky cookie
-// is disabled (StickyCookie "-"). The logger gets component=http.
-func New(cfg Config, pool *lb.Pool, ctrl *admission.Controller, signer *lb.Signer, logger *slog.Logger) (*Server, error) {
+// Deps are what the HTTP front end is built on, as sip.Deps are the SIP
+// front end's.
+type Deps struct {
+	// Pool is the backends. Required; SetPool swaps it at run time.
+	Pool *lb.Pool
+	// Admission decides new work. Required.
+	Admission *admission.Controller
+	// Signer makes and checks sticky cookies; it may be nil only when the
+	// sticky cookie is disabled (StickyCookie "-").
+	Signer *lb.Signer
+}
+
+// New builds the front end; it opens no socket. The logger gets
+// component=http.
+func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	pool, ctrl, signer := deps.Pool, deps.Admission, deps.Signer
 	if pool == nil || ctrl == nil {
 		return nil, errors.New("new http front end: pool and controller are required")
 	}

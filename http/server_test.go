@@ -253,7 +253,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	if cfg.Engine == "" {
 		cfg.Engine = engineOf(t)
 	}
-	r.srv, err = New(cfg, r.pool, r.ctrl, r.signer, nil)
+	r.srv, err = New(cfg, Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,14 @@ import (
 	"time"
 
 	"github.com/sluicelb/sluice/demo"
-	"github.com/sluicelb/sluice/sip/demoback"
+	"github.com/sluicelb/sluice/demo/sipdemo"
 )
 
 // Demo is the embedded backends of `sluice demo`: two HTTP and two SIP
 // servers on loopback that hold real memory per session.
 type Demo struct {
 	http []*demo.HTTPBackend
-	sip  []*demoback.UAS
+	sip  []*sipdemo.UAS
 }
 
 func (d *Demo) Close() {
@@ -40,7 +40,7 @@ func StartDemo(logger *slog.Logger) (*Demo, error) {
 			return nil, fmt.Errorf("demo http backend: %w", err)
 		}
 		d.http = append(d.http, b)
-		u, err := demoback.New(demoback.Config{Name: fmt.Sprintf("s%d", i), Logger: logger})
+		u, err := sipdemo.New(sipdemo.Config{Name: fmt.Sprintf("s%d", i), Logger: logger})
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("demo sip backend: %w", err)

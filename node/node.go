@@ -364,7 +364,7 @@ func (n *Node) buildHTTP() error {
 	hc.Clock = n.clock
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
-	n.httpSrv, err = lbhttp.New(hc, n.httpGen.pool, n.ctrl, n.signer, n.logger)
+	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Pool: n.httpGen.pool, Admission: n.ctrl, Signer: n.signer}, n.logger)
 	return err
 }
 

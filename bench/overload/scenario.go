@@ -22,7 +22,7 @@ import (
 	"github.com/emiago/sipgo/sip"
 
 	"github.com/sluicelb/sluice/demo"
-	"github.com/sluicelb/sluice/sip/demoback"
+	"github.com/sluicelb/sluice/demo/sipdemo"
 )
 
 // config is one overload scenario.
@@ -159,7 +159,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	// dialog timeout is the run's bound; new calls end with their BYE.
 	bound := cfg.SetupTimeout + cfg.LearnTimeout + cfg.Duration + time.Minute
 	var hb []*demo.HTTPBackend
-	var sb []*demoback.UAS
+	var sb []*sipdemo.UAS
 	defer func() {
 		for _, b := range hb {
 			b.Close()
@@ -179,7 +179,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		args = append(args, "-http-backend", fmt.Sprintf("%s,metrics=%s,id=%s", b.Addr(), b.MetricsURL(), b.Name()))
 	}
 	for i := 1; i <= 2; i++ {
-		u, err := demoback.New(demoback.Config{Name: fmt.Sprintf("s%d", i), DialogBytes: cfg.SessionBytes,
+		u, err := sipdemo.New(sipdemo.Config{Name: fmt.Sprintf("s%d", i), DialogBytes: cfg.SessionBytes,
 			DialogTimeout: bound, MaxMemory: cfg.BackendMax, Logger: logger})
 		if err != nil {
 			return nil, err

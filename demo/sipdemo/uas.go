@@ -1,4 +1,4 @@
-// Package demoback is the SIP backend of `sluice demo`: a user agent
+// Package sipdemo is the SIP backend of `sluice demo`: a user agent
 // server on sipgo that answers INVITE and holds real memory per dialog until
 // BYE or a timeout, and reports that memory on an HTTP metrics listener as
 // package demo does for its HTTP backend, so that sluice's memory overload
@@ -7,7 +7,7 @@
 // It is a demo and a test peer, not a SIP application server: it does no
 // media, no authentication and no retransmission of 2xx responses over UDP
 // (RFC 3261 §13.3.1.4); dialogs are identified by Call-ID alone.
-package demoback
+package sipdemo
 
 import (
 	"context"

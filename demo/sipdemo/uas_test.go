@@ -1,4 +1,4 @@
-package demoback
+package sipdemo
 
 import (
 	"context"
