@@ -157,13 +157,13 @@ type Meter struct {
 	ringEpoch [subIntervals]int64
 	queue     []*Wait // FIFO; head at queue[0]
 	engaged   bool
-	refusing  bool     // a refusal event was written during this engagement
+	refusing  bool // a refusal event was written during this engagement
 	// underSince is when an engaged rule's rate went under its limit, or
 	// -1. The rule is released (and says so) only after a whole unit
 	// under it: a rule held at its limit dips under at every sub-interval
 	// boundary, and an event per dip would flood the event log.
 	underSince int64
-	state     MemState // memory state seen by the last decision
+	state      MemState // memory state seen by the last decision
 }
 
 // NewMeter validates cfg and returns a meter starting empty at now.
