@@ -326,6 +326,29 @@ func (c *uac) recvResponse(code int) *gosip.Response {
 	}
 }
 
+// recvResponseTo is recvResponse for the answer to a request of method,
+// skipping answers to other requests: on a loaded machine the balancer
+// may retransmit an INVITE to its backend (Timer A) and relay the second
+// 200 it gets back, which arrives while the test waits for a later answer.
+func (c *uac) recvResponseTo(method gosip.RequestMethod, code int) *gosip.Response {
+	c.t.Helper()
+	for {
+		m := c.recv()
+		if m == nil {
+			c.t.Fatalf("no %d response to %s", code, method)
+			return nil
+		}
+		res, ok := m.(*gosip.Response)
+		if !ok || res.StatusCode == 100 || res.CSeq() == nil || res.CSeq().MethodName != method {
+			continue
+		}
+		if res.StatusCode != code {
+			c.t.Fatalf("got %d %s to %s, want %d", res.StatusCode, res.Reason, method, code)
+		}
+		return res
+	}
+}
+
 // call is one dialog from the client's side.
 type call struct {
 	c      *uac

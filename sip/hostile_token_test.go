@@ -58,7 +58,7 @@ func TestRouteTokenHostile(t *testing.T) {
 	for i, tc := range cases {
 		k.route = []string{tc.route}
 		k.inDialog("INFO", 10+i, fmt.Sprintf("%s-bad-%d", k.branch, i))
-		if res := c.recvResponse(403); res == nil {
+		if res := c.recvResponseTo(gosip.INFO, 403); res == nil {
 			t.Fatalf("%s: no 403", tc.name)
 		}
 	}
@@ -71,7 +71,7 @@ func TestRouteTokenHostile(t *testing.T) {
 	// The control: the same construction with everything right passes.
 	k.route = []string{withTok(signer.Token(subject, time.Now().Add(time.Hour)))}
 	k.inDialog("BYE", 50, k.branch+"-bye")
-	c.recvResponse(200)
+	c.recvResponseTo(gosip.BYE, 200)
 	if got := b1.count(gosip.BYE, k.callID); got != 1 {
 		t.Errorf("BYE with a genuine rebuilt token reached the backend %d times, want 1", got)
 	}
