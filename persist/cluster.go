@@ -45,17 +45,7 @@ func (s *Store) SetClusterNodes(n int64) error {
 		return nil
 	}
 	data, _ := json.Marshal(clusterState{Nodes: n})
-	s.mopWrite.Lock()
-	err := s.ensureFormat()
-	if err == nil {
-		err = writeAtomic(s.fs, s.dir, clusterFile, append(data, '\n'))
-	}
-	s.mopWrite.Unlock()
-	if err != nil {
-		s.fault("cluster", err)
-		return fmt.Errorf("save cluster node count to %s: %w: %w", s.cfg.Dir, ErrUnwritable, err)
-	}
-	return nil
+	return s.writeSmallFile(clusterFile, "cluster node count", append(data, '\n'))
 }
 
 // decodeCluster reads cluster.json.

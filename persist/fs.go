@@ -2,6 +2,7 @@ package persist
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -84,4 +85,23 @@ func writeAtomic(fsys fileSystem, dir, name string, data []byte) error {
 		return err
 	}
 	return fsys.SyncDir(dir)
+}
+
+// writeSmallFile writes one of the directory's small files (the learned
+// rates, the overrides, the cluster's node count) atomically, one writer
+// at a time, and records the outcome in the store's health under what.
+// The error names the store and wraps ErrUnwritable.
+func (s *Store) writeSmallFile(name, what string, data []byte) error {
+	s.mopWrite.Lock()
+	err := s.ensureFormat()
+	if err == nil {
+		err = writeAtomic(s.fs, s.dir, name, data)
+	}
+	s.mopWrite.Unlock()
+	if err != nil {
+		s.fault(what, err)
+		return fmt.Errorf("save %s to %s: %w: %w", what, s.cfg.Dir, ErrUnwritable, err)
+	}
+	s.ok(what)
+	return nil
 }

@@ -167,17 +167,8 @@ func (s *Store) SaveMOP(states map[string]admission.MOPState) error {
 	if err != nil { // checked above; cannot happen
 		return errors.Join(append(errs, err)...)
 	}
-	s.mopWrite.Lock()
-	err = s.ensureFormat()
-	if err == nil {
-		err = writeAtomic(s.fs, s.dir, mopFile, data)
-	}
-	s.mopWrite.Unlock()
-	if err != nil {
-		s.fault("learned rates", err)
-		errs = append(errs, fmt.Errorf("save mop states to %s: %w: %w", s.cfg.Dir, ErrUnwritable, err))
-	} else {
-		s.ok("learned rates")
+	if err := s.writeSmallFile(mopFile, "learned rates", data); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

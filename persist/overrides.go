@@ -114,18 +114,7 @@ func (s *Store) changeOverrides(f func([]Override) []Override) error {
 	if err != nil {
 		return err
 	}
-	s.mopWrite.Lock() // one writer of the directory's small files at a time
-	err = s.ensureFormat()
-	if err == nil {
-		err = writeAtomic(s.fs, s.dir, overridesFile, append(data, '\n'))
-	}
-	s.mopWrite.Unlock()
-	if err != nil {
-		s.fault("overrides", err)
-		return fmt.Errorf("save overrides to %s: %w: %w", s.cfg.Dir, ErrUnwritable, err)
-	}
-	s.ok("overrides")
-	return nil
+	return s.writeSmallFile(overridesFile, "overrides", append(data, '\n'))
 }
 
 // Reconcile splits overrides into those that apply on top of the
