@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/sluicelb/sluice/internal/testenv"
 	"io"
 	"net/http"
 	"os"
@@ -163,10 +164,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	chromium := findChromium()
 	if chromium == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("chromium not found and CI=true: run scripts/install-test-deps.sh (Debian package chromium)")
-		}
-		t.Skip("chromium not found: run scripts/install-test-deps.sh (Debian package chromium) to run this test")
+		testenv.Missing(t, "chromium not found (Debian package chromium; scripts/install-test-deps.sh installs it)")
 	}
 	httpAddr, adminAddr := startDemo(t)
 	base := "http://" + adminAddr

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/sluicelb/sluice/internal/testenv"
 	"net"
 	"os"
 	"os/exec"
@@ -155,10 +156,7 @@ func freePort(t testing.TB) int {
 // answers; the cleanup stops it by PID.
 func startRedis(t testing.TB, port int) *exec.Cmd {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server not installed (scripts/install-test-deps.sh installs it)")
-	}
+	bin := testenv.Tool(t, "redis-server", "redis-server")
 	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"github.com/sluicelb/sluice/internal/testenv"
 	"net/http/httptest"
 	"os/exec"
 	"strings"
@@ -156,10 +157,7 @@ func TestMetricsOddNames(t *testing.T) {
 		}
 	}
 
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("promtool not installed (scripts/install-test-deps.sh installs it)")
-	}
+	promtool := testenv.Tool(t, "promtool", "prometheus")
 	cmd := exec.Command(promtool, "check", "metrics")
 	cmd.Stdin = bytes.NewReader(raw)
 	out, err := cmd.CombinedOutput()

@@ -5,9 +5,16 @@
 # keeps one), then the sipp interop leg. sipp and wrk are installed first
 # when missing (root, Debian packages).
 # Exits non-zero on the first failure. SKIP_INTEROP=1: Go tests only, and
-# the tests that need sipp or wrk skip themselves when those are missing.
+# the tests that need sipp, wrk, redis-server, promtool or chromium skip
+# themselves when those are missing -- except with CI set, where a missing
+# tool fails its test and SKIP_INTEROP is refused (internal/testenv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ -n "${CI:-}" ] && [ "${SKIP_INTEROP:-0}" = 1 ]; then
+  echo "test.sh: SKIP_INTEROP=1 is refused when CI is set: CI runs every real-component test" >&2
+  exit 2
+fi
 
 if [ "${SKIP_INTEROP:-0}" != 1 ]; then
   echo "== tools"

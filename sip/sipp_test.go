@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/sluicelb/sluice/internal/testenv"
 	"net"
 	"net/netip"
 	"os"
@@ -20,14 +21,7 @@ import (
 // would hide a gap.
 func needSIPp(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("sipp")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("sipp not installed (scripts/install-test-deps.sh installs it)")
-		}
-		t.Skip("sipp not installed (Debian package sip-tester)")
-	}
-	return p
+	return testenv.Tool(t, "sipp", "sip-tester")
 }
 
 // freeUDPPort returns a loopback UDP port nobody listens on right now.

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/sluicelb/sluice/internal/testenv"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -19,14 +19,7 @@ import (
 // where the test command installs it first and a skip would hide a gap.
 func needTool(t *testing.T, name string) string {
 	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s not installed (scripts/install-test-deps.sh installs it)", name)
-		}
-		t.Skipf("%s not installed; run scripts/install-test-deps.sh", name)
-	}
-	return p
+	return testenv.Tool(t, name, name)
 }
 
 // TestWrkInterop drives `sluice run` with wrk on loopback, as users
