@@ -20,8 +20,15 @@ func checkRows(t *testing.T, rc RuleConfig, arrivals []int, want []wantRow) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, r := range rows {
-		w := want[i]
+	if len(rows) != len(want) {
+		t.Errorf("got %d intervals, want %d", len(rows), len(want))
+	}
+	for i, w := range want {
+		if i >= len(rows) {
+			t.Errorf("interval %d: missing, want %+v", i+1, w)
+			continue
+		}
+		r := rows[i]
 		got := wantRow{r.Admitted, r.Released, r.Refused, r.Rate, r.Queued}
 		if got != w {
 			t.Errorf("interval %d (arrived %d): got admitted=%d released=%d refused=%d rate=%d queued=%d, want %d %d %d %d %d",
