@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/sluicelb/sluice/internal/testenv"
 	"io"
 	"net/http"
 	"os"
@@ -20,6 +19,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/sluicelb/sluice/internal/testenv"
 )
 
 // findChromium returns the browser the end-to-end test drives, or "".

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/sluicelb/sluice/internal/testenv"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/internal/testenv"
 )
 
 // The end-to-end tests run a real redis-server on a loopback port and three

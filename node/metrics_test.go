@@ -2,7 +2,6 @@ package node
 
 import (
 	"bytes"
-	"github.com/sluicelb/sluice/internal/testenv"
 	"net/http/httptest"
 	"os/exec"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/internal/testenv"
 	"github.com/sluicelb/sluice/lb"
 	lbsip "github.com/sluicelb/sluice/sip"
 )

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluicelb/sluice/internal/testenv"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/internal/testenv"
 )
 
 // faultFS is the operating system with injected faults: while fail is set,

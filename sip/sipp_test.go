@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/sluicelb/sluice/internal/testenv"
 	"net"
 	"net/netip"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/internal/testenv"
 )
 
 // needSIPp returns the sipp binary, skipping the test when it is missing

@@ -97,14 +97,21 @@ func TestDemoFirstRun(t *testing.T) {
 			if len(status) < 2 || status[1] != "200" {
 				t.Fatalf("curl %d: %q", i, tail(string(out), 300))
 			}
-			m := regexp.MustCompile(`(?i)x-backend: *(\S+)`).FindStringSubmatch(string(out))
-			if m != nil {
-				backends = append(backends, m[1])
+			// The demo backend's body names itself and the session:
+			// "h1 new session ID" on the first request, "h1 session ID"
+			// after.
+			m := regexp.MustCompile(`(?m)^(\S+) (new )?session (\S+)$`).FindStringSubmatch(string(out))
+			if m == nil {
+				t.Fatalf("curl %d: no backend and session in the answer: %q", i, tail(string(out), 300))
 			}
+			if (i == 0) != (m[2] != "") {
+				t.Fatalf("curl %d: %q: want a new session on the first request only", i, m[0])
+			}
+			backends = append(backends, m[1]+" "+m[3])
 		}
 		for _, b := range backends {
 			if b != backends[0] {
-				t.Fatalf("the session moved between backends: %v", backends)
+				t.Fatalf("the session moved between backends or sessions: %v", backends)
 			}
 		}
 	})

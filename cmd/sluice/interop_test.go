@@ -3,16 +3,19 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/sluicelb/sluice/internal/testenv"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/internal/testenv"
 )
 
 // needTool skips a test whose external tool is missing, except in CI,
@@ -31,9 +34,16 @@ func TestWrkInterop(t *testing.T) {
 	}
 	wrk := needTool(t, "wrk")
 	var args []string
+	// served counts, per backend, the requests that were not health probes.
+	var served [2]atomic.Int64
 	for i := range 2 {
 		name := fmt.Sprintf("b%d", i)
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, name) }))
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("User-Agent") != "sluice-health" {
+				served[i].Add(1)
+			}
+			io.WriteString(w, name)
+		}))
 		defer srv.Close()
 		args = append(args, "-http-backend", srv.Listener.Addr().String()+",id="+name)
 	}
@@ -53,8 +63,17 @@ func TestWrkInterop(t *testing.T) {
 		t.Fatalf("run exited %d: %s", code, stderr.String())
 	}
 	url := "http://" + addr.String() + "/"
-	_, hdr, _ := httpGet(t, url)
+	_, hdr, pinned := httpGet(t, url)
 	cookie := strings.SplitN(hdr.Get("Set-Cookie"), ";", 2)[0]
+	if !strings.HasPrefix(cookie, "SLUICE=") || len(cookie) <= len("SLUICE=") {
+		t.Fatalf("the first answer set no sticky cookie: Set-Cookie %q", hdr.Get("Set-Cookie"))
+	}
+	other := 1
+	if pinned == "b1" {
+		other = 0
+	} else if pinned != "b0" {
+		t.Fatalf("first answer from %q, want b0 or b1", pinned)
+	}
 
 	reqs := regexp.MustCompile(`(\d+) requests in`)
 	for _, tc := range []struct {
@@ -64,6 +83,7 @@ func TestWrkInterop(t *testing.T) {
 		{"new work", nil},
 		{"sticky", []string{"-H", "Cookie: " + cookie}},
 	} {
+		before := [2]int64{served[0].Load(), served[1].Load()}
 		cmdArgs := append([]string{"-t1", "-c20", "-d3s", "--timeout", "2s"}, tc.extra...)
 		out, err := exec.Command(wrk, append(cmdArgs, url)...).CombinedOutput()
 		if err != nil {
@@ -77,7 +97,24 @@ func TestWrkInterop(t *testing.T) {
 		if strings.Contains(s, "Non-2xx") || strings.Contains(s, "Socket errors") {
 			t.Errorf("%s: wrk saw failures:\n%s", tc.name, s)
 		}
-		t.Logf("%s: %s requests in 3 s", tc.name, m[1])
+		got := [2]int64{served[0].Load() - before[0], served[1].Load() - before[1]}
+		n, _ := strconv.ParseInt(m[1], 10, 64)
+		if got[0]+got[1] < n {
+			t.Errorf("%s: wrk counted %d requests, the backends served %v", tc.name, n, got)
+		}
+		switch tc.name {
+		case "sticky":
+			// Every request carried the cookie: all of them on its backend.
+			if got[other] != 0 {
+				t.Errorf("sticky: %d of %d requests went to b%d, not to the pinned %s", got[other], n, other, pinned)
+			}
+		case "new work":
+			// New work is balanced: both backends take some.
+			if got[0] == 0 || got[1] == 0 {
+				t.Errorf("new work: served %v, want both backends used", got)
+			}
+		}
+		t.Logf("%s: %s requests in 3 s, backends served %v", tc.name, m[1], got)
 	}
 	cancel()
 	select {

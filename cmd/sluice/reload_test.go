@@ -93,7 +93,10 @@ func TestSIGHUPReloadsBackends(t *testing.T) {
 
 	write("http nohost,id=x")
 	cmd.Process.Signal(syscall.SIGHUP)
-	time.Sleep(300 * time.Millisecond) // a reload that fails leaves nothing to wait for
+	waitFor(t, 10*time.Second, "the failed reload in the event log", func() bool {
+		_, _, ev := httpGet(t, "http://"+admin+"/events?limit=50")
+		return strings.Contains(ev, "backends not reloaded") && strings.Contains(ev, "nohost")
+	})
 	if ids := statusBackends(t, admin); strings.Join(ids, " ") != "b1/3 b3/1 s1/1 s2/2" {
 		t.Errorf("a bad file changed the backends: %v", ids)
 	}
