@@ -3,7 +3,6 @@ package sip
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -59,33 +58,44 @@ func hostileDatagrams(n int, seed uint64) [][]byte {
 	return out
 }
 
-// udpRcvbufErrors reads the kernel's count of UDP datagrams dropped for a
-// full socket buffer (/proc/net/snmp), -1 where it cannot be read.
-func udpRcvbufErrors() int64 {
-	f, err := os.Open("/proc/net/snmp")
+// udpSocketDrops sums the kernel's drop counters (the last column of
+// /proc/net/udp) of the loopback UDP sockets bound to ports: the datagrams
+// the kernel discarded for those sockets alone, not the host's (which other
+// tests running beside this one move too). It fails the test when the table
+// cannot be read: a missing count must not excuse a failed call.
+func udpSocketDrops(t testing.TB, ports map[uint16]bool) int64 {
+	t.Helper()
+	f, err := os.Open("/proc/net/udp")
 	if err != nil {
-		return -1
+		t.Fatalf("per-socket drop counts: %v", err)
 	}
 	defer f.Close()
-	var names []string
+	var sum int64
 	sc := bufio.NewScanner(f)
+	sc.Scan() // header
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) == 0 || fields[0] != "Udp:" {
+		if len(fields) < 13 {
 			continue
 		}
-		if names == nil {
-			names = fields
+		_, portHex, ok := strings.Cut(fields[1], ":")
+		if !ok {
 			continue
 		}
-		for i, n := range names {
-			if n == "RcvbufErrors" && i < len(fields) {
-				v, _ := strconv.ParseInt(fields[i], 10, 64)
-				return v
-			}
+		port, err := strconv.ParseUint(portHex, 16, 16)
+		if err != nil || !ports[uint16(port)] {
+			continue
 		}
+		d, err := strconv.ParseInt(fields[len(fields)-1], 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/net/udp drops %q: %v", fields[len(fields)-1], err)
+		}
+		sum += d
 	}
-	return -1
+	if err := sc.Err(); err != nil {
+		t.Fatalf("/proc/net/udp: %v", err)
+	}
+	return sum
 }
 
 // tryCall runs INVITE/180/200/ACK/BYE/200 without retransmitting and
@@ -187,7 +197,20 @@ func runFlood(t *testing.T, rate int, d time.Duration, workers int) floodResult 
 	heapSample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
 	metrics.Read(heapSample)
 	res := floodResult{baseHeap: heapSample[0].Value.Uint64()}
-	drops0 := udpRcvbufErrors()
+	// The sockets a call crosses: the balancer's, the backends', the
+	// callers'. Their drops, and no others, may excuse a failed call.
+	ports := map[uint16]bool{lbAddr.Port(): true, b1.addr.Port(): true, b2.addr.Port(): true}
+	callers := make([]*net.UDPConn, workers)
+	for w := range callers {
+		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		callers[w] = c
+		ports[uint16(c.LocalAddr().(*net.UDPAddr).Port)] = true
+	}
+	drops0 := udpSocketDrops(t, ports)
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -197,12 +220,7 @@ func runFlood(t *testing.T, rate int, d time.Duration, workers int) floodResult 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer c.Close()
+			c := callers[w]
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
@@ -266,11 +284,7 @@ func runFlood(t *testing.T, rate int, d time.Duration, workers int) floodResult 
 	res.sent = int64(i)
 	res.callsOK, res.callsFailed = ok.Load(), failed.Load()
 	res.peakHeap = peak.Load()
-	if drops0 >= 0 {
-		res.kernelDrops = udpRcvbufErrors() - drops0
-	} else {
-		res.kernelDrops = -1
-	}
+	res.kernelDrops = udpSocketDrops(t, ports) - drops0
 	// The flood is over: service is whole at once.
 	c := newUAC(t, lbAddr)
 	if err := tryCall(c.conn, lbAddr, "after-flood"); err != nil {
@@ -295,8 +309,9 @@ func rateName(rate int) string {
 }
 
 // TestUDPFloodCallsSurvive: hostile datagrams at 20,000/s while calls run:
-// no call is lost unless the kernel dropped datagrams for a full socket
-// buffer, memory stays bounded, and a call right after completes.
+// no call is lost unless the kernel dropped a datagram on one of the
+// sockets the calls cross (each drop excuses at most one call), calls keep
+// completing, memory stays bounded, and a call right after completes.
 // SLUICE_FLOOD_RATE (0: full speed) and SLUICE_FLOOD_SECONDS give the long
 // run of bench/flood.sh.
 func TestUDPFloodCallsSurvive(t *testing.T) {
@@ -311,16 +326,18 @@ func TestUDPFloodCallsSurvive(t *testing.T) {
 		t.Fatalf("SLUICE_FLOOD_SECONDS %v: want (0, 120]", secs)
 	}
 	r := runFlood(t, rate, time.Duration(secs*float64(time.Second)), 4)
-	if r.callsOK == 0 {
-		t.Fatalf("no call completed during the flood")
+	// Under the race detector on two loaded cores a call takes ~100 ms and
+	// the flood crowds the balancer's socket, so the floor is modest: calls
+	// complete, and more of them than fail.
+	if r.callsOK < 3 || r.callsOK < r.callsFailed {
+		t.Fatalf("%d calls completed and %d failed during the flood, want at least 3 and more than failed", r.callsOK, r.callsFailed)
 	}
-	if r.callsFailed > 0 && r.kernelDrops == 0 {
-		t.Errorf("%d calls failed with no kernel drop to account for them: %v", r.callsFailed, r.firstErr)
+	if r.callsFailed > r.kernelDrops {
+		t.Errorf("%d calls failed and the kernel dropped %d datagrams on the calls' sockets: %d failures unaccounted for (first: %v)",
+			r.callsFailed, r.kernelDrops, r.callsFailed-r.kernelDrops, r.firstErr)
 	}
 	if r.peakHeap > r.baseHeap+256<<20 {
 		t.Errorf("heap grew from %d to %d bytes during the flood", r.baseHeap, r.peakHeap)
 	}
-	if errors.Is(r.firstErr, os.ErrDeadlineExceeded) && r.kernelDrops == 0 {
-		t.Errorf("a call timed out without kernel drops")
-	}
+
 }
