@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -88,6 +89,20 @@ func FuzzTCPStream(f *testing.F) {
 		}
 		if p := s.metrics.Panics.Load(); p != 0 {
 			t.Fatalf("%d handler panics", p)
+		}
+		// The next connection is served: a well-formed OPTIONS is answered.
+		next, err := net.Dial("tcp", s.udpAddr().String())
+		if err != nil {
+			t.Fatalf("next connection: %v", err)
+		}
+		defer next.Close()
+		_ = next.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(next, opt); err != nil {
+			t.Fatalf("next connection: write: %v", err)
+		}
+		res, err := bufio.NewReader(next).ReadString('\n')
+		if err != nil || !strings.HasPrefix(res, "SIP/2.0 ") {
+			t.Fatalf("next connection: no SIP answer to an OPTIONS after %q: %q %v", b, res, err)
 		}
 	})
 }
