@@ -131,8 +131,7 @@ func TestFaultSIPInDialogAnsweredNotWatched(t *testing.T) {
 	if n := s.watchedLen(); n != 0 {
 		t.Errorf("%d in-dialog requests still watched after their answers", n)
 	}
-	time.Sleep(100 * time.Millisecond) // past the in-dialog timeout
-	s.expireWatched(s.clock.Now())
+	s.expireWatched(s.clock.Now() + int64(time.Second)) // past the in-dialog timeout
 	if n := s.metrics.InDialogUnanswered.Load(); n != 0 {
 		t.Errorf("%d answered in-dialog requests got our 408", n)
 	}
@@ -175,8 +174,13 @@ func TestFaultSIPBlackHoleNoPileUp(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Logf("%d calls completed; INVITEs the silent backend swallowed: %d; failovers: %d",
-		calls, b1.count(gosip.INVITE, ""), s.metrics.Failovers.Load())
+	// Every INVITE the silent backend swallowed was failed over, once: no
+	// call was lost to it and none was tried there twice.
+	swallowed, failovers := uint64(b1.count(gosip.INVITE, "")), s.metrics.Failovers.Load()
+	if swallowed == 0 || failovers != swallowed {
+		t.Errorf("the silent backend swallowed %d INVITEs and %d were failed over, want the same, at least one", swallowed, failovers)
+	}
+	t.Logf("%d calls completed; INVITEs the silent backend swallowed: %d; failovers: %d", calls, swallowed, failovers)
 }
 
 // TestFaultSIPGarbageBackend: a backend that answers every request with
@@ -224,6 +228,13 @@ func TestFaultSIPGarbageBackend(t *testing.T) {
 		t.Errorf("garbage backend is %v, want down", st)
 	}
 	eventually(t, "no transaction left", func() bool { return s.txns.Len() == 0 && s.watchedLen() == 0 })
+	// Every garbage answer was dropped as malformed (none reached the
+	// client: each call ended with b2's answers), and the calls the garbage
+	// backend took were failed over.
+	eventually(t, "every garbage answer counted as malformed", func() bool { return s.metrics.Malformed.Load() == uint64(got.Load()) })
+	if f := s.metrics.Failovers.Load(); f == 0 || f > uint64(got.Load()) {
+		t.Errorf("%d failovers for %d requests to the garbage backend, want between 1 and %d", f, got.Load(), got.Load())
+	}
 	t.Logf("30 calls completed; datagrams to the garbage backend: %d; malformed answers dropped: %d; failovers: %d",
 		got.Load(), s.metrics.Malformed.Load(), s.metrics.Failovers.Load())
 }
