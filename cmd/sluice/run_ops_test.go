@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // TestMain lets a test start this binary as sluice itself
@@ -150,7 +152,22 @@ func TestKill9KeepsLearnedRate(t *testing.T) {
 		before = v
 		return ok && v.Phase == "learned"
 	})
-	time.Sleep(time.Second) // ten -persist-intervals: a save has happened even on a loaded machine
+	waitFor(t, 10*time.Second, "the learned rate saved in mop.json", func() bool {
+		data, err := os.ReadFile(filepath.Join(dir, "mop.json"))
+		if err != nil {
+			return false
+		}
+		var states map[string]admission.MOPState
+		if json.Unmarshal(data, &states) != nil {
+			return false
+		}
+		for _, st := range states {
+			if st.Phase == admission.Learned && st.LearnedRate == before.LearnedRate {
+				return true
+			}
+		}
+		return false
+	})
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
