@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -65,6 +66,16 @@ func FuzzParseBackendSpec(f *testing.F) {
 		if b.ID == "" || (b.ID != b.Addr && len(b.ID) > MaxIDLen) || b.Addr == "" || b.Weight < 1 || b.Weight > MaxWeight ||
 			(proto == "sip") != (b.Transport == "udp" || b.Transport == "tcp") || (proto == "sip" && b.HealthPath != "") {
 			t.Fatalf("ParseBackendSpec(%q, %q) = %+v", proto, s, b)
+		}
+		// What parses formats back to a spec that parses to the same
+		// backend: the form /control/config prints and -config reads.
+		text := FormatBackendSpec(proto, b)
+		again, err := ParseBackendSpec(proto, text)
+		if err != nil {
+			t.Fatalf("ParseBackendSpec(%q, %q) = %+v, formatted %q does not parse: %v", proto, s, b, text, err)
+		}
+		if !reflect.DeepEqual(again, b) {
+			t.Fatalf("round trip of %q: %+v -> %q -> %+v", s, b, text, again)
 		}
 	})
 }
