@@ -32,6 +32,12 @@ func testServer(t testing.TB, backends []*uas, rules []string, mut func(*Config)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return testServerSigner(t, signer, backends, rules, mut, mem...)
+}
+
+// testServerSigner is testServer with the given affinity token signer.
+func testServerSigner(t testing.TB, signer Signer, backends []*uas, rules []string, mut func(*Config), mem ...*admission.Memory) *Server {
+	t.Helper()
 	var rcs []admission.RuleConfig
 	for _, r := range rules {
 		rc, err := admission.ParseRule(r)

@@ -36,13 +36,17 @@ func freeUDPPort(t *testing.T) int {
 	return c.LocalAddr().(*net.UDPAddr).Port
 }
 
-// startSIPpUAS starts `sipp -sn uas` on 127.0.0.1:port and waits until it
-// listens. It is stopped (by its own PID) when the test ends.
-func startSIPpUAS(t *testing.T, sipp, dir string, port int) {
+// startSIPpUAS starts `sipp -sn uas` (or the scenario arguments given) on
+// 127.0.0.1:port and waits until it listens. It is stopped (by its own PID)
+// when the test ends.
+func startSIPpUAS(t *testing.T, sipp, dir string, port int, scenario ...string) {
 	t.Helper()
+	if len(scenario) == 0 {
+		scenario = []string{"-sn", "uas"}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	cmd := exec.CommandContext(ctx, sipp, "-sn", "uas", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "-nostdin",
-		"-trace_msg", "-message_file", filepath.Join(dir, fmt.Sprintf("uas%d.msg", port)))
+	cmd := exec.CommandContext(ctx, sipp, append(scenario, "-i", "127.0.0.1", "-p", strconv.Itoa(port), "-nostdin",
+		"-trace_msg", "-message_file", filepath.Join(dir, fmt.Sprintf("uas%d.msg", port)))...)
 	cmd.Dir = dir
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
