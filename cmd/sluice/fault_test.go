@@ -281,15 +281,14 @@ func TestFaultSIGTERMAlwaysStops(t *testing.T) {
 				func(t *testing.T, a map[string]string, stop <-chan struct{}) {
 					h := httpLoad("http://"+a["http"]+"/x", 32, stop) // each waits on the black hole
 					s := sipLoad(t, a["sip"], 8, stop)                // each INVITE a transaction in flight
-					time.Sleep(500 * time.Millisecond)
-					if h.Load() != 0 || s.Load() != 0 {
-						t.Fatalf("answers from hung backends: %d HTTP, %d SIP", h.Load(), s.Load())
-					}
 					var out []string
 					waitFor(t, 10*time.Second, "requests in flight on both backends", func() bool {
 						out = regexp.MustCompile(`"outstanding":\s*([0-9]+)`).FindAllString(adminBody(t, a["admin"], "/status"), -1)
 						return len(out) == 2 && !strings.HasSuffix(out[0], " 0") && !strings.HasSuffix(out[1], " 0")
 					})
+					if h.Load() != 0 || s.Load() != 0 {
+						t.Fatalf("answers from hung backends: %d HTTP, %d SIP", h.Load(), s.Load())
+					}
 					t.Logf("in flight before SIGTERM (HTTP, SIP): %q", out)
 				}
 		}},
@@ -329,7 +328,10 @@ func TestFaultSIGINTAfterSIGTERMExitsAtOnce(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	httpLoad("http://"+a["http"]+"/x", 4, stop)
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, 10*time.Second, "requests in flight on the hung backend", func() bool {
+		out := regexp.MustCompile(`"outstanding":\s*([0-9]+)`).FindString(adminBody(t, a["admin"], "/status"))
+		return out != "" && !strings.HasSuffix(out, " 0") && !strings.HasSuffix(out, ":0")
+	})
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
