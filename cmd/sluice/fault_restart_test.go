@@ -10,12 +10,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // freePort returns a loopback port free for TCP and UDP at the moment.
@@ -151,7 +154,8 @@ func TestFaultKill9UnderLoad(t *testing.T) {
 	h1, h2 := httpBE("h1"), httpBE("h2")
 	s1, s2 := newSIPBackend(t, false), newSIPBackend(t, false)
 	httpAddr, sipAddr, adminAddr := freePort(t), freePort(t), freePort(t)
-	args := []string{"-http-listen", httpAddr, "-sip-listen", sipAddr, "-admin-listen", adminAddr, "-data-dir", t.TempDir(),
+	dataDir := t.TempDir()
+	args := []string{"-http-listen", httpAddr, "-sip-listen", sipAddr, "-admin-listen", adminAddr, "-data-dir", dataDir,
 		"-http-backend", h1.Listener.Addr().String() + ",id=h1,metrics=" + h1.URL + "/metrics",
 		"-http-backend", h2.Listener.Addr().String() + ",id=h2,metrics=" + h2.URL + "/metrics",
 		"-sip-backend", s1.addr + ",id=s1", "-sip-backend", s2.addr + ",id=s2", "-sip-lb-policy", "round-robin",
@@ -187,7 +191,12 @@ func TestFaultKill9UnderLoad(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	restartLoad(&wg, stop, &hrec, &srec, httpAddr, sipAddr, t)
-	time.Sleep(1500 * time.Millisecond) // load flows; ten -persist-intervals pass
+	far := time.Now().Add(time.Hour)
+	waitFor(t, 20*time.Second, "load to flow and the learned rates to be saved", func() bool {
+		hb, _, _, _, _, _ := hrec.tally(far, far)
+		sb, _, _, _, _, _ := srec.tally(far, far)
+		return hb >= 100 && sb >= 100 && savedRates(dataDir) == len(before)
+	})
 	kill := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -224,7 +233,11 @@ func TestFaultKill9UnderLoad(t *testing.T) {
 		t.Errorf("BYE after restart: %q; on the INVITE's backend: %d", res, dialogOn.got("BYE", callID))
 	}
 
-	time.Sleep(2 * time.Second) // load after the restart
+	waitFor(t, 20*time.Second, "load after the restart", func() bool {
+		_, _, _, _, ha, _ := hrec.tally(kill, ready)
+		_, _, _, _, sa, _ := srec.tally(kill, ready)
+		return ha >= 100 && sa >= 100
+	})
 	close(stop)
 	wg.Wait()
 	for _, x := range []struct {
@@ -383,3 +396,22 @@ func (s *sipClient) roundTrip(t *testing.T, msg string) string {
 }
 
 func decodeJSON(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
+
+// savedRates is how many learned states mop.json in dir holds now.
+func savedRates(dir string) int {
+	data, err := os.ReadFile(filepath.Join(dir, "mop.json"))
+	if err != nil {
+		return 0
+	}
+	var states map[string]admission.MOPState
+	if json.Unmarshal(data, &states) != nil {
+		return 0
+	}
+	n := 0
+	for _, st := range states {
+		if st.Phase == admission.Learned && st.LearnedRate > 0 {
+			n++
+		}
+	}
+	return n
+}
