@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -282,33 +283,54 @@ func (br *brancher) verify(b string, k *clientTxn, dst target) bool {
 // whose branch carries the same hash has looped (§16.3 step 4). The CSeq
 // method is left out so a CANCEL matches its INVITE.
 func loopHash(req *gosip.Request) uint64 {
-	h := uint64(fnvOffset)
-	h = fnv64(h, req.Recipient.String())
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	req.Recipient.StringWrite(buf)
+	h := fnv64b(fnvOffset, buf.Bytes())
+	bufPool.Put(buf)
 	h = fnv64(h^0xff, req.CallID().Value())
 	if f := header(req, "from", "f"); f != nil {
 		h = fnv64(h^0xff, tagParam(f.Value()))
 	}
 	h = fnv64(h^0xff, toTag(req))
-	h = fnv64(h^0xff, strconv.FormatUint(uint64(req.CSeq().SeqNo), 10))
+	var num [10]byte
+	return fnv64b(h^0xff, strconv.AppendUint(num[:0], uint64(req.CSeq().SeqNo), 10))
+}
+
+// fnv64b is fnv64 over b.
+func fnv64b(h uint64, b []byte) uint64 {
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
 	return h
 }
 
 // looped reports whether req carries a Via of ours whose branch holds
-// req's loop hash: we forwarded this very request before.
+// req's loop hash: we forwarded this very request before. The hash is
+// only computed when a Via of ours is there.
 func (s *Server) looped(req *gosip.Request) bool {
 	var want [branchLoopLen]byte
-	h := loopHash(req)
-	for i := branchLoopLen - 1; i >= 0; i-- {
-		want[i] = hexDigits[h&15]
-		h >>= 4
-	}
+	hashed := false
 	for _, hd := range req.Headers() {
 		v, ok := hd.(*gosip.ViaHeader)
 		if !ok {
 			continue
 		}
 		b, _ := v.Params.Get("branch")
-		if _, loop, ok := parseBranch(b); ok && loop == string(want[:]) && s.viaIsOurs(v) {
+		_, loop, ok := parseBranch(b)
+		if !ok || !s.viaIsOurs(v) {
+			continue
+		}
+		if !hashed {
+			h := loopHash(req)
+			for i := branchLoopLen - 1; i >= 0; i-- {
+				want[i] = hexDigits[h&15]
+				h >>= 4
+			}
+			hashed = true
+		}
+		if loop == string(want[:]) {
 			return true
 		}
 	}
