@@ -204,6 +204,7 @@ func TestHostileForge(t *testing.T) {
 		{"3 Max-Forwards capped at 70", hostileMaxForwardsCap},
 		{"8 quoted comma in Via", hostileQuotedVia},
 		{"8 too large for a datagram with our Via", hostileTooLargeAfterVia},
+		{"8 in-dialog request too large with our Via", hostileTooLargeInDialog},
 		{"8 TCP client whose Via says UDP", hostileTCPViaUDP},
 		{"8 control characters in the head", hostileNUL},
 		{"8 response with another CSeq method", hostileCSeqMismatch},
@@ -533,6 +534,29 @@ func hostileTooLargeAfterVia(t *testing.T) {
 		if b.Draining || !b.Up {
 			t.Errorf("backend %s blamed for a request too large", b.ID)
 		}
+	}
+}
+
+// hostileTooLargeInDialog: the same for an in-dialog request, forwarded
+// without state: 513, not 503.
+func hostileTooLargeInDialog(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, nil)
+	c := newUAC(t, s.udpAddr())
+	_ = c.conn.SetWriteBuffer(1 << 20)
+	k := c.newCall()
+	k.invite("")
+	c.recvResponse(180)
+	k.learn(c.recvResponse(200))
+	// Without our Route (a UA that ignores Record-Route): nothing of the
+	// request is taken off, so our Via makes it larger.
+	head := fmt.Sprintf("INFO %s SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s-info;rport\r\nMax-Forwards: 70\r\nFrom: <sip:alice@test>;tag=a%s\r\nTo: <sip:service@test>;tag=%s\r\nCall-ID: %s\r\nCSeq: 2 INFO\r\nContent-Type: text/plain\r\n",
+		k.target, c.addr, k.branch, k.callID, k.toTag, k.callID)
+	size := maxDatagram - 40 - len(head) - len("Content-Length: 00000\r\n\r\n")
+	c.send(fmt.Sprintf("%sContent-Length: %05d\r\n\r\n%s", head, size, strings.Repeat("b", size)))
+	c.recvResponseTo(gosip.INFO, 513)
+	if n := b1.count(gosip.INFO, k.callID); n != 0 {
+		t.Errorf("backend got %d INFOs", n)
 	}
 }
 
