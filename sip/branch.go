@@ -188,11 +188,16 @@ func (br *brancher) mac(sc *branchScratch, tr byte, loop string, k *clientTxn, d
 	b = binary.BigEndian.AppendUint32(b, uint32(k.port))
 	b = appendAddr(b, k.src, k.tcp)
 	b = appendAddr(b, dst.addr, dst.tcp)
-	sc.buf = b
 	sc.mac.Reset()
 	sc.mac.Write(b)
+	if cap(b) <= maxScratch {
+		sc.buf = b // a client's huge branch is not kept in the pool
+	}
 	return sc.mac.Sum(sc.sum[:0])
 }
+
+// maxScratch bounds the MAC input buffer a pooled scratch keeps.
+const maxScratch = 1024
 
 func appendAddr(b []byte, a netip.AddrPort, tcp bool) []byte {
 	ip := a.Addr().As16()
