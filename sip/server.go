@@ -538,7 +538,7 @@ func (s *Server) tick() {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	var lastLog, lastFullLog time.Time
-	var lastRefused, lastFull uint64
+	var lastRefused, lastFull, lastForged uint64
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -560,6 +560,11 @@ func (s *Server) tick() {
 		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()
+			if f := s.metrics.ForgedResponses.Load(); f != lastForged {
+				s.log.Warn("sip responses dropped: their branch was not made for the address they came from (forged, or a peer answering from another socket)",
+					"forged_responses_total", f, "since_last", f-lastForged)
+				lastForged = f
+			}
 			r := s.metrics.Refused.Load()
 			if r != lastRefused {
 				s.log.Info("sip new work refused", "refused_total", r, "since_last", r-lastRefused,
