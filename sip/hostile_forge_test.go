@@ -448,7 +448,7 @@ func hostileLoopTwoNodes(t *testing.T) {
 	// 482 (it comes from one of the answerer's backends), never forwarded:
 	// both backends go down and the loop takes no more work.
 	health := func(c *Config) {
-		c.HealthInterval, c.HealthTimeout, c.HealthRise, c.HealthFall = 100*time.Millisecond, 50*time.Millisecond, 1, 1
+		c.HealthInterval, c.HealthTimeout, c.HealthRise, c.HealthFall = 200*time.Millisecond, 150*time.Millisecond, 1, 1
 	}
 	ha := testServer(t, []*uas{placeholder}, nil, health)
 	hb, _ := forgeServer(t, []netip.AddrPort{ha.udpAddr()}, nil, health)
@@ -462,6 +462,11 @@ func hostileLoopTwoNodes(t *testing.T) {
 	if ha.metrics.Forwarded.Load() != 0 || hb.metrics.Forwarded.Load() != 0 {
 		t.Errorf("health pings forwarded: %d and %d requests", ha.metrics.Forwarded.Load(), hb.metrics.Forwarded.Load())
 	}
+	// Down because each answered the other's ping 482, not because a ping
+	// went unanswered on a slow machine.
+	eventually(t, "each node answers the other's ping 482", func() bool {
+		return ha.metrics.Loops.Load() > 0 && hb.metrics.Loops.Load() > 0
+	})
 }
 
 // hostileLoopSelf: a backend that is the balancer's own listener. The
@@ -481,7 +486,7 @@ func hostileLoopSelf(t *testing.T) {
 	}
 
 	h := testServer(t, []*uas{placeholder}, nil, func(c *Config) {
-		c.HealthInterval, c.HealthTimeout, c.HealthRise, c.HealthFall = 100*time.Millisecond, 50*time.Millisecond, 1, 1
+		c.HealthInterval, c.HealthTimeout, c.HealthRise, c.HealthFall = 200*time.Millisecond, 150*time.Millisecond, 1, 1
 	})
 	if err := h.SetBackends([]BackendConfig{{ID: "self", Addr: h.udpAddr().String()}}, nil); err != nil {
 		t.Fatal(err)
@@ -490,9 +495,7 @@ func hostileLoopSelf(t *testing.T) {
 		bs := h.Backends()
 		return len(bs) == 1 && bs[0].ID == "self" && !bs[0].Up
 	})
-	if h.metrics.Loops.Load() == 0 {
-		t.Error("the ping to ourselves was not counted as a loop")
-	}
+	eventually(t, "our own ping answered 482 by ourselves", func() bool { return h.metrics.Loops.Load() > 0 })
 }
 
 // hostileMaxForwardsCap: Max-Forwards 1000 reaches the backend as 70.
