@@ -51,26 +51,3 @@ func BenchmarkRelayResponse(b *testing.B) {
 		b.Fatal("nothing relayed")
 	}
 }
-
-// BenchmarkBranch is what the keyed branch costs: computed once for every
-// request we forward, checked once for every response.
-func BenchmarkBranch(b *testing.B) {
-	br := newBrancher(nil)
-	k := clientTxn{branch: "z9hG4bK-74bf9-1-a8f3c2", host: "192.0.2.10", port: 5060, src: netip.MustParseAddrPort("192.0.2.10:5060")}
-	dst := target{addr: netip.MustParseAddrPort("10.0.0.1:5060")}
-	b.Run("compute", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			_ = br.branch(&k, 0x1234, dst)
-		}
-	})
-	v := br.branch(&k, 0x1234, dst)
-	b.Run("verify", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if !br.verify(v, &k, dst) {
-				b.Fatal("branch not verified")
-			}
-		}
-	})
-}
