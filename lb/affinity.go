@@ -106,6 +106,26 @@ type Signer struct {
 	// nonces is the source of nonces; nil means crypto/rand. Tests set
 	// it to get reproducible tokens.
 	nonces io.Reader
+	// subkeySeed is derived from the newest key (HKDF, label
+	// subkeyLabel); DeriveKey derives the keys of other uses from it.
+	subkeySeed []byte
+}
+
+// subkeyLabel is the HKDF info of the seed DeriveKey derives from, apart
+// from aeadLabel so that no derived key is the AEAD key.
+const subkeyLabel = "sluice derived keys v1"
+
+// DeriveKey returns a 32-byte key for the use named by label, derived
+// with HKDF-SHA256 from the newest key of the ring: the same ring and
+// label give the same key on every node and after a restart; different
+// labels give independent keys, none of them the token key. The SIP
+// front end keys the MAC of its Via branches with it.
+func (s *Signer) DeriveKey(label string) []byte {
+	k, err := hkdf.Key(sha256.New, s.subkeySeed, nil, label, 32)
+	if err != nil {
+		panic("lb: derive key: " + err.Error()) // only for lengths HKDF cannot give
+	}
+	return k
 }
 
 // NewSigner returns a Signer for a single key, which must have at least
@@ -141,6 +161,11 @@ func NewRingSigner(ring []Key) (*Signer, error) {
 		}
 	}
 	s.newest = ring[len(ring)-1].ID
+	seed, err := hkdf.Key(sha256.New, ring[len(ring)-1].Secret, nil, subkeyLabel, 32)
+	if err != nil {
+		return nil, fmt.Errorf("new signer: %w", err)
+	}
+	s.subkeySeed = seed
 	return s, nil
 }
 

@@ -516,3 +516,30 @@ func BenchmarkSignerVerifyV1(b *testing.B) {
 		}
 	})
 }
+
+// TestDeriveKey: a derived key is the same for the same newest key and
+// label (every node, every restart), differs per label and per newest
+// key, and is neither the key itself nor a function of older keys.
+func TestDeriveKey(t *testing.T) {
+	k1 := []byte("0123456789abcdef0123456789abcdef")
+	k2 := []byte("fedcba9876543210fedcba9876543210")
+	a, _ := NewRingSigner([]Key{{ID: 1, Secret: k1}})
+	b, _ := NewRingSigner([]Key{{ID: 1, Secret: k1}})
+	rotated, _ := NewRingSigner([]Key{{ID: 1, Secret: k1}, {ID: 2, Secret: k2}})
+	x := a.DeriveKey("sip branch")
+	if len(x) != 32 {
+		t.Fatalf("derived key of %d bytes, want 32", len(x))
+	}
+	if !bytes.Equal(x, b.DeriveKey("sip branch")) {
+		t.Error("same ring and label gave different keys")
+	}
+	if bytes.Equal(x, a.DeriveKey("other use")) {
+		t.Error("two labels gave the same key")
+	}
+	if bytes.Equal(x, rotated.DeriveKey("sip branch")) {
+		t.Error("a new newest key did not change the derived key")
+	}
+	if bytes.Equal(x, k1) {
+		t.Error("derived key is the affinity key")
+	}
+}

@@ -265,7 +265,9 @@ func (b *Backend) SetBusy(until int64) { b.busyUntil.Store(until) }
 
 // MaxAvoid bounds Avoid: a backend's Retry-After keeps it from new work
 // for at most this long, so a typo (Retry-After: 86400) on one answer
-// cannot take a backend out for a day.
+// cannot take a backend out for a day. It is the one cap of every
+// Retry-After back-off: HTTP's 503 (http/busy.go) and SIP's 503 answers
+// and health-ping 503s (sip) all use it.
 const MaxAvoid = 5 * time.Minute
 
 // Avoid keeps new work away from the backend for d from now, the answer

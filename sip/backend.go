@@ -32,12 +32,23 @@ func (b *backend) transport() string {
 	return "UDP"
 }
 
-// drain keeps new work away from b for d after a 503 (RFC 3261 §21.5.4);
-// affinity traffic continues.
-func (b *backend) drain(now int64, d time.Duration) {
+// drain keeps new work away from b for d (at most lb.MaxAvoid) after a
+// 503 (RFC 3261 §21.5.4); affinity traffic continues. It never shortens
+// a back-off under way, and reports whether b was taking new work until
+// now.
+func (b *backend) drain(now int64, d time.Duration) bool {
+	d = min(d, lb.MaxAvoid)
+	if d <= 0 {
+		return false
+	}
 	u := now + int64(d)
-	b.busyUntil.Store(u)
-	b.lb.SetBusy(u)
+	for {
+		cur := b.busyUntil.Load()
+		if cur >= u || b.busyUntil.CompareAndSwap(cur, u) {
+			break
+		}
+	}
+	return b.lb.Avoid(now, d)
 }
 
 // pool is the lb.Pool of SIP backends with address lookups. A pool is

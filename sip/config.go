@@ -52,7 +52,8 @@ type Config struct {
 	// quarter of Timer F).
 	InDialogTimeout time.Duration
 	// DrainDefault is how long a backend that answered 503 without a
-	// Retry-After gets no new work. Flag -sip-drain-default.
+	// Retry-After gets no new work, at most lb.MaxAvoid (5 min, the cap of
+	// every back-off). Flag -sip-drain-default.
 	DrainDefault time.Duration
 	// HealthInterval is the OPTIONS ping period per backend; 0 disables
 	// pinging. Flag -sip-health-interval.

@@ -1,8 +1,8 @@
 package sip
 
 import (
-	"fmt"
 	"net"
+	"net/netip"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -253,7 +253,7 @@ func BenchmarkInDialogWatch(b *testing.B) {
 	src := source{addr: be.addr}
 	branches := make([]string, 1024)
 	for i := range branches {
-		branches[i] = branchFor(fmt.Sprint(i), "b1")
+		branches[i] = s.branchOf(req, source{addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(1000+i))}, target{addr: be.addr})
 	}
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -73,6 +73,10 @@ func FuzzRaw400(f *testing.F) {
 
 // FuzzRoutingKeys: the routing-key helpers on any parsed message never
 // panic; the token subject round-trips and branches are deterministic.
+var fuzzBrancher = newBrancher(nil)
+
+func ptr[T any](v T) *T { return &v }
+
 func FuzzRoutingKeys(f *testing.F) {
 	addMessageSeeds(f)
 	p := newParser()
@@ -87,9 +91,17 @@ func FuzzRoutingKeys(f *testing.F) {
 			return
 		}
 		cid := req.CallID().Value()
-		ck := clientKey(req)
-		if branchFor(ck, "b1") != branchFor(ck, "b1") || !strings.HasPrefix(branchFor(ck, "b1"), magicCookie) {
-			t.Fatal("branch not deterministic or not RFC 3261")
+		if req.Via() != nil && req.CSeq() != nil {
+			src := source{addr: netip.MustParseAddrPort("127.0.0.1:9")}
+			dst := target{addr: netip.MustParseAddrPort("127.0.0.1:10")}
+			br := fuzzBrancher.branch(ptr(clientTxnOf(req, src)), loopHash(req), dst)
+			if br != fuzzBrancher.branch(ptr(clientTxnOf(req, src)), loopHash(req), dst) || !strings.HasPrefix(br, magicCookie) {
+				t.Fatal("branch not deterministic or not RFC 3261")
+			}
+			k := clientTxnOf(req, src)
+			if !fuzzBrancher.verify(br, &k, dst) {
+				t.Fatalf("branch %q does not verify", br)
+			}
 		}
 		if id, ok := splitSubject(tokenSubject("b1", cid), cid); !ok || id != "b1" {
 			t.Fatalf("subject round trip for %q: %q %v", cid, id, ok)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,11 +16,18 @@ import (
 // pingTable holds the OPTIONS health probes in flight, keyed by branch.
 type pingTable struct {
 	mu  sync.Mutex
-	m   map[string]chan int
+	m   map[string]pingWait
 	seq uint64
 }
 
-func (pt *pingTable) init() { pt.m = map[string]chan int{} }
+// pingWait is a ping in flight: where it went, and where its answer goes.
+type pingWait struct {
+	ch  chan int
+	to  target
+	lbb *lb.Backend
+}
+
+func (pt *pingTable) init() { pt.m = map[string]pingWait{} }
 
 // optionsProber is the SIP health check (RFC 3261 §11): an OPTIONS to the
 // backend. Any answer means up; a 503 also drains the backend for its
@@ -41,7 +49,7 @@ func (p optionsProber) Probe(ctx context.Context, lbb *lb.Backend) (lb.ProbeResu
 	seq := s.pings.seq
 	branch := pingBranchPrefix + strconv.FormatUint(seq, 36) + "x" + strconv.FormatUint(fastRand()&0xffffffff, 36)
 	ch := make(chan int, 1)
-	s.pings.m[branch] = ch
+	s.pings.m[branch] = pingWait{ch: ch, to: target{addr: b.addr, tcp: b.tcp}, lbb: lbb}
 	s.pings.mu.Unlock()
 	defer func() {
 		s.pings.mu.Lock()
@@ -54,7 +62,13 @@ func (p optionsProber) Probe(ctx context.Context, lbb *lb.Backend) (lb.ProbeResu
 		return lb.ProbeDown, fmt.Errorf("ping %s: %w", b.id, err)
 	}
 	select {
-	case <-ch:
+	case code := <-ch:
+		if code == 482 {
+			// The backend is this balancer, or one that sends its work back
+			// here: whatever we sent it would come round again.
+			s.metrics.PingsFailed.Add(1)
+			return lb.ProbeDown, fmt.Errorf("ping %s: 482 loop detected: the backend sends requests back to this balancer", b.id)
+		}
 		return lb.ProbeUp, nil
 	case <-ctx.Done():
 		s.metrics.PingsFailed.Add(1)
@@ -87,33 +101,51 @@ func (s *Server) pingMessage(b *backend, branch string, seq uint64) []byte {
 	return p
 }
 
-// pingAnswered handles the answer to a health ping.
+// pingAnswered handles the answer to a health ping. Only an answer from
+// the address and transport the ping went to counts.
 func (s *Server) pingAnswered(branch string, res *gosip.Response, src source) {
 	s.pings.mu.Lock()
-	ch, ok := s.pings.m[branch]
+	w, ok := s.pings.m[branch]
 	s.pings.mu.Unlock()
-	if !ok || res.StatusCode < 200 {
+	if !ok || w.to.addr != src.addr || w.to.tcp != (src.conn != nil) {
+		if ok {
+			s.metrics.ForgedResponses.Add(1)
+		} else {
+			s.metrics.StrayResponses.Add(1)
+		}
+		return
+	}
+	if res.StatusCode < 200 {
 		return
 	}
 	if res.StatusCode == 503 {
-		if b := s.pool.Load().byAddr[src.addr]; b != nil {
-			b.drain(s.clock.Now(), s.retryAfter(res))
+		if b := s.pool.Load().byAddr[src.addr]; b != nil && b.lb == w.lbb {
+			s.drainBackend(b, s.clock.Now(), s.retryAfter(res), "health ping answered 503")
 		}
 	}
 	select {
-	case ch <- res.StatusCode:
+	case w.ch <- res.StatusCode:
 	default:
 	}
 }
 
-// retryAfter is a 503's Retry-After, or DrainDefault.
+// retryAfter is a 503's Retry-After, or DrainDefault, at most lb.MaxAvoid
+// (the cap HTTP's Retry-After has): one answer cannot keep a backend from
+// new work for longer.
 func (s *Server) retryAfter(res *gosip.Response) time.Duration {
 	if h := res.GetHeader("retry-after"); h != nil {
-		if n, err := strconv.Atoi(firstToken(h.Value())); err == nil && n >= 0 && n < 86400 {
-			return time.Duration(n) * time.Second
+		if n, err := strconv.ParseUint(firstToken(h.Value()), 10, 32); err == nil {
+			return min(time.Duration(n)*time.Second, lb.MaxAvoid)
 		}
 	}
-	return s.cfg.DrainDefault
+	return min(s.cfg.DrainDefault, lb.MaxAvoid)
+}
+
+// isPing reports whether req is a balancer's health ping (ours or another
+// node's): its top Via branch has our ping prefix.
+func (s *Server) isPing(req *gosip.Request) bool {
+	br, _ := req.Via().Params.Get("branch")
+	return strings.HasPrefix(br, pingBranchPrefix)
 }
 
 func firstToken(v string) string {

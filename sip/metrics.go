@@ -37,6 +37,12 @@ type Metrics struct {
 	Backend503   atomic.Uint64 // 503 answers from backends (absorbed, never relayed)
 	ForgedTokens atomic.Uint64 // in-dialog requests with our Route and a bad token (403)
 	TooManyHops  atomic.Uint64 // 483 answers
+	Backoffs     atomic.Uint64 // backends kept from new work by a 503 (answer or health ping), extensions included
+
+	ForgedResponses atomic.Uint64 // responses with our Via whose branch was not made for where they came from (dropped)
+	Loops           atomic.Uint64 // requests that came back to us (482), health pings from ourselves or our backends included
+	UnknownCancels  atomic.Uint64 // CANCELs without a transaction of the same source (481)
+	TooLarge        atomic.Uint64 // 513 answers: a request too large for -sip-max-message or, with our Via, for a datagram
 
 	Malformed        atomic.Uint64 // unparsable or invalid messages
 	BadRequests      atomic.Uint64 // 400 answers
@@ -144,6 +150,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"dialog_full", &m.DialogsFull}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"refused", &m.Refused},
 		{"delayed", &m.Delayed}, {"failovers", &m.Failovers}, {"all_failed", &m.AllFailed},
 		{"timeouts", &m.Timeouts}, {"aborted", &m.Terminated}, {"backend_503", &m.Backend503},
+		{"backend_backoffs", &m.Backoffs}, {"forged_responses", &m.ForgedResponses}, {"loops", &m.Loops},
+		{"unknown_cancels", &m.UnknownCancels}, {"too_large", &m.TooLarge},
 		{"forged_tokens", &m.ForgedTokens}, {"too_many_hops", &m.TooManyHops}, {"malformed", &m.Malformed},
 		{"bad_requests", &m.BadRequests}, {"malformed_dropped", &m.MalformedDropped}, {"oversize", &m.Oversize},
 		{"stray_responses", &m.StrayResponses}, {"local_replies", &m.LocalReplies},

@@ -2,6 +2,7 @@ package sip
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -33,6 +34,18 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		return
 	}
 	now := s.clock.Now()
+	if req.Method == gosip.OPTIONS && s.isPing(req) {
+		// A balancer's health ping is never forwarded: answered here, and
+		// 482 when it is our own come back or one of our backends' (the
+		// two of us would send each other's requests round in a loop).
+		if s.viaIsOurs(via) || s.pool.Load().backendAt(src.addr) != nil {
+			s.metrics.Loops.Add(1)
+			s.reply(req, src, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "health ping would loop"`)
+			return
+		}
+		s.answerOptions(req, src)
+		return
+	}
 	// RFC 3261 §16.3 step 3; an OPTIONS that may go no further is for us.
 	if mf := req.MaxForwards(); mf != nil && mf.Val() == 0 {
 		switch req.Method {
@@ -42,6 +55,14 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		default:
 			s.metrics.TooManyHops.Add(1)
 			s.reply(req, src, 483, "Too Many Hops")
+		}
+		return
+	}
+	// RFC 3261 §16.3 step 4: we forwarded this very request before.
+	if s.looped(req) {
+		s.metrics.Loops.Add(1)
+		if req.Method != gosip.ACK {
+			s.replyLoop(req, src)
 		}
 		return
 	}
@@ -127,28 +148,30 @@ func (s *Server) verifyToken(token, callID string) (string, bool) {
 	return splitSubject(subj, callID)
 }
 
+// maxForwards caps the Max-Forwards of every request we send (RFC 3261
+// §8.1.1.6 recommends 70), so a loop through elements that do not detect
+// it ends after 70 hops whatever the client asked for.
+const maxForwards = 70
+
 // prepareForward applies the per-hop changes every forwarded request gets:
-// Max-Forwards decremented (or set to 70) and the client's Via stamped with
-// received/rport so the relayed response finds its way back
-// (RFC 3261 §18.2.1, RFC 3581).
+// Max-Forwards decremented and capped at 70 (set to 70 when missing) and
+// the client's Via stamped with received and rport from the address the
+// request really came from, whatever the client wrote there (RFC 3261
+// §18.2.1, RFC 3581), so the relayed responses go back to the sender and
+// nowhere else.
 func (s *Server) prepareForward(req *gosip.Request, src source) {
 	if mf := req.MaxForwards(); mf != nil {
 		mf.Dec()
+		if *mf > maxForwards {
+			*mf = maxForwards
+		}
 	} else {
-		m := gosip.MaxForwardsHeader(70)
+		m := gosip.MaxForwardsHeader(maxForwards)
 		req.AppendHeader(&m)
 	}
 	v := req.Via()
-	ip := src.addr.Addr().String()
-	if !strings.EqualFold(strings.Trim(v.Host, "[]"), ip) {
-		v.Params.Add("received", ip)
-	}
-	if r, ok := v.Params.Get("rport"); (ok && r == "") || src.conn != nil {
-		v.Params.Add("rport", strconv.Itoa(int(src.addr.Port())))
-		if src.conn != nil {
-			v.Params.Add("received", ip)
-		}
-	}
+	v.Params.Add("received", src.addr.Addr().String())
+	v.Params.Add("rport", strconv.Itoa(int(src.addr.Port())))
 	if req.ContentLength() == nil {
 		cl := gosip.ContentLengthHeader(len(req.Body()))
 		req.AppendHeader(&cl)
@@ -178,8 +201,14 @@ func (s *Server) ourRecordRoute(token string, tcp bool) *gosip.RecordRouteHeader
 }
 
 // forwardStateless sends req to dst with our Via, keeping no state.
-func (s *Server) forwardStateless(req *gosip.Request, src source, dst target, branchID string) {
-	_ = s.forwardStatelessBranch(req, src, dst, branchFor(clientKey(req), branchID))
+func (s *Server) forwardStateless(req *gosip.Request, src source, dst target) {
+	_ = s.forwardStatelessBranch(req, src, dst, s.branchOf(req, src, dst))
+}
+
+// branchOf is our branch for req from src sent to dst.
+func (s *Server) branchOf(req *gosip.Request, src source, dst target) string {
+	k := clientTxnOf(req, src)
+	return s.branches.branch(&k, loopHash(req), dst)
 }
 
 // forwardStatelessBranch sends req to dst with our Via of branch br.
@@ -208,12 +237,17 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 		}
 		return
 	}
-	br := branchFor(clientKey(req), b.id)
+	dst := target{addr: b.addr, tcp: b.tcp, dial: true}
+	br := s.branchOf(req, src, dst)
 	if !ack {
 		s.watch(req, src, br, b.id, now)
 	}
-	if err := s.forwardStatelessBranch(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, br); err != nil && !ack {
+	if err := s.forwardStatelessBranch(req, src, dst, br); err != nil && !ack {
 		s.unwatch(br)
+		if errors.Is(err, errTooLarge) {
+			s.replyTooLarge(req, src)
+			return
+		}
 		s.reply(req, src, 503, "Service Unavailable", "Warning: 399 "+s.adv.String()+` "backend unreachable"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)))
 	}
 }
@@ -223,12 +257,13 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 // answer, else as an in-dialog request (the ACK of a 2xx).
 func (s *Server) handleAck(req *gosip.Request, src source, p *pool, now int64) {
 	tag := toTag(req)
+	ckey := clientTxnOf(req, src).key()
 	if strings.HasPrefix(tag, localTagPrefix) {
-		s.txns.dropClient(clientKey(req))
+		s.txns.dropClient(ckey)
 		s.metrics.AbsorbedACKs.Add(1)
 		return
 	}
-	if t := s.txns.takeCompleted(clientKey(req)); t != nil {
+	if t := s.txns.takeCompleted(ckey); t != nil {
 		// The ACK of a non-2xx answer is hop-by-hop, but as we relayed the
 		// answer we pass the ACK on with the INVITE's branch, as a
 		// stateless proxy would (RFC 3261 §16.11).
@@ -247,9 +282,11 @@ func (s *Server) handleAck(req *gosip.Request, src source, p *pool, now int64) {
 	s.handleInDialog(req, src, p, now)
 }
 
-// handleCancel sends a CANCEL to the backend of its INVITE.
+// handleCancel sends a CANCEL to the backend of its INVITE. Only the
+// client that sent the INVITE can cancel it: the transaction key holds the
+// address and transport the INVITE came from.
 func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64) {
-	ckey := clientKey(req)
+	ckey := clientTxnOf(req, src).key()
 	s.popOurRoutes(req)
 	if t, b, branch, answered := s.txns.cancel(ckey); t != nil {
 		if answered {
@@ -270,11 +307,11 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64
 		}
 		return
 	}
-	// No state (completed, or a restart in between): the backend the
-	// dialog table recorded for the INVITE, else the one it most likely
-	// went to, with the branch it got there.
-	b, _ := s.dialogRoute(req, p, now, false)
-	s.forwardStateless(req, src, target{addr: b.addr, tcp: b.tcp, dial: true}, b.id)
+	// No transaction of this client: nothing we sent to cancel, or not
+	// this sender's to cancel. Answered here (RFC 3261 §16.10), so a
+	// CANCEL never reaches a backend without an INVITE of ours there.
+	s.metrics.UnknownCancels.Add(1)
+	s.reply(req, src, 481, "Call/Transaction Does Not Exist")
 }
 
 // handleInDialog routes a request with a To-tag. With our Route on top, the
@@ -413,11 +450,11 @@ func (s *Server) forwardDownstream(req *gosip.Request, src source) {
 				s.metrics.SendErrors.Add(1)
 				return
 			}
-			s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ips[0].Unmap(), uint16(port)), tcp: tcp, dial: true}, "down")
+			s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ips[0].Unmap(), uint16(port)), tcp: tcp, dial: true})
 		}()
 		return
 	}
-	s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ip.Unmap(), uint16(uriPort(u))), tcp: tcp, dial: true}, "down")
+	s.forwardStateless(req, src, target{addr: netip.AddrPortFrom(ip.Unmap(), uint16(uriPort(u))), tcp: tcp, dial: true})
 }
 
 // answerOptions answers an OPTIONS addressed to the balancer itself, so
@@ -434,7 +471,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		s.answerOptions(req, src)
 		return
 	}
-	ckey := clientKey(req)
+	ckey := clientTxnOf(req, src).key()
 	if s.txns.retransmission(s, ckey, req, src) {
 		return
 	}

@@ -35,7 +35,10 @@ func BenchmarkRelayResponse(b *testing.B) {
 	be := newUAS(b, "b1")
 	be.drop.Store(true)
 	s := testServer(b, []*uas{be}, nil, nil)
-	msg := []byte(fmt.Sprintf("SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP %s;branch=%s\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-bench;received=127.0.0.1;rport=9\r\nFrom: <sip:a@test>;tag=a\r\nTo: <sip:b@test>;tag=b\r\nCall-ID: bench@test\r\nCSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n", s.udpAddr(), proxyBranchPrefix+"0123456789abcdef"))
+	// The branch we would have given a BYE from 127.0.0.1:9 sent to be.
+	k := clientTxn{branch: "z9hG4bK-bench", host: "127.0.0.1", port: 9, src: netip.MustParseAddrPort("127.0.0.1:9")}
+	br := s.branches.branch(&k, 1, target{addr: be.addr})
+	msg := []byte(fmt.Sprintf("SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP %s;branch=%s\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-bench;received=127.0.0.1;rport=9\r\nFrom: <sip:a@test>;tag=a\r\nTo: <sip:b@test>;tag=b\r\nCall-ID: bench@test\r\nCSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n", s.udpAddr(), br))
 	src := source{addr: be.addr}
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -159,9 +159,26 @@ func (s *Server) runBackendsLocked(p *pool) {
 // drainBackend keeps new work away from b for d after a 503. b may be a
 // backend SetBackends replaced since the request was sent: the current
 // backend with its id and address is drained too.
-func (s *Server) drainBackend(b *backend, now int64, d time.Duration) {
-	b.drain(now, d)
+//
+// d is capped at lb.MaxAvoid, the cap HTTP's Retry-After has too. Every
+// back-off is counted (backend_backoffs); one that takes a backend off new
+// work is also logged and an event (backend.state), extensions are not.
+func (s *Server) drainBackend(b *backend, now int64, d time.Duration, why string) {
+	d = min(d, lb.MaxAvoid)
+	if d <= 0 {
+		return
+	}
+	s.metrics.Backoffs.Add(1)
+	started := b.drain(now, d)
 	if c := s.pool.Load().byID[b.id]; c != nil && c != b && c.addr == b.addr {
-		c.drain(now, d)
+		started = c.drain(now, d) || started
+	}
+	if !started {
+		return
+	}
+	msg := fmt.Sprintf("draining: %s, no new work for %s (at most %s)", why, d, lb.MaxAvoid)
+	s.log.Info("sip backend "+msg, "backend", b.id)
+	if s.events != nil {
+		s.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: "sip " + b.id, Message: msg})
 	}
 }

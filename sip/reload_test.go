@@ -343,7 +343,7 @@ func TestSetBackendsCarriesState(t *testing.T) {
 	// A 503 to new work sent to the old b1 before the reload drains the
 	// current b1 too.
 	p.byID["b1"].lb.ClearBusy()
-	s.drainBackend(old.byID["b1"], now, time.Hour)
+	s.drainBackend(old.byID["b1"], now, time.Hour, "answered 503")
 	if state("b1") != lb.Draining {
 		t.Errorf("b1 after a 503 on its old instance: %s, want draining", state("b1"))
 	}

@@ -2,7 +2,9 @@ package sip
 
 import (
 	"bytes"
+	"log/slog"
 	"math/rand/v2"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -20,6 +22,12 @@ func localTag() string {
 // (RFC 3261 §8.2.6): Via, From, To, Call-ID and CSeq copied, a To-tag
 // added to anything but 100, extra header lines appended.
 func (s *Server) buildReply(req *gosip.Request, code int, reason string, extra ...string) []byte {
+	return s.buildReplyVias(req, false, code, reason, extra...)
+}
+
+// buildReplyVias is buildReply; with keepOurs, Vias of ours stay in the
+// answer (a request that came back to us: our Via is the previous hop's).
+func (s *Server) buildReplyVias(req *gosip.Request, keepOurs bool, code int, reason string, extra ...string) []byte {
 	var w bytes.Buffer
 	w.Grow(512)
 	w.WriteString("SIP/2.0 ")
@@ -29,7 +37,7 @@ func (s *Server) buildReply(req *gosip.Request, code int, reason string, extra .
 	w.WriteString("\r\n")
 	for _, h := range req.Headers() {
 		if v, ok := h.(*gosip.ViaHeader); ok {
-			if s.ourViaHeader(v) {
+			if !keepOurs && s.ourViaHeader(v) {
 				continue // ours, on a request we already forwarded
 			}
 			v.StringWrite(&w)
@@ -75,6 +83,24 @@ func (s *Server) reply(req *gosip.Request, src source, code int, reason string, 
 	}
 }
 
+// replyLoop answers 482 to a request that came back to us (RFC 3261 §16.3
+// step 4). The answer keeps every Via, ours included, and goes to the
+// address the request came from: the element that sent it round, which
+// relays it back along the loop to the client.
+func (s *Server) replyLoop(req *gosip.Request, src source) {
+	p := s.buildReplyVias(req, true, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "loop detected"`)
+	if err := s.sendBytes(p, target{addr: src.addr, tcp: src.conn != nil}); err == nil {
+		s.metrics.LocalReplies.Add(1)
+	}
+}
+
+// replyTooLarge answers 513 (RFC 3261 §21.4.11) to a request we cannot
+// forward because of its size.
+func (s *Server) replyTooLarge(req *gosip.Request, src source) {
+	s.metrics.TooLarge.Add(1)
+	s.reply(req, src, 513, "Message Too Large")
+}
+
 // malformed counts a message that could not be parsed or framed and
 // answers 400 when it is a request whose Via, Call-ID and CSeq lines can be
 // found (RFC 3261 §21.4.1); anything else is dropped.
@@ -83,7 +109,7 @@ func (s *Server) malformed(data []byte, src source, why string) {
 	if s.log.Enabled(s.ctx, -4) {
 		s.log.Debug("sip malformed message", "why", why, "src", src.addr.String(), "bytes", len(data))
 	}
-	p, ok := raw400(data)
+	p, ok := rawReply(data, 400, "Bad Request")
 	if !ok {
 		s.metrics.MalformedDropped.Add(1)
 		return
@@ -95,7 +121,10 @@ func (s *Server) malformed(data []byte, src source, why string) {
 // raw400 builds a 400 for a message that sipgo could not parse, from its
 // raw header lines. ok is false unless it is a request (not ACK) with at
 // least one Via, a Call-ID and a CSeq.
-func raw400(data []byte) (resp []byte, ok bool) {
+func raw400(data []byte) (resp []byte, ok bool) { return rawReply(data, 400, "Bad Request") }
+
+// rawReply is raw400 for any code.
+func rawReply(data []byte, code int, reason string) (resp []byte, ok bool) {
 	end := bytes.Index(data, []byte("\r\n\r\n"))
 	if end < 0 {
 		end = len(data)
@@ -142,7 +171,11 @@ func raw400(data []byte) (resp []byte, ok bool) {
 		return nil, false
 	}
 	var w bytes.Buffer
-	w.WriteString("SIP/2.0 400 Bad Request\r\n")
+	w.WriteString("SIP/2.0 ")
+	w.WriteString(strconv.Itoa(code))
+	w.WriteByte(' ')
+	w.WriteString(reason)
+	w.WriteString("\r\n")
 	for _, v := range vias {
 		w.WriteString("Via: ")
 		w.Write(v)
@@ -170,9 +203,10 @@ func raw400(data []byte) (resp []byte, ok bool) {
 	return w.Bytes(), true
 }
 
-// handleResponse relays a backend's response by the Via stack: our Via
-// popped, then the transaction of new work (failover) if one is live,
-// else straight on.
+// handleResponse relays a response by the Via stack: our Via popped,
+// then the transaction of new work (failover) if one is live, else
+// straight on. Only a response whose branch we made for the place it came
+// from is taken (see branch.go); anything else is dropped and counted.
 func (s *Server) handleResponse(res *gosip.Response, src source) {
 	v := res.Via()
 	if v == nil || res.CSeq() == nil || res.CallID() == nil {
@@ -188,13 +222,22 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 		s.pingAnswered(br, res, src)
 		return
 	}
-	s.answered(br)
 	res.RemoveHeader("Via")
 	next := res.Via()
 	if next == nil {
 		s.metrics.StrayResponses.Add(1)
 		return
 	}
+	dst, ok := s.responseTarget(br, res, next, src)
+	if !ok {
+		s.metrics.ForgedResponses.Add(1)
+		if s.log.Enabled(s.ctx, slog.LevelDebug) {
+			s.log.Debug("sip response dropped: its branch was not made for where it came from", "src", src.addr.String(),
+				"transport", src.transport(), "status", res.StatusCode, "call_id", res.CallID().Value())
+		}
+		return
+	}
+	s.answered(br)
 	if res.StatusCode >= 200 && res.CSeq().MethodName == gosip.BYE {
 		// The dialog is over (RFC 3261 §15.1.1), whichever side hung up:
 		// its table entry lingers for retransmitted BYEs, then goes.
@@ -210,9 +253,45 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 	s.txns.mu.Lock()
 	t := s.txns.byBranch[br]
 	s.txns.mu.Unlock()
-	if t != nil && res.CSeq().MethodName == t.req.Method {
-		s.txnResponse(t, br, res, next, src)
-		return
+	if t != nil {
+		switch m := res.CSeq().MethodName; {
+		case m == t.req.Method:
+			s.txnResponse(t, br, res, dst, src)
+			return
+		case m != gosip.CANCEL || !t.invite:
+			// Not an answer to anything we sent with this branch (the
+			// CANCEL of an INVITE shares its branch; nothing else does).
+			s.metrics.StrayResponses.Add(1)
+			return
+		}
 	}
-	s.relay(res, next)
+	s.relay(res, dst)
+}
+
+// responseTarget checks that br, our branch on a response from src whose
+// next Via is next, was made for a request from the place that Via's
+// received and rport name (we always set both) sent to src over src's
+// transport, and returns where the response goes: that place, over the
+// transport the request came on.
+func (s *Server) responseTarget(br string, res *gosip.Response, next *gosip.ViaHeader, src source) (target, bool) {
+	tcp, _, ok := parseBranch(br)
+	if !ok {
+		return target{}, false
+	}
+	rcv, _ := next.Params.Get("received")
+	rp, _ := next.Params.Get("rport")
+	ip, err := netip.ParseAddr(rcv)
+	if err != nil {
+		return target{}, false
+	}
+	port, err := parsePort(rp)
+	if err != nil || port == 0 {
+		return target{}, false
+	}
+	client := netip.AddrPortFrom(ip.Unmap(), uint16(port))
+	k := clientTxnVia(res, next, client, tcp)
+	if !s.branches.verify(br, &k, target{addr: src.addr, tcp: src.conn != nil}) {
+		return target{}, false
+	}
+	return target{addr: client, tcp: tcp}, true
 }

@@ -38,55 +38,6 @@ func fnv64(h uint64, s string) uint64 {
 
 const fnvOffset = 14695981039346656037
 
-// clientKey identifies the client transaction a request belongs to (RFC
-// 3261 §17.2.3): the top Via's branch and sent-by. INVITE, its CANCEL and
-// the ACK for a non-2xx answer share it. For pre-RFC 3261 clients without
-// the magic cookie, Call-ID and CSeq number stand in for the branch.
-func clientKey(req *gosip.Request) string {
-	v := req.Via()
-	if v == nil {
-		return ""
-	}
-	br, _ := v.Params.Get("branch")
-	var b strings.Builder
-	b.Grow(len(br) + len(v.Host) + 8)
-	if strings.HasPrefix(br, magicCookie) {
-		b.WriteString(br)
-	} else {
-		b.WriteString("2543|")
-		if cid := req.CallID(); cid != nil {
-			b.WriteString(string(*cid))
-		}
-		if cs := req.CSeq(); cs != nil {
-			b.WriteByte('|')
-			b.WriteString(strconv.FormatUint(uint64(cs.SeqNo), 10))
-		}
-	}
-	b.WriteByte('|')
-	b.WriteString(strings.ToLower(v.Host))
-	b.WriteByte(':')
-	b.WriteString(strconv.Itoa(v.Port))
-	return b.String()
-}
-
-// branchFor is the branch of our Via for the client transaction ckey sent
-// to backend id. It is deterministic (RFC 3261 §16.11), so a CANCEL or the
-// ACK of a non-2xx answer forwarded without state reaches the backend with
-// the branch of its INVITE, and it differs per backend, so each failover
-// attempt is a transaction of its own.
-func branchFor(ckey, backendID string) string {
-	h := fnv64(fnvOffset, ckey)
-	h = fnv64(h^0xff, backendID)
-	var buf [len(proxyBranchPrefix) + 16]byte
-	n := copy(buf[:], proxyBranchPrefix)
-	const hexd = "0123456789abcdef"
-	for i := 15; i >= 0; i-- {
-		buf[n+i] = hexd[h&15]
-		h >>= 4
-	}
-	return string(buf[:])
-}
-
 // tokenSubject binds a token to the backend and to the dialog's Call-ID,
 // so a token copied from one call is no pass for another.
 func tokenSubject(backendID, callID string) string {

@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -33,33 +34,6 @@ func TestFrame(t *testing.T) {
 	}
 }
 
-func TestViaTarget(t *testing.T) {
-	for _, tc := range []struct {
-		via  string
-		want string
-		tcp  bool
-		ok   bool
-	}{
-		{"SIP/2.0/UDP 10.0.0.1:5070;branch=z9hG4bK1", "10.0.0.1:5070", false, true},
-		{"SIP/2.0/UDP 10.0.0.1;branch=z9hG4bK1", "10.0.0.1:5060", false, true},
-		{"SIP/2.0/UDP host.example.com:5070;branch=z9hG4bK1;received=192.0.2.7;rport=40000", "192.0.2.7:40000", false, true},
-		{"SIP/2.0/TCP 10.0.0.1:5070;branch=z9hG4bK1;rport=6000;received=10.0.0.9", "10.0.0.9:6000", true, true},
-		{"SIP/2.0/UDP host.example.com:5070;branch=z9hG4bK1", "", false, false},
-		{"SIP/2.0/UDP [2001:db8::1]:5070;branch=z9hG4bK1", "[2001:db8::1]:5070", false, true},
-	} {
-		t.Run(tc.via, func(t *testing.T) {
-			m, err := gosip.ParseMessage([]byte("SIP/2.0 200 OK\r\nVia: " + tc.via + "\r\nCall-ID: x\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, ok := viaTarget(m.Via())
-			if ok != tc.ok || ok && (got.addr.String() != tc.want || got.tcp != tc.tcp) {
-				t.Errorf("viaTarget = %v %v, want %s tcp=%v ok=%v", got, ok, tc.want, tc.tcp, tc.ok)
-			}
-		})
-	}
-}
-
 func TestTokenSubject(t *testing.T) {
 	subj := tokenSubject("b|1", "call@x")
 	if id, ok := splitSubject(subj, "call@x"); !ok || id != "b|1" {
@@ -74,18 +48,35 @@ func TestTokenSubject(t *testing.T) {
 }
 
 func TestBranches(t *testing.T) {
+	br := newBrancher(nil)
 	inv, _ := gosip.ParseMessage([]byte("INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.1:5060;branch=z9hG4bKabc\r\nCall-ID: c\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"))
 	cancel, _ := gosip.ParseMessage([]byte("CANCEL sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.1:5060;branch=z9hG4bKabc\r\nCall-ID: c\r\nCSeq: 1 CANCEL\r\nContent-Length: 0\r\n\r\n"))
-	ki, kc := clientKey(inv.(*gosip.Request)), clientKey(cancel.(*gosip.Request))
-	if ki != kc {
-		t.Errorf("INVITE and its CANCEL have client keys %q and %q", ki, kc)
+	src := source{addr: netip.MustParseAddrPort("10.0.0.1:5060")}
+	other := source{addr: netip.MustParseAddrPort("10.0.0.66:5060")}
+	ki, kc := clientTxnOf(inv.(*gosip.Request), src), clientTxnOf(cancel.(*gosip.Request), src)
+	if ki.key() != kc.key() {
+		t.Errorf("INVITE and its CANCEL have client keys %q and %q", ki.key(), kc.key())
 	}
-	b1, b2 := branchFor(ki, "b1"), branchFor(ki, "b2")
-	if b1 != branchFor(kc, "b1") || b1 == b2 || !strings.HasPrefix(b1, "z9hG4bK") {
+	if ko := clientTxnOf(cancel.(*gosip.Request), other); ko.key() == ki.key() {
+		t.Errorf("a CANCEL from another address has the INVITE's client key %q", ko.key())
+	}
+	d1, d2 := target{addr: netip.MustParseAddrPort("10.0.1.1:5060")}, target{addr: netip.MustParseAddrPort("10.0.1.2:5060")}
+	lh := loopHash(inv.(*gosip.Request))
+	if lh != loopHash(cancel.(*gosip.Request)) {
+		t.Error("a CANCEL's loop hash differs from its INVITE's")
+	}
+	b1, b2 := br.branch(&ki, lh, d1), br.branch(&ki, lh, d2)
+	if b1 != br.branch(&kc, lh, d1) || b1 == b2 || !strings.HasPrefix(b1, "z9hG4bK") {
 		t.Errorf("branches %q %q: want deterministic per backend, RFC 3261 cookie", b1, b2)
 	}
+	if !br.verify(b1, &ki, d1) || br.verify(b1, &ki, d2) {
+		t.Errorf("branch %q: want it verified for the address it went to only", b1)
+	}
+	if newBrancher(nil).branch(&ki, lh, d1) == b1 {
+		t.Error("two keys gave the same branch")
+	}
 	old, _ := gosip.ParseMessage([]byte("INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.1:5060\r\nCall-ID: c\r\nCSeq: 7 INVITE\r\nContent-Length: 0\r\n\r\n"))
-	if k := clientKey(old.(*gosip.Request)); !strings.Contains(k, "|c|7|") {
+	if k := clientTxnOf(old.(*gosip.Request), src).key(); !strings.Contains(k, "|c|7|") {
 		t.Errorf("RFC 2543 client key %q: want Call-ID and CSeq in it", k)
 	}
 }

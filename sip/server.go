@@ -69,6 +69,8 @@ type Server struct {
 	// message loads it once and works with that pool throughout.
 	pool   atomic.Pointer[pool]
 	parser *gosip.Parser
+	// branches computes and checks the branch of our Via (branch.go).
+	branches *brancher
 
 	adv     hostPort // advertised address
 	advIP   netip.Addr
@@ -148,6 +150,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		clock:   deps.Clock,
 		parser:  newParser(),
 	}
+	s.branches = newBrancher(deps.Signer)
 	s.pool.Store(p)
 	s.tcp.init()
 	s.txns.init()
@@ -156,6 +159,9 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	s.SetDialogShare(deps.DialogShare)
 	return s, nil
 }
+
+// errQuotedVia refuses a Via holding a quoted string.
+var errQuotedVia = errors.New("quoted string in Via")
 
 // newParser builds a sipgo parser that gives types only to the headers the
 // proxy reads; every other header is kept as received (name and value) and
@@ -166,6 +172,17 @@ func newParser() *gosip.Parser {
 	for _, k := range []string{"via", "v", "to", "t", "call-id", "i", "cseq", "max-forwards", "content-length", "l", "route"} {
 		m[k] = all[k]
 	}
+	// sipgo splits Via values at every comma, also one inside a quoted
+	// parameter value, and the received we add would land inside the
+	// quote. Quoted strings have no use in a Via: refused (400).
+	via := all["via"]
+	m["via"] = func(name []byte, text string) (gosip.Header, error) {
+		if strings.IndexByte(text, '"') >= 0 {
+			return nil, errQuotedVia
+		}
+		return via(name, text)
+	}
+	m["v"] = m["via"]
 	p := gosip.NewParser(gosip.WithHeadersParsers(m))
 	return p
 }
@@ -320,6 +337,7 @@ func (s *Server) serveUDP() {
 		}
 		if n > s.cfg.MaxMessage {
 			s.metrics.Oversize.Add(1)
+			s.tooLargeDatagram(buf[:n], source{addr: netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())})
 			continue
 		}
 		addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
@@ -345,6 +363,19 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		s.malformed(data, src, "parse")
 		return
 	}
+	if i := ctlInHead(data); i >= 0 {
+		// A NUL or other control character in a header, the Call-ID or
+		// the Request-URI: refused, as HTTP refuses them, never passed on
+		// to a backend that may read the field differently.
+		s.metrics.Malformed.Add(1)
+		if req, ok := msg.(*gosip.Request); ok && req.Method != gosip.ACK && req.Via() != nil && req.CallID() != nil && req.CSeq() != nil {
+			s.metrics.BadRequests.Add(1)
+			s.reply(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "control character in message head"`)
+		} else {
+			s.metrics.MalformedDropped.Add(1)
+		}
+		return
+	}
 	msg.SetTransport(src.transport())
 	msg.SetSource(src.addr.String())
 	switch m := msg.(type) {
@@ -355,6 +386,34 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		s.metrics.Responses.Add(1)
 		s.handleResponse(m, src)
 	}
+}
+
+// ctlInHead returns the offset of the first control character (other than
+// HTAB, and CR and LF, which end lines) in the head of the message in
+// data, or -1.
+func ctlInHead(data []byte) int {
+	end := bytes.Index(data, []byte("\r\n\r\n"))
+	if end < 0 {
+		end = len(data)
+	}
+	for i, c := range data[:end] {
+		if c < 0x20 && c != '\t' && c != '\r' && c != '\n' || c == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
+// tooLargeDatagram answers 513 (RFC 3261 §21.4.11) to a datagram over
+// -sip-max-message when it is a request whose Via, Call-ID and CSeq can be
+// found; anything else is dropped.
+func (s *Server) tooLargeDatagram(data []byte, src source) {
+	p, ok := rawReply(data, 513, "Message Too Large")
+	if !ok {
+		return
+	}
+	s.metrics.TooLarge.Add(1)
+	_ = s.sendBytes(p, target{addr: src.addr})
 }
 
 // target is where a message goes.
@@ -376,12 +435,18 @@ func (s *Server) sendMsg(m gosip.Message, t target) error {
 	return err
 }
 
+// maxDatagram is the largest UDP payload over IPv4.
+const maxDatagram = 65507
+
+// errTooLarge is sendBytes' error for a message larger than a datagram.
+var errTooLarge = errors.New("send udp: message larger than a datagram")
+
 // sendBytes sends one serialized message to t.
 func (s *Server) sendBytes(p []byte, t target) error {
 	if !t.tcp {
-		if len(p) > 65507 {
+		if len(p) > maxDatagram {
 			s.metrics.Oversize.Add(1)
-			return errors.New("send udp: message larger than a datagram")
+			return errTooLarge
 		}
 		_, err := s.udp.WriteToUDPAddrPort(p, t.addr)
 		if err != nil {
@@ -449,29 +514,6 @@ func (s *Server) ourViaHeader(v *gosip.ViaHeader) bool {
 	return strings.HasPrefix(br, ourBranchPrefix) && s.viaIsOurs(v)
 }
 
-// viaTarget is where a response goes after our Via was removed: the next
-// Via's received/rport, else its sent-by.
-func viaTarget(v *gosip.ViaHeader) (target, bool) {
-	host := v.Host
-	port := v.Port
-	if r, ok := v.Params.Get("received"); ok && r != "" {
-		host = r
-	}
-	if r, ok := v.Params.Get("rport"); ok && r != "" {
-		if p, err := parsePort(r); err == nil {
-			port = p
-		}
-	}
-	if port == 0 {
-		port = 5060
-	}
-	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
-	if err != nil {
-		return target{}, false
-	}
-	return target{addr: netip.AddrPortFrom(ip.Unmap(), uint16(port)), tcp: strings.EqualFold(v.Transport, "TCP")}, true
-}
-
 func parsePort(s string) (int, error) {
 	n := 0
 	if s == "" || len(s) > 5 {
@@ -496,7 +538,7 @@ func (s *Server) tick() {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	var lastLog, lastFullLog time.Time
-	var lastRefused, lastFull uint64
+	var lastRefused, lastFull, lastForged uint64
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -518,6 +560,11 @@ func (s *Server) tick() {
 		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()
+			if f := s.metrics.ForgedResponses.Load(); f != lastForged {
+				s.log.Warn("sip responses dropped: their branch was not made for the address they came from (forged, or a peer answering from another socket)",
+					"forged_responses_total", f, "since_last", f-lastForged)
+				lastForged = f
+			}
 			r := s.metrics.Refused.Load()
 			if r != lastRefused {
 				s.log.Info("sip new work refused", "refused_total", r, "since_last", r-lastRefused,

@@ -147,8 +147,9 @@ func TestTortureInvalid(t *testing.T) {
 	}
 }
 
-// TestOversizeDatagram: a datagram over -sip-max-message is dropped and
-// counted.
+// TestOversizeDatagram: a request datagram over -sip-max-message is
+// answered 513 Message Too Large (RFC 3261 §21.4.11), counted and not
+// forwarded.
 func TestOversizeDatagram(t *testing.T) {
 	b1 := newUAS(t, "b1")
 	s := testServer(t, []*uas{b1}, nil, func(c *Config) { c.MaxMessage = 2048 })
@@ -156,8 +157,8 @@ func TestOversizeDatagram(t *testing.T) {
 	big := fmt.Sprintf("OPTIONS sip:b@example.com SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=z9hG4bK-big\r\nMax-Forwards: 70\r\nFrom: <sip:a@test>;tag=1\r\nTo: <sip:b@example.com>\r\nCall-ID: big@test\r\nCSeq: 1 OPTIONS\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n", c.addr, strings.Repeat("p", 4000))
 	c.send(big)
 	c.ping("big")
-	if codes := c.untilPing(t, "big"); len(codes) != 0 {
-		t.Errorf("got %v for an oversize datagram", codes)
+	if codes := c.untilPing(t, "big"); len(codes) != 1 || codes[0] != 513 {
+		t.Errorf("got %v for an oversize datagram, want [513]", codes)
 	}
 	if s.metrics.Oversize.Load() != 1 || len(b1.seen) != 0 {
 		t.Errorf("oversize %d, backend got %d", s.metrics.Oversize.Load(), len(b1.seen))

@@ -42,6 +42,8 @@ const (
 // guarded by txnTable.mu.
 type txn struct {
 	ckey     string
+	ctxn     clientTxn // the client transaction ckey is the key of
+	loop     uint64    // loopHash of req
 	req      *gosip.Request
 	invite   bool
 	callID   string
@@ -67,6 +69,7 @@ type txn struct {
 	expires   int64 // completed: when the ACK wait ends
 	sent100   bool
 	lastFinal []byte // the final answer given to the client, for its retransmissions
+	tooLarge  bool   // answered 513: the request with our headers is too large for a datagram
 	prepared  bool
 	acquired  bool // cur counts this attempt as outstanding
 	local     bool // we gave the final answer ourselves (500, 487, 503)
@@ -102,7 +105,7 @@ func (tt *txnTable) Len() int {
 }
 
 func (tt *txnTable) create(s *Server, ckey string, req *gosip.Request, src source, now int64, waiting bool) *txn {
-	t := &txn{ckey: ckey, req: req, invite: req.Method == gosip.INVITE, callID: req.CallID().Value(), src: src, created: now}
+	t := &txn{ckey: ckey, ctxn: clientTxnOf(req, src), loop: loopHash(req), req: req, invite: req.Method == gosip.INVITE, callID: req.CallID().Value(), src: src, created: now}
 	if t.invite {
 		t.dkey = s.dialogs.key(t.callID, tagParam(header(req, "from", "f").Value()))
 	}
@@ -255,7 +258,7 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 			break
 		}
 		if s.send(t, b, now) {
-			if failover {
+			if failover && !t.tooLarge {
 				s.metrics.Failovers.Add(1)
 			}
 			return
@@ -279,7 +282,7 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 // dialog-creating requests, Record-Route with a token naming b.
 func (s *Server) send(t *txn, b *backend, now int64) bool {
 	req := t.req
-	branch := branchFor(t.ckey, b.id)
+	branch := s.branches.branch(&t.ctxn, t.loop, target{addr: b.addr, tcp: b.tcp})
 	s.txns.mu.Lock()
 	if t.canceled {
 		s.txns.mu.Unlock()
@@ -319,6 +322,17 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	req.StringWrite(buf)
 	wire := append([]byte(nil), buf.Bytes()...)
 	bufPool.Put(buf)
+	if !b.tcp && len(wire) > maxDatagram {
+		// Our Via and Record-Route made it too large for UDP: no backend
+		// over UDP would get it, and it is the request's fault, not the
+		// backend's (RFC 3261 §21.4.11).
+		t.tooLarge = true
+		s.metrics.TooLarge.Add(1)
+		p, dst := s.finishLocalLocked(t, 513, "Message Too Large", nil)
+		s.txns.mu.Unlock()
+		_ = s.sendBytes(p, dst)
+		return true
+	}
 	t.settleLocked(now, lb.Abandoned)
 	t.cur, t.branch, t.wire = b, branch, wire
 	t.acquired = true
@@ -360,8 +374,8 @@ func asHeaders(rrs []*gosip.RecordRouteHeader) []gosip.Header {
 }
 
 // txnResponse handles a response to an attempt of t. Our Via is already
-// removed; next is the client's.
-func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *gosip.ViaHeader, src source) {
+// removed; next is where the client gets it.
+func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next target, src source) {
 	code := res.StatusCode
 	now := s.clock.Now()
 	s.txns.mu.Lock()
@@ -408,7 +422,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next *g
 		t.settleLocked(now, lb.ServerError)
 		s.txns.mu.Unlock()
 		s.metrics.Backend503.Add(1)
-		s.drainBackend(cur, now, s.retryAfter(res))
+		s.drainBackend(cur, now, s.retryAfter(res), "answered 503")
 		if t.invite {
 			s.ackUpstream(t, res, branch, src)
 		}
@@ -460,13 +474,8 @@ func indexAny(s, chars string) int {
 	return -1
 }
 
-// relay sends a response on by the Via stack.
-func (s *Server) relay(res *gosip.Response, next *gosip.ViaHeader) {
-	dst, ok := viaTarget(next)
-	if !ok {
-		s.metrics.Malformed.Add(1)
-		return
-	}
+// relay sends a response on to dst.
+func (s *Server) relay(res *gosip.Response, dst target) {
 	if err := s.sendMsg(res, dst); err == nil {
 		s.metrics.Relayed.Add(1)
 	}
