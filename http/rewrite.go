@@ -31,8 +31,19 @@ const (
 	hXForwardedFor
 	hForwarded
 	hXForwardedProto
+	hXForwardedHost
+	hXRealIP
+	// hForwardingAlias: one of the forwarding names spelt with '_' for
+	// '-' (X_Forwarded_For). CGI-style servers (PHP, WSGI, Rack) read both
+	// spellings as the same variable, so an alias would let a client
+	// claim an address past the rewrite: it is removed from every request.
+	hForwardingAlias
 
 	hHopByHop = hXForwardedFor - 1
+	// hOwned are the forwarding headers sluice owns: from a client outside
+	// -http-trusted-proxy every line of them is removed, whatever its case,
+	// before sluice writes its own.
+	hOwned = hXForwardedFor | hForwarded | hXForwardedProto | hXForwardedHost | hXRealIP
 )
 
 // headerBit returns the bit of a header name, 0 for the rest. It is one
@@ -56,6 +67,12 @@ func headerBit(k []byte) uint16 {
 		if eq("Forwarded") {
 			return hForwarded
 		}
+		if eq("X-Real-IP") {
+			return hXRealIP
+		}
+		if aliasOf(k, "X-Real-IP") {
+			return hForwardingAlias
+		}
 	case 10:
 		if eq("Connection") {
 			return hConnection
@@ -67,9 +84,18 @@ func headerBit(k []byte) uint16 {
 		if eq("X-Forwarded-For") {
 			return hXForwardedFor
 		}
+		if aliasOf(k, "X-Forwarded-For") {
+			return hForwardingAlias
+		}
 	case 16:
 		if eq("Proxy-Connection") {
 			return hProxyConnection
+		}
+		if eq("X-Forwarded-Host") {
+			return hXForwardedHost
+		}
+		if aliasOf(k, "X-Forwarded-Host") {
+			return hForwardingAlias
 		}
 	case 17:
 		if eq("Transfer-Encoding") {
@@ -77,6 +103,9 @@ func headerBit(k []byte) uint16 {
 		}
 		if eq("X-Forwarded-Proto") {
 			return hXForwardedProto
+		}
+		if aliasOf(k, "X-Forwarded-Proto") {
+			return hForwardingAlias
 		}
 	case 18:
 		if eq("Proxy-Authenticate") {
@@ -90,39 +119,78 @@ func headerBit(k []byte) uint16 {
 	return 0
 }
 
-// prepareRequest removes hop-by-hop headers and sets X-Forwarded-For,
-// X-Forwarded-Proto and Forwarded (RFC 7239). Values from clients outside
-// the trusted proxies are replaced, from trusted ones appended to. The
-// client's headers are scanned once; names are deleted only when present.
+// aliasOf reports whether k is name, of the same length, with at least
+// one '-' spelt '_' (any case).
+func aliasOf(k []byte, name string) bool {
+	if len(k) != len(name) || bytes.IndexByte(k, '_') < 0 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c, n := k[i]|0x20, name[i]|0x20
+		if c != n && !(k[i] == '_' && name[i] == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// prepareRequest removes hop-by-hop headers and writes the forwarding
+// headers sluice owns (hOwned): X-Forwarded-For, Forwarded (RFC 7239),
+// X-Forwarded-Proto and X-Real-IP, and removes X-Forwarded-Host. From a
+// client outside the trusted proxies every line of them (any case) is
+// removed first; from a trusted one the X-Forwarded-For and Forwarded
+// lines are joined and appended to, and a single X-Forwarded-Proto,
+// X-Forwarded-Host or X-Real-IP line is kept (several are removed: which
+// one a backend reads is its own choice). Underscore spellings of these
+// names are removed from everyone. The client's headers are scanned once;
+// names are deleted only when present.
 func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
-	var seen uint16
+	var seen, dup uint16
 	for k := range h.AllInOrder() {
-		seen |= headerBit(k)
+		b := headerBit(k)
+		dup |= seen & b
+		seen |= b
 	}
 	if seen&hHopByHop != 0 {
 		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
+	}
+	if seen&hForwardingAlias != 0 {
+		delAliases(h)
 	}
 
 	trusted := s.isTrusted(ip)
 	var buf [320]byte
 	v := buf[:0]
-	if seen&hXForwardedFor != 0 {
-		if prior := h.Peek("X-Forwarded-For"); trusted && len(prior) > 0 {
-			v = append(append(v, prior...), ", "...)
-		}
+	if trusted && seen&hXForwardedFor != 0 {
+		v = appendLines(v, h, "X-Forwarded-For")
 	}
 	v = ip.AppendTo(v)
+	if dup&hXForwardedFor != 0 {
+		h.Del("X-Forwarded-For")
+	}
 	h.SetBytesV("X-Forwarded-For", v)
 
-	if !trusted || seen&hXForwardedProto == 0 || len(h.Peek("X-Forwarded-Proto")) == 0 {
+	if !trusted || dup&hXForwardedProto != 0 || seen&hXForwardedProto == 0 || len(h.Peek("X-Forwarded-Proto")) == 0 {
+		if dup&hXForwardedProto != 0 {
+			h.Del("X-Forwarded-Proto")
+		}
 		h.Set("X-Forwarded-Proto", "http")
 	}
 
-	v = buf[:0]
-	if seen&hForwarded != 0 {
-		if prior := h.Peek("Forwarded"); trusted && len(prior) > 0 {
-			v = append(append(v, prior...), ", "...)
+	if seen&hXForwardedHost != 0 && (!trusted || dup&hXForwardedHost != 0) {
+		h.Del("X-Forwarded-Host")
+	}
+
+	if !trusted || dup&hXRealIP != 0 || seen&hXRealIP == 0 || len(h.Peek("X-Real-IP")) == 0 {
+		if dup&hXRealIP != 0 {
+			h.Del("X-Real-IP")
 		}
+		h.SetBytesV("X-Real-IP", ip.AppendTo(buf[:0]))
+	}
+
+	v = buf[:0]
+	if trusted && seen&hForwarded != 0 {
+		v = appendLines(v, h, "Forwarded")
 	}
 	v = append(v, "for="...)
 	if ip.Is6() {
@@ -138,7 +206,43 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		v = append(v, host...)
 		v = append(v, '"')
 	}
+	if dup&hForwarded != 0 {
+		h.Del("Forwarded")
+	}
 	h.SetBytesV("Forwarded", v)
+}
+
+// appendLines appends the non-empty values of every line of the header
+// name to v, each followed by ", " (RFC 9110 §5.3: several lines of a
+// list field are one list).
+func appendLines(v []byte, h *fasthttp.RequestHeader, name string) []byte {
+	for k, val := range h.All() {
+		if len(val) > 0 && bytes.EqualFold(k, []byte(name)) {
+			v = append(append(v, val...), ", "...)
+		}
+	}
+	return v
+}
+
+// delAliases removes every header whose name is an underscore spelling of
+// a forwarding header (hForwardingAlias), one name at a time. Names are
+// in canonical case, so there are at most 12 of them (each '-' of the four
+// names either way).
+func delAliases(h *fasthttp.RequestHeader) {
+	var name [32]byte
+	for range 16 {
+		n := 0
+		for k := range h.All() {
+			if headerBit(k) == hForwardingAlias {
+				n = copy(name[:], k)
+				break
+			}
+		}
+		if n == 0 {
+			return
+		}
+		h.DelBytes(name[:n])
+	}
 }
 
 func (s *Server) isTrusted(ip netip.Addr) bool {
