@@ -222,18 +222,13 @@ func (l *evloop) refuseHead(c *cconn, err error) {
 	l.answerLocal(c)
 }
 
-// path returns the request's path as fasthttp's RequestCtx.Path does
-// (decoded and normalized), so ARM rules see the same path on both
-// engines; nil when no rule looks at paths.
+// path returns the request's path in the normal form ARM rules match
+// (matchPath), as on the fasthttp engine; nil when no rule looks at paths.
 func (l *evloop) path(h *fasthttp.RequestHeader) []byte {
 	if !l.s.rules().needPath {
 		return nil
 	}
-	l.uri.Reset()
-	if l.uri.Parse(nil, h.RequestURI()) != nil {
-		return h.RequestURI()
-	}
-	return l.uri.Path()
+	return matchPath(nil, h.RequestURI())
 }
 
 // reparse parses c's current request head into l.reqH again (the scratch

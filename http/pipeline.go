@@ -48,7 +48,7 @@ type plan struct {
 
 // admit starts p for the request whose head is h and asks admission about
 // it: affinity (a valid pin to a backend that takes affinity) skips the
-// guards, new work goes through them. path is the request's decoded path,
+// guards, new work goes through them. path is the request's path in normal form (matchPath),
 // or nil when no ARM rule looks at paths (Server.rules). The returned
 // request views h's bytes: use it before h changes, or clone it.
 func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int64) (admission.Request, admission.Decision) {
@@ -65,7 +65,7 @@ func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int6
 // admissionRequest is what admission sees of a request: plain values that
 // view h's bytes without copying (Decide keeps no reference).
 func admissionRequest(class admission.Class, h *fasthttp.RequestHeader, path []byte) admission.Request {
-	return admission.Request{Class: class, Proto: "http", Method: b2s(h.Method()), Host: b2s(h.Host()), Path: b2s(path)}
+	return admission.Request{Class: class, Proto: "http", Method: b2s(h.Method()), Host: b2s(matchHost(nil, h.Host())), Path: b2s(path)}
 }
 
 // waitDelay blocks on a delayed decision until it is an admission or a

@@ -261,6 +261,8 @@ var smuggleCases = []struct {
 	{"NUL in value", "GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", nil, 400, ""},
 	{"control in name", "GET / HTTP/1.1\r\nHost: x\r\nX\x01: b\r\n\r\n", nil, 400, ""},
 	{"absolute-form", "GET http://other.example/p?q HTTP/1.1\r\nHost: x\r\n\r\n", []string{"GET /p?q "}, 0, "other.example"},
+	{"empty first segment", "GET //api/h HTTP/1.1\r\nHost: x\r\n\r\n", []string{"GET //api/h "}, 0, "x"},
+	{"absolute-form empty first segment", "GET http://a.example//api/h HTTP/1.1\r\nHost: x\r\n\r\n", []string{"GET //api/h "}, 0, "a.example"},
 	{"absolute-form no path", "GET http://other.example HTTP/1.1\r\nHost: x\r\n\r\n", []string{"GET / "}, 0, "other.example"},
 	{"absolute-form userinfo", "GET http://user:pw@other.example/ HTTP/1.1\r\nHost: x\r\n\r\n", nil, 400, ""},
 	{"asterisk OPTIONS", "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", []string{"OPTIONS * "}, 0, ""},
