@@ -204,10 +204,12 @@ func (s *Server) observe(p *plan) {
 // pins the request to, if it still takes affinity traffic. renew is true
 // when the sticky cookie should be sent again (absent via the session
 // table, or past half its lifetime); repinned when a valid pin named a
-// backend that is down.
+// backend that is down. A request may carry several values of a cookie
+// (one planted by a sibling domain, a stale one): the first valid one that
+// pins a backend counts (cookieValues).
 func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, now int64) (b *lb.Backend, renew, repinned bool) {
 	if s.sticky != nil {
-		if tok := h.Cookie(s.sticky.name); len(tok) > 0 {
+		for tok := range cookieValues(h, s.sticky.name) {
 			wall := s.wall(now)
 			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
 				if b = set.pool.Pinned(id, now); b != nil {
@@ -218,7 +220,7 @@ func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, now int64)
 		}
 	}
 	if s.sessions != nil {
-		if sid := h.Cookie(s.appName); len(sid) > 0 {
+		for sid := range cookieValues(h, s.appName) {
 			if b = s.sessions.get(sid, now); b != nil {
 				// The table may predate a reload: find the backend by id
 				// in the set in use.

@@ -291,6 +291,9 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
 	if seen&hHopByHop != 0 {
 		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
 	}
+	if s.sticky != nil {
+		s.dropBackendSticky(h)
+	}
 	if s.sessions != nil {
 		s.learnSession(h, p.b, p.start)
 	}

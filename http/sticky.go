@@ -1,13 +1,59 @@
 package http
 
 import (
+	"iter"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/sluicelb/sluice/lb"
 )
+
+// maxCookieValues bounds the values of one cookie name a request is
+// searched for a valid pin: checking one costs an AES-GCM open (or a
+// session table lookup), and a head of 16 KiB holds hundreds.
+const maxCookieValues = 4
+
+// cookieValues yields the non-empty values of the request cookie name, in
+// the order the client sent them, at most maxCookieValues. A browser sends
+// every cookie of that name it holds (a sibling domain's, an older path's),
+// and an attacker who planted one first must not override the client's
+// own: the caller takes the first value that is valid.
+func cookieValues(h *fasthttp.RequestHeader, name string) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		n := 0
+		for k, v := range h.Cookies() {
+			if len(v) == 0 || string(k) != name {
+				continue
+			}
+			if !yield(v) {
+				return
+			}
+			if n++; n == maxCookieValues {
+				return
+			}
+		}
+	}
+}
+
+// dropBackendSticky removes every Set-Cookie of the answer h that sets the
+// balancer's own cookie: only sluice sets it (a backend that could would
+// pin its clients at will), counted in Stats.CookieStripped.
+func (s *Server) dropBackendSticky(h *fasthttp.ResponseHeader) {
+	n := 0
+	for k := range h.Cookies() {
+		if string(k) == s.sticky.name {
+			n++
+		}
+	}
+	if n > 0 {
+		h.DelCookie(s.sticky.name)
+		s.stats.CookieStripped.Add(uint64(n))
+	}
+}
 
 // stickyCookie makes the Set-Cookie value of the balancer cookie. Tokens
 // have second resolution, so every response in the same second to the same
