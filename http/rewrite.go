@@ -3,6 +3,8 @@ package http
 import (
 	"bytes"
 	"net/netip"
+	"strconv"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -302,18 +304,69 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
 	}
 }
 
-// learnSession records the application session id the backend set.
+// learnSession records the application session id the backend set. A
+// Set-Cookie that clears the cookie (empty value, Max-Age of 0 or less, an
+// Expires in the past) is never learned, and the id it names is
+// forgotten; an id the table would not take (too long, or the table full
+// of sessions in use) is counted in Stats.SessionNotLearned.
 func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, now int64) {
 	for name, raw := range h.Cookies() {
 		if string(name) != s.appName {
 			continue
 		}
-		c := fasthttp.AcquireCookie()
-		// Entries end by TTL; a backend clearing the cookie sets an empty
-		// or different value, which the client then sends instead.
-		if c.ParseBytes(raw) == nil && len(c.Value()) > 0 {
-			s.sessions.put(c.Value(), b, now)
+		v, live := setCookieValue(raw, func() time.Time { return s.wall(now) })
+		switch {
+		case !live:
+			if len(v) > 0 {
+				s.sessions.forget(v)
+			}
+		case !s.sessions.put(v, b, now):
+			s.stats.SessionNotLearned.Add(1)
 		}
-		fasthttp.ReleaseCookie(c)
 	}
+}
+
+// setCookieValue reads a Set-Cookie value: the cookie's value (without
+// surrounding quotes) and whether it sets the cookie rather than clears
+// it. Per RFC 6265 §5.3 Max-Age wins over Expires; wall is called only
+// for an Expires.
+func setCookieValue(raw []byte, wall func() time.Time) (value []byte, live bool) {
+	pair, attrs, _ := bytes.Cut(raw, []byte{';'})
+	_, value, _ = bytes.Cut(pair, []byte{'='})
+	value = bytes.TrimSpace(value)
+	if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+		value = value[1 : len(value)-1]
+	}
+	live = len(value) > 0
+	var maxAge, expires []byte
+	for len(attrs) > 0 {
+		var a []byte
+		a, attrs, _ = bytes.Cut(attrs, []byte{';'})
+		k, v, _ := bytes.Cut(a, []byte{'='})
+		k, v = bytes.TrimSpace(k), bytes.TrimSpace(v)
+		switch {
+		case bytes.EqualFold(k, []byte("max-age")):
+			maxAge = v
+		case bytes.EqualFold(k, []byte("expires")):
+			expires = v
+		}
+	}
+	switch {
+	case maxAge != nil:
+		// RFC 6265 §5.2.2: a non-digit (but a leading '-') makes the
+		// attribute ignored; zero or less expires the cookie at once.
+		if n, err := strconv.ParseInt(string(maxAge), 10, 64); err == nil && n <= 0 {
+			live = false
+		}
+	case expires != nil:
+		for _, layout := range [...]string{time.RFC1123, "Mon, 02-Jan-2006 15:04:05 MST", time.RFC850, time.ANSIC} {
+			if t, err := time.Parse(layout, string(expires)); err == nil {
+				if !t.After(wall()) {
+					live = false
+				}
+				break
+			}
+		}
+	}
+	return value, live
 }

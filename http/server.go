@@ -61,8 +61,8 @@ type Stats struct {
 	// CookieStripped counts backend Set-Cookie headers for the balancer's
 	// own cookie, removed from answers.
 	CookieStripped atomic.Uint64
-	// SessionNotLearned counts application session ids not learned
-	// because the table was full of sessions in use.
+	// SessionNotLearned counts application session ids not learned: the
+	// table was full of sessions in use, or the id was too long.
 	SessionNotLearned atomic.Uint64
 }
 
