@@ -164,7 +164,7 @@ func (l *evloop) clientIn(c *cconn) {
 // request (or handed the connection over, or answered), false when it
 // needs more bytes. checkHead decides the request's framing from the
 // client's bytes before anything else reads them; a head it refuses is
-// answered (400, 431, 501 or 505) and the connection closed.
+// answered (400, 414, 431, 501 or 505) and the connection closed.
 func (l *evloop) parse(c *cconn) bool {
 	buf := c.in[c.r:c.w]
 	hi, err := checkHead(buf, l.s.connDeny)

@@ -280,6 +280,10 @@ var smuggleCases = []struct {
 	{"Host IPv6 and port", "GET /v6 HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n", []string{"GET /v6 "}, 0, "[::1]:8080"},
 	{"Host name and port", "GET /np HTTP/1.1\r\nHost: shop.example:8080\r\n\r\n", []string{"GET /np "}, 0, "shop.example:8080"},
 	{"HTTP/2.0 line", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", nil, 505, ""},
+	{"target over 16 KiB", "GET /" + strings.Repeat("a", 17<<10) + " HTTP/1.1\r\nHost: x\r\n\r\n", nil, 414, ""},
+	{"target of 1 MiB", "GET /?q=" + strings.Repeat("a", 1<<20) + " HTTP/1.1\r\nHost: x\r\n\r\n", nil, 414, ""},
+	{"header of 1 MiB", "GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("a", 1<<20) + "\r\n\r\n", nil, 431, ""},
+	{"line of 17 KiB without a space", strings.Repeat("G", 17<<10) + "\r\n\r\n", nil, 400, ""},
 	{"head over 16 KiB", "GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("a", 17<<10) + "\r\n\r\n", nil, 431, ""},
 	{"many headers", "GET / HTTP/1.1\r\nHost: x\r\n" + strings.Repeat("X-A: b\r\n", 250) + "\r\n", nil, 431, ""},
 }
