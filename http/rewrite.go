@@ -137,8 +137,8 @@ func aliasOf(k []byte, name string) bool {
 }
 
 // prepareRequest removes hop-by-hop headers and writes the forwarding
-// headers sluice owns (hOwned): X-Forwarded-For, Forwarded (RFC 7239),
-// X-Forwarded-Proto and X-Real-IP, and removes X-Forwarded-Host. From a
+// headers sluice owns (hOwned): X-Forwarded-For, Forwarded (RFC 7239) and
+// X-Forwarded-Proto; it writes no X-Forwarded-Host or X-Real-IP. From a
 // client outside the trusted proxies every line of them (any case) is
 // removed first; from a trusted one the X-Forwarded-For and Forwarded
 // lines are joined and appended to, and a single X-Forwarded-Proto,
@@ -183,11 +183,8 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		h.Del("X-Forwarded-Host")
 	}
 
-	if !trusted || dup&hXRealIP != 0 || seen&hXRealIP == 0 || len(h.Peek("X-Real-IP")) == 0 {
-		if dup&hXRealIP != 0 {
-			h.Del("X-Real-IP")
-		}
-		h.SetBytesV("X-Real-IP", ip.AppendTo(buf[:0]))
+	if seen&hXRealIP != 0 && (!trusted || dup&hXRealIP != 0) {
+		h.Del("X-Real-IP")
 	}
 
 	v = buf[:0]
