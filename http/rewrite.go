@@ -40,12 +40,16 @@ const (
 	// spellings as the same variable, so an alias would let a client
 	// claim an address past the rewrite: it is removed from every request.
 	hForwardingAlias
+	// hXForwardedOther: X-Forwarded-Port, -Prefix, -Ssl and -Scheme, which
+	// Spring, Tomcat's RemoteIpValve and Rack read to build URLs and
+	// redirects: removed from untrusted clients, never written.
+	hXForwardedOther
 
 	hHopByHop = hXForwardedFor - 1
 	// hOwned are the forwarding headers sluice owns: from a client outside
 	// -http-trusted-proxy every line of them is removed, whatever its case,
 	// before sluice writes its own.
-	hOwned = hXForwardedFor | hForwarded | hXForwardedProto | hXForwardedHost | hXRealIP
+	hOwned = hXForwardedFor | hForwarded | hXForwardedProto | hXForwardedHost | hXRealIP | hXForwardedOther
 )
 
 // headerBit returns the bit of a header name, 0 for the rest. It is one
@@ -86,7 +90,10 @@ func headerBit(k []byte) uint16 {
 		if eq("X-Forwarded-For") {
 			return hXForwardedFor
 		}
-		if aliasOf(k, "X-Forwarded-For") {
+		if eq("X-Forwarded-Ssl") {
+			return hXForwardedOther
+		}
+		if aliasOf(k, "X-Forwarded-For") || aliasOf(k, "X-Forwarded-Ssl") {
 			return hForwardingAlias
 		}
 	case 16:
@@ -96,7 +103,10 @@ func headerBit(k []byte) uint16 {
 		if eq("X-Forwarded-Host") {
 			return hXForwardedHost
 		}
-		if aliasOf(k, "X-Forwarded-Host") {
+		if eq("X-Forwarded-Port") {
+			return hXForwardedOther
+		}
+		if aliasOf(k, "X-Forwarded-Host") || aliasOf(k, "X-Forwarded-Port") {
 			return hForwardingAlias
 		}
 	case 17:
@@ -112,6 +122,12 @@ func headerBit(k []byte) uint16 {
 	case 18:
 		if eq("Proxy-Authenticate") {
 			return hProxyAuthenticate
+		}
+		if eq("X-Forwarded-Prefix") || eq("X-Forwarded-Scheme") {
+			return hXForwardedOther
+		}
+		if aliasOf(k, "X-Forwarded-Prefix") || aliasOf(k, "X-Forwarded-Scheme") {
+			return hForwardingAlias
 		}
 	case 19:
 		if eq("Proxy-Authorization") {
@@ -138,7 +154,9 @@ func aliasOf(k []byte, name string) bool {
 
 // prepareRequest removes hop-by-hop headers and writes the forwarding
 // headers sluice owns (hOwned): X-Forwarded-For, Forwarded (RFC 7239) and
-// X-Forwarded-Proto; it writes no X-Forwarded-Host or X-Real-IP. From a
+// X-Forwarded-Proto; it writes no X-Forwarded-Host or X-Real-IP, and
+// removes X-Forwarded-Port, -Prefix, -Ssl and -Scheme from untrusted
+// clients (hXForwardedOther). From a
 // client outside the trusted proxies every line of them (any case) is
 // removed first; from a trusted one the X-Forwarded-For and Forwarded
 // lines are joined and appended to, and a single X-Forwarded-Proto,
@@ -157,10 +175,13 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
 	}
 	if seen&hForwardingAlias != 0 {
-		delAliases(h)
+		delNames(h, hForwardingAlias)
+	}
+	trusted := s.isTrusted(ip)
+	if seen&hXForwardedOther != 0 && !trusted {
+		delNames(h, hXForwardedOther)
 	}
 
-	trusted := s.isTrusted(ip)
 	var buf [320]byte
 	v := buf[:0]
 	if trusted && seen&hXForwardedFor != 0 {
@@ -223,16 +244,16 @@ func appendLines(v []byte, h *fasthttp.RequestHeader, name string) []byte {
 	return v
 }
 
-// delAliases removes every header whose name is an underscore spelling of
-// a forwarding header (hForwardingAlias), one name at a time. Names are
-// in canonical case, so there are at most 12 of them (each '-' of the four
-// names either way).
-func delAliases(h *fasthttp.RequestHeader) {
+// delNames removes every header whose name has the bit (hForwardingAlias
+// or hXForwardedOther), one name at a time. Names are in canonical case,
+// so there are at most 24 of them (three underscore spellings of each of
+// the eight names with two '-').
+func delNames(h *fasthttp.RequestHeader, bit uint16) {
 	var name [32]byte
-	for range 16 {
+	for range 32 {
 		n := 0
 		for k := range h.All() {
-			if headerBit(k) == hForwardingAlias {
+			if headerBit(k) == bit {
 				n = copy(name[:], k)
 				break
 			}

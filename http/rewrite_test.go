@@ -22,6 +22,7 @@ func TestForwardingHeadersOwned(t *testing.T) {
 		"X-Forwarded-Host: evil.example\r\n" +
 		"X-Real-IP: 6.6.6.6\r\n" +
 		"X_Forwarded_For: 6.6.6.8\r\nX-Forwarded_For: 6.6.6.9\r\nx_real_ip: 6.6.6.10\r\nX_Forwarded_Proto: https\r\nX_FORWARDED_HOST: evil.example\r\n" +
+		"X-Forwarded-Port: 8443\r\nX-Forwarded-Prefix: /evil\r\nx-forwarded-ssl: on\r\nX-Forwarded-Scheme: https\r\nX_Forwarded_Prefix: /evil\r\n" +
 		"X-Kept: 1\r\n\r\n"
 	const single = "GET /p HTTP/1.1\r\nHost: shop.example\r\nX-Forwarded-For: 203.0.113.9\r\n" +
 		"X-Forwarded-Proto: https\r\nX-Forwarded-Host: www.example\r\nX-Real-IP: 203.0.113.9\r\n\r\n"
@@ -32,11 +33,15 @@ func TestForwardingHeadersOwned(t *testing.T) {
 		want    map[string]string // header -> all its lines joined by "|"; "" = absent
 	}{
 		{"untrusted", false, attack, map[string]string{
-			"X-Forwarded-For":   "127.0.0.1",
-			"Forwarded":         `for=127.0.0.1;proto=http;host="shop.example"`,
-			"X-Forwarded-Proto": "http",
-			"X-Forwarded-Host":  "",
-			"X-Real-Ip":         "",
+			"X-Forwarded-For":    "127.0.0.1",
+			"Forwarded":          `for=127.0.0.1;proto=http;host="shop.example"`,
+			"X-Forwarded-Proto":  "http",
+			"X-Forwarded-Host":   "",
+			"X-Real-Ip":          "",
+			"X-Forwarded-Port":   "",
+			"X-Forwarded-Prefix": "",
+			"X-Forwarded-Ssl":    "",
+			"X-Forwarded-Scheme": "",
 		}},
 		{"untrusted single lines", false, single, map[string]string{
 			"X-Forwarded-For":   "127.0.0.1",
@@ -45,11 +50,14 @@ func TestForwardingHeadersOwned(t *testing.T) {
 			"X-Real-Ip":         "",
 		}},
 		{"trusted", true, attack, map[string]string{
-			"X-Forwarded-For":   "203.0.113.9, 6.6.6.6, 6.6.6.7, 127.0.0.1",
-			"Forwarded":         `for=203.0.113.9, for=6.6.6.6, for=127.0.0.1;proto=http;host="shop.example"`,
-			"X-Forwarded-Proto": "http", // two lines: which is meant is unknown
-			"X-Forwarded-Host":  "evil.example",
-			"X-Real-Ip":         "6.6.6.6",
+			"X-Forwarded-For":    "203.0.113.9, 6.6.6.6, 6.6.6.7, 127.0.0.1",
+			"Forwarded":          `for=203.0.113.9, for=6.6.6.6, for=127.0.0.1;proto=http;host="shop.example"`,
+			"X-Forwarded-Proto":  "http", // two lines: which is meant is unknown
+			"X-Forwarded-Host":   "evil.example",
+			"X-Real-Ip":          "6.6.6.6",
+			"X-Forwarded-Port":   "8443",
+			"X-Forwarded-Prefix": "/evil",
+			"X-Forwarded-Ssl":    "on",
 		}},
 		{"trusted single lines", true, single, map[string]string{
 			"X-Forwarded-For":   "203.0.113.9, 127.0.0.1",
@@ -99,6 +107,8 @@ func TestHeaderBitsForwarding(t *testing.T) {
 		"X-Real-IP": hXRealIP, "x-real-ip": hXRealIP,
 		"X_Forwarded_For": hForwardingAlias, "X-Forwarded_For": hForwardingAlias, "x_real_ip": hForwardingAlias,
 		"X_Forwarded_Proto": hForwardingAlias, "X_Forwarded-Host": hForwardingAlias,
+		"X-Forwarded-Port": hXForwardedOther, "x-forwarded-prefix": hXForwardedOther, "X-Forwarded-Ssl": hXForwardedOther,
+		"X-Forwarded-Scheme": hXForwardedOther, "X_Forwarded_Scheme": hForwardingAlias, "X-Forwarded_Port": hForwardingAlias,
 		"X-Forwarded-Fo_": 0, "X_Real_IQ": 0, "Forwarded_": 0,
 	} {
 		if got := headerBit([]byte(name)); got != want {
