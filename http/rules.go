@@ -3,6 +3,7 @@ package http
 import (
 	"bytes"
 	"fmt"
+	"strings"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -43,7 +44,35 @@ func (s *Server) rules() *ruleView {
 	}
 	v := newRuleView(meters)
 	s.ruleView.Store(v)
+	for _, m := range meters {
+		if why := unmatchable(m.Config().Match); why != "" {
+			s.logger.Warn("http: arm rule can never match", "rule", m.Name(), "reason", why)
+		}
+	}
 	return v
+}
+
+// unmatchable says why a rule's host or path can never equal what
+// requests are matched as (matchHost, matchPath), "" when it can: a rule
+// written with a port, a trailing dot, parameters, percent-encoding or
+// dot-segments would silently match nothing.
+func unmatchable(m admission.Match) string {
+	if h := m.Host; h != "" && !strings.EqualFold(string(matchHost(nil, []byte(h))), h) {
+		return fmt.Sprintf("host %q is matched as %q (no port, no trailing dot)", h, matchHost(nil, []byte(h)))
+	}
+	if p := m.PathPrefix; p != "" {
+		if p[0] != '/' {
+			return fmt.Sprintf("path %q does not start with /", p)
+		}
+		// A prefix may end in the middle of a segment ("/api/.w" matches
+		// "/api/.well-known"): the part up to its last '/' must be in
+		// normal form, the rest only free of what matchPath removes.
+		i := strings.LastIndexByte(p, '/')
+		if n := matchPath(nil, []byte(p[:i+1])); string(n) != p[:i+1] || strings.ContainsAny(p[i+1:], "%;\\") {
+			return fmt.Sprintf("path %q is not in normal form (decoded, no empty segments, parameters or dot-segments)", p)
+		}
+	}
+	return ""
 }
 
 // The normalised view of a request that ARM rules (and routes) match on:

@@ -199,3 +199,33 @@ func BenchmarkMatchPath(b *testing.B) {
 		buf = matchPath(buf[:0], odd)
 	}
 }
+
+// TestUnmatchableRules: a rule whose host or path prefix is not in the
+// form requests are matched as is reported (it would match nothing).
+func TestUnmatchableRules(t *testing.T) {
+	for _, tc := range []struct {
+		host, path string
+		bad        bool
+	}{
+		{"shop.example", "", false},
+		{"Shop.Example", "", false},
+		{"", "/api/", false},
+		{"", "/ap", false},
+		{"", "/api/.w", false},
+		{"", "/api/..x", false},
+		{"shop.example:8080", "", true},
+		{"shop.example.", "", true},
+		{"", "api/", true},
+		{"", "/api;x/", true},
+		{"", "/%61pi/", true},
+		{"", "/a/../api/", true},
+		{"", "//api/", true},
+		{"", "/api/x;", true},
+		{"", `/api\`, true},
+	} {
+		why := unmatchable(admission.Match{Host: tc.host, PathPrefix: tc.path})
+		if (why != "") != tc.bad {
+			t.Errorf("host %q path %q: %q, want bad=%v", tc.host, tc.path, why, tc.bad)
+		}
+	}
+}
