@@ -229,3 +229,31 @@ func TestUnmatchableRules(t *testing.T) {
 		}
 	}
 }
+
+// FuzzMatchPath: for any target, the normal form starts with '/', has no
+// empty or dot-segment, no ';' or '\', and is its own normal form (unless
+// decoding made a '%' or a '?').
+func FuzzMatchPath(f *testing.F) {
+	for _, tc := range ruleSpellings {
+		f.Add(tc.target)
+	}
+	f.Fuzz(func(t *testing.T, target string) {
+		if len(target) == 0 || target[0] != '/' {
+			return
+		}
+		got := string(matchPath(nil, []byte(target)))
+		if got == "" || got[0] != '/' || strings.Contains(got, "//") {
+			t.Fatalf("matchPath(%q) = %q", target, got)
+		}
+		for _, seg := range strings.Split(got[1:], "/") {
+			if seg == "." || seg == ".." || strings.ContainsAny(seg, ";\\") {
+				t.Fatalf("matchPath(%q) = %q: segment %q", target, got, seg)
+			}
+		}
+		if !strings.Contains(got, "%") {
+			if again := string(matchPath(nil, []byte(got))); again != got && !strings.Contains(got, "?") {
+				t.Fatalf("matchPath(%q) = %q, then %q", target, got, again)
+			}
+		}
+	})
+}
