@@ -245,23 +245,31 @@ func appendLines(v []byte, h *fasthttp.RequestHeader, name string) []byte {
 }
 
 // delNames removes every header whose name has the bit (hForwardingAlias
-// or hXForwardedOther), one name at a time. Names are in canonical case,
-// so there are at most 24 of them (three underscore spellings of each of
-// the eight names with two '-').
+// or hXForwardedOther). Names are in canonical case, so there are at most
+// 24 distinct ones (three underscore spellings of each of the eight names
+// with two '-'): they are collected in one pass, then deleted.
 func delNames(h *fasthttp.RequestHeader, bit uint16) {
-	var name [32]byte
-	for range 32 {
-		n := 0
-		for k := range h.All() {
-			if headerBit(k) == bit {
-				n = copy(name[:], k)
-				break
+	var names [24][18]byte
+	var lens [24]uint8
+	n := 0
+next:
+	for k := range h.All() {
+		if headerBit(k) != bit {
+			continue
+		}
+		for i := range n {
+			if string(names[i][:lens[i]]) == string(k) {
+				continue next
 			}
 		}
-		if n == 0 {
-			return
+		if n == len(names) {
+			break
 		}
-		h.DelBytes(name[:n])
+		lens[n] = uint8(copy(names[n][:], k))
+		n++
+	}
+	for i := range n {
+		h.DelBytes(names[i][:lens[i]])
 	}
 }
 

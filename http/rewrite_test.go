@@ -1,11 +1,14 @@
 package http
 
 import (
+	"bufio"
 	"fmt"
 	"net/netip"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/valyala/fasthttp"
 )
 
 // TestForwardingHeadersOwned: a client outside -http-trusted-proxy cannot
@@ -114,5 +117,47 @@ func TestHeaderBitsForwarding(t *testing.T) {
 		if got := headerBit([]byte(name)); got != want {
 			t.Errorf("headerBit(%q) = %s, want %s", name, fmt.Sprintf("%b", got), fmt.Sprintf("%b", want))
 		}
+	}
+}
+
+// TestDelNamesEverySpelling: every underscore spelling of every forwarding
+// name, each sent twice, and the X-Forwarded-Port family are all removed
+// from an untrusted client's request, and nothing else.
+func TestDelNamesEverySpelling(t *testing.T) {
+	var raw strings.Builder
+	raw.WriteString("GET / HTTP/1.1\r\nHost: a\r\n")
+	var sent int
+	for _, name := range []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "X-Real-IP",
+		"X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Ssl", "X-Forwarded-Scheme"} {
+		i := strings.IndexByte(name, '-')
+		j := strings.LastIndexByte(name, '-')
+		for _, sp := range []string{
+			name[:i] + "_" + name[i+1:],
+			name[:j] + "_" + name[j+1:],
+			strings.ReplaceAll(name, "-", "_"),
+		} {
+			fmt.Fprintf(&raw, "%s: 1\r\n%s: 2\r\n", sp, strings.ToLower(sp))
+			sent++
+		}
+		fmt.Fprintf(&raw, "%s: 3\r\n", name)
+	}
+	raw.WriteString("X-Kept: 1\r\nX_Kept: 2\r\n\r\n")
+	if sent != 24 {
+		t.Fatalf("%d spellings", sent)
+	}
+	var req fasthttp.Request
+	if err := req.Read(bufio.NewReader(strings.NewReader(raw.String()))); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{}
+	s.prepareRequest(&req.Header, netip.MustParseAddr("192.0.2.1"))
+	var got []string
+	for k, v := range req.Header.All() {
+		got = append(got, string(k)+"="+string(v))
+	}
+	sort.Strings(got)
+	want := []string{"Forwarded=for=192.0.2.1;proto=http;host=\"a\"", "Host=a", "X-Forwarded-For=192.0.2.1", "X-Forwarded-Proto=http", "X-Kept=1", "X_kept=2"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("headers after the rewrite:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
