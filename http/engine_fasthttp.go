@@ -50,13 +50,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	restoreConnClose(ctx, closeAfter)
 }
 
-// pathOf returns the request's path for ARM rules, nil when no rule looks
-// at paths.
+// pathOf returns the request's path in the normal form ARM rules match
+// (matchPath), as on the loop; nil when no rule looks at paths.
 func (s *Server) pathOf(ctx *fasthttp.RequestCtx) []byte {
 	if !s.rules().needPath {
 		return nil
 	}
-	return ctx.Path()
+	return matchPath(nil, ctx.Request.Header.RequestURI())
 }
 
 // restoreConnClose restores the client's Connection: close, which

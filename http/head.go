@@ -53,6 +53,7 @@ func badHead(reason string) *headError { return &headError{status: 400, reason: 
 // Refusals of checkHead, shared so the hot path does not allocate.
 var (
 	errHeadTooLarge   = &headError{status: 431, reason: "request head too large"}
+	errURITooLong     = &headError{status: 414, reason: "request target too long"}
 	errBareLF         = badHead("bare LF line end")
 	errBareCR         = badHead("bare CR in request head")
 	errRequestLine    = badHead("malformed request line")
@@ -210,6 +211,9 @@ func checkHead(p []byte, extra string) (headInfo, error) {
 	// The request line. RFC 9112 §2.2 lets a server ignore empty lines
 	// before it; sluice does not (a client sends none).
 	eol, err := lineEnd(p, 0)
+	if err == errHeadTooLarge {
+		return h, longRequestLine(p)
+	}
 	if err != nil {
 		return h, err
 	}
@@ -367,6 +371,21 @@ func checkHead(p []byte, extra string) (headInfo, error) {
 		return h, errHostMissing
 	}
 	return h, nil
+}
+
+// longRequestLine is the refusal of a request line that does not end
+// within maxHeadSize: a method and a space, then a target that long, is
+// 414 (RFC 9110 §15.5.15); anything else is not a request line.
+func longRequestLine(p []byte) *headError {
+	for i, c := range p[:min(len(p), 32)] {
+		if c == ' ' && i > 0 {
+			return errURITooLong
+		}
+		if !tchar[c] {
+			break
+		}
+	}
+	return errRequestLine
 }
 
 // absoluteForm reads an absolute-form target (RFC 9112 §3.2.2), which

@@ -108,6 +108,9 @@ func TestCheckHeadVectors(t *testing.T) {
 
 		// Sizes.
 		{"head too large", "GET / HTTP/1.1\r\n" + h + "X: " + strings.Repeat("a", maxHeadSize) + "\r\n\r\n", 431, 0, false, "too large"},
+		{"target too long", "GET /" + strings.Repeat("a", maxHeadSize) + " HTTP/1.1\r\n" + h + "\r\n", 414, 0, false, "target too long"},
+		{"target too long, line unended", "GET /" + strings.Repeat("a", maxHeadSize), 414, 0, false, "target too long"},
+		{"long line, no method", strings.Repeat("a", maxHeadSize+1), 400, 0, false, "request line"},
 		{"too many fields", "GET / HTTP/1.1\r\n" + h + strings.Repeat("X: a\r\n", maxHeaderFields) + "\r\n", 431, 0, false, "too many"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

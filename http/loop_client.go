@@ -164,7 +164,7 @@ func (l *evloop) clientIn(c *cconn) {
 // request (or handed the connection over, or answered), false when it
 // needs more bytes. checkHead decides the request's framing from the
 // client's bytes before anything else reads them; a head it refuses is
-// answered (400, 431, 501 or 505) and the connection closed.
+// answered (400, 414, 431, 501 or 505) and the connection closed.
 func (l *evloop) parse(c *cconn) bool {
 	buf := c.in[c.r:c.w]
 	hi, err := checkHead(buf, l.s.connDeny)
@@ -222,18 +222,13 @@ func (l *evloop) refuseHead(c *cconn, err error) {
 	l.answerLocal(c)
 }
 
-// path returns the request's path as fasthttp's RequestCtx.Path does
-// (decoded and normalized), so ARM rules see the same path on both
-// engines; nil when no rule looks at paths.
+// path returns the request's path in the normal form ARM rules match
+// (matchPath), as on the fasthttp engine; nil when no rule looks at paths.
 func (l *evloop) path(h *fasthttp.RequestHeader) []byte {
 	if !l.s.rules().needPath {
 		return nil
 	}
-	l.uri.Reset()
-	if l.uri.Parse(nil, h.RequestURI()) != nil {
-		return h.RequestURI()
-	}
-	return l.uri.Path()
+	return matchPath(nil, h.RequestURI())
 }
 
 // reparse parses c's current request head into l.reqH again (the scratch

@@ -48,7 +48,7 @@ type plan struct {
 
 // admit starts p for the request whose head is h and asks admission about
 // it: affinity (a valid pin to a backend that takes affinity) skips the
-// guards, new work goes through them. path is the request's decoded path,
+// guards, new work goes through them. path is the request's path in normal form (matchPath),
 // or nil when no ARM rule looks at paths (Server.rules). The returned
 // request views h's bytes: use it before h changes, or clone it.
 func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int64) (admission.Request, admission.Decision) {
@@ -65,7 +65,7 @@ func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int6
 // admissionRequest is what admission sees of a request: plain values that
 // view h's bytes without copying (Decide keeps no reference).
 func admissionRequest(class admission.Class, h *fasthttp.RequestHeader, path []byte) admission.Request {
-	return admission.Request{Class: class, Proto: "http", Method: b2s(h.Method()), Host: b2s(h.Host()), Path: b2s(path)}
+	return admission.Request{Class: class, Proto: "http", Method: b2s(h.Method()), Host: b2s(matchHost(nil, h.Host())), Path: b2s(path)}
 }
 
 // waitDelay blocks on a delayed decision until it is an admission or a
@@ -204,10 +204,12 @@ func (s *Server) observe(p *plan) {
 // pins the request to, if it still takes affinity traffic. renew is true
 // when the sticky cookie should be sent again (absent via the session
 // table, or past half its lifetime); repinned when a valid pin named a
-// backend that is down.
+// backend that is down. A request may carry several values of a cookie
+// (one planted by a sibling domain, a stale one): the first valid one that
+// pins a backend counts (cookieValues).
 func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, now int64) (b *lb.Backend, renew, repinned bool) {
 	if s.sticky != nil {
-		if tok := h.Cookie(s.sticky.name); len(tok) > 0 {
+		for tok := range cookieValues(h, s.sticky.name) {
 			wall := s.wall(now)
 			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
 				if b = set.pool.Pinned(id, now); b != nil {
@@ -218,7 +220,7 @@ func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, now int64)
 		}
 	}
 	if s.sessions != nil {
-		if sid := h.Cookie(s.appName); len(sid) > 0 {
+		for sid := range cookieValues(h, s.appName) {
 			if b = s.sessions.get(sid, now); b != nil {
 				// The table may predate a reload: find the backend by id
 				// in the set in use.

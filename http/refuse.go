@@ -24,7 +24,7 @@ import (
 //	backend closed the connection  connection_terminated
 //	unparsable backend answer      http_protocol_error
 //	broken streamed request body   http_request_error (400)
-//	refused request head           http_request_error (400, 431, 501, 505)
+//	refused request head           http_request_error (400, 414, 431, 501, 505)
 var (
 	psMemoryLower     = []byte(`sluice; error=proxy_internal_response; details="memory state lower"`)
 	psCritical        = []byte(`sluice; error=proxy_internal_response; details="memory state critical"`)

@@ -3,6 +3,8 @@ package http
 import (
 	"bytes"
 	"net/netip"
+	"strconv"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -31,8 +33,23 @@ const (
 	hXForwardedFor
 	hForwarded
 	hXForwardedProto
+	hXForwardedHost
+	hXRealIP
+	// hForwardingAlias: one of the forwarding names spelt with '_' for
+	// '-' (X_Forwarded_For). CGI-style servers (PHP, WSGI, Rack) read both
+	// spellings as the same variable, so an alias would let a client
+	// claim an address past the rewrite: it is removed from every request.
+	hForwardingAlias
+	// hXForwardedOther: X-Forwarded-Port, -Prefix, -Ssl and -Scheme, which
+	// Spring, Tomcat's RemoteIpValve and Rack read to build URLs and
+	// redirects: removed from untrusted clients, never written.
+	hXForwardedOther
 
 	hHopByHop = hXForwardedFor - 1
+	// hOwned are the forwarding headers sluice owns: from a client outside
+	// -http-trusted-proxy every line of them is removed, whatever its case,
+	// before sluice writes its own.
+	hOwned = hXForwardedFor | hForwarded | hXForwardedProto | hXForwardedHost | hXRealIP | hXForwardedOther
 )
 
 // headerBit returns the bit of a header name, 0 for the rest. It is one
@@ -56,6 +73,12 @@ func headerBit(k []byte) uint16 {
 		if eq("Forwarded") {
 			return hForwarded
 		}
+		if eq("X-Real-IP") {
+			return hXRealIP
+		}
+		if aliasOf(k, "X-Real-IP") {
+			return hForwardingAlias
+		}
 	case 10:
 		if eq("Connection") {
 			return hConnection
@@ -67,9 +90,24 @@ func headerBit(k []byte) uint16 {
 		if eq("X-Forwarded-For") {
 			return hXForwardedFor
 		}
+		if eq("X-Forwarded-Ssl") {
+			return hXForwardedOther
+		}
+		if aliasOf(k, "X-Forwarded-For") || aliasOf(k, "X-Forwarded-Ssl") {
+			return hForwardingAlias
+		}
 	case 16:
 		if eq("Proxy-Connection") {
 			return hProxyConnection
+		}
+		if eq("X-Forwarded-Host") {
+			return hXForwardedHost
+		}
+		if eq("X-Forwarded-Port") {
+			return hXForwardedOther
+		}
+		if aliasOf(k, "X-Forwarded-Host") || aliasOf(k, "X-Forwarded-Port") {
+			return hForwardingAlias
 		}
 	case 17:
 		if eq("Transfer-Encoding") {
@@ -78,9 +116,18 @@ func headerBit(k []byte) uint16 {
 		if eq("X-Forwarded-Proto") {
 			return hXForwardedProto
 		}
+		if aliasOf(k, "X-Forwarded-Proto") {
+			return hForwardingAlias
+		}
 	case 18:
 		if eq("Proxy-Authenticate") {
 			return hProxyAuthenticate
+		}
+		if eq("X-Forwarded-Prefix") || eq("X-Forwarded-Scheme") {
+			return hXForwardedOther
+		}
+		if aliasOf(k, "X-Forwarded-Prefix") || aliasOf(k, "X-Forwarded-Scheme") {
+			return hForwardingAlias
 		}
 	case 19:
 		if eq("Proxy-Authorization") {
@@ -90,39 +137,80 @@ func headerBit(k []byte) uint16 {
 	return 0
 }
 
-// prepareRequest removes hop-by-hop headers and sets X-Forwarded-For,
-// X-Forwarded-Proto and Forwarded (RFC 7239). Values from clients outside
-// the trusted proxies are replaced, from trusted ones appended to. The
-// client's headers are scanned once; names are deleted only when present.
+// aliasOf reports whether k is name, of the same length, with at least
+// one '-' spelt '_' (any case).
+func aliasOf(k []byte, name string) bool {
+	if len(k) != len(name) || bytes.IndexByte(k, '_') < 0 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c, n := k[i]|0x20, name[i]|0x20
+		if c != n && !(k[i] == '_' && name[i] == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// prepareRequest removes hop-by-hop headers and writes the forwarding
+// headers sluice owns (hOwned): X-Forwarded-For, Forwarded (RFC 7239) and
+// X-Forwarded-Proto; it writes no X-Forwarded-Host or X-Real-IP, and
+// removes X-Forwarded-Port, -Prefix, -Ssl and -Scheme from untrusted
+// clients (hXForwardedOther). From a
+// client outside the trusted proxies every line of them (any case) is
+// removed first; from a trusted one the X-Forwarded-For and Forwarded
+// lines are joined and appended to, and a single X-Forwarded-Proto,
+// X-Forwarded-Host or X-Real-IP line is kept (several are removed: which
+// one a backend reads is its own choice). Underscore spellings of these
+// names are removed from everyone. The client's headers are scanned once;
+// names are deleted only when present.
 func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
-	var seen uint16
+	var seen, dup uint16
 	for k := range h.AllInOrder() {
-		seen |= headerBit(k)
+		b := headerBit(k)
+		dup |= seen & b
+		seen |= b
 	}
 	if seen&hHopByHop != 0 {
 		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
 	}
-
+	if seen&hForwardingAlias != 0 {
+		delNames(h, hForwardingAlias)
+	}
 	trusted := s.isTrusted(ip)
+	if seen&hXForwardedOther != 0 && !trusted {
+		delNames(h, hXForwardedOther)
+	}
+
 	var buf [320]byte
 	v := buf[:0]
-	if seen&hXForwardedFor != 0 {
-		if prior := h.Peek("X-Forwarded-For"); trusted && len(prior) > 0 {
-			v = append(append(v, prior...), ", "...)
-		}
+	if trusted && seen&hXForwardedFor != 0 {
+		v = appendLines(v, h, "X-Forwarded-For")
 	}
 	v = ip.AppendTo(v)
+	if dup&hXForwardedFor != 0 {
+		h.Del("X-Forwarded-For")
+	}
 	h.SetBytesV("X-Forwarded-For", v)
 
-	if !trusted || seen&hXForwardedProto == 0 || len(h.Peek("X-Forwarded-Proto")) == 0 {
+	if !trusted || dup&hXForwardedProto != 0 || seen&hXForwardedProto == 0 || len(h.Peek("X-Forwarded-Proto")) == 0 {
+		if dup&hXForwardedProto != 0 {
+			h.Del("X-Forwarded-Proto")
+		}
 		h.Set("X-Forwarded-Proto", "http")
 	}
 
+	if seen&hXForwardedHost != 0 && (!trusted || dup&hXForwardedHost != 0) {
+		h.Del("X-Forwarded-Host")
+	}
+
+	if seen&hXRealIP != 0 && (!trusted || dup&hXRealIP != 0) {
+		h.Del("X-Real-IP")
+	}
+
 	v = buf[:0]
-	if seen&hForwarded != 0 {
-		if prior := h.Peek("Forwarded"); trusted && len(prior) > 0 {
-			v = append(append(v, prior...), ", "...)
-		}
+	if trusted && seen&hForwarded != 0 {
+		v = appendLines(v, h, "Forwarded")
 	}
 	v = append(v, "for="...)
 	if ip.Is6() {
@@ -138,7 +226,51 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		v = append(v, host...)
 		v = append(v, '"')
 	}
+	if dup&hForwarded != 0 {
+		h.Del("Forwarded")
+	}
 	h.SetBytesV("Forwarded", v)
+}
+
+// appendLines appends the non-empty values of every line of the header
+// name to v, each followed by ", " (RFC 9110 §5.3: several lines of a
+// list field are one list).
+func appendLines(v []byte, h *fasthttp.RequestHeader, name string) []byte {
+	for k, val := range h.All() {
+		if len(val) > 0 && bytes.EqualFold(k, []byte(name)) {
+			v = append(append(v, val...), ", "...)
+		}
+	}
+	return v
+}
+
+// delNames removes every header whose name has the bit (hForwardingAlias
+// or hXForwardedOther). Names are in canonical case, so there are at most
+// 24 distinct ones (three underscore spellings of each of the eight names
+// with two '-'): they are collected in one pass, then deleted.
+func delNames(h *fasthttp.RequestHeader, bit uint16) {
+	var names [24][18]byte
+	var lens [24]uint8
+	n := 0
+next:
+	for k := range h.All() {
+		if headerBit(k) != bit {
+			continue
+		}
+		for i := range n {
+			if string(names[i][:lens[i]]) == string(k) {
+				continue next
+			}
+		}
+		if n == len(names) {
+			break
+		}
+		lens[n] = uint8(copy(names[n][:], k))
+		n++
+	}
+	for i := range n {
+		h.DelBytes(names[i][:lens[i]])
+	}
 }
 
 func (s *Server) isTrusted(ip netip.Addr) bool {
@@ -187,6 +319,9 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
 	if seen&hHopByHop != 0 {
 		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
 	}
+	if s.sticky != nil {
+		s.dropBackendSticky(h)
+	}
 	if s.sessions != nil {
 		s.learnSession(h, p.b, p.start)
 	}
@@ -195,18 +330,69 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
 	}
 }
 
-// learnSession records the application session id the backend set.
+// learnSession records the application session id the backend set. A
+// Set-Cookie that clears the cookie (empty value, Max-Age of 0 or less, an
+// Expires in the past) is never learned, and the id it names is
+// forgotten; an id the table would not take (too long, or the table full
+// of sessions in use) is counted in Stats.SessionNotLearned.
 func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, now int64) {
 	for name, raw := range h.Cookies() {
 		if string(name) != s.appName {
 			continue
 		}
-		c := fasthttp.AcquireCookie()
-		// Entries end by TTL; a backend clearing the cookie sets an empty
-		// or different value, which the client then sends instead.
-		if c.ParseBytes(raw) == nil && len(c.Value()) > 0 {
-			s.sessions.put(c.Value(), b, now)
+		v, live := setCookieValue(raw, func() time.Time { return s.wall(now) })
+		switch {
+		case !live:
+			if len(v) > 0 {
+				s.sessions.forget(v)
+			}
+		case !s.sessions.put(v, b, now):
+			s.stats.SessionNotLearned.Add(1)
 		}
-		fasthttp.ReleaseCookie(c)
 	}
+}
+
+// setCookieValue reads a Set-Cookie value: the cookie's value (without
+// surrounding quotes) and whether it sets the cookie rather than clears
+// it. Per RFC 6265 §5.3 Max-Age wins over Expires; wall is called only
+// for an Expires.
+func setCookieValue(raw []byte, wall func() time.Time) (value []byte, live bool) {
+	pair, attrs, _ := bytes.Cut(raw, []byte{';'})
+	_, value, _ = bytes.Cut(pair, []byte{'='})
+	value = bytes.TrimSpace(value)
+	if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+		value = value[1 : len(value)-1]
+	}
+	live = len(value) > 0
+	var maxAge, expires []byte
+	for len(attrs) > 0 {
+		var a []byte
+		a, attrs, _ = bytes.Cut(attrs, []byte{';'})
+		k, v, _ := bytes.Cut(a, []byte{'='})
+		k, v = bytes.TrimSpace(k), bytes.TrimSpace(v)
+		switch {
+		case bytes.EqualFold(k, []byte("max-age")):
+			maxAge = v
+		case bytes.EqualFold(k, []byte("expires")):
+			expires = v
+		}
+	}
+	switch {
+	case maxAge != nil:
+		// RFC 6265 §5.2.2: a non-digit (but a leading '-') makes the
+		// attribute ignored; zero or less expires the cookie at once.
+		if n, err := strconv.ParseInt(string(maxAge), 10, 64); err == nil && n <= 0 {
+			live = false
+		}
+	case expires != nil:
+		for _, layout := range [...]string{time.RFC1123, "Mon, 02-Jan-2006 15:04:05 MST", time.RFC850, time.ANSIC} {
+			if t, err := time.Parse(layout, string(expires)); err == nil {
+				if !t.After(wall()) {
+					live = false
+				}
+				break
+			}
+		}
+	}
+	return value, live
 }

@@ -57,7 +57,13 @@ type Stats struct {
 	Aborted       atomic.Uint64 // in-flight new work ended by memory state Critical
 	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
 	HandedOver    atomic.Uint64 // loop engine: connections given to the fasthttp server
-	BadRequest    atomic.Uint64 // request heads refused (400, 431, 501, 505), connection closed
+	BadRequest    atomic.Uint64 // request heads refused (400, 414, 431, 501, 505), connection closed
+	// CookieStripped counts backend Set-Cookie headers for the balancer's
+	// own cookie, removed from answers.
+	CookieStripped atomic.Uint64
+	// SessionNotLearned counts application session ids not learned: the
+	// table was full of sessions in use, or the id was too long.
+	SessionNotLearned atomic.Uint64
 }
 
 // Deps are what the HTTP front end is built on, as sip.Deps are the SIP

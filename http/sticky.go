@@ -1,13 +1,62 @@
 package http
 
 import (
+	"iter"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/sluicelb/sluice/lb"
 )
+
+// maxCookieValues bounds the values of one cookie name a request is
+// searched for a valid pin: checking a well-formed token costs an AES-GCM
+// open (0.1-0.2 µs; others fail on their form), and a head of 16 KiB holds
+// hundreds. A browser sends cookies with longer paths first, so someone
+// who plants cookies (a sibling domain) must plant this many to hide the
+// client's own.
+const maxCookieValues = 16
+
+// cookieValues yields the non-empty values of the request cookie name, in
+// the order the client sent them, at most maxCookieValues. A browser sends
+// every cookie of that name it holds (a sibling domain's, an older path's),
+// and an attacker who planted one first must not override the client's
+// own: the caller takes the first value that is valid.
+func cookieValues(h *fasthttp.RequestHeader, name string) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		n := 0
+		for k, v := range h.Cookies() {
+			if len(v) == 0 || string(k) != name {
+				continue
+			}
+			if !yield(v) {
+				return
+			}
+			if n++; n == maxCookieValues {
+				return
+			}
+		}
+	}
+}
+
+// dropBackendSticky removes every Set-Cookie of the answer h that sets the
+// balancer's own cookie: only sluice sets it (a backend that could would
+// pin its clients at will), counted in Stats.CookieStripped.
+func (s *Server) dropBackendSticky(h *fasthttp.ResponseHeader) {
+	n := 0
+	for k := range h.Cookies() {
+		if string(k) == s.sticky.name {
+			n++
+		}
+	}
+	if n > 0 {
+		h.DelCookie(s.sticky.name)
+		s.stats.CookieStripped.Add(uint64(n))
+	}
+}
 
 // stickyCookie makes the Set-Cookie value of the balancer cookie. Tokens
 // have second resolution, so every response in the same second to the same
@@ -49,28 +98,59 @@ func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], b *lb.Backend, 
 }
 
 // sessionTable maps application session ids (e.g. JSESSIONID values) to
-// the backend that issued them, with a TTL refreshed on use. It is bounded:
-// when a shard is full, expired entries go first, then an arbitrary one.
+// the backend that issued them, with a TTL refreshed on use. It is bounded,
+// and a flood of new sessions (an application that issues one per
+// anonymous request) must not push out the sessions of users at work. So
+// each of its 16 shards is a segmented LRU:
+//
+//   - a new id goes to the front of the probation list;
+//   - an id a client sends back (get) moves to the front of the protected
+//     list: it is a session in use;
+//   - when a shard is full, the least recently used probation entry goes,
+//     else the least recently used protected one if it has been idle for
+//     liveFor; otherwise the new id is not learned (put returns false;
+//     Stats.SessionNotLearned): not pinning a new session costs less than
+//     moving a user's session under way to another backend.
+//
+// Expired entries are swept from the lists' tails a few per call, so no
+// call scans a shard: put and get are O(1).
 type sessionTable struct {
-	ttl    int64 // ns
-	perCap int
-	shards [16]sessionShard
+	ttl     int64 // ns
+	liveFor int64 // ns: a protected entry used this recently is not evicted
+	perCap  int
+	shards  [16]sessionShard
 }
 
+// maxSessionID bounds the length of a session id that is learned or
+// looked up: real ones are 20-100 bytes (a JSESSIONID with a jvmRoute is
+// about 40).
+const maxSessionID = 256
+
+// sweepPerCall bounds the expired entries one call removes.
+const sweepPerCall = 4
+
 type sessionShard struct {
-	mu sync.Mutex
-	m  map[string]sessionEntry
+	mu        sync.Mutex
+	m         map[string]*sessionEntry
+	probation sessionEntry // list sentinels: next is the most recently used
+	protected sessionEntry
 }
 
 type sessionEntry struct {
-	backend *lb.Backend
-	expires int64 // monotonic ns
+	id         string
+	backend    *lb.Backend
+	used       int64 // monotonic ns of the last use
+	protected  bool
+	prev, next *sessionEntry
 }
 
 func newSessionTable(ttl time.Duration, max int) *sessionTable {
-	t := &sessionTable{ttl: int64(ttl), perCap: max/16 + 1}
+	t := &sessionTable{ttl: int64(ttl), liveFor: int64(min(ttl, 5*time.Minute)), perCap: max/16 + 1}
 	for i := range t.shards {
-		t.shards[i].m = make(map[string]sessionEntry)
+		s := &t.shards[i]
+		s.m = make(map[string]*sessionEntry)
+		s.probation.prev, s.probation.next = &s.probation, &s.probation
+		s.protected.prev, s.protected.next = &s.protected, &s.protected
 	}
 	return t
 }
@@ -79,9 +159,41 @@ func (t *sessionTable) shard(id []byte) *sessionShard {
 	return &t.shards[lb.HashBytes(id)&15]
 }
 
+func (e *sessionEntry) unlink() {
+	e.prev.next, e.next.prev = e.next, e.prev
+	e.prev, e.next = nil, nil
+}
+
+// pushFront puts e at the front of the list whose sentinel is l.
+func (l *sessionEntry) pushFront(e *sessionEntry) {
+	e.prev, e.next = l, l.next
+	l.next.prev = e
+	l.next = e
+}
+
+// sweep removes up to sweepPerCall expired entries from the lists' tails
+// (each list is in order of last use).
+func (t *sessionTable) sweep(s *sessionShard, now int64) {
+	n := 0
+	for _, l := range [2]*sessionEntry{&s.probation, &s.protected} {
+		for e := l.prev; e != l && n < sweepPerCall && now-e.used >= t.ttl; e = l.prev {
+			s.remove(e)
+			n++
+		}
+	}
+}
+
+func (s *sessionShard) remove(e *sessionEntry) {
+	e.unlink()
+	delete(s.m, e.id)
+}
+
 // get returns the backend id is pinned to at now, or nil, and extends its
-// lifetime. It does not allocate.
+// lifetime: the entry is a session in use. It does not allocate.
 func (t *sessionTable) get(id []byte, now int64) *lb.Backend {
+	if len(id) > maxSessionID {
+		return nil
+	}
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -89,46 +201,67 @@ func (t *sessionTable) get(id []byte, now int64) *lb.Backend {
 	if !ok {
 		return nil
 	}
-	if now >= e.expires {
-		delete(s.m, string(id))
+	if now-e.used >= t.ttl {
+		s.remove(e)
 		return nil
 	}
-	e.expires = now + t.ttl
-	s.m[string(id)] = e
+	e.used = now
+	e.protected = true
+	e.unlink()
+	s.protected.pushFront(e)
 	return e.backend
 }
 
-// put pins id to b from now.
-func (t *sessionTable) put(id []byte, b *lb.Backend, now int64) {
+// put pins id to b from now. It returns false when id was not learned:
+// too long, or the shard is full of sessions in use.
+func (t *sessionTable) put(id []byte, b *lb.Backend, now int64) bool {
+	if len(id) == 0 || len(id) > maxSessionID {
+		return false
+	}
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	t.sweep(s, now)
 	if e, ok := s.m[string(id)]; ok {
-		e.backend, e.expires = b, now+t.ttl
-		s.m[string(id)] = e
-		return
+		e.backend, e.used = b, now
+		e.unlink()
+		if e.protected {
+			s.protected.pushFront(e)
+		} else {
+			s.probation.pushFront(e)
+		}
+		return true
 	}
+	var e *sessionEntry
 	if len(s.m) >= t.perCap {
-		for k, e := range s.m {
-			if now >= e.expires {
-				delete(s.m, k)
-			}
+		switch {
+		case s.probation.prev != &s.probation:
+			e = s.probation.prev
+		case now-s.protected.prev.used >= t.liveFor:
+			e = s.protected.prev
+		default:
+			return false
 		}
-		for k := range s.m {
-			if len(s.m) < t.perCap {
-				break
-			}
-			delete(s.m, k)
-		}
+		s.remove(e) // reused for the new id
+	} else {
+		e = new(sessionEntry)
 	}
-	s.m[string(id)] = sessionEntry{backend: b, expires: now + t.ttl}
+	*e = sessionEntry{id: string(id), backend: b, used: now}
+	s.m[e.id] = e
+	s.probation.pushFront(e)
+	return true
 }
 
 // forget removes id, e.g. when the backend cleared the cookie.
 func (t *sessionTable) forget(id []byte) {
+	if len(id) > maxSessionID {
+		return
+	}
 	s := t.shard(id)
 	s.mu.Lock()
-	delete(s.m, string(id))
+	if e, ok := s.m[string(id)]; ok {
+		s.remove(e)
+	}
 	s.mu.Unlock()
 }
 

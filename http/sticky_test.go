@@ -3,11 +3,14 @@ package http
 import (
 	"bytes"
 	"encoding/base64"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/sluicelb/sluice/lb"
 )
@@ -45,5 +48,93 @@ func TestStickyCookieHidesBackend(t *testing.T) {
 	}
 	if id, ok := signer.Verify(tok, now); !ok || id != addr {
 		t.Errorf("Verify(cookie) = %q, %v; want %q, true", id, ok, addr)
+	}
+}
+
+// TestBackendCannotSetStickyCookie: a backend's Set-Cookie for the
+// balancer's cookie never reaches the client (counted), on new work and
+// on affinity answers; the balancer's own cookie still goes out, and other
+// cookies pass.
+func TestBackendCannotSetStickyCookie(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 2})
+		for _, be := range r.backends {
+			be.handler = func(ctx *fasthttp.RequestCtx) {
+				ctx.Response.Header.Add("Set-Cookie", "SLUICE=planted-by-"+be.name+"; Path=/; Domain=example.com")
+				ctx.Response.Header.Add("Set-Cookie", "SLUICE=again; Path=/x")
+				ctx.Response.Header.Add("Set-Cookie", "app=1; Path=/")
+				ctx.SetBodyString(be.name)
+			}
+		}
+		first := r.get("/", "")
+		var own int
+		for _, sc := range first.header.Values("Set-Cookie") {
+			if strings.HasPrefix(sc, "SLUICE=") {
+				if strings.Contains(sc, "planted") || strings.Contains(sc, "again") {
+					t.Errorf("backend's Set-Cookie reached the client: %q", sc)
+				}
+				own++
+			}
+		}
+		if own != 1 {
+			t.Errorf("new work: %d SLUICE Set-Cookie, want sluice's own alone: %q", own, first.header.Values("Set-Cookie"))
+		}
+		cookie := stickyFrom(t, first)
+		rep := r.get("/", cookie)
+		for _, sc := range rep.header.Values("Set-Cookie") {
+			if strings.HasPrefix(sc, "SLUICE=") {
+				t.Errorf("affinity answer carries %q", sc)
+			}
+		}
+		if got := strings.Join(rep.header.Values("Set-Cookie"), "|"); got != "app=1; Path=/" {
+			t.Errorf("other cookies: %q", got)
+		}
+		if n := r.srv.Stats().CookieStripped.Load(); n != 4 {
+			t.Errorf("CookieStripped = %d, want 4 (two per answer)", n)
+		}
+	})
+}
+
+// TestStickyAnyValidCookie: a request carrying several SLUICE cookies (one
+// planted for a parent domain, garbage, expired) is pinned by the valid
+// one wherever it is, on every request, and not re-pinned.
+func TestStickyAnyValidCookie(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 3})
+		first := r.get("/", "")
+		valid := stickyFrom(t, first)
+		for _, cookie := range []string{
+			"SLUICE=garbage; " + valid,
+			"SLUICE=; SLUICE=AAAA; other=1; " + valid + "; SLUICE=zzz",
+			valid + "; SLUICE=garbage",
+		} {
+			for i := range 6 {
+				rep := r.get("/", cookie)
+				if rep.body != first.body {
+					t.Fatalf("%q request %d went to %s, pinned to %s", cookie, i, rep.body, first.body)
+				}
+				if sc := rep.header.Get("Set-Cookie"); sc != "" {
+					t.Fatalf("%q request %d re-pinned: %q", cookie, i, sc)
+				}
+			}
+		}
+	})
+}
+
+// TestStickyCookieValuesBounded: at most maxCookieValues values of the
+// cookie are checked; a valid one after that many invalid ones is new work.
+func TestStickyCookieValuesBounded(t *testing.T) {
+	var h fasthttp.RequestHeader
+	var parts []string
+	for i := range maxCookieValues + 3 {
+		parts = append(parts, fmt.Sprintf("SLUICE=v%d", i))
+	}
+	h.Set("Cookie", strings.Join(parts, "; ")+"; other=x")
+	var got []string
+	for v := range cookieValues(&h, "SLUICE") {
+		got = append(got, string(v))
+	}
+	if want := strings.Join(parts[:maxCookieValues], "|"); strings.Join(got, "|") != strings.ReplaceAll(want, "SLUICE=", "") {
+		t.Errorf("cookieValues = %q, want the first %d of %q", got, maxCookieValues, parts)
 	}
 }
