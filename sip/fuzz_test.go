@@ -1,9 +1,12 @@
 package sip
 
 import (
+	"bytes"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -115,16 +118,80 @@ func FuzzRoutingKeys(f *testing.F) {
 }
 
 // FuzzHandle feeds any datagram to a running server: nothing panics
-// (handleDatagram recovers and counts panics, so a count is a failure).
+// (handleDatagram recovers and counts panics, so a count is a failure), and
+// whatever reaches the backend is a SIP message that parses, carries our
+// Via on top and keeps its framing: a Content-Length that is the length of
+// the body that follows. A message relayed with framing of its own would be
+// read differently by the backend than by sluice.
 func FuzzHandle(f *testing.F) {
 	addMessageSeeds(f)
-	b1 := newUAS(f, "b1")
-	s := testServer(f, []*uas{b1}, []string{"name=inv,proto=sip,method=INVITE,limit=5/s,action=reject"}, nil)
+	backend, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	got := make(chan []byte, 1024)
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, _, err := backend.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				close(got)
+				return
+			}
+			select {
+			case got <- append([]byte(nil), buf[:n]...):
+			default: // checked enough; never block the reader
+			}
+		}
+	}()
+	f.Cleanup(func() { backend.Close() })
+	s := testServer(f, nil, []string{"name=inv,proto=sip,method=INVITE,limit=5/s,action=reject"}, func(c *Config) {
+		c.Backends = []BackendConfig{{ID: "b1", Addr: backend.LocalAddr().String(), Transport: "udp", Weight: 1}}
+	})
+	ours := s.udpAddr().String()
 	src := source{addr: netip.MustParseAddrPort("127.0.0.1:9")}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s.handleDatagram(b, src)
 		if n := s.metrics.Panics.Load(); n != 0 {
 			t.Fatalf("%d handler panics", n)
 		}
+		for {
+			select {
+			case m := <-got:
+				checkRelayed(t, m, ours, b)
+				continue
+			default:
+			}
+			break
+		}
 	})
+}
+
+// checkRelayed fails t unless m, sent by sluice at ours to a backend after
+// input in, parses as sluice parses what it receives (the headers it
+// reads; a Contact sluice does not read is passed on as it came), has our
+// Via on top and a Content-Length equal to its body's length.
+func checkRelayed(t *testing.T, m []byte, ours string, in []byte) {
+	t.Helper()
+	head, body, ok := bytes.Cut(m, []byte("\r\n\r\n"))
+	if !ok {
+		t.Fatalf("sent to the backend without an end of head after %q:\n%q", in, m)
+	}
+	msg, err := newParser().ParseSIP(append([]byte(nil), m...))
+	if err != nil {
+		t.Fatalf("sent to the backend does not parse (%v) after %q:\n%q", err, in, m)
+	}
+	cl := msg.ContentLength()
+	if cl == nil {
+		t.Fatalf("sent to the backend without Content-Length after %q:\n%q", in, head)
+	}
+	if int(*cl) != len(body) {
+		t.Fatalf("sent to the backend with Content-Length %d and a %d-byte body after %q:\n%q", *cl, len(body), in, m)
+	}
+	if req, isReq := msg.(*gosip.Request); isReq {
+		via := req.Via()
+		if via == nil || via.Host+":"+strconv.Itoa(via.Port) != ours {
+			t.Fatalf("request sent to the backend without our Via (%s) on top after %q:\n%q", ours, in, head)
+		}
+	}
 }
