@@ -38,6 +38,9 @@ const (
 	MaxMetricsBody = 1 << 20
 )
 
+// maxMetricsHeader bounds the header of a metrics answer.
+const maxMetricsHeader = 64 << 10
+
 // ErrMetricsTooLarge is wrapped by Poll when an answer is over
 // MaxMetricsWire on the wire or MaxMetricsBody decompressed.
 var ErrMetricsTooLarge = errors.New("metrics answer too large")
@@ -217,7 +220,7 @@ func unescapeLabel(v []byte) ([]byte, error) {
 		case 'n':
 			out = append(out, '\n')
 		default:
-			return nil, fmt.Errorf("bad escape \\%c", v[i])
+			return nil, fmt.Errorf("bad escape %q", v[i-1:i+1])
 		}
 	}
 	return out, nil
@@ -409,10 +412,14 @@ func NewMemoryProbe(b *Backend, cfg MemoryProbeConfig, clock admission.Clock, lo
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxResponseHeaderBytes = maxMetricsHeader
+	tr.DisableCompression = true // gzip is asked for and decoded in fetch
 	return &MemoryProbe{
 		b: b, cfg: cfg, used: used, max: max, clock: clock,
 		client: &http.Client{
-			Timeout: cfg.Timeout,
+			Transport: tr,
+			Timeout:   cfg.Timeout,
 			// The metrics URL is the operator's; a backend does not get
 			// to send the probe elsewhere.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
@@ -512,6 +519,7 @@ func (c *capReader) tooLarge() error {
 func (p *MemoryProbe) Run(ctx context.Context) {
 	t := time.NewTicker(p.cfg.Interval)
 	defer t.Stop()
+	defer p.client.CloseIdleConnections()
 	failing := false
 	for {
 		err := p.Poll(ctx)

@@ -1,11 +1,19 @@
 package lb
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // realisticPage is a Spring Boot actuator page of about size bytes:
@@ -47,5 +55,41 @@ func BenchmarkParseMemory(b *testing.B) {
 		if err != nil || u != 4194304+125829120+20971520 || m != 536870912 {
 			b.Fatalf("used %d max %d err %v", u, m, err)
 		}
+	}
+}
+
+// BenchmarkPollHostile polls backends whose pages are over the limits: a
+// plain 8 MiB page and 9.9 MB gzipped into about 24 KB. What one poll
+// costs the node is what such a backend can make it spend every interval.
+func BenchmarkPollHostile(b *testing.B) {
+	valid := page("4.0E8", "8.0E8")
+	big := append(append([]byte{}, valid...), bytes.Repeat([]byte("x_total 1\n"), 8<<20/10)...)
+	bomb := gzipped(b, append(append([]byte{}, valid...), bytes.Repeat([]byte("# padding padding padding\n"), 9_900_000/26)...))
+	for _, bc := range []struct {
+		name string
+		body []byte
+		gzip bool
+	}{{"8MiB", big, false}, {"gzip-bomb", bomb, true}} {
+		b.Run(bc.name, func(b *testing.B) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if bc.gzip {
+					w.Header().Set("Content-Encoding", "gzip")
+				}
+				w.Write(bc.body)
+			}))
+			defer srv.Close()
+			mop, _ := admission.NewMOP(admission.MOPConfig{Name: "b"})
+			be, _ := NewBackend(BackendConfig{Addr: srv.Listener.Addr().String(), MOP: mop})
+			p, err := NewMemoryProbe(be, MemoryProbeConfig{URL: srv.URL, Interval: 10 * time.Second}, nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := p.Poll(context.Background()); !errors.Is(err, ErrMetricsTooLarge) {
+					b.Fatalf("Poll = %v, want ErrMetricsTooLarge", err)
+				}
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -58,6 +59,7 @@ func TestMemoryProbeHostilePages(t *testing.T) {
 		body     []byte
 		gzip     bool
 		redirect bool
+		header   bool   // 1 MiB of response header
 		wantErr  string // "" for a good probe
 		wantFrac float64
 	}{
@@ -73,6 +75,7 @@ func TestMemoryProbeHostilePages(t *testing.T) {
 		{name: "gzip bomb", body: bombGz, gzip: true, wantErr: "over 1024 KiB decoded"},
 		{name: "8 MiB page", body: big, wantErr: "over 256 KiB on the wire"},
 		{name: "redirect to another host", redirect: true, wantErr: "status 302"},
+		{name: "1 MiB header", body: valid, header: true, wantErr: "exceeded"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,6 +85,11 @@ func TestMemoryProbeHostilePages(t *testing.T) {
 					return
 				}
 				w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+				if tc.header {
+					for i := range 16 {
+						w.Header().Set(fmt.Sprintf("X-Pad-%d", i), strings.Repeat("x", 64<<10))
+					}
+				}
 				if tc.gzip {
 					w.Header().Set("Content-Encoding", "gzip")
 				}
