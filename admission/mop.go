@@ -247,7 +247,8 @@ type learner struct {
 	lateOver   int     // samples over the ceiling in the last quarter of the window
 	// prov: the learned rate was moved by one sample that no later sample
 	// confirmed (see MOPState.Provisional); provAt is that sample's time,
-	// provRate the learned rate before it.
+	// provRate the learned rate before it (0: discovery, which only a
+	// confirmation ends).
 	prov     bool
 	provAt   int64
 	provRate float64
@@ -451,7 +452,7 @@ func (m *MOP) Export() MOPState {
 		Base:        m.l.base,
 		Slope:       m.l.slope,
 		UpdatedAt:   time.Now(),
-		Provisional: m.l.prov && loadF(&m.learned) < m.l.provRate,
+		Provisional: m.l.prov && !(m.l.provRate > 0 && loadF(&m.learned) >= m.l.provRate),
 	}
 }
 

@@ -155,3 +155,33 @@ func TestMOPImportRange(t *testing.T) {
 		t.Errorf("Import at MaxMOPRate: %v", err)
 	}
 }
+
+// TestMOPDiscoveryCutProvisional: discovery ended by one sample over the
+// ceiling is provisional too: what is persisted stays the discovery state
+// until a second sample confirms the cut.
+func TestMOPDiscoveryCutProvisional(t *testing.T) {
+	m, err := NewMOP(MOPConfig{Name: "b", Window: time.Minute, InitialRate: 10, MaxHeap: 0.85})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock ManualClock
+	for range 5 {
+		for range 1000 {
+			now := clock.Advance(time.Millisecond)
+			m.Allow(now)
+			m.Allow(now)
+		}
+		m.Observe(clock.Now(), 30, 100)
+	}
+	m.Observe(clock.Advance(time.Second), 100, 100)
+	if st := m.Status(); st.Phase != Learned {
+		t.Fatalf("after memory at max: %+v, want learned", st)
+	}
+	if ex := m.Export(); !ex.Provisional {
+		t.Fatalf("export after one sample ended discovery %+v: want provisional", ex)
+	}
+	m.Observe(clock.Advance(time.Second), 90, 100)
+	if ex := m.Export(); ex.Provisional {
+		t.Fatalf("export after a second sample over the ceiling %+v: want confirmed", ex)
+	}
+}

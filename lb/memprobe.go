@@ -440,7 +440,9 @@ func (p *MemoryProbe) Poll(ctx context.Context) error {
 	}
 	if err != nil {
 		err = fmt.Errorf("poll memory %s: %w", p.b.id, err)
-		p.b.mop.ProbeFailed(err)
+		if ctx.Err() == nil { // a probe stopped (shutdown, reload) has not failed
+			p.b.mop.ProbeFailed(err)
+		}
 	}
 	return err
 }
