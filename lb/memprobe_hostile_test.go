@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -53,6 +54,9 @@ func TestMemoryProbeHostilePages(t *testing.T) {
 		t.Fatalf("bomb %d bytes on the wire, %d unpacked: want under the wire cap and over the body cap", len(bombGz), len(bomb))
 	}
 	big := append(append([]byte{}, valid...), bytes.Repeat([]byte("x_total 1\n"), 8<<20/10)...)
+	// 300 KB that do not compress: over the wire cap although gzipped.
+	noise := make([]byte, 300<<10)
+	rand.NewChaCha8([32]byte{1}).Read(noise)
 
 	tests := []struct {
 		name     string
@@ -60,6 +64,7 @@ func TestMemoryProbeHostilePages(t *testing.T) {
 		gzip     bool
 		redirect bool
 		header   bool   // 1 MiB of response header
+		encoding string // Content-Encoding other than gzip
 		wantErr  string // "" for a good probe
 		wantFrac float64
 	}{
@@ -74,6 +79,8 @@ func TestMemoryProbeHostilePages(t *testing.T) {
 		{name: "used over max", body: page("9.0E8", "8.0E8"), wantErr: "over max"},
 		{name: "gzip bomb", body: bombGz, gzip: true, wantErr: "over 1024 KiB decoded"},
 		{name: "8 MiB page", body: big, wantErr: "over 256 KiB on the wire"},
+		{name: "gzip over the wire cap", body: gzipped(t, noise), gzip: true, wantErr: "over 256 KiB on the wire"},
+		{name: "unknown encoding", body: valid, encoding: "br", wantErr: "content encoding \"br\" not supported"},
 		{name: "redirect to another host", redirect: true, wantErr: "status 302"},
 		{name: "1 MiB header", body: valid, header: true, wantErr: "exceeded"},
 	}
@@ -92,6 +99,9 @@ func TestMemoryProbeHostilePages(t *testing.T) {
 				}
 				if tc.gzip {
 					w.Header().Set("Content-Encoding", "gzip")
+				}
+				if tc.encoding != "" {
+					w.Header().Set("Content-Encoding", tc.encoding)
 				}
 				w.Write(tc.body)
 			}))
@@ -164,5 +174,31 @@ func TestScanMemoryOnlySelected(t *testing.T) {
 	}
 	if u, _, err := ParseMemory([]byte("jvm_memory_used_bytes{area=\"heap\",id=\"a\\\"b\"} 7\n"+string(page("1", "100"))), "", sel, max); err != nil || u != 7 {
 		t.Errorf("escaped selector: used %d, %v; want 7", u, err)
+	}
+}
+
+// TestMemoryProbeStoppedIsNotFailed: a poll cut short because the probe
+// stops (shutdown, reload) leaves the last sample standing.
+func TestMemoryProbeStoppedIsNotFailed(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+	}))
+	defer srv.Close()
+	defer close(release)
+	mop, _ := admission.NewMOP(admission.MOPConfig{Name: "b"})
+	b, _ := NewBackend(BackendConfig{Addr: srv.Listener.Addr().String(), MOP: mop})
+	p, err := NewMemoryProbe(b, MemoryProbeConfig{URL: srv.URL}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mop.Observe(0, 1, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.Poll(ctx); err == nil {
+		t.Fatal("Poll with a cancelled context succeeded")
+	}
+	if st := mop.Status(); !st.MemoryKnown || st.ProbeFailures != 0 {
+		t.Errorf("status %+v: want the last sample known, no failure", st)
 	}
 }
