@@ -27,22 +27,26 @@ const (
 	DefaultMaxMetric  = `jvm_memory_max_bytes{area="heap"}`
 )
 
-// Size limits of one metrics answer. A page over either is a failed probe:
-// a JVM's memory families take a few KB, a large Spring Boot page some
-// 200 KB, and the probe must stay cheap whatever a backend sends.
+// Size limits of one metrics answer, by default. A page over either is a
+// failed probe: a JVM's memory families take a few KB, a large Spring Boot
+// page some 200 KB, and the probe must stay cheap whatever a backend sends.
 const (
 	// MaxMetricsWire bounds the bytes read from the connection, compressed
-	// or not.
+	// or not: the default of MemoryProbeConfig.MaxBytes.
 	MaxMetricsWire = 256 << 10
-	// MaxMetricsBody bounds the page after decompression (gzip).
-	MaxMetricsBody = 1 << 20
+	// MaxMetricsBody bounds the page after decompression (gzip): four
+	// times MemoryProbeConfig.MaxBytes, 1 MiB by default.
+	MaxMetricsBody = 4 * MaxMetricsWire
+	// maxMetricsLimit is the highest MaxBytes: past it a backend's page
+	// costs the node more than its probe is worth.
+	maxMetricsLimit = 16 << 20
 )
 
 // maxMetricsHeader bounds the header of a metrics answer.
 const maxMetricsHeader = 64 << 10
 
 // ErrMetricsTooLarge is wrapped by Poll when an answer is over
-// MaxMetricsWire on the wire or MaxMetricsBody decompressed.
+// MemoryProbeConfig.MaxBytes on the wire or four times that decompressed.
 var ErrMetricsTooLarge = errors.New("metrics answer too large")
 
 // MetricSelector picks the series of one metric family whose labels include
@@ -361,6 +365,10 @@ type MemoryProbeConfig struct {
 	Interval time.Duration
 	// Timeout of one poll. Default Interval.
 	Timeout time.Duration
+	// MaxBytes is the largest answer read on the wire; unpacked (gzip) it
+	// may be four times that. Flag -mop-probe-max-bytes, default
+	// MaxMetricsWire (256 KiB), at most 16 MiB.
+	MaxBytes int64
 }
 
 // MemoryProbe polls one backend's metrics and feeds its MOP. It is the only
@@ -397,6 +405,12 @@ func NewMemoryProbe(b *Backend, cfg MemoryProbeConfig, clock admission.Clock, lo
 	}
 	if cfg.Timeout <= 0 || cfg.Timeout > cfg.Interval {
 		cfg.Timeout = cfg.Interval
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = MaxMetricsWire
+	}
+	if cfg.MaxBytes < 1<<10 || cfg.MaxBytes > maxMetricsLimit {
+		return nil, fieldError("MemoryProbeConfig.MaxBytes", "must be between 1 KiB and %d MiB (got %d bytes)", maxMetricsLimit>>20, cfg.MaxBytes)
 	}
 	used, err := ParseMetricSelector(cfg.UsedMetric)
 	if err != nil {
@@ -454,7 +468,7 @@ func (p *MemoryProbe) fetch(ctx context.Context) (used, max int64, err error) {
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4, application/json;q=0.5")
 	// Set here, gzip is not decoded by the transport: the probe decodes
-	// it itself, within MaxMetricsBody.
+	// it itself, within four times MaxBytes.
 	req.Header.Set("Accept-Encoding", "gzip")
 	resp, err := p.client.Do(req)
 	if err != nil {
@@ -468,7 +482,7 @@ func (p *MemoryProbe) fetch(ctx context.Context) (used, max int64, err error) {
 		}
 		return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
 	}
-	wire := &capReader{r: resp.Body, limit: MaxMetricsWire, what: "on the wire"}
+	wire := &capReader{r: resp.Body, limit: p.cfg.MaxBytes, what: "on the wire"}
 	var r io.Reader = wire
 	switch enc := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
@@ -481,7 +495,7 @@ func (p *MemoryProbe) fetch(ctx context.Context) (used, max int64, err error) {
 	default:
 		return 0, 0, fmt.Errorf("content encoding %.32q not supported", enc)
 	}
-	body, err := io.ReadAll(&capReader{r: r, limit: MaxMetricsBody, what: "decoded"})
+	body, err := io.ReadAll(&capReader{r: r, limit: 4 * p.cfg.MaxBytes, what: "decoded"})
 	if err != nil {
 		return 0, 0, err
 	}

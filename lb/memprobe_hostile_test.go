@@ -202,3 +202,26 @@ func TestMemoryProbeStoppedIsNotFailed(t *testing.T) {
 		t.Errorf("status %+v: want the last sample known, no failure", st)
 	}
 }
+
+// TestMemoryProbeMaxBytes: -mop-probe-max-bytes raises the limit for a
+// backend whose page is larger; unpacked, four times it.
+func TestMemoryProbeMaxBytes(t *testing.T) {
+	body := realisticPage(t, 300<<10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }))
+	defer srv.Close()
+	for _, tc := range []struct {
+		max  int64
+		want string
+	}{{0, "over 256 KiB on the wire"}, {320 << 10, ""}, {64 << 10, "over 64 KiB on the wire"}} {
+		mop, _ := admission.NewMOP(admission.MOPConfig{Name: "b"})
+		b, _ := NewBackend(BackendConfig{Addr: srv.Listener.Addr().String(), MOP: mop})
+		p, err := NewMemoryProbe(b, MemoryProbeConfig{URL: srv.URL, MaxBytes: tc.max}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.Poll(context.Background())
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("MaxBytes %d: Poll = %v, want %q", tc.max, err, tc.want)
+		}
+	}
+}

@@ -159,6 +159,9 @@ func TestNewMemoryProbeErrors(t *testing.T) {
 		{MemoryProbeConfig{URL: "ftp://x"}, "http://"},
 		{MemoryProbeConfig{URL: "http://x", UsedMetric: "a{"}, "MemoryProbeConfig.UsedMetric"},
 		{MemoryProbeConfig{URL: "http://x", MaxMetric: "a b"}, "MemoryProbeConfig.MaxMetric"},
+		{MemoryProbeConfig{URL: "http://x", MaxBytes: 100}, "MemoryProbeConfig.MaxBytes"},
+		{MemoryProbeConfig{URL: "http://x", MaxBytes: 64 << 20}, "MemoryProbeConfig.MaxBytes"},
+		{MemoryProbeConfig{URL: "http://x", MaxBytes: -1}, "MemoryProbeConfig.MaxBytes"},
 	} {
 		if _, err := NewMemoryProbe(b, tc.cfg, nil, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewMemoryProbe(%+v) = %v, want error containing %q", tc.cfg, err, tc.want)
