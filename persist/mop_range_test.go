@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -60,4 +61,55 @@ func TestSaveMOPKeepsConfirmedOverProvisional(t *testing.T) {
 	s = openTest(t, Config{Dir: dir})
 	got, _ = s.LoadMOP()
 	checkStates(t, got, map[string]admission.MOPState{"http/a:1": learned(100)})
+}
+
+// TestOneSampleCutNotPersisted: a learned rate that one memory sample cut
+// is not what a restart finds; once a second sample confirms the cut, it
+// is.
+func TestOneSampleCutNotPersisted(t *testing.T) {
+	m, err := admission.NewMOP(admission.MOPConfig{Name: "b", Window: time.Minute, MaxHeap: 0.85})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Import(admission.MOPState{Phase: admission.Learned, LearnedRate: 100, AllowedRate: 100, Base: 0.8, Slope: 0.05 / 100}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	s := openTest(t, Config{Dir: dir})
+	save := func() {
+		t.Helper()
+		if err := s.Save("http/a:1", m.Export()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func() float64 {
+		t.Helper()
+		if err := s.Close(bg); err != nil {
+			t.Fatal(err)
+		}
+		s = openTest(t, Config{Dir: dir})
+		got, err := s.LoadMOP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got["http/a:1"].LearnedRate
+	}
+	var clock admission.ManualClock
+	for range 10 {
+		m.Observe(clock.Advance(time.Second), 82, 100)
+	}
+	save()
+	m.Observe(clock.Advance(time.Second), 100, 100) // one sample at max memory
+	if got := m.Status().LearnedRate; got >= 100 {
+		t.Fatalf("learned %v after memory at max: want a cut", got)
+	}
+	save()
+	if got := stored(); got != 100 {
+		t.Errorf("after one sample the store holds %v/s, want the 100/s before it", got)
+	}
+	m.Observe(clock.Advance(time.Second), 95, 100) // a second one over the ceiling
+	save()
+	if got, want := stored(), m.Status().LearnedRate; got != want {
+		t.Errorf("after a confirming sample the store holds %v/s, want the cut %v/s", got, want)
+	}
 }
