@@ -426,7 +426,10 @@ func NewMemoryProbe(b *Backend, cfg MemoryProbeConfig, clock admission.Clock, lo
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr := &http.Transport{Proxy: http.ProxyFromEnvironment}
+	if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+		tr = dt.Clone()
+	}
 	tr.MaxResponseHeaderBytes = maxMetricsHeader
 	tr.DisableCompression = true // gzip is asked for and decoded in fetch
 	return &MemoryProbe{
