@@ -245,13 +245,14 @@ type learner struct {
 
 	winAllowed float64 // the allowed rate when the window began: a cut goes at most to half of it
 	lateOver   int     // samples over the ceiling in the last quarter of the window
-	// prov: the learned rate was moved by one sample that no later sample
-	// confirmed (see MOPState.Provisional); provAt is that sample's time,
-	// provRate the learned rate before it (0: discovery, which only a
-	// confirmation ends).
-	prov     bool
-	provAt   int64
-	provRate float64
+	// prov: the learned rate was moved by one sample that nothing since
+	// confirmed (see MOPState.Provisional; markProvisional); provAt is
+	// that sample's time, provRate the learned rate before it (0:
+	// discovery, which only a confirmation ends).
+	prov        bool
+	provAt      int64
+	provRate    float64
+	provAllowed float64 // the allowed rate before it
 }
 
 // mopSample is one memory sample with the admission counters at its time.
@@ -638,8 +639,8 @@ func (m *MOP) setModel(now int64, rate, mem float64) {
 // (not persisted) until a later sample over the ceiling confirms it.
 func (m *MOP) cut(now int64, frac float64, oneSample bool) {
 	l := &m.l
-	if oneSample && !l.prov {
-		l.prov, l.provAt, l.provRate = true, now, loadF(&m.learned)
+	if oneSample {
+		m.markProvisional(now)
 	}
 	rate := loadF(&m.allowed)
 	next := rate * 0.7
@@ -658,6 +659,18 @@ func (m *MOP) cut(now int64, frac float64, oneSample bool) {
 		m.learn(loadF(&m.allowed), "memory passed the ceiling during discovery")
 	} else {
 		m.learn(loadF(&m.allowed), fmt.Sprintf("memory at %.1f%% passed the ceiling", 100*frac))
+	}
+}
+
+// markProvisional records, before a change of the learned rate that one
+// sample made, what it changes: Export marks the state provisional until
+// a later sample over the ceiling, or a later window whose own samples
+// put the safe rate under the allowed rate before the change, confirms
+// it, or until the learned rate is back where it was.
+func (m *MOP) markProvisional(now int64) {
+	l := &m.l
+	if !l.prov {
+		l.prov, l.provAt, l.provRate, l.provAllowed = true, now, loadF(&m.learned), loadF(&m.allowed)
 	}
 }
 
@@ -761,7 +774,8 @@ func (m *MOP) judgeWindow(end int64) {
 		}
 		return
 	}
-	if steady && l.haveModel && rate >= 0.2*allowed && mem > l.base {
+	refit := steady && l.haveModel && rate >= 0.2*allowed && mem > l.base
+	if refit {
 		// With a steady rate the intercept cannot be refitted: keep the
 		// base and re-estimate the slope from this window.
 		l.slope = (mem - l.base) / rate
@@ -770,10 +784,15 @@ func (m *MOP) judgeWindow(end int64) {
 		return
 	}
 	safe := m.safeRate()
+	if refit && l.prov && end > l.provAt && safe < l.provAllowed {
+		l.prov = false // a window of its own says the earlier rate was too high
+	}
 	next := allowed
 	switch {
 	case safe < allowed:
 		next = math.Max(safe, allowed/2) // at most halved a window, as by a cut
+		// The window's peak, which set the slope, may be one sample.
+		m.markProvisional(end)
 	case demandLimited && safe > allowed:
 		// Creep up, but not past what the samples prove safe: the
 		// model may miss peaks (a collected heap) that they show.

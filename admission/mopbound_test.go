@@ -185,3 +185,64 @@ func TestMOPDiscoveryCutProvisional(t *testing.T) {
 		t.Fatalf("export after a second sample over the ceiling %+v: want confirmed", ex)
 	}
 }
+
+// noisy is memory m with a point of noise, as a real heap has.
+func noisy(m float64, i int) float64 { return m + 0.01*float64(i%2) }
+
+// TestMOPAdaptOneSampleProvisional: in the learned phase, a window whose
+// peak is one sample lowers the rate (at most by half) but provisionally:
+// windows after it at the old memory do not confirm it; windows whose own
+// samples say the old rate was too high do.
+func TestMOPAdaptOneSampleProvisional(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		spikeWindow func(late bool, i int) float64 // memory of sample i of window 4 (late: last quarter)
+		after       func(late bool, i int) float64 // and of the windows after it
+		confirmed   bool
+	}{
+		{"one sample", func(late bool, i int) float64 {
+			if late && i == 50 {
+				return 0.55
+			}
+			return noisy(0.40, i)
+		}, func(_ bool, i int) float64 { return noisy(0.40, i) }, false},
+		{"every sample", func(_ bool, i int) float64 { return noisy(0.55, i) }, func(_ bool, i int) float64 { return noisy(0.55, i) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewMOP(MOPConfig{Name: "b", Window: time.Minute, MaxHeap: 0.85})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Safe at 0.40 memory: 0.65 / ((0.40-0.2)/40) × 0.97 = 126/s.
+			if err := m.Import(MOPState{Phase: Learned, LearnedRate: 100, AllowedRate: 100, Base: 0.2, Slope: 0.2 / 40}); err != nil {
+				t.Fatal(err)
+			}
+			var clock ManualClock
+			window := func(mem func(late bool, i int) float64) {
+				for i := range 60 {
+					for range 40 { // 40 new requests a second, under the allowed 100
+						m.Allow(clock.Advance(25 * time.Millisecond))
+					}
+					m.Observe(clock.Now(), int64(1000*mem(i >= 45, i)), 1000)
+				}
+			}
+			normal := func(_ bool, i int) float64 { return noisy(0.40, i) }
+			for range 3 {
+				window(normal)
+			}
+			if st := m.Status(); st.LearnedRate != 100 {
+				t.Fatalf("learned %v after steady windows at 0.40, want 100", st.LearnedRate)
+			}
+			window(tc.spikeWindow)
+			window(tc.after) // window 4 is judged at its first sample
+			window(tc.after)
+			st, ex := m.Status(), m.Export()
+			if st.LearnedRate >= 100 || st.LearnedRate < 50 {
+				t.Fatalf("learned %v: want lowered, at most by half", st.LearnedRate)
+			}
+			if ex.Provisional == tc.confirmed {
+				t.Errorf("export %+v: want provisional %v", ex, !tc.confirmed)
+			}
+		})
+	}
+}
