@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -281,11 +282,48 @@ type jsonMemory struct {
 // skipped), and totals that admission.CheckMemorySample refuses (over
 // 1e18 bytes, used over max by more than 2%).
 func ParseMemory(body []byte, contentType string, used, max MetricSelector) (usedBytes, maxBytes int64, err error) {
+	return readMemory(bytes.NewReader(body), contentType, used, max)
+}
+
+// Bounds of what the probe holds of a page at once.
+const (
+	// maxSeriesLine bounds a line of a selected series (and the read
+	// buffer): such a line takes some hundred bytes.
+	maxSeriesLine = 16 << 10
+	// maxJSONReport bounds the JSON report, which takes some ten.
+	maxJSONReport = 64 << 10
+)
+
+// readMemory is ParseMemory on a stream. Prometheus text is read line by
+// line: a page costs one line buffer however long it is.
+func readMemory(r io.Reader, contentType string, used, max MetricSelector) (usedBytes, maxBytes int64, err error) {
+	br := bufio.NewReaderSize(r, maxSeriesLine)
 	mt, _, _ := mime.ParseMediaType(contentType)
-	trimmed := bytes.TrimSpace(body)
-	if mt == "application/json" || bytes.HasPrefix(trimmed, []byte("{")) {
+	isJSON, lines := mt == "application/json", 0
+	for !isJSON { // skip blanks to the first byte: '{' is JSON
+		b, err := br.ReadByte()
+		if err != nil {
+			break
+		}
+		if b == '\n' {
+			lines++
+		}
+		if b != ' ' && b != '\t' && b != '\r' && b != '\n' {
+			br.UnreadByte()
+			isJSON = b == '{'
+			break
+		}
+	}
+	if isJSON {
+		data, err := io.ReadAll(io.LimitReader(br, maxJSONReport+1))
+		switch {
+		case err != nil:
+			return 0, 0, fmt.Errorf("parse memory json: %w", err)
+		case len(data) > maxJSONReport:
+			return 0, 0, fmt.Errorf("parse memory json: %w: report over %d KiB", ErrMetricsTooLarge, maxJSONReport>>10)
+		}
 		var j jsonMemory
-		if err := json.Unmarshal(trimmed, &j); err != nil {
+		if err := json.Unmarshal(bytes.TrimSpace(data), &j); err != nil {
 			return 0, 0, fmt.Errorf("parse memory json: %w", err)
 		}
 		if j.Used == nil || j.Max == nil {
@@ -296,7 +334,7 @@ func ParseMemory(body []byte, contentType string, used, max MetricSelector) (use
 		}
 		return *j.Used, *j.Max, nil
 	}
-	u, m, err := scanMemory(body, used, max)
+	u, m, err := scanMemory(br, lines, used, max)
 	if err != nil {
 		return 0, 0, fmt.Errorf("parse memory metrics: %w", err)
 	}
@@ -304,21 +342,41 @@ func ParseMemory(body []byte, contentType string, used, max MetricSelector) (use
 }
 
 // scanMemory sums the selected series of a Prometheus text page, line by
-// line, parsing only the lines that start with a selected metric name.
-func scanMemory(body []byte, used, max MetricSelector) (u, m float64, err error) {
+// line, parsing only the lines that start with a selected metric name;
+// line numbers go on from n.
+func scanMemory(br *bufio.Reader, n int, used, max MetricSelector) (u, m float64, err error) {
 	var sc seriesScanner
 	var uFound, mFound bool
-	for n := 1; len(body) > 0; n++ {
-		var line []byte
-		line, body, _ = bytes.Cut(body, []byte{'\n'})
-		line = skipBlank(bytes.TrimSuffix(line, []byte{'\r'}))
-		if len(line) == 0 || line[0] == '#' {
+	for {
+		line, rerr := br.ReadSlice('\n')
+		long := rerr == bufio.ErrBufferFull
+		if rerr != nil && !long && rerr != io.EOF {
+			return 0, 0, rerr
+		}
+		if len(line) == 0 && rerr == io.EOF {
+			break
+		}
+		n++
+		line = skipBlank(bytes.TrimSuffix(bytes.TrimSuffix(line, []byte{'\n'}), []byte{'\r'}))
+		selected := len(line) > 0 && line[0] != '#' && (used.selects(line) || max.selects(line))
+		if long {
+			if selected {
+				return 0, 0, fmt.Errorf("line %d: a selected series over %d KiB", n, maxSeriesLine>>10)
+			}
+			for rerr == bufio.ErrBufferFull { // the rest of a line nobody reads
+				_, rerr = br.ReadSlice('\n')
+			}
+			if rerr != nil && rerr != io.EOF {
+				return 0, 0, rerr
+			}
+		}
+		if rerr == io.EOF && !selected {
+			break
+		}
+		if !selected {
 			continue
 		}
 		isU, isM := used.selects(line), max.selects(line)
-		if !isU && !isM {
-			continue
-		}
 		labels, v, err := sc.sample(line)
 		if err != nil {
 			return 0, 0, fmt.Errorf("line %d: %w", n, err)
@@ -498,11 +556,7 @@ func (p *MemoryProbe) fetch(ctx context.Context) (used, max int64, err error) {
 	default:
 		return 0, 0, fmt.Errorf("content encoding %.32q not supported", enc)
 	}
-	body, err := io.ReadAll(&capReader{r: r, limit: 4 * p.cfg.MaxBytes, what: "decoded"})
-	if err != nil {
-		return 0, 0, err
-	}
-	return ParseMemory(body, resp.Header.Get("Content-Type"), p.used, p.max)
+	return readMemory(&capReader{r: r, limit: 4 * p.cfg.MaxBytes, what: "decoded"}, resp.Header.Get("Content-Type"), p.used, p.max)
 }
 
 // capReader reads at most limit bytes from r and fails with

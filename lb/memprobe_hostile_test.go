@@ -225,3 +225,34 @@ func TestMemoryProbeMaxBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestReadMemoryStreams: a page is read line by line: a long line of
+// another family is skipped, a selected series longer than a line buffer
+// and a JSON report over 64 KiB are refused, and line numbers count from
+// the page's first line.
+func TestReadMemoryStreams(t *testing.T) {
+	used, max := mustSelector(t, DefaultUsedMetric), mustSelector(t, DefaultMaxMetric)
+	long := "# " + strings.Repeat("x", 100<<10) + "\nother{a=\"" + strings.Repeat("y", 50<<10) + "\"} 1\n"
+	if u, m, err := ParseMemory([]byte(long+string(page("1", "2"))+long), "", used, max); err != nil || u != 1 || m != 2 {
+		t.Errorf("page with long lines of other families: %d %d %v, want 1 2", u, m, err)
+	}
+	longSel := `jvm_memory_used_bytes{area="heap",id="` + strings.Repeat("z", 20<<10) + "\"} 1\n"
+	if _, _, err := ParseMemory([]byte(string(page("1", "2"))+longSel), "", used, max); err == nil || !strings.Contains(err.Error(), "over 16 KiB") {
+		t.Errorf("selected series over the line buffer: %v, want an error", err)
+	}
+	bigJSON := `{"heap_used_bytes":1,"heap_max_bytes":2,"pad":"` + strings.Repeat("p", 64<<10) + `"}`
+	if _, _, err := ParseMemory([]byte(bigJSON), "application/json", used, max); !errors.Is(err, ErrMetricsTooLarge) {
+		t.Errorf("JSON report over 64 KiB: %v, want ErrMetricsTooLarge", err)
+	}
+	if u, m, err := ParseMemory([]byte("\n \n"+`{"heap_used_bytes":1,"heap_max_bytes":2}`), "", used, max); err != nil || u != 1 || m != 2 {
+		t.Errorf("JSON after blank lines: %d %d %v, want 1 2", u, m, err)
+	}
+	_, _, err := ParseMemory([]byte("\n\n# c\n"+`jvm_memory_used_bytes{area="heap"} NaN`+"\n"), "", used, max)
+	if err == nil || !strings.Contains(err.Error(), "line 4:") {
+		t.Errorf("NaN on line 4: %v, want an error naming line 4", err)
+	}
+	// The last line needs no newline.
+	if u, _, err := ParseMemory(bytes.TrimSuffix(page("3", "4"), []byte("\n")), "", used, max); err != nil || u != 3 {
+		t.Errorf("page without a final newline: used %d, %v; want 3", u, err)
+	}
+}
