@@ -175,16 +175,34 @@ type BackendStatus struct {
 
 // MOPStatus is a backend's memory overload protection in /status. Rates
 // are per second; learned_rate is 0 while discovering; memory_percent is
-// the last sampled used/max of the backend, 0 when unknown. enabled is
-// false for a backend without a memory probe (no MOP).
+// the last sampled used/max of the backend, null while unknown (no sample
+// yet, or the last probe failed: probe_error says why, probe_failures
+// counts them). enabled is false for a backend without a memory probe (no
+// MOP).
 type MOPStatus struct {
 	Enabled       bool    `json:"enabled"`
 	Phase         string  `json:"phase"`
 	AllowedRate   float64 `json:"allowed_rate"`
 	LearnedRate   float64 `json:"learned_rate"`
-	MemoryPercent float64 `json:"memory_percent"`
+	MemoryPercent float64 `json:"memory_percent"` // 0 while unknown; null in JSON
+	MemoryKnown   bool    `json:"-"`
+	ProbeError    string  `json:"probe_error,omitempty"`
+	ProbeFailures uint64  `json:"probe_failures"`
 	Admitted      uint64  `json:"admitted"`
 	Refused       uint64  `json:"refused"`
+}
+
+// MarshalJSON writes memory_percent as null while memory is unknown, so
+// that a backend whose probe fails does not read as an idle one.
+func (s MOPStatus) MarshalJSON() ([]byte, error) {
+	type plain MOPStatus
+	if s.MemoryKnown || !s.Enabled {
+		return json.Marshal(plain(s))
+	}
+	return json.Marshal(struct {
+		plain
+		MemoryPercent *float64 `json:"memory_percent"`
+	}{plain: plain(s)})
 }
 
 // RuleStatus is one ARM rule in /status: rate is the admissions in the
@@ -219,10 +237,15 @@ func FromMOP(m *admission.MOP) MOPStatus {
 	if m.Pinned() > 0 {
 		phase = "pinned" // by an operator: nothing is learned
 	}
-	return MOPStatus{
+	st := MOPStatus{
 		Enabled: true, Phase: phase, AllowedRate: s.AllowedRate, LearnedRate: s.LearnedRate,
-		MemoryPercent: 100 * s.MemoryFraction, Admitted: s.Admitted, Refused: s.Refused,
+		MemoryKnown: s.MemoryKnown, ProbeError: s.ProbeError, ProbeFailures: s.ProbeFailures,
+		Admitted: s.Admitted, Refused: s.Refused,
 	}
+	if s.MemoryKnown {
+		st.MemoryPercent = 100 * s.MemoryFraction
+	}
+	return st
 }
 
 // Source gathers the parts of /status.

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -132,5 +133,38 @@ func TestServeAndShutdown(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Errorf("Serve after Shutdown = %v, want nil", err)
+	}
+}
+
+// TestStatusFailedProbe: a backend whose memory probe fails shows no
+// memory (null, not 0 like an idle backend), the reason and the count.
+func TestStatusFailedProbe(t *testing.T) {
+	mop, _ := admission.NewMOP(admission.MOPConfig{Name: "b1", InitialRate: 10})
+	decode := func() map[string]any {
+		t.Helper()
+		b, err := json.Marshal(FromMOP(mop))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := decode(); m["memory_percent"] != nil {
+		t.Errorf("before any sample memory_percent = %v, want null", m["memory_percent"])
+	}
+	mop.Observe(0, 400, 1000)
+	if m := decode(); m["memory_percent"] != 40.0 || m["probe_error"] != nil {
+		t.Errorf("after a sample: %v, want memory_percent 40 and no probe_error", m)
+	}
+	mop.ProbeFailed(errors.New("poll memory b1: status 302: redirects are not followed"))
+	m := decode()
+	if v, ok := m["memory_percent"]; !ok || v != nil {
+		t.Errorf("after a failed probe memory_percent = %v (present %v), want null", v, ok)
+	}
+	if m["probe_error"] != "poll memory b1: status 302: redirects are not followed" || m["probe_failures"] != 1.0 {
+		t.Errorf("after a failed probe: %v, want the error and 1 failure", m)
 	}
 }

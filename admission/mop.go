@@ -106,6 +106,42 @@ func (c MOPConfig) Validate() error {
 	return nil
 }
 
+// Bounds of what MOP takes as true.
+const (
+	// MaxMOPRate is the highest rate MOP allows, learns or imports, per
+	// second: far above what one backend takes as new work, low enough
+	// that a rate at it still limits.
+	MaxMOPRate = 1e6
+	// MaxMemoryBytes is the largest used or max memory a sample may report
+	// (1 EB); beyond it the reading is made up.
+	MaxMemoryBytes = 1e18
+	// UsedOverMax is how far used memory may exceed max in a sample, as a
+	// fraction of max: pools read at slightly different moments. Beyond
+	// it the reading is made up.
+	UsedOverMax = 0.02
+)
+
+// ErrBadMemorySample is wrapped by CheckMemorySample, and so by Observe,
+// for a reading that cannot be true.
+var ErrBadMemorySample = errors.New("impossible memory reading")
+
+// CheckMemorySample reports why a backend's used and max memory, in bytes,
+// cannot be true: not finite, used negative, max not positive, either over
+// MaxMemoryBytes, or used over max by more than UsedOverMax.
+func CheckMemorySample(used, max float64) error {
+	switch {
+	case math.IsNaN(used) || math.IsInf(used, 0) || used < 0:
+		return fmt.Errorf("%w: used %g bytes is not a finite non-negative number", ErrBadMemorySample, used)
+	case math.IsNaN(max) || math.IsInf(max, 0) || max <= 0:
+		return fmt.Errorf("%w: max %g bytes is not a finite positive number", ErrBadMemorySample, max)
+	case used > MaxMemoryBytes || max > MaxMemoryBytes:
+		return fmt.Errorf("%w: used %g or max %g bytes over %g", ErrBadMemorySample, used, max, float64(MaxMemoryBytes))
+	case used > max*(1+UsedOverMax):
+		return fmt.Errorf("%w: used %g bytes over max %g by more than %g%%", ErrBadMemorySample, used, max, 100*UsedOverMax)
+	}
+	return nil
+}
+
 // MOPState is the learned state of one backend as a plain value, for
 // persist/ to store and give back to Import after a restart.
 type MOPState struct {
@@ -115,6 +151,10 @@ type MOPState struct {
 	Base        float64   `json:"base"`         // fitted memory fraction at zero rate
 	Slope       float64   `json:"slope"`        // fitted memory fraction per (request per second)
 	UpdatedAt   time.Time `json:"updated_at"`   // wall time of the last change
+	// Provisional marks a rate moved by a single memory sample that no
+	// later sample has confirmed yet: it is in force and shared with a
+	// cluster, but persist/ keeps the state stored before it.
+	Provisional bool `json:"provisional,omitempty"`
 }
 
 // MOPStatus is a point-in-time view for /status and metrics.
@@ -123,6 +163,9 @@ type MOPStatus struct {
 	AllowedRate    float64 // per second
 	LearnedRate    float64 // per second; 0 while discovering
 	MemoryFraction float64 // last sampled used/max of the backend; 0 when unknown
+	MemoryKnown    bool    // a sample was taken and the probe has not failed since
+	ProbeError     string  // why the last probe failed; "" when it worked
+	ProbeFailures  uint64  // failed probes since start
 	Admitted       uint64  // new work admitted since start
 	Refused        uint64  // new work refused since start
 }
@@ -151,6 +194,11 @@ type MOP struct {
 	learned atomic.Uint64 // float64 bits
 	memFrac atomic.Uint64 // float64 bits
 	pinned  atomic.Uint64 // float64 bits of the rate an operator pinned; 0: learning (mopcontrol.go)
+
+	// The memory probe's health (ProbeFailed, Observe).
+	memKnown  atomic.Bool
+	probeErr  atomic.Pointer[string]
+	probeFail atomic.Uint64
 
 	// Cluster hooks (see mopshare.go); nil or false on a standalone node.
 	lease    atomic.Pointer[Lease]
@@ -194,6 +242,17 @@ type learner struct {
 	mem      float64 // and the memory it judged (recent peak plus the rise between samples)
 
 	unpinned float64 // the allowed rate before Pin, restored by Unpin
+
+	winAllowed float64 // the allowed rate when the window began: a cut goes at most to half of it
+	lateOver   int     // samples over the ceiling in the last quarter of the window
+	// prov: the learned rate was moved by one sample that nothing since
+	// confirmed (see MOPState.Provisional; markProvisional); provAt is
+	// that sample's time, provRate the learned rate before it (0:
+	// discovery, which only a confirmation ends).
+	prov        bool
+	provAt      int64
+	provRate    float64
+	provAllowed float64 // the allowed rate before it
 }
 
 // mopSample is one memory sample with the admission counters at its time.
@@ -335,9 +394,7 @@ func (m *MOP) RetryAfter(now int64) time.Duration {
 
 // setAllowed publishes a new allowed rate for the hot path.
 func (m *MOP) setAllowed(rate float64) {
-	if rate < m.cfg.MinRate {
-		rate = m.cfg.MinRate
-	}
+	rate = min(max(rate, m.cfg.MinRate), MaxMOPRate)
 	m.allowed.Store(math.Float64bits(rate))
 	emission := int64(float64(time.Second) / rate)
 	if emission < 1 {
@@ -364,11 +421,18 @@ func (m *MOP) Status() MOPStatus {
 		return MOPStatus{}
 	}
 	admitted, refused := m.counts()
+	probeErr := ""
+	if p := m.probeErr.Load(); p != nil {
+		probeErr = *p
+	}
 	return MOPStatus{
 		Phase:          MOPPhase(m.phase.Load()),
 		AllowedRate:    loadF(&m.allowed),
 		LearnedRate:    loadF(&m.learned),
 		MemoryFraction: loadF(&m.memFrac),
+		MemoryKnown:    m.memKnown.Load(),
+		ProbeError:     probeErr,
+		ProbeFailures:  m.probeFail.Load(),
 		Admitted:       admitted,
 		Refused:        refused,
 	}
@@ -389,26 +453,37 @@ func (m *MOP) Export() MOPState {
 		Base:        m.l.base,
 		Slope:       m.l.slope,
 		UpdatedAt:   time.Now(),
+		Provisional: m.l.prov && !(m.l.provRate > 0 && loadF(&m.learned) >= m.l.provRate),
 	}
 }
 
 // Import restores a state from Export. A Learned state is admitted at its
 // learned rate from the first window on; a Discovery state resumes at its
-// allowed rate. A state with no positive rate is ignored.
+// allowed rate. A state with no positive rate, or whose rate in use is
+// outside [MinRate, MaxMOPRate], is refused with an error and changes
+// nothing: the limiter goes on as it was.
 func (m *MOP) Import(s MOPState) error {
 	if !(s.AllowedRate > 0) && !(s.LearnedRate > 0) {
 		return fmt.Errorf("mop %s: imported state has no rate", m.cfg.Name)
 	}
-	if math.IsNaN(s.Base) || math.IsNaN(s.Slope) || math.IsInf(s.LearnedRate, 0) || math.IsInf(s.AllowedRate, 0) {
+	if math.IsNaN(s.Base) || math.IsNaN(s.Slope) || math.IsInf(s.Base, 0) || math.IsInf(s.Slope, 0) ||
+		math.IsNaN(s.LearnedRate) || math.IsNaN(s.AllowedRate) || math.IsInf(s.LearnedRate, 0) || math.IsInf(s.AllowedRate, 0) {
 		return fmt.Errorf("mop %s: imported state is not finite", m.cfg.Name)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	rate := s.AllowedRate
 	if s.Phase == Learned && s.LearnedRate > 0 {
 		rate = s.LearnedRate
+	}
+	if rate < m.cfg.MinRate || rate > MaxMOPRate {
+		return fmt.Errorf("mop %s: imported rate %g/s outside [%g, %g]", m.cfg.Name, rate, m.cfg.MinRate, float64(MaxMOPRate))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s.Phase == Learned && s.LearnedRate > 0 {
 		m.learned.Store(math.Float64bits(s.LearnedRate))
 	}
+	m.l.prov = s.Provisional
+	m.l.provRate = math.Inf(1) // cleared only by the state that confirms it
 	m.phase.Store(uint32(s.Phase))
 	if s.Slope > 0 {
 		m.l.base, m.l.slope, m.l.haveModel = s.Base, s.Slope, true
@@ -419,20 +494,36 @@ func (m *MOP) Import(s MOPState) error {
 
 // Observe feeds one memory sample of the backend (used and maximum bytes)
 // taken at now, and judges the window when it has ended. It is called by the
-// backend's memory probe, never on a request's path.
-func (m *MOP) Observe(now int64, used, max int64) {
-	if m == nil || max <= 0 || used < 0 {
-		return
+// backend's memory probe, never on a request's path. A sample with used
+// negative, max not positive or either over MaxMemoryBytes is not used: it
+// counts as a failed probe (ProbeFailed) and its error, wrapping
+// ErrBadMemorySample, is returned. Used over max is taken as given (a
+// simulated backend past its memory); probes refuse it beyond UsedOverMax
+// with CheckMemorySample before calling Observe.
+func (m *MOP) Observe(now int64, used, max int64) error {
+	if m == nil {
+		return nil
+	}
+	u := float64(used)
+	if used > max && u <= MaxMemoryBytes {
+		u = float64(max) // over max is taken as given, see above
+	}
+	if err := CheckMemorySample(u, float64(max)); err != nil {
+		err = fmt.Errorf("mop %s: %w", m.cfg.Name, err)
+		m.ProbeFailed(err)
+		return err
 	}
 	frac := float64(used) / float64(max)
 	m.memFrac.Store(math.Float64bits(frac))
+	m.memKnown.Store(true)
+	m.probeErr.Store(nil)
 	if m.follower.Load() {
-		return // another node learns for the cluster; Import brings its rates
+		return nil // another node learns for the cluster; Import brings its rates
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.pinned.Load() != 0 {
-		return // an operator holds the rate: nothing is learned (Pin, under mu)
+		return nil // an operator holds the rate: nothing is learned (Pin, under mu)
 	}
 	l := &m.l
 	if !l.started {
@@ -447,6 +538,12 @@ func (m *MOP) Observe(now int64, used, max int64) {
 		l.lateSum += frac
 		l.lateMax = math.Max(l.lateMax, frac)
 		l.lateN++
+		if frac > m.cfg.MaxHeap {
+			l.lateOver++
+		}
+	}
+	if l.prov && now > l.provAt && frac > m.cfg.MaxHeap {
+		l.prov = false // a second sample over the ceiling: the cut stands
 	}
 	switch {
 	case frac <= m.cfg.MaxHeap:
@@ -457,7 +554,7 @@ func (m *MOP) Observe(now int64, used, max int64) {
 		// ceiling only memory still rising past the last cut's level cuts
 		// again mid-window.
 		l.crossed = true
-		m.cut(now, frac)
+		m.cut(now, frac, true)
 	}
 	admitted, refused := m.counts()
 	l.headroom, l.rho = m.headroomBound(now, admitted, frac)
@@ -469,6 +566,20 @@ func (m *MOP) Observe(now int64, used, max int64) {
 	}
 	l.hist.minGap = int64(m.cfg.Window) / histPerHorz
 	l.hist.add(mopSample{at: now, admitted: admitted, refused: refused, mem: frac})
+	return nil
+}
+
+// ProbeFailed records that the backend's memory could not be read (err
+// says why): its memory is unknown until the next good sample, and
+// nothing is learned meanwhile. It is counted in ProbeFailures.
+func (m *MOP) ProbeFailed(err error) {
+	if m == nil || err == nil {
+		return
+	}
+	msg := err.Error()
+	m.memKnown.Store(false)
+	m.probeErr.Store(&msg)
+	m.probeFail.Add(1)
 }
 
 func (m *MOP) startWindow(now int64) {
@@ -476,7 +587,8 @@ func (m *MOP) startWindow(now int64) {
 	l.started = true
 	l.winStart = now
 	l.admitted0, l.refused0 = m.counts()
-	l.lateSum, l.lateMax, l.lateN = 0, 0, 0
+	l.lateSum, l.lateMax, l.lateN, l.lateOver = 0, 0, 0, 0
+	l.winAllowed = loadF(&m.allowed)
 	l.crossed = false
 	l.midSet, l.capped = false, false
 }
@@ -521,9 +633,15 @@ func (m *MOP) setModel(now int64, rate, mem float64) {
 
 // cut lowers the allowed rate after memory passed the ceiling. With a
 // model, the rate is scaled by how far over the ceiling memory is (memory
-// above the base grows with the rate); without one it drops by 30%.
-func (m *MOP) cut(now int64, frac float64) {
+// above the base grows with the rate); without one it drops by 30%. It
+// never goes under cutFloor. oneSample says that a single sample over the
+// ceiling is all the evidence: the learned rate is then provisional
+// (not persisted) until a later sample over the ceiling confirms it.
+func (m *MOP) cut(now int64, frac float64, oneSample bool) {
 	l := &m.l
+	if oneSample {
+		m.markProvisional(now)
+	}
 	rate := loadF(&m.allowed)
 	next := rate * 0.7
 	if !l.haveModel && !m.cfg.doubling && l.rho > 0 {
@@ -536,12 +654,39 @@ func (m *MOP) cut(now int64, frac float64) {
 	}
 	l.lastCutMem, l.cutSeen = frac, true
 	l.proven = 0
-	m.setAllowed(next)
+	m.setAllowed(math.Max(next, m.cutFloor()))
 	if MOPPhase(m.phase.Load()) == Discovery {
 		m.learn(loadF(&m.allowed), "memory passed the ceiling during discovery")
 	} else {
 		m.learn(loadF(&m.allowed), fmt.Sprintf("memory at %.1f%% passed the ceiling", 100*frac))
 	}
+}
+
+// markProvisional records, before a change of the learned rate that one
+// sample made, what it changes: Export marks the state provisional until
+// a later sample over the ceiling, or a later window whose own samples
+// put the safe rate under the allowed rate before the change, confirms
+// it, or until the learned rate is back where it was.
+func (m *MOP) markProvisional(now int64) {
+	l := &m.l
+	if !l.prov {
+		l.prov, l.provAt, l.provRate, l.provAllowed = true, now, loadF(&m.learned), loadF(&m.allowed)
+	}
+}
+
+// cutFloor is the lowest rate a cut may set: half the allowed rate when the
+// window began, so that one sample, true or not, at most halves the rate
+// in a window (memory answers a rate only a lifetime later; a second
+// window over the ceiling halves it again). In discovery the allowed rate
+// may have run ahead of what was admitted, which is what memory shows:
+// there it is half the lower of that rate and the trailing admitted rate
+// ρ.
+func (m *MOP) cutFloor() float64 {
+	f := m.l.winAllowed / 2
+	if MOPPhase(m.phase.Load()) == Discovery && m.l.rho > 0 {
+		f = math.Min(f, m.l.rho/2)
+	}
+	return f
 }
 
 // learn records rate as the learned rate and enters the Learned phase.
@@ -576,6 +721,7 @@ func (m *MOP) judgeWindow(end int64) {
 		mem = l.lateSum / float64(l.lateN)
 	}
 	haveMem := l.lateN > 0
+	oneSample := l.lateOver < 2 // at most one late sample over the ceiling
 	crossed := l.crossed
 	midSet, midRate, capped := l.midSet, l.midRate, l.capped
 	m.startWindow(end)
@@ -599,7 +745,7 @@ func (m *MOP) judgeWindow(end int64) {
 			l.fit.add(rate, mem)
 		}
 		if mem > ceiling {
-			m.cut(end, mem)
+			m.cut(end, mem, oneSample)
 			return
 		}
 		if m.cfg.doubling {
@@ -624,11 +770,12 @@ func (m *MOP) judgeWindow(end int64) {
 	}
 	if mem > ceiling {
 		if steady {
-			m.cut(end, mem)
+			m.cut(end, mem, oneSample)
 		}
 		return
 	}
-	if steady && l.haveModel && rate >= 0.2*allowed && mem > l.base {
+	refit := steady && l.haveModel && rate >= 0.2*allowed && mem > l.base
+	if refit {
 		// With a steady rate the intercept cannot be refitted: keep the
 		// base and re-estimate the slope from this window.
 		l.slope = (mem - l.base) / rate
@@ -637,10 +784,15 @@ func (m *MOP) judgeWindow(end int64) {
 		return
 	}
 	safe := m.safeRate()
+	if refit && l.prov && end > l.provAt && safe < l.provAllowed {
+		l.prov = false // a window of its own says the earlier rate was too high
+	}
 	next := allowed
 	switch {
 	case safe < allowed:
-		next = safe
+		next = math.Max(safe, allowed/2) // at most halved a window, as by a cut
+		// The window's peak, which set the slope, may be one sample.
+		m.markProvisional(end)
 	case demandLimited && safe > allowed:
 		// Creep up, but not past what the samples prove safe: the
 		// model may miss peaks (a collected heap) that they show.

@@ -37,6 +37,9 @@ func (m *MOP) Pin(rate float64) error {
 	if rate < m.cfg.MinRate {
 		return fmt.Errorf("mop %s: pinned rate %v is under the minimum rate %v (-mop-min-rate)", m.cfg.Name, rate, m.cfg.MinRate)
 	}
+	if rate > MaxMOPRate {
+		return fmt.Errorf("mop %s: pinned rate %v is over the highest rate MOP allows, %v", m.cfg.Name, rate, float64(MaxMOPRate))
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.pinned.Load() == 0 {

@@ -15,7 +15,7 @@ func TestMOPPinResetUnpin(t *testing.T) {
 	if err := m.Import(MOPState{Phase: Learned, LearnedRate: 200, AllowedRate: 200}); err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []float64{0, -1, 0.5} { // 0.5 is under the default minimum rate 1
+	for _, bad := range []float64{0, -1, 0.5, 2e6} { // 0.5 is under the default minimum rate 1, 2e6 over MaxMOPRate
 		if err := m.Pin(bad); err == nil {
 			t.Errorf("Pin(%v) accepted", bad)
 		}

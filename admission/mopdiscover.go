@@ -70,7 +70,10 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 	if bound < target && l.midSet {
 		l.capped = true
 	}
-	next := math.Max(math.Min(target, bound), m.cfg.InitialRate)
+	// One sample at most doubles the allowed rate, whatever it shows:
+	// a made-up reading of almost no memory would otherwise open the
+	// rate to the whole demand at once.
+	next := math.Max(min(target, bound, discoveryGrowth*allowed), m.cfg.InitialRate)
 	if math.Abs(next-allowed) > 0.005*allowed {
 		m.setAllowed(next)
 	}

@@ -55,7 +55,8 @@ var (
 	descMOPAllowed   = prometheus.NewDesc("sluice_mop_allowed_rate", "New work per second MOP lets through to the backend now.", []string{"protocol", "backend"}, nil)
 	descMOPLearned   = prometheus.NewDesc("sluice_mop_learned_rate", "Learned safe rate of new work per second (0 while discovering).", []string{"protocol", "backend"}, nil)
 	descMOPPhase     = prometheus.NewDesc("sluice_mop_learned", "1 when the backend's MOP rate is learned, 0 while discovering.", []string{"protocol", "backend"}, nil)
-	descBEMemory     = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe.", []string{"protocol", "backend"}, nil)
+	descBEMemory     = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe; absent while the probe fails.", []string{"protocol", "backend"}, nil)
+	descProbeFails   = prometheus.NewDesc("sluice_mop_probe_failures_total", "Memory probes of the backend that failed (no answer, too large, a reading that cannot be true).", []string{"protocol", "backend"}, nil)
 	descBEState      = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining.", []string{"protocol", "backend", "state"}, nil)
 	descBEOut        = prometheus.NewDesc("sluice_backend_outstanding", "Requests sent to the backend and not yet answered.", []string{"protocol", "backend"}, nil)
 	descStoreOK      = prometheus.NewDesc("sluice_persist_healthy", "1 while the data directory takes writes, 0 while saving learned rates or events fails (they wait in memory and are retried).", nil, nil)
@@ -70,7 +71,7 @@ type collector struct{ src metricsSources }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmitted, descRefused, descMemState, descMemUsed, descMemLimit,
 		descARMRate, descARMLimit, descARMQueued, descARMDelayed, descARMRefused, descARMOver,
-		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descBEState, descBEOut,
+		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descProbeFails, descBEState, descBEOut,
 		descStoreOK, descStoreErrors, descStorePending, descStoreDropped} {
 		ch <- d
 	}
@@ -142,7 +143,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 				learned = 1
 			}
 			gauge(descMOPPhase, learned, b.Protocol, b.ID)
-			gauge(descBEMemory, b.MOP.MemoryPercent/100, b.Protocol, b.ID)
+			counter(descProbeFails, float64(b.MOP.ProbeFailures), b.Protocol, b.ID)
+			if b.MOP.MemoryKnown {
+				gauge(descBEMemory, b.MOP.MemoryPercent/100, b.Protocol, b.ID)
+			}
 		}
 	}
 }

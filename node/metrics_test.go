@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"errors"
 	"net/http/httptest"
 	"os/exec"
 	"strings"
@@ -44,6 +45,9 @@ func scrape(t *testing.T) []byte {
 	ctrl.Decide(1, invite, nil) // refused by the rule
 	ctrl.Decide(2, &admission.Request{Proto: "http", Class: admission.Affinity}, nil)
 	mop, _ := admission.NewMOP(admission.MOPConfig{Name: "b1"})
+	mop.Observe(0, 400, 1000)
+	failing, _ := admission.NewMOP(admission.MOPConfig{Name: "b2"})
+	failing.ProbeFailed(errors.New("status 302"))
 	hist := newForwardHistogram()
 	hist.WithLabelValues("http").Observe(0.002)
 	var hs lbhttp.Stats
@@ -63,7 +67,8 @@ func scrape(t *testing.T) []byte {
 	h, err := metricsHandler(metricsSources{
 		ctrl: ctrl,
 		backends: func() []admin.BackendStatus {
-			out := []admin.BackendStatus{{ID: "b1", Protocol: "http", State: "draining", MOP: admin.FromMOP(mop)}}
+			out := []admin.BackendStatus{{ID: "b1", Protocol: "http", State: "draining", MOP: admin.FromMOP(mop)},
+				{ID: "b2", Protocol: "http", State: "up", MOP: admin.FromMOP(failing)}}
 			for _, n := range oddNames {
 				out = append(out, admin.BackendStatus{ID: n, Protocol: "sip", State: "up", Outstanding: 2, MOP: admin.FromMOP(mop)})
 			}
@@ -114,10 +119,15 @@ func TestMetricsExposition(t *testing.T) {
 		`sluice_frontend_events_total{event="requests",protocol="sip"} 7`,
 		`sluice_frontend_events_total{event="refused_no_backend",protocol="sip"} 0`,
 		`sluice_frontend_transactions{protocol="sip"} 0`,
+		`sluice_backend_memory_ratio{backend="b1",protocol="http"} 0.4`,
+		`sluice_mop_probe_failures_total{backend="b2",protocol="http"} 1`,
 	} {
 		if !strings.Contains(body, line) {
 			t.Errorf("missing %q", line)
 		}
+	}
+	if strings.Contains(body, `sluice_backend_memory_ratio{backend="b2"`) {
+		t.Error("a backend whose memory probe fails has a memory ratio")
 	}
 	if strings.Contains(body, "sluice_sip_") || strings.Contains(body, "sluice_http_") {
 		t.Errorf("per-protocol family names left:\n%s", body)

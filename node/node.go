@@ -291,6 +291,7 @@ func (c *Config) checkPositive() error {
 		{"-mop-initial-rate", c.MOP.InitialRate > 0},
 		{"-mop-window", c.MOP.Window > 0},
 		{"-mop-probe-interval", c.MOPProbe.Interval > 0},
+		{"-mop-probe-max-bytes", c.MOPProbe.MaxBytes > 0},
 		{"-health-timeout", c.Health.Timeout > 0},
 		{"-health-rise", c.Health.Rise > 0},
 		{"-health-fall", c.Health.Fall > 0},

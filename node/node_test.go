@@ -32,7 +32,7 @@ func testConfig(t *testing.T) Config {
 		Passive:       lb.PassiveConfig{Cooldown: time.Second},
 		MOP:           admission.MOPConfig{MaxHeap: 0.85, Window: 10 * time.Second, InitialRate: 40},
 		MOPRejectCode: 503,
-		MOPProbe:      lb.MemoryProbeConfig{Interval: 20 * time.Millisecond},
+		MOPProbe:      lb.MemoryProbeConfig{Interval: 20 * time.Millisecond, MaxBytes: lb.MaxMetricsWire},
 		Persist:       persist.Config{Dir: filepath.Join(t.TempDir(), "data"), Interval: time.Hour},
 		DrainTimeout:  5 * time.Second,
 		SIP:           lbsip.Config{Listen: "127.0.0.1:0"},

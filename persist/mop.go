@@ -49,14 +49,17 @@ func parseMOPKey(k []byte) (string, error) {
 }
 
 // checkMOP reports why a state cannot be stored or used, if it cannot.
+// Rates are 0 (none) or in (0, admission.MaxMOPRate]: a rate above it
+// would turn MOP off. The configured floor (MOPConfig.MinRate) is
+// checked by MOP.Import.
 func checkMOP(st admission.MOPState) error {
 	switch {
 	case st.Phase != admission.Discovery && st.Phase != admission.Learned:
 		return fmt.Errorf("unknown phase %d", st.Phase)
-	case !finite(st.LearnedRate) || st.LearnedRate < 0:
-		return fmt.Errorf("learned rate %g is not a finite non-negative number", st.LearnedRate)
-	case !finite(st.AllowedRate) || st.AllowedRate < 0:
-		return fmt.Errorf("allowed rate %g is not a finite non-negative number", st.AllowedRate)
+	case !finite(st.LearnedRate) || st.LearnedRate < 0 || st.LearnedRate > admission.MaxMOPRate:
+		return fmt.Errorf("learned rate %g is not a number of requests per second in [0, %g]", st.LearnedRate, float64(admission.MaxMOPRate))
+	case !finite(st.AllowedRate) || st.AllowedRate < 0 || st.AllowedRate > admission.MaxMOPRate:
+		return fmt.Errorf("allowed rate %g is not a number of requests per second in [0, %g]", st.AllowedRate, float64(admission.MaxMOPRate))
 	case !finite(st.Base) || !finite(st.Slope):
 		return fmt.Errorf("model base %g, slope %g: not finite", st.Base, st.Slope)
 	}
@@ -131,8 +134,11 @@ func decodeMOPFile(data []byte) (map[string]admission.MOPState, error) {
 // that replaces mop.json in one rename, so a save is all or nothing.
 // States of backends not in the map are kept, so a backend removed and
 // added again gets its learned rate back. A state with an invalid key or a
-// non-finite number is skipped and reported in the returned error; the
-// others are still saved.
+// non-finite or out-of-range number is skipped and reported in the
+// returned error; the others are still saved. A provisional state (a rate
+// moved by one memory sample, see admission.MOPState) is not saved and
+// not an error: the state stored before it stays until a confirmed one
+// replaces it.
 //
 // When the data directory cannot be written the error wraps
 // ErrUnwritable; the states are kept in memory (LoadMOP returns them) and
@@ -154,6 +160,9 @@ func (s *Store) SaveMOP(states map[string]admission.MOPState) error {
 		}
 		if err := checkMOP(st); err != nil {
 			errs = append(errs, fmt.Errorf("save mop state %q: %w", key, err))
+			continue
+		}
+		if st.Provisional {
 			continue
 		}
 		s.mop[key] = st

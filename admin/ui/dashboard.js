@@ -205,6 +205,8 @@
     if (ceil > 0) { const m = el('b'); m.style.left = ceil + '%'; bar.appendChild(m); }
     td.appendChild(bar);
     td.appendChild(document.createTextNode(num(b.mop.memory_percent) + '% / ' + (ceil > 0 ? num(ceil) + '%' : '–')));
+    td.title = b.mop.probe_error || '';
+    if (b.mop.probe_error) td.appendChild(document.createTextNode(' probe failing'));
   }
 
   async function control(b, action, body) {

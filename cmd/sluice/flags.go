@@ -225,6 +225,7 @@ var fieldFlags = map[string]string{
 	"lb.MemoryProbeConfig.Interval":            "mop-probe-interval",
 	"lb.MemoryProbeConfig.UsedMetric":          "mop-used-metric",
 	"lb.MemoryProbeConfig.MaxMetric":           "mop-max-metric",
+	"lb.MemoryProbeConfig.MaxBytes":            "mop-probe-max-bytes",
 	"admission.MemoryConfig.Limit":             "mem-limit",
 	"admission.MemoryConfig.Low":               "mem-low",
 	"admission.ControllerConfig.MOPRejectCode": "mop-reject-code",

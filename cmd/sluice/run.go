@@ -105,6 +105,8 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.mopProbe.UsedMetric, "mop-used-metric", lb.DefaultUsedMetric, "Prometheus series summed as a backend's used memory")
 	fs.StringVar(&o.mopProbe.MaxMetric, "mop-max-metric", lb.DefaultMaxMetric, "Prometheus series summed as a backend's maximum memory")
 	fs.DurationVar(&o.mopProbe.Interval, "mop-probe-interval", time.Second, "how often a backend's metrics= URL is polled")
+	o.mopProbe.MaxBytes = lb.MaxMetricsWire
+	fs.Var((*byteSize)(&o.mopProbe.MaxBytes), "mop-probe-max-bytes", "largest metrics answer read on the wire (e.g. 512KiB, at most 16MiB); unpacked at most four times that; a larger one is a failed probe")
 
 	md := admission.DefaultMemoryConfig()
 	fs.Var(&o.memLimit, "mem-limit", "memory limit of this process in bytes (e.g. 512MiB); its -mem-low share becomes the Go runtime's limit, so garbage is collected before the states climb; default: the cgroup's (v2 memory.max, v1 memory.limit_in_bytes) or GOMEMLIMIT, the smaller; without any, memory states are off")

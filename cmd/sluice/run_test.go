@@ -45,6 +45,8 @@ func TestRunBadFlags(t *testing.T) {
 		{"health timeout over interval", append(base, "-health-timeout", "5s"), nil, "-health-timeout"},
 		{"zero max conns", append(base, "-http-backend-max-conns", "0"), nil, "-http-backend-max-conns"},
 		{"bad metrics selector", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-used-metric", "a{"), nil, "-mop-used-metric"},
+		{"metrics limit too large", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
+		{"zero metrics limit", append(base, "-mop-probe-max-bytes", "0"), nil, "-mop-probe-max-bytes"},
 		{"bad log level", append(base, "-log-level", "loud"), nil, "-log-level"},
 		{"bad duration", append(base, "-http-sticky-ttl", "soon"), nil, "-http-sticky-ttl"},
 		{"unknown flag", append(base, "-frobnicate"), nil, "-frobnicate"},
