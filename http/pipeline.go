@@ -40,7 +40,7 @@ type plan struct {
 	start    int64  // admission clock when the request began
 	renew    bool   // the answer sets the sticky cookie
 	repinned bool   // a valid pin named a backend that is down
-	idem     bool   // the method may be sent twice (RFC 9110 §9.2.2)
+	idem     bool   // the method may be sent twice (resendable: GET, HEAD)
 	retried  bool   // moved to another backend once already
 	acquired bool   // b.Acquire was called: releaseBackend is due
 	observed bool   // ObserveForward was called
@@ -54,7 +54,7 @@ type plan struct {
 func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int64) (admission.Request, admission.Decision) {
 	set := s.backends.Load()
 	b, renew, repinned := s.affinity(h, set, now)
-	*p = plan{set: set, b: b, start: now, renew: renew, repinned: repinned, idem: idempotent(h.Method())}
+	*p = plan{set: set, b: b, start: now, renew: renew, repinned: repinned, idem: resendable(h.Method())}
 	if b != nil {
 		p.class = admission.Affinity
 	}
@@ -129,10 +129,10 @@ func (p *plan) releaseBackend(now int64, res lb.Result) {
 
 // mayRetry reports whether an exchange that failed before any byte of the
 // answer was relayed may go once more to another backend: the request may
-// be sent twice (RFC 9110 §9.2.2) and has not been moved already. That
+// be sent twice (resendable: GET or HEAD) and has not been moved already. That
 // covers a request that never reached the backend and one the backend
-// took and never answered in time, reset, or answered with garbage; a
-// non-idempotent request is never sent twice. Affinity requests are moved
+// took and never answered in time, reset, or answered with garbage; any
+// other method is never sent twice. Affinity requests are moved
 // too, since a backend that fails them is down or hung and its clients
 // are re-pinned.
 func (p *plan) mayRetry() bool {
@@ -297,10 +297,15 @@ func (s *Server) admitNow(r *admission.Request, now int64) (admission.Decision, 
 	return d, false
 }
 
-// idempotent reports whether a method may be sent twice (RFC 9110 §9.2.2).
-func idempotent(m []byte) bool {
+// resendable reports whether a request with method m may be sent a second
+// time after its first exchange failed before any byte of an answer came:
+// GET and HEAD only. RFC 9110 §9.2.2 also calls PUT, DELETE, OPTIONS and
+// others idempotent, but a DELETE that the backend executed before its
+// connection broke would run twice, and its second answer (404) would be
+// the one the client sees.
+func resendable(m []byte) bool {
 	switch string(m) {
-	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE", "QUERY":
+	case "GET", "HEAD":
 		return true
 	}
 	return false

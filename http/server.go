@@ -53,7 +53,7 @@ type Server struct {
 type Stats struct {
 	UpstreamError atomic.Uint64 // answered 502/503/504 for a backend failure
 	Retried       atomic.Uint64 // moved to another backend after a connect failure
-	Restreamed    atomic.Uint64 // sent again, streaming, after the answer outgrew ResponseBuffer
+	Restreamed    atomic.Uint64 // always 0: an answer is never requested twice (kept for the metric's users)
 	Aborted       atomic.Uint64 // in-flight new work ended by memory state Critical
 	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
 	HandedOver    atomic.Uint64 // loop engine: connections given to the fasthttp server
@@ -139,48 +139,33 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 // sets. The loop engine keeps its connections per address in each loop
 // (connPool), so they outlive a SetPool by themselves.
 type backendSet struct {
-	pool     *lb.Pool
-	clients  []*fasthttp.HostClient // fasthttp engine, by backend index; answers streamed
-	buffered []*fasthttp.HostClient // fasthttp engine, by backend index; small answers buffered, nil when off
-	cookies  []atomic.Pointer[cookieValue]
-	hashed   bool // the pool's policy uses the key
+	pool    *lb.Pool
+	clients []*fasthttp.HostClient // fasthttp engine, by backend index
+	cookies []atomic.Pointer[cookieValue]
+	hashed  bool // the pool's policy uses the key
 }
 
 // newBackendSet builds the set of pool, reusing the fasthttp connection
 // pools of old for backends at the same address.
 func (s *Server) newBackendSet(pool *lb.Pool, old *backendSet) *backendSet {
-	reuse := map[string][2]*fasthttp.HostClient{}
+	reuse := map[string]*fasthttp.HostClient{}
 	if old != nil {
 		for i, b := range old.pool.Backends() {
-			pair := [2]*fasthttp.HostClient{old.clients[i]}
-			if old.buffered != nil {
-				pair[1] = old.buffered[i]
-			}
-			reuse[b.Addr()] = pair
+			reuse[b.Addr()] = old.clients[i]
 		}
 	}
 	set := &backendSet{pool: pool, cookies: make([]atomic.Pointer[cookieValue], pool.Len())}
 	_, set.hashed = pool.Policy().(*lb.ConsistentHash)
 	for _, b := range pool.Backends() {
-		pair, ok := reuse[b.Addr()]
+		c, ok := reuse[b.Addr()]
 		delete(reuse, b.Addr())
 		if !ok {
-			pair[0] = s.newClient(b.Addr(), 0)
-			if s.cfg.ResponseBuffer > 0 {
-				pair[1] = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
-			}
+			c = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
 		}
-		set.clients = append(set.clients, pair[0])
-		if s.cfg.ResponseBuffer > 0 {
-			set.buffered = append(set.buffered, pair[1])
-		}
+		set.clients = append(set.clients, c)
 	}
-	for _, pair := range reuse { // backends removed: close their idle connections
-		for _, c := range pair {
-			if c != nil {
-				c.CloseIdleConnections()
-			}
-		}
+	for _, c := range reuse { // backends removed: close their idle connections
+		c.CloseIdleConnections()
 	}
 	return set
 }
@@ -234,7 +219,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = s.srv.ShutdownWithContext(ctx)
 	}
 	set := s.backends.Load()
-	for _, c := range append(set.clients, set.buffered...) {
+	for _, c := range set.clients {
 		c.CloseIdleConnections()
 	}
 	return err

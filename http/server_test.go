@@ -858,40 +858,6 @@ func TestStreamsLargeBodies(t *testing.T) {
 	})
 }
 
-// TestLargeAnswerRestreamed: a GET whose answer outgrows the response
-// buffer is sent again on the streaming pool and relayed whole.
-func TestLargeAnswerRestreamed(t *testing.T) {
-	r := newRig(t, rigOpts{backends: 1, cfg: Config{ResponseBuffer: 1 << 10, Engine: EngineFastHTTP}})
-	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
-		n := 100
-		if string(ctx.Path()) == "/big" {
-			n = 300 << 10
-		}
-		ctx.SetBodyString(strings.Repeat("z", n))
-	}
-	if rep := r.get("/small", ""); rep.status != 200 || len(rep.body) != 100 {
-		t.Fatalf("small: %d, %d bytes", rep.status, len(rep.body))
-	}
-	before := r.backends[0].hits.Load()
-	if rep := r.get("/big", ""); rep.status != 200 || len(rep.body) != 300<<10 {
-		t.Fatalf("big: %d, %d bytes", rep.status, len(rep.body))
-	}
-	if got := r.backends[0].hits.Load() - before; got != 2 {
-		t.Errorf("backend saw the big GET %d times, want 2 (buffered, then streamed)", got)
-	}
-	if got := r.srv.Stats().Restreamed.Load(); got != 1 {
-		t.Errorf("restreamed = %d, want 1", got)
-	}
-	// A POST streams at once.
-	before = r.backends[0].hits.Load()
-	if rep := r.do("POST", "/big", "", strings.NewReader("x")); rep.status != 200 || len(rep.body) != 300<<10 {
-		t.Fatalf("POST big: %d, %d bytes", rep.status, len(rep.body))
-	}
-	if got := r.backends[0].hits.Load() - before; got != 1 {
-		t.Errorf("backend saw the POST %d times, want 1", got)
-	}
-}
-
 func TestConsistentHashBySource(t *testing.T) {
 	onEngines(t, func(t *testing.T) {
 		r := newRig(t, rigOpts{backends: 3, policy: "consistent-hash", cfg: Config{StickyCookie: "-"}})

@@ -1,0 +1,109 @@
+package http
+
+import (
+	"bufio"
+	"net"
+	nethttp "net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// TestAnswerNotRequestedTwice: a body-less request whose answer is larger
+// than -http-response-buffer reaches the backend once, and the client gets
+// that one answer whole. A DELETE that deleted an item must not run again
+// (whose answer, 404, the client would get). On the loop engine the
+// HTTP/1.0 requests are served by the fasthttp engine after a hand-over.
+func TestAnswerNotRequestedTwice(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, cfg: Config{ResponseBuffer: 1 << 10}})
+		var deleted atomic.Bool
+		r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+			switch {
+			case ctx.IsDelete() && deleted.Swap(true):
+				ctx.SetStatusCode(404)
+				ctx.SetBodyString("gone")
+			case ctx.IsDelete():
+				ctx.SetBodyString(strings.Repeat("d", 100<<10))
+			case string(ctx.Path()) == "/chunked":
+				ctx.SetBodyStream(strings.NewReader(strings.Repeat("c", 300<<10)), -1)
+			default:
+				ctx.SetBodyString(strings.Repeat("g", 300<<10))
+			}
+		}
+		for _, tc := range []struct {
+			name, raw, method string
+			want              int
+			body              byte
+		}{
+			{"DELETE HTTP/1.0", "DELETE /item HTTP/1.0\r\nHost: x\r\n\r\n", "DELETE", 100 << 10, 'd'},
+			{"GET HTTP/1.0", "GET /big HTTP/1.0\r\nHost: x\r\n\r\n", "GET", 300 << 10, 'g'},
+			{"GET HTTP/1.1", "GET /big HTTP/1.1\r\nHost: x\r\n\r\n", "GET", 300 << 10, 'g'},
+			{"GET chunked", "GET /chunked HTTP/1.1\r\nHost: x\r\n\r\n", "GET", 300 << 10, 'c'},
+		} {
+			before := r.backends[0].hits.Load()
+			rc := dialRaw(t, r.addr)
+			rc.send(tc.raw)
+			resp, body := rc.read(tc.method)
+			if resp.StatusCode != 200 || len(body) != tc.want || strings.Trim(body, string(tc.body)) != "" {
+				t.Errorf("%s: %d, %d bytes; want 200 and %d bytes of %c", tc.name, resp.StatusCode, len(body), tc.want, tc.body)
+			}
+			if got := r.backends[0].hits.Load() - before; got != 1 {
+				t.Errorf("%s: the backend got the request %d times, want 1", tc.name, got)
+			}
+		}
+		// The connection the large answer came on is reused: the answer
+		// was read to its end.
+		for range 3 {
+			if rep := r.get("/big", ""); rep.status != 200 || len(rep.body) != 300<<10 {
+				t.Fatalf("GET /big: %d, %d bytes", rep.status, len(rep.body))
+			}
+		}
+		if got := r.srv.Stats().Restreamed.Load(); got != 0 {
+			t.Errorf("restreamed = %d, want 0", got)
+		}
+	})
+}
+
+// TestOnlyGetHeadResent: a backend that reads a request and closes its
+// connection without an answer may have executed it. A DELETE or PUT is
+// then answered 502 and sent nowhere else; a GET moves to the other
+// backend. Each request reaches the backends once, but the GET, which
+// may reach them twice.
+func TestOnlyGetHeadResent(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		var broke atomic.Int64
+		r := newRig(t, rigOpts{backends: 2, policy: "round-robin", cfg: Config{StickyCookie: "-"}, raw: func(c net.Conn) {
+			br := bufio.NewReader(c)
+			for {
+				req, err := nethttp.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				req.Body.Close()
+				broke.Add(1)
+				return // executed, then the connection breaks before an answer
+			}
+		}})
+		for _, m := range []string{"DELETE", "PUT", "OPTIONS"} {
+			var st [2]int
+			for i := range 2 { // round robin: one of them goes to the broken backend
+				b0, b1 := broke.Load(), r.backends[1].hits.Load()
+				st[i] = r.do(m, "/x", "", nil).status
+				if got := broke.Load() - b0 + r.backends[1].hits.Load() - b1; got != 1 {
+					t.Errorf("%s: executed %d times, want 1", m, got)
+				}
+			}
+			if st[0]+st[1] != 200+502 {
+				t.Errorf("%s: statuses %v, want one 200 and one 502", m, st)
+			}
+		}
+		for range 2 {
+			if rep := r.get("/x", ""); rep.status != 200 {
+				t.Errorf("GET: %d, want 200 (moved to the other backend)", rep.status)
+			}
+		}
+	})
+}
