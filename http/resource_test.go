@@ -107,3 +107,52 @@ func TestOnlyGetHeadResent(t *testing.T) {
 		}
 	})
 }
+
+// switchingBackend answers 101 Switching Protocols to /up and treats every
+// byte after it on that connection as the switched protocol: a request
+// that lands there is answered "tunnel". Other requests get "normal".
+func switchingBackend(c net.Conn) {
+	br := bufio.NewReader(c)
+	switched := false
+	for {
+		req, err := nethttp.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		req.Body.Close()
+		switch {
+		case switched:
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\ntunnel"))
+		case req.URL.Path == "/up":
+			switched = true
+			c.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"))
+		default:
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nnormal"))
+		}
+	}
+}
+
+// TestUnaskedSwitchingProtocols: a backend's 101 to a request that asked
+// for no upgrade (sluice forwards none) is a bad answer, 502, on every
+// path, and the connection it came on is never used again: the next
+// request gets its own answer, not one from inside the switched
+// connection.
+func TestUnaskedSwitchingProtocols(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, cfg: Config{StickyCookie: "-"}, raw: switchingBackend})
+		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+			for range 3 {
+				rc := dialRaw(t, r.addr)
+				rc.send("GET /up " + proto + "\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+				if resp, body := rc.read("GET"); resp.StatusCode != 502 {
+					t.Errorf("%s 101 to a request without upgrade: %d %q, want 502", proto, resp.StatusCode, body)
+				}
+				rc = dialRaw(t, r.addr)
+				rc.send("GET / " + proto + "\r\nHost: x\r\n\r\n")
+				if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "normal" {
+					t.Errorf("%s next request: %d %q, want 200 normal", proto, resp.StatusCode, body)
+				}
+			}
+		}
+	})
+}
