@@ -265,7 +265,12 @@ func (l *evloop) relay(bc *bconn) {
 			bc.rready = false
 		}
 		bc.w += n
-		bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+		if c.x.gotHead {
+			// Between bytes of the body. Before the final head the
+			// deadline set when the request was sent holds: 1xx answers
+			// or a head trickling in do not extend it.
+			bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+		}
 	}
 }
 

@@ -36,20 +36,21 @@ type cconn struct {
 // through the pipeline (plan) and the loop's state of its I/O.
 type exchange struct {
 	plan
-	reqLen     int    // bytes of the request at in[r:]
-	bodyLen    int    // its Content-Length, the last bytes of reqLen; -1 when it has none
-	req        []byte // the request as sent to the backend
-	bc         *bconn // the backend connection carrying it; nil before and after
-	closeAfter bool   // close the client connection after the answer
-	head       bool   // a HEAD request: the answer has no body
-	staleRetry bool   // resent once after a reused connection turned out closed
-	waitUntil  int64  // waiting for a backend connection until then (loop clock); 0 when not waiting
-	gotHead    bool   // the answer's head was relayed: a failure can no longer be answered
-	status     int    // the answer's status
-	framing    uint8  // the answer body's framing (answer.go)
-	remain     int64  // frameLength: body bytes still to come
-	chunk      chunkScan
-	bclose     bool // the backend connection is not reusable afterwards
+	reqLen        int    // bytes of the request at in[r:]
+	bodyLen       int    // its Content-Length, the last bytes of reqLen; -1 when it has none
+	req           []byte // the request as sent to the backend
+	bc            *bconn // the backend connection carrying it; nil before and after
+	closeAfter    bool   // close the client connection after the answer
+	head          bool   // a HEAD request: the answer has no body
+	staleRetry    bool   // resent once after a reused connection turned out closed
+	waitUntil     int64  // waiting for a backend connection until then (loop clock); 0 when not waiting
+	gotHead       bool   // the answer's head was relayed: a failure can no longer be answered
+	informational int    // 1xx answers relayed before the final one
+	status        int    // the answer's status
+	framing       uint8  // the answer body's framing (answer.go)
+	remain        int64  // frameLength: body bytes still to come
+	chunk         chunkScan
+	bclose        bool // the backend connection is not reusable afterwards
 }
 
 // accept takes up to 64 new client connections from the listener per

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -154,5 +155,86 @@ func TestUnaskedSwitchingProtocols(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// hintsBackend answers each request with n 103 Early Hints (carrying
+// hop-by-hop headers), every gap, then 200 "ok"; it stops early when the
+// balancer closes the connection.
+func hintsBackend(n int, gap time.Duration) func(net.Conn) {
+	return func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := nethttp.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			req.Body.Close()
+			for range n {
+				if _, err := c.Write([]byte("HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\nConnection: X-Secret\r\nX-Secret: backend\r\nKeep-Alive: timeout=5\r\n\r\n")); err != nil {
+					return
+				}
+				time.Sleep(gap)
+			}
+			if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// readFinal reads answers until one is final, returning it and the 1xx
+// answers before it.
+func readFinal(rc *rawConn) (final *nethttp.Response, body string, hints []*nethttp.Response) {
+	for {
+		resp, b := rc.read("GET")
+		if resp.StatusCode >= 200 {
+			return resp, b, hints
+		}
+		hints = append(hints, resp)
+	}
+}
+
+// TestInformationalBounded: 1xx answers do not extend the backend timeout
+// (a backend sending 103 Early Hints every 100 ms for 3 s under a 400 ms
+// timeout gets 504, not its late 200), more than 16 of them are a bad
+// answer (502), and those relayed (loop engine) carry no hop-by-hop
+// header.
+func TestInformationalBounded(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		engine := engineOf(t)
+		t.Run("timeout", func(t *testing.T) {
+			r := newRig(t, rigOpts{backends: 1, raw: hintsBackend(30, 100*time.Millisecond), cfg: Config{Engine: engine, BackendTimeout: 400 * time.Millisecond}})
+			rc := dialRaw(t, r.addr)
+			rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			if resp, body, hints := readFinal(rc); resp.StatusCode != 504 || len(hints) > 16 {
+				t.Errorf("answer %d %q after %d 1xx, want 504 after at most 16", resp.StatusCode, body, len(hints))
+			}
+		})
+		t.Run("count", func(t *testing.T) {
+			r := newRig(t, rigOpts{backends: 1, raw: hintsBackend(17, 0), cfg: Config{Engine: engine}})
+			rc := dialRaw(t, r.addr)
+			rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			if resp, body, hints := readFinal(rc); resp.StatusCode != 502 || len(hints) > 16 {
+				t.Errorf("answer %d %q after %d 1xx, want 502 after at most 16", resp.StatusCode, body, len(hints))
+			}
+		})
+		t.Run("relayed", func(t *testing.T) {
+			r := newRig(t, rigOpts{backends: 1, raw: hintsBackend(16, 0), cfg: Config{Engine: engine}})
+			rc := dialRaw(t, r.addr)
+			rc.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			resp, body, hints := readFinal(rc)
+			if resp.StatusCode != 200 || body != "ok" {
+				t.Errorf("answer %d %q after 16 1xx, want 200 ok", resp.StatusCode, body)
+			}
+			if engine == EngineLoop && len(hints) != 16 {
+				t.Errorf("%d 1xx relayed, want 16", len(hints))
+			}
+			for _, h := range hints {
+				if h.Header.Get("Link") == "" || h.Header.Get("X-Secret") != "" || h.Header.Get("Keep-Alive") != "" || h.Header.Get("Connection") != "" {
+					t.Fatalf("1xx relayed with %v, want Link and no hop-by-hop header", h.Header)
+				}
+			}
+		})
 	})
 }
