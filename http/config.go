@@ -61,6 +61,19 @@ type Config struct {
 	// -http-backend-idle.
 	BackendIdle time.Duration
 
+	// MaxClientConns bounds the client connections open at once, on
+	// either engine; a connection over it is closed unanswered. 0 derives
+	// it from the descriptor limit (RLIMIT_NOFILE): half of what is left
+	// after 64 descriptors reserved for listeners, health probes, the
+	// store and the admin listener, as each client connection may hold a
+	// backend connection. Flag -http-max-conns.
+	MaxClientConns int
+	// MaxConnsPerSource bounds the client connections open at once from
+	// one address (not counting -http-trusted-proxy addresses); 0 is one
+	// eighth of MaxClientConns, at least 64. Flag
+	// -http-max-conns-per-source.
+	MaxConnsPerSource int
+
 	// ClientReadTimeout bounds reading a client request (headers and
 	// buffered body). Flag -http-client-timeout.
 	ClientReadTimeout time.Duration
@@ -155,6 +168,12 @@ func (c *Config) setDefaults() {
 	if c.ResponseBuffer < 0 {
 		c.ResponseBuffer = 0
 	}
+	if c.MaxClientConns == 0 {
+		c.MaxClientConns = defaultMaxClientConns(fdLimit())
+	}
+	if c.MaxConnsPerSource == 0 {
+		c.MaxConnsPerSource = defaultMaxConnsPerSource(c.MaxClientConns)
+	}
 	fill(&c.RetryAfterNoBackend, d.RetryAfterNoBackend)
 	fill(&c.Engine, d.Engine)
 	if c.Clock == nil {
@@ -218,6 +237,10 @@ func (c *Config) Validate() error {
 		return fieldError("BackendTimeout", "must be positive")
 	case c.BackendIdle < 0:
 		return fieldError("BackendIdle", "must be positive")
+	case c.MaxClientConns < 0:
+		return fieldError("MaxClientConns", "must not be negative (0: derived from the descriptor limit)")
+	case c.MaxConnsPerSource < 0:
+		return fieldError("MaxConnsPerSource", "must not be negative (0: an eighth of the connection limit)")
 	case c.ClientReadTimeout < 0:
 		return fieldError("ClientReadTimeout", "must be positive")
 	case c.ClientIdle < 0:

@@ -129,6 +129,15 @@ func (e *loopEngine) openCount(addr string) *atomic.Int64 {
 	return n
 }
 
+// fdLimit returns the process's descriptor limit (RLIMIT_NOFILE, soft).
+func fdLimit() uint64 {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
+		return 1 << 20
+	}
+	return rl.Cur
+}
+
 // closeListener closes the listening socket once every loop has stopped
 // watching it, so that no loop accepts on a descriptor number reused
 // since.
@@ -312,7 +321,11 @@ type evloop struct {
 	base      time.Time
 	tick      int64
 	stopped   bool
-	bufs      [][]byte // free client buffers
+	// Accepting pauses after accept failed for lack of resources
+	// (acceptFailed): backoff is the pause, grown while it keeps failing.
+	acceptPaused bool
+	backoff      time.Duration
+	bufs         [][]byte // free client buffers
 }
 
 // fdOwner is the connection that holds a descriptor: one of c and b is set.

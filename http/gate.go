@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
 )
@@ -29,6 +30,19 @@ type gateConn struct {
 	chunk  chunkScan
 	err    *headError // the refused head
 	rerr   error      // the read error to return once buf is passed on
+	// release ends the connection's count under the client limits
+	// (connlimit.go), once, when it is closed; nil when not counted.
+	release func()
+	closed  atomic.Bool
+}
+
+// Close closes the connection and ends its count under the client limits.
+func (g *gateConn) Close() error {
+	err := g.Conn.Close()
+	if g.closed.CompareAndSwap(false, true) && g.release != nil {
+		g.release()
+	}
+	return err
 }
 
 const (
@@ -166,20 +180,6 @@ func (g *gateConn) fill() error {
 		err = io.ErrNoProgress
 	}
 	return err
-}
-
-// gateListener wraps every accepted connection in a gate.
-type gateListener struct {
-	net.Listener
-	s *Server
-}
-
-func (l gateListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return l.s.gate(c, nil), nil
 }
 
 // errorHandlerCtx answers what fasthttp could not read: a head the gate

@@ -5,6 +5,7 @@ package http
 import (
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -63,12 +64,18 @@ func (l *evloop) accept() {
 			case unix.EAGAIN, unix.EINTR:
 			case unix.ECONNABORTED:
 				continue
-			default: // EMFILE, ENFILE, ENOBUFS: the listener stays ready, retried next wake-up
-				l.s.logger.Warn("http accept failed", "err", err)
+			default: // EMFILE, ENFILE, ENOBUFS, ENOMEM
+				l.acceptFailed(err)
 			}
 			return
 		}
+		l.backoff = 0
 		if l.e.stopping.Load() {
+			closeFD(fd)
+			continue
+		}
+		if !l.s.conns.take(ip) {
+			l.s.stats.ConnLimited.Add(1)
 			closeFD(fd)
 			continue
 		}
@@ -79,6 +86,31 @@ func (l *evloop) accept() {
 		}
 		l.setFD(fd, fdOwner{c: c})
 		l.clients++
+	}
+}
+
+// acceptFailed pauses accepting on this loop after accept failed for lack
+// of descriptors or memory: the listener stays ready (it is watched
+// level-triggered), so retrying at once would spin on the failure. The
+// loop stops watching it for 5 ms, doubling to 1 s while the failure
+// lasts; the failure is logged at most once a second.
+func (l *evloop) acceptFailed(err error) {
+	l.backoff = nextBackoff(l.backoff)
+	l.s.acceptLog.failed(l.s.logger, err, l.backoff)
+	l.unwatch(l.e.lnfd)
+	l.acceptPaused = true
+	time.AfterFunc(l.backoff, func() { l.post(l.resumeAccept) })
+}
+
+// resumeAccept watches the listener again after a pause; connections that
+// wait make it ready at once.
+func (l *evloop) resumeAccept() {
+	if !l.acceptPaused || l.stopped || l.e.stopping.Load() {
+		return
+	}
+	l.acceptPaused = false
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, l.e.lnfd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: int32(l.e.lnfd)}); err != nil {
+		l.s.logger.Error("http loop: watching the listener again failed", "err", err)
 	}
 }
 
@@ -467,7 +499,9 @@ func (l *evloop) closeClient(c *cconn) {
 		c.x.releaseBackend(l.s.clock.Now(), lb.Abandoned)
 		l.closeBackend(bc)
 	}
+	ip := c.ip
 	closeFD(l.detach(c))
+	l.s.conns.release(ip)
 }
 
 // detach makes the loop forget c (posted work and waiters see it gone)

@@ -21,24 +21,26 @@ import (
 // Server is the HTTP front end. Build it with New, start it with Serve or
 // ListenAndServe, stop it with Shutdown. Safe for concurrent use.
 type Server struct {
-	cfg      Config
-	backends atomic.Pointer[backendSet] // SetPool swaps them
-	ctrl     *admission.Controller
-	mem      *admission.Memory
-	signer   *lb.Signer
-	clock    admission.Clock
-	logger   *slog.Logger
-	sticky   *stickyCookie // nil when disabled
-	sessions *sessionTable // nil when disabled
-	appName  string
-	trusted  []netip.Prefix
-	hashKind hashKind
-	hashName string
-	ruleView atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
-	connDeny string                   // the hash header, lower case: Connection may not name it
-	srv      *fasthttp.Server
-	loops    atomic.Pointer[loopEngine] // set while the loop engine serves
-	shut     atomic.Bool                // Shutdown was called
+	cfg       Config
+	backends  atomic.Pointer[backendSet] // SetPool swaps them
+	ctrl      *admission.Controller
+	mem       *admission.Memory
+	signer    *lb.Signer
+	clock     admission.Clock
+	logger    *slog.Logger
+	sticky    *stickyCookie // nil when disabled
+	sessions  *sessionTable // nil when disabled
+	appName   string
+	trusted   []netip.Prefix
+	hashKind  hashKind
+	hashName  string
+	ruleView  atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
+	connDeny  string                   // the hash header, lower case: Connection may not name it
+	srv       *fasthttp.Server
+	loops     atomic.Pointer[loopEngine] // set while the loop engine serves
+	shut      atomic.Bool                // Shutdown was called
+	conns     clientLimit                // client connections open (connlimit.go)
+	acceptLog acceptLog
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
@@ -58,6 +60,7 @@ type Stats struct {
 	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
 	HandedOver    atomic.Uint64 // loop engine: connections given to the fasthttp server
 	BadRequest    atomic.Uint64 // request heads refused (400, 431, 501, 505), connection closed
+	ConnLimited   atomic.Uint64 // client connections closed at once: -http-max-conns or -http-max-conns-per-source reached
 }
 
 // Deps are what the HTTP front end is built on, as sip.Deps are the SIP
@@ -96,6 +99,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		trusted: cfg.TrustedProxies,
 		appName: cfg.AppCookie,
 	}
+	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
 	s.wallBase, s.monoBase = time.Now(), cfg.Clock.Now()
 	if cfg.StickyCookie != "-" {
 		if signer == nil {
@@ -196,7 +200,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		return s.serveLoops(ln)
 	}
 	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len())
-	return s.srv.Serve(gateListener{ln, s})
+	return s.srv.Serve(limitedListener{ln, s})
 }
 
 // ListenAndServe listens on Config.Listen and serves.

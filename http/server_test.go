@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	nethttp "net/http"
 	"net/netip"
@@ -191,6 +192,7 @@ type rigOpts struct {
 	cfg      Config
 	passive  lb.PassiveConfig
 	raw      func(net.Conn) // backend 0 is a raw TCP server running this per connection
+	logger   *slog.Logger   // nil: discarded
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -253,7 +255,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	if cfg.Engine == "" {
 		cfg.Engine = engineOf(t)
 	}
-	r.srv, err = New(cfg, Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer}, nil)
+	r.srv, err = New(cfg, Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer}, o.logger)
 	if err != nil {
 		t.Fatal(err)
 	}

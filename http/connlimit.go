@@ -1,0 +1,185 @@
+package http
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Client connections are bounded so that the process never runs out of
+// descriptors: a listener that cannot accept for lack of descriptors stays
+// ready, and everything else that needs one (backend connections, health
+// probes, the store, the admin listener) fails with it.
+//
+//   - At most Config.MaxClientConns client connections are open at once
+//     (default: derived from RLIMIT_NOFILE, see defaultMaxClientConns),
+//     at most Config.MaxConnsPerSource from one address (trusted proxies
+//     excepted). A connection over a limit is closed at once, unanswered.
+//   - When accept fails for lack of descriptors or memory (EMFILE,
+//     ENFILE, ENOBUFS, ENOMEM), accepting pauses 5 ms, doubling to 1 s
+//     while it keeps failing (as net/http does), and the failure is logged
+//     at most once a second with the count since the last line.
+
+// fdReserve is the descriptors kept out of the client limit's reach for
+// listeners, health probes, the store, the admin listener, logs and the
+// runtime.
+const fdReserve = 64
+
+// defaultMaxClientConns derives the client connection limit from the
+// descriptor limit n: after fdReserve, half of the rest, since each client
+// connection may hold one backend connection.
+func defaultMaxClientConns(n uint64) int {
+	if n <= fdReserve+2 {
+		return 1
+	}
+	return int(min((n-fdReserve)/2, 1<<30))
+}
+
+// defaultMaxConnsPerSource is one eighth of the client limit, at least 64.
+func defaultMaxConnsPerSource(total int) int {
+	return max(64, total/8)
+}
+
+// clientLimit counts open client connections, in total and per source
+// address, across engines and loops.
+type clientLimit struct {
+	max, perSource int
+	trusted        []netip.Prefix // not counted per source
+	open           atomic.Int64
+	mu             sync.Mutex
+	by             map[netip.Addr]int32
+}
+
+// take counts a new connection from ip, or reports false when a limit is
+// reached (the caller closes it).
+func (l *clientLimit) take(ip netip.Addr) bool {
+	if l.open.Add(1) > int64(l.max) {
+		l.open.Add(-1)
+		return false
+	}
+	if !l.perIP(ip) {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if int(l.by[ip]) >= l.perSource {
+		l.open.Add(-1)
+		return false
+	}
+	if l.by == nil {
+		l.by = map[netip.Addr]int32{}
+	}
+	l.by[ip]++
+	return true
+}
+
+// release ends the count of a connection take accepted.
+func (l *clientLimit) release(ip netip.Addr) {
+	l.open.Add(-1)
+	if !l.perIP(ip) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := l.by[ip] - 1; n > 0 {
+		l.by[ip] = n
+	} else {
+		delete(l.by, ip)
+	}
+}
+
+// perIP reports whether connections from ip count toward the per-source limit.
+func (l *clientLimit) perIP(ip netip.Addr) bool {
+	for _, p := range l.trusted {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// resourceErr reports whether an accept error is a lack of descriptors or
+// memory, which does not go away by retrying at once.
+func resourceErr(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+}
+
+// Accept back-off bounds (net/http's).
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// nextBackoff doubles d from acceptBackoffMin up to acceptBackoffMax.
+func nextBackoff(d time.Duration) time.Duration {
+	if d == 0 {
+		return acceptBackoffMin
+	}
+	return min(2*d, acceptBackoffMax)
+}
+
+// acceptLog logs accept failures at most once a second.
+type acceptLog struct {
+	mu   sync.Mutex
+	last time.Time
+	n    int
+}
+
+// failed counts a failure and logs it unless a line went out less than a
+// second ago; the line carries the failures since the last one.
+func (a *acceptLog) failed(logger *slog.Logger, err error, retry time.Duration) {
+	a.mu.Lock()
+	a.n++
+	now := time.Now()
+	if !a.last.IsZero() && now.Sub(a.last) < time.Second {
+		a.mu.Unlock()
+		return
+	}
+	n := a.n
+	a.n, a.last = 0, now
+	a.mu.Unlock()
+	logger.Warn("http accept failed", "err", err, "failures", n, "retry_in", retry.String())
+}
+
+// limitedListener is the fasthttp engine's listener: it backs off when
+// accept fails for lack of resources, closes connections over the client
+// limits, and wraps the others in a gate.
+type limitedListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l limitedListener) Accept() (net.Conn, error) {
+	var backoff time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			if !resourceErr(err) {
+				return nil, err
+			}
+			backoff = nextBackoff(backoff)
+			l.s.acceptLog.failed(l.s.logger, err, backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		var ip netip.Addr
+		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			ip = ta.AddrPort().Addr().Unmap()
+		}
+		if !l.s.conns.take(ip) {
+			l.s.stats.ConnLimited.Add(1)
+			c.Close()
+			continue
+		}
+		g := l.s.gate(c, nil)
+		g.release = func() { l.s.conns.release(ip) }
+		return g, nil
+	}
+}
