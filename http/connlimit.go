@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Client connections are bounded so that the process never runs out of
@@ -182,4 +184,111 @@ func (l limitedListener) Accept() (net.Conn, error) {
 		g.release = func() { l.s.conns.release(ip) }
 		return g, nil
 	}
+}
+
+// backendSlots counts the connections open to one backend address, of
+// both engines: -http-backend-max-conns is one limit per backend, whichever
+// pool (a loop's, or the fasthttp engine's) holds the connection.
+type backendSlots struct {
+	n     atomic.Int64
+	mu    sync.Mutex
+	freed chan struct{} // closed when a slot frees; nil when nobody waits
+}
+
+// take counts a connection unless max are open.
+func (b *backendSlots) take(max int) bool {
+	if b.n.Add(1) > int64(max) {
+		b.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+// release frees a slot take counted, waking those who wait for one.
+func (b *backendSlots) release() {
+	b.n.Add(-1)
+	b.mu.Lock()
+	if b.freed != nil {
+		close(b.freed)
+		b.freed = nil
+	}
+	b.mu.Unlock()
+}
+
+// wait takes a slot, waiting up to d for one to free.
+func (b *backendSlots) wait(max int, d time.Duration) bool {
+	var t *time.Timer
+	for {
+		if b.take(max) {
+			return true
+		}
+		b.mu.Lock()
+		if b.freed == nil {
+			b.freed = make(chan struct{})
+		}
+		ch := b.freed
+		b.mu.Unlock()
+		if b.take(max) { // a slot freed before the channel was there
+			return true
+		}
+		if t == nil {
+			t = time.NewTimer(d)
+			defer t.Stop()
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		}
+	}
+}
+
+// backendSlots returns the slots of addr, made on first use.
+func (s *Server) backendSlots(addr string) *backendSlots {
+	s.slotsMu.Lock()
+	defer s.slotsMu.Unlock()
+	if s.slots == nil {
+		s.slots = map[string]*backendSlots{}
+	}
+	b := s.slots[addr]
+	if b == nil {
+		b = new(backendSlots)
+		s.slots[addr] = b
+	}
+	return b
+}
+
+// dialBackend is the fasthttp engine's dial: it takes a slot of addr
+// first (waiting up to -http-backend-conn-wait), which the connection
+// frees when it closes.
+func (s *Server) dialBackend(addr string) (net.Conn, error) {
+	slots := s.backendSlots(addr)
+	if !slots.wait(s.cfg.MaxConns, s.cfg.ConnWait) {
+		return nil, fasthttp.ErrNoFreeConns
+	}
+	c, err := fasthttp.DialTimeout(addr, s.cfg.ConnectTimeout)
+	if err != nil {
+		slots.release()
+		return nil, err
+	}
+	return &slotConn{Conn: c, free: func() {
+		slots.release()
+		if e := s.loops.Load(); e != nil {
+			e.slotFreed(addr) // a loop's request may wait for it
+		}
+	}}, nil
+}
+
+// slotConn is a fasthttp engine backend connection that frees its slot
+// when closed.
+type slotConn struct {
+	net.Conn
+	once sync.Once
+	free func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.free)
+	return err
 }

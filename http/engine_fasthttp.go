@@ -2,6 +2,7 @@ package http
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -105,6 +106,27 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 			bodyReaders.Put(body)
 		}
 	}()
+	if body != nil {
+		// A backend connection is taken only when there are bytes to
+		// send: the first 64 KiB of the body (or all of a shorter one)
+		// are read before; a client that sends a little and stalls holds
+		// none. And one source holds at most MaxConns/8 (at least 1)
+		// backend connections for uploads at once.
+		first, err := prefetchBody(body, h.ContentLength())
+		if err != nil || body.broken(h.ContentLength()) {
+			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
+			ctx.SetConnectionClose()
+			return
+		}
+		if !s.uploads.take(ip) {
+			s.stats.UploadLimited.Add(1)
+			s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, connRetry, psUploadLimit, "backend connections for this client's uploads at their limit")
+			ctx.SetConnectionClose()
+			return
+		}
+		defer s.uploads.release(ip)
+		ctx.Request.SetBodyStream(io.MultiReader(bytes.NewReader(first), body), h.ContentLength())
+	}
 	for {
 		p.acquireBackend()
 		err := s.roundTrip(ctx, p)
@@ -208,7 +230,6 @@ func (s *Server) exchange(ctx *fasthttp.RequestCtx, set *backendSet, b *lb.Backe
 // through backendTransport, which reads answers with a Content-Length up
 // to buffer whole and streams the others.
 func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
-	timeout := s.cfg.ConnectTimeout
 	return &fasthttp.HostClient{
 		Addr:                     addr,
 		NoDefaultUserAgentHeader: true,
@@ -232,7 +253,7 @@ func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
 		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (bool, bool) {
 			return false, attempts < 2 && !errors.Is(err, fasthttp.ErrTimeout) && resendable(req.Header.Method())
 		},
-		Dial: func(addr string) (net.Conn, error) { return fasthttp.DialTimeout(addr, timeout) },
+		Dial:                     s.dialBackend, // one -http-backend-max-conns with the loops' connections
 	}
 }
 
@@ -459,6 +480,25 @@ func skipTrailer(br *bufio.Reader) error {
 }
 
 var errBadTrailer = errors.New("backend answer's trailer section too large")
+
+// uploadPrefetch is how much of a streamed request body must have arrived
+// before a backend connection is taken for it.
+const uploadPrefetch = 64 << 10
+
+// prefetchBody reads the first uploadPrefetch bytes of a streamed body
+// whose Content-Length is cl (-1 chunked), or all of a shorter one.
+func prefetchBody(r io.Reader, cl int) ([]byte, error) {
+	n := uploadPrefetch
+	if cl >= 0 && cl < n {
+		n = cl
+	}
+	buf := make([]byte, n)
+	k, err := io.ReadFull(r, buf)
+	if cl < 0 && (err == io.EOF || err == io.ErrUnexpectedEOF) {
+		err = nil // a chunked body shorter than uploadPrefetch: all of it is here
+	}
+	return buf[:k], err
+}
 
 // bodyReader passes a streamed request body through, counting its bytes
 // and keeping the first error reading it.

@@ -109,24 +109,18 @@ type loopEngine struct {
 	detached sync.WaitGroup // a loop is done once it stopped watching the listener
 	wg       sync.WaitGroup
 	lnOnce   sync.Once
-	openMu   sync.Mutex
-	open     map[string]*atomic.Int64 // connections per backend address, all loops
 }
 
-// openCount returns the counter of connections to addr that all loops
-// share.
-func (e *loopEngine) openCount(addr string) *atomic.Int64 {
-	e.openMu.Lock()
-	defer e.openMu.Unlock()
-	if e.open == nil {
-		e.open = map[string]*atomic.Int64{}
+// slotFreed tells the loops that a connection to addr closed outside them
+// (the fasthttp engine's): a request waiting for one may dial.
+func (e *loopEngine) slotFreed(addr string) {
+	for _, l := range e.loops {
+		l.post(func() {
+			if p := l.connPools[addr]; p != nil && len(p.waiters) > 0 {
+				l.serveWaiters(p)
+			}
+		})
 	}
-	n := e.open[addr]
-	if n == nil {
-		n = new(atomic.Int64)
-		e.open[addr] = n
-	}
-	return n
 }
 
 // fdLimit returns the process's descriptor limit (RLIMIT_NOFILE, soft).

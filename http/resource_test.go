@@ -2,6 +2,7 @@ package http
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	nethttp "net/http"
 	"strings"
@@ -235,6 +236,149 @@ func TestInformationalBounded(t *testing.T) {
 					t.Fatalf("1xx relayed with %v, want Link and no hop-by-hop header", h.Header)
 				}
 			}
+		})
+	})
+}
+
+// admittedTotal is the number of requests admission admitted.
+func admittedTotal(r *rig) uint64 {
+	var n uint64
+	for _, p := range r.ctrl.Counts().Admitted {
+		for _, c := range p {
+			n += c
+		}
+	}
+	return n
+}
+
+// waitFor polls cond up to 500 times, 10 ms apart, and reports whether it
+// held.
+func waitFor(cond func() bool) bool {
+	for range 500 {
+		if cond() {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cond()
+}
+
+// TestBackendMaxConnsOneLimit: -http-backend-max-conns is one limit per
+// backend over every pool: with the limit at 2, requests served by the
+// loop and by the fasthttp engine (HTTP/1.0, handed over) together never
+// have more than 2 connections open to the backend (each pool had its
+// own 2: 4, and 6 with the buffering pool).
+func TestBackendMaxConnsOneLimit(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		var open, peak, entered atomic.Int64
+		release := make(chan struct{})
+		r := newRig(t, rigOpts{backends: 1, cfg: Config{MaxConns: 2, ConnWait: 50 * time.Millisecond, StickyCookie: "-"}, raw: func(c net.Conn) {
+			n := open.Add(1)
+			defer open.Add(-1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			br := bufio.NewReader(c)
+			for {
+				req, err := nethttp.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				req.Body.Close()
+				entered.Add(1)
+				<-release
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+			}
+		}})
+		var refused atomic.Int64
+		statuses := make(chan int, 12)
+		for i := range 12 {
+			proto := "HTTP/1.1"
+			if i%2 == 1 {
+				proto = "HTTP/1.0"
+			}
+			rc := dialRaw(t, r.addr)
+			go func() {
+				rc.send("GET / " + proto + "\r\nHost: x\r\n\r\n")
+				resp, err := nethttp.ReadResponse(rc.br, nil)
+				if err != nil {
+					statuses <- 0
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode == 503 {
+					refused.Add(1)
+				}
+				statuses <- resp.StatusCode
+			}()
+		}
+		if !waitFor(func() bool { return entered.Load()+refused.Load() == 12 || peak.Load() > 2 }) {
+			t.Logf("entered %d, refused %d", entered.Load(), refused.Load())
+		}
+		close(release)
+		for range 12 {
+			if st := <-statuses; st != 200 && st != 503 {
+				t.Errorf("status %d, want 200 or 503", st)
+			}
+		}
+		if p := peak.Load(); p > 2 {
+			t.Errorf("%d connections open to the backend at once, want at most 2", p)
+		}
+	})
+}
+
+// stalledUpload opens a connection from local (nil: any), sends the head
+// of a POST of size bytes and the first sent of them, and leaves it there.
+func stalledUpload(t *testing.T, addr string, local net.Addr, size, sent int) {
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: local}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", size, strings.Repeat("u", sent))
+}
+
+// TestStalledUploadsHoldNoBackend: uploads over -http-stream-threshold
+// whose client sends a little and stalls hold no backend connection (one
+// is taken when 64 KiB, or the whole body, are there), and one source
+// holds at most MaxConns/8 (at least 1) backend connections for uploads:
+// with -http-backend-max-conns 4, neither 8 uploads of 1.1 KB stalled nor
+// 4 of 70 KB stalled from another address keep a full upload from
+// getting through. Both were answered 503: the stalled ones held every
+// connection.
+func TestStalledUploadsHoldNoBackend(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		engine := engineOf(t)
+		cfg := Config{Engine: engine, MaxConns: 4, ConnWait: 50 * time.Millisecond, StreamThreshold: 1 << 10, StickyCookie: "-"}
+		upload := func(r *rig) {
+			t.Helper()
+			rep := r.do("POST", "/up", "", strings.NewReader(strings.Repeat("v", 8<<10)))
+			if rep.status != 200 {
+				t.Errorf("upload beside the stalled ones: %d %q, want 200", rep.status, rep.body)
+			}
+		}
+		t.Run("trickle", func(t *testing.T) {
+			r := newRig(t, rigOpts{backends: 1, cfg: cfg})
+			for range 8 {
+				stalledUpload(t, r.addr, nil, 100000, 1100)
+			}
+			if !waitFor(func() bool { return admittedTotal(r) == 8 }) {
+				t.Fatalf("admitted %d of the 8 stalled uploads", admittedTotal(r))
+			}
+			upload(r)
+		})
+		t.Run("per source", func(t *testing.T) {
+			r := newRig(t, rigOpts{backends: 1, cfg: cfg})
+			other := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
+			for range 4 {
+				stalledUpload(t, r.addr, other, 1000000, 70<<10)
+			}
+			if !waitFor(func() bool {
+				return r.pool.Backends()[0].Outstanding()+int64(r.srv.Stats().UploadLimited.Load()) >= 4
+			}) {
+				t.Fatalf("outstanding %d, limited %d", r.pool.Backends()[0].Outstanding(), r.srv.Stats().UploadLimited.Load())
+			}
+			upload(r)
 		})
 	})
 }

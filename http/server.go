@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -40,7 +42,10 @@ type Server struct {
 	loops     atomic.Pointer[loopEngine] // set while the loop engine serves
 	shut      atomic.Bool                // Shutdown was called
 	conns     clientLimit                // client connections open (connlimit.go)
+	uploads   clientLimit                // streamed uploads holding a backend connection, per source
 	acceptLog acceptLog
+	slotsMu   sync.Mutex
+	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
@@ -61,6 +66,7 @@ type Stats struct {
 	HandedOver    atomic.Uint64 // loop engine: connections given to the fasthttp server
 	BadRequest    atomic.Uint64 // request heads refused (400, 431, 501, 505), connection closed
 	ConnLimited   atomic.Uint64 // client connections closed at once: -http-max-conns or -http-max-conns-per-source reached
+	UploadLimited atomic.Uint64 // streamed uploads answered 503: their source held MaxConns/8 backend connections for uploads
 }
 
 // Deps are what the HTTP front end is built on, as sip.Deps are the SIP
@@ -100,6 +106,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		appName: cfg.AppCookie,
 	}
 	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
+	s.uploads.max, s.uploads.perSource, s.uploads.trusted = math.MaxInt, max(1, cfg.MaxConns/8), cfg.TrustedProxies
 	s.wallBase, s.monoBase = time.Now(), cfg.Clock.Now()
 	if cfg.StickyCookie != "-" {
 		if signer == nil {
