@@ -253,7 +253,7 @@ func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
 		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (bool, bool) {
 			return false, attempts < 2 && !errors.Is(err, fasthttp.ErrTimeout) && resendable(req.Header.Method())
 		},
-		Dial:                     s.dialBackend, // one -http-backend-max-conns with the loops' connections
+		Dial: s.dialBackend, // one -http-backend-max-conns with the loops' connections
 	}
 }
 
