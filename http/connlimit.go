@@ -292,3 +292,43 @@ func (c *slotConn) Close() error {
 	c.once.Do(c.free)
 	return err
 }
+
+// sourceCount counts what each source address holds (requests in ARM
+// delay queues), trusted proxies not counted.
+type sourceCount struct {
+	trusted []netip.Prefix
+	mu      sync.Mutex
+	by      map[netip.Addr]int
+}
+
+// take counts one more for ip unless it holds most already.
+func (c *sourceCount) take(ip netip.Addr, most int) bool {
+	for _, p := range c.trusted {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by[ip] >= most {
+		return false
+	}
+	if c.by == nil {
+		c.by = map[netip.Addr]int{}
+	}
+	c.by[ip]++
+	return true
+}
+
+// release ends a count take made.
+func (c *sourceCount) release(ip netip.Addr) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n, ok := c.by[ip]; ok {
+		if n > 1 {
+			c.by[ip] = n - 1
+		} else {
+			delete(c.by, ip)
+		}
+	}
+}

@@ -45,13 +45,36 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := s.pathOf(ctx)
 	r, d := s.admit(&p, h, path, s.clock.Now())
 	if d.Verdict == admission.Delay {
-		d = s.waitDelay(ctx.Done(), &r, d)
+		// Watch the client while the request waits in the queue: one that
+		// leaves frees its slot at once. (Not while a streamed body is
+		// unread: that is fasthttp's to read.)
+		var gone <-chan struct{}
+		end := func() {}
+		if g, ok := ctx.Conn().(*gateConn); ok && !ctx.Request.IsBodyStream() {
+			gone, end = g.watch()
+		}
+		d = s.waitDelay(ctx.Done(), gone, remoteAddr(ctx), &r, d)
+		end()
+		if gone != nil && isClosed(gone) {
+			ctx.SetConnectionClose()
+			return
+		}
 	}
 	if s.pick(&p, &ctx.Response, &r, d, h, remoteAddr(ctx)) {
 		s.forward(ctx, &p, path)
 		s.observe(&p)
 	}
 	restoreConnClose(ctx, closeAfter)
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // pathOf returns the request's path for ARM rules, nil when no rule looks

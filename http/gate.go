@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -153,6 +154,39 @@ func (g *gateConn) check() bool {
 		}
 	}
 	return true
+}
+
+// watch reads the client's connection while its request waits in an ARM
+// delay queue (when fasthttp reads nothing of it), to learn whether the
+// client left: the returned channel is closed when the connection ends.
+// Bytes that come meanwhile (a pipelined request) are kept for Read. The
+// returned end stops watching; it must be called before fasthttp reads
+// the connection again.
+func (g *gateConn) watch() (<-chan struct{}, func()) {
+	gone, exited := make(chan struct{}), make(chan struct{})
+	var stopping atomic.Bool
+	g.Conn.SetReadDeadline(time.Time{}) // the wait is bounded by the rule, not the read timeout
+	go func() {
+		defer close(exited)
+		for !stopping.Load() {
+			if g.w == len(g.buf) && (g.r == 0 || g.r == g.w) && len(g.buf) >= maxHeadSize+4<<10 {
+				return // the buffer is full: nothing more to learn
+			}
+			if err := g.fill(); err != nil {
+				if !stopping.Load() {
+					g.rerr = err
+					close(gone)
+				}
+				return
+			}
+		}
+	}()
+	return gone, func() {
+		stopping.Store(true)
+		g.Conn.SetReadDeadline(time.Unix(1, 0)) // ends the read under way
+		<-exited
+		g.Conn.SetReadDeadline(time.Time{})
+	}
 }
 
 // fill reads more bytes from the client into buf.

@@ -37,19 +37,20 @@ type cconn struct {
 // through the pipeline (plan) and the loop's state of its I/O.
 type exchange struct {
 	plan
-	reqLen        int    // bytes of the request at in[r:]
-	bodyLen       int    // its Content-Length, the last bytes of reqLen; -1 when it has none
-	req           []byte // the request as sent to the backend
-	bc            *bconn // the backend connection carrying it; nil before and after
-	closeAfter    bool   // close the client connection after the answer
-	head          bool   // a HEAD request: the answer has no body
-	staleRetry    bool   // resent once after a reused connection turned out closed
-	waitUntil     int64  // waiting for a backend connection until then (loop clock); 0 when not waiting
-	gotHead       bool   // the answer's head was relayed: a failure can no longer be answered
-	informational int    // 1xx answers relayed before the final one
-	status        int    // the answer's status
-	framing       uint8  // the answer body's framing (answer.go)
-	remain        int64  // frameLength: body bytes still to come
+	reqLen        int           // bytes of the request at in[r:]
+	bodyLen       int           // its Content-Length, the last bytes of reqLen; -1 when it has none
+	req           []byte        // the request as sent to the backend
+	bc            *bconn        // the backend connection carrying it; nil before and after
+	closeAfter    bool          // close the client connection after the answer
+	head          bool          // a HEAD request: the answer has no body
+	staleRetry    bool          // resent once after a reused connection turned out closed
+	waitUntil     int64         // waiting for a backend connection until then (loop clock); 0 when not waiting
+	gotHead       bool          // the answer's head was relayed: a failure can no longer be answered
+	informational int           // 1xx answers relayed before the final one
+	gone          chan struct{} // waiting in an ARM delay queue: closed when the client leaves
+	status        int           // the answer's status
+	framing       uint8         // the answer body's framing (answer.go)
+	remain        int64         // frameLength: body bytes still to come
 	chunk         chunkScan
 	bclose        bool // the backend connection is not reusable afterwards
 }
@@ -132,6 +133,13 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		if c.fd < 0 {
 			return
 		}
+	}
+	if c.x.gone != nil && ev&evPeerShut != 0 {
+		// The client left while its request waits in an ARM delay
+		// queue: its slot is freed at once (closeClient), the request
+		// never reaches a backend.
+		l.closeClient(c)
+		return
 	}
 	if ev&evReadable != 0 {
 		c.rready = true
@@ -316,14 +324,29 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 // the request on the loop (admitted), unless the connection is gone by
 // then. r is cloned: the bytes it viewed are the loop's scratch.
 func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision) {
+	if c.hup {
+		// The client shut its side down with its request (no edge will
+		// tell it again): it has gone, and its request leaves the queue
+		// at once.
+		if d.Wait.Cancel() {
+			l.s.stats.DelayAbandoned.Add(1)
+		}
+		<-d.Wait.Done()
+		l.s.ctrl.Resume(l.s.clock.Now(), &r, d, nil)
+		l.closeClient(c)
+		return
+	}
 	r.Method, r.Host, r.Path = strings.Clone(r.Method), strings.Clone(r.Host), strings.Clone(r.Path)
-	gen := c.gen
+	gen, ip := c.gen, c.ip
+	gone := make(chan struct{}) // closed by closeClient: the client left while queued
+	c.x.gone = gone
 	go func() {
-		d := l.s.waitDelay(l.e.stop, &r, d)
+		d := l.s.waitDelay(l.e.stop, gone, ip, &r, d)
 		l.post(func() {
 			if c.gen != gen || c.fd < 0 {
 				return
 			}
+			c.x.gone = nil
 			body := l.reparse(c)
 			l.admitted(c, &l.reqH, body, &r, d)
 		})
@@ -498,6 +521,10 @@ func (l *evloop) closeClient(c *cconn) {
 		// unknown state.
 		c.x.releaseBackend(l.s.clock.Now(), lb.Abandoned)
 		l.closeBackend(bc)
+	}
+	if c.x.gone != nil {
+		close(c.x.gone)
+		c.x.gone = nil
 	}
 	ip := c.ip
 	closeFD(l.detach(c))

@@ -70,11 +70,36 @@ func admissionRequest(class admission.Class, h *fasthttp.RequestHeader, path []b
 
 // waitDelay blocks on a delayed decision until it is an admission or a
 // refusal (see wait). It runs off the loop's goroutine on the loop engine.
-func (s *Server) waitDelay(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
+// gone is closed when the client leaves meanwhile: its request leaves the
+// queue at once, refused (nil when the engine cannot tell). One source
+// holds at most an eighth of the delaying rule's queue (at least one
+// slot; -http-trusted-proxy addresses excepted): a request over its
+// share is refused at once, as if the queue were full.
+func (s *Server) waitDelay(done, gone <-chan struct{}, ip netip.Addr, r *admission.Request, d admission.Decision) admission.Decision {
+	if d.Verdict != admission.Delay {
+		return d
+	}
+	if !s.delayed.take(ip, s.delayShare(d)) {
+		s.stats.DelayLimited.Add(1)
+		d.Wait.Cancel()
+		<-d.Wait.Done()
+		return s.ctrl.Resume(s.clock.Now(), r, d, nil)
+	}
+	defer s.delayed.release(ip)
 	for d.Verdict == admission.Delay {
-		d = s.wait(done, r, d)
+		d = s.wait(done, gone, r, d)
 	}
 	return d
+}
+
+// delayShare is the most requests one source may have in the queue of
+// the rule that delayed d: an eighth of it, at least 1.
+func (s *Server) delayShare(d admission.Decision) int {
+	q := 1000 // admission's default queue
+	if rules := s.ctrl.Rules(); d.Rule >= 0 && int(d.Rule) < len(rules) {
+		q = rules[d.Rule].Config().Queue
+	}
+	return max(1, q/8)
 }
 
 // pick goes on from a decision that is not a delay. It returns true when
@@ -252,8 +277,9 @@ func (s *Server) key(h *fasthttp.RequestHeader, client netip.Addr, set *backendS
 }
 
 // wait blocks on a delayed decision until the rule releases the request,
-// its wait runs out, done is closed (shutdown), or memory turns Critical.
-func (s *Server) wait(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
+// its wait runs out, done is closed (shutdown), gone is closed (the client
+// left: its slot in the queue is freed at once), or memory turns Critical.
+func (s *Server) wait(done, gone <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
 	var crit <-chan struct{}
 	if s.mem != nil {
 		crit = s.mem.CriticalC()
@@ -274,6 +300,10 @@ func (s *Server) wait(done <-chan struct{}, r *admission.Request, d admission.De
 		}
 	case <-done:
 		d.Wait.Cancel()
+	case <-gone:
+		if d.Wait.Cancel() {
+			s.stats.DelayAbandoned.Add(1)
+		}
 	}
 	<-d.Wait.Done()
 	return s.ctrl.Resume(s.clock.Now(), r, d, nil)

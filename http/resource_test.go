@@ -382,3 +382,72 @@ func TestStalledUploadsHoldNoBackend(t *testing.T) {
 		})
 	})
 }
+
+// queued is the length of the first ARM rule's delay queue.
+func queued(r *rig) int64 { return r.ctrl.Rules()[0].Status().Queued }
+
+// TestDelayQueueDropsGoneClients: requests in an ARM delay queue whose
+// client left are taken out at once and never forwarded (60 requests sent
+// and closed at once filled a 50-slot queue; other clients got 429 for
+// 10 s, and the 50 were forwarded later), and one source holds at most an
+// eighth of a rule's queue, so a victim from another address is queued,
+// not refused.
+func TestDelayQueueDropsGoneClients(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		engine := engineOf(t)
+		t.Run("gone", func(t *testing.T) {
+			r := newRig(t, rigOpts{backends: 1, cfg: Config{Engine: engine}, arm: []string{"name=slow,limit=1/s,action=delay,queue=80,wait=1m"}})
+			if rep := r.get("/", ""); rep.status != 200 {
+				t.Fatalf("first: %d", rep.status)
+			}
+			for range 8 {
+				c, err := net.Dial("tcp", r.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Write([]byte("GET /gone HTTP/1.1\r\nHost: x\r\n\r\n"))
+				c.Close()
+			}
+			if !waitFor(func() bool { return r.srv.Stats().DelayAbandoned.Load() == 8 && queued(r) == 0 }) {
+				t.Fatalf("abandoned %d, queued %d; want 8 and 0", r.srv.Stats().DelayAbandoned.Load(), queued(r))
+			}
+			victim := make(chan reply, 1)
+			go func() { victim <- r.get("/victim", "") }()
+			if !waitFor(func() bool { return queued(r) == 1 }) {
+				t.Fatalf("victim not queued: %d", queued(r))
+			}
+			r.clock.Advance(1100 * time.Millisecond)
+			r.ctrl.Advance(r.clock.Now())
+			if rep := <-victim; rep.status != 200 {
+				t.Errorf("victim: %d", rep.status)
+			}
+			if got := r.backends[0].hits.Load(); got != 2 {
+				t.Errorf("backend got %d requests, want 2 (none of the gone clients')", got)
+			}
+		})
+		t.Run("per source", func(t *testing.T) {
+			r := newRig(t, rigOpts{backends: 1, cfg: Config{Engine: engine}, arm: []string{"name=slow,limit=1/s,action=delay,queue=8,wait=1m"}})
+			if rep := r.get("/", ""); rep.status != 200 {
+				t.Fatalf("first: %d", rep.status)
+			}
+			other := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
+			for range 10 {
+				d := net.Dialer{LocalAddr: other, Timeout: 5 * time.Second}
+				c, err := d.Dial("tcp", r.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				c.Write([]byte("GET /flood HTTP/1.1\r\nHost: x\r\n\r\n"))
+			}
+			if !waitFor(func() bool { return r.srv.Stats().DelayLimited.Load() == 9 && queued(r) == 1 }) {
+				t.Fatalf("refused over the share %d, queued %d; want 9 and 1", r.srv.Stats().DelayLimited.Load(), queued(r))
+			}
+			victim := make(chan reply, 1)
+			go func() { victim <- r.get("/victim", "") }()
+			if !waitFor(func() bool { return queued(r) == 2 }) {
+				t.Fatalf("victim not queued: %d", queued(r))
+			}
+		})
+	})
+}

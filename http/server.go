@@ -43,6 +43,7 @@ type Server struct {
 	shut      atomic.Bool                // Shutdown was called
 	conns     clientLimit                // client connections open (connlimit.go)
 	uploads   clientLimit                // streamed uploads holding a backend connection, per source
+	delayed   sourceCount                // requests in ARM delay queues, per source
 	acceptLog acceptLog
 	slotsMu   sync.Mutex
 	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
@@ -58,15 +59,17 @@ type Server struct {
 // Admitted and refused requests, by class and guard, are counted by the
 // admission controller, not here.
 type Stats struct {
-	UpstreamError atomic.Uint64 // answered 502/503/504 for a backend failure
-	Retried       atomic.Uint64 // moved to another backend after a connect failure
-	Restreamed    atomic.Uint64 // always 0: an answer is never requested twice (kept for the metric's users)
-	Aborted       atomic.Uint64 // in-flight new work ended by memory state Critical
-	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
-	HandedOver    atomic.Uint64 // loop engine: connections given to the fasthttp server
-	BadRequest    atomic.Uint64 // request heads refused (400, 431, 501, 505), connection closed
-	ConnLimited   atomic.Uint64 // client connections closed at once: -http-max-conns or -http-max-conns-per-source reached
-	UploadLimited atomic.Uint64 // streamed uploads answered 503: their source held MaxConns/8 backend connections for uploads
+	UpstreamError  atomic.Uint64 // answered 502/503/504 for a backend failure
+	Retried        atomic.Uint64 // moved to another backend after a connect failure
+	Restreamed     atomic.Uint64 // always 0: an answer is never requested twice (kept for the metric's users)
+	Aborted        atomic.Uint64 // in-flight new work ended by memory state Critical
+	Repinned       atomic.Uint64 // affinity to a backend that was down, sent elsewhere
+	HandedOver     atomic.Uint64 // loop engine: connections given to the fasthttp server
+	BadRequest     atomic.Uint64 // request heads refused (400, 431, 501, 505), connection closed
+	ConnLimited    atomic.Uint64 // client connections closed at once: -http-max-conns or -http-max-conns-per-source reached
+	UploadLimited  atomic.Uint64 // streamed uploads answered 503: their source held MaxConns/8 backend connections for uploads
+	DelayAbandoned atomic.Uint64 // requests taken out of an ARM delay queue because their client left
+	DelayLimited   atomic.Uint64 // requests refused (429) because their source held its share (1/8) of an ARM delay queue
 }
 
 // Deps are what the HTTP front end is built on, as sip.Deps are the SIP
@@ -107,6 +110,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	}
 	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
 	s.uploads.max, s.uploads.perSource, s.uploads.trusted = math.MaxInt, max(1, cfg.MaxConns/8), cfg.TrustedProxies
+	s.delayed.trusted = cfg.TrustedProxies
 	s.wallBase, s.monoBase = time.Now(), cfg.Clock.Now()
 	if cfg.StickyCookie != "-" {
 		if signer == nil {
