@@ -83,7 +83,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", hd.ClientReadTimeout, "timeout reading a client request")
 	fs.DurationVar(&h.ClientIdle, "http-client-idle", hd.ClientIdle, "close idle client connections after this long")
 	fs.IntVar(&h.StreamThreshold, "http-stream-threshold", hd.StreamThreshold, "request bodies larger than this many bytes are streamed to the backend, not buffered")
-	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", hd.ResponseBuffer, "fasthttp engine: answers to body-less idempotent requests up to this many bytes are buffered, larger ones re-requested and streamed (-1: always stream); the loop engine relays every answer as it arrives")
+	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", hd.ResponseBuffer, "fasthttp engine: answers with a Content-Length up to this many bytes are read whole before they are relayed, others streamed from the same exchange (-1: always stream); the loop engine relays every answer as it arrives")
 	fs.StringVar(&h.Engine, "http-engine", hd.Engine, "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade and Expect to fasthttp")
 	fs.IntVar(&h.Loops, "http-loops", hd.Loops, "event loops of the loop engine (0: GOMAXPROCS)")
 
