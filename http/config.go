@@ -85,14 +85,12 @@ type Config struct {
 	// bodies are always streamed. Flag -http-stream-threshold.
 	StreamThreshold int
 
-	// ResponseBuffer is the largest response body, in bytes, that is read
-	// into memory before it is relayed; 0 streams every response. Buffering
-	// is faster for small answers, but fasthttp has to choose before the
-	// answer arrives: an idempotent request without a body is first sent
-	// on the buffering pool, and if the answer is larger it is sent again
-	// on the streaming pool (the backend sees it twice). Requests with a
-	// body always stream. Flag -http-response-buffer; -1 turns buffering
-	// off.
+	// ResponseBuffer is the largest response body, in bytes, that the
+	// fasthttp engine reads into memory before it is relayed, decided from
+	// the answer's Content-Length once its head arrived; other answers
+	// (larger, chunked, or delimited by close) are streamed from the same
+	// exchange. 0 streams every response. Flag -http-response-buffer; -1
+	// turns buffering off.
 	ResponseBuffer int
 
 	// Engine chooses how connections are driven: "loop" (default on
