@@ -349,11 +349,14 @@ func (t *backendTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Requ
 		}
 	}
 	if _, err := br.Peek(1); err != nil {
-		// Not a byte of an answer: the one case where the request may be
-		// sent again (a GET or HEAD on a keep-alive connection the backend
-		// had closed; see newClient).
+		// Not a byte of an answer. Only on a reused keep-alive connection,
+		// which the backend had closed before it read the request, may a
+		// GET or HEAD go once more on a fresh one (see newClient); a fresh
+		// connection that breaks is the backend's failure, and the
+		// pipeline may move the request, counted again (retryElsewhere).
+		reused := !cc.LastUseTime().IsZero()
 		finish(false)
-		return true, asTimeout(err)
+		return reused, asTimeout(err)
 	}
 	h := &resp.Header
 	err = h.Read(br)

@@ -174,17 +174,21 @@ const (
 )
 
 // retryElsewhere moves p, whose backend failed before a byte was sent, to
-// another backend. An affinity request is from here new work, re-pinned
-// and admitted as such (a delay counts as a refusal: the client has
-// already waited for one backend); h and path are its head, as for admit.
+// another backend. The second exchange is admitted as new work (a delay
+// counts as a refusal: the client has already waited for one backend); an
+// affinity request is from here new work, re-pinned. h and path are its
+// head, as for admit.
 func (s *Server) retryElsewhere(p *plan, resp *fasthttp.Response, h *fasthttp.RequestHeader, path []byte, ip netip.Addr) retryStep {
 	now := s.clock.Now()
+	// The backend may have executed the request (it timed out or broke
+	// after taking it): a second exchange is counted as new work, as the
+	// first was, so that admission sees every execution.
+	r := admissionRequest(admission.NewWork, h, path)
+	if d, ok := s.admitNow(&r, now); !ok {
+		s.refuseDecision(resp, d)
+		return retryRefused
+	}
 	if p.class == admission.Affinity {
-		r := admissionRequest(admission.NewWork, h, path)
-		if d, ok := s.admitNow(&r, now); !ok {
-			s.refuseDecision(resp, d)
-			return retryRefused
-		}
 		p.key = s.key(h, ip, p.set)
 	}
 	nb, out, _ := p.set.pool.Pick(now, p.key, p.b)

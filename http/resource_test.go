@@ -451,3 +451,53 @@ func TestDelayQueueDropsGoneClients(t *testing.T) {
 		})
 	})
 }
+
+// TestRetryCountedByAdmission: a GET moved to another backend after its
+// first backend broke is two exchanges, and admission counts both.
+func TestRetryCountedByAdmission(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		var broke atomic.Int64
+		r := newRig(t, rigOpts{backends: 2, policy: "round-robin", cfg: Config{StickyCookie: "-"},
+			arm: []string{"name=all,limit=1000/min,action=reject"}, raw: func(c net.Conn) {
+				if req, err := nethttp.ReadRequest(bufio.NewReader(c)); err == nil {
+					req.Body.Close()
+					broke.Add(1)
+				}
+			}})
+		var retried bool
+		for range 2 { // round robin: at least one of them goes to the broken backend
+			b0, b1, a0 := broke.Load(), r.backends[1].hits.Load(), admittedTotal(r)
+			if rep := r.get("/x", ""); rep.status != 200 {
+				t.Fatalf("GET: %d", rep.status)
+			}
+			exchanges := uint64(broke.Load() - b0 + r.backends[1].hits.Load() - b1)
+			retried = retried || exchanges > 1
+			if got := admittedTotal(r) - a0; got != exchanges {
+				t.Errorf("one GET, %d exchanges: admission counted %d", exchanges, got)
+			}
+		}
+		if !retried {
+			t.Error("no GET went to the broken backend")
+		}
+	})
+}
+
+// TestStaleKeepAliveResent: a GET on a pooled connection that the backend
+// closed after its last answer goes once more on a fresh connection, on
+// both engines (the one case a request is sent twice to one backend: no
+// byte of an answer came on a reused connection).
+func TestStaleKeepAliveResent(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+			if req, err := nethttp.ReadRequest(bufio.NewReader(c)); err == nil {
+				req.Body.Close()
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+			}
+		}})
+		for i := range 30 {
+			if rep := r.get("/", ""); rep.status != 200 || rep.body != "ok" {
+				t.Fatalf("GET %d: %d %q", i, rep.status, rep.body)
+			}
+		}
+	})
+}
