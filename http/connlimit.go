@@ -57,6 +57,16 @@ type clientLimit struct {
 	by             map[netip.Addr]int32
 }
 
+// source is the key a per-source limit counts ip under: the address, or
+// for IPv6 its /64 (one subscriber's network holds a whole /64).
+func source(ip netip.Addr) netip.Addr {
+	if ip.Is6() && !ip.Is4In6() {
+		p, _ := ip.Prefix(64)
+		return p.Addr()
+	}
+	return ip.Unmap()
+}
+
 // take counts a new connection from ip, or reports false when a limit is
 // reached (the caller closes it).
 func (l *clientLimit) take(ip netip.Addr) bool {
@@ -67,6 +77,7 @@ func (l *clientLimit) take(ip netip.Addr) bool {
 	if !l.perIP(ip) {
 		return true
 	}
+	ip = source(ip)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if int(l.by[ip]) >= l.perSource {
@@ -86,6 +97,7 @@ func (l *clientLimit) release(ip netip.Addr) {
 	if !l.perIP(ip) {
 		return
 	}
+	ip = source(ip)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if n := l.by[ip] - 1; n > 0 {
@@ -308,6 +320,7 @@ func (c *sourceCount) take(ip netip.Addr, most int) bool {
 			return true
 		}
 	}
+	ip = source(ip)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.by[ip] >= most {
@@ -322,6 +335,7 @@ func (c *sourceCount) take(ip netip.Addr, most int) bool {
 
 // release ends a count take made.
 func (c *sourceCount) release(ip netip.Addr) {
+	ip = source(ip)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if n, ok := c.by[ip]; ok {

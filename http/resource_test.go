@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	nethttp "net/http"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -500,4 +501,30 @@ func TestStaleKeepAliveResent(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSourceLimits: the per-source counts key IPv6 by /64, IPv4 by
+// address, and leave trusted proxies out.
+func TestSourceLimits(t *testing.T) {
+	l := clientLimit{max: 100, perSource: 2, trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	a, b := netip.MustParseAddr("2001:db8:1:2::1"), netip.MustParseAddr("2001:db8:1:2:ffff::9")
+	if !l.take(a) || !l.take(b) || l.take(a) {
+		t.Error("two addresses of one /64 took more than 2 connections")
+	}
+	if !l.take(netip.MustParseAddr("2001:db8:1:3::1")) {
+		t.Error("another /64 refused")
+	}
+	for i := range 5 {
+		if !l.take(netip.MustParseAddr("10.1.1.1")) {
+			t.Errorf("trusted proxy refused at %d", i)
+		}
+	}
+	l.release(a)
+	if !l.take(b) {
+		t.Error("released slot not reusable")
+	}
+	var c sourceCount
+	if !c.take(netip.MustParseAddr("192.0.2.1"), 1) || c.take(netip.MustParseAddr("::ffff:192.0.2.1"), 1) || !c.take(netip.MustParseAddr("192.0.2.2"), 1) {
+		t.Error("IPv4 sources not counted by address")
+	}
 }
