@@ -528,3 +528,43 @@ func TestSourceLimits(t *testing.T) {
 		t.Error("IPv4 sources not counted by address")
 	}
 }
+
+// TestStreamedAnswerFramings: answers streamed from the one exchange
+// (larger than -http-response-buffer) arrive whole whatever their framing:
+// Content-Length, chunked with a trailer, or delimited by close; and the
+// backend connection is reused only after a complete answer that did not
+// end by close.
+func TestStreamedAnswerFramings(t *testing.T) {
+	big := strings.Repeat("s", 200<<10)
+	onEngines(t, func(t *testing.T) {
+		var conns atomic.Int64
+		r := newRig(t, rigOpts{backends: 1, cfg: Config{ResponseBuffer: 1 << 10}, raw: func(c net.Conn) {
+			conns.Add(1)
+			br := bufio.NewReader(c)
+			for {
+				req, err := nethttp.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				req.Body.Close()
+				switch req.URL.Path {
+				case "/length":
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(big), big)
+				case "/chunked":
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%x\r\n%s\r\n0\r\nX-Trailer: t\r\n\r\n", len(big)/2, big[:len(big)/2], len(big)/2, big[len(big)/2:])
+				case "/close":
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\n\r\n%s", big)
+					return
+				}
+			}
+		}})
+		for _, path := range []string{"/length", "/chunked", "/length", "/chunked", "/close", "/length"} {
+			if rep := r.get(path, ""); rep.status != 200 || rep.body != big {
+				t.Fatalf("%s: %d, %d bytes; want 200 and %d", path, rep.status, len(rep.body), len(big))
+			}
+		}
+		if n := conns.Load(); n != 2 {
+			t.Errorf("%d backend connections, want 2 (one reused until the close-delimited answer)", n)
+		}
+	})
+}
