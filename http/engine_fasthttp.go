@@ -396,7 +396,18 @@ func (t *backendTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Requ
 		finish(!closeAfter)
 		return false, nil
 	}
-	body := &backendBody{conn: conn, timeout: hc.ReadTimeout, br: br, want: int64(cl), finish: finish, reuse: !closeAfter && cl != -2}
+	body := &backendBody{conn: conn, timeout: hc.ReadTimeout, br: br, want: int64(cl), reuse: !closeAfter && cl != -2}
+	// The same as finish; a closure of its own, so that finish does not
+	// escape (and allocate) on the other paths.
+	body.finish = func(reuse bool) {
+		reuse = reuse && br.Buffered() == 0
+		hc.ReleaseReader(br)
+		if reuse {
+			hc.ReleaseConn(cc)
+		} else {
+			hc.CloseConn(cc)
+		}
+	}
 	switch {
 	case cl >= 0:
 		body.r = io.LimitReader(br, int64(cl))
