@@ -252,10 +252,10 @@ func admittedTotal(r *rig) uint64 {
 	return n
 }
 
-// waitFor polls cond up to 500 times, 10 ms apart, and reports whether it
-// held.
+// waitFor polls cond up to 2000 times, 10 ms apart (20 s: the machine
+// may be loaded), and reports whether it held.
 func waitFor(cond func() bool) bool {
-	for range 500 {
+	for range 2000 {
 		if cond() {
 			return true
 		}
@@ -410,7 +410,8 @@ func TestDelayQueueDropsGoneClients(t *testing.T) {
 				c.Close()
 			}
 			if !waitFor(func() bool { return r.srv.Stats().DelayAbandoned.Load() == 8 && queued(r) == 0 }) {
-				t.Fatalf("abandoned %d, queued %d; want 8 and 0", r.srv.Stats().DelayAbandoned.Load(), queued(r))
+				t.Fatalf("abandoned %d, queued %d; want 8 and 0 (limited %d, counts %+v, hits %d)", r.srv.Stats().DelayAbandoned.Load(), queued(r),
+					r.srv.Stats().DelayLimited.Load(), r.ctrl.Counts(), r.backends[0].hits.Load())
 			}
 			victim := make(chan reply, 1)
 			go func() { victim <- r.get("/victim", "") }()
