@@ -37,6 +37,18 @@ type gateConn struct {
 	closed  atomic.Bool
 }
 
+// Write writes answer bytes, each write within -http-client-timeout: a
+// client that stops reading is dropped, as on the loop, and the backend
+// connection its streamed answer came on is closed rather than held.
+// (fasthttp's WriteTimeout would bound the whole answer, cutting long
+// downloads.)
+func (g *gateConn) Write(p []byte) (int, error) {
+	if d := g.s.cfg.ClientReadTimeout; d > 0 {
+		g.Conn.SetWriteDeadline(time.Now().Add(d))
+	}
+	return g.Conn.Write(p)
+}
+
 // Close closes the connection and ends its count under the client limits.
 func (g *gateConn) Close() error {
 	err := g.Conn.Close()

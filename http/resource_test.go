@@ -569,3 +569,31 @@ func TestStreamedAnswerFramings(t *testing.T) {
 		}
 	})
 }
+
+// TestClientNotReadingReleasesBackend: a client that asks for a large
+// answer and never reads it loses its connection after
+// -http-client-timeout without progress, and the backend connection the
+// answer streams from is closed, on both engines (the fasthttp engine
+// wrote with no deadline: the backend connection was held for good).
+func TestClientNotReadingReleasesBackend(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, cfg: Config{ClientReadTimeout: 300 * time.Millisecond}})
+		r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+			ctx.SetBodyString(strings.Repeat("b", 16<<20))
+		}
+		slots := r.srv.backendSlots(r.backends[0].addr())
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		c.Write([]byte("GET /big HTTP/1.1\r\nHost: x\r\n\r\n"))
+		if !waitFor(func() bool { return slots.n.Load() == 1 }) {
+			t.Fatalf("backend connections %d, want 1", slots.n.Load())
+		}
+		if !waitFor(func() bool { return slots.n.Load() == 0 }) {
+			t.Errorf("a backend connection still open for a client that reads nothing")
+		}
+	})
+}

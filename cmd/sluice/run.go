@@ -78,7 +78,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.DurationVar(&h.ConnectTimeout, "http-connect-timeout", hd.ConnectTimeout, "timeout dialing a backend")
 	fs.DurationVar(&h.BackendTimeout, "http-backend-timeout", hd.BackendTimeout, "first-byte timeout: writing a request to a backend and reading its answer's head (past it: idempotent requests go once to another backend, others get 504)")
 	fs.DurationVar(&h.BackendIdle, "http-backend-idle", hd.BackendIdle, "close backend connections idle this long (keep it below the backends' keep-alive timeout)")
-	fs.IntVar(&h.MaxClientConns, "http-max-conns", hd.MaxClientConns, "most client connections open at once; more are closed unanswered (0: half the descriptor limit left after 64 reserved for backends' probes, the store and the admin listener)")
+	fs.IntVar(&h.MaxClientConns, "http-max-conns", hd.MaxClientConns, "most client connections open at once; more are closed unanswered (0: half of the descriptor limit left after 64 kept for listeners, health probes, the store and the admin listener)")
 	fs.IntVar(&h.MaxConnsPerSource, "http-max-conns-per-source", hd.MaxConnsPerSource, "most client connections open at once from one address, -http-trusted-proxy excepted (0: an eighth of -http-max-conns, at least 64)")
 	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", hd.ClientReadTimeout, "timeout reading a client request")
 	fs.DurationVar(&h.ClientIdle, "http-client-idle", hd.ClientIdle, "close idle client connections after this long")
