@@ -83,6 +83,7 @@ func (l *evloop) accept() {
 		c := &cconn{fd: fd, ip: ip, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
 		if err := l.watch(fd); err != nil {
 			closeFD(fd)
+			l.s.conns.release(ip)
 			continue
 		}
 		l.setFD(fd, fdOwner{c: c})
