@@ -41,8 +41,10 @@ type Config struct {
 	// address), "header:NAME" or "cookie:NAME". Flag -http-hash-key.
 	HashKey string
 
-	// MaxConns bounds the connections to each backend. Flag
-	// -http-backend-max-conns.
+	// MaxConns bounds the connections to each backend, of both engines
+	// together (the loops' and the fasthttp engine's, which serves the
+	// connections handed over). A source holds at most MaxConns/8 (at
+	// least 1) of them for streamed uploads. Flag -http-backend-max-conns.
 	MaxConns int
 	// ConnWait is how long a request waits for a free backend connection
 	// when MaxConns are busy before it is answered 503. Flag
