@@ -44,7 +44,8 @@ type Config struct {
 	// MaxConns bounds the connections to each backend, of both engines
 	// together (the loops' and the fasthttp engine's, which serves the
 	// connections handed over). A source holds at most MaxConns/8 (at
-	// least 1) of them for streamed uploads. Flag -http-backend-max-conns.
+	// least 1) backend connections at once, over all backends. Flag
+	// -http-backend-max-conns.
 	MaxConns int
 	// ConnWait is how long a request waits for a free backend connection
 	// when MaxConns are busy before it is answered 503. Flag

@@ -133,23 +133,29 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 		// A backend connection is taken only when there are bytes to
 		// send: the first 64 KiB of the body (or all of a shorter one)
 		// are read before; a client that sends a little and stalls holds
-		// none. And one source holds at most MaxConns/8 (at least 1)
-		// backend connections for uploads at once.
+		// none.
 		first, err := prefetchBody(body, h.ContentLength())
 		if err != nil || body.broken(h.ContentLength()) {
 			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
 			ctx.SetConnectionClose()
 			return
 		}
-		if !s.uploads.take(ip) {
-			s.stats.UploadLimited.Add(1)
-			s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, connRetry, psUploadLimit, "backend connections for this client's uploads at their limit")
-			ctx.SetConnectionClose()
-			return
-		}
-		defer s.uploads.release(ip)
 		ctx.Request.SetBodyStream(io.MultiReader(bytes.NewReader(first), body), h.ContentLength())
 	}
+	// One source holds at most MaxConns/8 (at least 1) backend
+	// connections at once, until its answer is relayed: a streamed
+	// answer's count ends when its body is closed.
+	if !s.held.take(ip) {
+		s.stats.SourceLimited.Add(1)
+		s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, connRetry, psSourceLimit, "backend connections for this client at their limit")
+		return
+	}
+	held := true
+	defer func() {
+		if held {
+			s.held.release(ip)
+		}
+	}()
 	for {
 		p.acquireBackend()
 		err := s.roundTrip(ctx, p)
@@ -195,6 +201,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 		return
 	}
 	s.prepareResponse(&ctx.Response.Header, p)
+	if bb, ok := ctx.Response.BodyStream().(*backendBody); ok {
+		bb.held, bb.src, held = &s.held, ip, false // counted until the body is closed
+	}
 }
 
 // roundTrip does one exchange with p.b. New work admitted while the node
@@ -454,6 +463,8 @@ type backendBody struct {
 	reuse   bool
 	closed  bool
 	finish  func(reuse bool)
+	held    *clientLimit // the count of src to end on Close; nil when none
+	src     netip.Addr
 }
 
 func (b *backendBody) Read(p []byte) (int, error) {
@@ -493,6 +504,9 @@ func (b *backendBody) Close() error {
 	if !b.closed {
 		b.closed = true
 		b.finish(b.reuse && b.eof && !b.failed)
+		if b.held != nil {
+			b.held.release(b.src)
+		}
 	}
 	return nil
 }

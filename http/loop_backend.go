@@ -61,6 +61,18 @@ func (l *evloop) connPool(addr string) *connPool {
 // send gets a connection to the exchange's backend and writes the request.
 func (l *evloop) send(c *cconn) {
 	x := &c.x
+	if !x.holding {
+		// One source holds at most MaxConns/8 (at least 1) backend
+		// connections at once (or waits for them), until its answer is
+		// relayed: a client that stops reading cannot take them all.
+		if !l.s.held.take(c.ip) {
+			l.s.stats.SourceLimited.Add(1)
+			l.s.writeRefusal(&l.local, fasthttp.StatusServiceUnavailable, connRetry, psSourceLimit, "backend connections for this client at their limit")
+			l.answerLocal(c)
+			return
+		}
+		x.holding = true
+	}
 	x.acquireBackend()
 	x.waitUntil = 0
 	p := l.connPool(x.b.Addr())

@@ -48,6 +48,7 @@ type exchange struct {
 	gotHead       bool          // the answer's head was relayed: a failure can no longer be answered
 	informational int           // 1xx answers relayed before the final one
 	gone          chan struct{} // waiting in an ARM delay queue: closed when the client leaves
+	holding       bool          // counted in Server.held (send), until the request ends
 	status        int           // the answer's status
 	framing       uint8         // the answer body's framing (answer.go)
 	remain        int64         // frameLength: body bytes still to come
@@ -402,6 +403,7 @@ func (l *evloop) answerLocal(c *cconn) {
 
 // endRequest ends the client's current request and goes on with the next.
 func (l *evloop) endRequest(c *cconn) {
+	l.unhold(c)
 	if c.fd < 0 {
 		return
 	}
@@ -430,6 +432,14 @@ func (l *evloop) endRequest(c *cconn) {
 	}
 	if c.w > c.r || c.rready {
 		l.clientIn(c)
+	}
+}
+
+// unhold ends the request's count in Server.held, once.
+func (l *evloop) unhold(c *cconn) {
+	if c.x.holding {
+		c.x.holding = false
+		l.s.held.release(c.ip)
 	}
 }
 
@@ -527,6 +537,7 @@ func (l *evloop) closeClient(c *cconn) {
 		close(c.x.gone)
 		c.x.gone = nil
 	}
+	l.unhold(c)
 	ip := c.ip
 	closeFD(l.detach(c))
 	l.s.conns.release(ip)

@@ -15,7 +15,7 @@ var descEvents = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, 
 // NewCollector returns st as a prometheus.Collector:
 // sluice_frontend_events_total{protocol="http",event} with the events
 // upstream_error, retried, restreamed (always 0 now), aborted, repinned,
-// handed_over, bad_request, conn_limited, upload_limited, delay_abandoned
+// handed_over, bad_request, conn_limited, source_limited, delay_abandoned
 // and delay_limited. (Admitted and refused requests are the admission
 // controller's sluice_requests_*_total.) It reads the counters at scrape
 // time.
@@ -38,7 +38,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}{
 		{"upstream_error", &st.UpstreamError}, {"retried", &st.Retried}, {"restreamed", &st.Restreamed},
 		{"aborted", &st.Aborted}, {"repinned", &st.Repinned}, {"handed_over", &st.HandedOver},
-		{"bad_request", &st.BadRequest}, {"conn_limited", &st.ConnLimited}, {"upload_limited", &st.UploadLimited},
+		{"bad_request", &st.BadRequest}, {"conn_limited", &st.ConnLimited}, {"source_limited", &st.SourceLimited},
 		{"delay_abandoned", &st.DelayAbandoned}, {"delay_limited", &st.DelayLimited},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)

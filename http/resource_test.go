@@ -375,9 +375,9 @@ func TestStalledUploadsHoldNoBackend(t *testing.T) {
 				stalledUpload(t, r.addr, other, 1000000, 70<<10)
 			}
 			if !waitFor(func() bool {
-				return r.pool.Backends()[0].Outstanding()+int64(r.srv.Stats().UploadLimited.Load()) >= 4
+				return r.pool.Backends()[0].Outstanding()+int64(r.srv.Stats().SourceLimited.Load()) >= 4
 			}) {
-				t.Fatalf("outstanding %d, limited %d", r.pool.Backends()[0].Outstanding(), r.srv.Stats().UploadLimited.Load())
+				t.Fatalf("outstanding %d, limited %d", r.pool.Backends()[0].Outstanding(), r.srv.Stats().SourceLimited.Load())
 			}
 			upload(r)
 		})
@@ -594,6 +594,42 @@ func TestClientNotReadingReleasesBackend(t *testing.T) {
 		}
 		if !waitFor(func() bool { return slots.n.Load() == 0 }) {
 			t.Errorf("a backend connection still open for a client that reads nothing")
+		}
+	})
+}
+
+// TestSlowReadersHoldOneShare: one source holds at most
+// -http-backend-max-conns/8 (at least 1) backend connections: clients
+// from one address that ask for large answers and never read them do not
+// keep a client from another address from its answer (they held every
+// backend connection until -http-client-timeout, 60 s).
+func TestSlowReadersHoldOneShare(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, cfg: Config{MaxConns: 8, ConnWait: 50 * time.Millisecond, StickyCookie: "-"}})
+		r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) == "/big" {
+				ctx.SetBodyString(strings.Repeat("b", 16<<20))
+				return
+			}
+			ctx.SetBodyString("small")
+		}
+		slots := r.srv.backendSlots(r.backends[0].addr())
+		other := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
+		for range 8 {
+			d := net.Dialer{LocalAddr: other, Timeout: 5 * time.Second}
+			c, err := d.Dial("tcp", r.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			c.(*net.TCPConn).SetReadBuffer(4 << 10)
+			c.Write([]byte("GET /big HTTP/1.1\r\nHost: x\r\n\r\n"))
+		}
+		if !waitFor(func() bool { return slots.n.Load()+int64(r.srv.Stats().SourceLimited.Load()) >= 8 }) {
+			t.Fatalf("backend connections %d, limited %d", slots.n.Load(), r.srv.Stats().SourceLimited.Load())
+		}
+		if rep := r.get("/", ""); rep.status != 200 || rep.body != "small" {
+			t.Errorf("another client beside the slow readers: %d %q, want 200", rep.status, rep.body)
 		}
 	})
 }

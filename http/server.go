@@ -42,7 +42,7 @@ type Server struct {
 	loops     atomic.Pointer[loopEngine] // set while the loop engine serves
 	shut      atomic.Bool                // Shutdown was called
 	conns     clientLimit                // client connections open (connlimit.go)
-	uploads   clientLimit                // streamed uploads holding a backend connection, per source
+	held      clientLimit                // requests holding (or waiting for) a backend connection, per source
 	delayed   sourceCount                // requests in ARM delay queues, per source
 	acceptLog acceptLog
 	slotsMu   sync.Mutex
@@ -67,7 +67,7 @@ type Stats struct {
 	HandedOver     atomic.Uint64 // loop engine: connections given to the fasthttp server
 	BadRequest     atomic.Uint64 // request heads refused (400, 431, 501, 505), connection closed
 	ConnLimited    atomic.Uint64 // client connections closed at once: -http-max-conns or -http-max-conns-per-source reached
-	UploadLimited  atomic.Uint64 // streamed uploads answered 503: their source held MaxConns/8 backend connections for uploads
+	SourceLimited  atomic.Uint64 // requests answered 503: their source held MaxConns/8 backend connections
 	DelayAbandoned atomic.Uint64 // requests taken out of an ARM delay queue because their client left
 	DelayLimited   atomic.Uint64 // requests refused (429) because their source held its share (1/8) of an ARM delay queue
 }
@@ -109,7 +109,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		appName: cfg.AppCookie,
 	}
 	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
-	s.uploads.max, s.uploads.perSource, s.uploads.trusted = math.MaxInt, max(1, cfg.MaxConns/8), cfg.TrustedProxies
+	s.held.max, s.held.perSource, s.held.trusted = math.MaxInt, max(1, cfg.MaxConns/8), cfg.TrustedProxies
 	s.delayed.trusted = cfg.TrustedProxies
 	s.wallBase, s.monoBase = time.Now(), cfg.Clock.Now()
 	if cfg.StickyCookie != "-" {
