@@ -148,6 +148,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 	if !s.held.take(ip) {
 		s.stats.SourceLimited.Add(1)
 		s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, connRetry, psSourceLimit, "backend connections for this client at their limit")
+		if body != nil {
+			ctx.SetConnectionClose() // the rest of the body is not read
+		}
 		return
 	}
 	held := true
