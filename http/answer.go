@@ -45,14 +45,25 @@ func (l *evloop) consume(bc *bconn) bool {
 		st := h.StatusCode()
 		if st < 200 {
 			if st == fasthttp.StatusSwitchingProtocols {
+				// sluice forwards no upgrade: the connection is no
+				// longer HTTP; failed closes it.
 				l.failed(c, errBadAnswer, lb.ServerError)
 				return true
 			}
-			l.writeClient(c, buf[:hlen]) // 1xx informational: passed on as is
+			// 1xx informational: relayed without hop-by-hop headers, at
+			// most maxInformational of them, all within the backend
+			// timeout of the final answer (relay does not extend it
+			// before the final head).
+			if x.informational++; x.informational > maxInformational {
+				l.failed(c, errInformational, lb.ServerError)
+				return true
+			}
+			l.writeClient(c, l.informational(h))
 			bc.r += hlen
 			return false
 		}
 		x.gotHead, x.status = true, st
+		bc.deadline = l.now + int64(l.s.cfg.BackendTimeout) // from here, between bytes of the body
 		cl := h.ContentLength()
 		switch {
 		case x.head || st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified:
@@ -125,6 +136,23 @@ func (l *evloop) consume(bc *bconn) bool {
 		l.complete(c)
 	}
 	return done || c.fd < 0
+}
+
+// informational returns the 1xx head h as relayed to the client: without
+// hop-by-hop headers (those Connection names too), as a final answer's.
+func (l *evloop) informational(h *fasthttp.ResponseHeader) []byte {
+	var seen uint16
+	for k := range h.All() {
+		seen |= headerBit(k)
+	}
+	if seen&hHopByHop != 0 {
+		stripHopByHop(seen, h.Peek("Connection"), h.DelBytes, h.Del)
+	}
+	h.ResetConnectionClose()
+	h.SetNoDefaultContentType(true)
+	out := h.AppendBytes(l.out[:0])
+	l.out = out[:0]
+	return out
 }
 
 // bodyBytes returns how many bytes of p belong to the answer's body and

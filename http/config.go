@@ -41,7 +41,10 @@ type Config struct {
 	// address), "header:NAME" or "cookie:NAME". Flag -http-hash-key.
 	HashKey string
 
-	// MaxConns bounds the connections to each backend. Flag
+	// MaxConns bounds the connections to each backend, of both engines
+	// together (the loops' and the fasthttp engine's, which serves the
+	// connections handed over). A source holds at most MaxConns/8 (at
+	// least 1) backend connections at once, over all backends. Flag
 	// -http-backend-max-conns.
 	MaxConns int
 	// ConnWait is how long a request waits for a free backend connection
@@ -61,6 +64,19 @@ type Config struct {
 	// -http-backend-idle.
 	BackendIdle time.Duration
 
+	// MaxClientConns bounds the client connections open at once, on
+	// either engine; a connection over it is closed unanswered. 0 derives
+	// it from the descriptor limit (RLIMIT_NOFILE): half of what is left
+	// after 64 descriptors reserved for listeners, health probes, the
+	// store and the admin listener, as each client connection may hold a
+	// backend connection. Flag -http-max-conns.
+	MaxClientConns int
+	// MaxConnsPerSource bounds the client connections open at once from
+	// one address (not counting -http-trusted-proxy addresses); 0 is one
+	// eighth of MaxClientConns, at least 64. Flag
+	// -http-max-conns-per-source.
+	MaxConnsPerSource int
+
 	// ClientReadTimeout bounds reading a client request (headers and
 	// buffered body). Flag -http-client-timeout.
 	ClientReadTimeout time.Duration
@@ -72,14 +88,12 @@ type Config struct {
 	// bodies are always streamed. Flag -http-stream-threshold.
 	StreamThreshold int
 
-	// ResponseBuffer is the largest response body, in bytes, that is read
-	// into memory before it is relayed; 0 streams every response. Buffering
-	// is faster for small answers, but fasthttp has to choose before the
-	// answer arrives: an idempotent request without a body is first sent
-	// on the buffering pool, and if the answer is larger it is sent again
-	// on the streaming pool (the backend sees it twice). Requests with a
-	// body always stream. Flag -http-response-buffer; -1 turns buffering
-	// off.
+	// ResponseBuffer is the largest response body, in bytes, that the
+	// fasthttp engine reads into memory before it is relayed, decided from
+	// the answer's Content-Length once its head arrived; other answers
+	// (larger, chunked, or delimited by close) are streamed from the same
+	// exchange. 0 streams every response. Flag -http-response-buffer; -1
+	// turns buffering off.
 	ResponseBuffer int
 
 	// Engine chooses how connections are driven: "loop" (default on
@@ -155,6 +169,12 @@ func (c *Config) setDefaults() {
 	if c.ResponseBuffer < 0 {
 		c.ResponseBuffer = 0
 	}
+	if c.MaxClientConns == 0 {
+		c.MaxClientConns = defaultMaxClientConns(fdLimit())
+	}
+	if c.MaxConnsPerSource == 0 {
+		c.MaxConnsPerSource = defaultMaxConnsPerSource(c.MaxClientConns)
+	}
 	fill(&c.RetryAfterNoBackend, d.RetryAfterNoBackend)
 	fill(&c.Engine, d.Engine)
 	if c.Clock == nil {
@@ -218,6 +238,10 @@ func (c *Config) Validate() error {
 		return fieldError("BackendTimeout", "must be positive")
 	case c.BackendIdle < 0:
 		return fieldError("BackendIdle", "must be positive")
+	case c.MaxClientConns < 0:
+		return fieldError("MaxClientConns", "must not be negative (0: derived from the descriptor limit)")
+	case c.MaxConnsPerSource < 0:
+		return fieldError("MaxConnsPerSource", "must not be negative (0: an eighth of the connection limit)")
 	case c.ClientReadTimeout < 0:
 		return fieldError("ClientReadTimeout", "must be positive")
 	case c.ClientIdle < 0:

@@ -1,15 +1,19 @@
 package http
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http/httputil"
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -41,13 +45,36 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := s.pathOf(ctx)
 	r, d := s.admit(&p, h, path, s.clock.Now())
 	if d.Verdict == admission.Delay {
-		d = s.waitDelay(ctx.Done(), &r, d)
+		// Watch the client while the request waits in the queue: one that
+		// leaves frees its slot at once. (Not while a streamed body is
+		// unread: that is fasthttp's to read.)
+		var gone <-chan struct{}
+		end := func() {}
+		if g, ok := ctx.Conn().(*gateConn); ok && !ctx.Request.IsBodyStream() {
+			gone, end = g.watch()
+		}
+		d = s.waitDelay(ctx.Done(), gone, remoteAddr(ctx), &r, d)
+		end()
+		if gone != nil && isClosed(gone) {
+			ctx.SetConnectionClose()
+			return
+		}
 	}
 	if s.pick(&p, &ctx.Response, &r, d, h, remoteAddr(ctx)) {
 		s.forward(ctx, &p, path)
 		s.observe(&p)
 	}
 	restoreConnClose(ctx, closeAfter)
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // pathOf returns the request's path in the normal form ARM rules match
@@ -102,6 +129,36 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 			bodyReaders.Put(body)
 		}
 	}()
+	if body != nil {
+		// A backend connection is taken only when there are bytes to
+		// send: the first 64 KiB of the body (or all of a shorter one)
+		// are read before; a client that sends a little and stalls holds
+		// none.
+		first, err := prefetchBody(body, h.ContentLength())
+		if err != nil || body.broken(h.ContentLength()) {
+			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
+			ctx.SetConnectionClose()
+			return
+		}
+		ctx.Request.SetBodyStream(io.MultiReader(bytes.NewReader(first), body), h.ContentLength())
+	}
+	// One source holds at most MaxConns/8 (at least 1) backend
+	// connections at once, until its answer is relayed: a streamed
+	// answer's count ends when its body is closed.
+	if !s.held.take(ip) {
+		s.stats.SourceLimited.Add(1)
+		s.writeRefusal(&ctx.Response, fasthttp.StatusServiceUnavailable, connRetry, psSourceLimit, "backend connections for this client at their limit")
+		if body != nil {
+			ctx.SetConnectionClose() // the rest of the body is not read
+		}
+		return
+	}
+	held := true
+	defer func() {
+		if held {
+			s.held.release(ip)
+		}
+	}()
 	for {
 		p.acquireBackend()
 		err := s.roundTrip(ctx, p)
@@ -147,6 +204,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 		return
 	}
 	s.prepareResponse(&ctx.Response.Header, p)
+	if bb, ok := ctx.Response.BodyStream().(*backendBody); ok {
+		bb.held, bb.src, held = &s.held, ip, false // counted until the body is closed
+	}
 }
 
 // roundTrip does one exchange with p.b. New work admitted while the node
@@ -194,24 +254,17 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, p *plan) error {
 	return errAborted
 }
 
-// exchange sends the request to b once, or twice when a buffered answer
-// turned out too large (see Config.ResponseBuffer).
+// exchange sends the request to b once. The answer is streamed from that
+// one exchange: a request is never sent again to get its answer (see
+// backendTransport).
 func (s *Server) exchange(ctx *fasthttp.RequestCtx, set *backendSet, b *lb.Backend) error {
-	if set.buffered != nil && !ctx.Request.IsBodyStream() && idempotent(ctx.Method()) {
-		err := set.buffered[b.Index()].Do(&ctx.Request, &ctx.Response)
-		if !errors.Is(err, fasthttp.ErrBodyTooLarge) {
-			return err
-		}
-		s.stats.Restreamed.Add(1)
-	}
 	return set.clients[b.Index()].Do(&ctx.Request, &ctx.Response)
 }
 
-// newClient returns the connection pool to one backend: streaming response
-// bodies when buffer is 0, else buffering those up to buffer bytes and
-// failing larger ones with fasthttp.ErrBodyTooLarge.
+// newClient returns the connection pool to one backend; its exchanges run
+// through backendTransport, which reads answers with a Content-Length up
+// to buffer whole and streams the others.
 func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
-	timeout := s.cfg.ConnectTimeout
 	return &fasthttp.HostClient{
 		Addr:                     addr,
 		NoDefaultUserAgentHeader: true,
@@ -221,19 +274,284 @@ func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
 		MaxIdleConnDuration:      s.cfg.BackendIdle,
 		ReadTimeout:              s.cfg.BackendTimeout,
 		WriteTimeout:             s.cfg.BackendTimeout,
-		StreamResponseBody:       buffer == 0,
 		ConnPoolStrategy:         fasthttp.LIFO, // reuse the warmest connection; idle extras time out
-		MaxResponseBodySize:      buffer,
-		ReadBufferSize:           16 << 10, // answer heads up to 16 KiB (the default 4 KiB fails larger Set-Cookie/CSP heads)
-		// One retry on the same backend, for idempotent requests whose
-		// pooled keep-alive connection turned out to be closed; never
-		// after a timeout, which would double the wait on a slow backend.
+		ReadBufferSize:           16 << 10,      // answer heads up to 16 KiB (the default 4 KiB fails larger Set-Cookie/CSP heads)
+		Transport:                &backendTransport{buffer: buffer},
+		// One retry on the same backend, for a GET or HEAD whose pooled
+		// keep-alive connection turned out to be closed before any byte
+		// of an answer came (backendTransport reports only those as
+		// retriable); never after a timeout, which would double the wait
+		// on a slow backend, and never another method: a DELETE or PUT
+		// the backend executed and then failed to answer must not run
+		// twice.
 		MaxIdemponentCallAttempts: 2,
 		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (bool, bool) {
-			return false, attempts < 2 && !errors.Is(err, fasthttp.ErrTimeout) && idempotent(req.Header.Method())
+			return false, attempts < 2 && !errors.Is(err, fasthttp.ErrTimeout) && resendable(req.Header.Method())
 		},
-		Dial: func(addr string) (net.Conn, error) { return fasthttp.DialTimeout(addr, timeout) },
+		Dial: s.dialBackend, // one -http-backend-max-conns with the loops' connections
 	}
+}
+
+// Errors of an answer the fasthttp engine refuses (502).
+var (
+	// errUnaskedUpgrade: a backend switched protocols, and sluice forwards
+	// no upgrade (Upgrade is hop-by-hop and removed): whatever the
+	// connection carries from then on is not HTTP, so it is closed.
+	errUnaskedUpgrade = errors.New("backend answered 101 Switching Protocols to a request without an upgrade")
+	// errInformational: more than maxInformational 1xx answers before the
+	// final one.
+	errInformational = errors.New("backend sent too many 1xx answers")
+)
+
+// maxInformational bounds the 1xx answers (103 Early Hints, 102
+// Processing) a backend may send before its final answer, on either
+// engine; all of them together must also come within the backend timeout.
+const maxInformational = 16
+
+// backendTransport is the fasthttp engine's exchange with a backend
+// connection, in place of fasthttp's own:
+//
+//   - the answer is read once: a body with a Content-Length up to buffer
+//     is read whole (the backend connection is free before the client
+//     has read it), any other body is streamed from the same exchange;
+//   - 1xx answers are skipped, at most maxInformational of them, all
+//     within the read timeout set once for the final answer's head;
+//   - a 101 is a bad answer, and its connection is closed, never pooled;
+//   - retry is reported only when no byte of an answer arrived;
+//   - a connection goes back to the pool only when the answer was read to
+//     its end and nothing more is buffered.
+type backendTransport struct {
+	buffer int
+}
+
+// RoundTrip implements fasthttp.RoundTripper.
+func (t *backendTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (bool, error) {
+	cc, err := hc.AcquireConn(0, req.ConnectionClose())
+	if err != nil {
+		return false, err
+	}
+	conn := cc.Conn()
+	resp.ParseNetConn(conn)
+	if err := conn.SetWriteDeadline(deadline(hc.WriteTimeout)); err != nil {
+		hc.CloseConn(cc)
+		return true, err
+	}
+	bw := hc.AcquireWriter(conn)
+	err = req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	hc.ReleaseWriter(bw)
+	if err != nil {
+		hc.CloseConn(cc)
+		return true, asTimeout(err)
+	}
+	if err := conn.SetReadDeadline(deadline(hc.ReadTimeout)); err != nil {
+		hc.CloseConn(cc)
+		return true, err
+	}
+	br := hc.AcquireReader(conn)
+	finish := func(reuse bool) {
+		reuse = reuse && br.Buffered() == 0 // nothing sent beyond the answer
+		hc.ReleaseReader(br)
+		if reuse {
+			hc.ReleaseConn(cc)
+		} else {
+			hc.CloseConn(cc)
+		}
+	}
+	if _, err := br.Peek(1); err != nil {
+		// Not a byte of an answer. Only on a reused keep-alive connection,
+		// which the backend had closed before it read the request, may a
+		// GET or HEAD go once more on a fresh one (see newClient); a fresh
+		// connection that breaks is the backend's failure, and the
+		// pipeline may move the request, counted again (retryElsewhere).
+		reused := !cc.LastUseTime().IsZero()
+		finish(false)
+		return reused, asTimeout(err)
+	}
+	h := &resp.Header
+	err = h.Read(br)
+	for n := 0; err == nil; n++ {
+		st := h.StatusCode()
+		if st == fasthttp.StatusSwitchingProtocols {
+			err = errUnaskedUpgrade
+			break
+		}
+		if st >= 200 || st < 100 {
+			break
+		}
+		if n == maxInformational {
+			err = errInformational
+			break
+		}
+		err = h.Read(br)
+	}
+	if err != nil {
+		finish(false)
+		return false, asTimeout(err)
+	}
+	closeAfter := req.ConnectionClose() || h.ConnectionClose()
+	st, cl := h.StatusCode(), h.ContentLength()
+	if req.Header.IsHead() || st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified {
+		resp.SkipBody = true
+		finish(!closeAfter)
+		return false, nil
+	}
+	if cl >= 0 && cl <= t.buffer {
+		resp.StreamBody = false
+		err := resp.ReadBody(br, t.buffer)
+		if err != nil {
+			finish(false)
+			return false, asTimeout(err)
+		}
+		finish(!closeAfter)
+		return false, nil
+	}
+	body := &backendBody{conn: conn, timeout: hc.ReadTimeout, br: br, want: int64(cl), reuse: !closeAfter && cl != -2}
+	// The same as finish; a closure of its own, so that finish does not
+	// escape (and allocate) on the other paths.
+	body.finish = func(reuse bool) {
+		reuse = reuse && br.Buffered() == 0
+		hc.ReleaseReader(br)
+		if reuse {
+			hc.ReleaseConn(cc)
+		} else {
+			hc.CloseConn(cc)
+		}
+	}
+	switch {
+	case cl >= 0:
+		body.r = io.LimitReader(br, int64(cl))
+	case cl == -1:
+		body.r = httputil.NewChunkedReader(br)
+	default: // until the backend closes
+		body.r = br
+	}
+	resp.SetBodyStream(body, cl)
+	return false, nil
+}
+
+// deadline returns now+d, or no deadline for d 0.
+func deadline(d time.Duration) time.Time {
+	if d <= 0 {
+		return time.Time{}
+	}
+	return time.Now().Add(d)
+}
+
+// asTimeout turns a network timeout into fasthttp.ErrTimeout, which the
+// pipeline answers 504.
+func asTimeout(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fasthttp.ErrTimeout
+	}
+	return err
+}
+
+// backendBody is a streamed answer body: read from the backend connection
+// as the client takes it, each read within the backend timeout. Closing it
+// puts the connection back in the pool if the body was read to its end,
+// else closes it.
+type backendBody struct {
+	r       io.Reader
+	conn    net.Conn
+	br      *bufio.Reader
+	timeout time.Duration
+	want    int64 // Content-Length, -1 chunked, -2 until close
+	got     int64
+	eof     bool // the body ended where its framing says
+	failed  bool
+	reuse   bool
+	closed  bool
+	finish  func(reuse bool)
+	held    *clientLimit // the count of src to end on Close; nil when none
+	src     netip.Addr
+}
+
+func (b *backendBody) Read(p []byte) (int, error) {
+	if b.eof {
+		return 0, io.EOF
+	}
+	if b.failed || b.closed {
+		return 0, io.ErrUnexpectedEOF
+	}
+	if b.timeout > 0 {
+		b.conn.SetReadDeadline(time.Now().Add(b.timeout))
+	}
+	n, err := b.r.Read(p)
+	b.got += int64(n)
+	switch {
+	case err == nil:
+	case err == io.EOF && b.want >= 0 && b.got < b.want:
+		err = io.ErrUnexpectedEOF // the backend closed within the body
+	case err == io.EOF && b.want == -1:
+		// The last chunk: the trailer section (discarded) ends the body.
+		if terr := skipTrailer(b.br); terr != nil {
+			err = terr
+		}
+	}
+	if err == io.EOF {
+		b.eof = true
+	} else if err != nil {
+		b.failed = true
+		err = asTimeout(err)
+	}
+	return n, err
+}
+
+// Close ends the body: the connection is reused only when the body was
+// read to its end.
+func (b *backendBody) Close() error {
+	if !b.closed {
+		b.closed = true
+		b.finish(b.reuse && b.eof && !b.failed)
+		if b.held != nil {
+			b.held.release(b.src)
+		}
+	}
+	return nil
+}
+
+// skipTrailer reads the trailer section after a chunked body's last chunk
+// up to the empty line, at most 16 KiB.
+func skipTrailer(br *bufio.Reader) error {
+	for n := 0; n < 16<<10; {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if len(line) == 2 && line[0] == '\r' {
+			return nil
+		}
+		n += len(line)
+	}
+	return errBadTrailer
+}
+
+var errBadTrailer = errors.New("backend answer's trailer section too large")
+
+// uploadPrefetch is how much of a streamed request body must have arrived
+// before a backend connection is taken for it.
+const uploadPrefetch = 64 << 10
+
+// prefetchBody reads the first uploadPrefetch bytes of a streamed body
+// whose Content-Length is cl (-1 chunked), or all of a shorter one.
+func prefetchBody(r io.Reader, cl int) ([]byte, error) {
+	n := uploadPrefetch
+	if cl >= 0 && cl < n {
+		n = cl
+	}
+	buf := make([]byte, n)
+	k, err := io.ReadFull(r, buf)
+	if cl < 0 && (err == io.EOF || err == io.ErrUnexpectedEOF) {
+		err = nil // a chunked body shorter than uploadPrefetch: all of it is here
+	}
+	return buf[:k], err
 }
 
 // bodyReader passes a streamed request body through, counting its bytes

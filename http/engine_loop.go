@@ -109,24 +109,27 @@ type loopEngine struct {
 	detached sync.WaitGroup // a loop is done once it stopped watching the listener
 	wg       sync.WaitGroup
 	lnOnce   sync.Once
-	openMu   sync.Mutex
-	open     map[string]*atomic.Int64 // connections per backend address, all loops
 }
 
-// openCount returns the counter of connections to addr that all loops
-// share.
-func (e *loopEngine) openCount(addr string) *atomic.Int64 {
-	e.openMu.Lock()
-	defer e.openMu.Unlock()
-	if e.open == nil {
-		e.open = map[string]*atomic.Int64{}
+// slotFreed tells the loops that a connection to addr closed outside them
+// (the fasthttp engine's): a request waiting for one may dial.
+func (e *loopEngine) slotFreed(addr string) {
+	for _, l := range e.loops {
+		l.post(func() {
+			if p := l.connPools[addr]; p != nil && len(p.waiters) > 0 {
+				l.serveWaiters(p)
+			}
+		})
 	}
-	n := e.open[addr]
-	if n == nil {
-		n = new(atomic.Int64)
-		e.open[addr] = n
+}
+
+// fdLimit returns the process's descriptor limit (RLIMIT_NOFILE, soft).
+func fdLimit() uint64 {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
+		return 1 << 20
 	}
-	return n
+	return rl.Cur
 }
 
 // closeListener closes the listening socket once every loop has stopped
@@ -312,7 +315,11 @@ type evloop struct {
 	base      time.Time
 	tick      int64
 	stopped   bool
-	bufs      [][]byte // free client buffers
+	// Accepting pauses after accept failed for lack of resources
+	// (acceptFailed): backoff is the pause, grown while it keeps failing.
+	acceptPaused bool
+	backoff      time.Duration
+	bufs         [][]byte // free client buffers
 }
 
 // fdOwner is the connection that holds a descriptor: one of c and b is set.

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -29,6 +31,31 @@ type gateConn struct {
 	chunk  chunkScan
 	err    *headError // the refused head
 	rerr   error      // the read error to return once buf is passed on
+	// release ends the connection's count under the client limits
+	// (connlimit.go), once, when it is closed; nil when not counted.
+	release func()
+	closed  atomic.Bool
+}
+
+// Write writes answer bytes, each write within -http-client-timeout: a
+// client that stops reading is dropped, as on the loop, and the backend
+// connection its streamed answer came on is closed rather than held.
+// (fasthttp's WriteTimeout would bound the whole answer, cutting long
+// downloads.)
+func (g *gateConn) Write(p []byte) (int, error) {
+	if d := g.s.cfg.ClientReadTimeout; d > 0 {
+		g.Conn.SetWriteDeadline(time.Now().Add(d))
+	}
+	return g.Conn.Write(p)
+}
+
+// Close closes the connection and ends its count under the client limits.
+func (g *gateConn) Close() error {
+	err := g.Conn.Close()
+	if g.closed.CompareAndSwap(false, true) && g.release != nil {
+		g.release()
+	}
+	return err
 }
 
 const (
@@ -141,6 +168,39 @@ func (g *gateConn) check() bool {
 	return true
 }
 
+// watch reads the client's connection while its request waits in an ARM
+// delay queue (when fasthttp reads nothing of it), to learn whether the
+// client left: the returned channel is closed when the connection ends.
+// Bytes that come meanwhile (a pipelined request) are kept for Read. The
+// returned end stops watching; it must be called before fasthttp reads
+// the connection again.
+func (g *gateConn) watch() (<-chan struct{}, func()) {
+	gone, exited := make(chan struct{}), make(chan struct{})
+	var stopping atomic.Bool
+	g.Conn.SetReadDeadline(time.Time{}) // the wait is bounded by the rule, not the read timeout
+	go func() {
+		defer close(exited)
+		for !stopping.Load() {
+			if g.w == len(g.buf) && (g.r == 0 || g.r == g.w) && len(g.buf) >= maxHeadSize+4<<10 {
+				return // the buffer is full: nothing more to learn
+			}
+			if err := g.fill(); err != nil {
+				if !stopping.Load() {
+					g.rerr = err
+					close(gone)
+				}
+				return
+			}
+		}
+	}()
+	return gone, func() {
+		stopping.Store(true)
+		g.Conn.SetReadDeadline(time.Unix(1, 0)) // ends the read under way
+		<-exited
+		g.Conn.SetReadDeadline(time.Time{})
+	}
+}
+
 // fill reads more bytes from the client into buf.
 func (g *gateConn) fill() error {
 	if g.r == g.w {
@@ -166,20 +226,6 @@ func (g *gateConn) fill() error {
 		err = io.ErrNoProgress
 	}
 	return err
-}
-
-// gateListener wraps every accepted connection in a gate.
-type gateListener struct {
-	net.Listener
-	s *Server
-}
-
-func (l gateListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return l.s.gate(c, nil), nil
 }
 
 // errorHandlerCtx answers what fasthttp could not read: a head the gate

@@ -14,14 +14,18 @@ func (l *evloop) handover(c *cconn) {
 	l.s.stats.HandedOver.Add(1)
 	prefix := append([]byte(nil), c.in[c.r:c.w]...)
 	l.unwatch(c.fd)
+	ip := c.ip
 	f := os.NewFile(uintptr(l.detach(c)), "http-client")
 	nc, err := net.FileConn(f)
 	f.Close()
 	if err != nil {
+		l.s.conns.release(ip)
 		l.s.logger.Warn("http: handing a connection to fasthttp failed", "err", err)
 		return
 	}
-	l.e.handoff.push(l.s.gate(nc, prefix))
+	g := l.s.gate(nc, prefix)
+	g.release = func() { l.s.conns.release(ip) } // counted until fasthttp closes it
+	l.e.handoff.push(g)
 }
 
 // handoffListener is the net.Listener the fasthttp server accepts handed

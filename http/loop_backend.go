@@ -4,7 +4,6 @@ package http
 
 import (
 	"net"
-	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -33,7 +32,7 @@ type connPool struct {
 	addr    string
 	sa      unix.Sockaddr
 	idle    []*bconn      // LIFO: the warmest connection last
-	open    *atomic.Int64 // connections to addr of all loops
+	open    *backendSlots // connections to addr of all loops and the fasthttp engine
 	waiters []waiter
 }
 
@@ -53,7 +52,7 @@ func (w waiter) valid() bool {
 func (l *evloop) connPool(addr string) *connPool {
 	p := l.connPools[addr]
 	if p == nil {
-		p = &connPool{addr: addr, open: l.e.openCount(addr)}
+		p = &connPool{addr: addr, open: l.s.backendSlots(addr)}
 		l.connPools[addr] = p
 	}
 	return p
@@ -62,6 +61,18 @@ func (l *evloop) connPool(addr string) *connPool {
 // send gets a connection to the exchange's backend and writes the request.
 func (l *evloop) send(c *cconn) {
 	x := &c.x
+	if !x.holding {
+		// One source holds at most MaxConns/8 (at least 1) backend
+		// connections at once (or waits for them), until its answer is
+		// relayed: a client that stops reading cannot take them all.
+		if !l.s.held.take(c.ip) {
+			l.s.stats.SourceLimited.Add(1)
+			l.s.writeRefusal(&l.local, fasthttp.StatusServiceUnavailable, connRetry, psSourceLimit, "backend connections for this client at their limit")
+			l.answerLocal(c)
+			return
+		}
+		x.holding = true
+	}
 	x.acquireBackend()
 	x.waitUntil = 0
 	p := l.connPool(x.b.Addr())
@@ -69,7 +80,7 @@ func (l *evloop) send(c *cconn) {
 	if n := len(p.idle); n > 0 {
 		bc = p.idle[n-1]
 		p.idle = p.idle[:n-1]
-	} else if p.open.Load() >= int64(l.s.cfg.MaxConns) {
+	} else if !p.open.take(l.s.cfg.MaxConns) {
 		x.waitUntil = l.now + int64(l.s.cfg.ConnWait)
 		p.waiters = append(p.waiters, waiter{c, c.gen, c.seq})
 		l.e.shedIdle(p.addr, l)
@@ -77,6 +88,7 @@ func (l *evloop) send(c *cconn) {
 	} else {
 		var err error
 		if bc, err = l.dial(p); err != nil {
+			p.open.release()
 			l.failed(c, err, lb.ConnectError)
 			return
 		}
@@ -92,7 +104,8 @@ func (l *evloop) send(c *cconn) {
 	l.toWrite = append(l.toWrite, bc) // written after this round of events, together
 }
 
-// dial opens a connection to p's address, non-blocking: it may still be
+// dial opens a connection to p's address, for a slot the caller took
+// (released by the caller when dial fails, by closeBackend after), non-blocking: it may still be
 // connecting when returned. The address is resolved on first use and
 // again after a failed dial. Errors are dial *net.OpErrors, so that the
 // pipeline tells them from failures after sending (notSent).
@@ -115,7 +128,6 @@ func (l *evloop) dial(p *connPool) (*bconn, error) {
 	}
 	bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), connecting: connecting, wready: !connecting}
 	l.setFD(fd, fdOwner{b: bc})
-	p.open.Add(1)
 	return bc, nil
 }
 
@@ -265,7 +277,12 @@ func (l *evloop) relay(bc *bconn) {
 			bc.rready = false
 		}
 		bc.w += n
-		bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+		if c.x.gotHead {
+			// Between bytes of the body. Before the final head the
+			// deadline set when the request was sent holds: 1xx answers
+			// or a head trickling in do not extend it.
+			bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+		}
 	}
 }
 
@@ -326,7 +343,7 @@ func (l *evloop) closeBackend(bc *bconn) {
 	l.fds[bc.fd] = fdOwner{}
 	bc.fd = -1
 	p := bc.cp
-	p.open.Add(-1)
+	p.open.release()
 	for i, ib := range p.idle {
 		if ib == bc {
 			p.idle = append(p.idle[:i], p.idle[i+1:]...)
@@ -343,7 +360,7 @@ func (l *evloop) closeBackend(bc *bconn) {
 // serveWaiters sends requests waiting for a connection to p while one is
 // idle or may be dialled.
 func (l *evloop) serveWaiters(p *connPool) {
-	for len(p.waiters) > 0 && (len(p.idle) > 0 || p.open.Load() < int64(l.s.cfg.MaxConns)) {
+	for len(p.waiters) > 0 && (len(p.idle) > 0 || p.open.n.Load() < int64(l.s.cfg.MaxConns)) {
 		w := p.waiters[0]
 		p.waiters = p.waiters[1:]
 		if w.valid() {

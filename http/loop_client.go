@@ -5,6 +5,7 @@ package http
 import (
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -36,20 +37,23 @@ type cconn struct {
 // through the pipeline (plan) and the loop's state of its I/O.
 type exchange struct {
 	plan
-	reqLen     int    // bytes of the request at in[r:]
-	bodyLen    int    // its Content-Length, the last bytes of reqLen; -1 when it has none
-	req        []byte // the request as sent to the backend
-	bc         *bconn // the backend connection carrying it; nil before and after
-	closeAfter bool   // close the client connection after the answer
-	head       bool   // a HEAD request: the answer has no body
-	staleRetry bool   // resent once after a reused connection turned out closed
-	waitUntil  int64  // waiting for a backend connection until then (loop clock); 0 when not waiting
-	gotHead    bool   // the answer's head was relayed: a failure can no longer be answered
-	status     int    // the answer's status
-	framing    uint8  // the answer body's framing (answer.go)
-	remain     int64  // frameLength: body bytes still to come
-	chunk      chunkScan
-	bclose     bool // the backend connection is not reusable afterwards
+	reqLen        int           // bytes of the request at in[r:]
+	bodyLen       int           // its Content-Length, the last bytes of reqLen; -1 when it has none
+	req           []byte        // the request as sent to the backend
+	bc            *bconn        // the backend connection carrying it; nil before and after
+	closeAfter    bool          // close the client connection after the answer
+	head          bool          // a HEAD request: the answer has no body
+	staleRetry    bool          // resent once after a reused connection turned out closed
+	waitUntil     int64         // waiting for a backend connection until then (loop clock); 0 when not waiting
+	gotHead       bool          // the answer's head was relayed: a failure can no longer be answered
+	informational int           // 1xx answers relayed before the final one
+	gone          chan struct{} // waiting in an ARM delay queue: closed when the client leaves
+	holding       bool          // counted in Server.held (send), until the request ends
+	status        int           // the answer's status
+	framing       uint8         // the answer body's framing (answer.go)
+	remain        int64         // frameLength: body bytes still to come
+	chunk         chunkScan
+	bclose        bool // the backend connection is not reusable afterwards
 }
 
 // accept takes up to 64 new client connections from the listener per
@@ -62,22 +66,54 @@ func (l *evloop) accept() {
 			case unix.EAGAIN, unix.EINTR:
 			case unix.ECONNABORTED:
 				continue
-			default: // EMFILE, ENFILE, ENOBUFS: the listener stays ready, retried next wake-up
-				l.s.logger.Warn("http accept failed", "err", err)
+			default: // EMFILE, ENFILE, ENOBUFS, ENOMEM
+				l.acceptFailed(err)
 			}
 			return
 		}
+		l.backoff = 0
 		if l.e.stopping.Load() {
+			closeFD(fd)
+			continue
+		}
+		if !l.s.conns.take(ip) {
+			l.s.stats.ConnLimited.Add(1)
 			closeFD(fd)
 			continue
 		}
 		c := &cconn{fd: fd, ip: ip, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
 		if err := l.watch(fd); err != nil {
 			closeFD(fd)
+			l.s.conns.release(ip)
 			continue
 		}
 		l.setFD(fd, fdOwner{c: c})
 		l.clients++
+	}
+}
+
+// acceptFailed pauses accepting on this loop after accept failed for lack
+// of descriptors or memory: the listener stays ready (it is watched
+// level-triggered), so retrying at once would spin on the failure. The
+// loop stops watching it for 5 ms, doubling to 1 s while the failure
+// lasts; the failure is logged at most once a second.
+func (l *evloop) acceptFailed(err error) {
+	l.backoff = nextBackoff(l.backoff)
+	l.s.acceptLog.failed(l.s.logger, err, l.backoff)
+	l.unwatch(l.e.lnfd)
+	l.acceptPaused = true
+	time.AfterFunc(l.backoff, func() { l.post(l.resumeAccept) })
+}
+
+// resumeAccept watches the listener again after a pause; connections that
+// wait make it ready at once.
+func (l *evloop) resumeAccept() {
+	if !l.acceptPaused || l.stopped || l.e.stopping.Load() {
+		return
+	}
+	l.acceptPaused = false
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, l.e.lnfd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: int32(l.e.lnfd)}); err != nil {
+		l.s.logger.Error("http loop: watching the listener again failed", "err", err)
 	}
 }
 
@@ -99,6 +135,13 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		if c.fd < 0 {
 			return
 		}
+	}
+	if c.x.gone != nil && ev&evPeerShut != 0 {
+		// The client left while its request waits in an ARM delay
+		// queue: its slot is freed at once (closeClient), the request
+		// never reaches a backend.
+		l.closeClient(c)
+		return
 	}
 	if ev&evReadable != 0 {
 		c.rready = true
@@ -278,14 +321,29 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 // the request on the loop (admitted), unless the connection is gone by
 // then. r is cloned: the bytes it viewed are the loop's scratch.
 func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision) {
+	if c.hup {
+		// The client shut its side down with its request (no edge will
+		// tell it again): it has gone, and its request leaves the queue
+		// at once.
+		if d.Wait.Cancel() {
+			l.s.stats.DelayAbandoned.Add(1)
+		}
+		<-d.Wait.Done()
+		l.s.ctrl.Resume(l.s.clock.Now(), &r, d, nil)
+		l.closeClient(c)
+		return
+	}
 	r.Method, r.Host, r.Path = strings.Clone(r.Method), strings.Clone(r.Host), strings.Clone(r.Path)
-	gen := c.gen
+	gen, ip := c.gen, c.ip
+	gone := make(chan struct{}) // closed by closeClient: the client left while queued
+	c.x.gone = gone
 	go func() {
-		d := l.s.waitDelay(l.e.stop, &r, d)
+		d := l.s.waitDelay(l.e.stop, gone, ip, &r, d)
 		l.post(func() {
 			if c.gen != gen || c.fd < 0 {
 				return
 			}
+			c.x.gone = nil
 			body := l.reparse(c)
 			l.admitted(c, &l.reqH, body, &r, d)
 		})
@@ -340,6 +398,7 @@ func (l *evloop) answerLocal(c *cconn) {
 
 // endRequest ends the client's current request and goes on with the next.
 func (l *evloop) endRequest(c *cconn) {
+	l.unhold(c)
 	if c.fd < 0 {
 		return
 	}
@@ -368,6 +427,14 @@ func (l *evloop) endRequest(c *cconn) {
 	}
 	if c.w > c.r || c.rready {
 		l.clientIn(c)
+	}
+}
+
+// unhold ends the request's count in Server.held, once.
+func (l *evloop) unhold(c *cconn) {
+	if c.x.holding {
+		c.x.holding = false
+		l.s.held.release(c.ip)
 	}
 }
 
@@ -461,7 +528,14 @@ func (l *evloop) closeClient(c *cconn) {
 		c.x.releaseBackend(l.s.clock.Now(), lb.Abandoned)
 		l.closeBackend(bc)
 	}
+	if c.x.gone != nil {
+		close(c.x.gone)
+		c.x.gone = nil
+	}
+	l.unhold(c)
+	ip := c.ip
 	closeFD(l.detach(c))
+	l.s.conns.release(ip)
 }
 
 // detach makes the loop forget c (posted work and waiters see it gone)

@@ -14,8 +14,10 @@ var descEvents = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, 
 
 // NewCollector returns st as a prometheus.Collector:
 // sluice_frontend_events_total{protocol="http",event} with the events
-// upstream_error, retried, restreamed, aborted, repinned, handed_over,
-// bad_request, cookie_stripped and session_not_learned. (Admitted and refused requests are the admission
+// upstream_error, retried, restreamed (always 0 now), aborted, repinned,
+// handed_over, bad_request, cookie_stripped, session_not_learned,
+// conn_limited, source_limited, delay_abandoned and delay_limited.
+// (Admitted and refused requests are the admission
 // controller's sluice_requests_*_total.) It reads the counters at scrape
 // time.
 func NewCollector(st *Stats) prometheus.Collector { return collector{st} }
@@ -39,6 +41,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"aborted", &st.Aborted}, {"repinned", &st.Repinned}, {"handed_over", &st.HandedOver},
 		{"bad_request", &st.BadRequest}, {"cookie_stripped", &st.CookieStripped},
 		{"session_not_learned", &st.SessionNotLearned},
+		{"conn_limited", &st.ConnLimited}, {"source_limited", &st.SourceLimited},
+		{"delay_abandoned", &st.DelayAbandoned}, {"delay_limited", &st.DelayLimited},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}

@@ -40,7 +40,7 @@ type plan struct {
 	start    int64  // admission clock when the request began
 	renew    bool   // the answer sets the sticky cookie
 	repinned bool   // a valid pin named a backend that is down
-	idem     bool   // the method may be sent twice (RFC 9110 §9.2.2)
+	idem     bool   // the method may be sent twice (resendable: GET, HEAD)
 	retried  bool   // moved to another backend once already
 	acquired bool   // b.Acquire was called: releaseBackend is due
 	observed bool   // ObserveForward was called
@@ -54,7 +54,7 @@ type plan struct {
 func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int64) (admission.Request, admission.Decision) {
 	set := s.backends.Load()
 	b, renew, repinned := s.affinity(h, set, now)
-	*p = plan{set: set, b: b, start: now, renew: renew, repinned: repinned, idem: idempotent(h.Method())}
+	*p = plan{set: set, b: b, start: now, renew: renew, repinned: repinned, idem: resendable(h.Method())}
 	if b != nil {
 		p.class = admission.Affinity
 	}
@@ -70,11 +70,36 @@ func admissionRequest(class admission.Class, h *fasthttp.RequestHeader, path []b
 
 // waitDelay blocks on a delayed decision until it is an admission or a
 // refusal (see wait). It runs off the loop's goroutine on the loop engine.
-func (s *Server) waitDelay(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
+// gone is closed when the client leaves meanwhile: its request leaves the
+// queue at once, refused (nil when the engine cannot tell). One source
+// holds at most an eighth of the delaying rule's queue (at least one
+// slot; -http-trusted-proxy addresses excepted): a request over its
+// share is refused at once, as if the queue were full.
+func (s *Server) waitDelay(done, gone <-chan struct{}, ip netip.Addr, r *admission.Request, d admission.Decision) admission.Decision {
+	if d.Verdict != admission.Delay {
+		return d
+	}
+	if !s.delayed.take(ip, s.delayShare(d)) {
+		s.stats.DelayLimited.Add(1)
+		d.Wait.Cancel()
+		<-d.Wait.Done()
+		return s.ctrl.Resume(s.clock.Now(), r, d, nil)
+	}
+	defer s.delayed.release(ip)
 	for d.Verdict == admission.Delay {
-		d = s.wait(done, r, d)
+		d = s.wait(done, gone, r, d)
 	}
 	return d
+}
+
+// delayShare is the most requests one source may have in the queue of
+// the rule that delayed d: an eighth of it, at least 1.
+func (s *Server) delayShare(d admission.Decision) int {
+	q := 1000 // admission's default queue
+	if rules := s.ctrl.Rules(); d.Rule >= 0 && int(d.Rule) < len(rules) {
+		q = rules[d.Rule].Config().Queue
+	}
+	return max(1, q/8)
 }
 
 // pick goes on from a decision that is not a delay. It returns true when
@@ -129,10 +154,10 @@ func (p *plan) releaseBackend(now int64, res lb.Result) {
 
 // mayRetry reports whether an exchange that failed before any byte of the
 // answer was relayed may go once more to another backend: the request may
-// be sent twice (RFC 9110 §9.2.2) and has not been moved already. That
+// be sent twice (resendable: GET or HEAD) and has not been moved already. That
 // covers a request that never reached the backend and one the backend
-// took and never answered in time, reset, or answered with garbage; a
-// non-idempotent request is never sent twice. Affinity requests are moved
+// took and never answered in time, reset, or answered with garbage; any
+// other method is never sent twice. Affinity requests are moved
 // too, since a backend that fails them is down or hung and its clients
 // are re-pinned.
 func (p *plan) mayRetry() bool {
@@ -149,17 +174,21 @@ const (
 )
 
 // retryElsewhere moves p, whose backend failed before a byte was sent, to
-// another backend. An affinity request is from here new work, re-pinned
-// and admitted as such (a delay counts as a refusal: the client has
-// already waited for one backend); h and path are its head, as for admit.
+// another backend. The second exchange is admitted as new work (a delay
+// counts as a refusal: the client has already waited for one backend); an
+// affinity request is from here new work, re-pinned. h and path are its
+// head, as for admit.
 func (s *Server) retryElsewhere(p *plan, resp *fasthttp.Response, h *fasthttp.RequestHeader, path []byte, ip netip.Addr) retryStep {
 	now := s.clock.Now()
+	// The backend may have executed the request (it timed out or broke
+	// after taking it): a second exchange is counted as new work, as the
+	// first was, so that admission sees every execution.
+	r := admissionRequest(admission.NewWork, h, path)
+	if d, ok := s.admitNow(&r, now); !ok {
+		s.refuseDecision(resp, d)
+		return retryRefused
+	}
 	if p.class == admission.Affinity {
-		r := admissionRequest(admission.NewWork, h, path)
-		if d, ok := s.admitNow(&r, now); !ok {
-			s.refuseDecision(resp, d)
-			return retryRefused
-		}
 		p.key = s.key(h, ip, p.set)
 	}
 	nb, out, _ := p.set.pool.Pick(now, p.key, p.b)
@@ -254,8 +283,9 @@ func (s *Server) key(h *fasthttp.RequestHeader, client netip.Addr, set *backendS
 }
 
 // wait blocks on a delayed decision until the rule releases the request,
-// its wait runs out, done is closed (shutdown), or memory turns Critical.
-func (s *Server) wait(done <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
+// its wait runs out, done is closed (shutdown), gone is closed (the client
+// left: its slot in the queue is freed at once), or memory turns Critical.
+func (s *Server) wait(done, gone <-chan struct{}, r *admission.Request, d admission.Decision) admission.Decision {
 	var crit <-chan struct{}
 	if s.mem != nil {
 		crit = s.mem.CriticalC()
@@ -276,6 +306,10 @@ func (s *Server) wait(done <-chan struct{}, r *admission.Request, d admission.De
 		}
 	case <-done:
 		d.Wait.Cancel()
+	case <-gone:
+		if d.Wait.Cancel() {
+			s.stats.DelayAbandoned.Add(1)
+		}
 	}
 	<-d.Wait.Done()
 	return s.ctrl.Resume(s.clock.Now(), r, d, nil)
@@ -299,10 +333,15 @@ func (s *Server) admitNow(r *admission.Request, now int64) (admission.Decision, 
 	return d, false
 }
 
-// idempotent reports whether a method may be sent twice (RFC 9110 §9.2.2).
-func idempotent(m []byte) bool {
+// resendable reports whether a request with method m may be sent a second
+// time after its first exchange failed before any byte of an answer came:
+// GET and HEAD only. RFC 9110 §9.2.2 also calls PUT, DELETE, OPTIONS and
+// others idempotent, but a DELETE that the backend executed before its
+// connection broke would run twice, and its second answer (404) would be
+// the one the client sees.
+func resendable(m []byte) bool {
 	switch string(m) {
-	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE", "QUERY":
+	case "GET", "HEAD":
 		return true
 	}
 	return false

@@ -32,6 +32,7 @@ var (
 	psMOP             = []byte(`sluice; error=connection_limit_reached; details="mop"`)
 	psNoBackend       = []byte(`sluice; error=destination_unavailable; details="no backend up"`)
 	psConnLimit       = []byte(`sluice; error=connection_limit_reached; details="backend max conns"`)
+	psSourceLimit     = []byte(`sluice; error=connection_limit_reached; details="backend conns per source"`)
 	psConnRefused     = []byte(`sluice; error=connection_refused`)
 	psDestUnavailable = []byte(`sluice; error=destination_unavailable`)
 	psConnectTimeout  = []byte(`sluice; error=connection_timeout`)

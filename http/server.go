@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -21,24 +23,30 @@ import (
 // Server is the HTTP front end. Build it with New, start it with Serve or
 // ListenAndServe, stop it with Shutdown. Safe for concurrent use.
 type Server struct {
-	cfg      Config
-	backends atomic.Pointer[backendSet] // SetPool swaps them
-	ctrl     *admission.Controller
-	mem      *admission.Memory
-	signer   *lb.Signer
-	clock    admission.Clock
-	logger   *slog.Logger
-	sticky   *stickyCookie // nil when disabled
-	sessions *sessionTable // nil when disabled
-	appName  string
-	trusted  []netip.Prefix
-	hashKind hashKind
-	hashName string
-	ruleView atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
-	connDeny string                   // the hash header, lower case: Connection may not name it
-	srv      *fasthttp.Server
-	loops    atomic.Pointer[loopEngine] // set while the loop engine serves
-	shut     atomic.Bool                // Shutdown was called
+	cfg       Config
+	backends  atomic.Pointer[backendSet] // SetPool swaps them
+	ctrl      *admission.Controller
+	mem       *admission.Memory
+	signer    *lb.Signer
+	clock     admission.Clock
+	logger    *slog.Logger
+	sticky    *stickyCookie // nil when disabled
+	sessions  *sessionTable // nil when disabled
+	appName   string
+	trusted   []netip.Prefix
+	hashKind  hashKind
+	hashName  string
+	ruleView  atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
+	connDeny  string                   // the hash header, lower case: Connection may not name it
+	srv       *fasthttp.Server
+	loops     atomic.Pointer[loopEngine] // set while the loop engine serves
+	shut      atomic.Bool                // Shutdown was called
+	conns     clientLimit                // client connections open (connlimit.go)
+	held      clientLimit                // requests holding (or waiting for) a backend connection, per source
+	delayed   sourceCount                // requests in ARM delay queues, per source
+	acceptLog acceptLog
+	slotsMu   sync.Mutex
+	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
@@ -51,13 +59,17 @@ type Server struct {
 // Admitted and refused requests, by class and guard, are counted by the
 // admission controller, not here.
 type Stats struct {
-	UpstreamError atomic.Uint64 // answered 502/503/504 for a backend failure
-	Retried       atomic.Uint64 // moved to another backend after a connect failure
-	Restreamed    atomic.Uint64 // sent again, streaming, after the answer outgrew ResponseBuffer
-	Aborted       atomic.Uint64 // in-flight new work ended by memory state Critical
-	Repinned      atomic.Uint64 // affinity to a backend that was down, sent elsewhere
-	HandedOver    atomic.Uint64 // loop engine: connections given to the fasthttp server
-	BadRequest    atomic.Uint64 // request heads refused (400, 414, 431, 501, 505), connection closed
+	UpstreamError  atomic.Uint64 // answered 502/503/504 for a backend failure
+	Retried        atomic.Uint64 // moved to another backend after a connect failure
+	Restreamed     atomic.Uint64 // always 0: an answer is never requested twice (kept for the metric's users)
+	Aborted        atomic.Uint64 // in-flight new work ended by memory state Critical
+	Repinned       atomic.Uint64 // affinity to a backend that was down, sent elsewhere
+	HandedOver     atomic.Uint64 // loop engine: connections given to the fasthttp server
+	BadRequest     atomic.Uint64 // request heads refused (400, 414, 431, 501, 505), connection closed
+	ConnLimited    atomic.Uint64 // client connections closed at once: -http-max-conns or -http-max-conns-per-source reached
+	SourceLimited  atomic.Uint64 // requests answered 503: their source held MaxConns/8 backend connections
+	DelayAbandoned atomic.Uint64 // requests taken out of an ARM delay queue because their client left
+	DelayLimited   atomic.Uint64 // requests refused (429) because their source held its share (1/8) of an ARM delay queue
 	// CookieStripped counts backend Set-Cookie headers for the balancer's
 	// own cookie, removed from answers.
 	CookieStripped atomic.Uint64
@@ -102,6 +114,9 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		trusted: cfg.TrustedProxies,
 		appName: cfg.AppCookie,
 	}
+	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
+	s.held.max, s.held.perSource, s.held.trusted = math.MaxInt, max(1, cfg.MaxConns/8), cfg.TrustedProxies
+	s.delayed.trusted = cfg.TrustedProxies
 	s.wallBase, s.monoBase = time.Now(), cfg.Clock.Now()
 	if cfg.StickyCookie != "-" {
 		if signer == nil {
@@ -145,48 +160,33 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 // sets. The loop engine keeps its connections per address in each loop
 // (connPool), so they outlive a SetPool by themselves.
 type backendSet struct {
-	pool     *lb.Pool
-	clients  []*fasthttp.HostClient // fasthttp engine, by backend index; answers streamed
-	buffered []*fasthttp.HostClient // fasthttp engine, by backend index; small answers buffered, nil when off
-	cookies  []atomic.Pointer[cookieValue]
-	hashed   bool // the pool's policy uses the key
+	pool    *lb.Pool
+	clients []*fasthttp.HostClient // fasthttp engine, by backend index
+	cookies []atomic.Pointer[cookieValue]
+	hashed  bool // the pool's policy uses the key
 }
 
 // newBackendSet builds the set of pool, reusing the fasthttp connection
 // pools of old for backends at the same address.
 func (s *Server) newBackendSet(pool *lb.Pool, old *backendSet) *backendSet {
-	reuse := map[string][2]*fasthttp.HostClient{}
+	reuse := map[string]*fasthttp.HostClient{}
 	if old != nil {
 		for i, b := range old.pool.Backends() {
-			pair := [2]*fasthttp.HostClient{old.clients[i]}
-			if old.buffered != nil {
-				pair[1] = old.buffered[i]
-			}
-			reuse[b.Addr()] = pair
+			reuse[b.Addr()] = old.clients[i]
 		}
 	}
 	set := &backendSet{pool: pool, cookies: make([]atomic.Pointer[cookieValue], pool.Len())}
 	_, set.hashed = pool.Policy().(*lb.ConsistentHash)
 	for _, b := range pool.Backends() {
-		pair, ok := reuse[b.Addr()]
+		c, ok := reuse[b.Addr()]
 		delete(reuse, b.Addr())
 		if !ok {
-			pair[0] = s.newClient(b.Addr(), 0)
-			if s.cfg.ResponseBuffer > 0 {
-				pair[1] = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
-			}
+			c = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
 		}
-		set.clients = append(set.clients, pair[0])
-		if s.cfg.ResponseBuffer > 0 {
-			set.buffered = append(set.buffered, pair[1])
-		}
+		set.clients = append(set.clients, c)
 	}
-	for _, pair := range reuse { // backends removed: close their idle connections
-		for _, c := range pair {
-			if c != nil {
-				c.CloseIdleConnections()
-			}
-		}
+	for _, c := range reuse { // backends removed: close their idle connections
+		c.CloseIdleConnections()
 	}
 	return set
 }
@@ -217,7 +217,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		return s.serveLoops(ln)
 	}
 	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len())
-	return s.srv.Serve(gateListener{ln, s})
+	return s.srv.Serve(limitedListener{ln, s})
 }
 
 // ListenAndServe listens on Config.Listen and serves.
@@ -240,7 +240,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = s.srv.ShutdownWithContext(ctx)
 	}
 	set := s.backends.Load()
-	for _, c := range append(set.clients, set.buffered...) {
+	for _, c := range set.clients {
 		c.CloseIdleConnections()
 	}
 	return err

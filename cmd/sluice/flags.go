@@ -190,6 +190,8 @@ var fieldFlags = map[string]string{
 	"http.ConnectTimeout":    "http-connect-timeout",
 	"http.BackendTimeout":    "http-backend-timeout",
 	"http.BackendIdle":       "http-backend-idle",
+	"http.MaxClientConns":    "http-max-conns",
+	"http.MaxConnsPerSource": "http-max-conns-per-source",
 	"http.ClientReadTimeout": "http-client-timeout",
 	"http.ClientIdle":        "http-client-idle",
 	"http.StreamThreshold":   "http-stream-threshold",

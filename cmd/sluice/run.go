@@ -78,10 +78,12 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.DurationVar(&h.ConnectTimeout, "http-connect-timeout", hd.ConnectTimeout, "timeout dialing a backend")
 	fs.DurationVar(&h.BackendTimeout, "http-backend-timeout", hd.BackendTimeout, "first-byte timeout: writing a request to a backend and reading its answer's head (past it: idempotent requests go once to another backend, others get 504)")
 	fs.DurationVar(&h.BackendIdle, "http-backend-idle", hd.BackendIdle, "close backend connections idle this long (keep it below the backends' keep-alive timeout)")
+	fs.IntVar(&h.MaxClientConns, "http-max-conns", hd.MaxClientConns, "most client connections open at once; more are closed unanswered (0: half of the descriptor limit left after 64 kept for listeners, health probes, the store and the admin listener)")
+	fs.IntVar(&h.MaxConnsPerSource, "http-max-conns-per-source", hd.MaxConnsPerSource, "most client connections open at once from one address, -http-trusted-proxy excepted (0: an eighth of -http-max-conns, at least 64)")
 	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", hd.ClientReadTimeout, "timeout reading a client request")
 	fs.DurationVar(&h.ClientIdle, "http-client-idle", hd.ClientIdle, "close idle client connections after this long")
 	fs.IntVar(&h.StreamThreshold, "http-stream-threshold", hd.StreamThreshold, "request bodies larger than this many bytes are streamed to the backend, not buffered")
-	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", hd.ResponseBuffer, "fasthttp engine: answers to body-less idempotent requests up to this many bytes are buffered, larger ones re-requested and streamed (-1: always stream); the loop engine relays every answer as it arrives")
+	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", hd.ResponseBuffer, "fasthttp engine: answers with a Content-Length up to this many bytes are read whole before they are relayed, others streamed from the same exchange (-1: always stream); the loop engine relays every answer as it arrives")
 	fs.StringVar(&h.Engine, "http-engine", hd.Engine, "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade and Expect to fasthttp")
 	fs.IntVar(&h.Loops, "http-loops", hd.Loops, "event loops of the loop engine (0: GOMAXPROCS)")
 

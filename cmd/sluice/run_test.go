@@ -44,6 +44,8 @@ func TestRunBadFlags(t *testing.T) {
 		{"zero health timeout", append(base, "-health-timeout", "0"), nil, "-health-timeout"},
 		{"health timeout over interval", append(base, "-health-timeout", "5s"), nil, "-health-timeout"},
 		{"zero max conns", append(base, "-http-backend-max-conns", "0"), nil, "-http-backend-max-conns"},
+		{"negative client conns", append(base, "-http-max-conns", "-1"), nil, "-http-max-conns"},
+		{"negative conns per source", append(base, "-http-max-conns-per-source", "-5"), nil, "-http-max-conns-per-source"},
 		{"bad metrics selector", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-used-metric", "a{"), nil, "-mop-used-metric"},
 		{"metrics limit too large", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
 		{"zero metrics limit", append(base, "-mop-probe-max-bytes", "0"), nil, "-mop-probe-max-bytes"},
