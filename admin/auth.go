@@ -122,8 +122,12 @@ func (s *Server) RequireTokens(t *Tokens) {
 	s.tokens.Store(t)
 }
 
-// ServeHTTP checks the token, when required, then serves from the mux.
+// ServeHTTP checks the Host (hosts.go), then the token when required,
+// then serves from the mux.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.checkHost(w, r) {
+		return
+	}
 	t := s.tokens.Load()
 	if t == nil || r.URL.Path == "/healthz" {
 		s.mux.ServeHTTP(w, r)

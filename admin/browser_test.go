@@ -7,18 +7,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/lb"
 )
 
 // findChromium returns the browser the end-to-end test drives, or "".
@@ -321,5 +327,125 @@ func TestDashboardInBrowser(t *testing.T) {
 		if want := map[bool]string{true: "draining", false: "up"}[b.Protocol == "http" && b.ID == "h1"]; b.State != want {
 			t.Errorf("/status: %s %s is %s, want %s", b.Protocol, b.ID, b.State, want)
 		}
+	}
+}
+
+// TestAdminRebindingInBrowser drives headless Chromium as an attacker
+// would against an admin listener on loopback without tokens: a page of
+// another origin posts to it, and a page whose name resolves to 127.0.0.1
+// (--host-resolver-rules, what DNS rebinding achieves) posts to it as its
+// own origin. Neither changes anything: backend h2 stays enabled, and the
+// rebound page reads nothing (421).
+func TestAdminRebindingInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end browser test skipped in -short mode")
+	}
+	chromium := findChromium()
+	if chromium == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("chromium not found and CI=true: run scripts/install-test-deps.sh (Debian package chromium)")
+		}
+		t.Skip("chromium not found: run scripts/install-test-deps.sh (Debian package chromium) to run this test")
+	}
+	h1, _ := lb.NewBackend(lb.BackendConfig{ID: "h1", Addr: "127.0.0.1:10001", Proto: "http"})
+	h2, _ := lb.NewBackend(lb.BackendConfig{ID: "h2", Addr: "127.0.0.1:10002", Proto: "http"})
+	pool, err := lb.NewPool(lb.PoolConfig{}, []*lb.Backend{h1, h2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := admin.New(nil)
+	srv.Handle("GET /status", admin.StatusHandler(admin.Source{Backends: func() []admin.BackendStatus {
+		var out []admin.BackendStatus
+		for _, b := range pool.Backends() {
+			out = append(out, admin.FromBackend(b.Status(0), nil))
+		}
+		return out
+	}}))
+	admin.RegisterControl(srv, admin.ControlConfig{Operator: admin.PoolControl(func() []*lb.Pool { return []*lb.Pool{pool} })})
+	if err := srv.AllowHosts("127.0.0.1:0", nil); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}()
+	_, adminPort, _ := net.SplitHostPort(ln.Addr().String())
+	adminURL := "http://127.0.0.1:" + adminPort
+
+	attacker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, "<!doctype html><title>cat pictures</title><p>nothing to see</p>")
+	}))
+	defer attacker.Close()
+	_, attackerPort, _ := net.SplitHostPort(attacker.Listener.Addr().String())
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("host-resolver-rules", "MAP rebind.evil.example 127.0.0.1, MAP cats.evil.example 127.0.0.1"))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	if err := chromedp.Do(browser, chromedp.Navigate("http://cats.evil.example:"+attackerPort+"/")); err != nil {
+		t.Fatalf("open the attacker's page: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(browser, 60*time.Second)
+	defer cancel()
+
+	// A page of another origin: a no-cors POST goes out, its answer is
+	// opaque; the origin check must refuse it.
+	crossJS := fmt.Sprintf(`(async () => {
+  const out = [];
+  try { await fetch(%[1]q + '/control/backends/h2/disable', {method: 'POST', mode: 'no-cors', body: new URLSearchParams({value: ''})}); out.push('posted'); }
+  catch (e) { out.push('post failed'); }
+  try { const r = await fetch(%[1]q + '/status'); out.push('read ' + r.status + ' ' + (await r.text()).length); }
+  catch (e) { out.push('read blocked'); }
+  return out.join('; ');
+})()`, adminURL)
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[string](crossJS, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("cross-origin attack: %v", err)
+	}
+	t.Logf("page of another origin: %s", got)
+	if strings.Contains(got, "read 200") {
+		t.Errorf("a page of another origin read /status: %s", got)
+	}
+	if h2.Disabled() {
+		t.Fatalf("a page of another origin disabled h2 (%s)", got)
+	}
+
+	// The rebound name: for the browser the admin listener is the page's
+	// own origin (Sec-Fetch-Site same-origin, Origin its own name).
+	rebound := "http://rebind.evil.example:" + adminPort
+	if err := chromedp.Do(ctx, chromedp.Navigate(rebound+"/")); err != nil {
+		t.Fatalf("open the rebound name: %v", err)
+	}
+	const sameOriginJS = `(async () => {
+  const out = [];
+  try { const r = await fetch('/control/backends/h2/disable', {method: 'POST', body: new URLSearchParams({value: ''})}); out.push('post ' + r.status); }
+  catch (e) { out.push('post failed'); }
+  try { const r = await fetch('/status'); const t = await r.text(); out.push('read ' + r.status + (t.includes('10002') ? ' with the backends' : '')); }
+  catch (e) { out.push('read failed'); }
+  return out.join('; ');
+})()`
+	got, err = chromedp.Run(ctx, chromedp.Evaluate[string](sameOriginJS, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("rebinding attack: %v", err)
+	}
+	t.Logf("rebound page: %s", got)
+	if got != "post 421; read 421" {
+		t.Errorf("rebound page got %q, want %q", got, "post 421; read 421")
+	}
+	if h2.Disabled() {
+		t.Fatalf("a page under a rebound name disabled h2 (%s)", got)
+	}
+	if n := srv.Misdirected(); n < 3 {
+		t.Errorf("Misdirected() = %d, want at least 3 (the page, the POST, the read)", n)
 	}
 }

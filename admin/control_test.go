@@ -71,7 +71,7 @@ func (r *controlRig) do(method, path, value string, hdr map[string]string) *http
 		req.Header.Set(k, v)
 	}
 	rec := httptest.NewRecorder()
-	r.srv.Handler().ServeHTTP(rec, req)
+	r.srv.Handler().ServeHTTP(rec, onLoopback(req))
 	return rec
 }
 

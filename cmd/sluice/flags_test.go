@@ -111,6 +111,7 @@ var badValues = map[string]string{
 	"http-listen":            "127.0.0.1:99999",
 	"sip-listen":             "127.0.0.1:99999",
 	"admin-listen":           "127.0.0.1:99999",
+	"admin-host":             "http://evil.example/",
 	"http-sticky-cookie":     "a b",
 	"health-path":            "healthz",
 	"http-sticky-app-cookie": "a;b",
