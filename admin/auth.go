@@ -9,9 +9,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"unicode"
+
+	"github.com/sluicelb/sluice/internal/opfile"
 )
 
 // Tokens are the bearer tokens the admin listener accepts, by name, read
@@ -35,7 +36,7 @@ const MinTokenLen = 16
 // token alone on its line (named "token"); blank lines and lines starting
 // with # are skipped. Errors name the file and line.
 func LoadTokens(path string) (*Tokens, error) {
-	data, err := os.ReadFile(path)
+	data, err := opfile.Read(path, opfile.MaxSize)
 	if err != nil {
 		return nil, fmt.Errorf("-admin-token-file: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/internal/opfile"
 )
 
 func init() {
@@ -134,7 +135,7 @@ func parseCtl(args []string, protocol string) (ctlCall, error) {
 // readCtlToken reads the token to present from a token file: the first
 // token in it (the TOKEN of a "NAME TOKEN" line, or a line alone).
 func readCtlToken(path string) (string, error) {
-	data, err := os.ReadFile(path)
+	data, err := opfile.Read(path, opfile.MaxSize)
 	if err != nil {
 		return "", fmt.Errorf("-token-file: %w", err)
 	}
