@@ -86,7 +86,7 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 				continue
 			}
 		}
-		lines, err := readSegment(s.fs, s.dir, g.name)
+		lines, _, err := readSegment(s.fs, s.dir, g.name, s.cfg.ReadOnly) // skipped lines were counted at Open
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // swept meanwhile, or the directory was removed
 		}
@@ -186,7 +186,7 @@ func (s *Store) sweep() (int, error) {
 		}
 		// Partly kept: drop the old lines, then the oldest of the rest
 		// while over the count.
-		lines, err := readSegment(s.fs, s.dir, g.name)
+		lines, _, err := readSegment(s.fs, s.dir, g.name, false)
 		if errors.Is(err, fs.ErrNotExist) {
 			s.dropSegment(g)
 			continue

@@ -80,6 +80,11 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sluice events: %v\n", err)
 		return 1
 	}
+	if sk := s.Skipped(); sk.Lines > 0 || sk.Files > 0 {
+		// A read problem: the rest is printed, nothing in the directory
+		// is changed, and nothing is to be wiped for it.
+		defer fmt.Fprintf(stderr, "sluice events: %d unreadable event lines and %d unreadable files in %s left out; the other events are printed\n", sk.Lines, sk.Files, *dir)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		for _, ev := range evs {
@@ -92,7 +97,7 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 	}
 	for _, ev := range evs {
 		fmt.Fprintf(stdout, "%s  %-16s %s  %s\n", ev.Time.Format("2006-01-02T15:04:05.000Z07:00"),
-			ev.Kind, eventsField(ev.Subject), eventsField(ev.Message))
+			eventsField(string(ev.Kind)), eventsField(ev.Subject), eventsField(ev.Message))
 	}
 	return 0
 }
