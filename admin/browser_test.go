@@ -24,7 +24,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/persist"
 )
 
 // findChromium returns the browser the end-to-end test drives, or "".
@@ -447,5 +449,92 @@ func TestAdminRebindingInBrowser(t *testing.T) {
 	}
 	if n := srv.Misdirected(); n < 3 {
 		t.Errorf("Misdirected() = %d, want at least 3 (the page, the POST, the read)", n)
+	}
+}
+
+// TestDashboardNewestEventsInBrowser: with more events in the last 15
+// minutes than the dashboard asks for (1,000), the page lists the newest
+// (a backend that just went down) and says how many older ones it left
+// out.
+func TestDashboardNewestEventsInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end browser test skipped in -short mode")
+	}
+	chromium := findChromium()
+	if chromium == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("chromium not found and CI=true: run scripts/install-test-deps.sh (Debian package chromium)")
+		}
+		t.Skip("chromium not found: run scripts/install-test-deps.sh (Debian package chromium) to run this test")
+	}
+	store, err := persist.Open(persist.Config{Dir: t.TempDir(), SweepInterval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close(context.Background())
+	// 1,200 events over the last 10 minutes (2 a second), the newest a
+	// backend going down.
+	now := time.Now()
+	for i := range 1200 {
+		ev := admission.Event{Time: now.Add(time.Duration(i-1200) * 500 * time.Millisecond), Kind: admission.EventARMRefusing,
+			Subject: "invites", Message: fmt.Sprintf("refusing, event %d", i)}
+		if i == 1199 {
+			ev = admission.Event{Time: now, Kind: admission.EventBackendState, Subject: "http backend h1", Message: "h1 up -> down"}
+		}
+		store.Append(ev)
+		if i%100 == 99 {
+			if err := store.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	srv := admin.New(nil)
+	srv.Handle("GET /events", store.EventsHandler())
+	admin.NewDashboard(admin.DashboardConfig{}, nil).Register(srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.Flag("disable-dev-shm-usage", true))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	if err := chromedp.Do(browser, chromedp.Navigate("http://"+ln.Addr().String()+"/")); err != nil {
+		t.Fatalf("open dashboard: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(browser, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := chromedp.Poll[chromedp.Void](`document.querySelectorAll('#events li').length > 0`,
+			chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second))(ctx, tg)
+		return err
+	})); err != nil {
+		t.Fatalf("wait for the event list: %v", err)
+	}
+	type view struct {
+		Top     string `json:"top"`
+		Omitted string `json:"omitted"`
+		Hidden  bool   `json:"hidden"`
+	}
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[view](`({top: document.querySelector('#events li').textContent,
+  omitted: document.querySelector('#events-omitted') ? document.querySelector('#events-omitted').textContent : '',
+  hidden: document.querySelector('#events-omitted') ? document.querySelector('#events-omitted').hidden : true})`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(v.Top, "h1 up -> down") {
+		t.Errorf("top of the event list %q, want the newest event, h1 going down", v.Top)
+	}
+	if v.Hidden || !strings.Contains(v.Omitted, "200 older events") {
+		t.Errorf("omitted note %q (hidden %v), want it to say 200 older events were left out", v.Omitted, v.Hidden)
 	}
 }
