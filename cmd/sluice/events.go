@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
@@ -121,12 +122,14 @@ func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
 }
 
 // eventsField prints "-" for an empty field and quotes one that holds a
-// control character, so that one event stays on one line.
+// character a terminal would not print as itself (C0 and C1 controls, the
+// bidirectional overrides, invalid UTF-8), so that one event stays on one
+// line and no escape sequence from the log reaches the terminal.
 func eventsField(s string) string {
 	switch {
 	case s == "":
 		return "-"
-	case strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }):
+	case !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r != ' ' && !strconv.IsPrint(r) }):
 		return strconv.Quote(s)
 	}
 	return s

@@ -227,3 +227,23 @@ func TestEventsToolTrustsNoFile(t *testing.T) {
 		t.Errorf("format file a FIFO: exit %d, stderr %q; want 1 naming the format file, no -data-reset", code, errOut)
 	}
 }
+
+// TestEventsFieldQuotesWhatATerminalRuns: a C1 control (U+009B is CSI in
+// many terminals), a bidirectional override or invalid UTF-8 from the
+// event log is printed quoted, never raw; ordinary text, accents included,
+// as it is.
+func TestEventsFieldQuotesWhatATerminalRuns(t *testing.T) {
+	for in, want := range map[string]string{
+		"b1\u009b2J":     `"b1\u009b2J"`,
+		"h1 \u202enwod":  `"h1 \u202enwod"`,
+		"bad \xff byte":  `"bad \xff byte"`,
+		"esc \x1b[2J":    `"esc \x1b[2J"`,
+		"h1 up -> down":  "h1 up -> down",
+		"mémoire à 85 %": "mémoire à 85 %",
+		"":               "-",
+	} {
+		if got := eventsField(in); got != want {
+			t.Errorf("eventsField(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
