@@ -153,6 +153,9 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // swept meanwhile, or the directory was removed
 		}
+		if err != nil && s.cfg.ReadOnly {
+			continue // replaced since Open by what cannot be read: left out, as at Open
+		}
 		if err != nil {
 			return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
 		}
