@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestAdminHostGuard: a DNS-rebinding page (Host rebind.evil.example, its
@@ -121,6 +123,12 @@ func TestAdminHostGuard(t *testing.T) {
 
 	if got := r.srv.Misdirected(); got != uint64(refused) {
 		t.Errorf("Misdirected() = %d, want %d", got, refused)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(r.srv.Collector())
+	fams, err := reg.Gather()
+	if err != nil || len(fams) != 1 || fams[0].GetName() != "sluice_admin_misdirected_total" || fams[0].GetMetric()[0].GetCounter().GetValue() != float64(refused) {
+		t.Errorf("metrics: %v, %v; want sluice_admin_misdirected_total %d", fams, err, refused)
 	}
 	if n := strings.Count(logs.String(), "(421)"); n != 1 {
 		t.Errorf("%d log lines about misdirected requests from one source, want 1:\n%s", n, logs.String())
