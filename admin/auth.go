@@ -123,9 +123,13 @@ func (s *Server) RequireTokens(t *Tokens) {
 	s.tokens.Store(t)
 }
 
-// ServeHTTP checks the Host (hosts.go), then the token when required,
-// then serves from the mux.
+// ServeHTTP refuses framing, checks the Host (hosts.go), then the token
+// when required, then serves from the mux.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// No page of another site may frame the dashboard: a click there
+	// (drain, weight) would be the admin page's own, same-origin request.
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "frame-ancestors 'none'")
 	if !s.checkHost(w, r) {
 		return
 	}

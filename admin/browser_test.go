@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -364,6 +365,18 @@ func TestAdminRebindingInBrowser(t *testing.T) {
 		return out
 	}}))
 	admin.RegisterControl(srv, admin.ControlConfig{Operator: admin.PoolControl(func() []*lb.Pool { return []*lb.Pool{pool} })})
+	// A page standing for the dashboard: its script is fetched only when
+	// the page is rendered, in a frame too.
+	var scriptFetched atomic.Int32
+	srv.Handle("GET /{$}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, `<!doctype html><title>admin</title><script src="/probe.js"></script><button>drain</button>`)
+	}))
+	srv.Handle("GET /probe.js", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scriptFetched.Add(1)
+		w.Header().Set("Content-Type", "text/javascript")
+		io.WriteString(w, "void 0;")
+	}))
 	if err := srv.AllowHosts("127.0.0.1:0", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -420,6 +433,21 @@ func TestAdminRebindingInBrowser(t *testing.T) {
 	}
 	if h2.Disabled() {
 		t.Fatalf("a page of another origin disabled h2 (%s)", got)
+	}
+
+	// Clickjacking: the page frames the admin page to have its buttons
+	// clicked; the frame must stay empty (the load event fires either way).
+	frameJS := fmt.Sprintf(`new Promise((done) => {
+  const f = document.createElement('iframe');
+  f.onload = () => done('loaded');
+  f.src = %q;
+  document.body.appendChild(f);
+})`, adminURL+"/")
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[string](frameJS, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatalf("frame the admin page: %v", err)
+	}
+	if n := scriptFetched.Load(); n != 0 {
+		t.Errorf("the admin page rendered in another site's frame (its script fetched %d times): its buttons can be clickjacked", n)
 	}
 
 	// The rebound name: for the browser the admin listener is the page's

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +176,21 @@ func TestHostPolicy(t *testing.T) {
 	}
 	if r, err := ParseHost("[::1]:9443"); err != nil || r != (HostRule{Host: "::1", Port: "9443"}) {
 		t.Errorf("ParseHost([::1]:9443) = %+v, %v", r, err)
+	}
+}
+
+// TestAdminNotFramable: every answer of the admin listener forbids framing
+// by another page (clickjacking the dashboard's buttons: the click would be
+// a same-origin request of the admin page itself).
+func TestAdminNotFramable(t *testing.T) {
+	r := newControlRig(t)
+	r.srv.Handle("GET /healthz", Healthz(nil))
+	for _, path := range []string{"/healthz", "/control/config"} {
+		rec := httptest.NewRecorder()
+		r.srv.Handler().ServeHTTP(rec, onLoopback(httptest.NewRequest("GET", path, nil)))
+		if rec.Header().Get("X-Frame-Options") != "DENY" || rec.Header().Get("Content-Security-Policy") != "frame-ancestors 'none'" {
+			t.Errorf("GET %s: X-Frame-Options %q, Content-Security-Policy %q; want DENY and frame-ancestors 'none'", path,
+				rec.Header().Get("X-Frame-Options"), rec.Header().Get("Content-Security-Policy"))
+		}
 	}
 }
