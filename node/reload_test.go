@@ -74,3 +74,30 @@ func TestOperatorFilesBounded(t *testing.T) {
 		t.Errorf("rules after a refused reload: %v, want api alone", rs)
 	}
 }
+
+// TestAffinityKeyFileBounded: -affinity-key-file is read like the other
+// operator files: a FIFO stops start-up at once, naming the flag.
+func TestAffinityKeyFileBounded(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"127.0.0.1:1"}
+	cfg.KeyFile = filepath.Join(t.TempDir(), "keys")
+	if err := syscall.Mkfifo(cfg.KeyFile, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		n, err := New(cfg, nil)
+		if err == nil {
+			n.Stop(time.Second)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "affinity") || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("-affinity-key-file a FIFO: %v, want an error naming the key file, not a regular file", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("-affinity-key-file a FIFO: start-up does not return")
+	}
+}
