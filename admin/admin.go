@@ -27,6 +27,11 @@ type Server struct {
 	srv    *http.Server
 	logger *slog.Logger
 	tokens atomic.Pointer[Tokens] // nil: no token needed (auth.go)
+	// hosts is what the listener answers to (hosts.go); nil: localhost,
+	// loopback and the address a request arrived on.
+	hosts       atomic.Pointer[hostPolicy]
+	servePort   atomic.Int32 // port of the listener Serve was given; 0 before
+	misdirected misdirected
 
 	mu      sync.Mutex
 	tasks   []func(context.Context)
@@ -102,6 +107,9 @@ func (s *Server) start(task func(context.Context)) {
 // Serve answers on ln until Shutdown; it returns nil after Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	s.logger.Info("admin listening", "addr", ln.Addr().String())
+	if a, ok := ln.Addr().(*net.TCPAddr); ok {
+		s.servePort.Store(int32(a.Port))
+	}
 	s.startTasks()
 	if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)

@@ -70,7 +70,7 @@ func TestStatusJSON(t *testing.T) {
 	srv := New(nil)
 	srv.Handle("GET /status", StatusHandler(src))
 	rec := httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/status", nil))
+	srv.Handler().ServeHTTP(rec, onLoopback(httptest.NewRequest("GET", "/status", nil)))
 	if rec.Code != 200 {
 		t.Fatalf("status %d", rec.Code)
 	}

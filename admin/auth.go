@@ -9,9 +9,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"unicode"
+
+	"github.com/sluicelb/sluice/internal/opfile"
 )
 
 // Tokens are the bearer tokens the admin listener accepts, by name, read
@@ -35,7 +36,7 @@ const MinTokenLen = 16
 // token alone on its line (named "token"); blank lines and lines starting
 // with # are skipped. Errors name the file and line.
 func LoadTokens(path string) (*Tokens, error) {
-	data, err := os.ReadFile(path)
+	data, err := opfile.Read(path, opfile.MaxSize)
 	if err != nil {
 		return nil, fmt.Errorf("-admin-token-file: %w", err)
 	}
@@ -122,8 +123,16 @@ func (s *Server) RequireTokens(t *Tokens) {
 	s.tokens.Store(t)
 }
 
-// ServeHTTP checks the token, when required, then serves from the mux.
+// ServeHTTP refuses framing, checks the Host (hosts.go), then the token
+// when required, then serves from the mux.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// No page of another site may frame the dashboard: a click there
+	// (drain, weight) would be the admin page's own, same-origin request.
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "frame-ancestors 'none'")
+	if !s.checkHost(w, r) {
+		return
+	}
 	t := s.tokens.Load()
 	if t == nil || r.URL.Path == "/healthz" {
 		s.mux.ServeHTTP(w, r)

@@ -7,21 +7,40 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/internal/testenv"
+	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/persist"
 )
+
+// needChromium returns the browser the end-to-end tests drive; without one
+// the test skips, or fails in CI (internal/testenv).
+func needChromium(t *testing.T) string {
+	t.Helper()
+	c := findChromium()
+	if c == "" {
+		testenv.Missing(t, "chromium not found (Debian package chromium; scripts/install-test-deps.sh installs it)")
+	}
+	return c
+}
 
 // findChromium returns the browser the end-to-end test drives, or "".
 func findChromium() string {
@@ -163,10 +182,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end browser test skipped in -short mode")
 	}
-	chromium := findChromium()
-	if chromium == "" {
-		testenv.Missing(t, "chromium not found (Debian package chromium; scripts/install-test-deps.sh installs it)")
-	}
+	chromium := needChromium(t)
 	httpAddr, adminAddr := startDemo(t)
 	base := "http://" + adminAddr
 
@@ -320,5 +336,227 @@ func TestDashboardInBrowser(t *testing.T) {
 		if want := map[bool]string{true: "draining", false: "up"}[b.Protocol == "http" && b.ID == "h1"]; b.State != want {
 			t.Errorf("/status: %s %s is %s, want %s", b.Protocol, b.ID, b.State, want)
 		}
+	}
+}
+
+// TestAdminRebindingInBrowser drives headless Chromium as an attacker
+// would against an admin listener on loopback without tokens: a page of
+// another origin posts to it, and a page whose name resolves to 127.0.0.1
+// (--host-resolver-rules, what DNS rebinding achieves) posts to it as its
+// own origin. Neither changes anything: backend h2 stays enabled, and the
+// rebound page reads nothing (421).
+func TestAdminRebindingInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end browser test skipped in -short mode")
+	}
+	chromium := needChromium(t)
+	h1, _ := lb.NewBackend(lb.BackendConfig{ID: "h1", Addr: "127.0.0.1:10001", Proto: "http"})
+	h2, _ := lb.NewBackend(lb.BackendConfig{ID: "h2", Addr: "127.0.0.1:10002", Proto: "http"})
+	pool, err := lb.NewPool(lb.PoolConfig{}, []*lb.Backend{h1, h2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := admin.New(nil)
+	srv.Handle("GET /status", admin.StatusHandler(admin.Source{Backends: func() []admin.BackendStatus {
+		var out []admin.BackendStatus
+		for _, b := range pool.Backends() {
+			out = append(out, admin.FromBackend(b.Status(0), nil))
+		}
+		return out
+	}}))
+	admin.RegisterControl(srv, admin.ControlConfig{Operator: admin.PoolControl(func() []*lb.Pool { return []*lb.Pool{pool} })})
+	// A page standing for the dashboard: its script is fetched only when
+	// the page is rendered, in a frame too.
+	var scriptFetched atomic.Int32
+	srv.Handle("GET /{$}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, `<!doctype html><title>admin</title><script src="/probe.js"></script><button>drain</button>`)
+	}))
+	srv.Handle("GET /probe.js", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scriptFetched.Add(1)
+		w.Header().Set("Content-Type", "text/javascript")
+		io.WriteString(w, "void 0;")
+	}))
+	if err := srv.AllowHosts("127.0.0.1:0", nil); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}()
+	_, adminPort, _ := net.SplitHostPort(ln.Addr().String())
+	adminURL := "http://127.0.0.1:" + adminPort
+
+	attacker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, "<!doctype html><title>cat pictures</title><p>nothing to see</p>")
+	}))
+	defer attacker.Close()
+	_, attackerPort, _ := net.SplitHostPort(attacker.Listener.Addr().String())
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("host-resolver-rules", "MAP rebind.evil.example 127.0.0.1, MAP cats.evil.example 127.0.0.1"))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	if err := chromedp.Do(browser, chromedp.Navigate("http://cats.evil.example:"+attackerPort+"/")); err != nil {
+		t.Fatalf("open the attacker's page: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(browser, 60*time.Second)
+	defer cancel()
+
+	// A page of another origin: a no-cors POST goes out, its answer is
+	// opaque; the origin check must refuse it.
+	crossJS := fmt.Sprintf(`(async () => {
+  const out = [];
+  try { await fetch(%[1]q + '/control/backends/h2/disable', {method: 'POST', mode: 'no-cors', body: new URLSearchParams({value: ''})}); out.push('posted'); }
+  catch (e) { out.push('post failed'); }
+  try { const r = await fetch(%[1]q + '/status'); out.push('read ' + r.status + ' ' + (await r.text()).length); }
+  catch (e) { out.push('read blocked'); }
+  return out.join('; ');
+})()`, adminURL)
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[string](crossJS, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("cross-origin attack: %v", err)
+	}
+	t.Logf("page of another origin: %s", got)
+	if strings.Contains(got, "read 200") {
+		t.Errorf("a page of another origin read /status: %s", got)
+	}
+	if h2.Disabled() {
+		t.Fatalf("a page of another origin disabled h2 (%s)", got)
+	}
+
+	// Clickjacking: the page frames the admin page to have its buttons
+	// clicked; the frame must stay empty (the load event fires either way).
+	frameJS := fmt.Sprintf(`new Promise((done) => {
+  const f = document.createElement('iframe');
+  f.onload = () => done('loaded');
+  f.src = %q;
+  document.body.appendChild(f);
+})`, adminURL+"/")
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[string](frameJS, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatalf("frame the admin page: %v", err)
+	}
+	if n := scriptFetched.Load(); n != 0 {
+		t.Errorf("the admin page rendered in another site's frame (its script fetched %d times): its buttons can be clickjacked", n)
+	}
+
+	// The rebound name: for the browser the admin listener is the page's
+	// own origin (Sec-Fetch-Site same-origin, Origin its own name).
+	rebound := "http://rebind.evil.example:" + adminPort
+	if err := chromedp.Do(ctx, chromedp.Navigate(rebound+"/")); err != nil {
+		t.Fatalf("open the rebound name: %v", err)
+	}
+	const sameOriginJS = `(async () => {
+  const out = [];
+  try { const r = await fetch('/control/backends/h2/disable', {method: 'POST', body: new URLSearchParams({value: ''})}); out.push('post ' + r.status); }
+  catch (e) { out.push('post failed'); }
+  try { const r = await fetch('/status'); const t = await r.text(); out.push('read ' + r.status + (t.includes('10002') ? ' with the backends' : '')); }
+  catch (e) { out.push('read failed'); }
+  return out.join('; ');
+})()`
+	got, err = chromedp.Run(ctx, chromedp.Evaluate[string](sameOriginJS, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("rebinding attack: %v", err)
+	}
+	t.Logf("rebound page: %s", got)
+	if got != "post 421; read 421" {
+		t.Errorf("rebound page got %q, want %q", got, "post 421; read 421")
+	}
+	if h2.Disabled() {
+		t.Fatalf("a page under a rebound name disabled h2 (%s)", got)
+	}
+	if n := srv.Misdirected(); n < 3 {
+		t.Errorf("Misdirected() = %d, want at least 3 (the page, the POST, the read)", n)
+	}
+}
+
+// TestDashboardNewestEventsInBrowser: with more events in the last 15
+// minutes than the dashboard asks for (1,000), the page lists the newest
+// (a backend that just went down) and says how many older ones it left
+// out.
+func TestDashboardNewestEventsInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end browser test skipped in -short mode")
+	}
+	chromium := needChromium(t)
+	store, err := persist.Open(persist.Config{Dir: t.TempDir(), SweepInterval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close(context.Background())
+	// 1,200 events over the last 10 minutes (2 a second), the newest a
+	// backend going down.
+	now := time.Now()
+	for i := range 1200 {
+		ev := admission.Event{Time: now.Add(time.Duration(i-1200) * 500 * time.Millisecond), Kind: admission.EventARMRefusing,
+			Subject: "invites", Message: fmt.Sprintf("refusing, event %d", i)}
+		if i == 1199 {
+			ev = admission.Event{Time: now, Kind: admission.EventBackendState, Subject: "http backend h1", Message: "h1 up -> down"}
+		}
+		store.Append(ev)
+		if i%100 == 99 {
+			if err := store.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	srv := admin.New(nil)
+	srv.Handle("GET /events", store.EventsHandler())
+	admin.NewDashboard(admin.DashboardConfig{}, nil).Register(srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.Flag("disable-dev-shm-usage", true))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	if err := chromedp.Do(browser, chromedp.Navigate("http://"+ln.Addr().String()+"/")); err != nil {
+		t.Fatalf("open dashboard: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(browser, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := chromedp.Poll[chromedp.Void](`document.querySelectorAll('#events li').length > 0`,
+			chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second))(ctx, tg)
+		return err
+	})); err != nil {
+		t.Fatalf("wait for the event list: %v", err)
+	}
+	type view struct {
+		Top     string `json:"top"`
+		Omitted string `json:"omitted"`
+		Hidden  bool   `json:"hidden"`
+	}
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[view](`({top: document.querySelector('#events li').textContent,
+  omitted: document.querySelector('#events-omitted') ? document.querySelector('#events-omitted').textContent : '',
+  hidden: document.querySelector('#events-omitted') ? document.querySelector('#events-omitted').hidden : true})`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(v.Top, "h1 up -> down") {
+		t.Errorf("top of the event list %q, want the newest event, h1 going down", v.Top)
+	}
+	if v.Hidden || !strings.Contains(v.Omitted, "200 older events") {
+		t.Errorf("omitted note %q (hidden %v), want it to say 200 older events were left out", v.Omitted, v.Hidden)
 	}
 }

@@ -4,9 +4,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
@@ -71,7 +75,7 @@ func (r *controlRig) do(method, path, value string, hdr map[string]string) *http
 		req.Header.Set(k, v)
 	}
 	rec := httptest.NewRecorder()
-	r.srv.Handler().ServeHTTP(rec, req)
+	r.srv.Handler().ServeHTTP(rec, onLoopback(req))
 	return rec
 }
 
@@ -313,5 +317,32 @@ func TestTokensOverTheListener(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || r.pool.Lookup("b1").State(0) != lb.Draining {
 		t.Errorf("with a token: %d, b1 %v", resp.StatusCode, r.pool.Lookup("b1").State(0))
+	}
+}
+
+// TestLoadTokensBounded: -admin-token-file is read only as a regular file
+// of at most 4 MiB; a FIFO does not hang start-up.
+func TestLoadTokensBounded(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "tokens")
+	os.WriteFile(big, []byte(strings.Repeat("# padding\n", 4<<20/10+1)+"ops 0123456789abcdef0123\n"), 0o600)
+	for _, c := range []struct{ path, want string }{
+		{big, "more than 4 MiB"},
+		{fifo, "not a regular file"},
+	} {
+		done := make(chan error, 1)
+		go func() { _, err := LoadTokens(c.path); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.HasPrefix(err.Error(), "-admin-token-file: ") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("-admin-token-file %s: %v, want an error naming the flag with %q", c.path, err, c.want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("-admin-token-file %s: LoadTokens does not return", c.path)
+		}
 	}
 }

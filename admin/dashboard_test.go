@@ -114,7 +114,7 @@ func TestControlEndpoints(t *testing.T) {
 				req.Header.Set(k, v)
 			}
 			rec := httptest.NewRecorder()
-			srv.Handler().ServeHTTP(rec, req)
+			srv.Handler().ServeHTTP(rec, onLoopback(req))
 			if rec.Code != tc.code {
 				t.Fatalf("%s %s = %d %q, want %d", tc.method, tc.path, rec.Code, rec.Body.String(), tc.code)
 			}
@@ -140,7 +140,7 @@ func TestControlUnavailable(t *testing.T) {
 	srv := New(nil)
 	NewDashboard(DashboardConfig{}, nil).Register(srv)
 	rec := httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/control/backends/a/drain", nil))
+	srv.Handler().ServeHTTP(rec, onLoopback(httptest.NewRequest("POST", "/control/backends/a/drain", nil)))
 	if rec.Code != http.StatusNotImplemented {
 		t.Errorf("drain without Control = %d, want 501", rec.Code)
 	}
@@ -155,7 +155,7 @@ func TestDashboardPageAndAssets(t *testing.T) {
 	NewDashboard(DashboardConfig{}, nil).Register(srv)
 	get := func(path string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		srv.Handler().ServeHTTP(rec, onLoopback(httptest.NewRequest("GET", path, nil)))
 		return rec
 	}
 	page := get("/")
@@ -239,7 +239,7 @@ func TestSamplerTicks(t *testing.T) {
 		t.Fatal("ticker not stopped by Shutdown")
 	}
 	rec := httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/status/history", nil))
+	srv.Handler().ServeHTTP(rec, onLoopback(httptest.NewRequest("GET", "/status/history", nil)))
 	var doc historyDoc
 	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil {
 		t.Fatalf("history: %v", err)
@@ -251,7 +251,7 @@ func TestSamplerTicks(t *testing.T) {
 		t.Errorf("state of a = %s, want [0 1 1] (drained before the second tick)", got)
 	}
 	rec = httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/status/history?since=yesterday", nil))
+	srv.Handler().ServeHTTP(rec, onLoopback(httptest.NewRequest("GET", "/status/history?since=yesterday", nil)))
 	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "unix milliseconds") {
 		t.Errorf("bad since: %d %q", rec.Code, rec.Body.String())
 	}

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+
+	"github.com/sluicelb/sluice/internal/opfile"
 )
 
 // MinKeySize is the smallest affinity key, in bytes, that NewSigner,
@@ -42,7 +44,7 @@ type Key struct {
 // When the file does not exist it is created as LoadOrCreateKey does.
 // Errors name path, and the line for a bad key ring line.
 func LoadOrCreateKeyRing(path string) ([]Key, error) {
-	data, err := os.ReadFile(path)
+	data, err := opfile.Read(path, opfile.MaxSize) // a regular file, bounded: never a FIFO or /dev/zero
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		key, err := LoadOrCreateKey(path)
@@ -144,7 +146,7 @@ func ParseKeyRing(data []byte) ([]Key, error) {
 // path; an existing file is never overwritten. LoadOrCreateKeyRing reads
 // such a file, and key ring files too.
 func LoadOrCreateKey(path string) ([]byte, error) {
-	key, err := os.ReadFile(path)
+	key, err := opfile.Read(path, opfile.MaxSize)
 	switch {
 	case err == nil:
 		if len(key) < MinKeySize {

@@ -3,7 +3,6 @@ package node
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/internal/opfile"
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/persist"
 )
@@ -315,7 +315,7 @@ func (n *Node) loadRules() ([]admission.RuleConfig, error) {
 		rules = append(rules, rc)
 	}
 	if n.cfg.ARMFile != "" {
-		data, err := os.ReadFile(n.cfg.ARMFile)
+		data, err := opfile.ReadLines(n.cfg.ARMFile, opfile.MaxSize)
 		if err != nil {
 			return nil, fmt.Errorf("-arm-file: %w", err)
 		}

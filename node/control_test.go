@@ -388,3 +388,40 @@ func TestARMReloadKeepsOverrides(t *testing.T) {
 		t.Errorf("overrides kept %v, want arm/gone", keys)
 	}
 }
+
+// TestAdminHostsWired: the node's admin listener answers 421 to a Host it
+// was not given, serves the names of -admin-host (AdminHosts), and counts
+// the refusals in /metrics.
+func TestAdminHostsWired(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = twoBackends(t)[:1]
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.AdminHosts = []string{"sluice.example"}
+	_, _, adm := controlNode(t, cfg)
+	get := func(path, host string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", adm+path, nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/metrics", "rebind.evil.example"); code != http.StatusMisdirectedRequest {
+		t.Errorf("/metrics for Host rebind.evil.example: %d, want 421", code)
+	}
+	if code, _ := get("/status", "sluice.example"); code != 200 {
+		t.Errorf("/status for the -admin-host name: %d, want 200", code)
+	}
+	if code, body := get("/metrics", strings.TrimPrefix(adm, "http://")); code != 200 || !strings.Contains(body, "sluice_admin_misdirected_total 1\n") {
+		t.Errorf("/metrics: %d, want 200 with sluice_admin_misdirected_total 1", code)
+	}
+	bad := testConfig(t)
+	bad.HTTPBackends, bad.AdminListen, bad.AdminHosts = cfg.HTTPBackends, "127.0.0.1:0", []string{"http://x/"}
+	if _, err := New(bad, nil); err == nil || !strings.Contains(err.Error(), "-admin-host") {
+		t.Errorf("AdminHosts http://x/: %v, want an error naming -admin-host", err)
+	}
+}

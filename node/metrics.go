@@ -195,6 +195,7 @@ func (n *Node) mountMetrics() error {
 	if n.cluster != nil {
 		src.fronts = append(src.fronts, n.cluster)
 	}
+	src.fronts = append(src.fronts, n.admin.Collector())
 	h, err := metricsHandler(src)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)

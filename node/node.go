@@ -90,6 +90,9 @@ type Config struct {
 	// AdminTokenFile holds the bearer tokens the admin listener requires
 	// (-admin-token-file); needed when AdminListen is not loopback.
 	AdminTokenFile string
+	// AdminHosts are more Host names the admin listener answers to
+	// (-admin-host), besides localhost, loopback and its own addresses.
+	AdminHosts []string
 	// DrainTimeout bounds Drain.
 	DrainTimeout time.Duration
 	// CPUProfile, when set, is a file a CPU profile is written to while
@@ -262,6 +265,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if cfg.AdminListen != "" {
 		n.admin = admin.New(n.logger)
 		n.admin.RequireTokens(tokens)
+		if err := n.admin.AllowHosts(cfg.AdminListen, cfg.AdminHosts); err != nil {
+			return nil, err
+		}
 		n.admin.Handle("GET /healthz", n.healthz())
 		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus}
 		n.admin.Handle("GET /status", admin.StatusHandler(src))

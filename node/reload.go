@@ -2,15 +2,16 @@ package node
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
 	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/internal/opfile"
 	"github.com/sluicelb/sluice/lb"
 	lbsip "github.com/sluicelb/sluice/sip"
 )
@@ -99,12 +100,11 @@ func (n *Node) startHTTPGen(g *httpGen) {
 // or "sip SPEC" with SPEC as for -http-backend and -sip-backend; blank
 // lines and lines starting with # are skipped. Errors name file and line.
 func readBackendsFile(path string) (httpSpecs, sipSpecs []string, err error) {
-	f, err := os.Open(path)
+	data, err := opfile.ReadLines(path, opfile.MaxSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("-backends-file: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {

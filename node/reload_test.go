@@ -4,7 +4,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/internal/opfile"
 )
 
 func TestReadBackendsFileErrors(t *testing.T) {
@@ -22,5 +26,78 @@ func TestReadBackendsFileErrors(t *testing.T) {
 	}
 	if _, _, err := readBackendsFile(filepath.Join(dir, "missing")); err == nil {
 		t.Error("missing file accepted")
+	}
+}
+
+// TestOperatorFilesBounded: -backends-file and -arm-file are read only
+// when they are regular files, whole (ending with a newline) and at most
+// opfile.MaxSize; a file caught half-written on SIGHUP changes nothing.
+func TestOperatorFilesBounded(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big")
+	os.WriteFile(big, []byte(strings.Repeat("# padding\n", opfile.MaxSize/10+1)), 0o600)
+	half := filepath.Join(dir, "half")
+	os.WriteFile(half, []byte("http 127.0.0.1:1\nsip 127.0.0.1:2857"), 0o600)
+	for _, c := range []struct{ path, want string }{
+		{half, "half-written; write the new file elsewhere and rename it into place"},
+		{big, "more than 4 MiB"},
+		{fifo, "not a regular file"}, // (/dev/zero is opfile's test: without the bound it eats memory)
+	} {
+		done := make(chan error, 1)
+		go func() { _, _, err := readBackendsFile(c.path); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "-backends-file") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("-backends-file %s: err %v, want one naming the flag with %q", c.path, err, c.want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("-backends-file %s: the read does not return", c.path)
+		}
+	}
+
+	// SIGHUP with a half-written -arm-file: the rules in force stay.
+	cfg := testConfig(t)
+	cfg.HTTPBackends = twoBackends(t)[:1]
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.ARMFile = filepath.Join(t.TempDir(), "arm.rules")
+	os.WriteFile(cfg.ARMFile, []byte("name=api,proto=http,limit=2/min,action=reject\n"), 0o600)
+	n, _, _ := controlNode(t, cfg)
+	os.WriteFile(cfg.ARMFile, []byte("name=api,proto=http,limit=2/min,action=reject\nname=more,path=/m/,limit=3/s"), 0o600) // cut before ",action=reject\n"
+	if err := n.ReloadARM(); err == nil || !strings.Contains(err.Error(), "-arm-file") || !strings.Contains(err.Error(), "half-written") {
+		t.Errorf("reload of a half-written -arm-file: %v, want an error naming the flag and saying half-written", err)
+	}
+	if rs := n.ctrl.RuleConfigs(); len(rs) != 1 || rs[0].Name != "api" {
+		t.Errorf("rules after a refused reload: %v, want api alone", rs)
+	}
+}
+
+// TestAffinityKeyFileBounded: -affinity-key-file is read like the other
+// operator files: a FIFO stops start-up at once, naming the flag.
+func TestAffinityKeyFileBounded(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"127.0.0.1:1"}
+	cfg.KeyFile = filepath.Join(t.TempDir(), "keys")
+	if err := syscall.Mkfifo(cfg.KeyFile, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		n, err := New(cfg, nil)
+		if err == nil {
+			n.Stop(time.Second)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "affinity") || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("-affinity-key-file a FIFO: %v, want an error naming the key file, not a regular file", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("-affinity-key-file a FIFO: start-up does not return")
 	}
 }

@@ -395,11 +395,12 @@ type segmentLine struct {
 
 // readSegment reads and decodes a segment file. The bytes after its last
 // newline are a write cut short (the disk filled or failed) and ignored;
-// a whole line that does not decode gives an error wrapping ErrCorrupt.
-func readSegment(fsys fileSystem, dir, name string) ([]segmentLine, error) {
+// a whole line that does not decode gives an error wrapping ErrCorrupt,
+// or, lenient (a read-only store), is skipped and counted.
+func readSegment(fsys fileSystem, dir, name string, lenient bool) (lines []segmentLine, skipped int, err error) {
 	data, err := fsys.ReadFile(filepath.Join(dir, name))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if i := bytes.LastIndexByte(data, '\n'); i >= 0 {
 		data = data[:i+1]
@@ -412,19 +413,27 @@ func readSegment(fsys fileSystem, dir, name string) ([]segmentLine, error) {
 		line := data[:i+1]
 		data = data[i+1:]
 		r, err := decodeRecord(line[:len(line)-1])
+		if err != nil && lenient {
+			skipped++
+			continue
+		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s line %d: %w", ErrCorrupt, name, n, err)
+			return nil, 0, fmt.Errorf("%w: %s line %d: %w", ErrCorrupt, name, n, err)
 		}
 		out = append(out, segmentLine{r, line})
 	}
-	return out, nil
+	return out, skipped, nil
 }
 
 // scanSegment reads a segment at Open and returns its index entry.
 func (s *Store) scanSegment(name string) (*segment, error) {
-	lines, err := readSegment(s.fs, s.dir, name)
+	lines, skipped, err := readSegment(s.fs, s.dir, name, s.cfg.ReadOnly)
 	if err != nil {
 		return nil, err
+	}
+	if skipped > 0 {
+		s.skipped.Lines += skipped
+		s.log.Warn("event lines that do not decode left out", "dir", s.cfg.Dir, "file", name, "lines", skipped)
 	}
 	first, _ := parseSegmentName(name)
 	seg := &segment{name: name, first: first, last: first}

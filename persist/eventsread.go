@@ -28,6 +28,68 @@ func (s *Store) Tail(n int) ([]admission.Event, error) {
 	return s.readEvents(true, time.Time{}, n)
 }
 
+// Newest returns the newest limit events (limit > 0) at or after since,
+// oldest first, and how many events at or after since it left out (the
+// older ones): the dashboard shows what just happened, and says how much
+// of its window it could not show.
+func (s *Store) Newest(since time.Time, limit int) ([]admission.Event, int, error) {
+	if limit <= 0 {
+		return nil, 0, nil
+	}
+	evs, err := s.readEvents(true, since, limit)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(evs) < limit {
+		return evs, 0, nil
+	}
+	total, err := s.countSince(since)
+	if err != nil {
+		return nil, 0, err
+	}
+	return evs, max(0, total-len(evs)), nil
+}
+
+// countSince counts the events at or after since: a segment wholly after
+// since counts by its index entry, only a segment that straddles since is
+// read.
+func (s *Store) countSince(since time.Time) (int, error) {
+	from := unixNanos(since)
+	s.segMu.RLock()
+	segs := make([]segment, len(s.segs))
+	for i, g := range s.segs {
+		segs[i] = *g
+	}
+	n := 0
+	for _, r := range s.pending {
+		if unixNanos(r.Time) >= from {
+			n++
+		}
+	}
+	s.segMu.RUnlock()
+	for _, g := range segs {
+		switch {
+		case g.count == 0 || g.max < from:
+		case g.min >= from:
+			n += g.count
+		default:
+			lines, _, err := readSegment(s.fs, s.dir, g.name, s.cfg.ReadOnly)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return 0, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
+			}
+			for _, l := range lines {
+				if unixNanos(l.rec.Time) >= from {
+					n++
+				}
+			}
+		}
+	}
+	return n, nil
+}
+
 func cmpRecord(a, b record) int {
 	if c := a.Time.Compare(b.Time); c != 0 {
 		return c
@@ -41,10 +103,11 @@ func cmpRecord(a, b record) int {
 	return 0
 }
 
-// readEvents reads the segments that can hold the answer: with newest,
-// from the newest segment back until the n-th newest event found is newer
-// than anything in the segments left; else from the oldest segment that
-// reaches since, until the limit-th event is older than anything left.
+// readEvents reads the segments that can hold the answer (events at or
+// after since): with newest, from the newest segment back until the
+// limit-th newest event found is newer than anything in the segments left;
+// else from the oldest segment that reaches since, until the limit-th
+// event is older than anything left.
 func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission.Event, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
@@ -58,7 +121,7 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 	s.segMu.RUnlock()
 	from := unixNanos(since)
 	keep := func(rs []record) []record {
-		rs = slices.DeleteFunc(rs, func(r record) bool { return !newest && unixNanos(r.Time) < from })
+		rs = slices.DeleteFunc(rs, func(r record) bool { return unixNanos(r.Time) < from })
 		slices.SortFunc(rs, cmpRecord)
 		rs = slices.CompactFunc(rs, func(a, b record) bool { return a.Seq == b.Seq })
 		if limit > 0 && len(rs) > limit {
@@ -75,7 +138,7 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 		slices.Reverse(segs)
 	}
 	for _, g := range segs {
-		if g.count == 0 || (!newest && g.max < from) {
+		if g.count == 0 || g.max < from {
 			continue
 		}
 		if limit > 0 && len(out) >= limit {
@@ -86,9 +149,12 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 				continue
 			}
 		}
-		lines, err := readSegment(s.fs, s.dir, g.name)
+		lines, _, err := readSegment(s.fs, s.dir, g.name, s.cfg.ReadOnly) // skipped lines were counted at Open
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // swept meanwhile, or the directory was removed
+		}
+		if err != nil && s.cfg.ReadOnly {
+			continue // replaced since Open by what cannot be read: left out, as at Open
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
@@ -186,7 +252,7 @@ func (s *Store) sweep() (int, error) {
 		}
 		// Partly kept: drop the old lines, then the oldest of the rest
 		// while over the count.
-		lines, err := readSegment(s.fs, s.dir, g.name)
+		lines, _, err := readSegment(s.fs, s.dir, g.name, false)
 		if errors.Is(err, fs.ErrNotExist) {
 			s.dropSegment(g)
 			continue

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/sluicelb/sluice/internal/opfile"
 )
 
 // fileSystem is the part of the operating system the store writes
@@ -36,7 +38,7 @@ type osFS struct{}
 func (osFS) OpenFile(name string, flag int, perm os.FileMode) (writeFile, error) {
 	return os.OpenFile(name, flag, perm)
 }
-func (osFS) ReadFile(name string) ([]byte, error)       { return os.ReadFile(name) }
+func (osFS) ReadFile(name string) ([]byte, error)       { return readStoreFile(name) }
 func (osFS) ReadDir(name string) ([]os.DirEntry, error) { return os.ReadDir(name) }
 func (osFS) Stat(name string) (os.FileInfo, error)      { return os.Stat(name) }
 func (osFS) Rename(from, to string) error               { return os.Rename(from, to) }
@@ -51,6 +53,27 @@ func (osFS) SyncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// storeFileMax bounds a read of one file of the store: a segment is
+// closed at segmentMax (1 MiB), the other files hold a few records per
+// backend and rule.
+const storeFileMax = 64 << 20
+
+// readStoreFile reads a file of the data directory: a regular file, not
+// followed if it is a symbolic link, opened without waiting on a FIFO, at
+// most storeFileMax bytes. A link or FIFO planted in the directory, or a
+// huge file, is an error, never a hang or unbounded memory.
+func readStoreFile(name string) ([]byte, error) {
+	f, st, err := opfile.OpenRegular(name, opfile.Options{NoFollow: true})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st.Size() > storeFileMax {
+		return nil, fmt.Errorf("%s: %w: %s, more than %s", name, opfile.ErrTooLarge, opfile.Size(st.Size()), opfile.Size(storeFileMax))
+	}
+	return opfile.ReadAll(f, name, storeFileMax)
 }
 
 // tmpSuffix marks a file being written by writeAtomic; one left by a crash

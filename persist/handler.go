@@ -25,6 +25,9 @@ type EventsPage struct {
 	// inclusive, so that event comes again); without since, older events
 	// were left out.
 	More bool `json:"more"`
+	// Omitted is, with order=newest and since, how many events at or after
+	// since were left out (the oldest of them); 0 otherwise.
+	Omitted int `json:"omitted"`
 	// Dropped is how many events this process could not store.
 	Dropped uint64 `json:"dropped"`
 }
@@ -58,8 +61,10 @@ func ParseLimit(v string) (int, error) {
 }
 
 // EventsHandler serves GET /events?since=RFC3339&limit=N as an EventsPage:
-// up to limit events at or after since, oldest first. Without since it
-// returns the newest limit events (still oldest first). A bad parameter
+// up to limit events at or after since, oldest first. Without since, or
+// with order=newest, it returns the newest limit events (at or after
+// since; still oldest first), and with since says how many it left out
+// (Omitted): the dashboard asks for the newest of its window. A bad parameter
 // gets 400 with a one-line message, a method other than GET or HEAD 405.
 // It reads from the store on the caller's goroutine: mount it on the admin
 // listener, never on a request path.
@@ -81,17 +86,29 @@ func (s *Store) EventsHandler() http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		newest := false
+		switch o := q.Get("order"); o {
+		case "", "oldest":
+		case "newest":
+			newest = true
+		default:
+			http.Error(w, fmt.Sprintf("order %q: want oldest (the default) or newest", o), http.StatusBadRequest)
+			return
+		}
 		// Read one more than asked to know whether there is more.
 		var evs []admission.Event
-		if q.Get("since") == "" {
+		omitted := 0
+		if newest && q.Get("since") != "" {
+			evs, omitted, err = s.Newest(since, limit)
+		} else if q.Get("since") == "" {
 			evs, err = s.Tail(limit + 1)
 		} else {
 			evs, err = s.Events(since, limit+1)
 		}
-		more := len(evs) > limit
-		if more && q.Get("since") == "" {
+		more := len(evs) > limit || omitted > 0
+		if len(evs) > limit && q.Get("since") == "" {
 			evs = evs[1:]
-		} else if more {
+		} else if len(evs) > limit {
 			evs = evs[:limit]
 		}
 		if err != nil {
@@ -103,7 +120,7 @@ func (s *Store) EventsHandler() http.Handler {
 			http.Error(w, "reading the event log failed", code)
 			return
 		}
-		page := EventsPage{Events: evs, More: more, Dropped: s.EventsDropped()}
+		page := EventsPage{Events: evs, More: more, Omitted: omitted, Dropped: s.EventsDropped()}
 		if page.Events == nil {
 			page.Events = []admission.Event{}
 		}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 func get(t *testing.T, h http.Handler, method, target string) *httptest.ResponseRecorder {
@@ -113,5 +115,55 @@ func TestParseSince(t *testing.T) {
 		if (err == nil) != tc.ok || tc.ok && !got.Equal(tc.want) {
 			t.Errorf("ParseSince(%q) = %v, %v; want %v ok=%v", tc.in, got, err, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestEventsHandlerNewest: order=newest gives the newest limit events of
+// the window (what the dashboard shows: a backend going down a moment ago
+// must appear however busy the log is) and how many older ones of the
+// window it left out; the window straddles segments.
+func TestEventsHandlerNewest(t *testing.T) {
+	c := newClock(t0)
+	s := openTest(t, Config{Dir: t.TempDir(), SweepInterval: -1, Now: c.now})
+	pad := strings.Repeat("x", 3000) // about 340 events a segment
+	var evs []admission.Event
+	for i := range 1100 {
+		evs = append(evs, ev(t0.Add(time.Duration(i-1100)*time.Second), fmt.Sprintf("e%04d %s", i, pad)))
+	}
+	for i := 0; i < len(evs); i += 100 { // within the queue's size
+		appendAll(t, s, evs[i:i+100]...)
+	}
+	if n := len(s.segs); n < 3 {
+		t.Fatalf("%d segments, want the window to straddle several", n)
+	}
+	h := s.EventsHandler()
+	since := t0.Add(-1000 * time.Second).Format(time.RFC3339) // e0100 on: 1000 events
+	page := func(target string) EventsPage {
+		t.Helper()
+		rec := get(t, h, "GET", target)
+		var p EventsPage
+		if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &p) != nil {
+			t.Fatalf("GET %s = %d %.200q", target, rec.Code, rec.Body)
+		}
+		return p
+	}
+	first := func(p EventsPage) string { return p.Events[0].Message[:5] }
+	last := func(p EventsPage) string { return p.Events[len(p.Events)-1].Message[:5] }
+
+	p := page("/events?since=" + since + "&limit=300&order=newest")
+	if len(p.Events) != 300 || first(p) != "e0800" || last(p) != "e1099" || p.Omitted != 700 || !p.More {
+		t.Errorf("order=newest: %d events %s..%s omitted %d more %v; want 300, e0800..e1099, omitted 700, more",
+			len(p.Events), first(p), last(p), p.Omitted, p.More)
+	}
+	p = page("/events?since=" + since + "&limit=1000&order=newest")
+	if len(p.Events) != 1000 || first(p) != "e0100" || p.Omitted != 0 || p.More {
+		t.Errorf("order=newest, all of the window: %d events from %s omitted %d more %v", len(p.Events), first(p), p.Omitted, p.More)
+	}
+	p = page("/events?since=" + since + "&limit=300")
+	if first(p) != "e0100" || last(p) != "e0399" || p.Omitted != 0 || !p.More {
+		t.Errorf("default order: %s..%s omitted %d more %v; want the oldest, e0100..e0399, more", first(p), last(p), p.Omitted, p.More)
+	}
+	if rec := get(t, h, "GET", "/events?since=15m&order=random"); rec.Code != 400 || !strings.Contains(rec.Body.String(), "order") {
+		t.Errorf("order=random: %d %q, want 400 naming order", rec.Code, rec.Body)
 	}
 }

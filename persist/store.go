@@ -64,6 +64,18 @@ var ErrClosed = errors.New("store closed")
 // reported by Health and logged by the store itself, rate-limited.
 var ErrUnwritable = errors.New("data directory cannot be written")
 
+// Skipped is what a read-only store left out, unreadable: whole lines of
+// event segments that do not decode, and files (segments, learned rates,
+// overrides) that are not regular files, too large, or do not decode.
+type Skipped struct {
+	Lines int
+	Files int
+}
+
+// Skipped returns what a read-only open left out; a read-write open
+// refuses such a store instead, so its count is zero.
+func (s *Store) Skipped() Skipped { return s.skipped }
+
 // resetHint tells an operator how to recover from a store that cannot be opened.
 const resetHint = "to start over with an empty store, run with -data-reset " +
 	"(learned rates and events in that directory are lost)"
@@ -198,6 +210,9 @@ type Store struct {
 	writerDone chan struct{} // closed when the event writer has drained and exited
 	wg         sync.WaitGroup
 	dropped    atomic.Uint64 // events not stored; see EventsDropped
+	// skipped counts what a read-only open left out because it could not
+	// be read (see Skipped); set by Open, then only read.
+	skipped Skipped
 
 	// segMu guards the event segment index and the events waiting in
 	// memory; the writer goroutine is the only one to change them.
@@ -329,6 +344,9 @@ func (s *Store) migrate(hasFormat bool) error {
 		return fmt.Errorf("open store %s: %w", dir, lerr)
 	}
 	s.unlock = unlock
+	if err != nil && s.cfg.ReadOnly {
+		return fmt.Errorf("open store %s: format 1 (Badger) store: %w", dir, err)
+	}
 	if err != nil {
 		return fmt.Errorf("open store %s: format 1 (Badger) store: %w; %s", dir, err, resetHint)
 	}
@@ -424,7 +442,19 @@ func writeV2(fsys fileSystem, dir string, v1 *v1Store) error {
 func (s *Store) load() error {
 	dir := s.dir
 	corrupt := func(file string, err error) error {
+		if s.cfg.ReadOnly { // a read problem: nothing to wipe
+			return fmt.Errorf("open store %s: %w: %s: %w", s.cfg.Dir, ErrCorrupt, file, err)
+		}
 		return fmt.Errorf("open store %s: %w: %s: %w; %s", s.cfg.Dir, ErrCorrupt, file, err, resetHint)
+	}
+	// skip leaves out, read-only, a file that cannot be read.
+	skip := func(file string, err error) bool {
+		if !s.cfg.ReadOnly || errors.Is(err, fs.ErrNotExist) {
+			return false
+		}
+		s.skipped.Files++
+		s.log.Warn("unreadable file of the store left out", "dir", s.cfg.Dir, "file", file, "err", err)
+		return true
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -451,7 +481,7 @@ func (s *Store) load() error {
 			segNames = append(segNames, n)
 		}
 	}
-	version, err := os.ReadFile(filepath.Join(dir, formatFile))
+	version, err := readStoreFile(filepath.Join(dir, formatFile))
 	switch {
 	case errors.Is(err, fs.ErrNotExist) && haveRecords:
 		return corrupt(formatFile, errors.New("missing, but the store holds records"))
@@ -461,42 +491,51 @@ func (s *Store) load() error {
 			return fmt.Errorf("write format version to %s: %w", s.cfg.Dir, err)
 		}
 	case err != nil:
-		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
+		return fmt.Errorf("open store %s: %s: %w", s.cfg.Dir, formatFile, err)
 	default:
 		if v, err := strconv.Atoi(strings.TrimSpace(string(version))); err != nil || v != FormatVersion {
 			return corrupt(formatFile, fmt.Errorf("version %q, this sluice reads version %d", strings.TrimSpace(string(version)), FormatVersion))
 		}
 	}
-	if data, err := os.ReadFile(filepath.Join(dir, mopFile)); err == nil {
+	if data, err := readStoreFile(filepath.Join(dir, mopFile)); err == nil {
 		states, err := decodeMOPFile(data)
-		if err != nil {
+		switch {
+		case err == nil:
+			s.mop = states
+		case !skip(mopFile, err):
 			return corrupt(mopFile, err)
 		}
-		s.mop = states
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	} else if !errors.Is(err, fs.ErrNotExist) && !skip(mopFile, err) {
 		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
 	}
-	if data, err := os.ReadFile(filepath.Join(dir, clusterFile)); err == nil {
+	if data, err := readStoreFile(filepath.Join(dir, clusterFile)); err == nil {
 		n, err := decodeCluster(data)
-		if err != nil {
+		switch {
+		case err == nil:
+			s.clusterNodes = n
+		case !skip(clusterFile, err):
 			return corrupt(clusterFile, err)
 		}
-		s.clusterNodes = n
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	} else if !errors.Is(err, fs.ErrNotExist) && !skip(clusterFile, err) {
 		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
 	}
-	if data, err := os.ReadFile(filepath.Join(dir, overridesFile)); err == nil {
+	if data, err := readStoreFile(filepath.Join(dir, overridesFile)); err == nil {
 		ovs, err := decodeOverrides(data)
-		if err != nil {
+		switch {
+		case err == nil:
+			s.overrides = ovs
+		case !skip(overridesFile, err):
 			return corrupt(overridesFile, err)
 		}
-		s.overrides = ovs
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	} else if !errors.Is(err, fs.ErrNotExist) && !skip(overridesFile, err) {
 		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
 	}
 	var next uint64 = 1
 	for _, n := range segNames {
 		seg, err := s.scanSegment(n)
+		if err != nil && skip(n, err) {
+			continue
+		}
 		if err != nil {
 			if errors.Is(err, ErrCorrupt) {
 				return fmt.Errorf("open store %s: %w; %s", s.cfg.Dir, err, resetHint)

@@ -13,6 +13,7 @@
 
   let hist = null;     // merged columnar history
   let events = [];     // {t (unix s), kind, subject, message}
+  let eventsOmitted = 0; // older events of the window /events left out
   let status = null;   // last /status
   const plots = new Map(); // plot key -> {u, data: () => uPlot data}
   let layoutKey = '';
@@ -279,6 +280,13 @@
     const ul = $('#events');
     ul.replaceChildren(...events.slice(-8).reverse().map((e) =>
       el('li', {}, new Date(e.t * 1000).toLocaleTimeString() + '  ' + e.kind + '  ' + (e.subject || '') + '  ' + e.message)));
+    const om = $('#events-omitted');
+    om.textContent = eventsOmitted > 0
+      ? eventsOmitted + ' older event' + (eventsOmitted === 1 ? '' : 's') + ' of the last 15 minutes not shown (markers from ' +
+        (events.length ? new Date(events[0].t * 1000).toLocaleTimeString() : 'now') + ' on); all of them: /events?since=15m&limit=10000'
+      : '';
+    om.hidden = eventsOmitted === 0;
+    document.body.dataset.eventsOmitted = eventsOmitted;
   }
 
   async function tick() {
@@ -303,8 +311,11 @@
 
   async function loadEvents() {
     try {
-      const page = await getJSON('/events?since=15m&limit=1000');
+      // The newest 1,000 of the window: what just happened (a backend
+      // down, a MOP cut) must show however busy the log is.
+      const page = await getJSON('/events?since=15m&limit=1000&order=newest');
       events = page.events.map((e) => ({ t: Date.parse(e.time) / 1000, kind: e.kind, subject: e.subject, message: e.message }));
+      eventsOmitted = page.omitted || 0;
       renderEvents();
     } catch (e) {
       // No event store (or it is busy): the plots go on without markers.

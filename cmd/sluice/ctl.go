@@ -15,8 +15,10 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/internal/opfile"
 )
 
 func init() {
@@ -134,7 +136,7 @@ func parseCtl(args []string, protocol string) (ctlCall, error) {
 // readCtlToken reads the token to present from a token file: the first
 // token in it (the TOKEN of a "NAME TOKEN" line, or a line alone).
 func readCtlToken(path string) (string, error) {
-	data, err := os.ReadFile(path)
+	data, err := opfile.Read(path, opfile.MaxSize)
 	if err != nil {
 		return "", fmt.Errorf("-token-file: %w", err)
 	}
@@ -201,7 +203,11 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := ctlClient.Do(req)
+	if errors.Is(err, errCtlRedirect) {
+		fmt.Fprintf(stderr, "sluice ctl: refused: %s\n", safeText(errors.Unwrap(err).Error()))
+		return ctlRefused
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice ctl: admin listener %s not reachable: %v\n(is sluice running? its -admin-listen address goes in -admin)\n", base, err)
 		return ctlUnreachable
@@ -213,7 +219,7 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 		return ctlUnreachable
 	}
 	if resp.StatusCode/100 != 2 {
-		fmt.Fprintf(stderr, "sluice ctl: refused (%d %s): %s\n", resp.StatusCode, http.StatusText(resp.StatusCode), strings.TrimSpace(string(data)))
+		fmt.Fprintf(stderr, "sluice ctl: refused (%d %s): %s\n", resp.StatusCode, http.StatusText(resp.StatusCode), strings.TrimSpace(safeText(string(data))))
 		return ctlRefused
 	}
 	if call.path == "/status" {
@@ -223,8 +229,45 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 		}
 		return ctlOK
 	}
-	stdout.Write(data)
+	io.WriteString(stdout, safeText(string(data)))
 	return ctlOK
+}
+
+// errCtlRedirect: the admin listener answered with a redirect. sluice ctl
+// never follows one: it would carry the bearer token (and the change) to
+// wherever the answer points, another port or host included.
+var errCtlRedirect = errors.New("redirect not followed")
+
+// ctlClient is the HTTP client of sluice ctl: no redirects.
+var ctlClient = &http.Client{CheckRedirect: func(req *http.Request, via []*http.Request) error {
+	return fmt.Errorf("%w: %w", errCtlRedirect, fmt.Errorf("the admin listener answered with a redirect to %s; sluice ctl does not follow redirects (its token goes only to -admin)", req.URL.Redacted()))
+}}
+
+// safeText is text from the admin listener made safe for a terminal:
+// control characters (escape sequences, carriage returns, bells) but
+// newline and tab are removed, as are the bidirectional overrides that
+// make text read otherwise than it is; invalid UTF-8 becomes U+FFFD.
+func safeText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n' || r == '\t':
+			return r
+		case unicode.IsControl(r), r >= 0x202A && r <= 0x202E, r >= 0x2066 && r <= 0x2069:
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// safeField is safeText for one cell of a table: no newline or tab either.
+func safeField(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' {
+			return ' '
+		}
+		return r
+	}, safeText(s))
 }
 
 func envOr(name, def string) string {
@@ -240,18 +283,18 @@ func printStatus(w io.Writer, data []byte) error {
 	if err := json.Unmarshal(data, &st); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "memory %s (%d of %d bytes)\n\n", st.MemoryState, st.Memory.UsedBytes, st.Memory.LimitBytes)
+	fmt.Fprintf(w, "memory %s (%d of %d bytes)\n\n", safeField(st.MemoryState), st.Memory.UsedBytes, st.Memory.LimitBytes)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "BACKEND\tPROTO\tADDR\tSTATE\tWEIGHT\tOUTSTANDING\tMOP\tALLOWED/S\tLEARNED/S")
 	for _, b := range st.Backends {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f\t%.1f\n", b.ID, b.Protocol, b.Addr, b.State, b.Weight, b.Outstanding, b.MOP.Phase, b.MOP.AllowedRate, b.MOP.LearnedRate)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f\t%.1f\n", safeField(b.ID), safeField(b.Protocol), safeField(b.Addr), safeField(b.State), b.Weight, b.Outstanding, safeField(b.MOP.Phase), b.MOP.AllowedRate, b.MOP.LearnedRate)
 	}
 	tw.Flush()
 	if len(st.ARM) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(tw, "ARM RULE\tRATE\tLIMIT\tQUEUED\tADMITTED\tDELAYED\tREFUSED")
 		for _, r := range st.ARM {
-			fmt.Fprintf(tw, "%s\t%d\t%d/%s\t%d\t%d\t%d\t%d\n", r.Name, r.Rate, r.Limit, r.Unit, r.Queued, r.Admitted, r.Delayed, r.Refused)
+			fmt.Fprintf(tw, "%s\t%d\t%d/%s\t%d\t%d\t%d\t%d\n", safeField(r.Name), r.Rate, r.Limit, safeField(r.Unit), r.Queued, r.Admitted, r.Delayed, r.Refused)
 		}
 		tw.Flush()
 	}

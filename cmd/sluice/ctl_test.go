@@ -190,3 +190,62 @@ func TestRunningConfigRoundTrip(t *testing.T) {
 		t.Errorf("read back: mop-window %s, lb-policy %s, %d arm rules", o.mop.Window, fs.Lookup("lb-policy").Value, len(o.arm.values))
 	}
 }
+
+// TestCtlTrustsNoAnswer: what the admin listener answers reaches the
+// terminal without control characters (no escape sequence can clear the
+// screen, retitle the window or hide text), and a redirect is not
+// followed: the bearer token never goes to the port it points at.
+func TestCtlTrustsNoAnswer(t *testing.T) {
+	const evil = "b1\x1b[2J\x1b]0;owned\x07\r\u202eevil\u009b31m"
+	leaked := make(chan string, 10)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		leaked <- r.Method + " " + r.URL.Path + " " + r.Header.Get("Authorization")
+		io.WriteString(w, "ok\n")
+	}))
+	defer other.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/status":
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"memory_state":"normal\u001b[31m","backends":[{"id":"b1\u001b[2J\u001b]0;owned\u0007\r\u202eevil\u009b31m","protocol":"http","addr":"127.0.0.1:1","state":"up"}],"arm":[{"name":"r\u001b[8m","unit":"s"}]}`)
+		case "/control/config":
+			io.WriteString(w, "http-listen :8080\n# "+evil+"\n")
+		case "/control/backends/b1/drain":
+			http.Redirect(w, r, other.URL+"/control/backends/b1/drain", http.StatusTemporaryRedirect)
+		default:
+			http.Error(w, "no backend "+evil, http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte("ops 0123456789abcdef0123456789abcdef\n"), 0o600)
+	clean := func(what, s string) {
+		t.Helper()
+		if strings.ContainsAny(s, "\x1b\x07\r\u202e\u009b") {
+			t.Errorf("%s carries control characters: %q", what, s)
+		}
+	}
+	code, out, errOut := ctl("-admin", srv.URL, "status")
+	if code != 0 || !strings.Contains(out, "b1[2J]0;ownedevil31m") {
+		t.Errorf("status: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	clean("status", out)
+	code, out, _ = ctl("-admin", srv.URL, "config")
+	if code != 0 || !strings.Contains(out, "http-listen :8080\n") {
+		t.Errorf("config: exit %d, stdout %q", code, out)
+	}
+	clean("config", out)
+	code, _, errOut = ctl("-admin", srv.URL, "enable", "b9")
+	if code != 1 || !strings.Contains(errOut, "no backend b1[2J]0;ownedevil31m") {
+		t.Errorf("refusal: exit %d, stderr %q", code, errOut)
+	}
+	clean("refusal", errOut)
+
+	code, _, errOut = ctl("-admin", srv.URL, "-token-file", tokenFile, "drain", "b1")
+	if len(leaked) != 0 {
+		t.Errorf("the redirect was followed, the other port got: %q", <-leaked)
+	}
+	if code != 1 || !strings.Contains(errOut, "redirect") {
+		t.Errorf("redirect: exit %d, stderr %q; want 1 saying a redirect is not followed", code, errOut)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/sluicelb/sluice/internal/opfile"
 	"github.com/sluicelb/sluice/node"
 )
 
@@ -99,7 +100,7 @@ func demoDefaultsFor(userArgs []string, lookupEnv func(string) (string, bool)) [
 		cfgFile = v
 	}
 	if cfgFile != "" {
-		if data, err := os.ReadFile(cfgFile); err == nil { // a bad file is reported by run
+		if data, err := opfile.Read(cfgFile, opfile.MaxSize); err == nil { // a bad file is reported by run
 			for _, line := range strings.Split(string(data), "\n") {
 				if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
 					set[strings.TrimLeft(f[0], "-")] = true

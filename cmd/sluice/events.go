@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
@@ -80,6 +81,11 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sluice events: %v\n", err)
 		return 1
 	}
+	if sk := s.Skipped(); sk.Lines > 0 || sk.Files > 0 {
+		// A read problem: the rest is printed, nothing in the directory
+		// is changed, and nothing is to be wiped for it.
+		defer fmt.Fprintf(stderr, "sluice events: %d unreadable event lines and %d unreadable files in %s left out; the other events are printed\n", sk.Lines, sk.Files, *dir)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		for _, ev := range evs {
@@ -92,7 +98,7 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 	}
 	for _, ev := range evs {
 		fmt.Fprintf(stdout, "%s  %-16s %s  %s\n", ev.Time.Format("2006-01-02T15:04:05.000Z07:00"),
-			ev.Kind, eventsField(ev.Subject), eventsField(ev.Message))
+			eventsField(string(ev.Kind)), eventsField(ev.Subject), eventsField(ev.Message))
 	}
 	return 0
 }
@@ -116,12 +122,14 @@ func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
 }
 
 // eventsField prints "-" for an empty field and quotes one that holds a
-// control character, so that one event stays on one line.
+// character a terminal would not print as itself (C0 and C1 controls, the
+// bidirectional overrides, invalid UTF-8), so that one event stays on one
+// line and no escape sequence from the log reaches the terminal.
 func eventsField(s string) string {
 	switch {
 	case s == "":
 		return "-"
-	case strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }):
+	case !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r != ' ' && !strconv.IsPrint(r) }):
 		return strconv.Quote(s)
 	}
 	return s

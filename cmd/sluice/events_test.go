@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -159,5 +161,89 @@ func TestPersistFlags(t *testing.T) {
 		EventsRetention: 24 * time.Hour, EventsMax: 500}
 	if fmt.Sprintf("%+v", cfg) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("parsed %+v, want %+v", cfg, want)
+	}
+}
+
+// TestEventsToolTrustsNoFile: `sluice events` reads a data directory it
+// does not own as untrusted: a line that does not decode is skipped and
+// counted (the rest printed, exit 0), a segment that is a link is not
+// followed, a FIFO as the format file does not hang it, and nothing it
+// prints points at -data-reset, which would wipe the store.
+func TestEventsToolTrustsNoFile(t *testing.T) {
+	dir := eventsStore(t,
+		admission.Event{Time: evT0, Kind: admission.EventMemoryState, Subject: "node", Message: "normal -> low"},
+		admission.Event{Time: evT0.Add(time.Minute), Kind: admission.EventARMEngaged, Subject: "invites", Message: "rate 10/min reached"},
+	)
+	segs, _ := filepath.Glob(filepath.Join(dir, "events-*.log"))
+	if len(segs) != 1 {
+		t.Fatalf("segments %v, want one", segs)
+	}
+	f, err := os.OpenFile(segs[0], os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("{\"not\": \"an event\"}\n")
+	f.Close()
+	// A link among the segments to a file elsewhere that looks like one.
+	secret := filepath.Join(t.TempDir(), "elsewhere.log")
+	os.WriteFile(secret, []byte(`{"time":"2026-11-29T15:05:00Z","kind":"secret.kind","subject":"s","message":"read through a link","seq":99}`+"\n"), 0o600)
+	if err := os.Symlink(secret, filepath.Join(dir, "events-00000000000000000099.log")); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (int, string, string) {
+		t.Helper()
+		type result struct {
+			code           int
+			stdout, stderr string
+		}
+		done := make(chan result, 1)
+		go func() { c, o, e := runEventsCmd(args...); done <- result{c, o, e} }()
+		select {
+		case r := <-done:
+			return r.code, r.stdout, r.stderr
+		case <-time.After(30 * time.Second):
+			t.Fatalf("sluice events %v does not return", args)
+		}
+		return 0, "", ""
+	}
+	code, out, errOut := run("--data-dir", dir, "--limit", "0")
+	if code != 0 || strings.Count(out, "\n") != 2 || !strings.Contains(out, "normal -> low") || !strings.Contains(out, "rate 10/min") {
+		t.Errorf("with one bad line: exit %d, stdout %q, stderr %q; want 0 and the two events", code, out, errOut)
+	}
+	if strings.Contains(out, "read through a link") {
+		t.Errorf("printed an event read through a link out of the directory: %q", out)
+	}
+	if !strings.Contains(errOut, "1 unreadable event lines and 1 unreadable files") || strings.Contains(errOut, "data-reset") {
+		t.Errorf("stderr %q: want the count of what was left out, and no -data-reset", errOut)
+	}
+
+	fmtFile := filepath.Join(dir, "format")
+	os.Remove(fmtFile)
+	if err := syscall.Mkfifo(fmtFile, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = run("--data-dir", dir)
+	if code != 1 || !strings.Contains(errOut, "format") || !strings.Contains(errOut, "not a regular file") || strings.Contains(errOut, "data-reset") {
+		t.Errorf("format file a FIFO: exit %d, stderr %q; want 1 naming the format file, no -data-reset", code, errOut)
+	}
+}
+
+// TestEventsFieldQuotesWhatATerminalRuns: a C1 control (U+009B is CSI in
+// many terminals), a bidirectional override or invalid UTF-8 from the
+// event log is printed quoted, never raw; ordinary text, accents included,
+// as it is.
+func TestEventsFieldQuotesWhatATerminalRuns(t *testing.T) {
+	for in, want := range map[string]string{
+		"b1\u009b2J":     `"b1\u009b2J"`,
+		"h1 \u202enwod":  `"h1 \u202enwod"`,
+		"bad \xff byte":  `"bad \xff byte"`,
+		"esc \x1b[2J":    `"esc \x1b[2J"`,
+		"h1 up -> down":  "h1 up -> down",
+		"mémoire à 85 %": "mémoire à 85 %",
+		"":               "-",
+	} {
+		if got := eventsField(in); got != want {
+			t.Errorf("eventsField(%q) = %s, want %s", in, got, want)
+		}
 	}
 }

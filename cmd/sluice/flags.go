@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/sluicelb/sluice/internal/opfile"
 )
 
 // One mechanism reads the flags of every command: the command line, then
@@ -118,7 +120,7 @@ func setFromEnv(fs *flag.FlagSet, f *flag.Flag, v string) error {
 // the rest of the line (may be empty); blank lines and lines starting with
 // # are skipped. Errors name the file, the line and the flag.
 func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
-	data, err := os.ReadFile(file)
+	data, err := opfile.Read(file, opfile.MaxSize)
 	if err != nil {
 		return fmt.Errorf("-%s: %w", configFlag, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -111,6 +112,7 @@ var badValues = map[string]string{
 	"http-listen":            "127.0.0.1:99999",
 	"sip-listen":             "127.0.0.1:99999",
 	"admin-listen":           "127.0.0.1:99999",
+	"admin-host":             "http://evil.example/",
 	"http-sticky-cookie":     "a b",
 	"health-path":            "healthz",
 	"http-sticky-app-cookie": "a;b",
@@ -258,5 +260,50 @@ func TestFieldFlags(t *testing.T) {
 	err := flagError(fmt.Errorf("build: %w", &lbsip.FieldError{Field: "TokenTTL", Err: errors.New("must be at least 1m")}))
 	if got, want := err.Error(), "-sip-affinity-ttl: build: sip: TokenTTL: must be at least 1m"; got != want {
 		t.Errorf("flagError = %q, want %q", got, want)
+	}
+}
+
+// TestConfigFileBounded: -config (and ctl's -token-file) read only a
+// regular file of at most 4 MiB: a FIFO, /dev/zero or a huge file stop
+// the command at once with an error naming the flag, instead of hanging
+// or growing without bound.
+func TestConfigFileBounded(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.conf")
+	os.WriteFile(big, []byte(strings.Repeat("# padding\n", 4<<20/10+1)), 0o600)
+	within := func(what string, f func() error) error {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s does not return", what)
+		}
+		return nil
+	}
+	// /dev/zero last: without the bound it would eat memory.
+	for _, c := range []struct{ path, want string }{
+		{big, "more than 4 MiB"},
+		{fifo, "not a regular file (a named pipe)"},
+		{"/dev/zero", "not a regular file (a character device)"},
+	} {
+		err := within("-config "+c.path, func() error {
+			fs := newFlagSet("run", io.Discard)
+			newRunFlags(fs)
+			return parseFlags(fs, []string{"-config", c.path}, lookupIn(nil))
+		})
+		if err == nil || !strings.HasPrefix(err.Error(), "-config: ") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("-config %s: %v, want an error naming -config with %q", c.path, err, c.want)
+		}
+		err = within("ctl -token-file "+c.path, func() error { _, err := readCtlToken(c.path); return err })
+		if err == nil || !strings.HasPrefix(err.Error(), "-token-file: ") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ctl -token-file %s: %v, want an error naming -token-file with %q", c.path, err, c.want)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/cluster"
 	lbhttp "github.com/sluicelb/sluice/http"
@@ -49,6 +50,7 @@ type runOptions struct {
 	adminTokens  string
 	persist      persist.Config
 	adminListen  string
+	adminHosts   listFlag
 	logLevel     string
 	shutdown     time.Duration
 	cpuProfile   string
@@ -121,6 +123,8 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, one \"http SPEC\" or \"sip SPEC\" a line, added to the flags' and re-read on SIGHUP")
 	persistFlags(fs, &o.persist)
 	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz, /status, /metrics, /events and /control (empty disables); off loopback it needs -admin-token-file")
+	o.adminHosts.check = func(s string) error { _, err := admin.ParseHost(s); return err }
+	fs.Var(&o.adminHosts, "admin-host", "`name` (or NAME:PORT) the admin listener also answers to, e.g. the name a reverse proxy or an SSH tunnel's browser uses (repeatable); any other Host but localhost, loopback and the listener's own address gets 421 (DNS rebinding guard)")
 	fs.StringVar(&o.adminTokens, "admin-token-file", "", "`file` of bearer tokens the admin listener requires, one \"NAME TOKEN\" a line (the name goes into the event log)")
 	fs.StringVar(&o.armFile, "arm-file", "", "`file` of ARM rules, one -arm rule a line, added to the -arm flags' and re-read on SIGHUP")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -264,6 +268,7 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		Persist:        o.persist,
 		AdminListen:    o.adminListen,
 		AdminTokenFile: o.adminTokens,
+		AdminHosts:     o.adminHosts.values,
 		ARMFile:        o.armFile,
 		DrainTimeout:   o.shutdown,
 		CPUProfile:     o.cpuProfile,
