@@ -293,7 +293,9 @@ func TestFaultSIGTERMAlwaysStops(t *testing.T) {
 				}
 		}},
 		{"10000 idle clients", func(t *testing.T) ([]string, func(*testing.T, map[string]string, <-chan struct{})) {
-			return []string{"-http-backend", okBackend(t)},
+			// From one address: the per-source cap (an eighth of the
+			// descriptor budget by default) is raised for this case.
+			return []string{"-http-backend", okBackend(t), "-http-max-conns", "10100", "-http-max-conns-per-source", "10100"},
 				func(t *testing.T, a map[string]string, _ <-chan struct{}) {
 					n := idleClients(t, a["http"], 10000, 20*time.Second)
 					if code, _, body := httpGet(t, "http://"+a["http"]+"/x"); code != 200 || body != "ok" {
