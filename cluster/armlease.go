@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -120,7 +121,12 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	ret := r.retN
 	res, err := leaseScript.Run(ctx, r.c.rdb, []string{r.key}, lim, want, r.subUS, r.c.nodes.Load(), r.retK, ret, seed).Int64Slice()
 	r.c.roundTrips.Add(1)
-	if err != nil || len(res) != 5 {
+	if err == nil {
+		if err = r.checkReply(res, want); err != nil {
+			r.c.rejectf(rejectLeaseReply, 1, "lease reply out of range; not used", "key", r.key, "err", err)
+		}
+	}
+	if err != nil {
 		if seed > 0 {
 			r.seed.Store(true)
 		}
@@ -135,6 +141,9 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	r.leases.Add(1)
 	r.returned.Add(uint64(ret))
 	r.retN = 0
+	if res[5] > 0 {
+		r.c.rejectf(rejectLeaseField, int(res[5]), "invalid fields deleted from a rule's counters in Redis", "key", r.key)
+	}
 	g, k, untilEnd := res[0], res[2], res[3]
 	r.retryAfter = time.Duration(res[4]) * time.Microsecond
 	// The reply's time may be Redis's cached time of the event loop
@@ -169,6 +178,25 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	r.l.Grant(g, r.from, end)
 	if r.m.queued() > 0 {
 		r.m.advance(r.c.clock.Now()) // the queue is served from the new tokens first
+	}
+	return nil
+}
+
+// checkReply refuses a lease reply that the script cannot have given: a
+// grant above want or negative, a sub-interval end or a Retry-After out of
+// the window. Such a reply is a failed round trip; nothing of it is used.
+func (r *ruleLease) checkReply(res []int64, want int64) error {
+	if len(res) != 6 {
+		return fmt.Errorf("lease reply of %d values, want 6", len(res))
+	}
+	g, k, untilEnd, retry := res[0], res[2], res[3], res[4]
+	switch {
+	case g < 0 || g > want:
+		return fmt.Errorf("lease reply grants %d, asked %d", g, want)
+	case k <= 0 || untilEnd <= 0 || untilEnd > r.subUS:
+		return fmt.Errorf("lease reply: sub-interval %d ends in %dµs, want (0, %d]", k, untilEnd, r.subUS)
+	case retry < 0 || retry > 6*r.subUS:
+		return fmt.Errorf("lease reply: Retry-After %dµs, want at most one window", retry)
 	}
 	return nil
 }

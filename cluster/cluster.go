@@ -38,7 +38,8 @@ type Cluster struct {
 	fails      atomic.Int32  // consecutive failures
 	downs      atomic.Uint64
 
-	dialogs dialogBus
+	dialogs  dialogBus
+	rejected rejects
 
 	mu      sync.Mutex
 	rules   []*ruleLease
@@ -344,6 +345,9 @@ type Status struct {
 	Rules      []RuleStatus `json:"rules"`
 	Backends   []MOPStatus  `json:"backends,omitempty"`
 	Dialogs    DialogStats  `json:"dialogs"`
+	// Rejected counts, by kind, values read from Redis that were out of
+	// range and not used (see the README, "Trust").
+	Rejected map[string]uint64 `json:"redis_rejected"`
 }
 
 var modeNames = [...]string{"shared", "local", "open", "closed"}
@@ -353,7 +357,8 @@ func (c *Cluster) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{Name: c.cfg.Name, Node: c.cfg.Node, Redis: "down", Since: c.since, FailPolicy: c.cfg.Fail.String(),
-		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load(), Failed: c.failed.Load(), Dialogs: c.Dialogs()}
+		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load(), Failed: c.failed.Load(), Dialogs: c.Dialogs(),
+		Rejected: c.Rejected()}
 	if c.Up() {
 		st.Redis = "up"
 	}

@@ -8,12 +8,21 @@ import "github.com/redis/go-redis/v9"
 // sub-interval in µs, node count, sub-interval of a return, tokens returned,
 // tokens to count without a limit check (seed, after a rejoin).
 //
-// It first subtracts the return (only from a sub-interval still in the
-// window, never below zero), sums the live sub-intervals (deleting expired
-// ones), and grants g = min(want, max(1, free ÷ (2 × nodes))) when free > 0,
-// counting g in the current sub-interval. Reply: g, the window's sum after
-// the grant, the current sub-interval, µs until it ends, µs until the oldest
-// counted sub-interval leaves the window (a Retry-After hint).
+// Redis is not trusted to hold only what this script wrote (see the
+// package README, "Trust"): a field counts only when its name is a
+// sub-interval number, written as this script writes it, not after the
+// current one, and its value a whole number of tokens from 0 to 2^53. Any
+// other field (not a number, negative, fractional, NaN, a sub-interval in
+// the future) is deleted and counted in the reply, so a forged field can
+// neither lend the cluster budget nor break the script.
+//
+// It sums the live sub-intervals (deleting expired and invalid fields),
+// subtracts the return (only from a sub-interval still in the window, never
+// below zero), and grants g = min(want, max(1, free ÷ (2 × nodes))) when
+// free > 0, counting g in the current sub-interval. Reply: g, the window's
+// sum after the grant, the current sub-interval, µs until it ends, µs until
+// the oldest counted sub-interval leaves the window (a Retry-After hint),
+// and the number of invalid fields deleted.
 var leaseScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -21,21 +30,36 @@ local limit, want, sub = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local nodes, rk, rn, seed = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local k = math.floor(now / sub)
 local cur = string.format('%d', k)
-if rn > 0 and rk > k - 6 and rk <= k then
-  local f = string.format('%d', rk)
-  local v = tonumber(redis.call('HGET', KEYS[1], f) or '0')
-  if v > 0 then redis.call('HINCRBY', KEYS[1], f, -math.min(v, rn)) end
+local function whole(s)
+  local v = tonumber(s)
+  if v == nil or v ~= v or v < 0 or v > 9007199254740992 or v ~= math.floor(v) or string.format('%d', v) ~= s then
+    return nil
+  end
+  return v
 end
 local vals = redis.call('HGETALL', KEYS[1])
-local sum, oldest = 0, k
+local live = {}
+local sum, oldest, bad = 0, k, 0
 for i = 1, #vals, 2 do
-  local f, v = tonumber(vals[i]), tonumber(vals[i + 1])
-  if f <= k - 6 then
+  local f, v = whole(vals[i]), whole(vals[i + 1])
+  if f == nil or v == nil or f > k then
+    redis.call('HDEL', KEYS[1], vals[i])
+    bad = bad + 1
+  elseif f <= k - 6 then
     redis.call('HDEL', KEYS[1], vals[i])
   else
+    live[f] = v
     sum = sum + v
-    if v > 0 and f < oldest then oldest = f end
   end
+end
+if rn > 0 and rk > k - 6 and rk <= k and (live[rk] or 0) > 0 then
+  local r = math.min(live[rk], rn)
+  redis.call('HINCRBY', KEYS[1], string.format('%d', rk), -r)
+  live[rk] = live[rk] - r
+  sum = sum - r
+end
+for f, v in pairs(live) do
+  if v > 0 and f < oldest then oldest = f end
 end
 if seed > 0 then
   redis.call('HINCRBY', KEYS[1], cur, seed)
@@ -50,7 +74,7 @@ if free > 0 and want > 0 then
   redis.call('HINCRBY', KEYS[1], cur, g)
 end
 redis.call('PEXPIRE', KEYS[1], math.floor(sub * 7 / 1000) + 1000)
-return {g, sum + g, k, (k + 1) * sub - now, (oldest + 6) * sub - now}
+return {g, sum + g, k, (k + 1) * sub - now, (oldest + 6) * sub - now, bad}
 `)
 
 // heartbeatScript records a node as alive until now + ttl in the members'
