@@ -68,11 +68,20 @@ type Config struct {
 	// Heartbeat is the membership heartbeat period; a node is counted for
 	// three periods after its last heartbeat. Default 50ms.
 	Heartbeat time.Duration
+	// DialogMax bounds the SIP dialogs other nodes' changes may add to this
+	// node's dialog table: an insert from another node is not applied
+	// while the table holds DialogMax entries or more (counted in
+	// DialogStats.Capped), so other nodes (or whoever holds the affinity
+	// key) never fill more than DialogMax entries (64 bytes each) and
+	// the rest of -sip-dialog-max stays for this node's own dialogs.
+	// Default 1,000,000 (64 MB).
+	DialogMax int
 }
 
 // DefaultConfig returns the defaults, written once here.
 func DefaultConfig() Config {
-	return Config{Name: "sluice", Fail: FailLocal, Wait: 2 * time.Millisecond, Timeout: 200 * time.Millisecond, Heartbeat: 50 * time.Millisecond}
+	return Config{Name: "sluice", Fail: FailLocal, Wait: 2 * time.Millisecond, Timeout: 200 * time.Millisecond, Heartbeat: 50 * time.Millisecond,
+		DialogMax: 1_000_000}
 }
 
 // Enabled reports whether the node joins a cluster.
@@ -135,6 +144,9 @@ func (c *Config) fill() error {
 	if c.Heartbeat == 0 {
 		c.Heartbeat = d.Heartbeat
 	}
+	if c.DialogMax == 0 {
+		c.DialogMax = d.DialogMax
+	}
 	switch {
 	case strings.ContainsAny(c.Name, "{} \t\r\n"):
 		return fieldErr("Name", "%q must not contain braces (they delimit Redis hash tags) or white space", c.Name)
@@ -148,6 +160,8 @@ func (c *Config) fill() error {
 		return fieldErr("Heartbeat", "%s must be positive", c.Heartbeat)
 	case c.Heartbeat > 10*time.Second:
 		return fieldErr("Heartbeat", "%s must be at most 10s: a dead node counts as a member for three heartbeats", c.Heartbeat)
+	case c.DialogMax < 0:
+		return fieldErr("DialogMax", "%d must be positive", c.DialogMax)
 	case c.Fail > FailClosed:
 		return fieldErr("Fail", "unknown fail policy %d", c.Fail)
 	}

@@ -20,11 +20,12 @@ const (
 	rejectMOPCount          // a backend's admitted/refused total not a count, or a jump no backend can make
 	rejectMOPState          // a learned state too big, unreadable or out of range
 	rejectDialogSig         // a dialog change unsigned, with a bad signature or an unknown key
-	rejectDialogBad         // a signed dialog change that is too big, stale or unreadable
+	rejectDialogBad         // a dialog change too big, replayed, stale or unreadable
+	rejectDialogCap         // a dialog insert past Config.DialogMax
 	rejectKinds
 )
 
-var rejectNames = [rejectKinds]string{"lease_field", "lease_reply", "nodes", "mop_lock", "mop_count", "mop_state", "dialog_signature", "dialog_invalid"}
+var rejectNames = [rejectKinds]string{"lease_field", "lease_reply", "nodes", "mop_lock", "mop_count", "mop_state", "dialog_signature", "dialog_invalid", "dialog_cap"}
 
 // rejectLogEvery rate-limits the warning of each kind.
 const rejectLogEvery = 10 * time.Second

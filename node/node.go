@@ -121,6 +121,7 @@ type Node struct {
 	prevGoMemLimit int64                  // Go memory limit before Start set it; 0: untouched
 	ctrl           *admission.Controller
 	signer         *lb.Signer
+	keyRing        []lb.Key // the affinity key ring; the cluster signs dialog changes with keys derived from it
 	httpSrv        *lbhttp.Server
 	httpGen        *httpGen          // HTTP backends with their health checks and probes
 	probes         []*lb.MemoryProbe // SIP backends' memory probes
@@ -229,6 +230,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", keyFlag, err)
 	}
+	n.keyRing = ring
 	if n.signer, err = lb.NewRingSigner(ring); err != nil {
 		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)
 	}
