@@ -98,16 +98,47 @@ return redis.call('ZCARD', KEYS[1])
 // to the cluster's totals, renews or takes the backend's learner lock, and
 // stores the learner's state when the caller holds the lock. KEYS[1] is the
 // backend's hash. ARGV: node id, lock ttl in ms, admitted delta, refused
-// delta, state (JSON; "" to leave it). The lock is a field with an expiry
-// time by Redis TIME, so a dead holder's lock is taken over once it
-// expires. Reply: admitted total, refused total, lock holder, state.
+// delta, state (JSON; "" to leave it), the longest a lock may last in ms,
+// the largest state in bytes. The lock is a field with an expiry time by
+// Redis TIME, so a dead holder's lock is taken over once it expires.
+//
+// What it reads is checked, as any Redis client may have written it: a key
+// of another type is deleted; a total that is not a whole count from 0 to
+// 2^53 restarts from 0; a lock whose expiry is not a number or lies further
+// ahead than a lock can last, or whose holder is longer than 256 bytes, is
+// taken over; a state larger than the largest is deleted without being
+// read (HSTRLEN). Reply: admitted total, refused total, lock holder,
+// state, and how many totals, locks and states were found invalid.
 var mopSyncScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local a = redis.call('HINCRBY', KEYS[1], 'admitted', ARGV[3])
-local r = redis.call('HINCRBY', KEYS[1], 'refused', ARGV[4])
+local maxlock, maxstate = tonumber(ARGV[6]), tonumber(ARGV[7])
+local badc, badl, bads = 0, 0, 0
+local ty = redis.call('TYPE', KEYS[1])
+ty = ty.ok or ty
+if ty ~= 'hash' and ty ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  badc = badc + 1
+end
+local function add(f, d)
+  local s = redis.call('HGET', KEYS[1], f)
+  if s then
+    local v = tonumber(s)
+    if v == nil or v ~= v or v < 0 or v > 9007199254740992 - math.abs(d) or v ~= math.floor(v) or string.format('%d', v) ~= s then
+      redis.call('HSET', KEYS[1], f, 0)
+      badc = badc + 1
+    end
+  end
+  return redis.call('HINCRBY', KEYS[1], f, d)
+end
+local a = add('admitted', tonumber(ARGV[3]))
+local r = add('refused', tonumber(ARGV[4]))
 local holder = redis.call('HGET', KEYS[1], 'learner')
 local untl = tonumber(redis.call('HGET', KEYS[1], 'learner_until') or '0')
+if untl == nil or untl ~= untl or untl > now + maxlock or (holder and redis.call('HSTRLEN', KEYS[1], 'learner') > 256) then
+  untl = 0
+  badl = 1
+end
 if holder == ARGV[1] or not holder or untl < now then
   holder = ARGV[1]
   redis.call('HSET', KEYS[1], 'learner', holder, 'learner_until', now + tonumber(ARGV[2]))
@@ -115,6 +146,13 @@ end
 if holder == ARGV[1] and ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'state', ARGV[5])
 end
+local st = ''
+if redis.call('HSTRLEN', KEYS[1], 'state') > maxstate then
+  redis.call('HDEL', KEYS[1], 'state')
+  bads = 1
+else
+  st = redis.call('HGET', KEYS[1], 'state') or ''
+end
 redis.call('PEXPIRE', KEYS[1], 7 * 24 * 3600 * 1000)
-return {a, r, holder, redis.call('HGET', KEYS[1], 'state') or ''}
+return {a, r, holder, st, badc, badl, bads}
 `)

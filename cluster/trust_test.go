@@ -3,21 +3,25 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // redisServers runs f against miniredis (its TIME fixed at base) and
 // against a real redis-server started on a loopback ephemeral port and
 // stopped by PID (skipped where none is installed): Lua differs between
 // the two (gopher-lua and Redis's Lua 5.1, e.g. tonumber("nan")).
-func redisServers(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
+func redisServers(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient, addr string)) {
 	t.Run("miniredis", func(t *testing.T) {
 		mr, rdb := newMini(t)
 		mr.SetTime(base)
-		f(t, rdb)
+		f(t, rdb, mr.Addr())
 	})
 	t.Run("redis-server", func(t *testing.T) {
 		if testing.Short() {
@@ -25,9 +29,10 @@ func redisServers(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient))
 		}
 		port := freePort(t)
 		startRedis(t, port)
-		rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
 		t.Cleanup(func() { rdb.Close() })
-		f(t, rdb)
+		f(t, rdb, addr)
 	})
 }
 
@@ -72,7 +77,7 @@ func TestLeaseScriptHostileFields(t *testing.T) {
 		{name: "expired and negative", fields: []field{{at: -6, val: "-7"}}, g: 5, sum: 5, bad: 1, gone: []int{0}},
 		{name: "valid and forged", fields: []field{{at: -1, val: "4"}, {at: 2, val: "-100"}, {at: -3, val: "x"}}, g: 3, sum: 7, bad: 2, keep: []int{0}, gone: []int{1, 2}},
 	}
-	redisServers(t, func(t *testing.T, rdb redis.UniversalClient) {
+	redisServers(t, func(t *testing.T, rdb redis.UniversalClient, _ string) {
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
 				ctx := context.Background()
@@ -150,4 +155,172 @@ func TestLeaseReplyChecked(t *testing.T) {
 			t.Errorf("checkReply(%v) = %v, want ok %v", tc.res, err, tc.ok)
 		}
 	}
+}
+
+// TestRateLimitConversion: an allowed rate becomes a lease limit in
+// [1, maxMOPRate] whatever the float (9.3e18 converted to a negative
+// int64 and refused everything).
+func TestRateLimitConversion(t *testing.T) {
+	for _, tc := range []struct {
+		rate float64
+		want int64
+	}{
+		{42.7, 42}, {1, 1}, {0.5, 1}, {0, 1}, {-5, 1}, {math.NaN(), 1}, {math.Inf(-1), 1},
+		{1e6, 1e6}, {2e6, 1e6}, {9.3e18, 1e6}, {1e300, 1e6}, {math.Inf(1), 1e6},
+	} {
+		if got := rateLimit(tc.rate); got != tc.want {
+			t.Errorf("rateLimit(%g) = %d, want %d", tc.rate, got, tc.want)
+		}
+	}
+}
+
+// mopPair is two nodes of cluster name sharing backend mopBackend's MOP
+// (initial rate 100/s) through the Redis at addr; a takes the learner lock.
+func mopPair(t *testing.T, addr, name string) (a, b *mopShare) {
+	t.Helper()
+	var s [2]*mopShare
+	for i, node := range []string{"a", "b"} {
+		rdb, err := NewClient("redis://"+addr, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rdb.Close() })
+		c, err := New(Config{Redis: "x", Name: name, Node: node}, rdb, &admission.ManualClock{}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := admission.NewMOP(admission.MOPConfig{Name: "b", InitialRate: 100, MinRate: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.AttachMOP(mopBackend, m)
+		c.heartbeat(context.Background(), false)
+		s[i] = c.mops[0]
+	}
+	s[0].sync(context.Background())
+	s[1].sync(context.Background())
+	if !s[0].leader || s[1].leader {
+		t.Fatalf("a leader %v, b leader %v; want a learning", s[0].leader, s[1].leader)
+	}
+	return s[0], s[1]
+}
+
+const mopBackend = "10.0.0.1:5060"
+
+// TestMOPHostileRedis is the golden table of forged contents of a
+// backend's MOP hash (learner lock, totals, learned state): for each, what
+// the follower b (or the learner a) does on its next sync. A forged value
+// is never imported, never overwrites the node's own state (so it is
+// never persisted), and is counted by kind. Before the fix: a lock in the
+// year 5138 stopped all learning, learner_until=abc or a total that is not
+// a count broke every sync, a learned rate of 1e15 was imported (598 of
+// 600 admitted with the backend at 95 % memory) and 9.3e18 refused
+// everything, a 30 MB state was read on every sync.
+func TestMOPHostileRedis(t *testing.T) {
+	big := `{"phase":1,"learned_rate":42,"allowed_rate":42,"pad":"` + strings.Repeat("x", 100_000) + `"}`
+	type forge struct{ field, val string }
+	cases := []struct {
+		name  string
+		forge []forge
+		typed bool // replace the hash with a string key
+		// What b sees after its sync.
+		bLeads    bool
+		allowed   float64 // b's allowed rate after the sync
+		rejected  string  // the kind counted (on the node named by on)
+		on        string
+		stateGone bool
+	}{
+		{name: "lock in the year 5138", forge: []forge{{"learner", "evil"}, {"learner_until", "99999999999999"}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
+		{name: "lock not a time", forge: []forge{{"learner", "evil"}, {"learner_until", "abc"}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
+		{name: "lock nan", forge: []forge{{"learner", "evil"}, {"learner_until", "nan"}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
+		{name: "lock inf", forge: []forge{{"learner", "evil"}, {"learner_until", "inf"}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
+		{name: "holder of 300 bytes", forge: []forge{{"learner", strings.Repeat("e", 300)}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
+		{name: "admitted not a number", forge: []forge{{"admitted", "abc"}}, allowed: 100, rejected: "mop_count", on: "b"},
+		{name: "admitted negative", forge: []forge{{"admitted", "-5"}}, allowed: 100, rejected: "mop_count", on: "b"},
+		{name: "refused at the int64 edge", forge: []forge{{"refused", "9223372036854775807"}}, allowed: 100, rejected: "mop_count", on: "b"},
+		{name: "admitted jumps by 1e12", forge: []forge{{"admitted", "1000000000000"}}, allowed: 100, rejected: "mop_count", on: "b"},
+		{name: "key of another type", typed: true, bLeads: true, allowed: 100, rejected: "mop_count", on: "b"},
+		{name: "learned 1e15", forge: []forge{{"state", `{"phase":1,"learned_rate":1e15,"allowed_rate":1e15}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "learned 9.3e18", forge: []forge{{"state", `{"phase":1,"learned_rate":9.3e18,"allowed_rate":9.3e18}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "allowed 1e300, discovery", forge: []forge{{"state", `{"phase":0,"allowed_rate":1e300}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "rate beyond float64", forge: []forge{{"state", `{"phase":1,"learned_rate":1e400,"allowed_rate":1}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "negative rate", forge: []forge{{"state", `{"phase":0,"allowed_rate":-3}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "learned without a rate", forge: []forge{{"state", `{"phase":1,"allowed_rate":50}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "unknown phase", forge: []forge{{"state", `{"phase":7,"learned_rate":50,"allowed_rate":50}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "model of no slope", forge: []forge{{"state", `{"phase":1,"learned_rate":50,"allowed_rate":50,"base":0.1,"slope":1e-300}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "model not finite", forge: []forge{{"state", `{"phase":1,"learned_rate":50,"allowed_rate":50,"base":1e308,"slope":1}`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "not JSON", forge: []forge{{"state", `learned=1e15`}}, allowed: 100, rejected: "mop_state", on: "b"},
+		{name: "100 KB state", forge: []forge{{"state", big}}, allowed: 100, rejected: "mop_state", on: "b", stateGone: true},
+		// Within range: taken, as from a learner (only ACLs keep such
+		// writes out; see the README).
+		{name: "valid state", forge: []forge{{"state", `{"phase":1,"learned_rate":42,"allowed_rate":42,"base":0.2,"slope":0.01}`}}, allowed: 42},
+		{name: "valid lock of another node", forge: []forge{{"learner", "c"}}, allowed: 100},
+	}
+	redisServers(t, func(t *testing.T, rdb redis.UniversalClient, addr string) {
+		for i, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				ctx := context.Background()
+				name := fmt.Sprint("h", i)
+				a, b := mopPair(t, addr, name)
+				key := "{sluice:" + name + ":mop:" + mopBackend + "}"
+				before := b.m.Export()
+				b.lease.l.Grant(1000, 0, 1<<62)
+				for range 7 {
+					b.m.Allow(1) // some admissions of b's own, counted on its next sync
+				}
+				if tc.typed {
+					rdb.Del(ctx, key)
+					rdb.Set(ctx, key, "x", 0)
+				}
+				for _, f := range tc.forge {
+					if err := rdb.HSet(ctx, key, f.field, f.val).Err(); err != nil {
+						t.Fatal(err)
+					}
+					if f.field == "learner" && len(tc.forge) == 1 {
+						// a lock within its lease: until now + 10s by Redis TIME
+						tm, _ := rdb.Time(ctx).Result()
+						rdb.HSet(ctx, key, "learner_until", tm.UnixMilli()+10_000)
+					}
+				}
+				admittedBefore := b.admitted.Load()
+				b.sync(ctx)
+				if b.syncs.Load() != 2 {
+					t.Fatalf("b's sync failed (%d syncs)", b.syncs.Load())
+				}
+				if b.leader != tc.bLeads {
+					t.Errorf("b leader %v, want %v", b.leader, tc.bLeads)
+				}
+				if st := b.m.Status(); st.AllowedRate != tc.allowed {
+					t.Errorf("b's allowed rate %g, want %g", st.AllowedRate, tc.allowed)
+				}
+				if lim := b.lease.m.limit(0); lim != int64(tc.allowed) {
+					t.Errorf("b's lease limit %d, want %g", lim, tc.allowed)
+				}
+				if tc.rejected != "" {
+					if got := b.c.Rejected()[tc.rejected]; got != 1 {
+						t.Errorf("b counted %d %s rejections, want 1 (%v)", got, tc.rejected, b.c.Rejected())
+					}
+					if after := b.m.Export(); after.AllowedRate != before.AllowedRate || after.LearnedRate != before.LearnedRate || after.Phase != before.Phase {
+						t.Errorf("b's own state changed from %+v to %+v", before, after)
+					}
+				}
+				if strings.HasPrefix(tc.name, "admitted") || strings.HasPrefix(tc.name, "refused") {
+					if got := b.admitted.Load() - admittedBefore; got != 7 {
+						t.Errorf("b's cluster admitted count grew by %d, want its own 7", got)
+					}
+				}
+				if tc.stateGone {
+					if ok, _ := rdb.HExists(ctx, key, "state").Result(); ok {
+						t.Error("the oversized state is still in Redis")
+					}
+				}
+				// The next syncs of both work.
+				a.sync(ctx)
+				b.sync(ctx)
+				if a.syncs.Load() != 2 || b.syncs.Load() != 3 {
+					t.Errorf("syncs a %d b %d, want 2 and 3", a.syncs.Load(), b.syncs.Load())
+				}
+			})
+		}
+	})
 }
