@@ -16,7 +16,8 @@ import "github.com/redis/go-redis/v9"
 // the future) is deleted and counted in the reply, so a forged field can
 // neither lend the cluster budget nor break the script.
 //
-// It sums the live sub-intervals (deleting expired and invalid fields),
+// A key of another type is deleted (and counted). It sums the live
+// sub-intervals (deleting expired and invalid fields),
 // subtracts the return (only from a sub-interval still in the window, never
 // below zero), and grants g = min(want, max(1, free ÷ (2 × nodes))) when
 // free > 0, counting g in the current sub-interval. Reply: g, the window's
@@ -37,9 +38,15 @@ local function whole(s)
   end
   return v
 end
+local sum, oldest, bad = 0, k, 0
+local ty = redis.call('TYPE', KEYS[1])
+ty = ty.ok or ty
+if ty ~= 'hash' and ty ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  bad = 1
+end
 local vals = redis.call('HGETALL', KEYS[1])
 local live = {}
-local sum, oldest, bad = 0, k, 0
 for i = 1, #vals, 2 do
   local f, v = whole(vals[i]), whole(vals[i + 1])
   if f == nil or v == nil or f > k then
@@ -79,19 +86,30 @@ return {g, sum + g, k, (k + 1) * sub - now, (oldest + 6) * sub - now, bad}
 
 // heartbeatScript records a node as alive until now + ttl in the members'
 // sorted set (KEYS[1]), drops expired members and returns how many are
-// alive. ARGV: node id, ttl in ms, 1 to leave instead.
+// alive. ARGV: node id, ttl in ms, 1 to leave instead, the longest ttl
+// any node may give (ms). A key of another type is deleted, and members
+// alive further ahead than the longest ttl, which no node wrote, are
+// dropped. Reply: members alive, and how many invalid ones were dropped.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
+local bad = 0
+local ty = redis.call('TYPE', KEYS[1])
+ty = ty.ok or ty
+if ty ~= 'zset' and ty ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  bad = 1
+end
 if ARGV[3] == '1' then
   redis.call('ZREM', KEYS[1], ARGV[1])
 else
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+bad = bad + redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', now + tonumber(ARGV[4])), '+inf')
 redis.call('PEXPIRE', KEYS[1], ttl * 10)
-return redis.call('ZCARD', KEYS[1])
+return {redis.call('ZCARD', KEYS[1]), bad}
 `)
 
 // mopSyncScript adds a node's admitted and refused new work for one backend

@@ -73,11 +73,11 @@ func TestHeartbeatScript(t *testing.T) {
 	ctx := context.Background()
 	beat := func(at time.Duration, node, leave string) int64 {
 		mr.SetTime(base.Add(at))
-		n, err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, node, 150, leave).Int64()
+		res, err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, node, 150, leave, maxLockMS).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return n
+		return res[0]
 	}
 	// Exact expiry instants: b (beat at 10ms, ttl 150ms) lives until 160ms.
 	if n := beat(0, "a", "0"); n != 1 {

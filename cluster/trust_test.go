@@ -55,8 +55,10 @@ func TestLeaseScriptHostileFields(t *testing.T) {
 		g, sum     int64
 		bad        int64
 		keep, gone []int // indexes into fields
+		typed      bool  // the key is a string, not a hash
 	}{
 		{name: "empty", g: 5, sum: 5},
+		{name: "key of another type", typed: true, g: 5, sum: 5, bad: 1},
 		{name: "valid past count", fields: []field{{at: -1, val: "4"}}, g: 3, sum: 7, keep: []int{0}},
 		{name: "negative current", fields: []field{{at: 0, val: "-1000"}}, g: 5, sum: 5, bad: 1},
 		{name: "negative past", fields: []field{{at: -2, val: "-1000"}}, g: 5, sum: 5, bad: 1, gone: []int{0}},
@@ -84,6 +86,9 @@ func TestLeaseScriptHostileFields(t *testing.T) {
 				key := "{sluice:t:arm:hostile}"
 				for try := 0; ; try++ {
 					rdb.Del(ctx, key)
+					if tc.typed {
+						rdb.Set(ctx, key, "x", 0)
+					}
 					tm, err := rdb.Time(ctx).Result()
 					if err != nil {
 						t.Fatal(err)
@@ -319,6 +324,78 @@ func TestMOPHostileRedis(t *testing.T) {
 				b.sync(ctx)
 				if a.syncs.Load() != 2 || b.syncs.Load() != 3 {
 					t.Errorf("syncs a %d b %d, want 2 and 3", a.syncs.Load(), b.syncs.Load())
+				}
+			})
+		}
+	})
+}
+
+// TestHeartbeatHostileRedis is the golden table of forged members: a
+// member alive further ahead than any node's heartbeat (which kept the
+// node count, and so every share, wrong for as long as the attacker
+// chose) is dropped; a member set of another type (which broke every
+// heartbeat, so the node ran under its fail policy) is replaced; a member
+// count beyond any cluster's is not used. Members alive within the
+// longest heartbeat are counted: only ACLs keep them out.
+func TestHeartbeatHostileRedis(t *testing.T) {
+	redisServers(t, func(t *testing.T, rdb redis.UniversalClient, addr string) {
+		for i, tc := range []struct {
+			name    string
+			forge   func(ctx context.Context, key string, now int64)
+			nodes   int64
+			bad     uint64
+			wantErr bool
+		}{
+			{"no forgery", func(context.Context, string, int64) {}, 1, 0, false},
+			{"alive until the year 5138", func(ctx context.Context, key string, now int64) {
+				rdb.ZAdd(ctx, key, redis.Z{Score: 99999999999999, Member: "evil"})
+			}, 1, 1, false},
+			{"alive for ever", func(ctx context.Context, key string, now int64) {
+				rdb.ZAdd(ctx, key, redis.Z{Score: math.Inf(1), Member: "evil"})
+			}, 1, 1, false},
+			{"alive 40s ahead", func(ctx context.Context, key string, now int64) {
+				rdb.ZAdd(ctx, key, redis.Z{Score: float64(now + 40_000), Member: "evil"})
+			}, 1, 1, false},
+			{"a string, not a member set", func(ctx context.Context, key string, now int64) {
+				rdb.Set(ctx, key, "x", 0)
+			}, 1, 1, false},
+			{"2,000 members", func(ctx context.Context, key string, now int64) {
+				zs := make([]redis.Z, 2000)
+				for j := range zs {
+					zs[j] = redis.Z{Score: float64(now + 10_000), Member: fmt.Sprint("m", j)}
+				}
+				rdb.ZAdd(ctx, key, zs...)
+			}, 1, 1, false},
+			{"alive 20s ahead: counted", func(ctx context.Context, key string, now int64) {
+				rdb.ZAdd(ctx, key, redis.Z{Score: float64(now + 20_000), Member: "other"})
+			}, 2, 0, false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				ctx := context.Background()
+				r, err := NewClient("redis://"+addr, time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer r.Close()
+				name := fmt.Sprint("hb", i)
+				c, err := New(Config{Redis: "x", Name: name, Node: "a"}, r, &admission.ManualClock{}, nil, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tm, err := rdb.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.forge(ctx, "{sluice:"+name+"}:nodes", tm.UnixMilli())
+				c.heartbeat(ctx, false)
+				if !c.Up() {
+					t.Fatalf("heartbeat failed: %s", c.Status().LastError)
+				}
+				if c.Nodes() != tc.nodes {
+					t.Errorf("%d nodes, want %d", c.Nodes(), tc.nodes)
+				}
+				if got := c.Rejected()["nodes"]; got != tc.bad {
+					t.Errorf("%d rejections of kind nodes, want %d", got, tc.bad)
 				}
 			})
 		}
