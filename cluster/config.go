@@ -47,8 +47,11 @@ func ParseFailPolicy(s string) (FailPolicy, error) {
 type Config struct {
 	// Redis is the server's URL: redis://[user:pass@]host:port/db or
 	// rediss:// (TLS); with ?master_name=NAME (and more addr=host:port) the
-	// addresses are Sentinels; the schemes redis+cluster:// and
-	// rediss+cluster:// address a Redis Cluster. Empty: no cluster.
+	// addresses are Sentinels, user:pass@ is the Sentinels' user and
+	// ?username=U&password=P the master's; the schemes redis+cluster:// and
+	// rediss+cluster:// address a Redis Cluster. Empty: no cluster. Every
+	// client of that Redis can change the cluster's budgets: give the
+	// cluster a user of its own (ACL) and TLS (see the README, "Trust").
 	Redis string
 	// Name names the cluster: nodes with the same Redis and Name share
 	// budgets. Default "sluice".
@@ -208,8 +211,21 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 	return nil, fieldErr("Redis", "URL %s: scheme must be redis, rediss, redis+cluster or rediss+cluster", redact(u))
 }
 
-// redact hides a password in u for error messages.
-func redact(u *url.URL) string { return u.Redacted() }
+// redact hides the passwords in u for error messages: the user's and
+// those a query may carry (a Sentinel URL's master credentials are
+// ?username=U&password=P).
+func redact(u *url.URL) string {
+	r := *u
+	if q := r.Query(); q.Has("password") || q.Has("sentinel_password") {
+		for _, k := range []string{"password", "sentinel_password"} {
+			if q.Has(k) {
+				q.Set(k, "xxxxx")
+			}
+		}
+		r.RawQuery = q.Encode()
+	}
+	return r.Redacted()
+}
 
 // CheckReachable asks Redis once whether the configuration itself is
 // wrong: a refused password, a database index out of range or any other

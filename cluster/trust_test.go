@@ -401,3 +401,45 @@ func TestHeartbeatHostileRedis(t *testing.T) {
 		}
 	})
 }
+
+// TestNewClientTLSAndUser: rediss:// turns TLS on and the URL's user and
+// password reach Redis's AUTH, for a server, a Sentinel-watched master
+// (its credentials in the query) and a Redis Cluster; an error about such
+// a URL shows no password.
+func TestNewClientTLSAndUser(t *testing.T) {
+	for _, tc := range []struct {
+		url, user, pass string
+		tls             bool
+	}{
+		{"rediss://sluice-edge:s3cret@127.0.0.1:6380/0", "sluice-edge", "s3cret", true},
+		{"redis://sluice-edge:s3cret@127.0.0.1:6379/0", "sluice-edge", "s3cret", false},
+		{"rediss://sentinel-user:sp@127.0.0.1:26379?master_name=m&username=sluice-edge&password=s3cret", "sluice-edge", "s3cret", true},
+		{"rediss+cluster://sluice-edge:s3cret@127.0.0.1:7000?addr=127.0.0.1:7001", "sluice-edge", "s3cret", true},
+	} {
+		c, err := NewClient(tc.url, time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.url, err)
+		}
+		var user, pass string
+		var tls bool
+		switch cc := c.(type) {
+		case *redis.Client:
+			o := cc.Options()
+			user, pass, tls = o.Username, o.Password, o.TLSConfig != nil
+		case *redis.ClusterClient:
+			o := cc.Options()
+			user, pass, tls = o.Username, o.Password, o.TLSConfig != nil
+		}
+		c.Close()
+		if user != tc.user || pass != tc.pass || tls != tc.tls {
+			t.Errorf("%s: user %q password %q TLS %v; want %q %q %v", tc.url, user, pass, tls, tc.user, tc.pass, tc.tls)
+		}
+	}
+	_, err := NewClient("rediss://u:pw1@127.0.0.1:26379?master_name=m&password=pw2&sentinel_password=pw3&dial_timeout=bogus", time.Second)
+	if err == nil {
+		t.Fatal("a bad Sentinel URL: no error")
+	}
+	if msg := err.Error(); strings.Contains(msg, "pw1") || strings.Contains(msg, "pw2") || strings.Contains(msg, "pw3") {
+		t.Errorf("error %q shows a password", msg)
+	}
+}
