@@ -443,3 +443,100 @@ func TestNewClientTLSAndUser(t *testing.T) {
 		t.Errorf("error %q shows a password", msg)
 	}
 }
+
+// TestACLUserSuffices: the ACL the README gives a cluster lets its nodes
+// do everything they do (heartbeat, lease, MOP sync, dialog sharing) and
+// nothing else: no other key, no other channel, no FLUSHALL. Real
+// redis-server only (miniredis has no ACLs).
+func TestACLUserSuffices(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis-server")
+	}
+	port := freePort(t)
+	startRedis(t, port)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The README's command, for cluster "edge".
+	acl := []any{"ACL", "SETUSER", "sluice-edge", "on", ">pw", "resetkeys", "~{sluice:edge}*", "~{sluice:edge:*",
+		"resetchannels", "&{sluice:edge}:dialogs", "-@all", "+@read", "+@write", "+@scripting", "+@pubsub", "+ping", "+time", "-@dangerous"}
+	if err := admin.Do(ctx, acl...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	url := "redis://sluice-edge:pw@" + addr + "/0"
+	mk := func(node string) *Cluster {
+		rdb, err := NewClient(url, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rdb.Close() })
+		if err := CheckReachable(ctx, rdb); err != nil {
+			t.Fatal(err)
+		}
+		c, err := New(Config{Redis: url, Name: "edge", Node: node}, rdb, admission.MonoClock{}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a, b := mk("a"), mk("b")
+	for _, c := range []*Cluster{a, b} {
+		c.heartbeat(ctx, false)
+		if !c.Up() {
+			t.Fatalf("heartbeat as sluice-edge failed: %s", c.Status().LastError)
+		}
+	}
+	m, err := admission.NewMeter(admission.RuleConfig{Name: "r", Limit: 100, Unit: time.Second, Action: admission.ActionReject}, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.AttachRules([]*admission.Meter{m})
+	if err := a.rules[0].lease(ctx, a.clock.Now(), 5); err != nil {
+		t.Errorf("lease as sluice-edge: %v", err)
+	}
+	mop, err := admission.NewMOP(admission.MOPConfig{Name: "b", InitialRate: 100, MinRate: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.AttachMOP(mopBackend, mop)
+	a.mops[0].sync(ctx)
+	if a.mops[0].syncs.Load() != 1 {
+		t.Error("MOP sync as sluice-edge failed")
+	}
+	got := make(chan string, 16)
+	pub, err := a.ShareDialogs(ctx, testRing, func([]byte) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ShareDialogs(ctx, testRing, func(p []byte) error { got <- string(p); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(5 * time.Second)
+wait:
+	for {
+		pub([]byte(`{"op":1,"call_id":"acl"}`))
+		select {
+		case <-got:
+			break wait
+		case <-time.After(20 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("no dialog change shared as sluice-edge within 5s")
+		}
+	}
+	// And nothing else.
+	user := redis.NewClient(&redis.Options{Addr: addr, Username: "sluice-edge", Password: "pw"})
+	defer user.Close()
+	for what, err := range map[string]error{
+		"FLUSHALL":            user.FlushAll(ctx).Err(),
+		"another key":         user.Set(ctx, "{sluice:other}:nodes", "x", 0).Err(),
+		"another channel":     user.Publish(ctx, "{sluice:other}:dialogs", "x").Err(),
+		"CONFIG SET":          user.ConfigSet(ctx, "maxmemory", "1").Err(),
+		"a script on another": user.Eval(ctx, "return redis.call('SET', KEYS[1], 'x')", []string{"{sluice:other}:x"}).Err(),
+	} {
+		if err == nil {
+			t.Errorf("%s allowed to the cluster's user", what)
+		}
+	}
+}
