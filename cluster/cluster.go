@@ -38,8 +38,9 @@ type Cluster struct {
 	fails      atomic.Int32  // consecutive failures
 	downs      atomic.Uint64
 
-	dialogs  dialogBus
-	rejected rejects
+	dialogs   dialogBus
+	rejected  rejects
+	stateKeys atomic.Pointer[keySet] // seals MOP states; nil: no key ring (SetKeyRing)
 
 	mu      sync.Mutex
 	rules   []*ruleLease

@@ -32,7 +32,7 @@ const (
 	// converting to int64.
 	maxMOPRate = 1e6
 	// maxMOPState is the largest learned state read from Redis, in bytes
-	// (an exported state is about 150).
+	// (an exported state is about 150, 220 sealed).
 	maxMOPState = 4096
 	// maxLockMS is the longest a learner lock may last: three of the
 	// longest heartbeats (Config.Heartbeat is at most 10s). A lock further
@@ -112,6 +112,8 @@ type mopShare struct {
 	haveTot             bool
 	leader              bool
 	lastState           string
+	lastHolder          string    // learner at the last sync
+	lastImported        time.Time // UpdatedAt of the last state imported from lastHolder
 	syncs, imports, pub atomic.Uint64
 }
 
@@ -175,9 +177,13 @@ func (s *mopShare) sync(ctx context.Context) {
 		return
 	}
 	state := ""
+	keys := s.c.stateKeys.Load()
 	if s.leader {
 		if b, err := json.Marshal(s.m.Export()); err == nil {
 			state = string(b)
+			if keys != nil {
+				state = keys.seal(s.key, state)
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.c.cfg.Timeout)
@@ -246,11 +252,27 @@ func (s *mopShare) sync(ctx context.Context) {
 	s.lastTotA, s.lastTotR, s.haveTot, s.lastSync = totA, totR, true, now
 	s.leader = holder == s.c.cfg.Node
 	s.m.SetFollower(!s.leader)
+	if holder != s.lastHolder {
+		s.lastHolder, s.lastImported = holder, time.Time{} // another learner's clock
+	}
 	if !s.leader && st != "" && st != s.lastState {
-		if ms, err := checkMOPState(st); err != nil {
+		value, sealed := st, true
+		if keys != nil {
+			value, sealed = keys.open(s.key, st)
+		}
+		ms, err := checkMOPState(value)
+		switch {
+		case !sealed:
+			s.c.rejectf(rejectMOPState, 1, "a backend's learned state in Redis is not sealed with the affinity key ring; keeping ours", "backend", s.id)
+		case err != nil:
 			s.c.rejectf(rejectMOPState, 1, "a backend's learned state in Redis is unreadable or out of range; keeping ours", "backend", s.id, "err", err)
-		} else if err := s.m.Import(ms); err == nil {
-			s.imports.Add(1)
+		case !s.lastImported.IsZero() && !ms.UpdatedAt.After(s.lastImported):
+			s.c.rejectf(rejectMOPState, 1, "a backend's learned state in Redis is older than the one imported last (replayed); keeping ours", "backend", s.id)
+		default:
+			if err := s.m.Import(ms); err == nil {
+				s.imports.Add(1)
+				s.lastImported = ms.UpdatedAt
+			}
 		}
 	}
 	if s.leader && state != "" {

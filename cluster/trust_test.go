@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
 )
 
 // redisServers runs f against miniredis (its TIME fixed at base) and
@@ -181,7 +183,7 @@ func TestRateLimitConversion(t *testing.T) {
 
 // mopPair is two nodes of cluster name sharing backend mopBackend's MOP
 // (initial rate 100/s) through the Redis at addr; a takes the learner lock.
-func mopPair(t *testing.T, addr, name string) (a, b *mopShare) {
+func mopPair(t *testing.T, addr, name string, ring ...lb.Key) (a, b *mopShare) {
 	t.Helper()
 	var s [2]*mopShare
 	for i, node := range []string{"a", "b"} {
@@ -197,6 +199,11 @@ func mopPair(t *testing.T, addr, name string) (a, b *mopShare) {
 		m, err := admission.NewMOP(admission.MOPConfig{Name: "b", InitialRate: 100, MinRate: 1})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if ring != nil {
+			if err := c.SetKeyRing(ring); err != nil {
+				t.Fatal(err)
+			}
 		}
 		c.AttachMOP(mopBackend, m)
 		c.heartbeat(context.Background(), false)
@@ -539,4 +546,62 @@ wait:
 			t.Errorf("%s allowed to the cluster's user", what)
 		}
 	}
+}
+
+// TestMOPStateSealed: with the affinity key ring, a follower imports only
+// a state sealed by a node for this backend and newer than the last one it
+// imported: a plausible rate written by a Redis client (within every range
+// check), a state sealed with another ring or for another backend, an
+// unsealed state (a node without the ring) and a replayed older state are
+// refused, and the follower keeps the learner's last rate.
+func TestMOPStateSealed(t *testing.T) {
+	redisServers(t, func(t *testing.T, rdb redis.UniversalClient, addr string) {
+		ctx := context.Background()
+		a, b := mopPair(t, addr, "sealed", testRing...)
+		key := "{sluice:sealed:mop:" + mopBackend + "}"
+		learn := func(rate float64) {
+			t.Helper()
+			if err := a.m.Import(admission.MOPState{Phase: admission.Learned, LearnedRate: rate, AllowedRate: rate, UpdatedAt: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+			a.sync(ctx)
+		}
+		learn(42)
+		old, err := rdb.HGet(ctx, key, "state").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(old, "s1 2 ") {
+			t.Fatalf("the learner wrote %q, want a state sealed with key 2", old)
+		}
+		b.sync(ctx)
+		if st := b.m.Status(); st.AllowedRate != 42 {
+			t.Fatalf("follower at %g, want the learner's sealed 42", st.AllowedRate)
+		}
+		learn(30)
+		b.sync(ctx)
+		if st := b.m.Status(); st.AllowedRate != 30 {
+			t.Fatalf("follower at %g, want the learner's sealed 30", st.AllowedRate)
+		}
+		other, _ := newKeySet([]lb.Key{{ID: 2, Secret: bytes.Repeat([]byte{9}, 32)}}, MOPStateKeyLabel)
+		mine, _ := newKeySet(testRing, MOPStateKeyLabel)
+		plausible := `{"phase":1,"learned_rate":999999,"allowed_rate":999999,"updated_at":"2100-01-01T00:00:00Z"}`
+		for _, tc := range []struct{ name, state string }{
+			{"unsealed, plausible", plausible},
+			{"sealed with another ring", other.seal(key, plausible)},
+			{"sealed for another backend", mine.seal("{sluice:sealed:mop:10.0.0.2:5060}", plausible)},
+			{"sealed, altered", strings.Replace(mine.seal(key, plausible), "999999", "999998", 1)},
+			{"replayed older state", old},
+		} {
+			before := b.c.Rejected()["mop_state"]
+			rdb.HSet(ctx, key, "state", tc.state)
+			b.sync(ctx)
+			if st := b.m.Status(); st.AllowedRate != 30 {
+				t.Errorf("%s: follower at %g, want 30 kept", tc.name, st.AllowedRate)
+			}
+			if got := b.c.Rejected()["mop_state"] - before; got != 1 {
+				t.Errorf("%s: %d rejections counted, want 1", tc.name, got)
+			}
+		}
+	})
 }

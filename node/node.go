@@ -231,6 +231,11 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		return nil, fmt.Errorf("%s: %w", keyFlag, err)
 	}
 	n.keyRing = ring
+	if n.cluster != nil {
+		if err := n.cluster.SetKeyRing(ring); err != nil {
+			return nil, fmt.Errorf("%s: %w", keyFlag, err)
+		}
+	}
 	if n.signer, err = lb.NewRingSigner(ring); err != nil {
 		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)
 	}
