@@ -123,8 +123,8 @@ return {redis.call('ZCARD', KEYS[1]), bad}
 // What it reads is checked, as any Redis client may have written it: a key
 // of another type is deleted; a total that is not a whole count from 0 to
 // 2^53 restarts from 0; a lock whose expiry is not a number or lies further
-// ahead than a lock can last, or whose holder is longer than 256 bytes, is
-// taken over; a state larger than the largest is deleted without being
+// ahead than a lock can last, or whose holder is empty or longer than 256
+// bytes, is taken over; a state larger than the largest is deleted without being
 // read (HSTRLEN). Reply: admitted total, refused total, lock holder,
 // state, and how many totals, locks and states were found invalid.
 var mopSyncScript = redis.NewScript(`
@@ -153,7 +153,7 @@ local a = add('admitted', tonumber(ARGV[3]))
 local r = add('refused', tonumber(ARGV[4]))
 local holder = redis.call('HGET', KEYS[1], 'learner')
 local untl = tonumber(redis.call('HGET', KEYS[1], 'learner_until') or '0')
-if untl == nil or untl ~= untl or untl > now + maxlock or (holder and redis.call('HSTRLEN', KEYS[1], 'learner') > 256) then
+if untl == nil or untl ~= untl or untl > now + maxlock or holder == '' or (holder and redis.call('HSTRLEN', KEYS[1], 'learner') > 256) then
   untl = 0
   badl = 1
 end

@@ -246,6 +246,7 @@ func TestMOPHostileRedis(t *testing.T) {
 		{name: "lock not a time", forge: []forge{{"learner", "evil"}, {"learner_until", "abc"}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
 		{name: "lock nan", forge: []forge{{"learner", "evil"}, {"learner_until", "nan"}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
 		{name: "lock inf", forge: []forge{{"learner", "evil"}, {"learner_until", "inf"}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
+		{name: "empty holder", forge: []forge{{"learner", ""}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
 		{name: "holder of 300 bytes", forge: []forge{{"learner", strings.Repeat("e", 300)}}, bLeads: true, allowed: 100, rejected: "mop_lock", on: "b"},
 		{name: "admitted not a number", forge: []forge{{"admitted", "abc"}}, allowed: 100, rejected: "mop_count", on: "b"},
 		{name: "admitted negative", forge: []forge{{"admitted", "-5"}}, allowed: 100, rejected: "mop_count", on: "b"},
