@@ -31,6 +31,7 @@ var rejectNames = [rejectKinds]string{"lease_field", "lease_reply", "nodes", "mo
 const rejectLogEvery = 10 * time.Second
 
 type rejects struct {
+	now     func() int64 // wall ns for the log's rate limit; nil: time.Now (tests set it)
 	n       [rejectKinds]atomic.Uint64
 	lastLog [rejectKinds]atomic.Int64 // wall ns of the last warning
 	logged  [rejectKinds]atomic.Uint64
@@ -41,6 +42,9 @@ type rejects struct {
 func (c *Cluster) rejectf(kind, n int, msg string, args ...any) {
 	total := c.rejected.n[kind].Add(uint64(n))
 	now := time.Now().UnixNano()
+	if c.rejected.now != nil {
+		now = c.rejected.now()
+	}
 	last := c.rejected.lastLog[kind].Load()
 	if last != 0 && now-last < int64(rejectLogEvery) || !c.rejected.lastLog[kind].CompareAndSwap(last, now) {
 		return

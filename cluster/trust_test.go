@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicelb/sluice/admission"
@@ -605,4 +607,54 @@ func TestMOPStateSealed(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRejectsLoggedRateLimited: every rejected value is counted, and each
+// kind is logged at most once per rejectLogEvery, the line carrying how
+// many were rejected since the last.
+func TestRejectsLoggedRateLimited(t *testing.T) {
+	var buf bytes.Buffer
+	c, err := New(Config{Redis: "x", Name: "t", Node: "a"}, redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), &admission.ManualClock{}, nil, slog.New(slog.NewTextHandler(&buf, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var now int64 = 1
+	c.rejected.now = func() int64 { return now }
+	for range 100 {
+		c.rejectf(rejectLeaseField, 2, "bad field")
+	}
+	c.rejectf(rejectMOPState, 1, "bad state")
+	now += int64(rejectLogEvery)
+	c.rejectf(rejectLeaseField, 1, "bad field")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d log lines, want 3 (two kinds, then one after the interval):\n%s", len(lines), buf.String())
+	}
+	if !strings.Contains(lines[0], "rejected=2 ") || !strings.Contains(lines[2], "rejected=199 ") || !strings.Contains(lines[2], "rejected_total=201") {
+		t.Errorf("counts in the log lines:\n%s", buf.String())
+	}
+	if got := c.Rejected(); got["lease_field"] != 201 || got["mop_state"] != 1 {
+		t.Errorf("counters %v", got)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var metric float64
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if f.GetName() == "sluice_cluster_redis_rejected_total" && l.GetName() == "kind" && l.GetValue() == "lease_field" {
+					metric = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if metric != 201 {
+		t.Errorf("sluice_cluster_redis_rejected_total{kind=\"lease_field\"} = %g, want 201", metric)
+	}
 }
