@@ -4,9 +4,20 @@ import "github.com/redis/go-redis/v9"
 
 // leaseScript grants a slice of a rule's budget over the sliding window of
 // six sub-intervals. KEYS[1] is the rule's hash (field: sub-interval number
-// by Redis TIME; value: tokens counted in it). ARGV: limit, want,
+// by Redis TIME; value: tokens counted in it), KEYS[2] its "lost" marker
+// (same hash tag). ARGV: limit, want,
 // sub-interval in µs, node count, sub-interval of a return, tokens returned,
-// tokens to count without a limit check (seed, after a rejoin).
+// tokens to count without a limit check (seed, after a rejoin), and the
+// calling node's own counts of the window as "K:N,K:N" (optional).
+//
+// A sub-interval never holds fewer tokens than the caller alone counted in
+// it (granted, less what it gave back): a lower count was lost (FLUSHALL,
+// DEL, a lowered field) and is raised back to the caller's own, before
+// anything is granted; what was restored is in the reply. Each node so
+// restores its own counts at its next lease, and for a window after a loss
+// (while KEYS[2], the rule's "lost" key, exists; it lives at most a
+// window) every node keeps to its share, limit ÷ nodes, of the window, as
+// under the fail policy "local": the others' counts may still be missing.
 //
 // Redis is not trusted to hold only what this script wrote (see the
 // package README, "Trust"): a field counts only when its name is a
@@ -23,7 +34,7 @@ import "github.com/redis/go-redis/v9"
 // free > 0, counting g in the current sub-interval. Reply: g, the window's
 // sum after the grant, the current sub-interval, µs until it ends, µs until
 // the oldest counted sub-interval leaves the window (a Retry-After hint),
-// and the number of invalid fields deleted.
+// the number of invalid fields deleted, and the tokens restored.
 var leaseScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -59,11 +70,35 @@ for i = 1, #vals, 2 do
     sum = sum + v
   end
 end
+local restored, mine = 0, 0
+for kk, nn in string.gmatch(ARGV[8] or '', '(%d+):(%d+)') do
+  local f, n = tonumber(kk), tonumber(nn)
+  if f > k - 6 and f <= k then
+    mine = mine + n
+    if n > (live[f] or 0) then
+      restored = restored + n - (live[f] or 0)
+      sum = sum + n - (live[f] or 0)
+      live[f] = n
+      redis.call('HSET', KEYS[1], string.format('%d', f), string.format('%d', n))
+    end
+  end
+end
+local window = math.floor(sub * 6 / 1000) + 1
+if restored > 0 then
+  redis.call('DEL', KEYS[2])
+  redis.call('SET', KEYS[2], '1', 'PX', window)
+end
+local lost = redis.call('EXISTS', KEYS[2]) == 1
+if lost and redis.call('PTTL', KEYS[2]) > window then
+  redis.call('PEXPIRE', KEYS[2], window)
+  bad = bad + 1
+end
 if rn > 0 and rk > k - 6 and rk <= k and (live[rk] or 0) > 0 then
   local r = math.min(live[rk], rn)
   redis.call('HINCRBY', KEYS[1], string.format('%d', rk), -r)
   live[rk] = live[rk] - r
   sum = sum - r
+  mine = mine - r
 end
 for f, v in pairs(live) do
   if v > 0 and f < oldest then oldest = f end
@@ -78,10 +113,15 @@ if free > 0 and want > 0 then
   local cap = math.floor(free / (2 * nodes))
   if cap < 1 then cap = 1 end
   g = math.min(want, cap)
-  redis.call('HINCRBY', KEYS[1], cur, g)
+  if lost then
+    -- Counts were lost within the window: the other nodes' may still be
+    -- missing, so this node keeps to its share of the limit.
+    g = math.max(0, math.min(g, math.floor(limit / nodes) - mine - seed))
+  end
+  if g > 0 then redis.call('HINCRBY', KEYS[1], cur, g) end
 end
 redis.call('PEXPIRE', KEYS[1], math.floor(sub * 7 / 1000) + 1000)
-return {g, sum + g, k, (k + 1) * sub - now, (oldest + 6) * sub - now, bad}
+return {g, sum + g, k, (k + 1) * sub - now, (oldest + 6) * sub - now, bad, restored}
 `)
 
 // heartbeatScript records a node as alive until now + ttl in the members'

@@ -48,7 +48,7 @@ func TestLeaseScriptSteps(t *testing.T) {
 	}
 	for i, s := range steps {
 		mr.SetTime(base.Add(s.at))
-		res, err := leaseScript.Run(context.Background(), rdb, []string{"{sluice:t:arm:r}"}, 10, s.want, sub, s.nodes, k0+s.retAt, s.ret, s.seed).Int64Slice()
+		res, err := leaseScript.Run(context.Background(), rdb, []string{"{sluice:t:arm:r}", "{sluice:t:arm:r}:lost"}, 10, s.want, sub, s.nodes, k0+s.retAt, s.ret, s.seed).Int64Slice()
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}

@@ -250,3 +250,25 @@ func TestSimForgedFutureField(t *testing.T) {
 		t.Errorf("admitted %d in 6s, over 20/s", r.admitted[0]+r.admitted[1])
 	}
 }
+
+// TestSimFlushAll: two nodes share 20/s; an attacker with access to Redis
+// flushes it every 100ms, which deletes every count (before the fix: 40
+// admitted/s, a worst window of 42). Each node restores its own counts of
+// the window at its next lease and then keeps to its share for a window,
+// so the limit holds.
+func TestSimFlushAll(t *testing.T) {
+	attack := func(mr *miniredis.Miniredis, now time.Duration, key string, k int64) {
+		if now%(100*time.Millisecond) == 50*time.Millisecond {
+			mr.FlushAll()
+		}
+	}
+	r := simulateAttacked(t, 20, []float64{100, 100}, 6*time.Second, attack)
+	perSec := float64(r.admitted[0]+r.admitted[1]) / r.seconds
+	t.Logf("admitted %v of %v (%.1f/s); worst window %d of 20", r.admitted, r.arrived, perSec, r.worst)
+	if r.worst > 20 {
+		t.Errorf("a window admitted %d, over the limit 20", r.worst)
+	}
+	if r.admitted[0]+r.admitted[1] > 20*6+20 {
+		t.Errorf("admitted %d in 6s, over 20/s", r.admitted[0]+r.admitted[1])
+	}
+}

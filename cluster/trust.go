@@ -15,6 +15,7 @@ import (
 const (
 	rejectLeaseField = iota // a rule's counter field that is not a count of a past or current sub-interval
 	rejectLeaseReply        // a lease reply out of range
+	rejectLeaseLost         // a rule's counter below this node's own count (flushed or lowered); restored
 	rejectNodes             // a member count or member out of range
 	rejectMOPLock           // a learner lock not a time, or further ahead than a lock can last
 	rejectMOPCount          // a backend's admitted/refused total not a count, or a jump no backend can make
@@ -25,7 +26,7 @@ const (
 	rejectKinds
 )
 
-var rejectNames = [rejectKinds]string{"lease_field", "lease_reply", "nodes", "mop_lock", "mop_count", "mop_state", "dialog_signature", "dialog_invalid", "dialog_cap"}
+var rejectNames = [rejectKinds]string{"lease_field", "lease_reply", "lease_lost", "nodes", "mop_lock", "mop_count", "mop_state", "dialog_signature", "dialog_invalid", "dialog_cap"}
 
 // rejectLogEvery rate-limits the warning of each kind.
 const rejectLogEvery = 10 * time.Second

@@ -106,12 +106,12 @@ func TestLeaseScriptHostileFields(t *testing.T) {
 						}
 						rdb.HSet(ctx, key, names[i], f.val)
 					}
-					res, err := leaseScript.Run(ctx, rdb, []string{key}, 10, 100, sub, 1, 0, 0, 0).Int64Slice()
+					res, err := leaseScript.Run(ctx, rdb, []string{key, key + ":lost"}, 10, 100, sub, 1, 0, 0, 0).Int64Slice()
 					if err != nil {
 						t.Fatalf("script failed: %v", err)
 					}
-					if len(res) != 6 {
-						t.Fatalf("reply %v, want 6 values", res)
+					if len(res) != 7 {
+						t.Fatalf("reply %v, want 7 values", res)
 					}
 					if res[2] != k && try == 0 {
 						continue // the hour turned between TIME and the script
@@ -130,8 +130,8 @@ func TestLeaseScriptHostileFields(t *testing.T) {
 						}
 					}
 					// A second lease still works and sees the grant.
-					res2, err := leaseScript.Run(ctx, rdb, []string{key}, 10, 1, sub, 1, 0, 0, 0).Int64Slice()
-					if err != nil || len(res2) != 6 || res2[1] != tc.sum+res2[0] || res2[5] != 0 {
+					res2, err := leaseScript.Run(ctx, rdb, []string{key, key + ":lost"}, 10, 1, sub, 1, 0, 0, 0).Int64Slice()
+					if err != nil || len(res2) != 7 || res2[1] != tc.sum+res2[0] || res2[5] != 0 {
 						t.Errorf("next lease: %v, %v; want the window at %d plus its grant, no invalid field", res2, err, tc.sum)
 					}
 					return
@@ -149,16 +149,18 @@ func TestLeaseReplyChecked(t *testing.T) {
 		res []int64
 		ok  bool
 	}{
-		{[]int64{3, 3, 7, 500, 5000, 0}, true},
-		{[]int64{0, 10, 7, 1000, 0, 2}, true},
-		{[]int64{3, 3, 7, 500, 5000}, false},     // old reply without the invalid field count
-		{[]int64{6, 6, 7, 500, 5000, 0}, false},  // more than asked
-		{[]int64{-1, 0, 7, 500, 5000, 0}, false}, // negative grant
-		{[]int64{3, 3, 0, 500, 5000, 0}, false},  // no sub-interval
-		{[]int64{3, 3, 7, 0, 5000, 0}, false},    // ends now
-		{[]int64{3, 3, 7, 1001, 5000, 0}, false}, // ends after a sub-interval
-		{[]int64{3, 3, 7, 500, 6001, 0}, false},  // Retry-After beyond the window
-		{[]int64{3, 3, 7, 500, -1, 0}, false},
+		{[]int64{3, 3, 7, 500, 5000, 0, 0}, true},
+		{[]int64{0, 10, 7, 1000, 0, 2, 4}, true},
+		{[]int64{3, 3, 7, 500, 5000}, false},        // old reply without the invalid field count
+		{[]int64{6, 6, 7, 500, 5000, 0, 0}, false},  // more than asked
+		{[]int64{-1, 0, 7, 500, 5000, 0, 0}, false}, // negative grant
+		{[]int64{3, 3, 0, 500, 5000, 0, 0}, false},  // no sub-interval
+		{[]int64{3, 3, 7, 0, 5000, 0, 0}, false},    // ends now
+		{[]int64{3, 3, 7, 1001, 5000, 0, 0}, false}, // ends after a sub-interval
+		{[]int64{3, 3, 7, 500, 6001, 0, 0}, false},  // Retry-After beyond the window
+		{[]int64{3, 3, 7, 500, -1, 0, 0}, false},
+		{[]int64{3, 3, 7, 500, 5000, -1, 0}, false},
+		{[]int64{3, 3, 7, 500, 5000, 0, -1}, false},
 	} {
 		if err := r.checkReply(tc.res, 5); (err == nil) != tc.ok {
 			t.Errorf("checkReply(%v) = %v, want ok %v", tc.res, err, tc.ok)
@@ -657,4 +659,65 @@ func TestRejectsLoggedRateLimited(t *testing.T) {
 	if metric != 201 {
 		t.Errorf("sluice_cluster_redis_rejected_total{kind=\"lease_field\"} = %g, want 201", metric)
 	}
+}
+
+// TestLeaseScriptRestoresOwnCounts: a sub-interval holding fewer tokens
+// than the calling node alone counted in it (flushed, deleted or lowered
+// by another client) is raised back to the node's own count before
+// anything is granted; counts of sub-intervals out of the window, and
+// counts already at least the node's, are left alone.
+func TestLeaseScriptRestoresOwnCounts(t *testing.T) {
+	const sub = int64(time.Hour / time.Microsecond)
+	redisServers(t, func(t *testing.T, rdb redis.UniversalClient, _ string) {
+		ctx := context.Background()
+		key := "{sluice:t:arm:restore}"
+		rdb.Del(ctx, key)
+		tm, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := tm.UnixMicro() / sub
+		rdb.HSet(ctx, key, fmt.Sprint(k-1), "2", fmt.Sprint(k-2), "9") // k-1 lowered from 5; k-2 holds more than ours
+		own := fmt.Sprintf("%d:5,%d:3,%d:4,%d:7", k-1, k-2, k, k-6)    // k-6 is out of the window
+		res, err := leaseScript.Run(ctx, rdb, []string{key, key + ":lost"}, 100, 1, sub, 1, 0, 0, 0, own).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[2] != k {
+			t.Skip("the hour turned during the test")
+		}
+		// restored: 3 in k-1, 4 in k; window 5+9+4 = 18 before the grant of 1
+		if res[6] != 7 || res[1] != 19 || res[0] != 1 {
+			t.Errorf("reply %v, want 7 restored, window 19 after a grant of 1", res)
+		}
+		for f, want := range map[int64]string{k - 1: "5", k - 2: "9", k: "5"} {
+			if v, _ := rdb.HGet(ctx, key, fmt.Sprint(f)).Result(); v != want {
+				t.Errorf("field %d = %q, want %q", f, v, want)
+			}
+		}
+		if ok, _ := rdb.HExists(ctx, key, fmt.Sprint(k-6)).Result(); ok {
+			t.Error("a count out of the window was restored")
+		}
+		// For a window after a loss every node keeps to its share: limit
+		// 100 ÷ 5 nodes = 20, of which this node holds 5+3+5 = 13.
+		if ttl := rdb.PTTL(ctx, key+":lost").Val(); ttl <= 0 || ttl > 6*time.Hour+time.Second {
+			t.Errorf("lost marker lives %s, want at most a window", ttl)
+		}
+		own = fmt.Sprintf("%d:5,%d:3,%d:5", k-1, k-2, k)
+		res, err = leaseScript.Run(ctx, rdb, []string{key, key + ":lost"}, 100, 100, sub, 5, 0, 0, 0, own).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0] != 7 || res[6] != 0 {
+			t.Errorf("after a loss: reply %v, want a grant of 7 (share 20 - 13), nothing restored", res)
+		}
+		// A marker set to last longer than a window is cut to one.
+		rdb.Set(ctx, key+":lost", "x", 1000*time.Hour)
+		if res, err = leaseScript.Run(ctx, rdb, []string{key, key + ":lost"}, 100, 1, sub, 5, 0, 0, 0, own).Int64Slice(); err != nil || res[5] != 1 {
+			t.Errorf("a marker for 1000h: reply %v, %v; want it counted invalid", res, err)
+		}
+		if ttl := rdb.PTTL(ctx, key+":lost").Val(); ttl > 6*time.Hour+time.Second {
+			t.Errorf("lost marker lives %s after the lease, want at most a window", ttl)
+		}
+	})
 }
