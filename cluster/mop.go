@@ -109,6 +109,7 @@ type mopShare struct {
 	lastA, lastR        uint64     // local counts at the last sync
 	lastTotA, lastTotR  int64      // cluster totals at the last sync
 	lastSync            int64      // monotonic ns of the last sync
+	lockUntil           int64      // expiry (Redis ms) of the learner lock this node holds; 0: none
 	haveTot             bool
 	leader              bool
 	lastState           string
@@ -189,22 +190,22 @@ func (s *mopShare) sync(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.c.cfg.Timeout)
 	defer cancel()
 	ttl := 3 * s.c.cfg.Heartbeat.Milliseconds()
-	res, err := mopSyncScript.Run(ctx, s.c.rdb, []string{s.key}, s.c.cfg.Node, ttl, da, dr, state, maxLockMS, maxMOPState).Slice()
+	res, err := mopSyncScript.Run(ctx, s.c.rdb, []string{s.key}, s.c.cfg.Node, ttl, da, dr, state, maxLockMS, maxMOPState, s.lockUntil).Slice()
 	s.c.roundTrips.Add(1)
 	var totA, totR int64
 	var holder, st string
 	if err == nil {
-		var ok [7]bool
-		if len(res) == 7 {
+		var ok [8]bool
+		if len(res) == 8 {
 			totA, ok[0] = res[0].(int64)
 			totR, ok[1] = res[1].(int64)
 			holder, ok[2] = res[2].(string)
 			st, ok[3] = res[3].(string)
-			for i := 4; i < 7; i++ {
+			for i := 4; i < 8; i++ {
 				_, ok[i] = res[i].(int64)
 			}
 		}
-		if ok != [7]bool{true, true, true, true, true, true, true} {
+		if ok != [8]bool{true, true, true, true, true, true, true, true} {
 			err = fmt.Errorf("MOP sync reply %v is not the script's", res)
 			s.c.rejectf(rejectMOPState, 1, "MOP sync reply out of range; not used", "backend", s.id)
 		}
@@ -221,7 +222,7 @@ func (s *mopShare) sync(ctx context.Context) {
 		s.c.rejectf(rejectMOPCount, int(n), "a backend's admitted/refused total in Redis was not a count; restarted from 0", "backend", s.id)
 	}
 	if res[5].(int64) > 0 {
-		s.c.rejectf(rejectMOPLock, 1, "a backend's learner lock in Redis was not a time, lay beyond the longest lock or named no node; taken over", "backend", s.id)
+		s.c.rejectf(rejectMOPLock, 1, "a backend's learner lock in Redis was not a time, lay beyond the longest lock, named no node, or was taken from this node before it expired; taken over", "backend", s.id, "holder", holder)
 	}
 	if res[6].(int64) > 0 {
 		s.c.rejectf(rejectMOPState, 1, "a backend's learned state in Redis was too big; deleted unread", "backend", s.id, "max_bytes", maxMOPState)
@@ -251,6 +252,10 @@ func (s *mopShare) sync(ctx context.Context) {
 	}
 	s.lastTotA, s.lastTotR, s.haveTot, s.lastSync = totA, totR, true, now
 	s.leader = holder == s.c.cfg.Node
+	s.lockUntil = 0
+	if s.leader {
+		s.lockUntil = res[7].(int64)
+	}
 	s.m.SetFollower(!s.leader)
 	if holder != s.lastHolder {
 		s.lastHolder, s.lastImported = holder, time.Time{} // another learner's clock

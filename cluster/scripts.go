@@ -157,8 +157,11 @@ return {redis.call('ZCARD', KEYS[1]), bad}
 // stores the learner's state when the caller holds the lock. KEYS[1] is the
 // backend's hash. ARGV: node id, lock ttl in ms, admitted delta, refused
 // delta, state (JSON; "" to leave it), the longest a lock may last in ms,
-// the largest state in bytes. The lock is a field with an expiry time by
-// Redis TIME, so a dead holder's lock is taken over once it expires.
+// the largest state in bytes, and the expiry of the lock the caller last
+// held (0: none). The lock is a field with an expiry time by Redis TIME,
+// so a dead holder's lock is taken over once it expires; a lock the caller
+// holds that another name took before it expired (no node does that) is
+// taken back.
 //
 // What it reads is checked, as any Redis client may have written it: a key
 // of another type is deleted; a total that is not a whole count from 0 to
@@ -166,7 +169,8 @@ return {redis.call('ZCARD', KEYS[1]), bad}
 // ahead than a lock can last, or whose holder is empty or longer than 256
 // bytes, is taken over; a state larger than the largest is deleted without being
 // read (HSTRLEN). Reply: admitted total, refused total, lock holder,
-// state, and how many totals, locks and states were found invalid.
+// state, how many totals, locks and states were found invalid, and the
+// lock's expiry.
 var mopSyncScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -197,9 +201,15 @@ if untl == nil or untl ~= untl or untl > now + maxlock or holder == '' or (holde
   untl = 0
   badl = 1
 end
+local mine = tonumber(ARGV[8] or '0') or 0
+if holder ~= ARGV[1] and mine > now and mine <= now + maxlock then
+  untl = 0
+  badl = 1
+end
 if holder == ARGV[1] or not holder or untl < now then
   holder = ARGV[1]
-  redis.call('HSET', KEYS[1], 'learner', holder, 'learner_until', now + tonumber(ARGV[2]))
+  untl = now + tonumber(ARGV[2])
+  redis.call('HSET', KEYS[1], 'learner', holder, 'learner_until', untl)
 end
 if holder == ARGV[1] and ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'state', ARGV[5])
@@ -212,5 +222,5 @@ else
   st = redis.call('HGET', KEYS[1], 'state') or ''
 end
 redis.call('PEXPIRE', KEYS[1], 7 * 24 * 3600 * 1000)
-return {a, r, holder, st, badc, badl, bads}
+return {a, r, holder, st, badc, badl, bads, untl}
 `)

@@ -721,3 +721,39 @@ func TestLeaseScriptRestoresOwnCounts(t *testing.T) {
 		}
 	})
 }
+
+// TestMOPLockTakenBack: a learner whose lock another name took before it
+// expired (a forged lock; no node takes a lock before its expiry) takes it
+// back at its next sync, and counts it; a lock that expired while the
+// learner was away stays with the node that took it.
+func TestMOPLockTakenBack(t *testing.T) {
+	redisServers(t, func(t *testing.T, rdb redis.UniversalClient, addr string) {
+		ctx := context.Background()
+		a, b := mopPair(t, addr, "takeback")
+		key := "{sluice:takeback:mop:" + mopBackend + "}"
+		tm, _ := rdb.Time(ctx).Result()
+		rdb.HSet(ctx, key, "learner", "evil", "learner_until", tm.UnixMilli()+20_000)
+		b.sync(ctx)
+		if b.leader {
+			t.Fatal("b took a lock that has not expired")
+		}
+		a.sync(ctx)
+		if !a.leader || a.c.Rejected()["mop_lock"] != 1 {
+			t.Errorf("a leader %v, %d mop_lock rejections; want the lock taken back and counted", a.leader, a.c.Rejected()["mop_lock"])
+		}
+		if h, _ := rdb.HGet(ctx, key, "learner").Result(); h != "a" {
+			t.Errorf("learner %q, want a", h)
+		}
+		// a's lock expires (a was away past it, by Redis's clock and so by
+		// the expiry a holds); b takes it as any node would: a does not
+		// take it back.
+		tm, _ = rdb.Time(ctx).Result()
+		rdb.HSet(ctx, key, "learner_until", tm.UnixMilli()-1)
+		a.lockUntil = tm.UnixMilli() - 1
+		b.sync(ctx)
+		a.sync(ctx)
+		if a.leader || !b.leader {
+			t.Errorf("after a's lock expired: a leader %v, b leader %v; want b", a.leader, b.leader)
+		}
+	})
+}
