@@ -1,10 +1,13 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,5 +82,26 @@ func TestClusterDialogsSignedWithKeyRing(t *testing.T) {
 				t.Errorf("another key file: B %+v %v, want none applied and signatures rejected", st, b.cluster.Rejected())
 			}
 		})
+	}
+}
+
+// TestClusterWithoutKeyFileWarns: a node of a cluster started without
+// -affinity-key-file says that the other nodes must hold the same key.
+func TestClusterWithoutKeyFileWarns(t *testing.T) {
+	mr := miniredis.RunT(t)
+	for _, keyFile := range []string{"", filepath.Join(t.TempDir(), "key")} {
+		var buf bytes.Buffer
+		cfg := testConfig(t)
+		cfg.KeyFile = keyFile
+		cfg.SIPBackends = []string{"127.0.0.1:1,id=s1"}
+		cfg.Cluster = cluster.Config{Redis: "redis://" + mr.Addr() + "/0", Name: "t", Node: "n0"}
+		n, err := New(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Stop(time.Second)
+		if warned := strings.Contains(buf.String(), "cluster without -affinity-key-file"); warned != (keyFile == "") {
+			t.Errorf("key file %q: warned %v:\n%s", keyFile, warned, buf.String())
+		}
 	}
 }

@@ -235,6 +235,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		if err := n.cluster.SetKeyRing(ring); err != nil {
 			return nil, fmt.Errorf("%s: %w", keyFlag, err)
 		}
+		if cfg.KeyFile == "" {
+			n.logger.Warn("cluster without -affinity-key-file: unless every node's data directory holds the same key, nodes refuse each other's affinity tokens, SIP dialog changes and MOP states", "key_file", keyFile)
+		}
 	}
 	if n.signer, err = lb.NewRingSigner(ring); err != nil {
 		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)
