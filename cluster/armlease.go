@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -50,16 +52,17 @@ type ruleLease struct {
 	seed atomic.Bool // count the local window once after a rejoin
 
 	// Owned by the leasing goroutine.
-	heldK      int64 // shared sub-interval of the tokens held
-	from       int64 // monotonic ns from which they may be spent
-	expires    int64 // monotonic ns when those tokens stop being spendable; 0: none held
-	dryUntil   int64 // monotonic ns: no request before (budget spent, or K not over yet)
-	kEnd       int64 // monotonic ns by which the shared sub-interval K has surely ended
-	subEnded   bool  // boundary has taken this sub-interval's arrivals
-	lastArr    int64 // Arrivals at the last boundary
-	perSub     int64 // arrivals in the last sub-interval
-	wantNow    int64 // latest request in this sub-interval (doubles while short)
-	retK, retN int64 // unspent tokens to give back to shared sub-interval retK
+	heldK      int64      // shared sub-interval of the tokens held
+	from       int64      // monotonic ns from which they may be spent
+	expires    int64      // monotonic ns when those tokens stop being spendable; 0: none held
+	dryUntil   int64      // monotonic ns: no request before (budget spent, or K not over yet)
+	kEnd       int64      // monotonic ns by which the shared sub-interval K has surely ended
+	subEnded   bool       // boundary has taken this sub-interval's arrivals
+	lastArr    int64      // Arrivals at the last boundary
+	perSub     int64      // arrivals in the last sub-interval
+	wantNow    int64      // latest request in this sub-interval (doubles while short)
+	retK, retN int64      // unspent tokens to give back to shared sub-interval retK
+	own        [7]ownSlot // what this node counted in the live shared sub-intervals
 	retryAfter time.Duration
 
 	leases, granted, returned atomic.Uint64
@@ -118,9 +121,14 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	ctx, cancel := context.WithTimeout(ctx, r.c.cfg.Timeout)
 	defer cancel()
 	ret := r.retN
-	res, err := leaseScript.Run(ctx, r.c.rdb, []string{r.key}, lim, want, r.subUS, r.c.nodes.Load(), r.retK, ret, seed).Int64Slice()
+	res, err := leaseScript.Run(ctx, r.c.rdb, []string{r.key, r.key + ":lost"}, lim, want, r.subUS, r.c.nodes.Load(), r.retK, ret, seed, r.ownCounts()).Int64Slice()
 	r.c.roundTrips.Add(1)
-	if err != nil || len(res) != 5 {
+	if err == nil {
+		if err = r.checkReply(res, want); err != nil {
+			r.c.rejectf(rejectLeaseReply, 1, "lease reply out of range; not used", "key", r.key, "err", err)
+		}
+	}
+	if err != nil {
 		if seed > 0 {
 			r.seed.Store(true)
 		}
@@ -135,7 +143,16 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 	r.leases.Add(1)
 	r.returned.Add(uint64(ret))
 	r.retN = 0
+	if res[5] > 0 {
+		r.c.rejectf(rejectLeaseField, int(res[5]), "invalid fields deleted from a rule's counters in Redis", "key", r.key)
+	}
+	if res[6] > 0 {
+		r.c.rejectf(rejectLeaseLost, int(res[6]), "a rule's counters in Redis held fewer tokens than this node alone counted (flushed or lowered by another client); restored", "key", r.key)
+	}
 	g, k, untilEnd := res[0], res[2], res[3]
+	r.addOwn(r.retK, -ret)
+	r.addOwn(k, g+seed)
+	r.pruneOwn(k)
 	r.retryAfter = time.Duration(res[4]) * time.Microsecond
 	// The reply's time may be Redis's cached time of the event loop
 	// iteration, a little before our request arrived: end the tokens'
@@ -171,6 +188,79 @@ func (r *ruleLease) lease(ctx context.Context, now, want int64) error {
 		r.m.advance(r.c.clock.Now()) // the queue is served from the new tokens first
 	}
 	return nil
+}
+
+// checkReply refuses a lease reply that the script cannot have given: a
+// grant above want or negative, a sub-interval end or a Retry-After out of
+// the window. Such a reply is a failed round trip; nothing of it is used.
+func (r *ruleLease) checkReply(res []int64, want int64) error {
+	if len(res) != 7 {
+		return fmt.Errorf("lease reply of %d values, want 7", len(res))
+	}
+	g, k, untilEnd, retry := res[0], res[2], res[3], res[4]
+	switch {
+	case g < 0 || g > want:
+		return fmt.Errorf("lease reply grants %d, asked %d", g, want)
+	case k <= 0 || untilEnd <= 0 || untilEnd > r.subUS:
+		return fmt.Errorf("lease reply: sub-interval %d ends in %dµs, want (0, %d]", k, untilEnd, r.subUS)
+	case retry < 0 || retry > 6*r.subUS:
+		return fmt.Errorf("lease reply: Retry-After %dµs, want at most one window", retry)
+	case res[5] < 0 || res[6] < 0:
+		return fmt.Errorf("lease reply: %d invalid fields, %d tokens restored", res[5], res[6])
+	}
+	return nil
+}
+
+// ownSlot is what this node counted in one shared sub-interval.
+type ownSlot struct{ k, n int64 }
+
+// addOwn adds n (negative: a return) to this node's count of shared
+// sub-interval k, never below zero.
+func (r *ruleLease) addOwn(k, n int64) {
+	if n == 0 || k == 0 {
+		return
+	}
+	for i := range r.own {
+		if r.own[i].k == k {
+			r.own[i].n = max(0, r.own[i].n+n)
+			return
+		}
+	}
+	if n < 0 {
+		return
+	}
+	oldest := 0
+	for i := range r.own {
+		if r.own[i].k < r.own[oldest].k {
+			oldest = i
+		}
+	}
+	r.own[oldest] = ownSlot{k, n}
+}
+
+// pruneOwn forgets sub-intervals out of the window that ends with k.
+func (r *ruleLease) pruneOwn(k int64) {
+	for i := range r.own {
+		if r.own[i].k <= k-6 {
+			r.own[i] = ownSlot{}
+		}
+	}
+}
+
+// ownCounts is the script's argument of this node's counts, "K:N,K:N".
+func (r *ruleLease) ownCounts() string {
+	var b []byte
+	for _, o := range r.own {
+		if o.n > 0 {
+			if len(b) > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, o.k, 10)
+			b = append(b, ':')
+			b = strconv.AppendInt(b, o.n, 10)
+		}
+	}
+	return string(b)
 }
 
 // giveBack queues n unspent tokens of the held sub-interval for return with

@@ -38,7 +38,9 @@ type Cluster struct {
 	fails      atomic.Int32  // consecutive failures
 	downs      atomic.Uint64
 
-	dialogs dialogBus
+	dialogs   dialogBus
+	rejected  rejects
+	stateKeys atomic.Pointer[keySet] // seals MOP states; nil: no key ring (SetKeyRing)
 
 	mu      sync.Mutex
 	rules   []*ruleLease
@@ -191,18 +193,29 @@ func (c *Cluster) heartbeat(ctx context.Context, leave bool) {
 		flag = "1"
 	}
 	ttl := 3 * c.cfg.Heartbeat.Milliseconds()
-	n, err := heartbeatScript.Run(ctx, c.rdb, []string{c.prefix + ":nodes"}, c.cfg.Node, ttl, flag).Int64()
+	res, err := heartbeatScript.Run(ctx, c.rdb, []string{c.prefix + ":nodes"}, c.cfg.Node, ttl, flag, maxLockMS).Int64Slice()
 	c.roundTrips.Add(1)
 	if leave {
 		return
+	}
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("heartbeat reply %v is not the script's", res)
 	}
 	if err != nil {
 		c.roundTripFailed(err)
 		return
 	}
 	c.fails.Store(0)
-	if n < 1 {
-		n = 1
+	if res[1] > 0 {
+		c.rejectf(rejectNodes, int(res[1]), "members of the cluster alive beyond the longest heartbeat, or a member set of another type, removed", "key", c.prefix+":nodes")
+	}
+	n := max(1, res[0])
+	if n > maxNodes {
+		// More members than a cluster has: someone else wrote them. Keep
+		// the last count (shares stay as they were) rather than divide
+		// every budget by it.
+		c.rejectf(rejectNodes, 1, "member count beyond any cluster's; keeping the last one", "members", n, "max", maxNodes)
+		n = c.nodes.Load()
 	}
 	c.nodes.Store(n)
 	c.setUp(true, nil)
@@ -284,6 +297,10 @@ func (c *Cluster) emit(kind admission.EventKind, msg string) {
 	}
 }
 
+// maxNodes is the most members a cluster is taken to have; a larger count
+// read from Redis is not used.
+const maxNodes = 1024
+
 // failuresToDown is how many round trips in a row must fail before the
 // node switches to the fail policy: one slow answer on a loaded machine
 // should not make the whole node flap.
@@ -344,6 +361,9 @@ type Status struct {
 	Rules      []RuleStatus `json:"rules"`
 	Backends   []MOPStatus  `json:"backends,omitempty"`
 	Dialogs    DialogStats  `json:"dialogs"`
+	// Rejected counts, by kind, values read from Redis that were out of
+	// range and not used (see the README, "Trust").
+	Rejected map[string]uint64 `json:"redis_rejected"`
 }
 
 var modeNames = [...]string{"shared", "local", "open", "closed"}
@@ -353,7 +373,8 @@ func (c *Cluster) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{Name: c.cfg.Name, Node: c.cfg.Node, Redis: "down", Since: c.since, FailPolicy: c.cfg.Fail.String(),
-		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load(), Failed: c.failed.Load(), Dialogs: c.Dialogs()}
+		Nodes: c.nodes.Load(), LastError: c.lastErr, Downs: c.downs.Load(), RoundTrips: c.roundTrips.Load(), Failed: c.failed.Load(), Dialogs: c.Dialogs(),
+		Rejected: c.Rejected()}
 	if c.Up() {
 		st.Redis = "up"
 	}

@@ -139,8 +139,8 @@ func TestFailPolicySwitch(t *testing.T) {
 			m, _ := admission.NewMeter(admission.RuleConfig{Name: "r", Limit: 30, Unit: time.Second, Action: admission.ActionReject}, 0, nil)
 			c.AttachRules([]*admission.Meter{m})
 			ctx := context.Background()
-			for _, n := range []string{"b", "c"} { // two more members
-				if err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, n, 60000, "0").Err(); err != nil {
+			for _, n := range []string{"b", "c"} { // two more members, alive for the longest heartbeat
+				if err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, n, maxLockMS, "0", maxLockMS).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}

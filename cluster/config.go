@@ -47,8 +47,11 @@ func ParseFailPolicy(s string) (FailPolicy, error) {
 type Config struct {
 	// Redis is the server's URL: redis://[user:pass@]host:port/db or
 	// rediss:// (TLS); with ?master_name=NAME (and more addr=host:port) the
-	// addresses are Sentinels; the schemes redis+cluster:// and
-	// rediss+cluster:// address a Redis Cluster. Empty: no cluster.
+	// addresses are Sentinels, user:pass@ is the Sentinels' user and
+	// ?username=U&password=P the master's; the schemes redis+cluster:// and
+	// rediss+cluster:// address a Redis Cluster. Empty: no cluster. Every
+	// client of that Redis can change the cluster's budgets: give the
+	// cluster a user of its own (ACL) and TLS (see the README, "Trust").
 	Redis string
 	// Name names the cluster: nodes with the same Redis and Name share
 	// budgets. Default "sluice".
@@ -68,11 +71,20 @@ type Config struct {
 	// Heartbeat is the membership heartbeat period; a node is counted for
 	// three periods after its last heartbeat. Default 50ms.
 	Heartbeat time.Duration
+	// DialogMax bounds the SIP dialogs other nodes' changes may add to this
+	// node's dialog table: an insert from another node is not applied
+	// while the table holds DialogMax entries or more (counted in
+	// DialogStats.Capped), so other nodes (or whoever holds the affinity
+	// key) never fill more than DialogMax entries (64 bytes each) and
+	// the rest of -sip-dialog-max stays for this node's own dialogs.
+	// Default 1,000,000 (64 MB).
+	DialogMax int
 }
 
 // DefaultConfig returns the defaults, written once here.
 func DefaultConfig() Config {
-	return Config{Name: "sluice", Fail: FailLocal, Wait: 2 * time.Millisecond, Timeout: 200 * time.Millisecond, Heartbeat: 50 * time.Millisecond}
+	return Config{Name: "sluice", Fail: FailLocal, Wait: 2 * time.Millisecond, Timeout: 200 * time.Millisecond, Heartbeat: 50 * time.Millisecond,
+		DialogMax: 1_000_000}
 }
 
 // Enabled reports whether the node joins a cluster.
@@ -135,6 +147,9 @@ func (c *Config) fill() error {
 	if c.Heartbeat == 0 {
 		c.Heartbeat = d.Heartbeat
 	}
+	if c.DialogMax == 0 {
+		c.DialogMax = d.DialogMax
+	}
 	switch {
 	case strings.ContainsAny(c.Name, "{} \t\r\n"):
 		return fieldErr("Name", "%q must not contain braces (they delimit Redis hash tags) or white space", c.Name)
@@ -148,6 +163,8 @@ func (c *Config) fill() error {
 		return fieldErr("Heartbeat", "%s must be positive", c.Heartbeat)
 	case c.Heartbeat > 10*time.Second:
 		return fieldErr("Heartbeat", "%s must be at most 10s: a dead node counts as a member for three heartbeats", c.Heartbeat)
+	case c.DialogMax < 0:
+		return fieldErr("DialogMax", "%d must be positive", c.DialogMax)
 	case c.Fail > FailClosed:
 		return fieldErr("Fail", "unknown fail policy %d", c.Fail)
 	}
@@ -194,8 +211,21 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 	return nil, fieldErr("Redis", "URL %s: scheme must be redis, rediss, redis+cluster or rediss+cluster", redact(u))
 }
 
-// redact hides a password in u for error messages.
-func redact(u *url.URL) string { return u.Redacted() }
+// redact hides the passwords in u for error messages: the user's and
+// those a query may carry (a Sentinel URL's master credentials are
+// ?username=U&password=P).
+func redact(u *url.URL) string {
+	r := *u
+	if q := r.Query(); q.Has("password") || q.Has("sentinel_password") {
+		for _, k := range []string{"password", "sentinel_password"} {
+			if q.Has(k) {
+				q.Set(k, "xxxxx")
+			}
+		}
+		r.RawQuery = q.Encode()
+	}
+	return r.Redacted()
+}
 
 // CheckReachable asks Redis once whether the configuration itself is
 // wrong: a refused password, a database index out of range or any other

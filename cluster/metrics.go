@@ -11,13 +11,14 @@ var (
 	descLeases     = prometheus.NewDesc("sluice_cluster_leases_total", "Lease round trips per ARM rule.", []string{"rule"}, nil)
 	descGranted    = prometheus.NewDesc("sluice_cluster_tokens_granted_total", "Admissions leased from the shared budget per ARM rule.", []string{"rule"}, nil)
 	descReturned   = prometheus.NewDesc("sluice_cluster_tokens_returned_total", "Leased admissions given back unspent per ARM rule.", []string{"rule"}, nil)
+	descRejected   = prometheus.NewDesc("sluice_cluster_redis_rejected_total", "Values read from Redis that were out of range and not used, by kind.", []string{"cluster", "kind"}, nil)
 )
 
 var _ prometheus.Collector = (*Cluster)(nil)
 
 // Describe implements prometheus.Collector.
 func (c *Cluster) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descNodes, descDowns, descRoundTrips, descFailed, descLeases, descGranted, descReturned} {
+	for _, d := range []*prometheus.Desc{descUp, descNodes, descDowns, descRoundTrips, descFailed, descLeases, descGranted, descReturned, descRejected} {
 		ch <- d
 	}
 }
@@ -34,6 +35,9 @@ func (c *Cluster) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descDowns, prometheus.CounterValue, float64(st.Downs), st.Name)
 	ch <- prometheus.MustNewConstMetric(descRoundTrips, prometheus.CounterValue, float64(st.RoundTrips), st.Name)
 	ch <- prometheus.MustNewConstMetric(descFailed, prometheus.CounterValue, float64(st.Failed), st.Name)
+	for kind, n := range st.Rejected {
+		ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(n), st.Name, kind)
+	}
 	for _, r := range st.Rules {
 		ch <- prometheus.MustNewConstMetric(descLeases, prometheus.CounterValue, float64(r.Leases), r.Name)
 		ch <- prometheus.MustNewConstMetric(descGranted, prometheus.CounterValue, float64(r.Granted), r.Name)

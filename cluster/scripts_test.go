@@ -48,7 +48,7 @@ func TestLeaseScriptSteps(t *testing.T) {
 	}
 	for i, s := range steps {
 		mr.SetTime(base.Add(s.at))
-		res, err := leaseScript.Run(context.Background(), rdb, []string{"{sluice:t:arm:r}"}, 10, s.want, sub, s.nodes, k0+s.retAt, s.ret, s.seed).Int64Slice()
+		res, err := leaseScript.Run(context.Background(), rdb, []string{"{sluice:t:arm:r}", "{sluice:t:arm:r}:lost"}, 10, s.want, sub, s.nodes, k0+s.retAt, s.ret, s.seed).Int64Slice()
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
@@ -73,11 +73,11 @@ func TestHeartbeatScript(t *testing.T) {
 	ctx := context.Background()
 	beat := func(at time.Duration, node, leave string) int64 {
 		mr.SetTime(base.Add(at))
-		n, err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, node, 150, leave).Int64()
+		res, err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, node, 150, leave, maxLockMS).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return n
+		return res[0]
 	}
 	// Exact expiry instants: b (beat at 10ms, ttl 150ms) lives until 160ms.
 	if n := beat(0, "a", "0"); n != 1 {

@@ -28,6 +28,14 @@ type simResult struct {
 // decided (the wait budget). It checks every window of six sub-intervals.
 func simulate(t testing.TB, limit int64, demand []float64, dur time.Duration) simResult {
 	t.Helper()
+	return simulateAttacked(t, limit, demand, dur, nil)
+}
+
+// simulateAttacked is simulate with an attacker who may write to Redis
+// before each 1ms step: attack gets the shared Redis, the step's time and
+// the rule's hash key, and the current shared sub-interval number.
+func simulateAttacked(t testing.TB, limit int64, demand []float64, dur time.Duration, attack func(mr *miniredis.Miniredis, now time.Duration, key string, k int64)) simResult {
+	t.Helper()
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
 		t.Fatal(err)
@@ -76,6 +84,9 @@ func simulate(t testing.TB, limit int64, demand []float64, dur time.Duration) si
 		clock.Set(now)
 		mr.SetTime(t0.Add(time.Duration(now)))
 		k := (t0.UnixMicro()+now/1000)/subUS - k0
+		if attack != nil {
+			attack(mr, time.Duration(now), nodes[0].key, k+k0)
+		}
 		for i, r := range nodes {
 			if x := r.next(); x != 0 && now >= x {
 				r.tick(ctx, now)
@@ -212,5 +223,52 @@ func TestSim50Nodes(t *testing.T) {
 	}
 	if rt > 20000 {
 		t.Errorf("%.0f round trips/s, want well under Redis's capacity (20,000)", rt)
+	}
+}
+
+// TestSimForgedFutureField: two nodes share 20/s; an attacker with access
+// to Redis writes one field of the rule's counters, a sub-interval far in
+// the future holding -1,000,000 tokens (before the fix: counted in every
+// window and renewed with the hash, so the two nodes admitted 41.7/s), and
+// writes it again each second. The nodes still admit at most the limit in
+// every window of six sub-intervals, and count what they deleted.
+func TestSimForgedFutureField(t *testing.T) {
+	forged := 0
+	attack := func(mr *miniredis.Miniredis, now time.Duration, key string, k int64) {
+		if now%time.Second == 500*time.Millisecond {
+			mr.HSet(key, fmt.Sprint(k+1000), "-1000000")
+			mr.HSet(key, fmt.Sprint(k+1), "-1000000")
+			forged += 2
+		}
+	}
+	r := simulateAttacked(t, 20, []float64{100, 100}, 6*time.Second, attack)
+	t.Logf("admitted %v of %v; worst window %d of 20; %d forged fields written", r.admitted, r.arrived, r.worst, forged)
+	if r.worst > 20 {
+		t.Errorf("a window admitted %d, over the limit 20", r.worst)
+	}
+	if r.admitted[0]+r.admitted[1] > 20*6+20 {
+		t.Errorf("admitted %d in 6s, over 20/s", r.admitted[0]+r.admitted[1])
+	}
+}
+
+// TestSimFlushAll: two nodes share 20/s; an attacker with access to Redis
+// flushes it every 100ms, which deletes every count (before the fix: 40
+// admitted/s, a worst window of 42). Each node restores its own counts of
+// the window at its next lease and then keeps to its share for a window,
+// so the limit holds.
+func TestSimFlushAll(t *testing.T) {
+	attack := func(mr *miniredis.Miniredis, now time.Duration, key string, k int64) {
+		if now%(100*time.Millisecond) == 50*time.Millisecond {
+			mr.FlushAll()
+		}
+	}
+	r := simulateAttacked(t, 20, []float64{100, 100}, 6*time.Second, attack)
+	perSec := float64(r.admitted[0]+r.admitted[1]) / r.seconds
+	t.Logf("admitted %v of %v (%.1f/s); worst window %d of 20", r.admitted, r.arrived, perSec, r.worst)
+	if r.worst > 20 {
+		t.Errorf("a window admitted %d, over the limit 20", r.worst)
+	}
+	if r.admitted[0]+r.admitted[1] > 20*6+20 {
+		t.Errorf("admitted %d in 6s, over 20/s", r.admitted[0]+r.admitted[1])
 	}
 }

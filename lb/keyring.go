@@ -2,7 +2,9 @@ package lb
 
 import (
 	"bytes"
+	"crypto/hkdf"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -178,4 +180,25 @@ func LoadOrCreateKey(path string) ([]byte, error) {
 		return nil, fmt.Errorf("write affinity key %s: %w", path, err)
 	}
 	return key, nil
+}
+
+// DeriveKeys returns, for every key of ring, a key with the same id for
+// another use than affinity tokens: 32 bytes from HKDF-SHA256 of the
+// secret with info label. Keys of different labels are unrelated to each
+// other and to the token key, so one key ring serves several uses without
+// what one use signs being valid for another. label names the use (e.g.
+// "sluice cluster dialog events v1"); ring is not modified.
+func DeriveKeys(ring []Key, label string) ([]Key, error) {
+	out := make([]Key, 0, len(ring))
+	for _, k := range ring {
+		if len(k.Secret) < MinKeySize {
+			return nil, fmt.Errorf("derive key %d: %d bytes: %w", k.ID, len(k.Secret), ErrKeyTooShort)
+		}
+		secret, err := hkdf.Key(sha256.New, k.Secret, nil, label, keySize)
+		if err != nil {
+			return nil, fmt.Errorf("derive key %d: %w", k.ID, err)
+		}
+		out = append(out, Key{ID: k.ID, Secret: secret})
+	}
+	return out, nil
 }

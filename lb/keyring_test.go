@@ -251,3 +251,33 @@ func TestLoadOrCreateKey(t *testing.T) {
 		t.Errorf("unreadable key ring error = %v, want an error naming %s", err, asDir)
 	}
 }
+
+// TestDeriveKeys: a derived key keeps its id, is the same on every node
+// for the same secret and label, and is unrelated to the secret and to
+// other labels' keys; a short secret is refused.
+func TestDeriveKeys(t *testing.T) {
+	ring := []Key{{ID: 3, Secret: bytes.Repeat([]byte{3}, 32)}, {ID: 9, Secret: bytes.Repeat([]byte{9}, 16)}}
+	a, err := DeriveKeys(ring, "use a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := DeriveKeys(ring, "use a")
+	b, _ := DeriveKeys(ring, "use b")
+	for i := range ring {
+		if a[i].ID != ring[i].ID || len(a[i].Secret) != 32 {
+			t.Errorf("key %d: id %d, %d bytes", i, a[i].ID, len(a[i].Secret))
+		}
+		if !bytes.Equal(a[i].Secret, again[i].Secret) {
+			t.Errorf("key %d: derived twice, two keys", i)
+		}
+		if bytes.Equal(a[i].Secret, b[i].Secret) || bytes.Contains(a[i].Secret, ring[i].Secret[:16]) {
+			t.Errorf("key %d: derived key related to another label's or to the secret", i)
+		}
+	}
+	if !bytes.Equal(ring[0].Secret, bytes.Repeat([]byte{3}, 32)) {
+		t.Error("the ring was modified")
+	}
+	if _, err := DeriveKeys([]Key{{ID: 1, Secret: []byte("short")}}, "x"); !errors.Is(err, ErrKeyTooShort) {
+		t.Errorf("short secret: %v", err)
+	}
+}

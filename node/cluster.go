@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -60,17 +61,26 @@ func (n *Node) startCluster(ctx context.Context) {
 	n.goBackground(func() { n.cluster.Run(ctx) })
 	if n.sipSrv != nil {
 		srv := n.sipSrv
-		publish := n.cluster.ShareDialogs(ctx, func(b []byte) {
+		max := n.cluster.DialogMax()
+		publish, err := n.cluster.ShareDialogs(ctx, n.keyRing, func(b []byte) error {
 			var ev lbsip.DialogEvent
-			if json.Unmarshal(b, &ev) == nil {
-				srv.ApplyDialog(ev)
+			if err := json.Unmarshal(b, &ev); err != nil {
+				return fmt.Errorf("%w: %w", cluster.ErrDialogInvalid, err)
 			}
-		})
-		srv.SetDialogShare(func(ev lbsip.DialogEvent) {
-			if b, err := json.Marshal(ev); err == nil {
-				publish(b)
+			if !srv.ApplyRemoteDialog(ev, max) {
+				return cluster.ErrDialogCap
 			}
+			return nil
 		})
+		if err != nil {
+			n.logger.Error("SIP dialog table not shared", "err", err)
+		} else {
+			srv.SetDialogShare(func(ev lbsip.DialogEvent) {
+				if b, err := json.Marshal(ev); err == nil {
+					publish(b)
+				}
+			})
+		}
 	}
 	if n.admin != nil {
 		n.admin.Handle("GET /status/cluster", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

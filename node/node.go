@@ -124,6 +124,7 @@ type Node struct {
 	prevGoMemLimit int64                  // Go memory limit before Start set it; 0: untouched
 	ctrl           *admission.Controller
 	signer         *lb.Signer
+	keyRing        []lb.Key // the affinity key ring; the cluster signs dialog changes with keys derived from it
 	httpSrv        *lbhttp.Server
 	httpGen        *httpGen          // HTTP backends with their health checks and probes
 	probes         []*lb.MemoryProbe // SIP backends' memory probes
@@ -231,6 +232,15 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	ring, err := lb.LoadOrCreateKeyRing(keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", keyFlag, err)
+	}
+	n.keyRing = ring
+	if n.cluster != nil {
+		if err := n.cluster.SetKeyRing(ring); err != nil {
+			return nil, fmt.Errorf("%s: %w", keyFlag, err)
+		}
+		if cfg.KeyFile == "" {
+			n.logger.Warn("cluster without -affinity-key-file: unless every node's data directory holds the same key, nodes refuse each other's affinity tokens, SIP dialog changes and MOP states", "key_file", keyFile)
+		}
 	}
 	if n.signer, err = lb.NewRingSigner(ring); err != nil {
 		return nil, fmt.Errorf("-affinity-key-file %s: %w", keyFile, err)

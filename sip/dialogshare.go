@@ -75,3 +75,16 @@ func (s *Server) ApplyDialog(ev DialogEvent) {
 		s.dialogs.ended(ev.CallID, ev.FromTag, ev.ToTag, now)
 	}
 }
+
+// ApplyRemoteDialog is ApplyDialog for a change from another node, with a
+// bound: an insert is not applied (false) while the table holds max
+// entries or more. Other nodes' dialogs, each inserted while the table
+// held fewer than max, so never fill more than max entries, and the rest
+// of the table stays for this node's own.
+func (s *Server) ApplyRemoteDialog(ev DialogEvent, max int) bool {
+	if ev.Op == DialogInsert && s.dialogs.Len() >= max {
+		return false
+	}
+	s.ApplyDialog(ev)
+	return true
+}

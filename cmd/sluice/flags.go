@@ -242,6 +242,7 @@ var fieldFlags = map[string]string{
 	"cluster.Wait":      "cluster-wait",
 	"cluster.Timeout":   "cluster-timeout",
 	"cluster.Heartbeat": "cluster-heartbeat",
+	"cluster.DialogMax": "cluster-dialog-max",
 }
 
 // flagError puts the flag in front of a library's error about one of its
