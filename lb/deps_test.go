@@ -15,7 +15,7 @@ func TestImports(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	allowed := map[string]bool{
-		"github.com/sluicelb/sluice/admission":      true,
+		"github.com/sluicelb/sluice/admission":       true,
 		"github.com/sluicelb/sluice/internal/opfile": true,
 	}
 	for _, imp := range strings.Fields(string(out)) {
