@@ -1,10 +1,16 @@
 package sip
 
 import (
+	"hash/maphash"
+	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // In-dialog requests are forwarded statelessly, but a client must never
@@ -109,4 +115,120 @@ func (s *Server) watchedLen() int {
 	s.watched.mu.Lock()
 	defer s.watched.mu.Unlock()
 	return len(s.watched.entries)
+}
+
+// Policies for a request that looks in-dialog (it has a To-tag) but
+// proves nothing: no token of ours and no entry in the dialog table (the
+// local one, which the cluster's dialog events also fill). Config field
+// UnknownDialog, flag -sip-unknown-dialog.
+const (
+	// UnknownDialogNewWork routes it by the Call-ID hash but admits it
+	// like new work: memory state, the ARM rules that match its method,
+	// the MOP of its backend, and first a per-source share
+	// (-sip-unknown-dialog-source-rate). The default.
+	UnknownDialogNewWork = "new-work"
+	// UnknownDialogReject answers 481 Call/Transaction Does Not Exist
+	// (an ACK, which has no answer, is dropped).
+	UnknownDialogReject = "reject"
+	// UnknownDialogHash forwards it by the Call-ID hash as affinity,
+	// admitted past every guard: the behaviour before the policy existed.
+	UnknownDialogHash = "hash"
+)
+
+// UnknownDialogPolicies lists the values of Config.UnknownDialog.
+var UnknownDialogPolicies = []string{UnknownDialogNewWork, UnknownDialogReject, UnknownDialogHash}
+
+// admitTokenless decides an in-dialog request without a token of ours,
+// routed to b; known is true when the dialog table recorded its dialog.
+// It answers (or drops) the request itself and returns false when the
+// request is not to be forwarded.
+//
+// Only a known dialog is affinity. A method that can create a dialog goes
+// through admission whatever the table says (a To-tag we did not sign
+// proves nothing). For the rest, an unknown dialog is handled by
+// Config.UnknownDialog: a made-up To-tag and a fresh Call-ID per request
+// must not be a way past ARM and MOP.
+func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, known bool, now int64) bool {
+	creating := dialogCreating(req.Method)
+	if !creating {
+		switch {
+		case known:
+			s.admitAffinity(now, req.Method)
+			return true
+		case s.cfg.UnknownDialog == UnknownDialogHash:
+			s.admitAffinity(now, req.Method)
+			return true
+		case s.cfg.UnknownDialog == UnknownDialogReject:
+			s.metrics.UnknownDialogRejected.Add(1)
+			if req.Method != gosip.ACK {
+				s.reply(req, src, 481, "Call/Transaction Does Not Exist")
+			}
+			return false
+		}
+		if !s.unknownShare.allow(src.addr.Addr(), now, s.cfg.UnknownDialogSourceRate) {
+			s.metrics.UnknownDialogSourceLimited.Add(1)
+			s.metrics.Refused.Add(1)
+			if req.Method != gosip.ACK {
+				s.reply(req, src, 503, "Service Unavailable",
+					"Retry-After: "+strconv.Itoa(s.jitter(time.Second)),
+					"Warning: 399 "+s.adv.String()+` "overload: unknown dialog, per-source share"`)
+			}
+			return false
+		}
+		s.metrics.UnknownDialogMetered.Add(1)
+	}
+	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
+	d := s.adm.Decide(now, &ar, b.lb.MOP())
+	if d.Verdict == admission.Delay {
+		// No state is kept for in-dialog requests: a delay is a refusal.
+		d.Wait.Cancel()
+		d = s.adm.Resume(now, &ar, d, b.lb.MOP())
+	}
+	if d.Verdict != admission.Admit {
+		s.refuse(req, src, d)
+		return false
+	}
+	return true
+}
+
+// sourceShare caps, per source IP address, the in-dialog requests of
+// unknown dialogs admitted per second, before they reach the ARM rules:
+// one source's flood spends at most its share of a rule's budget, and the
+// rest stays for everybody else's requests. Sources are counted in a fixed
+// table of slots by a keyed hash of the address (a random key per
+// process, so nobody can aim at another source's slot); two sources that
+// share a slot share one cap. It takes no lock and allocates nothing.
+type sourceShare struct {
+	once  sync.Once
+	seed  maphash.Seed
+	slots [sourceSlots]atomic.Uint64 // second (high 32 bits) | count (low 32)
+}
+
+// sourceSlots is the size of the per-source table (32 KiB).
+const sourceSlots = 4096
+
+// allow counts one request from ip at now and reports whether it is within
+// rate per second (rate 0: no cap).
+func (sh *sourceShare) allow(ip netip.Addr, now int64, rate int) bool {
+	if rate <= 0 {
+		return true
+	}
+	sh.once.Do(func() { sh.seed = maphash.MakeSeed() })
+	a := ip.Unmap().As16()
+	slot := &sh.slots[maphash.Bytes(sh.seed, a[:])%sourceSlots]
+	sec := uint64(uint32(now / int64(time.Second)))
+	for {
+		cur := slot.Load()
+		next := sec<<32 | 1
+		if cur>>32 == sec {
+			n := cur & 0xffffffff
+			if n >= uint64(rate) {
+				return false
+			}
+			next = cur + 1
+		}
+		if slot.CompareAndSwap(cur, next) {
+			return true
+		}
+	}
 }

@@ -216,6 +216,9 @@ var fieldFlags = map[string]string{
 	"sip.UDPBuffer":          "sip-udp-buffer",
 	"sip.MaxMessage":         "sip-max-message",
 
+	"sip.UnknownDialog":           "sip-unknown-dialog",
+	"sip.UnknownDialogSourceRate": "sip-unknown-dialog-source-rate",
+
 	"lb.PoolConfig.Policy":                     "lb-policy",
 	"lb.PassiveConfig.MaxFails":                "health-max-fails",
 	"lb.HealthConfig.Interval":                 "health-interval",

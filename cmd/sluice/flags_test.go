@@ -118,6 +118,7 @@ var badValues = map[string]string{
 	"http-engine":            "threads",
 	"lb-policy":              "fastest",
 	"sip-lb-policy":          "fastest",
+	"sip-unknown-dialog":     "maybe",
 	"sip-advertise":          "no port",
 	"mop-used-metric":        "a{",
 	"mop-max-metric":         "a{",
