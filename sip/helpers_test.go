@@ -109,6 +109,7 @@ type uas struct {
 	name     string
 	drop     atomic.Bool  // do not record requests (load tests)
 	pingCode atomic.Int32 // answer to OPTIONS; 0 is 200
+	noPings  atomic.Bool  // ignore OPTIONS, as SIPp scenario answerers do
 
 	mu   sync.Mutex
 	seen []seenReq
@@ -216,6 +217,9 @@ func (u *uas) answer(req *gosip.Request, from netip.AddrPort) {
 		}
 	default:
 		if u.mode.Load() == modeSilent {
+			return
+		}
+		if req.Method == gosip.OPTIONS && u.noPings.Load() {
 			return
 		}
 		if req.Method == gosip.OPTIONS && u.pingCode.Load() == 503 {

@@ -67,9 +67,23 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 	}
 }
 
-// answered forgets the request whose response carries our branch br. With
-// nothing watched (most responses answer new work) it takes no lock.
-func (s *Server) answered(br string) {
+// answered forgets the request whose response carries our branch br, and
+// records that the backend at src answered: real traffic shows it alive,
+// which overrules failing OPTIONS pings (lb.Backend.Served) and ends a
+// run of unanswered in-dialog requests. With nothing watched (most
+// responses answer new work) it takes no lock.
+func (s *Server) answered(br string, src source) {
+	if b := s.pool.Load().backendAt(src.addr); b != nil {
+		b.lb.Served(s.clock.Now())
+		if b.unanswered.Load() != 0 {
+			b.unanswered.Store(0)
+		}
+	}
+	s.forget(br)
+}
+
+// forget drops the watch on br.
+func (s *Server) forget(br string) {
 	w := &s.watched
 	if w.n.Load() == 0 {
 		return
@@ -83,7 +97,35 @@ func (s *Server) answered(br string) {
 }
 
 // unwatch forgets br after a send that failed and was answered at once.
-func (s *Server) unwatch(br string) { s.answered(br) }
+func (s *Server) unwatch(br string) { s.forget(br) }
+
+// unansweredDead is how many in-dialog requests in a row a backend may
+// leave unanswered past -sip-in-dialog-timeout, with no answer to anything
+// in between, before traffic counts it dead: its in-dialog requests then
+// get 480 at once for -sip-in-dialog-timeout (then one more is tried), and
+// it gets no new work meanwhile. One lost request is not enough.
+const unansweredDead = 3
+
+// unansweredBy charges one in-dialog request left unanswered to the
+// backend with id.
+func (s *Server) unansweredBy(id string, now int64) {
+	b, _ := s.pool.Load().dialogBackend(id)
+	if b == nil {
+		return
+	}
+	if b.unanswered.Add(1) < unansweredDead {
+		return
+	}
+	if b.lb.AcceptsAffinity(now) {
+		s.log.Warn("sip backend left in-dialog requests unanswered: out for the in-dialog timeout", "backend", id,
+			"unanswered", b.unanswered.Load(), "for", s.cfg.InDialogTimeout)
+		if s.events != nil {
+			s.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: "sip " + id,
+				Message: "backend " + id + " out: " + strconv.Itoa(int(b.unanswered.Load())) + " in-dialog requests in a row unanswered; its in-dialog requests get 480 for " + s.cfg.InDialogTimeout.String()})
+		}
+	}
+	b.lb.Eject(now, s.cfg.InDialogTimeout)
+}
 
 // expireWatched answers 408 to every watched request past its deadline.
 func (s *Server) expireWatched(now int64) {
@@ -106,6 +148,7 @@ func (s *Server) expireWatched(now int64) {
 			s.metrics.LocalReplies.Add(1)
 		}
 		s.metrics.InDialogUnanswered.Add(1)
+		s.unansweredBy(e.backend, now)
 		s.log.Warn("sip in-dialog request unanswered by its backend: 408 sent to the client", "backend", e.backend, "method", string(e.method))
 	}
 }

@@ -188,7 +188,7 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 		s.pingAnswered(br, res, src)
 		return
 	}
-	s.answered(br)
+	s.answered(br, src)
 	res.RemoveHeader("Via")
 	next := res.Via()
 	if next == nil {
