@@ -119,6 +119,7 @@ var badValues = map[string]string{
 	"lb-policy":              "fastest",
 	"sip-lb-policy":          "fastest",
 	"sip-unknown-dialog":     "maybe",
+	"health-panic":           "0",
 	"sip-advertise":          "no port",
 	"mop-used-metric":        "a{",
 	"mop-max-metric":         "a{",
