@@ -250,6 +250,13 @@ func (b *Backend) Served(now int64) {
 	}
 }
 
+// AnsweredSince reports whether real traffic got an answer from the
+// backend at or after t.
+func (b *Backend) AnsweredSince(t int64) bool {
+	at := b.servedAt.Load()
+	return at != 0 && at >= t
+}
+
 // Acquire counts one request as outstanding on the backend. Every Acquire
 // must be paired with one Release.
 func (b *Backend) Acquire() {
@@ -284,6 +291,11 @@ func (b *Backend) Release(now int64, r Result) {
 		b.failures.Add(1)
 		p := b.passive
 		if p == nil {
+			if r == ConnectError && b.downByProbes() {
+				// Proof from the traffic itself, with passive ejection
+				// off too: its affinity clients go elsewhere.
+				b.Eject(now, defaultCooldown)
+			}
 			return
 		}
 		// A refused connection to a backend its probes already call down

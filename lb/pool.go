@@ -8,6 +8,9 @@ import (
 	"time"
 )
 
+// defaultCooldown is PassiveConfig.Cooldown's default (-health-cooldown).
+const defaultCooldown = 10 * time.Second
+
 // MaxBackends is the largest pool. Selection tracks the candidates it has
 // tried in a fixed bitset on the stack so that it never allocates.
 const MaxBackends = 1024
@@ -113,7 +116,7 @@ func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
 		return nil, fieldError("PassiveConfig.MaxFails", "MaxFails and Cooldown must not be negative")
 	}
 	if cfg.Passive.MaxFails > 0 && cfg.Passive.Cooldown == 0 {
-		cfg.Passive.Cooldown = 10 * time.Second
+		cfg.Passive.Cooldown = defaultCooldown
 	}
 	p := &Pool{backends: append([]*Backend(nil), backends...), byID: make(map[string]*Backend, len(backends))}
 	var passive *passiveConfig

@@ -95,8 +95,12 @@ func (s *Server) pingAnswered(branch string, res *gosip.Response, src source) {
 	if !ok || res.StatusCode < 200 {
 		return
 	}
-	if res.StatusCode == 503 {
-		if b := s.pool.Load().byAddr[src.addr]; b != nil {
+	if b := s.pool.Load().byAddr[src.addr]; b != nil {
+		// Alive: in-dialog requests it left unanswered were lost or
+		// ignored, not a sign of death (unansweredBy).
+		b.lb.Served(s.clock.Now())
+		b.unanswered.Store(0)
+		if res.StatusCode == 503 {
 			b.drain(s.clock.Now(), s.retryAfter(res))
 		}
 	}

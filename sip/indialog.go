@@ -32,6 +32,7 @@ type inDialogWatch struct {
 }
 
 type watchEntry struct {
+	sent     int64  // monotonic ns
 	deadline int64  // monotonic ns
 	reply    []byte // the 408 to send at the deadline
 	to       target
@@ -59,6 +60,7 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 	}
 	w.n.Add(1)
 	w.entries[br] = watchEntry{
+		sent:     now,
 		deadline: now + int64(s.cfg.InDialogTimeout),
 		reply:    s.buildReply(req, 408, "Request Timeout", "Warning: 399 "+s.adv.String()+` "backend did not answer"`),
 		to:       s.replyTarget(req, src),
@@ -101,16 +103,23 @@ func (s *Server) unwatch(br string) { s.forget(br) }
 
 // unansweredDead is how many in-dialog requests in a row a backend may
 // leave unanswered past -sip-in-dialog-timeout, with no answer to anything
-// in between, before traffic counts it dead: its in-dialog requests then
-// get 480 at once for -sip-in-dialog-timeout (then one more is tried), and
-// it gets no new work meanwhile. One lost request is not enough.
+// (OPTIONS pings included) since each was sent, before traffic counts it
+// dead: its in-dialog requests then get 480 at once for
+// -sip-in-dialog-timeout (then one more is tried), and it gets no new work
+// meanwhile. One lost request is not enough, and requests a live backend
+// chooses not to answer (a client's junk) never count: it answered
+// something else since.
 const unansweredDead = 3
 
-// unansweredBy charges one in-dialog request left unanswered to the
-// backend with id.
-func (s *Server) unansweredBy(id string, now int64) {
+// unansweredBy charges one in-dialog request, sent at sent and left
+// unanswered, to the backend with id.
+func (s *Server) unansweredBy(id string, sent, now int64) {
 	b, _ := s.pool.Load().dialogBackend(id)
 	if b == nil {
+		return
+	}
+	if b.lb.AnsweredSince(sent) {
+		b.unanswered.Store(0)
 		return
 	}
 	if b.unanswered.Add(1) < unansweredDead {
@@ -144,11 +153,13 @@ func (s *Server) expireWatched(now int64) {
 	}
 	w.mu.Unlock()
 	for _, e := range due {
+		// The verdict first: the client's next request, sent on our
+		// 408, must find it.
+		s.unansweredBy(e.backend, e.sent, now)
 		if err := s.sendBytes(e.reply, e.to); err == nil {
 			s.metrics.LocalReplies.Add(1)
 		}
 		s.metrics.InDialogUnanswered.Add(1)
-		s.unansweredBy(e.backend, now)
 		s.log.Warn("sip in-dialog request unanswered by its backend: 408 sent to the client", "backend", e.backend, "method", string(e.method))
 	}
 }

@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -103,5 +104,34 @@ func TestReloadedBackendUnknownUntilProbed(t *testing.T) {
 				t.Errorf("new backend got %d of 10 new calls (state %v), want %d", got, nb.State(s.clock.Now()), map[bool]int{false: 0, true: 5}[answers])
 			}
 		})
+	}
+}
+
+// A client cannot have a live backend taken out by sending it in-dialog
+// requests it does not answer: the backend answered other traffic since,
+// so they are not evidence of death.
+func TestIgnoredRequestsDoNotTakeOutLiveBackend(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	b1.noINFO.Store(true)
+	s := testServer(t, []*uas{b1}, nil, func(c *Config) { c.InDialogTimeout = 200 * time.Millisecond })
+	c := newUAC(t, s.udpAddr())
+	victim := establish(t, c, b1, 1)[0]
+	junk := newUAC(t, s.udpAddr())
+	attacker := establish(t, junk, b1, 1)[0]
+	for i := range 5 {
+		attacker.inDialog("INFO", 2+i, fmt.Sprintf("%s-junk-%d", attacker.branch, i))
+	}
+	c.newCall().complete() // the backend answers other traffic meanwhile
+	for range 5 {
+		if got := junk.finalCode(); got != 408 {
+			t.Fatalf("ignored INFO: %d, want our 408", got)
+		}
+	}
+	victim.inDialog("BYE", 2, victim.branch+"-bye")
+	if got := c.finalCode(); got != 200 {
+		t.Errorf("BYE of another call after the junk: %d, want the backend's 200 (backend down %d)", got, s.metrics.InDialogBackendDown.Load())
+	}
+	if st := s.pool.Load().list[0].lb.State(s.clock.Now()); st != lb.Up {
+		t.Errorf("backend %v after a client's ignored requests, want up", st)
 	}
 }
