@@ -113,7 +113,7 @@ type Backend struct {
 	drained   atomic.Bool  // operator drain
 	disabled  atomic.Bool  // operator disable: down, affinity included
 	probeDown atomic.Bool  // active health check says down
-	probeFrom atomic.Int64 // monotonic ns the failing probe streak that took it down began
+	probeFrom atomic.Int64 // monotonic ns: answers before this do not overrule the probes
 	servedAt  atomic.Int64 // monotonic ns real traffic last got an answer from it
 	unknown   atomic.Bool  // added at run time, not yet shown serving
 	panicking *atomic.Bool // the pool's panic flag (Pool.Panicking); nil before NewPool
@@ -178,7 +178,7 @@ func (b *Backend) MOP() *admission.MOP { return b.mop }
 
 // State returns the backend's state at now (monotonic ns): Down if
 // disabled, passively ejected, or down by its probes with no real answer
-// since they began to fail; Unknown if added at run time and not yet
+// within the interval before the latest failed probe; Unknown if added at run time and not yet
 // shown serving; Draining if drained or busy; else Up. It takes a few
 // atomic loads.
 func (b *Backend) State(now int64) State {
@@ -201,9 +201,10 @@ func (b *Backend) deadByTraffic(now int64) bool {
 }
 
 // downByProbes: the active check took it down and no real request was
-// answered since the first failed probe of that streak. A backend that
-// answers its traffic is not taken down by probes alone (a slow answer to
-// GET /, a SIP answerer that ignores OPTIONS).
+// answered within the interval before its latest failed probe (the
+// checker moves probeFrom on with each one). A backend that answers its
+// traffic is not taken down by probes alone (a slow answer to GET /, a SIP
+// answerer that ignores OPTIONS); one that stops answering is.
 func (b *Backend) downByProbes() bool {
 	if !b.probeDown.Load() {
 		return false
@@ -379,17 +380,17 @@ func (b *Backend) SetProbeDown(down bool) {
 	b.probeDown.Store(false)
 }
 
-// MarkProbeDown records that the active check took the backend down after
-// a streak of failed probes that began at since (monotonic ns): it is Down
-// unless real traffic is answered at or after since.
+// MarkProbeDown records that the active check took the backend down: it
+// is Down unless real traffic is answered at or after since (monotonic
+// ns), which the checker moves on with every failed probe.
 func (b *Backend) MarkProbeDown(since int64) {
 	b.probeFrom.Store(since)
 	b.probeDown.Store(true)
 	b.unknown.Store(false)
 }
 
-// ProbeDownSince returns the start of the failing streak that took the
-// backend down, and whether it is down by its probes (to carry the verdict
+// ProbeDownSince returns the time from which real answers overrule the
+// probes, and whether it is down by its probes (to carry the verdict
 // over to a backend that replaces it at a reload).
 func (b *Backend) ProbeDownSince() (int64, bool) {
 	return b.probeFrom.Load(), b.probeDown.Load()

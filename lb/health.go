@@ -208,7 +208,7 @@ func (c HealthConfig) Validate() error {
 // run time starts Unknown (Backend.SetUnknown): its first probe decides.
 //
 // A probe verdict of down is advisory against real traffic: a backend
-// that answers a real request after its probes began to fail is not down
+// that keeps answering real requests while its probes fail is not down
 // (Backend.State), and affinity traffic ignores probes altogether.
 type HealthChecker struct {
 	cfg    HealthConfig
@@ -224,7 +224,6 @@ type healthCheck struct {
 	mu     sync.Mutex // serialises Observe for one backend
 	ok     int        // consecutive successes
 	bad    int        // consecutive failures
-	from   int64      // when the first probe of the failing streak started
 }
 
 // NewHealthChecker validates cfg (zero fields take their defaults).
@@ -312,7 +311,7 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 	if b.unknown.Load() {
 		// Added at run time: the first probe decides, no rise or fall.
 		if r == ProbeDown {
-			c.ok, c.bad, c.from = 0, h.cfg.Fall, start
+			c.ok, c.bad = 0, h.cfg.Fall
 			b.MarkProbeDown(start)
 			h.logger.Warn("new backend down: its first health check failed", "backend", b.id, "err", err)
 			h.event(b, fmt.Sprintf("backend %s (new) down: its first health check failed: %v", b.id, err))
@@ -334,15 +333,25 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 	}
 	if r == ProbeDown {
 		c.ok = 0
-		if c.bad == 0 {
-			c.from = start
-		}
 		c.bad++
-		if c.bad >= h.cfg.Fall && !b.probeDown.Load() {
-			b.MarkProbeDown(c.from)
-			h.logger.Warn("backend down", "backend", b.id, "fails", c.bad, "err", err)
-			h.event(b, fmt.Sprintf("backend %s down after %d failed health checks: %v", b.id, c.bad, err))
+		if c.bad < h.cfg.Fall {
+			return
 		}
+		// Real answers overrule the probes only while they keep coming:
+		// one within the interval before this failed probe started. A
+		// backend that dies stops answering, and is down after Fall
+		// probes as it always was (with Fall >= 3; one probe later with
+		// Fall 2), whatever it answered before.
+		since := start - int64(h.cfg.Interval)
+		if b.probeDown.Load() {
+			if b.probeFrom.Load() < since {
+				b.probeFrom.Store(since)
+			}
+			return
+		}
+		b.MarkProbeDown(since)
+		h.logger.Warn("backend down by its health checks (real answers overrule them)", "backend", b.id, "fails", c.bad, "err", err)
+		h.event(b, fmt.Sprintf("backend %s down after %d failed health checks, unless it answers real traffic: %v", b.id, c.bad, err))
 		return
 	}
 	c.bad = 0

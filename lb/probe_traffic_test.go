@@ -234,3 +234,45 @@ func TestNewBackendUnknown(t *testing.T) {
 		}
 	}
 }
+
+// A backend that answered its traffic and then died (the answers stop
+// while a probe is in flight) is down after Fall failed probes, as before:
+// answers overrule probes only while they keep coming.
+func TestServingBackendThatDiesGoesDown(t *testing.T) {
+	clock := &admission.ManualClock{}
+	clock.Set(int64(time.Hour))
+	pr := up()
+	p, h, _ := checked(t, clock, HealthConfig{}, pr, up(), up())
+	b := p.Backends()[0]
+	ctx := context.Background()
+	const step = 500 * time.Millisecond
+	dead := false
+	failed := 0
+	for i := range 40 {
+		if i%4 == 0 { // a probe every 2 s, started now
+			if i == 8 {
+				pr.v.Store(uint32(ProbeDown)) // it dies while this probe is in flight
+			}
+			h.ProbeAll(ctx)
+			if pr.v.Load() == uint32(ProbeDown) {
+				failed++
+			}
+			if b.State(clock.Now()) == Down {
+				break
+			}
+		}
+		if i == 8 {
+			b.Acquire()
+			b.Release(clock.Now()+int64(200*time.Millisecond), OK) // the last answer, after the probe started
+			dead = true
+		}
+		if !dead {
+			b.Acquire()
+			b.Release(clock.Now(), OK)
+		}
+		clock.Advance(step)
+	}
+	if b.State(clock.Now()) != Down || failed != 3 {
+		t.Errorf("state %v after %d failed probes, want down after 3", b.State(clock.Now()), failed)
+	}
+}
