@@ -276,3 +276,46 @@ func TestServingBackendThatDiesGoesDown(t *testing.T) {
 		t.Errorf("state %v after %d failed probes, want down after 3", b.State(clock.Now()), failed)
 	}
 }
+
+// A pool of 4 where 3 fail every probe but answer every request: no
+// request refused, and all four keep their share of new work, with the
+// default threshold and with panic off (the answers alone keep them up).
+func TestPoolOfFourFailingProbesButServing(t *testing.T) {
+	for _, panic := range []float64{0, 1} {
+		clock := &admission.ManualClock{}
+		clock.Set(int64(time.Hour))
+		p, h, _ := checked(t, clock, HealthConfig{Panic: panic}, down(), down(), down(), up())
+		ctx := context.Background()
+		type answer struct {
+			b  *Backend
+			at int64
+		}
+		var inflight []answer
+		refused, got := 0, map[int]int{}
+		for step := range 80 { // 40 s, a request every 500 ms answered 1.5 s later
+			now := clock.Now()
+			for len(inflight) > 0 && inflight[0].at <= now {
+				inflight[0].b.Release(inflight[0].at, OK)
+				inflight = inflight[1:]
+			}
+			if step%4 == 0 {
+				h.ProbeAll(ctx)
+			}
+			b, out, _ := p.Pick(now, 0, nil)
+			if out != Picked {
+				refused++
+			} else {
+				b.Acquire()
+				got[b.Index()]++
+				inflight = append(inflight, answer{b, now + int64(1500*time.Millisecond)})
+			}
+			clock.Advance(500 * time.Millisecond)
+		}
+		if refused != 0 || len(got) != 4 || got[0] < 15 {
+			t.Errorf("panic %g: %d refused, new work by backend %v; want 0 refused and about 20 each", panic, refused, got)
+		}
+		if _, down := p.Backends()[0].ProbeDownSince(); !down {
+			t.Errorf("panic %g: probes never failed: the test proves nothing", panic)
+		}
+	}
+}

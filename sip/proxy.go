@@ -280,9 +280,9 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64
 // handleInDialog routes a request with a To-tag. With our Route on top, the
 // token in it names the backend: always admitted. A missing or forged
 // token gets 403. Without our Route (a UA that ignores Record-Route), the
-// dialog table, else the Call-ID hash, picks the backend, and only a dialog
-// the table knows is affinity (admitTokenless). A token naming a backend SetBackends
-// removed still routes to that backend's last address.
+// dialog table, else the Call-ID hash, picks the backend, and only a
+// dialog the table knows is affinity (admitTokenless). A token naming a
+// backend SetBackends removed still routes to that backend's last address.
 func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
