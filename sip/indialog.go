@@ -245,10 +245,10 @@ func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, know
 	return true
 }
 
-// sourceShare caps, per source IP address, the in-dialog requests of
-// unknown dialogs admitted per second, before they reach the ARM rules:
-// one source's flood spends at most its share of a rule's budget, and the
-// rest stays for everybody else's requests. Sources are counted in a fixed
+// sourceShare caps, per source IP address (an IPv6 one by its /64), the
+// in-dialog requests of unknown dialogs admitted per second, before they
+// reach the ARM rules: one source's flood spends at most its share of a
+// rule's budget, and the rest stays for everybody else's requests. Sources are counted in a fixed
 // table of slots by a keyed hash of the address (a random key per
 // process, so nobody can aim at another source's slot); two sources that
 // share a slot share one cap. It takes no lock and allocates nothing.
@@ -261,15 +261,24 @@ type sourceShare struct {
 // sourceSlots is the size of the per-source table (32 KiB).
 const sourceSlots = 4096
 
+// slot is the table index of source ip.
+func (sh *sourceShare) slot(ip netip.Addr) uint64 {
+	sh.once.Do(func() { sh.seed = maphash.MakeSeed() })
+	ip = ip.Unmap()
+	a := ip.As16()
+	if ip.Is6() {
+		clear(a[8:]) // an IPv6 source is its /64: one host holds the whole prefix
+	}
+	return maphash.Bytes(sh.seed, a[:]) % sourceSlots
+}
+
 // allow counts one request from ip at now and reports whether it is within
 // rate per second (rate 0: no cap).
 func (sh *sourceShare) allow(ip netip.Addr, now int64, rate int) bool {
 	if rate <= 0 {
 		return true
 	}
-	sh.once.Do(func() { sh.seed = maphash.MakeSeed() })
-	a := ip.Unmap().As16()
-	slot := &sh.slots[maphash.Bytes(sh.seed, a[:])%sourceSlots]
+	slot := &sh.slots[sh.slot(ip)]
 	sec := uint64(uint32(now / int64(time.Second)))
 	for {
 		cur := slot.Load()

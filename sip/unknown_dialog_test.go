@@ -219,3 +219,47 @@ func newUACAt(t testing.TB, lbAddr netip.AddrPort, ip string) *uac {
 	t.Cleanup(func() { c.Close() })
 	return &uac{t: t, conn: c, addr: c.LocalAddr().(*net.UDPAddr).AddrPort(), lb: lbAddr}
 }
+
+// The per-source table: a cap per address and second, an IPv6 source
+// counted by its /64, other sources apart.
+func TestSourceShareTable(t *testing.T) {
+	var sh sourceShare
+	sec := int64(time.Hour)
+	a := netip.MustParseAddr("192.0.2.1")
+	for i := range 5 {
+		if !sh.allow(a, sec, 5) {
+			t.Fatalf("request %d of 5 refused", i+1)
+		}
+	}
+	if sh.allow(a, sec, 5) {
+		t.Error("sixth request in one second allowed")
+	}
+	// Another source, in another slot (two in one slot share a cap).
+	other := netip.MustParseAddr("192.0.2.2")
+	for sh.slot(other) == sh.slot(a) {
+		other = other.Next()
+	}
+	if !sh.allow(netip.AddrFrom16(other.As16()), sec, 5) { // as ::ffff:a.b.c.d
+		t.Error("another source refused")
+	}
+	if !sh.allow(a, sec+int64(time.Second), 5) {
+		t.Error("next second refused")
+	}
+	v6 := netip.MustParseAddr("2001:db8::1")
+	for range 5 {
+		sh.allow(v6, sec, 5)
+	}
+	if sh.allow(netip.MustParseAddr("2001:db8::ffff:1"), sec, 5) {
+		t.Error("another address of the same /64 has a cap of its own")
+	}
+	other6 := netip.MustParseAddr("2001:db8:0:1::1")
+	for sh.slot(other6) == sh.slot(v6) || sh.slot(other6) == sh.slot(a) {
+		other6 = netip.AddrFrom16([16]byte(append(other6.AsSlice()[:7:7], other6.AsSlice()[7]+1, 0, 0, 0, 0, 0, 0, 0, 1)))
+	}
+	if !sh.allow(other6, sec, 5) {
+		t.Error("another /64 refused")
+	}
+	if !sh.allow(a, sec, 0) {
+		t.Error("rate 0 (no cap) refused")
+	}
+}
