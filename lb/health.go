@@ -364,8 +364,9 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 }
 
 // checkPanic puts the pool in panic when more than Panic of its backends
-// that traffic has not shown dead (and that are not disabled or still
-// Unknown) are down by their probes alone, and out of it when no longer;
+// that would take new work but for their probes (not shown dead by
+// traffic, not disabled, not draining, not Unknown) are down by their
+// probes alone, and out of it when no longer;
 // each change is logged and sent as an event. It runs after every probe.
 func (h *HealthChecker) checkPanic() {
 	p := h.pool
@@ -377,7 +378,10 @@ func (h *HealthChecker) checkPanic() {
 	now := h.cfg.Clock.Now()
 	var down, counted int
 	for _, b := range p.backends {
-		if b.deadByTraffic(now) || b.unknown.Load() {
+		// Only backends that would take new work but for their probes
+		// count: not shown dead by traffic, not disabled, not draining
+		// (operator, 429, Retry-After), not Unknown.
+		if b.deadByTraffic(now) || b.unknown.Load() || b.draining(now) {
 			continue
 		}
 		counted++

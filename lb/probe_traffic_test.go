@@ -319,3 +319,25 @@ func TestPoolOfFourFailingProbesButServing(t *testing.T) {
 		}
 	}
 }
+
+// Drained backends do not dilute the share: two drained by the operator
+// and two down by probes alone is a pool emptied by probes, so it panics.
+func TestPanicIgnoresDrained(t *testing.T) {
+	clock := &admission.ManualClock{}
+	clock.Set(int64(time.Hour))
+	p, h, _ := checked(t, clock, HealthConfig{}, up(), up(), down(), down())
+	p.Backends()[0].Drain(true)
+	p.Backends()[1].Drain(true)
+	for range 3 {
+		h.ProbeAll(context.Background())
+	}
+	if !p.Panicking() {
+		t.Fatal("2 drained, 2 down by probes: no panic, no backend for new work")
+	}
+	for range 20 {
+		b, out, _ := p.Pick(clock.Now(), 0, nil)
+		if out != Picked || b.Drained() {
+			t.Fatalf("pick in panic: %v %v, want one of the two probed down", b, out)
+		}
+	}
+}
