@@ -1,11 +1,13 @@
 package sip
 
 import (
+	"errors"
 	"hash/maphash"
 	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
@@ -100,6 +102,32 @@ func (s *Server) forget(br string) {
 
 // unwatch forgets br after a send that failed and was answered at once.
 func (s *Server) unwatch(br string) { s.forget(br) }
+
+// dialRefused takes a backend whose TCP connection was refused out for
+// twice -sip-in-dialog-timeout: nothing listens there, which is proof from
+// the traffic itself, so its in-dialog requests get 480 at once meanwhile
+// instead of waiting for our 408. The requests already queued for the
+// connection still get the 408 (its first timeout), then the verdict holds
+// for one more. Other dial errors (a timeout, no route) prove less and are
+// left to the in-dialog watch.
+func (s *Server) dialRefused(a netip.AddrPort, err error) {
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return
+	}
+	b := s.pool.Load().backendAt(a)
+	if b == nil {
+		return
+	}
+	now := s.clock.Now()
+	if b.lb.AcceptsAffinity(now) {
+		s.log.Warn("sip backend refused a connection: out", "backend", b.id, "for", 2*s.cfg.InDialogTimeout)
+		if s.events != nil {
+			s.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: "sip " + b.id,
+				Message: "backend " + b.id + " out: connection refused; its in-dialog requests get 480 for " + (2 * s.cfg.InDialogTimeout).String()})
+		}
+	}
+	b.lb.Eject(now, 2*s.cfg.InDialogTimeout)
+}
 
 // unansweredDead is how many in-dialog requests in a row a backend may
 // leave unanswered past -sip-in-dialog-timeout, with no answer to anything

@@ -135,3 +135,38 @@ func TestIgnoredRequestsDoNotTakeOutLiveBackend(t *testing.T) {
 		t.Errorf("backend %v after a client's ignored requests, want up", st)
 	}
 }
+
+// A TCP backend that is gone (its connection refused) is proof from the
+// traffic itself: after the refused dial, the calls' in-dialog requests get
+// 480 at once instead of our 408 after -sip-in-dialog-timeout each.
+func TestTCPBackendRefusedIsOut(t *testing.T) {
+	be := newTCPUAS(t)
+	s := testServer(t, nil, nil, func(c *Config) {
+		c.Backends = []BackendConfig{{ID: "tcp1", Addr: be.addr, Transport: "tcp", Weight: 1}}
+		c.InDialogTimeout = 300 * time.Millisecond
+	})
+	eventually(t, "connection to the backend", func() bool { return s.tcp.len() == 1 })
+	c := newUAC(t, s.udpAddr())
+	calls := make([]*call, 2)
+	for i := range calls {
+		k := c.newCall()
+		k.invite("")
+		c.recvResponse(180)
+		k.learn(c.recvResponse(200))
+		k.inDialog("ACK", 1, k.branch+"-ack")
+		calls[i] = k
+	}
+	be.ln.Close() // the backend is gone: nothing listens any more
+	<-be.done
+	eventually(t, "our side to notice", func() bool { return s.tcp.len() == 0 })
+	// Queued for a dial that is refused: our 408 later, or 480 at once if
+	// a dial was refused already.
+	calls[0].inDialog("BYE", 2, calls[0].branch+"-bye")
+	if got := c.finalCode(); got != 408 && got != 480 {
+		t.Fatalf("first BYE to the gone backend: %d, want our 408 or 480", got)
+	}
+	calls[1].inDialog("BYE", 2, calls[1].branch+"-bye")
+	if got := c.finalCode(); got != 480 {
+		t.Errorf("BYE after the refused connection: %d, want 480 at once", got)
+	}
+}
