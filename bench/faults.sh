@@ -41,9 +41,9 @@ step() {
 }
 
 ci() {
-    step lb 300s -race -count=1 -v -run 'TestFault' ./lb
-    step sip 300s -race -count=1 -v -run 'TestFault|TestFailover503' ./sip
-    step http 300s -race -count=1 -v -run 'TestFault|TestSmuggling|TestClientErrorsDoNotEject' ./http
+    step lb 300s -race -count=1 -v -run 'TestFault|TestSlowBackendNotDownByProbes|TestPoolPanicSpreadsNewWork|TestDeadBackendOutAsBefore|TestNewBackendUnknown' ./lb
+    step sip 300s -race -count=1 -v -run 'TestFault|TestFailover503|TestInDialogNotRefusedByProbes|TestIgnoredRequestsDoNotTakeOutLiveBackend|TestReloadedBackendUnknownUntilProbed|TestUnknownDialog|TestKnownDialogPassesSpentRule' ./sip
+    step http 300s -race -count=1 -v -run 'TestFault|TestSmuggling|TestClientErrorsDoNotEject|TestSlowBackendsServedWhileProbesFail' ./http
     step persist 300s -race -count=1 -v -run 'TestInjectedWriteFailure|TestCloseReturnsByDeadline|TestDataDirRemoved|TestTmpfsFull' ./persist
     step process 600s -count=1 -v -run 'TestFault|TestRunSIGTERMWithBrokenDataDir|TestRunSecondSignal|TestKill9KeepsLearnedRate' ./cmd/sluice
 }

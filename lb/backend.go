@@ -20,15 +20,20 @@ const (
 	// health answer said "send no new requests" (HTTP 429, SIP 503 with
 	// Retry-After).
 	Draining
-	// Down takes nothing: active health checks failed, passive ejection
-	// holds it out for a cool-down, or an operator disabled it. Its affinity clients are
-	// re-pinned.
+	// Down takes no new work: traffic showed it dead (passive ejection
+	// holds it out for a cool-down), an operator disabled it, or active
+	// health checks failed and no real request was answered since they
+	// began to fail. Affinity traffic still reaches a backend that is down
+	// by its probes alone; in the other cases its clients are re-pinned.
 	Down
+	// Unknown takes no new work yet: it was added at run time and neither
+	// a probe nor a real answer has shown it serving. Affinity passes.
+	Unknown
 )
 
-var stateNames = [...]string{"up", "draining", "down"}
+var stateNames = [...]string{"up", "draining", "down", "unknown"}
 
-// String returns "up", "draining" or "down".
+// String returns "up", "draining", "down" or "unknown".
 func (s State) String() string {
 	if int(s) < len(stateNames) {
 		return stateNames[s]
@@ -108,6 +113,10 @@ type Backend struct {
 	drained   atomic.Bool  // operator drain
 	disabled  atomic.Bool  // operator disable: down, affinity included
 	probeDown atomic.Bool  // active health check says down
+	probeFrom atomic.Int64 // monotonic ns: answers before this do not overrule the probes
+	servedAt  atomic.Int64 // monotonic ns real traffic last got an answer from it
+	unknown   atomic.Bool  // added at run time, not yet shown serving
+	panicking *atomic.Bool // the pool's panic flag (Pool.Panicking); nil before NewPool
 	probeBusy atomic.Bool  // active health check says "send no new requests" (HTTP 429)
 	busyUntil atomic.Int64 // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
 	ejectedAt atomic.Int64 // passive ejection: down before this monotonic ns
@@ -167,28 +176,87 @@ func (b *Backend) Index() int { return b.index }
 // MOP returns the backend's limiter, possibly nil (which allows everything).
 func (b *Backend) MOP() *admission.MOP { return b.mop }
 
-// State returns the backend's state at now (monotonic ns): Down if an
-// active check failed or it is passively ejected, Draining if drained or
-// busy, else Up. It takes a few atomic loads.
+// State returns the backend's state at now (monotonic ns): Down if
+// disabled, passively ejected, or down by its probes with no real answer
+// within the interval before the latest failed probe; Unknown if added at run time and not yet
+// shown serving; Draining if drained or busy; else Up. It takes a few
+// atomic loads.
 func (b *Backend) State(now int64) State {
-	if b.disabled.Load() || b.probeDown.Load() || now < b.ejectedAt.Load() {
+	if b.deadByTraffic(now) || b.downByProbes() {
 		return Down
 	}
-	if b.drained.Load() || b.probeBusy.Load() {
-		return Draining
+	if b.unknown.Load() {
+		return Unknown
 	}
-	if u := b.busyUntil.Load(); u < 0 || now < u {
+	if b.draining(now) {
 		return Draining
 	}
 	return Up
 }
 
-// AcceptsNew reports whether the backend takes new work at now.
-func (b *Backend) AcceptsNew(now int64) bool { return b.State(now) == Up }
+// deadByTraffic: the operator took it out, or traffic showed it dead
+// (passive ejection: refused connections, timeouts, requests unanswered).
+func (b *Backend) deadByTraffic(now int64) bool {
+	return b.disabled.Load() || now < b.ejectedAt.Load()
+}
+
+// downByProbes: the active check took it down and no real request was
+// answered within the interval before its latest failed probe (the
+// checker moves probeFrom on with each one). A backend that answers its
+// traffic is not taken down by probes alone (a slow answer to GET /, a SIP
+// answerer that ignores OPTIONS); one that stops answering is.
+func (b *Backend) downByProbes() bool {
+	if !b.probeDown.Load() {
+		return false
+	}
+	at := b.servedAt.Load() // 0: never
+	return at == 0 || at < b.probeFrom.Load()
+}
+
+func (b *Backend) draining(now int64) bool {
+	if b.drained.Load() || b.probeBusy.Load() {
+		return true
+	}
+	u := b.busyUntil.Load()
+	return u < 0 || now < u
+}
+
+// AcceptsNew reports whether the backend takes new work at now: Up, or
+// down by its probes alone while its pool is in panic (Pool.Panicking).
+func (b *Backend) AcceptsNew(now int64) bool {
+	switch b.State(now) {
+	case Up:
+		return true
+	case Down:
+		return b.panicking != nil && b.panicking.Load() && !b.deadByTraffic(now) && !b.draining(now) && !b.unknown.Load()
+	}
+	return false
+}
 
 // AcceptsAffinity reports whether requests pinned to the backend may still
-// go to it at now (Up or Draining).
-func (b *Backend) AcceptsAffinity(now int64) bool { return b.State(now) != Down }
+// go to it at now: unless an operator disabled it or traffic showed it
+// dead (passive ejection). Active health checks alone never turn a
+// dialog's or a session's requests away from a backend.
+func (b *Backend) AcceptsAffinity(now int64) bool { return !b.deadByTraffic(now) }
+
+// Served records that real traffic got an answer from the backend at now
+// (any answer but a failure: Release with OK does it). It overrules a
+// failing active check from then on, and ends Unknown.
+func (b *Backend) Served(now int64) {
+	if b.servedAt.Load() < now {
+		b.servedAt.Store(now)
+	}
+	if b.unknown.Load() {
+		b.unknown.Store(false)
+	}
+}
+
+// AnsweredSince reports whether real traffic got an answer from the
+// backend at or after t.
+func (b *Backend) AnsweredSince(t int64) bool {
+	at := b.servedAt.Load()
+	return at != 0 && at >= t
+}
 
 // Acquire counts one request as outstanding on the backend. Every Acquire
 // must be paired with one Release.
@@ -215,6 +283,7 @@ func (b *Backend) Release(now int64, r Result) {
 	b.outstanding.Add(-1)
 	switch r {
 	case OK:
+		b.Served(now)
 		if b.consecErr.Load() != 0 {
 			b.consecErr.Store(0)
 		}
@@ -223,9 +292,16 @@ func (b *Backend) Release(now int64, r Result) {
 		b.failures.Add(1)
 		p := b.passive
 		if p == nil {
+			if r == ConnectError && b.downByProbes() {
+				// Proof from the traffic itself, with passive ejection
+				// off too: its affinity clients go elsewhere.
+				b.Eject(now, defaultCooldown)
+			}
 			return
 		}
-		if b.consecErr.Add(1) >= p.maxFails {
+		// A refused connection to a backend its probes already call down
+		// is proof enough: out at once, not after MaxFails.
+		if n := b.consecErr.Add(1); n >= p.maxFails || r == ConnectError && b.downByProbes() {
 			b.consecErr.Store(p.maxFails - 1)
 			until := now + p.cooldown
 			prev := b.ejectedAt.Load()
@@ -295,8 +371,49 @@ func (b *Backend) Avoid(now int64, d time.Duration) bool {
 // ClearBusy ends SetBusy.
 func (b *Backend) ClearBusy() { b.busyUntil.Store(0) }
 
-// SetProbeDown records the verdict of the active health check.
-func (b *Backend) SetProbeDown(down bool) { b.probeDown.Store(down) }
+// SetProbeDown records the verdict of the active health check. A down
+// verdict set this way holds whatever traffic shows (MarkProbeDown is the
+// checker's, which real answers overrule).
+func (b *Backend) SetProbeDown(down bool) {
+	if down {
+		b.MarkProbeDown(1<<63 - 1)
+		return
+	}
+	b.probeDown.Store(false)
+}
+
+// MarkProbeDown records that the active check took the backend down: it
+// is Down unless real traffic is answered at or after since (monotonic
+// ns), which the checker moves on with every failed probe.
+func (b *Backend) MarkProbeDown(since int64) {
+	b.probeFrom.Store(since)
+	b.probeDown.Store(true)
+	b.unknown.Store(false)
+}
+
+// ProbeDownSince returns the time from which real answers overrule the
+// probes, and whether it is down by its probes (to carry the verdict
+// over to a backend that replaces it at a reload).
+func (b *Backend) ProbeDownSince() (int64, bool) {
+	return b.probeFrom.Load(), b.probeDown.Load()
+}
+
+// CarryHealth gives b what from, the backend b replaces at a reload (same
+// id and server), knew of its health: the probe verdict with the start of
+// its failing streak, the time of its last real answer, an ejection, and
+// Unknown.
+func (b *Backend) CarryHealth(from *Backend) {
+	b.servedAt.Store(from.servedAt.Load())
+	b.probeFrom.Store(from.probeFrom.Load())
+	b.probeDown.Store(from.probeDown.Load())
+	b.ejectedAt.Store(from.ejectedAt.Load())
+	b.unknown.Store(from.unknown.Load())
+}
+
+// SetUnknown marks a backend added at run time (true): it takes no new
+// work until a probe passes or real traffic is answered (Served). Call it
+// before the backend serves.
+func (b *Backend) SetUnknown(on bool) { b.unknown.Store(on) }
 
 // SetProbeBusy records a health answer of "send no new requests" (OHI's
 // 429): the backend drains new work while affinity continues. It is kept

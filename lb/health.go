@@ -138,9 +138,20 @@ type HealthConfig struct {
 	// Fall is how many probes in a row must fail to take an up backend
 	// down. Flag -health-fall.
 	Fall int
+	// Panic is the share of a pool's backends, in (0, 1], that may be
+	// down by their probes alone before the pool panics (Pool.Panicking):
+	// past it, new work goes to every backend traffic has not shown dead,
+	// so probes alone never empty a pool. 1 never panics. Flag
+	// -health-panic (a percentage), default 0.5.
+	Panic float64
+	// Clock gives the monotonic time probes are stamped with; it must be
+	// the clock of the front end that reports answers (Backend.Release,
+	// Backend.Served), since a probe verdict is compared with them.
+	// Default admission.MonoClock.
+	Clock admission.Clock
 	// Events receives a backend.state event on every change the checks
-	// make (down, up, draining by a 429 answer, no longer draining). May be
-	// nil.
+	// make (down, up, draining by a 429 answer, no longer draining, pool
+	// panic on and off). May be nil.
 	Events admission.EventSink
 }
 
@@ -148,7 +159,7 @@ type HealthConfig struct {
 // they are written (flags take their defaults from here; zero fields are
 // filled from here, a Timeout over Interval shortened to it).
 func DefaultHealthConfig() HealthConfig {
-	return HealthConfig{Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3}
+	return HealthConfig{Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Panic: 0.5}
 }
 
 func (c *HealthConfig) setDefaults() {
@@ -165,6 +176,12 @@ func (c *HealthConfig) setDefaults() {
 	if c.Fall == 0 {
 		c.Fall = d.Fall
 	}
+	if c.Panic == 0 {
+		c.Panic = d.Panic
+	}
+	if c.Clock == nil {
+		c.Clock = admission.MonoClock{}
+	}
 }
 
 // Validate reports the first invalid field as a *FieldError.
@@ -178,6 +195,8 @@ func (c HealthConfig) Validate() error {
 		return fieldError("HealthConfig.Rise", "must be >= 1 (got %d)", c.Rise)
 	case c.Fall < 1:
 		return fieldError("HealthConfig.Fall", "must be >= 1 (got %d)", c.Fall)
+	case c.Panic < 0 || c.Panic > 1:
+		return fieldError("HealthConfig.Panic", "must be in (0%%, 100%%] (got %g%%)", c.Panic*100)
 	}
 	return nil
 }
@@ -185,11 +204,18 @@ func (c HealthConfig) Validate() error {
 // HealthChecker probes backends on a ticker and moves them up and down
 // with rise/fall counts. Backends start up: a balancer that starts before
 // its backends fails over on the first connect errors (passive ejection)
-// and the checker takes them down after Fall probes.
+// and the checker takes them down after Fall probes. A backend added at
+// run time starts Unknown (Backend.SetUnknown): its first probe decides.
+//
+// A probe verdict of down is advisory against real traffic: a backend
+// that keeps answering real requests while its probes fail is not down
+// (Backend.State), and affinity traffic ignores probes altogether.
 type HealthChecker struct {
 	cfg    HealthConfig
 	logger *slog.Logger
 	checks []*healthCheck
+	pool   *Pool      // NewPoolHealthChecker's; nil: no panic threshold
+	pmu    sync.Mutex // serialises the panic verdict
 }
 
 type healthCheck struct {
@@ -224,6 +250,7 @@ func NewPoolHealthChecker(cfg HealthConfig, pool *Pool, prober func(*Backend) Pr
 	for _, b := range pool.Backends() {
 		h.Add(b, prober(b))
 	}
+	h.pool = pool
 	return h, nil
 }
 
@@ -264,20 +291,36 @@ func (h *HealthChecker) ProbeAll(ctx context.Context) {
 }
 
 func (h *HealthChecker) probe(ctx context.Context, c *healthCheck) {
+	start := h.cfg.Clock.Now()
 	pctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
 	r, err := c.prober.Probe(pctx, c.b)
 	cancel()
 	if ctx.Err() != nil {
 		return // shutting down: not the backend's fault
 	}
-	h.observe(c, r, err)
+	h.observe(c, r, err, start)
+	h.checkPanic()
 }
 
-// observe applies one probe verdict to c's backend.
-func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error) {
+// observe applies one probe verdict, of a probe started at start, to c's
+// backend.
+func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.b
+	if b.unknown.Load() {
+		// Added at run time: the first probe decides, no rise or fall.
+		if r == ProbeDown {
+			c.ok, c.bad = 0, h.cfg.Fall
+			b.MarkProbeDown(start)
+			h.logger.Warn("new backend down: its first health check failed", "backend", b.id, "err", err)
+			h.event(b, fmt.Sprintf("backend %s (new) down: its first health check failed: %v", b.id, err))
+			return
+		}
+		b.unknown.Store(false)
+		h.logger.Info("new backend up: its first health check passed", "backend", b.id)
+		h.event(b, "backend "+b.id+" (new) takes new work: its first health check passed")
+	}
 	// A failed probe says nothing about busyness: keep the last answer.
 	if busy := r == ProbeBusy; r != ProbeDown && b.probeBusy.Load() != busy {
 		b.SetProbeBusy(busy)
@@ -291,11 +334,24 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error) {
 	if r == ProbeDown {
 		c.ok = 0
 		c.bad++
-		if c.bad >= h.cfg.Fall && !b.probeDown.Load() {
-			b.SetProbeDown(true)
-			h.logger.Warn("backend down", "backend", b.id, "fails", c.bad, "err", err)
-			h.event(b, fmt.Sprintf("backend %s down after %d failed health checks: %v", b.id, c.bad, err))
+		if c.bad < h.cfg.Fall {
+			return
 		}
+		// Real answers overrule the probes only while they keep coming:
+		// one within the interval before this failed probe started. A
+		// backend that dies stops answering, and is down after Fall
+		// probes as it always was (with Fall >= 3; one probe later with
+		// Fall 2), whatever it answered before.
+		since := start - int64(h.cfg.Interval)
+		if b.probeDown.Load() {
+			if b.probeFrom.Load() < since {
+				b.probeFrom.Store(since)
+			}
+			return
+		}
+		b.MarkProbeDown(since)
+		h.logger.Warn("backend down by its health checks (real answers overrule them)", "backend", b.id, "fails", c.bad, "err", err)
+		h.event(b, fmt.Sprintf("backend %s down after %d failed health checks, unless it answers real traffic: %v", b.id, c.bad, err))
 		return
 	}
 	c.bad = 0
@@ -304,6 +360,55 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error) {
 		b.SetProbeDown(false)
 		h.logger.Info("backend up", "backend", b.id, "passes", c.ok)
 		h.event(b, fmt.Sprintf("backend %s up after %d passed health checks", b.id, c.ok))
+	}
+}
+
+// checkPanic puts the pool in panic when more than Panic of its backends
+// that would take new work but for their probes (not shown dead by
+// traffic, not disabled, not draining, not Unknown) are down by their
+// probes alone, and out of it when no longer;
+// each change is logged and sent as an event. It runs after every probe.
+func (h *HealthChecker) checkPanic() {
+	p := h.pool
+	if p == nil {
+		return
+	}
+	h.pmu.Lock()
+	defer h.pmu.Unlock()
+	now := h.cfg.Clock.Now()
+	var down, counted int
+	for _, b := range p.backends {
+		// Only backends that would take new work but for their probes
+		// count: not shown dead by traffic, not disabled, not draining
+		// (operator, 429, Retry-After), not Unknown.
+		if b.deadByTraffic(now) || b.unknown.Load() || b.draining(now) {
+			continue
+		}
+		counted++
+		if b.downByProbes() {
+			down++
+		}
+	}
+	on := down > 0 && float64(down) > h.cfg.Panic*float64(counted)
+	if p.panicking.Load() == on {
+		return
+	}
+	p.panicking.Store(on)
+	if on {
+		p.panics.Add(1)
+		msg := fmt.Sprintf("pool in panic: %d of %d backends down by their health checks alone (over %g%%); new work goes to every backend not shown dead by traffic", down, counted, h.cfg.Panic*100)
+		h.logger.Warn(msg)
+		h.poolEvent(msg)
+	} else {
+		msg := fmt.Sprintf("pool out of panic: %d of %d backends down by their health checks alone", down, counted)
+		h.logger.Info(msg)
+		h.poolEvent(msg)
+	}
+}
+
+func (h *HealthChecker) poolEvent(msg string) {
+	if h.cfg.Events != nil && len(h.pool.backends) > 0 {
+		h.cfg.Events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: h.pool.backends[0].proto + " pool", Message: msg})
 	}
 }
 

@@ -8,6 +8,9 @@ import (
 	"time"
 )
 
+// defaultCooldown is PassiveConfig.Cooldown's default (-health-cooldown).
+const defaultCooldown = 10 * time.Second
+
 // MaxBackends is the largest pool. Selection tracks the candidates it has
 // tried in a fixed bitset on the stack so that it never allocates.
 const MaxBackends = 1024
@@ -78,7 +81,21 @@ type Pool struct {
 	// reweigh serializes SetWeight so that two changes do not rebuild
 	// from a mix of old and new weights.
 	reweigh sync.Mutex
+	// panicking is set by the pool's health checker when more than
+	// HealthConfig.Panic of the backends are down by their probes alone:
+	// new work then goes to every backend that traffic has not shown dead.
+	panicking atomic.Bool
+	panics    atomic.Uint64 // times the pool went into panic
 }
+
+// Panicking reports whether the pool is in panic: past HealthConfig.Panic
+// of its backends are down by their probes alone, and new work is spread
+// over every backend not disabled, not shown dead by traffic and not
+// draining, whatever its probes say (as Envoy's panic threshold does).
+func (p *Pool) Panicking() bool { return p.panicking.Load() }
+
+// Panics returns how many times the pool went into panic.
+func (p *Pool) Panics() uint64 { return p.panics.Load() }
 
 // policyBox holds a Policy for atomic.Pointer.
 type policyBox struct{ Policy }
@@ -99,7 +116,7 @@ func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
 		return nil, fieldError("PassiveConfig.MaxFails", "MaxFails and Cooldown must not be negative")
 	}
 	if cfg.Passive.MaxFails > 0 && cfg.Passive.Cooldown == 0 {
-		cfg.Passive.Cooldown = 10 * time.Second
+		cfg.Passive.Cooldown = defaultCooldown
 	}
 	p := &Pool{backends: append([]*Backend(nil), backends...), byID: make(map[string]*Backend, len(backends))}
 	var passive *passiveConfig
@@ -118,6 +135,7 @@ func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
 		}
 		b.index = i
 		b.passive = passive
+		b.panicking = &p.panicking
 		p.byID[b.id] = b
 	}
 	pol, err := NewPolicy(cfg.Policy, p.backends)

@@ -297,7 +297,8 @@ func TestStatesAndAffinity(t *testing.T) {
 			t.Errorf("%s: state = %v, want %v", name, got, want)
 		}
 		pinned := p.Pinned(b.ID(), now) != nil
-		if wantPinned := want != Down; pinned != wantPinned {
+		// Probes alone never turn affinity away (TestProbesAloneKeepAffinity).
+		if wantPinned := want != Down || b.probeDown.Load() && !b.deadByTraffic(now); pinned != wantPinned {
 			t.Errorf("%s: Pinned = %v, want %v", name, pinned, wantPinned)
 		}
 	}

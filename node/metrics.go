@@ -57,7 +57,7 @@ var (
 	descMOPPhase     = prometheus.NewDesc("sluice_mop_learned", "1 when the backend's MOP rate is learned, 0 while discovering.", []string{"protocol", "backend"}, nil)
 	descBEMemory     = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe; absent while the probe fails.", []string{"protocol", "backend"}, nil)
 	descProbeFails   = prometheus.NewDesc("sluice_mop_probe_failures_total", "Memory probes of the backend that failed (no answer, too large, a reading that cannot be true).", []string{"protocol", "backend"}, nil)
-	descBEState      = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining.", []string{"protocol", "backend", "state"}, nil)
+	descBEState      = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining, unknown.", []string{"protocol", "backend", "state"}, nil)
 	descBEOut        = prometheus.NewDesc("sluice_backend_outstanding", "Requests sent to the backend and not yet answered.", []string{"protocol", "backend"}, nil)
 	descStoreOK      = prometheus.NewDesc("sluice_persist_healthy", "1 while the data directory takes writes, 0 while saving learned rates or events fails (they wait in memory and are retried).", nil, nil)
 	descStoreErrors  = prometheus.NewDesc("sluice_persist_write_errors_total", "Failed writes to the data directory (each retry counts).", nil, nil)
@@ -125,7 +125,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.src.backends != nil {
 		for _, b := range c.src.backends() {
-			for _, s := range []string{"up", "down", "draining"} {
+			for _, s := range []string{"up", "down", "draining", "unknown"} {
 				v := 0.0
 				if b.State == s {
 					v = 1
@@ -186,6 +186,7 @@ func (n *Node) mountMetrics() error {
 		return nil
 	}
 	src := metricsSources{ctrl: n.ctrl, mem: n.mem, backends: n.backendStatus, forward: n.forward, store: n.store}
+	src.fronts = append(src.fronts, poolPanic{n})
 	if n.httpSrv != nil {
 		src.fronts = append(src.fronts, n.httpSrv.Collector())
 	}

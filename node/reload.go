@@ -178,7 +178,7 @@ func (n *Node) reload() error {
 		}
 	}
 	if gen != nil {
-		carryRunTimeState(n.httpGen.pool, gen.pool)
+		carryRunTimeState(n.httpGen.pool, gen.pool, gen.health != nil)
 		n.startHTTPGen(gen)
 		if err := n.httpSrv.SetPool(gen.pool); err != nil {
 			gen.cancel()
@@ -200,12 +200,15 @@ func (n *Node) reload() error {
 // carryRunTimeState drains and disables each backend of next that the
 // operator drained or disabled in prev (same id), before next serves: a
 // reload of the backends does not send new work to a drained backend,
-// with or without a data directory.
-func carryRunTimeState(prev, next *lb.Pool) {
+// with or without a data directory. With health checks on, a backend new
+// to the set is Unknown until its first probe (lb.Backend.SetUnknown).
+func carryRunTimeState(prev, next *lb.Pool, probed bool) {
 	for _, b := range next.Backends() {
 		if ob := prev.Lookup(b.ID()); ob != nil {
 			b.Drain(ob.Drained())
 			b.Disable(ob.Disabled())
+		} else if probed {
+			b.SetUnknown(true)
 		}
 	}
 }
@@ -214,5 +217,6 @@ func carryRunTimeState(prev, next *lb.Pool) {
 func (n *Node) healthConfig() lb.HealthConfig {
 	c := n.cfg.Health
 	c.Events = n.events
+	c.Clock = n.clock
 	return c
 }

@@ -22,6 +22,9 @@ type backend struct {
 	// write-only), so SetBackends can carry a 503's Retry-After over to
 	// the backend's next lb.Backend.
 	busyUntil atomic.Int64
+	// unanswered counts in-dialog requests left unanswered past
+	// -sip-in-dialog-timeout since the backend last answered anything.
+	unanswered atomic.Int32
 }
 
 // transport returns "TCP" or "UDP" for Via.
@@ -221,11 +224,9 @@ func (p *pool) carryFrom(old *pool, now int64) {
 		if ob == nil || !sameServer(ob, backendSpec{cfg: b.cfg, addr: b.addr}) {
 			continue
 		}
-		// Passive ejection and operator drain are not used for SIP
-		// backends, so Down is the health checker's verdict.
-		if ob.lb.State(now) == lb.Down {
-			b.lb.SetProbeDown(true)
-		}
+		// The probe verdict, the last real answer (which overrules it)
+		// and an ejection for requests left unanswered.
+		b.lb.CarryHealth(ob.lb)
 		if u := ob.busyUntil.Load(); u != 0 {
 			b.busyUntil.Store(u)
 			b.lb.SetBusy(u)

@@ -41,6 +41,17 @@ type Config struct {
 	// their in-dialog requests without our Route go by Call-ID hash. Flag
 	// -sip-dialog-max.
 	DialogMax int
+	// UnknownDialog says what happens to a request with a To-tag that
+	// carries no token of ours and whose dialog the dialog table does not
+	// know: "new-work" (default: routed by Call-ID hash, admitted like
+	// new work), "reject" (481) or "hash" (routed by Call-ID hash as
+	// affinity, past every guard). Flag -sip-unknown-dialog.
+	UnknownDialog string
+	// UnknownDialogSourceRate caps, per source IP address, the requests
+	// of unknown dialogs admitted per second under "new-work", before
+	// the ARM rules see them; 0 is no cap. Flag
+	// -sip-unknown-dialog-source-rate.
+	UnknownDialogSourceRate int
 	// FailoverTimeout is how long new work waits for a first response from
 	// a backend before it is moved to the next one. Flag
 	// -sip-failover-timeout.
@@ -120,6 +131,14 @@ const (
 	DefaultDialogMax = 3_000_000
 )
 
+// DefaultUnknownDialogSourceRate is the per-source cap of requests of
+// unknown dialogs (-sip-unknown-dialog-source-rate): a UA or proxy in
+// good order sends none (its requests carry our token or name a recorded
+// dialog); a flood from one address gets 20/s, whatever the ARM rules
+// would let through. Since 0 means "no cap", New cannot fill a zero from
+// DefaultConfig: a Config built by hand gets no cap unless it sets one.
+const DefaultUnknownDialogSourceRate = 20
+
 // ErrNoBackends is returned by New and SetBackends when no backend is
 // configured.
 var ErrNoBackends = errors.New("at least one backend is required")
@@ -166,6 +185,9 @@ func DefaultConfig() Config {
 		TCPMaxConns:       10000,
 		UDPBuffer:         4 << 20,
 		MaxMessage:        65535,
+
+		UnknownDialog:           UnknownDialogNewWork,
+		UnknownDialogSourceRate: DefaultUnknownDialogSourceRate,
 	}
 }
 
@@ -178,6 +200,7 @@ func (c *Config) setDefaults() {
 	fill(&c.TokenTTL, d.TokenTTL)
 	fill(&c.DialogTTL, d.DialogTTL)
 	fill(&c.DialogMax, d.DialogMax)
+	fill(&c.UnknownDialog, d.UnknownDialog)
 	fill(&c.FailoverTimeout, d.FailoverTimeout)
 	fill(&c.InDialogTimeout, d.InDialogTimeout)
 	fill(&c.DrainDefault, d.DrainDefault)
@@ -213,6 +236,10 @@ func (c *Config) Validate() error {
 		return fieldError("DialogTTL", "must be at least 1m (a bit more than the longest call)")
 	case c.DialogMax < 1:
 		return fieldError("DialogMax", "must be at least 1")
+	case !slices.Contains(UnknownDialogPolicies, c.UnknownDialog):
+		return fieldError("UnknownDialog", "%q: want %s", c.UnknownDialog, strings.Join(UnknownDialogPolicies, ", "))
+	case c.UnknownDialogSourceRate < 0:
+		return fieldError("UnknownDialogSourceRate", "must not be negative (0: no per-source cap)")
 	case c.FailoverTimeout < 10*time.Millisecond:
 		return fieldError("FailoverTimeout", "must be at least 10ms")
 	case c.DrainDefault < 0:

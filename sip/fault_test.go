@@ -56,10 +56,12 @@ func (u *uas) kill() {
 
 // TestFaultSIPBackendKilledMidCall: calls are up on b1 when it dies.
 // Their in-dialog requests get a final answer from the balancer, never
-// silence: 408 while nothing knows b1 is dead (it is watched for
-// -sip-in-dialog-timeout), 480 at once once the OPTIONS check took it
-// down. New work goes to b2, and nothing is left behind: no watched
-// request, no transaction, no extra goroutine.
+// silence: 408 while traffic has not shown b1 dead (each is watched for
+// -sip-in-dialog-timeout), 480 at once after three in a row went
+// unanswered. The OPTIONS check taking b1 down changes nothing for them:
+// probes alone never refuse a dialog's requests (a backend may ignore
+// OPTIONS and serve its calls). New work goes to b2, and nothing is left
+// behind: no watched request, no transaction, no extra goroutine.
 func TestFaultSIPBackendKilledMidCall(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -67,7 +69,7 @@ func TestFaultSIPBackendKilledMidCall(t *testing.T) {
 		want   int
 	}{
 		{"undetected", false, 408},
-		{"detected", true, 480},
+		{"detected", true, 408},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
@@ -98,6 +100,11 @@ func TestFaultSIPBackendKilledMidCall(t *testing.T) {
 					t.Fatalf("%s on a dead backend: final answer %d, want %d (0 is silence)", method, got, tc.want)
 				}
 			}
+			// Three unanswered in a row: traffic shows b1 dead.
+			calls[0].inDialog("INFO", 3, calls[0].branch+"-3")
+			if got := c.finalCode(); got != 480 {
+				t.Fatalf("INFO after three unanswered: final answer %d, want 480 at once", got)
+			}
 			// New work lands on b2 (after a failover while b1 is not
 			// known dead, directly once it is).
 			for range 4 {
@@ -111,8 +118,8 @@ func TestFaultSIPBackendKilledMidCall(t *testing.T) {
 				return s.watchedLen() == 0 && s.txns.Len() == 0 && runtime.NumGoroutine() <= g0+2 // slack: the health checker's own
 			})
 			m := &s.metrics
-			if tc.health && m.InDialogBackendDown.Load() != 3 || !tc.health && m.InDialogUnanswered.Load() != 3 {
-				t.Errorf("counters: unanswered %d, backend down %d; want 3 of the expected kind",
+			if m.InDialogBackendDown.Load() != 1 || m.InDialogUnanswered.Load() != 3 {
+				t.Errorf("counters: unanswered %d, backend down %d; want 3 and 1",
 					m.InDialogUnanswered.Load(), m.InDialogBackendDown.Load())
 			}
 		})
@@ -260,6 +267,6 @@ func BenchmarkInDialogWatch(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		br := branches[i&1023]
 		s.watch(req, src, br, "b1", 0)
-		s.answered(br)
+		s.answered(br, src)
 	}
 }

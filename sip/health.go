@@ -118,8 +118,12 @@ func (s *Server) pingAnswered(branch string, res *gosip.Response, src source) {
 	if res.StatusCode < 200 {
 		return
 	}
-	if res.StatusCode == 503 {
-		if b := s.pool.Load().byAddr[src.addr]; b != nil && b.lb == w.lbb {
+	if b := s.pool.Load().byAddr[src.addr]; b != nil && b.lb == w.lbb {
+		// Alive: in-dialog requests it left unanswered were lost or
+		// ignored, not a sign of death (unansweredBy).
+		b.lb.Served(s.clock.Now())
+		b.unanswered.Store(0)
+		if res.StatusCode == 503 {
 			s.drainBackend(b, s.clock.Now(), s.retryAfter(res), "health ping answered 503")
 		}
 	}

@@ -115,6 +115,8 @@ type uas struct {
 	name     string
 	drop     atomic.Bool  // do not record requests (load tests)
 	pingCode atomic.Int32 // answer to OPTIONS; 0 is 200
+	noPings  atomic.Bool  // ignore OPTIONS, as SIPp scenario answerers do
+	noINFO   atomic.Bool  // ignore INFO (a request it drops as junk)
 
 	mu   sync.Mutex
 	seen []seenReq
@@ -222,6 +224,9 @@ func (u *uas) answer(req *gosip.Request, from netip.AddrPort) {
 		}
 	default:
 		if u.mode.Load() == modeSilent {
+			return
+		}
+		if req.Method == gosip.OPTIONS && u.noPings.Load() || req.Method == gosip.INFO && u.noINFO.Load() {
 			return
 		}
 		if req.Method == gosip.OPTIONS && u.pingCode.Load() == 503 {

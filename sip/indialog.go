@@ -1,10 +1,18 @@
 package sip
 
 import (
+	"errors"
+	"hash/maphash"
+	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // In-dialog requests are forwarded statelessly, but a client must never
@@ -26,6 +34,7 @@ type inDialogWatch struct {
 }
 
 type watchEntry struct {
+	sent     int64  // monotonic ns
 	deadline int64  // monotonic ns
 	reply    []byte // the 408 to send at the deadline
 	to       target
@@ -53,6 +62,7 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 	}
 	w.n.Add(1)
 	w.entries[br] = watchEntry{
+		sent:     now,
 		deadline: now + int64(s.cfg.InDialogTimeout),
 		reply:    s.buildReply(req, 408, "Request Timeout", "Warning: 399 "+s.adv.String()+` "backend did not answer"`),
 		to:       s.replyTarget(req, src),
@@ -61,9 +71,23 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 	}
 }
 
-// answered forgets the request whose response carries our branch br. With
-// nothing watched (most responses answer new work) it takes no lock.
-func (s *Server) answered(br string) {
+// answered forgets the request whose response carries our branch br, and
+// records that the backend at src answered: real traffic shows it alive,
+// which overrules failing OPTIONS pings (lb.Backend.Served) and ends a
+// run of unanswered in-dialog requests. With nothing watched (most
+// responses answer new work) it takes no lock.
+func (s *Server) answered(br string, src source) {
+	if b := s.pool.Load().backendAt(src.addr); b != nil {
+		b.lb.Served(s.clock.Now())
+		if b.unanswered.Load() != 0 {
+			b.unanswered.Store(0)
+		}
+	}
+	s.forget(br)
+}
+
+// forget drops the watch on br.
+func (s *Server) forget(br string) {
 	w := &s.watched
 	if w.n.Load() == 0 {
 		return
@@ -77,7 +101,68 @@ func (s *Server) answered(br string) {
 }
 
 // unwatch forgets br after a send that failed and was answered at once.
-func (s *Server) unwatch(br string) { s.answered(br) }
+func (s *Server) unwatch(br string) { s.forget(br) }
+
+// dialRefused takes a backend whose TCP connection was refused out for
+// twice -sip-in-dialog-timeout: nothing listens there, which is proof from
+// the traffic itself, so its in-dialog requests get 480 at once meanwhile
+// instead of waiting for our 408. The requests already queued for the
+// connection still get the 408 (its first timeout), then the verdict holds
+// for one more. Other dial errors (a timeout, no route) prove less and are
+// left to the in-dialog watch.
+func (s *Server) dialRefused(a netip.AddrPort, err error) {
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return
+	}
+	b := s.pool.Load().backendAt(a)
+	if b == nil {
+		return
+	}
+	now := s.clock.Now()
+	if b.lb.AcceptsAffinity(now) {
+		s.log.Warn("sip backend refused a connection: out", "backend", b.id, "for", 2*s.cfg.InDialogTimeout)
+		if s.events != nil {
+			s.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: "sip " + b.id,
+				Message: "backend " + b.id + " out: connection refused; its in-dialog requests get 480 for " + (2 * s.cfg.InDialogTimeout).String()})
+		}
+	}
+	b.lb.Eject(now, 2*s.cfg.InDialogTimeout)
+}
+
+// unansweredDead is how many in-dialog requests in a row a backend may
+// leave unanswered past -sip-in-dialog-timeout, with no answer to anything
+// (OPTIONS pings included) since each was sent, before traffic counts it
+// dead: its in-dialog requests then get 480 at once for
+// -sip-in-dialog-timeout (then one more is tried), and it gets no new work
+// meanwhile. One lost request is not enough, and requests a live backend
+// chooses not to answer (a client's junk) never count: it answered
+// something else since.
+const unansweredDead = 3
+
+// unansweredBy charges one in-dialog request, sent at sent and left
+// unanswered, to the backend with id.
+func (s *Server) unansweredBy(id string, sent, now int64) {
+	b, _ := s.pool.Load().dialogBackend(id)
+	if b == nil {
+		return
+	}
+	if b.lb.AnsweredSince(sent) {
+		b.unanswered.Store(0)
+		return
+	}
+	if b.unanswered.Add(1) < unansweredDead {
+		return
+	}
+	if b.lb.AcceptsAffinity(now) {
+		s.log.Warn("sip backend left in-dialog requests unanswered: out for the in-dialog timeout", "backend", id,
+			"unanswered", b.unanswered.Load(), "for", s.cfg.InDialogTimeout)
+		if s.events != nil {
+			s.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: "sip " + id,
+				Message: "backend " + id + " out: " + strconv.Itoa(int(b.unanswered.Load())) + " in-dialog requests in a row unanswered; its in-dialog requests get 480 for " + s.cfg.InDialogTimeout.String()})
+		}
+	}
+	b.lb.Eject(now, s.cfg.InDialogTimeout)
+}
 
 // expireWatched answers 408 to every watched request past its deadline.
 func (s *Server) expireWatched(now int64) {
@@ -96,6 +181,9 @@ func (s *Server) expireWatched(now int64) {
 	}
 	w.mu.Unlock()
 	for _, e := range due {
+		// The verdict first: the client's next request, sent on our
+		// 408, must find it.
+		s.unansweredBy(e.backend, e.sent, now)
 		if err := s.sendBytes(e.reply, e.to); err == nil {
 			s.metrics.LocalReplies.Add(1)
 		}
@@ -109,4 +197,129 @@ func (s *Server) watchedLen() int {
 	s.watched.mu.Lock()
 	defer s.watched.mu.Unlock()
 	return len(s.watched.entries)
+}
+
+// Policies for a request that looks in-dialog (it has a To-tag) but
+// proves nothing: no token of ours and no entry in the dialog table (the
+// local one, which the cluster's dialog events also fill). Config field
+// UnknownDialog, flag -sip-unknown-dialog.
+const (
+	// UnknownDialogNewWork routes it by the Call-ID hash but admits it
+	// like new work: memory state, the ARM rules that match its method,
+	// the MOP of its backend, and first a per-source share
+	// (-sip-unknown-dialog-source-rate). The default.
+	UnknownDialogNewWork = "new-work"
+	// UnknownDialogReject answers 481 Call/Transaction Does Not Exist
+	// (an ACK, which has no answer, is dropped).
+	UnknownDialogReject = "reject"
+	// UnknownDialogHash forwards it by the Call-ID hash as affinity,
+	// admitted past every guard: the behaviour before the policy existed.
+	UnknownDialogHash = "hash"
+)
+
+// UnknownDialogPolicies lists the values of Config.UnknownDialog.
+var UnknownDialogPolicies = []string{UnknownDialogNewWork, UnknownDialogReject, UnknownDialogHash}
+
+// admitTokenless decides an in-dialog request without a token of ours,
+// routed to b; known is true when the dialog table recorded its dialog.
+// It answers (or drops) the request itself and returns false when the
+// request is not to be forwarded.
+//
+// Only a known dialog is affinity. A method that can create a dialog goes
+// through admission whatever the table says (a To-tag we did not sign
+// proves nothing). For the rest, an unknown dialog is handled by
+// Config.UnknownDialog: a made-up To-tag and a fresh Call-ID per request
+// must not be a way past ARM and MOP.
+func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, known bool, now int64) bool {
+	creating := dialogCreating(req.Method)
+	if !creating {
+		switch {
+		case known:
+			s.admitAffinity(now, req.Method)
+			return true
+		case s.cfg.UnknownDialog == UnknownDialogHash:
+			s.admitAffinity(now, req.Method)
+			return true
+		case s.cfg.UnknownDialog == UnknownDialogReject:
+			s.metrics.UnknownDialogRejected.Add(1)
+			if req.Method != gosip.ACK {
+				s.reply(req, src, 481, "Call/Transaction Does Not Exist")
+			}
+			return false
+		}
+		if !s.unknownShare.allow(src.addr.Addr(), now, s.cfg.UnknownDialogSourceRate) {
+			s.metrics.UnknownDialogSourceLimited.Add(1)
+			s.metrics.Refused.Add(1)
+			if req.Method != gosip.ACK {
+				s.reply(req, src, 503, "Service Unavailable",
+					"Retry-After: "+strconv.Itoa(s.jitter(time.Second)),
+					"Warning: 399 "+s.adv.String()+` "overload: unknown dialog, per-source share"`)
+			}
+			return false
+		}
+		s.metrics.UnknownDialogMetered.Add(1)
+	}
+	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
+	d := s.adm.Decide(now, &ar, b.lb.MOP())
+	if d.Verdict == admission.Delay {
+		// No state is kept for in-dialog requests: a delay is a refusal.
+		d.Wait.Cancel()
+		d = s.adm.Resume(now, &ar, d, b.lb.MOP())
+	}
+	if d.Verdict != admission.Admit {
+		s.refuse(req, src, d)
+		return false
+	}
+	return true
+}
+
+// sourceShare caps, per source IP address (an IPv6 one by its /64), the
+// in-dialog requests of unknown dialogs admitted per second, before they
+// reach the ARM rules: one source's flood spends at most its share of a
+// rule's budget, and the rest stays for everybody else's requests. Sources are counted in a fixed
+// table of slots by a keyed hash of the address (a random key per
+// process, so nobody can aim at another source's slot); two sources that
+// share a slot share one cap. It takes no lock and allocates nothing.
+type sourceShare struct {
+	once  sync.Once
+	seed  maphash.Seed
+	slots [sourceSlots]atomic.Uint64 // second (high 32 bits) | count (low 32)
+}
+
+// sourceSlots is the size of the per-source table (32 KiB).
+const sourceSlots = 4096
+
+// slot is the table index of source ip.
+func (sh *sourceShare) slot(ip netip.Addr) uint64 {
+	sh.once.Do(func() { sh.seed = maphash.MakeSeed() })
+	ip = ip.Unmap()
+	a := ip.As16()
+	if ip.Is6() {
+		clear(a[8:]) // an IPv6 source is its /64: one host holds the whole prefix
+	}
+	return maphash.Bytes(sh.seed, a[:]) % sourceSlots
+}
+
+// allow counts one request from ip at now and reports whether it is within
+// rate per second (rate 0: no cap).
+func (sh *sourceShare) allow(ip netip.Addr, now int64, rate int) bool {
+	if rate <= 0 {
+		return true
+	}
+	slot := &sh.slots[sh.slot(ip)]
+	sec := uint64(uint32(now / int64(time.Second)))
+	for {
+		cur := slot.Load()
+		next := sec<<32 | 1
+		if cur>>32 == sec {
+			n := cur & 0xffffffff
+			if n >= uint64(rate) {
+				return false
+			}
+			next = cur + 1
+		}
+		if slot.CompareAndSwap(cur, next) {
+			return true
+		}
+	}
 }

@@ -67,6 +67,10 @@ type Metrics struct {
 
 	InDialogUnanswered  atomic.Uint64 // in-dialog requests answered 408: their backend did not answer in -sip-in-dialog-timeout
 	InDialogBackendDown atomic.Uint64 // in-dialog requests answered 480: their backend is down
+
+	UnknownDialogMetered       atomic.Uint64 // requests of unknown dialogs sent to admission as new work (-sip-unknown-dialog new-work)
+	UnknownDialogRejected      atomic.Uint64 // requests of unknown dialogs answered 481 or dropped (reject)
+	UnknownDialogSourceLimited atomic.Uint64 // requests of unknown dialogs over their source's share (503)
 }
 
 // Metrics returns the server's counters.
@@ -161,6 +165,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"tcp_slow_closed", &m.TCPSlow}, {"tcp_stalled_closed", &m.TCPStalled}, {"panics", &m.Panics},
 		{"pings_sent", &m.PingsSent}, {"pings_failed", &m.PingsFailed},
 		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},
+		{"unknown_dialog_metered", &m.UnknownDialogMetered}, {"unknown_dialog_rejected", &m.UnknownDialogRejected},
+		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}

@@ -317,9 +317,9 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64
 // handleInDialog routes a request with a To-tag. With our Route on top, the
 // token in it names the backend: always admitted. A missing or forged
 // token gets 403. Without our Route (a UA that ignores Record-Route), the
-// Call-ID hash picks the backend, and methods that can create a dialog go
-// through admission like new work. A token naming a backend SetBackends
-// removed still routes to that backend's last address.
+// dialog table, else the Call-ID hash, picks the backend, and only a
+// dialog the table knows is affinity (admitTokenless). A token naming a
+// backend SetBackends removed still routes to that backend's last address.
 func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
@@ -358,21 +358,8 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 		return
 	}
 	b, fromTable := s.dialogRoute(req, p, now, true)
-	if dialogCreating(req.Method) {
-		// A To-tag we did not sign proves nothing: this could be
-		// dialog-creating load in disguise.
-		ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
-		d := s.adm.Decide(now, &ar, b.lb.MOP())
-		if d.Verdict == admission.Delay {
-			d.Wait.Cancel()
-			d = s.adm.Resume(now, &ar, d, b.lb.MOP())
-		}
-		if d.Verdict != admission.Admit {
-			s.refuse(req, src, d)
-			return
-		}
-	} else {
-		s.admitAffinity(now, req.Method)
+	if !s.admitTokenless(req, src, b, fromTable, now) {
+		return
 	}
 	if fromTable {
 		s.metrics.DialogRouted.Add(1)

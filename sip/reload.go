@@ -96,6 +96,15 @@ func (s *Server) SetBackends(backends []BackendConfig, mop func(BackendConfig) *
 		return err // not reached: the dry run passed
 	}
 	p.carryFrom(old, s.clock.Now())
+	if s.cfg.HealthInterval > 0 {
+		// A backend new to the set takes no new work until its first
+		// OPTIONS is answered (or it answers real traffic).
+		for _, b := range p.list {
+			if ob := old.byID[b.id]; ob == nil || !sameServer(ob, backendSpec{cfg: b.cfg, addr: b.addr}) {
+				b.lb.SetUnknown(true)
+			}
+		}
+	}
 	p.retire(old, time.Now(), s.cfg.TokenTTL)
 	var removed []string
 	for _, ob := range old.list {
@@ -119,7 +128,7 @@ func (s *Server) newHealth(p *pool) (*lb.HealthChecker, error) {
 		return nil, nil
 	}
 	hc, err := lb.NewPoolHealthChecker(lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout,
-		Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall, Events: s.events}, p.lb,
+		Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall, Clock: s.clock, Events: s.events}, p.lb,
 		func(*lb.Backend) lb.Prober { return optionsProber{s: s, p: p} }, s.base.With("proto", "sip"))
 	if err != nil {
 		return nil, fmt.Errorf("sip health: %w", err)

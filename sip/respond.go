@@ -237,7 +237,9 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 		}
 		return
 	}
-	s.answered(br)
+	// Only now, its branch proven ours for where it came from, does the
+	// answer count as evidence that the backend serves (unansweredBy).
+	s.answered(br, src)
 	if res.StatusCode >= 200 && res.CSeq().MethodName == gosip.BYE {
 		// The dialog is over (RFC 3261 §15.1.1), whichever side hung up:
 		// its table entry lingers for retransmitted BYEs, then goes.

@@ -83,6 +83,8 @@ type Server struct {
 	watched inDialogWatch
 	metrics Metrics
 
+	unknownShare sourceShare // per-source cap of requests of unknown dialogs
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

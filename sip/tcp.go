@@ -281,6 +281,7 @@ func (s *Server) dialAsync(a netip.AddrPort, p []byte) bool {
 			s.tcp.mu.Unlock()
 			s.log.Debug("sip tcp dial", "addr", a.String(), "err", err)
 			s.metrics.SendErrors.Add(uint64(len(q)))
+			s.dialRefused(a, err)
 			return
 		}
 		s.startConnQueued(c.(*net.TCPConn), a)

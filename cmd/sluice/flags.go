@@ -220,12 +220,16 @@ var fieldFlags = map[string]string{
 	"sip.UDPBuffer":          "sip-udp-buffer",
 	"sip.MaxMessage":         "sip-max-message",
 
+	"sip.UnknownDialog":           "sip-unknown-dialog",
+	"sip.UnknownDialogSourceRate": "sip-unknown-dialog-source-rate",
+
 	"lb.PoolConfig.Policy":                     "lb-policy",
 	"lb.PassiveConfig.MaxFails":                "health-max-fails",
 	"lb.HealthConfig.Interval":                 "health-interval",
 	"lb.HealthConfig.Timeout":                  "health-timeout",
 	"lb.HealthConfig.Rise":                     "health-rise",
 	"lb.HealthConfig.Fall":                     "health-fall",
+	"lb.HealthConfig.Panic":                    "health-panic",
 	"lb.MemoryProbeConfig.Interval":            "mop-probe-interval",
 	"lb.MemoryProbeConfig.UsedMetric":          "mop-used-metric",
 	"lb.MemoryProbeConfig.MaxMetric":           "mop-max-metric",
@@ -319,6 +323,22 @@ func (f *fraction) Set(s string) error {
 		v /= 100
 	}
 	*f = fraction(v)
+	return nil
+}
+
+// panicShare is -health-panic: a fraction with the range (0, 1] checked
+// when it is set (0 would silently become the default).
+type panicShare float64
+
+func (p *panicShare) String() string { return (*fraction)(p).String() }
+
+func (p *panicShare) Set(s string) error {
+	if err := (*fraction)(p).Set(s); err != nil {
+		return err
+	}
+	if *p <= 0 || *p > 1 {
+		return fmt.Errorf("%q: want a share in (0%%, 100%%]", s)
+	}
 	return nil
 }
 

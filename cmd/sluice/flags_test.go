@@ -120,6 +120,8 @@ var badValues = map[string]string{
 	"http-engine":            "threads",
 	"lb-policy":              "fastest",
 	"sip-lb-policy":          "fastest",
+	"sip-unknown-dialog":     "maybe",
+	"health-panic":           "0",
 	"sip-advertise":          "no port",
 	"mop-used-metric":        "a{",
 	"mop-max-metric":         "a{",

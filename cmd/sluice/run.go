@@ -96,6 +96,8 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.healthPath, "health-path", "", "HTTP health check: GET this path, 2xx/3xx up, 429 busy (default: GET / where any answer below 500 is up; - for a TCP connect only, which passes a hung backend; health=PATH in -http-backend wins)")
 	fs.IntVar(&o.health.Rise, "health-rise", hc.Rise, "passing probes in a row that bring a backend up")
 	fs.IntVar(&o.health.Fall, "health-fall", hc.Fall, "failing probes in a row that take a backend down")
+	o.health.Panic = hc.Panic
+	fs.Var((*panicShare)(&o.health.Panic), "health-panic", "past this share of backends down by their health checks alone (percent, or a fraction), new work goes to every backend not shown dead by traffic (100: never)")
 	fs.IntVar(&o.passive.MaxFails, "health-max-fails", 3, "consecutive connect errors, timeouts or 5xx that eject a backend (0 disables)")
 	fs.DurationVar(&o.passive.Cooldown, "health-cooldown", 10*time.Second, "how long an ejected backend stays out")
 

@@ -37,6 +37,8 @@ func addSIPFlags(fs *flag.FlagSet) *sipOptions {
 	fs.DurationVar(&c.TokenTTL, "sip-affinity-ttl", d.TokenTTL, "lifetime of the signed backend token in Record-Route (longest dialog)")
 	fs.DurationVar(&c.DialogTTL, "sip-dialog-ttl", d.DialogTTL, "dialog table: forget a dialog after this long without an in-dialog request (a bit more than the longest call)")
 	fs.IntVar(&c.DialogMax, "sip-dialog-max", d.DialogMax, "dialog table: most dialogs recorded (64 bytes each at most); when full, new dialogs' requests without our Route go by Call-ID hash")
+	fs.StringVar(&c.UnknownDialog, "sip-unknown-dialog", d.UnknownDialog, "a request with a To-tag, no token of ours and no dialog in the table: new-work (routed by Call-ID hash, admitted like new work), reject (481) or hash (routed by Call-ID hash past every guard)")
+	fs.IntVar(&c.UnknownDialogSourceRate, "sip-unknown-dialog-source-rate", d.UnknownDialogSourceRate, "requests of unknown dialogs admitted per second from one source address under -sip-unknown-dialog new-work, before ARM (0: no cap)")
 	fs.DurationVar(&c.FailoverTimeout, "sip-failover-timeout", d.FailoverTimeout, "silence before new work moves to the next backend")
 	fs.DurationVar(&c.InDialogTimeout, "sip-in-dialog-timeout", d.InDialogTimeout, "an in-dialog request its backend does not answer at all gets our 408 after this long (a dead backend never leaves a client in silence)")
 	fs.DurationVar(&c.DrainDefault, "sip-drain-default", d.DrainDefault, "no new work to a backend that answered 503 without Retry-After for this long")
