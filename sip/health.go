@@ -120,9 +120,13 @@ func (s *Server) pingAnswered(branch string, res *gosip.Response, src source) {
 	}
 	if b := s.pool.Load().byAddr[src.addr]; b != nil && b.lb == w.lbb {
 		// Alive: in-dialog requests it left unanswered were lost or
-		// ignored, not a sign of death (unansweredBy).
-		b.lb.Served(s.clock.Now())
-		b.unanswered.Store(0)
+		// ignored, not a sign of death (unansweredBy). A 482 is no such
+		// sign: the backend sends what we send it back to us (a loop),
+		// and the ping counts it down.
+		if res.StatusCode != 482 {
+			b.lb.Served(s.clock.Now())
+			b.unanswered.Store(0)
+		}
 		if res.StatusCode == 503 {
 			s.drainBackend(b, s.clock.Now(), s.retryAfter(res), "health ping answered 503")
 		}
