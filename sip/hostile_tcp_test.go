@@ -158,7 +158,10 @@ func TestTCPIdleConnectionsMemory(t *testing.T) {
 	}
 	const n = 2000
 	b1 := newUAS(t, "b1")
-	s := testServer(t, []*uas{b1}, nil, nil)
+	s := testServer(t, []*uas{b1}, nil, func(c *Config) {
+		c.TCPMaxConnsPerSource = n                  // all from 127.0.0.1
+		c.TCPFirstMessageTimeout = 10 * time.Minute // they only send keep-alives
+	})
 	base := liveBytes()
 	conns := make([]net.Conn, 0, n)
 	defer func() {

@@ -50,7 +50,7 @@ type Metrics struct {
 	Retransmitted   atomic.Uint64 // our retransmissions to UDP backends
 
 	SendErrors atomic.Uint64 // failed writes
-	TCPRefused atomic.Uint64 // TCP connections over -sip-tcp-max-conns
+	TCPRefused atomic.Uint64 // TCP connections closed at once: -sip-tcp-max-conns reached, no idle one to close instead
 	TCPSlow    atomic.Uint64 // TCP connections closed: message not complete within -sip-tcp-message-timeout
 	TCPStalled atomic.Uint64 // TCP connections closed: peer did not read what we sent
 	Panics     atomic.Uint64 // recovered handler panics (bugs)
@@ -60,6 +60,12 @@ type Metrics struct {
 
 	InDialogUnanswered  atomic.Uint64 // in-dialog requests answered 408: their backend did not answer in -sip-in-dialog-timeout
 	InDialogBackendDown atomic.Uint64 // in-dialog requests answered 480: their backend is down
+
+	// TCP exhaustion guards (tcpguard.go)
+	TCPRefusedSource atomic.Uint64 // TCP connections over -sip-tcp-max-conns-per-source
+	TCPEvicted       atomic.Uint64 // idle TCP connections closed to make room for a new one
+	TCPFirstMessage  atomic.Uint64 // TCP connections closed: no complete message within -sip-tcp-first-message-timeout
+	TCPPartialShed   atomic.Uint64 // TCP connections closed: -sip-tcp-partial-budget exceeded
 }
 
 // Metrics returns the server's counters.
@@ -109,6 +115,7 @@ var (
 	descConnections  = prometheus.NewDesc("sluice_frontend_connections", "Open client connections of the front end.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
 	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
+	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
 // Collector returns the front end's counters as a prometheus.Collector:
@@ -128,6 +135,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descConnections
 	ch <- descDialogs
 	ch <- descDialogBytes
+	ch <- descPartialBytes
 }
 
 // Collect implements prometheus.Collector.
@@ -149,6 +157,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"options_answered", &m.OptionsAnswered}, {"absorbed_acks", &m.AbsorbedACKs},
 		{"retransmissions", &m.Retransmissions}, {"retransmitted", &m.Retransmitted},
 		{"send_errors", &m.SendErrors}, {"tcp_refused", &m.TCPRefused},
+		{"tcp_refused_source", &m.TCPRefusedSource}, {"tcp_evicted", &m.TCPEvicted},
+		{"tcp_first_message_closed", &m.TCPFirstMessage}, {"tcp_partial_shed", &m.TCPPartialShed},
 		{"tcp_slow_closed", &m.TCPSlow}, {"tcp_stalled_closed", &m.TCPStalled}, {"panics", &m.Panics},
 		{"pings_sent", &m.PingsSent}, {"pings_failed", &m.PingsFailed},
 		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},
@@ -166,4 +176,5 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.len()), "tcp")
 	ch <- prometheus.MustNewConstMetric(descDialogs, prometheus.GaugeValue, float64(c.s.dialogs.Len()))
 	ch <- prometheus.MustNewConstMetric(descDialogBytes, prometheus.GaugeValue, float64(c.s.dialogs.Bytes()))
+	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")
 }
