@@ -46,16 +46,29 @@ func BenchmarkTCPPartialMemory(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_PARTIAL_CONNS")); err == nil && v > 0 {
 		n = v
 	}
-	for range b.N {
-		measurePartial(b, n)
+	// one-source: every connection from 127.0.0.1, the per-source cap
+	// applies. budget-only: the cap raised, so the partial-message budget
+	// alone bounds the memory (as with as many sources as connections).
+	for _, perSource := range []int{0, n} {
+		name := "one-source"
+		if perSource > 0 {
+			name = "budget-only"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				measurePartial(b, n, perSource)
+			}
+		})
 	}
 }
 
-func measurePartial(b *testing.B, n int) {
+func measurePartial(b *testing.B, n, perSource int) {
 	b1 := newUAS(b, "b1")
 	s := testServer(b, []*uas{b1}, nil, func(c *Config) {
 		c.TCPMaxConns = n + 10
+		c.TCPMaxConnsPerSource = perSource
 		c.TCPMessageTimeout = time.Minute
+		c.TCPFirstMessageTimeout = time.Minute
 	})
 	runtime.GC()
 	rss0, heap0 := rssBytes(), heapInuse()
@@ -92,6 +105,8 @@ func measurePartial(b *testing.B, n int) {
 		last = h
 	}
 	rss1, heap1 := rssBytes(), heapInuse()
+	runtime.GC()
+	live1 := heapInuse()
 	open := s.tcp.len()
 	for _, c := range conns {
 		c.Close()
@@ -108,9 +123,10 @@ func measurePartial(b *testing.B, n int) {
 	debug.FreeOSMemory()
 	rss3 := rssBytes()
 	const mb = 1 << 20
-	b.Logf("%d connections x %d-byte partial message: %d still open at the peak", n, body, open)
+	b.Logf("%d connections x %d-byte partial message: %d still open at the peak, %d bytes reserved at most, %d shed, %d refused by the per-source cap",
+		n, body, open, s.tcp.budget.peak.Load(), s.metrics.TCPPartialShed.Load(), s.metrics.TCPRefusedSource.Load())
 	b.Logf("RSS MB: start %d, open %d, 2 s after close %d, after FreeOSMemory %d", rss0/mb, rss1/mb, rss2/mb, rss3/mb)
-	b.Logf("heap in use MB: start %d, open %d, after close %d", heap0/mb, heap1/mb, heap2/mb)
+	b.Logf("heap in use MB: start %d, open %d (%d after a collection), after close %d", heap0/mb, heap1/mb, live1/mb, heap2/mb)
 	b.ReportMetric(float64(rss1)/mb, "rss-open-MB")
 	b.ReportMetric(float64(heap1)/mb, "heap-open-MB")
 	b.ReportMetric(float64(rss2)/mb, "rss-closed-MB")

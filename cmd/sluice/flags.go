@@ -216,6 +216,10 @@ var fieldFlags = map[string]string{
 	"sip.UDPBuffer":          "sip-udp-buffer",
 	"sip.MaxMessage":         "sip-max-message",
 
+	"sip.TCPMaxConnsPerSource":   "sip-tcp-max-conns-per-source",
+	"sip.TCPFirstMessageTimeout": "sip-tcp-first-message-timeout",
+	"sip.TCPPartialBudget":       "sip-tcp-partial-budget",
+
 	"lb.PoolConfig.Policy":                     "lb-policy",
 	"lb.PassiveConfig.MaxFails":                "health-max-fails",
 	"lb.HealthConfig.Interval":                 "health-interval",
