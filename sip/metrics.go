@@ -115,6 +115,7 @@ var (
 	descConnections  = prometheus.NewDesc("sluice_frontend_connections", "Open client connections of the front end.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
 	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
+	descReadBuffers  = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
@@ -136,6 +137,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descDialogs
 	ch <- descDialogBytes
 	ch <- descPartialBytes
+	ch <- descReadBuffers
 }
 
 // Collect implements prometheus.Collector.
@@ -177,4 +179,5 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descDialogs, prometheus.GaugeValue, float64(c.s.dialogs.Len()))
 	ch <- prometheus.MustNewConstMetric(descDialogBytes, prometheus.GaugeValue, float64(c.s.dialogs.Bytes()))
 	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")
+	ch <- prometheus.MustNewConstMetric(descReadBuffers, prometheus.GaugeValue, float64(c.s.tcp.readBufs.Load()), "tcp")
 }

@@ -160,6 +160,7 @@ type tcpTable struct {
 	sources     map[netip.Prefix]int
 	front, back *tcpConn
 	touchEvery  time.Duration
+	readBufs    atomic.Int64 // connections holding a read buffer
 
 	budget partialBudget // bytes of partial messages
 }
@@ -344,13 +345,29 @@ func (s *Server) dialAsync(a netip.AddrPort, p []byte) bool {
 	return queued
 }
 
-// tcpReadSize is the read buffer of a connection between messages. A
-// message that does not fit gets a buffer of exactly its size once its head
-// is in (Content-Length tells); while a head is still coming the buffer
-// doubles, never past -sip-max-message + 1 bytes. Once the message is
-// handled the buffer is cut back to this size, so an idle connection holds
-// tcpReadSize bytes plus its reader goroutine's stack.
+// tcpReadSize is the read buffer a connection gets from a pool when bytes
+// arrive between messages. A message that does not fit gets a buffer of
+// exactly its size once its head is in (Content-Length tells); while a head
+// is still coming the buffer doubles, never past -sip-max-message + 1
+// bytes. Once the messages read are handled the buffer goes back to the
+// pool (a larger one to the collector), so a connection waiting between
+// messages holds no buffer, only its reader goroutine's stack.
 const tcpReadSize = 2048
+
+// readBufPool holds the tcpReadSize buffers of connections between
+// messages.
+var readBufPool = sync.Pool{New: func() any { return new([tcpReadSize]byte) }}
+
+// getReadBuf returns an empty buffer of capacity tcpReadSize.
+func getReadBuf() []byte { return readBufPool.Get().(*[tcpReadSize]byte)[:0] }
+
+// releaseReadBuf gives b back to the pool when it is one of its size;
+// larger buffers are left to the collector. Nothing may use b after.
+func releaseReadBuf(b []byte) {
+	if cap(b) == tcpReadSize {
+		readBufPool.Put((*[tcpReadSize]byte)(b[:tcpReadSize]))
+	}
+}
 
 // tcpMinRead is the least room a read gets before the buffer grows.
 const tcpMinRead = 512
@@ -382,9 +399,14 @@ func readCap(buf []byte, size, limit int) int {
 func (s *Server) readConn(tc *tcpConn) {
 	defer s.wg.Done()
 	var reserved int64 // this connection's reservation in the partial budget
+	var buf []byte     // nil between messages: a waiting connection holds no read buffer
 	defer func() {
 		if reserved != 0 {
 			s.reservePartial(tc, 0, &reserved)
+		}
+		if buf != nil {
+			releaseReadBuf(buf)
+			s.tcp.readBufs.Add(-1)
 		}
 		s.tcp.remove(tc)
 		tc.mu.Lock()
@@ -399,7 +421,6 @@ func (s *Server) readConn(tc *tcpConn) {
 		tc.mu.Unlock()
 	}()
 	src := source{addr: tc.remote, conn: tc}
-	buf := make([]byte, 0, tcpReadSize)
 	var fr framer
 	var msgDeadline time.Time // zero between messages
 	greeted := !tc.accepted   // a dialled connection has no first-message deadline
@@ -418,15 +439,29 @@ func (s *Server) readConn(tc *tcpConn) {
 			dl = firstDeadline
 		}
 		_ = tc.c.SetReadDeadline(dl)
-		if want := readCap(buf, fr.size, s.cfg.MaxMessage); want > cap(buf) {
-			if !s.reservePartial(tc, int64(want), &reserved) {
-				return
+		var n int
+		var err error
+		if len(buf) == 0 {
+			// Between messages: wait for bytes without a buffer, then read
+			// into one from the pool.
+			buf, err = readParked(tc.c)
+			n = len(buf)
+			if buf != nil {
+				s.tcp.readBufs.Add(1)
 			}
-			buf = append(make([]byte, 0, want), buf...)
+		} else {
+			if want := readCap(buf, fr.size, s.cfg.MaxMessage); want > cap(buf) {
+				if !s.reservePartial(tc, int64(want), &reserved) {
+					return
+				}
+				nb := append(make([]byte, 0, want), buf...)
+				releaseReadBuf(buf)
+				buf = nb
+			}
+			n, err = tc.c.Read(buf[len(buf):cap(buf)])
+			buf = buf[:len(buf)+max(n, 0)]
 		}
-		n, err := tc.c.Read(buf[len(buf):cap(buf)])
 		if n > 0 {
-			buf = buf[:len(buf)+n]
 			done := false
 			for {
 				// RFC 5626 §3.5.1 keep-alive: CRLFCRLF is answered with CRLF;
@@ -464,8 +499,13 @@ func (s *Server) readConn(tc *tcpConn) {
 			if done || len(buf) == 0 {
 				msgDeadline = time.Time{} // the next message starts its own clock
 			}
-			if len(buf) <= tcpReadSize/2 && cap(buf) > tcpReadSize {
-				buf = append(make([]byte, 0, tcpReadSize), buf...)
+			switch {
+			case len(buf) == 0:
+				releaseReadBuf(buf)
+				buf = nil
+				s.tcp.readBufs.Add(-1)
+			case len(buf) <= tcpReadSize/2 && cap(buf) > tcpReadSize:
+				buf = append(getReadBuf(), buf...)
 			}
 			// What is left is part of a message: its buffer stays reserved.
 			tc.partial.Store(len(buf) > 0)

@@ -192,8 +192,8 @@ func TestTCPTableFullEvictsIdle(t *testing.T) {
 	}
 }
 
-// partialGauge is sluice_frontend_partial_bytes as the collector exports it.
-func partialGauge(t *testing.T, s *Server) float64 {
+// gauge is the value of a gauge family of the collector.
+func gauge(t *testing.T, s *Server, name string) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(s.Collector())
@@ -202,11 +202,11 @@ func partialGauge(t *testing.T, s *Server) float64 {
 		t.Fatal(err)
 	}
 	for _, f := range fams {
-		if f.GetName() == "sluice_frontend_partial_bytes" {
+		if f.GetName() == name {
 			return f.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
-	t.Fatal("sluice_frontend_partial_bytes not exported")
+	t.Fatalf("%s not exported", name)
 	return 0
 }
 
@@ -238,7 +238,7 @@ func TestTCPPartialBudget(t *testing.T) {
 	held := func(n int, what string) {
 		t.Helper()
 		eventually(t, what, func() bool { return s.tcp.budget.held() == int64(n) })
-		if g := partialGauge(t, s); g != float64(n) || g > budget {
+		if g := gauge(t, s, "sluice_frontend_partial_bytes"); g != float64(n) || g > budget {
 			t.Fatalf("sluice_frontend_partial_bytes = %v, want %d (budget %d)", g, n, budget)
 		}
 	}
@@ -316,5 +316,35 @@ func TestReadCap(t *testing.T) {
 		if got := readCap(make([]byte, c.len, c.cap), c.size, 65535); got != c.want {
 			t.Errorf("readCap(len %d, cap %d, size %d) = %d, want %d", c.len, c.cap, c.size, got, c.want)
 		}
+	}
+}
+
+// A connection waiting between messages holds no read buffer (it had 2 KiB
+// each, 20 MB for the default 10,000): it waits for bytes without one and
+// gives its buffer back once what it read is handled. One with half a
+// message keeps its buffer until the message is complete.
+func TestTCPWaitingConnectionsHoldNoBuffer(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, nil)
+	var cs []*tcpClient
+	for i := range 20 {
+		c := dialTCP(t, s)
+		cs = append(cs, c)
+		c.write(localOptions(s, c, fmt.Sprintf("wait-%d", i), 0))
+		c.response(200)
+	}
+	eventually(t, "no waiting connection holding a buffer", func() bool { return s.tcp.readBufs.Load() == 0 })
+	m := localOptions(s, cs[0], "half", 100)
+	cs[0].write(m[:len(m)-50])
+	eventually(t, "the connection with half a message holding its buffer", func() bool { return s.tcp.readBufs.Load() == 1 })
+	if g := gauge(t, s, "sluice_frontend_read_buffers"); g != 1 {
+		t.Errorf("sluice_frontend_read_buffers = %v, want 1", g)
+	}
+	cs[0].write(m[len(m)-50:])
+	cs[0].response(200)
+	eventually(t, "the buffer given back", func() bool { return s.tcp.readBufs.Load() == 0 })
+	for i, c := range cs[1:] { // every connection still served
+		c.write(localOptions(s, c, fmt.Sprintf("again-%d", i), 0))
+		c.response(200)
 	}
 }
