@@ -35,6 +35,7 @@ type tcpConn struct {
 	lru      lruLink      // place in the activity order; tcpTable.mu
 	touched  atomic.Int64 // unix nanos of the last move to the back
 	partial  atomic.Bool  // part of a message is buffered: not idle
+	budgeted bool         // its partial messages count in the budget: all but backends
 
 	// the partial-message reservation; partialBudget.mu
 	held      int64
@@ -232,7 +233,7 @@ func (s *Server) serveTCP() {
 // the table full and no idle connection to close in its place.
 func (s *Server) acceptConn(c *net.TCPConn) {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr())}
+	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true}
 	s.tcp.mu.Lock()
 	verdict, victim := s.tcp.admit(tc, s.cfg.TCPMaxConns, s.cfg.TCPMaxConnsPerSource, time.Now())
 	if verdict == admitted {
@@ -273,6 +274,9 @@ func (s *Server) acceptConn(c *net.TCPConn) {
 func (s *Server) startConnQueued(c *net.TCPConn, dialled netip.AddrPort) *tcpConn {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s}
+	// A connection dialled to a client (a request from a backend going
+	// downstream) shares the partial-message budget; one to a backend not.
+	tc.budgeted = s.pool.Load().backendAt(tc.remote) == nil
 	tc.mu.Lock()
 	s.tcp.mu.Lock()
 	s.tcp.conns[tc.remote] = tc

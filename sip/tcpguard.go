@@ -19,7 +19,8 @@ import (
 //     over every connection, stay within TCPPartialBudget; past it the
 //     connection holding the most (the oldest among equals) is closed.
 //
-// Connections this process dialled (to backends) are in none of these.
+// Connections this process dialled are in none of these but the budget, and
+// those to backends not even in that.
 
 // sourceKey is what the per-source cap counts by: an IPv4 address, or the
 // /64 of an IPv6 address (a host usually has a whole /64 to pick from).
@@ -243,12 +244,12 @@ func (b *partialBudget) release(c *tcpConn) {
 // held is the bytes reserved now, over every connection.
 func (b *partialBudget) held() int64 { return b.total.Load() }
 
-// reservePartial sets accepted connection tc's reservation in the
-// partial-message budget to n bytes (*reserved mirrors it) and closes the
-// connections shed to make room. It reports false when tc itself is shed:
-// its reader must stop.
+// reservePartial sets tc's reservation in the partial-message budget to n
+// bytes (*reserved mirrors it) and closes the connections shed to make
+// room. It reports false when tc itself is shed: its reader must stop.
+// Connections to backends are not in the budget.
 func (s *Server) reservePartial(tc *tcpConn, n int64, reserved *int64) bool {
-	if !tc.accepted {
+	if !tc.budgeted {
 		return true
 	}
 	ok, shed := s.tcp.budget.reserve(tc, n, int64(s.cfg.TCPPartialBudget), time.Now())

@@ -348,3 +348,35 @@ func TestTCPWaitingConnectionsHoldNoBuffer(t *testing.T) {
 		c.response(200)
 	}
 }
+
+// A connection sluice dials to a client (a request from a backend going
+// downstream to a Contact the client chose) shares the partial-message
+// budget: the client at the other end controls what it sends back.
+func TestTCPDialledClientInBudget(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, func(c *Config) { c.TCPMessageTimeout = time.Minute })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	head := "NOTIFY sip:x@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1;branch=z9hG4bK-d\r\nCall-ID: d@test\r\nCSeq: 1 NOTIFY\r\nContent-Length: 30000\r\n\r\n"
+	sent := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = c.Write([]byte(head + strings.Repeat("b", 100)))
+		sent <- c
+	}()
+	s.dialAsync(ln.Addr().(*net.TCPAddr).AddrPort(), nil)
+	var c net.Conn
+	select {
+	case c = <-sent:
+	case <-time.After(wait):
+		t.Fatal("no connection dialled")
+	}
+	defer c.Close()
+	eventually(t, "the partial message's size reserved", func() bool { return s.tcp.budget.held() == int64(len(head)+30000) })
+}
