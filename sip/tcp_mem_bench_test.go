@@ -132,3 +132,38 @@ func measurePartial(b *testing.B, n, perSource int) {
 	b.ReportMetric(float64(rss2)/mb, "rss-closed-MB")
 	b.ReportMetric(float64(heap2)/mb, "heap-closed-MB")
 }
+
+// BenchmarkTCPRoundTrip: one TCP client sends a request the balancer
+// answers itself and reads the answer, one at a time: the cost of the TCP
+// read path per message (the connection waits between messages).
+func BenchmarkTCPRoundTrip(b *testing.B) {
+	b1 := newUAS(b, "b1")
+	s := testServer(b, []*uas{b1}, nil, nil)
+	c, err := net.Dial("tcp", s.udpAddr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	req := []byte(strings.Replace(optionsTo(s, c.LocalAddr(), "rt"), "Max-Forwards: 70", "Max-Forwards: 0", 1))
+	buf := make([]byte, 4096)
+	var pending []byte
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			if size, ok, _ := frame(pending, 1<<16); ok {
+				pending = pending[size:]
+				break
+			}
+			_ = c.SetReadDeadline(time.Now().Add(wait))
+			n, err := c.Read(buf)
+			if err != nil {
+				b.Fatal(err)
+			}
+			pending = append(pending, buf[:n]...)
+		}
+	}
+}
