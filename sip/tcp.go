@@ -29,7 +29,7 @@ type tcpConn struct {
 	dead     bool // closed for writing: every write fails at once
 	closing  bool // the reader ended: the flusher closes once the queue is out
 
-	// accepted connections only (see tcpguard.go)
+	// connection accounting (tcpguard.go)
 	accepted bool         // accepted, not dialled: counted and evictable
 	source   netip.Prefix // what the per-source cap counts by
 	lru      lruLink      // place in the activity order; tcpTable.mu
@@ -161,6 +161,7 @@ type tcpTable struct {
 	sources     map[netip.Prefix]int
 	front, back *tcpConn
 	touchEvery  time.Duration
+	now         func() int64 // unix nanos, for touchEvery
 	readBufs    atomic.Int64 // connections holding a read buffer
 
 	budget partialBudget // bytes of partial messages
@@ -171,6 +172,7 @@ func (t *tcpTable) init() {
 	t.dialing = map[netip.AddrPort][][]byte{}
 	t.sources = map[netip.Prefix]int{}
 	t.touchEvery = lruTouchEvery
+	t.now = wallNanos
 }
 
 func (t *tcpTable) get(a netip.AddrPort) *tcpConn {
@@ -235,7 +237,7 @@ func (s *Server) acceptConn(c *net.TCPConn) {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true}
 	s.tcp.mu.Lock()
-	verdict, victim := s.tcp.admit(tc, s.cfg.TCPMaxConns, s.cfg.TCPMaxConnsPerSource, time.Now())
+	verdict, victim := s.tcp.admit(tc, s.cfg.TCPMaxConns, s.cfg.TCPMaxConnsPerSource)
 	if verdict == admitted {
 		s.tcp.conns[tc.remote] = tc
 		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
@@ -466,7 +468,7 @@ func (s *Server) readConn(tc *tcpConn) {
 			buf = buf[:len(buf)+max(n, 0)]
 		}
 		if n > 0 {
-			done := false
+			done, touched := false, false // touched: a message moved tc in the activity order
 			for {
 				// RFC 5626 §3.5.1 keep-alive: CRLFCRLF is answered with CRLF;
 				// stray CRLFs between messages are skipped. Neither counts
@@ -494,9 +496,12 @@ func (s *Server) readConn(tc *tcpConn) {
 				if !ok {
 					break
 				}
+				if !touched { // before its answer can go out
+					s.tcp.touch(tc)
+					touched = true
+				}
 				s.handleDatagram(buf[:size], src)
 				greeted = true
-				s.tcp.touch(tc, now)
 				buf = buf[:copy(buf, buf[size:])]
 				done = true
 			}

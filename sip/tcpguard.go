@@ -47,13 +47,12 @@ const lruTouchEvery = time.Second
 // by tcpTable.mu.
 type lruLink struct {
 	prev, next *tcpConn
-	at         time.Time // when it was last moved to the back
-	listed     bool      // in the order: an accepted connection still counted
+	listed     bool // in the order: an accepted connection still counted
 }
 
 // lruPush appends c to the back (most recently active). t.mu held.
-func (t *tcpTable) lruPush(c *tcpConn, now time.Time) {
-	c.lru = lruLink{prev: t.back, at: now, listed: true}
+func (t *tcpTable) lruPush(c *tcpConn) {
+	c.lru = lruLink{prev: t.back, listed: true}
 	if t.back != nil {
 		t.back.lru.next = c
 	} else {
@@ -79,21 +78,25 @@ func (t *tcpTable) lruUnlink(c *tcpConn) {
 
 // touch records a complete message on accepted connection c: it moves to
 // the back of the activity order (at most once per touchEvery).
-func (t *tcpTable) touch(c *tcpConn, now time.Time) {
+func (t *tcpTable) touch(c *tcpConn) {
 	if !c.accepted {
 		return
 	}
-	if last := c.touched.Load(); last != 0 && now.UnixNano()-last < int64(t.touchEvery) {
+	now := t.now()
+	if last := c.touched.Load(); last != 0 && now-last < int64(t.touchEvery) {
 		return
 	}
-	c.touched.Store(now.UnixNano())
+	c.touched.Store(now)
 	t.mu.Lock()
 	if c.lru.listed && t.back != c {
 		t.lruUnlink(c)
-		t.lruPush(c, now)
+		t.lruPush(c)
 	}
 	t.mu.Unlock()
 }
+
+// wallNanos is the default clock of touch.
+func wallNanos() int64 { return time.Now().UnixNano() }
 
 // uncount takes accepted connection c out of the accounting (order and
 // per-source count), once. t.mu held.
@@ -138,7 +141,7 @@ const (
 // its slot: the per-source cap first, then, when the table is full, the
 // slot of the least recently active idle connection, which is returned to
 // be closed. t.mu held.
-func (t *tcpTable) admit(c *tcpConn, maxConns, perSource int, now time.Time) (admitVerdict, *tcpConn) {
+func (t *tcpTable) admit(c *tcpConn, maxConns, perSource int) (admitVerdict, *tcpConn) {
 	if t.sources[c.source] >= perSource {
 		return refusedSource, nil
 	}
@@ -161,7 +164,7 @@ func (t *tcpTable) admit(c *tcpConn, maxConns, perSource int, now time.Time) (ad
 	c.accepted = true
 	t.accepted++
 	t.sources[c.source]++
-	t.lruPush(c, now)
+	t.lruPush(c)
 	return admitted, victim
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -379,4 +380,39 @@ func TestTCPDialledClientInBudget(t *testing.T) {
 	}
 	defer c.Close()
 	eventually(t, "the partial message's size reserved", func() bool { return s.tcp.budget.held() == int64(len(head)+30000) })
+}
+
+// The activity order follows messages: a connection that sent a message
+// after the others moves behind them (at most once per touchEvery, on the
+// table's clock, here a manual one), so the table's eviction spares it.
+func TestTCPEvictionFollowsActivity(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, func(c *Config) { c.TCPMaxConns = 3 })
+	var clock atomic.Int64
+	clock.Store(int64(time.Hour))
+	s.tcp.mu.Lock()
+	s.tcp.now = clock.Load
+	s.tcp.mu.Unlock()
+	c1, c2, c3 := dialTCP(t, s), dialTCP(t, s), dialTCP(t, s)
+	send := func(c *tcpClient, branch string) {
+		t.Helper()
+		c.write(localOptions(s, c, branch, 0))
+		c.response(200)
+	}
+	for i, c := range []*tcpClient{c1, c2, c3} { // order: c1, c2, c3
+		send(c, fmt.Sprintf("act-%d", i))
+	}
+	send(c1, "act-again") // within touchEvery of its last move: stays in front
+	clock.Add(int64(2 * lruTouchEvery))
+	send(c1, "act-later") // now it moves behind c2 and c3
+	c4 := dialTCP(t, s)
+	send(c4, "act-new")
+	if !closed(c2) {
+		t.Fatal("c2, the least recently active, is open")
+	}
+	send(c1, "act-kept")
+	send(c3, "act-kept3")
+	if got := s.metrics.TCPEvicted.Load(); got != 1 {
+		t.Errorf("tcp evicted = %d, want 1", got)
+	}
 }
