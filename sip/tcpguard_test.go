@@ -416,3 +416,52 @@ func TestTCPEvictionFollowsActivity(t *testing.T) {
 		t.Errorf("tcp evicted = %d, want 1", got)
 	}
 }
+
+// FuzzFramerChunks: fed in chunks of any size, the framer finds the same
+// messages and the same framing error as frame on the whole stream.
+func FuzzFramerChunks(f *testing.F) {
+	f.Add([]byte("OPTIONS sip:x SIP/2.0\r\nl: 5\r\n\r\nhelloACK x SIP/2.0\r\nContent-Length: 0\r\n\r\n"), uint8(1))
+	f.Add([]byte("A\r\n\r\r\n\r\nl: 2\r\n\r\nab"), uint8(3))
+	f.Add([]byte("INVITE x\r\nContent-Length: 70000\r\n\r\n"), uint8(7))
+	f.Fuzz(func(t *testing.T, data []byte, step uint8) {
+		const limit = 1024
+		chunk := int(step%64) + 1
+		var want []int
+		var wantErr bool
+		for rest := data; ; {
+			n, ok, err := frame(rest, limit)
+			if err != nil {
+				wantErr = true
+				break
+			}
+			if !ok {
+				break
+			}
+			want = append(want, n)
+			rest = rest[n:]
+		}
+		var got []int
+		var gotErr bool
+		var fr framer
+		var buf []byte
+	feed:
+		for i := 0; i < len(data); i += chunk {
+			buf = append(buf, data[i:min(i+chunk, len(data))]...)
+			for {
+				n, ok, err := fr.next(buf, limit)
+				if err != nil {
+					gotErr = true
+					break feed
+				}
+				if !ok {
+					break
+				}
+				got = append(got, n)
+				buf = buf[n:]
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) || gotErr != wantErr {
+			t.Fatalf("chunks of %d: %v (error %v), whole: %v (error %v)", chunk, got, gotErr, want, wantErr)
+		}
+	})
+}
