@@ -465,3 +465,75 @@ func FuzzFramerChunks(f *testing.F) {
 		}
 	})
 }
+
+// Accounting leaks nothing: after a churn of connections from two sources
+// through a small table, a small budget and a per-source cap (evictions,
+// refusals, shedding, partial and complete messages, closes from either
+// side), every count is back to zero. A count that leaked would lock a
+// source or the table out for good.
+func TestTCPGuardAccountingChurn(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, func(c *Config) {
+		c.TCPMaxConns = 12
+		c.TCPMaxConnsPerSource = 8
+		c.TCPPartialBudget = 2 * 65536
+		c.TCPMessageTimeout = time.Minute
+	})
+	var open []net.Conn
+	for i := range 300 {
+		ip := "127.0.0.1"
+		if i%3 == 0 {
+			ip = "127.0.0.2"
+		}
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", s.udpAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, c)
+		_ = c.SetWriteDeadline(time.Now().Add(wait))
+		m := strings.Replace(optionsTo(s, c.LocalAddr(), fmt.Sprintf("churn-%d", i)), "Max-Forwards: 70", "Max-Forwards: 0", 1)
+		switch i % 4 {
+		case 0: // a complete message
+			_, _ = c.Write([]byte(m))
+		case 1: // half of a large one
+			big := strings.Replace(m, "Content-Length: 0", "Content-Length: 40000", 1) + strings.Repeat("b", 20000)
+			_, _ = c.Write([]byte(big))
+		case 2: // half of a small one
+			_, _ = c.Write([]byte(m[:len(m)/2]))
+		}
+		if i%5 == 4 { // the client leaves
+			c.Close()
+			open = open[:len(open)-1]
+		}
+	}
+	eventually(t, "the budget within its limit", func() bool { return s.tcp.budget.held() <= 2*65536 })
+	for _, c := range open {
+		c.Close()
+	}
+	eventually(t, "every connection gone", func() bool { return s.tcp.len() == 0 })
+	s.tcp.mu.RLock()
+	accepted, sources, front, back := s.tcp.accepted, len(s.tcp.sources), s.tcp.front, s.tcp.back
+	s.tcp.mu.RUnlock()
+	if accepted != 0 || sources != 0 || front != nil || back != nil {
+		t.Errorf("after every close: accepted %d, sources %d, order front %v back %v; want none", accepted, sources, front != nil, back != nil)
+	}
+	eventually(t, "no partial bytes reserved", func() bool { return s.tcp.budget.held() == 0 })
+	eventually(t, "no read buffer held", func() bool { return s.tcp.readBufs.Load() == 0 })
+	s.tcp.budget.mu.Lock()
+	holders := len(s.tcp.budget.holders)
+	s.tcp.budget.mu.Unlock()
+	if holders != 0 {
+		t.Errorf("%d budget holders left", holders)
+	}
+	m := &s.metrics
+	t.Logf("evicted %d, refused (full) %d, refused (source) %d, shed %d, peak partial bytes %d",
+		m.TCPEvicted.Load(), m.TCPRefused.Load(), m.TCPRefusedSource.Load(), m.TCPPartialShed.Load(), s.tcp.budget.peak.Load())
+	if m.TCPEvicted.Load() == 0 || m.TCPRefusedSource.Load()+m.TCPRefused.Load() == 0 || m.TCPPartialShed.Load() == 0 {
+		t.Error("the churn did not exercise eviction, refusal and shedding")
+	}
+	// The table serves again.
+	c := dialTCP(t, s)
+	c.write(localOptions(s, c, "after-churn", 0))
+	c.response(200)
+}
