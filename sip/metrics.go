@@ -62,10 +62,12 @@ type Metrics struct {
 	InDialogBackendDown atomic.Uint64 // in-dialog requests answered 480: their backend is down
 
 	// TCP exhaustion guards (tcpguard.go)
-	TCPRefusedSource atomic.Uint64 // TCP connections over -sip-tcp-max-conns-per-source
-	TCPEvicted       atomic.Uint64 // idle TCP connections closed to make room for a new one
-	TCPFirstMessage  atomic.Uint64 // TCP connections closed: no complete message within -sip-tcp-first-message-timeout
-	TCPPartialShed   atomic.Uint64 // TCP connections closed: -sip-tcp-partial-budget exceeded
+	TCPRefusedSource   atomic.Uint64 // TCP connections over -sip-tcp-max-conns-per-source
+	TCPEvicted         atomic.Uint64 // idle TCP connections closed to make room for a new one
+	TCPFirstMessage    atomic.Uint64 // TCP connections closed: no complete message within -sip-tcp-first-message-timeout
+	TCPPartialShed     atomic.Uint64 // TCP connections closed: -sip-tcp-partial-budget exceeded
+	TCPKeepAlives      atomic.Uint64 // CRLFCRLF keep-alives received on TCP
+	TCPKeepAliveWrites atomic.Uint64 // writes of their answers (those of one read go in one)
 }
 
 // Metrics returns the server's counters.
@@ -161,6 +163,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"send_errors", &m.SendErrors}, {"tcp_refused", &m.TCPRefused},
 		{"tcp_refused_source", &m.TCPRefusedSource}, {"tcp_evicted", &m.TCPEvicted},
 		{"tcp_first_message_closed", &m.TCPFirstMessage}, {"tcp_partial_shed", &m.TCPPartialShed},
+		{"tcp_keepalives", &m.TCPKeepAlives}, {"tcp_keepalive_writes", &m.TCPKeepAliveWrites},
 		{"tcp_slow_closed", &m.TCPSlow}, {"tcp_stalled_closed", &m.TCPStalled}, {"panics", &m.Panics},
 		{"pings_sent", &m.PingsSent}, {"pings_failed", &m.PingsFailed},
 		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},

@@ -469,13 +469,19 @@ func (s *Server) readConn(tc *tcpConn) {
 		}
 		if n > 0 {
 			done, touched := false, false // touched: a message moved tc in the activity order
+			pongs := 0                    // keep-alives to answer
 			for {
-				// RFC 5626 §3.5.1 keep-alive: CRLFCRLF is answered with CRLF;
-				// stray CRLFs between messages are skipped. Neither counts
-				// as a message.
-				if len(buf) >= 4 && string(buf[:4]) == "\r\n\r\n" {
-					_ = tc.write([]byte("\r\n"))
-					buf = buf[:copy(buf, buf[4:])]
+				// RFC 5626 §3.5.1 keep-alive: each CRLFCRLF is answered with
+				// CRLF, the answers of one read in one write (a write per
+				// 4-byte ping let a flood of them take a core); stray CRLFs
+				// between messages are skipped. Neither counts as a message.
+				off := 0
+				for len(buf)-off >= 4 && string(buf[off:off+4]) == "\r\n\r\n" {
+					off += 4
+				}
+				if off > 0 {
+					pongs += off / 4
+					buf = buf[:copy(buf, buf[off:])]
 					fr = framer{}
 					done = true
 					continue
@@ -496,6 +502,10 @@ func (s *Server) readConn(tc *tcpConn) {
 				if !ok {
 					break
 				}
+				if pongs > 0 { // in order, before the message's answers
+					s.pong(tc, pongs)
+					pongs = 0
+				}
 				if !touched { // before its answer can go out
 					s.tcp.touch(tc)
 					touched = true
@@ -504,6 +514,9 @@ func (s *Server) readConn(tc *tcpConn) {
 				greeted = true
 				buf = buf[:copy(buf, buf[size:])]
 				done = true
+			}
+			if pongs > 0 {
+				s.pong(tc, pongs)
 			}
 			if done || len(buf) == 0 {
 				msgDeadline = time.Time{} // the next message starts its own clock
@@ -539,6 +552,22 @@ func (s *Server) readConn(tc *tcpConn) {
 			}
 			return
 		}
+	}
+}
+
+// crlfs are the answers to keep-alives, a CRLF each; never written to.
+var crlfs = bytes.Repeat([]byte("\r\n"), 1024)
+
+// pong answers k keep-alives on tc, up to 1,024 per write.
+func (s *Server) pong(tc *tcpConn, k int) {
+	s.metrics.TCPKeepAlives.Add(uint64(k))
+	for k > 0 {
+		m := min(k, len(crlfs)/2)
+		s.metrics.TCPKeepAliveWrites.Add(1)
+		if tc.write(crlfs[:2*m]) != nil {
+			return
+		}
+		k -= m
 	}
 }
 
