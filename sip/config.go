@@ -84,9 +84,25 @@ type Config struct {
 	// is not restarted by each byte, so a peer that trickles bytes cannot
 	// hold a connection. Flag -sip-tcp-message-timeout.
 	TCPMessageTimeout time.Duration
-	// TCPMaxConns bounds the accepted TCP connections; more are closed at
-	// once. Flag -sip-tcp-max-conns.
+	// TCPMaxConns bounds the accepted TCP connections. When the table is
+	// full, a new connection takes the place of the one idle the longest (no
+	// complete message for the longest time, none half received, nothing
+	// queued for it); only when every connection looked at is busy is the
+	// new one closed. Flag -sip-tcp-max-conns.
 	TCPMaxConns int
+	// TCPMaxConnsPerSource bounds the accepted TCP connections of one IPv4
+	// address or IPv6 /64; more are closed at once. Flag
+	// -sip-tcp-max-conns-per-source.
+	TCPMaxConnsPerSource int
+	// TCPFirstMessageTimeout closes an accepted TCP connection that has not
+	// sent a complete message this long after it was accepted; keep-alives
+	// do not count. Flag -sip-tcp-first-message-timeout.
+	TCPFirstMessageTimeout time.Duration
+	// TCPPartialBudget bounds the bytes buffered, over every accepted TCP
+	// connection, for messages not yet complete. Past it the connection
+	// holding the most is closed (the oldest among equals). Flag
+	// -sip-tcp-partial-budget.
+	TCPPartialBudget int
 	// UDPBuffer is the socket receive and send buffer in bytes. Flag
 	// -sip-udp-buffer (the kernel may cap it at
 	// net.core.rmem_max).
@@ -188,6 +204,14 @@ func DefaultConfig() Config {
 
 		UnknownDialog:           UnknownDialogNewWork,
 		UnknownDialogSourceRate: DefaultUnknownDialogSourceRate,
+		// 256: one address is at most 2.5% of the default table, and a NAT
+		// or an SBC/PBX with a connection per user or per call still gets
+		// 256 (a single UA needs one or two, RFC 5626).
+		TCPMaxConnsPerSource:   256,
+		TCPFirstMessageTimeout: 10 * time.Second,
+		// 64 MiB: about 1,000 maximal messages in flight at once; the
+		// 10,000 default connections with 64 KiB each would be 640 MiB.
+		TCPPartialBudget: 64 << 20,
 	}
 }
 
@@ -210,6 +234,9 @@ func (c *Config) setDefaults() {
 	fill(&c.TCPIdleTimeout, d.TCPIdleTimeout)
 	fill(&c.TCPMessageTimeout, d.TCPMessageTimeout)
 	fill(&c.TCPMaxConns, d.TCPMaxConns)
+	fill(&c.TCPMaxConnsPerSource, d.TCPMaxConnsPerSource)
+	fill(&c.TCPFirstMessageTimeout, d.TCPFirstMessageTimeout)
+	fill(&c.TCPPartialBudget, d.TCPPartialBudget)
 	fill(&c.UDPBuffer, d.UDPBuffer)
 	fill(&c.MaxMessage, d.MaxMessage)
 }
@@ -260,10 +287,16 @@ func (c *Config) Validate() error {
 		return fieldError("TCPMessageTimeout", "must be at least 100ms")
 	case c.TCPMaxConns < 1:
 		return fieldError("TCPMaxConns", "must be at least 1")
+	case c.TCPMaxConnsPerSource < 1:
+		return fieldError("TCPMaxConnsPerSource", "must be at least 1")
+	case c.TCPFirstMessageTimeout < 100*time.Millisecond:
+		return fieldError("TCPFirstMessageTimeout", "must be at least 100ms")
 	case c.UDPBuffer < 1<<16:
 		return fieldError("UDPBuffer", "must be at least 65536")
 	case c.MaxMessage < 1024 || c.MaxMessage > 1<<20:
 		return fieldError("MaxMessage", "must be in 1024..1048576")
+	case c.TCPPartialBudget < 2*(c.MaxMessage+1):
+		return fieldError("TCPPartialBudget", "must be at least twice MaxMessage + 1 (%d bytes)", 2*(c.MaxMessage+1))
 	}
 	ids := map[string]bool{}
 	for _, b := range c.Backends {

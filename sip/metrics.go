@@ -57,7 +57,7 @@ type Metrics struct {
 	Retransmitted   atomic.Uint64 // our retransmissions to UDP backends
 
 	SendErrors atomic.Uint64 // failed writes
-	TCPRefused atomic.Uint64 // TCP connections over -sip-tcp-max-conns
+	TCPRefused atomic.Uint64 // TCP connections closed at once: -sip-tcp-max-conns reached, no idle one to close instead
 	TCPSlow    atomic.Uint64 // TCP connections closed: message not complete within -sip-tcp-message-timeout
 	TCPStalled atomic.Uint64 // TCP connections closed: peer did not read what we sent
 	Panics     atomic.Uint64 // recovered handler panics (bugs)
@@ -71,6 +71,13 @@ type Metrics struct {
 	UnknownDialogMetered       atomic.Uint64 // requests of unknown dialogs sent to admission as new work (-sip-unknown-dialog new-work)
 	UnknownDialogRejected      atomic.Uint64 // requests of unknown dialogs answered 481 or dropped (reject)
 	UnknownDialogSourceLimited atomic.Uint64 // requests of unknown dialogs over their source's share (503)
+	// TCP exhaustion guards (tcpguard.go)
+	TCPRefusedSource   atomic.Uint64 // TCP connections over -sip-tcp-max-conns-per-source
+	TCPEvicted         atomic.Uint64 // idle TCP connections closed to make room for a new one
+	TCPFirstMessage    atomic.Uint64 // TCP connections closed: no complete message within -sip-tcp-first-message-timeout
+	TCPPartialShed     atomic.Uint64 // TCP connections closed: -sip-tcp-partial-budget exceeded
+	TCPKeepAlives      atomic.Uint64 // CRLFCRLF keep-alives received on TCP
+	TCPKeepAliveWrites atomic.Uint64 // writes of their answers (those of one read go in one)
 }
 
 // Metrics returns the server's counters.
@@ -120,6 +127,8 @@ var (
 	descConnections  = prometheus.NewDesc("sluice_frontend_connections", "Open client connections of the front end.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
 	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
+	descReadBuffers  = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
 // Collector returns the front end's counters as a prometheus.Collector:
@@ -139,6 +148,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descConnections
 	ch <- descDialogs
 	ch <- descDialogBytes
+	ch <- descPartialBytes
+	ch <- descReadBuffers
 }
 
 // Collect implements prometheus.Collector.
@@ -162,6 +173,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"options_answered", &m.OptionsAnswered}, {"absorbed_acks", &m.AbsorbedACKs},
 		{"retransmissions", &m.Retransmissions}, {"retransmitted", &m.Retransmitted},
 		{"send_errors", &m.SendErrors}, {"tcp_refused", &m.TCPRefused},
+		{"tcp_refused_source", &m.TCPRefusedSource}, {"tcp_evicted", &m.TCPEvicted},
+		{"tcp_first_message_closed", &m.TCPFirstMessage}, {"tcp_partial_shed", &m.TCPPartialShed},
+		{"tcp_keepalives", &m.TCPKeepAlives}, {"tcp_keepalive_writes", &m.TCPKeepAliveWrites},
 		{"tcp_slow_closed", &m.TCPSlow}, {"tcp_stalled_closed", &m.TCPStalled}, {"panics", &m.Panics},
 		{"pings_sent", &m.PingsSent}, {"pings_failed", &m.PingsFailed},
 		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},
@@ -181,4 +195,6 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.len()), "tcp")
 	ch <- prometheus.MustNewConstMetric(descDialogs, prometheus.GaugeValue, float64(c.s.dialogs.Len()))
 	ch <- prometheus.MustNewConstMetric(descDialogBytes, prometheus.GaugeValue, float64(c.s.dialogs.Bytes()))
+	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")
+	ch <- prometheus.MustNewConstMetric(descReadBuffers, prometheus.GaugeValue, float64(c.s.tcp.readBufs.Load()), "tcp")
 }

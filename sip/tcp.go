@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,6 +28,19 @@ type tcpConn struct {
 	flushing bool // a flusher goroutine owns the socket's write side
 	dead     bool // closed for writing: every write fails at once
 	closing  bool // the reader ended: the flusher closes once the queue is out
+
+	// connection accounting (tcpguard.go)
+	accepted bool         // accepted, not dialled: counted and evictable
+	source   netip.Prefix // what the per-source cap counts by
+	lru      lruLink      // place in the activity order; tcpTable.mu
+	touched  atomic.Int64 // unix nanos of the last move to the back
+	partial  atomic.Bool  // part of a message is buffered: not idle
+	budgeted bool         // its partial messages count in the budget: all but backends
+
+	// the partial-message reservation; partialBudget.mu
+	held      int64
+	heldSince time.Time
+	shed      bool
 }
 
 // maxWriteQueue bounds the bytes queued for one connection whose peer does
@@ -140,11 +154,25 @@ type tcpTable struct {
 	conns   map[netip.AddrPort]*tcpConn
 	peak    int                         // most entries conns held since it was made
 	dialing map[netip.AddrPort][][]byte // messages waiting for the connection
+
+	// Accepted connections (tcpguard.go): their count, their count per
+	// source and their activity order, least recently active in front.
+	accepted    int
+	sources     map[netip.Prefix]int
+	front, back *tcpConn
+	touchEvery  time.Duration
+	now         func() int64 // unix nanos, for touchEvery
+	readBufs    atomic.Int64 // connections holding a read buffer
+
+	budget partialBudget // bytes of partial messages
 }
 
 func (t *tcpTable) init() {
 	t.conns = map[netip.AddrPort]*tcpConn{}
 	t.dialing = map[netip.AddrPort][][]byte{}
+	t.sources = map[netip.Prefix]int{}
+	t.touchEvery = lruTouchEvery
+	t.now = wallNanos
 }
 
 func (t *tcpTable) get(a netip.AddrPort) *tcpConn {
@@ -159,6 +187,7 @@ func (t *tcpTable) remove(c *tcpConn) {
 	if t.conns[c.remote] == c {
 		delete(t.conns, c.remote)
 	}
+	t.uncount(c)
 	// A Go map never gives back its buckets: after a wave of thousands of
 	// connections, copy the survivors into a map of their own size.
 	if t.peak >= 1024 && len(t.conns) < t.peak/8 {
@@ -197,17 +226,48 @@ func (s *Server) serveTCP() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		if s.tcp.len() >= s.cfg.TCPMaxConns {
-			s.metrics.TCPRefused.Add(1)
-			c.Close()
-			continue
-		}
-		s.startConn(c)
+		s.acceptConn(c)
 	}
 }
 
-func (s *Server) startConn(c *net.TCPConn) *tcpConn {
-	return s.startConnQueued(c, netip.AddrPort{})
+// acceptConn registers an accepted connection and starts its reader, or
+// closes it: over its source's cap (-sip-tcp-max-conns-per-source), or with
+// the table full and no idle connection to close in its place.
+func (s *Server) acceptConn(c *net.TCPConn) {
+	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true}
+	s.tcp.mu.Lock()
+	verdict, victim := s.tcp.admit(tc, s.cfg.TCPMaxConns, s.cfg.TCPMaxConnsPerSource)
+	if verdict == admitted {
+		s.tcp.conns[tc.remote] = tc
+		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
+	}
+	s.tcp.mu.Unlock()
+	switch verdict {
+	case refusedSource:
+		s.metrics.TCPRefusedSource.Add(1)
+		s.log.Debug("sip tcp connection refused: its source has -sip-tcp-max-conns-per-source connections", "remote", tc.remote.String(), "max", s.cfg.TCPMaxConnsPerSource)
+		c.Close()
+		return
+	case refusedFull:
+		s.metrics.TCPRefused.Add(1)
+		c.Close()
+		return
+	}
+	if victim != nil {
+		s.metrics.TCPEvicted.Add(1)
+		s.log.Debug("sip tcp table full: the least recently active idle connection closed for a new one", "closed", victim.remote.String(), "new", tc.remote.String())
+		victim.mu.Lock()
+		if !victim.dead {
+			victim.kill()
+		}
+		victim.mu.Unlock()
+	}
+	if s.closed.Load() {
+		c.Close()
+	}
+	s.wg.Add(1)
+	go s.readConn(tc)
 }
 
 // startConnQueued registers c and starts its reader. When dialled is
@@ -216,6 +276,9 @@ func (s *Server) startConn(c *net.TCPConn) *tcpConn {
 func (s *Server) startConnQueued(c *net.TCPConn, dialled netip.AddrPort) *tcpConn {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s}
+	// A connection dialled to a client (a request from a backend going
+	// downstream) shares the partial-message budget; one to a backend not.
+	tc.budgeted = s.pool.Load().backendAt(tc.remote) == nil
 	tc.mu.Lock()
 	s.tcp.mu.Lock()
 	s.tcp.conns[tc.remote] = tc
@@ -289,11 +352,46 @@ func (s *Server) dialAsync(a netip.AddrPort, p []byte) bool {
 	return queued
 }
 
-// tcpReadSize is the read buffer of a connection between messages. It grows
-// while a larger message arrives and is cut back to this size once the
-// message is handled, so an idle connection holds tcpReadSize bytes plus
-// its reader goroutine's stack.
+// tcpReadSize is the read buffer a connection gets from a pool when bytes
+// arrive between messages. A message that does not fit gets a buffer of
+// exactly its size once its head is in (Content-Length tells); while a head
+// is still coming the buffer doubles, never past -sip-max-message + 1
+// bytes. Once the messages read are handled the buffer goes back to the
+// pool (a larger one to the collector), so a connection waiting between
+// messages holds no buffer, only its reader goroutine's stack.
 const tcpReadSize = 2048
+
+// readBufPool holds the tcpReadSize buffers of connections between
+// messages.
+var readBufPool = sync.Pool{New: func() any { return new([tcpReadSize]byte) }}
+
+// getReadBuf returns an empty buffer of capacity tcpReadSize.
+func getReadBuf() []byte { return readBufPool.Get().(*[tcpReadSize]byte)[:0] }
+
+// releaseReadBuf gives b back to the pool when it is one of its size;
+// larger buffers are left to the collector. Nothing may use b after.
+func releaseReadBuf(b []byte) {
+	if cap(b) == tcpReadSize {
+		readBufPool.Put((*[tcpReadSize]byte)(b[:tcpReadSize]))
+	}
+}
+
+// tcpMinRead is the least room a read gets before the buffer grows.
+const tcpMinRead = 512
+
+// readCap is the capacity buf needs before the next read: the message's
+// size once its head is in (size > 0), else room for tcpMinRead more
+// bytes, doubling, never past limit+1 (a longer head is a framing error).
+func readCap(buf []byte, size, limit int) int {
+	c := cap(buf)
+	if size > 0 {
+		return max(c, size)
+	}
+	if c-len(buf) >= tcpMinRead {
+		return c
+	}
+	return max(c, min(2*c, limit+1))
+}
 
 // readConn frames messages by Content-Length (RFC 3261 §18.3) across
 // partial reads and hands each to handleDatagram. A framing error is
@@ -301,10 +399,22 @@ const tcpReadSize = 2048
 // silence longer than TCPIdleTimeout between messages, and a message not
 // complete TCPMessageTimeout after its first byte: the head deadline is set
 // once per message, so a peer that trickles a byte at a time cannot hold the
-// connection by extending it.
+// connection by extending it. An accepted connection must complete its
+// first message within TCPFirstMessageTimeout of being accepted, keep-alives
+// or not; the bytes it holds for a message not yet complete are reserved in
+// the partial-message budget (tcpguard.go).
 func (s *Server) readConn(tc *tcpConn) {
 	defer s.wg.Done()
+	var reserved int64 // this connection's reservation in the partial budget
+	var buf []byte     // nil between messages: a waiting connection holds no read buffer
 	defer func() {
+		if reserved != 0 {
+			s.reservePartial(tc, 0, &reserved)
+		}
+		if buf != nil {
+			releaseReadBuf(buf)
+			s.tcp.readBufs.Add(-1)
+		}
 		s.tcp.remove(tc)
 		tc.mu.Lock()
 		if !tc.dead && !tc.flushing {
@@ -318,8 +428,10 @@ func (s *Server) readConn(tc *tcpConn) {
 		tc.mu.Unlock()
 	}()
 	src := source{addr: tc.remote, conn: tc}
-	buf := make([]byte, 0, tcpReadSize)
+	var fr framer
 	var msgDeadline time.Time // zero between messages
+	greeted := !tc.accepted   // a dialled connection has no first-message deadline
+	firstDeadline := time.Now().Add(s.cfg.TCPFirstMessageTimeout)
 	for {
 		now := time.Now()
 		dl := now.Add(s.cfg.TCPIdleTimeout)
@@ -329,20 +441,49 @@ func (s *Server) readConn(tc *tcpConn) {
 			}
 			dl = msgDeadline
 		}
-		_ = tc.c.SetReadDeadline(dl)
-		if cap(buf)-len(buf) < 512 {
-			buf = append(buf, make([]byte, cap(buf))...)[:len(buf)]
+		first := !greeted && firstDeadline.Before(dl)
+		if first {
+			dl = firstDeadline
 		}
-		n, err := tc.c.Read(buf[len(buf):cap(buf)])
+		_ = tc.c.SetReadDeadline(dl)
+		var n int
+		var err error
+		if len(buf) == 0 {
+			// Between messages: wait for bytes without a buffer, then read
+			// into one from the pool.
+			buf, err = readParked(tc.c)
+			n = len(buf)
+			if buf != nil {
+				s.tcp.readBufs.Add(1)
+			}
+		} else {
+			if want := readCap(buf, fr.size, s.cfg.MaxMessage); want > cap(buf) {
+				if !s.reservePartial(tc, int64(want), &reserved) {
+					return
+				}
+				nb := append(make([]byte, 0, want), buf...)
+				releaseReadBuf(buf)
+				buf = nb
+			}
+			n, err = tc.c.Read(buf[len(buf):cap(buf)])
+			buf = buf[:len(buf)+max(n, 0)]
+		}
 		if n > 0 {
-			buf = buf[:len(buf)+n]
-			done := false
+			done, touched := false, false // touched: a message moved tc in the activity order
+			pongs := 0                    // keep-alives to answer
 			for {
-				// RFC 5626 §3.5.1 keep-alive: CRLFCRLF is answered with CRLF;
-				// stray CRLFs between messages are skipped.
-				if len(buf) >= 4 && string(buf[:4]) == "\r\n\r\n" {
-					_ = tc.write([]byte("\r\n"))
-					buf = buf[:copy(buf, buf[4:])]
+				// RFC 5626 §3.5.1 keep-alive: each CRLFCRLF is answered with
+				// CRLF, the answers of one read in one write (a write per
+				// 4-byte ping let a flood of them take a core); stray CRLFs
+				// between messages are skipped. Neither counts as a message.
+				off := 0
+				for len(buf)-off >= 4 && string(buf[off:off+4]) == "\r\n\r\n" {
+					off += 4
+				}
+				if off > 0 {
+					pongs += off / 4
+					buf = buf[:copy(buf, buf[off:])]
+					fr = framer{}
 					done = true
 					continue
 				}
@@ -352,8 +493,9 @@ func (s *Server) readConn(tc *tcpConn) {
 				}
 				if skip > 0 && skip+2 <= len(buf) {
 					buf = buf[:copy(buf, buf[skip:])]
+					fr = framer{}
 				}
-				size, ok, ferr := frame(buf, s.cfg.MaxMessage)
+				size, ok, ferr := fr.next(buf, s.cfg.MaxMessage)
 				if ferr != nil {
 					s.malformed(buf, src, "framing")
 					return
@@ -361,25 +503,72 @@ func (s *Server) readConn(tc *tcpConn) {
 				if !ok {
 					break
 				}
+				if pongs > 0 { // in order, before the message's answers
+					s.pong(tc, pongs)
+					pongs = 0
+				}
+				if !touched { // before its answer can go out
+					s.tcp.touch(tc)
+					touched = true
+				}
 				s.handleDatagram(buf[:size], src)
+				greeted = true
 				buf = buf[:copy(buf, buf[size:])]
 				done = true
+			}
+			if pongs > 0 {
+				s.pong(tc, pongs)
 			}
 			if done || len(buf) == 0 {
 				msgDeadline = time.Time{} // the next message starts its own clock
 			}
-			if len(buf) <= tcpReadSize/2 && cap(buf) > tcpReadSize {
-				buf = append(make([]byte, 0, tcpReadSize), buf...)
+			switch {
+			case len(buf) == 0:
+				releaseReadBuf(buf)
+				buf = nil
+				s.tcp.readBufs.Add(-1)
+			case len(buf) <= tcpReadSize/2 && cap(buf) > tcpReadSize:
+				buf = append(getReadBuf(), buf...)
+			}
+			// What is left is part of a message: its buffer stays reserved.
+			tc.partial.Store(len(buf) > 0)
+			want := int64(0)
+			if len(buf) > 0 {
+				want = int64(cap(buf))
+			}
+			if want != reserved && !s.reservePartial(tc, want, &reserved) {
+				return
 			}
 		}
 		if err != nil {
 			var ne net.Error
-			if len(buf) > 0 && errors.As(err, &ne) && ne.Timeout() {
+			switch {
+			case !errors.As(err, &ne) || !ne.Timeout():
+			case first:
+				s.metrics.TCPFirstMessage.Add(1)
+				s.log.Debug("sip tcp connection sent no complete message in time: closed", "remote", tc.remote.String(), "bytes", len(buf), "timeout", s.cfg.TCPFirstMessageTimeout)
+			case len(buf) > 0:
 				s.metrics.TCPSlow.Add(1)
 				s.log.Debug("sip tcp message not complete in time: connection closed", "remote", tc.remote.String(), "bytes", len(buf), "timeout", s.cfg.TCPMessageTimeout)
 			}
 			return
 		}
+	}
+}
+
+// crlfs are the answers to keep-alives, a CRLF each; never written to.
+var crlfs = bytes.Repeat([]byte("\r\n"), 1024)
+
+// pong answers k keep-alives on tc, up to 1,024 per write.
+func (s *Server) pong(tc *tcpConn, k int) {
+	s.metrics.TCPKeepAlives.Add(uint64(k))
+	for k > 0 {
+		m := min(k, len(crlfs)/2)
+		s.metrics.TCPKeepAliveWrites.Add(1)
+		if tc.write(crlfs[:2*m]) != nil {
+			return
+		}
+		k -= m
 	}
 }
 
@@ -390,14 +579,52 @@ var errFrame = errors.New("bad framing")
 // bytes are needed. A missing or malformed Content-Length, or a message
 // over max, is an error: a stream has no other boundary to resync on.
 func frame(b []byte, max int) (size int, ok bool, err error) {
-	end := bytes.Index(b, []byte("\r\n\r\n"))
-	if end < 0 {
-		if len(b) > max {
-			return 0, false, errFrame
+	var f framer
+	return f.next(b, max)
+}
+
+var crlfcrlf = []byte("\r\n\r\n")
+
+// framer frames one connection's messages across reads without searching
+// the same bytes twice for the end of a head: a head trickled in small
+// pieces costs its length, not its length squared.
+type framer struct {
+	scanned int // leading bytes searched for the blank line, without a match
+	size    int // the message's full size once its head is in; 0 before
+}
+
+// next returns the size of the first complete message of b, the buffer
+// the framer saw last grown by what arrived since; see frame. The framer
+// starts over after a complete message.
+func (f *framer) next(b []byte, limit int) (size int, ok bool, err error) {
+	if f.size == 0 {
+		from := max(0, f.scanned-3)
+		i := bytes.Index(b[from:], crlfcrlf)
+		if i < 0 {
+			if len(b) > limit {
+				return 0, false, errFrame
+			}
+			f.scanned = len(b)
+			return 0, false, nil
 		}
+		n, err := headSize(b[:from+i+4], limit)
+		if err != nil {
+			return 0, false, err
+		}
+		f.size = n
+	}
+	if len(b) < f.size {
 		return 0, false, nil
 	}
-	hdr := b[:end+2]
+	size = f.size
+	*f = framer{}
+	return size, true, nil
+}
+
+// headSize returns the size of the message whose head (ending with the
+// blank line) is head: the head plus its Content-Length.
+func headSize(head []byte, limit int) (int, error) {
+	hdr := head[:len(head)-2]
 	cl := -1
 	for len(hdr) > 0 {
 		i := bytes.Index(hdr, []byte("\r\n"))
@@ -409,24 +636,21 @@ func frame(b []byte, max int) (size int, ok bool, err error) {
 		}
 		name = bytes.TrimSpace(name)
 		if bytes.EqualFold(name, []byte("content-length")) || bytes.EqualFold(name, []byte("l")) {
-			n, ok := parseDigits(bytes.TrimSpace(val), max)
+			n, ok := parseDigits(bytes.TrimSpace(val), limit)
 			if !ok {
-				return 0, false, errFrame
+				return 0, errFrame
 			}
 			cl = n
 		}
 	}
 	if cl < 0 {
-		return 0, false, errFrame
+		return 0, errFrame
 	}
-	size = end + 4 + cl
-	if size > max {
-		return 0, false, errFrame
+	size := len(head) + cl
+	if size > limit {
+		return 0, errFrame
 	}
-	if len(b) < size {
-		return 0, false, nil
-	}
-	return size, true, nil
+	return size, nil
 }
 
 // parseDigits parses a decimal number of at most limit.

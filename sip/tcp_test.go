@@ -145,7 +145,8 @@ func TestTCPIdleClosed(t *testing.T) {
 }
 
 // TestTCPManyConnections: many clients at once are served; past the limit
-// new connections are closed at once and counted.
+// a new connection takes the place of the least recently active idle one,
+// which is closed and counted.
 func TestTCPManyConnections(t *testing.T) {
 	b1 := newUAS(t, "b1")
 	s := testServer(t, []*uas{b1}, nil, func(c *Config) { c.TCPMaxConns = 100 })
@@ -153,18 +154,18 @@ func TestTCPManyConnections(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		cs = append(cs, dialTCP(t, s))
 	}
-	for i, c := range cs {
+	for i, c := range cs { // one after the other: cs[0] is the least recently active
 		c.write(fmt.Sprintf("OPTIONS sip:%s SIP/2.0\r\nVia: SIP/2.0/TCP %s;branch=z9hG4bK-many-%d\r\nMax-Forwards: 70\r\nFrom: <sip:a@test>;tag=1\r\nTo: <sip:x@test>\r\nCall-ID: many-%d@test\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n", s.udpAddr(), c.conn.LocalAddr(), i, i))
-	}
-	for _, c := range cs {
 		c.response(200)
 	}
 	extra := dialTCP(t, s)
-	if _, err := extra.next(); !errors.Is(err, io.EOF) {
-		t.Errorf("connection over the limit: %v, want EOF", err)
+	extra.write(optionsTo(s, extra.conn.LocalAddr(), "extra"))
+	extra.response(200)
+	if _, err := cs[0].next(); !errors.Is(err, io.EOF) {
+		t.Errorf("least recently active connection: %v, want EOF", err)
 	}
-	if s.metrics.TCPRefused.Load() == 0 {
-		t.Error("refused connection not counted")
+	if got := s.metrics.TCPEvicted.Load(); got != 1 {
+		t.Errorf("tcp evicted = %d, want 1", got)
 	}
 }
 

@@ -222,6 +222,9 @@ var fieldFlags = map[string]string{
 
 	"sip.UnknownDialog":           "sip-unknown-dialog",
 	"sip.UnknownDialogSourceRate": "sip-unknown-dialog-source-rate",
+	"sip.TCPMaxConnsPerSource":    "sip-tcp-max-conns-per-source",
+	"sip.TCPFirstMessageTimeout":  "sip-tcp-first-message-timeout",
+	"sip.TCPPartialBudget":        "sip-tcp-partial-budget",
 
 	"lb.PoolConfig.Policy":                     "lb-policy",
 	"lb.PassiveConfig.MaxFails":                "health-max-fails",

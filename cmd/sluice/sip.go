@@ -48,7 +48,10 @@ func addSIPFlags(fs *flag.FlagSet) *sipOptions {
 	fs.IntVar(&c.HealthFall, "sip-health-fall", d.HealthFall, "unanswered pings in a row that take a backend down")
 	fs.DurationVar(&c.TCPIdleTimeout, "sip-tcp-idle-timeout", d.TCPIdleTimeout, "close TCP connections idle this long")
 	fs.DurationVar(&c.TCPMessageTimeout, "sip-tcp-message-timeout", d.TCPMessageTimeout, "close a TCP connection whose message is not complete this long after its first byte (not restarted per byte)")
-	fs.IntVar(&c.TCPMaxConns, "sip-tcp-max-conns", d.TCPMaxConns, "most TCP connections")
+	fs.IntVar(&c.TCPMaxConns, "sip-tcp-max-conns", d.TCPMaxConns, "most TCP connections accepted; when full, the connection idle the longest is closed for a new one")
+	fs.IntVar(&c.TCPMaxConnsPerSource, "sip-tcp-max-conns-per-source", d.TCPMaxConnsPerSource, "most TCP connections accepted from one IPv4 address or IPv6 /64; more are closed at once")
+	fs.DurationVar(&c.TCPFirstMessageTimeout, "sip-tcp-first-message-timeout", d.TCPFirstMessageTimeout, "close an accepted TCP connection without a complete message this long after its accept (keep-alives do not count)")
+	fs.IntVar(&c.TCPPartialBudget, "sip-tcp-partial-budget", d.TCPPartialBudget, "most bytes buffered for TCP messages not yet complete, over every connection; past it the connection holding the most is closed (at least twice -sip-max-message + 1)")
 	fs.IntVar(&c.UDPBuffer, "sip-udp-buffer", d.UDPBuffer, "UDP socket buffer in bytes")
 	fs.IntVar(&c.MaxMessage, "sip-max-message", d.MaxMessage, "largest SIP message in bytes")
 	return o

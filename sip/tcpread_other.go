@@ -1,0 +1,17 @@
+//go:build !unix
+
+package sip
+
+import "net"
+
+// readParked reads into a buffer from the pool. Without a way to wait for
+// readability holding no buffer, a waiting connection holds one here.
+func readParked(c *net.TCPConn) ([]byte, error) {
+	b := getReadBuf()
+	n, err := c.Read(b[:cap(b)])
+	if n > 0 {
+		return b[:n], err
+	}
+	releaseReadBuf(b)
+	return nil, err
+}
