@@ -32,6 +32,9 @@ type Server struct {
 	hosts       atomic.Pointer[hostPolicy]
 	servePort   atomic.Int32 // port of the listener Serve was given; 0 before
 	misdirected misdirected
+	// maxConns bounds open connections (limit.go); 0: the default.
+	maxConns int
+	limit    atomic.Pointer[limitListener] // set by Serve
 
 	mu      sync.Mutex
 	tasks   []func(context.Context)
@@ -111,7 +114,13 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.servePort.Store(int32(a.Port))
 	}
 	s.startTasks()
-	if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	max := s.maxConns
+	if max <= 0 {
+		max = maxConns
+	}
+	l := newLimitListener(ln, max)
+	s.limit.Store(l)
+	if err := s.srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
 	}
 	return nil
