@@ -28,41 +28,83 @@ var testKey = []byte("0123456789abcdef0123456789abcdef")
 // testServer starts a Server on 127.0.0.1 with the given backends.
 func testServer(t testing.TB, backends []*uas, rules []string, mut func(*Config), mem ...*admission.Memory) *Server {
 	t.Helper()
-	signer, err := lb.NewSigner(testKey)
-	if err != nil {
-		t.Fatal(err)
+	o := serverOpts{backends: uasAddrs(backends), rules: rules, mut: mut}
+	if len(mem) > 0 {
+		o.mem = mem[0]
 	}
-	return testServerSigner(t, signer, backends, rules, mut, mem...)
+	return startServer(t, o)
 }
 
 // testServerSigner is testServer with the given affinity token signer.
 func testServerSigner(t testing.TB, signer Signer, backends []*uas, rules []string, mut func(*Config), mem ...*admission.Memory) *Server {
 	t.Helper()
+	o := serverOpts{backends: uasAddrs(backends), rules: rules, mut: mut, signer: signer}
+	if len(mem) > 0 {
+		o.mem = mem[0]
+	}
+	return startServer(t, o)
+}
+
+// serverOpts is what a test server is built from; testServer and its
+// variants fill in the parts they need.
+type serverOpts struct {
+	backends []netip.AddrPort // b1, b2, ... over UDP
+	rules    []string         // ARM rules
+	mut      func(*Config)
+	mem      *admission.Memory
+	signer   Signer                 // nil: an lb.Signer with testKey
+	clock    *admission.ManualClock // nil: the monotonic clock, admission ticking every 10 ms
+	events   admission.EventSink
+}
+
+func uasAddrs(backends []*uas) []netip.AddrPort {
+	addrs := make([]netip.AddrPort, len(backends))
+	for i, b := range backends {
+		addrs[i] = b.addr
+	}
+	return addrs
+}
+
+// startServer builds, starts and (at cleanup) stops a server on a free
+// loopback port.
+func startServer(t testing.TB, o serverOpts) *Server {
+	t.Helper()
+	signer := o.signer
+	if signer == nil {
+		lbs, err := lb.NewSigner(testKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signer = lbs
+	}
 	var rcs []admission.RuleConfig
-	for _, r := range rules {
+	for _, r := range o.rules {
 		rc, err := admission.ParseRule(r)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rcs = append(rcs, rc)
 	}
-	clock := admission.MonoClock{}
-	var m *admission.Memory
-	if len(mem) > 0 {
-		m = mem[0]
+	var clock admission.Clock = admission.MonoClock{}
+	if o.clock != nil {
+		clock = o.clock
 	}
-	adm, err := admission.NewController(admission.ControllerConfig{Rules: rcs}, m, clock.Now())
+	adm, err := admission.NewController(admission.ControllerConfig{Rules: rcs}, o.mem, clock.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := Config{Listen: "127.0.0.1:0", FailoverTimeout: 300 * time.Millisecond}
-	for i, b := range backends {
-		cfg.Backends = append(cfg.Backends, BackendConfig{ID: fmt.Sprintf("b%d", i+1), Addr: b.addr.String(), Transport: "udp", Weight: 1})
+	for i, a := range o.backends {
+		cfg.Backends = append(cfg.Backends, BackendConfig{ID: fmt.Sprintf("b%d", i+1), Addr: a.String(), Transport: "udp", Weight: 1})
 	}
-	if mut != nil {
-		mut(&cfg)
+	if o.mut != nil {
+		o.mut(&cfg)
 	}
-	s, err := New(cfg, Deps{Admission: adm, Signer: signer}, slog.New(slog.DiscardHandler))
+	deps := Deps{Admission: adm, Signer: signer, Events: o.events}
+	if o.clock != nil {
+		deps.Clock = o.clock
+	}
+	s, err := New(cfg, deps, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,12 +113,15 @@ func testServerSigner(t testing.TB, signer Signer, backends []*uas, rules []stri
 		cancel()
 		t.Fatal(err)
 	}
-	adc, adcCancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { adm.Run(adc, clock, 10*time.Millisecond); close(done) }()
+	stopAdm := func() {}
+	if o.clock == nil {
+		adc, adcCancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { adm.Run(adc, clock, 10*time.Millisecond); close(done) }()
+		stopAdm = func() { adcCancel(); <-done }
+	}
 	t.Cleanup(func() {
-		adcCancel()
-		<-done
+		stopAdm()
 		cancel()
 		s.Close()
 	})

@@ -1,9 +1,7 @@
 package sip
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
@@ -53,50 +51,8 @@ func (l *eventLog) find(kind admission.EventKind, sub string) []admission.Event 
 // log.
 func forgeServer(t *testing.T, backends []netip.AddrPort, rules []string, mut func(*Config)) (*Server, *eventLog) {
 	t.Helper()
-	signer, err := lb.NewSigner(testKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rcs []admission.RuleConfig
-	for _, r := range rules {
-		rc, err := admission.ParseRule(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rcs = append(rcs, rc)
-	}
-	clock := admission.MonoClock{}
-	adm, err := admission.NewController(admission.ControllerConfig{Rules: rcs}, nil, clock.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Listen: "127.0.0.1:0", FailoverTimeout: 300 * time.Millisecond}
-	for i, a := range backends {
-		cfg.Backends = append(cfg.Backends, BackendConfig{ID: fmt.Sprintf("b%d", i+1), Addr: a.String(), Transport: "udp", Weight: 1})
-	}
-	if mut != nil {
-		mut(&cfg)
-	}
 	log := &eventLog{}
-	s, err := New(cfg, Deps{Admission: adm, Signer: signer, Events: log.sink}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := s.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	adc, adcCancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { adm.Run(adc, clock, 10*time.Millisecond); close(done) }()
-	t.Cleanup(func() {
-		adcCancel()
-		<-done
-		cancel()
-		s.Close()
-	})
-	return s, log
+	return startServer(t, serverOpts{backends: backends, rules: rules, mut: mut, events: log.sink}), log
 }
 
 // rawUAS is a backend whose answers the test writes itself.

@@ -1,9 +1,7 @@
 package sip
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"testing"
@@ -12,52 +10,15 @@ import (
 	gosip "github.com/emiago/sipgo/sip"
 
 	"github.com/sluicelb/sluice/admission"
-	"github.com/sluicelb/sluice/lb"
 )
 
 // manualServer is testServer on a clock that moves only when the test
 // moves it, so a rate rule's budget is exact.
 func manualServer(t *testing.T, backends []*uas, rules []string, mut func(*Config)) (*Server, *admission.ManualClock) {
 	t.Helper()
-	signer, err := lb.NewSigner(testKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rcs []admission.RuleConfig
-	for _, r := range rules {
-		rc, err := admission.ParseRule(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rcs = append(rcs, rc)
-	}
 	clock := &admission.ManualClock{}
 	clock.Set(int64(time.Hour))
-	adm, err := admission.NewController(admission.ControllerConfig{Rules: rcs}, nil, clock.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Listen: "127.0.0.1:0", FailoverTimeout: 300 * time.Millisecond}
-	for i, b := range backends {
-		cfg.Backends = append(cfg.Backends, BackendConfig{ID: fmt.Sprintf("b%d", i+1), Addr: b.addr.String(), Transport: "udp", Weight: 1})
-	}
-	if mut != nil {
-		mut(&cfg)
-	}
-	s, err := New(cfg, Deps{Admission: adm, Signer: signer, Clock: clock}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := s.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		s.Close()
-	})
-	return s, clock
+	return startServer(t, serverOpts{backends: uasAddrs(backends), rules: rules, mut: mut, clock: clock}), clock
 }
 
 // strayInDialog sends n requests of method that look in-dialog (To-tag,
