@@ -104,14 +104,15 @@ func (s *Server) start(task func(context.Context)) {
 	}()
 }
 
-// Serve answers on ln until Shutdown; it returns nil after Shutdown.
+// Serve answers on ln until Shutdown; it returns nil after Shutdown. At
+// most MaxConns connections are open at once.
 func (s *Server) Serve(ln net.Listener) error {
 	s.logger.Info("admin listening", "addr", ln.Addr().String())
 	if a, ok := ln.Addr().(*net.TCPAddr); ok {
 		s.servePort.Store(int32(a.Port))
 	}
 	s.startTasks()
-	if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	if err := s.srv.Serve(newLimitListener(ln, MaxConns)); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
 	}
 	return nil
