@@ -221,7 +221,7 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		v = ip.AppendTo(v)
 	}
 	v = append(v, ";proto=http"...)
-	if host := h.Host(); len(host) > 0 && len(host) < 200 && bytes.IndexAny(host, "\"\\\r\n") < 0 {
+	if host := h.Host(); len(host) > 0 && len(host) < 200 && plainHost(host) {
 		v = append(v, `;host="`...)
 		v = append(v, host...)
 		v = append(v, '"')
@@ -230,6 +230,25 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		h.Del("Forwarded")
 	}
 	h.SetBytesV("Forwarded", v)
+}
+
+// plainHost reports whether host, the client's Host, may go into the
+// host= parameter of Forwarded: letters, digits and "-._~:[]" only. A
+// reg-name may hold sub-delimiters (checkHead accepts "a,for=6.6.6.6;proto=https"),
+// and although the value is quoted, parsers that split Forwarded on ','
+// and ';' without regard to quotes (Rack's, which takes the last for= and
+// proto= it finds) read them as elements sluice wrote: a client address
+// and scheme of the client's choosing. Such a host is left out.
+func plainHost(host []byte) bool {
+	for _, c := range host {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c == '-', c == '.', c == '_', c == '~', c == ':', c == '[', c == ']':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // appendLines appends the non-empty values of every line of the header
