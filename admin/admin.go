@@ -32,9 +32,6 @@ type Server struct {
 	hosts       atomic.Pointer[hostPolicy]
 	servePort   atomic.Int32 // port of the listener Serve was given; 0 before
 	misdirected misdirected
-	// maxConns bounds open connections (limit.go); 0: the default.
-	maxConns int
-	limit    atomic.Pointer[limitListener] // set by Serve
 
 	mu      sync.Mutex
 	tasks   []func(context.Context)
@@ -107,20 +104,15 @@ func (s *Server) start(task func(context.Context)) {
 	}()
 }
 
-// Serve answers on ln until Shutdown; it returns nil after Shutdown.
+// Serve answers on ln until Shutdown; it returns nil after Shutdown. At
+// most MaxConns connections are open at once.
 func (s *Server) Serve(ln net.Listener) error {
 	s.logger.Info("admin listening", "addr", ln.Addr().String())
 	if a, ok := ln.Addr().(*net.TCPAddr); ok {
 		s.servePort.Store(int32(a.Port))
 	}
 	s.startTasks()
-	max := s.maxConns
-	if max <= 0 {
-		max = maxConns
-	}
-	l := newLimitListener(ln, max)
-	s.limit.Store(l)
-	if err := s.srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+	if err := s.srv.Serve(newLimitListener(ln, MaxConns)); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve admin %s: %w", ln.Addr(), err)
 	}
 	return nil

@@ -41,7 +41,10 @@ func ParseAction(s string) (Action, error) {
 
 // Match selects the requests a rule applies to. An empty field matches
 // anything. Method and Host compare case-insensitively; PathPrefix is a
-// byte prefix of the path.
+// byte prefix of the path. An HTTP rule for GET also matches HEAD: servers
+// run the GET handler for a HEAD (Tomcat's HttpServlet, Spring, Go's
+// ServeMux) and only drop the body, so a HEAD costs the backend what the
+// GET does, and a GET rule that let HEAD through could be bypassed at will.
 type Match struct {
 	Proto      string // "http" or "sip"
 	Method     string
@@ -52,7 +55,8 @@ type Match struct {
 // Matches reports whether r falls under m. It allocates nothing.
 func (m *Match) Matches(r *Request) bool {
 	return (m.Proto == "" || m.Proto == r.Proto) &&
-		(m.Method == "" || strings.EqualFold(m.Method, r.Method)) &&
+		(m.Method == "" || strings.EqualFold(m.Method, r.Method) ||
+			r.Proto == "http" && strings.EqualFold(m.Method, "GET") && strings.EqualFold(r.Method, "HEAD")) &&
 		(m.Host == "" || strings.EqualFold(m.Host, r.Host)) &&
 		(m.PathPrefix == "" || strings.HasPrefix(r.Path, m.PathPrefix))
 }

@@ -473,3 +473,27 @@ func FuzzParseRule(f *testing.F) {
 		}
 	})
 }
+
+// TestMatchGETCoversHEAD: an HTTP rule for GET matches HEAD too (servers
+// run the GET handler for it); with method=GET, HEAD escaped the rule.
+// Other methods, and SIP, compare as written.
+func TestMatchGETCoversHEAD(t *testing.T) {
+	for _, tc := range []struct {
+		rule, proto, method string
+		want                bool
+	}{
+		{"GET", "http", "GET", true},
+		{"GET", "http", "HEAD", true},
+		{"get", "http", "head", true},
+		{"GET", "http", "POST", false},
+		{"HEAD", "http", "GET", false},
+		{"POST", "http", "HEAD", false},
+		{"GET", "sip", "HEAD", false},
+		{"", "http", "HEAD", true},
+	} {
+		m := Match{Method: tc.rule}
+		if got := m.Matches(&Request{Proto: tc.proto, Method: tc.method}); got != tc.want {
+			t.Errorf("rule method=%s matches %s %s: %v, want %v", tc.rule, tc.proto, tc.method, got, tc.want)
+		}
+	}
+}

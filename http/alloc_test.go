@@ -33,7 +33,7 @@ func TestHotPathAllocs(t *testing.T) {
 		picked = s.pick(&p, &ctx.Response, &req, d, h, ip)
 		s.prepareRequest(h, ip)
 		p.renew = true
-		s.prepareResponse(&ctx.Response.Header, &p)
+		s.prepareResponse(&ctx.Response.Header, &p, ip)
 		ctx.Response.Header.Del("Set-Cookie")
 	}
 	run()

@@ -84,7 +84,7 @@ func (l *evloop) consume(bc *bconn) bool {
 			l.abort(c)
 			return true
 		}
-		l.s.prepareResponse(h, &x.plan)
+		l.s.prepareResponse(h, &x.plan, c.ip)
 		switch x.framing {
 		case frameNone:
 			if cl >= 0 {

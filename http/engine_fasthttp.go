@@ -203,7 +203,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 		s.writeAborted(&ctx.Response)
 		return
 	}
-	s.prepareResponse(&ctx.Response.Header, p)
+	s.prepareResponse(&ctx.Response.Header, p, ip)
 	if bb, ok := ctx.Response.BodyStream().(*backendBody); ok {
 		bb.held, bb.src, held = &s.held, ip, false // counted until the body is closed
 	}

@@ -221,7 +221,7 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		v = ip.AppendTo(v)
 	}
 	v = append(v, ";proto=http"...)
-	if host := h.Host(); len(host) > 0 && len(host) < 200 && bytes.IndexAny(host, "\"\\\r\n") < 0 {
+	if host := h.Host(); len(host) > 0 && len(host) < 200 && plainHost(host) {
 		v = append(v, `;host="`...)
 		v = append(v, host...)
 		v = append(v, '"')
@@ -230,6 +230,25 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		h.Del("Forwarded")
 	}
 	h.SetBytesV("Forwarded", v)
+}
+
+// plainHost reports whether host, the client's Host, may go into the
+// host= parameter of Forwarded: letters, digits and "-._~:[]" only. A
+// reg-name may hold sub-delimiters (checkHead accepts "a,for=6.6.6.6;proto=https"),
+// and although the value is quoted, parsers that split Forwarded on ','
+// and ';' without regard to quotes (Rack's, which takes the last for= and
+// proto= it finds) read them as elements sluice wrote: a client address
+// and scheme of the client's choosing. Such a host is left out.
+func plainHost(host []byte) bool {
+	for _, c := range host {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c == '-', c == '.', c == '_', c == '~', c == ':', c == '[', c == ']':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // appendLines appends the non-empty values of every line of the header
@@ -305,8 +324,9 @@ func stripHopByHop(seen uint16, conn []byte, delBytes func([]byte), del func(str
 }
 
 // prepareResponse removes hop-by-hop headers from the backend's answer to
-// p, learns the application session cookie and sets the sticky cookie.
-func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
+// p, a request of client ip, learns the application session cookie and
+// sets the sticky cookie.
+func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan, ip netip.Addr) {
 	if h.StatusCode() == fasthttp.StatusServiceUnavailable {
 		s.backendBusy(h, p.b)
 	}
@@ -323,7 +343,7 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
 		s.dropBackendSticky(h)
 	}
 	if s.sessions != nil {
-		s.learnSession(h, p.b, p.start)
+		s.learnSession(h, p.b, p.start, ip)
 	}
 	if p.renew && s.sticky != nil {
 		h.AddBytesV("Set-Cookie", s.sticky.header(&p.set.cookies[p.b.Index()], p.b, s.wall(p.start)))
@@ -333,9 +353,10 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan) {
 // learnSession records the application session id the backend set. A
 // Set-Cookie that clears the cookie (empty value, Max-Age of 0 or less, an
 // Expires in the past) is never learned, and the id it names is
-// forgotten; an id the table would not take (too long, or the table full
-// of sessions in use) is counted in Stats.SessionNotLearned.
-func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, now int64) {
+// forgotten; an id the table would not take (too long, the table full of
+// sessions in use, or the client's source holding its share) is counted
+// in Stats.SessionNotLearned.
+func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, now int64, ip netip.Addr) {
 	for name, raw := range h.Cookies() {
 		if string(name) != s.appName {
 			continue
@@ -346,7 +367,7 @@ func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, now int
 			if len(v) > 0 {
 				s.sessions.forget(v)
 			}
-		case !s.sessions.put(v, b, now):
+		case !s.sessions.learn(v, b, now, ip):
 			s.stats.SessionNotLearned.Add(1)
 		}
 	}

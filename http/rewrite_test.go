@@ -161,3 +161,31 @@ func TestDelNamesEverySpelling(t *testing.T) {
 		t.Errorf("headers after the rewrite:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestForwardedHostNotInjected: a Host whose reg-name holds ',', ';' or
+// '=' (RFC 3986 sub-delimiters, which the head check accepts) is left out
+// of the Forwarded header sluice writes: quoted, it was still read by
+// parsers that split Forwarded on ',' and ';' (Rack's) as elements of its
+// own, for=6.6.6.6 and proto=https, a client address and scheme of the
+// client's choosing. A plain host, with a port or an IPv6 literal, stays.
+func TestForwardedHostNotInjected(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1})
+		for _, tc := range []struct{ host, want string }{
+			{"a,for=6.6.6.6;proto=https", "for=127.0.0.1;proto=http"},
+			{"a;for=6.6.6.6", "for=127.0.0.1;proto=http"},
+			{"x,host=evil.example", "for=127.0.0.1;proto=http"},
+			{"a!$&'()*+=b", "for=127.0.0.1;proto=http"},
+			{"Shop.example:8080", `for=127.0.0.1;proto=http;host="Shop.example:8080"`},
+			{"[::1]:80", `for=127.0.0.1;proto=http;host="[::1]:80"`},
+		} {
+			raw := "GET /p HTTP/1.1\r\nHost: " + tc.host + "\r\n\r\n"
+			if got := rawRoundTrip(t, r.addr, raw); !strings.HasPrefix(got, "200\n") {
+				t.Fatalf("Host %q: answer %q", tc.host, got)
+			}
+			if got := strings.Join(r.backends[0].lastHeaders()["Forwarded"], "|"); got != tc.want {
+				t.Errorf("Host %q: backend got Forwarded %q, want %q", tc.host, got, tc.want)
+			}
+		}
+	})
+}

@@ -126,6 +126,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	}
 	if cfg.AppCookie != "" {
 		s.sessions = newSessionTable(cfg.AppCookieTTL, cfg.AppCookieMax)
+		s.sessions.trusted = cfg.TrustedProxies
 	}
 	s.hashKind, s.hashName, _ = parseHashKey(cfg.HashKey)
 	if s.hashKind == hashHeader {

@@ -2,6 +2,7 @@ package http
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -276,4 +277,62 @@ func TestAppCookieCleared(t *testing.T) {
 			t.Error("a session the backend ended (Max-Age=0) is still pinned")
 		}
 	})
+}
+
+// TestSessionTableSourceShare: a client that takes session after session
+// and sends each back (so that each is a session in use) fills at most
+// its source's share of a shard; another client's new session is still
+// learned, and a trusted proxy is not held to a share. Without the share,
+// the attacker's sessions filled the shard and no other client's new
+// session was learned for min(TTL, 5 min) after its last use of them.
+func TestSessionTableSourceShare(t *testing.T) {
+	bs := testBackends(t, "a", "b")
+	tab := newSessionTable(30*time.Minute, 1600) // 101 per shard, 12 per source
+	tab.trusted = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
+	now := int64(time.Hour)
+	attacker := netip.MustParseAddr("192.0.2.7")
+	learned := 0
+	for _, id := range sameShardIDs("attacker-", 500) {
+		if tab.learn(id, bs[1], now, attacker) {
+			learned++
+			tab.get(id, now)
+		}
+	}
+	if learned > tab.perSource {
+		t.Fatalf("one source got %d sessions learned in one shard; want at most %d", learned, tab.perSource)
+	}
+	// Another address of the attacker's IPv6 /64 shares its count.
+	v6 := netip.MustParseAddr("2001:db8::1")
+	n6 := 0
+	for _, id := range sameShardIDs("v6-", 100) {
+		if tab.learn(id, bs[1], now, v6) {
+			n6++
+		}
+	}
+	if other := netip.MustParseAddr("2001:db8::2"); tab.learn(sameShardIDs("v6b-", 1)[0], bs[1], now, other) {
+		t.Fatalf("an address of a /64 holding its share (%d) got another session learned", n6)
+	}
+	victim := sameShardIDs("victim-", 1)[0]
+	if !tab.learn(victim, bs[0], now+1, netip.MustParseAddr("198.51.100.1")) {
+		t.Fatal("another client's new session was not learned")
+	}
+	if got := tab.get(victim, now+2); got != bs[0] {
+		t.Fatalf("victim's session pins %v, want a", got)
+	}
+	proxied := 0
+	for _, id := range sameShardIDs("proxy-", 50) {
+		if tab.learn(id, bs[0], now, netip.MustParseAddr("10.9.1.1")) {
+			proxied++
+		}
+	}
+	if proxied != 50 {
+		t.Fatalf("a trusted proxy got %d of 50 sessions learned", proxied)
+	}
+	// Entries that go give their count back.
+	for _, id := range sameShardIDs("attacker-", 500) {
+		tab.forget(id)
+	}
+	if !tab.learn(sameShardIDs("again-", 1)[0], bs[1], now, attacker) {
+		t.Fatal("a source whose sessions were forgotten cannot have a new one learned")
+	}
 }

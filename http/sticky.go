@@ -2,6 +2,7 @@ package http
 
 import (
 	"iter"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -110,15 +111,23 @@ func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], b *lb.Backend, 
 //     else the least recently used protected one if it has been idle for
 //     liveFor; otherwise the new id is not learned (put returns false;
 //     Stats.SessionNotLearned): not pinning a new session costs less than
-//     moving a user's session under way to another backend.
+//     moving a user's session under way to another backend;
+//   - one source (the client address, an IPv6 /64; trusted proxies
+//     excepted) holds at most an eighth of a shard: a client that takes
+//     sessions and sends each back keeps them protected, and without a
+//     share one client could fill every shard with them, so that no other
+//     client's new session was learned (and the sessions of users idle
+//     over liveFor were evicted for its new ones).
 //
 // Expired entries are swept from the lists' tails a few per call, so no
 // call scans a shard: put and get are O(1).
 type sessionTable struct {
-	ttl     int64 // ns
-	liveFor int64 // ns: a protected entry used this recently is not evicted
-	perCap  int
-	shards  [16]sessionShard
+	ttl       int64 // ns
+	liveFor   int64 // ns: a protected entry used this recently is not evicted
+	perCap    int
+	perSource int            // entries of a shard one source may hold
+	trusted   []netip.Prefix // sources not counted (-http-trusted-proxy)
+	shards    [16]sessionShard
 }
 
 // maxSessionID bounds the length of a session id that is learned or
@@ -134,10 +143,12 @@ type sessionShard struct {
 	m         map[string]*sessionEntry
 	probation sessionEntry // list sentinels: next is the most recently used
 	protected sessionEntry
+	bySource  map[netip.Addr]int32 // entries per counted source
 }
 
 type sessionEntry struct {
 	id         string
+	src        netip.Addr // the source it is counted for; invalid: none
 	backend    *lb.Backend
 	used       int64 // monotonic ns of the last use
 	protected  bool
@@ -146,9 +157,13 @@ type sessionEntry struct {
 
 func newSessionTable(ttl time.Duration, max int) *sessionTable {
 	t := &sessionTable{ttl: int64(ttl), liveFor: int64(min(ttl, 5*time.Minute)), perCap: max/16 + 1}
+	if t.perSource = t.perCap / 8; t.perSource < 1 {
+		t.perSource = 1
+	}
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.m = make(map[string]*sessionEntry)
+		s.bySource = make(map[netip.Addr]int32)
 		s.probation.prev, s.probation.next = &s.probation, &s.probation
 		s.protected.prev, s.protected.next = &s.protected, &s.protected
 	}
@@ -186,6 +201,27 @@ func (t *sessionTable) sweep(s *sessionShard, now int64) {
 func (s *sessionShard) remove(e *sessionEntry) {
 	e.unlink()
 	delete(s.m, e.id)
+	if e.src.IsValid() {
+		if n := s.bySource[e.src] - 1; n > 0 {
+			s.bySource[e.src] = n
+		} else {
+			delete(s.bySource, e.src)
+		}
+	}
+}
+
+// counted returns the key ip is counted under in the per-source shares
+// (invalid: not counted, for a trusted proxy or no address).
+func (t *sessionTable) counted(ip netip.Addr) netip.Addr {
+	if !ip.IsValid() {
+		return netip.Addr{}
+	}
+	for _, p := range t.trusted {
+		if p.Contains(ip) {
+			return netip.Addr{}
+		}
+	}
+	return source(ip)
 }
 
 // get returns the backend id is pinned to at now, or nil, and extends its
@@ -212,9 +248,16 @@ func (t *sessionTable) get(id []byte, now int64) *lb.Backend {
 	return e.backend
 }
 
-// put pins id to b from now. It returns false when id was not learned:
-// too long, or the shard is full of sessions in use.
+// put pins id to b from now, for no counted source (tests).
 func (t *sessionTable) put(id []byte, b *lb.Backend, now int64) bool {
+	return t.learn(id, b, now, netip.Addr{})
+}
+
+// learn pins id to b from now; ip is the client whose request the answer
+// setting it was to. It returns false when id was not learned: too long,
+// the shard full of sessions in use, or ip's source holding its share of
+// the shard.
+func (t *sessionTable) learn(id []byte, b *lb.Backend, now int64, ip netip.Addr) bool {
 	if len(id) == 0 || len(id) > maxSessionID {
 		return false
 	}
@@ -232,6 +275,10 @@ func (t *sessionTable) put(id []byte, b *lb.Backend, now int64) bool {
 		}
 		return true
 	}
+	src := t.counted(ip)
+	if src.IsValid() && int(s.bySource[src]) >= t.perSource {
+		return false
+	}
 	var e *sessionEntry
 	if len(s.m) >= t.perCap {
 		switch {
@@ -246,8 +293,11 @@ func (t *sessionTable) put(id []byte, b *lb.Backend, now int64) bool {
 	} else {
 		e = new(sessionEntry)
 	}
-	*e = sessionEntry{id: string(id), backend: b, used: now}
+	*e = sessionEntry{id: string(id), src: src, backend: b, used: now}
 	s.m[e.id] = e
+	if src.IsValid() {
+		s.bySource[src]++
+	}
 	s.probation.pushFront(e)
 	return true
 }
