@@ -402,11 +402,35 @@ func (s *Server) dialogRoute(req *gosip.Request, p *pool, now int64, refresh boo
 	return p.home(lb.Hash(callID), now), false
 }
 
-// insertDialog records that the INVITE of dialog key went to backend id.
+// insertDialog records that the INVITE of dialog key, sent by another
+// node, went to backend id.
 func (s *Server) insertDialog(key uint64, id string, now int64) {
-	if !s.dialogs.insert(key, id, now) {
+	switch s.dialogs.claim(key, id, 0, now) {
+	case dialogFull:
 		s.metrics.DialogsFull.Add(1)
+	case dialogRefused:
+		s.metrics.DialogReplaceRefused.Add(1)
 	}
+}
+
+// claimDialog records that the INVITE of t went to backend id. It reports
+// false when the entry belongs to another dialog (a confirmed one, or one
+// whose INVITE came from another source), which t must then neither
+// confirm nor remove: an initial INVITE that reuses a victim's Call-ID and
+// From-tag would otherwise move or delete the victim's entry.
+func (s *Server) claimDialog(t *txn, id string, now int64) bool {
+	switch s.dialogs.claim(t.dkey, id, s.dialogs.sourceTag(t.src), now) {
+	case dialogFull:
+		s.metrics.DialogsFull.Add(1)
+	case dialogRefused:
+		s.metrics.DialogReplaceRefused.Add(1)
+		if s.log.Enabled(s.ctx, slog.LevelDebug) {
+			s.log.Debug("sip initial INVITE for a dialog the table holds for another: not recorded",
+				"call_id", t.callID, "source", t.src.addr.String(), "backend", id)
+		}
+		return false
+	}
+	return true
 }
 
 func (s *Server) admitAffinity(now int64, m gosip.RequestMethod) {
