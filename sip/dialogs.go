@@ -235,6 +235,18 @@ func (dt *dialogTable) claim(k uint64, id string, src uint16, now int64) int {
 	return dialogInserted
 }
 
+// settledBy reports whether dialog k is live and confirmed (or ending)
+// and its INVITE came from the source with tag src: an initial INVITE of
+// that source with the same key is then a retransmission of the INVITE
+// that set the dialog up.
+func (dt *dialogTable) settledBy(k uint64, src uint16, now int64) bool {
+	sh := dt.shard(k)
+	sh.mu.Lock()
+	e, ok := sh.m[k]
+	sh.mu.Unlock()
+	return ok && now < e.deadline && (e.toTag != 0 || e.linger()) && e.src == src
+}
+
 // confirm records the To-tag of the first 2xx to dialog k's INVITE.
 func (dt *dialogTable) confirm(k uint64, toTag string) {
 	th := dt.tagHash(toTag)

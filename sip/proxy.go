@@ -486,6 +486,9 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 	if s.txns.retransmission(s, ckey, req, src) {
 		return
 	}
+	if req.Method == gosip.INVITE && s.inviteAfter2xx(req, src, now) {
+		return
+	}
 	if s.adm.Draining() {
 		s.metrics.Refused.Add(1)
 		s.reply(req, src, 503, "Service Unavailable",
@@ -531,6 +534,26 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		return
 	}
 	s.attempt(t, now, false)
+}
+
+// inviteAfter2xx reports (and counts as a retransmission) an initial
+// INVITE whose dialog the table holds as confirmed, set up by an INVITE
+// from this same source: the client's retransmission of that INVITE, sent
+// before its 2xx arrived. Its transaction ended with the 2xx, so it would
+// otherwise be new work again, and under any policy but hash it could set
+// up a second call on another backend. The backend's own 2xx
+// retransmissions answer it.
+func (s *Server) inviteAfter2xx(req *gosip.Request, src source, now int64) bool {
+	var from string
+	if f := header(req, "from", "f"); f != nil {
+		from = tagParam(f.Value())
+	}
+	k := s.dialogs.key(req.CallID().Value(), from)
+	if !s.dialogs.settledBy(k, s.dialogs.sourceTag(src), now) {
+		return false
+	}
+	s.metrics.Retransmissions.Add(1)
+	return true
 }
 
 // jitter returns d in whole seconds plus up to half of it at random (at
