@@ -58,13 +58,28 @@ const dialogLinger = timerF
 // the map's growth cycle. Bytes() is Len() times this.
 const dialogEntryBytes = 64
 
-// dialogEntry is the value stored per dialog. It holds no pointer.
+// dialogEntry is the value stored per dialog. It holds no pointer, and
+// stays 16 bytes: the linger flag shares a word with the backend index.
 type dialogEntry struct {
 	deadline int64  // monotonic ns: expiry when idle, or end of the linger
 	toTag    uint32 // hash of the first 2xx's To-tag; 0 before one is seen
-	backend  uint16 // index into the table's backend id registry
-	linger   bool   // a BYE was answered: refreshes do not extend it
+	meta     uint16 // index into the backend id registry | entryLinger
+	src      uint16 // hash of the INVITE's source (sourceTag); 0: another node's
 }
+
+// entryLinger is the flag of meta that says a BYE was answered:
+// refreshes do not extend the entry.
+const entryLinger = 1 << 15
+
+func (e dialogEntry) backend() uint16 { return e.meta &^ entryLinger }
+func (e dialogEntry) linger() bool    { return e.meta&entryLinger != 0 }
+
+// What claim did.
+const (
+	dialogInserted = iota // recorded (new, or moved by the same INVITE's source)
+	dialogFull            // not recorded: the table is full
+	dialogRefused         // not recorded: another dialog holds the key
+)
 
 type dialogShard struct {
 	mu sync.Mutex
@@ -81,7 +96,7 @@ type dialogIDs struct {
 }
 
 // maxDialogIDs bounds the registry; past it, inserts for new ids fail.
-const maxDialogIDs = 1 << 16
+const maxDialogIDs = entryLinger
 
 // dialogTable maps dialogs established through the balancer to the
 // backend that took their INVITE. Safe for concurrent use; no lock is
@@ -160,30 +175,76 @@ func (dt *dialogTable) idIndex(id string) (uint16, bool) {
 	return i, true
 }
 
-// insert records that the INVITE of dialog k went to backend id at now,
-// replacing an earlier attempt's backend. It reports false when the table
-// is full.
+// sourceTag is the recorded form of the source an INVITE came from; never 0.
+func (dt *dialogTable) sourceTag(src source) uint16 {
+	var h maphash.Hash
+	h.SetSeed(dt.seed)
+	b := src.addr.Addr().Unmap().As16()
+	h.Write(b[:])
+	h.WriteByte(byte(src.addr.Port() >> 8))
+	h.WriteByte(byte(src.addr.Port()))
+	if src.conn != nil {
+		h.WriteByte('T')
+	}
+	v := uint16(h.Sum64())
+	if v == 0 {
+		v = 1
+	}
+	return v
+}
+
+// insert records that the INVITE of dialog k, sent by another node of the
+// cluster, went to backend id at now. It reports whether it did (see claim;
+// src 0).
 func (dt *dialogTable) insert(k uint64, id string, now int64) bool {
+	return dt.claim(k, id, 0, now) == dialogInserted
+}
+
+// claim records that the INVITE of dialog k from the source with tag src
+// (0: another node's) went to backend id at now. It replaces a live entry
+// only while that dialog is not confirmed and its INVITE came from the same
+// source or another node: a later attempt or a retry of the same caller.
+// A confirmed or ending dialog, or one another source set up, keeps its
+// backend (dialogRefused): anyone who learns a Call-ID and From-tag could
+// otherwise send an initial INVITE with them and move the victim's
+// token-less in-dialog requests to the backend of its choice.
+func (dt *dialogTable) claim(k uint64, id string, src uint16, now int64) int {
 	idx, ok := dt.idIndex(id)
 	if !ok {
-		return false
+		return dialogFull
 	}
 	sh := dt.shard(k)
 	sh.mu.Lock()
 	e, exists := sh.m[k]
+	if exists && now < e.deadline &&
+		(e.toTag != 0 || e.linger() || src != 0 && e.src != 0 && e.src != src) {
+		sh.mu.Unlock()
+		return dialogRefused
+	}
 	if !exists {
 		// Reserve a place first, so concurrent inserts never overshoot
 		// max (a CAS loop would do the same; add-check-undo is simpler).
 		if dt.count.Add(1) > dt.max {
 			dt.count.Add(-1)
 			sh.mu.Unlock()
-			return false
+			return dialogFull
 		}
 	}
-	e = dialogEntry{deadline: now + dt.ttl, backend: idx}
-	sh.m[k] = e
+	sh.m[k] = dialogEntry{deadline: now + dt.ttl, meta: idx, src: src}
 	sh.mu.Unlock()
-	return true
+	return dialogInserted
+}
+
+// settledBy reports whether dialog k is live and confirmed (or ending)
+// and its INVITE came from the source with tag src: an initial INVITE of
+// that source with the same key is then a retransmission of the INVITE
+// that set the dialog up.
+func (dt *dialogTable) settledBy(k uint64, src uint16, now int64) bool {
+	sh := dt.shard(k)
+	sh.mu.Lock()
+	e, ok := sh.m[k]
+	sh.mu.Unlock()
+	return ok && now < e.deadline && (e.toTag != 0 || e.linger()) && e.src == src
 }
 
 // confirm records the To-tag of the first 2xx to dialog k's INVITE.
@@ -241,14 +302,14 @@ func (dt *dialogTable) findKey(k uint64, toTag uint32, now int64, op int) (dialo
 		return dialogEntry{}, false
 	}
 	switch {
-	case op == dialogRefresh && e.linger:
+	case op == dialogRefresh && e.linger():
 		// A BYE after a final answer to a BYE: a retransmission, or a
 		// retry after a challenge. Keep it for another linger.
 		e.deadline = now + int64(dialogLinger)
 	case op == dialogRefresh:
 		e.deadline = now + dt.ttl
 	case op == dialogEnd:
-		e.linger = true
+		e.meta |= entryLinger
 		e.deadline = min(e.deadline, now+int64(dialogLinger))
 	default:
 		return e, true
@@ -264,7 +325,7 @@ func (dt *dialogTable) lookup(callID, fromTag, toTag string, now int64) (string,
 	if !ok {
 		return "", false
 	}
-	return dt.ids.Load().ids[e.backend], true
+	return dt.ids.Load().ids[e.backend()], true
 }
 
 // peek is lookup without the refresh.
@@ -273,7 +334,7 @@ func (dt *dialogTable) peek(callID, fromTag, toTag string, now int64) (string, b
 	if !ok {
 		return "", false
 	}
-	return dt.ids.Load().ids[e.backend], true
+	return dt.ids.Load().ids[e.backend()], true
 }
 
 // ended starts the linger of the dialog a final answer to a BYE belongs

@@ -23,8 +23,12 @@ type Metrics struct {
 	DialogRouted   atomic.Uint64 // in-dialog requests without our Route, routed by the dialog table
 	DialogMisses   atomic.Uint64 // in-dialog requests without our Route not in the dialog table
 	DialogsFull    atomic.Uint64 // INVITEs not recorded in the dialog table: it was full
-	Relayed        atomic.Uint64 // responses relayed
-	TokenRedraws   atomic.Uint64 // Record-Route tokens drawn again: they spelled "CSeq" (see routeToken)
+	// DialogReplaceRefused counts initial INVITEs not recorded in the
+	// dialog table: their Call-ID and From-tag name a confirmed dialog, or
+	// one whose INVITE came from another source, which keeps its backend.
+	DialogReplaceRefused atomic.Uint64
+	Relayed              atomic.Uint64 // responses relayed
+	TokenRedraws         atomic.Uint64 // Record-Route tokens drawn again: they spelled "CSeq" (see routeToken)
 
 	Refused    atomic.Uint64                       // new work refused by the balancer (503)
 	RefusedBy  [admission.NumReasons]atomic.Uint64 // by admission.Reason (none, memory, arm, mop, draining)
@@ -162,7 +166,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"requests", &m.Requests}, {"responses", &m.Responses}, {"forwarded", &m.Forwarded},
 		{"new_work", &m.NewWork}, {"affinity", &m.Affinity}, {"affinity_removed", &m.AffinityGone},
 		{"callid_fallback", &m.CallIDFallback}, {"dialog_routed", &m.DialogRouted}, {"dialog_misses", &m.DialogMisses},
-		{"dialog_full", &m.DialogsFull}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"refused", &m.Refused},
+		{"dialog_full", &m.DialogsFull}, {"dialog_replace_refused", &m.DialogReplaceRefused}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"refused", &m.Refused},
 		{"delayed", &m.Delayed}, {"failovers", &m.Failovers}, {"all_failed", &m.AllFailed},
 		{"timeouts", &m.Timeouts}, {"aborted", &m.Terminated}, {"backend_503", &m.Backend503},
 		{"backend_backoffs", &m.Backoffs}, {"forged_responses", &m.ForgedResponses}, {"loops", &m.Loops},

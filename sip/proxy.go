@@ -402,11 +402,35 @@ func (s *Server) dialogRoute(req *gosip.Request, p *pool, now int64, refresh boo
 	return p.home(lb.Hash(callID), now), false
 }
 
-// insertDialog records that the INVITE of dialog key went to backend id.
+// insertDialog records that the INVITE of dialog key, sent by another
+// node, went to backend id.
 func (s *Server) insertDialog(key uint64, id string, now int64) {
-	if !s.dialogs.insert(key, id, now) {
+	switch s.dialogs.claim(key, id, 0, now) {
+	case dialogFull:
 		s.metrics.DialogsFull.Add(1)
+	case dialogRefused:
+		s.metrics.DialogReplaceRefused.Add(1)
 	}
+}
+
+// claimDialog records that the INVITE of t went to backend id. It reports
+// false when the entry belongs to another dialog (a confirmed one, or one
+// whose INVITE came from another source), which t must then neither
+// confirm nor remove: an initial INVITE that reuses a victim's Call-ID and
+// From-tag would otherwise move or delete the victim's entry.
+func (s *Server) claimDialog(t *txn, id string, now int64) bool {
+	switch s.dialogs.claim(t.dkey, id, s.dialogs.sourceTag(t.src), now) {
+	case dialogFull:
+		s.metrics.DialogsFull.Add(1)
+	case dialogRefused:
+		s.metrics.DialogReplaceRefused.Add(1)
+		if s.log.Enabled(s.ctx, slog.LevelDebug) {
+			s.log.Debug("sip initial INVITE for a dialog the table holds for another: not recorded",
+				"call_id", t.callID, "source", t.src.addr.String(), "backend", id)
+		}
+		return false
+	}
+	return true
 }
 
 func (s *Server) admitAffinity(now int64, m gosip.RequestMethod) {
@@ -462,6 +486,9 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 	if s.txns.retransmission(s, ckey, req, src) {
 		return
 	}
+	if req.Method == gosip.INVITE && s.inviteAfter2xx(req, src, now) {
+		return
+	}
 	if s.adm.Draining() {
 		s.metrics.Refused.Add(1)
 		s.reply(req, src, 503, "Service Unavailable",
@@ -507,6 +534,26 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		return
 	}
 	s.attempt(t, now, false)
+}
+
+// inviteAfter2xx reports (and counts as a retransmission) an initial
+// INVITE whose dialog the table holds as confirmed, set up by an INVITE
+// from this same source: the client's retransmission of that INVITE, sent
+// before its 2xx arrived. Its transaction ended with the 2xx, so it would
+// otherwise be new work again, and under any policy but hash it could set
+// up a second call on another backend. The backend's own 2xx
+// retransmissions answer it.
+func (s *Server) inviteAfter2xx(req *gosip.Request, src source, now int64) bool {
+	var from string
+	if f := header(req, "from", "f"); f != nil {
+		from = tagParam(f.Value())
+	}
+	k := s.dialogs.key(req.CallID().Value(), from)
+	if !s.dialogs.settledBy(k, s.dialogs.sourceTag(src), now) {
+		return false
+	}
+	s.metrics.Retransmissions.Add(1)
+	return true
 }
 
 // jitter returns d in whole seconds plus up to half of it at random (at

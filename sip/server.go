@@ -378,6 +378,21 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		}
 		return
 	}
+	if contentLengths(msg) > 1 {
+		// Two Content-Length headers (either spelling): sipgo keeps both
+		// and we would pass both on with the body. A backend that frames
+		// its TCP stream by the first would read the body, under a
+		// Content-Length of 0, as requests of ours that no admission
+		// decision ever saw. Refused, as HTTP refuses them.
+		s.metrics.Malformed.Add(1)
+		if req, ok := msg.(*gosip.Request); ok && req.Method != gosip.ACK && req.Via() != nil && req.CallID() != nil && req.CSeq() != nil {
+			s.metrics.BadRequests.Add(1)
+			s.reply(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "more than one Content-Length"`)
+		} else {
+			s.metrics.MalformedDropped.Add(1)
+		}
+		return
+	}
 	msg.SetTransport(src.transport())
 	msg.SetSource(src.addr.String())
 	switch m := msg.(type) {
@@ -388,6 +403,21 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		s.metrics.Responses.Add(1)
 		s.handleResponse(m, src)
 	}
+}
+
+// contentLengths counts the Content-Length headers of m, "l" included.
+func contentLengths(m gosip.Message) int {
+	hs, ok := m.(interface{ Headers() []gosip.Header })
+	if !ok {
+		return 0
+	}
+	n := 0
+	for _, h := range hs.Headers() {
+		if _, ok := h.(*gosip.ContentLengthHeader); ok {
+			n++
+		}
+	}
+	return n
 }
 
 // ctlInHead returns the offset of the first control character (other than

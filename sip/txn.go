@@ -48,6 +48,7 @@ type txn struct {
 	invite   bool
 	callID   string
 	dkey     uint64 // dialog table key of an INVITE (Call-ID + From-tag)
+	dforeign bool   // the dialog table entry of dkey is another dialog's: leave it alone
 	src      source
 	state    int
 	canceled bool
@@ -349,8 +350,12 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		// Before the INVITE leaves, so an ACK or BYE racing its 2xx (read
 		// by another goroutine) finds the dialog's backend. A later
 		// attempt moves it.
-		s.insertDialog(t.dkey, b.id, now)
-		s.shareDialog(DialogInsert, t.req, "", b.id)
+		if !t.dforeign && !s.claimDialog(t, b.id, now) {
+			t.dforeign = true
+		}
+		if !t.dforeign {
+			s.shareDialog(DialogInsert, t.req, "", b.id)
+		}
 	}
 	if err := s.sendBytes(wire, target{addr: b.addr, tcp: b.tcp}); err != nil {
 		s.log.Debug("sip forward new work", "err", err, "upstream", b.id)
@@ -441,8 +446,10 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			s.observe(time.Duration(now - t.created))
 		}
 		if t.invite && code >= 300 {
-			s.dialogs.remove(t.dkey) // no dialog
-			s.shareDialog(DialogRemove, t.req, "", "")
+			if !t.dforeign {
+				s.dialogs.remove(t.dkey) // no dialog
+				s.shareDialog(DialogRemove, t.req, "", "")
+			}
 			t.state = stCompleted
 			t.expires = now + int64(completedLinger)
 			b := bufPool.Get().(*bytes.Buffer)
@@ -452,7 +459,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			bufPool.Put(b)
 			s.txns.mu.Unlock()
 		} else {
-			if t.invite {
+			if t.invite && !t.dforeign {
 				s.dialogs.confirm(t.dkey, toTag(res))
 				s.shareDialog(DialogConfirm, t.req, toTag(res), "")
 			}
@@ -552,8 +559,10 @@ func (s *Server) finishLocalLocked(t *txn, code int, reason string, extra []stri
 	dst := s.replyTarget(t.req, t.src)
 	t.local = true
 	if t.invite {
-		s.dialogs.remove(t.dkey) // our own final answer: no dialog
-		s.shareDialog(DialogRemove, t.req, "", "")
+		if !t.dforeign {
+			s.dialogs.remove(t.dkey) // our own final answer: no dialog
+			s.shareDialog(DialogRemove, t.req, "", "")
+		}
 		t.settleLocked(0, lb.Abandoned)
 		t.state = stCompleted
 		t.expires = s.clock.Now() + int64(completedLinger)
