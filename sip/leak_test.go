@@ -48,6 +48,9 @@ func TestNoGrowthPerDialog(t *testing.T) {
 	run(10000)
 	eventually(t, "transactions to end", func() bool { return s.txns.Len() == 0 })
 	s.dialogs.sweep(s.clock.Now()+int64(dialogLinger), dialogShards)
+	s.txns.mu.Lock()
+	s.txns.accepted.expireLocked(s.clock.Now() + 2*int64(acceptedLinger)) // the Accepted state is over
+	s.txns.mu.Unlock()
 	if n := s.dialogs.Len(); n != 0 {
 		t.Errorf("%d dialogs left after the BYE linger", n)
 	}

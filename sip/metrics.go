@@ -29,6 +29,9 @@ type Metrics struct {
 	DialogReplaceRefused atomic.Uint64
 	Relayed              atomic.Uint64 // responses relayed
 	TokenRedraws         atomic.Uint64 // Record-Route tokens drawn again: they spelled "CSeq" (see routeToken)
+	// EarlierAttemptAnswered counts INVITEs answered 2xx by a backend that
+	// silence had made us move away from (earlierAttemptAnsweredLocked).
+	EarlierAttemptAnswered atomic.Uint64
 
 	Refused    atomic.Uint64                       // new work refused by the balancer (503)
 	RefusedBy  [admission.NumReasons]atomic.Uint64 // by admission.Reason (none, memory, arm, mop, draining)
@@ -166,7 +169,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"requests", &m.Requests}, {"responses", &m.Responses}, {"forwarded", &m.Forwarded},
 		{"new_work", &m.NewWork}, {"affinity", &m.Affinity}, {"affinity_removed", &m.AffinityGone},
 		{"callid_fallback", &m.CallIDFallback}, {"dialog_routed", &m.DialogRouted}, {"dialog_misses", &m.DialogMisses},
-		{"dialog_full", &m.DialogsFull}, {"dialog_replace_refused", &m.DialogReplaceRefused}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"refused", &m.Refused},
+		{"dialog_full", &m.DialogsFull}, {"dialog_replace_refused", &m.DialogReplaceRefused}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"earlier_attempt_answered", &m.EarlierAttemptAnswered}, {"refused", &m.Refused},
 		{"delayed", &m.Delayed}, {"failovers", &m.Failovers}, {"all_failed", &m.AllFailed},
 		{"timeouts", &m.Timeouts}, {"aborted", &m.Terminated}, {"backend_503", &m.Backend503},
 		{"backend_backoffs", &m.Backoffs}, {"forged_responses", &m.ForgedResponses}, {"loops", &m.Loops},

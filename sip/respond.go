@@ -254,7 +254,16 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 	}
 	s.txns.mu.Lock()
 	t := s.txns.byBranch[br]
+	accepted := t == nil && !(res.StatusCode >= 200 && res.StatusCode < 300 && res.CSeq().MethodName == gosip.INVITE) &&
+		s.txns.accepted.hasLocked(br, s.clock.Now())
 	s.txns.mu.Unlock()
+	if accepted {
+		// An answer for an INVITE that already has its 2xx (accepted.go):
+		// only a 2xx to the INVITE goes on. A late 180, the 487 and the
+		// CANCEL's 200 of an attempt we canceled stop here.
+		s.metrics.StrayResponses.Add(1)
+		return
+	}
 	if t != nil {
 		switch m := res.CSeq().MethodName; {
 		case m == t.req.Method:

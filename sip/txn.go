@@ -91,6 +91,7 @@ type txnTable struct {
 	mu       sync.Mutex
 	byClient map[string]*txn
 	byBranch map[string]*txn
+	accepted acceptedSet // branches of INVITEs answered 2xx (accepted.go)
 }
 
 func (tt *txnTable) init() {
@@ -384,6 +385,11 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 	code := res.StatusCode
 	now := s.clock.Now()
 	s.txns.mu.Lock()
+	if t.invite && code >= 200 && code < 300 && branch != t.branch && !t.local &&
+		(t.state == stCalling || t.state == stProceeding) {
+		s.earlierAttemptAnsweredLocked(t, res, next, src, now) // unlocks
+		return
+	}
 	if branch != t.branch || t.state == stCompleted || t.state == stSwitching {
 		// An answer from an attempt we moved away from (or are moving away
 		// from), or a retransmitted final answer.
@@ -463,11 +469,51 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 				s.dialogs.confirm(t.dkey, toTag(res))
 				s.shareDialog(DialogConfirm, t.req, toTag(res), "")
 			}
+			if t.invite {
+				s.txns.accepted.addLocked(t.branches, now)
+			}
 			s.txns.removeLocked(t)
 			s.txns.mu.Unlock()
 		}
 		s.relay(res, next)
 	}
+}
+
+// earlierAttemptAnsweredLocked handles a 2xx to an INVITE from an attempt
+// that silence made us move away from, while the attempt after it is still
+// under way: the call is set up on the backend that answered. The attempt
+// under way is CANCELed (RFC 3261 §16.7 step 10), the dialog table names
+// the backend that answered, and the transaction ends as one answered 2xx
+// (its branches go to the accepted set, accepted.go). Left live, it kept
+// sending 100 Trying to the client's retransmissions after the client had
+// its 200 and had sent its BYE (SIPp aborts such a call), and the attempt
+// under way could set up a second call. Called with txnTable.mu held; it
+// unlocks it.
+func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next target, src source, now int64) {
+	var cancel []byte
+	var up target
+	if t.cur != nil {
+		cancel = s.hopRequestLocked(t, "CANCEL", nil, t.branch)
+		up = target{addr: t.cur.addr, tcp: t.cur.tcp}
+	}
+	t.canceled = true
+	t.settleLocked(now, lb.Abandoned)
+	s.txns.accepted.addLocked(t.branches, now)
+	s.txns.removeLocked(t)
+	s.txns.mu.Unlock()
+	s.metrics.EarlierAttemptAnswered.Add(1)
+	if b := s.pool.Load().byAddr[src.addr]; b != nil && !t.dforeign && s.claimDialog(t, b.id, now) {
+		s.shareDialog(DialogInsert, t.req, "", b.id)
+		s.dialogs.confirm(t.dkey, toTag(res))
+		s.shareDialog(DialogConfirm, t.req, toTag(res), "")
+	}
+	if s.observe != nil {
+		s.observe(time.Duration(now - t.created))
+	}
+	if cancel != nil {
+		_ = s.sendBytes(cancel, up)
+	}
+	s.relay(res, next)
 }
 
 func indexAny(s, chars string) int {
@@ -603,6 +649,7 @@ func (s *Server) txnTimers(now int64) {
 	)
 	var acts []action
 	s.txns.mu.Lock()
+	s.txns.accepted.expireLocked(now)
 	for _, t := range s.txns.byClient {
 		switch t.state {
 		case stCalling:
