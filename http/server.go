@@ -45,6 +45,7 @@ type Server struct {
 	held      clientLimit                // requests holding (or waiting for) a backend connection, per source
 	delayed   sourceCount                // requests in ARM delay queues, per source
 	acceptLog acceptLog
+	limitLog  limitLog // client connections closed over a limit (connlimit.go)
 	slotsMu   sync.Mutex
 	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
 	// wallBase and monoBase map monotonic time to wall time for cookie

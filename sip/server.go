@@ -541,6 +541,7 @@ func (s *Server) tick() {
 	defer t.Stop()
 	var lastLog, lastFullLog time.Time
 	var lastRefused, lastFull, lastForged uint64
+	var tcpSeen tcpRefusalsSeen
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -562,6 +563,7 @@ func (s *Server) tick() {
 		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()
+			s.logTCPRefusals(&tcpSeen)
 			if f := s.metrics.ForgedResponses.Load(); f != lastForged {
 				s.log.Warn("sip responses dropped: their branch was not made for the address they came from (forged, or a peer answering from another socket)",
 					"forged_responses_total", f, "since_last", f-lastForged)

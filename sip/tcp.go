@@ -165,6 +165,33 @@ type tcpTable struct {
 	readBufs    atomic.Int64 // connections holding a read buffer
 
 	budget partialBudget // bytes of partial messages
+
+	lastRefusedSource netip.Addr // the latest source refused over -sip-tcp-max-conns-per-source, for the log
+}
+
+// tcpRefusalsSeen is what the last summary of refused TCP connections
+// counted (logTCPRefusals).
+type tcpRefusalsSeen struct{ source, full uint64 }
+
+// logTCPRefusals logs, when any were refused since the summary seen,
+// the TCP connections closed at accept over -sip-tcp-max-conns-per-source
+// (with the latest source) and over -sip-tcp-max-conns: otherwise clients
+// behind one NAT past the cap see resets and the log says nothing. The
+// tick calls it every 10 s.
+func (s *Server) logTCPRefusals(seen *tcpRefusalsSeen) {
+	if n := s.metrics.TCPRefusedSource.Load(); n != seen.source {
+		s.tcp.mu.RLock()
+		src := s.tcp.lastRefusedSource
+		s.tcp.mu.RUnlock()
+		s.log.Warn("sip tcp connections closed at accept: their source holds -sip-tcp-max-conns-per-source connections (clients behind one NAT or an SBC: raise it)",
+			"closed", n-seen.source, "source", src.String(), "max_per_source", s.cfg.TCPMaxConnsPerSource, "tcp_refused_source_total", n)
+		seen.source = n
+	}
+	if n := s.metrics.TCPRefused.Load(); n != seen.full {
+		s.log.Warn("sip tcp connections closed at accept: -sip-tcp-max-conns are open and none idle to close instead",
+			"closed", n-seen.full, "max", s.cfg.TCPMaxConns, "tcp_refused_total", n)
+		seen.full = n
+	}
 }
 
 func (t *tcpTable) init() {
@@ -241,6 +268,8 @@ func (s *Server) acceptConn(c *net.TCPConn) {
 	if verdict == admitted {
 		s.tcp.conns[tc.remote] = tc
 		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
+	} else if verdict == refusedSource {
+		s.tcp.lastRefusedSource = tc.remote.Addr()
 	}
 	s.tcp.mu.Unlock()
 	switch verdict {
