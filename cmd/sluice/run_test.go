@@ -48,6 +48,8 @@ func TestRunBadFlags(t *testing.T) {
 		{"negative conns per source", append(base, "-http-max-conns-per-source", "-5"), nil, "-http-max-conns-per-source"},
 		{"bad metrics selector", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-used-metric", "a{"), nil, "-mop-used-metric"},
 		{"metrics limit too large", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
+		{"metrics limit too large, no metrics backend yet", append(base, "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
+		{"bad metrics selector, no metrics backend yet", append(base, "-mop-max-metric", "a{"), nil, "-mop-max-metric"},
 		{"zero metrics limit", append(base, "-mop-probe-max-bytes", "0"), nil, "-mop-probe-max-bytes"},
 		{"bad log level", append(base, "-log-level", "loud"), nil, "-log-level"},
 		{"bad duration", append(base, "-http-sticky-ttl", "soon"), nil, "-http-sticky-ttl"},
