@@ -313,6 +313,7 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 		if r == ProbeDown {
 			c.ok, c.bad = 0, h.cfg.Fall
 			b.MarkProbeDown(start)
+			b.setProbeErr(err)
 			h.logger.Warn("new backend down: its first health check failed", "backend", b.id, "err", err)
 			h.event(b, fmt.Sprintf("backend %s (new) down: its first health check failed: %v", b.id, err))
 			return
@@ -343,6 +344,7 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 		// probes as it always was (with Fall >= 3; one probe later with
 		// Fall 2), whatever it answered before.
 		since := start - int64(h.cfg.Interval)
+		b.setProbeErr(err)
 		if b.probeDown.Load() {
 			if b.probeFrom.Load() < since {
 				b.probeFrom.Store(since)
@@ -358,6 +360,7 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 	c.ok++
 	if c.ok >= h.cfg.Rise && b.probeDown.Load() {
 		b.SetProbeDown(false)
+		b.probeErr.Store(nil)
 		h.logger.Info("backend up", "backend", b.id, "passes", c.ok)
 		h.event(b, fmt.Sprintf("backend %s up after %d passed health checks", b.id, c.ok))
 	}
