@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -71,7 +72,21 @@ func newFlagSet(cmd string, stderr io.Writer) *flag.FlagSet {
 // Errors of the command line are printed by the flag package; the others
 // are returned naming the flag and the source of the bad value.
 func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bool)) error {
-	if err := fs.Parse(args); err != nil {
+	// The flag package prints a bad value's error and then the whole
+	// usage, 200 lines that push the error off the screen: -help gets the
+	// usage, a bad flag its error, what the value should be and that
+	// flag's own help.
+	out := fs.Output()
+	var printed bytes.Buffer
+	fs.SetOutput(&printed)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			out.Write(printed.Bytes())
+		} else {
+			printFlagError(out, fs, err)
+		}
 		return printedError{err}
 	}
 	if fs.NArg() > 0 {
@@ -79,7 +94,6 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if err != nil || set[f.Name] {
 			return
@@ -90,7 +104,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 			return
 		}
 		if err = setFromEnv(fs, f, v); err != nil {
-			err = fmt.Errorf("%s (-%s): invalid value %q: %w", env, f.Name, v, err)
+			err = fmt.Errorf("%s (-%s): invalid value %q: %w%s", env, f.Name, v, err, wantValue(f, err))
 		}
 	})
 	if err != nil {
@@ -101,6 +115,42 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 		return readConfigFile(fs, f.Value.String(), set)
 	}
 	return nil
+}
+
+// printFlagError prints an error of the command line: the flag
+// package's message, what the value should be, the flag's help line, and
+// where the rest is.
+func printFlagError(w io.Writer, fs *flag.FlagSet, err error) {
+	msg := err.Error()
+	var f *flag.Flag
+	if _, rest, ok := strings.Cut(msg, " for flag -"); ok {
+		name, _, _ := strings.Cut(rest, ":")
+		f = fs.Lookup(name)
+	}
+	if f == nil {
+		fmt.Fprintf(w, "%s\n'sluice %s -help' lists every flag.\n", msg, fs.Name())
+		return
+	}
+	fmt.Fprintf(w, "%s%s\n\n%s\n'sluice %s -help' lists every flag.\n", msg, wantValue(f, err), flagLine(f), fs.Name())
+}
+
+// wantValue says what a flag of a standard type takes when the flag
+// package refused its value with no more than "parse error" or "value out
+// of range"; "" otherwise (the other values explain themselves).
+func wantValue(f *flag.Flag, err error) string {
+	m := err.Error()
+	if !strings.HasSuffix(m, "parse error") && !strings.HasSuffix(m, "value out of range") {
+		return ""
+	}
+	switch kind, _ := flag.UnquoteUsage(f); kind {
+	case "int", "uint":
+		return "; want a whole number, without a unit"
+	case "duration":
+		return "; want a duration with its unit, e.g. 500ms, 10s, 5m or 1h30m"
+	case "float":
+		return "; want a number"
+	}
+	return ""
 }
 
 func setFromEnv(fs *flag.FlagSet, f *flag.Flag, v string) error {
@@ -145,7 +195,7 @@ func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
 			continue
 		}
 		if err := fs.Set(name, value); err != nil {
-			return fmt.Errorf("%s: -%s: invalid value %q: %w", where, name, value, err)
+			return fmt.Errorf("%s: -%s: invalid value %q: %w%s", where, name, value, err, wantValue(f, err))
 		}
 	}
 	return nil

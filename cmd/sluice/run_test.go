@@ -300,3 +300,33 @@ func TestRunSIPServesThroughDrain(t *testing.T) {
 		t.Fatalf("INVITE during the drain: got %q, want a 503 (the SIP socket must stay open while draining)", got)
 	}
 }
+
+// A bad value on the command line printed "parse error" and then the
+// whole usage, 200 lines under which the error scrolled away: now the
+// error says what the value should be and shows that flag's help alone;
+// -help still prints everything.
+func TestBadFlagShowsItsHelpOnly(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-sip-tcp-first-message-timeout", "10"}, io.Discard, &stderr, nil); code != 2 {
+		t.Fatalf("exit %d", code)
+	}
+	got := stderr.String()
+	for _, want := range []string{`invalid value "10" for flag -sip-tcp-first-message-timeout`, "want a duration with its unit", "  -sip-tcp-first-message-timeout duration\n", "'sluice run -help'"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "usage:") || strings.Count(got, "\n") > 8 {
+		t.Errorf("the whole usage printed for one bad value:\n%s", got)
+	}
+	stderr.Reset()
+	t.Setenv("SLUICE_HTTP_MAX_CONNS", "lots")
+	run(context.Background(), []string{"-http-backend", "127.0.0.1:1"}, io.Discard, &stderr, nil)
+	if !strings.Contains(stderr.String(), "SLUICE_HTTP_MAX_CONNS (-http-max-conns)") || !strings.Contains(stderr.String(), "want a whole number") {
+		t.Errorf("environment: %s", stderr.String())
+	}
+	stderr.Reset()
+	if code := run(context.Background(), []string{"-help"}, io.Discard, &stderr, nil); code != 0 || !strings.Contains(stderr.String(), "usage: sluice run") || !strings.Contains(stderr.String(), "-sip-tcp-partial-budget") {
+		t.Errorf("-help: exit %d\n%s", code, stderr.String())
+	}
+}
