@@ -217,7 +217,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.cfg.Engine == EngineLoop {
 		return s.serveLoops(ln)
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len())
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len(),
+		"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	return s.srv.Serve(limitedListener{ln, s})
 }
 

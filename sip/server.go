@@ -236,7 +236,8 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.tick()
 	s.reloadMu.Lock()
 	p := s.pool.Load()
-	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(p.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0))
+	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(p.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0),
+		"tcp_max_conns", s.cfg.TCPMaxConns, "tcp_max_conns_per_source", s.cfg.TCPMaxConnsPerSource, "unknown_dialog", s.cfg.UnknownDialog)
 	s.started = true
 	s.runBackendsLocked(p)
 	s.reloadMu.Unlock()
