@@ -116,6 +116,7 @@ type Backend struct {
 	probeFrom atomic.Int64           // monotonic ns: answers before this do not overrule the probes
 	servedAt  atomic.Int64           // monotonic ns real traffic last got an answer from it
 	unknown   atomic.Bool            // added at run time, not yet shown serving
+	announce  atomic.Bool            // added at run time, its taking new work not yet logged (health.go)
 	panicking *atomic.Bool           // the pool's panic flag (Pool.Panicking); nil before NewPool
 	probeBusy atomic.Bool            // active health check says "send no new requests" (HTTP 429)
 	busyUntil atomic.Int64           // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
@@ -412,6 +413,7 @@ func (b *Backend) CarryHealth(from *Backend) {
 	b.probeDown.Store(from.probeDown.Load())
 	b.ejectedAt.Store(from.ejectedAt.Load())
 	b.unknown.Store(from.unknown.Load())
+	b.announce.Store(from.announce.Load())
 	b.ejectWhy.Store(from.ejectWhy.Load())
 	b.probeErr.Store(from.probeErr.Load())
 }
@@ -419,7 +421,7 @@ func (b *Backend) CarryHealth(from *Backend) {
 // SetUnknown marks a backend added at run time (true): it takes no new
 // work until a probe passes or real traffic is answered (Served). Call it
 // before the backend serves.
-func (b *Backend) SetUnknown(on bool) { b.unknown.Store(on) }
+func (b *Backend) SetUnknown(on bool) { b.unknown.Store(on); b.announce.Store(on) }
 
 // SetProbeBusy records a health answer of "send no new requests" (OHI's
 // 429): the backend drains new work while affinity continues. It is kept

@@ -310,6 +310,7 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 	b := c.b
 	if b.unknown.Load() {
 		// Added at run time: the first probe decides, no rise or fall.
+		b.announce.Store(false)
 		if r == ProbeDown {
 			c.ok, c.bad = 0, h.cfg.Fall
 			b.MarkProbeDown(start)
@@ -321,6 +322,13 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 		b.unknown.Store(false)
 		h.logger.Info("new backend up: its first health check passed", "backend", b.id)
 		h.event(b, "backend "+b.id+" (new) takes new work: its first health check passed")
+	}
+	if b.announce.CompareAndSwap(true, false) {
+		// Added at run time and shown serving before this probe's verdict
+		// (a SIP ping's answer, or real traffic, ends Unknown at once):
+		// say so, as for a first probe passed.
+		h.logger.Info("new backend up: it answered before its first health check ended", "backend", b.id)
+		h.event(b, "backend "+b.id+" (new) takes new work: it answered")
 	}
 	// A failed probe says nothing about busyness: keep the last answer.
 	if busy := r == ProbeBusy; r != ProbeDown && b.probeBusy.Load() != busy {

@@ -61,3 +61,28 @@ func TestBackendReason(t *testing.T) {
 		t.Errorf("disabled: reason %q", r)
 	}
 }
+
+// A backend added at run time that answers before its first probe ends
+// (a SIP ping's answer ends Unknown at once) was up without a line: the
+// operator who added it saw nothing. The next probe now says it.
+func TestNewBackendUpAnnounced(t *testing.T) {
+	clock := &admission.ManualClock{}
+	p, h, events := checked(t, clock, HealthConfig{}, up())
+	b := p.Backends()[0]
+	b.SetUnknown(true)
+	b.Served(1)
+	if b.State(1) != Up {
+		t.Fatalf("state %v after an answer", b.State(1))
+	}
+	h.ProbeAll(context.Background())
+	h.ProbeAll(context.Background())
+	n := 0
+	for _, e := range *events {
+		if strings.Contains(e, "(new) takes new work") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d events of the new backend taking work, want 1: %q", n, *events)
+	}
+}
