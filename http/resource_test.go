@@ -9,6 +9,7 @@ import (
 	nethttp "net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -671,4 +672,35 @@ func TestConnLimitLogged(t *testing.T) {
 	if !strings.Contains(out, "closed=1 source=192.0.2.7") || !strings.Contains(out, "-http-max-conns connections are open") || !strings.Contains(out, "max=3") {
 		t.Fatalf("log after the interval:\n%s", out)
 	}
+}
+
+// -http-max-conns above what the descriptor limit fits, or a per-source
+// cap above the total, was taken silently: the first fails accept for
+// lack of descriptors before the limit closes anything.
+func TestConnLimitsOverWarned(t *testing.T) {
+	buf := &syncWriter{w: &bytes.Buffer{}}
+	newRig(t, rigOpts{backends: 1, logger: slog.New(slog.NewTextHandler(buf, nil)),
+		cfg: Config{MaxClientConns: defaultMaxClientConns(fdLimit()) + 1, MaxConnsPerSource: 1 << 40}})
+	out := buf.String()
+	if !strings.Contains(out, "-http-max-conns is above what the descriptor limit allows") || !strings.Contains(out, "-http-max-conns-per-source is above -http-max-conns") {
+		t.Errorf("log:\n%s", out)
+	}
+}
+
+// syncWriter serialises writes to w, and reads through String.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
 }
