@@ -265,6 +265,8 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		if err := n.buildSIP(); err != nil {
 			return nil, err
 		}
+	} else if err := lbsip.CheckSettings(cfg.SIP); err != nil {
+		return nil, err
 	}
 	if err := admin.CheckListen(cfg.AdminListen, cfg.AdminTokenFile); err != nil {
 		return nil, err

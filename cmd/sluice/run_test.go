@@ -50,6 +50,7 @@ func TestRunBadFlags(t *testing.T) {
 		{"metrics limit too large", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
 		{"metrics limit too large, no metrics backend yet", append(base, "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
 		{"bad metrics selector, no metrics backend yet", append(base, "-mop-max-metric", "a{"), nil, "-mop-max-metric"},
+		{"bad sip setting, no sip backend", append(base, "-sip-unknown-dialog", "drop"), nil, "-sip-unknown-dialog"},
 		{"zero metrics limit", append(base, "-mop-probe-max-bytes", "0"), nil, "-mop-probe-max-bytes"},
 		{"bad log level", append(base, "-log-level", "loud"), nil, "-log-level"},
 		{"bad duration", append(base, "-http-sticky-ttl", "soon"), nil, "-http-sticky-ttl"},
