@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -303,17 +304,46 @@ var fieldFlags = map[string]string{
 }
 
 // flagError puts the flag in front of a library's error about one of its
-// Config fields; other errors come back as they are.
+// Config fields, and speaks of flags where the library speaks of its
+// fields ("sip: TCPPartialBudget: must be at least twice MaxMessage + 1"
+// becomes "-sip-tcp-partial-budget: must be at least twice
+// -sip-max-message + 1"); other errors come back as they are. The result
+// still wraps err.
 func flagError(err error) error {
-	var fe interface{ ConfigField() (pkg, field string) }
-	if errors.As(err, &fe) {
-		pkg, field := fe.ConfigField()
-		if f, ok := fieldFlags[pkg+"."+field]; ok {
-			return fmt.Errorf("-%s: %w", f, err)
-		}
+	var fe interface {
+		error
+		ConfigField() (pkg, field string)
 	}
-	return err
+	if !errors.As(err, &fe) {
+		return err
+	}
+	pkg, field := fe.ConfigField()
+	f, ok := fieldFlags[pkg+"."+field]
+	if !ok {
+		return err
+	}
+	msg := err.Error()
+	if u, ok := fe.(interface{ Unwrap() error }); ok && u.Unwrap() != nil {
+		cause := strings.TrimPrefix(u.Unwrap().Error(), pkg+": bad configuration: ")
+		for key, name := range fieldFlags {
+			if other, ok := strings.CutPrefix(key, pkg+"."); ok {
+				cause = regexp.MustCompile(`\b`+regexp.QuoteMeta(other)+`\b`).ReplaceAllLiteralString(cause, "-"+name)
+			}
+		}
+		msg = strings.Replace(msg, fe.Error(), cause, 1)
+	}
+	return &namedFlagError{msg: "-" + f + ": " + msg, err: err}
 }
+
+// namedFlagError is flagError's result: the operator's words, the
+// library's error underneath.
+type namedFlagError struct {
+	msg string
+	err error
+}
+
+func (e *namedFlagError) Error() string { return e.msg }
+func (e *namedFlagError) Unwrap() error { return e.err }
 
 // byteSize is a flag holding a size in bytes: a plain number or one with
 // a unit (K, M, G, T, with or without "B"/"iB"; all powers of 1024).
