@@ -24,9 +24,11 @@ func TestTCPRefusalsLogged(t *testing.T) {
 	s.metrics.TCPRefusedSource.Add(6)
 	s.tcp.lastRefusedSource = netip.MustParseAddr("198.51.100.9")
 	s.metrics.TCPRefused.Add(2)
+	s.metrics.UnknownDialogSourceLimited.Add(3)
+	s.cfg.UnknownDialogSourceRate = 20
 	s.logTCPRefusals(&seen)
 	out := buf.String()
-	for _, want := range []string{"-sip-tcp-max-conns-per-source", "closed=6", "source=198.51.100.9", "max_per_source=4", "-sip-tcp-max-conns are open", "closed=2", "max=6"} {
+	for _, want := range []string{"-sip-tcp-max-conns-per-source", "closed=6", "source=198.51.100.9", "max_per_source=4", "-sip-tcp-max-conns are open", "closed=2", "max=6", "-sip-unknown-dialog-source-rate", "refused=3", "per_source_rate=20"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
