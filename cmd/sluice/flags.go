@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/sluicelb/sluice/internal/opfile"
 )
@@ -154,6 +155,16 @@ func wantValue(f *flag.Flag, err error) string {
 	return ""
 }
 
+// runFlagNames is the set of `sluice run`'s flags, which a -config file
+// written for the node may hold when another command reads it.
+var runFlagNames = sync.OnceValue(func() map[string]bool {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	newRunFlags(fs)
+	names := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
+	return names
+})
+
 func setFromEnv(fs *flag.FlagSet, f *flag.Flag, v string) error {
 	if _, list := f.Value.(interface{ envSplit() }); list {
 		for _, s := range strings.Fields(v) {
@@ -188,6 +199,10 @@ func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
 		where := fmt.Sprintf("-%s %s:%d", configFlag, file, i+1)
 		f := fs.Lookup(name)
 		switch {
+		case f == nil && fs.Name() != "run" && runFlagNames()[name]:
+			// The node's own file: `sluice events -config` and `sluice
+			// ctl -config` take what they know from it (-data-dir).
+			continue
 		case f == nil:
 			return fmt.Errorf("%s: unknown flag %q", where, name)
 		case name == configFlag:
