@@ -222,6 +222,9 @@ func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
 // whether to go on.
 func parseCommand(cmd string, fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
 	err := parseFlags(fs, args, os.LookupEnv)
+	if err == nil {
+		err = checkZeroNotOff(fs)
+	}
 	switch {
 	case err == nil:
 		return 0, true
@@ -232,6 +235,23 @@ func parseCommand(cmd string, fs *flag.FlagSet, args []string, stderr io.Writer)
 		fmt.Fprintf(stderr, "sluice %s: %v\n", cmd, err)
 	}
 	return 2, false
+}
+
+// zeroIsDefault are flags whose library reads 0 as "the default": given
+// 0, they would run with the default (256 connections, 10 s, ...), while
+// 0 turns other new flags off (-sip-unknown-dialog-source-rate) or
+// derives them (-http-max-conns): 0 is refused rather than guessed.
+var zeroIsDefault = []string{"sip-tcp-max-conns-per-source", "sip-tcp-first-message-timeout", "sip-tcp-partial-budget", "sip-tcp-max-conns", "sip-dialog-max", "cluster-dialog-max"}
+
+// checkZeroNotOff refuses 0 for a flag of zeroIsDefault that was set.
+func checkZeroNotOff(fs *flag.FlagSet) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if err == nil && slices.Contains(zeroIsDefault, f.Name) && (f.Value.String() == "0" || f.Value.String() == "0s") {
+			err = fmt.Errorf("-%s 0: want a positive value (default %s); 0 does not lift the limit", f.Name, f.DefValue)
+		}
+	})
+	return err
 }
 
 // printedError is an error of the command line, which the flag package

@@ -51,6 +51,8 @@ func TestRunBadFlags(t *testing.T) {
 		{"metrics limit too large, no metrics backend yet", append(base, "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
 		{"bad metrics selector, no metrics backend yet", append(base, "-mop-max-metric", "a{"), nil, "-mop-max-metric"},
 		{"bad sip setting, no sip backend", append(base, "-sip-unknown-dialog", "drop"), nil, "-sip-unknown-dialog"},
+		{"zero per-source sip tcp cap", append(base, "-sip-tcp-max-conns-per-source", "0"), nil, "-sip-tcp-max-conns-per-source 0: want a positive value (default 256)"},
+		{"zero first-message timeout from the environment", base, map[string]string{"SLUICE_SIP_TCP_FIRST_MESSAGE_TIMEOUT": "0s"}, "-sip-tcp-first-message-timeout 0"},
 		{"zero metrics limit", append(base, "-mop-probe-max-bytes", "0"), nil, "-mop-probe-max-bytes"},
 		{"bad log level", append(base, "-log-level", "loud"), nil, "-log-level"},
 		{"bad duration", append(base, "-http-sticky-ttl", "soon"), nil, "-http-sticky-ttl"},
