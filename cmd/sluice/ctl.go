@@ -220,6 +220,9 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	}
 	if resp.StatusCode/100 != 2 {
 		fmt.Fprintf(stderr, "sluice ctl: refused (%d %s): %s\n", resp.StatusCode, http.StatusText(resp.StatusCode), strings.TrimSpace(safeText(string(data))))
+		if resp.StatusCode == http.StatusMisdirectedRequest {
+			fmt.Fprintf(stderr, "(reach it by the address of its -admin-listen, or start it with -admin-host %s)\n", safeField(req.URL.Hostname()))
+		}
 		return ctlRefused
 	}
 	if call.path == "/status" {

@@ -276,3 +276,16 @@ func TestPrintStatusReasonAndNoLimit(t *testing.T) {
 		t.Errorf("reasons:\n%s", got)
 	}
 }
+
+// A 421 (the node does not answer to the name in -admin) says how to get
+// past it: the listener's address, or -admin-host on the node.
+func TestCtlMisdirectedHint(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "misdirected request", http.StatusMisdirectedRequest)
+	}))
+	defer srv.Close()
+	code, _, errOut := ctl("-admin", srv.URL, "status")
+	if code != 1 || !strings.Contains(errOut, "421") || !strings.Contains(errOut, "-admin-host 127.0.0.1") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
