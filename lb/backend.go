@@ -457,7 +457,7 @@ func (b *Backend) Reason(now int64) string {
 		return "its health check answers 429"
 	}
 	if u := b.busyUntil.Load(); u < 0 {
-		return "busy: its health ping answers 503"
+		return "busy: no new work until cleared"
 	} else if now < u {
 		return fmt.Sprintf("busy: it asked for no new work (503 Retry-After) for %s more", time.Duration(u-now).Round(time.Second))
 	}
