@@ -448,6 +448,9 @@ func (b *Backend) Reason(now int64) string {
 		if e := b.probeErr.Load(); e != nil {
 			why += ": " + *e
 		}
+		if b.panicking != nil && b.panicking.Load() && !b.draining(now) && !b.unknown.Load() {
+			why += " (its pool is in panic, -health-panic: it gets new work all the same)"
+		}
 		return why
 	case b.unknown.Load():
 		return "added by a reload: no new work until a health check passes or it answers traffic"
