@@ -175,6 +175,7 @@ type BackendStatus struct {
 	Protocol    string    `json:"protocol"`
 	Addr        string    `json:"addr"`
 	State       string    `json:"state"`
+	Reason      string    `json:"reason,omitempty"` // why it is not up: the operator, its traffic, its health checks (with the probe's error), a Retry-After
 	Weight      int       `json:"weight"`
 	Outstanding int64     `json:"outstanding"`
 	Requests    uint64    `json:"requests"`
@@ -230,7 +231,7 @@ type RuleStatus struct {
 // FromBackend converts an lb view (with its MOP, nil for none).
 func FromBackend(s lb.BackendStatus, mop *admission.MOP) BackendStatus {
 	return BackendStatus{
-		ID: s.ID, Protocol: s.Proto, Addr: s.Addr, State: s.State.String(), Weight: s.Weight,
+		ID: s.ID, Protocol: s.Proto, Addr: s.Addr, State: s.State.String(), Reason: s.Reason, Weight: s.Weight,
 		Outstanding: s.Outstanding, Requests: s.Requests, Failures: s.Failures,
 		MOP: FromMOP(mop),
 	}

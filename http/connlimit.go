@@ -67,28 +67,84 @@ func source(ip netip.Addr) netip.Addr {
 	return ip.Unmap()
 }
 
+// limitHit says which client limit refused a connection.
+type limitHit uint8
+
+const (
+	notLimited    limitHit = iota
+	totalLimited           // -http-max-conns
+	sourceLimited          // -http-max-conns-per-source
+)
+
 // take counts a new connection from ip, or reports false when a limit is
 // reached (the caller closes it).
-func (l *clientLimit) take(ip netip.Addr) bool {
+func (l *clientLimit) take(ip netip.Addr) bool { return l.admit(ip) == notLimited }
+
+// admit is take saying which limit, if any, refused.
+func (l *clientLimit) admit(ip netip.Addr) limitHit {
 	if l.open.Add(1) > int64(l.max) {
 		l.open.Add(-1)
-		return false
+		return totalLimited
 	}
 	if !l.perIP(ip) {
-		return true
+		return notLimited
 	}
 	ip = source(ip)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if int(l.by[ip]) >= l.perSource {
 		l.open.Add(-1)
-		return false
+		return sourceLimited
 	}
 	if l.by == nil {
 		l.by = map[netip.Addr]int32{}
 	}
 	l.by[ip]++
-	return true
+	return notLimited
+}
+
+// limitLogEvery is the least time between two lines of limitLog.
+const limitLogEvery = 10 * time.Second
+
+// limitLog logs client connections closed over a limit at most once every
+// limitLogEvery: without a line, clients behind one NAT that pass
+// -http-max-conns-per-source see their connections closed unanswered and
+// the operator sees nothing but a counter.
+type limitLog struct {
+	mu     sync.Mutex
+	last   time.Time
+	total  int // closed over -http-max-conns since the last line
+	source int // closed over -http-max-conns-per-source since the last line
+	addr   netip.Addr
+}
+
+// refused counts a connection from ip closed over the limit hit and logs
+// unless a line went out less than limitLogEvery ago; the line carries the
+// connections closed since the last one and the latest source refused.
+func (a *limitLog) refused(logger *slog.Logger, hit limitHit, ip netip.Addr, l *clientLimit) {
+	a.mu.Lock()
+	if hit == sourceLimited {
+		a.source++
+		a.addr = ip
+	} else {
+		a.total++
+	}
+	now := time.Now()
+	if !a.last.IsZero() && now.Sub(a.last) < limitLogEvery {
+		a.mu.Unlock()
+		return
+	}
+	total, src, addr := a.total, a.source, a.addr
+	a.total, a.source, a.last = 0, 0, now
+	a.mu.Unlock()
+	if src > 0 {
+		logger.Warn("http client connections closed unanswered: their source holds -http-max-conns-per-source connections (clients behind one NAT: raise it; a reverse proxy: -http-trusted-proxy)",
+			"closed", src, "source", addr.String(), "max_per_source", l.perSource)
+	}
+	if total > 0 {
+		logger.Warn("http client connections closed unanswered: -http-max-conns connections are open",
+			"closed", total, "max", l.max)
+	}
 }
 
 // release ends the count of a connection take accepted.
@@ -187,8 +243,8 @@ func (l limitedListener) Accept() (net.Conn, error) {
 		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 			ip = ta.AddrPort().Addr().Unmap()
 		}
-		if !l.s.conns.take(ip) {
-			l.s.stats.ConnLimited.Add(1)
+		if hit := l.s.conns.admit(ip); hit != notLimited {
+			l.s.connLimited(hit, ip)
 			c.Close()
 			continue
 		}
@@ -196,6 +252,13 @@ func (l limitedListener) Accept() (net.Conn, error) {
 		g.release = func() { l.s.conns.release(ip) }
 		return g, nil
 	}
+}
+
+// connLimited counts and logs a client connection from ip closed over a
+// limit.
+func (s *Server) connLimited(hit limitHit, ip netip.Addr) {
+	s.stats.ConnLimited.Add(1)
+	s.limitLog.refused(s.logger, hit, ip, &s.conns)
 }
 
 // backendSlots counts the connections open to one backend address, of

@@ -178,7 +178,8 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		closeFD(lnfd)
 		return errors.New("http front end is already serving")
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len(), "engine", EngineLoop, "loops", n)
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len(), "engine", EngineLoop, "loops", n,
+		"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	fastDone := make(chan struct{})
 	go func() {
 		defer close(fastDone)

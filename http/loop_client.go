@@ -76,8 +76,8 @@ func (l *evloop) accept() {
 			closeFD(fd)
 			continue
 		}
-		if !l.s.conns.take(ip) {
-			l.s.stats.ConnLimited.Add(1)
+		if hit := l.s.conns.admit(ip); hit != notLimited {
+			l.s.connLimited(hit, ip)
 			closeFD(fd)
 			continue
 		}

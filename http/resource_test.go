@@ -2,11 +2,14 @@ package http
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
+	"log/slog"
 	"net"
 	nethttp "net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -632,4 +635,72 @@ func TestSlowReadersHoldOneShare(t *testing.T) {
 			t.Errorf("another client beside the slow readers: %d %q, want 200", rep.status, rep.body)
 		}
 	})
+}
+
+// TestConnLimitLogged: a connection closed over a client limit is logged
+// (at most once every limitLogEvery) with the flag to raise and the
+// source, not only counted: clients behind one NAT otherwise see their
+// connections closed with nothing in the log.
+func TestConnLimitLogged(t *testing.T) {
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	l := clientLimit{max: 3, perSource: 1}
+	a, b := netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("192.0.2.8")
+	if l.admit(a) != notLimited {
+		t.Fatal("first connection refused")
+	}
+	if hit := l.admit(a); hit != sourceLimited {
+		t.Fatalf("second connection of one source: %v, want sourceLimited", hit)
+	}
+	var ll limitLog
+	ll.refused(logger, sourceLimited, a, &l)
+	ll.refused(logger, sourceLimited, a, &l) // within limitLogEvery: counted only
+	out := buf.String()
+	if strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "-http-max-conns-per-source") ||
+		!strings.Contains(out, "source=192.0.2.7") || !strings.Contains(out, "max_per_source=1") {
+		t.Fatalf("log:\n%s", out)
+	}
+	l.admit(b)
+	l.admit(netip.MustParseAddr("192.0.2.9"))
+	if hit := l.admit(netip.MustParseAddr("192.0.2.10")); hit != totalLimited {
+		t.Fatalf("fourth connection: %v, want totalLimited", hit)
+	}
+	buf.Reset()
+	ll.last = time.Now().Add(-limitLogEvery)
+	ll.refused(logger, totalLimited, b, &l)
+	out = buf.String()
+	if !strings.Contains(out, "closed=1 source=192.0.2.7") || !strings.Contains(out, "-http-max-conns connections are open") || !strings.Contains(out, "max=3") {
+		t.Fatalf("log after the interval:\n%s", out)
+	}
+}
+
+// -http-max-conns above what the descriptor limit fits, or a per-source
+// cap above the total, was taken silently: the first fails accept for
+// lack of descriptors before the limit closes anything.
+func TestConnLimitsOverWarned(t *testing.T) {
+	buf := &syncWriter{w: &bytes.Buffer{}}
+	newRig(t, rigOpts{backends: 1, logger: slog.New(slog.NewTextHandler(buf, nil)),
+		cfg: Config{MaxClientConns: defaultMaxClientConns(fdLimit()) + 1, MaxConnsPerSource: 1 << 40}})
+	out := buf.String()
+	if !strings.Contains(out, "-http-max-conns is above what the descriptor limit allows") || !strings.Contains(out, "-http-max-conns-per-source is above -http-max-conns") {
+		t.Errorf("log:\n%s", out)
+	}
+}
+
+// syncWriter serialises writes to w, and reads through String.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
 }

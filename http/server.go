@@ -45,6 +45,7 @@ type Server struct {
 	held      clientLimit                // requests holding (or waiting for) a backend connection, per source
 	delayed   sourceCount                // requests in ARM delay queues, per source
 	acceptLog acceptLog
+	limitLog  limitLog // client connections closed over a limit (connlimit.go)
 	slotsMu   sync.Mutex
 	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
 	// wallBase and monoBase map monotonic time to wall time for cookie
@@ -115,6 +116,17 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		appName: cfg.AppCookie,
 	}
 	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
+	if fit := defaultMaxClientConns(fdLimit()); cfg.MaxClientConns > fit {
+		// Each client connection may hold a backend connection: past
+		// this, accept fails for lack of descriptors before the limit
+		// closes anything, and probes and the store fail with it.
+		s.logger.Warn("-http-max-conns is above what the descriptor limit allows; raise the limit (ulimit -n, systemd LimitNOFILE) or lower -http-max-conns",
+			"max_conns", cfg.MaxClientConns, "fits", fit, "nofile", fdLimit())
+	}
+	if cfg.MaxConnsPerSource > cfg.MaxClientConns {
+		s.logger.Warn("-http-max-conns-per-source is above -http-max-conns: only the total limit applies",
+			"max_conns_per_source", cfg.MaxConnsPerSource, "max_conns", cfg.MaxClientConns)
+	}
 	s.held.max, s.held.perSource, s.held.trusted = math.MaxInt, max(1, cfg.MaxConns/8), cfg.TrustedProxies
 	s.delayed.trusted = cfg.TrustedProxies
 	s.wallBase, s.monoBase = time.Now(), cfg.Clock.Now()
@@ -217,7 +229,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.cfg.Engine == EngineLoop {
 		return s.serveLoops(ln)
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len())
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len(),
+		"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	return s.srv.Serve(limitedListener{ln, s})
 }
 

@@ -110,17 +110,20 @@ type Backend struct {
 	failures    atomic.Uint64 // Release with a result other than OK or Abandoned
 
 	// Health. Each source sets its own word; State combines them.
-	drained   atomic.Bool  // operator drain
-	disabled  atomic.Bool  // operator disable: down, affinity included
-	probeDown atomic.Bool  // active health check says down
-	probeFrom atomic.Int64 // monotonic ns: answers before this do not overrule the probes
-	servedAt  atomic.Int64 // monotonic ns real traffic last got an answer from it
-	unknown   atomic.Bool  // added at run time, not yet shown serving
-	panicking *atomic.Bool // the pool's panic flag (Pool.Panicking); nil before NewPool
-	probeBusy atomic.Bool  // active health check says "send no new requests" (HTTP 429)
-	busyUntil atomic.Int64 // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
-	ejectedAt atomic.Int64 // passive ejection: down before this monotonic ns
-	consecErr atomic.Int32 // consecutive failures, for passive ejection
+	drained   atomic.Bool            // operator drain
+	disabled  atomic.Bool            // operator disable: down, affinity included
+	probeDown atomic.Bool            // active health check says down
+	probeFrom atomic.Int64           // monotonic ns: answers before this do not overrule the probes
+	servedAt  atomic.Int64           // monotonic ns real traffic last got an answer from it
+	unknown   atomic.Bool            // added at run time, not yet shown serving
+	announce  atomic.Bool            // added at run time, its taking new work not yet logged (health.go)
+	panicking *atomic.Bool           // the pool's panic flag (Pool.Panicking); nil before NewPool
+	probeBusy atomic.Bool            // active health check says "send no new requests" (HTTP 429)
+	busyUntil atomic.Int64           // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
+	ejectedAt atomic.Int64           // passive ejection: down before this monotonic ns
+	consecErr atomic.Int32           // consecutive failures, for passive ejection
+	ejectWhy  atomic.Int32           // the Result that ejected it last, for Reason
+	probeErr  atomic.Pointer[string] // the failed probe that took it down, for Reason; nil when none
 
 	passive *passiveConfig // set by the pool; nil disables passive ejection
 }
@@ -295,6 +298,7 @@ func (b *Backend) Release(now int64, r Result) {
 			if r == ConnectError && b.downByProbes() {
 				// Proof from the traffic itself, with passive ejection
 				// off too: its affinity clients go elsewhere.
+				b.ejectWhy.Store(int32(r))
 				b.Eject(now, defaultCooldown)
 			}
 			return
@@ -308,6 +312,7 @@ func (b *Backend) Release(now int64, r Result) {
 			for until > prev && !b.ejectedAt.CompareAndSwap(prev, until) {
 				prev = b.ejectedAt.Load()
 			}
+			b.ejectWhy.Store(int32(r))
 			if now >= prev && p.onEject != nil {
 				p.onEject(b, r, until)
 			}
@@ -408,12 +413,15 @@ func (b *Backend) CarryHealth(from *Backend) {
 	b.probeDown.Store(from.probeDown.Load())
 	b.ejectedAt.Store(from.ejectedAt.Load())
 	b.unknown.Store(from.unknown.Load())
+	b.announce.Store(from.announce.Load())
+	b.ejectWhy.Store(from.ejectWhy.Load())
+	b.probeErr.Store(from.probeErr.Load())
 }
 
 // SetUnknown marks a backend added at run time (true): it takes no new
 // work until a probe passes or real traffic is answered (Served). Call it
 // before the backend serves.
-func (b *Backend) SetUnknown(on bool) { b.unknown.Store(on) }
+func (b *Backend) SetUnknown(on bool) { b.unknown.Store(on); b.announce.Store(on) }
 
 // SetProbeBusy records a health answer of "send no new requests" (OHI's
 // 429): the backend drains new work while affinity continues. It is kept
@@ -425,6 +433,40 @@ func (b *Backend) SetProbeBusy(busy bool) { b.probeBusy.Store(busy) }
 // Unlike passive ejection it sets the deadline as given, even if earlier.
 func (b *Backend) Eject(now int64, d time.Duration) { b.ejectedAt.Store(now + int64(d)) }
 
+// Reason says why the backend is not Up at now, in words for /status and
+// `sluice ctl status`: who or what took it out or keeps new work from it
+// (the operator, its traffic, its health checks with the probe's error,
+// a Retry-After, its first probe still to come); "" when Up.
+func (b *Backend) Reason(now int64) string {
+	switch {
+	case b.disabled.Load():
+		return "disabled by the operator"
+	case now < b.ejectedAt.Load():
+		return fmt.Sprintf("ejected by its traffic (%s) for %s more", Result(b.ejectWhy.Load()), time.Duration(b.ejectedAt.Load()-now).Round(time.Second))
+	case b.downByProbes():
+		why := "down by its health checks, and no real answer since they failed"
+		if e := b.probeErr.Load(); e != nil {
+			why += ": " + *e
+		}
+		if b.panicking != nil && b.panicking.Load() && !b.draining(now) && !b.unknown.Load() {
+			why += " (its pool is in panic, -health-panic: it gets new work all the same)"
+		}
+		return why
+	case b.unknown.Load():
+		return "added by a reload: no new work until a health check passes or it answers traffic"
+	case b.drained.Load():
+		return "drained by the operator"
+	case b.probeBusy.Load():
+		return "its health check answers 429"
+	}
+	if u := b.busyUntil.Load(); u < 0 {
+		return "busy: no new work until cleared"
+	} else if now < u {
+		return fmt.Sprintf("busy: it asked for no new work (503 Retry-After) for %s more", time.Duration(u-now).Round(time.Second))
+	}
+	return ""
+}
+
 // BackendStatus is a point-in-time view of a backend for /status.
 type BackendStatus struct {
 	ID          string
@@ -432,6 +474,7 @@ type BackendStatus struct {
 	Addr        string
 	Weight      int
 	State       State
+	Reason      string // why it is not Up (Backend.Reason); "" when Up
 	Outstanding int64
 	Requests    uint64
 	Failures    uint64
@@ -446,9 +489,20 @@ func (b *Backend) Status(now int64) BackendStatus {
 		Addr:        b.addr,
 		Weight:      b.Weight(),
 		State:       b.State(now),
+		Reason:      b.Reason(now),
 		Outstanding: b.outstanding.Load(),
 		Requests:    b.requests.Load(),
 		Failures:    b.failures.Load(),
 		MOP:         b.mop.Status(),
 	}
+}
+
+// setProbeErr keeps the error of the latest failed probe for Reason.
+func (b *Backend) setProbeErr(err error) {
+	if err == nil {
+		b.probeErr.Store(nil)
+		return
+	}
+	e := err.Error()
+	b.probeErr.Store(&e)
 }

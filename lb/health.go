@@ -310,9 +310,11 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 	b := c.b
 	if b.unknown.Load() {
 		// Added at run time: the first probe decides, no rise or fall.
+		b.announce.Store(false)
 		if r == ProbeDown {
 			c.ok, c.bad = 0, h.cfg.Fall
 			b.MarkProbeDown(start)
+			b.setProbeErr(err)
 			h.logger.Warn("new backend down: its first health check failed", "backend", b.id, "err", err)
 			h.event(b, fmt.Sprintf("backend %s (new) down: its first health check failed: %v", b.id, err))
 			return
@@ -320,6 +322,13 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 		b.unknown.Store(false)
 		h.logger.Info("new backend up: its first health check passed", "backend", b.id)
 		h.event(b, "backend "+b.id+" (new) takes new work: its first health check passed")
+	}
+	if b.announce.CompareAndSwap(true, false) {
+		// Added at run time and shown serving before this probe's verdict
+		// (a SIP ping's answer, or real traffic, ends Unknown at once):
+		// say so, as for a first probe passed.
+		h.logger.Info("new backend up: it answered before its first health check ended", "backend", b.id)
+		h.event(b, "backend "+b.id+" (new) takes new work: it answered")
 	}
 	// A failed probe says nothing about busyness: keep the last answer.
 	if busy := r == ProbeBusy; r != ProbeDown && b.probeBusy.Load() != busy {
@@ -343,6 +352,7 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 		// probes as it always was (with Fall >= 3; one probe later with
 		// Fall 2), whatever it answered before.
 		since := start - int64(h.cfg.Interval)
+		b.setProbeErr(err)
 		if b.probeDown.Load() {
 			if b.probeFrom.Load() < since {
 				b.probeFrom.Store(since)
@@ -358,6 +368,7 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 	c.ok++
 	if c.ok >= h.cfg.Rise && b.probeDown.Load() {
 		b.SetProbeDown(false)
+		b.probeErr.Store(nil)
 		h.logger.Info("backend up", "backend", b.id, "passes", c.ok)
 		h.event(b, fmt.Sprintf("backend %s up after %d passed health checks", b.id, c.ok))
 	}

@@ -3,6 +3,7 @@ package lb
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,6 +102,10 @@ func TestPoolPanicSpreadsNewWork(t *testing.T) {
 	}
 	if !p.Panicking() || p.Panics() != 1 {
 		t.Fatalf("3 of 4 down by probes: panicking %v (%d times), want true", p.Panicking(), p.Panics())
+	}
+	// /status says why a backend "down" still gets new work.
+	if r := p.Backends()[0].Reason(clock.Now()); !strings.Contains(r, "in panic") {
+		t.Errorf("reason of a backend down by probes in panic: %q", r)
 	}
 	seen := map[int]int{}
 	for range 400 {

@@ -221,6 +221,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if err := cfg.checkMOP(); err != nil {
 		return nil, err
 	}
+	if err := cfg.checkMOPProbe(); err != nil {
+		return nil, err
+	}
 	if err := n.newCluster(); err != nil {
 		return nil, err
 	}
@@ -262,6 +265,8 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		if err := n.buildSIP(); err != nil {
 			return nil, err
 		}
+	} else if err := lbsip.CheckSettings(cfg.SIP); err != nil {
+		return nil, err
 	}
 	if err := admin.CheckListen(cfg.AdminListen, cfg.AdminTokenFile); err != nil {
 		return nil, err
@@ -330,6 +335,21 @@ func (c *Config) checkPositive() error {
 		}
 	}
 	return checkHealthPath(c.HealthPath)
+}
+
+// checkMOPProbe validates the memory probe settings (-mop-probe-*,
+// -mop-*-metric) at start even when no backend has a metrics URL yet: a
+// bad value would otherwise pass start-up and fail the first SIGHUP that
+// adds a backend with metrics=.
+func (c *Config) checkMOPProbe() error {
+	b, err := lb.NewBackend(lb.BackendConfig{Addr: "127.0.0.1:1"})
+	if err != nil {
+		return err
+	}
+	p := c.MOPProbe
+	p.URL = "http://127.0.0.1:1/metrics"
+	_, err = lb.NewMemoryProbe(b, p, nil, nil)
+	return err
 }
 
 // checkMOP validates the MOP settings once, before any backend needs them.

@@ -105,6 +105,19 @@ func readBackendsFile(path string) (httpSpecs, sipSpecs []string, err error) {
 		return nil, nil, fmt.Errorf("-backends-file: %w", err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
+	// Ids are unique per protocol: a duplicate is named with both lines
+	// here (the pool would refuse it without a line number).
+	seen := map[string]int{}
+	dup := func(proto, id, addr string, n int) error {
+		if id == "" {
+			id = addr
+		}
+		if first, ok := seen[proto+" "+id]; ok {
+			return fmt.Errorf("-backends-file %s:%d: %s backend id %q already on line %d (ids default to the address)", path, n, proto, id, first)
+		}
+		seen[proto+" "+id] = n
+		return nil
+	}
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -116,13 +129,21 @@ func readBackendsFile(path string) (httpSpecs, sipSpecs []string, err error) {
 		case spec == "":
 			return nil, nil, fmt.Errorf("-backends-file %s:%d: want \"http SPEC\" or \"sip SPEC\", got %q", path, n, line)
 		case proto == "http":
-			if _, err := lbhttp.ParseBackend(spec); err != nil {
+			b, err := lbhttp.ParseBackend(spec)
+			if err != nil {
 				return nil, nil, fmt.Errorf("-backends-file %s:%d: %w", path, n, err)
+			}
+			if err := dup(proto, b.ID, b.Addr, n); err != nil {
+				return nil, nil, err
 			}
 			httpSpecs = append(httpSpecs, spec)
 		case proto == "sip":
-			if _, err := lbsip.ParseBackend(spec); err != nil {
+			b, err := lbsip.ParseBackend(spec)
+			if err != nil {
 				return nil, nil, fmt.Errorf("-backends-file %s:%d: %w", path, n, err)
+			}
+			if err := dup(proto, b.ID, b.Addr, n); err != nil {
+				return nil, nil, err
 			}
 			sipSpecs = append(sipSpecs, spec)
 		default:

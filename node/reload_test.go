@@ -17,6 +17,9 @@ func TestReadBackendsFileErrors(t *testing.T) {
 		{"ftp 127.0.0.1:1\n", ":1: protocol \"ftp\""},
 		{"http\n", ":1: want"},
 		{"# c\nhttp nohost\n", ":2:"},
+		// A duplicate id is named with both lines, not "new pool: duplicate backend id".
+		{"http 127.0.0.1:1,id=a\nsip 127.0.0.1:2,id=a\nhttp 127.0.0.1:3,id=a\n", `:3: http backend id "a" already on line 1`},
+		{"sip 127.0.0.1:5060\nsip 127.0.0.1:5060,weight=2\n", `:2: sip backend id "127.0.0.1:5060" already on line 1`},
 	} {
 		f := filepath.Join(dir, "b")
 		os.WriteFile(f, []byte(tc.body), 0o600)

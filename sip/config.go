@@ -249,6 +249,15 @@ func fill[T comparable](p *T, def T) {
 	}
 }
 
+// CheckSettings validates c's settings as New would, its backends aside
+// (a node without SIP backends builds no Server, and a typo in a -sip-*
+// flag would pass unseen until a configuration with SIP backends).
+func CheckSettings(c Config) error {
+	c.setDefaults()
+	c.Backends = []BackendConfig{{ID: "check", Addr: "127.0.0.1:5060"}}
+	return c.Validate()
+}
+
 // Validate reports the first invalid field as a *FieldError. It expects
 // defaults to be filled.
 func (c *Config) Validate() error {

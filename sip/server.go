@@ -236,7 +236,8 @@ func (s *Server) Start(ctx context.Context) error {
 	go s.tick()
 	s.reloadMu.Lock()
 	p := s.pool.Load()
-	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(p.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0))
+	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(p.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0),
+		"tcp_max_conns", s.cfg.TCPMaxConns, "tcp_max_conns_per_source", s.cfg.TCPMaxConnsPerSource, "unknown_dialog", s.cfg.UnknownDialog)
 	s.started = true
 	s.runBackendsLocked(p)
 	s.reloadMu.Unlock()
@@ -571,6 +572,7 @@ func (s *Server) tick() {
 	defer t.Stop()
 	var lastLog, lastFullLog time.Time
 	var lastRefused, lastFull, lastForged uint64
+	var tcpSeen tcpRefusalsSeen
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -592,6 +594,7 @@ func (s *Server) tick() {
 		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()
+			s.logTCPRefusals(&tcpSeen)
 			if f := s.metrics.ForgedResponses.Load(); f != lastForged {
 				s.log.Warn("sip responses dropped: their branch was not made for the address they came from (forged, or a peer answering from another socket)",
 					"forged_responses_total", f, "since_last", f-lastForged)

@@ -165,6 +165,42 @@ type tcpTable struct {
 	readBufs    atomic.Int64 // connections holding a read buffer
 
 	budget partialBudget // bytes of partial messages
+
+	lastRefusedSource netip.Addr // the latest source refused over -sip-tcp-max-conns-per-source, for the log
+}
+
+// tcpRefusalsSeen is what the last summary of refused TCP connections
+// counted (logTCPRefusals).
+type tcpRefusalsSeen struct{ source, full, unknown uint64 }
+
+// logTCPRefusals logs, when any were refused since the summary seen,
+// the TCP connections closed at accept over -sip-tcp-max-conns-per-source
+// (with the latest source) and over -sip-tcp-max-conns, and the requests
+// of unknown dialogs refused over -sip-unknown-dialog-source-rate:
+// otherwise clients behind one NAT or SBC past a cap see resets or 503s
+// and the log says nothing. The tick calls it every 10 s.
+func (s *Server) logTCPRefusals(seen *tcpRefusalsSeen) {
+	if n := s.metrics.TCPRefusedSource.Load(); n != seen.source {
+		s.tcp.mu.RLock()
+		src := s.tcp.lastRefusedSource
+		s.tcp.mu.RUnlock()
+		s.log.Warn("sip tcp connections closed at accept: their source holds -sip-tcp-max-conns-per-source connections (clients behind one NAT or an SBC: raise it)",
+			"closed", n-seen.source, "source", src.String(), "max_per_source", s.cfg.TCPMaxConnsPerSource, "tcp_refused_source_total", n)
+		seen.source = n
+	}
+	if n := s.metrics.UnknownDialogSourceLimited.Load(); n != seen.unknown {
+		// An SBC or a NAT is one source for all its calls: after a
+		// restart (the dialog table is in memory) their token-less BYEs
+		// and re-INVITEs are unknown dialogs and share its 20/s.
+		s.log.Warn("sip requests of unknown dialogs refused 503: their source passed -sip-unknown-dialog-source-rate (one SBC or NAT is one source; after a restart every token-less in-dialog request is an unknown dialog)",
+			"refused", n-seen.unknown, "per_source_rate", s.cfg.UnknownDialogSourceRate, "unknown_dialog_source_limited_total", n)
+		seen.unknown = n
+	}
+	if n := s.metrics.TCPRefused.Load(); n != seen.full {
+		s.log.Warn("sip tcp connections closed at accept: -sip-tcp-max-conns are open and none idle to close instead",
+			"closed", n-seen.full, "max", s.cfg.TCPMaxConns, "tcp_refused_total", n)
+		seen.full = n
+	}
 }
 
 func (t *tcpTable) init() {
@@ -241,6 +277,8 @@ func (s *Server) acceptConn(c *net.TCPConn) {
 	if verdict == admitted {
 		s.tcp.conns[tc.remote] = tc
 		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
+	} else if verdict == refusedSource {
+		s.tcp.lastRefusedSource = tc.remote.Addr()
 	}
 	s.tcp.mu.Unlock()
 	switch verdict {

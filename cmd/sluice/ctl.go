@@ -220,6 +220,9 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	}
 	if resp.StatusCode/100 != 2 {
 		fmt.Fprintf(stderr, "sluice ctl: refused (%d %s): %s\n", resp.StatusCode, http.StatusText(resp.StatusCode), strings.TrimSpace(safeText(string(data))))
+		if resp.StatusCode == http.StatusMisdirectedRequest {
+			fmt.Fprintf(stderr, "(reach it by the address of its -admin-listen, or start it with -admin-host %s)\n", safeField(req.URL.Hostname()))
+		}
 		return ctlRefused
 	}
 	if call.path == "/status" {
@@ -283,13 +286,32 @@ func printStatus(w io.Writer, data []byte) error {
 	if err := json.Unmarshal(data, &st); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "memory %s (%d of %d bytes)\n\n", safeField(st.MemoryState), st.Memory.UsedBytes, st.Memory.LimitBytes)
+	if st.Memory.LimitBytes > 0 {
+		fmt.Fprintf(w, "memory %s (%d of %d bytes)\n\n", safeField(st.MemoryState), st.Memory.UsedBytes, st.Memory.LimitBytes)
+	} else {
+		// No limit: the states never leave normal ("of 0 bytes" read as
+		// a limit of nothing).
+		fmt.Fprintf(w, "memory states off: no -mem-limit, cgroup limit or GOMEMLIMIT (%d bytes used)\n\n", st.Memory.UsedBytes)
+	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "BACKEND\tPROTO\tADDR\tSTATE\tWEIGHT\tOUTSTANDING\tMOP\tALLOWED/S\tLEARNED/S")
 	for _, b := range st.Backends {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f\t%.1f\n", safeField(b.ID), safeField(b.Protocol), safeField(b.Addr), safeField(b.State), b.Weight, b.Outstanding, safeField(b.MOP.Phase), b.MOP.AllowedRate, b.MOP.LearnedRate)
 	}
 	tw.Flush()
+	// Why each backend that is not up is out: the operator, its traffic,
+	// its health checks (with the probe's error), a Retry-After.
+	first := true
+	for _, b := range st.Backends {
+		if b.Reason == "" {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w)
+			first = false
+		}
+		fmt.Fprintf(w, "%s %s: %s\n", safeField(b.Protocol), safeField(b.ID), safeField(b.Reason))
+	}
 	if len(st.ARM) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(tw, "ARM RULE\tRATE\tLIMIT\tQUEUED\tADMITTED\tDELAYED\tREFUSED")

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -247,5 +248,44 @@ func TestCtlTrustsNoAnswer(t *testing.T) {
 	}
 	if code != 1 || !strings.Contains(errOut, "redirect") {
 		t.Errorf("redirect: exit %d, stderr %q; want 1 saying a redirect is not followed", code, errOut)
+	}
+}
+
+// `sluice ctl status` says why a backend is not up (it said "down" and no
+// more), and without a memory limit it says the states are off rather
+// than "normal (N of 0 bytes)".
+func TestPrintStatusReasonAndNoLimit(t *testing.T) {
+	st := admin.Status{MemoryState: "normal", Memory: admin.MemoryStatus{UsedBytes: 1234, LimitSource: "none"},
+		Backends: []admin.BackendStatus{
+			{ID: "web1", Protocol: "http", Addr: "127.0.0.1:1", State: "up"},
+			{ID: "web3", Protocol: "http", Addr: "127.0.0.1:2", State: "down", Reason: "down by its health checks: dial tcp: connection refused\x1b[2J"},
+		}}
+	data, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := printStatus(&out, data); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	if !strings.Contains(got, "memory states off") || strings.Contains(got, "of 0 bytes") {
+		t.Errorf("no limit:\n%s", got)
+	}
+	if !strings.Contains(got, "http web3: down by its health checks: dial tcp: connection refused") || strings.Contains(got, "web1:") || strings.Contains(got, "\x1b") {
+		t.Errorf("reasons:\n%s", got)
+	}
+}
+
+// A 421 (the node does not answer to the name in -admin) says how to get
+// past it: the listener's address, or -admin-host on the node.
+func TestCtlMisdirectedHint(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "misdirected request", http.StatusMisdirectedRequest)
+	}))
+	defer srv.Close()
+	code, _, errOut := ctl("-admin", srv.URL, "status")
+	if code != 1 || !strings.Contains(errOut, "421") || !strings.Contains(errOut, "-admin-host 127.0.0.1") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }

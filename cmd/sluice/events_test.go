@@ -247,3 +247,24 @@ func TestEventsFieldQuotesWhatATerminalRuns(t *testing.T) {
 		}
 	}
 }
+
+// `sluice events -config FILE` with the node's own file stopped at its
+// first line ("unknown flag http-listen"): the run flags it does not have
+// are skipped now, and -data-dir comes from the file.
+func TestEventsReadsTheNodeConfig(t *testing.T) {
+	dir := eventsStore(t, admission.Event{Time: evT0, Kind: "config.reload", Subject: "f", Message: "backends reloaded"})
+	conf := filepath.Join(t.TempDir(), "sluice.conf")
+	if err := os.WriteFile(conf, []byte("http-listen :8080\nhttp-backend 10.0.0.1:80\ndata-dir "+dir+"\nmem-limit 1GiB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runEventsCmd("-config", conf)
+	if code != 0 || !strings.Contains(out, "backends reloaded") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if err := os.WriteFile(conf, []byte("data-dir "+dir+"\nfrobnicate 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := runEventsCmd("-config", conf); code != 2 || !strings.Contains(errOut, `unknown flag "frobnicate"`) {
+		t.Errorf("a flag of no command: exit %d, stderr %q", code, errOut)
+	}
+}

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/sluicelb/sluice/internal/opfile"
 )
@@ -71,7 +74,21 @@ func newFlagSet(cmd string, stderr io.Writer) *flag.FlagSet {
 // Errors of the command line are printed by the flag package; the others
 // are returned naming the flag and the source of the bad value.
 func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bool)) error {
-	if err := fs.Parse(args); err != nil {
+	// The flag package prints a bad value's error and then the whole
+	// usage, 200 lines that push the error off the screen: -help gets the
+	// usage, a bad flag its error, what the value should be and that
+	// flag's own help.
+	out := fs.Output()
+	var printed bytes.Buffer
+	fs.SetOutput(&printed)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			out.Write(printed.Bytes())
+		} else {
+			printFlagError(out, fs, err)
+		}
 		return printedError{err}
 	}
 	if fs.NArg() > 0 {
@@ -79,7 +96,6 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if err != nil || set[f.Name] {
 			return
@@ -90,7 +106,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 			return
 		}
 		if err = setFromEnv(fs, f, v); err != nil {
-			err = fmt.Errorf("%s (-%s): invalid value %q: %w", env, f.Name, v, err)
+			err = fmt.Errorf("%s (-%s): invalid value %q: %w%s", env, f.Name, v, err, wantValue(f, err))
 		}
 	})
 	if err != nil {
@@ -102,6 +118,52 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 	}
 	return nil
 }
+
+// printFlagError prints an error of the command line: the flag
+// package's message, what the value should be, the flag's help line, and
+// where the rest is.
+func printFlagError(w io.Writer, fs *flag.FlagSet, err error) {
+	msg := err.Error()
+	var f *flag.Flag
+	if _, rest, ok := strings.Cut(msg, " for flag -"); ok {
+		name, _, _ := strings.Cut(rest, ":")
+		f = fs.Lookup(name)
+	}
+	if f == nil {
+		fmt.Fprintf(w, "%s\n'sluice %s -help' lists every flag.\n", msg, fs.Name())
+		return
+	}
+	fmt.Fprintf(w, "%s%s\n\n%s\n'sluice %s -help' lists every flag.\n", msg, wantValue(f, err), flagLine(f), fs.Name())
+}
+
+// wantValue says what a flag of a standard type takes when the flag
+// package refused its value with no more than "parse error" or "value out
+// of range"; "" otherwise (the other values explain themselves).
+func wantValue(f *flag.Flag, err error) string {
+	m := err.Error()
+	if !strings.HasSuffix(m, "parse error") && !strings.HasSuffix(m, "value out of range") {
+		return ""
+	}
+	switch kind, _ := flag.UnquoteUsage(f); kind {
+	case "int", "uint":
+		return "; want a whole number, without a unit"
+	case "duration":
+		return "; want a duration with its unit, e.g. 500ms, 10s, 5m or 1h30m"
+	case "float":
+		return "; want a number"
+	}
+	return ""
+}
+
+// runFlagNames is the set of `sluice run`'s flags, which a -config file
+// written for the node may hold when another command reads it.
+var runFlagNames = sync.OnceValue(func() map[string]bool {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	newRunFlags(fs)
+	names := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
+	return names
+})
 
 func setFromEnv(fs *flag.FlagSet, f *flag.Flag, v string) error {
 	if _, list := f.Value.(interface{ envSplit() }); list {
@@ -137,6 +199,10 @@ func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
 		where := fmt.Sprintf("-%s %s:%d", configFlag, file, i+1)
 		f := fs.Lookup(name)
 		switch {
+		case f == nil && fs.Name() != "run" && runFlagNames()[name]:
+			// The node's own file: `sluice events -config` and `sluice
+			// ctl -config` take what they know from it (-data-dir).
+			continue
 		case f == nil:
 			return fmt.Errorf("%s: unknown flag %q", where, name)
 		case name == configFlag:
@@ -145,7 +211,7 @@ func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
 			continue
 		}
 		if err := fs.Set(name, value); err != nil {
-			return fmt.Errorf("%s: -%s: invalid value %q: %w", where, name, value, err)
+			return fmt.Errorf("%s: -%s: invalid value %q: %w%s", where, name, value, err, wantValue(f, err))
 		}
 	}
 	return nil
@@ -156,6 +222,9 @@ func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
 // whether to go on.
 func parseCommand(cmd string, fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
 	err := parseFlags(fs, args, os.LookupEnv)
+	if err == nil {
+		err = checkZeroNotOff(fs)
+	}
 	switch {
 	case err == nil:
 		return 0, true
@@ -166,6 +235,23 @@ func parseCommand(cmd string, fs *flag.FlagSet, args []string, stderr io.Writer)
 		fmt.Fprintf(stderr, "sluice %s: %v\n", cmd, err)
 	}
 	return 2, false
+}
+
+// zeroIsDefault are flags whose library reads 0 as "the default": given
+// 0, they would run with the default (256 connections, 10 s, ...), while
+// 0 turns other new flags off (-sip-unknown-dialog-source-rate) or
+// derives them (-http-max-conns): 0 is refused rather than guessed.
+var zeroIsDefault = []string{"sip-tcp-max-conns-per-source", "sip-tcp-first-message-timeout", "sip-tcp-partial-budget", "sip-tcp-max-conns", "sip-dialog-max", "cluster-dialog-max"}
+
+// checkZeroNotOff refuses 0 for a flag of zeroIsDefault that was set.
+func checkZeroNotOff(fs *flag.FlagSet) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if err == nil && slices.Contains(zeroIsDefault, f.Name) && (f.Value.String() == "0" || f.Value.String() == "0s") {
+			err = fmt.Errorf("-%s 0: want a positive value (default %s); 0 does not lift the limit", f.Name, f.DefValue)
+		}
+	})
+	return err
 }
 
 // printedError is an error of the command line, which the flag package
@@ -253,17 +339,46 @@ var fieldFlags = map[string]string{
 }
 
 // flagError puts the flag in front of a library's error about one of its
-// Config fields; other errors come back as they are.
+// Config fields, and speaks of flags where the library speaks of its
+// fields ("sip: TCPPartialBudget: must be at least twice MaxMessage + 1"
+// becomes "-sip-tcp-partial-budget: must be at least twice
+// -sip-max-message + 1"); other errors come back as they are. The result
+// still wraps err.
 func flagError(err error) error {
-	var fe interface{ ConfigField() (pkg, field string) }
-	if errors.As(err, &fe) {
-		pkg, field := fe.ConfigField()
-		if f, ok := fieldFlags[pkg+"."+field]; ok {
-			return fmt.Errorf("-%s: %w", f, err)
-		}
+	var fe interface {
+		error
+		ConfigField() (pkg, field string)
 	}
-	return err
+	if !errors.As(err, &fe) {
+		return err
+	}
+	pkg, field := fe.ConfigField()
+	f, ok := fieldFlags[pkg+"."+field]
+	if !ok {
+		return err
+	}
+	msg := err.Error()
+	if u, ok := fe.(interface{ Unwrap() error }); ok && u.Unwrap() != nil {
+		cause := strings.TrimPrefix(u.Unwrap().Error(), pkg+": bad configuration: ")
+		for key, name := range fieldFlags {
+			if other, ok := strings.CutPrefix(key, pkg+"."); ok {
+				cause = regexp.MustCompile(`\b`+regexp.QuoteMeta(other)+`\b`).ReplaceAllLiteralString(cause, "-"+name)
+			}
+		}
+		msg = strings.Replace(msg, fe.Error(), cause, 1)
+	}
+	return &namedFlagError{msg: "-" + f + ": " + msg, err: err}
 }
+
+// namedFlagError is flagError's result: the operator's words, the
+// library's error underneath.
+type namedFlagError struct {
+	msg string
+	err error
+}
+
+func (e *namedFlagError) Error() string { return e.msg }
+func (e *namedFlagError) Unwrap() error { return e.err }
 
 // byteSize is a flag holding a size in bytes: a plain number or one with
 // a unit (K, M, G, T, with or without "B"/"iB"; all powers of 1024).

@@ -260,8 +260,16 @@ func TestFieldFlags(t *testing.T) {
 		}
 	}
 	err := flagError(fmt.Errorf("build: %w", &lbsip.FieldError{Field: "TokenTTL", Err: errors.New("must be at least 1m")}))
-	if got, want := err.Error(), "-sip-affinity-ttl: build: sip: TokenTTL: must be at least 1m"; got != want {
+	if got, want := err.Error(), "-sip-affinity-ttl: build: must be at least 1m"; got != want {
 		t.Errorf("flagError = %q, want %q", got, want)
+	}
+	// The library's field names in the message become flags.
+	err = flagError(&lbsip.FieldError{Field: "TCPPartialBudget", Err: errors.New("must be at least twice MaxMessage + 1 (131072 bytes)")})
+	if got, want := err.Error(), "-sip-tcp-partial-budget: must be at least twice -sip-max-message + 1 (131072 bytes)"; got != want {
+		t.Errorf("flagError = %q, want %q", got, want)
+	}
+	if !errors.As(err, new(*lbsip.FieldError)) {
+		t.Error("flagError no longer wraps the library's error")
 	}
 }
 

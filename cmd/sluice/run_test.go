@@ -48,6 +48,11 @@ func TestRunBadFlags(t *testing.T) {
 		{"negative conns per source", append(base, "-http-max-conns-per-source", "-5"), nil, "-http-max-conns-per-source"},
 		{"bad metrics selector", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-used-metric", "a{"), nil, "-mop-used-metric"},
 		{"metrics limit too large", append(base, "-http-backend", "127.0.0.1:2,metrics=http://x/m", "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
+		{"metrics limit too large, no metrics backend yet", append(base, "-mop-probe-max-bytes", "1GiB"), nil, "-mop-probe-max-bytes"},
+		{"bad metrics selector, no metrics backend yet", append(base, "-mop-max-metric", "a{"), nil, "-mop-max-metric"},
+		{"bad sip setting, no sip backend", append(base, "-sip-unknown-dialog", "drop"), nil, "-sip-unknown-dialog"},
+		{"zero per-source sip tcp cap", append(base, "-sip-tcp-max-conns-per-source", "0"), nil, "-sip-tcp-max-conns-per-source 0: want a positive value (default 256)"},
+		{"zero first-message timeout from the environment", base, map[string]string{"SLUICE_SIP_TCP_FIRST_MESSAGE_TIMEOUT": "0s"}, "-sip-tcp-first-message-timeout 0"},
 		{"zero metrics limit", append(base, "-mop-probe-max-bytes", "0"), nil, "-mop-probe-max-bytes"},
 		{"bad log level", append(base, "-log-level", "loud"), nil, "-log-level"},
 		{"bad duration", append(base, "-http-sticky-ttl", "soon"), nil, "-http-sticky-ttl"},
@@ -296,5 +301,35 @@ func TestRunSIPServesThroughDrain(t *testing.T) {
 	}
 	if !strings.HasPrefix(got, "SIP/2.0 503") {
 		t.Fatalf("INVITE during the drain: got %q, want a 503 (the SIP socket must stay open while draining)", got)
+	}
+}
+
+// A bad value on the command line printed "parse error" and then the
+// whole usage, 200 lines under which the error scrolled away: now the
+// error says what the value should be and shows that flag's help alone;
+// -help still prints everything.
+func TestBadFlagShowsItsHelpOnly(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-sip-tcp-first-message-timeout", "10"}, io.Discard, &stderr, nil); code != 2 {
+		t.Fatalf("exit %d", code)
+	}
+	got := stderr.String()
+	for _, want := range []string{`invalid value "10" for flag -sip-tcp-first-message-timeout`, "want a duration with its unit", "  -sip-tcp-first-message-timeout duration\n", "'sluice run -help'"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "usage:") || strings.Count(got, "\n") > 8 {
+		t.Errorf("the whole usage printed for one bad value:\n%s", got)
+	}
+	stderr.Reset()
+	t.Setenv("SLUICE_HTTP_MAX_CONNS", "lots")
+	run(context.Background(), []string{"-http-backend", "127.0.0.1:1"}, io.Discard, &stderr, nil)
+	if !strings.Contains(stderr.String(), "SLUICE_HTTP_MAX_CONNS (-http-max-conns)") || !strings.Contains(stderr.String(), "want a whole number") {
+		t.Errorf("environment: %s", stderr.String())
+	}
+	stderr.Reset()
+	if code := run(context.Background(), []string{"-help"}, io.Discard, &stderr, nil); code != 0 || !strings.Contains(stderr.String(), "usage: sluice run") || !strings.Contains(stderr.String(), "-sip-tcp-partial-budget") {
+		t.Errorf("-help: exit %d\n%s", code, stderr.String())
 	}
 }
