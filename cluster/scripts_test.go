@@ -127,36 +127,72 @@ func TestLeaseScriptStepsRealRedis(t *testing.T) {
 	}
 }
 
+// heartbeatSteps is the heartbeat script's golden vector with a 150 ms
+// TTL, at exact instants: b (beat at 10ms) lives until 160ms.
+var heartbeatSteps = []struct {
+	at          time.Duration
+	node, leave string
+	want        int64
+	what        string
+}{
+	{0, "a", "0", 1, "after a"},
+	{10 * time.Millisecond, "b", "0", 2, "after b"},
+	{20 * time.Millisecond, "c", "0", 3, "after c"},
+	{140 * time.Millisecond, "a", "0", 3, "a renews at 140ms"},
+	{165 * time.Millisecond, "c", "0", 2, "at 165ms b has expired"},
+	{170 * time.Millisecond, "c", "1", 1, "c leaves"},
+}
+
 // TestHeartbeatScript: members count while their heartbeat lasts, and a
 // leaving node is gone at once.
 func TestHeartbeatScript(t *testing.T) {
 	mr, rdb := newMini(t)
 	ctx := context.Background()
-	beat := func(at time.Duration, node, leave string) int64 {
-		mr.SetTime(base.Add(at))
-		res, err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, node, 150, leave, maxLockMS).Int64Slice()
+	for _, st := range heartbeatSteps {
+		mr.SetTime(base.Add(st.at))
+		res, err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, st.node, 150, st.leave, maxLockMS).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return res[0]
+		if res[0] != st.want {
+			t.Errorf("%s: %d nodes, want %d", st.what, res[0], st.want)
+		}
 	}
-	// Exact expiry instants: b (beat at 10ms, ttl 150ms) lives until 160ms.
-	if n := beat(0, "a", "0"); n != 1 {
-		t.Errorf("after a: %d nodes, want 1", n)
+}
+
+// TestHeartbeatScriptRealRedis replays the heartbeat vector on a real
+// redis-server, fifty times slower (TTL 7.5 s, steps at the server's own
+// clock), so a step late by up to 0.5 s still lands on the same side of
+// every expiry. About 9 s.
+func TestHeartbeatScriptRealRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays the heartbeat vector on redis-server")
 	}
-	if n := beat(10*time.Millisecond, "b", "0"); n != 2 {
-		t.Errorf("after b: %d nodes, want 2", n)
+	port := freePort(t)
+	startRedis(t, port)
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	serverNow := func() time.Time {
+		tm, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm
 	}
-	if n := beat(20*time.Millisecond, "c", "0"); n != 3 {
-		t.Errorf("after c: %d nodes, want 3", n)
-	}
-	if n := beat(140*time.Millisecond, "a", "0"); n != 3 {
-		t.Errorf("a renews at 140ms: %d nodes, want 3", n)
-	}
-	if n := beat(165*time.Millisecond, "c", "0"); n != 2 {
-		t.Errorf("at 165ms b has expired: %d nodes, want 2", n)
-	}
-	if n := beat(170*time.Millisecond, "c", "1"); n != 1 {
-		t.Errorf("c leaves: %d nodes, want 1", n)
+	const scale = 50
+	start := serverNow()
+	for _, st := range heartbeatSteps {
+		at := start.Add(scale * st.at)
+		for now := serverNow(); now.Before(at); now = serverNow() {
+			time.Sleep(at.Sub(now))
+		}
+		res, err := heartbeatScript.Run(ctx, rdb, []string{"{sluice:t}:nodes"}, st.node, 150*scale, st.leave, maxLockMS).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0] != st.want {
+			t.Errorf("%s (x%d): %d nodes, want %d", st.what, scale, res[0], st.want)
+		}
 	}
 }
