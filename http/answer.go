@@ -43,6 +43,13 @@ func (l *evloop) consume(bc *bconn) bool {
 			return true
 		}
 		st := h.StatusCode()
+		if !statusLineOK(buf) || st < 100 || st > 599 {
+			// RFC 9110 §15: three digits, the first 1 to 5. fasthttp
+			// reads "001" as 1, which was relayed as an interim answer
+			// "HTTP/1.1 1", and "000" as 200.
+			l.failed(c, errBadAnswer, lb.ServerError)
+			return true
+		}
 		if st < 200 {
 			if st == fasthttp.StatusSwitchingProtocols {
 				// sluice forwards no upgrade: the connection is no
@@ -172,4 +179,19 @@ func (x *exchange) bodyBytes(p []byte) (int, bool, error) {
 		return x.chunk.feed(p)
 	}
 	return len(p), false, nil // frameClose: until the backend closes
+}
+
+// statusLineOK reports whether head starts with "HTTP/1.x " and a status
+// code of three digits whose first is 1 to 5, followed by a space or the
+// end of the line.
+func statusLineOK(head []byte) bool {
+	const v = len("HTTP/1.x ")
+	if len(head) < v+4 || !bytes.HasPrefix(head, []byte("HTTP/1.")) || head[v-1] != ' ' {
+		return false
+	}
+	c := head[v : v+3]
+	if c[0] < '1' || c[0] > '5' || c[1] < '0' || c[1] > '9' || c[2] < '0' || c[2] > '9' {
+		return false
+	}
+	return head[v+3] == ' ' || head[v+3] == '\r' || head[v+3] == '\n'
 }

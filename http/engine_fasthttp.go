@@ -371,7 +371,7 @@ func (t *backendTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Requ
 		return reused, asTimeout(err)
 	}
 	h := &resp.Header
-	err = h.Read(br)
+	err = readAnswerHead(h, br)
 	for n := 0; err == nil; n++ {
 		st := h.StatusCode()
 		if st == fasthttp.StatusSwitchingProtocols {
@@ -385,7 +385,7 @@ func (t *backendTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Requ
 			err = errInformational
 			break
 		}
-		err = h.Read(br)
+		err = readAnswerHead(h, br)
 	}
 	if err != nil {
 		finish(false)
@@ -594,4 +594,18 @@ func (f fasthttpLogger) Printf(format string, args ...any) {
 	if f.l.Enabled(context.Background(), slog.LevelDebug) {
 		f.l.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
 	}
+}
+
+// readAnswerHead reads a backend's answer head into h after checking its
+// status line as the loop engine does (statusLineOK): fasthttp reads a
+// status "000" as 200 and "001" as 1.
+func readAnswerHead(h *fasthttp.ResponseHeader, br *bufio.Reader) error {
+	p, err := br.Peek(len("HTTP/1.1 200 "))
+	if err != nil {
+		return err // a timeout stays a timeout (504), a close a close
+	}
+	if !statusLineOK(p) {
+		return errBadAnswer
+	}
+	return h.Read(br)
 }

@@ -520,13 +520,12 @@ func FuzzLoopBackendAnswer(f *testing.F) {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(5 * time.Second))
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		if resp, err := nethttp.ReadResponse(bufio.NewReader(c), nil); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+		got, err := io.ReadAll(c)
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
 			t.Fatalf("answer %q: no answer and no close from the front end", raw)
 		}
+		checkRelayedAnswer(t, raw, got)
 		// The loop still serves: a request it answers itself.
 		ok := []byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		answer.Store(&ok)
@@ -623,6 +622,124 @@ func TestLoopInformationalSameRead(t *testing.T) {
 		}
 		if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "ok" {
 			t.Fatalf("request %d: final answer %d %q, want 200 ok", i, resp.StatusCode, body)
+		}
+	}
+}
+
+// checkRelayedAnswer fails t unless got, everything the client read on a
+// Connection: close request after the backend answered raw, is at most
+// one final answer (after any 1xx) that frames itself: never two
+// Content-Length headers nor Content-Length with Transfer-Encoding, a
+// Content-Length equal to the body that follows, and no byte after the
+// answer (a second answer would reach whoever reads next).
+func checkRelayedAnswer(t *testing.T, raw, got []byte) {
+	t.Helper()
+	if len(got) == 0 {
+		return // closed without an answer
+	}
+	br := bufio.NewReader(bytes.NewReader(got))
+	for {
+		head, err := readRawHead(br)
+		if err != nil {
+			t.Fatalf("backend answer %q relayed as %q: %v", raw, got, err)
+		}
+		var cl, te int
+		for _, line := range strings.Split(head, "\r\n")[1:] {
+			name, _, _ := strings.Cut(line, ":")
+			switch strings.ToLower(strings.TrimSpace(name)) {
+			case "content-length":
+				cl++
+			case "transfer-encoding":
+				te++
+			}
+		}
+		if cl > 1 || cl > 0 && te > 0 {
+			t.Fatalf("backend answer %q relayed with ambiguous framing (%d Content-Length, %d Transfer-Encoding):\n%q", raw, cl, te, got)
+		}
+		if f := strings.Fields(head); len(f) > 1 && len(f[1]) == 3 && f[1][0] == '1' && f[1] != "101" {
+			continue // an interim answer; the final one follows
+		}
+		fr := bufio.NewReader(io.MultiReader(strings.NewReader(head), br))
+		resp, err := nethttp.ReadResponse(fr, nil)
+		if err != nil {
+			t.Fatalf("backend answer %q relayed as %q: %v", raw, got, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			// A body cut short: the backend went away mid-answer, and the
+			// client sees the answer end early, as it must.
+			return
+		}
+		if resp.ContentLength >= 0 && int64(len(body)) != resp.ContentLength {
+			t.Fatalf("backend answer %q relayed with Content-Length %d and %d bytes of body", raw, resp.ContentLength, len(body))
+		}
+		if rest, _ := io.ReadAll(fr); len(rest) != 0 && resp.ContentLength >= 0 {
+			t.Fatalf("backend answer %q relayed with %d bytes after the answer: %q", raw, len(rest), rest)
+		}
+		return
+	}
+}
+
+// readRawHead reads one answer head, through its blank line.
+func readRawHead(br *bufio.Reader) (string, error) {
+	var b strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		b.WriteString(line)
+		if err != nil {
+			return b.String(), err
+		}
+		if line == "\r\n" || line == "\n" {
+			return b.String(), nil
+		}
+	}
+}
+
+func TestStatusLineOK(t *testing.T) {
+	for in, want := range map[string]bool{
+		"HTTP/1.1 200 OK\r\n": true, "HTTP/1.1 204\r\n": true, "HTTP/1.0 599 x\r\n": true, "HTTP/1.1 103 Early\r\n": true,
+		"HTTP/1.1 000 x\r\n": false, "HTTP/1.1 001 x\r\n": false, "HTTP/1.1 600 x\r\n": false, "HTTP/1.1 20 OK\r\n": false,
+		"HTTP/1.1 2000 OK\r\n": false, "HTTP/1.1  200 OK\r\n": false, "HTTP/2.0 200 OK\r\n": false, "HTTP/1.1 2x0 OK\r\n": false,
+		"HTTP/1.1 200": false, "": false,
+	} {
+		if got := statusLineOK([]byte(in)); got != want {
+			t.Errorf("statusLineOK(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+// TestBadStatusCodeIsBadAnswer: a backend's answer whose status is not
+// three digits 100 to 599 is a bad answer (502) on both engines; fasthttp
+// read "000" as 200 and "001" as an interim answer relayed as
+// "HTTP/1.1 1".
+func TestBadStatusCodeIsBadAnswer(t *testing.T) {
+	for _, engine := range suiteEngines {
+		for _, answer := range []string{
+			"HTTP/1.1 000 x\r\nContent-Length: 2\r\n\r\nok",
+			"HTTP/1.1 001 x\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		} {
+			t.Run(engine+"/"+strings.Fields(answer)[1], func(t *testing.T) {
+				r := newRig(t, rigOpts{backends: 1, cfg: Config{Engine: engine, BackendTimeout: time.Second}, raw: func(c net.Conn) {
+					br := bufio.NewReader(c)
+					for readHead(c, br) {
+						io.WriteString(c, answer)
+						if tc, ok := c.(*net.TCPConn); ok {
+							tc.CloseWrite()
+						}
+					}
+				}})
+				c, err := net.DialTimeout("tcp", r.addr, 2*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+				got, _ := io.ReadAll(c)
+				if !bytes.HasPrefix(got, []byte("HTTP/1.1 502 ")) {
+					t.Errorf("answer %q relayed as %q, want 502", answer, got)
+				}
+			})
 		}
 	}
 }
