@@ -2,17 +2,21 @@ package http
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	nethttp "net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
 // FuzzServeRaw sends arbitrary bytes to the front end, on each engine,
 // over a real loopback connection: whatever they are, the server answers
-// or closes the connection without crashing, and keeps serving the next
-// client.
+// or closes the connection without crashing, keeps serving the next
+// client, and everything that reaches the backend is a request it frames
+// one way only.
 func FuzzServeRaw(f *testing.F) {
 	for _, seed := range []string{
 		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -24,13 +28,44 @@ func FuzzServeRaw(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
+	// The backend reads what reaches it with Go's strict parser: a request
+	// it cannot frame, or one framed two ways, was relayed differently
+	// from how sluice framed it (the smuggling class of bugs).
+	var bad atomic.Pointer[string]
+	backend := func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := nethttp.ReadRequest(br)
+			if err != nil {
+				var ne net.Error // timeouts and resets of an idle pooled connection
+				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.As(err, &ne) {
+					msg := "a request the backend cannot frame: " + err.Error()
+					bad.CompareAndSwap(nil, &msg)
+				}
+				return
+			}
+			if len(req.Header.Values("Content-Length")) > 1 || req.Header.Get("Content-Length") != "" && len(req.TransferEncoding) > 0 {
+				msg := fmt.Sprintf("a request framed two ways: %v", req.Header)
+				bad.CompareAndSwap(nil, &msg)
+			}
+			if _, err := io.Copy(io.Discard, req.Body); err != nil {
+				return // the client went away mid-body: sluice closed this connection
+			}
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+				return
+			}
+		}
+	}
 	var rigs []*rig
 	for _, engine := range suiteEngines {
-		rigs = append(rigs, newRig(f, rigOpts{backends: 1, cfg: Config{Engine: engine}}))
+		rigs = append(rigs, newRig(f, rigOpts{backends: 1, raw: backend, cfg: Config{Engine: engine}}))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		for _, r := range rigs {
 			serveRawOnce(t, r.addr, raw)
+			if m := bad.Load(); m != nil {
+				t.Fatalf("after client bytes %q: %s", raw, *m)
+			}
 		}
 	})
 }
