@@ -184,3 +184,43 @@ func TestEarlierAttemptAnswersAfterFailover(t *testing.T) {
 		t.Errorf("earlier_attempt_answered %d, want 1", n)
 	}
 }
+
+// TestEarlierAttemptAnswersWhileSwitching: the 2xx of the attempt we are
+// leaving arrives after the failover decided to move on but before the
+// next attempt is sent (stSwitching). The transaction ends with that 2xx:
+// the next attempt is not sent, so no second call is set up on another
+// backend and the dialog entry is not taken back from the answered call
+// (under load it was, and outlived the call by an hour).
+func TestEarlierAttemptAnswersWhileSwitching(t *testing.T) {
+	b1, b2 := newRawBackend(t), newRawBackend(t)
+	s := startServer(t, serverOpts{backends: []netip.AddrPort{b1.addr(), b2.addr()}, mut: func(c *Config) {
+		c.Policy = "round-robin"
+		c.HealthInterval = 0
+		c.FailoverTimeout = time.Hour // the test moves the transaction itself
+	}})
+	c := newUAC(t, s.udpAddr())
+	k := c.newCall()
+	k.invite("")
+	inv1, from1 := b1.read(gosip.INVITE)
+	// What the failover timer does before it picks the next backend.
+	s.txns.mu.Lock()
+	var tx *txn
+	for _, x := range s.txns.byClient {
+		tx = x
+	}
+	tx.state = stSwitching
+	s.txns.mu.Unlock()
+	b1.answer(inv1, from1, 200, "OK")
+	c.recvResponseTo(gosip.INVITE, 200)
+	sent := s.metrics.NewWork.Load()
+	s.attempt(tx, s.clock.Now(), true) // the failover goes on: it must send nothing
+	if n := s.metrics.NewWork.Load(); n != sent {
+		t.Errorf("the INVITE was sent again after its 2xx (%d attempts, want %d)", n, sent)
+	}
+	if n := s.txns.Len(); n != 0 {
+		t.Errorf("%d transactions left, want 0", n)
+	}
+	if id, ok := s.dialogs.peek(k.callID, "a"+k.callID, "", s.clock.Now()); !ok || id != "b1" {
+		t.Errorf("the dialog table names %q (%v), want b1", id, ok)
+	}
+}

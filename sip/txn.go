@@ -71,6 +71,7 @@ type txn struct {
 	sent100   bool
 	lastFinal []byte // the final answer given to the client, for its retransmissions
 	tooLarge  bool   // answered 513: the request with our headers is too large for a datagram
+	answered  bool   // an earlier attempt's 2xx ended it (earlierAttemptAnsweredLocked): send no more
 	prepared  bool
 	acquired  bool // cur counts this attempt as outstanding
 	local     bool // we gave the final answer ourselves (500, 487, 503)
@@ -238,6 +239,11 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 	mopRefused := false
 	for {
 		s.txns.mu.Lock()
+		if t.answered {
+			// A backend we had moved away from answered 2xx meanwhile.
+			s.txns.mu.Unlock()
+			return
+		}
 		if t.canceled {
 			// CANCELed while between backends: the INVITE ends here.
 			s.txns.mu.Unlock()
@@ -286,7 +292,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	req := t.req
 	branch := s.branches.branch(&t.ctxn, t.loop, target{addr: b.addr, tcp: b.tcp})
 	s.txns.mu.Lock()
-	if t.canceled {
+	if t.canceled || t.answered {
 		s.txns.mu.Unlock()
 		return false
 	}
@@ -385,8 +391,8 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 	code := res.StatusCode
 	now := s.clock.Now()
 	s.txns.mu.Lock()
-	if t.invite && code >= 200 && code < 300 && branch != t.branch && !t.local &&
-		(t.state == stCalling || t.state == stProceeding) {
+	if t.invite && code >= 200 && code < 300 && !t.local && !t.answered &&
+		(branch != t.branch && (t.state == stCalling || t.state == stProceeding) || t.state == stSwitching) {
 		s.earlierAttemptAnsweredLocked(t, res, next, src, now) // unlocks
 		return
 	}
@@ -492,11 +498,13 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next target, src source, now int64) {
 	var cancel []byte
 	var up target
-	if t.cur != nil {
+	if t.cur != nil && t.state != stSwitching {
+		// The attempt under way (in stSwitching the next one is not sent
+		// yet, and t.cur is the attempt that answered).
 		cancel = s.hopRequestLocked(t, "CANCEL", nil, t.branch)
 		up = target{addr: t.cur.addr, tcp: t.cur.tcp}
 	}
-	t.canceled = true
+	t.answered = true
 	t.settleLocked(now, lb.Abandoned)
 	s.txns.accepted.addLocked(t.branches, now)
 	s.txns.removeLocked(t)
