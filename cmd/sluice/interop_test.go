@@ -104,8 +104,12 @@ func TestWrkInterop(t *testing.T) {
 		}
 		switch tc.name {
 		case "sticky":
-			// Every request carried the cookie: all of them on its backend.
-			if got[other] != 0 {
+			// Every request carried the cookie: all of them on its backend,
+			// but for a GET whose exchange with it broke before a byte of
+			// answer (a keep-alive connection the backend closed) and was
+			// sent once more to the other (seen once in 14,462 under CI
+			// load); at most one in a thousand.
+			if got[other] > n/1000 {
 				t.Errorf("sticky: %d of %d requests went to b%d, not to the pinned %s", got[other], n, other, pinned)
 			}
 		case "new work":
