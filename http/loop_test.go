@@ -514,14 +514,7 @@ func FuzzLoopBackendAnswer(f *testing.F) {
 	}})
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		answer.Store(&raw)
-		c, err := net.DialTimeout("tcp", r.addr, 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-		got, err := io.ReadAll(c)
+		got, err := getClose(t, r.addr)
 		if ne, ok := err.(net.Error); ok && ne.Timeout() {
 			t.Fatalf("answer %q: no answer and no close from the front end", raw)
 		}
@@ -626,6 +619,20 @@ func TestLoopInformationalSameRead(t *testing.T) {
 	}
 }
 
+// getClose sends one GET with Connection: close to addr and returns all
+// the front end wrote back before it closed (5 s at most).
+func getClose(t *testing.T, addr string) ([]byte, error) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	return io.ReadAll(c)
+}
+
 // checkRelayedAnswer fails t unless got, everything the client read on a
 // Connection: close request after the backend answered raw, is at most
 // one final answer (after any 1xx) that frames itself: never two
@@ -728,14 +735,7 @@ func TestBadStatusCodeIsBadAnswer(t *testing.T) {
 						}
 					}
 				}})
-				c, err := net.DialTimeout("tcp", r.addr, 2*time.Second)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-				got, _ := io.ReadAll(c)
+				got, _ := getClose(t, r.addr)
 				if !bytes.HasPrefix(got, []byte("HTTP/1.1 502 ")) {
 					t.Errorf("answer %q relayed as %q, want 502", answer, got)
 				}

@@ -388,6 +388,14 @@ func (c *uac) recvResponse(code int) *gosip.Response {
 // 200 it gets back, which arrives while the test waits for a later answer.
 func (c *uac) recvResponseTo(method gosip.RequestMethod, code int) *gosip.Response {
 	c.t.Helper()
+	return c.awaitResponse(method, code, 101)
+}
+
+// awaitResponse returns the next answer to a request of method with a
+// status of at least min, skipping the others; any other code than code
+// fails the test.
+func (c *uac) awaitResponse(method gosip.RequestMethod, code, min int) *gosip.Response {
+	c.t.Helper()
 	for {
 		m := c.recv()
 		if m == nil {
@@ -395,7 +403,7 @@ func (c *uac) recvResponseTo(method gosip.RequestMethod, code int) *gosip.Respon
 			return nil
 		}
 		res, ok := m.(*gosip.Response)
-		if !ok || res.StatusCode == 100 || res.CSeq() == nil || res.CSeq().MethodName != method {
+		if !ok || res.StatusCode < min || res.CSeq() == nil || res.CSeq().MethodName != method {
 			continue
 		}
 		if res.StatusCode != code {

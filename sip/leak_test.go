@@ -92,19 +92,5 @@ func (k *call) completeUnderLoad() {
 // than code fails the test.
 func (c *uac) finalTo(method gosip.RequestMethod, code int) *gosip.Response {
 	c.t.Helper()
-	for {
-		m := c.recv()
-		if m == nil {
-			c.t.Fatalf("no %d response to %s", code, method)
-			return nil
-		}
-		res, ok := m.(*gosip.Response)
-		if !ok || res.StatusCode < 200 || res.CSeq() == nil || res.CSeq().MethodName != method {
-			continue
-		}
-		if res.StatusCode != code {
-			c.t.Fatalf("got %d %s to %s, want %d", res.StatusCode, res.Reason, method, code)
-		}
-		return res
-	}
+	return c.awaitResponse(method, code, 200)
 }
