@@ -440,7 +440,7 @@ func TestParseRule(t *testing.T) {
 		{in: "name=a,limit", wantErr: "not key=value"},
 		{in: "name=ldn,pool=london,limit=300/s", want: RuleConfig{Name: "ldn", Match: Match{Pool: "london"}, Limit: 300, Unit: time.Second}},
 		{
-			in: "name=x,proto=sip,method=invite,pool=voice_eu-2,limit=1/s",
+			in:   "name=x,proto=sip,method=invite,pool=voice_eu-2,limit=1/s",
 			want: RuleConfig{Name: "x", Match: Match{Proto: "sip", Method: "INVITE", Pool: "voice_eu-2"}, Limit: 1, Unit: time.Second},
 		},
 		{in: "name=a,pool= london ,limit=1/s", want: RuleConfig{Name: "a", Match: Match{Pool: "london"}, Limit: 1, Unit: time.Second}},
