@@ -156,14 +156,23 @@ func (d Decision) AppendDetail(dst []byte) []byte {
 	if d.Verdict == Admit {
 		return dst
 	}
-	dst = append(dst, d.Reason.String()...)
+	start := len(dst)
+	word := func(w string) {
+		if len(dst) > start {
+			dst = append(dst, ' ')
+		}
+		dst = append(dst, w...)
+	}
+	if d.Reason != ReasonNone {
+		word(d.Reason.String())
+	}
 	if name := d.RuleName(); name != "" {
-		dst = append(dst, " rule "...)
-		dst = append(dst, name...)
+		word("rule")
+		word(name)
 	}
 	if d.Pool != "" {
-		dst = append(dst, " pool "...)
-		dst = append(dst, d.Pool...)
+		word("pool")
+		word(d.Pool)
 	}
 	return dst
 }

@@ -265,6 +265,8 @@ func TestDecisionDetail(t *testing.T) {
 		{"mop", c.Decide(1, &Request{Proto: "http", Pool: "static"}, mop), "static", "", "mop pool static"},
 		{"mop for", c.RefuseMOPFor(&Request{Proto: "sip", Pool: "paris"}, time.Second), "paris", "", "mop pool paris"},
 		{"admitted", c.Decide(1, &Request{Proto: "http", Pool: "web"}, nil), "", "", ""},
+		{"made by a front end, no reason", Decision{Verdict: Refuse, Rule: -1, Pool: "web"}, "web", "", "pool web"},
+		{"made by a front end, nothing", Decision{Verdict: Refuse, Rule: -1}, "", "", ""},
 	} {
 		if tc.d.Pool != tc.pool || tc.d.RuleName() != tc.rule || c.RuleName(tc.d) != tc.rule || tc.d.Detail() != tc.detail {
 			t.Errorf("%s: pool %q rule %q/%q detail %q, want %q %q %q", tc.name, tc.d.Pool, tc.d.RuleName(), c.RuleName(tc.d), tc.d.Detail(), tc.pool, tc.rule, tc.detail)
@@ -274,6 +276,15 @@ func TestDecisionDetail(t *testing.T) {
 			t.Errorf("%s: AppendDetail %q, want %q", tc.name, got, tc.detail)
 		}
 	}
+	// A refusal, and its words in a buffer on the stack, allocate nothing.
+	var buf [64]byte
+	if n := testing.AllocsPerRun(100, func() {
+		d := c.Decide(1, api, nil)
+		_ = d.AppendDetail(buf[:0])
+	}); n != 0 {
+		t.Errorf("a refusal and its AppendDetail allocate %v, want 0", n)
+	}
+
 	// The delayed request's wait runs out: the refusal still names both.
 	delayed.Wait.Cancel()
 	if d := c.Resume(2, slow, delayed, nil); d.Verdict != Refuse || d.Pool != "slow" || d.Detail() != "arm rule slow pool slow" {
