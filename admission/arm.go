@@ -43,10 +43,11 @@ func ParseAction(s string) (Action, error) {
 // anything. Method and Host compare case-insensitively; PathPrefix is a
 // byte prefix of the path; Pool is the name of the pool the request was
 // routed to, compared exactly (pool names are lower case, see
-// CheckPoolName), so a rule with a pool is a budget of that pool alone. An HTTP rule for GET also matches HEAD: servers
-// run the GET handler for a HEAD (Tomcat's HttpServlet, Spring, Go's
-// ServeMux) and only drop the body, so a HEAD costs the backend what the
-// GET does, and a GET rule that let HEAD through could be bypassed at will.
+// CheckPoolName), so a rule with a pool is a budget of that pool alone.
+// An HTTP rule for GET also matches HEAD: servers run the GET handler for
+// a HEAD (Tomcat's HttpServlet, Spring, Go's ServeMux) and only drop the
+// body, so a HEAD costs the backend what the GET does, and a GET rule that
+// let HEAD through could be bypassed at will.
 type Match struct {
 	Proto      string // "http" or "sip"
 	Method     string

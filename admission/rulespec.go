@@ -39,9 +39,9 @@ func ParseLimit(s string) (limit int64, unit time.Duration, err error) {
 //
 // Only name and limit are required. pool= names the pool the route chose
 // (exact, lower case: see CheckPoolName), making the rule a budget of that
-// pool alone; like the other match keys, an empty value matches any. A unit given in low or lower that
-// differs from the limit's is kept in LowUnit/LowerUnit so that the meter can
-// warn that it is ignored.
+// pool alone; like the other match keys, an empty value matches any. A
+// unit given in low or lower that differs from the limit's is kept in
+// LowUnit/LowerUnit so that the meter can warn that it is ignored.
 func ParseRule(s string) (RuleConfig, error) {
 	var rc RuleConfig
 	haveLimit := false
