@@ -118,22 +118,22 @@ type Backend struct {
 	failures    atomic.Uint64 // Release with a result other than OK or Abandoned
 
 	// Health. Each source sets its own word; State combines them.
-	drained   atomic.Bool            // operator drain
-	disabled  atomic.Bool            // operator disable: down, affinity included
-	probeDown atomic.Bool            // active health check says down
-	probeFrom atomic.Int64           // monotonic ns: answers before this do not overrule the probes
-	servedAt  atomic.Int64           // monotonic ns real traffic last got an answer from it
-	unknown   atomic.Bool            // added at run time, not yet shown serving
-	announce  atomic.Bool            // added at run time, its taking new work not yet logged (health.go)
+	drained   atomic.Bool  // operator drain
+	disabled  atomic.Bool  // operator disable: down, affinity included
+	probeDown atomic.Bool  // active health check says down
+	probeFrom atomic.Int64 // monotonic ns: answers before this do not overrule the probes
+	servedAt  atomic.Int64 // monotonic ns real traffic last got an answer from it
+	unknown   atomic.Bool  // added at run time, not yet shown serving
+	announce  atomic.Bool  // added at run time, its taking new work not yet logged (health.go)
 	// panicPools counts the pools of the backend in panic
 	// (Pool.Panicking), kept by the health checker deciding it.
 	panicPools atomic.Int32
-	probeBusy atomic.Bool            // active health check says "send no new requests" (HTTP 429)
-	busyUntil atomic.Int64           // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
-	ejectedAt atomic.Int64           // passive ejection: down before this monotonic ns
-	consecErr atomic.Int32           // consecutive failures, for passive ejection
-	ejectWhy  atomic.Int32           // the Result that ejected it last, for Reason
-	probeErr  atomic.Pointer[string] // the failed probe that took it down, for Reason; nil when none
+	probeBusy  atomic.Bool            // active health check says "send no new requests" (HTTP 429)
+	busyUntil  atomic.Int64           // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
+	ejectedAt  atomic.Int64           // passive ejection: down before this monotonic ns
+	consecErr  atomic.Int32           // consecutive failures, for passive ejection
+	ejectWhy   atomic.Int32           // the Result that ejected it last, for Reason
+	probeErr   atomic.Pointer[string] // the failed probe that took it down, for Reason; nil when none
 
 	// passive is the passive ejection of the backend's protocol, set once
 	// by its generation (or NewPool) before it serves; nil disables it.

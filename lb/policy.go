@@ -57,19 +57,40 @@ var PolicyNames = []string{"round-robin", "weighted-round-robin", "least-outstan
 // A few aliases are accepted: rr, wrr, least, least-conn, random-two, hash,
 // maglev.
 func NewPolicy(name string, bs []*Backend) (Policy, error) {
-	switch strings.ToLower(name) {
-	case "", "round-robin", "roundrobin", "rr":
-		return &RoundRobin{}, nil
-	case "weighted-round-robin", "wrr", "smooth-weighted-round-robin":
+	canon, err := PolicyName(name)
+	if err != nil {
+		return nil, err
+	}
+	switch canon {
+	case "weighted-round-robin":
 		return NewWeightedRoundRobin(bs), nil
-	case "least-outstanding", "least", "least-conn", "leastconn", "least-request":
+	case "least-outstanding":
 		return &LeastOutstanding{}, nil
-	case "p2c", "power-of-two", "random-two":
+	case "p2c":
 		return &PowerOfTwo{}, nil
-	case "consistent-hash", "hash", "maglev":
+	case "consistent-hash":
 		return NewConsistentHash(bs), nil
 	}
-	return nil, fieldError("PoolConfig.Policy", "%q: unknown (want one of %s)", name, strings.Join(PolicyNames, ", "))
+	return &RoundRobin{}, nil
+}
+
+// PolicyName returns the name in PolicyNames that name (or an alias of
+// NewPolicy, "" for round-robin) stands for, or a *FieldError naming the
+// known ones: to check a policy without building it.
+func PolicyName(name string) (string, error) {
+	switch strings.ToLower(name) {
+	case "", "round-robin", "roundrobin", "rr":
+		return "round-robin", nil
+	case "weighted-round-robin", "wrr", "smooth-weighted-round-robin":
+		return "weighted-round-robin", nil
+	case "least-outstanding", "least", "least-conn", "leastconn", "least-request":
+		return "least-outstanding", nil
+	case "p2c", "power-of-two", "random-two":
+		return "p2c", nil
+	case "consistent-hash", "hash", "maglev":
+		return "consistent-hash", nil
+	}
+	return "", fieldError("PoolConfig.Policy", "%q: unknown (want one of %s)", name, strings.Join(PolicyNames, ", "))
 }
 
 // eligible reports whether bs[i] may be tried for new work, in a pool
