@@ -97,7 +97,8 @@ var ErrBadGeneration = errors.New("invalid backend configuration")
 // Unknown until its first probe or answer.
 //
 // Errors name the backend or the pool at fault and wrap ErrBadGeneration;
-// on error nothing was started and cfg.MOP was called for no backend.
+// nothing is started. The configuration is checked whole before cfg.MOP
+// is called: only an error of cfg.MOP itself comes after some calls.
 // Call Start before the front end serves the generation.
 func NewGeneration(cfg GenConfig) (*Generation, error) {
 	bad := func(format string, a ...any) (*Generation, error) {
@@ -212,11 +213,26 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 		}
 	}
 
-	// Backends. A dry run of every backend first, so that cfg.MOP is
-	// called only for a configuration that holds.
+	// Backends. A dry run of every backend, its memory probe and the
+	// health checker first, so that cfg.MOP is called only for a
+	// configuration that holds.
 	for _, spec := range g.specs {
-		if _, err := NewBackend(BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: cfg.Proto, Weight: spec.Weight}); err != nil {
+		b, err := NewBackend(BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: cfg.Proto, Weight: spec.Weight})
+		if err != nil {
 			return bad("backend %s: %v", spec.ID, err)
+		}
+		if spec.MetricsURL != "" {
+			pc := cfg.Probe
+			pc.URL = spec.MetricsURL
+			if _, err := NewMemoryProbe(b, pc, cfg.Clock, cfg.Logger); err != nil {
+				return bad("backend %s: memory probe: %v", spec.ID, err)
+			}
+		}
+	}
+	var h *HealthChecker
+	if checks {
+		if h, err = NewHealthChecker(cfg.Health, cfg.Logger); err != nil {
+			return bad("health checks: %v", err)
 		}
 	}
 	g.backends = make([]*Backend, len(g.specs))
@@ -253,11 +269,7 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 
 	// Active checks: one per backend, whatever the number of its pools;
 	// the panic of each pool over its own members.
-	if checks {
-		h, err := NewHealthChecker(cfg.Health, cfg.Logger)
-		if err != nil {
-			return bad("health checks: %v", err)
-		}
+	if h != nil {
 		for i, b := range g.backends {
 			var ps *PoolSpec
 			for _, name := range g.poolsOf[i] {
@@ -281,7 +293,7 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 		pc.URL = g.specs[i].MetricsURL
 		probe, err := NewMemoryProbe(b, pc, cfg.Clock, cfg.Logger)
 		if err != nil {
-			return bad("backend %s: memory probe: %v", b.id, err)
+			return bad("backend %s: memory probe: %v", b.id, err) // not reached: the dry run passed
 		}
 		g.probes = append(g.probes, probe)
 	}

@@ -333,6 +333,11 @@ func TestGenerationErrors(t *testing.T) {
 		{"protocol", base(func(c *GenConfig) { c.Proto = "ftp" }), `protocol "ftp": want http or sip`},
 		{"negative interval", base(func(c *GenConfig) { c.Health.Interval = -time.Second }), "health check interval -1s: must not be negative"},
 		{"passive", base(func(c *GenConfig) { c.Passive.MaxFails = -1 }), "PassiveConfig.MaxFails"},
+		{"health", base(func(c *GenConfig) {
+			c.Health = HealthConfig{Interval: time.Second, Timeout: time.Minute}
+			c.Prober = func(*Backend, BackendSpec, *PoolSpec) Prober { return up() }
+		}), "health checks: lb: HealthConfig.Timeout: must be in (0, Interval]"},
+		{"memory probe", base(func(c *GenConfig) { c.Backends[1].MetricsURL = "ftp://x/m" }), "backend b2: memory probe: memory probe b2: metrics url"},
 		{"mop", base(func(c *GenConfig) {
 			c.MOP = func(BackendSpec) (*admission.MOP, error) { return nil, errors.New("bad rate") }
 		}), "backend b1: memory overload protection: bad rate"},
@@ -486,6 +491,39 @@ func TestGenerationPickAllocatesNothing(t *testing.T) {
 			for i := range 20 {
 				if b, _, _ := y.Pick(0, uint64(i), skip); b == skip {
 					t.Fatal("Pick returned skip")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkGenerationPick picks in one of two overlapping pools of a
+// generation (16 backends, 8 in both): the cost of a pick by pool.
+func BenchmarkGenerationPick(b *testing.B) {
+	f := newGenFixture()
+	var specs []BackendSpec
+	for i := range 16 {
+		pools := []string{"x"}
+		if i >= 8 {
+			pools = []string{"x", "y"}
+		}
+		specs = append(specs, BackendSpec{ID: fmt.Sprintf("b%d", i), Addr: fmt.Sprintf("10.0.0.%d:80", i), Pools: pools})
+	}
+	for _, pol := range PolicyNames {
+		b.Run(pol, func(b *testing.B) {
+			cfg := f.config("http", false, specs...)
+			cfg.Policy = pol
+			g, err := NewGeneration(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			y := g.Pool("y")
+			b.ReportAllocs()
+			key := uint64(0)
+			for b.Loop() {
+				key++
+				if _, out, _ := y.Pick(0, key, nil); out != Picked {
+					b.Fatal(out)
 				}
 			}
 		})
