@@ -208,14 +208,14 @@ type prevState struct {
 	backOff                      time.Duration
 }
 
-// The carry-over of a reload, once for both protocols. The old SIP path
-// copied every health word (CarryHealth) whatever the checks, and did not
-// carry the operator's disable at all (only a data directory put it
-// back): with SIP health checks off, a backend the operator disabled and
-// that had a probe verdict came back after a SIGHUP enabled, and once the
-// operator disabled and re-enabled it, down by probes with no checker to
-// revise them, for good. Now the operator's switches always stay and a
-// probe verdict only where probes go on.
+// The carry-over of a reload, once for both protocols. The SIP front end's
+// own carry-over (sip pool.carryFrom, with Backend.CarryHealth) copied
+// every health word whatever its checks and left the operator's disable
+// to the data directory (TestCarryHealthOldBehaviour): with SIP health
+// checks off, a backend kept across a SIGHUP lost its disable and kept a
+// probe verdict of down that no checker would ever revise. Now the
+// operator's switches always stay, and a probe verdict only where probes
+// go on.
 func TestGenerationCarryOver(t *testing.T) {
 	const now = int64(100 * time.Second)
 	tests := []struct {
@@ -284,6 +284,26 @@ func TestGenerationCarryOver(t *testing.T) {
 				t.Errorf("b2 untouched: %v", other.State(now))
 			}
 		})
+	}
+}
+
+// TestCarryHealthOldBehaviour pins what the SIP front end's carry-over
+// (Backend.CarryHealth, to be removed with it) does, the behaviour
+// NewGeneration replaces: the disable is lost and, with no health checker
+// in the new set, the probe verdict holds for good (the operator's enable
+// does not bring the backend back).
+func TestCarryHealthOldBehaviour(t *testing.T) {
+	ob, _ := NewBackend(BackendConfig{Addr: "a:1"})
+	ob.Disable(true)
+	ob.SetProbeDown(true)
+	nb, _ := NewBackend(BackendConfig{Addr: "a:1"})
+	nb.CarryHealth(ob)
+	if nb.Disabled() {
+		t.Error("CarryHealth carried the disable: the old behaviour changed, update this test")
+	}
+	nb.Disable(false)
+	if nb.State(0) != Down || !strings.Contains(nb.Reason(0), "health checks") {
+		t.Errorf("old carry-over, no checker: %v (%s), want down by its probes", nb.State(0), nb.Reason(0))
 	}
 }
 
