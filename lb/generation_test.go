@@ -507,6 +507,29 @@ func TestGenerationPickAllocatesNothing(t *testing.T) {
 			if n != 0 {
 				t.Errorf("%v allocations per pick, want 0", n)
 			}
+			if n := testing.AllocsPerRun(100, func() { key++; y.Home(0, key) }); n != 0 {
+				t.Errorf("Home: %v allocations, want 0", n)
+			}
+			// Home: a member of this pool, stable under a hash policy,
+			// and one all the same when none takes new work.
+			for i := range 20 {
+				h := y.Home(0, uint64(i))
+				if !y.Has(h) {
+					t.Fatalf("Home gave %s, not of pool y", h.ID())
+				}
+				if pol == "consistent-hash" && y.Home(0, uint64(i)) != h {
+					t.Fatal("Home under consistent-hash not stable")
+				}
+			}
+			for _, b := range y.Backends() {
+				b.Drain(true)
+			}
+			if h := y.Home(0, 7); h == nil || !y.Has(h) || h != y.Home(0, 7) {
+				t.Errorf("Home with every member drained: %v", h)
+			}
+			for _, b := range y.Backends() {
+				b.Drain(false)
+			}
 			// skip is honoured by its position in this pool.
 			for i := range 20 {
 				if b, _, _ := y.Pick(0, uint64(i), skip); b == skip {

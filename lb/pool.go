@@ -333,6 +333,19 @@ func (p *Pool) PickTried(now int64, key uint64, tried *Set) (b *Backend, out Out
 	}
 }
 
+// Home returns the backend the policy gives key at now, ignoring MOP and
+// the backends that take no new work; when none takes new work, a
+// member fixed by key all the same. It is never nil: the fallback of
+// in-dialog requests that name no backend (SIP without a token), which
+// must go somewhere fixed rather than be refused. Only a hash policy
+// makes it the backend new work with key was given. It allocates nothing.
+func (p *Pool) Home(now int64, key uint64) *Backend {
+	if i := p.policy.Load().Select(p.backends, now, key, Set{}); i >= 0 {
+		return p.backends[i]
+	}
+	return p.backends[key%uint64(len(p.backends))]
+}
+
 // Status returns the status of every backend at now.
 func (p *Pool) Status(now int64) []BackendStatus {
 	s := make([]BackendStatus, len(p.backends))
