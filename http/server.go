@@ -23,34 +23,34 @@ import (
 // Server is the HTTP front end. Build it with New, start it with Serve or
 // ListenAndServe, stop it with Shutdown. Safe for concurrent use.
 type Server struct {
-	cfg       Config
-	backends  atomic.Pointer[backendSet] // SetPool swaps them
-	ctrl      *admission.Controller
-	mem       *admission.Memory
-	signer    *lb.Signer
-	clock     admission.Clock
-	logger    *slog.Logger
-	sticky    *stickyCookie // nil when disabled
-	sessions  *sessionTable // nil when disabled
-	appName   string
-	trusted   []netip.Prefix
-	hashKind  hashKind
-	hashName  string
-	ruleView  atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
-	connDeny  string                   // the hash header, lower case: Connection may not name it
-	denyNames atomic.Pointer[[]string] // connDeny and the set's pool hash headers and route headers (denyList)
+	cfg          Config
+	backends     atomic.Pointer[backendSet] // SetPool swaps them
+	ctrl         *admission.Controller
+	mem          *admission.Memory
+	signer       *lb.Signer
+	clock        admission.Clock
+	logger       *slog.Logger
+	sticky       *stickyCookie // nil when disabled
+	sessions     *sessionTable // nil when disabled
+	appName      string
+	trusted      []netip.Prefix
+	hashKind     hashKind
+	hashName     string
+	ruleView     atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
+	connDeny     string                   // the hash header, lower case: Connection may not name it
+	denyNames    atomic.Pointer[[]string] // connDeny and the set's pool hash headers and route headers (denyList)
 	poolMu       sync.Mutex
 	poolCounters map[string]*poolStats // by pool name, the pools of the set in force
-	srv       *fasthttp.Server
-	loops     atomic.Pointer[loopEngine] // set while the loop engine serves
-	shut      atomic.Bool                // Shutdown was called
-	conns     clientLimit                // client connections open (connlimit.go)
-	held      clientLimit                // requests holding (or waiting for) a backend connection, per source
-	delayed   sourceCount                // requests in ARM delay queues, per source
-	acceptLog acceptLog
-	limitLog  limitLog // client connections closed over a limit (connlimit.go)
-	slotsMu   sync.Mutex
-	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
+	srv          *fasthttp.Server
+	loops        atomic.Pointer[loopEngine] // set while the loop engine serves
+	shut         atomic.Bool                // Shutdown was called
+	conns        clientLimit                // client connections open (connlimit.go)
+	held         clientLimit                // requests holding (or waiting for) a backend connection, per source
+	delayed      sourceCount                // requests in ARM delay queues, per source
+	acceptLog    acceptLog
+	limitLog     limitLog // client connections closed over a limit (connlimit.go)
+	slotsMu      sync.Mutex
+	slots        map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
