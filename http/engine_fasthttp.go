@@ -102,7 +102,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView) {
 	ip := remoteAddr(ctx)
 	s.prepareRequest(h, ip)
 	if p.strip != "" {
-		v.stripTarget(h, p.strip)
+		if t := v.stripTarget(h, p.strip); t != nil {
+			// On the request, not its header: the request's parsed URI
+			// would otherwise write the target back.
+			ctx.Request.SetRequestURIBytes(t)
+		}
 	}
 	// An HTTP/1.0 request may come without Host: the backend gets the
 	// address the client connected to as authority (the fasthttp client

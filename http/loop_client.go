@@ -355,7 +355,9 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 	if x.strip != "" {
 		// The view is of this request: the delayed path (delay) fills it
 		// again before it comes here.
-		l.view.stripTarget(h, x.strip)
+		if t := l.view.stripTarget(h, x.strip); t != nil {
+			h.SetRequestURIBytes(t)
+		}
 	}
 	h.ResetConnectionClose()
 	if len(h.Host()) == 0 {

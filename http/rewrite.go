@@ -419,15 +419,17 @@ func setCookieValue(raw []byte, wall func() time.Time) (value []byte, live bool)
 	return value, live
 }
 
-// stripTarget rewrites the target of h for a route's strip= (see
-// lb.StripPrefix): the request line only, the query kept. A target in the
-// normal form routes match (normalPath) loses the prefix as the client
-// spelled it; any other spelling is sent as its normal form (v.path, the
-// path the route matched: decoded, without dot-segments, empty segments or
-// ";parameters"), percent-encoded where a path may not hold the byte, so
-// that what the backend gets is the path the route saw, minus the prefix.
-// A path the strip does not begin (a path=~REGEX route) is sent as it is.
-func (v *reqView) stripTarget(h *fasthttp.RequestHeader, strip string) {
+// stripTarget returns the target h is to be sent with for a route's
+// strip= (see lb.StripPrefix), nil when it stays as it is: the request
+// line only, the query kept. A target in the normal form routes match
+// (normalPath) loses the prefix as the client spelled it; any other
+// spelling is sent as its normal form (v.path, the path the route matched:
+// decoded, without dot-segments, empty segments or ";parameters"),
+// percent-encoded where a path may not hold the byte, so that what the
+// backend gets is the path the route saw, minus the prefix. A path the
+// strip does not begin (a path=~REGEX route) is sent as it is. The result
+// is in v's buffer: set it before v is filled again.
+func (v *reqView) stripTarget(h *fasthttp.RequestHeader, strip string) []byte {
 	target := h.RequestURI()
 	raw, query := target, []byte(nil)
 	if i := bytes.IndexByte(target, '?'); i >= 0 {
@@ -438,12 +440,12 @@ func (v *reqView) stripTarget(h *fasthttp.RequestHeader, strip string) {
 	if len(raw) > 0 && raw[0] == '/' && normalPath(raw) {
 		rest = lb.StripPrefix(raw, strip)
 		if len(rest) == len(raw) {
-			return
+			return nil
 		}
 	} else {
 		rest = lb.StripPrefix(v.path, strip)
 		if len(rest) == len(v.path) {
-			return
+			return nil
 		}
 		escape = true
 	}
@@ -455,7 +457,7 @@ func (v *reqView) stripTarget(h *fasthttp.RequestHeader, strip string) {
 	}
 	out = append(out, query...)
 	v.tbuf = out[:0]
-	h.SetRequestURIBytes(out)
+	return out
 }
 
 // appendPathEscaped appends p, a decoded path, with every byte a path
