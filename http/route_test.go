@@ -210,7 +210,7 @@ func TestStripSpellings(t *testing.T) {
 			{"/%73tatic/a%20b.css", "b0 /a%20b.css"},
 			{"/static%2Fa.css", "b0 /a.css"},
 			{"/static/x/..", "b0 /"},
-			{"/static/%3Bx?y", "b0 /?y"}, // a ';' starts parameters, cut as routes and rules cut them
+			{"/static/%3Bx?y", "b0 /?y"},  // a ';' starts parameters, cut as routes and rules cut them
 			{"/x/../api", "b1 /x/../api"}, // not stripped: the default pool gets it as sent
 		} {
 			got := rawRoundTrip(t, r.addr, "GET "+tc.target+" HTTP/1.1\r\nHost: a.example\r\n\r\n")
@@ -539,4 +539,3 @@ func manyRoutes(n int) rigOpts {
 }
 
 func bufioReader(s string) *bufio.Reader { return bufio.NewReader(strings.NewReader(s)) }
-
