@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicelb/sluice/admission"
@@ -571,6 +572,50 @@ func BenchmarkRoutedRoundTrip(b *testing.B) {
 					b.Fatalf("answered by %s, want %s", resp.Body(), want)
 				}
 			})
+		}
+	}
+}
+
+// TestRouteMetrics: the collector carries the route hits by route and
+// pool, the requests no route took, and the refusals by pool and reason.
+func TestRouteMetrics(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 2, pools: [][]string{{"api"}, {"static"}},
+		routes: []string{"pool=api,host=api.example.com", "pool=static,path=/static/"},
+		arm:    []string{"name=api-burst,pool=api,limit=1/min,action=reject"}})
+	for _, raw := range []string{
+		"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", // refused by api-burst
+		"GET /static/a HTTP/1.1\r\nHost: www.example.com\r\n\r\n",
+		"GET /other HTTP/1.1\r\nHost: www.example.com\r\n\r\n", // 404
+	} {
+		rawRoundTrip(t, r.addr, raw)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(r.srv.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			got[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = m.GetCounter().GetValue()
+		}
+	}
+	for name, want := range map[string]float64{
+		"sluice_http_route_hits_total{pool=api,route=0}":             2,
+		"sluice_http_route_hits_total{pool=static,route=1}":          1,
+		"sluice_http_no_route_total{}":                               1,
+		"sluice_http_pool_refused_total{pool=api,reason=arm}":        1,
+		"sluice_http_pool_refused_total{pool=static,reason=arm}":     0,
+		"sluice_http_pool_refused_total{pool=api,reason=no_backend}": 0,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
 	}
 }
