@@ -619,3 +619,38 @@ func TestRouteMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestSetGenerationErrors: a generation the front end cannot serve is
+// refused and the one in use stays.
+func TestSetGenerationErrors(t *testing.T) {
+	o := rigOpts{backends: 2, pools: [][]string{{"api"}, nil}, routes: []string{"pool=api,host=api.example.com"}}
+	r := newRig(t, o)
+	before := r.srv.backends.Load()
+	cfg := r.genConfig(o)
+	cfg.Pools = []lb.PoolSpec{{Name: "api", HashKey: "bogus:x"}}
+	if g, err := lb.NewGeneration(cfg); err == nil {
+		if err := r.srv.SetGeneration(g); err == nil || !strings.Contains(err.Error(), `pool api: hash-key "bogus:x"`) {
+			t.Errorf("SetGeneration with a bad hash key: %v", err)
+		}
+	}
+	g, _ := r.generation(o)
+	if err := r.srv.setGeneration(g, routeTable(t, "pool=gone,path=/x/")); err == nil || !strings.Contains(err.Error(), "pool gone has no backends") {
+		t.Errorf("a route to a pool the generation lacks: %v", err)
+	}
+	if err := r.srv.SetGeneration(nil); err == nil {
+		t.Error("SetGeneration(nil) succeeded")
+	}
+	sip := r.genConfig(o)
+	sip.Proto = "sip"
+	if g, err := lb.NewGeneration(sip); err == nil {
+		if err := r.srv.SetGeneration(g); err == nil {
+			t.Error("SetGeneration of a sip generation succeeded")
+		}
+	}
+	if r.srv.backends.Load() != before {
+		t.Error("a refused generation replaced the one in use")
+	}
+	if r.srv.Generation() == nil || r.srv.Pool().Name() != lb.DefaultPool {
+		t.Errorf("Generation() %v, Pool() %s", r.srv.Generation(), r.srv.Pool().Name())
+	}
+}

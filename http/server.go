@@ -165,8 +165,11 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	s.rules()
 	var set *backendSet
 	var err error
-	if deps.Generation != nil {
-		set, err = s.newBackendSet(deps.Generation, nil, generationRoutes(deps.Generation), nil)
+	if g := deps.Generation; g != nil {
+		if g.Proto() != "http" {
+			return nil, fmt.Errorf("new http front end: a %s generation", g.Proto())
+		}
+		set, err = s.newBackendSet(g, nil, generationRoutes(g), nil)
 	} else {
 		set, err = s.newBackendSet(nil, pool, nil, nil)
 	}
