@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -12,6 +13,32 @@ import (
 // MaxIDLen is the longest backend id, in bytes. Ids travel in sticky
 // cookies, SIP Record-Route tokens, logs and metric labels.
 const MaxIDLen = 64
+
+// MaxPoolNameLen is the longest pool name, in bytes. Pool names travel in
+// affinity tokens, metric labels and events.
+const MaxPoolNameLen = 32
+
+// CheckPoolName accepts 1..MaxPoolNameLen bytes of a-z, 0-9, _ and -.
+// Upper case is refused rather than folded: a name is a metric label and
+// a token field, and "API" and "api" must not be two spellings of one pool
+// in one place and two pools in another. The error quotes the name and
+// says what is wanted; the caller names the key or flag.
+func CheckPoolName(name string) error {
+	ok := len(name) >= 1 && len(name) <= MaxPoolNameLen
+	upper := false
+	for i := 0; ok && i < len(name); i++ {
+		c := name[i]
+		upper = upper || 'A' <= c && c <= 'Z'
+		ok = 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+	}
+	switch {
+	case upper:
+		return fmt.Errorf("pool name %q has upper case: want 1..%d bytes of a-z, 0-9, _ and - (pool names are lower case)", name, MaxPoolNameLen)
+	case !ok:
+		return fmt.Errorf("pool name %q: want 1..%d bytes of a-z, 0-9, _ and -", name, MaxPoolNameLen)
+	}
+	return nil
+}
 
 // BackendSpec is one backend as an operator writes it, on the command line
 // (-http-backend, -sip-backend), in a backends file or in a config file:
@@ -35,16 +62,29 @@ type BackendSpec struct {
 	HealthPath string
 	// Transport is "udp" or "tcp". Key transport, SIP only, default "udp".
 	Transport string
-	// Pools names the pools the backend is a member of; none is
-	// DefaultPool.
+	// Pools are the pools the backend serves, in the order given, without
+	// duplicates. Key pool, repeatable (ADDR,pool=api,pool=web), default
+	// []string{DefaultPool}. A backend in two pools is one backend: one
+	// MOP, one health state, one set of counters.
 	Pools []string
+}
+
+// String is the canonical spec of b, FormatBackendSpec's: it parses back
+// to b. The protocol is read off b: a SIP spec always has a Transport
+// (ParseBackendSpec sets "udp" by default), an HTTP one never.
+func (b BackendSpec) String() string {
+	proto := "http"
+	if b.Transport != "" {
+		proto = "sip"
+	}
+	return FormatBackendSpec(proto, b)
 }
 
 // specKeys are the keys each protocol accepts, in the order error
 // messages list them.
 var specKeys = map[string][]string{
-	"http": {"weight", "metrics", "id", "health"},
-	"sip":  {"weight", "metrics", "id", "transport"},
+	"http": {"weight", "metrics", "id", "health", "pool"},
+	"sip":  {"weight", "metrics", "id", "transport", "pool"},
 }
 
 // ParseBackendSpec parses one backend of protocol proto ("http" or
@@ -115,10 +155,21 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 				return bad("transport must be udp or tcp")
 			}
 			b.Transport = v
+		case "pool":
+			if err := CheckPoolName(v); err != nil {
+				return bad("pool: %v", err)
+			}
+			if slices.Contains(b.Pools, v) {
+				return bad("pool %q given twice", v)
+			}
+			b.Pools = append(b.Pools, v)
 		}
 	}
 	if b.ID == "" {
 		b.ID = b.Addr
+	}
+	if b.Pools == nil {
+		b.Pools = []string{DefaultPool}
 	}
 	return b, nil
 }
