@@ -20,7 +20,8 @@ type PoolSpec struct {
 	// HashKey is the consistent-hash key, HTTP only: "source",
 	// "header:NAME" or "cookie:NAME" (the grammar of -http-hash-key; src
 	// and ip read as source). SIP hashes the Call-ID and has no key to
-	// choose. Key hash-key.
+	// choose. Key hash-key. Like -http-hash-key it is accepted whatever
+	// the policy and used only when the pool's policy is consistent-hash.
 	HashKey string
 	// HealthPath is the HTTP health check of the pool's backends: a path
 	// starting with / (2xx/3xx up), or "-" for a TCP connect only, as
@@ -97,9 +98,6 @@ func ParsePoolSpec(proto, s string) (PoolSpec, error) {
 	}
 	if p.Name == "" {
 		return bad("key name is required (name=NAME)")
-	}
-	if p.HashKey != "" && p.Policy != "" && p.Policy != "consistent-hash" {
-		return bad("hash-key %q is used by policy consistent-hash only, and policy is %s", p.HashKey, p.Policy)
 	}
 	return p, nil
 }
