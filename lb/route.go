@@ -304,7 +304,7 @@ func hasControl(s string) bool {
 // empty and always starts with / when path does; it shares path's
 // bytes (no allocation).
 func StripPrefix(path []byte, strip string) []byte {
-	if strip == "" || !bytes.HasPrefix(path, []byte(strip)) {
+	if strip == "" || len(path) < len(strip) || string(path[:len(strip)]) != strip {
 		return path
 	}
 	rest := path[len(strip):]
@@ -378,17 +378,21 @@ type nameIndex struct {
 	wild  map[string][]uint64 // by the suffix after "*."
 }
 
-// prefixIndex is a byte trie of the path or user prefixes.
+// prefixIndex is a radix tree (a byte trie with single-child chains
+// merged) of the path or user prefixes: at most two nodes per route
+// whatever the prefixes' lengths, and a walk of one node per branch
+// point.
 type prefixIndex struct {
 	used  bool
 	any   []uint64
-	nodes []trieNode
+	nodes []trieNode // nodes[0] is the root, label ""
 }
 
 type trieNode struct {
-	keys []byte  // first byte of each child
-	kids []int32 // child node indexes, in keys' order
-	set  []uint64
+	label string  // the bytes from the parent to this node
+	keys  []byte  // first byte of each child's label
+	kids  []int32 // child node indexes, in keys' order
+	set   []uint64
 }
 
 // valueIndex finds the routes whose condition on one value (a method, a
@@ -508,24 +512,45 @@ func (t *RouteTable) newPrefixIndex() prefixIndex {
 			continue
 		}
 		x.used = true
-		n := int32(0)
-		for j := 0; j < len(r.Prefix); j++ {
-			c := r.Prefix[j]
-			k := bytes.IndexByte(x.nodes[n].keys, c)
-			if k < 0 {
-				x.nodes = append(x.nodes, trieNode{})
-				x.nodes[n].keys = append(x.nodes[n].keys, c)
-				x.nodes[n].kids = append(x.nodes[n].kids, int32(len(x.nodes)-1))
-				k = len(x.nodes[n].keys) - 1
-			}
-			n = x.nodes[n].kids[k]
-		}
+		n := x.insert(r.Prefix)
 		if x.nodes[n].set == nil {
 			x.nodes[n].set = t.newSet()
 		}
 		setBit(x.nodes[n].set, i)
 	}
 	return x
+}
+
+// insert returns the node that ends prefix p, splitting an edge or adding
+// a leaf as needed.
+func (x *prefixIndex) insert(p string) int32 {
+	n := int32(0)
+	for p != "" {
+		k := bytes.IndexByte(x.nodes[n].keys, p[0])
+		if k < 0 {
+			x.nodes = append(x.nodes, trieNode{label: p})
+			leaf := int32(len(x.nodes) - 1)
+			x.nodes[n].keys = append(x.nodes[n].keys, p[0])
+			x.nodes[n].kids = append(x.nodes[n].kids, leaf)
+			return leaf
+		}
+		c := x.nodes[n].kids[k]
+		label := x.nodes[c].label
+		common := 0
+		for common < len(label) && common < len(p) && label[common] == p[common] {
+			common++
+		}
+		if common < len(label) {
+			// Split the edge n -> c at common: n -> m -> c.
+			x.nodes = append(x.nodes, trieNode{label: label[:common], keys: []byte{label[common]}, kids: []int32{c}})
+			m := int32(len(x.nodes) - 1)
+			x.nodes[c].label = label[common:]
+			x.nodes[n].kids[k] = m
+			c = m
+		}
+		n, p = c, p[common:]
+	}
+	return n
 }
 
 func (t *RouteTable) newValueIndex(cond func(RouteSpec) (string, bool)) valueIndex {
@@ -677,12 +702,16 @@ func normalizeHost(dst, raw []byte) ([]byte, bool) {
 func (x *prefixIndex) and(cand, tmp []uint64, p []byte) bool {
 	copy(tmp, x.any)
 	n := &x.nodes[0]
-	for _, c := range p {
-		k := bytes.IndexByte(n.keys, c)
+	for len(p) > 0 {
+		k := bytes.IndexByte(n.keys, p[0])
 		if k < 0 {
 			break
 		}
 		n = &x.nodes[n.kids[k]]
+		if len(p) < len(n.label) || string(p[:len(n.label)]) != n.label {
+			break
+		}
+		p = p[len(n.label):]
 		if n.set != nil {
 			orInto(tmp, n.set)
 		}

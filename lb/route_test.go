@@ -583,3 +583,46 @@ func TestRouteTableAgainstReference(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixTree: prefixes given longest first split the tree's edges;
+// every prefix of the path is found, the tree holds at most two nodes per
+// prefix however long, and stripping allocates nothing.
+func TestPrefixTree(t *testing.T) {
+	long := "/" + strings.Repeat("x", MaxRouteValueLen-1)
+	tab := mustTable(t, "http",
+		"pool=a,path=/api/v1/users", // 0
+		"pool=a,path=/api/v2",       // 1
+		"pool=a,path=/api/",         // 2
+		"pool=a,path=/a",            // 3
+		"pool=a,path=/b",            // 4
+		"pool=a,path="+long,         // 5
+		"pool=a,path=/api/v1/users", // 6: shadowed
+	)
+	for _, tc := range []struct {
+		path string
+		want int
+	}{
+		{"/api/v1/users/7", 0},
+		{"/api/v1/user", 2},
+		{"/api/v2", 1},
+		{"/api/v3", 2},
+		{"/api", 3},
+		{"/apple", 3},
+		{"/b/c", 4},
+		{"/c", -1},
+		{"", -1},
+		{long + "/y", 5},
+		{long[:len(long)-1], -1},
+	} {
+		if got := tab.Match(input(tab, "", tc.path, "GET", "")); got != tc.want {
+			t.Errorf("Match(%.20q) = %d, want %d", tc.path, got, tc.want)
+		}
+	}
+	if n := len(tab.prefix.nodes); n > 2*tab.Len()+1 {
+		t.Errorf("%d nodes for %d prefixes", n, tab.Len())
+	}
+	path := []byte("/static/a.css")
+	if n := testing.AllocsPerRun(100, func() { StripPrefix(path, "/static") }); n != 0 {
+		t.Errorf("StripPrefix allocates %v", n)
+	}
+}
