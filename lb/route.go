@@ -80,8 +80,9 @@ type RouteSpec struct {
 	// as Host. Key from-domain, SIP only.
 	FromDomain string
 	// Strip is a path prefix removed before the request goes to the
-	// backend (StripPrefix). Key strip, HTTP only; with path=/PREFIX it
-	// must be a prefix of PREFIX.
+	// backend (StripPrefix: whole path segments only). Key strip, HTTP
+	// only; with path=/PREFIX it must be a prefix of PREFIX that ends
+	// where a segment does.
 	Strip string
 }
 
@@ -187,8 +188,14 @@ func ParseRouteSpec(proto, s string) (RouteSpec, error) {
 	if r.Pool == "" {
 		return bad("key pool is required (pool=NAME)")
 	}
-	if r.Strip != "" && r.Prefix != "" && !strings.HasPrefix(r.Prefix, r.Strip) {
-		return bad("strip %q is not a prefix of path %q: the path the route matches must start with what it strips", r.Strip, r.Prefix)
+	if r.Strip != "" && r.Prefix != "" {
+		if !strings.HasPrefix(r.Prefix, r.Strip) {
+			return bad("strip %q is not a prefix of path %q: the path the route matches must start with what it strips", r.Strip, r.Prefix)
+		}
+		if rest := r.Prefix[len(r.Strip):]; rest != "" && rest[0] != '/' && !strings.HasSuffix(r.Strip, "/") {
+			seg, _, _ := strings.Cut(rest, "/")
+			return bad("strip %q ends inside a segment of path %q: it strips whole segments only (such as strip=%s)", r.Strip, r.Prefix, r.Strip+seg)
+		}
 	}
 	return r, nil
 }
