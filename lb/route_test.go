@@ -630,3 +630,34 @@ func TestPrefixTree(t *testing.T) {
 		t.Errorf("StripPrefix allocates %v", n)
 	}
 }
+
+// FuzzRouteMatch: whatever a client sends, Match neither panics nor
+// differs from the linear reference.
+func FuzzRouteMatch(f *testing.F) {
+	f.Add("A.b.Example.COM.:80", "/a/12", "HEAD", "gw.carrier.net", "1")
+	f.Add("[2001:db8::1]:8080", "/static/x", "GET", "", "")
+	f.Add("[", ":", "", ".", "\x00")
+	specs := map[string][]string{
+		"http": {"pool=a,host=*.example.com,path=~/a/[0-9]+", "pool=b,host=[2001:db8::1]", "pool=c,path=/static/,method=GET", "pool=d,header=X-A:1,host=x.org"},
+		"sip":  {"pool=a,domain=*.example.com,user=+4420", "pool=b,from-domain=*.carrier.net,method=INVITE", "pool=c,user=~[0-9]+", "pool=d,header=X-A:1"},
+	}
+	tabs := map[string]*RouteTable{}
+	for proto, ss := range specs {
+		tabs[proto] = mustTable(f, proto, ss...)
+	}
+	f.Fuzz(func(t *testing.T, host, path, method, from, header string) {
+		for proto, tab := range tabs {
+			in := &RouteInput{Host: []byte(host), Path: []byte(path), Method: []byte(method), FromHost: []byte(from)}
+			if header != "" {
+				in.Headers[0] = []byte(header)
+			}
+			var routes []RouteSpec
+			for i := range tab.Len() {
+				routes = append(routes, tab.Spec(i))
+			}
+			if got, want := tab.Match(in), refMatch(routes, tab.HeaderNames(), in); got != want {
+				t.Fatalf("%s Match(%q %q %q %q %q) = %d, reference %d", proto, host, path, method, from, header, got, want)
+			}
+		}
+	})
+}
