@@ -661,3 +661,28 @@ func FuzzRouteMatch(f *testing.F) {
 		}
 	})
 }
+
+// TestMatchConcurrent: Match from many goroutines counts every hit (run
+// with -race).
+func TestMatchConcurrent(t *testing.T) {
+	tab := mustTable(t, "sip", "pool=a,user=+44", "pool=b")
+	done := make(chan struct{})
+	for range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for j := range 1000 {
+				user := "+4420"
+				if j%2 == 1 {
+					user = "+33"
+				}
+				tab.Match(&RouteInput{Path: []byte(user), Method: []byte("INVITE")})
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	if tab.Hits(0) != 2000 || tab.Hits(1) != 2000 {
+		t.Errorf("Hits = %d, %d; want 2000, 2000", tab.Hits(0), tab.Hits(1))
+	}
+}
