@@ -2,6 +2,7 @@ package lb
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -57,7 +58,7 @@ func ParsePoolSpec(proto, s string) (PoolSpec, error) {
 	var p PoolSpec
 	seen := map[string]bool{}
 	for _, it := range items {
-		if !contains(keys, it.key) {
+		if !slices.Contains(keys, it.key) {
 			switch {
 			case proto == "sip" && it.key == "hash-key":
 				return bad("key hash-key is for HTTP pools only: a SIP pool hashes the Call-ID")
@@ -155,15 +156,6 @@ func isToken(s string) bool {
 func isTchar(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
 		strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // specItem is one key=value of a pool or route spec.

@@ -118,12 +118,12 @@ func ParseRouteSpec(proto, s string) (RouteSpec, error) {
 	seen := map[string]bool{}
 	for _, it := range items {
 		k, v := it.key, it.value
-		if !contains(keys, k) {
+		if !slices.Contains(keys, k) {
 			other := "sip"
 			if proto == "sip" {
 				other = "http"
 			}
-			if contains(routeKeys[other], k) {
+			if slices.Contains(routeKeys[other], k) {
 				return bad("key %q is for %s routes only (a %s route takes %s)", k, strings.ToUpper(other), proto, strings.Join(keys, ", "))
 			}
 			return bad("unknown key %q for a %s route (want %s)", k, proto, strings.Join(keys, ", "))
@@ -588,6 +588,7 @@ func (t *RouteTable) Hits(i int) uint64 { return t.hits[i].Load() }
 
 // HeaderNames are the distinct header names the routes test, lower case,
 // sorted: RouteInput.Headers[i] carries the value of HeaderNames()[i].
+// It returns a copy: a front end reads it once per table.
 func (t *RouteTable) HeaderNames() []string { return slices.Clone(t.headerNames) }
 
 // StripPath is the path route i sends to its backend: StripPrefix with
