@@ -13,7 +13,8 @@ import (
 // A pool needs no spec at all: a pool named by a backend or a route and
 // without a spec takes every setting from its front end.
 type PoolSpec struct {
-	// Name is the pool's name (CheckPoolName). Key name, required.
+	// Name is the pool's name (admission.CheckPoolName). Key name,
+	// required.
 	Name string
 	// Policy is an entry of PolicyNames; the aliases NewPolicy accepts
 	// are read as the name they stand for. Key policy.
@@ -74,13 +75,13 @@ func ParsePoolSpec(proto, s string) (PoolSpec, error) {
 		v := it.value
 		switch it.key {
 		case "name":
-			if err := CheckPoolName(v); err != nil {
+			if err := poolNameError(v); err != nil {
 				return bad("name: %v", err)
 			}
 			p.Name = v
 		case "policy":
-			canon, ok := PolicyName(v)
-			if !ok || v == "" {
+			canon, err := PolicyName(v)
+			if err != nil || v == "" {
 				return bad("policy %q: want one of %s", v, strings.Join(PolicyNames, ", "))
 			}
 			p.Policy = canon

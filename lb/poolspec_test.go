@@ -3,6 +3,8 @@ package lb
 import (
 	"strings"
 	"testing"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 func TestParsePoolSpec(t *testing.T) {
@@ -32,7 +34,7 @@ func TestParsePoolSpec(t *testing.T) {
 		{proto: "http", in: "", wantErr: `pool "": empty: want name=NAME`},
 		{proto: "http", in: "policy=rr", wantErr: `key name is required`},
 		{proto: "http", in: "name=API", wantErr: `name: pool name "API" has upper case`},
-		{proto: "http", in: "name=a b", wantErr: `pool name "a b": want 1..32 bytes of a-z, 0-9, _ and -`},
+		{proto: "http", in: "name=a b", wantErr: `pool name "a b": want a pool name: 1 to 64 characters out of a-z, 0-9, _ and -`},
 		{proto: "http", in: "name=a,name=b", wantErr: `key "name" given twice`},
 		{proto: "http", in: "name=a,policy=fastest", wantErr: `policy "fastest": want one of round-robin, weighted-round-robin, least-outstanding, p2c, consistent-hash`},
 		{proto: "http", in: "name=a,policy=", wantErr: `policy "": want one of`},
@@ -86,7 +88,7 @@ func FuzzPoolSpec(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if CheckPoolName(p.Name) != nil || proto == "sip" && (p.HashKey != "" || p.HealthPath != "") {
+		if admission.CheckPoolName(p.Name) != nil || proto == "sip" && (p.HashKey != "" || p.HealthPath != "") {
 			t.Fatalf("ParsePoolSpec(%q, %q) = %+v", proto, s, p)
 		}
 		back, err := ParsePoolSpec(proto, p.String())

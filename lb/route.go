@@ -48,7 +48,8 @@ const (
 type RouteSpec struct {
 	// Proto is "http" or "sip".
 	Proto string
-	// Pool is the pool new work that matches goes to (CheckPoolName).
+	// Pool is the pool new work that matches goes to
+	// (admission.CheckPoolName).
 	// Key pool, required.
 	Pool string
 	// Host is the host the request names: HTTP the Host header (key
@@ -137,7 +138,7 @@ func ParseRouteSpec(proto, s string) (RouteSpec, error) {
 		}
 		switch k {
 		case "pool":
-			if err := CheckPoolName(v); err != nil {
+			if err := poolNameError(v); err != nil {
 				return bad("pool: %v", err)
 			}
 			r.Pool = v

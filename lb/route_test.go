@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 func TestParseRouteSpec(t *testing.T) {
@@ -120,7 +122,7 @@ func FuzzRouteSpec(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if r.Proto != proto || CheckPoolName(r.Pool) != nil || r.Prefix != "" && r.Regex != "" {
+		if r.Proto != proto || admission.CheckPoolName(r.Pool) != nil || r.Prefix != "" && r.Regex != "" {
 			t.Fatalf("ParseRouteSpec(%q, %q) = %+v", proto, s, r)
 		}
 		back, err := ParseRouteSpec(proto, r.String())

@@ -8,36 +8,30 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // MaxIDLen is the longest backend id, in bytes. Ids travel in sticky
 // cookies, SIP Record-Route tokens, logs and metric labels.
 const MaxIDLen = 64
 
-// MaxPoolNameLen is the longest pool name, in bytes. Pool names travel in
-// affinity tokens, metric labels and events.
-const MaxPoolNameLen = 32
-
-// CheckPoolName accepts 1..MaxPoolNameLen bytes of a-z, 0-9, _ and -.
-// Upper case is refused rather than folded: a name is a metric label and
-// a token field, and "API" and "api" must not be two spellings of one pool
-// in one place and two pools in another. The error quotes the name and
-// says what is wanted; the caller names the key or flag.
-func CheckPoolName(name string) error {
-	ok := len(name) >= 1 && len(name) <= MaxPoolNameLen
-	upper := false
-	for i := 0; ok && i < len(name); i++ {
-		c := name[i]
-		upper = upper || 'A' <= c && c <= 'Z'
-		ok = 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-'
-	}
+// poolNameError checks a pool name with admission.CheckPoolName, the one
+// grammar of pool names (backend specs, pool specs, routes, ARM rules):
+// 1 to admission.MaxPoolName bytes of a-z, 0-9, _ and -. Upper case is
+// refused rather than folded, and said so: a name is a metric label and
+// an affinity token field, and "API" and "api" must not be two spellings
+// of one pool in one place and two pools in another. The error quotes
+// the name; the caller names the key or flag.
+func poolNameError(name string) error {
+	err := admission.CheckPoolName(name)
 	switch {
-	case upper:
-		return fmt.Errorf("pool name %q has upper case: want 1..%d bytes of a-z, 0-9, _ and - (pool names are lower case)", name, MaxPoolNameLen)
-	case !ok:
-		return fmt.Errorf("pool name %q: want 1..%d bytes of a-z, 0-9, _ and -", name, MaxPoolNameLen)
+	case err == nil:
+		return nil
+	case strings.ContainsFunc(name, unicode.IsUpper):
+		return fmt.Errorf("pool name %q has upper case: %w", name, err)
 	}
-	return nil
+	return fmt.Errorf("pool name %q: %w", name, err)
 }
 
 // BackendSpec is one backend as an operator writes it, on the command line
@@ -156,7 +150,7 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 			}
 			b.Transport = v
 		case "pool":
-			if err := CheckPoolName(v); err != nil {
+			if err := poolNameError(v); err != nil {
 				return bad("pool: %v", err)
 			}
 			if slices.Contains(b.Pools, v) {

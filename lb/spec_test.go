@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 func TestParseBackendSpec(t *testing.T) {
@@ -24,11 +26,11 @@ func TestParseBackendSpec(t *testing.T) {
 		{proto: "http", in: "h:1,pool=api,pool=web", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Pools: []string{"api", "web"}}},
 		{proto: "sip", in: "h:1,pool=london", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Transport: "udp", Pools: []string{"london"}}},
 		{proto: "http", in: "h:1,pool=default,pool=a_b-9", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Pools: []string{"default", "a_b-9"}}},
-		{proto: "http", in: "h:1,pool=" + strings.Repeat("p", MaxPoolNameLen), want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Pools: []string{strings.Repeat("p", MaxPoolNameLen)}}},
-		{proto: "http", in: "h:1,pool=API", wantErr: `backend "h:1,pool=API": pool: pool name "API" has upper case: want 1..32 bytes of a-z, 0-9, _ and - (pool names are lower case)`},
-		{proto: "sip", in: "h:1,pool=", wantErr: `pool name "": want 1..32 bytes`},
-		{proto: "http", in: "h:1,pool=a.b", wantErr: `pool name "a.b": want 1..32 bytes`},
-		{proto: "http", in: "h:1,pool=" + strings.Repeat("p", MaxPoolNameLen+1), wantErr: "want 1..32 bytes"},
+		{proto: "http", in: "h:1,pool=" + strings.Repeat("p", admission.MaxPoolName), want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Pools: []string{strings.Repeat("p", admission.MaxPoolName)}}},
+		{proto: "http", in: "h:1,pool=API", wantErr: `backend "h:1,pool=API": pool: pool name "API" has upper case: want a pool name: 1 to 64 characters out of a-z, 0-9, _ and - (lower case)`},
+		{proto: "sip", in: "h:1,pool=", wantErr: `pool name "": want a pool name: 1 to 64 characters`},
+		{proto: "http", in: "h:1,pool=a.b", wantErr: `pool name "a.b": want a pool name`},
+		{proto: "http", in: "h:1,pool=" + strings.Repeat("p", admission.MaxPoolName+1), wantErr: "want a pool name: 1 to 64 characters"},
 		{proto: "http", in: "h:1,pool=api,pool=web,pool=api", wantErr: `pool "api" given twice`},
 		// One set of limits for both protocols.
 		{proto: "http", in: "nohost", wantErr: "want host:port"},
@@ -83,7 +85,7 @@ func FuzzParseBackendSpec(f *testing.F) {
 			t.Fatalf("ParseBackendSpec(%q, %q) = %+v", proto, s, b)
 		}
 		for i, p := range b.Pools {
-			if CheckPoolName(p) != nil || slices.Contains(b.Pools[:i], p) {
+			if admission.CheckPoolName(p) != nil || slices.Contains(b.Pools[:i], p) {
 				t.Fatalf("ParseBackendSpec(%q, %q): pools %q", proto, s, b.Pools)
 			}
 		}
