@@ -345,7 +345,7 @@ func TestGenerationErrors(t *testing.T) {
 		{"unknown front end policy", base(func(c *GenConfig) { c.Policy = "fastest" }), `policy "fastest": unknown (want one of round-robin,`},
 		{"unknown pool policy", base(func(c *GenConfig) { c.Pools = []PoolSpec{{Name: "api", Policy: "fastest"}} }), `pool api: policy "fastest": unknown`},
 		{"pool settings twice", base(func(c *GenConfig) { c.Pools = []PoolSpec{{Name: "api"}, {Name: "api"}} }), "pool api: settings given twice"},
-		{"empty pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{""} }), "backend b2: empty pool name"},
+		{"empty pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{""} }), `backend b2: pool "": want a pool name`},
 		{"bad pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{"a b"} }), `backend b2: pool "a b": want a pool name`},
 		{"pool named twice", base(func(c *GenConfig) { c.Backends[1].Pools = []string{"api", "api"} }), "backend b2: pool api named twice"},
 		{"bad weight", base(func(c *GenConfig) { c.Backends[0].Weight = MaxWeight + 1 }), "backend b1: new backend b1: weight 1001"},
