@@ -188,15 +188,10 @@ func (s *Server) SetGeneration(g *lb.Generation) error {
 	if g == nil {
 		return errors.New("set http backends: nil generation")
 	}
-	return s.setGeneration(g, generationRoutes(g))
-}
-
-// setGeneration is SetGeneration with the route table given.
-func (s *Server) setGeneration(g *lb.Generation, routes *lb.RouteTable) error {
 	if g.Proto() != "http" {
 		return fmt.Errorf("set http backends: a %s generation", g.Proto())
 	}
-	set, err := s.newBackendSet(g, nil, routes, s.backends.Load())
+	set, err := s.newBackendSet(g, nil, g.Routes(), s.backends.Load())
 	if err != nil {
 		return fmt.Errorf("set http backends: %w", err)
 	}

@@ -169,7 +169,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		if g.Proto() != "http" {
 			return nil, fmt.Errorf("new http front end: a %s generation", g.Proto())
 		}
-		set, err = s.newBackendSet(g, nil, generationRoutes(g), nil)
+		set, err = s.newBackendSet(g, nil, g.Routes(), nil)
 	} else {
 		set, err = s.newBackendSet(nil, pool, nil, nil)
 	}

@@ -262,18 +262,12 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		cfg.Engine = engineOf(t)
 	}
 	deps := Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer}
-	var routes *lb.RouteTable
 	if o.pools != nil {
-		deps.Generation, routes = r.generation(o)
+		deps.Generation = r.generation(o)
 	}
 	r.srv, err = New(cfg, deps, o.logger)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if routes != nil {
-		if err := r.srv.setGeneration(deps.Generation, routes); err != nil {
-			t.Fatal(err)
-		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
