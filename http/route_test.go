@@ -637,3 +637,41 @@ func TestSetGenerationErrors(t *testing.T) {
 		t.Errorf("Generation() %v, Pool() %s", r.srv.Generation(), r.srv.Pool().Name())
 	}
 }
+
+// TestProxyStatusDetails: refusals carry admission's Detail as a quoted
+// string, escaped, without allocating.
+func TestProxyStatusDetails(t *testing.T) {
+	rc, err := admission.ParseRule(`name=a"b\c,pool=api,limit=1/min,action=reject`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl, err := admission.NewController(admission.ControllerConfig{Rules: []admission.RuleConfig{rc}}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := admission.Request{Class: admission.NewWork, Proto: "http", Method: "GET", Pool: "api"}
+	ctrl.Decide(1, &req, nil)
+	d := ctrl.Decide(2, &req, nil)
+	if d.Verdict != admission.Refuse {
+		t.Fatalf("second request: %v, want a refusal", d.Verdict)
+	}
+	for _, tc := range []struct {
+		d    admission.Decision
+		want string
+	}{
+		{d, `sluice; error=http_request_denied; details="arm rule a\"b\\c pool api"`},
+		{ctrl.RefuseMOPFor(&req, time.Second), `sluice; error=http_request_denied; details="mop pool api"`},
+		{ctrl.RefuseMOPFor(&admission.Request{Proto: "http"}, time.Second), `sluice; error=http_request_denied; details="mop"`},
+	} {
+		var buf [320]byte
+		if got := string(appendProxyStatus(buf[:0], "http_request_denied", tc.d)); got != tc.want {
+			t.Errorf("got  %s\nwant %s", got, tc.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		var buf [320]byte
+		appendProxyStatus(buf[:0], "http_request_denied", d)
+	}); n != 0 {
+		t.Errorf("appendProxyStatus allocates %v times", n)
+	}
+}
