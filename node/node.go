@@ -93,7 +93,8 @@ type Config struct {
 	// AdminHosts are more Host names the admin listener answers to
 	// (-admin-host), besides localhost, loopback and its own addresses.
 	AdminHosts []string
-	// DrainTimeout bounds Drain.
+	// DrainTimeout bounds the shutdown drain (Drain); 0 is none: new
+	// work is refused and the node stops at once.
 	DrainTimeout time.Duration
 	// CPUProfile, when set, is a file a CPU profile is written to while
 	// the node runs.
@@ -328,11 +329,13 @@ func (c *Config) checkPositive() error {
 		{"-http-client-timeout", c.HTTP.ClientReadTimeout > 0},
 		{"-http-client-idle", c.HTTP.ClientIdle > 0},
 		{"-http-stream-threshold", c.HTTP.StreamThreshold > 0},
-		{"-drain-timeout", c.DrainTimeout > 0},
 	} {
 		if !f.ok {
 			return fmt.Errorf("%s must be positive", f.name)
 		}
+	}
+	if c.DrainTimeout < 0 {
+		return fmt.Errorf("-drain-timeout must not be negative (0: no shutdown drain)")
 	}
 	return checkHealthPath(c.HealthPath)
 }

@@ -263,3 +263,35 @@ func TestDataKeyWrittenBack(t *testing.T) {
 		t.Fatalf("key file after it vanished: %v, same bytes %v", err, bytes.Equal(before, after))
 	}
 }
+
+// TestDrainTimeout: -drain-timeout 0 is a node without a shutdown drain
+// (new work refused, then it stops); a negative one is refused by name.
+func TestDrainTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		drain   time.Duration
+		wantErr string
+	}{
+		{0, ""},
+		{time.Second, ""},
+		{-time.Second, "-drain-timeout must not be negative"},
+	} {
+		cfg := testConfig(t)
+		cfg.HTTPBackends = []string{"127.0.0.1:1"}
+		cfg.DrainTimeout = tc.drain
+		n, err := New(cfg, nil)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("drain %s: err %v, want %q", tc.drain, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("drain %s: %v", tc.drain, err)
+		}
+		if tc.drain == 0 {
+			if left := n.Drain(0); left != time.Second || !n.ctrl.Draining() {
+				t.Errorf("Drain(0) = %s, draining %v; want 1s left for Stop and new work refused", left, n.ctrl.Draining())
+			}
+		}
+	}
+}

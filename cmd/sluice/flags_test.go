@@ -153,13 +153,10 @@ var freeForm = map[string]string{
 // under test is left out of them.
 func commandArgs(cmd, dir string) [][2]string {
 	switch cmd {
-	case "run", "demo":
+	case "run", "demo", "sip":
 		return [][2]string{{"data-dir", dir}, {"http-listen", "127.0.0.1:0"}, {"admin-listen", ""}, {"sip-listen", "127.0.0.1:0"},
 			{"http-backend", "127.0.0.1:1,metrics=http://127.0.0.1:1/m"}, {"sip-backend", "127.0.0.1:1"},
 			{"health-interval", "0"}, {"sip-health-interval", "0"}}
-	case "sip":
-		return [][2]string{{"sip-listen", "127.0.0.1:0"}, {"sip-backend", "127.0.0.1:1"}, {"sip-health-interval", "0"},
-			{"affinity-key-file", filepath.Join(dir, "key")}}
 	case "events":
 		return [][2]string{{"data-dir", dir}}
 	case "simulate":
@@ -218,7 +215,7 @@ func TestEveryFlagRejectsBadValue(t *testing.T) {
 				case "run":
 					code = run(ctx, args, io.Discard, &stderr, nil)
 				case "sip":
-					code = sipMain(ctx, args, io.Discard, &stderr)
+					code = serve(ctx, sipPreset, args, io.Discard, &stderr, nil)
 				default:
 					code = commands[cmd].run(args, io.Discard, &stderr)
 				}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,7 +17,6 @@ import (
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/cluster"
-	lbhttp "github.com/sluicelb/sluice/http"
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/node"
 	"github.com/sluicelb/sluice/persist"
@@ -28,7 +28,7 @@ func init() {
 
 // runOptions holds the flags of `sluice run`.
 type runOptions struct {
-	http         lbhttp.Config
+	http         node.HTTPConfig
 	httpBackends listFlag
 	trusted      listFlag
 	policy       string
@@ -63,11 +63,11 @@ type runOptions struct {
 func newRunFlags(fs *flag.FlagSet) *runOptions {
 	o := &runOptions{}
 	h := &o.http
-	hd := lbhttp.DefaultConfig()
+	hd := node.DefaultHTTPConfig()
 	fs.StringVar(&h.Listen, "http-listen", hd.Listen, "HTTP listen address")
-	o.httpBackends.check = func(s string) error { _, err := lbhttp.ParseBackend(s); return err }
+	o.httpBackends.check = node.CheckHTTPBackend
 	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME] (repeatable; none: no HTTP front end)")
-	o.trusted.check = func(s string) error { _, err := lbhttp.ParseTrustedProxies(s); return err }
+	o.trusted.check = node.CheckTrustedProxies
 	fs.Var(&o.trusted, "http-trusted-proxy", "`CIDR` whose X-Forwarded-For/Forwarded are kept and appended to (repeatable, or comma-separated)")
 	fs.StringVar(&h.StickyCookie, "http-sticky-cookie", hd.StickyCookie, "name of the signed sticky cookie; - disables it")
 	fs.DurationVar(&h.StickyTTL, "http-sticky-ttl", hd.StickyTTL, "lifetime of the sticky cookie (renewed past half)")
@@ -130,17 +130,36 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.adminTokens, "admin-token-file", "", "`file` of bearer tokens the admin listener requires, one \"NAME TOKEN\" a line (the name goes into the event log)")
 	fs.StringVar(&o.armFile, "arm-file", "", "`file` of ARM rules, one -arm rule a line, added to the -arm flags' and re-read on SIGHUP")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&o.shutdown, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests and affinity traffic may finish (new work is refused at once)")
+	fs.DurationVar(&o.shutdown, "drain-timeout", 10*time.Second, "shutdown drain: on SIGTERM, how long in-flight requests and affinity traffic (dialogs, sticky sessions) may finish; new work is refused at once (0: no drain, stop at once)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
 	o.sip = addSIPFlags(fs)
 	clusterFlags(fs, &o.cluster)
 	return o
 }
 
+// preset is a command that runs the node of `sluice run`: the same flags
+// with the same defaults, and check, when set, refusing what the command
+// cannot do without.
+type preset struct {
+	name  string
+	check func(*runOptions) error
+}
+
+// runPreset is `sluice run` itself.
+var runPreset = preset{name: "run"}
+
+// errNoSIPBackend is sluice sip's refusal to start without SIP backends.
+var errNoSIPBackend = errors.New("-sip-backend: at least one is required (or a -backends-file with sip lines)")
+
 // runRun is the run command: it serves until SIGINT or SIGTERM.
-// A second SIGINT or SIGTERM ends the process at once, without waiting
-// for the drain or the final save.
 func runRun(args []string, stdout, stderr io.Writer) int {
+	return serveUntilSignal(runPreset, args, stdout, stderr)
+}
+
+// serveUntilSignal runs the node of p until SIGINT or SIGTERM. A second
+// SIGINT or SIGTERM ends the process at once, without waiting for the
+// drain or the final save.
+func serveUntilSignal(p preset, args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -154,11 +173,11 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		cancel()
 		s, ok = <-sigs
 		if ok {
-			fmt.Fprintf(stderr, "sluice run: second %v: exiting now, without finishing the drain or the final save\n", s)
+			fmt.Fprintf(stderr, "sluice %s: second %v: exiting now, without finishing the drain or the final save\n", p.name, s)
 			os.Exit(1)
 		}
 	}()
-	return run(ctx, args, stdout, stderr, nil)
+	return serve(ctx, p, args, stdout, stderr, nil)
 }
 
 // runHooks lets tests learn the bound addresses.
@@ -168,15 +187,21 @@ type runHooks struct {
 	addrs func(node.Addrs)
 }
 
-// run parses args, wires the parts, serves until ctx is done and then
-// shuts down gracefully. It returns 2 for a bad flag, 1 for a failure to
-// start.
+// run is serve for `sluice run`.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *runHooks) int {
-	fs := newFlagSet("run", stderr)
-	o := newRunFlags(fs)
-	fs.Usage = func() { groupedUsage(fs.Output(), "run", fs) }
-	if code, ok := parseCommand("run", fs, args, stderr); !ok {
-		return code
+	return serve(ctx, runPreset, args, stdout, stderr, hooks)
+}
+
+// parseNode reads args (and their SLUICE_* twins and -config file) as the
+// command of p and returns the node.Config they give, the options and the
+// logger of -log-level. When ok is false the command stops with code
+// (0 after -help, 2 for a bad value), the reason printed on stderr.
+func parseNode(p preset, args []string, stderr io.Writer) (cfg node.Config, o *runOptions, logger *slog.Logger, code int, ok bool) {
+	fs := newFlagSet(p.name, stderr)
+	o = newRunFlags(fs)
+	fs.Usage = func() { groupedUsage(fs.Output(), p.name, fs) }
+	if code, ok := parseCommand(p.name, fs, args, stderr); !ok {
+		return cfg, nil, nil, code, false
 	}
 	// The default -health-timeout (1s) follows a shorter -health-interval.
 	explicit := map[string]bool{}
@@ -184,15 +209,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 	if !explicit["health-timeout"] && o.health.Interval > 0 && o.health.Timeout > o.health.Interval {
 		o.health.Timeout = o.health.Interval
 	}
-	cfg, logger, err := o.config(stderr)
+	var err error
+	if p.check != nil {
+		err = p.check(o)
+	}
+	if err == nil {
+		cfg, logger, err = o.config(stderr)
+	}
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice run:", err)
-		return 2
+		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, err)
+		return cfg, nil, nil, 2, false
 	}
 	cfg.Settings = settingLines(fs, "arm", "http-backend", "sip-backend")
+	return cfg, o, logger, 0, true
+}
+
+// serve parses args as the command of p, wires the parts, serves until
+// ctx is done and then shuts down gracefully. It returns 2 for a bad
+// flag, 1 for a failure to start.
+func serve(ctx context.Context, p preset, args []string, stdout, stderr io.Writer, hooks *runHooks) int {
+	cfg, o, logger, code, ok := parseNode(p, args, stderr)
+	if !ok {
+		return code
+	}
 	n, err := node.New(cfg, logger)
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice run:", flagError(err))
+		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, flagError(err))
 		return 2
 	}
 	// ctx ends at SIGTERM, when the drain starts: the node runs on a
@@ -202,7 +244,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 	if err := n.Start(context.WithoutCancel(ctx)); err != nil {
 		err = flagError(err)
 		logger.Error("start failed", "err", err)
-		fmt.Fprintln(stderr, "sluice run:", err)
+		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, err)
 		return 1
 	}
 	if hooks != nil && hooks.addrs != nil {

@@ -1,37 +1,27 @@
 package main
 
 import (
-	"context"
 	"flag"
-	"fmt"
 	"io"
-	"log/slog"
-	"os"
-	"os/signal"
-	"runtime/pprof"
-	"syscall"
-	"time"
 
-	"github.com/sluicelb/sluice/admission"
-	"github.com/sluicelb/sluice/lb"
-	lbsip "github.com/sluicelb/sluice/sip"
+	"github.com/sluicelb/sluice/node"
 )
 
 // sipOptions holds the -sip-* flags.
 type sipOptions struct {
-	cfg      lbsip.Config
+	cfg      node.SIPConfig
 	backends listFlag
 }
 
 // addSIPFlags registers the SIP front end's flags on fs, with the defaults
-// of lbsip.DefaultConfig.
+// of node.DefaultSIPConfig.
 func addSIPFlags(fs *flag.FlagSet) *sipOptions {
 	o := &sipOptions{}
 	c := &o.cfg
-	d := lbsip.DefaultConfig()
+	d := node.DefaultSIPConfig()
 	fs.StringVar(&c.Listen, "sip-listen", d.Listen, "SIP listen address for UDP and TCP (used when a -sip-backend is given)")
 	fs.StringVar(&c.Advertise, "sip-advertise", d.Advertise, "host:port written into Via and Record-Route (default: the listen address)")
-	o.backends.check = func(s string) error { _, err := lbsip.ParseBackend(s); return err }
+	o.backends.check = node.CheckSIPBackend
 	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME] (repeatable)")
 	fs.StringVar(&c.Policy, "sip-lb-policy", d.Policy, "selection of new work: hash (consistent hash on Call-ID), round-robin, weighted-round-robin, least-outstanding, p2c")
 	fs.DurationVar(&c.TokenTTL, "sip-affinity-ttl", d.TokenTTL, "lifetime of the signed backend token in Record-Route (longest dialog)")
@@ -57,139 +47,26 @@ func addSIPFlags(fs *flag.FlagSet) *sipOptions {
 	return o
 }
 
-// enabled reports whether the SIP front end is configured.
-func (o *sipOptions) enabled() bool { return len(o.backends.values) > 0 }
-
-// config returns the Config with the parsed backends.
-func (o *sipOptions) config() (lbsip.Config, error) {
-	c := o.cfg
-	c.Backends = nil
-	for _, s := range o.backends.values {
-		b, err := lbsip.ParseBackend(s)
-		if err != nil {
-			return c, err
-		}
-		c.Backends = append(c.Backends, b)
-	}
-	return c, nil
-}
-
-// startSIP builds and starts the SIP front end. mops may be nil (no MOP);
-// it is called once per backend. The server stops when ctx is done or
-// Close is called. It returns nil, nil when no -sip-backend is given.
-func startSIP(ctx context.Context, o *sipOptions, adm *admission.Controller, signer lbsip.Signer,
-	mops func(lbsip.BackendConfig) *admission.MOP, logger *slog.Logger) (*lbsip.Server, error) {
-	if !o.enabled() {
-		return nil, nil
-	}
-	cfg, err := o.config()
-	if err != nil {
-		return nil, err
-	}
-	srv, err := lbsip.New(cfg, lbsip.Deps{Admission: adm, Signer: signer, MOP: mops}, logger)
-	if err != nil {
-		return nil, err
-	}
-	if err := srv.Start(ctx); err != nil {
-		return nil, err
-	}
-	return srv, nil
-}
-
 func init() {
-	register("sip", "run the SIP front end alone (for SIP-only deployments and benchmarks)", runSIP)
+	register("sip", "run the balancer for SIP: `sluice run` with the same flags and defaults, one -sip-backend at least", runSIP)
 }
 
-// runSIP is the sip command: the SIP front end with its own admission
-// controller, until SIGINT or SIGTERM.
+// sipPreset makes `sluice sip` the node `sluice run` builds from the same
+// flags: the same affinity key file, shutdown drain, data directory and
+// admin listener, so that moving from one command to the other keeps every
+// dialog's token valid. It only insists on SIP backends; an HTTP front end
+// runs when asked for (-http-backend, or http lines in -backends-file).
+var sipPreset = preset{
+	name: "sip",
+	check: func(o *runOptions) error {
+		if len(o.sip.backends.values) == 0 && o.backendsFile == "" {
+			return errNoSIPBackend
+		}
+		return nil
+	},
+}
+
+// runSIP is the sip command: runRun with sipPreset.
 func runSIP(args []string, stdout, stderr io.Writer) int {
-	sig, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
-	return sipMain(sig, args, stdout, stderr)
-}
-
-// sipMain serves until sig is done, then drains for -drain-timeout.
-func sipMain(sig context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("sip", stderr)
-	o := addSIPFlags(fs)
-	var arm listFlag
-	arm.check = func(s string) error { _, err := admission.ParseRule(s); return err }
-	fs.Var(&arm, "arm", "ARM rule, e.g. `name=inv,proto=sip,method=INVITE,limit=300/s,action=reject` (repeatable)")
-	keyFile := fs.String("affinity-key-file", "sluice-affinity.key", "key, or key ring of \"ID HEXKEY\" lines (newest last), of affinity tokens (created when missing)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file (for benchmarks)")
-	drain := fs.Duration("drain-timeout", 0, "on SIGTERM, refuse new work and keep dialogs flowing this long before exiting")
-	fs.Usage = func() { groupedUsage(fs.Output(), "sip", fs) }
-	if code, ok := parseCommand("sip", fs, args, stderr); !ok {
-		return code
-	}
-	var rules []admission.RuleConfig
-	for _, s := range arm.values {
-		rc, err := admission.ParseRule(s)
-		if err != nil {
-			fmt.Fprintln(stderr, "sluice sip: -arm:", err)
-			return 2
-		}
-		rules = append(rules, rc)
-	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintln(stderr, "sluice sip: -log-level:", err)
-		return 2
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	if !o.enabled() {
-		fmt.Fprintln(stderr, "sluice sip: at least one -sip-backend is required")
-		return 2
-	}
-	ring, err := lb.LoadOrCreateKeyRing(*keyFile)
-	if err != nil {
-		fmt.Fprintln(stderr, "sluice sip: -affinity-key-file:", err)
-		return 1
-	}
-	signer, err := lb.NewRingSigner(ring)
-	if err != nil {
-		fmt.Fprintln(stderr, "sluice sip: -affinity-key-file:", err)
-		return 1
-	}
-	clock := admission.MonoClock{}
-	adm, err := admission.NewController(admission.ControllerConfig{Rules: rules}, nil, clock.Now())
-	if err != nil {
-		fmt.Fprintln(stderr, "sluice sip:", flagError(err))
-		return 2
-	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			fmt.Fprintln(stderr, "sluice sip: -cpuprofile:", err)
-			return 1
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(stderr, "sluice sip: -cpuprofile:", err)
-			return 1
-		}
-		defer func() {
-			pprof.StopCPUProfile()
-			f.Close()
-		}()
-	}
-	// The server runs until after the drain, not until the signal.
-	run, stop := context.WithCancel(context.Background())
-	defer stop()
-	go adm.Run(run, clock, 10*time.Millisecond)
-	srv, err := startSIP(run, o, adm, signer, nil, logger)
-	if err != nil {
-		fmt.Fprintln(stderr, "sluice sip:", flagError(err))
-		return 1
-	}
-	<-sig.Done()
-	if *drain > 0 {
-		srv.Drain()
-		time.Sleep(*drain)
-	}
-	srv.Close()
-	m := srv.Metrics()
-	fmt.Fprintf(stdout, "sip: requests=%d responses=%d forwarded=%d relayed=%d refused=%d failovers=%d malformed=%d\n",
-		m.Requests.Load(), m.Responses.Load(), m.Forwarded.Load(), m.Relayed.Load(), m.Refused.Load(), m.Failovers.Load(), m.Malformed.Load())
-	return 0
+	return serveUntilSignal(sipPreset, args, stdout, stderr)
 }
