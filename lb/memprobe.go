@@ -472,11 +472,11 @@ func NewMemoryProbe(b *Backend, cfg MemoryProbeConfig, clock admission.Clock, lo
 	}
 	used, err := ParseMetricSelector(cfg.UsedMetric)
 	if err != nil {
-		return nil, &FieldError{Field: "MemoryProbeConfig.UsedMetric", Err: err}
+		return nil, fieldError("MemoryProbeConfig.UsedMetric", "%w", err)
 	}
 	max, err := ParseMetricSelector(cfg.MaxMetric)
 	if err != nil {
-		return nil, &FieldError{Field: "MemoryProbeConfig.MaxMetric", Err: err}
+		return nil, fieldError("MemoryProbeConfig.MaxMetric", "%w", err)
 	}
 	if clock == nil {
 		clock = admission.MonoClock{}

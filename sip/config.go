@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
 
@@ -159,23 +160,13 @@ const DefaultUnknownDialogSourceRate = 20
 // configured.
 var ErrNoBackends = errors.New("at least one backend is required")
 
-// FieldError reports an invalid Config field by its Go name; cmd/sluice
-// maps the field to its flag.
-type FieldError struct {
-	Field string // the Config field, e.g. "TokenTTL"
-	Err   error
-}
-
-func (e *FieldError) Error() string { return "sip: " + e.Field + ": " + e.Err.Error() }
-
-// Unwrap returns the cause.
-func (e *FieldError) Unwrap() error { return e.Err }
-
-// ConfigField names the package and the field at fault.
-func (e *FieldError) ConfigField() (pkg, field string) { return "sip", e.Field }
+// FieldError reports an invalid Config field by its Go name (e.g.
+// "TokenTTL"); it is admission.FieldError, the one type of every package,
+// with Pkg "sip". cmd/sluice maps the field to its flag.
+type FieldError = admission.FieldError
 
 func fieldError(field, format string, a ...any) error {
-	return &FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+	return admission.NewFieldError("sip", field, format, a...)
 }
 
 // DefaultConfig returns the defaults of every field: the one place they
@@ -263,7 +254,7 @@ func CheckSettings(c Config) error {
 func (c *Config) Validate() error {
 	switch {
 	case len(c.Backends) == 0:
-		return &FieldError{Field: "Backends", Err: ErrNoBackends}
+		return fieldError("Backends", "%w", ErrNoBackends)
 	case c.Policy != "hash" && !slices.Contains(lb.PolicyNames, c.Policy):
 		return fieldError("Policy", "%q: want hash, %s", c.Policy, strings.Join(lb.PolicyNames, ", "))
 	case c.TokenTTL < time.Minute:
