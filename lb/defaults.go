@@ -1,0 +1,18 @@
+package lb
+
+// DefaultPolicy is the selection policy of a pool that names none (flag
+// -lb-policy): the first of PolicyNames.
+var DefaultPolicy = PolicyNames[0]
+
+// DefaultPassiveConfig returns passive ejection's defaults (flags
+// -health-max-fails and -health-cooldown): 3 failures in a row eject a
+// backend for 10 s.
+func DefaultPassiveConfig() PassiveConfig {
+	return PassiveConfig{MaxFails: 3, Cooldown: defaultCooldown}
+}
+
+// DefaultPoolConfig returns a pool's defaults: DefaultPolicy and
+// DefaultPassiveConfig.
+func DefaultPoolConfig() PoolConfig {
+	return PoolConfig{Policy: DefaultPolicy, Passive: DefaultPassiveConfig()}
+}
