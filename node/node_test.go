@@ -27,7 +27,7 @@ import (
 func testConfig(t *testing.T) Config {
 	return Config{
 		HTTP:          lbhttp.Config{Listen: "127.0.0.1:0", StickyTTL: time.Hour, AppCookieTTL: time.Minute, AppCookieMax: 10, MaxConns: 8, ConnectTimeout: time.Second, BackendTimeout: 5 * time.Second, BackendIdle: time.Second, ClientReadTimeout: 5 * time.Second, ClientIdle: 5 * time.Second, StreamThreshold: 1 << 20},
-		Policy:        "round-robin",
+		Policy:        lb.DefaultPolicy,
 		Health:        lb.HealthConfig{Timeout: time.Second, Rise: 1, Fall: 1},
 		Passive:       lb.PassiveConfig{Cooldown: time.Second},
 		MOP:           admission.MOPConfig{MaxHeap: 0.85, Window: 10 * time.Second, InitialRate: 40},
