@@ -590,7 +590,7 @@ func (s *Server) tick() {
 			lastFull = f
 		}
 		if s.adm.Memory().State() == admission.Critical {
-			s.terminateNewWork(now)
+			s.abortNewWork(now)
 		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()

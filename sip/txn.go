@@ -720,12 +720,12 @@ func (s *Server) txnTimers(now int64) {
 	}
 }
 
-// terminateNewWork ends every new-work transaction still without a final
+// abortNewWork ends (aborts, as HTTP says) every new-work transaction still without a final
 // answer, as the memory state Critical demands (SPEC §3): the client gets
 // 503 with Retry-After, and an INVITE already at a backend is CANCELed
 // there (its 487 is then ACKed and absorbed). Affinity traffic is not
 // touched: it has no transaction.
-func (s *Server) terminateNewWork(now int64) {
+func (s *Server) abortNewWork(now int64) {
 	var victims []*txn
 	s.txns.mu.Lock()
 	for _, t := range s.txns.byClient {
@@ -756,7 +756,7 @@ func (s *Server) terminateNewWork(now int64) {
 		if cancel != nil {
 			_ = s.sendBytes(cancel, dst)
 		}
-		s.metrics.Terminated.Add(1)
+		s.metrics.Aborted.Add(1)
 		_ = s.sendBytes(p, pdst)
 	}
 }
