@@ -279,7 +279,7 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 		s.refuse(t.req, t.src, s.adm.RefuseMOPFor(&ar, mopRetry))
 	case !failover:
 		s.txns.remove(t)
-		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.DrainDefault})
+		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.BusyDefault})
 	default:
 		s.metrics.AllFailed.Add(1)
 		s.finishLocal(t, 500, "Server Internal Error", []string{"Warning: 399 " + s.adv.String() + ` "no backend could take the request"`})
@@ -750,7 +750,7 @@ func (s *Server) abortNewWork(now int64) {
 		// The transaction is ours to finish before the CANCEL leaves, so
 		// the backend's 487 finds it completed and is absorbed.
 		p, pdst := s.finishLocalLocked(t, 503, "Service Unavailable", []string{
-			"Retry-After: " + strconv.Itoa(s.jitter(s.cfg.DrainDefault)),
+			"Retry-After: " + strconv.Itoa(s.jitter(s.cfg.BusyDefault)),
 			"Warning: 399 " + s.adv.String() + ` "overload: memory critical"`})
 		s.txns.mu.Unlock()
 		if cancel != nil {

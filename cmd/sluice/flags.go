@@ -97,6 +97,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	markRenamed(set)
 	fs.VisitAll(func(f *flag.Flag) {
 		if err != nil || set[f.Name] {
 			return
@@ -114,6 +115,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 		return err
 	}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	markRenamed(set)
 	if f := fs.Lookup(configFlag); f != nil && f.Value.String() != "" {
 		return readConfigFile(fs, f.Value.String(), set)
 	}
@@ -394,7 +396,7 @@ func (p *panicShare) Set(s string) error {
 func settingLines(fs *flag.FlagSet, skip ...string) []string {
 	var out []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name == configFlag || slices.Contains(skip, f.Name) {
+		if _, old := renamedFlags[f.Name]; old || f.Name == configFlag || slices.Contains(skip, f.Name) {
 			return
 		}
 		if l, ok := f.Value.(*listFlag); ok {

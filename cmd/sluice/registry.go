@@ -100,3 +100,31 @@ var fieldFlags = sync.OnceValue(func() map[string]string {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	return newRunFlags(fs).fields
 })
+
+// renamedFlags maps a flag's former name to its name: the former is still
+// read (command line, SLUICE_* twin, -config file) and sets the same
+// value, but is not written back by GET /control/config.
+var renamedFlags = map[string]string{
+	"sip-drain-default": "sip-busy-default", // "drain" is an operator's drain of a backend
+}
+
+// renamed declares old, a key of renamedFlags, as the former name of its
+// flag on fs.
+func renamed(fs *flag.FlagSet, old string) {
+	name := renamedFlags[old]
+	f := fs.Lookup(name)
+	if f == nil {
+		panic("renamed: no flag -" + name + " for -" + old)
+	}
+	fs.Var(f.Value, old, "former name of -"+name)
+}
+
+// markRenamed makes a flag and its former name set together in set, so
+// that a later source sets neither.
+func markRenamed(set map[string]bool) {
+	for old, name := range renamedFlags {
+		if set[old] || set[name] {
+			set[old], set[name] = true, true
+		}
+	}
+}

@@ -118,3 +118,40 @@ func TestSIPNeedsBackend(t *testing.T) {
 		t.Error("sluice run refused an HTTP-only node")
 	}
 }
+
+// TestRenamedFlag: -sip-drain-default, the former name of
+// -sip-busy-default, still sets it from every source; the new name wins
+// as any flag does over a later source, and GET /control/config writes
+// the new name only.
+func TestRenamedFlag(t *testing.T) {
+	conf := writeFile(t, "sip-drain-default 7s\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want time.Duration
+	}{
+		{"default", nil, nil, 5 * time.Second},
+		{"old name", []string{"-sip-drain-default", "3s"}, nil, 3 * time.Second},
+		{"new name", []string{"-sip-busy-default", "4s"}, nil, 4 * time.Second},
+		{"old name in env", nil, map[string]string{"SLUICE_SIP_DRAIN_DEFAULT": "6s"}, 6 * time.Second},
+		{"old name in file", []string{"-config", conf}, nil, 7 * time.Second},
+		{"command line beats old name in env", []string{"-sip-busy-default", "2s"}, map[string]string{"SLUICE_SIP_DRAIN_DEFAULT": "6s"}, 2 * time.Second},
+		{"env beats old name in file", []string{"-config", conf}, map[string]string{"SLUICE_SIP_BUSY_DEFAULT": "1s"}, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := newFlagSet("run", io.Discard)
+			o := newRunFlags(fs)
+			if err := parseFlags(fs, tc.args, lookupIn(tc.env)); err != nil {
+				t.Fatal(err)
+			}
+			if o.sip.cfg.BusyDefault != tc.want {
+				t.Errorf("BusyDefault %s, want %s", o.sip.cfg.BusyDefault, tc.want)
+			}
+			lines := strings.Join(settingLines(fs), "\n")
+			if strings.Contains(lines, "sip-drain-default") || !strings.Contains(lines, "sip-busy-default "+tc.want.String()) {
+				t.Errorf("settings %q: want sip-busy-default %s and no former name", lines, tc.want)
+			}
+		})
+	}
+}
