@@ -41,25 +41,51 @@ func ParseAction(s string) (Action, error) {
 
 // Match selects the requests a rule applies to. An empty field matches
 // anything. Method and Host compare case-insensitively; PathPrefix is a
-// byte prefix of the path. An HTTP rule for GET also matches HEAD: servers
-// run the GET handler for a HEAD (Tomcat's HttpServlet, Spring, Go's
-// ServeMux) and only drop the body, so a HEAD costs the backend what the
-// GET does, and a GET rule that let HEAD through could be bypassed at will.
+// byte prefix of the path; Pool is the name of the pool the request was
+// routed to, compared exactly (pool names are lower case, see
+// CheckPoolName), so a rule with a pool is a budget of that pool alone.
+// An HTTP rule for GET also matches HEAD: servers run the GET handler for
+// a HEAD (Tomcat's HttpServlet, Spring, Go's ServeMux) and only drop the
+// body, so a HEAD costs the backend what the GET does, and a GET rule that
+// let HEAD through could be bypassed at will.
 type Match struct {
 	Proto      string // "http" or "sip"
 	Method     string
 	Host       string
 	PathPrefix string
+	Pool       string // the routed pool's name (Request.Pool)
 }
 
 // Matches reports whether r falls under m. It allocates nothing.
 func (m *Match) Matches(r *Request) bool {
 	return (m.Proto == "" || m.Proto == r.Proto) &&
+		(m.Pool == "" || m.Pool == r.Pool) &&
 		(m.Method == "" || strings.EqualFold(m.Method, r.Method) ||
 			r.Proto == "http" && strings.EqualFold(m.Method, "GET") && strings.EqualFold(r.Method, "HEAD")) &&
 		(m.Host == "" || strings.EqualFold(m.Host, r.Host)) &&
 		(m.PathPrefix == "" || strings.HasPrefix(r.Path, m.PathPrefix))
 }
+
+// MaxPoolName is the longest pool name CheckPoolName accepts.
+const MaxPoolName = 64
+
+// CheckPoolName reports whether name is a pool name: 1 to MaxPoolName
+// characters out of a-z, 0-9, '_' and '-'. Pool names are compared
+// exactly, so the grammar has no case to fold and nothing to trim. The
+// error says what is wanted; the caller names the key and the value.
+func CheckPoolName(name string) error {
+	ok := name != "" && len(name) <= MaxPoolName
+	for i := 0; ok && i < len(name); i++ {
+		c := name[i]
+		ok = 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+	}
+	if !ok {
+		return errBadPoolName
+	}
+	return nil
+}
+
+var errBadPoolName = fmt.Errorf("want a pool name: 1 to %d characters out of a-z, 0-9, _ and - (lower case)", MaxPoolName)
 
 // RuleConfig is one ARM rule.
 type RuleConfig struct {
@@ -102,6 +128,11 @@ func (c RuleConfig) Validate() error {
 		return fmt.Errorf("arm rule %s: qualify, wait and queue must not be negative", c.Name)
 	case c.Action > ActionLog:
 		return fmt.Errorf("arm rule %s: unknown action", c.Name)
+	}
+	if c.Match.Pool != "" {
+		if err := CheckPoolName(c.Match.Pool); err != nil {
+			return fmt.Errorf("arm rule %s: pool %q: %w", c.Name, c.Match.Pool, err)
+		}
 	}
 	return nil
 }
@@ -420,7 +451,7 @@ func (m *Meter) admitSlow(now int64, state MemState) Decision {
 		if m.cfg.Action == ActionLog {
 			kind, verb = EventARMWouldLimit, "log only"
 		}
-		m.events.emit(kind, m.cfg.Name, fmt.Sprintf("arm rule %s reached its limit %d/%s (%s)", m.cfg.Name, lim, UnitName(m.cfg.Unit), verb))
+		m.events.emit(kind, m.cfg.Name, fmt.Sprintf("%s reached its limit %d/%s (%s)", m.label(), lim, UnitName(m.cfg.Unit), verb))
 	}
 	if m.cfg.Action == ActionLog || (m.cfg.Qualify > 0 && now-m.reachedAt.Load() < int64(m.cfg.Qualify)) {
 		m.word.Add(1) // we hold mu and the word is not busy: counted over the limit
@@ -533,7 +564,7 @@ func (m *Meter) advanceLocked(now int64) int {
 			}
 			if now-m.underSince >= int64(m.cfg.Unit) {
 				m.engaged, m.refusing, m.underSince = false, false, -1
-				m.events.emit(EventARMReleased, m.cfg.Name, fmt.Sprintf("arm rule %s is under its limit again (rate %d of %d)", m.cfg.Name, rate, lim))
+				m.events.emit(EventARMReleased, m.cfg.Name, fmt.Sprintf("%s is under its limit again (rate %d of %d)", m.label(), rate, lim))
 			}
 		}
 	} else {
@@ -549,7 +580,16 @@ func (m *Meter) noteRefusalLocked(why string) {
 		return
 	}
 	m.refusing = true
-	m.events.emit(EventARMRefusing, m.cfg.Name, fmt.Sprintf("arm rule %s is refusing requests: %s", m.cfg.Name, why))
+	m.events.emit(EventARMRefusing, m.cfg.Name, fmt.Sprintf("%s is refusing requests: %s", m.label(), why))
+}
+
+// label names the rule in events: "arm rule NAME", with " pool POOL" for
+// a rule that budgets one pool, the words a refusal's Detail uses.
+func (m *Meter) label() string {
+	if m.cfg.Match.Pool != "" {
+		return "arm rule " + m.cfg.Name + " pool " + m.cfg.Match.Pool
+	}
+	return "arm rule " + m.cfg.Name
 }
 
 func (m *Meter) popLocked() {

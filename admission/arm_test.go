@@ -438,6 +438,20 @@ func TestParseRule(t *testing.T) {
 		{in: "name=a,limit=10/s,proto=ftp", wantErr: "proto must be"},
 		{in: "name=a,limit=10/s,queue=0", wantErr: "queue must be"},
 		{in: "name=a,limit", wantErr: "not key=value"},
+		{in: "name=ldn,pool=london,limit=300/s", want: RuleConfig{Name: "ldn", Match: Match{Pool: "london"}, Limit: 300, Unit: time.Second}},
+		{
+			in:   "name=x,proto=sip,method=invite,pool=voice_eu-2,limit=1/s",
+			want: RuleConfig{Name: "x", Match: Match{Proto: "sip", Method: "INVITE", Pool: "voice_eu-2"}, Limit: 1, Unit: time.Second},
+		},
+		{in: "name=a,pool= london ,limit=1/s", want: RuleConfig{Name: "a", Match: Match{Pool: "london"}, Limit: 1, Unit: time.Second}},
+		// An empty value matches any pool, as the other match keys do.
+		{in: "name=a,pool=,limit=1/s", want: RuleConfig{Name: "a", Limit: 1, Unit: time.Second}},
+		{in: "name=a,pool=London,limit=1/s", wantErr: `-arm "name=a,pool=London,limit=1/s": pool: "London": want a pool name: 1 to 64 characters out of a-z, 0-9, _ and - (lower case)`},
+		{in: "name=a,pool=lon don,limit=1/s", wantErr: `pool: "lon don": want a pool name`},
+		{in: "name=a,pool=api.v2,limit=1/s", wantErr: `pool: "api.v2": want a pool name`},
+		{in: "name=a,pool=caf\u00e9,limit=1/s", wantErr: "pool: \"caf\u00e9\": want a pool name"},
+		{in: "name=a,pool=" + strings.Repeat("p", 65) + ",limit=1/s", wantErr: `want a pool name: 1 to 64 characters`},
+		{in: "name=a,pool=" + strings.Repeat("p", 64) + ",limit=1/s", want: RuleConfig{Name: "a", Match: Match{Pool: strings.Repeat("p", 64)}, Limit: 1, Unit: time.Second}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.in, func(t *testing.T) {
@@ -461,6 +475,7 @@ func TestParseRule(t *testing.T) {
 func FuzzParseRule(f *testing.F) {
 	f.Add("name=a,limit=10/min")
 	f.Add("name=api,proto=sip,method=INVITE,limit=100/s,action=delay,queue=5,wait=2s,qualify=1s,low=5/s,lower=1/s")
+	f.Add("name=ldn,proto=http,host=a.example,path=/v1/,pool=london,limit=3/min,lower=1/h")
 	f.Fuzz(func(t *testing.T, s string) {
 		rc, err := ParseRule(s)
 		if err == nil {
@@ -470,8 +485,83 @@ func FuzzParseRule(f *testing.F) {
 			if _, err := NewMeter(rc, 0, nil); err != nil {
 				t.Fatalf("ParseRule accepted %q but NewMeter rejects: %v", s, err)
 			}
+			// What FormatRule writes (the control API, /control/config,
+			// the data directory) reads back as the same rule.
+			back, err := ParseRule(FormatRule(rc))
+			if rc.Queue == 1000 {
+				rc.Queue = 0 // the default is left out, and 0 means it
+			}
+			if err != nil || back != rc {
+				t.Fatalf("ParseRule(%q) = %+v; FormatRule gives %q, read back as %+v, %v", s, rc, FormatRule(rc), back, err)
+			}
 		}
 	})
+}
+
+// TestMatchPool: a rule with a pool matches only requests routed to that
+// pool, exactly (no case folding, no prefix), alongside the other keys;
+// a rule without one matches every pool and requests of a front end
+// without pools.
+func TestMatchPool(t *testing.T) {
+	api := Request{Proto: "http", Method: "POST", Host: "api.example.com", Path: "/v1/x", Pool: "api"}
+	static := Request{Proto: "http", Method: "GET", Host: "www.example.com", Path: "/static/a.css", Pool: "static"}
+	noPools := Request{Proto: "http", Method: "POST", Host: "api.example.com", Path: "/v1/x"}
+	london := Request{Proto: "sip", Method: "INVITE", Host: "voice.example", Pool: "london"}
+	for _, tc := range []struct {
+		name string
+		m    Match
+		r    Request
+		want bool
+	}{
+		{"no pool key, pooled request", Match{}, api, true},
+		{"no pool key, no pools", Match{}, noPools, true},
+		{"same pool", Match{Pool: "api"}, api, true},
+		{"other pool", Match{Pool: "api"}, static, false},
+		{"pool key, request without pool", Match{Pool: "api"}, noPools, false},
+		{"exact, not a prefix", Match{Pool: "ap"}, api, false},
+		{"exact, not a longer name", Match{Pool: "api2"}, api, false},
+		{"case-sensitive", Match{Pool: "API"}, api, false},
+		{"pool and proto", Match{Proto: "http", Pool: "api"}, api, true},
+		{"pool and other proto", Match{Proto: "sip", Pool: "api"}, api, false},
+		{"pool and method", Match{Method: "post", Pool: "api"}, api, true},
+		{"pool and other method", Match{Method: "GET", Pool: "api"}, api, false},
+		{"pool and host", Match{Host: "API.example.com", Pool: "api"}, api, true},
+		{"pool and other host", Match{Host: "www.example.com", Pool: "api"}, api, false},
+		{"pool and path", Match{PathPrefix: "/v1/", Pool: "api"}, api, true},
+		{"pool and other path", Match{PathPrefix: "/static/", Pool: "api"}, api, false},
+		{"path matches, pool does not", Match{PathPrefix: "/static/", Pool: "api"}, static, false},
+		{"every key", Match{Proto: "sip", Method: "INVITE", Host: "voice.example", Pool: "london"}, london, true},
+		{"every key but the pool", Match{Proto: "sip", Method: "INVITE", Host: "voice.example", Pool: "paris"}, london, false},
+	} {
+		if got := tc.m.Matches(&tc.r); got != tc.want {
+			t.Errorf("%s: %+v matches %+v: %v, want %v", tc.name, tc.m, tc.r, got, tc.want)
+		}
+	}
+}
+
+func TestCheckPoolName(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"default", true}, {"london", true}, {"a", true}, {"eu-west_2", true}, {"0", true}, {"-", true},
+		{strings.Repeat("z", MaxPoolName), true},
+		{"", false}, {strings.Repeat("z", MaxPoolName+1), false}, {"London", false}, {"a b", false},
+		{"a.b", false}, {"a,b", false}, {"a=b", false}, {"a/b", false}, {"caf\u00e9", false}, {"a\x00", false}, {"\"a\"", false},
+	} {
+		err := CheckPoolName(tc.name)
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckPoolName(%q) = %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+	if err := (RuleConfig{Name: "r", Match: Match{Pool: "Bad"}, Limit: 1, Unit: time.Second}).Validate(); err == nil ||
+		!strings.Contains(err.Error(), `arm rule r: pool "Bad": want a pool name`) {
+		t.Errorf("Validate of a bad pool: %v", err)
+	}
+	if _, err := NewController(ControllerConfig{Rules: []RuleConfig{{Name: "r", Match: Match{Pool: "a b"}, Limit: 1, Unit: time.Second}}}, nil, 0); err == nil ||
+		!strings.Contains(err.Error(), `ControllerConfig.Rules: arm rule r: pool "a b"`) {
+		t.Errorf("NewController with a bad pool: %v", err)
+	}
 }
 
 // TestMatchGETCoversHEAD: an HTTP rule for GET matches HEAD too (servers

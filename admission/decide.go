@@ -24,14 +24,20 @@ const (
 	Affinity
 )
 
-// Request is what a rule matches on. Fields may point into a front end's
-// buffers: Decide keeps no reference after it returns.
+// Request is what a rule matches on. Method, Host and Path may point into
+// a front end's buffers: Decide keeps no reference to them after it
+// returns.
 type Request struct {
 	Class  Class
 	Proto  string // "http" or "sip"
 	Method string
 	Host   string
 	Path   string
+	// Pool is the name of the pool the front end's route chose, "" when
+	// the front end has no pools. A Decision that delays or refuses
+	// carries it (Decision.Pool), so it must be a string that outlives the
+	// request: the route's pool name, never bytes of the message.
+	Pool string
 }
 
 // Protocols counted apart by the Controller; anything else counts as other.
@@ -107,6 +113,68 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Wait is set for Delay.
 	Wait *Wait
+	// Pool is the pool of the request that was delayed or refused
+	// (Request.Pool), "" when it had none or the request was admitted.
+	Pool string
+	// rule is the ARM rule that delayed or refused, nil for other
+	// reasons: it names the rule even once the rule set has changed,
+	// which the index Rule cannot.
+	rule *Meter
+}
+
+// RuleName names the ARM rule that delayed or refused, "" when no rule
+// did. Unlike Controller.RuleName it needs no controller and stays right
+// after the rule set changed.
+func (d Decision) RuleName() string {
+	if d.Wait != nil {
+		return d.Wait.m.cfg.Name
+	}
+	if d.rule != nil {
+		return d.rule.cfg.Name
+	}
+	return ""
+}
+
+// Detail says what refused or delayed a request in the words a refusal
+// carries to the client (Proxy-Status details, SIP Warning text) and
+// that events use: the reason, then "rule NAME" when an ARM rule did it,
+// then "pool NAME" when the request was routed to a pool. For example
+// "arm rule api-burst pool api", "arm rule invites", "mop pool london",
+// "memory", "draining"; "" for an admission. Names are as the operator
+// wrote them: a front end that quotes the text escapes it as it would any
+// other string.
+func (d Decision) Detail() string {
+	if d.Verdict == Admit {
+		return ""
+	}
+	return string(d.AppendDetail(nil))
+}
+
+// AppendDetail appends Detail to dst, allocating only when dst is too
+// short: a front end may format into a stack buffer.
+func (d Decision) AppendDetail(dst []byte) []byte {
+	if d.Verdict == Admit {
+		return dst
+	}
+	start := len(dst)
+	word := func(w string) {
+		if len(dst) > start {
+			dst = append(dst, ' ')
+		}
+		dst = append(dst, w...)
+	}
+	if d.Reason != ReasonNone {
+		word(d.Reason.String())
+	}
+	if name := d.RuleName(); name != "" {
+		word("rule")
+		word(name)
+	}
+	if d.Pool != "" {
+		word("pool")
+		word(d.Pool)
+	}
+	return dst
 }
 
 // RetryAfterSeconds rounds a Retry-After hint up to whole seconds for the
@@ -444,11 +512,12 @@ func (c *Controller) decideFrom(now int64, r *Request, mop *MOP, st MemState, fi
 		if d.Verdict == Admit {
 			continue
 		}
-		d.Rule = int16(i)
+		d.Rule, d.rule = int16(i), m
 		if d.Verdict == Refuse {
 			return c.refuse(r, d)
 		}
 		d.HTTPStatus = uint16(c.cfg.RefuseCode)
+		d.Pool = r.Pool
 		return d
 	}
 	if mop != nil && !mop.Allow(now) {
@@ -465,7 +534,7 @@ func (c *Controller) Resume(now int64, r *Request, d Decision, mop *MOP) Decisio
 		return d
 	}
 	if !d.Wait.Admitted() {
-		return c.refuse(r, Decision{Verdict: Refuse, Reason: ReasonARM, Rule: d.Rule, RetryAfter: d.Wait.RetryAfter()})
+		return c.refuse(r, Decision{Verdict: Refuse, Reason: ReasonARM, Rule: d.Rule, RetryAfter: d.Wait.RetryAfter(), rule: d.Wait.m})
 	}
 	// The rules after the one that delayed it decide next; if the set
 	// changed meanwhile, after that rule's place in the new set (a removed
@@ -509,14 +578,17 @@ func (c *Controller) refuse(r *Request, d Decision) Decision {
 	default:
 		d.HTTPStatus = uint16(c.cfg.RefuseCode)
 	}
+	d.Pool = r.Pool
 	c.refused[protoIndex(r.Proto)][d.Reason].Add(1)
 	return d
 }
 
-// RuleName names the rule of a decision, or "" when no rule decided it.
+// RuleName names the rule of a decision, or "" when no rule decided it
+// (see Decision.RuleName). A Decision made by hand with only the index
+// Rule set is looked up in the rule set in force.
 func (c *Controller) RuleName(d Decision) string {
-	if d.Wait != nil {
-		return d.Wait.m.cfg.Name
+	if name := d.RuleName(); name != "" {
+		return name
 	}
 	rules := *c.rules.Load()
 	if d.Rule < 0 || int(d.Rule) >= len(rules) {

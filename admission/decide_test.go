@@ -163,3 +163,202 @@ func TestDecideDraining(t *testing.T) {
 		t.Errorf("new work after draining ended: %+v", d)
 	}
 }
+
+// TestDecidePoolBudgets: two rules with pool=a and pool=b at 10/s each
+// admit 10 of 20 requests to each pool, independently, in every second;
+// a rule without pool= counts the requests of both pools (and of a front
+// end without pools), and a limited one is shared by them.
+func TestDecidePoolBudgets(t *testing.T) {
+	c := newTestController(t, nil,
+		mustRule(t, "name=all,limit=1000/s"),
+		mustRule(t, "name=a,pool=a,limit=10/s,action=reject"),
+		mustRule(t, "name=b,pool=b,limit=10/s,action=reject"))
+	reqA := &Request{Proto: "http", Method: "GET", Path: "/", Pool: "a"}
+	reqB := &Request{Proto: "sip", Method: "INVITE", Pool: "b"}
+	reqNone := &Request{Proto: "http", Method: "GET", Path: "/"}
+	var clock ManualClock
+	for second := range 3 {
+		start := clock.Now()
+		admitted := map[string]int{}
+		// Interleaved, so that one pool's refusals come while the other
+		// still has room.
+		for i := range 20 {
+			for _, r := range []*Request{reqA, reqB, reqNone} {
+				d := c.Decide(clock.Now(), r, nil)
+				switch {
+				case d.Verdict == Admit:
+					admitted[r.Pool]++
+				case d.Verdict != Refuse || d.Reason != ReasonARM || d.RuleName() != r.Pool || d.Pool != r.Pool:
+					t.Fatalf("second %d, request %d to pool %q: %+v (rule %q), want refused by rule %q", second, i, r.Pool, d, d.RuleName(), r.Pool)
+				}
+			}
+			clock.Advance(10 * time.Millisecond) // 20 rounds in 200ms: one window
+		}
+		if admitted["a"] != 10 || admitted["b"] != 10 || admitted[""] != 20 {
+			t.Errorf("second %d: admitted %v, want a:10 b:10 and all 20 without a pool", second, admitted)
+		}
+		for _, i := range []int{1, 2} {
+			if st := c.Rules()[i].Status(); st.Rate != 10 || st.Refused != uint64(10*(second+1)) {
+				t.Errorf("second %d: rule %s rate %d refused %d, want 10 and %d", second, st.Name, st.Rate, st.Refused, 10*(second+1))
+			}
+		}
+		clock.Set(start + int64(time.Second)) // the next window
+		c.Advance(clock.Now())
+		// "all" comes first, so it counts every request, of both pools
+		// and of none. Its count is exact once the window has rotated
+		// (Rate may include reservations of the fast path).
+		if st := c.Rules()[0].Status(); st.Admitted != uint64(60*(second+1)) {
+			t.Errorf("second %d: rule without pool= counted %d, want %d (both pools and none)", second, st.Admitted, 60*(second+1))
+		}
+	}
+
+	// A limited rule without pool= is one budget for both pools.
+	shared := newTestController(t, nil, mustRule(t, "name=both,limit=15/s,action=reject"))
+	admitted := map[string]int{}
+	for range 20 {
+		for _, r := range []*Request{reqA, reqB} {
+			d := shared.Decide(0, r, nil)
+			if d.Verdict == Admit {
+				admitted[r.Pool]++
+				continue
+			}
+			if d.Pool != r.Pool || d.Detail() != "arm rule both pool "+r.Pool {
+				t.Errorf("refusal of a request to pool %s: %+v detail %q", r.Pool, d, d.Detail())
+			}
+		}
+	}
+	if admitted["a"]+admitted["b"] != 15 || admitted["a"] < 7 || admitted["b"] < 7 {
+		t.Errorf("shared rule admitted %v, want 15 in all, split about evenly", admitted)
+	}
+}
+
+// TestDecisionDetail: what a delay or refusal carries for the answer and
+// events to name: the reason, the rule and the request's pool.
+func TestDecisionDetail(t *testing.T) {
+	c := newTestController(t, nil,
+		mustRule(t, "name=api-burst,pool=api,limit=1/min,action=reject"),
+		mustRule(t, "name=invites,proto=sip,limit=1/min,action=reject"),
+		mustRule(t, "name=slow,pool=slow,limit=1/min,action=delay,queue=1"))
+	api := &Request{Proto: "http", Pool: "api"}
+	invite := &Request{Proto: "sip", Method: "INVITE", Pool: "london"}
+	bare := &Request{Proto: "sip", Method: "INVITE"}
+	slow := &Request{Proto: "http", Pool: "slow"}
+	c.Decide(0, api, nil)
+	c.Decide(0, invite, nil)
+	c.Decide(0, slow, nil)
+	mop, _ := NewMOP(MOPConfig{Name: "b", InitialRate: 1, Burst: time.Nanosecond})
+	mop.Allow(0)
+
+	delayed := c.Decide(1, slow, nil)
+	for _, tc := range []struct {
+		name   string
+		d      Decision
+		pool   string
+		rule   string
+		detail string
+	}{
+		{"arm rule with a pool", c.Decide(1, api, nil), "api", "api-burst", "arm rule api-burst pool api"},
+		{"arm rule without a pool, pooled request", c.Decide(1, invite, nil), "london", "invites", "arm rule invites pool london"},
+		{"arm rule, front end without pools", c.Decide(1, bare, nil), "", "invites", "arm rule invites"},
+		{"delayed", delayed, "slow", "slow", "arm rule slow pool slow"},
+		{"queue full", c.Decide(1, slow, nil), "slow", "slow", "arm rule slow pool slow"},
+		{"mop", c.Decide(1, &Request{Proto: "http", Pool: "static"}, mop), "static", "", "mop pool static"},
+		{"mop for", c.RefuseMOPFor(&Request{Proto: "sip", Pool: "paris"}, time.Second), "paris", "", "mop pool paris"},
+		{"admitted", c.Decide(1, &Request{Proto: "http", Pool: "web"}, nil), "", "", ""},
+		{"made by a front end, no reason", Decision{Verdict: Refuse, Rule: -1, Pool: "web"}, "web", "", "pool web"},
+		{"made by a front end, nothing", Decision{Verdict: Refuse, Rule: -1}, "", "", ""},
+	} {
+		if tc.d.Pool != tc.pool || tc.d.RuleName() != tc.rule || c.RuleName(tc.d) != tc.rule || tc.d.Detail() != tc.detail {
+			t.Errorf("%s: pool %q rule %q/%q detail %q, want %q %q %q", tc.name, tc.d.Pool, tc.d.RuleName(), c.RuleName(tc.d), tc.d.Detail(), tc.pool, tc.rule, tc.detail)
+		}
+		var buf [64]byte
+		if got := string(tc.d.AppendDetail(buf[:0])); got != tc.detail {
+			t.Errorf("%s: AppendDetail %q, want %q", tc.name, got, tc.detail)
+		}
+	}
+	// A refusal, and its words in a buffer on the stack, allocate nothing.
+	var buf [64]byte
+	if n := testing.AllocsPerRun(100, func() {
+		d := c.Decide(1, api, nil)
+		_ = d.AppendDetail(buf[:0])
+	}); n != 0 {
+		t.Errorf("a refusal and its AppendDetail allocate %v, want 0", n)
+	}
+
+	// The delayed request's wait runs out: the refusal still names both.
+	delayed.Wait.Cancel()
+	if d := c.Resume(2, slow, delayed, nil); d.Verdict != Refuse || d.Pool != "slow" || d.Detail() != "arm rule slow pool slow" {
+		t.Errorf("delayed then refused: %+v detail %q", d, d.Detail())
+	}
+
+	c.SetDraining(true)
+	if d := c.Decide(2, api, nil); d.Detail() != "draining pool api" {
+		t.Errorf("draining: %q", d.Detail())
+	}
+	c.SetDraining(false)
+	r := &fakeReader{used: 99, limit: 100}
+	mem, _ := NewMemory(MemoryConfig{}, r, nil)
+	mem.Sample() // Critical
+	if d := newTestController(t, mem).Decide(2, api, nil); d.Detail() != "memory pool api" {
+		t.Errorf("memory: %q", d.Detail())
+	}
+}
+
+// TestDecisionRuleAfterRuleChange: a refusal names the rule that refused
+// it even when the rule set changed before the answer was written (the
+// index Rule then points at another rule, or at none).
+func TestDecisionRuleAfterRuleChange(t *testing.T) {
+	c := newTestController(t, nil,
+		mustRule(t, "name=first,pool=x,limit=1/min,action=reject"),
+		mustRule(t, "name=second,pool=y,limit=1/min,action=reject"))
+	r := &Request{Proto: "http", Pool: "y"}
+	c.Decide(0, r, nil)
+	d := c.Decide(1, r, nil)
+	if d.Verdict != Refuse || d.Rule != 1 {
+		t.Fatalf("second request: %+v", d)
+	}
+	if _, err := c.RemoveRule("first", 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddRule(mustRule(t, "name=third,limit=1/s"), 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.RuleName(d); got != "second" {
+		t.Errorf("after the rule set changed the refusal names %q, want second", got)
+	}
+	if got := d.Detail(); got != "arm rule second pool y" {
+		t.Errorf("detail %q", got)
+	}
+}
+
+// TestARMEventsNamePool: a rule's events name its pool.
+func TestARMEventsNamePool(t *testing.T) {
+	var events []Event
+	c, err := NewController(ControllerConfig{
+		Rules:  []RuleConfig{mustRule(t, "name=ldn,pool=london,limit=1/min,action=reject")},
+		Events: func(e Event) { events = append(events, e) },
+	}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Request{Proto: "sip", Method: "INVITE", Pool: "london"}
+	c.Decide(0, r, nil)
+	c.Decide(1, r, nil)
+	c.Advance(int64(3 * time.Minute)) // under the limit from here
+	c.Advance(int64(4 * time.Minute)) // for a whole unit: released
+	want := []string{
+		"arm rule ldn pool london reached its limit 1/min (reject)",
+		"arm rule ldn pool london is refusing requests: over the limit",
+		"arm rule ldn pool london is under its limit again (rate 0 of 1)",
+	}
+	var got []string
+	for _, e := range events {
+		got = append(got, e.Message)
+		if e.Subject != "ldn" {
+			t.Errorf("event subject %q, want the rule's name", e.Subject)
+		}
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

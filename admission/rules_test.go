@@ -200,6 +200,11 @@ func TestFormatRuleRoundTrip(t *testing.T) {
 		{"name=api,proto=http,host=example.com,path=/api/,limit=5/h,action=log,queue=50,wait=2s,qualify=10s,low=3/h,lower=1/min",
 			"name=api,proto=http,host=example.com,path=/api/,limit=5/h,action=log,queue=50,wait=2s,qualify=10s,low=3/h,lower=1/min"},
 		{"name=q,limit=1/s,queue=1000,proto=any", "name=q,limit=1/s"},
+		{"pool=london,limit=300/s,method=INVITE,name=ldn,proto=sip,action=reject",
+			"name=ldn,proto=sip,method=INVITE,pool=london,limit=300/s,action=reject"},
+		{"name=api,proto=http,method=POST,host=api.example.com,path=/v1/,pool=api,limit=5/min,wait=1s",
+			"name=api,proto=http,method=POST,host=api.example.com,path=/v1/,pool=api,limit=5/min,wait=1s"},
+		{"name=p,pool=,limit=1/s", "name=p,limit=1/s"},
 	} {
 		rc := mustRule(t, tc.in)
 		got := FormatRule(rc)
@@ -227,6 +232,8 @@ func TestChangeRule(t *testing.T) {
 		{"limit=fast", "", "limit"},
 		{"action=drop", "", "unknown action"},
 		{"colour=red", "", "unknown key"},
+		{"pool=london", "name=invites,proto=sip,pool=london,limit=100/s", ""},
+		{"pool=London", "", `pool: "London": want a pool name`},
 	} {
 		got, err := ChangeRule(rc, tc.changes)
 		if tc.err != "" {
@@ -298,6 +305,15 @@ func TestParseRuleFile(t *testing.T) {
 		if _, err := ParseRuleFile("arm.rules", []byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("ParseRuleFile(%q) = %v, want %q", tc.in, err, tc.err)
 		}
+	}
+	pooled := "name=ldn,proto=sip,method=INVITE,pool=london,limit=300/s\nname=api,pool=api,limit=10/s\n"
+	if rules, err := ParseRuleFile("arm.rules", []byte(pooled)); err != nil || len(rules) != 2 ||
+		rules[0].Match.Pool != "london" || rules[1].Match.Pool != "api" {
+		t.Errorf("ParseRuleFile with pools: %+v %v", rules, err)
+	}
+	if _, err := ParseRuleFile("arm.rules", []byte("name=a,limit=1/s\nname=b,pool=Paris,limit=1/s\n")); err == nil ||
+		!strings.Contains(err.Error(), `-arm-file arm.rules:2: -arm "name=b,pool=Paris,limit=1/s": pool: "Paris": want a pool name`) {
+		t.Errorf("ParseRuleFile with a bad pool: %v", err)
 	}
 	if rules, err := ParseRuleFile("empty", nil); err != nil || len(rules) != 0 {
 		t.Errorf("empty file: %v %v", rules, err)

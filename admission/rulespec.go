@@ -33,12 +33,15 @@ func ParseLimit(s string) (limit int64, unit time.Duration, err error) {
 
 // ParseRule parses the -arm flag grammar shared by HTTP and SIP:
 //
-//	name=api,proto=http,method=POST,host=example.com,path=/api/,limit=100/s,
-//	action=delay|reject|log,queue=500,wait=2s,qualify=10s,low=50/s,lower=10/s
+//	name=api,proto=http,method=POST,host=example.com,path=/api/,pool=api,
+//	limit=100/s,action=delay|reject|log,queue=500,wait=2s,qualify=10s,
+//	low=50/s,lower=10/s
 //
-// Only name and limit are required. A unit given in low or lower that
-// differs from the limit's is kept in LowUnit/LowerUnit so that the meter can
-// warn that it is ignored.
+// Only name and limit are required. pool= names the pool the route chose
+// (exact, lower case: see CheckPoolName), making the rule a budget of that
+// pool alone; like the other match keys, an empty value matches any. A
+// unit given in low or lower that differs from the limit's is kept in
+// LowUnit/LowerUnit so that the meter can warn that it is ignored.
 func ParseRule(s string) (RuleConfig, error) {
 	var rc RuleConfig
 	haveLimit := false
@@ -71,6 +74,13 @@ func ParseRule(s string) (RuleConfig, error) {
 			rc.Match.Host = v
 		case "path":
 			rc.Match.PathPrefix = v
+		case "pool":
+			if v != "" {
+				if perr := CheckPoolName(v); perr != nil {
+					err = fmt.Errorf("%q: %w", v, perr)
+				}
+			}
+			rc.Match.Pool = v
 		case "limit":
 			rc.Limit, rc.Unit, err = ParseLimit(v)
 			haveLimit = err == nil
@@ -90,7 +100,7 @@ func ParseRule(s string) (RuleConfig, error) {
 		case "qualify":
 			rc.Qualify, err = time.ParseDuration(v)
 		default:
-			err = fmt.Errorf("unknown key (want name, proto, method, host, path, limit, action, queue, wait, qualify, low, lower)")
+			err = fmt.Errorf("unknown key (want name, proto, method, host, path, pool, limit, action, queue, wait, qualify, low, lower)")
 		}
 		if err != nil {
 			return rc, fmt.Errorf("-arm %q: %s: %w", s, k, err)
@@ -140,6 +150,9 @@ func FormatRule(rc RuleConfig) string {
 	}
 	if rc.Match.PathPrefix != "" {
 		add("path", rc.Match.PathPrefix)
+	}
+	if rc.Match.Pool != "" {
+		add("pool", rc.Match.Pool)
 	}
 	add("limit", fmt.Sprintf("%d/%s", rc.Limit, UnitName(rc.Unit)))
 	if rc.Action != ActionDelay {

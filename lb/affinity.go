@@ -17,7 +17,11 @@ import (
 	"time"
 )
 
-// Token format, version 2 (issued and accepted):
+// Token format, version 3 (issued for a session or dialog in a named pool):
+//
+//	version(1)=3 | key id(1) | nonce(12) | AES-256-GCM(expiry(4) | pool length(1) | pool | backend id) | tag(16)
+//
+// Version 2 (issued when no pool is named, and accepted):
 //
 //	version(1)=2 | key id(1) | nonce(12) | AES-256-GCM(expiry(4) | backend id) | tag(16)
 //
@@ -33,6 +37,7 @@ import (
 const (
 	tokenV1 = 1
 	tokenV2 = 2
+	tokenV3 = 3
 )
 
 // Token sizes, in bytes.
@@ -52,9 +57,13 @@ const (
 // larger than a cookie or URI parameter should be.
 const maxIDLen = 255
 
+// maxPoolLen bounds the pool name a version 3 token carries (pool names
+// are at most admission.MaxPoolName bytes).
+const maxPoolLen = 64
+
 // maxRaw and maxToken are the largest decoded and encoded token sizes.
 const (
-	maxRaw   = v2Overhead + maxIDLen
+	maxRaw   = v2Overhead + 1 + maxPoolLen + maxIDLen
 	maxToken = (4*maxRaw + 2) / 3
 )
 
@@ -206,18 +215,36 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 // backend ids short: a token has ⌈(34 + len(id))·4/3⌉ characters (66
 // for a 15-byte id such as "127.0.0.1:18081").
 func (s *Signer) Token(backendID string, expires time.Time) string {
+	return s.PoolToken("", backendID, expires)
+}
+
+// PoolToken is Token for a session or dialog of the named pool: the pool
+// travels sealed with the backend id, so an affinity request stays in its
+// pool whatever the routes say by the time it comes back. With pool ""
+// it is exactly Token (a version 2 token); otherwise a version 3 token,
+// 1+len(pool) bytes longer before encoding. Pool names longer than 64
+// bytes are truncated (a pool name is at most admission.MaxPoolName).
+func (s *Signer) PoolToken(pool, backendID string, expires time.Time) string {
 	if len(backendID) > maxIDLen {
 		backendID = backendID[:maxIDLen]
+	}
+	if len(pool) > maxPoolLen {
+		pool = pool[:maxPoolLen]
 	}
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
 
-	data := sc.data[:expSize+len(backendID)]
-	binary.BigEndian.PutUint32(data, clampExpiry(expires.Unix()))
-	copy(data[expSize:], backendID)
+	version := byte(tokenV2)
+	data := binary.BigEndian.AppendUint32(sc.data[:0], clampExpiry(expires.Unix()))
+	if pool != "" {
+		version = tokenV3
+		data = append(data, byte(len(pool)))
+		data = append(data, pool...)
+	}
+	data = append(data, backendID...)
 
 	raw := sc.raw[:headerSize+nonceSize]
-	raw[0], raw[1] = tokenV2, s.newest
+	raw[0], raw[1] = version, s.newest
 	nonce := raw[headerSize:]
 	if s.nonces == nil {
 		rand.Read(nonce) // never fails (crypto/rand aborts the program instead)
@@ -253,10 +280,19 @@ func (s *Signer) Verify(token string, now time.Time) (backendID string, ok bool)
 }
 
 // VerifyExpiry is Verify that also returns the token's expiry, so that a
-// caller can renew a token that is about to run out.
+// caller can renew a token that is about to run out. It ignores the pool
+// a version 3 token names: use VerifyPool where pools matter.
 func (s *Signer) VerifyExpiry(token string, now time.Time) (backendID string, expires time.Time, ok bool) {
+	_, backendID, expires, ok = s.VerifyPool(token, now)
+	return backendID, expires, ok
+}
+
+// VerifyPool is VerifyExpiry that also returns the pool a version 3
+// token names; pool is "" for tokens issued without one (version 1 and 2,
+// and PoolToken with ""). It allocates only the returned strings.
+func (s *Signer) VerifyPool(token string, now time.Time) (pool, backendID string, expires time.Time, ok bool) {
 	if len(token) == 0 || len(token) > maxToken {
-		return "", time.Time{}, false
+		return "", "", time.Time{}, false
 	}
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
@@ -265,42 +301,50 @@ func (s *Signer) VerifyExpiry(token string, now time.Time) (backendID string, ex
 	for i := 0; i < len(token); i++ {
 		c := token[i]
 		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-			return "", time.Time{}, false
+			return "", "", time.Time{}, false
 		}
 		sc.text[i] = c
 	}
 	n, err := b64.Decode(sc.raw[:], sc.text[:len(token)])
 	if err != nil || n == 0 {
-		return "", time.Time{}, false
+		return "", "", time.Time{}, false
 	}
 	raw := sc.raw[:n]
-	var id []byte
+	var id, poolName []byte
 	var exp int64
 	switch raw[0] {
-	case tokenV2:
+	case tokenV2, tokenV3:
 		if n < v2Overhead {
-			return "", time.Time{}, false
+			return "", "", time.Time{}, false
 		}
 		aead := s.keys[raw[1]]
 		if aead == nil {
-			return "", time.Time{}, false
+			return "", "", time.Time{}, false
 		}
 		data, err := aead.Open(sc.data[:0], raw[headerSize:headerSize+nonceSize], raw[headerSize+nonceSize:], raw[:headerSize])
 		if err != nil {
-			return "", time.Time{}, false
+			return "", "", time.Time{}, false
 		}
 		exp, id = int64(binary.BigEndian.Uint32(data)), data[expSize:]
+		if raw[0] == tokenV3 {
+			// Sealed by us, so well formed unless the key leaked; check
+			// anyway: a bad length must not slice out of bounds.
+			if len(id) == 0 || id[0] == 0 || 1+int(id[0]) >= len(id) {
+				return "", "", time.Time{}, false
+			}
+			poolName, id = id[1:1+int(id[0])], id[1+int(id[0]):]
+		}
 	case tokenV1:
 		if id, exp, ok = s.verifyV1(raw); !ok {
-			return "", time.Time{}, false
+			return "", "", time.Time{}, false
 		}
 	default:
-		return "", time.Time{}, false
+		return "", "", time.Time{}, false
 	}
 	if now.Unix() >= exp {
-		return "", time.Time{}, false
+		return "", "", time.Time{}, false
 	}
-	return string(id), time.Unix(exp, 0), true
+	return string(poolName), string(id), time.Unix(exp, 0), true
 }
 
 // verifyV1 checks a version 1 token (HMAC-signed, id in the clear) with

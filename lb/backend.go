@@ -96,36 +96,48 @@ const MaxWeight = 1000
 
 // Backend is one server behind the balancer. Its counters and state are
 // atomics, so selection and the request path take no lock; a Backend must
-// not be copied. Build it with NewBackend and hand it to NewPool.
+// not be copied. Build it with NewBackend and hand it to NewPool, or let
+// NewGeneration build it from its spec.
+//
+// A Backend may be a member of any number of pools: its health state, MOP
+// and counters are one whatever the number of pools; what differs per
+// pool (its position, the pool's panic) is kept by the Pool.
 type Backend struct {
 	id     string
 	addr   string
 	proto  string
 	weight atomic.Int32 // in [1, MaxWeight]; set at run time by Pool.SetWeight
-	index  int
-	mop    *admission.MOP
+	// index is the backend's position in its generation (or in the first
+	// pool that took it, without a generation), for front ends' per-backend
+	// slices; -1 before either.
+	index int
+	mop   *admission.MOP
 
 	outstanding atomic.Int64
 	requests    atomic.Uint64 // forwarded, all classes
 	failures    atomic.Uint64 // Release with a result other than OK or Abandoned
 
 	// Health. Each source sets its own word; State combines them.
-	drained   atomic.Bool            // operator drain
-	disabled  atomic.Bool            // operator disable: down, affinity included
-	probeDown atomic.Bool            // active health check says down
-	probeFrom atomic.Int64           // monotonic ns: answers before this do not overrule the probes
-	servedAt  atomic.Int64           // monotonic ns real traffic last got an answer from it
-	unknown   atomic.Bool            // added at run time, not yet shown serving
-	announce  atomic.Bool            // added at run time, its taking new work not yet logged (health.go)
-	panicking *atomic.Bool           // the pool's panic flag (Pool.Panicking); nil before NewPool
-	probeBusy atomic.Bool            // active health check says "send no new requests" (HTTP 429)
-	busyUntil atomic.Int64           // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
-	ejectedAt atomic.Int64           // passive ejection: down before this monotonic ns
-	consecErr atomic.Int32           // consecutive failures, for passive ejection
-	ejectWhy  atomic.Int32           // the Result that ejected it last, for Reason
-	probeErr  atomic.Pointer[string] // the failed probe that took it down, for Reason; nil when none
+	drained   atomic.Bool  // operator drain
+	disabled  atomic.Bool  // operator disable: down, affinity included
+	probeDown atomic.Bool  // active health check says down
+	probeFrom atomic.Int64 // monotonic ns: answers before this do not overrule the probes
+	servedAt  atomic.Int64 // monotonic ns real traffic last got an answer from it
+	unknown   atomic.Bool  // added at run time, not yet shown serving
+	announce  atomic.Bool  // added at run time, its taking new work not yet logged (health.go)
+	// panicPools counts the pools of the backend in panic
+	// (Pool.Panicking), kept by the health checker deciding it.
+	panicPools atomic.Int32
+	probeBusy  atomic.Bool            // active health check says "send no new requests" (HTTP 429)
+	busyUntil  atomic.Int64           // no new work before this monotonic ns (health 429, SIP 503 Retry-After); -1 is "until cleared"
+	ejectedAt  atomic.Int64           // passive ejection: down before this monotonic ns
+	consecErr  atomic.Int32           // consecutive failures, for passive ejection
+	ejectWhy   atomic.Int32           // the Result that ejected it last, for Reason
+	probeErr   atomic.Pointer[string] // the failed probe that took it down, for Reason; nil when none
 
-	passive *passiveConfig // set by the pool; nil disables passive ejection
+	// passive is the passive ejection of the backend's protocol, set once
+	// by its generation (or NewPool) before it serves; nil disables it.
+	passive *passiveConfig
 }
 
 type passiveConfig struct {
@@ -172,8 +184,11 @@ func (b *Backend) Proto() string { return b.proto }
 // Pool.SetWeight changes it.
 func (b *Backend) Weight() int { return int(b.weight.Load()) }
 
-// Index returns the backend's position in its pool, so a front end can keep
-// per-backend data (a connection pool) in a slice; -1 before NewPool.
+// Index returns the backend's position in its generation
+// (Generation.Backends), or in the first pool that took it when it was
+// built without a generation, so a front end can keep per-backend data (a
+// connection pool) in a slice; -1 before either. It is not the position
+// in a pool: a backend may be in several (Pool.IndexOf is that).
 func (b *Backend) Index() int { return b.index }
 
 // MOP returns the backend's limiter, possibly nil (which allows everything).
@@ -225,13 +240,18 @@ func (b *Backend) draining(now int64) bool {
 }
 
 // AcceptsNew reports whether the backend takes new work at now: Up, or
-// down by its probes alone while its pool is in panic (Pool.Panicking).
-func (b *Backend) AcceptsNew(now int64) bool {
+// down by its probes alone while one of its pools is in panic
+// (Pool.Panicking). Selection in a pool asks the same with that pool's
+// panic alone.
+func (b *Backend) AcceptsNew(now int64) bool { return b.acceptsNew(now, b.panicPools.Load() > 0) }
+
+// acceptsNew is AcceptsNew with the panic of the pool selecting.
+func (b *Backend) acceptsNew(now int64, panicking bool) bool {
 	switch b.State(now) {
 	case Up:
 		return true
 	case Down:
-		return b.panicking != nil && b.panicking.Load() && !b.deadByTraffic(now) && !b.draining(now) && !b.unknown.Load()
+		return panicking && !b.deadByTraffic(now) && !b.draining(now) && !b.unknown.Load()
 	}
 	return false
 }
@@ -340,24 +360,26 @@ func (b *Backend) Disable(on bool) { b.disabled.Store(on) }
 func (b *Backend) Disabled() bool { return b.disabled.Load() }
 
 // SetBusy makes the backend take no new work until the monotonic time
-// until (the SIP 503 Retry-After rule, RFC 3261 §21.5.4); until < 0 keeps
-// it busy until ClearBusy. Affinity traffic continues.
+// until; until < 0 keeps it busy until ClearBusy. Affinity traffic
+// continues. Unlike BackOff it may shorten a back-off and is not capped:
+// it is kept for the front ends' tests and goes once they use BackOff.
 func (b *Backend) SetBusy(until int64) { b.busyUntil.Store(until) }
 
-// MaxAvoid bounds Avoid: a backend's Retry-After keeps it from new work
+// MaxAvoid bounds BackOff: a backend's Retry-After keeps it from new work
 // for at most this long, so a typo (Retry-After: 86400) on one answer
 // cannot take a backend out for a day. It is the one cap of every
-// Retry-After back-off: HTTP's 503 (http/busy.go) and SIP's 503 answers
-// and health-ping 503s (sip) all use it.
+// Retry-After back-off: HTTP's 429/503, SIP's 503 answers and health-ping
+// 503s.
 const MaxAvoid = 5 * time.Minute
 
-// Avoid keeps new work away from the backend for d from now, the answer
-// to a 503 with Retry-After (RFC 9110 §10.2.3); d is capped at MaxAvoid.
-// It never shortens a later deadline already set by SetBusy or Avoid.
-// Affinity traffic continues. It reports whether the backend was taking
-// new work until now (a new avoidance, worth a log line; an extension is
-// not).
-func (b *Backend) Avoid(now int64, d time.Duration) bool {
+// BackOff keeps new work away from the backend for d from now: the
+// answer to a 429 or 503 with Retry-After (RFC 9110 §10.2.3, RFC 3261
+// §21.5.4), whatever the protocol; d is capped at MaxAvoid. It never
+// shortens a back-off under way (nor ends one set "until cleared" by
+// SetBusy). Affinity traffic continues. It reports whether the backend
+// was taking new work until now: a new back-off, worth a log line and an
+// event; an extension is not.
+func (b *Backend) BackOff(now int64, d time.Duration) (started bool) {
 	if d <= 0 {
 		return false
 	}
@@ -373,7 +395,17 @@ func (b *Backend) Avoid(now int64, d time.Duration) bool {
 	}
 }
 
-// ClearBusy ends SetBusy.
+// Avoid is BackOff under its former name; it goes once the front ends
+// call BackOff.
+func (b *Backend) Avoid(now int64, d time.Duration) bool { return b.BackOff(now, d) }
+
+// BusyUntil returns the monotonic ns before which the backend takes no
+// new work by a back-off (BackOff, SetBusy): 0 for none (or a deadline
+// that is past when it is earlier than now), -1 for "until cleared". A
+// reload carries it over to the backend's next generation.
+func (b *Backend) BusyUntil() int64 { return b.busyUntil.Load() }
+
+// ClearBusy ends a back-off (SetBusy or BackOff) at once.
 func (b *Backend) ClearBusy() { b.busyUntil.Store(0) }
 
 // SetProbeDown records the verdict of the active health check. A down
@@ -448,8 +480,8 @@ func (b *Backend) Reason(now int64) string {
 		if e := b.probeErr.Load(); e != nil {
 			why += ": " + *e
 		}
-		if b.panicking != nil && b.panicking.Load() && !b.draining(now) && !b.unknown.Load() {
-			why += " (its pool is in panic, -health-panic: it gets new work all the same)"
+		if b.panicPools.Load() > 0 && !b.draining(now) && !b.unknown.Load() {
+			why += " (a pool of it is in panic, -health-panic: it gets new work there all the same)"
 		}
 		return why
 	case b.unknown.Load():

@@ -214,8 +214,11 @@ type HealthChecker struct {
 	cfg    HealthConfig
 	logger *slog.Logger
 	checks []*healthCheck
-	pool   *Pool      // NewPoolHealthChecker's; nil: no panic threshold
-	pmu    sync.Mutex // serialises the panic verdict
+	// pools are the pools whose panic the checker decides, each over its
+	// own members (NewPoolHealthChecker's one, a Generation's all); none:
+	// no panic threshold.
+	pools []*Pool
+	pmu   sync.Mutex // serialises the panic verdicts
 }
 
 type healthCheck struct {
@@ -250,7 +253,7 @@ func NewPoolHealthChecker(cfg HealthConfig, pool *Pool, prober func(*Backend) Pr
 	for _, b := range pool.Backends() {
 		h.Add(b, prober(b))
 	}
-	h.pool = pool
+	h.pools = []*Pool{pool}
 	return h, nil
 }
 
@@ -374,19 +377,25 @@ func (h *HealthChecker) observe(c *healthCheck, r ProbeResult, err error, start 
 	}
 }
 
-// checkPanic puts the pool in panic when more than Panic of its backends
+// checkPanic puts each pool in panic when more than Panic of its backends
 // that would take new work but for their probes (not shown dead by
 // traffic, not disabled, not draining, not Unknown) are down by their
-// probes alone, and out of it when no longer;
-// each change is logged and sent as an event. It runs after every probe.
+// probes alone, and out of it when no longer; each change is logged and
+// sent as an event. It runs after every probe.
 func (h *HealthChecker) checkPanic() {
-	p := h.pool
-	if p == nil {
+	if len(h.pools) == 0 {
 		return
 	}
 	h.pmu.Lock()
 	defer h.pmu.Unlock()
 	now := h.cfg.Clock.Now()
+	for _, p := range h.pools {
+		h.checkPoolPanic(p, now)
+	}
+}
+
+// checkPoolPanic is checkPanic for one pool; the caller holds pmu.
+func (h *HealthChecker) checkPoolPanic(p *Pool, now int64) {
 	var down, counted int
 	for _, b := range p.backends {
 		// Only backends that would take new work but for their probes
@@ -405,22 +414,36 @@ func (h *HealthChecker) checkPanic() {
 		return
 	}
 	p.panicking.Store(on)
+	step := int32(-1)
+	if on {
+		step = 1
+	}
+	for _, b := range p.backends {
+		b.panicPools.Add(step)
+	}
 	if on {
 		p.panics.Add(1)
-		msg := fmt.Sprintf("pool in panic: %d of %d backends down by their health checks alone (over %g%%); new work goes to every backend not shown dead by traffic", down, counted, h.cfg.Panic*100)
-		h.logger.Warn(msg)
-		h.poolEvent(msg)
+		msg := fmt.Sprintf("pool %s in panic: %d of %d backends down by their health checks alone (over %g%%); new work goes to every backend not shown dead by traffic", p.name, down, counted, h.cfg.Panic*100)
+		h.logger.Warn(msg, "pool", p.name)
+		h.poolEvent(p, msg)
 	} else {
-		msg := fmt.Sprintf("pool out of panic: %d of %d backends down by their health checks alone", down, counted)
-		h.logger.Info(msg)
-		h.poolEvent(msg)
+		msg := fmt.Sprintf("pool %s out of panic: %d of %d backends down by their health checks alone", p.name, down, counted)
+		h.logger.Info(msg, "pool", p.name)
+		h.poolEvent(p, msg)
 	}
 }
 
-func (h *HealthChecker) poolEvent(msg string) {
-	if h.cfg.Events != nil && len(h.pool.backends) > 0 {
-		h.cfg.Events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: h.pool.backends[0].proto + " pool", Message: msg})
+// poolEvent sends msg about p: subject "PROTO pool" for the default pool
+// (as before pools had names), "PROTO pool NAME" for the others.
+func (h *HealthChecker) poolEvent(p *Pool, msg string) {
+	if h.cfg.Events == nil || len(p.backends) == 0 {
+		return
 	}
+	subject := p.backends[0].proto + " pool"
+	if p.name != DefaultPool {
+		subject += " " + p.name
+	}
+	h.cfg.Events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: subject, Message: msg})
 }
 
 func (h *HealthChecker) event(b *Backend, msg string) {

@@ -6,10 +6,31 @@ import (
 	"sync/atomic"
 )
 
+// poolPanic links a policy to the panic flag of the pool it serves, so
+// that a backend down by its probes alone gets new work in that pool's
+// panic and not in another's. Its zero value never panics.
+type poolPanic struct {
+	flag *atomic.Bool
+}
+
+// setPanic is called once by the pool, before the policy is used.
+func (p *poolPanic) setPanic(f *atomic.Bool) { p.flag = f }
+
+func (p *poolPanic) panicking() bool { return p.flag != nil && p.flag.Load() }
+
+// panicLinker is implemented by every policy of this package.
+type panicLinker interface{ setPanic(*atomic.Bool) }
+
 // Policy picks the next candidate for new work. Select returns the index in
 // bs of a backend that accepts new work at now and is not in tried, or -1
 // when there is none. Pool.Pick calls it again, with the refused candidate
 // added to tried, when a candidate's MOP refuses.
+//
+// A policy serves one pool: bs is always that pool's backends, and the
+// indices are positions in it (never Backend.Index, since a backend may be
+// in several pools). The policies of this package built by a Pool follow
+// that pool's panic (Pool.Panicking); built alone by NewPolicy they never
+// panic.
 //
 // Select is on every request's path: it must be safe for concurrent use,
 // take no lock and allocate nothing. tried is passed by value (128 bytes)
@@ -36,29 +57,52 @@ var PolicyNames = []string{"round-robin", "weighted-round-robin", "least-outstan
 // A few aliases are accepted: rr, wrr, least, least-conn, random-two, hash,
 // maglev.
 func NewPolicy(name string, bs []*Backend) (Policy, error) {
-	switch strings.ToLower(name) {
-	case "", "round-robin", "roundrobin", "rr":
-		return &RoundRobin{}, nil
-	case "weighted-round-robin", "wrr", "smooth-weighted-round-robin":
+	canon, err := PolicyName(name)
+	if err != nil {
+		return nil, err
+	}
+	switch canon {
+	case "weighted-round-robin":
 		return NewWeightedRoundRobin(bs), nil
-	case "least-outstanding", "least", "least-conn", "leastconn", "least-request":
+	case "least-outstanding":
 		return &LeastOutstanding{}, nil
-	case "p2c", "power-of-two", "random-two":
+	case "p2c":
 		return &PowerOfTwo{}, nil
-	case "consistent-hash", "hash", "maglev":
+	case "consistent-hash":
 		return NewConsistentHash(bs), nil
 	}
-	return nil, fieldError("PoolConfig.Policy", "%q: unknown (want one of %s)", name, strings.Join(PolicyNames, ", "))
+	return &RoundRobin{}, nil
 }
 
-// eligible reports whether bs[i] may be tried for new work.
-func eligible(bs []*Backend, i int, now int64, tried *Set) bool {
-	return !tried.Has(i) && bs[i].AcceptsNew(now)
+// PolicyName returns the name in PolicyNames that name (or an alias of
+// NewPolicy, "" for round-robin) stands for, or a *FieldError naming the
+// known ones: to check a policy without building it.
+func PolicyName(name string) (string, error) {
+	switch strings.ToLower(name) {
+	case "", "round-robin", "roundrobin", "rr":
+		return "round-robin", nil
+	case "weighted-round-robin", "wrr", "smooth-weighted-round-robin":
+		return "weighted-round-robin", nil
+	case "least-outstanding", "least", "least-conn", "leastconn", "least-request":
+		return "least-outstanding", nil
+	case "p2c", "power-of-two", "random-two":
+		return "p2c", nil
+	case "consistent-hash", "hash", "maglev":
+		return "consistent-hash", nil
+	}
+	return "", fieldError("PoolConfig.Policy", "%q: unknown (want one of %s)", name, strings.Join(PolicyNames, ", "))
+}
+
+// eligible reports whether bs[i] may be tried for new work, in a pool
+// in panic or not.
+func eligible(bs []*Backend, i int, now int64, tried *Set, panicking bool) bool {
+	return !tried.Has(i) && bs[i].acceptsNew(now, panicking)
 }
 
 // RoundRobin takes backends in turn, ignoring weights, skipping those that
 // do not accept new work. The zero value is ready to use.
 type RoundRobin struct {
+	poolPanic
 	next atomic.Uint64
 }
 
@@ -66,9 +110,10 @@ type RoundRobin struct {
 func (r *RoundRobin) Select(bs []*Backend, now int64, _ uint64, tried Set) int {
 	n := uint64(len(bs))
 	start := r.next.Add(1) - 1
+	pan := r.panicking()
 	for j := uint64(0); j < n; j++ {
 		i := int((start + j) % n)
-		if eligible(bs, i, now, &tried) {
+		if eligible(bs, i, now, &tried, pan) {
 			return i
 		}
 	}
@@ -85,6 +130,7 @@ const maxSequence = 4096
 // computed once, so Select is one atomic add and an index; a backend that
 // does not accept new work passes its turn to the next entry.
 type WeightedRoundRobin struct {
+	poolPanic
 	seq  []uint16
 	next atomic.Uint64
 }
@@ -142,9 +188,10 @@ func gcdAll(w []int) int {
 func (r *WeightedRoundRobin) Select(bs []*Backend, now int64, _ uint64, tried Set) int {
 	n := uint64(len(r.seq))
 	start := r.next.Add(1) - 1
+	pan := r.panicking()
 	for j := uint64(0); j < n; j++ {
 		i := int(r.seq[(start+j)%n])
-		if eligible(bs, i, now, &tried) {
+		if i < len(bs) && eligible(bs, i, now, &tried, pan) {
 			return i
 		}
 	}
@@ -155,6 +202,7 @@ func (r *WeightedRoundRobin) Select(bs []*Backend, now int64, _ uint64, tried Se
 // relative to its weight. Ties go to the larger MOP headroom, then in turn.
 // The zero value is ready to use.
 type LeastOutstanding struct {
+	poolPanic
 	next atomic.Uint64
 }
 
@@ -177,9 +225,10 @@ func (r *LeastOutstanding) Select(bs []*Backend, now int64, _ uint64, tried Set)
 	n := uint64(len(bs))
 	start := r.next.Add(1) - 1
 	best := -1
+	pan := r.panicking()
 	for j := uint64(0); j < n; j++ {
 		i := int((start + j) % n)
-		if !eligible(bs, i, now, &tried) {
+		if !eligible(bs, i, now, &tried, pan) {
 			continue
 		}
 		if best < 0 || better(bs, i, best, now) {
@@ -194,14 +243,19 @@ func (r *LeastOutstanding) Select(bs []*Backend, now int64, _ uint64, tried Set)
 // avoids the herding of least-outstanding when many balancers share
 // backends. The zero value is ready to use.
 type PowerOfTwo struct {
+	poolPanic
 	fallback LeastOutstanding
 }
+
+// setPanic links the fallback too.
+func (r *PowerOfTwo) setPanic(f *atomic.Bool) { r.flag = f; r.fallback.setPanic(f) }
 
 // Select implements Policy.
 func (r *PowerOfTwo) Select(bs []*Backend, now int64, _ uint64, tried Set) int {
 	n := len(bs)
+	pan := r.panicking()
 	if n == 1 {
-		if eligible(bs, 0, now, &tried) {
+		if eligible(bs, 0, now, &tried, pan) {
 			return 0
 		}
 		return -1
@@ -211,7 +265,7 @@ func (r *PowerOfTwo) Select(bs []*Backend, now int64, _ uint64, tried Set) int {
 	a, b := -1, -1
 	for range 4 {
 		i := int(rand.Uint64N(uint64(n)))
-		if i == a || !eligible(bs, i, now, &tried) {
+		if i == a || !eligible(bs, i, now, &tried, pan) {
 			continue
 		}
 		if a < 0 {
@@ -243,6 +297,7 @@ const (
 // when it does not, the key walks on through the table, so its fallback is
 // stable too and keys of healthy backends never move.
 type ConsistentHash struct {
+	poolPanic
 	table []uint16
 }
 
@@ -290,8 +345,9 @@ func (r *ConsistentHash) Select(bs []*Backend, now int64, key uint64, tried Set)
 	// Walking the table for an eligible backend costs about
 	// len(bs)/eligible steps; make sure there is one first.
 	found := false
+	pan := r.panicking()
 	for i := range bs {
-		if eligible(bs, i, now, &tried) {
+		if eligible(bs, i, now, &tried, pan) {
 			found = true
 			break
 		}
@@ -303,7 +359,7 @@ func (r *ConsistentHash) Select(bs []*Backend, now int64, key uint64, tried Set)
 	start := mix(key) % m
 	for j := uint64(0); j < m; j++ {
 		i := int(r.table[(start+j)%m])
-		if eligible(bs, i, now, &tried) {
+		if i < len(bs) && eligible(bs, i, now, &tried, pan) {
 			return i
 		}
 	}

@@ -58,32 +58,44 @@ type PassiveConfig struct {
 	OnEject func(b *Backend, r Result, until int64)
 }
 
+// DefaultPool is the name of the pool of a backend that names none, and
+// of a pool built by NewPool without a name.
+const DefaultPool = "default"
+
 // PoolConfig configures a Pool.
 type PoolConfig struct {
+	// Name names the pool in routes, /status and metrics; "" is
+	// DefaultPool.
+	Name string
 	// Policy names the selection policy (see PolicyNames). Flag
 	// -lb-policy, default "round-robin".
 	Policy string
-	// Passive is passive ejection; the zero value disables it.
+	// Passive is passive ejection; the zero value disables it. It is set
+	// on the backends (one per protocol, not per pool): NewGeneration
+	// sets it once for all its pools.
 	Passive PassiveConfig
 }
 
 // Pool is a fixed set of backends and the policy that picks among them.
 // It is safe for concurrent use; Pick, Lookup and the Backend methods take
-// no lock and allocate nothing.
+// no lock and allocate nothing. A backend may be in several pools (of one
+// Generation): the pool keeps its members' positions and its panic itself.
 type Pool struct {
+	name     string
 	backends []*Backend
-	byID     map[string]*Backend
+	byID     map[string]int // id -> position in backends
 	// policy is swapped by SetWeight when a policy that precomputes from
 	// the weights (weighted-round-robin, consistent-hash) must be rebuilt;
 	// Pick loads it once per call.
-	policy atomic.Pointer[policyBox]
-	name   string
+	policy     atomic.Pointer[policyBox]
+	policyName string
 	// reweigh serializes SetWeight so that two changes do not rebuild
 	// from a mix of old and new weights.
 	reweigh sync.Mutex
 	// panicking is set by the pool's health checker when more than
-	// HealthConfig.Panic of the backends are down by their probes alone:
-	// new work then goes to every backend that traffic has not shown dead.
+	// HealthConfig.Panic of the pool's backends are down by their probes
+	// alone: new work in this pool then goes to every member that traffic
+	// has not shown dead. The pool's policy reads it.
 	panicking atomic.Bool
 	panics    atomic.Uint64 // times the pool went into panic
 }
@@ -103,49 +115,105 @@ type policyBox struct{ Policy }
 // ErrNoBackends is returned by NewPool for an empty backend list.
 var ErrNoBackends = errors.New("pool has no backends")
 
-// NewPool takes ownership of backends (their order is the pool's order)
-// and builds the policy named by cfg.Policy. Backend ids must be unique.
+// NewPool builds a pool of backends (their order is the pool's order)
+// with the policy named by cfg.Policy, and sets cfg.Passive on them.
+// Backend ids must be unique. A backend may already be in another pool:
+// its Index stays the one the first pool (or its generation) gave it.
+// Build pools before their backends serve.
 func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
-	if len(backends) == 0 {
-		return nil, ErrNoBackends
+	passive, err := cfg.Passive.build()
+	if err != nil {
+		return nil, err
 	}
-	if len(backends) > MaxBackends {
-		return nil, fmt.Errorf("new pool: %d backends, at most %d: %w", len(backends), MaxBackends, ErrBadBackend)
-	}
-	if cfg.Passive.MaxFails < 0 || cfg.Passive.Cooldown < 0 {
-		return nil, fieldError("PassiveConfig.MaxFails", "MaxFails and Cooldown must not be negative")
-	}
-	if cfg.Passive.MaxFails > 0 && cfg.Passive.Cooldown == 0 {
-		cfg.Passive.Cooldown = defaultCooldown
-	}
-	p := &Pool{backends: append([]*Backend(nil), backends...), byID: make(map[string]*Backend, len(backends))}
-	var passive *passiveConfig
-	if cfg.Passive.MaxFails > 0 {
-		passive = &passiveConfig{maxFails: int32(cfg.Passive.MaxFails), cooldown: int64(cfg.Passive.Cooldown), onEject: cfg.Passive.OnEject}
+	p, err := buildPool(cfg.Name, cfg.Policy, backends)
+	if err != nil {
+		return nil, err
 	}
 	for i, b := range p.backends {
+		if b.index < 0 {
+			b.index = i
+		}
+		b.passive = passive
+	}
+	return p, nil
+}
+
+// build checks c and returns what the backends keep of it (nil: passive
+// ejection off).
+func (c PassiveConfig) build() (*passiveConfig, error) {
+	if c.MaxFails < 0 || c.Cooldown < 0 {
+		return nil, fieldError("PassiveConfig.MaxFails", "MaxFails and Cooldown must not be negative (got %d, %s)", c.MaxFails, c.Cooldown)
+	}
+	if c.MaxFails == 0 {
+		return nil, nil
+	}
+	if c.Cooldown == 0 {
+		c.Cooldown = defaultCooldown
+	}
+	return &passiveConfig{maxFails: int32(c.MaxFails), cooldown: int64(c.Cooldown), onEject: c.OnEject}, nil
+}
+
+// buildPool builds the pool name ("" is DefaultPool) of backends with the
+// policy called policy, leaving the backends themselves alone.
+func buildPool(name, policy string, backends []*Backend) (*Pool, error) {
+	if name == "" {
+		name = DefaultPool
+	}
+	if len(backends) == 0 {
+		return nil, fmt.Errorf("pool %s: %w", name, ErrNoBackends)
+	}
+	if len(backends) > MaxBackends {
+		return nil, fmt.Errorf("pool %s: %d backends, at most %d: %w", name, len(backends), MaxBackends, ErrBadBackend)
+	}
+	p := &Pool{name: name, backends: append([]*Backend(nil), backends...), byID: make(map[string]int, len(backends))}
+	for i, b := range p.backends {
 		if b == nil {
-			return nil, fmt.Errorf("new pool: backend %d is nil: %w", i, ErrBadBackend)
+			return nil, fmt.Errorf("pool %s: backend %d is nil: %w", name, i, ErrBadBackend)
 		}
 		if _, dup := p.byID[b.id]; dup {
-			return nil, fmt.Errorf("new pool: duplicate backend id %q: %w", b.id, ErrBadBackend)
+			return nil, fmt.Errorf("pool %s: duplicate backend id %q: %w", name, b.id, ErrBadBackend)
 		}
-		if b.index >= 0 {
-			return nil, fmt.Errorf("new pool: backend %q already belongs to a pool: %w", b.id, ErrBadBackend)
-		}
-		b.index = i
-		b.passive = passive
-		b.panicking = &p.panicking
-		p.byID[b.id] = b
+		p.byID[b.id] = i
 	}
-	pol, err := NewPolicy(cfg.Policy, p.backends)
+	pol, err := p.newPolicy(policy)
 	if err != nil {
 		return nil, err
 	}
 	p.policy.Store(&policyBox{pol})
-	p.name = cfg.Policy
+	p.policyName = policy
 	return p, nil
 }
+
+// newPolicy builds the policy called name over p's backends, linked to
+// p's panic.
+func (p *Pool) newPolicy(name string) (Policy, error) {
+	pol, err := NewPolicy(name, p.backends)
+	if err != nil {
+		return nil, err
+	}
+	if l, ok := pol.(panicLinker); ok {
+		l.setPanic(&p.panicking)
+	}
+	return pol, nil
+}
+
+// Name returns the pool's name (DefaultPool when built without one).
+func (p *Pool) Name() string { return p.name }
+
+// IndexOf returns b's position in the pool, or -1 when b is not a member.
+// It allocates nothing.
+func (p *Pool) IndexOf(b *Backend) int {
+	if b == nil {
+		return -1
+	}
+	if i, ok := p.byID[b.id]; ok && p.backends[i] == b {
+		return i
+	}
+	return -1
+}
+
+// Has reports whether b is a member of the pool.
+func (p *Pool) Has(b *Backend) bool { return p.IndexOf(b) >= 0 }
 
 // Backends returns the pool's backends in order. The slice is shared:
 // do not modify it.
@@ -162,10 +230,13 @@ func (p *Pool) Policy() Policy { return p.policy.Load().Policy }
 // that read weights per pick see it at once). Requests picked meanwhile use
 // the old policy; weighted-round-robin starts its cycle over. It takes a
 // lock and allocates: it is an operator's control, not a request path.
+//
+// The weight is the backend's, in every pool it is a member of: with
+// several pools use Generation.SetWeight, which rebuilds each of them.
 func (p *Pool) SetWeight(id string, w int) error {
-	b := p.byID[id]
+	b := p.Lookup(id)
 	if b == nil {
-		return fmt.Errorf("set weight of %q: %w", id, ErrUnknownBackend)
+		return fmt.Errorf("set weight of %q in pool %s: %w", id, p.name, ErrUnknownBackend)
 	}
 	if w < 1 || w > MaxWeight {
 		return fmt.Errorf("set weight of %q: %d not in [1,%d]: %w", id, w, MaxWeight, ErrBadBackend)
@@ -173,10 +244,24 @@ func (p *Pool) SetWeight(id string, w int) error {
 	p.reweigh.Lock()
 	defer p.reweigh.Unlock()
 	old := b.weight.Swap(int32(w))
-	pol, err := NewPolicy(p.name, p.backends)
-	if err != nil {
+	if err := p.rebuildLocked(); err != nil {
 		b.weight.Store(old) // the name was valid at NewPool: unreachable
 		return fmt.Errorf("set weight of %q: %w", id, err)
+	}
+	return nil
+}
+
+// rebuild builds the policy again from the weights in force.
+func (p *Pool) rebuild() error {
+	p.reweigh.Lock()
+	defer p.reweigh.Unlock()
+	return p.rebuildLocked()
+}
+
+func (p *Pool) rebuildLocked() error {
+	pol, err := p.newPolicy(p.policyName)
+	if err != nil {
+		return err
 	}
 	p.policy.Store(&policyBox{pol})
 	return nil
@@ -187,13 +272,18 @@ var ErrUnknownBackend = errors.New("no such backend")
 
 // Lookup returns the backend with the given id, or nil. Lookup with
 // string(b) of a byte slice does not allocate.
-func (p *Pool) Lookup(id string) *Backend { return p.byID[id] }
+func (p *Pool) Lookup(id string) *Backend {
+	if i, ok := p.byID[id]; ok {
+		return p.backends[i]
+	}
+	return nil
+}
 
 // Pinned returns the backend an affinity token names if it still takes
 // affinity traffic at now (Up or Draining); otherwise nil, and the request
 // is new work to be re-pinned.
 func (p *Pool) Pinned(id string, now int64) *Backend {
-	b := p.byID[id]
+	b := p.Lookup(id)
 	if b == nil || !b.AcceptsAffinity(now) {
 		return nil
 	}
@@ -212,13 +302,21 @@ func (p *Pool) Pinned(id string, now int64) *Backend {
 // returns NoBackend. Pick allocates nothing.
 func (p *Pool) Pick(now int64, key uint64, skip *Backend) (b *Backend, out Outcome, retryAfter time.Duration) {
 	var tried Set
-	if skip != nil && skip.index >= 0 && skip.index < len(p.backends) && p.backends[skip.index] == skip {
-		tried.Add(skip.index)
+	if i := p.IndexOf(skip); i >= 0 {
+		tried.Add(i)
 	}
+	return p.PickTried(now, key, &tried)
+}
+
+// PickTried is Pick with a set of pool positions never to choose instead
+// of one backend: every candidate it looks at is added to tried, so a
+// failover that calls it again never comes back to one. It allocates
+// nothing.
+func (p *Pool) PickTried(now int64, key uint64, tried *Set) (b *Backend, out Outcome, retryAfter time.Duration) {
 	out = NoBackend
 	pol := p.policy.Load().Policy
 	for {
-		i := pol.Select(p.backends, now, key, tried)
+		i := pol.Select(p.backends, now, key, *tried)
 		if i < 0 {
 			return nil, out, retryAfter
 		}
@@ -233,6 +331,19 @@ func (p *Pool) Pick(now int64, key uint64, skip *Backend) (b *Backend, out Outco
 		}
 		out = MOPRefused
 	}
+}
+
+// Home returns the backend the policy gives key at now, ignoring MOP and
+// the backends that take no new work; when none takes new work, a
+// member fixed by key all the same. It is never nil: the fallback of
+// in-dialog requests that name no backend (SIP without a token), which
+// must go somewhere fixed rather than be refused. Only a hash policy
+// makes it the backend new work with key was given. It allocates nothing.
+func (p *Pool) Home(now int64, key uint64) *Backend {
+	if i := p.policy.Load().Select(p.backends, now, key, Set{}); i >= 0 {
+		return p.backends[i]
+	}
+	return p.backends[key%uint64(len(p.backends))]
 }
 
 // Status returns the status of every backend at now.

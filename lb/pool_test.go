@@ -380,12 +380,23 @@ func TestNewPoolErrors(t *testing.T) {
 			}
 		})
 	}
-	bs := newBackends(t, 1)
-	if _, err := NewPool(PoolConfig{}, bs); err != nil {
+	// A backend may be in several pools: it keeps the Index the first
+	// gave it, and each pool knows its own position of it.
+	bs := newBackends(t, 1, 1)
+	p1, err := NewPool(PoolConfig{Name: "a"}, bs)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewPool(PoolConfig{}, bs); err == nil {
-		t.Error("a backend joined two pools")
+	p2, err := NewPool(PoolConfig{Name: "b"}, []*Backend{bs[1]})
+	if err != nil {
+		t.Fatalf("a backend in a second pool: %v", err)
+	}
+	if bs[1].Index() != 1 || p1.IndexOf(bs[1]) != 1 || p2.IndexOf(bs[1]) != 0 || p2.IndexOf(bs[0]) != -1 {
+		t.Errorf("Index %d, IndexOf in a %d, in b %d (of the other %d), want 1, 1, 0, -1",
+			bs[1].Index(), p1.IndexOf(bs[1]), p2.IndexOf(bs[1]), p2.IndexOf(bs[0]))
+	}
+	if p1.Name() != "a" || p2.Name() != "b" {
+		t.Errorf("names %q %q", p1.Name(), p2.Name())
 	}
 }
 

@@ -35,6 +35,9 @@ type BackendSpec struct {
 	HealthPath string
 	// Transport is "udp" or "tcp". Key transport, SIP only, default "udp".
 	Transport string
+	// Pools names the pools the backend is a member of; none is
+	// DefaultPool.
+	Pools []string
 }
 
 // specKeys are the keys each protocol accepts, in the order error

@@ -47,7 +47,7 @@ func TestParseBackendSpec(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tc.want {
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
 			}
 		})

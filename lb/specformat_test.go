@@ -1,6 +1,9 @@
 package lb
 
-import "testing"
+import (
+	"reflect"
+	"testing"
+)
 
 func TestFormatBackendSpecRoundTrip(t *testing.T) {
 	for _, tc := range []struct{ proto, in, want string }{
@@ -18,7 +21,7 @@ func TestFormatBackendSpecRoundTrip(t *testing.T) {
 			t.Errorf("FormatBackendSpec(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 		back, err := ParseBackendSpec(tc.proto, got)
-		if err != nil || back != spec {
+		if err != nil || !reflect.DeepEqual(back, spec) {
 			t.Errorf("%q does not parse back: %+v %v", got, back, err)
 		}
 	}

@@ -1,0 +1,574 @@
+package lb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/admission"
+)
+
+// genFixture builds generations over a manual clock with scripted probers
+// by backend id (a backend without one probes up).
+type genFixture struct {
+	clock   *admission.ManualClock
+	probers map[string]*scripted
+	events  []admission.Event
+	mops    map[string]*admission.MOP // by id: one per backend built
+}
+
+func newGenFixture() *genFixture {
+	return &genFixture{clock: &admission.ManualClock{}, probers: map[string]*scripted{}, mops: map[string]*admission.MOP{}}
+}
+
+// config returns a GenConfig of specs with checks on (Fall 1, Rise 1)
+// when checks is set.
+func (f *genFixture) config(proto string, checks bool, specs ...BackendSpec) GenConfig {
+	cfg := GenConfig{
+		Proto:    proto,
+		Backends: specs,
+		Policy:   "round-robin",
+		Clock:    f.clock,
+		Events:   func(ev admission.Event) { f.events = append(f.events, ev) },
+		MOP: func(spec BackendSpec) (*admission.MOP, error) {
+			m, err := admission.NewMOP(admission.MOPConfig{Name: proto + " " + spec.ID, InitialRate: 1e9})
+			f.mops[spec.ID] = m
+			return m, err
+		},
+	}
+	if checks {
+		cfg.Health = HealthConfig{Interval: time.Hour, Rise: 1, Fall: 1}
+		cfg.Prober = func(b *Backend, spec BackendSpec, _ *PoolSpec) Prober {
+			if p := f.probers[spec.ID]; p != nil {
+				return p
+			}
+			return up()
+		}
+	}
+	return cfg
+}
+
+func (f *genFixture) gen(t *testing.T, cfg GenConfig) *Generation {
+	t.Helper()
+	g, err := NewGeneration(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Stop)
+	return g
+}
+
+func spec(id string, pools ...string) BackendSpec {
+	return BackendSpec{ID: id, Addr: "10.0.0." + id[1:] + ":80", Weight: 1, Pools: pools}
+}
+
+// picks returns the ids Pick in p gives over n calls.
+func picks(t *testing.T, p *Pool, now int64, n int) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for i := range n {
+		b, out, _ := p.Pick(now, uint64(i), nil)
+		if out != Picked {
+			t.Fatalf("pool %s: Pick %v", p.Name(), out)
+		}
+		seen[b.ID()]++
+	}
+	return seen
+}
+
+// A backend in two pools is one Backend: one MOP, one health state that
+// both pools see; each pool picks among its own members only.
+func TestGenerationBackendInTwoPools(t *testing.T) {
+	f := newGenFixture()
+	cfg := f.config("http", true, spec("b1", "api", "web"), spec("b2", "api"), spec("b3", "web"), spec("b4"))
+	g := f.gen(t, cfg)
+	ctx := context.Background()
+	g.health.ProbeAll(ctx)
+
+	var names []string
+	for _, p := range g.Pools() {
+		names = append(names, p.Name())
+	}
+	if want := []string{"default", "api", "web"}; !slices.Equal(names, want) {
+		t.Errorf("pools %v, want %v (default first, then by first mention)", names, want)
+	}
+	b1 := g.Lookup("b1")
+	if b1 == nil || g.Pool("api").Lookup("b1") != b1 || g.Pool("web").Lookup("b1") != b1 {
+		t.Fatal("b1 is not one Backend in both pools")
+	}
+	if b1.MOP() == nil || b1.MOP() != f.mops["b1"] || len(f.mops) != 4 {
+		t.Errorf("MOP built %d times for 4 backends, b1's %p want %p", len(f.mops), b1.MOP(), f.mops["b1"])
+	}
+	if got := g.PoolsOf(b1); !slices.Equal(got, []string{"api", "web"}) {
+		t.Errorf("PoolsOf(b1) = %v", got)
+	}
+	if got := g.PoolsOf(g.Lookup("b4")); !slices.Equal(got, []string{"default"}) {
+		t.Errorf("PoolsOf(b4) = %v, want [default]", got)
+	}
+	if s := g.Spec(g.Lookup("b3")); s.Addr != "10.0.0.3:80" || s.ID != "b3" {
+		t.Errorf("Spec(b3) = %+v", s)
+	}
+	if len(g.Backends()) != 4 || g.Pool("nope") != nil {
+		t.Errorf("%d backends, Pool(nope) %v", len(g.Backends()), g.Pool("nope"))
+	}
+	for i, b := range g.Backends() {
+		if b.Index() != i {
+			t.Errorf("%s: Index %d, want its position %d in Backends", b.ID(), b.Index(), i)
+		}
+	}
+
+	// Each pool only picks its members.
+	members := map[string][]string{"default": {"b4"}, "api": {"b1", "b2"}, "web": {"b1", "b3"}}
+	for name, want := range members {
+		got := picks(t, g.Pool(name), 0, 40)
+		var ids []string
+		for id := range got {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		if !slices.Equal(ids, want) {
+			t.Errorf("pool %s picked %v, want only %v", name, got, want)
+		}
+	}
+
+	// One health state: probed down once, out of both pools.
+	f.probers["b1"] = down()
+	g.health.checks[0].prober = f.probers["b1"]
+	g.health.ProbeAll(ctx)
+	if n := len(g.health.checks); n != 4 {
+		t.Errorf("%d health checks for 4 backends", n)
+	}
+	for _, name := range []string{"api", "web"} {
+		if got := picks(t, g.Pool(name), 0, 20); got["b1"] != 0 {
+			t.Errorf("pool %s still picks b1 probed down: %v", name, got)
+		}
+	}
+	// One set of counters: a request through each pool counts twice on b1.
+	f.probers["b1"].v.Store(uint32(ProbeUp))
+	g.health.ProbeAll(ctx)
+	before := b1.Status(0).Requests
+	for _, name := range []string{"api", "web"} {
+		b := g.Pool(name).Lookup("b1")
+		b.Acquire()
+		b.Release(0, OK)
+	}
+	if got := b1.Status(0).Requests - before; got != 2 {
+		t.Errorf("b1 counted %d requests, want 2", got)
+	}
+}
+
+// Panic is per pool, over that pool's members: a backend down by its
+// probes gets new work in the pool that panics and not in the other.
+func TestGenerationPanicPerPool(t *testing.T) {
+	f := newGenFixture()
+	f.probers["b1"], f.probers["b2"] = down(), down()
+	// x: b1 b2 b5, 2 of 3 down (over 50 %); y: b1 b3 b4, 1 of 3.
+	cfg := f.config("sip", true, spec("b1", "x", "y"), spec("b2", "x"), spec("b3", "y"), spec("b4", "y"), spec("b5", "x"))
+	g := f.gen(t, cfg)
+	g.health.ProbeAll(context.Background())
+	x, y := g.Pool("x"), g.Pool("y")
+	if !x.Panicking() || y.Panicking() || x.Panics() != 1 {
+		t.Fatalf("panicking x %v (%d), y %v; want x only", x.Panicking(), x.Panics(), y.Panicking())
+	}
+	if got := picks(t, x, 0, 60); got["b1"] == 0 || got["b2"] == 0 {
+		t.Errorf("pool x in panic picked %v, want b1 and b2 too", got)
+	}
+	if got := picks(t, y, 0, 60); got["b1"] != 0 {
+		t.Errorf("pool y (no panic) picked b1, down by its probes: %v", got)
+	}
+	if r := g.Lookup("b1").Reason(0); !strings.Contains(r, "in panic") {
+		t.Errorf("reason of b1: %q", r)
+	}
+	var subjects []string
+	for _, ev := range f.events {
+		if strings.Contains(ev.Message, "panic") {
+			subjects = append(subjects, ev.Subject)
+		}
+	}
+	if !slices.Equal(subjects, []string{"sip pool x"}) {
+		t.Errorf("panic events with subjects %v, want [sip pool x]", subjects)
+	}
+	// Out of panic: b1 counted once per pool it was in panic in.
+	f.probers["b1"].v.Store(uint32(ProbeUp))
+	f.probers["b2"].v.Store(uint32(ProbeUp))
+	g.health.ProbeAll(context.Background())
+	if x.Panicking() || g.Lookup("b1").panicPools.Load() != 0 {
+		t.Errorf("all up: x panicking %v, b1 in %d pools in panic", x.Panicking(), g.Lookup("b1").panicPools.Load())
+	}
+}
+
+// prevState is what the operator, the traffic and the probes did to a
+// backend of the generation in force before a reload.
+type prevState struct {
+	drained, disabled, probeDown bool
+	backOff                      time.Duration
+}
+
+// The carry-over of a reload, once for both protocols. The SIP front end's
+// own carry-over (sip pool.carryFrom, with Backend.CarryHealth) copied
+// every health word whatever its checks and left the operator's disable
+// to the data directory (TestCarryHealthOldBehaviour): with SIP health
+// checks off, a backend kept across a SIGHUP lost its disable and kept a
+// probe verdict of down that no checker would ever revise. Now the
+// operator's switches always stay, and a probe verdict only where probes
+// go on.
+func TestGenerationCarryOver(t *testing.T) {
+	const now = int64(100 * time.Second)
+	tests := []struct {
+		name                string
+		prevChecks, checks  bool
+		prev                prevState
+		newAddr, added      bool
+		want                State
+		wantDrained, wantDi bool
+		wantBusy            bool
+	}{
+		{name: "drained kept", prev: prevState{drained: true}, want: Draining, wantDrained: true},
+		{name: "disabled kept", prev: prevState{disabled: true}, want: Down, wantDi: true},
+		{name: "disabled, probe-down, checks off in both", prev: prevState{disabled: true, probeDown: true}, want: Down, wantDi: true},
+		{name: "probe-down, checks on in both", prevChecks: true, checks: true, prev: prevState{probeDown: true}, want: Down},
+		{name: "probe-down, checks on then off", prevChecks: true, prev: prevState{probeDown: true}, want: Up},
+		{name: "probe-down, checks off then on", checks: true, prev: prevState{probeDown: true}, want: Up},
+		{name: "probe-down, checks off in both", prev: prevState{probeDown: true}, want: Up},
+		{name: "back-off kept", prev: prevState{backOff: time.Minute}, want: Draining, wantBusy: true},
+		{name: "back-off kept, checks on", prevChecks: true, checks: true, prev: prevState{backOff: time.Minute}, want: Draining, wantBusy: true},
+		{name: "new backend, checks on", checks: true, added: true, want: Unknown},
+		{name: "new backend, checks off", added: true, want: Up},
+		{name: "address changed: new, checks on", checks: true, prev: prevState{drained: true}, newAddr: true, want: Unknown},
+		{name: "address changed: new, checks off", prev: prevState{disabled: true}, newAddr: true, want: Up},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGenFixture()
+			prev := f.gen(t, f.config("sip", tc.prevChecks, spec("b1"), spec("b2")))
+			ob := prev.Lookup("b1")
+			ob.Drain(tc.prev.drained)
+			ob.Disable(tc.prev.disabled)
+			if tc.prev.probeDown {
+				ob.SetProbeDown(true)
+			}
+			ob.BackOff(now, tc.prev.backOff)
+			next := spec("b1")
+			switch {
+			case tc.added:
+				next = spec("b3")
+			case tc.newAddr:
+				next.Addr = "10.0.9.1:80"
+			}
+			cfg := f.config("sip", tc.checks, next, spec("b2"))
+			cfg.Prev = prev
+			g := f.gen(t, cfg)
+			b := g.Lookup(next.ID)
+			if got := b.State(now); got != tc.want {
+				t.Errorf("state %v (%s), want %v", got, b.Reason(now), tc.want)
+			}
+			if b.Drained() != tc.wantDrained || b.Disabled() != tc.wantDi {
+				t.Errorf("drained %v disabled %v, want %v %v", b.Drained(), b.Disabled(), tc.wantDrained, tc.wantDi)
+			}
+			if busy := b.BusyUntil() == now+int64(time.Minute); busy != tc.wantBusy {
+				t.Errorf("busy until %d, want kept: %v", b.BusyUntil(), tc.wantBusy)
+			}
+			// The operator's enable brings it back (checks off: nothing
+			// else would).
+			b.Disable(false)
+			b.Drain(false)
+			b.ClearBusy()
+			if !tc.checks && b.State(now) != Up {
+				t.Errorf("checks off, enabled again: %v (%s), want up", b.State(now), b.Reason(now))
+			}
+			if other := g.Lookup("b2"); other.State(now) != Up {
+				t.Errorf("b2 untouched: %v", other.State(now))
+			}
+		})
+	}
+}
+
+// TestCarryHealthOldBehaviour pins what the SIP front end's carry-over
+// (Backend.CarryHealth, to be removed with it) does, the behaviour
+// NewGeneration replaces: the disable is lost and, with no health checker
+// in the new set, the probe verdict holds for good (the operator's enable
+// does not bring the backend back).
+func TestCarryHealthOldBehaviour(t *testing.T) {
+	ob, _ := NewBackend(BackendConfig{Addr: "a:1"})
+	ob.Disable(true)
+	ob.SetProbeDown(true)
+	nb, _ := NewBackend(BackendConfig{Addr: "a:1"})
+	nb.CarryHealth(ob)
+	if nb.Disabled() {
+		t.Error("CarryHealth carried the disable: the old behaviour changed, update this test")
+	}
+	nb.Disable(false)
+	if nb.State(0) != Down || !strings.Contains(nb.Reason(0), "health checks") {
+		t.Errorf("old carry-over, no checker: %v (%s), want down by its probes", nb.State(0), nb.Reason(0))
+	}
+}
+
+// A new backend that is Unknown after a reload takes new work once its
+// first probe passes.
+func TestGenerationNewBackendUnknownUntilProbed(t *testing.T) {
+	f := newGenFixture()
+	prev := f.gen(t, f.config("http", true, spec("b1")))
+	cfg := f.config("http", true, spec("b1"), spec("b2"))
+	cfg.Prev = prev
+	g := f.gen(t, cfg)
+	b2 := g.Lookup("b2")
+	if b2.State(0) != Unknown || g.Lookup("b1").State(0) != Up {
+		t.Fatalf("b2 %v, b1 %v; want unknown, up", b2.State(0), g.Lookup("b1").State(0))
+	}
+	g.Start(context.Background()) // the first round is synchronous
+	if b2.State(0) != Up {
+		t.Errorf("after its first probe passed: %v", b2.State(0))
+	}
+	g.Stop()
+	g.Stop() // twice is fine
+}
+
+func TestGenerationErrors(t *testing.T) {
+	f := newGenFixture()
+	base := func(mod func(*GenConfig)) GenConfig {
+		c := f.config("http", false, spec("b1"), spec("b2", "api"))
+		mod(&c)
+		return c
+	}
+	tests := []struct {
+		name string
+		cfg  GenConfig
+		want string
+	}{
+		{"pool without backends", base(func(c *GenConfig) { c.Pools = []PoolSpec{{Name: "static"}} }), "http backends: pool static has no backends"},
+		{"duplicate id", base(func(c *GenConfig) { c.Backends = append(c.Backends, BackendSpec{ID: "b1", Addr: "10.1.1.1:80"}) }), `backend id "b1" given twice (10.0.0.1:80 and 10.1.1.1:80`},
+		{"duplicate id by address", f.config("sip", false, BackendSpec{Addr: "h:1"}, BackendSpec{Addr: "h:1"}), `sip backends: backend id "h:1" given twice`},
+		{"unknown front end policy", base(func(c *GenConfig) { c.Policy = "fastest" }), `policy "fastest": unknown (want one of round-robin,`},
+		{"unknown pool policy", base(func(c *GenConfig) { c.Pools = []PoolSpec{{Name: "api", Policy: "fastest"}} }), `pool api: policy "fastest": unknown`},
+		{"pool settings twice", base(func(c *GenConfig) { c.Pools = []PoolSpec{{Name: "api"}, {Name: "api"}} }), "pool api: settings given twice"},
+		{"empty pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{""} }), "backend b2: empty pool name"},
+		{"bad pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{"a b"} }), `backend b2: pool name "a b": want`},
+		{"pool named twice", base(func(c *GenConfig) { c.Backends[1].Pools = []string{"api", "api"} }), "backend b2: pool api named twice"},
+		{"bad weight", base(func(c *GenConfig) { c.Backends[0].Weight = MaxWeight + 1 }), "backend b1: new backend b1: weight 1001"},
+		{"no backends", base(func(c *GenConfig) { c.Backends = nil }), "pool has no backends"},
+		{"protocol", base(func(c *GenConfig) { c.Proto = "ftp" }), `protocol "ftp": want http or sip`},
+		{"negative interval", base(func(c *GenConfig) { c.Health.Interval = -time.Second }), "health check interval -1s: must not be negative"},
+		{"passive", base(func(c *GenConfig) { c.Passive.MaxFails = -1 }), "PassiveConfig.MaxFails"},
+		{"health", base(func(c *GenConfig) {
+			c.Health = HealthConfig{Interval: time.Second, Timeout: time.Minute}
+			c.Prober = func(*Backend, BackendSpec, *PoolSpec) Prober { return up() }
+		}), "health checks: lb: HealthConfig.Timeout: must be in (0, Interval]"},
+		{"memory probe", base(func(c *GenConfig) { c.Backends[1].MetricsURL = "ftp://x/m" }), "backend b2: memory probe: memory probe b2: metrics url"},
+		{"mop", base(func(c *GenConfig) {
+			c.MOP = func(BackendSpec) (*admission.MOP, error) { return nil, errors.New("bad rate") }
+		}), "backend b1: memory overload protection: bad rate"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			called := 0
+			if tc.name != "mop" {
+				tc.cfg.MOP = func(BackendSpec) (*admission.MOP, error) { called++; return nil, nil }
+			}
+			_, err := NewGeneration(tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrBadGeneration) {
+				t.Fatalf("error = %v, want one with %q", err, tc.want)
+			}
+			if called != 0 {
+				t.Errorf("MOP called %d times for a configuration refused", called)
+			}
+		})
+	}
+}
+
+// The prober of a backend gets the first of its pools that sets a health
+// path.
+func TestGenerationProberPool(t *testing.T) {
+	f := newGenFixture()
+	cfg := f.config("http", true, spec("b1", "a", "b", "c"), spec("b2", "a"))
+	cfg.Pools = []PoolSpec{{Name: "b", HealthPath: "/b"}, {Name: "c", HealthPath: "/c"}, {Name: "a", Policy: "consistent-hash"}}
+	got := map[string]string{}
+	cfg.Prober = func(b *Backend, spec BackendSpec, ps *PoolSpec) Prober {
+		got[spec.ID] = "<nil>"
+		if ps != nil {
+			got[spec.ID] = ps.HealthPath
+		}
+		return up()
+	}
+	g := f.gen(t, cfg)
+	if want := map[string]string{"b1": "/b", "b2": "<nil>"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("probers got pools %v, want %v", got, want)
+	}
+	if _, ok := g.Pool("a").Policy().(*ConsistentHash); !ok {
+		t.Errorf("pool a's policy %T, want its own consistent-hash", g.Pool("a").Policy())
+	}
+	if _, ok := g.Pool("b").Policy().(*RoundRobin); !ok {
+		t.Errorf("pool b's policy %T, want the front end's", g.Pool("b").Policy())
+	}
+	if s, ok := g.PoolSpec("c"); !ok || s.HealthPath != "/c" || s.Policy != "round-robin" {
+		t.Errorf("PoolSpec(c) = %+v %v", s, ok)
+	}
+}
+
+// A weight set at run time counts in every pool of the backend.
+func TestGenerationSetWeight(t *testing.T) {
+	f := newGenFixture()
+	cfg := f.config("http", false, spec("b1", "x", "y"), spec("b2", "x", "y"))
+	cfg.Policy = "weighted-round-robin"
+	g := f.gen(t, cfg)
+	if err := g.SetWeight("b1", 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"x", "y"} {
+		if got := picks(t, g.Pool(name), 0, 40); got["b1"] != 30 || got["b2"] != 10 {
+			t.Errorf("pool %s after weight 3: %v, want b1 30 b2 10", name, got)
+		}
+	}
+	for _, tc := range []struct {
+		id   string
+		w    int
+		want string
+	}{{"nope", 2, `set weight of http backend "nope": no such backend`}, {"b1", 0, "0 not in [1,1000]"}} {
+		if err := g.SetWeight(tc.id, tc.w); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("SetWeight(%s, %d) = %v, want %q", tc.id, tc.w, err, tc.want)
+		}
+	}
+}
+
+// Passive ejection is one per generation: failures through either pool
+// add up on the backend.
+func TestGenerationPassiveAcrossPools(t *testing.T) {
+	f := newGenFixture()
+	cfg := f.config("http", false, spec("b1", "x", "y"), spec("b2", "x", "y"))
+	cfg.Passive = PassiveConfig{MaxFails: 2, Cooldown: time.Second}
+	g := f.gen(t, cfg)
+	for _, name := range []string{"x", "y"} {
+		b := g.Pool(name).Lookup("b1")
+		b.Acquire()
+		b.Release(0, ServerError)
+	}
+	if st := g.Lookup("b1").State(0); st != Down {
+		t.Errorf("two failures, one through each pool, MaxFails 2: %v, want down", st)
+	}
+}
+
+// BackOff is the one Retry-After back-off: capped at MaxAvoid, never
+// shortened, started reported once.
+func TestBackOff(t *testing.T) {
+	const now = int64(time.Hour)
+	tests := []struct {
+		name      string
+		busyUntil int64
+		d         time.Duration
+		started   bool
+		until     int64
+	}{
+		{"new", 0, 10 * time.Second, true, now + int64(10*time.Second)},
+		{"capped", 0, 24 * time.Hour, true, now + int64(MaxAvoid)},
+		{"past deadline is a new one", now - 1, time.Second, true, now + int64(time.Second)},
+		{"extended, not new", now + int64(time.Second), 10 * time.Second, false, now + int64(10*time.Second)},
+		{"never shortened", now + int64(time.Minute), time.Second, false, now + int64(time.Minute)},
+		{"until cleared stays", -1, time.Second, false, -1},
+		{"zero is nothing", 0, 0, false, 0},
+		{"negative is nothing", 0, -time.Second, false, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := NewBackend(BackendConfig{Addr: "a:1"})
+			b.SetBusy(tc.busyUntil)
+			if got := b.BackOff(now, tc.d); got != tc.started {
+				t.Errorf("started %v, want %v", got, tc.started)
+			}
+			if b.BusyUntil() != tc.until {
+				t.Errorf("until %d, want %d", b.BusyUntil(), tc.until)
+			}
+		})
+	}
+}
+
+// Pick in a generation's pool allocates nothing, with skip and with a
+// tried set.
+func TestGenerationPickAllocatesNothing(t *testing.T) {
+	f := newGenFixture()
+	for _, pol := range PolicyNames {
+		t.Run(pol, func(t *testing.T) {
+			cfg := f.config("sip", false, spec("b1", "x", "y"), spec("b2", "y"), spec("b3", "x", "y"))
+			cfg.Policy = pol
+			g := f.gen(t, cfg)
+			y := g.Pool("y")
+			skip := g.Lookup("b3")
+			key := uint64(0)
+			n := testing.AllocsPerRun(500, func() {
+				key++
+				y.Pick(0, key, skip)
+				var tried Set
+				y.PickTried(0, key, &tried)
+				y.Pinned("b2", 0)
+				g.Lookup("b1")
+			})
+			if n != 0 {
+				t.Errorf("%v allocations per pick, want 0", n)
+			}
+			if n := testing.AllocsPerRun(100, func() { key++; y.Home(0, key) }); n != 0 {
+				t.Errorf("Home: %v allocations, want 0", n)
+			}
+			// Home: a member of this pool, stable under a hash policy,
+			// and one all the same when none takes new work.
+			for i := range 20 {
+				h := y.Home(0, uint64(i))
+				if !y.Has(h) {
+					t.Fatalf("Home gave %s, not of pool y", h.ID())
+				}
+				if pol == "consistent-hash" && y.Home(0, uint64(i)) != h {
+					t.Fatal("Home under consistent-hash not stable")
+				}
+			}
+			for _, b := range y.Backends() {
+				b.Drain(true)
+			}
+			if h := y.Home(0, 7); h == nil || !y.Has(h) || h != y.Home(0, 7) {
+				t.Errorf("Home with every member drained: %v", h)
+			}
+			for _, b := range y.Backends() {
+				b.Drain(false)
+			}
+			// skip is honoured by its position in this pool.
+			for i := range 20 {
+				if b, _, _ := y.Pick(0, uint64(i), skip); b == skip {
+					t.Fatal("Pick returned skip")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkGenerationPick picks in one of two overlapping pools of a
+// generation (16 backends, 8 in both): the cost of a pick by pool.
+func BenchmarkGenerationPick(b *testing.B) {
+	f := newGenFixture()
+	var specs []BackendSpec
+	for i := range 16 {
+		pools := []string{"x"}
+		if i >= 8 {
+			pools = []string{"x", "y"}
+		}
+		specs = append(specs, BackendSpec{ID: fmt.Sprintf("b%d", i), Addr: fmt.Sprintf("10.0.0.%d:80", i), Pools: pools})
+	}
+	for _, pol := range PolicyNames {
+		b.Run(pol, func(b *testing.B) {
+			cfg := f.config("http", false, specs...)
+			cfg.Policy = pol
+			g, err := NewGeneration(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			y := g.Pool("y")
+			b.ReportAllocs()
+			key := uint64(0)
+			for b.Loop() {
+				key++
+				if _, out, _ := y.Pick(0, key, nil); out != Picked {
+					b.Fatal(out)
+				}
+			}
+		})
+	}
+}
