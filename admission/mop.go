@@ -66,6 +66,10 @@ type MOPConfig struct {
 	doubling bool
 }
 
+// DefaultMOPRejectCode is the HTTP status when every backend's MOP
+// refuses (ControllerConfig.MOPRejectCode, flag -mop-reject-code).
+const DefaultMOPRejectCode = 503
+
 // DefaultMOPConfig returns the defaults of every field but Name and
 // Events: the one place they are written (the -mop-* flags show them;
 // zero fields are filled from here).

@@ -112,14 +112,14 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	o.arm.check = func(s string) error { _, err := admission.ParseRule(s); return err }
 	fs.Var(&o.arm, "arm", "ARM `rule` name=N,limit=100/s[,proto=,method=,host=,path=,action=delay|reject|log,queue=,wait=,qualify=,low=,lower=] (repeatable)")
 	cs.also(&o.ctrl.Rules, "arm")
-	o.ctrl.MOPRejectCode = 503
+	o.ctrl.MOPRejectCode = admission.DefaultMOPRejectCode
 	cs.add(&o.ctrl.MOPRejectCode, "mop-reject-code", "HTTP status when every backend's MOP refuses")
 	o.mop = admission.DefaultMOPConfig()
 	ms := newSection(fs, o.fields, "admission", "MOPConfig.", &o.mop)
 	ms.add((*fraction)(&o.mop.MaxHeap), "mop-max-heap", "MOP memory ceiling of a backend, fraction of its max memory (0.85) or percent (85)")
 	ms.add(&o.mop.Window, "mop-window", "MOP averaging window: at least as long as most sessions live")
 	ms.add(&o.mop.InitialRate, "mop-initial-rate", "MOP allowed new work per second before anything is learned")
-	o.mopProbe = lb.MemoryProbeConfig{UsedMetric: lb.DefaultUsedMetric, MaxMetric: lb.DefaultMaxMetric, Interval: time.Second, MaxBytes: lb.MaxMetricsWire}
+	o.mopProbe = lb.DefaultMemoryProbeConfig()
 	mp := newSection(fs, o.fields, "lb", "MemoryProbeConfig.", &o.mopProbe)
 	mp.add(&o.mopProbe.UsedMetric, "mop-used-metric", "Prometheus series summed as a backend's used memory")
 	mp.add(&o.mopProbe.MaxMetric, "mop-max-metric", "Prometheus series summed as a backend's maximum memory")
