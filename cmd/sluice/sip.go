@@ -14,7 +14,7 @@ type sipOptions struct {
 }
 
 // addSIPFlags registers the SIP front end's flags on fs, with the defaults
-// of node.DefaultSIPConfig.
+// of node.DefaultSIPConfig, recording in fields the field each sets.
 func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	o := &sipOptions{cfg: node.DefaultSIPConfig()}
 	c := &o.cfg
