@@ -284,13 +284,13 @@ func TestFieldFlags(t *testing.T) {
 
 // TestEveryFieldErrorHasFlag reads the sources of the packages whose
 // Configs the flags fill and collects every field a FieldError can name
-// (fieldError, fieldErr and NewFieldError calls, FieldError literals): each
-// must map to a flag of `sluice run`, so that no validation error reaches
-// the operator in the library's words.
+// (fieldError, fieldErr and NewFieldError calls, FieldError literals), and
+// those node's own checks return: each must map to a flag of `sluice run`,
+// so that no validation error reaches the operator in the library's words.
 func TestEveryFieldErrorHasFlag(t *testing.T) {
 	fields := fieldFlags()
 	found := 0
-	for _, pkg := range []string{"admission", "lb", "http", "sip", "cluster"} {
+	for _, pkg := range []string{"admission", "lb", "http", "sip", "cluster", "node"} {
 		for _, key := range fieldErrorKeys(t, pkg) {
 			found++
 			if _, ok := fields[key]; !ok {
@@ -420,5 +420,29 @@ func TestConfigFileBounded(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), "-token-file: ") || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ctl -token-file %s: %v, want an error naming -token-file with %q", c.path, err, c.want)
 		}
+	}
+}
+
+// TestZeroRefusedByFlag: a zero the libraries would silently read as
+// their default is refused at start-up under the flag's name (node's
+// checks return the libraries' FieldErrors, named through the registry).
+func TestZeroRefusedByFlag(t *testing.T) {
+	for _, tc := range []struct{ flag, value, want string }{
+		{"health-rise", "0", "sluice run: -health-rise: must be positive"},
+		{"mop-window", "0s", "sluice run: -mop-window: must be positive"},
+		{"mop-probe-interval", "0s", "sluice run: -mop-probe-interval: must be positive"},
+		{"http-sticky-ttl", "0s", "sluice run: -http-sticky-ttl: must be positive"},
+		{"health-max-fails", "-1", "sluice run: -health-max-fails: must not be negative (0 disables passive ejection)"},
+		{"drain-timeout", "-1s", "sluice run: -drain-timeout must not be negative (0: no shutdown drain)"},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			var stderr strings.Builder
+			args := []string{"-data-dir", t.TempDir(), "-admin-listen", "", "-http-listen", "127.0.0.1:0", "-http-backend", "127.0.0.1:1",
+				"-health-interval", "0", "-" + tc.flag, tc.value}
+			code := run(context.Background(), args, io.Discard, &stderr, nil)
+			if code != 2 || strings.TrimSpace(stderr.String()) != tc.want {
+				t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), tc.want)
+			}
+		})
 	}
 }
