@@ -189,7 +189,7 @@ func newPool(specs []backendSpec, policy string, mops []*admission.MOP) (*pool, 
 	}
 	lp, err := lb.NewPool(lb.PoolConfig{Policy: policy}, lbs)
 	if err != nil {
-		return nil, &FieldError{Field: "Policy", Err: err}
+		return nil, fieldError("Policy", "%w", err)
 	}
 	p.lb = lp
 	return p, nil

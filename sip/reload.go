@@ -165,9 +165,9 @@ func (s *Server) runBackendsLocked(p *pool) {
 	}
 }
 
-// drainBackend keeps new work away from b for d after a 503. b may be a
+// drainBackend marks b busy after a 503: no new work for d. b may be a
 // backend SetBackends replaced since the request was sent: the current
-// backend with its id and address is drained too.
+// backend with its id and address is marked too.
 //
 // d is capped at lb.MaxAvoid, the cap HTTP's Retry-After has too. Every
 // back-off is counted (backend_backoffs); one that takes a backend off new
@@ -185,7 +185,7 @@ func (s *Server) drainBackend(b *backend, now int64, d time.Duration, why string
 	if !started {
 		return
 	}
-	msg := fmt.Sprintf("draining: %s, no new work for %s (at most %s)", why, d, lb.MaxAvoid)
+	msg := fmt.Sprintf("busy: %s, no new work for %s (at most %s)", why, d, lb.MaxAvoid)
 	s.log.Info("sip backend "+msg, "backend", b.id)
 	if s.events != nil {
 		s.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: "sip " + b.id, Message: msg})

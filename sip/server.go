@@ -99,7 +99,7 @@ type Server struct {
 }
 
 // Drain starts a graceful stop: from now on new work is refused with 503
-// (Retry-After: -sip-drain-default) while in-dialog requests, CANCELs, ACKs
+// (Retry-After: -sip-busy-default) while in-dialog requests, CANCELs, ACKs
 // and responses keep flowing, so established calls can end. Call Close
 // when the drain period is over. Safe to call more than once. The flag is
 // the admission controller's (SetDraining), the one every front end
@@ -590,7 +590,7 @@ func (s *Server) tick() {
 			lastFull = f
 		}
 		if s.adm.Memory().State() == admission.Critical {
-			s.terminateNewWork(now)
+			s.abortNewWork(now)
 		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()
