@@ -154,7 +154,12 @@ type Status struct {
 	MemoryState string          `json:"memory_state"`
 	Memory      MemoryStatus    `json:"memory"`
 	Backends    []BackendStatus `json:"backends"`
-	ARM         []RuleStatus    `json:"arm"`
+	// Pools groups the backends by pool, each front end's pools in
+	// order (the pool default first); Routes are the routes of new
+	// work by protocol, in order, with their hits.
+	Pools  []PoolStatus             `json:"pools"`
+	Routes map[string][]RouteStatus `json:"routes"`
+	ARM    []RuleStatus             `json:"arm"`
 	// Storage is the data directory's health (persist.Health), when a
 	// store is open.
 	Storage any `json:"storage,omitempty"`
@@ -181,6 +186,26 @@ type BackendStatus struct {
 	Requests    uint64    `json:"requests"`
 	Failures    uint64    `json:"failures"`
 	MOP         MOPStatus `json:"mop"`
+	// Pools are the pools the backend is a member of.
+	Pools []string `json:"pools,omitempty"`
+}
+
+// PoolStatus is one pool in /status: its protocol, name, policy, whether
+// it panics, and its members' ids.
+type PoolStatus struct {
+	Protocol string   `json:"protocol"`
+	Name     string   `json:"name"`
+	Policy   string   `json:"policy"`
+	Panic    bool     `json:"panic"`
+	Backends []string `json:"backends"`
+}
+
+// RouteStatus is one route in /status: its spec (the -http-route or
+// -sip-route syntax), the pool it chooses, and the new work it took.
+type RouteStatus struct {
+	Spec string `json:"spec"`
+	Pool string `json:"pool"`
+	Hits uint64 `json:"hits"`
 }
 
 // MOPStatus is a backend's memory overload protection in /status. Rates
@@ -269,17 +294,29 @@ type Source struct {
 	// Storage reports the data directory's health; nil, or nil returned,
 	// leaves it out.
 	Storage func() any
+	// Pools lists the pools of every front end; nil for none.
+	Pools func() []PoolStatus
+	// Routes lists the routes by protocol; nil for none.
+	Routes func() map[string][]RouteStatus
 }
 
 // Snapshot builds the Status document now.
 func (src Source) Snapshot() Status {
-	st := Status{MemoryState: src.Memory.State().String(), Backends: []BackendStatus{}, ARM: []RuleStatus{}}
+	st := Status{MemoryState: src.Memory.State().String(), Backends: []BackendStatus{}, Pools: []PoolStatus{}, Routes: map[string][]RouteStatus{}, ARM: []RuleStatus{}}
 	st.Memory.LimitSource = src.Memory.LimitSource()
 	if src.Memory != nil {
 		st.Memory.UsedBytes, st.Memory.LimitBytes = src.Memory.Usage()
 	}
 	if src.Backends != nil {
 		st.Backends = append(st.Backends, src.Backends()...)
+	}
+	if src.Pools != nil {
+		st.Pools = append(st.Pools, src.Pools()...)
+	}
+	if src.Routes != nil {
+		for proto, rs := range src.Routes() {
+			st.Routes[proto] = rs
+		}
 	}
 	if src.Controller != nil {
 		for _, m := range src.Controller.Rules() {

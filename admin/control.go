@@ -106,7 +106,7 @@ func (pc PoolControl) Apply(c Change) (string, error) {
 	if c.Target != TargetBackend {
 		return "", fmt.Errorf("%s: %w", c.Target, ErrUnknownAction)
 	}
-	p, b, err := pc.Find(c.Protocol, c.Name)
+	_, b, err := pc.Find(c.Protocol, c.Name)
 	if err != nil {
 		return "", err
 	}
@@ -127,7 +127,7 @@ func (pc PoolControl) Apply(c Change) (string, error) {
 			return "", err
 		}
 		was := b.Weight()
-		if err := p.SetWeight(b.ID(), w); err != nil {
+		if err := pc.setWeight(b, w); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("weight %d -> %d", was, w), nil

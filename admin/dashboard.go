@@ -49,8 +49,9 @@ type PoolControl func() []*lb.Pool
 
 var _ Control = PoolControl(nil)
 
-// Find returns the backend id (of protocol, if given) and its pool;
-// ErrNoSuchBackend or ErrAmbiguousBackend when there is not exactly one.
+// Find returns the backend id (of protocol, if given) and its first pool;
+// ErrNoSuchBackend or ErrAmbiguousBackend when there is not exactly one
+// (a backend in several pools of a generation is one backend).
 func (pc PoolControl) Find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
 	var pool *lb.Pool
 	var found *lb.Backend
@@ -59,7 +60,7 @@ func (pc PoolControl) Find(protocol, id string) (*lb.Pool, *lb.Backend, error) {
 			continue
 		}
 		b := p.Lookup(id)
-		if b == nil || (protocol != "" && b.Proto() != protocol) {
+		if b == nil || (protocol != "" && b.Proto() != protocol) || b == found {
 			continue
 		}
 		if found != nil {
@@ -86,13 +87,26 @@ func (pc PoolControl) Drain(protocol, id string, on bool) error {
 	return nil
 }
 
-// SetWeight implements Control with lb.Pool.SetWeight.
+// SetWeight implements Control with lb.Pool.SetWeight, in every pool the
+// backend is a member of.
 func (pc PoolControl) SetWeight(protocol, id string, w int) error {
-	p, _, err := pc.Find(protocol, id)
+	_, b, err := pc.Find(protocol, id)
 	if err != nil {
 		return err
 	}
-	return p.SetWeight(id, w)
+	return pc.setWeight(b, w)
+}
+
+// setWeight sets b's weight in each pool of pc that holds b.
+func (pc PoolControl) setWeight(b *lb.Backend, w int) error {
+	for _, p := range pc() {
+		if p != nil && p.Lookup(b.ID()) == b {
+			if err := p.SetWeight(b.ID(), w); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // DashboardConfig configures the dashboard.

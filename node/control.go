@@ -42,13 +42,40 @@ func (n *Node) ruleOps() admin.RuleControl {
 	return admin.RuleControl{Controller: n.ctrl, Now: n.clock.Now}
 }
 
-// pools are the pools in force (a reload replaces them).
+// pools are the pools in force of both front ends (a reload replaces
+// them); a backend in several pools is in several of them.
 func (n *Node) pools() []*lb.Pool {
 	var pools []*lb.Pool
-	if n.httpSrv != nil {
-		pools = append(pools, n.httpSrv.Pool())
+	for _, proto := range []string{"http", "sip"} {
+		if g := n.Generation(proto); g != nil {
+			pools = append(pools, g.Pools()...)
+		} else if p := n.frontPool(proto); p != nil {
+			pools = append(pools, p)
+		}
 	}
-	return append(pools, n.sipPool())
+	return pools
+}
+
+// frontPool is the default pool of proto's front end, nil without one.
+func (n *Node) frontPool(proto string) *lb.Pool {
+	if proto == "http" {
+		if n.httpSrv == nil {
+			return nil
+		}
+		return n.httpSrv.Pool()
+	}
+	return n.sipPool()
+}
+
+// backendsOf lists proto's backends in force, each once, in spec order.
+func (n *Node) backendsOf(proto string) []*lb.Backend {
+	if g := n.Generation(proto); g != nil {
+		return g.Backends()
+	}
+	if p := n.frontPool(proto); p != nil {
+		return p.Backends()
+	}
+	return nil
 }
 
 // Apply implements admin.Operator.
@@ -389,11 +416,8 @@ func (n *Node) RunningConfig() string {
 	for _, rc := range n.ctrl.RuleConfigs() {
 		fmt.Fprintf(&b, "arm %s\n", admission.FormatRule(rc))
 	}
-	for _, p := range n.pools() {
-		if p == nil {
-			continue
-		}
-		for _, be := range p.Backends() {
+	for _, proto := range []string{"http", "sip"} {
+		for _, be := range n.backendsOf(proto) {
 			spec, ok := n.configuredBackend(be.Proto(), be.ID())
 			if !ok {
 				continue

@@ -47,6 +47,12 @@ type Config struct {
 	// HTTPBackends are -http-backend specs, ADDR[,key=value...]. None: no
 	// HTTP front end (unless the backends file gives some).
 	HTTPBackends []string
+	// HTTPPools are -http-pool specs (lb.ParsePoolSpec): the settings of
+	// named pools where they differ from the front end's.
+	HTTPPools []string
+	// HTTPRoutes are -http-route specs (lb.ParseRouteSpec), first match
+	// wins; no match: the pool default.
+	HTTPRoutes []string
 	// TrustedProxies are -http-trusted-proxy values, each a CIDR or a
 	// comma-separated list of them.
 	TrustedProxies []string
@@ -80,7 +86,8 @@ type Config struct {
 	// KeyFile holds the affinity HMAC key; "" is affinity.key in the data
 	// directory.
 	KeyFile string
-	// BackendsFile lists more backends ("http SPEC" / "sip SPEC" lines);
+	// BackendsFile lists more backends, pool settings and routes ("http
+	// SPEC", "sip SPEC", "http-pool SPEC", "http-route SPEC", ... lines);
 	// Reload re-reads it.
 	BackendsFile string
 	// Persist configures the data directory.
@@ -104,6 +111,8 @@ type Config struct {
 	// SIPBackends are -sip-backend specs. None: no SIP front end (unless
 	// the backends file gives some).
 	SIPBackends []string
+	// SIPPools and SIPRoutes are -sip-pool and -sip-route specs.
+	SIPPools, SIPRoutes []string
 	// Cluster joins a cluster of nodes sharing budgets through Redis;
 	// Redis "" keeps the node standalone.
 	Cluster cluster.Config
@@ -127,7 +136,7 @@ type Node struct {
 	signer         *lb.Signer
 	keyRing        []lb.Key // the affinity key ring; the cluster signs dialog changes with keys derived from it
 	httpSrv        *lbhttp.Server
-	httpGen        *httpGen          // HTTP backends with their health checks and probes
+	httpGen        *lb.Generation    // HTTP backends in pools, with their health checks and probes
 	probes         []*lb.MemoryProbe // SIP backends' memory probes
 	sipProbeCancel context.CancelFunc
 	mopByKey       map[string]*admission.MOP
@@ -140,9 +149,7 @@ type Node struct {
 	dataKeyFile    string                 // the affinity key generated in the data directory ("" with -affinity-key-file)
 	dataKey        []byte                 // and its bytes
 
-	// The backends given by the Config; the backends file adds to them.
-	cfgHTTPBackends, cfgSIPBackends []string
-	httpBackends, sipBackends       []string // in force
+	specsInForce
 
 	// mops lists every backend's MOP limiter by its persist key
 	// (persist.MOPKey(proto, addr)), built before any front end serves:
@@ -176,20 +183,21 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	n.eventLog = &eventLog{logger: n.logger}
 	n.events = n.eventLog.emit
 	n.forward = newForwardHistogram()
-	n.cfgHTTPBackends = append([]string{}, cfg.HTTPBackends...)
-	n.cfgSIPBackends = append([]string{}, cfg.SIPBackends...)
-	n.httpBackends = append([]string{}, cfg.HTTPBackends...)
-	n.sipBackends = append([]string{}, cfg.SIPBackends...)
+	var file fileSpecs
 	if cfg.BackendsFile != "" {
-		h, s, err := readBackendsFile(cfg.BackendsFile)
-		if err != nil {
+		var err error
+		if file, err = readBackendsFile(cfg.BackendsFile); err != nil {
 			return nil, err
 		}
-		n.httpBackends = append(n.httpBackends, h...)
-		n.sipBackends = append(n.sipBackends, s...)
 	}
+	n.setSpecs(cfg, file)
 	if len(n.httpBackends) == 0 && len(n.sipBackends) == 0 {
 		return nil, errors.New("no backends: give -http-backend and/or -sip-backend (or -backends-file)")
+	}
+	for _, proto := range []string{"http", "sip"} {
+		if err := file.check(proto, n.specs(proto)); err != nil {
+			return nil, err
+		}
 	}
 	if err := cfg.checkPositive(); err != nil {
 		return nil, err
@@ -212,6 +220,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	}
 	rules, err := n.loadRules()
 	if err != nil {
+		return nil, err
+	}
+	if err := n.checkRulePools(rules); err != nil {
 		return nil, err
 	}
 	n.cfgRules = rules
@@ -285,7 +296,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 			return nil, err
 		}
 		n.admin.Handle("GET /healthz", n.healthz())
-		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus}
+		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus}
 		n.admin.Handle("GET /status", admin.StatusHandler(src))
 		// The dashboard at / samples src every second while the admin
 		// listener serves; its buttons drain and reweigh the pools in force.
@@ -390,7 +401,7 @@ func (n *Node) newMOP(proto, id, addr string) (*admission.MOP, error) {
 }
 
 func (n *Node) buildHTTP() error {
-	gen, err := n.newHTTPGen(n.httpBackends)
+	gen, err := n.buildGen("http", n.specs("http"), nil)
 	if err != nil {
 		return err
 	}
@@ -406,11 +417,14 @@ func (n *Node) buildHTTP() error {
 	hc.Clock = n.clock
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
-	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Pool: n.httpGen.pool, Admission: n.ctrl, Signer: n.signer}, n.logger)
+	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer}, n.logger)
 	return err
 }
 
 func (n *Node) buildSIP() error {
+	if err := sipPoolsServed(n.specs("sip")); err != nil {
+		return err
+	}
 	cfg, err := sipConfig(n.cfg.SIP, n.sipBackends)
 	if err != nil {
 		return err
@@ -482,7 +496,7 @@ func (n *Node) start(parent context.Context) error {
 	}
 	n.startCluster(ctx)
 	if n.httpGen != nil {
-		n.startHTTPGen(n.httpGen)
+		n.httpGen.Start(ctx) // a first round of probes before traffic
 	}
 	n.startSIPProbes(n.probes)
 	if l := n.memLimit; l.LimitSource == admission.LimitFromNone {
@@ -580,6 +594,9 @@ func (n *Node) Stop(timeout time.Duration) {
 		n.cancel()
 	}
 	n.background.Wait()
+	if n.httpGen != nil {
+		n.httpGen.Stop()
+	}
 	if n.cpuProfile != nil {
 		pprof.StopCPUProfile()
 		n.cpuProfile.Close()
@@ -592,20 +609,21 @@ func (n *Node) Stop(timeout time.Duration) {
 	n.closeStore()
 }
 
-// backendStatus lists the HTTP and SIP backends for /status.
+// backendStatus lists the HTTP and SIP backends for /status, each once
+// with the pools it is a member of.
 func (n *Node) backendStatus() []admin.BackendStatus {
 	var out []admin.BackendStatus
 	now := n.clock.Now()
-	var httpPool *lb.Pool
-	if n.httpSrv != nil {
-		httpPool = n.httpSrv.Pool() // the set in force, also after a reload
-	}
-	for _, pool := range []*lb.Pool{httpPool, n.sipPool()} {
-		if pool == nil {
-			continue
-		}
-		for _, b := range pool.Backends() {
-			out = append(out, admin.FromBackend(b.Status(now), b.MOP()))
+	for _, proto := range []string{"http", "sip"} {
+		g := n.Generation(proto)
+		for _, b := range n.backendsOf(proto) {
+			st := admin.FromBackend(b.Status(now), b.MOP())
+			if g != nil {
+				st.Pools = g.PoolsOf(b)
+			} else {
+				st.Pools = []string{lb.DefaultPool}
+			}
+			out = append(out, st)
 		}
 	}
 	return out

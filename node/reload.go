@@ -3,106 +3,49 @@ package node
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
-	lbhttp "github.com/sluicelb/sluice/http"
 	"github.com/sluicelb/sluice/internal/opfile"
 	"github.com/sluicelb/sluice/lb"
-	lbsip "github.com/sluicelb/sluice/sip"
 )
 
-// httpGen is one set of HTTP backends: the pool, its active health checks
-// and memory probes. A reload builds a new one and retires the old.
-type httpGen struct {
-	pool   *lb.Pool
-	health *lb.HealthChecker // nil when -health-interval is 0
-	probes []*lb.MemoryProbe
-	cancel context.CancelFunc
+// fileSpecs is what -backends-file gives, by protocol.
+type fileSpecs struct {
+	http, sip specSet
+	path      string
+	lines     map[string]int // "http-route SPEC" -> its line
 }
 
-// newHTTPGen builds the backends of specs. A backend whose key (protocol
-// and address) is already known keeps its MOP limiter, so what it learned
-// survives a reload.
-func (n *Node) newHTTPGen(specs []string) (*httpGen, error) {
-	if n.cfg.Health.Interval < 0 {
-		return nil, errors.New("-health-interval must not be negative")
-	}
-	var backends []*lb.Backend
-	var parsed []lbhttp.BackendSpec
-	for _, s := range specs {
-		spec, err := lbhttp.ParseBackend(s)
-		if err != nil {
-			return nil, err
-		}
-		var mop *admission.MOP
-		if spec.MetricsURL != "" {
-			// MOP learns from memory samples: without a probe it would
-			// hold the backend at -mop-initial-rate for ever.
-			if mop, err = n.newMOP("http", spec.ID, spec.Addr); err != nil {
-				return nil, err
-			}
-		}
-		b, err := lb.NewBackend(lb.BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: "http", Weight: spec.Weight, MOP: mop})
-		if err != nil {
-			return nil, fmt.Errorf("-http-backend %q: %w", s, err)
-		}
-		backends = append(backends, b)
-		parsed = append(parsed, spec)
-	}
-	g := &httpGen{}
-	var err error
-	passive := n.cfg.Passive
-	passive.OnEject = n.onEject("http")
-	if g.pool, err = lb.NewPool(lb.PoolConfig{Policy: n.cfg.Policy, Passive: passive}, backends); err != nil {
-		return nil, err
-	}
-	if n.cfg.Health.Interval > 0 {
-		prober := func(b *lb.Backend) lb.Prober { return httpProber(n.cfg.HealthPath, parsed[b.Index()]) }
-		if g.health, err = lb.NewPoolHealthChecker(n.healthConfig(), g.pool, prober, n.logger); err != nil {
-			return nil, err
+// check is checkSpecs of proto's specs in force, an error about a value of
+// the file naming its line.
+func (f fileSpecs) check(proto string, set specSet) error {
+	err := checkSpecs(proto, set)
+	var ve *ValueError
+	if errors.As(err, &ve) {
+		if n, ok := f.lines[strings.TrimPrefix(ve.Flag, "-")+" "+ve.Value]; ok {
+			return fmt.Errorf("-backends-file %s:%d: %w", f.path, n, err)
 		}
 	}
-	for i, b := range backends {
-		if parsed[i].MetricsURL == "" {
-			continue
-		}
-		pc := n.cfg.MOPProbe
-		pc.URL = parsed[i].MetricsURL
-		probe, err := lb.NewMemoryProbe(b, pc, n.clock, n.logger)
-		if err != nil {
-			return nil, err
-		}
-		g.probes = append(g.probes, probe)
-	}
-	return g, nil
+	return err
 }
 
-// startHTTPGen runs g's health checks and probes until the plan stops or
-// g is retired.
-func (n *Node) startHTTPGen(g *httpGen) {
-	ctx, cancel := context.WithCancel(n.ctx)
-	g.cancel = cancel
-	if g.health != nil {
-		g.health.ProbeAll(ctx) // a first verdict before traffic
-		n.goBackground(func() { g.health.Run(ctx) })
-	}
-	for _, probe := range g.probes {
-		n.goBackground(func() { probe.Run(ctx) })
-	}
-}
-
-// readBackendsFile reads -backends-file: one backend a line, "http SPEC"
-// or "sip SPEC" with SPEC as for -http-backend and -sip-backend; blank
-// lines and lines starting with # are skipped. Errors name file and line.
-func readBackendsFile(path string) (httpSpecs, sipSpecs []string, err error) {
+// readBackendsFile reads -backends-file: one item a line, "http SPEC" or
+// "sip SPEC" for a backend (SPEC as for -http-backend and -sip-backend),
+// "http-pool SPEC", "sip-pool SPEC" for a pool's settings and
+// "http-route SPEC", "sip-route SPEC" for a route (in order: first match
+// wins, after the flags' routes); blank lines and lines starting with #
+// are skipped. Errors name file and line. A route or pool setting naming
+// a pool without backends is named with its line too.
+func readBackendsFile(path string) (fileSpecs, error) {
+	out := fileSpecs{path: path, lines: map[string]int{}}
 	data, err := opfile.ReadLines(path, opfile.MaxSize)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-backends-file: %w", err)
+		return out, fmt.Errorf("-backends-file: %w", err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	// Ids are unique per protocol: a duplicate is named with both lines
@@ -123,37 +66,47 @@ func readBackendsFile(path string) (httpSpecs, sipSpecs []string, err error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		proto, spec, _ := strings.Cut(line, " ")
+		kind, spec, _ := strings.Cut(line, " ")
 		spec = strings.TrimSpace(spec)
+		proto, what, _ := strings.Cut(kind, "-")
+		set := &out.http
+		if proto == "sip" {
+			set = &out.sip
+		}
 		switch {
 		case spec == "":
-			return nil, nil, fmt.Errorf("-backends-file %s:%d: want \"http SPEC\" or \"sip SPEC\", got %q", path, n, line)
-		case proto == "http":
-			b, err := lbhttp.ParseBackend(spec)
+			return out, fmt.Errorf("-backends-file %s:%d: want \"http SPEC\", \"sip SPEC\", \"http-pool SPEC\", \"sip-pool SPEC\", \"http-route SPEC\" or \"sip-route SPEC\", got %q", path, n, line)
+		case proto != "http" && proto != "sip":
+			return out, fmt.Errorf("-backends-file %s:%d: protocol %q: want http or sip", path, n, proto)
+		case what == "":
+			b, err := lb.ParseBackendSpec(proto, spec)
 			if err != nil {
-				return nil, nil, fmt.Errorf("-backends-file %s:%d: %w", path, n, err)
+				return out, fmt.Errorf("-backends-file %s:%d: %s %w", path, n, proto, err)
 			}
 			if err := dup(proto, b.ID, b.Addr, n); err != nil {
-				return nil, nil, err
+				return out, err
 			}
-			httpSpecs = append(httpSpecs, spec)
-		case proto == "sip":
-			b, err := lbsip.ParseBackend(spec)
-			if err != nil {
-				return nil, nil, fmt.Errorf("-backends-file %s:%d: %w", path, n, err)
+			set.Backends = append(set.Backends, spec)
+		case what == "pool":
+			if _, err := lb.ParsePoolSpec(proto, spec); err != nil {
+				return out, fmt.Errorf("-backends-file %s:%d: %s-pool %q: %w", path, n, proto, spec, err)
 			}
-			if err := dup(proto, b.ID, b.Addr, n); err != nil {
-				return nil, nil, err
+			set.Pools = append(set.Pools, spec)
+			out.lines[kind+" "+spec] = n
+		case what == "route":
+			if _, err := lb.ParseRouteSpec(proto, spec); err != nil {
+				return out, fmt.Errorf("-backends-file %s:%d: %s-route %q: %w", path, n, proto, spec, err)
 			}
-			sipSpecs = append(sipSpecs, spec)
+			set.Routes = append(set.Routes, spec)
+			out.lines[kind+" "+spec] = n
 		default:
-			return nil, nil, fmt.Errorf("-backends-file %s:%d: protocol %q: want http or sip", path, n, proto)
+			return out, fmt.Errorf("-backends-file %s:%d: %q: want http, sip, http-pool, sip-pool, http-route or sip-route", path, n, kind)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, nil, fmt.Errorf("-backends-file %s: %w", path, err)
+		return out, fmt.Errorf("-backends-file %s: %w", path, err)
 	}
-	return httpSpecs, sipSpecs, nil
+	return out, nil
 }
 
 // Reload re-reads -backends-file (SIGHUP) and puts the new backend sets in
@@ -174,7 +127,7 @@ func (n *Node) Reload() error {
 }
 
 func (n *Node) reload() error {
-	httpSpecs, sipSpecs, err := readBackendsFile(n.cfg.BackendsFile)
+	file, err := readBackendsFile(n.cfg.BackendsFile)
 	if err != nil {
 		return err
 	}
@@ -182,56 +135,80 @@ func (n *Node) reload() error {
 	// old pool and be lost.
 	n.op.mu.Lock()
 	defer n.op.mu.Unlock()
-	httpAll := append(append([]string{}, n.cfgHTTPBackends...), httpSpecs...)
-	sipAll := append(append([]string{}, n.cfgSIPBackends...), sipSpecs...)
-	if (len(httpAll) > 0) != (n.httpSrv != nil) || (len(sipAll) > 0) != (n.sipSrv != nil) {
+	next := n.specsInForce
+	next.setSpecs(n.cfg, file)
+	if (len(next.httpBackends) > 0) != (n.httpSrv != nil) || (len(next.sipBackends) > 0) != (n.sipSrv != nil) {
 		return errors.New("reload: a front end can be added or removed only by a restart (keep at least one backend per protocol in use)")
 	}
-	var gen *httpGen
+	for _, proto := range []string{"http", "sip"} {
+		if err := file.check(proto, next.specs(proto)); err != nil {
+			return err
+		}
+	}
+	var gen *lb.Generation
 	if n.httpSrv != nil {
-		if gen, err = n.newHTTPGen(httpAll); err != nil {
+		if gen, err = n.buildGen("http", next.specs("http"), n.httpGen); err != nil {
 			return fmt.Errorf("-backends-file %s: http backends: %w", n.cfg.BackendsFile, err)
 		}
 	}
 	if n.sipSrv != nil {
-		if err := n.reloadSIP(sipAll); err != nil {
+		if err := n.reloadSIP(next.specs("sip")); err != nil {
 			return fmt.Errorf("-backends-file %s: sip backends: %w", n.cfg.BackendsFile, err)
 		}
 	}
+	n.specsInForce = next
 	if gen != nil {
-		carryRunTimeState(n.httpGen.pool, gen.pool, gen.health != nil)
-		n.startHTTPGen(gen)
-		if err := n.httpSrv.SetPool(gen.pool); err != nil {
-			gen.cancel()
+		if err := n.installHTTP(gen); err != nil {
 			return err
 		}
-		old := n.httpGen
-		n.httpGen = gen
-		n.httpBackends = httpAll
-		old.cancel()
 	}
 	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.BackendsFile,
-		Message: fmt.Sprintf("backends reloaded: %d http, %d sip", len(httpAll), len(sipAll))})
+		Message: fmt.Sprintf("backends reloaded: %d http, %d sip", len(n.httpBackends), len(n.sipBackends))})
 	// The new backends start at their configured weight: put the
 	// run-time changes kept in the data directory back on them.
-	n.applyOverrides("backend/", "mop/")
+	n.applyOverrides("routes/", "backend/", "mop/")
 	return nil
 }
 
-// carryRunTimeState drains and disables each backend of next that the
-// operator drained or disabled in prev (same id), before next serves: a
-// reload of the backends does not send new work to a drained backend,
-// with or without a data directory. With health checks on, a backend new
-// to the set is Unknown until its first probe (lb.Backend.SetUnknown).
-func carryRunTimeState(prev, next *lb.Pool, probed bool) {
-	for _, b := range next.Backends() {
-		if ob := prev.Lookup(b.ID()); ob != nil {
-			b.Drain(ob.Drained())
-			b.Disable(ob.Disabled())
-		} else if probed {
-			b.SetUnknown(true)
-		}
+// specsInForce are the backends, pool settings and routes in force.
+type specsInForce struct {
+	httpBackends, sipBackends []string
+	httpPools, sipPools       []string
+	// Routes by protocol: configured (Config and backends file), and in
+	// force (the configured ones, or the operator's run-time list).
+	cfgRoutes, routes map[string][]string
+}
+
+// setSpecs puts cfg's backends, pool settings and routes with the
+// backends file's after them in force; the routes in force are the
+// configured ones (overrides go on top later).
+func (n *specsInForce) setSpecs(cfg Config, file fileSpecs) {
+	cat := func(a, b []string) []string { return append(slices.Clone(a), b...) }
+	n.httpBackends = cat(cfg.HTTPBackends, file.http.Backends)
+	n.sipBackends = cat(cfg.SIPBackends, file.sip.Backends)
+	n.httpPools = cat(cfg.HTTPPools, file.http.Pools)
+	n.sipPools = cat(cfg.SIPPools, file.sip.Pools)
+	n.cfgRoutes = map[string][]string{"http": cat(cfg.HTTPRoutes, file.http.Routes), "sip": cat(cfg.SIPRoutes, file.sip.Routes)}
+	n.routes = map[string][]string{"http": n.cfgRoutes["http"], "sip": n.cfgRoutes["sip"]}
+}
+
+// installHTTP starts gen (with the node running), hands it to the HTTP
+// front end and stops the generation it replaces. The caller holds
+// op.mu, or the node is not started yet.
+func (n *Node) installHTTP(gen *lb.Generation) error {
+	if n.ctx != nil {
+		gen.Start(n.ctx) // a first round of probes before it serves
 	}
+	if err := n.httpSrv.SetGeneration(gen); err != nil {
+		gen.Stop()
+		return err
+	}
+	old := n.httpGen
+	n.httpGen = gen
+	if old != nil {
+		old.Stop()
+	}
+	return nil
 }
 
 // healthConfig is -health-* with the event log attached.

@@ -23,11 +23,11 @@ func TestReadBackendsFileErrors(t *testing.T) {
 	} {
 		f := filepath.Join(dir, "b")
 		os.WriteFile(f, []byte(tc.body), 0o600)
-		if _, _, err := readBackendsFile(f); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "-backends-file") {
+		if _, err := readBackendsFile(f); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "-backends-file") {
 			t.Errorf("%q: err %v, want one with %q", tc.body, err, tc.want)
 		}
 	}
-	if _, _, err := readBackendsFile(filepath.Join(dir, "missing")); err == nil {
+	if _, err := readBackendsFile(filepath.Join(dir, "missing")); err == nil {
 		t.Error("missing file accepted")
 	}
 }
@@ -51,7 +51,7 @@ func TestOperatorFilesBounded(t *testing.T) {
 		{fifo, "not a regular file"}, // (/dev/zero is opfile's test: without the bound it eats memory)
 	} {
 		done := make(chan error, 1)
-		go func() { _, _, err := readBackendsFile(c.path); done <- err }()
+		go func() { _, err := readBackendsFile(c.path); done <- err }()
 		select {
 		case err := <-done:
 			if err == nil || !strings.Contains(err.Error(), "-backends-file") || !strings.Contains(err.Error(), c.want) {

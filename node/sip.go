@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
@@ -76,7 +77,11 @@ func (n *Node) startSIPProbes(probes []*lb.MemoryProbe) {
 // reloadSIP puts a new list of SIP backends in force (see
 // sip.Server.SetBackends): those that stay keep their learned rates and
 // their dialogs; removed ones take no new work while calls on them end.
-func (n *Node) reloadSIP(specs []string) error {
+func (n *Node) reloadSIP(set specSet) error {
+	if err := sipPoolsServed(set); err != nil {
+		return err
+	}
+	specs := set.Backends
 	var bcs []lbsip.BackendConfig
 	for _, s := range specs {
 		bc, err := lbsip.ParseBackend(s)
@@ -92,7 +97,6 @@ func (n *Node) reloadSIP(specs []string) error {
 	if mopErr != nil {
 		return mopErr
 	}
-	n.sipBackends = specs
 	// The probe settings and URLs were checked at start and by the
 	// parser: building the probes of the new set does not fail.
 	probes, err := n.sipProbesFor(n.sipSrv.Pool(), bcs)
@@ -120,3 +124,28 @@ func sipConfig(c lbsip.Config, specs []string) (lbsip.Config, error) {
 	}
 	return c, nil
 }
+
+// sipPoolsServed refuses SIP pool settings and routes, and backends in a
+// pool other than default, which the SIP front end does not serve yet.
+func sipPoolsServed(set specSet) error {
+	if len(set.Pools) > 0 {
+		return &ValueError{Flag: "-sip-pool", Value: set.Pools[0], Err: errors.New("the SIP front end serves the pool default only")}
+	}
+	if len(set.Routes) > 0 {
+		return &ValueError{Flag: "-sip-route", Value: set.Routes[0], Err: errors.New("the SIP front end serves the pool default only")}
+	}
+	for _, s := range set.Backends {
+		if b, err := lb.ParseBackendSpec("sip", s); err == nil && (len(b.Pools) > 1 || len(b.Pools) == 1 && b.Pools[0] != lb.DefaultPool) {
+			return &ValueError{Flag: "-sip-backend", Value: s, Err: errors.New("the SIP front end serves the pool default only")}
+		}
+	}
+	return nil
+}
+
+// sipGenConfig sets the SIP settings of a generation's configuration.
+func (n *Node) sipGenConfig(*lb.GenConfig) error {
+	return errors.New("sip backends: the SIP front end builds its own pool")
+}
+
+// sipGeneration is the SIP front end's generation in force.
+func (n *Node) sipGeneration() *lb.Generation { return nil }
