@@ -116,13 +116,14 @@ func checkSpecs(proto string, set specSet) error {
 }
 
 // checkRulePools refuses an ARM rule whose pool= names a pool of no front
-// end: its budget would never meter anything.
+// end: its budget would never meter anything. rules are loadRules': the
+// -arm flags' first, in order, then -arm-file's.
 func (n *Node) checkRulePools(rules []admission.RuleConfig) error {
 	names := poolNames("http", n.specs("http").Backends)
 	for p := range poolNames("sip", n.specs("sip").Backends) {
 		names[p] = true
 	}
-	for _, rc := range rules {
+	for i, rc := range rules {
 		if rc.Match.Pool == "" || names[rc.Match.Pool] {
 			continue
 		}
@@ -131,8 +132,11 @@ func (n *Node) checkRulePools(rules []admission.RuleConfig) error {
 			have = append(have, p)
 		}
 		slices.Sort(have)
-		return &ValueError{Flag: "-arm", Value: admission.FormatRule(rc),
-			Err: fmt.Errorf("pool %s is a pool of no front end (pools: %s)", rc.Match.Pool, strings.Join(have, ", "))}
+		err := fmt.Errorf("pool %s is a pool of no front end (pools: %s)", rc.Match.Pool, strings.Join(have, ", "))
+		if i < len(n.cfg.ARM) {
+			return &ValueError{Flag: "-arm", Value: n.cfg.ARM[i], Err: err}
+		}
+		return fmt.Errorf("-arm-file %s: rule %s: %w", n.cfg.ARMFile, rc.Name, err)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/internal/opfile"
+	"github.com/sluicelb/sluice/node"
 )
 
 // One mechanism reads the flags of every command: the command line, then
@@ -28,6 +29,11 @@ import (
 type listFlag struct {
 	values []string
 	check  func(string) error // validates one value; may be nil
+	// from is where each value came from ("command line", a SLUICE_*
+	// variable, "-config FILE:LINE"), by index; source is where the
+	// values being set now come from (parseFlags sets it).
+	from   []string
+	source string
 }
 
 func (l *listFlag) String() string { return strings.Join(l.values, " ") }
@@ -39,7 +45,54 @@ func (l *listFlag) Set(s string) error {
 		}
 	}
 	l.values = append(l.values, s)
+	src := l.source
+	if src == "" {
+		src = "command line"
+	}
+	l.from = append(l.from, src)
 	return nil
+}
+
+// sourceOf says where value v of the flag came from, "" if it is not one
+// of its values.
+func (l *listFlag) sourceOf(v string) string {
+	for i, x := range l.values {
+		if x == v && i < len(l.from) {
+			return l.from[i]
+		}
+	}
+	return ""
+}
+
+// setSource tells f, when it is a listFlag, where the next values come
+// from.
+func setSource(f *flag.Flag, src string) {
+	if l, ok := f.Value.(*listFlag); ok {
+		l.source = src
+	}
+}
+
+// sourcedError names where a value a library refused came from: a
+// node.ValueError (a route to a pool without backends, an ARM rule naming
+// no pool) gets the source of its value, when fs has it.
+func sourcedError(fs *flag.FlagSet, err error) error {
+	var ve *node.ValueError
+	if fs == nil || !errors.As(err, &ve) {
+		return err
+	}
+	f := fs.Lookup(strings.TrimPrefix(ve.Flag, "-"))
+	if f == nil {
+		return err
+	}
+	l, ok := f.Value.(*listFlag)
+	if !ok {
+		return err
+	}
+	src := l.sourceOf(ve.Value)
+	if src == "" {
+		return err
+	}
+	return &namedFlagError{msg: fmt.Sprintf("%s %q (%s): %v", ve.Flag, ve.Value, src, ve.Err), err: err}
 }
 
 // envSplit marks a listFlag: its environment twin holds several values
@@ -107,6 +160,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 		if !ok {
 			return
 		}
+		setSource(f, env)
 		if err = setFromEnv(fs, f, v); err != nil {
 			err = fmt.Errorf("%s (-%s): invalid value %q: %w%s", env, f.Name, v, err, wantValue(f, err))
 		}
@@ -213,6 +267,7 @@ func readConfigFile(fs *flag.FlagSet, file string, skip map[string]bool) error {
 		case skip[name]:
 			continue
 		}
+		setSource(f, where)
 		if err := fs.Set(name, value); err != nil {
 			return fmt.Errorf("%s: -%s: invalid value %q: %w%s", where, name, value, err, wantValue(f, err))
 		}

@@ -33,6 +33,9 @@ type runOptions struct {
 	fields       map[string]string
 	http         node.HTTPConfig
 	httpBackends listFlag
+	httpPools    listFlag
+	httpRoutes   listFlag
+	fs           *flag.FlagSet // the flags parsed, which know where each list value came from
 	trusted      listFlag
 	pool         lb.PoolConfig // Policy, Passive
 	health       lb.HealthConfig
@@ -69,7 +72,11 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hs := newSection(fs, o.fields, "http", "", h)
 	hs.add(&h.Listen, "http-listen", "HTTP listen address")
 	o.httpBackends.check = node.CheckHTTPBackend
-	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME] (repeatable; none: no HTTP front end)")
+	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default)")
+	o.httpPools.check = node.CheckPool("http")
+	fs.Var(&o.httpPools, "http-pool", "settings of an HTTP `pool` where they differ from the front end's: name=NAME[,policy=P][,hash-key=source|header:NAME|cookie:NAME][,health=PATH|-] (repeatable)")
+	o.httpRoutes.check = node.CheckRoute("http")
+	fs.Var(&o.httpRoutes, "http-route", "HTTP `route` of new work to a pool, first match wins (no match: the pool default, else 404): pool=NAME[,host=H|*.H][,path=/PREFIX|~REGEX][,method=M][,header=NAME:VALUE][,strip=/PREFIX] (repeatable, in order)")
 	o.trusted.check = node.CheckTrustedProxies
 	fs.Var(&o.trusted, "http-trusted-proxy", "`CIDR` whose X-Forwarded-For/Forwarded are kept and appended to (repeatable, or comma-separated)")
 	hs.also(&h.TrustedProxies, "http-trusted-proxy")
@@ -134,7 +141,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	me.add((*fraction)(&o.memory.Critical), "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
 
 	fs.StringVar(&o.keyFile, "affinity-key-file", "", "key, or key ring of \"ID HEXKEY\" lines (newest last), of sticky cookies and SIP tokens; created when missing (default: affinity.key in -data-dir)")
-	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, one \"http SPEC\" or \"sip SPEC\" a line, added to the flags' and re-read on SIGHUP")
+	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, pools and routes, one \"http SPEC\", \"sip SPEC\", \"http-pool SPEC\", \"sip-pool SPEC\", \"http-route SPEC\" or \"sip-route SPEC\" a line, added after the flags' and re-read on SIGHUP")
 	persistFlags(fs, &o.persist)
 	fs.StringVar(&o.adminListen, "admin-listen", admin.DefaultListen, "admin listener for /healthz, /status, /metrics, /events and /control (empty disables); off loopback it needs -admin-token-file")
 	o.adminHosts.check = func(s string) error { _, err := admin.ParseHost(s); return err }
@@ -232,7 +239,8 @@ func parseNode(p preset, args []string, stderr io.Writer) (cfg node.Config, o *r
 		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, err)
 		return cfg, nil, nil, 2, false
 	}
-	cfg.Settings = settingLines(fs, "arm", "http-backend", "sip-backend")
+	cfg.Settings = settingLines(fs, "arm", "http-backend", "sip-backend", "http-pool", "sip-pool", "http-route", "sip-route")
+	o.fs = fs
 	return cfg, o, logger, 0, true
 }
 
@@ -246,7 +254,7 @@ func serve(ctx context.Context, p preset, args []string, stdout, stderr io.Write
 	}
 	n, err := node.New(cfg, logger)
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, flagError(err))
+		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, flagError(sourcedError(o.fs, err)))
 		return 2
 	}
 	// ctx ends at SIGTERM, when the drain starts: the node runs on a
@@ -307,6 +315,8 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 	return node.Config{
 		HTTP:           o.http,
 		HTTPBackends:   o.httpBackends.values,
+		HTTPPools:      o.httpPools.values,
+		HTTPRoutes:     o.httpRoutes.values,
 		TrustedProxies: o.trusted.values,
 		Policy:         o.pool.Policy,
 		Health:         o.health,
@@ -328,6 +338,8 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		CPUProfile:     o.cpuProfile,
 		SIP:            o.sip.cfg,
 		SIPBackends:    o.sip.backends.values,
+		SIPPools:       o.sip.pools.values,
+		SIPRoutes:      o.sip.routes.values,
 		Cluster:        o.cluster,
 	}, logger, nil
 }

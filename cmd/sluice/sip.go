@@ -11,6 +11,8 @@ import (
 type sipOptions struct {
 	cfg      node.SIPConfig
 	backends listFlag
+	pools    listFlag
+	routes   listFlag
 }
 
 // addSIPFlags registers the SIP front end's flags on fs, with the defaults
@@ -23,7 +25,11 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.Advertise, "sip-advertise", "host:port written into Via and Record-Route (default: the listen address)")
 	o.backends.check = node.CheckSIPBackend
 	s.also(&c.Backends, "sip-backend")
-	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME] (repeatable)")
+	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME][,pool=NAME] (repeatable, pool= too; no pool=: the pool default)")
+	o.pools.check = node.CheckPool("sip")
+	fs.Var(&o.pools, "sip-pool", "settings of a SIP `pool` where they differ from the front end's: name=NAME[,policy=P] (repeatable)")
+	o.routes.check = node.CheckRoute("sip")
+	fs.Var(&o.routes, "sip-route", "SIP `route` of new work to a pool, first match wins (no match: the pool default, else -sip-no-route-code); in-dialog requests never consult routes: pool=NAME[,domain=H|*.H][,user=PREFIX|~REGEX][,method=M][,header=NAME:VALUE][,from-domain=H] (repeatable, in order)")
 	s.add(&c.Policy, "sip-lb-policy", "selection of new work: hash (consistent hash on Call-ID), round-robin, weighted-round-robin, least-outstanding, p2c")
 	s.add(&c.TokenTTL, "sip-affinity-ttl", "lifetime of the signed backend token in Record-Route (longest dialog)")
 	s.add(&c.DialogTTL, "sip-dialog-ttl", "dialog table: forget a dialog after this long without an in-dialog request (a bit more than the longest call)")
