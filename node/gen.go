@@ -178,8 +178,8 @@ func (n *Node) buildGen(proto string, set specSet, prev *lb.Generation) (*lb.Gen
 	}
 	switch proto {
 	case "http":
-		if n.cfg.Health.Interval < 0 {
-			return nil, errors.New("-health-interval must not be negative")
+		if err := n.cfg.checkHTTPGen(); err != nil {
+			return nil, err
 		}
 		gc.Policy = n.cfg.Policy
 		gc.Passive = n.cfg.Passive
@@ -221,4 +221,22 @@ func (n *Node) Generation(proto string) *lb.Generation {
 // httpSpec is spec as the HTTP front end's parser gives it.
 func httpSpec(spec lb.BackendSpec) lbhttp.BackendSpec {
 	return lbhttp.BackendSpec{Addr: spec.Addr, ID: spec.ID, Weight: spec.Weight, MetricsURL: spec.MetricsURL, HealthPath: spec.HealthPath}
+}
+
+// checkHTTPGen checks the front end's settings of the HTTP generation
+// with the libraries' own checks, whose FieldErrors cmd/sluice names by
+// their flags (lb.NewGeneration's errors name the backends instead).
+func (c *Config) checkHTTPGen() error {
+	if c.Health.Interval < 0 {
+		return errors.New("-health-interval must not be negative")
+	}
+	if _, err := lb.PolicyName(c.Policy); err != nil {
+		return err
+	}
+	if c.Health.Interval > 0 {
+		if _, err := lb.NewHealthChecker(c.Health, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -146,6 +146,10 @@ var badValues = map[string]string{
 	"arrivals":               "1,x",
 	"action":                 "explode",
 	"mop":                    "base=lots",
+	"http-pool":              "name=api,colour=red",
+	"sip-pool":               "name=london,hash-key=source",
+	"http-route":             "pool=api,path=~(",
+	"sip-route":              "pool=",
 }
 
 // freeForm are flags whose every value is acceptable, with the reason.
