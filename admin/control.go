@@ -1,8 +1,10 @@
 package admin
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -24,6 +26,10 @@ import (
 //	POST /control/arm/{name}/remove
 //	POST /control/arm/add                     value=an -arm rule
 //	GET  /control/config                      the running configuration, config-file syntax
+//	GET  /control/routes                      the routes by protocol with their hits (JSON)
+//	POST /control/routes/{proto}/add          value (or the body)=a route spec; ?at=N puts it at position N (0: first; default last)
+//	POST /control/routes/{proto}/{index}/remove  removes route index (0: the first)
+//	POST /control/pools/{name}/drain|undrain  drains every backend of the pool (?protocol= when both front ends have it)
 //
 // A backend id used by both protocols needs ?protocol=http|sip.
 
@@ -31,6 +37,11 @@ import (
 const (
 	TargetBackend = "backend"
 	TargetARM     = "arm"
+	// TargetRoute is a route of new work: Action add (Value the spec,
+	// Name the position, "" for last) or remove (Name the index).
+	TargetRoute = "route"
+	// TargetPool is every backend of a pool: Action drain or undrain.
+	TargetPool = "pool"
 )
 
 // Change is one operator request.
@@ -55,8 +66,13 @@ type Change struct {
 // Subject names what the change is about, as in events: "backend h1",
 // "arm rule invites".
 func (c Change) Subject() string {
-	if c.Target == TargetARM {
+	switch c.Target {
+	case TargetARM:
 		return "arm rule " + c.Name
+	case TargetRoute:
+		return c.Protocol + " routes"
+	case TargetPool:
+		return strings.TrimPrefix(c.Protocol+" pool ", " ") + c.Name
 	}
 	if c.Protocol != "" {
 		return c.Protocol + " backend " + c.Name
@@ -86,12 +102,17 @@ var (
 	ErrRefused = errors.New("change refused")
 	// ErrUnknownAction: no such action (404).
 	ErrUnknownAction = errors.New("unknown action")
+	// ErrNoSuchRoute: no route at that index (404).
+	ErrNoSuchRoute = errors.New("no such route")
+	// ErrNoSuchPool: no pool of that name (404).
+	ErrNoSuchPool = errors.New("no such pool")
 )
 
 // statusOf maps an Operator's error to an HTTP status.
 func statusOf(err error) int {
 	switch {
-	case errors.Is(err, ErrNoSuchBackend), errors.Is(err, admission.ErrNoSuchRule), errors.Is(err, ErrUnknownAction):
+	case errors.Is(err, ErrNoSuchBackend), errors.Is(err, admission.ErrNoSuchRule), errors.Is(err, ErrUnknownAction),
+		errors.Is(err, ErrNoSuchRoute), errors.Is(err, ErrNoSuchPool):
 		return http.StatusNotFound
 	case errors.Is(err, ErrAmbiguousBackend), errors.Is(err, admission.ErrRuleExists), errors.Is(err, ErrRefused):
 		return http.StatusConflict
@@ -163,6 +184,9 @@ func (pc PoolControl) Apply(c Change) (string, error) {
 	}
 	return "", fmt.Errorf("backend action %q: %w", c.Action, ErrUnknownAction)
 }
+
+// maxRouteBody bounds a route spec sent as a request body.
+const maxRouteBody = 16 << 10
 
 // ParseWeight parses a backend weight, 1 to lb.MaxWeight.
 func ParseWeight(v string) (int, error) {
@@ -275,6 +299,9 @@ type ControlConfig struct {
 	Events admission.EventSink
 	// Logger logs every change and refusal; default the Server's.
 	Logger *slog.Logger
+	// Routes answers GET /control/routes: the routes by protocol with
+	// their hits; nil answers 501.
+	Routes func() map[string][]RouteStatus
 }
 
 // EventControl is the event kind of an operator's ARM change; backend
@@ -301,6 +328,21 @@ func RegisterControl(s *Server, cfg ControlConfig) {
 	post("/control/arm/{id}/set", TargetARM, "set")
 	post("/control/arm/{id}/remove", TargetARM, "remove")
 	post("/control/arm/add", TargetARM, "add")
+	post("/control/routes/{proto}/add", TargetRoute, "add")
+	post("/control/routes/{proto}/{id}/remove", TargetRoute, "remove")
+	post("/control/pools/{id}/drain", TargetPool, "drain")
+	post("/control/pools/{id}/undrain", TargetPool, "undrain")
+	s.Handle("GET /control/routes", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		if cfg.Routes == nil {
+			http.Error(w, "routes are not available on this listener", http.StatusNotImplemented)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(cfg.Routes())
+	}))
 	s.Handle("GET /control/config", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		if cfg.Config == nil {
@@ -326,6 +368,21 @@ func controlHandler(cfg ControlConfig, logger *slog.Logger, target, action strin
 		if c.Value == "" {
 			c.Value = strings.TrimSpace(r.FormValue("weight"))
 		}
+		if target == TargetRoute {
+			c.Protocol = r.PathValue("proto")
+			if action == "add" {
+				c.Name = r.URL.Query().Get("at")
+				if c.Value == "" {
+					// The spec as the body (text/plain, curl --data-binary).
+					body, err := io.ReadAll(io.LimitReader(r.Body, maxRouteBody+1))
+					if err != nil || len(body) > maxRouteBody {
+						http.Error(w, fmt.Sprintf("route spec: want at most %d bytes", maxRouteBody), http.StatusRequestEntityTooLarge)
+						return
+					}
+					c.Value = strings.TrimSpace(string(body))
+				}
+			}
+		}
 		if target == TargetARM && action == "add" {
 			c.Name = ""
 			if rc, err := admission.ParseRule(c.Value); err == nil {
@@ -334,8 +391,11 @@ func controlHandler(cfg ControlConfig, logger *slog.Logger, target, action strin
 		}
 		done, err := cfg.Operator.Apply(c)
 		key := target
-		if key == TargetARM {
+		switch key {
+		case TargetARM:
 			key = "rule"
+		case TargetRoute:
+			key = "index"
 		}
 		if err != nil {
 			logger.Warn(target+" control refused", "action", action, key, c.Name, "protocol", c.Protocol, "value", c.Value, "remote", c.By, "err", err)
@@ -345,7 +405,7 @@ func controlHandler(cfg ControlConfig, logger *slog.Logger, target, action strin
 		logger.Info(target+" changed by operator", "action", action, key, c.Name, "protocol", c.Protocol, "result", done, "remote", c.By)
 		if cfg.Events != nil {
 			kind := admission.EventBackendState
-			if target == TargetARM {
+			if target == TargetARM || target == TargetRoute {
 				kind = EventControl
 			}
 			cfg.Events(admission.Event{Time: time.Now(), Kind: kind, Subject: c.Subject(),

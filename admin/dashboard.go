@@ -182,7 +182,7 @@ func (d *Dashboard) Register(s *Server) {
 			op = legacyControl{d.cfg.Control}
 		}
 	}
-	RegisterControl(s, ControlConfig{Operator: op, Config: d.cfg.Config, Events: d.cfg.Events, Logger: d.logger})
+	RegisterControl(s, ControlConfig{Operator: op, Config: d.cfg.Config, Events: d.cfg.Events, Logger: d.logger, Routes: d.cfg.Source.Routes})
 	s.Go(d.Run)
 }
 

@@ -91,6 +91,11 @@ func (o *operator) Apply(c admin.Change) (string, error) {
 	case admin.TargetARM:
 		done, err = n.ruleOps().Apply(c)
 		n.rulesChanged()
+	case admin.TargetRoute:
+		done, err = n.changeRoutes(c)
+	case admin.TargetPool:
+		// Each backend's drain is kept as its own override.
+		return n.drainPool(c)
 	default:
 		return "", fmt.Errorf("%s: %w", c.Target, admin.ErrUnknownAction)
 	}
@@ -112,6 +117,8 @@ func (n *Node) keepOverride(c admin.Change) error {
 	}
 	var key, value string
 	switch c.Target {
+	case admin.TargetRoute:
+		key, value = routeKey(c.Protocol), routesValue(n.routes[c.Protocol])
 	case admin.TargetARM:
 		key = "arm/" + ruleNameOf(c)
 		if rc, ok := n.ctrl.Rule(ruleNameOf(c)); ok {
@@ -160,6 +167,8 @@ func ruleNameOf(c admin.Change) string {
 func (n *Node) configuredValue(key string) string {
 	parts := strings.Split(key, "/")
 	switch {
+	case len(parts) == 2 && parts[0] == "routes":
+		return routesValue(n.cfgRoutes[parts[1]])
 	case len(parts) == 2 && parts[0] == "arm":
 		for _, rc := range n.cfgRules {
 			if rc.Name == parts[1] {
@@ -208,6 +217,18 @@ func (n *Node) configuredBackend(proto, id string) (lb.BackendSpec, bool) {
 func (n *Node) applyOverrides(only ...string) {
 	apply, dropped := n.reconcile(only...)
 	n.dropOverrides(dropped)
+	// Routes first: a route list builds a new generation, which the
+	// backends' overrides then apply to.
+	slices.SortStableFunc(apply, func(a, b persist.Override) int {
+		ra, rb := strings.HasPrefix(a.Key, "routes/"), strings.HasPrefix(b.Key, "routes/")
+		switch {
+		case ra && !rb:
+			return -1
+		case rb && !ra:
+			return 1
+		}
+		return 0
+	})
 	for _, o := range apply {
 		if err := n.applyOverride(o); err != nil {
 			n.overrideNotApplied(o, err)
@@ -297,6 +318,12 @@ func (n *Node) rulesWith(rules []admission.RuleConfig, apply []persist.Override)
 func (n *Node) applyOverride(o persist.Override) error {
 	parts := strings.Split(o.Key, "/")
 	now := n.clock.Now()
+	if parts[0] == "routes" && len(parts) == 2 {
+		if n.frontPool(parts[1]) == nil {
+			return fmt.Errorf("no %s front end", parts[1])
+		}
+		return n.setRoutes(parts[1], parseRoutesValue(o.Value))
+	}
 	if parts[0] == "arm" {
 		defer n.rulesChanged()
 		if o.Value == "" {
@@ -436,6 +463,19 @@ func (n *Node) RunningConfig() string {
 			}
 			if len(notes) > 0 {
 				fmt.Fprintf(&b, "# %s backend %s: %s (run-time, sluice ctl)\n", be.Proto(), be.ID(), strings.Join(notes, ", "))
+			}
+		}
+	}
+	for _, proto := range []string{"http", "sip"} {
+		set := n.specs(proto)
+		for _, spec := range set.Pools {
+			if p, err := lb.ParsePoolSpec(proto, spec); err == nil {
+				fmt.Fprintf(&b, "%s-pool %s\n", proto, p)
+			}
+		}
+		for _, spec := range set.Routes {
+			if r, err := lb.ParseRouteSpec(proto, spec); err == nil {
+				fmt.Fprintf(&b, "%s-route %s\n", proto, r)
 			}
 		}
 	}

@@ -455,7 +455,7 @@ func (n *Node) Start(ctx context.Context) error {
 	}
 	// Run-time changes kept from before the restart, on top of the
 	// configuration, before anything listens.
-	n.applyOverrides("arm/", "backend/", "mop/")
+	n.applyOverrides("routes/", "arm/", "backend/", "mop/")
 	if err := n.mountMetrics(); err != nil {
 		n.closeStore()
 		return err

@@ -1,0 +1,235 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/admin"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// poolBackend starts a backend that answers "NAME PATH" and returns its
+// spec in pool.
+func poolBackend(t *testing.T, name string, pools ...string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, name+" "+r.URL.RequestURI()) }))
+	t.Cleanup(srv.Close)
+	spec := srv.Listener.Addr().String() + ",id=" + name
+	for _, p := range pools {
+		spec += ",pool=" + p
+	}
+	return spec
+}
+
+// getHost is a GET of front+path with Host host, without cookies: new
+// work every time. It returns the status and the body.
+func getHost(t *testing.T, front, host, path string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", front+path, nil)
+	if host != "" {
+		req.Host = host
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func postBody(t *testing.T, u, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(u, "text/plain", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestPoolsAndRoutesEndToEnd: two HTTP pools besides the pool default,
+// behind a host route and a path route with strip; a route added and
+// removed through the control API changes where new requests go, with an
+// event naming who changed what; the route list survives a restart on the
+// same data directory; GET /control/config reads back to the same pools
+// and routes; draining a pool leaves the others untouched.
+func TestPoolsAndRoutesEndToEnd(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{poolBackend(t, "web1"), poolBackend(t, "api1", "api"), poolBackend(t, "api2", "api"), poolBackend(t, "static1", "static")}
+	cfg.HTTPPools = []string{"name=api,policy=round-robin", "name=static,policy=least-outstanding,health=/healthz"}
+	cfg.HTTPRoutes = []string{"pool=api,host=api.example.com", "pool=static,path=/static/,strip=/static"}
+	cfg.AdminListen = "127.0.0.1:0"
+	n, front, adm := controlNode(t, cfg)
+
+	g := n.Generation("http")
+	var names []string
+	for _, p := range g.Pools() {
+		names = append(names, p.Name())
+	}
+	if want := []string{"default", "api", "static"}; !slices.Equal(names, want) {
+		t.Fatalf("pools %v, want %v", names, want)
+	}
+	if ps, _ := g.PoolSpec("static"); ps.Policy != "least-outstanding" || ps.HealthPath != "/healthz" {
+		t.Errorf("pool static: %+v", ps)
+	}
+
+	expect := func(host, path, want string) {
+		t.Helper()
+		for range 4 {
+			code, body := getHost(t, front, host, path)
+			if code != 200 || !strings.HasPrefix(body, want) {
+				t.Fatalf("GET %s (Host %q): %d %q, want 200 from %s", path, host, code, body, want)
+			}
+		}
+	}
+	expect("api.example.com", "/v1/x", "api")
+	expect("API.Example.com:80", "/v1/x", "api")
+	expect("", "/static/app.css", "static1 /app.css")
+	expect("", "/other", "web1 /other")
+
+	// A route added first takes /other to the pool static.
+	code, body := postBody(t, adm+"/control/routes/http/add?at=0", "pool=static,path=/other")
+	if code != 200 || !strings.Contains(body, "added pool=static,path=/other at 0") {
+		t.Fatalf("add route: %d %q", code, body)
+	}
+	expect("", "/other", "static1 /other")
+	if ev := eventsMatching(t, n, "http routes add by the operator"); len(ev) != 1 || !strings.Contains(ev[0], "pool=static,path=/other") {
+		t.Errorf("events of the route change: %q", ev)
+	}
+	// Bad changes are refused and change nothing.
+	for _, c := range []struct {
+		path, body string
+		code       int
+	}{
+		{"/control/routes/http/add", "pool=nope,path=/x", http.StatusConflict},
+		{"/control/routes/http/add", "pool=api,colour=red", http.StatusBadRequest},
+		{"/control/routes/http/add?at=9", "pool=api,path=/x", http.StatusBadRequest},
+		{"/control/routes/http/7/remove", "", http.StatusNotFound},
+		{"/control/routes/ftp/add", "pool=api", http.StatusBadRequest},
+		{"/control/routes/sip/add", "pool=api", http.StatusConflict},
+		{"/control/routes/http/add", strings.Repeat("a", 20<<10), http.StatusRequestEntityTooLarge},
+	} {
+		if code, body := postBody(t, adm+c.path, c.body); code != c.code {
+			t.Errorf("POST %s %.40q: %d %q, want %d", c.path, c.body, code, body, c.code)
+		}
+	}
+	if got := n.Generation("http").Routes().Len(); got != 3 {
+		t.Errorf("%d routes after refused changes, want 3", got)
+	}
+
+	// GET /control/routes: the list in order with hits.
+	var routes map[string][]admin.RouteStatus
+	if err := json.Unmarshal([]byte(getBody(t, adm+"/control/routes")), &routes); err != nil {
+		t.Fatal(err)
+	}
+	if r := routes["http"]; len(r) != 3 || r[0].Spec != "pool=static,path=/other" || r[0].Hits != 4 || r[1].Pool != "api" || r[1].Hits != 0 || r[2].Spec != "pool=static,path=/static/,strip=/static" {
+		t.Errorf("GET /control/routes: %+v (hits count from the route change on)", r)
+	}
+
+	// GET /control/config reads back to the same pools and routes.
+	checkConfigReadsBack(t, getBody(t, adm+"/control/config"), n)
+
+	// Draining the pool api drains its backends only.
+	if code, body := post(t, adm+"/control/pools/api/drain", ""); code != 200 || !strings.Contains(body, "drained 2 backends: http api1, http api2") {
+		t.Fatalf("drain pool: %d %q", code, body)
+	}
+	if code, _ := getHost(t, front, "api.example.com", "/v1"); code != http.StatusServiceUnavailable {
+		t.Errorf("drained pool api answered %d, want 503", code)
+	}
+	expect("", "/other", "static1")
+	expect("", "/", "web1")
+	if code, _ := post(t, adm+"/control/pools/nope/drain", ""); code != http.StatusNotFound {
+		t.Errorf("drain of an unknown pool: %d, want 404", code)
+	}
+
+	// A restart on the same data directory keeps the route list and the
+	// drained pool.
+	n.Stop(time.Second)
+	n2, front2, adm2 := controlNode(t, cfg)
+	if got := n2.routes["http"]; !slices.Equal(got, []string{"pool=static,path=/other", "pool=api,host=api.example.com", "pool=static,path=/static/,strip=/static"}) {
+		t.Errorf("routes after a restart: %q", got)
+	}
+	front = front2
+	expect("", "/other", "static1 /other")
+	for _, id := range []string{"api1", "api2"} {
+		if b := n2.Generation("http").Lookup(id); b == nil || !b.Drained() {
+			t.Errorf("%s not drained after a restart", id)
+		}
+	}
+	if b := n2.Generation("http").Lookup("web1"); b.Drained() {
+		t.Error("web1 drained")
+	}
+	// Removing the route takes /other back to the pool default; with the
+	// configured list back, the override is gone.
+	if code, body := post(t, adm2+"/control/routes/http/0/remove", ""); code != 200 || !strings.Contains(body, "removed route 0 pool=static,path=/other") {
+		t.Fatalf("remove route: %d %q", code, body)
+	}
+	expect("", "/other", "web1 /other")
+	for _, o := range n2.store.Overrides() {
+		if o.Key == "routes/http" {
+			t.Errorf("override %q kept with the configured routes back", o.Value)
+		}
+	}
+	if code, _ := post(t, adm2+"/control/pools/api/undrain", ""); code != 200 {
+		t.Error("undrain pool refused")
+	}
+	expect("api.example.com", "/", "api")
+}
+
+func getBody(t *testing.T, u string) string {
+	t.Helper()
+	code, body, _ := get(t, u, "")
+	if code != 200 {
+		t.Fatalf("GET %s: %d %q", u, code, body)
+	}
+	return body
+}
+
+// checkConfigReadsBack parses the pools and routes of a printed running
+// configuration and compares them with the ones in force.
+func checkConfigReadsBack(t *testing.T, conf string, n *Node) {
+	t.Helper()
+	got := map[string][]string{}
+	for _, line := range strings.Split(conf, "\n") {
+		key, value, _ := strings.Cut(line, " ")
+		switch key {
+		case "http-pool", "sip-pool":
+			p, err := lb.ParsePoolSpec(strings.TrimSuffix(key, "-pool"), value)
+			if err != nil {
+				t.Errorf("%q does not read back: %v", line, err)
+			}
+			got[key] = append(got[key], p.String())
+		case "http-route", "sip-route":
+			r, err := lb.ParseRouteSpec(strings.TrimSuffix(key, "-route"), value)
+			if err != nil {
+				t.Errorf("%q does not read back: %v", line, err)
+			}
+			got[key] = append(got[key], r.String())
+		}
+	}
+	for _, proto := range []string{"http", "sip"} {
+		var pools, routes []string
+		for _, s := range n.specs(proto).Pools {
+			p, _ := lb.ParsePoolSpec(proto, s)
+			pools = append(pools, p.String())
+		}
+		for _, s := range n.specs(proto).Routes {
+			r, _ := lb.ParseRouteSpec(proto, s)
+			routes = append(routes, r.String())
+		}
+		if !slices.Equal(got[proto+"-pool"], pools) || !slices.Equal(got[proto+"-route"], routes) {
+			t.Errorf("%s: config reads back to pools %q routes %q, in force %q %q", proto, got[proto+"-pool"], got[proto+"-route"], pools, routes)
+		}
+	}
+	if len(got["http-route"]) == 0 || len(got["http-pool"]) == 0 {
+		t.Errorf("no pools or routes printed:\n%s", conf)
+	}
+}
