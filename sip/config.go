@@ -23,7 +23,10 @@ type Config struct {
 	// listen address, or, when that has no IP, the local address the kernel
 	// picks to reach the first backend.
 	Advertise string
-	// Backends are the upstreams. Flag -sip-backend (repeatable).
+	// Backends are the upstreams, all in the pool "default": New builds
+	// its backend generation from them. Empty when the generation is
+	// handed in (Deps.Generation, SetGeneration). Flag -sip-backend
+	// (repeatable).
 	Backends []BackendConfig
 	// Policy selects a backend for new work. Flag -sip-lb-policy: "hash"
 	// (consistent hash on Call-ID) or one of lb.PolicyNames.
@@ -259,11 +262,10 @@ func CheckSettings(c Config) error {
 }
 
 // Validate reports the first invalid field as a *FieldError. It expects
-// defaults to be filled.
+// defaults to be filled. Backends may be empty: the server then serves a
+// generation handed in (Deps.Generation, SetGeneration).
 func (c *Config) Validate() error {
 	switch {
-	case len(c.Backends) == 0:
-		return &FieldError{Field: "Backends", Err: ErrNoBackends}
 	case c.Policy != "hash" && !slices.Contains(lb.PolicyNames, c.Policy):
 		return fieldError("Policy", "%q: want hash, %s", c.Policy, strings.Join(lb.PolicyNames, ", "))
 	case c.TokenTTL < time.Minute:

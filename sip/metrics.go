@@ -103,10 +103,16 @@ type BackendStatus struct {
 	Failures    uint64
 }
 
-// Pool returns the lb pool of the SIP backends (for /status and persisting
-// their MOP state). SetBackends replaces it: call Pool again rather than
-// keeping it.
-func (s *Server) Pool() *lb.Pool { return s.pool.Load().lb }
+// Pool returns the pool "default" of the generation in force (else its
+// first pool), nil before one: with backends from Config.Backends or
+// SetBackends, every backend. Generation gives every pool.
+// SetGeneration replaces it: call Pool again rather than keeping it.
+func (s *Server) Pool() *lb.Pool {
+	if set := s.pool.Load(); set != nil {
+		return set.homePool
+	}
+	return nil
+}
 
 // Backends returns the state of every backend.
 func (s *Server) Backends() []BackendStatus {

@@ -255,7 +255,7 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 // handleAck routes an ACK: absorbed if it acknowledges our own final
 // response, to the INVITE's backend if it acknowledges a relayed non-2xx
 // answer, else as an in-dialog request (the ACK of a 2xx).
-func (s *Server) handleAck(req *gosip.Request, src source, p *pool, now int64) {
+func (s *Server) handleAck(req *gosip.Request, src source, p *backendSet, now int64) {
 	tag := toTag(req)
 	ckey := clientTxnOf(req, src).key()
 	if strings.HasPrefix(tag, localTagPrefix) {
@@ -285,7 +285,7 @@ func (s *Server) handleAck(req *gosip.Request, src source, p *pool, now int64) {
 // handleCancel sends a CANCEL to the backend of its INVITE. Only the
 // client that sent the INVITE can cancel it: the transaction key holds the
 // address and transport the INVITE came from.
-func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64) {
+func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now int64) {
 	ckey := clientTxnOf(req, src).key()
 	s.popOurRoutes(req)
 	if t, b, branch, answered := s.txns.cancel(ckey); t != nil {
@@ -320,7 +320,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64
 // dialog table, else the Call-ID hash, picks the backend, and only a
 // dialog the table knows is affinity (admitTokenless). A token naming a
 // backend SetBackends removed still routes to that backend's last address.
-func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int64) {
+func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
 	fromBackend := p.backendAt(src.addr) != nil
@@ -371,24 +371,24 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 
 // dialogRoute picks the backend of a request that belongs to a dialog but
 // carries no token of ours: the one the dialog table recorded for its
-// INVITE (fromTable true), else the Call-ID hash's current choice, which
-// is the INVITE's backend only if the INVITE was not moved off it. A miss
+// INVITE (fromTable true), else the Call-ID hash's current choice in the
+// dialog's pool (the table's, when its backend is gone; else the home
+// pool), which is the INVITE's backend only if the INVITE was not moved
+// off it. Routes are never consulted: a dialog never moves pool. A miss
 // is counted and logged at debug level. refresh extends the entry's idle
 // deadline (in-dialog requests do, a stateless CANCEL does not).
-func (s *Server) dialogRoute(req *gosip.Request, p *pool, now int64, refresh bool) (*backend, bool) {
+func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refresh bool) (*backend, bool) {
 	callID := req.CallID().Value()
 	var from string
 	if f := header(req, "from", "f"); f != nil {
 		from = tagParam(f.Value())
 	}
 	to := toTag(req)
-	var id string
-	var ok bool
+	op := dialogPeek
 	if refresh {
-		id, ok = s.dialogs.lookup(callID, from, to, now)
-	} else {
-		id, ok = s.dialogs.peek(callID, from, to, now)
+		op = dialogRefresh
 	}
+	poolName, id, ok := s.dialogs.lookupIn(callID, from, to, now, op)
 	if ok {
 		if b, _ := p.dialogBackend(id); b != nil {
 			return b, true
@@ -399,13 +399,17 @@ func (s *Server) dialogRoute(req *gosip.Request, p *pool, now int64, refresh boo
 		s.log.Debug("sip dialog table miss: routed by call-id hash", "method", string(req.Method), "call_id", callID,
 			"from_tag", from, "to_tag", to, "recorded_backend", id)
 	}
-	return p.home(lb.Hash(callID), now), false
+	var pool *lb.Pool
+	if poolName != "" {
+		pool = p.gen.Pool(poolName)
+	}
+	return p.homeOf(pool, lb.Hash(callID), now), false
 }
 
 // insertDialog records that the INVITE of dialog key, sent by another
-// node, went to backend id.
-func (s *Server) insertDialog(key uint64, id string, now int64) {
-	switch s.dialogs.claim(key, id, 0, now) {
+// node, went to backend id of pool.
+func (s *Server) insertDialog(key uint64, pool, id string, now int64) {
+	switch s.dialogs.claimIn(key, pool, id, 0, now) {
 	case dialogFull:
 		s.metrics.DialogsFull.Add(1)
 	case dialogRefused:
@@ -413,13 +417,13 @@ func (s *Server) insertDialog(key uint64, id string, now int64) {
 	}
 }
 
-// claimDialog records that the INVITE of t went to backend id. It reports
+// claimDialog records that the INVITE of t went to backend id of pool. It reports
 // false when the entry belongs to another dialog (a confirmed one, or one
 // whose INVITE came from another source), which t must then neither
 // confirm nor remove: an initial INVITE that reuses a victim's Call-ID and
 // From-tag would otherwise move or delete the victim's entry.
-func (s *Server) claimDialog(t *txn, id string, now int64) bool {
-	switch s.dialogs.claim(t.dkey, id, s.dialogs.sourceTag(t.src), now) {
+func (s *Server) claimDialog(t *txn, pool, id string, now int64) bool {
+	switch s.dialogs.claimIn(t.dkey, pool, id, s.dialogs.sourceTag(t.src), now) {
 	case dialogFull:
 		s.metrics.DialogsFull.Add(1)
 	case dialogRefused:
@@ -497,14 +501,15 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		return
 	}
 	s.popOurRoutes(req) // a pre-loaded route to us; any token in it counts for nothing
-	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
+	pool := s.pool.Load().homePool.Name()
+	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method), Pool: pool}
 	d := s.adm.Decide(now, &ar, nil)
 	switch d.Verdict {
 	case admission.Refuse:
 		s.refuse(req, src, d)
 		return
 	case admission.Delay:
-		t := s.txns.create(s, ckey, req, src, now, true)
+		t := s.txns.create(s, ckey, req, src, pool, now, true)
 		if t == nil {
 			d.Wait.Cancel()
 			return
@@ -529,7 +534,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		}()
 		return
 	}
-	t := s.txns.create(s, ckey, req, src, now, false)
+	t := s.txns.create(s, ckey, req, src, pool, now, false)
 	if t == nil {
 		return
 	}
