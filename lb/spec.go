@@ -4,14 +4,35 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // MaxIDLen is the longest backend id, in bytes. Ids travel in sticky
 // cookies, SIP Record-Route tokens, logs and metric labels.
 const MaxIDLen = 64
+
+// poolNameError checks a pool name with admission.CheckPoolName, the one
+// grammar of pool names (backend specs, pool specs, routes, ARM rules):
+// 1 to admission.MaxPoolName bytes of a-z, 0-9, _ and -. Upper case is
+// refused rather than folded, and said so: a name is a metric label and
+// an affinity token field, and "API" and "api" must not be two spellings
+// of one pool in one place and two pools in another. The error quotes
+// the name; the caller names the key or flag.
+func poolNameError(name string) error {
+	err := admission.CheckPoolName(name)
+	switch {
+	case err == nil:
+		return nil
+	case strings.ContainsFunc(name, unicode.IsUpper):
+		return fmt.Errorf("pool name %q has upper case: %w", name, err)
+	}
+	return fmt.Errorf("pool name %q: %w", name, err)
+}
 
 // BackendSpec is one backend as an operator writes it, on the command line
 // (-http-backend, -sip-backend), in a backends file or in a config file:
@@ -35,16 +56,29 @@ type BackendSpec struct {
 	HealthPath string
 	// Transport is "udp" or "tcp". Key transport, SIP only, default "udp".
 	Transport string
-	// Pools names the pools the backend is a member of; none is
-	// DefaultPool.
+	// Pools are the pools the backend serves, in the order given, without
+	// duplicates. Key pool, repeatable (ADDR,pool=api,pool=web), default
+	// []string{DefaultPool}. A backend in two pools is one backend: one
+	// MOP, one health state, one set of counters.
 	Pools []string
+}
+
+// String is the canonical spec of b, FormatBackendSpec's: it parses back
+// to b. The protocol is read off b: a SIP spec always has a Transport
+// (ParseBackendSpec sets "udp" by default), an HTTP one never.
+func (b BackendSpec) String() string {
+	proto := "http"
+	if b.Transport != "" {
+		proto = "sip"
+	}
+	return FormatBackendSpec(proto, b)
 }
 
 // specKeys are the keys each protocol accepts, in the order error
 // messages list them.
 var specKeys = map[string][]string{
-	"http": {"weight", "metrics", "id", "health"},
-	"sip":  {"weight", "metrics", "id", "transport"},
+	"http": {"weight", "metrics", "id", "health", "pool"},
+	"sip":  {"weight", "metrics", "id", "transport", "pool"},
 }
 
 // ParseBackendSpec parses one backend of protocol proto ("http" or
@@ -115,10 +149,21 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 				return bad("transport must be udp or tcp")
 			}
 			b.Transport = v
+		case "pool":
+			if err := poolNameError(v); err != nil {
+				return bad("pool: %v", err)
+			}
+			if slices.Contains(b.Pools, v) {
+				return bad("pool %q given twice", v)
+			}
+			b.Pools = append(b.Pools, v)
 		}
 	}
 	if b.ID == "" {
 		b.ID = b.Addr
+	}
+	if b.Pools == nil {
+		b.Pools = []string{DefaultPool}
 	}
 	return b, nil
 }

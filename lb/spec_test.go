@@ -2,22 +2,36 @@ package lb
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 func TestParseBackendSpec(t *testing.T) {
+	def := []string{DefaultPool}
 	tests := []struct {
 		proto, in string
 		want      BackendSpec
 		wantErr   string
 	}{
-		{proto: "http", in: "127.0.0.1:18081", want: BackendSpec{Addr: "127.0.0.1:18081", ID: "127.0.0.1:18081", Weight: 1}},
-		{proto: "sip", in: "127.0.0.1:5060", want: BackendSpec{Addr: "127.0.0.1:5060", ID: "127.0.0.1:5060", Weight: 1, Transport: "udp"}},
+		{proto: "http", in: "127.0.0.1:18081", want: BackendSpec{Addr: "127.0.0.1:18081", ID: "127.0.0.1:18081", Weight: 1, Pools: def}},
+		{proto: "sip", in: "127.0.0.1:5060", want: BackendSpec{Addr: "127.0.0.1:5060", ID: "127.0.0.1:5060", Weight: 1, Transport: "udp", Pools: def}},
 		{proto: "http", in: "app1:8080,weight=3,metrics=http://app1:9090/m,health=/healthz,id=a1",
-			want: BackendSpec{Addr: "app1:8080", ID: "a1", Weight: 3, MetricsURL: "http://app1:9090/m", HealthPath: "/healthz"}},
+			want: BackendSpec{Addr: "app1:8080", ID: "a1", Weight: 3, MetricsURL: "http://app1:9090/m", HealthPath: "/healthz", Pools: def}},
 		{proto: "sip", in: " [::1]:5070 , transport=TCP, weight=1000,id=s1",
-			want: BackendSpec{Addr: "[::1]:5070", ID: "s1", Weight: 1000, Transport: "tcp"}},
+			want: BackendSpec{Addr: "[::1]:5070", ID: "s1", Weight: 1000, Transport: "tcp", Pools: def}},
+		// Pools: repeatable, in the order given; a backend in two pools is one spec.
+		{proto: "http", in: "h:1,pool=api,pool=web", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Pools: []string{"api", "web"}}},
+		{proto: "sip", in: "h:1,pool=london", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Transport: "udp", Pools: []string{"london"}}},
+		{proto: "http", in: "h:1,pool=default,pool=a_b-9", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Pools: []string{"default", "a_b-9"}}},
+		{proto: "http", in: "h:1,pool=" + strings.Repeat("p", admission.MaxPoolName), want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Pools: []string{strings.Repeat("p", admission.MaxPoolName)}}},
+		{proto: "http", in: "h:1,pool=API", wantErr: `backend "h:1,pool=API": pool: pool name "API" has upper case: want a pool name: 1 to 64 characters out of a-z, 0-9, _ and - (lower case)`},
+		{proto: "sip", in: "h:1,pool=", wantErr: `pool name "": want a pool name: 1 to 64 characters`},
+		{proto: "http", in: "h:1,pool=a.b", wantErr: `pool name "a.b": want a pool name`},
+		{proto: "http", in: "h:1,pool=" + strings.Repeat("p", admission.MaxPoolName+1), wantErr: "want a pool name: 1 to 64 characters"},
+		{proto: "http", in: "h:1,pool=api,pool=web,pool=api", wantErr: `pool "api" given twice`},
 		// One set of limits for both protocols.
 		{proto: "http", in: "nohost", wantErr: "want host:port"},
 		{proto: "sip", in: "nohost", wantErr: "want host:port"},
@@ -58,14 +72,25 @@ func FuzzParseBackendSpec(f *testing.F) {
 	f.Add("http", "127.0.0.1:18081,weight=2,metrics=http://x:1/m,health=/h,id=b")
 	f.Add("sip", "10.0.0.1:5060,transport=tcp,weight=3,id=b1")
 	f.Add("sip", "h:1,,,")
+	f.Add("http", "h:1,pool=api,pool=web")
+	f.Add("sip", "h:1,pool=default,pool=x")
 	f.Fuzz(func(t *testing.T, proto, s string) {
 		b, err := ParseBackendSpec(proto, s)
 		if err != nil {
 			return
 		}
 		if b.ID == "" || (b.ID != b.Addr && len(b.ID) > MaxIDLen) || b.Addr == "" || b.Weight < 1 || b.Weight > MaxWeight ||
-			(proto == "sip") != (b.Transport == "udp" || b.Transport == "tcp") || (proto == "sip" && b.HealthPath != "") {
+			(proto == "sip") != (b.Transport == "udp" || b.Transport == "tcp") || (proto == "sip" && b.HealthPath != "") ||
+			len(b.Pools) == 0 {
 			t.Fatalf("ParseBackendSpec(%q, %q) = %+v", proto, s, b)
+		}
+		for i, p := range b.Pools {
+			if admission.CheckPoolName(p) != nil || slices.Contains(b.Pools[:i], p) {
+				t.Fatalf("ParseBackendSpec(%q, %q): pools %q", proto, s, b.Pools)
+			}
+		}
+		if b.String() != FormatBackendSpec(proto, b) {
+			t.Fatalf("%+v: String() = %q, FormatBackendSpec(%q) = %q", b, b.String(), proto, FormatBackendSpec(proto, b))
 		}
 		// What parses formats back to a spec that parses to the same
 		// backend: the form /control/config prints and -config reads.
@@ -78,4 +103,29 @@ func FuzzParseBackendSpec(f *testing.F) {
 			t.Fatalf("round trip of %q: %+v -> %q -> %+v", s, b, text, again)
 		}
 	})
+}
+
+// TestBackendSpecString: String is the canonical form (keys at their
+// default left out, pools in the order given) and parses back equal.
+func TestBackendSpecString(t *testing.T) {
+	for _, tc := range []struct{ proto, in, want string }{
+		{"http", "h:1", "h:1"},
+		{"http", "h:1,pool=default", "h:1"},
+		{"http", "h:1, pool=web ,id=w1,pool=api", "h:1,id=w1,pool=web,pool=api"},
+		{"http", "h:1,pool=default,pool=api", "h:1,pool=default,pool=api"},
+		{"sip", "10.0.0.1:5060,pool=london,transport=tcp", "10.0.0.1:5060,transport=tcp,pool=london"},
+		{"sip", "10.0.0.1:5060,pool=london", "10.0.0.1:5060,pool=london"},
+	} {
+		spec, err := ParseBackendSpec(tc.proto, tc.in)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.in, err)
+		}
+		if got := spec.String(); got != tc.want {
+			t.Errorf("String(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		back, err := ParseBackendSpec(tc.proto, spec.String())
+		if err != nil || !reflect.DeepEqual(back, spec) {
+			t.Errorf("%q does not parse back: %+v %v, want %+v", spec.String(), back, err, spec)
+		}
+	}
 }

@@ -25,5 +25,10 @@ func FormatBackendSpec(proto string, b BackendSpec) string {
 	if b.Transport != "" && b.Transport != "udp" && proto == "sip" {
 		parts = append(parts, "transport="+b.Transport)
 	}
+	if len(b.Pools) != 1 || b.Pools[0] != DefaultPool {
+		for _, p := range b.Pools {
+			parts = append(parts, "pool="+p)
+		}
+	}
 	return strings.Join(parts, ",")
 }
