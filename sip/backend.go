@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
 
@@ -53,6 +54,15 @@ type backendSet struct {
 	// set knows and whose dialog the table does not know either (no
 	// route is ever consulted for them): DefaultPool, else the first.
 	homePool *lb.Pool
+	// routes is the generation's route table (nil: none), and
+	// routeHeaders the header names its routes test.
+	routes       *lb.RouteTable
+	routeHeaders []string
+	// stats are the per-pool counters, shared with the set before for
+	// the pools that stay (their series stay monotonic across reloads);
+	// sent counts the new work forwarded per pool and backend.
+	stats map[string]*poolStats
+	sent  map[poolBackend]*atomic.Uint64
 
 	// gone holds the backends SetGeneration took out (removed, or whose id
 	// moved to another address) for one token lifetime, so calls already
@@ -98,6 +108,18 @@ func newBackendSet(g *lb.Generation) (*backendSet, error) {
 		set.list[i] = b
 		set.byID[b.id] = b
 		set.byAddr[b.addr] = b
+	}
+	set.routes = generationRoutes(g)
+	if set.routes != nil {
+		set.routeHeaders = set.routes.HeaderNames()
+	}
+	set.stats = make(map[string]*poolStats, len(g.Pools()))
+	set.sent = map[poolBackend]*atomic.Uint64{}
+	for _, p := range g.Pools() {
+		set.stats[p.Name()] = &poolStats{}
+		for _, b := range p.Backends() {
+			set.sent[poolBackend{p.Name(), b.ID()}] = new(atomic.Uint64)
+		}
 	}
 	set.homePool = g.Pool(lb.DefaultPool)
 	if set.homePool == nil && len(g.Pools()) > 0 {
@@ -170,8 +192,19 @@ func sameServer(ob, nb *backend) bool {
 
 // carryFrom gives p's backends what SIP alone knew of the backends with
 // the same id and server in old: the run of in-dialog requests left
-// unanswered. Everything else is carried by the generation (lb.GenConfig.Prev).
+// unanswered; and p's pools the counters of old's pools of the same name.
+// Everything else is carried by the generation (lb.GenConfig.Prev).
 func (p *backendSet) carryFrom(old *backendSet) {
+	for name := range p.stats {
+		if st := old.stats[name]; st != nil {
+			p.stats[name] = st
+		}
+	}
+	for k := range p.sent {
+		if c := old.sent[k]; c != nil {
+			p.sent[k] = c
+		}
+	}
 	for _, b := range p.list {
 		if ob := old.byID[b.id]; ob != nil && sameServer(ob, b) {
 			b.unanswered.Store(ob.unanswered.Load())
@@ -309,4 +342,37 @@ func (p *backendSet) homeOf(pool *lb.Pool, key uint64, now int64) *backend {
 		pool = p.homePool
 	}
 	return p.of(pool.Home(now, key))
+}
+
+// poolStats are the counters of one pool (sip/metrics.go).
+type poolStats struct {
+	refused [admission.NumReasons]atomic.Uint64 // new work refused, by admission.Reason
+}
+
+// poolBackend names a backend in a pool.
+type poolBackend struct{ pool, id string }
+
+// route returns the pool new work with in goes to and the index of the
+// route that chose it: the first route that matches, else the pool
+// "default" with -1; nil when no route matches and there is no pool
+// "default".
+func (p *backendSet) route(in *lb.RouteInput) (*lb.Pool, int) {
+	if i := p.routes.Match(in); i >= 0 {
+		return p.gen.Pool(p.routes.Spec(i).Pool), i
+	}
+	return p.gen.Pool(lb.DefaultPool), -1
+}
+
+// countRefused counts a refusal in the pool of d.
+func (p *backendSet) countRefused(d admission.Decision) {
+	if st := p.stats[d.Pool]; st != nil && int(d.Reason) < len(st.refused) {
+		st.refused[d.Reason].Add(1)
+	}
+}
+
+// countSent counts new work forwarded to backend id in pool.
+func (p *backendSet) countSent(pool, id string) {
+	if c := p.sent[poolBackend{pool, id}]; c != nil {
+		c.Add(1)
+	}
 }

@@ -113,6 +113,10 @@ type Config struct {
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int
+	// NoRouteCode is the final answer to new work that no route matches
+	// when the generation has no pool "default": 400..699, default 404
+	// (Not Found). Flag -sip-no-route-code.
+	NoRouteCode int
 }
 
 // BackendConfig is one -sip-backend value:
@@ -204,6 +208,7 @@ func DefaultConfig() Config {
 		TCPMaxConns:       10000,
 		UDPBuffer:         4 << 20,
 		MaxMessage:        65535,
+		NoRouteCode:       404,
 
 		UnknownDialog:           UnknownDialogNewWork,
 		UnknownDialogSourceRate: DefaultUnknownDialogSourceRate,
@@ -242,6 +247,7 @@ func (c *Config) setDefaults() {
 	fill(&c.TCPPartialBudget, d.TCPPartialBudget)
 	fill(&c.UDPBuffer, d.UDPBuffer)
 	fill(&c.MaxMessage, d.MaxMessage)
+	fill(&c.NoRouteCode, d.NoRouteCode)
 }
 
 // fill sets *p to def when *p is the zero value.
@@ -306,6 +312,8 @@ func (c *Config) Validate() error {
 		return fieldError("UDPBuffer", "must be at least 65536")
 	case c.MaxMessage < 1024 || c.MaxMessage > 1<<20:
 		return fieldError("MaxMessage", "must be in 1024..1048576")
+	case c.NoRouteCode < 400 || c.NoRouteCode > 699:
+		return fieldError("NoRouteCode", "%d: want a final answer code in 400..699 (default 404)", c.NoRouteCode)
 	case c.TCPPartialBudget < 2*(c.MaxMessage+1):
 		return fieldError("TCPPartialBudget", "must be at least twice MaxMessage + 1 (%d bytes)", 2*(c.MaxMessage+1))
 	}

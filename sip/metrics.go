@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,9 @@ type Metrics struct {
 	// EarlierAttemptAnswered counts INVITEs answered 2xx by a backend that
 	// silence had made us move away from (earlierAttemptAnsweredLocked).
 	EarlierAttemptAnswered atomic.Uint64
+
+	NoRoute       atomic.Uint64 // new work no route matched, without a pool "default" (Config.NoRouteCode)
+	DefaultRouted atomic.Uint64 // new work no route matched, sent to the pool "default"
 
 	Refused    atomic.Uint64                       // new work refused by the balancer (503)
 	RefusedBy  [admission.NumReasons]atomic.Uint64 // by admission.Reason (none, memory, arm, mop, draining)
@@ -141,6 +145,10 @@ var (
 	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
 	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
 	descReadBuffers  = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descRouteHits    = prometheus.NewDesc("sluice_sip_route_hits_total", "New work each SIP route chose (route is its index in the table, \"default\" for new work no route matched that went to the pool default), by route and pool.", []string{"route", "pool"}, nil)
+	descNoRoute      = prometheus.NewDesc("sluice_sip_no_route_total", "New work no SIP route matched, refused for want of a pool \"default\" (-sip-no-route-code).", nil, nil)
+	descPoolRefused  = prometheus.NewDesc("sluice_sip_refused_total", "SIP new work refused by the balancer, by the pool it was routed to and the guard that refused it (no_backend: none did, but no backend of the pool took it).", []string{"pool", "reason"}, nil)
+	descPoolSent     = prometheus.NewDesc("sluice_sip_backend_new_work_total", "SIP new work sent to a backend (attempts, failovers included), by pool and backend.", []string{"pool", "backend"}, nil)
 	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
@@ -163,6 +171,10 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descDialogBytes
 	ch <- descPartialBytes
 	ch <- descReadBuffers
+	ch <- descRouteHits
+	ch <- descNoRoute
+	ch <- descPoolRefused
+	ch <- descPoolSent
 }
 
 // Collect implements prometheus.Collector.
@@ -193,7 +205,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"pings_sent", &m.PingsSent}, {"pings_failed", &m.PingsFailed},
 		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},
 		{"unknown_dialog_metered", &m.UnknownDialogMetered}, {"unknown_dialog_rejected", &m.UnknownDialogRejected},
-		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited},
+		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited}, {"no_route", &m.NoRoute},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
@@ -210,4 +222,29 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descDialogBytes, prometheus.GaugeValue, float64(c.s.dialogs.Bytes()))
 	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")
 	ch <- prometheus.MustNewConstMetric(descReadBuffers, prometheus.GaugeValue, float64(c.s.tcp.readBufs.Load()), "tcp")
+	ch <- prometheus.MustNewConstMetric(descNoRoute, prometheus.CounterValue, float64(m.NoRoute.Load()))
+	set := c.s.pool.Load()
+	if set == nil {
+		return
+	}
+	if t := set.routes; t != nil {
+		for i := range t.Len() {
+			ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(t.Hits(i)), strconv.Itoa(i), t.Spec(i).Pool)
+		}
+	}
+	if set.gen.Pool(lb.DefaultPool) != nil {
+		ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(m.DefaultRouted.Load()), "default", lb.DefaultPool)
+	}
+	for name, st := range set.stats {
+		for r := range st.refused {
+			reason := admission.Reason(r).String()
+			if reason == "" {
+				reason = "no_backend"
+			}
+			ch <- prometheus.MustNewConstMetric(descPoolRefused, prometheus.CounterValue, float64(st.refused[r].Load()), name, reason)
+		}
+	}
+	for k, n := range set.sent {
+		ch <- prometheus.MustNewConstMetric(descPoolSent, prometheus.CounterValue, float64(n.Load()), k.pool, k.id)
+	}
 }

@@ -20,11 +20,12 @@ import (
 	"github.com/sluicelb/sluice/lb"
 )
 
-// Signer makes and checks the affinity tokens carried in our Record-Route.
-// *lb.Signer implements it.
+// Signer makes and checks the affinity tokens carried in our Record-Route:
+// each names the dialog's pool and its subject (the backend id bound to
+// the Call-ID). *lb.Signer implements it.
 type Signer interface {
-	Token(backendID string, expires time.Time) string
-	Verify(token string, now time.Time) (backendID string, ok bool)
+	PoolToken(pool, backendID string, expires time.Time) string
+	VerifyPool(token string, now time.Time) (pool, backendID string, expires time.Time, ok bool)
 }
 
 // Deps are the collaborators of a Server.

@@ -317,7 +317,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	t.via.Params.Add("branch", branch)
 	t.via.Transport = b.transport()
 	if recordRoutes(req.Method) {
-		token := s.routeToken(tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
+		token := s.routeToken(t.poolName, tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
 		if t.rrs == nil {
 			// One Record-Route, or two when the client's transport differs
 			// from the backend's (RFC 5658 double record-routing), so each
@@ -386,6 +386,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	}
 	s.metrics.Forwarded.Add(1)
 	s.metrics.NewWork.Add(1)
+	s.pool.Load().countSent(t.poolName, b.id)
 	return true
 }
 
