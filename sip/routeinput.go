@@ -39,8 +39,8 @@ func fillRouteInput(in *lb.RouteInput, req *gosip.Request, names []string) {
 	switch strings.ToLower(u.Scheme) {
 	case "sip", "sips":
 		in.Host = bytesOf(u.Host)
-		phone := strings.HasPrefix(u.User, "+")
-		if !phone && u.UriParams != nil {
+		phone := false
+		if u.UriParams != nil {
 			if v, ok := u.UriParams.Get("user"); ok && strings.EqualFold(v, "phone") {
 				phone = true
 			}
@@ -93,15 +93,21 @@ func bytesOf(s string) []byte {
 }
 
 // routeUser returns the user a route tests: user unescaped and, when it
-// is a telephone number, without visual separators and parameters.
+// is a telephone number (phone, or a user starting with '+' once
+// unescaped), without visual separators and parameters. It copies only
+// a user that needs either.
 func routeUser(user string, phone bool) []byte {
+	if len(user) > lb.MaxRouteValueLen {
+		return bytesOf(user)
+	}
+	escaped := strings.IndexByte(user, '%') >= 0
+	phone = phone || strings.HasPrefix(user, "+") || escaped && len(user) >= 3 && strings.EqualFold(user[:3], "%2B")
 	if phone {
 		if i := strings.IndexByte(user, ';'); i >= 0 {
 			user = user[:i]
 		}
 	}
-	if len(user) > lb.MaxRouteValueLen ||
-		strings.IndexByte(user, '%') < 0 && !(phone && strings.ContainsAny(user, "-.()")) {
+	if !escaped && !(phone && strings.ContainsAny(user, "-.()")) {
 		return bytesOf(user)
 	}
 	out := make([]byte, 0, len(user))
