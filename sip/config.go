@@ -25,7 +25,7 @@ type Config struct {
 	Advertise string
 	// Backends are the upstreams, all in the pool "default": New builds
 	// its backend generation from them. Empty when the generation is
-	// handed in (Deps.Generation, SetGeneration). Flag -sip-backend
+	// handed in with SetGeneration. Flag -sip-backend
 	// (repeatable).
 	Backends []BackendConfig
 	// Policy selects a backend for new work. Flag -sip-lb-policy: "hash"
@@ -269,7 +269,7 @@ func CheckSettings(c Config) error {
 
 // Validate reports the first invalid field as a *FieldError. It expects
 // defaults to be filled. Backends may be empty: the server then serves a
-// generation handed in (Deps.Generation, SetGeneration).
+// generation handed in with SetGeneration.
 func (c *Config) Validate() error {
 	switch {
 	case c.Policy != "hash" && !slices.Contains(lb.PolicyNames, c.Policy):

@@ -17,7 +17,6 @@ import (
 	gosip "github.com/emiago/sipgo/sip"
 
 	"github.com/sluicelb/sluice/admission"
-	"github.com/sluicelb/sluice/lb"
 )
 
 // Signer makes and checks the affinity tokens carried in our Record-Route:
@@ -42,13 +41,6 @@ type Deps struct {
 	// filled in; SetBackends takes a hook of its own. A generation handed
 	// in (Generation, SetGeneration) has its limiters already.
 	MOP func(BackendConfig) *admission.MOP
-	// Generation, when set, is the backend generation the server serves
-	// from the start (see SetGeneration), instead of one New builds from
-	// Config.Backends, which must then be empty. The caller starts it
-	// after Start and stops it once replaced. It is built with the
-	// server's Prober, so it can also be handed in with SetGeneration
-	// after New.
-	Generation *lb.Generation
 	// ObserveForward, when set, is called with the time from a new-work
 	// request's arrival to the relay of its backend's final answer, for a
 	// latency histogram. It is called on the message path: it must be
@@ -152,16 +144,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		parser:  newParser(),
 	}
 	s.branches = newBrancher(deps.Signer)
-	switch {
-	case deps.Generation != nil && len(cfg.Backends) > 0:
-		return nil, fieldError("Backends", "both Config.Backends and Deps.Generation given: give one")
-	case deps.Generation != nil:
-		set, err := newBackendSet(deps.Generation)
-		if err != nil {
-			return nil, err
-		}
-		s.pool.Store(set)
-	case len(cfg.Backends) > 0:
+	if len(cfg.Backends) > 0 {
 		specs, cfgs, err := checkBackends(cfg.Backends)
 		if err != nil {
 			return nil, err
@@ -208,8 +191,8 @@ func newParser() *gosip.Parser {
 }
 
 // Start opens the UDP socket and TCP listener and serves until Close or
-// ctx is done. A generation must be in force (Config.Backends,
-// Deps.Generation or SetGeneration).
+// ctx is done. A generation must be in force (Config.Backends, or
+// SetGeneration after New).
 //
 // A generation the server built (Config.Backends, SetBackends) is
 // started here: its backends are pinged with OPTIONS when HealthInterval

@@ -1,0 +1,390 @@
+package sip
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// sipGen builds a SIP generation for s: backends and routes as an
+// operator writes them (lb.ParseBackendSpec, lb.ParseRouteSpec), the
+// generation in force as Prev, s's policy and, when s pings, its OPTIONS
+// prober. It is stopped when the test ends.
+func sipGen(t testing.TB, s *Server, backends, routes []string) *lb.Generation {
+	t.Helper()
+	gc := lb.GenConfig{Proto: "sip", Policy: s.cfg.Policy, Prev: s.Generation(), Clock: s.clock}
+	for _, b := range backends {
+		spec, err := lb.ParseBackendSpec("sip", b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gc.Backends = append(gc.Backends, spec)
+	}
+	if s.cfg.HealthInterval > 0 {
+		gc.Health = lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout, Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}
+		gc.Prober = s.Prober
+	}
+	g, err := lb.NewGeneration(gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Stop)
+	return g
+}
+
+// setGen builds a generation of backends and routes (sipGen) and puts
+// it in force, as a node's reload does: started, then handed in, then
+// the one before stopped.
+func setGen(t testing.TB, s *Server, backends, routes []string) *lb.Generation {
+	t.Helper()
+	old := s.Generation()
+	g := sipGen(t, s, backends, routes)
+	if s.listening.Load() {
+		g.Start(context.Background())
+	}
+	set, err := newBackendSet(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var specs []lb.RouteSpec
+	for _, r := range routes {
+		spec, err := lb.ParseRouteSpec("sip", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		specs = append(specs, spec)
+	}
+	if set.routes, err = lb.NewRouteTable("sip", specs); err != nil {
+		t.Fatal(err)
+	}
+	set.routeHeaders = set.routes.HeaderNames()
+	s.reloadMu.Lock()
+	err = s.installLocked(set)
+	s.reloadMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old != nil {
+		old.Stop()
+	}
+	return g
+}
+
+// poolServer starts a server the way a node does: New without backends,
+// a generation of backends and routes handed in, Start, then the
+// generation's checks. rules are ARM rules.
+func poolServer(t testing.TB, backends, routes, rules []string, mut func(*Config)) *Server {
+	t.Helper()
+	signer, err := lb.NewSigner(testKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rcs []admission.RuleConfig
+	for _, r := range rules {
+		rc, err := admission.ParseRule(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rcs = append(rcs, rc)
+	}
+	adm, err := admission.NewController(admission.ControllerConfig{Rules: rcs}, nil, admission.MonoClock{}.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Listen: "127.0.0.1:0", FailoverTimeout: 300 * time.Millisecond}
+	if mut != nil {
+		mut(&cfg)
+	}
+	s, err := New(cfg, Deps{Admission: adm, Signer: signer}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := setGen(t, s, backends, routes)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	g.Start(ctx)
+	adc, adcCancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { adm.Run(adc, admission.MonoClock{}, 10*time.Millisecond); close(done) }()
+	t.Cleanup(func() {
+		adcCancel()
+		<-done
+		cancel()
+		s.Close()
+	})
+	return s
+}
+
+// inviteTo sends the INVITE of k to the Request-URI ruri (a user and
+// host of the test's choosing) with From host from.
+func (k *call) inviteTo(ruri, from string) {
+	body := "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 4000 RTP/AVP 0\r\n"
+	k.c.send(fmt.Sprintf("INVITE %s SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nRoute: <sip:%s;lr>\r\nFrom: <sip:alice@%s>;tag=a%s\r\nTo: <sip:service@test>\r\nCall-ID: %s\r\nCSeq: %d INVITE\r\nContact: <sip:alice@%s>\r\nContent-Type: application/sdp\r\nContent-Length: %d\r\n\r\n%s",
+		ruri, k.c.addr, k.branch, k.c.lb, from, k.callID, k.callID, k.cseq, k.c.addr, len(body), body))
+}
+
+// request sends an out-of-dialog request of method to ruri on k's
+// Call-ID (REGISTER, MESSAGE, OPTIONS).
+func (k *call) request(method, ruri string) {
+	k.c.send(fmt.Sprintf("%s %s SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nRoute: <sip:%s;lr>\r\nFrom: <sip:alice@a.example>;tag=a%s\r\nTo: <sip:alice@a.example>\r\nCall-ID: %s\r\nCSeq: %d %s\r\nContact: <sip:alice@%s>\r\nContent-Length: 0\r\n\r\n",
+		method, ruri, k.c.addr, k.branch, k.c.lb, k.callID, k.callID, k.cseq, method, k.c.addr))
+}
+
+// warning returns the text of a response's Warning, "" without one.
+func warning(res *gosip.Response) string {
+	if h := res.GetHeader("warning"); h != nil {
+		return h.Value()
+	}
+	return ""
+}
+
+// TestNoRouteNoDefaultPool: new work no route matches, in a generation
+// without the pool default, is answered 404 (or -sip-no-route-code),
+// counted, and never reaches a backend; a route that matches still works.
+func TestNoRouteNoDefaultPool(t *testing.T) {
+	for _, code := range []int{0, 480} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			ldn := newUAS(t, "ldn")
+			s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london"},
+				[]string{"pool=london,user=+4420"}, nil, func(c *Config) { c.NoRouteCode = code })
+			c := newUAC(t, s.udpAddr())
+			k := c.newCall()
+			k.inviteTo("sip:+331234@voice.example", "a.example")
+			want, phrase := 404, "Not Found"
+			if code != 0 {
+				want, phrase = code, "Temporarily Unavailable"
+			}
+			res := c.recvResponse(want)
+			if res.Reason != phrase || !strings.Contains(warning(res), `"no route"`) {
+				t.Errorf("%d %s, Warning %q; want %d %s and a Warning saying no route", res.StatusCode, res.Reason, warning(res), want, phrase)
+			}
+			k = c.newCall()
+			k.request("MESSAGE", "sip:bob@voice.example")
+			c.recvResponse(want)
+			if n := s.metrics.NoRoute.Load(); n != 2 {
+				t.Errorf("no_route = %d, want 2", n)
+			}
+			if n := ldn.count(gosip.INVITE, "") + ldn.count(gosip.MESSAGE, ""); n != 0 {
+				t.Errorf("the backend got %d requests no route matched", n)
+			}
+			k = c.newCall()
+			k.inviteTo("sip:+442079460000@voice.example", "a.example")
+			c.awaitResponse(gosip.INVITE, 200, 200)
+			if n := ldn.count(gosip.INVITE, k.callID); n != 1 {
+				t.Errorf("the routed INVITE reached london %d times, want 1", n)
+			}
+		})
+	}
+}
+
+func TestNoRouteCodeValidated(t *testing.T) {
+	for _, code := range []int{399, 700, -1} {
+		c := DefaultConfig()
+		c.NoRouteCode = code
+		err := c.Validate()
+		var fe *FieldError
+		if err == nil || !errors.As(err, &fe) || fe.Field != "NoRouteCode" || !strings.Contains(err.Error(), fmt.Sprint(code)) {
+			t.Errorf("NoRouteCode %d: %v, want a NoRouteCode error naming the value", code, err)
+		}
+	}
+	c := DefaultConfig()
+	c.NoRouteCode = 604
+	if err := c.Validate(); err != nil {
+		t.Errorf("NoRouteCode 604: %v", err)
+	}
+}
+
+// TestARMPoolBudget: an ARM rule with pool= is one pool's budget: past it
+// the pool's INVITEs are refused with a Warning naming the rule and the
+// pool, while the same method routed to another pool is untouched.
+func TestARMPoolBudget(t *testing.T) {
+	ldn, def := newUAS(t, "ldn"), newUAS(t, "def")
+	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london", def.addr.String() + ",id=def"},
+		[]string{"pool=london,user=+4420"},
+		[]string{"name=ldn-invites,proto=sip,method=INVITE,pool=london,limit=3/min,action=reject"}, nil)
+	c := newUAC(t, s.udpAddr())
+	var refused []string
+	admitted := 0
+	for range 5 {
+		k := c.newCall()
+		k.inviteTo("sip:+442079460000@voice.example", "a.example")
+		for {
+			res := c.recv().(*gosip.Response)
+			if res.StatusCode == 200 {
+				admitted++
+				break
+			}
+			if res.StatusCode == 503 {
+				refused = append(refused, warning(res))
+				break
+			}
+		}
+	}
+	if admitted != 3 || len(refused) != 2 {
+		t.Fatalf("london: %d admitted, %d refused; want 3 and 2", admitted, len(refused))
+	}
+	for _, w := range refused {
+		if !strings.Contains(w, `"overload: arm rule ldn-invites pool london"`) {
+			t.Errorf("refusal Warning %q, want it to name the rule and the pool", w)
+		}
+	}
+	for range 5 {
+		k := c.newCall()
+		k.inviteTo("sip:+331234@voice.example", "a.example")
+		c.awaitResponse(gosip.INVITE, 200, 200)
+	}
+	if n := def.count(gosip.INVITE, ""); n != 5 {
+		t.Errorf("default pool got %d INVITEs, want 5 (the london budget is not its)", n)
+	}
+	if n := ldn.count(gosip.INVITE, ""); n != 3 {
+		t.Errorf("london got %d INVITEs, want 3", n)
+	}
+	st := s.pool.Load().stats
+	if n := st["london"].refused[admission.ReasonARM].Load(); n != 2 {
+		t.Errorf("london refused by arm: %d, want 2", n)
+	}
+	if n := st["default"].refused[admission.ReasonARM].Load(); n != 0 {
+		t.Errorf("default refused by arm: %d, want 0", n)
+	}
+}
+
+// TestOperatorDisableKeptWithoutPings: the carry-over of a reload with
+// SIP pings off. A backend the operator disabled stays disabled across a
+// reload (SetBackends and SetGeneration alike), and once the operator
+// enables it again it takes new work: a probe verdict from before, which
+// no checker would ever revise, does not hold it down. (The SIP front
+// end's own carry-over lost the disable and kept the verdict for good.)
+func TestOperatorDisableKeptWithoutPings(t *testing.T) {
+	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+	s := testServer(t, []*uas{b1, b2}, nil, nil)
+	now := s.clock.Now()
+	old := s.pool.Load().byID["b1"].lb
+	old.Disable(true)
+	old.SetProbeDown(true)
+	reloads := []func(){
+		func() {
+			if err := s.SetBackends([]BackendConfig{{ID: "b1", Addr: b1.addr.String()}, {ID: "b2", Addr: b2.addr.String(), Weight: 2}}, nil); err != nil {
+				t.Fatal(err)
+			}
+		},
+		func() {
+			setGen(t, s, []string{b1.addr.String() + ",id=b1", b2.addr.String() + ",id=b2"}, nil)
+		},
+	}
+	for i, reload := range reloads {
+		reload()
+		b := s.pool.Load().byID["b1"].lb
+		if b == old {
+			t.Fatalf("reload %d kept the lb.Backend", i)
+		}
+		if !b.Disabled() || b.State(now) != lb.Down {
+			t.Errorf("reload %d: b1 disabled %v, %s; want still disabled by the operator", i, b.Disabled(), b.State(now))
+		}
+		old = b
+	}
+	old.Disable(false)
+	if st := old.State(now); st != lb.Up {
+		t.Errorf("b1 enabled again: %s (%s), want up: no probe verdict may hold it with pings off", st, old.Reason(now))
+	}
+	// And it takes new work again.
+	c := newUAC(t, s.udpAddr())
+	for range 6 {
+		c.newCall().complete()
+	}
+	if b1.count(gosip.INVITE, "") == 0 {
+		t.Error("b1 got no new work once enabled")
+	}
+}
+
+// TestDialogKeepsPoolAcrossRoutes: a dialog stays on its backend, and in
+// its pool, when the routes change under it; new work follows the new
+// routes. Requests with our Route go by their token, token-less ones by
+// the dialog table; a token issued before pools (version 2) still routes.
+func TestDialogKeepsPoolAcrossRoutes(t *testing.T) {
+	ldn, def := newUAS(t, "ldn"), newUAS(t, "def")
+	backends := []string{ldn.addr.String() + ",id=ldn,pool=london", def.addr.String() + ",id=def"}
+	s := poolServer(t, backends, []string{"pool=london,user=+4420"}, nil, nil)
+	c := newUAC(t, s.udpAddr())
+	withToken, tokenless := c.newCall(), c.newCall()
+	for _, k := range []*call{withToken, tokenless} {
+		k.inviteTo("sip:+442079460000@voice.example", "a.example")
+		c.recvResponse(180)
+		k.learn(c.recvResponse(200))
+		k.inDialog("ACK", 1, k.branch+"-ack")
+	}
+	tokenless.route = nil
+	if n := ldn.count(gosip.INVITE, ""); n != 2 {
+		t.Fatalf("london got %d INVITEs, want 2", n)
+	}
+	if pool, id, ok := s.dialogs.lookupIn(tokenless.callID, "a"+tokenless.callID, "", s.clock.Now(), dialogPeek); !ok || pool != "london" || id != "ldn" {
+		t.Errorf("dialog table: %q %q %v, want london ldn", pool, id, ok)
+	}
+	// The routes change: +4420 now goes to the pool default.
+	setGen(t, s, backends, []string{"pool=london,user=+4499"})
+	for i, k := range []*call{withToken, tokenless} {
+		k.inDialog("BYE", 2, k.branch+"-bye")
+		c.recvResponseTo(gosip.BYE, 200)
+		if n := ldn.count(gosip.BYE, k.callID); n != 1 {
+			t.Errorf("call %d: BYE reached london %d times, want 1 (a dialog never moves pool)", i, n)
+		}
+	}
+	k := c.newCall()
+	k.inviteTo("sip:+442079460000@voice.example", "a.example")
+	c.awaitResponse(gosip.INVITE, 200, 200)
+	if def.count(gosip.INVITE, k.callID) != 1 {
+		t.Error("new work did not follow the new routes")
+	}
+	// A version 2 token (no pool), issued before pools, still names its
+	// backend.
+	old := c.newCall()
+	old.inviteTo("sip:+449912@voice.example", "a.example")
+	c.recvResponse(180)
+	old.learn(c.recvResponse(200))
+	signer, _ := lb.NewSigner(testKey)
+	v2 := signer.Token(tokenSubject("ldn", old.callID), time.Now().Add(time.Hour))
+	old.route = []string{fmt.Sprintf("<sip:%s;lr;sl=%s>", s.udpAddr(), v2)}
+	old.inDialog("BYE", 2, old.branch+"-bye")
+	c.recvResponseTo(gosip.BYE, 200)
+	if n := ldn.count(gosip.BYE, old.callID); n != 1 {
+		t.Errorf("BYE with a version 2 token reached ldn %d times, want 1", n)
+	}
+}
+
+// TestTokenCarriesPool: the Record-Route token names the dialog's pool.
+func TestTokenCarriesPool(t *testing.T) {
+	ldn := newUAS(t, "ldn")
+	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london,pool=backup"}, []string{"pool=london,user=+4420", "pool=backup"}, nil, nil)
+	c := newUAC(t, s.udpAddr())
+	for _, tc := range []struct{ ruri, pool string }{
+		{"sip:+442079460000@voice.example", "london"},
+		{"sip:+331234@voice.example", "backup"},
+	} {
+		k := c.newCall()
+		k.inviteTo(tc.ruri, "a.example")
+		c.recvResponse(180)
+		k.learn(c.recvResponse(200))
+		if len(k.route) == 0 {
+			t.Fatal("no Record-Route")
+		}
+		u := strings.Trim(k.route[0], "<>")
+		_, tok, _ := strings.Cut(u, ";sl=")
+		tok, _, _ = strings.Cut(tok, ";")
+		signer, _ := lb.NewSigner(testKey)
+		pool, subj, _, ok := signer.VerifyPool(tok, time.Now())
+		if !ok || pool != tc.pool || !strings.HasPrefix(subj, "ldn|") {
+			t.Errorf("%s: token pool %q subject %q ok %v, want pool %s, backend ldn", tc.ruri, pool, subj, ok, tc.pool)
+		}
+	}
+}
