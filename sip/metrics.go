@@ -96,9 +96,11 @@ func (s *Server) Metrics() *Metrics { return &s.metrics }
 
 // BackendStatus is a point-in-time view of one backend.
 type BackendStatus struct {
-	ID          string
-	Addr        string
-	Transport   string
+	ID        string
+	Addr      string
+	Transport string
+	Pools     []string // the pools it is a member of
+
 	Weight      int
 	Up          bool  // not down (health checks, passive ejection)
 	Draining    bool  // up but taking no new work (503 Retry-After, operator drain)
@@ -126,7 +128,7 @@ func (s *Server) Backends() []BackendStatus {
 	for _, b := range p.list {
 		st := b.lb.Status(now)
 		out = append(out, BackendStatus{
-			ID: b.id, Addr: b.addr.String(), Transport: b.transport(), Weight: b.lb.Weight(),
+			ID: b.id, Addr: b.addr.String(), Transport: b.transport(), Pools: b.spec.Pools, Weight: b.lb.Weight(),
 			Up: st.State != lb.Down, Draining: st.State == lb.Draining,
 			Outstanding: st.Outstanding, Requests: st.Requests, Failures: st.Failures,
 		})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
@@ -386,5 +387,70 @@ func TestTokenCarriesPool(t *testing.T) {
 		if !ok || pool != tc.pool || !strings.HasPrefix(subj, "ldn|") {
 			t.Errorf("%s: token pool %q subject %q ok %v, want pool %s, backend ldn", tc.ruri, pool, subj, ok, tc.pool)
 		}
+	}
+}
+
+// series gathers the collector's counters and gauges as
+// "name{label=value,...}" -> value, labels in the registry's order.
+func series(t *testing.T, s *Server) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.Collector())
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			out[f.GetName()+"{"+strings.Join(ls, ",")+"}"] = v
+		}
+	}
+	return out
+}
+
+// TestPoolMetrics: route hits per route and pool, refusals and new work
+// per pool, and no-route counts.
+func TestPoolMetrics(t *testing.T) {
+	ldn, def := newUAS(t, "ldn"), newUAS(t, "def")
+	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london", def.addr.String() + ",id=def"},
+		[]string{"pool=london,user=+4420"},
+		[]string{"name=ldn,proto=sip,method=INVITE,pool=london,limit=1/min,action=reject"}, nil)
+	c := newUAC(t, s.udpAddr())
+	c.newCall().inviteTo("sip:+442079460000@voice.example", "a.example")
+	c.awaitResponse(gosip.INVITE, 200, 200)
+	c.newCall().inviteTo("sip:+442079460001@voice.example", "a.example")
+	c.awaitResponse(gosip.INVITE, 503, 200)
+	c.newCall().inviteTo("sip:+331234@voice.example", "a.example")
+	c.awaitResponse(gosip.INVITE, 200, 200)
+	got := series(t, s)
+	for name, want := range map[string]float64{
+		`sluice_sip_route_hits_total{pool=london,route=0}`:             2,
+		`sluice_sip_route_hits_total{pool=default,route=default}`:      1,
+		`sluice_sip_refused_total{pool=london,reason=arm}`:             1,
+		`sluice_sip_refused_total{pool=default,reason=arm}`:            0,
+		`sluice_sip_backend_new_work_total{backend=ldn,pool=london}`:   1,
+		`sluice_sip_backend_new_work_total{backend=def,pool=default}`:  1,
+		`sluice_sip_no_route_total{}`:                                  0,
+		`sluice_frontend_events_total{event=no_route,protocol=sip}`:    0,
+		`sluice_frontend_events_total{event=refused_arm,protocol=sip}`: 1,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (exported %v), want %v", name, v, ok, want)
+		}
+	}
+	// The pools' counters survive a reload that keeps them.
+	setGen(t, s, []string{ldn.addr.String() + ",id=ldn,pool=london", def.addr.String() + ",id=def"}, []string{"pool=london,user=+4420"})
+	got = series(t, s)
+	if v := got[`sluice_sip_refused_total{pool=london,reason=arm}`]; v != 1 {
+		t.Errorf("after a reload, london refused by arm = %v, want 1", v)
+	}
+	if v := got[`sluice_sip_backend_new_work_total{backend=ldn,pool=london}`]; v != 1 {
+		t.Errorf("after a reload, ldn new work = %v, want 1", v)
 	}
 }
