@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"unicode"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -26,6 +25,10 @@ type GenConfig struct {
 	// gets the front end's settings (Policy, no health path). Every pool
 	// named here must have a backend.
 	Pools []PoolSpec
+	// Routes choose the pool of new work, first match wins (see
+	// RouteTable); each must name a pool of the generation. None: every
+	// request goes to DefaultPool.
+	Routes []RouteSpec
 	// Policy is the front end's selection policy (-lb-policy, SIP's), for
 	// pools that set none.
 	Policy string
@@ -74,6 +77,9 @@ type Generation struct {
 	pools    []*Pool
 	byName   map[string]*Pool
 	poolSpec map[string]PoolSpec
+	routes   *RouteTable    // nil: no routes
+	routeTo  []*Pool        // the pool of each route, by index
+	dflt     *Pool          // DefaultPool, or nil
 	health   *HealthChecker // nil: no active checks
 	probes   []*MemoryProbe
 	clock    admission.Clock
@@ -298,22 +304,50 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 		g.probes = append(g.probes, probe)
 	}
 
+	if len(cfg.Routes) > 0 {
+		for i, r := range cfg.Routes {
+			if r.Proto != cfg.Proto {
+				return bad("route %d (%s): a %s route", i+1, r, r.Proto)
+			}
+			if g.byName[r.Pool] == nil {
+				return bad("route %d (%s): pool %q has no backends", i+1, r, r.Pool)
+			}
+		}
+		if g.routes, err = NewRouteTable(cfg.Proto, cfg.Routes); err != nil {
+			return bad("%v", err)
+		}
+		for _, r := range cfg.Routes {
+			g.routeTo = append(g.routeTo, g.byName[r.Pool])
+		}
+	}
+	g.dflt = g.byName[DefaultPool]
 	if cfg.Prev != nil {
 		g.carryFrom(cfg.Prev)
 	}
 	return g, nil
 }
 
-// checkPoolName accepts 1 to MaxIDLen bytes of letters, digits and
-// "-_.": a pool's name travels in routes, affinity and metric labels.
-func checkPoolName(name string) error {
-	if name == "" {
-		return errors.New("empty pool name")
+// Routes returns the route table, nil when the generation has no routes.
+func (g *Generation) Routes() *RouteTable { return g.routes }
+
+// Route returns the pool for new work described by in: the pool of the
+// first route that matches (its index in route), else DefaultPool with
+// route -1, else nil and -1 (the front end answers "no route": HTTP 404,
+// SIP -sip-no-route-code). It allocates nothing.
+func (g *Generation) Route(in *RouteInput) (p *Pool, route int) {
+	if g.routes != nil {
+		if i := g.routes.Match(in); i >= 0 {
+			return g.routeTo[i], i
+		}
 	}
-	if len(name) > MaxIDLen || strings.ContainsFunc(name, func(r rune) bool {
-		return !(r < unicode.MaxASCII && (unicode.IsLetter(r) || unicode.IsDigit(r)) || r == '-' || r == '_' || r == '.')
-	}) {
-		return fmt.Errorf("pool name %q: want 1..%d letters, digits, '-', '_' or '.'", name, MaxIDLen)
+	return g.dflt, -1
+}
+
+// checkPoolName is admission.CheckPoolName: backends, pool settings,
+// routes and ARM rules agree on what a pool name is.
+func checkPoolName(name string) error {
+	if err := admission.CheckPoolName(name); err != nil {
+		return fmt.Errorf("pool %q: %w", name, err)
 	}
 	return nil
 }

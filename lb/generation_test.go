@@ -345,8 +345,8 @@ func TestGenerationErrors(t *testing.T) {
 		{"unknown front end policy", base(func(c *GenConfig) { c.Policy = "fastest" }), `policy "fastest": unknown (want one of round-robin,`},
 		{"unknown pool policy", base(func(c *GenConfig) { c.Pools = []PoolSpec{{Name: "api", Policy: "fastest"}} }), `pool api: policy "fastest": unknown`},
 		{"pool settings twice", base(func(c *GenConfig) { c.Pools = []PoolSpec{{Name: "api"}, {Name: "api"}} }), "pool api: settings given twice"},
-		{"empty pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{""} }), "backend b2: empty pool name"},
-		{"bad pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{"a b"} }), `backend b2: pool name "a b": want`},
+		{"empty pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{""} }), `backend b2: pool "": want a pool name`},
+		{"bad pool name", base(func(c *GenConfig) { c.Backends[1].Pools = []string{"a b"} }), `backend b2: pool "a b": want a pool name`},
 		{"pool named twice", base(func(c *GenConfig) { c.Backends[1].Pools = []string{"api", "api"} }), "backend b2: pool api named twice"},
 		{"bad weight", base(func(c *GenConfig) { c.Backends[0].Weight = MaxWeight + 1 }), "backend b1: new backend b1: weight 1001"},
 		{"no backends", base(func(c *GenConfig) { c.Backends = nil }), "pool has no backends"},
@@ -570,5 +570,61 @@ func BenchmarkGenerationPick(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestGenerationRoute: the first matching route names the pool; no match
+// falls back to the default pool, or to none when there is no default.
+func TestGenerationRoute(t *testing.T) {
+	f := newGenFixture()
+	route := func(s string) RouteSpec {
+		t.Helper()
+		r, err := ParseRouteSpec("http", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	withDefault := f.config("http", false, spec("a1", "api"), spec("s1", "static"), spec("d1"))
+	withDefault.Routes = []RouteSpec{route("pool=api,host=api.example.com"), route("pool=static,path=/static/")}
+	noDefault := f.config("http", false, spec("a1", "api"), spec("s1", "static"))
+	noDefault.Routes = withDefault.Routes
+	for _, tc := range []struct {
+		name       string
+		cfg        GenConfig
+		host, path string
+		pool       string // "" = nil
+		route      int
+	}{
+		{"host route", withDefault, "API.example.com:8080", "/static/x", "api", 0},
+		{"path route", withDefault, "www.example.com", "/static/x", "static", 1},
+		{"default", withDefault, "www.example.com", "/", "default", -1},
+		{"no default", noDefault, "www.example.com", "/", "", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := f.gen(t, tc.cfg)
+			p, i := g.Route(&RouteInput{Host: []byte(tc.host), Path: []byte(tc.path), Method: []byte("GET")})
+			got := ""
+			if p != nil {
+				got = p.Name()
+			}
+			if got != tc.pool || i != tc.route {
+				t.Errorf("Route = %q, %d; want %q, %d", got, i, tc.pool, tc.route)
+			}
+		})
+	}
+
+	bad := f.config("http", false, spec("a1", "api"))
+	bad.Routes = []RouteSpec{route("pool=static,path=/static/")}
+	if _, err := NewGeneration(bad); err == nil || !strings.Contains(err.Error(), `pool "static" has no backends`) {
+		t.Errorf("route to a pool without backends: err = %v", err)
+	}
+	sipRoute, err := ParseRouteSpec("sip", "pool=api,domain=voice.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Routes = []RouteSpec{sipRoute}
+	if _, err := NewGeneration(bad); err == nil || !strings.Contains(err.Error(), "a sip route") {
+		t.Errorf("sip route in an http generation: err = %v", err)
 	}
 }

@@ -61,6 +61,11 @@ func NewPolicy(name string, bs []*Backend) (Policy, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(bs) == 0 {
+		// A Maglev table of no backends would never fill: refuse here
+		// rather than loop (NewPool refuses empty pools anyway).
+		return nil, ErrNoBackends
+	}
 	switch canon {
 	case "weighted-round-robin":
 		return NewWeightedRoundRobin(bs), nil
