@@ -54,8 +54,8 @@ type backendSet struct {
 	// set knows and whose dialog the table does not know either (no
 	// route is ever consulted for them): DefaultPool, else the first.
 	homePool *lb.Pool
-	// routes is the generation's route table (nil: none), and
-	// routeHeaders the header names its routes test.
+	// routes is the generation's route table (nil: none, for the
+	// metrics), and routeHeaders the header names its routes test.
 	routes       *lb.RouteTable
 	routeHeaders []string
 	// stats are the per-pool counters, shared with the set before for
@@ -109,7 +109,7 @@ func newBackendSet(g *lb.Generation) (*backendSet, error) {
 		set.byID[b.id] = b
 		set.byAddr[b.addr] = b
 	}
-	set.routes = generationRoutes(g)
+	set.routes = g.Routes()
 	if set.routes != nil {
 		set.routeHeaders = set.routes.HeaderNames()
 	}
@@ -355,13 +355,8 @@ type poolBackend struct{ pool, id string }
 // route returns the pool new work with in goes to and the index of the
 // route that chose it: the first route that matches, else the pool
 // "default" with -1; nil when no route matches and there is no pool
-// "default".
-func (p *backendSet) route(in *lb.RouteInput) (*lb.Pool, int) {
-	if i := p.routes.Match(in); i >= 0 {
-		return p.gen.Pool(p.routes.Spec(i).Pool), i
-	}
-	return p.gen.Pool(lb.DefaultPool), -1
-}
+// "default" (lb.Generation.Route).
+func (p *backendSet) route(in *lb.RouteInput) (*lb.Pool, int) { return p.gen.Route(in) }
 
 // countRefused counts a refusal in the pool of d.
 func (p *backendSet) countRefused(d admission.Decision) {

@@ -30,6 +30,13 @@ func sipGen(t testing.TB, s *Server, backends, routes []string) *lb.Generation {
 		}
 		gc.Backends = append(gc.Backends, spec)
 	}
+	for _, r := range routes {
+		spec, err := lb.ParseRouteSpec("sip", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gc.Routes = append(gc.Routes, spec)
+	}
 	if s.cfg.HealthInterval > 0 {
 		gc.Health = lb.HealthConfig{Interval: s.cfg.HealthInterval, Timeout: s.cfg.HealthTimeout, Rise: s.cfg.HealthRise, Fall: s.cfg.HealthFall}
 		gc.Prober = s.Prober
@@ -52,26 +59,7 @@ func setGen(t testing.TB, s *Server, backends, routes []string) *lb.Generation {
 	if s.listening.Load() {
 		g.Start(context.Background())
 	}
-	set, err := newBackendSet(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var specs []lb.RouteSpec
-	for _, r := range routes {
-		spec, err := lb.ParseRouteSpec("sip", r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		specs = append(specs, spec)
-	}
-	if set.routes, err = lb.NewRouteTable("sip", specs); err != nil {
-		t.Fatal(err)
-	}
-	set.routeHeaders = set.routes.HeaderNames()
-	s.reloadMu.Lock()
-	err = s.installLocked(set)
-	s.reloadMu.Unlock()
-	if err != nil {
+	if err := s.SetGeneration(g); err != nil {
 		t.Fatal(err)
 	}
 	if old != nil {

@@ -323,7 +323,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now
 // token gets 403. Without our Route (a UA that ignores Record-Route), the
 // dialog table, else the Call-ID hash, picks the backend, and only a
 // dialog the table knows is affinity (admitTokenless). A token naming a
-// backend SetBackends removed still routes to that backend's last address.
+// backend a reload removed still routes to that backend's last address.
 func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
