@@ -442,3 +442,72 @@ func TestPoolMetrics(t *testing.T) {
 		t.Errorf("after a reload, ldn new work = %v, want 1", v)
 	}
 }
+
+// TestGenerationPings: a generation handed in with the server's Prober
+// pings each backend once, whatever the number of its pools: a silent
+// one goes down in every pool, one answering 503 backs off, and new work
+// of both pools goes to the backend that is up.
+func TestGenerationPings(t *testing.T) {
+	b1, b2, b3 := newUAS(t, "b1"), newUAS(t, "b2"), newUAS(t, "b3")
+	b1.mode.Store(modeSilent)
+	s := poolServer(t, []string{
+		b1.addr.String() + ",id=b1,pool=london,pool=paris",
+		b2.addr.String() + ",id=b2,pool=london,pool=paris",
+		b3.addr.String() + ",id=b3,pool=paris",
+	}, []string{"pool=london,user=+44", "pool=paris"}, nil, func(c *Config) {
+		c.HealthInterval = 50 * time.Millisecond
+		c.HealthTimeout = 40 * time.Millisecond
+		c.HealthRise, c.HealthFall = 1, 2
+	})
+	if !s.Generation().HealthChecks() {
+		t.Fatal("the generation runs no checks")
+	}
+	state := func(id string) lb.State { return s.Generation().Lookup(id).State(s.clock.Now()) }
+	eventually(t, "silent b1 down", func() bool { return state("b1") == lb.Down })
+	b3.pingCode.Store(503)
+	eventually(t, "b3 backing off after a ping answered 503", func() bool { return state("b3") == lb.Draining })
+	if st := state("b2"); st != lb.Up {
+		t.Fatalf("b2 is %s, want up", st)
+	}
+	if n := b2.count(gosip.OPTIONS, ""); n == 0 {
+		t.Fatal("b2 was never pinged")
+	}
+	// One check per backend: b2, in two pools, is pinged about as often
+	// as b3, in one.
+	if n2, n3 := b2.count(gosip.OPTIONS, ""), b3.count(gosip.OPTIONS, ""); n2 > 2*n3+2 {
+		t.Errorf("b2 (two pools) pinged %d times, b3 (one) %d: want one check per backend", n2, n3)
+	}
+	c := newUAC(t, s.udpAddr())
+	for _, ruri := range []string{"sip:+4420@voice.example", "sip:+33@voice.example", "sip:+4421@voice.example"} {
+		k := c.newCall()
+		k.inviteTo(ruri, "a.example")
+		c.awaitResponse(gosip.INVITE, 200, 200)
+		if b2.count(gosip.INVITE, k.callID) != 1 {
+			t.Errorf("%s: not on b2, the one backend up and not backing off", ruri)
+		}
+	}
+}
+
+// TestProberBeforeStart: a ping before the server listens is down, saying
+// why; a backend address that does not resolve gives a prober that is
+// always down, naming the backend.
+func TestProberBeforeStart(t *testing.T) {
+	signer, _ := lb.NewSigner(testKey)
+	adm, _ := admission.NewController(admission.ControllerConfig{}, nil, admission.MonoClock{}.Now())
+	s, err := New(Config{Listen: "127.0.0.1:0"}, Deps{Admission: adm, Signer: signer}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "Backends") {
+		t.Errorf("Start without a generation: %v, want an error naming Backends", err)
+	}
+	b, _ := lb.NewBackend(lb.BackendConfig{ID: "b1", Addr: "127.0.0.1:5999", Proto: "sip"})
+	r, err := s.Prober(b, lb.BackendSpec{ID: "b1", Addr: "127.0.0.1:5999"}, nil).Probe(context.Background(), b)
+	if r != lb.ProbeDown || err == nil || !strings.Contains(err.Error(), "not listening") {
+		t.Errorf("ping before Start: %v %v, want down, not listening", r, err)
+	}
+	r, err = s.Prober(b, lb.BackendSpec{ID: "b1", Addr: "no-such-host.invalid:5060"}, nil).Probe(context.Background(), b)
+	if r != lb.ProbeDown || err == nil || !strings.Contains(err.Error(), "b1") {
+		t.Errorf("ping of an unresolvable backend: %v %v, want down naming b1", r, err)
+	}
+}
