@@ -162,8 +162,8 @@ const (
 // DefaultConfig: a Config built by hand gets no cap unless it sets one.
 const DefaultUnknownDialogSourceRate = 20
 
-// ErrNoBackends is returned by New and SetBackends when no backend is
-// configured.
+// ErrNoBackends is returned (in a FieldError) by New, SetBackends and
+// Start when no backend is configured.
 var ErrNoBackends = errors.New("at least one backend is required")
 
 // FieldError reports an invalid Config field by its Go name; cmd/sluice

@@ -19,7 +19,7 @@ type Metrics struct {
 	Forwarded      atomic.Uint64 // requests sent upstream or downstream
 	NewWork        atomic.Uint64 // new work forwarded (attempts, failovers included)
 	Affinity       atomic.Uint64 // in-dialog requests routed by a valid token
-	AffinityGone   atomic.Uint64 // of those, to a backend SetBackends removed
+	AffinityGone   atomic.Uint64 // of those, to a backend a reload removed
 	CallIDFallback atomic.Uint64 // in-dialog requests without our Route, routed by Call-ID hash
 	DialogRouted   atomic.Uint64 // in-dialog requests without our Route, routed by the dialog table
 	DialogMisses   atomic.Uint64 // in-dialog requests without our Route not in the dialog table

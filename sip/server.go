@@ -97,8 +97,8 @@ type Server struct {
 	// pings need them.
 	listening atomic.Bool
 
-	// reloadMu serialises SetBackends with Start and Close; it guards the
-	// fields below. The message path never takes it.
+	// reloadMu serialises SetGeneration and SetBackends with Start and
+	// Close; it guards the fields below. The message path never takes it.
 	reloadMu sync.Mutex
 	started  bool // Start got past opening the sockets
 	stopping bool // Close was called: start no goroutine
