@@ -518,7 +518,9 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 	s.popOurRoutes(req) // a pre-loaded route to us; any token in it counts for nothing
 	set := s.pool.Load()
 	var in lb.RouteInput
-	fillRouteInput(&in, req, set.routeHeaders)
+	if set.routes != nil {
+		fillRouteInput(&in, req, set.routeHeaders) // without routes, nothing reads it
+	}
 	p, route := set.route(&in)
 	if p == nil {
 		s.noRoute(req, src)
