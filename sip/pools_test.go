@@ -511,3 +511,33 @@ func TestProberBeforeStart(t *testing.T) {
 		t.Errorf("ping of an unresolvable backend: %v %v, want down naming b1", r, err)
 	}
 }
+
+// TestUnknownDialogRouted: a request with a made-up To-tag (a dialog the
+// table does not know, no token) proves nothing; under -sip-unknown-dialog
+// new-work it is routed and metered as new work, so it reaches no pool the
+// routes would not give it: no route and no pool default is 404, a route
+// sends it to its pool under that pool's budget.
+func TestUnknownDialogRouted(t *testing.T) {
+	ldn := newUAS(t, "ldn")
+	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london"}, []string{"pool=london,user=+4420"},
+		[]string{"name=ldn,proto=sip,method=INVITE,pool=london,limit=1/min,action=reject"}, nil)
+	c := newUAC(t, s.udpAddr())
+	send := func(user string) {
+		k := c.newCall()
+		k.c.send(fmt.Sprintf("INVITE sip:%s@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:alice@a.example>;tag=a%s\r\nTo: <sip:x@voice.example>;tag=made-up\r\nCall-ID: %s\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n",
+			user, k.c.addr, k.branch, k.callID, k.callID))
+	}
+	send("+331234")
+	if res := c.awaitResponse(gosip.INVITE, 404, 200); !strings.Contains(warning(res), "no route") {
+		t.Errorf("Warning %q, want no route", warning(res))
+	}
+	send("+442079460000")
+	c.awaitResponse(gosip.INVITE, 200, 200)
+	send("+442079460001")
+	if res := c.awaitResponse(gosip.INVITE, 503, 200); !strings.Contains(warning(res), "pool london") {
+		t.Errorf("Warning %q, want the london budget named", warning(res))
+	}
+	if n := ldn.count(gosip.INVITE, ""); n != 1 {
+		t.Errorf("london got %d INVITEs with made-up To-tags, want 1", n)
+	}
+}

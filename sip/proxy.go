@@ -362,6 +362,10 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 		return
 	}
 	b, pool, fromTable := s.dialogRoute(req, p, now, true)
+	if b == nil {
+		s.noRoute(req, src)
+		return
+	}
 	if !s.admitTokenless(req, src, b, pool, fromTable, now) {
 		return
 	}
@@ -376,14 +380,19 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 // dialogRoute picks the backend of a request that belongs to a dialog but
 // carries no token of ours: the one the dialog table recorded for its
 // INVITE (fromTable true), else the Call-ID hash's current choice in the
-// dialog's pool (the table's, when its backend is gone; else the home
-// pool), which is the INVITE's backend only if the INVITE was not moved
-// off it. Routes are never consulted: a dialog never moves pool. A miss
-// is counted and logged at debug level. refresh extends the entry's idle
-// deadline (in-dialog requests do, a stateless CANCEL does not).
+// dialog's pool, which is the INVITE's backend only if the INVITE was not
+// moved off it. A miss is counted and logged at debug level. refresh
+// extends the entry's idle deadline (in-dialog requests do, a stateless
+// CANCEL does not).
 //
-// pool is the dialog's pool: the table's, else b's first pool (an entry
-// from before pools), else the pool the hash chose in.
+// pool is the dialog's pool: the table's (also when its backend is gone:
+// a dialog never moves pool, and routes are not consulted), else b's
+// first pool (an entry from before pools). A dialog the table does not
+// know at all proves nothing: under -sip-unknown-dialog new-work it is
+// routed as new work is (so a made-up To-tag is no way into a pool the
+// routes would not give), and b is nil when no route matches and there is
+// no pool "default"; otherwise (hash) it goes to the pool "default", else
+// the first pool.
 func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refresh bool) (b *backend, pool string, fromTable bool) {
 	callID := req.CallID().Value()
 	var from string
@@ -410,8 +419,17 @@ func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refre
 			"from_tag", from, "to_tag", to, "recorded_backend", id)
 	}
 	var home *lb.Pool
-	if poolName != "" {
+	switch {
+	case ok && poolName != "":
 		home = p.gen.Pool(poolName)
+	case !ok && s.cfg.UnknownDialog == UnknownDialogNewWork:
+		var in lb.RouteInput
+		if p.routes != nil {
+			fillRouteInput(&in, req, p.routeHeaders)
+		}
+		if home, _ = p.route(&in); home == nil {
+			return nil, "", false
+		}
 	}
 	if home == nil {
 		home = p.homePool
