@@ -215,3 +215,44 @@ func BenchmarkRouteNewWork(b *testing.B) {
 		})
 	}
 }
+
+// FuzzRouteInput: whatever a client writes in the Request-URI, the From
+// and the headers, filling the route input neither panics nor makes up
+// bytes: the host, method and From host are slices of what was parsed,
+// and the user is at most as long as the one written.
+func FuzzRouteInput(f *testing.F) {
+	f.Add("sip:+44-20%2d7946@Voice.Example;user=phone", `"A" <sip:a@[::1]:5060>;tag=1`, "eu")
+	f.Add("tel:+4420;phone-context=x", "<tel:+1>;tag=2", "")
+	f.Add("sip:%zz%2@h", "sip:x@y;tag=3", "%")
+	f.Add("sips:@", `"<" <sip:@>`, "a, b")
+	table, err := lb.NewRouteTable("sip", []lb.RouteSpec{
+		{Proto: "sip", Pool: "a", Prefix: "+4420"},
+		{Proto: "sip", Pool: "b", Header: "x-region", HeaderValue: "eu"},
+		{Proto: "sip", Pool: "c", FromDomain: "*.example"},
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	p := newParser()
+	f.Fuzz(func(t *testing.T, ruri, from, region string) {
+		msg := "INVITE " + ruri + " SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-f\r\nFrom: " + from +
+			"\r\nTo: <sip:x@y>\r\nCall-ID: f@t\r\nCSeq: 1 INVITE\r\nX-Region: " + region + "\r\nContent-Length: 0\r\n\r\n"
+		m, err := p.ParseSIP([]byte(msg))
+		if err != nil {
+			return
+		}
+		req, ok := m.(*gosip.Request)
+		if !ok {
+			return
+		}
+		var in lb.RouteInput
+		fillRouteInput(&in, req, table.HeaderNames())
+		if len(in.Path) > len(req.Recipient.User)+len(req.Recipient.Raw()) {
+			t.Fatalf("user %q from %q: longer than written", in.Path, ruri)
+		}
+		if len(in.FromHost) > len(from) || len(in.Host) > len(ruri) {
+			t.Fatalf("host %q / From host %q longer than written", in.Host, in.FromHost)
+		}
+		table.Match(&in)
+	})
+}
