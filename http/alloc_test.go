@@ -26,10 +26,11 @@ func TestHotPathAllocs(t *testing.T) {
 	h := &ctx.Request.Header
 	now := r.clock.Now()
 	var p plan
+	var v reqView
 	picked := true
 	run := func() {
 		ip := remoteAddr(&ctx)
-		req, d := s.admit(&p, h, nil, now)
+		req, d := s.admit(&p, h, &v, now)
 		picked = s.pick(&p, &ctx.Response, &req, d, h, ip)
 		s.prepareRequest(h, ip)
 		p.renew = true

@@ -42,8 +42,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	closeAfter := h.ConnectionClose()
 	var p plan
-	path := s.pathOf(ctx)
-	r, d := s.admit(&p, h, path, s.clock.Now())
+	v := viewPool.Get().(*reqView)
+	defer viewPool.Put(v)
+	r, d := s.admit(&p, h, v, s.clock.Now())
 	if d.Verdict == admission.Delay {
 		// Watch the client while the request waits in the queue: one that
 		// leaves frees its slot at once. (Not while a streamed body is
@@ -61,7 +62,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if s.pick(&p, &ctx.Response, &r, d, h, remoteAddr(ctx)) {
-		s.forward(ctx, &p, path)
+		s.forward(ctx, &p, v)
 		s.observe(&p)
 	}
 	restoreConnClose(ctx, closeAfter)
@@ -77,14 +78,9 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// pathOf returns the request's path in the normal form ARM rules match
-// (matchPath), as on the loop; nil when no rule looks at paths.
-func (s *Server) pathOf(ctx *fasthttp.RequestCtx) []byte {
-	if !s.rules().needPath {
-		return nil
-	}
-	return matchPath(nil, ctx.Request.Header.RequestURI())
-}
+// viewPool holds the fasthttp engine's request views (reqView): one per
+// request in flight, its buffers kept warm.
+var viewPool = sync.Pool{New: func() any { return new(reqView) }}
 
 // restoreConnClose restores the client's Connection: close, which
 // removing hop-by-hop headers cleared.
@@ -101,10 +97,17 @@ var errAborted = errors.New("aborted: memory state critical")
 
 // forward sends the request to p.b and relays the answer, once more to
 // another backend when the pipeline allows it (retryElsewhere).
-func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
+func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView) {
 	h := &ctx.Request.Header
 	ip := remoteAddr(ctx)
 	s.prepareRequest(h, ip)
+	if p.strip != "" {
+		if t := v.stripTarget(h, p.strip); t != nil {
+			// On the request, not its header: the request's parsed URI
+			// would otherwise write the target back.
+			ctx.Request.SetRequestURIBytes(t)
+		}
+	}
 	// An HTTP/1.0 request may come without Host: the backend gets the
 	// address the client connected to as authority (the fasthttp client
 	// would refuse to send the request without one, and that refusal would
@@ -184,7 +187,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, path []byte) {
 		// streamed from the client can be sent only once, so such a
 		// request moves only if it never left.
 		if p.mayRetry() && (body == nil || notSent(err)) {
-			switch s.retryElsewhere(p, &ctx.Response, h, path, ip) {
+			switch s.retryElsewhere(p, &ctx.Response, h, v, ip) {
 			case retrySend:
 				continue
 			case retryRefused:

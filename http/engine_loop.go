@@ -178,7 +178,7 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		closeFD(lnfd)
 		return errors.New("http front end is already serving")
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len(), "engine", EngineLoop, "loops", n,
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", len(s.backends.Load().backends), "engine", EngineLoop, "loops", n,
 		"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	fastDone := make(chan struct{})
 	go func() {
@@ -308,6 +308,7 @@ type evloop struct {
 	local     fasthttp.Response
 	uri       fasthttp.URI
 	target    []byte   // scratch: an absolute-form target made origin-form
+	view      reqView  // scratch: the request's normalised host and path (admit), its stripped target
 	toWrite   []*bconn // backend connections with a request to write this round
 	toBuf     []*bconn
 	out       []byte

@@ -119,7 +119,7 @@ func (g *gateConn) check() bool {
 	avail := g.buf[g.r:g.w]
 	switch g.state {
 	case gateHead:
-		hi, err := checkHead(avail, g.s.connDeny)
+		hi, err := checkHead(avail, *g.s.denyNames.Load())
 		if err == errHeadIncomplete {
 			return false
 		}

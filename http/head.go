@@ -203,10 +203,10 @@ func validHost(v []byte) bool {
 // checkHead reads the request head at the start of p. It returns
 // errHeadIncomplete when p holds no complete head yet (and is not over
 // maxHeadSize), a *headError when the head is refused, else what it
-// learned. It allocates nothing. extra, when not empty, is one more header
-// name (lower case) that Connection may not name: the consistent-hash
-// header.
-func checkHead(p []byte, extra string) (headInfo, error) {
+// learned. It allocates nothing. extra are more header names (lower
+// case) that Connection may not name: the consistent-hash headers and
+// the headers routes test (denyList).
+func checkHead(p []byte, extra []string) (headInfo, error) {
 	h := headInfo{bodyLen: -1, hostLen: -1}
 	// The request line. RFC 9112 §2.2 lets a server ignore empty lines
 	// before it; sluice does not (a client sends none).
@@ -448,7 +448,7 @@ func lineEnd(p []byte, pos int) (int, error) {
 // Transfer-Encoding: the body would be read as the next request), its
 // routing (Host, Cookie, the hash header) or what the backend learns of
 // the client (X-Forwarded-*, Forwarded, X-Real-IP).
-func connectionNominates(v []byte, extra string) (bad, ok bool) {
+func connectionNominates(v []byte, extra []string) (bad, ok bool) {
 	for len(v) > 0 {
 		var tok []byte
 		if i := bytes.IndexByte(v, ','); i >= 0 {
@@ -471,8 +471,12 @@ func connectionNominates(v []byte, extra string) (bad, ok bool) {
 			eqFold(tok, "x-forwarded-host"), eqFold(tok, "forwarded"), eqFold(tok, "x-real-ip"),
 			eqFold(tok, "expect"), eqFold(tok, "connection"):
 			bad = true
-		case extra != "" && eqFold(tok, extra):
-			bad = true
+		default:
+			for _, x := range extra {
+				if eqFold(tok, x) {
+					bad = true
+				}
+			}
 		}
 	}
 	return bad, true

@@ -114,7 +114,7 @@ func TestCheckHeadVectors(t *testing.T) {
 		{"too many fields", "GET / HTTP/1.1\r\n" + h + strings.Repeat("X: a\r\n", maxHeaderFields) + "\r\n", 431, 0, false, "too many"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hi, err := checkHead([]byte(tc.head), "")
+			hi, err := checkHead([]byte(tc.head), nil)
 			if tc.status == 0 {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -140,11 +140,11 @@ func TestCheckHeadVectors(t *testing.T) {
 func TestCheckHeadIncomplete(t *testing.T) {
 	head := "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n"
 	for i := range len(head) {
-		if _, err := checkHead([]byte(head[:i]), ""); err != errHeadIncomplete {
+		if _, err := checkHead([]byte(head[:i]), nil); err != errHeadIncomplete {
 			t.Fatalf("prefix %d: %v, want incomplete", i, err)
 		}
 	}
-	hi, err := checkHead([]byte(head+"abcGARBAGE\n"), "")
+	hi, err := checkHead([]byte(head+"abcGARBAGE\n"), nil)
 	if err != nil || hi.n != len(head) || hi.bodyLen != 3 {
 		t.Fatalf("got %+v %v", hi, err)
 	}
@@ -154,10 +154,10 @@ func TestCheckHeadIncomplete(t *testing.T) {
 // header either.
 func TestCheckHeadHashHeader(t *testing.T) {
 	head := []byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: X-User\r\nX-User: a\r\n\r\n")
-	if _, err := checkHead(head, ""); err != nil {
+	if _, err := checkHead(head, nil); err != nil {
 		t.Fatalf("without a hash header: %v", err)
 	}
-	if _, err := checkHead(head, "x-user"); err != errConnNominates {
+	if _, err := checkHead(head, []string{"x-user"}); err != errConnNominates {
 		t.Fatalf("with hash header x-user: %v, want %v", err, errConnNominates)
 	}
 }
@@ -213,7 +213,7 @@ func BenchmarkCheckHead(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(head)))
 	for b.Loop() {
-		if _, err := checkHead(head, ""); err != nil {
+		if _, err := checkHead(head, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

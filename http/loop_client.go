@@ -210,7 +210,7 @@ func (l *evloop) clientIn(c *cconn) {
 // answered (400, 414, 431, 501 or 505) and the connection closed.
 func (l *evloop) parse(c *cconn) bool {
 	buf := c.in[c.r:c.w]
-	hi, err := checkHead(buf, l.s.connDeny)
+	hi, err := checkHead(buf, *l.s.denyNames.Load())
 	if err == errHeadIncomplete {
 		return false
 	}
@@ -265,15 +265,6 @@ func (l *evloop) refuseHead(c *cconn, err error) {
 	l.answerLocal(c)
 }
 
-// path returns the request's path in the normal form ARM rules match
-// (matchPath), as on the fasthttp engine; nil when no rule looks at paths.
-func (l *evloop) path(h *fasthttp.RequestHeader) []byte {
-	if !l.s.rules().needPath {
-		return nil
-	}
-	return matchPath(nil, h.RequestURI())
-}
-
 // reparse parses c's current request head into l.reqH again (the scratch
 // header served other requests since) and returns the request's body.
 func (l *evloop) reparse(c *cconn) []byte {
@@ -309,7 +300,7 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0]}
 	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
 	x.head = h.IsHead()
-	r, d := l.s.admit(&x.plan, h, l.path(h), l.s.clock.Now())
+	r, d := l.s.admit(&x.plan, h, &l.view, l.s.clock.Now())
 	if d.Verdict == admission.Delay {
 		l.delay(c, r, d)
 		return
@@ -345,6 +336,7 @@ func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision) {
 			}
 			c.x.gone = nil
 			body := l.reparse(c)
+			l.view.fill(&l.reqH, l.s.needPath(c.x.set))
 			l.admitted(c, &l.reqH, body, &r, d)
 		})
 	}()
@@ -360,6 +352,13 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 		return
 	}
 	s.prepareRequest(h, c.ip)
+	if x.strip != "" {
+		// The view is of this request: the delayed path (delay) fills it
+		// again before it comes here.
+		if t := l.view.stripTarget(h, x.strip); t != nil {
+			h.SetRequestURIBytes(t)
+		}
+	}
 	h.ResetConnectionClose()
 	if len(h.Host()) == 0 {
 		// Only HTTP/1.0 may come without Host (the loop hands those to
@@ -577,7 +576,8 @@ func (l *evloop) failed(c *cconn, err error, res lb.Result) {
 	}
 	if x.mayRetry() {
 		l.reparse(c) // the head, for re-admitting an affinity request
-		switch s.retryElsewhere(&x.plan, &l.local, &l.reqH, l.path(&l.reqH), c.ip) {
+		l.view.fill(&l.reqH, s.needPath(x.set))
+		switch s.retryElsewhere(&x.plan, &l.local, &l.reqH, &l.view, c.ip) {
 		case retrySend:
 			l.send(c)
 			return

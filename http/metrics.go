@@ -1,18 +1,38 @@
 package http
 
 import (
+	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
 )
 
 // eventsHelp is the help of sluice_frontend_events_total. Every front end
 // writes the same text: Prometheus requires one help per family.
 const eventsHelp = "Front end events, by protocol and event (the front end's README lists its events)."
 
-var descEvents = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "http"})
+var (
+	descEvents     = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "http"})
+	descRouteHits  = prometheus.NewDesc("sluice_http_route_hits_total", "Requests that matched the HTTP route (index in the route table, from 0) and the pool it sends them to; counts start again when a new route table is set.", []string{"route", "pool"}, nil)
+	descNoRoute    = prometheus.NewDesc("sluice_http_no_route_total", "HTTP requests answered 404: no route took them and there is no default pool.", nil, nil)
+	descPoolRefuse = prometheus.NewDesc("sluice_http_pool_refused_total", "HTTP requests the front end refused, by the pool they were routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (none up in the pool).", []string{"pool", "reason"}, nil)
+)
 
-// NewCollector returns st as a prometheus.Collector:
+// routeLabels are the route label values, "0".."1023": made once, so a
+// scrape formats no index.
+var routeLabels = func() []string {
+	l := make([]string, lb.MaxRoutes)
+	for i := range l {
+		l[i] = strconv.Itoa(i)
+	}
+	return l
+}()
+
+// NewCollector returns st as a prometheus.Collector (a server's
+// Collector adds its routes and pools):
 // sluice_frontend_events_total{protocol="http",event} with the events
 // upstream_error, retried, restreamed (always 0 now), aborted, repinned,
 // handed_over, bad_request, cookie_stripped, session_not_learned,
@@ -20,15 +40,29 @@ var descEvents = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, 
 // (Admitted and refused requests are the admission
 // controller's sluice_requests_*_total.) It reads the counters at scrape
 // time.
-func NewCollector(st *Stats) prometheus.Collector { return collector{st} }
+func NewCollector(st *Stats) prometheus.Collector { return collector{st: st} }
 
-// Collector returns the front end's counters (see NewCollector).
-func (s *Server) Collector() prometheus.Collector { return NewCollector(s.Stats()) }
+// Collector returns the front end's counters (see NewCollector), and
+// those of its routes and pools: sluice_http_route_hits_total{route,pool}
+// (at most lb.MaxRoutes series), sluice_http_no_route_total, and
+// sluice_http_pool_refused_total{pool,reason} for the pools in use (a
+// pool's counts go when a generation without it is set).
+func (s *Server) Collector() prometheus.Collector { return collector{st: s.Stats(), s: s} }
 
-type collector struct{ st *Stats }
+type collector struct {
+	st *Stats
+	s  *Server // nil: the events only
+}
 
 // Describe implements prometheus.Collector.
-func (c collector) Describe(ch chan<- *prometheus.Desc) { ch <- descEvents }
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descEvents
+	if c.s != nil {
+		ch <- descRouteHits
+		ch <- descNoRoute
+		ch <- descPoolRefuse
+	}
+}
 
 // Collect implements prometheus.Collector.
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -45,5 +79,21 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"delay_abandoned", &st.DelayAbandoned}, {"delay_limited", &st.DelayLimited},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
+	}
+	if c.s == nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descNoRoute, prometheus.CounterValue, float64(st.NoRoute.Load()))
+	set := c.s.backends.Load()
+	if t := set.routes; t != nil {
+		for i := range t.Len() {
+			ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(t.Hits(i)), routeLabels[i], set.routePools[i].name)
+		}
+	}
+	for _, p := range set.pools {
+		for r := admission.Reason(1); r < admission.NumReasons; r++ {
+			ch <- prometheus.MustNewConstMetric(descPoolRefuse, prometheus.CounterValue, float64(p.stats.Refused[r].Load()), p.name, r.String())
+		}
+		ch <- prometheus.MustNewConstMetric(descPoolRefuse, prometheus.CounterValue, float64(p.stats.NoBackend.Load()), p.name, "no_backend")
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
@@ -33,8 +34,10 @@ import (
 // it. An engine keeps it for the life of the request (the fasthttp engine
 // on the handler's stack, the loop in the client connection's exchange).
 type plan struct {
-	set      *backendSet // loaded once: a SetPool during the request does not mix two sets
+	set      *backendSet // loaded once: a SetGeneration during the request does not mix two sets
+	ref      *poolRef    // the pool it is in: its session's, else the route's; nil: no route and no default pool
 	b        *lb.Backend // where it goes; nil until affinity or pick names one
+	strip    string      // the matching route's strip=, when the request goes to that route's pool
 	class    admission.Class
 	key      uint64 // consistent-hash key (new work; 0 for other policies)
 	start    int64  // admission clock when the request began
@@ -46,26 +49,96 @@ type plan struct {
 	observed bool   // ObserveForward was called
 }
 
-// admit starts p for the request whose head is h and asks admission about
-// it: affinity (a valid pin to a backend that takes affinity) skips the
-// guards, new work goes through them. path is the request's path in normal form (matchPath),
-// or nil when no ARM rule looks at paths (Server.rules). The returned
-// request views h's bytes: use it before h changes, or clone it.
-func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, path []byte, now int64) (admission.Request, admission.Decision) {
-	set := s.backends.Load()
-	b, renew, repinned := s.affinity(h, set, now)
-	*p = plan{set: set, b: b, start: now, renew: renew, repinned: repinned, idem: resendable(h.Method())}
-	if b != nil {
-		p.class = admission.Affinity
+// reqView is the normalised view of a request head that routes and ARM
+// rules match on: the host as matchHost gives it and the path as
+// matchPath gives it (nil when nothing looks at paths). Both are copied
+// into buffers the view keeps, so the view stays right while the head is
+// rewritten (strip=) and, warm, costs no allocation. An engine keeps one
+// per request in flight (the fasthttp engine from a pool, the loop one
+// per loop, filled again from the client's bytes before a retry).
+type reqView struct {
+	host, path []byte // views of hbuf and pbuf
+	hbuf, pbuf []byte
+	tbuf       []byte // the target a strip= writes
+}
+
+// fill sets v from h; needPath says whether a route or an ARM rule
+// looks at the path.
+func (v *reqView) fill(h *fasthttp.RequestHeader, needPath bool) {
+	v.host = append(v.hbuf[:0], matchHost(v.hbuf[:0], h.Host())...)
+	v.hbuf = v.host[:0]
+	v.path = nil
+	if needPath {
+		// matchPath writes into pbuf only when the target is not in normal
+		// form; a view of the head is copied, so the path stays once the
+		// head is rewritten.
+		p := matchPath(v.pbuf[:0], h.RequestURI())
+		if cap(v.pbuf) == 0 || unsafe.SliceData(p) != unsafe.SliceData(v.pbuf[:1]) {
+			p = append(v.pbuf[:0], p...)
+		}
+		v.path = p
+		v.pbuf = v.path[:0]
 	}
-	r := admissionRequest(p.class, h, path)
+}
+
+// needPath reports whether a request served by set needs its path
+// normalised: an ARM rule or a route looks at it.
+func (s *Server) needPath(set *backendSet) bool { return set.needPath || s.rules().needPath }
+
+// admit starts p for the request whose head is h and asks admission about
+// it. The request is routed first (the first matching route's pool, else
+// the default pool); then affinity (a valid pin to a backend that takes
+// affinity, in the pool its token names) skips the guards, and new work
+// goes through them with the routed pool as admission's Request.Pool.
+// A request no route takes, with no default pool and no session, gets a
+// refusal without asking admission: pick answers it 404. v is filled with
+// the request's normalised host and path. The returned request views v's
+// and h's bytes: use it before they change, or clone it.
+func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, v *reqView, now int64) (admission.Request, admission.Decision) {
+	set := s.backends.Load()
+	v.fill(h, s.needPath(set))
+	routed, route := set.routeRequest(h, v)
+	*p = plan{set: set, start: now, idem: resendable(h.Method())}
+	b, ref, renew, repinned := s.affinity(h, set, routed, now)
+	switch {
+	case b != nil:
+		p.b, p.ref, p.renew, p.class = b, ref, renew, admission.Affinity
+	case routed == nil:
+		p.repinned = repinned
+		s.stats.NoRoute.Add(1)
+		return admission.Request{}, admission.Decision{Verdict: admission.Refuse, Rule: -1}
+	default:
+		p.ref, p.repinned = routed, repinned
+	}
+	if route >= 0 && p.ref == routed {
+		p.strip = set.strips[route]
+	}
+	r := admissionRequest(p.class, h, v, p.ref.tag)
 	return r, s.ctrl.Decide(now, &r, nil)
 }
 
+// routeRequest returns the pool new work with head h goes to and the
+// route that chose it (-1: the default pool, or none), as
+// backendSet.route. It allocates nothing.
+func (set *backendSet) routeRequest(h *fasthttp.RequestHeader, v *reqView) (*poolRef, int) {
+	if set.routes == nil {
+		return set.def, -1
+	}
+	in := lb.RouteInput{Host: v.host, Path: v.path}
+	if set.needMethod {
+		in.Method = h.Method()
+	}
+	for i, name := range set.hdrNames {
+		in.Headers[i] = h.Peek(name)
+	}
+	return set.route(&in)
+}
+
 // admissionRequest is what admission sees of a request: plain values that
-// view h's bytes without copying (Decide keeps no reference).
-func admissionRequest(class admission.Class, h *fasthttp.RequestHeader, path []byte) admission.Request {
-	return admission.Request{Class: class, Proto: "http", Method: b2s(h.Method()), Host: b2s(matchHost(nil, h.Host())), Path: b2s(path)}
+// view h's and v's bytes without copying (Decide keeps no reference); pool
+// is the pool's own name, which outlives the request.
+func admissionRequest(class admission.Class, h *fasthttp.RequestHeader, v *reqView, pool string) admission.Request {
+	return admission.Request{Class: class, Proto: "http", Method: b2s(h.Method()), Host: b2s(v.host), Path: b2s(v.path), Pool: pool}
 }
 
 // waitDelay blocks on a delayed decision until it is an admission or a
@@ -108,21 +181,26 @@ func (s *Server) delayShare(d admission.Decision) int {
 // when the request is refused; resp then holds the answer (admission's
 // refusal, MOP on every backend, or no backend up).
 func (s *Server) pick(p *plan, resp *fasthttp.Response, r *admission.Request, d admission.Decision, h *fasthttp.RequestHeader, ip netip.Addr) bool {
+	if p.ref == nil {
+		s.writeNoRoute(resp)
+		return false
+	}
 	if d.Verdict == admission.Refuse {
-		s.refuseDecision(resp, d)
+		s.refuseDecision(resp, p.ref, d)
 		return false
 	}
 	if p.b != nil {
 		return true
 	}
-	p.key = s.key(h, ip, p.set)
-	b, out, retry := p.set.pool.Pick(p.start, p.key, nil)
+	p.key = p.ref.key(h, ip)
+	b, out, retry := p.ref.pool.Pick(p.start, p.key, nil)
 	switch out {
 	case lb.NoBackend:
+		p.ref.stats.NoBackend.Add(1)
 		s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
 		return false
 	case lb.MOPRefused:
-		s.refuseDecision(resp, s.ctrl.RefuseMOPFor(r, retry))
+		s.refuseDecision(resp, p.ref, s.ctrl.RefuseMOPFor(r, retry))
 		return false
 	}
 	p.b, p.renew = b, s.sticky != nil
@@ -176,22 +254,23 @@ const (
 // retryElsewhere moves p, whose backend failed before a byte was sent, to
 // another backend. The second exchange is admitted as new work (a delay
 // counts as a refusal: the client has already waited for one backend); an
-// affinity request is from here new work, re-pinned. h and path are its
-// head, as for admit.
-func (s *Server) retryElsewhere(p *plan, resp *fasthttp.Response, h *fasthttp.RequestHeader, path []byte, ip netip.Addr) retryStep {
+// affinity request is from here new work, re-pinned. The other backend is
+// of the same pool: a request never moves pool. h is its head and v its
+// view, as admit left them (the client's target, not a stripped one).
+func (s *Server) retryElsewhere(p *plan, resp *fasthttp.Response, h *fasthttp.RequestHeader, v *reqView, ip netip.Addr) retryStep {
 	now := s.clock.Now()
 	// The backend may have executed the request (it timed out or broke
 	// after taking it): a second exchange is counted as new work, as the
 	// first was, so that admission sees every execution.
-	r := admissionRequest(admission.NewWork, h, path)
+	r := admissionRequest(admission.NewWork, h, v, p.ref.tag)
 	if d, ok := s.admitNow(&r, now); !ok {
-		s.refuseDecision(resp, d)
+		s.refuseDecision(resp, p.ref, d)
 		return retryRefused
 	}
 	if p.class == admission.Affinity {
-		p.key = s.key(h, ip, p.set)
+		p.key = p.ref.key(h, ip)
 	}
-	nb, out, _ := p.set.pool.Pick(now, p.key, p.b)
+	nb, out, _ := p.ref.pool.Pick(now, p.key, p.b)
 	if out != lb.Picked {
 		return retryNone
 	}
@@ -230,50 +309,113 @@ func (s *Server) observe(p *plan) {
 }
 
 // affinity returns the backend a valid sticky cookie or learned session
-// pins the request to, if it still takes affinity traffic. renew is true
-// when the sticky cookie should be sent again (absent via the session
-// table, or past half its lifetime); repinned when a valid pin named a
-// backend that is down. A request may carry several values of a cookie
-// (one planted by a sibling domain, a stale one): the first valid one that
-// pins a backend counts (cookieValues).
-func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, now int64) (b *lb.Backend, renew, repinned bool) {
+// pins the request to, if it still takes affinity traffic, and the pool
+// it is in. routed is the pool the routes give the request. A session
+// stays in its pool whatever the routes now say (a route changed under
+// it): a token or learned id naming a pool that exists and holds its
+// backend pins the request there, one naming the routed pool first, one
+// naming another pool next; but a session of the default pool never
+// overrides a route (a client of the default pool asking for a path
+// another pool is routed for goes to that pool). A pin whose pool is gone
+// is not used (new work, routed). A token issued without a pool pins its
+// backend by id, in the routed pool when that has it. renew is true when
+// the sticky cookie should be sent again (absent via the session table,
+// past half its lifetime, or a token without its pool); repinned when a
+// valid pin named a backend that is down or a pool that is gone. A request
+// may carry several values of a cookie (one planted by a sibling domain,
+// a stale one): the first valid one that pins a backend counts
+// (cookieValues), the routed pool's before another's.
+func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, routed *poolRef, now int64) (b *lb.Backend, ref *poolRef, renew, repinned bool) {
+	var other *lb.Backend // the first pin to a pool other than routed
+	var otherRef *poolRef
+	var otherRenew bool
 	if s.sticky != nil {
+		wall := s.wall(now)
 		for tok := range cookieValues(h, s.sticky.name) {
-			wall := s.wall(now)
-			if id, exp, ok := s.signer.VerifyExpiry(b2s(tok), wall); ok {
-				if b = set.pool.Pinned(id, now); b != nil {
-					return b, exp.Sub(wall) < s.cfg.StickyTTL/2, false
-				}
+			pool, id, exp, ok := s.signer.VerifyPool(b2s(tok), wall)
+			if !ok {
+				continue
+			}
+			c, cref := set.pinned(pool, id, routed, now)
+			if c == nil {
 				repinned = true
+				continue
+			}
+			rn := pool != cref.tag || exp.Sub(wall) < s.cfg.StickyTTL/2
+			if cref == routed {
+				return c, cref, rn, false
+			}
+			if other == nil && cref != set.def {
+				other, otherRef, otherRenew = c, cref, rn
 			}
 		}
 	}
-	if s.sessions != nil {
+	if s.sessions != nil && other == nil {
 		for sid := range cookieValues(h, s.appName) {
-			if b = s.sessions.get(sid, now); b != nil {
-				// The table may predate a reload: find the backend by id
-				// in the set in use.
-				if b = set.pool.Lookup(b.ID()); b != nil && b.AcceptsAffinity(now) {
-					return b, s.sticky != nil, false
-				}
-				b, repinned = nil, true
+			e, pool := s.sessions.lookup(sid, now)
+			if e == nil {
+				continue
+			}
+			// The table may predate a reload: find the backend by id in
+			// the set in use.
+			c, cref := set.pinned(pool, e.ID(), routed, now)
+			if c == nil {
+				repinned = true
+				continue
+			}
+			if cref == routed {
+				return c, cref, s.sticky != nil, false
+			}
+			if other == nil && cref != set.def {
+				other, otherRef, otherRenew = c, cref, s.sticky != nil
 			}
 		}
 	}
-	return nil, false, repinned
+	if other != nil {
+		return other, otherRef, otherRenew, false
+	}
+	return nil, nil, false, repinned
 }
 
-// key returns the consistent-hash key of the request, 0 for other
-// policies. It allocates nothing.
-func (s *Server) key(h *fasthttp.RequestHeader, client netip.Addr, set *backendSet) uint64 {
-	if !set.hashed {
+// pinned returns the backend a pin (pool, id) names if it takes affinity
+// traffic at now, and the pool it continues in; nil when the pool is
+// gone, the backend is not in it or is down. A pin without a pool (a
+// token issued before pools) names its backend by id in the set: the
+// routed pool when it has it, else the backend's first pool.
+func (set *backendSet) pinned(pool, id string, routed *poolRef, now int64) (*lb.Backend, *poolRef) {
+	if pool == "" {
+		b := set.lookup(id)
+		if b == nil || !b.AcceptsAffinity(now) {
+			return nil, nil
+		}
+		ref := set.poolOf(b, routed)
+		if ref == nil {
+			return nil, nil
+		}
+		return b, ref
+	}
+	ref := set.byName[pool]
+	if ref == nil {
+		return nil, nil
+	}
+	b := ref.pool.Pinned(id, now)
+	if b == nil {
+		return nil, nil
+	}
+	return b, ref
+}
+
+// key returns the consistent-hash key of the request in pool p, 0 for
+// other policies. It allocates nothing.
+func (p *poolRef) key(h *fasthttp.RequestHeader, client netip.Addr) uint64 {
+	if !p.hashed {
 		return 0
 	}
-	switch s.hashKind {
+	switch p.hashKind {
 	case hashHeader:
-		return lb.HashBytes(h.Peek(s.hashName))
+		return lb.HashBytes(h.Peek(p.hashName))
 	case hashCookie:
-		return lb.HashBytes(h.Cookie(s.hashName))
+		return lb.HashBytes(h.Cookie(p.hashName))
 	}
 	if client.IsValid() {
 		ip := client.As16()

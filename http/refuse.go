@@ -15,6 +15,7 @@ import (
 //	memory state Lower/Critical    proxy_internal_response (answered locally)
 //	draining on SIGTERM            proxy_internal_response (answered locally)
 //	ARM rule refusal               http_request_denied (policy)
+//	no route and no default pool   destination_not_found (404)
 //	MOP refusal on every backend   connection_limit_reached
 //	no backend up                  destination_unavailable
 //	backend connection limit       connection_limit_reached
@@ -39,7 +40,7 @@ var (
 	psResponseTimeout = []byte(`sluice; error=http_response_timeout`)
 	psConnTerminated  = []byte(`sluice; error=connection_terminated`)
 	psProtocolError   = []byte(`sluice; error=http_protocol_error`)
-	psARMUnknown      = []byte(`sluice; error=http_request_denied; details="arm"`)
+	psNoRoute         = []byte(`sluice; error=destination_not_found`)
 	psBadRequest      = []byte(`sluice; error=http_request_error; details="malformed body"`)
 	psHeadRefused     = []byte(`sluice; error=http_request_error`)
 )
@@ -51,9 +52,19 @@ const (
 )
 
 // refuseDecision answers an admission refusal: the decision's status
-// (429 for memory and ARM, -mop-reject-code for MOP) and Retry-After.
-func (s *Server) refuseDecision(resp *fasthttp.Response, d admission.Decision) {
-	ps, msg := psMOP, "backend capacity reached"
+// (429 for memory and ARM, -mop-reject-code for MOP) and Retry-After. An
+// ARM or MOP refusal's Proxy-Status details are admission's words for it
+// (Decision.Detail: "arm rule api-burst pool api", "mop pool static"),
+// made in stack buffers; memory and draining refusals name the node's
+// state, which is why they happen whatever the pool. It counts the
+// refusal on the request's pool (p may be nil: no pool).
+func (s *Server) refuseDecision(resp *fasthttp.Response, p *poolRef, d admission.Decision) {
+	if p != nil && d.Reason < admission.NumReasons {
+		p.stats.Refused[d.Reason].Add(1)
+	}
+	var ps []byte
+	var msg string
+	var buf [320]byte
 	switch d.Reason {
 	case admission.ReasonMemory:
 		ps, msg = psMemoryLower, "overloaded: memory"
@@ -63,12 +74,42 @@ func (s *Server) refuseDecision(resp *fasthttp.Response, d admission.Decision) {
 	case admission.ReasonDraining:
 		ps, msg = psDraining, "shutting down"
 	case admission.ReasonARM:
-		ps, msg = psARMUnknown, "rate limit exceeded"
-		if v := s.rules(); int(d.Rule) >= 0 && int(d.Rule) < len(v.armPS) {
-			ps = v.armPS[d.Rule]
-		}
+		ps, msg = appendProxyStatus(buf[:0], "http_request_denied", d), "rate limit exceeded"
+	default:
+		ps, msg = appendProxyStatus(buf[:0], "connection_limit_reached", d), "backend capacity reached"
 	}
 	s.writeRefusal(resp, int(d.HTTPStatus), d.RetryAfter, ps, msg)
+}
+
+// appendProxyStatus appends the Proxy-Status value `sluice; error=E;
+// details="D"` with d's Detail as D, escaped as a quoted string (RFC 9651
+// §3.3.3: '"' and '\' escaped; a rule name is the operator's text) and
+// cut to fit a header line. It allocates nothing while dst has room.
+func appendProxyStatus(dst []byte, errType string, d admission.Decision) []byte {
+	var db [256]byte
+	det := d.AppendDetail(db[:0])
+	dst = append(dst, "sluice; error="...)
+	dst = append(dst, errType...)
+	dst = append(dst, `; details="`...)
+	for _, c := range det {
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < ' ' || c >= 0x7f:
+			dst = append(dst, '?')
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}
+
+// writeNoRoute answers a request that no route takes when there is no
+// default pool: 404 with Proxy-Status destination_not_found (RFC 9209
+// §2.3.2), as a reverse proxy with no backend for the request does. It
+// is counted in Stats.NoRoute.
+func (s *Server) writeNoRoute(resp *fasthttp.Response) {
+	s.writeRefusal(resp, fasthttp.StatusNotFound, 0, psNoRoute, "no route for this request")
 }
 
 // writeRefusal answers with status, a short text body, Proxy-Status and,

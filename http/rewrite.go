@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -343,10 +344,10 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan, ip netip.A
 		s.dropBackendSticky(h)
 	}
 	if s.sessions != nil {
-		s.learnSession(h, p.b, p.start, ip)
+		s.learnSession(h, p.b, p.ref.tag, p.start, ip)
 	}
 	if p.renew && s.sticky != nil {
-		h.AddBytesV("Set-Cookie", s.sticky.header(&p.set.cookies[p.b.Index()], p.b, s.wall(p.start)))
+		h.AddBytesV("Set-Cookie", s.sticky.header(&p.ref.cookies[p.b.Index()], p.ref.tag, p.ref.path, p.b, s.wall(p.start)))
 	}
 }
 
@@ -356,7 +357,7 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan, ip netip.A
 // forgotten; an id the table would not take (too long, the table full of
 // sessions in use, or the client's source holding its share) is counted
 // in Stats.SessionNotLearned.
-func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, now int64, ip netip.Addr) {
+func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, pool string, now int64, ip netip.Addr) {
 	for name, raw := range h.Cookies() {
 		if string(name) != s.appName {
 			continue
@@ -367,7 +368,7 @@ func (s *Server) learnSession(h *fasthttp.ResponseHeader, b *lb.Backend, now int
 			if len(v) > 0 {
 				s.sessions.forget(v)
 			}
-		case !s.sessions.learn(v, b, now, ip):
+		case !s.sessions.learn(v, b, pool, now, ip):
 			s.stats.SessionNotLearned.Add(1)
 		}
 	}
@@ -416,4 +417,61 @@ func setCookieValue(raw []byte, wall func() time.Time) (value []byte, live bool)
 		}
 	}
 	return value, live
+}
+
+// stripTarget returns the target h is to be sent with for a route's
+// strip= (see lb.StripPrefix), nil when it stays as it is: the request
+// line only, the query kept. A target in the normal form routes match
+// (normalPath) loses the prefix as the client spelled it; any other
+// spelling is sent as its normal form (v.path, the path the route matched:
+// decoded, without dot-segments, empty segments or ";parameters"),
+// percent-encoded where a path may not hold the byte, so that what the
+// backend gets is the path the route saw, minus the prefix. A path the
+// strip does not begin (a path=~REGEX route) is sent as it is. The result
+// is in v's buffer: set it before v is filled again.
+func (v *reqView) stripTarget(h *fasthttp.RequestHeader, strip string) []byte {
+	target := h.RequestURI()
+	raw, query := target, []byte(nil)
+	if i := bytes.IndexByte(target, '?'); i >= 0 {
+		raw, query = target[:i], target[i:]
+	}
+	var rest []byte
+	escape := false
+	if len(raw) > 0 && raw[0] == '/' && normalPath(raw) {
+		rest = lb.StripPrefix(raw, strip)
+		if len(rest) == len(raw) {
+			return nil
+		}
+	} else {
+		rest = lb.StripPrefix(v.path, strip)
+		if len(rest) == len(v.path) {
+			return nil
+		}
+		escape = true
+	}
+	out := v.tbuf[:0]
+	if escape {
+		out = appendPathEscaped(out, rest)
+	} else {
+		out = append(out, rest...)
+	}
+	out = append(out, query...)
+	v.tbuf = out[:0]
+	return out
+}
+
+// appendPathEscaped appends p, a decoded path, with every byte a path
+// segment may not hold as it is (RFC 3986 §3.3: unreserved, sub-delims,
+// ':', '@' and '/'; and ';', which servers read as the start of
+// parameters) percent-encoded.
+func appendPathEscaped(dst, p []byte) []byte {
+	const hexDigits = "0123456789ABCDEF"
+	for _, c := range p {
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-._~!$&'()*+,=:@/", c) >= 0 {
+			dst = append(dst, c)
+			continue
+		}
+		dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
+	}
+	return dst
 }

@@ -9,21 +9,19 @@ import (
 )
 
 // ruleView is what the front end derives from one ARM rule set: whether
-// any rule matches on the path (so requests need their path parsed) and
-// the Proxy-Status value of each rule's refusals. The controller's rule
+// any rule matches on the path (so requests need their path parsed). The
+// controller's rule
 // set changes at run time (the admin listener, SIGHUP): the view follows
 // it, so a path rule added later matches HTTP requests from the next one.
 type ruleView struct {
 	meters   []*admission.Meter // the rule set the view was built from
 	needPath bool               // a rule matches on the path
-	armPS    [][]byte           // Proxy-Status value per rule, by index
 }
 
 func newRuleView(meters []*admission.Meter) *ruleView {
-	v := &ruleView{meters: meters, armPS: make([][]byte, len(meters))}
-	for i, m := range meters {
+	v := &ruleView{meters: meters}
+	for _, m := range meters {
 		v.needPath = v.needPath || m.Config().Match.PathPrefix != ""
-		v.armPS[i] = fmt.Appendf(nil, "sluice; error=http_request_denied; details=%q", "arm rule "+m.Name())
 	}
 	return v
 }

@@ -23,31 +23,34 @@ import (
 // Server is the HTTP front end. Build it with New, start it with Serve or
 // ListenAndServe, stop it with Shutdown. Safe for concurrent use.
 type Server struct {
-	cfg       Config
-	backends  atomic.Pointer[backendSet] // SetPool swaps them
-	ctrl      *admission.Controller
-	mem       *admission.Memory
-	signer    *lb.Signer
-	clock     admission.Clock
-	logger    *slog.Logger
-	sticky    *stickyCookie // nil when disabled
-	sessions  *sessionTable // nil when disabled
-	appName   string
-	trusted   []netip.Prefix
-	hashKind  hashKind
-	hashName  string
-	ruleView  atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
-	connDeny  string                   // the hash header, lower case: Connection may not name it
-	srv       *fasthttp.Server
-	loops     atomic.Pointer[loopEngine] // set while the loop engine serves
-	shut      atomic.Bool                // Shutdown was called
-	conns     clientLimit                // client connections open (connlimit.go)
-	held      clientLimit                // requests holding (or waiting for) a backend connection, per source
-	delayed   sourceCount                // requests in ARM delay queues, per source
-	acceptLog acceptLog
-	limitLog  limitLog // client connections closed over a limit (connlimit.go)
-	slotsMu   sync.Mutex
-	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
+	cfg          Config
+	backends     atomic.Pointer[backendSet] // SetPool swaps them
+	ctrl         *admission.Controller
+	mem          *admission.Memory
+	signer       *lb.Signer
+	clock        admission.Clock
+	logger       *slog.Logger
+	sticky       *stickyCookie // nil when disabled
+	sessions     *sessionTable // nil when disabled
+	appName      string
+	trusted      []netip.Prefix
+	hashKind     hashKind
+	hashName     string
+	ruleView     atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
+	connDeny     string                   // the hash header, lower case: Connection may not name it
+	denyNames    atomic.Pointer[[]string] // connDeny and the set's pool hash headers and route headers (denyList)
+	poolMu       sync.Mutex
+	poolCounters map[string]*poolStats // by pool name, the pools of the set in force
+	srv          *fasthttp.Server
+	loops        atomic.Pointer[loopEngine] // set while the loop engine serves
+	shut         atomic.Bool                // Shutdown was called
+	conns        clientLimit                // client connections open (connlimit.go)
+	held         clientLimit                // requests holding (or waiting for) a backend connection, per source
+	delayed      sourceCount                // requests in ARM delay queues, per source
+	acceptLog    acceptLog
+	limitLog     limitLog // client connections closed over a limit (connlimit.go)
+	slotsMu      sync.Mutex
+	slots        map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
@@ -71,6 +74,7 @@ type Stats struct {
 	SourceLimited  atomic.Uint64 // requests answered 503: their source held MaxConns/8 backend connections
 	DelayAbandoned atomic.Uint64 // requests taken out of an ARM delay queue because their client left
 	DelayLimited   atomic.Uint64 // requests refused (429) because their source held its share (1/8) of an ARM delay queue
+	NoRoute        atomic.Uint64 // requests answered 404: no route took them and there is no default pool
 	// CookieStripped counts backend Set-Cookie headers for the balancer's
 	// own cookie, removed from answers.
 	CookieStripped atomic.Uint64
@@ -79,10 +83,24 @@ type Stats struct {
 	SessionNotLearned atomic.Uint64
 }
 
+// poolStats counts what the front end did in one pool: the refusals it
+// answered there, by the guard that refused (admission.Reason), and the
+// requests it found no backend up for.
+type poolStats struct {
+	Refused   [admission.NumReasons]atomic.Uint64
+	NoBackend atomic.Uint64
+}
+
 // Deps are what the HTTP front end is built on, as sip.Deps are the SIP
 // front end's.
 type Deps struct {
-	// Pool is the backends. Required; SetPool swaps it at run time.
+	// Generation is the backends, in pools, with the routes among them;
+	// SetGeneration swaps it at run time. One of Generation and Pool is
+	// required.
+	Generation *lb.Generation
+	// Pool is the backends of a front end without pools (one pool takes
+	// every request); SetPool swaps it at run time. Ignored when
+	// Generation is set.
 	Pool *lb.Pool
 	// Admission decides new work. Required.
 	Admission *admission.Controller
@@ -99,8 +117,8 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	pool, ctrl, signer := deps.Pool, deps.Admission, deps.Signer
-	if pool == nil || ctrl == nil {
-		return nil, errors.New("new http front end: pool and controller are required")
+	if (pool == nil && deps.Generation == nil) || ctrl == nil {
+		return nil, errors.New("new http front end: backends (a generation or a pool) and controller are required")
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -145,7 +163,20 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		s.connDeny = strings.ToLower(s.hashName)
 	}
 	s.rules()
-	s.backends.Store(s.newBackendSet(pool, nil))
+	var set *backendSet
+	var err error
+	if g := deps.Generation; g != nil {
+		if g.Proto() != "http" {
+			return nil, fmt.Errorf("new http front end: a %s generation", g.Proto())
+		}
+		set, err = s.newBackendSet(g, nil, g.Routes(), nil)
+	} else {
+		set, err = s.newBackendSet(nil, pool, nil, nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("new http front end: %w", err)
+	}
+	s.install(set)
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		Name:                  "sluice",
@@ -166,61 +197,6 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
-// backendSet is the set of backends requests go to (an lb.Pool) and what
-// the front end keeps per backend: the fasthttp engine's connection pools
-// and the sticky cookie cache. A request loads it once (plan.set) and uses
-// it throughout, so a SetPool in the middle of a request does not mix two
-// sets. The loop engine keeps its connections per address in each loop
-// (connPool), so they outlive a SetPool by themselves.
-type backendSet struct {
-	pool    *lb.Pool
-	clients []*fasthttp.HostClient // fasthttp engine, by backend index
-	cookies []atomic.Pointer[cookieValue]
-	hashed  bool // the pool's policy uses the key
-}
-
-// newBackendSet builds the set of pool, reusing the fasthttp connection
-// pools of old for backends at the same address.
-func (s *Server) newBackendSet(pool *lb.Pool, old *backendSet) *backendSet {
-	reuse := map[string]*fasthttp.HostClient{}
-	if old != nil {
-		for i, b := range old.pool.Backends() {
-			reuse[b.Addr()] = old.clients[i]
-		}
-	}
-	set := &backendSet{pool: pool, cookies: make([]atomic.Pointer[cookieValue], pool.Len())}
-	_, set.hashed = pool.Policy().(*lb.ConsistentHash)
-	for _, b := range pool.Backends() {
-		c, ok := reuse[b.Addr()]
-		delete(reuse, b.Addr())
-		if !ok {
-			c = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
-		}
-		set.clients = append(set.clients, c)
-	}
-	for _, c := range reuse { // backends removed: close their idle connections
-		c.CloseIdleConnections()
-	}
-	return set
-}
-
-// SetPool replaces the backends while the server runs, for a reload.
-// Requests under way finish on the set they started with; connection pools
-// of backends whose address stays are kept. Sticky cookies and learned
-// session ids name backends by id, so clients of a backend that stays keep
-// it; a backend removed is no longer reached (its clients are re-pinned).
-func (s *Server) SetPool(pool *lb.Pool) error {
-	if pool == nil {
-		return errors.New("set http backends: nil pool")
-	}
-	s.backends.Store(s.newBackendSet(pool, s.backends.Load()))
-	s.logger.Info("http backends set", "backends", pool.Len())
-	return nil
-}
-
-// Pool returns the backends in use.
-func (s *Server) Pool() *lb.Pool { return s.backends.Load().pool }
-
 // Stats returns the front end's counters.
 func (s *Server) Stats() *Stats { return &s.stats }
 
@@ -229,7 +205,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.cfg.Engine == EngineLoop {
 		return s.serveLoops(ln)
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", s.backends.Load().pool.Len(),
+	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", len(s.backends.Load().backends),
 		"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	return s.srv.Serve(limitedListener{ln, s})
 }
@@ -255,7 +231,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	set := s.backends.Load()
 	for _, c := range set.clients {
-		c.CloseIdleConnections()
+		if c != nil {
+			c.CloseIdleConnections()
+		}
 	}
 	return err
 }

@@ -193,6 +193,12 @@ type rigOpts struct {
 	passive  lb.PassiveConfig
 	raw      func(net.Conn) // backend 0 is a raw TCP server running this per connection
 	logger   *slog.Logger   // nil: discarded
+	// pools, when set, serves a generation instead of one pool: backend i
+	// is in pools[i] (none: the default pool), with the -http-pool specs
+	// poolSpecs and the -http-route specs routes.
+	pools     [][]string
+	poolSpecs []string
+	routes    []string
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -255,7 +261,11 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	if cfg.Engine == "" {
 		cfg.Engine = engineOf(t)
 	}
-	r.srv, err = New(cfg, Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer}, o.logger)
+	deps := Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer}
+	if o.pools != nil {
+		deps.Generation = r.generation(o)
+	}
+	r.srv, err = New(cfg, deps, o.logger)
 	if err != nil {
 		t.Fatal(err)
 	}

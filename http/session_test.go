@@ -293,7 +293,7 @@ func TestSessionTableSourceShare(t *testing.T) {
 	attacker := netip.MustParseAddr("192.0.2.7")
 	learned := 0
 	for _, id := range sameShardIDs("attacker-", 500) {
-		if tab.learn(id, bs[1], now, attacker) {
+		if tab.learn(id, bs[1], lb.DefaultPool, now, attacker) {
 			learned++
 			tab.get(id, now)
 		}
@@ -305,15 +305,15 @@ func TestSessionTableSourceShare(t *testing.T) {
 	v6 := netip.MustParseAddr("2001:db8::1")
 	n6 := 0
 	for _, id := range sameShardIDs("v6-", 100) {
-		if tab.learn(id, bs[1], now, v6) {
+		if tab.learn(id, bs[1], lb.DefaultPool, now, v6) {
 			n6++
 		}
 	}
-	if other := netip.MustParseAddr("2001:db8::2"); tab.learn(sameShardIDs("v6b-", 1)[0], bs[1], now, other) {
+	if other := netip.MustParseAddr("2001:db8::2"); tab.learn(sameShardIDs("v6b-", 1)[0], bs[1], lb.DefaultPool, now, other) {
 		t.Fatalf("an address of a /64 holding its share (%d) got another session learned", n6)
 	}
 	victim := sameShardIDs("victim-", 1)[0]
-	if !tab.learn(victim, bs[0], now+1, netip.MustParseAddr("198.51.100.1")) {
+	if !tab.learn(victim, bs[0], lb.DefaultPool, now+1, netip.MustParseAddr("198.51.100.1")) {
 		t.Fatal("another client's new session was not learned")
 	}
 	if got := tab.get(victim, now+2); got != bs[0] {
@@ -321,7 +321,7 @@ func TestSessionTableSourceShare(t *testing.T) {
 	}
 	proxied := 0
 	for _, id := range sameShardIDs("proxy-", 50) {
-		if tab.learn(id, bs[0], now, netip.MustParseAddr("10.9.1.1")) {
+		if tab.learn(id, bs[0], lb.DefaultPool, now, netip.MustParseAddr("10.9.1.1")) {
 			proxied++
 		}
 	}
@@ -332,7 +332,7 @@ func TestSessionTableSourceShare(t *testing.T) {
 	for _, id := range sameShardIDs("attacker-", 500) {
 		tab.forget(id)
 	}
-	if !tab.learn(sameShardIDs("again-", 1)[0], bs[1], now, attacker) {
+	if !tab.learn(sameShardIDs("again-", 1)[0], bs[1], lb.DefaultPool, now, attacker) {
 		t.Fatal("a source whose sessions were forgotten cannot have a new one learned")
 	}
 }

@@ -79,19 +79,22 @@ func newStickyCookie(name string, ttl time.Duration, signer *lb.Signer) *stickyC
 	return &stickyCookie{name: name, ttl: ttl, signer: signer}
 }
 
-// header returns the Set-Cookie value pinning b, valid from now for ttl.
-// slot caches it for b (see route.cookies).
-func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], b *lb.Backend, now time.Time) []byte {
+// header returns the Set-Cookie value pinning b in pool (the token
+// carries the pool's name), valid from now for ttl, with the pool's
+// cookie Path (poolRef.path). slot caches it for b (see poolRef.cookies).
+func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], pool, path string, b *lb.Backend, now time.Time) []byte {
 	exp := now.Add(s.ttl).Unix()
 	if v := slot.Load(); v != nil && v.expires == exp {
 		return v.header
 	}
-	tok := s.signer.Token(b.ID(), time.Unix(exp, 0))
-	h := make([]byte, 0, len(s.name)+len(tok)+64)
+	tok := s.signer.PoolToken(pool, b.ID(), time.Unix(exp, 0))
+	h := make([]byte, 0, len(s.name)+len(tok)+len(path)+64)
 	h = append(h, s.name...)
 	h = append(h, '=')
 	h = append(h, tok...)
-	h = append(h, "; Path=/; Max-Age="...)
+	h = append(h, "; Path="...)
+	h = append(h, path...)
+	h = append(h, "; Max-Age="...)
 	h = strconv.AppendInt(h, int64(s.ttl/time.Second), 10)
 	h = append(h, "; HttpOnly; SameSite=Lax"...)
 	slot.Store(&cookieValue{expires: exp, header: h})
@@ -150,7 +153,8 @@ type sessionEntry struct {
 	id         string
 	src        netip.Addr // the source it is counted for; invalid: none
 	backend    *lb.Backend
-	used       int64 // monotonic ns of the last use
+	pool       string // the pool the session is in
+	used       int64  // monotonic ns of the last use
 	protected  bool
 	prev, next *sessionEntry
 }
@@ -224,40 +228,49 @@ func (t *sessionTable) counted(ip netip.Addr) netip.Addr {
 	return source(ip)
 }
 
-// get returns the backend id is pinned to at now, or nil, and extends its
-// lifetime: the entry is a session in use. It does not allocate.
+// get is lookup without the pool (tests).
 func (t *sessionTable) get(id []byte, now int64) *lb.Backend {
+	b, _ := t.lookup(id, now)
+	return b
+}
+
+// lookup returns the backend id is pinned to at now and its pool, or
+// nil, and extends its lifetime: the entry is a session in use. It does
+// not allocate.
+func (t *sessionTable) lookup(id []byte, now int64) (*lb.Backend, string) {
 	if len(id) > maxSessionID {
-		return nil
+		return nil, ""
 	}
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.m[string(id)]
 	if !ok {
-		return nil
+		return nil, ""
 	}
 	if now-e.used >= t.ttl {
 		s.remove(e)
-		return nil
+		return nil, ""
 	}
 	e.used = now
 	e.protected = true
 	e.unlink()
 	s.protected.pushFront(e)
-	return e.backend
+	return e.backend, e.pool
 }
 
-// put pins id to b from now, for no counted source (tests).
+// put pins id to b in pool DefaultPool from now, for no counted source
+// (tests).
 func (t *sessionTable) put(id []byte, b *lb.Backend, now int64) bool {
-	return t.learn(id, b, now, netip.Addr{})
+	return t.learn(id, b, lb.DefaultPool, now, netip.Addr{})
 }
 
-// learn pins id to b from now; ip is the client whose request the answer
+// learn pins id to b in pool from now (pool is a name that outlives the
+// request: the pool's own); ip is the client whose request the answer
 // setting it was to. It returns false when id was not learned: too long,
 // the shard full of sessions in use, or ip's source holding its share of
 // the shard.
-func (t *sessionTable) learn(id []byte, b *lb.Backend, now int64, ip netip.Addr) bool {
+func (t *sessionTable) learn(id []byte, b *lb.Backend, pool string, now int64, ip netip.Addr) bool {
 	if len(id) == 0 || len(id) > maxSessionID {
 		return false
 	}
@@ -266,7 +279,7 @@ func (t *sessionTable) learn(id []byte, b *lb.Backend, now int64, ip netip.Addr)
 	defer s.mu.Unlock()
 	t.sweep(s, now)
 	if e, ok := s.m[string(id)]; ok {
-		e.backend, e.used = b, now
+		e.backend, e.pool, e.used = b, pool, now
 		e.unlink()
 		if e.protected {
 			s.protected.pushFront(e)
@@ -293,7 +306,7 @@ func (t *sessionTable) learn(id []byte, b *lb.Backend, now int64, ip netip.Addr)
 	} else {
 		e = new(sessionEntry)
 	}
-	*e = sessionEntry{id: string(id), src: src, backend: b, used: now}
+	*e = sessionEntry{id: string(id), src: src, backend: b, pool: pool, used: now}
 	s.m[e.id] = e
 	if src.IsValid() {
 		s.bySource[src]++

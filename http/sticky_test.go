@@ -17,7 +17,7 @@ import (
 
 // TestStickyCookieHidesBackend: the sticky cookie names its backend, whose
 // id is its address, to the balancer only; the balancer's key ring still
-// reads it back.
+// reads it back, with the pool it was issued in.
 func TestStickyCookieHidesBackend(t *testing.T) {
 	signer, err := lb.NewRingSigner([]lb.Key{{ID: 4, Secret: []byte("cookie key, sixteen+ bytes long.")}})
 	if err != nil {
@@ -31,7 +31,10 @@ func TestStickyCookieHidesBackend(t *testing.T) {
 	sc := newStickyCookie("SLUICE", time.Hour, signer)
 	now := time.Unix(1_800_000_000, 0)
 	var slot atomic.Pointer[cookieValue]
-	h := string(sc.header(&slot, b, now))
+	h := string(sc.header(&slot, "api", "/api", b, now))
+	if !strings.Contains(h, "; Path=/api;") {
+		t.Errorf("Set-Cookie value %q: want the pool's Path=/api", h)
+	}
 	tok, _, ok := strings.Cut(strings.TrimPrefix(h, "SLUICE="), ";")
 	if !ok || !strings.HasPrefix(h, "SLUICE=") {
 		t.Fatalf("Set-Cookie value %q", h)
@@ -46,8 +49,8 @@ func TestStickyCookieHidesBackend(t *testing.T) {
 			t.Errorf("cookie token %q contains %q", tok, leak)
 		}
 	}
-	if id, ok := signer.Verify(tok, now); !ok || id != addr {
-		t.Errorf("Verify(cookie) = %q, %v; want %q, true", id, ok, addr)
+	if pool, id, _, ok := signer.VerifyPool(tok, now); !ok || id != addr || pool != "api" {
+		t.Errorf("VerifyPool(cookie) = %q, %q, %v; want api, %q, true", pool, id, ok, addr)
 	}
 }
 

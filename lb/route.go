@@ -334,7 +334,7 @@ func StripPrefix(path []byte, strip string) []byte {
 // it without allocating: the slices point into the request.
 type RouteInput struct {
 	// Host: HTTP the Host header as received (Match ignores the port,
-	// case and one trailing dot); SIP the Request-URI host.
+	// case and trailing dots); SIP the Request-URI host.
 	Host []byte
 	// Path: HTTP the normalized path without query (as for ARM rules);
 	// SIP the Request-URI user.
@@ -657,7 +657,7 @@ func andInto(dst, src []uint64) bool {
 }
 
 // and narrows cand to the routes whose name condition raw meets (raw as
-// received: port, case and one trailing dot ignored); tmp is scratch.
+// received: port, case and trailing dots ignored); tmp is scratch.
 func (x *nameIndex) and(cand, tmp []uint64, raw []byte) bool {
 	copy(tmp, x.any)
 	var buf [maxHostLen + 2]byte
@@ -681,7 +681,7 @@ func (x *nameIndex) and(cand, tmp []uint64, raw []byte) bool {
 }
 
 // normalizeHost appends to dst the host of raw in lower case, without
-// port and one trailing dot; false when it is empty or longer than any
+// port and trailing dots; false when it is empty or longer than any
 // route's host can be.
 func normalizeHost(dst, raw []byte) ([]byte, bool) {
 	h := raw
@@ -692,7 +692,9 @@ func normalizeHost(dst, raw []byte) ([]byte, bool) {
 	} else if c := bytes.IndexByte(h, ':'); c >= 0 {
 		h = h[:c]
 	}
-	if len(h) > 0 && h[len(h)-1] == '.' {
+	// Every trailing dot, as the HTTP front end's rule matching does:
+	// "api.example.com.." must not dodge a route to api.example.com.
+	for len(h) > 0 && h[len(h)-1] == '.' {
 		h = h[:len(h)-1]
 	}
 	if len(h) == 0 || len(h) > cap(dst) {

@@ -206,6 +206,7 @@ func TestRouteTableHTTP(t *testing.T) {
 		{name: "host with port", host: "api.example.com:8443", path: "/", method: "GET", want: 0},
 		{name: "host with trailing dot", host: "api.example.com.", path: "/", method: "GET", want: 0},
 		{name: "host with trailing dot and port", host: "API.example.com.:80", path: "/", method: "GET", want: 0},
+		{name: "host with two trailing dots", host: "api.example.com..", path: "/", method: "GET", want: 0},
 		{name: "wildcard one label", host: "a.example.com", path: "/w/x", method: "GET", want: 1},
 		{name: "wildcard two labels", host: "a.b.example.com", path: "/w/", method: "GET", want: 1},
 		{name: "wildcard, other condition fails", host: "a.example.com", path: "/x", method: "GET", want: 14},
