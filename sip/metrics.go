@@ -140,15 +140,6 @@ func (s *Server) Backends() []BackendStatus {
 // writes the same text: Prometheus requires one help per family.
 const eventsHelp = "Front end events, by protocol and event (the front end's README lists its events)."
 
-// The help of the pool and route families, which every front end writes
-// the same (one family per name, told apart by protocol).
-const (
-	routeHitsHelp   = "New work each route of the front end chose, by protocol, route (its index in the table; \"default\": no route matched and the pool default took it) and pool."
-	noRouteHelp     = "New work no route of the front end matched, refused for want of a pool \"default\" (HTTP 404, SIP -sip-no-route-code), by protocol."
-	poolRefusedHelp = "New work the balancer refused, by protocol, the pool it was routed to and the guard that refused it (no_backend: none did, but no backend of the pool took it)."
-	poolNewWorkHelp = "New work sent to a backend (attempts and failovers included), by protocol, pool and backend."
-)
-
 var (
 	descEvents       = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "sip"})
 	descTransactions = prometheus.NewDesc("sluice_frontend_transactions", "Live new-work transactions of the front end.", nil, prometheus.Labels{"protocol": "sip"})
@@ -156,10 +147,10 @@ var (
 	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
 	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
 	descReadBuffers  = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
-	descRouteHits    = prometheus.NewDesc("sluice_frontend_route_hits_total", routeHitsHelp, []string{"route", "pool"}, prometheus.Labels{"protocol": "sip"})
-	descNoRoute      = prometheus.NewDesc("sluice_frontend_no_route_total", noRouteHelp, nil, prometheus.Labels{"protocol": "sip"})
-	descPoolRefused  = prometheus.NewDesc("sluice_frontend_pool_refused_total", poolRefusedHelp, []string{"pool", "reason"}, prometheus.Labels{"protocol": "sip"})
-	descPoolSent     = prometheus.NewDesc("sluice_frontend_pool_new_work_total", poolNewWorkHelp, []string{"pool", "backend"}, prometheus.Labels{"protocol": "sip"})
+	descRouteHits    = prometheus.NewDesc("sluice_sip_route_hits_total", "SIP new work each route chose, by route (its index in the table, from 0; \"default\": no route matched and the pool default took it) and pool; counts start again when a new route table is set.", []string{"route", "pool"}, nil)
+	descNoRoute      = prometheus.NewDesc("sluice_sip_no_route_total", "SIP new work no route matched, answered -sip-no-route-code (404): there is no pool default.", nil, nil)
+	descPoolRefused  = prometheus.NewDesc("sluice_sip_pool_refused_total", "SIP new work the front end refused, by the pool it was routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (no backend of the pool took it).", []string{"pool", "reason"}, nil)
+	descPoolSent     = prometheus.NewDesc("sluice_sip_pool_new_work_total", "SIP new work sent to a backend (attempts and failovers included), by pool and backend.", []string{"pool", "backend"}, nil)
 	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 

@@ -418,15 +418,15 @@ func TestPoolMetrics(t *testing.T) {
 	c.awaitResponse(gosip.INVITE, 200, 200)
 	got := series(t, s)
 	for name, want := range map[string]float64{
-		`sluice_frontend_route_hits_total{pool=london,protocol=sip,route=0}`:         2,
-		`sluice_frontend_route_hits_total{pool=default,protocol=sip,route=default}`:  1,
-		`sluice_frontend_pool_refused_total{pool=london,protocol=sip,reason=arm}`:    1,
-		`sluice_frontend_pool_refused_total{pool=default,protocol=sip,reason=arm}`:   0,
-		`sluice_frontend_pool_new_work_total{backend=ldn,pool=london,protocol=sip}`:  1,
-		`sluice_frontend_pool_new_work_total{backend=def,pool=default,protocol=sip}`: 1,
-		`sluice_frontend_no_route_total{protocol=sip}`:                               0,
-		`sluice_frontend_events_total{event=no_route,protocol=sip}`:                  0,
-		`sluice_frontend_events_total{event=refused_arm,protocol=sip}`:               1,
+		`sluice_sip_route_hits_total{pool=london,route=0}`:             2,
+		`sluice_sip_route_hits_total{pool=default,route=default}`:      1,
+		`sluice_sip_pool_refused_total{pool=london,reason=arm}`:        1,
+		`sluice_sip_pool_refused_total{pool=default,reason=arm}`:       0,
+		`sluice_sip_pool_new_work_total{backend=ldn,pool=london}`:      1,
+		`sluice_sip_pool_new_work_total{backend=def,pool=default}`:     1,
+		`sluice_sip_no_route_total{}`:                                  0,
+		`sluice_frontend_events_total{event=no_route,protocol=sip}`:    0,
+		`sluice_frontend_events_total{event=refused_arm,protocol=sip}`: 1,
 	} {
 		if v, ok := got[name]; !ok || v != want {
 			t.Errorf("%s = %v (exported %v), want %v", name, v, ok, want)
@@ -435,10 +435,10 @@ func TestPoolMetrics(t *testing.T) {
 	// The pools' counters survive a reload that keeps them.
 	setGen(t, s, []string{ldn.addr.String() + ",id=ldn,pool=london", def.addr.String() + ",id=def"}, []string{"pool=london,user=+4420"})
 	got = series(t, s)
-	if v := got[`sluice_frontend_pool_refused_total{pool=london,protocol=sip,reason=arm}`]; v != 1 {
+	if v := got[`sluice_sip_pool_refused_total{pool=london,reason=arm}`]; v != 1 {
 		t.Errorf("after a reload, london refused by arm = %v, want 1", v)
 	}
-	if v := got[`sluice_frontend_pool_new_work_total{backend=ldn,pool=london,protocol=sip}`]; v != 1 {
+	if v := got[`sluice_sip_pool_new_work_total{backend=ldn,pool=london}`]; v != 1 {
 		t.Errorf("after a reload, ldn new work = %v, want 1", v)
 	}
 }
