@@ -66,24 +66,36 @@ type MOPConfig struct {
 	doubling bool
 }
 
+// DefaultMOPRejectCode is the HTTP status when every backend's MOP
+// refuses (ControllerConfig.MOPRejectCode, flag -mop-reject-code).
+const DefaultMOPRejectCode = 503
+
+// DefaultMOPConfig returns the defaults of every field but Name and
+// Events: the one place they are written (the -mop-* flags show them;
+// zero fields are filled from here).
+func DefaultMOPConfig() MOPConfig {
+	return MOPConfig{MaxHeap: 0.85, Window: 60 * time.Second, InitialRate: 10, MinRate: 1, Burst: time.Second, Margin: 0.03}
+}
+
 func (c *MOPConfig) setDefaults() {
+	d := DefaultMOPConfig()
 	if c.MaxHeap == 0 {
-		c.MaxHeap = 0.85
+		c.MaxHeap = d.MaxHeap
 	}
 	if c.Window == 0 {
-		c.Window = 60 * time.Second
+		c.Window = d.Window
 	}
 	if c.InitialRate == 0 {
-		c.InitialRate = 10
+		c.InitialRate = d.InitialRate
 	}
 	if c.MinRate == 0 {
-		c.MinRate = 1
+		c.MinRate = d.MinRate
 	}
 	if c.Burst == 0 {
-		c.Burst = time.Second
+		c.Burst = d.Burst
 	}
 	if c.Margin == 0 {
-		c.Margin = 0.03
+		c.Margin = d.Margin
 	}
 }
 

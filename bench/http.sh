@@ -20,6 +20,10 @@
 # Knobs: GMP=1 (sluice's GOMAXPROCS) PORT=18095 (sluice's listen port)
 #   SYSTEMS="http-haproxy http-nginx" (peers measured in the same run; add
 #   http-direct or http-haproxy-sticky) SLUICE_FLAGS="" (extra flags)
+#   ROUTES=0 (N > 0: sluice gets N -http-route lines in a -config file,
+#   N-1 host and path routes that wrk's requests miss and, last, the one
+#   that takes them (host=127.0.0.1), so every request walks the table to
+#   its end: the cost of route selection with N routes)
 #   PEERS=$ROOT/../shared/peers (the peers' harness)
 #   OUT=$TMPDIR/sluice-bench/http-<timestamp>
 #   and run.sh's own: DURATION=10 CONNS="50 200" PIN=1 LB_CPUS=0 GEN_CPUS=1 ...
@@ -30,6 +34,7 @@ GMP=${GMP:-1}
 PORT=${PORT:-18095}
 SYSTEMS=${SYSTEMS:-"http-haproxy http-nginx"}
 SLUICE_FLAGS=${SLUICE_FLAGS:-}
+ROUTES=${ROUTES:-0}
 PEERS=${PEERS:-$ROOT/../shared/peers}
 OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/http-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P)
@@ -44,6 +49,21 @@ for b in wrk haproxy nginx; do
 done
 log "building sluice into $BIN"
 go build -o "$BIN" ./cmd/sluice || die "build failed"
+
+if [ "$ROUTES" -gt 0 ]; then
+    CONF=$OUT/routes.conf
+    : > "$CONF"
+    for i in $(seq 1 $((ROUTES - 1))); do
+        if [ $((i % 2)) -eq 0 ]; then
+            echo "http-route pool=default,host=h$i.example.com" >> "$CONF"
+        else
+            echo "http-route pool=default,path=/p$i/" >> "$CONF"
+        fi
+    done
+    echo "http-route pool=default,host=127.0.0.1" >> "$CONF"
+    SLUICE_FLAGS="-config $CONF $SLUICE_FLAGS"
+    log "sluice: $ROUTES routes in $CONF, wrk's requests match the last"
+fi
 
 export LB_HTTP_ADDR=127.0.0.1:$PORT
 export LB_HTTP_CMD="exec env GOMAXPROCS=$GMP $BIN run -http-listen 127.0.0.1:$PORT \

@@ -58,7 +58,7 @@ go build -o "$BIN" ./cmd/sluice || die "build failed"
 # OPTIONS pings (SIPp answerers would count them as unexpected calls).
 lb_cmd() {   # lb_cmd [extra flags...]
     echo "exec $BIN sip -sip-listen 127.0.0.1:$LB_PORT -sip-backend 127.0.0.1:5071 -sip-backend 127.0.0.1:5072" \
-        "-sip-health-interval 0 -sip-udp-buffer 4194304 -affinity-key-file $OUT/affinity.key -log-level warn $*"
+        "-sip-health-interval 0 -sip-udp-buffer 4194304 -affinity-key-file $OUT/affinity.key -data-dir $OUT/data -log-level warn $*"
 }
 
 STARTED=()

@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/logging"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // FailPolicy is what a node does while Redis is unreachable.
@@ -93,23 +95,13 @@ func (c Config) Enabled() bool { return c.Redis != "" }
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("cluster: bad configuration")
 
-// FieldError is a configuration error about one Config field; it wraps
-// ErrConfig.
-type FieldError struct {
-	Field string
-	Err   error
-}
-
-func (e *FieldError) Error() string { return "cluster: " + e.Field + ": " + e.Err.Error() }
-
-// Unwrap returns the cause (which wraps ErrConfig).
-func (e *FieldError) Unwrap() error { return e.Err }
-
-// ConfigField names the package and the field at fault.
-func (e *FieldError) ConfigField() (pkg, field string) { return "cluster", e.Field }
+// FieldError is a configuration error about one Config field; it is
+// admission.FieldError, the one type of every package, with Pkg
+// "cluster", and its cause wraps ErrConfig.
+type FieldError = admission.FieldError
 
 func fieldErr(field, format string, a ...any) error {
-	return &FieldError{Field: field, Err: fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)}
+	return admission.NewFieldError("cluster", field, "%w: "+format, append([]any{ErrConfig}, a...)...)
 }
 
 // Validate reports the first invalid field, also when Redis is empty (a

@@ -196,23 +196,13 @@ const (
 	EngineFastHTTP = "fasthttp"
 )
 
-// FieldError reports an invalid Config field by its Go name; cmd/sluice
-// maps the field to its flag.
-type FieldError struct {
-	Field string // the Config field, e.g. "StickyTTL"
-	Err   error
-}
-
-func (e *FieldError) Error() string { return "http: " + e.Field + ": " + e.Err.Error() }
-
-// Unwrap returns the cause.
-func (e *FieldError) Unwrap() error { return e.Err }
-
-// ConfigField names the package and the field at fault.
-func (e *FieldError) ConfigField() (pkg, field string) { return "http", e.Field }
+// FieldError reports an invalid Config field by its Go name (e.g.
+// "StickyTTL"); it is admission.FieldError, the one type of every package,
+// with Pkg "http". cmd/sluice maps the field to its flag.
+type FieldError = admission.FieldError
 
 func fieldError(field, format string, a ...any) error {
-	return &FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+	return admission.NewFieldError("http", field, format, a...)
 }
 
 // Validate reports the first invalid field as a *FieldError.

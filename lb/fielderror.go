@@ -1,22 +1,12 @@
 package lb
 
-import "fmt"
+import "github.com/sluicelb/sluice/admission"
 
-// FieldError reports an invalid configuration field by its Go name
-// (type and field, e.g. "HealthConfig.Rise"); cmd/sluice maps the field to its flag.
-type FieldError struct {
-	Field string
-	Err   error
-}
-
-func (e *FieldError) Error() string { return "lb: " + e.Field + ": " + e.Err.Error() }
-
-// Unwrap returns the cause.
-func (e *FieldError) Unwrap() error { return e.Err }
-
-// ConfigField names the package and the field at fault.
-func (e *FieldError) ConfigField() (pkg, field string) { return "lb", e.Field }
+// FieldError reports an invalid configuration field of lb by its Go name
+// (type and field, e.g. "HealthConfig.Rise"); it is admission.FieldError,
+// the one type of every package, with Pkg "lb".
+type FieldError = admission.FieldError
 
 func fieldError(field, format string, a ...any) error {
-	return &FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+	return admission.NewFieldError("lb", field, format, a...)
 }

@@ -449,14 +449,15 @@ func NewMemoryProbe(b *Backend, cfg MemoryProbeConfig, clock admission.Clock, lo
 	if !strings.HasPrefix(cfg.URL, "http://") && !strings.HasPrefix(cfg.URL, "https://") {
 		return nil, fmt.Errorf("memory probe %s: metrics url %q must start with http:// or https://", b.id, cfg.URL)
 	}
+	d := DefaultMemoryProbeConfig()
 	if cfg.UsedMetric == "" {
-		cfg.UsedMetric = DefaultUsedMetric
+		cfg.UsedMetric = d.UsedMetric
 	}
 	if cfg.MaxMetric == "" {
-		cfg.MaxMetric = DefaultMaxMetric
+		cfg.MaxMetric = d.MaxMetric
 	}
 	if cfg.Interval == 0 {
-		cfg.Interval = time.Second
+		cfg.Interval = d.Interval
 	}
 	if cfg.Interval < 0 {
 		return nil, fieldError("MemoryProbeConfig.Interval", "must be positive")
@@ -465,18 +466,18 @@ func NewMemoryProbe(b *Backend, cfg MemoryProbeConfig, clock admission.Clock, lo
 		cfg.Timeout = cfg.Interval
 	}
 	if cfg.MaxBytes == 0 {
-		cfg.MaxBytes = MaxMetricsWire
+		cfg.MaxBytes = d.MaxBytes
 	}
 	if cfg.MaxBytes < 1<<10 || cfg.MaxBytes > maxMetricsLimit {
 		return nil, fieldError("MemoryProbeConfig.MaxBytes", "must be between 1 KiB and %d MiB (got %d bytes)", maxMetricsLimit>>20, cfg.MaxBytes)
 	}
 	used, err := ParseMetricSelector(cfg.UsedMetric)
 	if err != nil {
-		return nil, &FieldError{Field: "MemoryProbeConfig.UsedMetric", Err: err}
+		return nil, fieldError("MemoryProbeConfig.UsedMetric", "%w", err)
 	}
 	max, err := ParseMetricSelector(cfg.MaxMetric)
 	if err != nil {
-		return nil, &FieldError{Field: "MemoryProbeConfig.MaxMetric", Err: err}
+		return nil, fieldError("MemoryProbeConfig.MaxMetric", "%w", err)
 	}
 	if clock == nil {
 		clock = admission.MonoClock{}

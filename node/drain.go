@@ -41,15 +41,20 @@ func (n *Node) inFlight() int64 {
 // affinity traffic before it ends early.
 const drainQuiet = 2 * time.Second
 
-// Drain refuses new work at once (health 429) and keeps serving in-flight
-// requests and affinity traffic until nothing has been in flight and no
-// affinity request has come for drainQuiet, or until timeout. It returns
-// the time left of timeout.
+// Drain is the shutdown drain: it refuses new work at once (health 429)
+// and keeps serving in-flight requests and affinity traffic until nothing
+// has been in flight and no affinity request has come for drainQuiet, or
+// until timeout (0: it does not wait). It returns the time left of
+// timeout, at least a second, for Stop.
 func (n *Node) Drain(timeout time.Duration) time.Duration {
 	start := time.Now()
 	n.ctrl.SetDraining(true)
 	if n.sipSrv != nil {
 		n.sipSrv.Drain()
+	}
+	if timeout <= 0 {
+		n.logger.Info("no shutdown drain (-drain-timeout 0): new work refused, stopping")
+		return time.Second
 	}
 	n.logger.Info("draining: new work refused, affinity and in-flight requests served", "timeout", timeout)
 	affinity := func() (sum uint64) {

@@ -63,7 +63,7 @@ func scrape(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	sipSrv.Metrics().Requests.Add(7)
-	sipSrv.Metrics().Terminated.Add(1)
+	sipSrv.Metrics().Aborted.Add(1)
 	h, err := metricsHandler(metricsSources{
 		ctrl: ctrl,
 		backends: func() []admin.BackendStatus {

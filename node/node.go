@@ -93,7 +93,8 @@ type Config struct {
 	// AdminHosts are more Host names the admin listener answers to
 	// (-admin-host), besides localhost, loopback and its own addresses.
 	AdminHosts []string
-	// DrainTimeout bounds Drain.
+	// DrainTimeout bounds the shutdown drain (Drain); 0 is none: new
+	// work is refused and the node stops at once.
 	DrainTimeout time.Duration
 	// CPUProfile, when set, is a file a CPU profile is written to while
 	// the node runs.
@@ -303,36 +304,40 @@ func defaultKeyFile(dataDir string) string {
 }
 
 // checkPositive rejects zero or negative values of the fields whose zero
-// value the packages would silently replace by their default.
+// value the packages would silently replace by their default. Its errors
+// are the packages' FieldErrors, which cmd/sluice names by their flags.
 func (c *Config) checkPositive() error {
+	const positive = "must be positive"
 	for _, f := range []struct {
-		name string
-		ok   bool
+		ok  bool
+		err error
 	}{
-		{"-mop-initial-rate", c.MOP.InitialRate > 0},
-		{"-mop-window", c.MOP.Window > 0},
-		{"-mop-probe-interval", c.MOPProbe.Interval > 0},
-		{"-mop-probe-max-bytes", c.MOPProbe.MaxBytes > 0},
-		{"-health-timeout", c.Health.Timeout > 0},
-		{"-health-rise", c.Health.Rise > 0},
-		{"-health-fall", c.Health.Fall > 0},
-		{"-health-cooldown", c.Passive.Cooldown > 0},
-		{"-health-max-fails", c.Passive.MaxFails >= 0},
-		{"-http-sticky-ttl", c.HTTP.StickyTTL > 0},
-		{"-http-sticky-app-ttl", c.HTTP.AppCookieTTL > 0},
-		{"-http-sticky-app-max", c.HTTP.AppCookieMax > 0},
-		{"-http-backend-max-conns", c.HTTP.MaxConns > 0},
-		{"-http-connect-timeout", c.HTTP.ConnectTimeout > 0},
-		{"-http-backend-timeout", c.HTTP.BackendTimeout > 0},
-		{"-http-backend-idle", c.HTTP.BackendIdle > 0},
-		{"-http-client-timeout", c.HTTP.ClientReadTimeout > 0},
-		{"-http-client-idle", c.HTTP.ClientIdle > 0},
-		{"-http-stream-threshold", c.HTTP.StreamThreshold > 0},
-		{"-drain-timeout", c.DrainTimeout > 0},
+		{c.MOP.InitialRate > 0, admission.NewFieldError("admission", "MOPConfig.InitialRate", positive)},
+		{c.MOP.Window > 0, admission.NewFieldError("admission", "MOPConfig.Window", positive)},
+		{c.MOPProbe.Interval > 0, admission.NewFieldError("lb", "MemoryProbeConfig.Interval", positive)},
+		{c.MOPProbe.MaxBytes > 0, admission.NewFieldError("lb", "MemoryProbeConfig.MaxBytes", positive)},
+		{c.Health.Timeout > 0, admission.NewFieldError("lb", "HealthConfig.Timeout", positive)},
+		{c.Health.Rise > 0, admission.NewFieldError("lb", "HealthConfig.Rise", positive)},
+		{c.Health.Fall > 0, admission.NewFieldError("lb", "HealthConfig.Fall", positive)},
+		{c.Passive.Cooldown > 0, admission.NewFieldError("lb", "PassiveConfig.Cooldown", positive)},
+		{c.Passive.MaxFails >= 0, admission.NewFieldError("lb", "PassiveConfig.MaxFails", "must not be negative (0 disables passive ejection)")},
+		{c.HTTP.StickyTTL > 0, admission.NewFieldError("http", "StickyTTL", positive)},
+		{c.HTTP.AppCookieTTL > 0, admission.NewFieldError("http", "AppCookieTTL", positive)},
+		{c.HTTP.AppCookieMax > 0, admission.NewFieldError("http", "AppCookieMax", positive)},
+		{c.HTTP.MaxConns > 0, admission.NewFieldError("http", "MaxConns", positive)},
+		{c.HTTP.ConnectTimeout > 0, admission.NewFieldError("http", "ConnectTimeout", positive)},
+		{c.HTTP.BackendTimeout > 0, admission.NewFieldError("http", "BackendTimeout", positive)},
+		{c.HTTP.BackendIdle > 0, admission.NewFieldError("http", "BackendIdle", positive)},
+		{c.HTTP.ClientReadTimeout > 0, admission.NewFieldError("http", "ClientReadTimeout", positive)},
+		{c.HTTP.ClientIdle > 0, admission.NewFieldError("http", "ClientIdle", positive)},
+		{c.HTTP.StreamThreshold > 0, admission.NewFieldError("http", "StreamThreshold", positive)},
 	} {
 		if !f.ok {
-			return fmt.Errorf("%s must be positive", f.name)
+			return f.err
 		}
+	}
+	if c.DrainTimeout < 0 {
+		return fmt.Errorf("-drain-timeout must not be negative (0: no shutdown drain)")
 	}
 	return checkHealthPath(c.HealthPath)
 }

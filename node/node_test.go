@@ -27,7 +27,7 @@ import (
 func testConfig(t *testing.T) Config {
 	return Config{
 		HTTP:          lbhttp.Config{Listen: "127.0.0.1:0", StickyTTL: time.Hour, AppCookieTTL: time.Minute, AppCookieMax: 10, MaxConns: 8, ConnectTimeout: time.Second, BackendTimeout: 5 * time.Second, BackendIdle: time.Second, ClientReadTimeout: 5 * time.Second, ClientIdle: 5 * time.Second, StreamThreshold: 1 << 20},
-		Policy:        "round-robin",
+		Policy:        lb.DefaultPolicy,
 		Health:        lb.HealthConfig{Timeout: time.Second, Rise: 1, Fall: 1},
 		Passive:       lb.PassiveConfig{Cooldown: time.Second},
 		MOP:           admission.MOPConfig{MaxHeap: 0.85, Window: 10 * time.Second, InitialRate: 40},
@@ -261,5 +261,37 @@ func TestDataKeyWrittenBack(t *testing.T) {
 	after, err := os.ReadFile(file)
 	if err != nil || !bytes.Equal(before, after) {
 		t.Fatalf("key file after it vanished: %v, same bytes %v", err, bytes.Equal(before, after))
+	}
+}
+
+// TestDrainTimeout: -drain-timeout 0 is a node without a shutdown drain
+// (new work refused, then it stops); a negative one is refused by name.
+func TestDrainTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		drain   time.Duration
+		wantErr string
+	}{
+		{0, ""},
+		{time.Second, ""},
+		{-time.Second, "-drain-timeout must not be negative"},
+	} {
+		cfg := testConfig(t)
+		cfg.HTTPBackends = []string{"127.0.0.1:1"}
+		cfg.DrainTimeout = tc.drain
+		n, err := New(cfg, nil)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("drain %s: err %v, want %q", tc.drain, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("drain %s: %v", tc.drain, err)
+		}
+		if tc.drain == 0 {
+			if left := n.Drain(0); left != time.Second || !n.ctrl.Draining() {
+				t.Errorf("Drain(0) = %s, draining %v; want 1s left for Stop and new work refused", left, n.ctrl.Draining())
+			}
+		}
 	}
 }

@@ -104,10 +104,11 @@ func (n *Node) reloadSIP(specs []string) error {
 }
 
 // sipConfig is the SIP front end's Config with specs parsed as its
-// backends. A listen address defaults to :5060 once there is a backend.
+// backends. A listen address defaults to DefaultSIPConfig's once there is
+// a backend.
 func sipConfig(c lbsip.Config, specs []string) (lbsip.Config, error) {
 	if c.Listen == "" {
-		c.Listen = ":5060"
+		c.Listen = DefaultSIPConfig().Listen
 	}
 	c.Backends = nil
 	for _, s := range specs {

@@ -90,7 +90,7 @@ type goneBackend struct {
 // backend.
 func newBackendSet(g *lb.Generation) (*backendSet, error) {
 	if g == nil {
-		return nil, &FieldError{Field: "Backends", Err: ErrNoBackends}
+		return nil, fieldError("Backends", "%w", ErrNoBackends)
 	}
 	if g.Proto() != "sip" {
 		return nil, fieldError("Backends", "generation of protocol %q, want sip", g.Proto())
@@ -126,7 +126,7 @@ func newBackendSet(g *lb.Generation) (*backendSet, error) {
 		set.homePool = g.Pools()[0]
 	}
 	if set.homePool == nil {
-		return nil, &FieldError{Field: "Backends", Err: ErrNoBackends}
+		return nil, fieldError("Backends", "%w", ErrNoBackends)
 	}
 	return set, nil
 }
@@ -287,7 +287,7 @@ func (p *backendSet) sameAs(cfgs []BackendConfig) bool {
 // backend.
 func checkBackends(cfgs []BackendConfig) ([]lb.BackendSpec, []BackendConfig, error) {
 	if len(cfgs) == 0 {
-		return nil, nil, &FieldError{Field: "Backends", Err: ErrNoBackends}
+		return nil, nil, fieldError("Backends", "%w", ErrNoBackends)
 	}
 	if len(cfgs) > lb.MaxBackends {
 		return nil, nil, fieldError("Backends", "%d backends, at most %d", len(cfgs), lb.MaxBackends)

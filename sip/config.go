@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
 
@@ -65,10 +66,12 @@ type Config struct {
 	// until its own Timer F (32 s). Flag -sip-in-dialog-timeout (8 s, a
 	// quarter of Timer F).
 	InDialogTimeout time.Duration
-	// DrainDefault is how long a backend that answered 503 without a
-	// Retry-After gets no new work, at most lb.MaxAvoid (5 min, the cap of
-	// every back-off). Flag -sip-drain-default.
-	DrainDefault time.Duration
+	// BusyDefault is how long a backend that answered 503 without a
+	// Retry-After is busy: it gets no new work, at most lb.MaxAvoid (5 min,
+	// the cap of every back-off), and the Retry-After of our own 503s.
+	// Flag -sip-busy-default (formerly -sip-drain-default: "drain" is an
+	// operator's drain of a backend).
+	BusyDefault time.Duration
 	// HealthInterval is the OPTIONS ping period per backend; 0 disables
 	// pinging. Flag -sip-health-interval.
 	HealthInterval time.Duration
@@ -166,23 +169,13 @@ const DefaultUnknownDialogSourceRate = 20
 // Start when no backend is configured.
 var ErrNoBackends = errors.New("at least one backend is required")
 
-// FieldError reports an invalid Config field by its Go name; cmd/sluice
-// maps the field to its flag.
-type FieldError struct {
-	Field string // the Config field, e.g. "TokenTTL"
-	Err   error
-}
-
-func (e *FieldError) Error() string { return "sip: " + e.Field + ": " + e.Err.Error() }
-
-// Unwrap returns the cause.
-func (e *FieldError) Unwrap() error { return e.Err }
-
-// ConfigField names the package and the field at fault.
-func (e *FieldError) ConfigField() (pkg, field string) { return "sip", e.Field }
+// FieldError reports an invalid Config field by its Go name (e.g.
+// "TokenTTL"); it is admission.FieldError, the one type of every package,
+// with Pkg "sip". cmd/sluice maps the field to its flag.
+type FieldError = admission.FieldError
 
 func fieldError(field, format string, a ...any) error {
-	return &FieldError{Field: field, Err: fmt.Errorf(format, a...)}
+	return admission.NewFieldError("sip", field, format, a...)
 }
 
 // DefaultConfig returns the defaults of every field: the one place they
@@ -198,7 +191,7 @@ func DefaultConfig() Config {
 		DialogMax:         DefaultDialogMax,
 		FailoverTimeout:   2 * time.Second,
 		InDialogTimeout:   8 * time.Second,
-		DrainDefault:      5 * time.Second,
+		BusyDefault:       5 * time.Second,
 		HealthInterval:    5 * time.Second,
 		HealthTimeout:     2 * time.Second,
 		HealthRise:        2,
@@ -235,7 +228,7 @@ func (c *Config) setDefaults() {
 	fill(&c.UnknownDialog, d.UnknownDialog)
 	fill(&c.FailoverTimeout, d.FailoverTimeout)
 	fill(&c.InDialogTimeout, d.InDialogTimeout)
-	fill(&c.DrainDefault, d.DrainDefault)
+	fill(&c.BusyDefault, d.BusyDefault)
 	fill(&c.HealthTimeout, d.HealthTimeout)
 	fill(&c.HealthRise, d.HealthRise)
 	fill(&c.HealthFall, d.HealthFall)
@@ -286,8 +279,8 @@ func (c *Config) Validate() error {
 		return fieldError("UnknownDialogSourceRate", "must not be negative (0: no per-source cap)")
 	case c.FailoverTimeout < 10*time.Millisecond:
 		return fieldError("FailoverTimeout", "must be at least 10ms")
-	case c.DrainDefault < 0:
-		return fieldError("DrainDefault", "must not be negative")
+	case c.BusyDefault < 0:
+		return fieldError("BusyDefault", "must not be negative")
 	case c.InDialogTimeout < 10*time.Millisecond:
 		return fieldError("InDialogTimeout", "must be at least 10ms")
 	case c.HealthInterval < 0:

@@ -165,7 +165,7 @@ func (s *Server) pingAnswered(branch string, res *gosip.Response, src source) {
 	}
 }
 
-// retryAfter is a 503's Retry-After, or DrainDefault, at most lb.MaxAvoid
+// retryAfter is a 503's Retry-After, or BusyDefault, at most lb.MaxAvoid
 // (the cap HTTP's Retry-After has): one answer cannot keep a backend from
 // new work for longer.
 func (s *Server) retryAfter(res *gosip.Response) time.Duration {
@@ -174,7 +174,7 @@ func (s *Server) retryAfter(res *gosip.Response) time.Duration {
 			return min(time.Duration(n)*time.Second, lb.MaxAvoid)
 		}
 	}
-	return min(s.cfg.DrainDefault, lb.MaxAvoid)
+	return min(s.cfg.BusyDefault, lb.MaxAvoid)
 }
 
 // isPing reports whether req is a balancer's health ping (ours or another

@@ -37,13 +37,13 @@ type Metrics struct {
 	NoRoute       atomic.Uint64 // new work no route matched, without a pool "default" (Config.NoRouteCode)
 	DefaultRouted atomic.Uint64 // new work no route matched, sent to the pool "default"
 
-	Refused    atomic.Uint64                       // new work refused by the balancer (503)
-	RefusedBy  [admission.NumReasons]atomic.Uint64 // by admission.Reason (none, memory, arm, mop, draining)
-	Delayed    atomic.Uint64                       // new work held in an ARM delay queue
-	Failovers  atomic.Uint64                       // new work moved to another backend
-	AllFailed  atomic.Uint64                       // new work answered 500: every backend failed
-	Timeouts   atomic.Uint64                       // attempts that got no answer in time
-	Terminated atomic.Uint64                       // new work ended with 503 in memory state Critical
+	Refused   atomic.Uint64                       // new work refused by the balancer (503)
+	RefusedBy [admission.NumReasons]atomic.Uint64 // by admission.Reason (none, memory, arm, mop, draining)
+	Delayed   atomic.Uint64                       // new work held in an ARM delay queue
+	Failovers atomic.Uint64                       // new work moved to another backend
+	AllFailed atomic.Uint64                       // new work answered 500: every backend failed
+	Timeouts  atomic.Uint64                       // attempts that got no answer in time
+	Aborted   atomic.Uint64                       // new work ended with 503 in memory state Critical (HTTP: aborted too)
 
 	Backend503   atomic.Uint64 // 503 answers from backends (absorbed, never relayed)
 	ForgedTokens atomic.Uint64 // in-dialog requests with our Route and a bad token (403)
@@ -191,7 +191,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"callid_fallback", &m.CallIDFallback}, {"dialog_routed", &m.DialogRouted}, {"dialog_misses", &m.DialogMisses},
 		{"dialog_full", &m.DialogsFull}, {"dialog_replace_refused", &m.DialogReplaceRefused}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"earlier_attempt_answered", &m.EarlierAttemptAnswered}, {"refused", &m.Refused},
 		{"delayed", &m.Delayed}, {"failovers", &m.Failovers}, {"all_failed", &m.AllFailed},
-		{"timeouts", &m.Timeouts}, {"aborted", &m.Terminated}, {"backend_503", &m.Backend503},
+		{"timeouts", &m.Timeouts}, {"aborted", &m.Aborted}, {"backend_503", &m.Backend503},
 		{"backend_backoffs", &m.Backoffs}, {"forged_responses", &m.ForgedResponses}, {"loops", &m.Loops},
 		{"unknown_cancels", &m.UnknownCancels}, {"too_large", &m.TooLarge},
 		{"forged_tokens", &m.ForgedTokens}, {"too_many_hops", &m.TooManyHops}, {"malformed", &m.Malformed},

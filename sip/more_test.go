@@ -164,8 +164,8 @@ func TestMemoryStates(t *testing.T) {
 	}
 	eventually(t, "CANCEL at the backend", func() bool { return b1.count(gosip.CANCEL, ring.callID) == 1 })
 	eventually(t, "the backend's 487 ACKed", func() bool { return b1.count(gosip.ACK, ring.callID) == 1 })
-	if s.metrics.Terminated.Load() != 1 {
-		t.Errorf("terminated %d, want 1", s.metrics.Terminated.Load())
+	if s.metrics.Aborted.Load() != 1 {
+		t.Errorf("aborted %d, want 1", s.metrics.Aborted.Load())
 	}
 }
 

@@ -237,7 +237,7 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 	if !b.lb.AcceptsAffinity(now) {
 		if !ack {
 			s.metrics.InDialogBackendDown.Add(1)
-			s.reply(req, src, 480, "Temporarily Unavailable", "Warning: 399 "+s.adv.String()+` "backend down"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)))
+			s.reply(req, src, 480, "Temporarily Unavailable", "Warning: 399 "+s.adv.String()+` "backend down"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.BusyDefault)))
 		}
 		return
 	}
@@ -252,7 +252,7 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 			s.replyTooLarge(req, src)
 			return
 		}
-		s.reply(req, src, 503, "Service Unavailable", "Warning: 399 "+s.adv.String()+` "backend unreachable"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)))
+		s.reply(req, src, 503, "Service Unavailable", "Warning: 399 "+s.adv.String()+` "backend unreachable"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.BusyDefault)))
 	}
 }
 
@@ -529,7 +529,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 	if s.adm.Draining() {
 		s.metrics.Refused.Add(1)
 		s.reply(req, src, 503, "Service Unavailable",
-			"Retry-After: "+strconv.Itoa(s.jitter(s.cfg.DrainDefault)),
+			"Retry-After: "+strconv.Itoa(s.jitter(s.cfg.BusyDefault)),
 			"Warning: 399 "+s.adv.String()+` "draining"`)
 		return
 	}

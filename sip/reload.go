@@ -195,7 +195,7 @@ func (s *Server) buildSet(specs []lb.BackendSpec, cfgs []BackendConfig, old *bac
 	}
 	g, err := lb.NewGeneration(gc)
 	if err != nil {
-		return nil, &FieldError{Field: "Backends", Err: err}
+		return nil, fieldError("Backends", "%w", err)
 	}
 	set, err := newBackendSet(g)
 	if err != nil {
@@ -230,10 +230,10 @@ func (s *Server) runBackendsLocked(set *backendSet) {
 	}
 }
 
-// drainBackend keeps new work away from b for d after a 503
+// drainBackend marks b busy after a 503: no new work for d
 // (lb.Backend.BackOff: at most lb.MaxAvoid, never shortening a back-off
-// under way). b may be a backend SetGeneration replaced since the request
-// was sent: the current backend with its id and address backs off too.
+// under way). b may be a backend a reload replaced since the request was
+// sent: the current backend with its id and address is marked too.
 //
 // Every back-off is counted (backend_backoffs); one that takes a backend off new
 // work is also logged and an event (backend.state), extensions are not.
@@ -252,7 +252,7 @@ func (s *Server) drainBackend(b *lb.Backend, now int64, d time.Duration, why str
 	if !started {
 		return
 	}
-	msg := fmt.Sprintf("draining: %s, no new work for %s (at most %s)", why, d, lb.MaxAvoid)
+	msg := fmt.Sprintf("busy: %s, no new work for %s (at most %s)", why, d, lb.MaxAvoid)
 	s.log.Info("sip backend "+msg, "backend", b.ID())
 	if s.events != nil {
 		s.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: "sip " + b.ID(), Message: msg})

@@ -105,7 +105,7 @@ type Server struct {
 }
 
 // Drain starts a graceful stop: from now on new work is refused with 503
-// (Retry-After: -sip-drain-default) while in-dialog requests, CANCELs, ACKs
+// (Retry-After: -sip-busy-default) while in-dialog requests, CANCELs, ACKs
 // and responses keep flowing, so established calls can end. Call Close
 // when the drain period is over. Safe to call more than once. The flag is
 // the admission controller's (SetDraining), the one every front end
@@ -201,7 +201,7 @@ func newParser() *gosip.Parser {
 // Deps.MOP. A generation handed in is the caller's to start, after Start.
 func (s *Server) Start(ctx context.Context) error {
 	if s.pool.Load() == nil {
-		return &FieldError{Field: "Backends", Err: ErrNoBackends}
+		return fieldError("Backends", "%w", ErrNoBackends)
 	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.parser.MaxMessageLength = s.cfg.MaxMessage
@@ -598,7 +598,7 @@ func (s *Server) tick() {
 			lastFull = f
 		}
 		if s.adm.Memory().State() == admission.Critical {
-			s.terminateNewWork(now)
+			s.abortNewWork(now)
 		}
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()

@@ -291,7 +291,7 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 		s.refuse(t.req, t.src, s.adm.RefuseMOPFor(&ar, mopRetry))
 	case !failover:
 		s.txns.remove(t)
-		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.DrainDefault, Pool: t.poolName})
+		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.BusyDefault, Pool: t.poolName})
 	default:
 		s.metrics.AllFailed.Add(1)
 		s.finishLocal(t, 500, "Server Internal Error", []string{"Warning: 399 " + s.adv.String() + ` "no backend could take the request"`})
@@ -733,12 +733,12 @@ func (s *Server) txnTimers(now int64) {
 	}
 }
 
-// terminateNewWork ends every new-work transaction still without a final
+// abortNewWork ends (aborts, as HTTP says) every new-work transaction still without a final
 // answer, as the memory state Critical demands (SPEC §3): the client gets
 // 503 with Retry-After, and an INVITE already at a backend is CANCELed
 // there (its 487 is then ACKed and absorbed). Affinity traffic is not
 // touched: it has no transaction.
-func (s *Server) terminateNewWork(now int64) {
+func (s *Server) abortNewWork(now int64) {
 	var victims []*txn
 	s.txns.mu.Lock()
 	for _, t := range s.txns.byClient {
@@ -763,13 +763,13 @@ func (s *Server) terminateNewWork(now int64) {
 		// The transaction is ours to finish before the CANCEL leaves, so
 		// the backend's 487 finds it completed and is absorbed.
 		p, pdst := s.finishLocalLocked(t, 503, "Service Unavailable", []string{
-			"Retry-After: " + strconv.Itoa(s.jitter(s.cfg.DrainDefault)),
+			"Retry-After: " + strconv.Itoa(s.jitter(s.cfg.BusyDefault)),
 			"Warning: 399 " + s.adv.String() + ` "overload: memory critical"`})
 		s.txns.mu.Unlock()
 		if cancel != nil {
 			_ = s.sendBytes(cancel, dst)
 		}
-		s.metrics.Terminated.Add(1)
+		s.metrics.Aborted.Add(1)
 		_ = s.sendBytes(p, pdst)
 	}
 }

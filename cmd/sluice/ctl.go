@@ -155,7 +155,7 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, ctlUsageText, "\nflags:\n"); fs.PrintDefaults() }
-	adminURL := fs.String("admin", envOr("SLUICE_ADMIN", "http://127.0.0.1:9090"), "the admin listener, URL or host:port (env SLUICE_ADMIN)")
+	adminURL := fs.String("admin", envOr("SLUICE_ADMIN", "http://"+admin.DefaultListen), "the admin listener, URL or host:port (env SLUICE_ADMIN)")
 	tokenFile := fs.String("token-file", os.Getenv("SLUICE_TOKEN_FILE"), "`file` with the bearer token to present (its first token; env SLUICE_TOKEN_FILE)")
 	protocol := fs.String("protocol", "", "`protocol` of the backend (http or sip) when its id is used by both")
 	timeout := fs.Duration("timeout", 10*time.Second, "give up on the admin listener after this long")

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/internal/opfile"
 	"github.com/sluicelb/sluice/node"
 )
@@ -27,7 +28,7 @@ func init() {
 var demoDefaults = []string{
 	"-http-listen", "127.0.0.1:8080",
 	"-sip-listen", "127.0.0.1:5060",
-	"-admin-listen", "127.0.0.1:9090",
+	"-admin-listen", admin.DefaultListen,
 	"-mop-window", "30s",
 	"-mop-initial-rate", "20",
 	"-mem-limit", "512MiB",

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	sadmin "github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
 )
@@ -20,10 +21,6 @@ import (
 func init() {
 	register("events", "print the event log from the data directory", runEvents)
 }
-
-// eventsDefaultAdmin is the default admin listener, used in the hint printed
-// when the store is held by a running sluice.
-const eventsDefaultAdmin = "127.0.0.1:9090"
 
 func runEvents(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("events", stderr)
@@ -41,7 +38,7 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 			"without it, the newest --limit events")
 	limit := fs.Int("limit", persist.DefaultEventsLimit, "most events to print; 0 prints all")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
-	admin := fs.String("admin-listen", eventsDefaultAdmin,
+	admin := fs.String("admin-listen", sadmin.DefaultListen,
 		"admin address of the running sluice, only used in the hint printed when the store is in use")
 	if code, ok := parseCommand("events", fs, args, stderr); !ok {
 		return code

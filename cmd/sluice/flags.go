@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/internal/opfile"
 )
 
@@ -96,6 +97,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	markRenamed(set)
 	fs.VisitAll(func(f *flag.Flag) {
 		if err != nil || set[f.Name] {
 			return
@@ -113,6 +115,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 		return err
 	}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	markRenamed(set)
 	if f := fs.Lookup(configFlag); f != nil && f.Value.String() != "" {
 		return readConfigFile(fs, f.Value.String(), set)
 	}
@@ -261,83 +264,6 @@ type printedError struct{ err error }
 func (e printedError) Error() string { return e.err.Error() }
 func (e printedError) Unwrap() error { return e.err }
 
-// fieldFlags maps a library's Config field, as its FieldError names it
-// ("package.Field"), to the flag that sets it: the libraries speak of
-// their fields, the operator reads flags.
-var fieldFlags = map[string]string{
-	"http.Listen":            "http-listen",
-	"http.TrustedProxies":    "http-trusted-proxy",
-	"http.StickyCookie":      "http-sticky-cookie",
-	"http.StickyTTL":         "http-sticky-ttl",
-	"http.AppCookie":         "http-sticky-app-cookie",
-	"http.AppCookieTTL":      "http-sticky-app-ttl",
-	"http.AppCookieMax":      "http-sticky-app-max",
-	"http.HashKey":           "http-hash-key",
-	"http.MaxConns":          "http-backend-max-conns",
-	"http.ConnWait":          "http-backend-conn-wait",
-	"http.ConnectTimeout":    "http-connect-timeout",
-	"http.BackendTimeout":    "http-backend-timeout",
-	"http.BackendIdle":       "http-backend-idle",
-	"http.MaxClientConns":    "http-max-conns",
-	"http.MaxConnsPerSource": "http-max-conns-per-source",
-	"http.ClientReadTimeout": "http-client-timeout",
-	"http.ClientIdle":        "http-client-idle",
-	"http.StreamThreshold":   "http-stream-threshold",
-	"http.ResponseBuffer":    "http-response-buffer",
-	"http.Engine":            "http-engine",
-	"http.Loops":             "http-loops",
-	"sip.Listen":             "sip-listen",
-	"sip.Advertise":          "sip-advertise",
-	"sip.Backends":           "sip-backend",
-	"sip.Policy":             "sip-lb-policy",
-	"sip.TokenTTL":           "sip-affinity-ttl",
-	"sip.DialogTTL":          "sip-dialog-ttl",
-	"sip.DialogMax":          "sip-dialog-max",
-	"sip.FailoverTimeout":    "sip-failover-timeout",
-	"sip.InDialogTimeout":    "sip-in-dialog-timeout",
-	"sip.DrainDefault":       "sip-drain-default",
-	"sip.HealthInterval":     "sip-health-interval",
-	"sip.HealthTimeout":      "sip-health-timeout",
-	"sip.HealthRise":         "sip-health-rise",
-	"sip.HealthFall":         "sip-health-fall",
-	"sip.TCPIdleTimeout":     "sip-tcp-idle-timeout",
-	"sip.TCPMessageTimeout":  "sip-tcp-message-timeout",
-	"sip.TCPMaxConns":        "sip-tcp-max-conns",
-	"sip.UDPBuffer":          "sip-udp-buffer",
-	"sip.MaxMessage":         "sip-max-message",
-
-	"sip.UnknownDialog":           "sip-unknown-dialog",
-	"sip.UnknownDialogSourceRate": "sip-unknown-dialog-source-rate",
-	"sip.TCPMaxConnsPerSource":    "sip-tcp-max-conns-per-source",
-	"sip.TCPFirstMessageTimeout":  "sip-tcp-first-message-timeout",
-	"sip.TCPPartialBudget":        "sip-tcp-partial-budget",
-
-	"lb.PoolConfig.Policy":                     "lb-policy",
-	"lb.PassiveConfig.MaxFails":                "health-max-fails",
-	"lb.HealthConfig.Interval":                 "health-interval",
-	"lb.HealthConfig.Timeout":                  "health-timeout",
-	"lb.HealthConfig.Rise":                     "health-rise",
-	"lb.HealthConfig.Fall":                     "health-fall",
-	"lb.HealthConfig.Panic":                    "health-panic",
-	"lb.MemoryProbeConfig.Interval":            "mop-probe-interval",
-	"lb.MemoryProbeConfig.UsedMetric":          "mop-used-metric",
-	"lb.MemoryProbeConfig.MaxMetric":           "mop-max-metric",
-	"lb.MemoryProbeConfig.MaxBytes":            "mop-probe-max-bytes",
-	"admission.MemoryConfig.Limit":             "mem-limit",
-	"admission.MemoryConfig.Low":               "mem-low",
-	"admission.ControllerConfig.MOPRejectCode": "mop-reject-code",
-	"admission.ControllerConfig.Rules":         "arm",
-
-	"cluster.Redis":     "cluster-redis",
-	"cluster.Name":      "cluster-name",
-	"cluster.Node":      "cluster-node",
-	"cluster.Fail":      "cluster-fail",
-	"cluster.Wait":      "cluster-wait",
-	"cluster.Timeout":   "cluster-timeout",
-	"cluster.Heartbeat": "cluster-heartbeat",
-	"cluster.DialogMax": "cluster-dialog-max",
-}
-
 // flagError puts the flag in front of a library's error about one of its
 // Config fields, and speaks of flags where the library speaks of its
 // fields ("sip: TCPPartialBudget: must be at least twice MaxMessage + 1"
@@ -345,23 +271,24 @@ var fieldFlags = map[string]string{
 // -sip-max-message + 1"); other errors come back as they are. The result
 // still wraps err.
 func flagError(err error) error {
-	var fe interface {
-		error
-		ConfigField() (pkg, field string)
-	}
+	var fe *admission.FieldError
 	if !errors.As(err, &fe) {
 		return err
 	}
 	pkg, field := fe.ConfigField()
-	f, ok := fieldFlags[pkg+"."+field]
+	flags := fieldFlags()
+	f, ok := flags[pkg+"."+field]
 	if !ok {
 		return err
 	}
 	msg := err.Error()
-	if u, ok := fe.(interface{ Unwrap() error }); ok && u.Unwrap() != nil {
-		cause := strings.TrimPrefix(u.Unwrap().Error(), pkg+": bad configuration: ")
-		for key, name := range fieldFlags {
-			if other, ok := strings.CutPrefix(key, pkg+"."); ok {
+	if fe.Err != nil {
+		cause := strings.TrimPrefix(fe.Err.Error(), pkg+": bad configuration: ")
+		// The fields of the same struct as the one at fault: "MaxMessage"
+		// of sip.Config, "Interval" of lb's HealthConfig.
+		typ := field[:strings.LastIndexByte(field, '.')+1]
+		for key, name := range flags {
+			if other, ok := strings.CutPrefix(key, pkg+"."+typ); ok && !strings.Contains(other, ".") {
 				cause = regexp.MustCompile(`\b`+regexp.QuoteMeta(other)+`\b`).ReplaceAllLiteralString(cause, "-"+name)
 			}
 		}
@@ -469,7 +396,7 @@ func (p *panicShare) Set(s string) error {
 func settingLines(fs *flag.FlagSet, skip ...string) []string {
 	var out []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name == configFlag || slices.Contains(skip, f.Name) {
+		if _, old := renamedFlags[f.Name]; old || f.Name == configFlag || slices.Contains(skip, f.Name) {
 			return
 		}
 		if l, ok := f.Value.(*listFlag); ok {

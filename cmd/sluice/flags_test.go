@@ -5,19 +5,23 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	lbhttp "github.com/sluicelb/sluice/http"
-	lbsip "github.com/sluicelb/sluice/sip"
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/node"
 )
 
 // lookupIn is an environment made of m, for parseFlags.
@@ -63,7 +67,7 @@ http-backend 10.0.0.1:80,id=file
 	}
 	for _, c := range []struct{ name, got, want string }{
 		{"http-listen (file)", o.http.Listen, "127.0.0.1:1111"},
-		{"lb-policy (env over file)", o.policy, "least-outstanding"},
+		{"lb-policy (env over file)", o.pool.Policy, "least-outstanding"},
 		{"mop-window (command line over env and file)", o.mop.Window.String(), "45s"},
 		{"http-sticky-ttl (command line)", o.http.StickyTTL.String(), "2h0m0s"},
 		{"arm (file, repeated)", strings.Join(o.arm.values, " "), "name=a,limit=1/s name=b,limit=2/s"},
@@ -153,13 +157,10 @@ var freeForm = map[string]string{
 // under test is left out of them.
 func commandArgs(cmd, dir string) [][2]string {
 	switch cmd {
-	case "run", "demo":
+	case "run", "demo", "sip":
 		return [][2]string{{"data-dir", dir}, {"http-listen", "127.0.0.1:0"}, {"admin-listen", ""}, {"sip-listen", "127.0.0.1:0"},
 			{"http-backend", "127.0.0.1:1,metrics=http://127.0.0.1:1/m"}, {"sip-backend", "127.0.0.1:1"},
 			{"health-interval", "0"}, {"sip-health-interval", "0"}}
-	case "sip":
-		return [][2]string{{"sip-listen", "127.0.0.1:0"}, {"sip-backend", "127.0.0.1:1"}, {"sip-health-interval", "0"},
-			{"affinity-key-file", filepath.Join(dir, "key")}}
 	case "events":
 		return [][2]string{{"data-dir", dir}}
 	case "simulate":
@@ -218,7 +219,7 @@ func TestEveryFlagRejectsBadValue(t *testing.T) {
 				case "run":
 					code = run(ctx, args, io.Discard, &stderr, nil)
 				case "sip":
-					code = sipMain(ctx, args, io.Discard, &stderr)
+					code = serve(ctx, sipPreset, args, io.Discard, &stderr, nil)
 				default:
 					code = commands[cmd].run(args, io.Discard, &stderr)
 				}
@@ -240,13 +241,14 @@ func TestFieldFlags(t *testing.T) {
 	notFlags := map[string]bool{ // set by the wiring, not by a flag of their own
 		"http.RetryAfterNoBackend": true, "http.Clock": true, "http.Now": true, "http.ObserveForward": true,
 	}
-	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(lbhttp.Config{}), "sip": reflect.TypeOf(lbsip.Config{})} {
+	fields := fieldFlags()
+	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(node.HTTPConfig{}), "sip": reflect.TypeOf(node.SIPConfig{})} {
 		for i := range typ.NumField() {
 			key := pkg + "." + typ.Field(i).Name
 			if notFlags[key] {
 				continue
 			}
-			name, ok := fieldFlags[key]
+			name, ok := fields[key]
 			if !ok {
 				t.Errorf("%s has no flag in fieldFlags", key)
 			} else if fs.Lookup(name) == nil {
@@ -254,23 +256,126 @@ func TestFieldFlags(t *testing.T) {
 			}
 		}
 	}
-	for key, name := range fieldFlags {
+	for key, name := range fields {
 		if fs.Lookup(name) == nil {
 			t.Errorf("%s maps to -%s, which sluice run does not have", key, name)
 		}
 	}
-	err := flagError(fmt.Errorf("build: %w", &lbsip.FieldError{Field: "TokenTTL", Err: errors.New("must be at least 1m")}))
-	if got, want := err.Error(), "-sip-affinity-ttl: build: must be at least 1m"; got != want {
-		t.Errorf("flagError = %q, want %q", got, want)
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("build: %w", admission.NewFieldError("sip", "TokenTTL", "must be at least 1m")), "-sip-affinity-ttl: build: must be at least 1m"},
+		// The library's field names in the message become flags.
+		{admission.NewFieldError("sip", "TCPPartialBudget", "must be at least twice MaxMessage + 1 (131072 bytes)"), "-sip-tcp-partial-budget: must be at least twice -sip-max-message + 1 (131072 bytes)"},
+		{admission.NewFieldError("lb", "HealthConfig.Rise", "must be >= 1 (got 0)"), "-health-rise: must be >= 1 (got 0)"},
+		{&admission.FieldError{Field: "MemoryConfig.Low", Err: errors.New("must satisfy 0 < Low < Lower")}, "-mem-low: must satisfy 0 < -mem-low < -mem-lower"},
+		{admission.NewFieldError("http", "NoSuchField", "odd"), "http: NoSuchField: odd"},
+	} {
+		err := flagError(tc.err)
+		if got := err.Error(); got != tc.want {
+			t.Errorf("flagError(%q) = %q, want %q", tc.err, got, tc.want)
+		}
+		if !errors.As(err, new(*admission.FieldError)) {
+			t.Errorf("flagError(%q) no longer wraps the library's error", tc.err)
+		}
 	}
-	// The library's field names in the message become flags.
-	err = flagError(&lbsip.FieldError{Field: "TCPPartialBudget", Err: errors.New("must be at least twice MaxMessage + 1 (131072 bytes)")})
-	if got, want := err.Error(), "-sip-tcp-partial-budget: must be at least twice -sip-max-message + 1 (131072 bytes)"; got != want {
-		t.Errorf("flagError = %q, want %q", got, want)
+}
+
+// TestEveryFieldErrorHasFlag reads the sources of the packages whose
+// Configs the flags fill and collects every field a FieldError can name
+// (fieldError, fieldErr and NewFieldError calls, FieldError literals), and
+// those node's own checks return: each must map to a flag of `sluice run`,
+// so that no validation error reaches the operator in the library's words.
+func TestEveryFieldErrorHasFlag(t *testing.T) {
+	fields := fieldFlags()
+	found := 0
+	for _, pkg := range []string{"admission", "lb", "http", "sip", "cluster", "node"} {
+		for _, key := range fieldErrorKeys(t, pkg) {
+			found++
+			if _, ok := fields[key]; !ok {
+				t.Errorf("a FieldError of %s names no flag: add a section field (registry.go) for it", key)
+			}
+		}
 	}
-	if !errors.As(err, new(*lbsip.FieldError)) {
-		t.Error("flagError no longer wraps the library's error")
+	if found < 40 {
+		t.Fatalf("only %d FieldError fields found in the sources: the walk misses them", found)
 	}
+}
+
+// fieldErrorKeys parses the non-test Go files of ../../pkg and returns
+// every "pkg.Field" its FieldErrors name with a constant field.
+func fieldErrorKeys(t *testing.T, pkg string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("..", "..", pkg, "*.go"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("%s: no sources (%v)", pkg, err)
+	}
+	lit := func(e ast.Expr) (string, bool) {
+		b, ok := e.(*ast.BasicLit)
+		if !ok || b.Kind != token.STRING {
+			return "", false
+		}
+		s, err := strconv.Unquote(b.Value)
+		return s, err == nil
+	}
+	var keys []string
+	fset := token.NewFileSet()
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(file, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.CallExpr:
+				var name string
+				switch fn := n.Fun.(type) {
+				case *ast.Ident:
+					name = fn.Name
+				case *ast.SelectorExpr:
+					name = fn.Sel.Name
+				}
+				switch {
+				case (name == "fieldError" || name == "fieldErr") && len(n.Args) > 0:
+					if field, ok := lit(n.Args[0]); ok {
+						keys = append(keys, pkg+"."+field)
+					}
+				case name == "NewFieldError" && len(n.Args) > 1:
+					p, ok1 := lit(n.Args[0])
+					field, ok2 := lit(n.Args[1])
+					if ok1 && ok2 {
+						keys = append(keys, p+"."+field)
+					}
+				}
+			case *ast.CompositeLit:
+				if id, ok := n.Type.(*ast.Ident); !ok || id.Name != "FieldError" {
+					return true
+				}
+				p, field := pkg, ""
+				for _, e := range n.Elts {
+					kv, ok := e.(*ast.KeyValueExpr)
+					if !ok {
+						continue
+					}
+					k, _ := kv.Key.(*ast.Ident)
+					if v, ok := lit(kv.Value); ok && k != nil && k.Name == "Field" {
+						field = v
+					} else if ok && k != nil && k.Name == "Pkg" && v != "" {
+						p = v
+					}
+				}
+				if field != "" {
+					keys = append(keys, p+"."+field)
+				}
+			}
+			return true
+		})
+	}
+	return keys
 }
 
 // TestConfigFileBounded: -config (and ctl's -token-file) read only a
@@ -315,5 +420,29 @@ func TestConfigFileBounded(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), "-token-file: ") || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ctl -token-file %s: %v, want an error naming -token-file with %q", c.path, err, c.want)
 		}
+	}
+}
+
+// TestZeroRefusedByFlag: a zero the libraries would silently read as
+// their default is refused at start-up under the flag's name (node's
+// checks return the libraries' FieldErrors, named through the registry).
+func TestZeroRefusedByFlag(t *testing.T) {
+	for _, tc := range []struct{ flag, value, want string }{
+		{"health-rise", "0", "sluice run: -health-rise: must be positive"},
+		{"mop-window", "0s", "sluice run: -mop-window: must be positive"},
+		{"mop-probe-interval", "0s", "sluice run: -mop-probe-interval: must be positive"},
+		{"http-sticky-ttl", "0s", "sluice run: -http-sticky-ttl: must be positive"},
+		{"health-max-fails", "-1", "sluice run: -health-max-fails: must not be negative (0 disables passive ejection)"},
+		{"drain-timeout", "-1s", "sluice run: -drain-timeout must not be negative (0: no shutdown drain)"},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			var stderr strings.Builder
+			args := []string{"-data-dir", t.TempDir(), "-admin-listen", "", "-http-listen", "127.0.0.1:0", "-http-backend", "127.0.0.1:1",
+				"-health-interval", "0", "-" + tc.flag, tc.value}
+			code := run(context.Background(), args, io.Discard, &stderr, nil)
+			if code != 2 || strings.TrimSpace(stderr.String()) != tc.want {
+				t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), tc.want)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,7 +17,6 @@ import (
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/cluster"
-	lbhttp "github.com/sluicelb/sluice/http"
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/node"
 	"github.com/sluicelb/sluice/persist"
@@ -28,22 +28,20 @@ func init() {
 
 // runOptions holds the flags of `sluice run`.
 type runOptions struct {
-	http         lbhttp.Config
+	// fields maps each library Config field a flag sets, as its
+	// FieldError names it, to that flag (see section).
+	fields       map[string]string
+	http         node.HTTPConfig
 	httpBackends listFlag
 	trusted      listFlag
-	policy       string
+	pool         lb.PoolConfig // Policy, Passive
 	health       lb.HealthConfig
 	healthPath   string
-	passive      lb.PassiveConfig
 	arm          listFlag
+	ctrl         admission.ControllerConfig // MOPRejectCode
 	mop          admission.MOPConfig
-	mopMaxHeap   fraction
-	mopReject    int
 	mopProbe     lb.MemoryProbeConfig
-	memLimit     byteSize
-	memLow       fraction
-	memLower     fraction
-	memCritical  fraction
+	memory       admission.MemoryConfig
 	keyFile      string
 	backendsFile string
 	armFile      string
@@ -58,89 +56,122 @@ type runOptions struct {
 	cluster      cluster.Config
 }
 
+// defaultDrainTimeout is -drain-timeout's default: the shutdown drain.
+const defaultDrainTimeout = 10 * time.Second
+
 // newRunFlags defines the flags of `sluice run` on fs and returns where
-// they land. Defaults come from the packages' Default* functions.
+// they land. Defaults come from the packages' Default* functions; each
+// flag of a library's field is declared by that field (section).
 func newRunFlags(fs *flag.FlagSet) *runOptions {
-	o := &runOptions{}
+	o := &runOptions{fields: map[string]string{}}
+	o.http = node.DefaultHTTPConfig()
 	h := &o.http
-	hd := lbhttp.DefaultConfig()
-	fs.StringVar(&h.Listen, "http-listen", hd.Listen, "HTTP listen address")
-	o.httpBackends.check = func(s string) error { _, err := lbhttp.ParseBackend(s); return err }
+	hs := newSection(fs, o.fields, "http", "", h)
+	hs.add(&h.Listen, "http-listen", "HTTP listen address")
+	o.httpBackends.check = node.CheckHTTPBackend
 	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME] (repeatable; none: no HTTP front end)")
-	o.trusted.check = func(s string) error { _, err := lbhttp.ParseTrustedProxies(s); return err }
+	o.trusted.check = node.CheckTrustedProxies
 	fs.Var(&o.trusted, "http-trusted-proxy", "`CIDR` whose X-Forwarded-For/Forwarded are kept and appended to (repeatable, or comma-separated)")
-	fs.StringVar(&h.StickyCookie, "http-sticky-cookie", hd.StickyCookie, "name of the signed sticky cookie; - disables it")
-	fs.DurationVar(&h.StickyTTL, "http-sticky-ttl", hd.StickyTTL, "lifetime of the sticky cookie (renewed past half)")
-	fs.StringVar(&h.AppCookie, "http-sticky-app-cookie", hd.AppCookie, "application session cookie to learn from backends' Set-Cookie, e.g. JSESSIONID")
-	fs.DurationVar(&h.AppCookieTTL, "http-sticky-app-ttl", hd.AppCookieTTL, "a learned session id pins its backend this long after last use")
-	fs.IntVar(&h.AppCookieMax, "http-sticky-app-max", hd.AppCookieMax, "most learned session ids kept")
-	fs.StringVar(&h.HashKey, "http-hash-key", hd.HashKey, "key of -lb-policy consistent-hash: source, header:NAME or cookie:NAME")
-	fs.IntVar(&h.MaxConns, "http-backend-max-conns", hd.MaxConns, "most connections to each HTTP backend")
-	fs.DurationVar(&h.ConnWait, "http-backend-conn-wait", hd.ConnWait, "wait for a free backend connection before answering 503")
-	fs.DurationVar(&h.ConnectTimeout, "http-connect-timeout", hd.ConnectTimeout, "timeout dialing a backend")
-	fs.DurationVar(&h.BackendTimeout, "http-backend-timeout", hd.BackendTimeout, "first-byte timeout: writing a request to a backend and reading its answer's head (past it: idempotent requests go once to another backend, others get 504)")
-	fs.DurationVar(&h.BackendIdle, "http-backend-idle", hd.BackendIdle, "close backend connections idle this long (keep it below the backends' keep-alive timeout)")
-	fs.IntVar(&h.MaxClientConns, "http-max-conns", hd.MaxClientConns, "most client connections open at once; more are closed unanswered (0: half of the descriptor limit left after 64 kept for listeners, health probes, the store and the admin listener)")
-	fs.IntVar(&h.MaxConnsPerSource, "http-max-conns-per-source", hd.MaxConnsPerSource, "most client connections open at once from one address, -http-trusted-proxy excepted (0: an eighth of -http-max-conns, at least 64)")
-	fs.DurationVar(&h.ClientReadTimeout, "http-client-timeout", hd.ClientReadTimeout, "timeout reading a client request")
-	fs.DurationVar(&h.ClientIdle, "http-client-idle", hd.ClientIdle, "close idle client connections after this long")
-	fs.IntVar(&h.StreamThreshold, "http-stream-threshold", hd.StreamThreshold, "request bodies larger than this many bytes are streamed to the backend, not buffered")
-	fs.IntVar(&h.ResponseBuffer, "http-response-buffer", hd.ResponseBuffer, "fasthttp engine: answers with a Content-Length up to this many bytes are read whole before they are relayed, others streamed from the same exchange (-1: always stream); the loop engine relays every answer as it arrives")
-	fs.StringVar(&h.Engine, "http-engine", hd.Engine, "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade and Expect to fasthttp")
-	fs.IntVar(&h.Loops, "http-loops", hd.Loops, "event loops of the loop engine (0: GOMAXPROCS)")
+	hs.also(&h.TrustedProxies, "http-trusted-proxy")
+	hs.add(&h.StickyCookie, "http-sticky-cookie", "name of the signed sticky cookie; - disables it")
+	hs.add(&h.StickyTTL, "http-sticky-ttl", "lifetime of the sticky cookie (renewed past half)")
+	hs.add(&h.AppCookie, "http-sticky-app-cookie", "application session cookie to learn from backends' Set-Cookie, e.g. JSESSIONID")
+	hs.add(&h.AppCookieTTL, "http-sticky-app-ttl", "a learned session id pins its backend this long after last use")
+	hs.add(&h.AppCookieMax, "http-sticky-app-max", "most learned session ids kept")
+	hs.add(&h.HashKey, "http-hash-key", "key of -lb-policy consistent-hash: source, header:NAME or cookie:NAME")
+	hs.add(&h.MaxConns, "http-backend-max-conns", "most connections to each HTTP backend")
+	hs.add(&h.ConnWait, "http-backend-conn-wait", "wait for a free backend connection before answering 503")
+	hs.add(&h.ConnectTimeout, "http-connect-timeout", "timeout dialing a backend")
+	hs.add(&h.BackendTimeout, "http-backend-timeout", "first-byte timeout: writing a request to a backend and reading its answer's head (past it: idempotent requests go once to another backend, others get 504)")
+	hs.add(&h.BackendIdle, "http-backend-idle", "close backend connections idle this long (keep it below the backends' keep-alive timeout)")
+	hs.add(&h.MaxClientConns, "http-max-conns", "most client connections open at once; more are closed unanswered (0: half of the descriptor limit left after 64 kept for listeners, health probes, the store and the admin listener)")
+	hs.add(&h.MaxConnsPerSource, "http-max-conns-per-source", "most client connections open at once from one address, -http-trusted-proxy excepted (0: an eighth of -http-max-conns, at least 64)")
+	hs.add(&h.ClientReadTimeout, "http-client-timeout", "timeout reading a client request")
+	hs.add(&h.ClientIdle, "http-client-idle", "close idle client connections after this long")
+	hs.add(&h.StreamThreshold, "http-stream-threshold", "request bodies larger than this many bytes are streamed to the backend, not buffered")
+	hs.add(&h.ResponseBuffer, "http-response-buffer", "fasthttp engine: answers with a Content-Length up to this many bytes are read whole before they are relayed, others streamed from the same exchange (-1: always stream); the loop engine relays every answer as it arrives")
+	hs.add(&h.Engine, "http-engine", "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade and Expect to fasthttp")
+	hs.add(&h.Loops, "http-loops", "event loops of the loop engine (0: GOMAXPROCS)")
 
-	hc := lb.DefaultHealthConfig()
-	fs.StringVar(&o.policy, "lb-policy", "round-robin", "HTTP selection of new work: "+strings.Join(lb.PolicyNames, ", "))
-	fs.DurationVar(&o.health.Interval, "health-interval", hc.Interval, "active health check period per backend (0 disables)")
-	fs.DurationVar(&o.health.Timeout, "health-timeout", hc.Timeout, "timeout of one health probe")
+	o.pool = lb.DefaultPoolConfig()
+	ps := newSection(fs, o.fields, "lb", "PoolConfig.", &o.pool)
+	ps.add(&o.pool.Policy, "lb-policy", "HTTP selection of new work: "+strings.Join(lb.PolicyNames, ", "))
+	pa := newSection(fs, o.fields, "lb", "PassiveConfig.", &o.pool.Passive)
+	pa.add(&o.pool.Passive.MaxFails, "health-max-fails", "consecutive connect errors, timeouts or 5xx that eject a backend (0 disables)")
+	pa.add(&o.pool.Passive.Cooldown, "health-cooldown", "how long an ejected backend stays out")
+	o.health = lb.DefaultHealthConfig()
+	hc := newSection(fs, o.fields, "lb", "HealthConfig.", &o.health)
+	hc.add(&o.health.Interval, "health-interval", "active health check period per backend (0 disables)")
+	hc.add(&o.health.Timeout, "health-timeout", "timeout of one health probe")
 	fs.StringVar(&o.healthPath, "health-path", "", "HTTP health check: GET this path, 2xx/3xx up, 429 busy (default: GET / where any answer below 500 is up; - for a TCP connect only, which passes a hung backend; health=PATH in -http-backend wins)")
-	fs.IntVar(&o.health.Rise, "health-rise", hc.Rise, "passing probes in a row that bring a backend up")
-	fs.IntVar(&o.health.Fall, "health-fall", hc.Fall, "failing probes in a row that take a backend down")
-	o.health.Panic = hc.Panic
-	fs.Var((*panicShare)(&o.health.Panic), "health-panic", "past this share of backends down by their health checks alone (percent, or a fraction), new work goes to every backend not shown dead by traffic (100: never)")
-	fs.IntVar(&o.passive.MaxFails, "health-max-fails", 3, "consecutive connect errors, timeouts or 5xx that eject a backend (0 disables)")
-	fs.DurationVar(&o.passive.Cooldown, "health-cooldown", 10*time.Second, "how long an ejected backend stays out")
+	hc.add(&o.health.Rise, "health-rise", "passing probes in a row that bring a backend up")
+	hc.add(&o.health.Fall, "health-fall", "failing probes in a row that take a backend down")
+	hc.add((*panicShare)(&o.health.Panic), "health-panic", "past this share of backends down by their health checks alone (percent, or a fraction), new work goes to every backend not shown dead by traffic (100: never)")
 
+	cs := newSection(fs, o.fields, "admission", "ControllerConfig.", &o.ctrl)
 	o.arm.check = func(s string) error { _, err := admission.ParseRule(s); return err }
 	fs.Var(&o.arm, "arm", "ARM `rule` name=N,limit=100/s[,proto=,method=,host=,path=,action=delay|reject|log,queue=,wait=,qualify=,low=,lower=] (repeatable)")
-	o.mopMaxHeap = 0.85
-	fs.Var(&o.mopMaxHeap, "mop-max-heap", "MOP memory ceiling of a backend, fraction of its max memory (0.85) or percent (85)")
-	fs.DurationVar(&o.mop.Window, "mop-window", 60*time.Second, "MOP averaging window: at least as long as most sessions live")
-	fs.Float64Var(&o.mop.InitialRate, "mop-initial-rate", 10, "MOP allowed new work per second before anything is learned")
-	fs.IntVar(&o.mopReject, "mop-reject-code", 503, "HTTP status when every backend's MOP refuses")
-	fs.StringVar(&o.mopProbe.UsedMetric, "mop-used-metric", lb.DefaultUsedMetric, "Prometheus series summed as a backend's used memory")
-	fs.StringVar(&o.mopProbe.MaxMetric, "mop-max-metric", lb.DefaultMaxMetric, "Prometheus series summed as a backend's maximum memory")
-	fs.DurationVar(&o.mopProbe.Interval, "mop-probe-interval", time.Second, "how often a backend's metrics= URL is polled")
-	o.mopProbe.MaxBytes = lb.MaxMetricsWire
-	fs.Var((*byteSize)(&o.mopProbe.MaxBytes), "mop-probe-max-bytes", "largest metrics answer read on the wire (e.g. 512KiB, at most 16MiB); unpacked at most four times that; a larger one is a failed probe")
+	cs.also(&o.ctrl.Rules, "arm")
+	o.ctrl.MOPRejectCode = admission.DefaultMOPRejectCode
+	cs.add(&o.ctrl.MOPRejectCode, "mop-reject-code", "HTTP status when every backend's MOP refuses")
+	o.mop = admission.DefaultMOPConfig()
+	ms := newSection(fs, o.fields, "admission", "MOPConfig.", &o.mop)
+	ms.add((*fraction)(&o.mop.MaxHeap), "mop-max-heap", "MOP memory ceiling of a backend, fraction of its max memory (0.85) or percent (85)")
+	ms.add(&o.mop.Window, "mop-window", "MOP averaging window: at least as long as most sessions live")
+	ms.add(&o.mop.InitialRate, "mop-initial-rate", "MOP allowed new work per second before anything is learned")
+	o.mopProbe = lb.DefaultMemoryProbeConfig()
+	mp := newSection(fs, o.fields, "lb", "MemoryProbeConfig.", &o.mopProbe)
+	mp.add(&o.mopProbe.UsedMetric, "mop-used-metric", "Prometheus series summed as a backend's used memory")
+	mp.add(&o.mopProbe.MaxMetric, "mop-max-metric", "Prometheus series summed as a backend's maximum memory")
+	mp.add(&o.mopProbe.Interval, "mop-probe-interval", "how often a backend's metrics= URL is polled")
+	mp.add((*byteSize)(&o.mopProbe.MaxBytes), "mop-probe-max-bytes", "largest metrics answer read on the wire (e.g. 512KiB, at most 16MiB); unpacked at most four times that; a larger one is a failed probe")
 
-	md := admission.DefaultMemoryConfig()
-	fs.Var(&o.memLimit, "mem-limit", "memory limit of this process in bytes (e.g. 512MiB); its -mem-low share becomes the Go runtime's limit, so garbage is collected before the states climb; default: the cgroup's (v2 memory.max, v1 memory.limit_in_bytes) or GOMEMLIMIT, the smaller; without any, memory states are off")
-	o.memLow, o.memLower, o.memCritical = fraction(md.Low), fraction(md.Lower), fraction(md.Critical)
-	fs.Var(&o.memLow, "mem-low", "memory state Low at this share of the limit (no new background work; /healthz 429)")
-	fs.Var(&o.memLower, "mem-lower", "memory state Lower at this share (new work refused 429)")
-	fs.Var(&o.memCritical, "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
+	o.memory = admission.DefaultMemoryConfig()
+	me := newSection(fs, o.fields, "admission", "MemoryConfig.", &o.memory)
+	me.add((*byteSize)(&o.memory.Limit), "mem-limit", "memory limit of this process in bytes (e.g. 512MiB); its -mem-low share becomes the Go runtime's limit, so garbage is collected before the states climb; default: the cgroup's (v2 memory.max, v1 memory.limit_in_bytes) or GOMEMLIMIT, the smaller; without any, memory states are off")
+	me.add((*fraction)(&o.memory.Low), "mem-low", "memory state Low at this share of the limit (no new background work; /healthz 429)")
+	me.add((*fraction)(&o.memory.Lower), "mem-lower", "memory state Lower at this share (new work refused 429)")
+	me.add((*fraction)(&o.memory.Critical), "mem-critical", "memory state Critical at this share (in-flight new work ended 503)")
 
 	fs.StringVar(&o.keyFile, "affinity-key-file", "", "key, or key ring of \"ID HEXKEY\" lines (newest last), of sticky cookies and SIP tokens; created when missing (default: affinity.key in -data-dir)")
 	fs.StringVar(&o.backendsFile, "backends-file", "", "file of backends, one \"http SPEC\" or \"sip SPEC\" a line, added to the flags' and re-read on SIGHUP")
 	persistFlags(fs, &o.persist)
-	fs.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:9090", "admin listener for /healthz, /status, /metrics, /events and /control (empty disables); off loopback it needs -admin-token-file")
+	fs.StringVar(&o.adminListen, "admin-listen", admin.DefaultListen, "admin listener for /healthz, /status, /metrics, /events and /control (empty disables); off loopback it needs -admin-token-file")
 	o.adminHosts.check = func(s string) error { _, err := admin.ParseHost(s); return err }
 	fs.Var(&o.adminHosts, "admin-host", "`name` (or NAME:PORT) the admin listener also answers to, e.g. the name a reverse proxy or an SSH tunnel's browser uses (repeatable); any other Host but localhost, loopback and the listener's own address gets 421 (DNS rebinding guard)")
 	fs.StringVar(&o.adminTokens, "admin-token-file", "", "`file` of bearer tokens the admin listener requires, one \"NAME TOKEN\" a line (the name goes into the event log)")
 	fs.StringVar(&o.armFile, "arm-file", "", "`file` of ARM rules, one -arm rule a line, added to the -arm flags' and re-read on SIGHUP")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&o.shutdown, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests and affinity traffic may finish (new work is refused at once)")
+	fs.DurationVar(&o.shutdown, "drain-timeout", defaultDrainTimeout, "shutdown drain: on SIGTERM, how long in-flight requests and affinity traffic (dialogs, sticky sessions) may finish; new work is refused at once (0: no drain, stop at once)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
-	o.sip = addSIPFlags(fs)
-	clusterFlags(fs, &o.cluster)
+	o.sip = addSIPFlags(fs, o.fields)
+	clusterFlags(fs, o.fields, &o.cluster)
 	return o
 }
 
+// preset is a command that runs the node of `sluice run`: the same flags
+// with the same defaults, and check, when set, refusing what the command
+// cannot do without.
+type preset struct {
+	name  string
+	check func(*runOptions) error
+}
+
+// runPreset is `sluice run` itself.
+var runPreset = preset{name: "run"}
+
+// errNoSIPBackend is sluice sip's refusal to start without SIP backends.
+var errNoSIPBackend = errors.New("-sip-backend: at least one is required (or a -backends-file with sip lines)")
+
 // runRun is the run command: it serves until SIGINT or SIGTERM.
-// A second SIGINT or SIGTERM ends the process at once, without waiting
-// for the drain or the final save.
 func runRun(args []string, stdout, stderr io.Writer) int {
+	return serveUntilSignal(runPreset, args, stdout, stderr)
+}
+
+// serveUntilSignal runs the node of p until SIGINT or SIGTERM. A second
+// SIGINT or SIGTERM ends the process at once, without waiting for the
+// drain or the final save.
+func serveUntilSignal(p preset, args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -154,11 +185,11 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		cancel()
 		s, ok = <-sigs
 		if ok {
-			fmt.Fprintf(stderr, "sluice run: second %v: exiting now, without finishing the drain or the final save\n", s)
+			fmt.Fprintf(stderr, "sluice %s: second %v: exiting now, without finishing the drain or the final save\n", p.name, s)
 			os.Exit(1)
 		}
 	}()
-	return run(ctx, args, stdout, stderr, nil)
+	return serve(ctx, p, args, stdout, stderr, nil)
 }
 
 // runHooks lets tests learn the bound addresses.
@@ -168,15 +199,21 @@ type runHooks struct {
 	addrs func(node.Addrs)
 }
 
-// run parses args, wires the parts, serves until ctx is done and then
-// shuts down gracefully. It returns 2 for a bad flag, 1 for a failure to
-// start.
+// run is serve for `sluice run`.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *runHooks) int {
-	fs := newFlagSet("run", stderr)
-	o := newRunFlags(fs)
-	fs.Usage = func() { groupedUsage(fs.Output(), "run", fs) }
-	if code, ok := parseCommand("run", fs, args, stderr); !ok {
-		return code
+	return serve(ctx, runPreset, args, stdout, stderr, hooks)
+}
+
+// parseNode reads args (and their SLUICE_* twins and -config file) as the
+// command of p and returns the node.Config they give, the options and the
+// logger of -log-level. When ok is false the command stops with code
+// (0 after -help, 2 for a bad value), the reason printed on stderr.
+func parseNode(p preset, args []string, stderr io.Writer) (cfg node.Config, o *runOptions, logger *slog.Logger, code int, ok bool) {
+	fs := newFlagSet(p.name, stderr)
+	o = newRunFlags(fs)
+	fs.Usage = func() { groupedUsage(fs.Output(), p.name, fs) }
+	if code, ok := parseCommand(p.name, fs, args, stderr); !ok {
+		return cfg, nil, nil, code, false
 	}
 	// The default -health-timeout (1s) follows a shorter -health-interval.
 	explicit := map[string]bool{}
@@ -184,15 +221,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 	if !explicit["health-timeout"] && o.health.Interval > 0 && o.health.Timeout > o.health.Interval {
 		o.health.Timeout = o.health.Interval
 	}
-	cfg, logger, err := o.config(stderr)
+	var err error
+	if p.check != nil {
+		err = p.check(o)
+	}
+	if err == nil {
+		cfg, logger, err = o.config(stderr)
+	}
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice run:", err)
-		return 2
+		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, err)
+		return cfg, nil, nil, 2, false
 	}
 	cfg.Settings = settingLines(fs, "arm", "http-backend", "sip-backend")
+	return cfg, o, logger, 0, true
+}
+
+// serve parses args as the command of p, wires the parts, serves until
+// ctx is done and then shuts down gracefully. It returns 2 for a bad
+// flag, 1 for a failure to start.
+func serve(ctx context.Context, p preset, args []string, stdout, stderr io.Writer, hooks *runHooks) int {
+	cfg, o, logger, code, ok := parseNode(p, args, stderr)
+	if !ok {
+		return code
+	}
 	n, err := node.New(cfg, logger)
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice run:", flagError(err))
+		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, flagError(err))
 		return 2
 	}
 	// ctx ends at SIGTERM, when the drain starts: the node runs on a
@@ -202,7 +256,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, hooks *ru
 	if err := n.Start(context.WithoutCancel(ctx)); err != nil {
 		err = flagError(err)
 		logger.Error("start failed", "err", err)
-		fmt.Fprintln(stderr, "sluice run:", err)
+		fmt.Fprintf(stderr, "sluice %s: %v\n", p.name, err)
 		return 1
 	}
 	if hooks != nil && hooks.addrs != nil {
@@ -250,21 +304,19 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		return node.Config{}, nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", o.logLevel)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	mop := o.mop
-	mop.MaxHeap = float64(o.mopMaxHeap)
 	return node.Config{
 		HTTP:           o.http,
 		HTTPBackends:   o.httpBackends.values,
 		TrustedProxies: o.trusted.values,
-		Policy:         o.policy,
+		Policy:         o.pool.Policy,
 		Health:         o.health,
 		HealthPath:     o.healthPath,
-		Passive:        o.passive,
+		Passive:        o.pool.Passive,
 		ARM:            o.arm.values,
-		MOP:            mop,
-		MOPRejectCode:  o.mopReject,
+		MOP:            o.mop,
+		MOPRejectCode:  o.ctrl.MOPRejectCode,
 		MOPProbe:       o.mopProbe,
-		Memory:         admission.MemoryConfig{Limit: int64(o.memLimit), Low: float64(o.memLow), Lower: float64(o.memLower), Critical: float64(o.memCritical)},
+		Memory:         o.memory,
 		KeyFile:        o.keyFile,
 		BackendsFile:   o.backendsFile,
 		Persist:        o.persist,
