@@ -541,3 +541,39 @@ func TestUnknownDialogRouted(t *testing.T) {
 		t.Errorf("london got %d INVITEs with made-up To-tags, want 1", n)
 	}
 }
+
+// TestSetGenerationRefuses: nil, a generation of another protocol and one
+// with a backend address that does not resolve are refused with an error
+// naming what is wrong, and the generation in force stays.
+func TestSetGenerationRefuses(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, nil)
+	before := s.Generation()
+	httpGen, err := lb.NewGeneration(lb.GenConfig{Proto: "http", Backends: []lb.BackendSpec{{Addr: "127.0.0.1:80"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unresolvable, err := lb.NewGeneration(lb.GenConfig{Proto: "sip", Policy: "hash", Backends: []lb.BackendSpec{{Addr: "no-such-host.invalid:5060", ID: "ghost"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		g    *lb.Generation
+		want string
+	}{
+		{"nil", nil, "at least one backend"},
+		{"http", httpGen, `"http", want sip`},
+		{"unresolvable", unresolvable, "backend ghost"},
+	} {
+		err := s.SetGeneration(tc.g)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
+		}
+		if s.Generation() != before {
+			t.Errorf("%s: the generation in force changed", tc.name)
+		}
+	}
+	c := newUAC(t, s.udpAddr())
+	c.newCall().complete()
+}
