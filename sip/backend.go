@@ -50,9 +50,10 @@ type backendSet struct {
 	list   []*backend // by lb.Backend.Index()
 	byID   map[string]*backend
 	byAddr map[netip.AddrPort]*backend
-	// home is the pool of in-dialog requests that name no backend the
-	// set knows and whose dialog the table does not know either (no
-	// route is ever consulted for them): DefaultPool, else the first.
+	// homePool is where token-less in-dialog requests go by the Call-ID
+	// hash when their dialog's pool is not known (a table entry from
+	// before pools whose backend is gone, -sip-unknown-dialog hash):
+	// DefaultPool, else the first pool.
 	homePool *lb.Pool
 	// routes is the generation's route table (nil: none, for the
 	// metrics), and routeHeaders the header names its routes test.
