@@ -277,15 +277,18 @@ func (p *backendSet) metricsURL(id string) string {
 
 // sameAs reports whether p was built from exactly cfgs, in order.
 func (p *backendSet) sameAs(cfgs []BackendConfig) bool {
-	return p.cfgs != nil && slices.Equal(p.cfgs, cfgs)
+	return p.cfgs != nil && slices.EqualFunc(p.cfgs, cfgs, func(a, b BackendConfig) bool {
+		return a.ID == b.ID && a.Addr == b.Addr && a.Transport == b.Transport && a.Weight == b.Weight &&
+			a.MetricsURL == b.MetricsURL && slices.Equal(a.Pools, b.Pools)
+	})
 }
 
 // checkBackends fills the defaults of cfgs (id: the address, transport
 // udp, weight 1), checks transports, weights and ids, resolves the
 // addresses and rejects duplicate ids. It returns the backends as specs
-// of the pool "default" (without their metrics URL: memory probes are the
-// caller's) and as normalised configs, or the first error, naming the
-// backend.
+// (without their metrics URL: memory probes are the caller's) and as
+// normalised configs, or the first error, naming the backend. Pools are
+// checked by lb.NewGeneration.
 func checkBackends(cfgs []BackendConfig) ([]lb.BackendSpec, []BackendConfig, error) {
 	if len(cfgs) == 0 {
 		return nil, nil, fieldError("Backends", "%w", ErrNoBackends)
@@ -322,7 +325,8 @@ func checkBackends(cfgs []BackendConfig) ([]lb.BackendSpec, []BackendConfig, err
 			return nil, nil, fieldError("Backends", "duplicate id %q", c.ID)
 		}
 		ids[c.ID] = true
-		spec := lb.BackendSpec{Addr: c.Addr, ID: c.ID, Weight: c.Weight, Transport: c.Transport}
+		c.Pools = slices.Clone(c.Pools)
+		spec := lb.BackendSpec{Addr: c.Addr, ID: c.ID, Weight: c.Weight, Transport: c.Transport, Pools: c.Pools}
 		if _, _, err := resolveSpec(spec); err != nil {
 			return nil, nil, fieldError("Backends", "%s: %w", c.Addr, err)
 		}

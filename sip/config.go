@@ -24,10 +24,10 @@ type Config struct {
 	// listen address, or, when that has no IP, the local address the kernel
 	// picks to reach the first backend.
 	Advertise string
-	// Backends are the upstreams, all in the pool "default": New builds
-	// its backend generation from them. Empty when the generation is
-	// handed in with SetGeneration. Flag -sip-backend
-	// (repeatable).
+	// Backends are the upstreams, each in its pools (none: the pool
+	// "default"); New builds its backend generation from them, without
+	// routes. Empty when the generation is handed in with SetGeneration.
+	// Flag -sip-backend (repeatable).
 	Backends []BackendConfig
 	// Policy selects a backend for new work. Flag -sip-lb-policy: "hash"
 	// (consistent hash on Call-ID) or one of lb.PolicyNames.
@@ -123,8 +123,8 @@ type Config struct {
 }
 
 // BackendConfig is one -sip-backend value:
-// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME], the grammar
-// of lb.ParseBackendSpec.
+// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME][,pool=NAME...],
+// the grammar of lb.ParseBackendSpec.
 type BackendConfig struct {
 	// ID names the backend in tokens, logs and metrics. Default: ADDR.
 	ID string
@@ -136,6 +136,9 @@ type BackendConfig struct {
 	Weight int
 	// MetricsURL is the backend's memory probe (Prometheus text), optional.
 	MetricsURL string
+	// Pools are the pools the backend is a member of (pool=NAME,
+	// repeatable); none is the pool "default".
+	Pools []string
 }
 
 // ParseBackend parses a -sip-backend value with lb.ParseBackendSpec.
@@ -144,7 +147,11 @@ func ParseBackend(s string) (BackendConfig, error) {
 	if err != nil {
 		return BackendConfig{}, fmt.Errorf("sip %w", err)
 	}
-	return BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, Weight: b.Weight, MetricsURL: b.MetricsURL}, nil
+	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, Weight: b.Weight, MetricsURL: b.MetricsURL}
+	if len(b.Pools) != 1 || b.Pools[0] != lb.DefaultPool {
+		bc.Pools = b.Pools
+	}
+	return bc, nil
 }
 
 // Defaults of the dialog table. Entries idle for an hour go. Three million

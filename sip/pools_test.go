@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -576,4 +577,40 @@ func TestSetGenerationRefuses(t *testing.T) {
 	}
 	c := newUAC(t, s.udpAddr())
 	c.newCall().complete()
+}
+
+// TestSetBackendsPools: the wrapper keeps the pools of -sip-backend
+// (pool=), so a backend only in another pool gets no new work without a
+// route; the same list again changes nothing.
+func TestSetBackendsPools(t *testing.T) {
+	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+	s := testServer(t, []*uas{b1, b2}, nil, nil)
+	var bcs []BackendConfig
+	for _, spec := range []string{b1.addr.String() + ",id=b1", b2.addr.String() + ",id=b2,pool=london"} {
+		bc, err := ParseBackend(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bcs = append(bcs, bc)
+	}
+	if bcs[0].Pools != nil || !slices.Equal(bcs[1].Pools, []string{"london"}) {
+		t.Fatalf("parsed pools %v %v, want none and london", bcs[0].Pools, bcs[1].Pools)
+	}
+	if err := s.SetBackends(bcs, nil); err != nil {
+		t.Fatal(err)
+	}
+	g := s.Generation()
+	if p := g.Pool("london"); p == nil || p.Len() != 1 || p.Lookup("b2") == nil || g.Pool("default").Lookup("b2") != nil {
+		t.Fatalf("pools after SetBackends: %v", g.Pools())
+	}
+	if err := s.SetBackends(bcs, nil); err != nil || s.Generation() != g {
+		t.Errorf("the same list again: %v, generation replaced %v", err, s.Generation() != g)
+	}
+	c := newUAC(t, s.udpAddr())
+	for range 4 {
+		c.newCall().complete()
+	}
+	if n := b2.count(gosip.INVITE, ""); n != 0 {
+		t.Errorf("b2, only in london, got %d INVITEs without a route to london", n)
+	}
 }

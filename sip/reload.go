@@ -112,8 +112,9 @@ func (s *Server) Generation() *lb.Generation {
 	return nil
 }
 
-// SetBackends replaces the backend set with backends, all in the pool
-// "default": a thin wrapper that builds a generation (lb.NewGeneration
+// SetBackends replaces the backend set with backends (in their pools,
+// none: the pool "default"; no routes, so new work goes to the pool
+// "default"): a thin wrapper that builds a generation (lb.NewGeneration
 // with the server's policy, OPTIONS health checks and the generation in
 // force as Prev) and puts it in force as SetGeneration does; the server
 // starts and stops the generations it builds. Backends are matched by id
