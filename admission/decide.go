@@ -226,7 +226,7 @@ func NewController(cfg ControllerConfig, mem *Memory, now int64) (*Controller, e
 		cfg.RefuseCode = 429
 	}
 	if cfg.MOPRejectCode == 0 {
-		cfg.MOPRejectCode = 503
+		cfg.MOPRejectCode = DefaultMOPRejectCode
 	}
 	if cfg.MemoryRetryAfter == 0 {
 		cfg.MemoryRetryAfter = 5 * time.Second

@@ -1,7 +1,9 @@
 package sip
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -10,18 +12,16 @@ import (
 	"github.com/sluicelb/sluice/lb"
 )
 
-// backend is an lb.Backend plus what SIP needs to reach it: a resolved
-// address and a transport. Read-only after construction, except busyUntil.
+// backend is what SIP keeps beside an lb.Backend of the generation it
+// serves: the resolved address and the transport to reach it, and the
+// count of in-dialog requests it left unanswered. Everything else (health,
+// back-off, MOP, counters, the operator's switches) is the lb.Backend's.
 type backend struct {
 	lb   *lb.Backend
 	id   string
 	addr netip.AddrPort
 	tcp  bool
-	cfg  BackendConfig // normalised: id, transport and weight filled in
-	// busyUntil is the deadline last given to lb.SetBusy (lb keeps it
-	// write-only), so SetBackends can carry a 503's Retry-After over to
-	// the backend's next lb.Backend.
-	busyUntil atomic.Int64
+	spec lb.BackendSpec // as the generation has it (ID and Pools filled in)
 	// unanswered counts in-dialog requests left unanswered past
 	// -sip-in-dialog-timeout since the backend last answered anything.
 	unanswered atomic.Int32
@@ -35,35 +35,37 @@ func (b *backend) transport() string {
 	return "UDP"
 }
 
-// drain keeps new work away from b for d (at most lb.MaxAvoid) after a
-// 503 (RFC 3261 §21.5.4); affinity traffic continues. It never shortens
-// a back-off under way, and reports whether b was taking new work until
-// now.
-func (b *backend) drain(now int64, d time.Duration) bool {
-	d = min(d, lb.MaxAvoid)
-	if d <= 0 {
-		return false
-	}
-	u := now + int64(d)
-	for {
-		cur := b.busyUntil.Load()
-		if cur >= u || b.busyUntil.CompareAndSwap(cur, u) {
-			break
-		}
-	}
-	return b.lb.Avoid(now, d)
-}
-
-// pool is the lb.Pool of SIP backends with address lookups. A pool is
-// immutable once built: SetBackends builds a new one and swaps the
-// Server's pointer, and every message works with the pool it loaded.
-type pool struct {
-	lb     *lb.Pool
-	list   []*backend // by lb index
+// backendSet is the lb.Generation the server serves and SIP's side table
+// of it. It is immutable once built: SetGeneration builds a new one and
+// swaps the Server's pointer, and every message works with the set it
+// loaded.
+type backendSet struct {
+	gen *lb.Generation
+	// owned: the server built gen itself (New from Config.Backends,
+	// SetBackends), so it starts and stops it.
+	owned bool
+	// cfgs are the backends as SetBackends or Config.Backends gave them
+	// (defaults filled in); nil for a generation handed in.
+	cfgs   []BackendConfig
+	list   []*backend // by lb.Backend.Index()
 	byID   map[string]*backend
 	byAddr map[netip.AddrPort]*backend
+	// homePool is where token-less in-dialog requests go by the Call-ID
+	// hash when their dialog's pool is not known (a table entry from
+	// before pools whose backend is gone, -sip-unknown-dialog hash):
+	// DefaultPool, else the first pool.
+	homePool *lb.Pool
+	// routes is the generation's route table (nil: none, for the
+	// metrics), and routeHeaders the header names its routes test.
+	routes       *lb.RouteTable
+	routeHeaders []string
+	// stats are the per-pool counters, shared with the set before for
+	// the pools that stay (their series stay monotonic across reloads);
+	// sent counts the new work forwarded per pool and backend.
+	stats map[string]*poolStats
+	sent  map[poolBackend]*atomic.Uint64
 
-	// gone holds the backends SetBackends took out (removed, or whose id
+	// gone holds the backends SetGeneration took out (removed, or whose id
 	// moved to another address) for one token lifetime, so calls already
 	// under way can still end: in-dialog requests whose token names a
 	// removed id go to its last address (goneByID), and requests a removed
@@ -81,13 +83,80 @@ type goneKey struct {
 
 type goneBackend struct {
 	b     *backend
-	since time.Time // when SetBackends took it out
+	since time.Time // when SetGeneration took it out
+}
+
+// newBackendSet builds SIP's side table of g: each backend's address
+// resolved (a host name once, here) and its transport. Errors name the
+// backend.
+func newBackendSet(g *lb.Generation) (*backendSet, error) {
+	if g == nil {
+		return nil, fieldError("Backends", "%w", ErrNoBackends)
+	}
+	if g.Proto() != "sip" {
+		return nil, fieldError("Backends", "generation of protocol %q, want sip", g.Proto())
+	}
+	bs := g.Backends()
+	set := &backendSet{gen: g, list: make([]*backend, len(bs)), byID: make(map[string]*backend, len(bs)),
+		byAddr: make(map[netip.AddrPort]*backend, len(bs))}
+	for i, lbb := range bs {
+		spec := g.Spec(lbb)
+		ap, tcp, err := resolveSpec(spec)
+		if err != nil {
+			return nil, fieldError("Backends", "backend %s: %w", lbb.ID(), err)
+		}
+		b := &backend{lb: lbb, id: lbb.ID(), addr: ap, tcp: tcp, spec: spec}
+		set.list[i] = b
+		set.byID[b.id] = b
+		set.byAddr[b.addr] = b
+	}
+	set.routes = g.Routes()
+	if set.routes != nil {
+		set.routeHeaders = set.routes.HeaderNames()
+	}
+	set.stats = make(map[string]*poolStats, len(g.Pools()))
+	set.sent = map[poolBackend]*atomic.Uint64{}
+	for _, p := range g.Pools() {
+		set.stats[p.Name()] = &poolStats{}
+		for _, b := range p.Backends() {
+			set.sent[poolBackend{p.Name(), b.ID()}] = new(atomic.Uint64)
+		}
+	}
+	set.homePool = g.Pool(lb.DefaultPool)
+	if set.homePool == nil && len(g.Pools()) > 0 {
+		set.homePool = g.Pools()[0]
+	}
+	if set.homePool == nil {
+		return nil, fieldError("Backends", "%w", ErrNoBackends)
+	}
+	return set, nil
+}
+
+// resolveSpec returns the IP:port and the transport of a SIP backend
+// spec (transport udp unless it says tcp).
+func resolveSpec(spec lb.BackendSpec) (netip.AddrPort, bool, error) {
+	tcp := false
+	switch strings.ToLower(spec.Transport) {
+	case "", "udp":
+	case "tcp":
+		tcp = true
+	default:
+		return netip.AddrPort{}, false, fmt.Errorf("transport %q: want udp or tcp", spec.Transport)
+	}
+	ap, err := resolveAddr(strings.TrimSpace(spec.Addr))
+	if err != nil {
+		return netip.AddrPort{}, false, err
+	}
+	if !ap.Addr().IsValid() || ap.Port() == 0 {
+		return netip.AddrPort{}, false, fmt.Errorf("%s: no usable IP address and port", spec.Addr)
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), tcp, nil
 }
 
 // dialogBackend returns the backend an affinity token names: a current
-// one, or one SetBackends removed within the token lifetime (removed is
+// one, or one SetGeneration removed within the token lifetime (removed is
 // then true). nil when the id is unknown.
-func (p *pool) dialogBackend(id string) (b *backend, removed bool) {
+func (p *backendSet) dialogBackend(id string) (b *backend, removed bool) {
 	if b := p.byID[id]; b != nil {
 		return b, false
 	}
@@ -98,138 +167,48 @@ func (p *pool) dialogBackend(id string) (b *backend, removed bool) {
 }
 
 // backendAt returns the backend, current or recently removed, at a.
-func (p *pool) backendAt(a netip.AddrPort) *backend {
+func (p *backendSet) backendAt(a netip.AddrPort) *backend {
 	if b := p.byAddr[a]; b != nil {
 		return b
 	}
 	return p.goneByAddr[a]
 }
 
-// backendSpec is a checked BackendConfig with its resolved address.
-type backendSpec struct {
-	cfg  BackendConfig
-	addr netip.AddrPort
+// of returns SIP's entry of lbb, an lb.Backend of p's generation, or nil.
+func (p *backendSet) of(lbb *lb.Backend) *backend {
+	if lbb == nil {
+		return nil
+	}
+	if i := lbb.Index(); i >= 0 && i < len(p.list) && p.list[i].lb == lbb {
+		return p.list[i]
+	}
+	return nil
 }
 
-// checkBackends fills the defaults of cfgs (id: the address, transport
-// udp, weight 1), checks transports, weights and ids, resolves the
-// addresses and rejects duplicate ids. It returns the first error,
-// naming the backend.
-func checkBackends(cfgs []BackendConfig) ([]backendSpec, error) {
-	if len(cfgs) == 0 {
-		return nil, ErrNoBackends
-	}
-	if len(cfgs) > lb.MaxBackends {
-		return nil, fieldError("Backends", "%d backends, at most %d", len(cfgs), lb.MaxBackends)
-	}
-	specs := make([]backendSpec, 0, len(cfgs))
-	ids := make(map[string]bool, len(cfgs))
-	for _, c := range cfgs {
-		c.Addr = strings.TrimSpace(c.Addr)
-		if c.Addr == "" {
-			return nil, fieldError("Backends", "%q: missing address", c.ID)
-		}
-		if c.ID == "" {
-			c.ID = c.Addr
-		}
-		c.Transport = strings.ToLower(c.Transport)
-		if c.Transport == "" {
-			c.Transport = "udp"
-		}
-		if c.Weight == 0 {
-			c.Weight = 1
-		}
-		switch {
-		case c.Transport != "udp" && c.Transport != "tcp":
-			return nil, fieldError("Backends", "%s: transport must be udp or tcp", c.ID)
-		case c.Weight < 1 || c.Weight > lb.MaxWeight:
-			return nil, fieldError("Backends", "%s: weight %d not in 1..%d", c.ID, c.Weight, lb.MaxWeight)
-		case strings.ContainsAny(c.ID, " \t\r\n"):
-			return nil, fieldError("Backends", "%q: id must not contain spaces", c.ID)
-		case ids[c.ID]:
-			return nil, fieldError("Backends", "duplicate id %q", c.ID)
-		}
-		ids[c.ID] = true
-		ap, err := resolveAddr(c.Addr)
-		if err != nil {
-			return nil, fieldError("Backends", "%s: %w", c.Addr, err)
-		}
-		if !ap.Addr().IsValid() || ap.Port() == 0 {
-			return nil, fieldError("Backends", "%s: no usable IP address and port", c.Addr)
-		}
-		specs = append(specs, backendSpec{cfg: c, addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())})
-	}
-	return specs, nil
+// sameServer reports whether nb is ob under its id: the same configured
+// and resolved address and the same transport.
+func sameServer(ob, nb *backend) bool {
+	return ob.spec.Addr == nb.spec.Addr && ob.addr == nb.addr && ob.tcp == nb.tcp
 }
 
-// newPool builds the pool of specs with mops[i] (nil: no limiter) as the
-// MOP limiter of specs[i]. mops may be nil.
-func newPool(specs []backendSpec, policy string, mops []*admission.MOP) (*pool, error) {
-	switch policy {
-	case "hash":
-		policy = "consistent-hash"
-	}
-	p := &pool{byID: map[string]*backend{}, byAddr: map[netip.AddrPort]*backend{}}
-	var lbs []*lb.Backend
-	for i, sp := range specs {
-		c := sp.cfg
-		var mop *admission.MOP
-		if mops != nil {
-			mop = mops[i]
-		}
-		lbb, err := lb.NewBackend(lb.BackendConfig{ID: c.ID, Addr: sp.addr.String(), Proto: "sip", Weight: c.Weight, MOP: mop})
-		if err != nil {
-			return nil, fieldError("Backends", "%s: %w", c.Addr, err)
-		}
-		b := &backend{lb: lbb, id: c.ID, addr: sp.addr, tcp: c.Transport == "tcp", cfg: c}
-		lbs = append(lbs, lbb)
-		p.list = append(p.list, b)
-		p.byID[b.id] = b
-		p.byAddr[b.addr] = b
-	}
-	lp, err := lb.NewPool(lb.PoolConfig{Policy: policy}, lbs)
-	if err != nil {
-		return nil, fieldError("Policy", "%w", err)
-	}
-	p.lb = lp
-	return p, nil
-}
-
-// sameAs reports whether p is made of exactly specs, in order.
-func (p *pool) sameAs(specs []backendSpec) bool {
-	if len(p.list) != len(specs) {
-		return false
-	}
-	for i, b := range p.list {
-		if b.cfg != specs[i].cfg || b.addr != specs[i].addr {
-			return false
+// carryFrom gives p's backends what SIP alone knew of the backends with
+// the same id and server in old: the run of in-dialog requests left
+// unanswered; and p's pools the counters of old's pools of the same name.
+// Everything else is carried by the generation (lb.GenConfig.Prev).
+func (p *backendSet) carryFrom(old *backendSet) {
+	for name := range p.stats {
+		if st := old.stats[name]; st != nil {
+			p.stats[name] = st
 		}
 	}
-	return true
-}
-
-// sameServer reports whether spec is old under its id: the same
-// configured and resolved address and the same transport. Such a backend
-// keeps its health state across SetBackends.
-func sameServer(old *backend, sp backendSpec) bool {
-	return old.cfg.Addr == sp.cfg.Addr && old.addr == sp.addr && old.cfg.Transport == sp.cfg.Transport
-}
-
-// carryFrom gives p's backends the state of the backends with the same
-// id and server in old: the health verdict (down) and the no-new-work
-// deadline of a 503. The MOP limiter is handed over by the caller.
-func (p *pool) carryFrom(old *pool, now int64) {
+	for k := range p.sent {
+		if c := old.sent[k]; c != nil {
+			p.sent[k] = c
+		}
+	}
 	for _, b := range p.list {
-		ob := old.byID[b.id]
-		if ob == nil || !sameServer(ob, backendSpec{cfg: b.cfg, addr: b.addr}) {
-			continue
-		}
-		// The probe verdict, the last real answer (which overrules it)
-		// and an ejection for requests left unanswered.
-		b.lb.CarryHealth(ob.lb)
-		if u := ob.busyUntil.Load(); u != 0 {
-			b.busyUntil.Store(u)
-			b.lb.SetBusy(u)
+		if ob := old.byID[b.id]; ob != nil && sameServer(ob, b) {
+			b.unanswered.Store(ob.unanswered.Load())
 		}
 	}
 }
@@ -238,7 +217,7 @@ func (p *pool) carryFrom(old *pool, now int64) {
 // plus every backend of old, taken out at now. Entries that p has again
 // under the same id and address are dropped. When several entries share
 // an id or an address, the most recently removed one is used.
-func (p *pool) retire(old *pool, now time.Time, ttl time.Duration) {
+func (p *backendSet) retire(old *backendSet, now time.Time, ttl time.Duration) {
 	p.gone = map[goneKey]goneBackend{}
 	for k, g := range old.gone {
 		if now.Sub(g.since) < ttl {
@@ -254,7 +233,7 @@ func (p *pool) retire(old *pool, now time.Time, ttl time.Duration) {
 	addrSince := map[netip.AddrPort]time.Time{}
 	for k, g := range p.gone {
 		if b := p.byID[k.id]; b != nil && b.addr == k.addr {
-			delete(p.gone, k) // back in the pool, or never left
+			delete(p.gone, k) // back in the set, or never left
 			continue
 		}
 		if t, seen := idSince[k.id]; p.byID[k.id] == nil && (!seen || g.since.After(t)) {
@@ -266,58 +245,134 @@ func (p *pool) retire(old *pool, now time.Time, ttl time.Duration) {
 	}
 }
 
-// remapTried translates a set of tried indices of from into indices of
-// to, by backend id, so new work moving between backends across
-// SetBackends never goes back to a backend it tried.
-func remapTried(from, to *pool, tried lb.Set) lb.Set {
+// remapTried translates a set of tried positions of pool from into
+// positions of pool to, by backend id, so new work moving between
+// backends across SetGeneration never goes back to a backend it tried.
+func remapTried(from, to *lb.Pool, tried lb.Set) lb.Set {
 	var out lb.Set
-	if from == nil {
+	if from == nil || to == nil {
 		return out
 	}
-	for i, b := range from.list {
+	for i, b := range from.Backends() {
 		if !tried.Has(i) {
 			continue
 		}
-		if nb := to.byID[b.id]; nb != nil {
-			out.Add(nb.lb.Index())
+		if j := to.IndexOf(to.Lookup(b.ID())); j >= 0 {
+			out.Add(j)
 		}
 	}
 	return out
 }
 
-// pick returns the backend for new work with key at now that is not in
-// tried and whose MOP admits the request, adding every candidate it looks
-// at to tried (so a failover never comes back to one). It is lb.Pool.Pick
-// with a set of backends to skip instead of one. It allocates nothing.
-func (p *pool) pick(key uint64, now int64, tried *lb.Set) (*backend, lb.Outcome, time.Duration) {
-	out := lb.NoBackend
-	var retry time.Duration
-	for {
-		i := p.lb.Policy().Select(p.lb.Backends(), now, key, *tried)
-		if i < 0 {
-			return nil, out, retry
+// metricsURL returns the metrics URL SetBackends or Config.Backends gave
+// backend id, "" when none or when p was handed in.
+func (p *backendSet) metricsURL(id string) string {
+	for _, c := range p.cfgs {
+		if c.ID == id {
+			return c.MetricsURL
 		}
-		tried.Add(i)
-		c := p.lb.Backends()[i]
-		if c.MOP().Allow(now) {
-			return p.list[i], lb.Picked, 0
+	}
+	return ""
+}
+
+// sameAs reports whether p was built from exactly cfgs, in order.
+func (p *backendSet) sameAs(cfgs []BackendConfig) bool {
+	return p.cfgs != nil && slices.EqualFunc(p.cfgs, cfgs, func(a, b BackendConfig) bool {
+		return a.ID == b.ID && a.Addr == b.Addr && a.Transport == b.Transport && a.Weight == b.Weight &&
+			a.MetricsURL == b.MetricsURL && slices.Equal(a.Pools, b.Pools)
+	})
+}
+
+// checkBackends fills the defaults of cfgs (id: the address, transport
+// udp, weight 1), checks transports, weights and ids, resolves the
+// addresses and rejects duplicate ids. It returns the backends as specs
+// (without their metrics URL: memory probes are the caller's) and as
+// normalised configs, or the first error, naming the backend. Pools are
+// checked by lb.NewGeneration.
+func checkBackends(cfgs []BackendConfig) ([]lb.BackendSpec, []BackendConfig, error) {
+	if len(cfgs) == 0 {
+		return nil, nil, fieldError("Backends", "%w", ErrNoBackends)
+	}
+	if len(cfgs) > lb.MaxBackends {
+		return nil, nil, fieldError("Backends", "%d backends, at most %d", len(cfgs), lb.MaxBackends)
+	}
+	specs := make([]lb.BackendSpec, 0, len(cfgs))
+	out := make([]BackendConfig, 0, len(cfgs))
+	ids := make(map[string]bool, len(cfgs))
+	for _, c := range cfgs {
+		c.Addr = strings.TrimSpace(c.Addr)
+		if c.Addr == "" {
+			return nil, nil, fieldError("Backends", "%q: missing address", c.ID)
 		}
-		if ra := c.MOP().RetryAfter(now); out != lb.MOPRefused || ra < retry {
-			retry = ra
+		if c.ID == "" {
+			c.ID = c.Addr
 		}
-		out = lb.MOPRefused
+		c.Transport = strings.ToLower(c.Transport)
+		if c.Transport == "" {
+			c.Transport = "udp"
+		}
+		if c.Weight == 0 {
+			c.Weight = 1
+		}
+		switch {
+		case c.Transport != "udp" && c.Transport != "tcp":
+			return nil, nil, fieldError("Backends", "%s: transport must be udp or tcp", c.ID)
+		case c.Weight < 1 || c.Weight > lb.MaxWeight:
+			return nil, nil, fieldError("Backends", "%s: weight %d not in 1..%d", c.ID, c.Weight, lb.MaxWeight)
+		case strings.ContainsAny(c.ID, " \t\r\n"):
+			return nil, nil, fieldError("Backends", "%q: id must not contain spaces", c.ID)
+		case ids[c.ID]:
+			return nil, nil, fieldError("Backends", "duplicate id %q", c.ID)
+		}
+		ids[c.ID] = true
+		c.Pools = slices.Clone(c.Pools)
+		spec := lb.BackendSpec{Addr: c.Addr, ID: c.ID, Weight: c.Weight, Transport: c.Transport, Pools: c.Pools}
+		if _, _, err := resolveSpec(spec); err != nil {
+			return nil, nil, fieldError("Backends", "%s: %w", c.Addr, err)
+		}
+		specs = append(specs, spec)
+		out = append(out, c)
+	}
+	return specs, out, nil
+}
+
+// home is homeOf the home pool.
+func (p *backendSet) home(key uint64, now int64) *backend { return p.homeOf(nil, key, now) }
+
+// homeOf returns the backend of pool (nil: the home pool) the policy
+// gives key, ignoring MOP: the fallback of in-dialog requests that name
+// no backend (lb.Pool.Home). It is never nil.
+func (p *backendSet) homeOf(pool *lb.Pool, key uint64, now int64) *backend {
+	if pool == nil {
+		pool = p.homePool
+	}
+	return p.of(pool.Home(now, key))
+}
+
+// poolStats are the counters of one pool (sip/metrics.go).
+type poolStats struct {
+	refused [admission.NumReasons]atomic.Uint64 // new work refused, by admission.Reason
+}
+
+// poolBackend names a backend in a pool.
+type poolBackend struct{ pool, id string }
+
+// route returns the pool new work with in goes to and the index of the
+// route that chose it: the first route that matches, else the pool
+// "default" with -1; nil when no route matches and there is no pool
+// "default" (lb.Generation.Route).
+func (p *backendSet) route(in *lb.RouteInput) (*lb.Pool, int) { return p.gen.Route(in) }
+
+// countRefused counts a refusal in the pool of d.
+func (p *backendSet) countRefused(d admission.Decision) {
+	if st := p.stats[d.Pool]; st != nil && int(d.Reason) < len(st.refused) {
+		st.refused[d.Reason].Add(1)
 	}
 }
 
-// home returns the backend the policy gives key, ignoring MOP: the
-// fallback for in-dialog requests that carry no token. It is never nil. Only the hash
-// policy makes this the backend of the dialog's INVITE.
-func (p *pool) home(key uint64, now int64) *backend {
-	i := p.lb.Policy().Select(p.lb.Backends(), now, key, lb.Set{})
-	if i < 0 {
-		// Nothing takes new work (all down or draining): in-dialog
-		// requests still go somewhere fixed rather than being refused.
-		return p.list[key%uint64(len(p.list))]
+// countSent counts new work forwarded to backend id in pool.
+func (p *backendSet) countSent(pool, id string) {
+	if c := p.sent[poolBackend{pool, id}]; c != nil {
+		c.Add(1)
 	}
-	return p.list[i]
 }

@@ -24,7 +24,10 @@ type Config struct {
 	// listen address, or, when that has no IP, the local address the kernel
 	// picks to reach the first backend.
 	Advertise string
-	// Backends are the upstreams. Flag -sip-backend (repeatable).
+	// Backends are the upstreams, each in its pools (none: the pool
+	// "default"); New builds its backend generation from them, without
+	// routes. Empty when the generation is handed in with SetGeneration.
+	// Flag -sip-backend (repeatable).
 	Backends []BackendConfig
 	// Policy selects a backend for new work. Flag -sip-lb-policy: "hash"
 	// (consistent hash on Call-ID) or one of lb.PolicyNames.
@@ -113,11 +116,15 @@ type Config struct {
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int
+	// NoRouteCode is the final answer to new work that no route matches
+	// when the generation has no pool "default": 400..699, default 404
+	// (Not Found). Flag -sip-no-route-code.
+	NoRouteCode int
 }
 
 // BackendConfig is one -sip-backend value:
-// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME], the grammar
-// of lb.ParseBackendSpec.
+// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME][,pool=NAME...],
+// the grammar of lb.ParseBackendSpec.
 type BackendConfig struct {
 	// ID names the backend in tokens, logs and metrics. Default: ADDR.
 	ID string
@@ -129,6 +136,9 @@ type BackendConfig struct {
 	Weight int
 	// MetricsURL is the backend's memory probe (Prometheus text), optional.
 	MetricsURL string
+	// Pools are the pools the backend is a member of (pool=NAME,
+	// repeatable); none is the pool "default".
+	Pools []string
 }
 
 // ParseBackend parses a -sip-backend value with lb.ParseBackendSpec.
@@ -137,7 +147,11 @@ func ParseBackend(s string) (BackendConfig, error) {
 	if err != nil {
 		return BackendConfig{}, fmt.Errorf("sip %w", err)
 	}
-	return BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, Weight: b.Weight, MetricsURL: b.MetricsURL}, nil
+	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, Weight: b.Weight, MetricsURL: b.MetricsURL}
+	if len(b.Pools) != 1 || b.Pools[0] != lb.DefaultPool {
+		bc.Pools = b.Pools
+	}
+	return bc, nil
 }
 
 // Defaults of the dialog table. Entries idle for an hour go. Three million
@@ -158,8 +172,8 @@ const (
 // DefaultConfig: a Config built by hand gets no cap unless it sets one.
 const DefaultUnknownDialogSourceRate = 20
 
-// ErrNoBackends is returned by New and SetBackends when no backend is
-// configured.
+// ErrNoBackends is returned (in a FieldError) by New, SetBackends and
+// Start when no backend is configured.
 var ErrNoBackends = errors.New("at least one backend is required")
 
 // FieldError reports an invalid Config field by its Go name (e.g.
@@ -194,6 +208,7 @@ func DefaultConfig() Config {
 		TCPMaxConns:       10000,
 		UDPBuffer:         4 << 20,
 		MaxMessage:        65535,
+		NoRouteCode:       404,
 
 		UnknownDialog:           UnknownDialogNewWork,
 		UnknownDialogSourceRate: DefaultUnknownDialogSourceRate,
@@ -232,6 +247,7 @@ func (c *Config) setDefaults() {
 	fill(&c.TCPPartialBudget, d.TCPPartialBudget)
 	fill(&c.UDPBuffer, d.UDPBuffer)
 	fill(&c.MaxMessage, d.MaxMessage)
+	fill(&c.NoRouteCode, d.NoRouteCode)
 }
 
 // fill sets *p to def when *p is the zero value.
@@ -252,11 +268,10 @@ func CheckSettings(c Config) error {
 }
 
 // Validate reports the first invalid field as a *FieldError. It expects
-// defaults to be filled.
+// defaults to be filled. Backends may be empty: the server then serves a
+// generation handed in with SetGeneration.
 func (c *Config) Validate() error {
 	switch {
-	case len(c.Backends) == 0:
-		return fieldError("Backends", "%w", ErrNoBackends)
 	case c.Policy != "hash" && !slices.Contains(lb.PolicyNames, c.Policy):
 		return fieldError("Policy", "%q: want hash, %s", c.Policy, strings.Join(lb.PolicyNames, ", "))
 	case c.TokenTTL < time.Minute:
@@ -297,6 +312,8 @@ func (c *Config) Validate() error {
 		return fieldError("UDPBuffer", "must be at least 65536")
 	case c.MaxMessage < 1024 || c.MaxMessage > 1<<20:
 		return fieldError("MaxMessage", "must be in 1024..1048576")
+	case c.NoRouteCode < 400 || c.NoRouteCode > 699:
+		return fieldError("NoRouteCode", "%d: want a final answer code in 400..699 (default 404)", c.NoRouteCode)
 	case c.TCPPartialBudget < 2*(c.MaxMessage+1):
 		return fieldError("TCPPartialBudget", "must be at least twice MaxMessage + 1 (%d bytes)", 2*(c.MaxMessage+1))
 	}

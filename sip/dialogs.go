@@ -200,16 +200,39 @@ func (dt *dialogTable) insert(k uint64, id string, now int64) bool {
 	return dt.claim(k, id, 0, now) == dialogInserted
 }
 
-// claim records that the INVITE of dialog k from the source with tag src
-// (0: another node's) went to backend id at now. It replaces a live entry
+// dialogRef is the registry's name of backend id in pool: the pair,
+// so an entry keeps the pool of its dialog at no cost in size. Neither
+// an id nor a pool name holds a NUL.
+func dialogRef(pool, id string) string {
+	if pool == "" {
+		return id
+	}
+	return pool + "\x00" + id
+}
+
+// splitRef is the inverse of dialogRef.
+func splitRef(ref string) (pool, id string) {
+	if i := strings.IndexByte(ref, 0); i >= 0 {
+		return ref[:i], ref[i+1:]
+	}
+	return "", ref
+}
+
+// claim is claimIn without a pool (the dialog's pool unknown).
+func (dt *dialogTable) claim(k uint64, id string, src uint16, now int64) int {
+	return dt.claimIn(k, "", id, src, now)
+}
+
+// claimIn records that the INVITE of dialog k from the source with tag
+// src (0: another node's) went to backend id of pool at now. It replaces a live entry
 // only while that dialog is not confirmed and its INVITE came from the same
 // source or another node: a later attempt or a retry of the same caller.
 // A confirmed or ending dialog, or one another source set up, keeps its
 // backend (dialogRefused): anyone who learns a Call-ID and From-tag could
 // otherwise send an initial INVITE with them and move the victim's
 // token-less in-dialog requests to the backend of its choice.
-func (dt *dialogTable) claim(k uint64, id string, src uint16, now int64) int {
-	idx, ok := dt.idIndex(id)
+func (dt *dialogTable) claimIn(k uint64, pool, id string, src uint16, now int64) int {
+	idx, ok := dt.idIndex(dialogRef(pool, id))
 	if !ok {
 		return dialogFull
 	}
@@ -321,20 +344,26 @@ func (dt *dialogTable) findKey(k uint64, toTag uint32, now int64, op int) (dialo
 // lookup returns the backend id of the dialog an in-dialog request
 // belongs to, and refreshes its idle deadline (not past a linger).
 func (dt *dialogTable) lookup(callID, fromTag, toTag string, now int64) (string, bool) {
-	e, ok := dt.find(callID, fromTag, toTag, now, dialogRefresh)
-	if !ok {
-		return "", false
-	}
-	return dt.ids.Load().ids[e.backend()], true
+	_, id, ok := dt.lookupIn(callID, fromTag, toTag, now, dialogRefresh)
+	return id, ok
 }
 
 // peek is lookup without the refresh.
 func (dt *dialogTable) peek(callID, fromTag, toTag string, now int64) (string, bool) {
-	e, ok := dt.find(callID, fromTag, toTag, now, dialogPeek)
+	_, id, ok := dt.lookupIn(callID, fromTag, toTag, now, dialogPeek)
+	return id, ok
+}
+
+// lookupIn returns the pool ("" when not recorded) and the backend id of
+// the dialog an in-dialog request belongs to, applying op (dialogPeek or
+// dialogRefresh).
+func (dt *dialogTable) lookupIn(callID, fromTag, toTag string, now int64, op int) (pool, id string, ok bool) {
+	e, ok := dt.find(callID, fromTag, toTag, now, op)
 	if !ok {
-		return "", false
+		return "", "", false
 	}
-	return dt.ids.Load().ids[e.backend()], true
+	pool, id = splitRef(dt.ids.Load().ids[e.backend()])
+	return pool, id, true
 }
 
 // ended starts the linger of the dialog a final answer to a BYE belongs

@@ -162,7 +162,6 @@ func TestTokenlessByeAfterFailover(t *testing.T) {
 		k.learn(c.recvResponse(200))
 		k.tokenless(s.udpAddr().String())
 		first.lb.ClearBusy() // the 503's Retry-After is over
-		first.busyUntil.Store(0)
 		if got := s.pool.Load().home(lb.Hash(k.callID), s.clock.Now()); got != first {
 			t.Fatalf("hash choice %s, want b1 again", got.id)
 		}

@@ -2,6 +2,8 @@ package sip
 
 import (
 	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // DialogOp is a change of the dialog table.
@@ -26,10 +28,13 @@ type DialogEvent struct {
 	FromTag string   `json:"from_tag"`         // the caller's tag (the table key's)
 	ToTag   string   `json:"to_tag,omitempty"` // DialogConfirm, DialogEnd
 	Backend string   `json:"backend,omitempty"`
+	// Pool is the pool of the dialog (DialogInsert); "" from a node that
+	// does not send it.
+	Pool string `json:"pool,omitempty"`
 }
 
 // shareDialog hands a change of the INVITE req's dialog to Deps.DialogShare.
-func (s *Server) shareDialog(op DialogOp, req *gosip.Request, to, backend string) {
+func (s *Server) shareDialog(op DialogOp, req *gosip.Request, to, pool, backend string) {
 	share := s.share.Load()
 	if share == nil {
 		return
@@ -38,7 +43,7 @@ func (s *Server) shareDialog(op DialogOp, req *gosip.Request, to, backend string
 	if f := header(req, "from", "f"); f != nil {
 		from = tagParam(f.Value())
 	}
-	(*share)(DialogEvent{Op: op, CallID: req.CallID().Value(), FromTag: from, ToTag: to, Backend: backend})
+	(*share)(DialogEvent{Op: op, CallID: req.CallID().Value(), FromTag: from, ToTag: to, Backend: backend, Pool: pool})
 }
 
 // SetDialogShare sets (or with nil, clears) the receiver of dialog table
@@ -55,7 +60,7 @@ func (s *Server) SetDialogShare(f func(DialogEvent)) {
 // An event for a backend this node does not know is kept all the same (the
 // lookup then falls back to the Call-ID hash, as for any unknown backend).
 func (s *Server) ApplyDialog(ev DialogEvent) {
-	if ev.CallID == "" {
+	if ev.CallID == "" || ev.Pool != "" && admission.CheckPoolName(ev.Pool) != nil {
 		return
 	}
 	now := s.clock.Now()
@@ -63,7 +68,7 @@ func (s *Server) ApplyDialog(ev DialogEvent) {
 	switch ev.Op {
 	case DialogInsert:
 		if ev.Backend != "" {
-			s.insertDialog(k, ev.Backend, now)
+			s.insertDialog(k, ev.Pool, ev.Backend, now)
 		}
 	case DialogConfirm:
 		if ev.ToTag != "" {

@@ -25,7 +25,7 @@ func TestApplyRemoteDialogCap(t *testing.T) {
 		t.Error("a confirm was refused at the cap")
 	}
 	now := s.clock.Now()
-	s.insertDialog(s.dialogs.key("local", "f"), "b1", now) // this node's own dialog: the cap is not its
+	s.insertDialog(s.dialogs.key("local", "f"), "", "b1", now) // this node's own dialog: the cap is not its
 	if s.dialogs.Len() != max+1 {
 		t.Errorf("a local insert at the remote cap: table holds %d, want %d", s.dialogs.Len(), max+1)
 	}

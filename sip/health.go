@@ -2,6 +2,7 @@ package sip
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -29,27 +30,48 @@ type pingWait struct {
 
 func (pt *pingTable) init() { pt.m = map[string]pingWait{} }
 
-// optionsProber is the SIP health check (RFC 3261 §11): an OPTIONS to the
-// backend. Any answer means up; a 503 also drains the backend for its
-// Retry-After; silence until the probe's deadline means down. Rise/fall
-// counting is lb.HealthChecker's. p is the pool whose backends it pings.
+// Prober returns the SIP health check of backend b: an OPTIONS to the
+// address and transport of spec (RFC 3261 §11). Any answer means up; a
+// 503 also backs the backend off for its Retry-After; silence until the
+// probe's deadline means down. Rise/fall counting is lb.HealthChecker's.
+// It is the lb.GenConfig.Prober of a SIP generation (pool is not used: a
+// SIP pool has no health path). The address is resolved here, once; one
+// that does not resolve gives a prober that is always down, saying why.
+// The pings leave from the server's socket: before Start they are down.
+func (s *Server) Prober(b *lb.Backend, spec lb.BackendSpec, pool *lb.PoolSpec) lb.Prober {
+	ap, tcp, err := resolveSpec(spec)
+	if err != nil {
+		return lb.ProberFunc(func(context.Context, *lb.Backend) (lb.ProbeResult, error) {
+			return lb.ProbeDown, fmt.Errorf("ping %s: %w", spec.ID, err)
+		})
+	}
+	return optionsProber{s: s, id: spec.ID, to: target{addr: ap, tcp: tcp}}
+}
+
+// optionsProber is the OPTIONS health check of one backend (Prober).
 type optionsProber struct {
-	s *Server
-	p *pool
+	s  *Server
+	id string
+	to target
 }
 
 var _ lb.Prober = optionsProber{}
 
+// errNotStarted is the verdict of a ping before Start.
+var errNotStarted = errors.New("the SIP front end is not listening yet")
+
 // Probe implements lb.Prober.
 func (p optionsProber) Probe(ctx context.Context, lbb *lb.Backend) (lb.ProbeResult, error) {
 	s := p.s
-	b := p.p.list[lbb.Index()]
+	if !s.listening.Load() {
+		return lb.ProbeDown, fmt.Errorf("ping %s: %w", p.id, errNotStarted)
+	}
 	s.pings.mu.Lock()
 	s.pings.seq++
 	seq := s.pings.seq
 	branch := pingBranchPrefix + strconv.FormatUint(seq, 36) + "x" + strconv.FormatUint(fastRand()&0xffffffff, 36)
 	ch := make(chan int, 1)
-	s.pings.m[branch] = pingWait{ch: ch, to: target{addr: b.addr, tcp: b.tcp}, lbb: lbb}
+	s.pings.m[branch] = pingWait{ch: ch, to: p.to, lbb: lbb}
 	s.pings.mu.Unlock()
 	defer func() {
 		s.pings.mu.Lock()
@@ -57,9 +79,9 @@ func (p optionsProber) Probe(ctx context.Context, lbb *lb.Backend) (lb.ProbeResu
 		s.pings.mu.Unlock()
 	}()
 	s.metrics.PingsSent.Add(1)
-	if err := s.sendBytes(s.pingMessage(b, branch, seq), target{addr: b.addr, tcp: b.tcp}); err != nil {
+	if err := s.sendBytes(s.pingMessage(p.to, branch, seq), p.to); err != nil {
 		s.metrics.PingsFailed.Add(1)
-		return lb.ProbeDown, fmt.Errorf("ping %s: %w", b.id, err)
+		return lb.ProbeDown, fmt.Errorf("ping %s: %w", p.id, err)
 	}
 	select {
 	case code := <-ch:
@@ -67,22 +89,26 @@ func (p optionsProber) Probe(ctx context.Context, lbb *lb.Backend) (lb.ProbeResu
 			// The backend is this balancer, or one that sends its work back
 			// here: whatever we sent it would come round again.
 			s.metrics.PingsFailed.Add(1)
-			return lb.ProbeDown, fmt.Errorf("ping %s: 482 loop detected: the backend sends requests back to this balancer", b.id)
+			return lb.ProbeDown, fmt.Errorf("ping %s: 482 loop detected: the backend sends requests back to this balancer", p.id)
 		}
 		return lb.ProbeUp, nil
 	case <-ctx.Done():
 		s.metrics.PingsFailed.Add(1)
-		return lb.ProbeDown, fmt.Errorf("ping %s: no answer: %w", b.id, ctx.Err())
+		return lb.ProbeDown, fmt.Errorf("ping %s: no answer: %w", p.id, ctx.Err())
 	}
 }
 
-func (s *Server) pingMessage(b *backend, branch string, seq uint64) []byte {
+func (s *Server) pingMessage(to target, branch string, seq uint64) []byte {
 	host := s.adv.String()
+	tr := "UDP"
+	if to.tcp {
+		tr = "TCP"
+	}
 	p := make([]byte, 0, 384)
 	p = append(p, "OPTIONS sip:"...)
-	p = append(p, b.addr.String()...)
+	p = append(p, to.addr.String()...)
 	p = append(p, " SIP/2.0\r\nVia: SIP/2.0/"...)
-	p = append(p, b.transport()...)
+	p = append(p, tr...)
 	p = append(p, ' ')
 	p = append(p, host...)
 	p = append(p, ";branch="...)
@@ -92,7 +118,7 @@ func (s *Server) pingMessage(b *backend, branch string, seq uint64) []byte {
 	p = append(p, ">;tag="...)
 	p = append(p, localTag()...)
 	p = append(p, "\r\nTo: <sip:"...)
-	p = append(p, b.addr.String()...)
+	p = append(p, to.addr.String()...)
 	p = append(p, ">\r\nCall-ID: sluice-ping-"...)
 	p = append(p, strconv.FormatUint(seq, 10)...)
 	p = append(p, '@')
@@ -118,18 +144,20 @@ func (s *Server) pingAnswered(branch string, res *gosip.Response, src source) {
 	if res.StatusCode < 200 {
 		return
 	}
-	if b := s.pool.Load().byAddr[src.addr]; b != nil && b.lb == w.lbb {
-		// Alive: in-dialog requests it left unanswered were lost or
-		// ignored, not a sign of death (unansweredBy). A 482 is no such
-		// sign: the backend sends what we send it back to us (a loop),
-		// and the ping counts it down.
-		if res.StatusCode != 482 {
-			b.lb.Served(s.clock.Now())
-			b.unanswered.Store(0)
+	// Alive: in-dialog requests it left unanswered were lost or ignored,
+	// not a sign of death (unansweredBy). A 482 is no such sign: the
+	// backend sends what we send it back to us (a loop), and the ping
+	// counts it down.
+	if res.StatusCode != 482 {
+		w.lbb.Served(s.clock.Now())
+		if set := s.pool.Load(); set != nil {
+			if b := set.of(w.lbb); b != nil {
+				b.unanswered.Store(0)
+			}
 		}
-		if res.StatusCode == 503 {
-			s.drainBackend(b, s.clock.Now(), s.retryAfter(res), "health ping answered 503")
-		}
+	}
+	if res.StatusCode == 503 {
+		s.drainBackend(w.lbb, s.clock.Now(), s.retryAfter(res), "health ping answered 503")
 	}
 	select {
 	case w.ch <- res.StatusCode:

@@ -253,7 +253,7 @@ func hostileRetryAfterCap(t *testing.T) {
 	k.invite("")
 	c.recvResponse(500) // the only backend refused it
 	b := s.pool.Load().list[0]
-	if d := time.Duration(b.busyUntil.Load() - before); d <= 0 || d > lb.MaxAvoid+time.Second {
+	if d := time.Duration(b.lb.BusyUntil() - before); d <= 0 || d > lb.MaxAvoid+time.Second {
 		t.Errorf("backend kept from new work for %s after Retry-After: 86399, want at most %s", d, lb.MaxAvoid)
 	}
 	if s.metrics.Backoffs.Load() != 1 {

@@ -46,7 +46,7 @@ func FuzzAffinityToken(f *testing.F) {
 		s.handleDatagram([]byte(msg), src)
 		parsed := s.metrics.Requests.Load() > reqs
 		admitted := s.metrics.Affinity.Load() > aff
-		_, valid := s.verifyToken(token, strings.TrimSpace(callID))
+		_, _, valid := s.verifyToken(token, strings.TrimSpace(callID))
 		if admitted && !valid {
 			t.Fatalf("Call-ID %q token %q admitted as affinity", callID, token)
 		}

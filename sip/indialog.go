@@ -221,7 +221,8 @@ const (
 var UnknownDialogPolicies = []string{UnknownDialogNewWork, UnknownDialogReject, UnknownDialogHash}
 
 // admitTokenless decides an in-dialog request without a token of ours,
-// routed to b; known is true when the dialog table recorded its dialog.
+// routed to b in pool (the dialog's: an ARM rule with pool= meters it);
+// known is true when the dialog table recorded its dialog.
 // It answers (or drops) the request itself and returns false when the
 // request is not to be forwarded.
 //
@@ -230,15 +231,15 @@ var UnknownDialogPolicies = []string{UnknownDialogNewWork, UnknownDialogReject, 
 // proves nothing). For the rest, an unknown dialog is handled by
 // Config.UnknownDialog: a made-up To-tag and a fresh Call-ID per request
 // must not be a way past ARM and MOP.
-func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, known bool, now int64) bool {
+func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, pool string, known bool, now int64) bool {
 	creating := dialogCreating(req.Method)
 	if !creating {
 		switch {
 		case known:
-			s.admitAffinity(now, req.Method)
+			s.admitAffinity(now, req.Method, pool)
 			return true
 		case s.cfg.UnknownDialog == UnknownDialogHash:
-			s.admitAffinity(now, req.Method)
+			s.admitAffinity(now, req.Method, pool)
 			return true
 		case s.cfg.UnknownDialog == UnknownDialogReject:
 			s.metrics.UnknownDialogRejected.Add(1)
@@ -259,7 +260,7 @@ func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, know
 		}
 		s.metrics.UnknownDialogMetered.Add(1)
 	}
-	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
+	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method), Pool: pool}
 	d := s.adm.Decide(now, &ar, b.lb.MOP())
 	if d.Verdict == admission.Delay {
 		// No state is kept for in-dialog requests: a delay is a refusal.

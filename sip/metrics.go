@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,7 +19,7 @@ type Metrics struct {
 	Forwarded      atomic.Uint64 // requests sent upstream or downstream
 	NewWork        atomic.Uint64 // new work forwarded (attempts, failovers included)
 	Affinity       atomic.Uint64 // in-dialog requests routed by a valid token
-	AffinityGone   atomic.Uint64 // of those, to a backend SetBackends removed
+	AffinityGone   atomic.Uint64 // of those, to a backend a reload removed
 	CallIDFallback atomic.Uint64 // in-dialog requests without our Route, routed by Call-ID hash
 	DialogRouted   atomic.Uint64 // in-dialog requests without our Route, routed by the dialog table
 	DialogMisses   atomic.Uint64 // in-dialog requests without our Route not in the dialog table
@@ -32,6 +33,9 @@ type Metrics struct {
 	// EarlierAttemptAnswered counts INVITEs answered 2xx by a backend that
 	// silence had made us move away from (earlierAttemptAnsweredLocked).
 	EarlierAttemptAnswered atomic.Uint64
+
+	NoRoute       atomic.Uint64 // new work no route matched, without a pool "default" (Config.NoRouteCode)
+	DefaultRouted atomic.Uint64 // new work no route matched, sent to the pool "default"
 
 	Refused   atomic.Uint64                       // new work refused by the balancer (503)
 	RefusedBy [admission.NumReasons]atomic.Uint64 // by admission.Reason (none, memory, arm, mop, draining)
@@ -92,9 +96,11 @@ func (s *Server) Metrics() *Metrics { return &s.metrics }
 
 // BackendStatus is a point-in-time view of one backend.
 type BackendStatus struct {
-	ID          string
-	Addr        string
-	Transport   string
+	ID        string
+	Addr      string
+	Transport string
+	Pools     []string // the pools it is a member of
+
 	Weight      int
 	Up          bool  // not down (health checks, passive ejection)
 	Draining    bool  // up but taking no new work (503 Retry-After, operator drain)
@@ -103,10 +109,16 @@ type BackendStatus struct {
 	Failures    uint64
 }
 
-// Pool returns the lb pool of the SIP backends (for /status and persisting
-// their MOP state). SetBackends replaces it: call Pool again rather than
-// keeping it.
-func (s *Server) Pool() *lb.Pool { return s.pool.Load().lb }
+// Pool returns the pool "default" of the generation in force (else its
+// first pool), nil before one: with backends from Config.Backends or
+// SetBackends, every backend. Generation gives every pool.
+// SetGeneration replaces it: call Pool again rather than keeping it.
+func (s *Server) Pool() *lb.Pool {
+	if set := s.pool.Load(); set != nil {
+		return set.homePool
+	}
+	return nil
+}
 
 // Backends returns the state of every backend.
 func (s *Server) Backends() []BackendStatus {
@@ -116,7 +128,7 @@ func (s *Server) Backends() []BackendStatus {
 	for _, b := range p.list {
 		st := b.lb.Status(now)
 		out = append(out, BackendStatus{
-			ID: b.id, Addr: b.addr.String(), Transport: b.transport(), Weight: b.lb.Weight(),
+			ID: b.id, Addr: b.addr.String(), Transport: b.transport(), Pools: b.spec.Pools, Weight: b.lb.Weight(),
 			Up: st.State != lb.Down, Draining: st.State == lb.Draining,
 			Outstanding: st.Outstanding, Requests: st.Requests, Failures: st.Failures,
 		})
@@ -135,6 +147,10 @@ var (
 	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
 	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
 	descReadBuffers  = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descRouteHits    = prometheus.NewDesc("sluice_sip_route_hits_total", "SIP new work each route chose, by route (its index in the table, from 0; \"default\": no route matched and the pool default took it) and pool; counts start again when a new route table is set.", []string{"route", "pool"}, nil)
+	descNoRoute      = prometheus.NewDesc("sluice_sip_no_route_total", "SIP new work no route matched, answered -sip-no-route-code (404): there is no pool default.", nil, nil)
+	descPoolRefused  = prometheus.NewDesc("sluice_sip_pool_refused_total", "SIP new work the front end refused, by the pool it was routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (no backend of the pool took it).", []string{"pool", "reason"}, nil)
+	descPoolSent     = prometheus.NewDesc("sluice_sip_pool_new_work_total", "SIP new work sent to a backend (attempts and failovers included), by pool and backend.", []string{"pool", "backend"}, nil)
 	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
@@ -157,6 +173,10 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descDialogBytes
 	ch <- descPartialBytes
 	ch <- descReadBuffers
+	ch <- descRouteHits
+	ch <- descNoRoute
+	ch <- descPoolRefused
+	ch <- descPoolSent
 }
 
 // Collect implements prometheus.Collector.
@@ -187,7 +207,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"pings_sent", &m.PingsSent}, {"pings_failed", &m.PingsFailed},
 		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},
 		{"unknown_dialog_metered", &m.UnknownDialogMetered}, {"unknown_dialog_rejected", &m.UnknownDialogRejected},
-		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited},
+		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited}, {"no_route", &m.NoRoute},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
@@ -204,4 +224,29 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descDialogBytes, prometheus.GaugeValue, float64(c.s.dialogs.Bytes()))
 	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")
 	ch <- prometheus.MustNewConstMetric(descReadBuffers, prometheus.GaugeValue, float64(c.s.tcp.readBufs.Load()), "tcp")
+	ch <- prometheus.MustNewConstMetric(descNoRoute, prometheus.CounterValue, float64(m.NoRoute.Load()))
+	set := c.s.pool.Load()
+	if set == nil {
+		return
+	}
+	if t := set.routes; t != nil {
+		for i := range t.Len() {
+			ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(t.Hits(i)), strconv.Itoa(i), t.Spec(i).Pool)
+		}
+	}
+	if set.gen.Pool(lb.DefaultPool) != nil {
+		ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(m.DefaultRouted.Load()), "default", lb.DefaultPool)
+	}
+	for name, st := range set.stats {
+		for r := range st.refused {
+			reason := admission.Reason(r).String()
+			if reason == "" {
+				reason = "no_backend"
+			}
+			ch <- prometheus.MustNewConstMetric(descPoolRefused, prometheus.CounterValue, float64(st.refused[r].Load()), name, reason)
+		}
+	}
+	for k, n := range set.sent {
+		ch <- prometheus.MustNewConstMetric(descPoolSent, prometheus.CounterValue, float64(n.Load()), k.pool, k.id)
+	}
 }

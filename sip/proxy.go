@@ -136,16 +136,20 @@ func (s *Server) popOurRoutes(req *gosip.Request) (token string, had bool) {
 }
 
 // verifyToken checks a Record-Route token against the request's Call-ID
-// and returns the backend it names.
-func (s *Server) verifyToken(token, callID string) (string, bool) {
+// and returns the backend it names, with the dialog's pool ("" in a
+// token issued before pools). The backend, named by id, is where the
+// request goes; the pool is informative: a dialog never moves pool, and
+// its backend is found by id whatever pools it is in now.
+func (s *Server) verifyToken(token, callID string) (pool, id string, ok bool) {
 	if token == "" {
-		return "", false
+		return "", "", false
 	}
-	subj, ok := s.signer.Verify(token, time.Now())
+	pool, subj, _, ok := s.signer.VerifyPool(token, time.Now())
 	if !ok {
-		return "", false
+		return "", "", false
 	}
-	return splitSubject(subj, callID)
+	id, ok = splitSubject(subj, callID)
+	return pool, id, ok
 }
 
 // maxForwards caps the Max-Forwards of every request we send (RFC 3261
@@ -255,7 +259,7 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 // handleAck routes an ACK: absorbed if it acknowledges our own final
 // response, to the INVITE's backend if it acknowledges a relayed non-2xx
 // answer, else as an in-dialog request (the ACK of a 2xx).
-func (s *Server) handleAck(req *gosip.Request, src source, p *pool, now int64) {
+func (s *Server) handleAck(req *gosip.Request, src source, p *backendSet, now int64) {
 	tag := toTag(req)
 	ckey := clientTxnOf(req, src).key()
 	if strings.HasPrefix(tag, localTagPrefix) {
@@ -285,7 +289,7 @@ func (s *Server) handleAck(req *gosip.Request, src source, p *pool, now int64) {
 // handleCancel sends a CANCEL to the backend of its INVITE. Only the
 // client that sent the INVITE can cancel it: the transaction key holds the
 // address and transport the INVITE came from.
-func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64) {
+func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now int64) {
 	ckey := clientTxnOf(req, src).key()
 	s.popOurRoutes(req)
 	if t, b, branch, answered := s.txns.cancel(ckey); t != nil {
@@ -319,13 +323,13 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *pool, now int64
 // token gets 403. Without our Route (a UA that ignores Record-Route), the
 // dialog table, else the Call-ID hash, picks the backend, and only a
 // dialog the table knows is affinity (admitTokenless). A token naming a
-// backend SetBackends removed still routes to that backend's last address.
-func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int64) {
+// backend a reload removed still routes to that backend's last address.
+func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
 	fromBackend := p.backendAt(src.addr) != nil
 	if had {
-		id, ok := s.verifyToken(token, callID)
+		pool, id, ok := s.verifyToken(token, callID)
 		if !ok {
 			s.metrics.ForgedTokens.Add(1)
 			if req.Method != gosip.ACK {
@@ -333,7 +337,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 			}
 			return
 		}
-		s.admitAffinity(now, req.Method)
+		s.admitAffinity(now, req.Method, pool)
 		if fromBackend {
 			s.forwardDownstream(req, src)
 			return
@@ -353,12 +357,16 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 		return
 	}
 	if fromBackend {
-		s.admitAffinity(now, req.Method)
+		s.admitAffinity(now, req.Method, "")
 		s.forwardDownstream(req, src)
 		return
 	}
-	b, fromTable := s.dialogRoute(req, p, now, true)
-	if !s.admitTokenless(req, src, b, fromTable, now) {
+	b, pool, fromTable := s.dialogRoute(req, p, now, true)
+	if b == nil {
+		s.noRoute(req, src)
+		return
+	}
+	if !s.admitTokenless(req, src, b, pool, fromTable, now) {
 		return
 	}
 	if fromTable {
@@ -371,27 +379,38 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *pool, now int
 
 // dialogRoute picks the backend of a request that belongs to a dialog but
 // carries no token of ours: the one the dialog table recorded for its
-// INVITE (fromTable true), else the Call-ID hash's current choice, which
-// is the INVITE's backend only if the INVITE was not moved off it. A miss
-// is counted and logged at debug level. refresh extends the entry's idle
-// deadline (in-dialog requests do, a stateless CANCEL does not).
-func (s *Server) dialogRoute(req *gosip.Request, p *pool, now int64, refresh bool) (*backend, bool) {
+// INVITE (fromTable true), else the Call-ID hash's current choice in the
+// dialog's pool, which is the INVITE's backend only if the INVITE was not
+// moved off it. A miss is counted and logged at debug level. refresh
+// extends the entry's idle deadline (in-dialog requests do, a stateless
+// CANCEL does not).
+//
+// pool is the dialog's pool: the table's (also when its backend is gone:
+// a dialog never moves pool, and routes are not consulted), else b's
+// first pool (an entry from before pools). A dialog the table does not
+// know at all proves nothing: under -sip-unknown-dialog new-work it is
+// routed as new work is (so a made-up To-tag is no way into a pool the
+// routes would not give), and b is nil when no route matches and there is
+// no pool "default"; otherwise (hash) it goes to the pool "default", else
+// the first pool.
+func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refresh bool) (b *backend, pool string, fromTable bool) {
 	callID := req.CallID().Value()
 	var from string
 	if f := header(req, "from", "f"); f != nil {
 		from = tagParam(f.Value())
 	}
 	to := toTag(req)
-	var id string
-	var ok bool
+	op := dialogPeek
 	if refresh {
-		id, ok = s.dialogs.lookup(callID, from, to, now)
-	} else {
-		id, ok = s.dialogs.peek(callID, from, to, now)
+		op = dialogRefresh
 	}
+	poolName, id, ok := s.dialogs.lookupIn(callID, from, to, now, op)
 	if ok {
 		if b, _ := p.dialogBackend(id); b != nil {
-			return b, true
+			if poolName == "" && len(b.spec.Pools) > 0 {
+				poolName = b.spec.Pools[0]
+			}
+			return b, poolName, true
 		}
 	}
 	s.metrics.DialogMisses.Add(1)
@@ -399,13 +418,29 @@ func (s *Server) dialogRoute(req *gosip.Request, p *pool, now int64, refresh boo
 		s.log.Debug("sip dialog table miss: routed by call-id hash", "method", string(req.Method), "call_id", callID,
 			"from_tag", from, "to_tag", to, "recorded_backend", id)
 	}
-	return p.home(lb.Hash(callID), now), false
+	var home *lb.Pool
+	switch {
+	case ok && poolName != "":
+		home = p.gen.Pool(poolName)
+	case !ok && s.cfg.UnknownDialog == UnknownDialogNewWork:
+		var in lb.RouteInput
+		if p.routes != nil {
+			fillRouteInput(&in, req, p.routeHeaders)
+		}
+		if home, _ = p.route(&in); home == nil {
+			return nil, "", false
+		}
+	}
+	if home == nil {
+		home = p.homePool
+	}
+	return p.homeOf(home, lb.Hash(callID), now), home.Name(), false
 }
 
 // insertDialog records that the INVITE of dialog key, sent by another
-// node, went to backend id.
-func (s *Server) insertDialog(key uint64, id string, now int64) {
-	switch s.dialogs.claim(key, id, 0, now) {
+// node, went to backend id of pool.
+func (s *Server) insertDialog(key uint64, pool, id string, now int64) {
+	switch s.dialogs.claimIn(key, pool, id, 0, now) {
 	case dialogFull:
 		s.metrics.DialogsFull.Add(1)
 	case dialogRefused:
@@ -413,13 +448,13 @@ func (s *Server) insertDialog(key uint64, id string, now int64) {
 	}
 }
 
-// claimDialog records that the INVITE of t went to backend id. It reports
+// claimDialog records that the INVITE of t went to backend id of pool. It reports
 // false when the entry belongs to another dialog (a confirmed one, or one
 // whose INVITE came from another source), which t must then neither
 // confirm nor remove: an initial INVITE that reuses a victim's Call-ID and
 // From-tag would otherwise move or delete the victim's entry.
-func (s *Server) claimDialog(t *txn, id string, now int64) bool {
-	switch s.dialogs.claim(t.dkey, id, s.dialogs.sourceTag(t.src), now) {
+func (s *Server) claimDialog(t *txn, pool, id string, now int64) bool {
+	switch s.dialogs.claimIn(t.dkey, pool, id, s.dialogs.sourceTag(t.src), now) {
 	case dialogFull:
 		s.metrics.DialogsFull.Add(1)
 	case dialogRefused:
@@ -433,8 +468,10 @@ func (s *Server) claimDialog(t *txn, id string, now int64) bool {
 	return true
 }
 
-func (s *Server) admitAffinity(now int64, m gosip.RequestMethod) {
-	ar := admission.Request{Class: admission.Affinity, Proto: "sip", Method: string(m)}
+// admitAffinity counts an in-dialog request of pool ("" when unknown:
+// a request from a backend, a token from before pools) as affinity.
+func (s *Server) admitAffinity(now int64, m gosip.RequestMethod, pool string) {
+	ar := admission.Request{Class: admission.Affinity, Proto: "sip", Method: string(m), Pool: pool}
 	s.adm.Decide(now, &ar, nil)
 }
 
@@ -497,14 +534,28 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		return
 	}
 	s.popOurRoutes(req) // a pre-loaded route to us; any token in it counts for nothing
-	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method)}
+	set := s.pool.Load()
+	var in lb.RouteInput
+	if set.routes != nil {
+		fillRouteInput(&in, req, set.routeHeaders) // without routes, nothing reads it
+	}
+	p, route := set.route(&in)
+	if p == nil {
+		s.noRoute(req, src)
+		return
+	}
+	pool := p.Name()
+	if route < 0 {
+		s.metrics.DefaultRouted.Add(1) // the table counts its routes' hits
+	}
+	ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(req.Method), Pool: pool}
 	d := s.adm.Decide(now, &ar, nil)
 	switch d.Verdict {
 	case admission.Refuse:
 		s.refuse(req, src, d)
 		return
 	case admission.Delay:
-		t := s.txns.create(s, ckey, req, src, now, true)
+		t := s.txns.create(s, ckey, req, src, pool, now, true)
 		if t == nil {
 			d.Wait.Cancel()
 			return
@@ -529,7 +580,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		}()
 		return
 	}
-	t := s.txns.create(s, ckey, req, src, now, false)
+	t := s.txns.create(s, ckey, req, src, pool, now, false)
 	if t == nil {
 		return
 	}
@@ -564,24 +615,76 @@ func (s *Server) jitter(d time.Duration) int {
 }
 
 // refuse answers new work the balancer refuses itself: 503 with a jittered
-// Retry-After and a Warning naming the limit (RFC 3261 §21.5.4, §20.43).
-// It keeps no state. This is the one place a decision becomes SIP.
+// Retry-After and a Warning naming the limit (RFC 3261 §21.5.4, §20.43):
+// "overload: " and the decision's Detail (its reason, rule and pool, as
+// admission/README.md gives it), or "no backend available" with the pool
+// when no guard refused but no backend took it. It keeps no state. This
+// is the one place a decision becomes SIP.
 func (s *Server) refuse(req *gosip.Request, src source, d admission.Decision) {
 	s.metrics.Refused.Add(1)
 	if int(d.Reason) < len(s.metrics.RefusedBy) {
 		s.metrics.RefusedBy[d.Reason].Add(1)
 	}
+	if set := s.pool.Load(); set != nil {
+		set.countRefused(d)
+	}
 	if req.Method == gosip.ACK {
 		return
 	}
-	what := d.Reason.String()
-	if name := s.adm.RuleName(d); name != "" {
-		what += " rule " + name
-	}
-	if what == "" {
+	what := d.Detail()
+	if d.Reason == admission.ReasonNone {
 		what = "no backend available"
+		if d.Pool != "" {
+			what += " pool " + d.Pool
+		}
 	}
 	s.reply(req, src, 503, "Service Unavailable",
 		"Retry-After: "+strconv.Itoa(s.jitter(d.RetryAfter)),
 		"Warning: 399 "+s.adv.String()+` "overload: `+what+`"`)
+}
+
+// noRoute answers new work that no route matches, in a generation without
+// the pool "default": Config.NoRouteCode (404 Not Found unless set), with
+// a Warning, counted (no_route). It keeps no state.
+func (s *Server) noRoute(req *gosip.Request, src source) {
+	s.metrics.NoRoute.Add(1)
+	if req.Method == gosip.ACK {
+		return
+	}
+	code := s.cfg.NoRouteCode
+	s.reply(req, src, code, reasonPhrase(code), "Warning: 399 "+s.adv.String()+` "no route"`)
+}
+
+// reasonPhrase is RFC 3261's reason phrase of a final answer code we may
+// send for want of a route, "No Route" for the others.
+func reasonPhrase(code int) string {
+	switch code {
+	case 400:
+		return "Bad Request"
+	case 403:
+		return "Forbidden"
+	case 404:
+		return "Not Found"
+	case 410:
+		return "Gone"
+	case 416:
+		return "Unsupported URI Scheme"
+	case 480:
+		return "Temporarily Unavailable"
+	case 484:
+		return "Address Incomplete"
+	case 488:
+		return "Not Acceptable Here"
+	case 500:
+		return "Server Internal Error"
+	case 502:
+		return "Bad Gateway"
+	case 503:
+		return "Service Unavailable"
+	case 603:
+		return "Decline"
+	case 604:
+		return "Does Not Exist Anywhere"
+	}
+	return "No Route"
 }

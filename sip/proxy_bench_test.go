@@ -14,7 +14,7 @@ func BenchmarkInDialogBYE(b *testing.B) {
 	be.drop.Store(true)
 	be.mode.Store(modeSilent)
 	s := testServer(b, []*uas{be}, nil, nil)
-	token := s.signer.Token(tokenSubject("b1", "bench@test"), time.Now().Add(time.Hour))
+	token := s.signer.PoolToken("default", tokenSubject("b1", "bench@test"), time.Now().Add(time.Hour))
 	msg := []byte(fmt.Sprintf("BYE sip:bob@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-bench\r\nMax-Forwards: 70\r\nRoute: <sip:%s;lr;sl=%s>\r\nFrom: <sip:a@test>;tag=a\r\nTo: <sip:b@test>;tag=b\r\nCall-ID: bench@test\r\nCSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n", s.udpAddr(), token))
 	src := source{addr: netip.MustParseAddrPort("127.0.0.1:9")}
 	b.ReportAllocs()

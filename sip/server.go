@@ -19,11 +19,12 @@ import (
 	"github.com/sluicelb/sluice/admission"
 )
 
-// Signer makes and checks the affinity tokens carried in our Record-Route.
-// *lb.Signer implements it.
+// Signer makes and checks the affinity tokens carried in our Record-Route:
+// each names the dialog's pool and its subject (the backend id bound to
+// the Call-ID). *lb.Signer implements it.
 type Signer interface {
-	Token(backendID string, expires time.Time) string
-	Verify(token string, now time.Time) (backendID string, ok bool)
+	PoolToken(pool, backendID string, expires time.Time) string
+	VerifyPool(token string, now time.Time) (pool, backendID string, expires time.Time, ok bool)
 }
 
 // Deps are the collaborators of a Server.
@@ -36,8 +37,9 @@ type Deps struct {
 	// admission.MonoClock.
 	Clock admission.Clock
 	// MOP returns the memory overload limiter of a backend, or nil for none.
-	// New calls it once per backend, with defaults filled in;
-	// SetBackends takes a hook of its own.
+	// New calls it once per backend of Config.Backends, with defaults
+	// filled in; SetBackends takes a hook of its own. A generation handed
+	// in (Generation, SetGeneration) has its limiters already.
 	MOP func(BackendConfig) *admission.MOP
 	// ObserveForward, when set, is called with the time from a new-work
 	// request's arrival to the relay of its backend's final answer, for a
@@ -65,9 +67,11 @@ type Server struct {
 	events  admission.EventSink               // Deps.Events, or nil
 	signer  Signer
 	clock   admission.Clock
-	// pool is the backend set. It is replaced whole by SetBackends; a
-	// message loads it once and works with that pool throughout.
-	pool   atomic.Pointer[pool]
+	// pool is the backend generation served and SIP's side table of it.
+	// It is replaced whole by SetGeneration and SetBackends; a message
+	// loads it once and works with that set throughout. nil until a
+	// generation is set.
+	pool   atomic.Pointer[backendSet]
 	parser *gosip.Parser
 	// branches computes and checks the branch of our Via (branch.go).
 	branches *brancher
@@ -89,13 +93,15 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	closed atomic.Bool
+	// listening is set once Start has opened the sockets: the OPTIONS
+	// pings need them.
+	listening atomic.Bool
 
-	// reloadMu serialises SetBackends with Start and Close; it guards the
-	// fields below. The message path never takes it.
-	reloadMu   sync.Mutex
-	started    bool               // Start got past opening the sockets
-	stopping   bool               // Close was called: start no goroutine
-	healthStop context.CancelFunc // ends the OPTIONS pings of the current pool
+	// reloadMu serialises SetGeneration and SetBackends with Start and
+	// Close; it guards the fields below. The message path never takes it.
+	reloadMu sync.Mutex
+	started  bool // Start got past opening the sockets
+	stopping bool // Close was called: start no goroutine
 }
 
 // Drain starts a graceful stop: from now on new work is refused with 503
@@ -126,21 +132,6 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	specs, err := checkBackends(cfg.Backends)
-	if err != nil {
-		return nil, err
-	}
-	var mops []*admission.MOP
-	if deps.MOP != nil {
-		mops = make([]*admission.MOP, len(specs))
-		for i, sp := range specs {
-			mops[i] = deps.MOP(sp.cfg)
-		}
-	}
-	p, err := newPool(specs, cfg.Policy, mops)
-	if err != nil {
-		return nil, err
-	}
 	s := &Server{
 		cfg:     cfg,
 		log:     logger.With("component", "sip"),
@@ -153,7 +144,17 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		parser:  newParser(),
 	}
 	s.branches = newBrancher(deps.Signer)
-	s.pool.Store(p)
+	if len(cfg.Backends) > 0 {
+		specs, cfgs, err := checkBackends(cfg.Backends)
+		if err != nil {
+			return nil, err
+		}
+		set, err := s.buildSet(specs, cfgs, nil, deps.MOP)
+		if err != nil {
+			return nil, err
+		}
+		s.pool.Store(set)
+	}
 	s.tcp.init()
 	s.txns.init()
 	s.dialogs.init(cfg.DialogTTL, cfg.DialogMax)
@@ -190,14 +191,17 @@ func newParser() *gosip.Parser {
 }
 
 // Start opens the UDP socket and TCP listener and serves until Close or
-// ctx is done.
+// ctx is done. A generation must be in force (Config.Backends, or
+// SetGeneration after New).
 //
-// Backends are pinged with OPTIONS when HealthInterval is set. Memory
-// probes of -sip-backend metrics=URL are not started here: the caller
-// builds them around the MOP limiters it hands over in Deps.MOP.
+// A generation the server built (Config.Backends, SetBackends) is
+// started here: its backends are pinged with OPTIONS when HealthInterval
+// is set. Memory probes of -sip-backend metrics=URL are not started
+// here: the caller builds them around the MOP limiters it hands over in
+// Deps.MOP. A generation handed in is the caller's to start, after Start.
 func (s *Server) Start(ctx context.Context) error {
-	if _, err := s.newHealth(s.pool.Load()); err != nil {
-		return err
+	if s.pool.Load() == nil {
+		return fieldError("Backends", "%w", ErrNoBackends)
 	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.parser.MaxMessageLength = s.cfg.MaxMessage
@@ -230,13 +234,14 @@ func (s *Server) Start(ctx context.Context) error {
 		s.tcpLn.Close()
 		return err
 	}
+	s.listening.Store(true)
 	s.wg.Add(3)
 	go s.serveUDP()
 	go s.serveTCP()
 	go s.tick()
 	s.reloadMu.Lock()
 	p := s.pool.Load()
-	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(p.list), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0),
+	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(p.list), "pools", len(p.gen.Pools()), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0),
 		"tcp_max_conns", s.cfg.TCPMaxConns, "tcp_max_conns_per_source", s.cfg.TCPMaxConnsPerSource, "unknown_dialog", s.cfg.UnknownDialog)
 	s.started = true
 	s.runBackendsLocked(p)
@@ -297,6 +302,9 @@ func (s *Server) Close() error {
 	}
 	s.shutdown()
 	s.wg.Wait()
+	if set := s.pool.Load(); set != nil && set.owned {
+		set.gen.Stop()
+	}
 	return nil
 }
 

@@ -8,8 +8,9 @@ import (
 // in about 200,000 needs a second; sixteen in a row is a broken signer.
 const maxTokenDraws = 16
 
-// routeToken returns the affinity token for our Record-Route, one that
-// never contains the text "CSeq" in any mix of case.
+// routeToken returns the affinity token for our Record-Route, naming the
+// dialog's pool and subject (tokenSubject), one that never contains the
+// text "CSeq" in any mix of case.
 //
 // A token is base64url text, so now and then it spells "CSeq" (about one
 // in 200,000 for the usual 90 characters). SIPp, and any parser that finds
@@ -20,11 +21,11 @@ const maxTokenDraws = 16
 // 1), received 'SIP/2.0 180 Ringing'"). The token's nonce differs on every
 // draw, so a token that contains the text is drawn again; nothing is lost
 // but a few microseconds.
-func (s *Server) routeToken(subject string, expires time.Time) string {
-	tok := s.signer.Token(subject, expires)
+func (s *Server) routeToken(pool, subject string, expires time.Time) string {
+	tok := s.signer.PoolToken(pool, subject, expires)
 	for i := 1; i < maxTokenDraws && containsCSeq(tok); i++ {
 		s.metrics.TokenRedraws.Add(1)
-		tok = s.signer.Token(subject, expires)
+		tok = s.signer.PoolToken(pool, subject, expires)
 	}
 	return tok
 }

@@ -37,8 +37,8 @@ type cseqFirst struct {
 	drawn atomic.Int64
 }
 
-func (c *cseqFirst) Token(id string, exp time.Time) string {
-	tok := c.Signer.Token(id, exp)
+func (c *cseqFirst) PoolToken(pool, id string, exp time.Time) string {
+	tok := c.Signer.PoolToken(pool, id, exp)
 	if n := c.drawn.Add(1); int(n) <= len(c.bad) {
 		return c.bad[n-1] + tok[len(c.bad[n-1]):]
 	}
@@ -52,12 +52,12 @@ func TestRouteTokenNeverSpellsCSeq(t *testing.T) {
 	}
 	sg := &cseqFirst{Signer: inner, bad: []string{"CSeq", "xcSEQ"}}
 	s := testServerSigner(t, sg, []*uas{newUAS(t, "b1")}, nil, nil)
-	tok := s.routeToken("b1", time.Now().Add(time.Hour))
+	tok := s.routeToken("london", "b1", time.Now().Add(time.Hour))
 	if containsCSeq(tok) {
 		t.Fatalf("routeToken returned %q", tok)
 	}
-	if id, ok := inner.Verify(tok, time.Now()); !ok || id != "b1" {
-		t.Errorf("the token drawn again does not verify: %q %v", id, ok)
+	if pool, id, _, ok := inner.VerifyPool(tok, time.Now()); !ok || id != "b1" || pool != "london" {
+		t.Errorf("the token drawn again does not verify: %q %q %v", pool, id, ok)
 	}
 	if n := s.metrics.TokenRedraws.Load(); n != 2 {
 		t.Errorf("%d redraws counted, want 2", n)

@@ -57,7 +57,11 @@ type txn struct {
 	branch   string
 	branches []string
 	tried    lb.Set
-	pool     *pool  // the pool tried counts in
+	// poolName is the pool the route chose: every attempt is picked in
+	// the pool of that name of the generation in force. lbPool is the
+	// lb.Pool tried counts positions of.
+	poolName string
+	lbPool   *lb.Pool
 	wire     []byte // the request as last sent to cur
 	via      *gosip.ViaHeader
 	rrs      []*gosip.RecordRouteHeader
@@ -107,8 +111,8 @@ func (tt *txnTable) Len() int {
 	return len(tt.byClient)
 }
 
-func (tt *txnTable) create(s *Server, ckey string, req *gosip.Request, src source, now int64, waiting bool) *txn {
-	t := &txn{ckey: ckey, ctxn: clientTxnOf(req, src), loop: loopHash(req), req: req, invite: req.Method == gosip.INVITE, callID: req.CallID().Value(), src: src, created: now}
+func (tt *txnTable) create(s *Server, ckey string, req *gosip.Request, src source, pool string, now int64, waiting bool) *txn {
+	t := &txn{ckey: ckey, poolName: pool, ctxn: clientTxnOf(req, src), loop: loopHash(req), req: req, invite: req.Method == gosip.INVITE, callID: req.CallID().Value(), src: src, created: now}
 	if t.invite {
 		t.dkey = s.dialogs.key(t.callID, tagParam(header(req, "from", "f").Value()))
 	}
@@ -250,14 +254,22 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 			s.finishLocal(t, 487, "Request Terminated", nil)
 			return
 		}
-		p := s.pool.Load()
-		if t.pool != p {
+		set := s.pool.Load()
+		pool := set.gen.Pool(t.poolName)
+		if t.lbPool != pool {
 			// First attempt, or the backends were replaced since the
-			// last one: tried was counted in another pool's order.
-			t.tried = remapTried(t.pool, p, t.tried)
-			t.pool = p
+			// last one: tried was counted in another pool's order. A
+			// pool the new generation no longer has leaves no backend.
+			t.tried = remapTried(t.lbPool, pool, t.tried)
+			t.lbPool = pool
 		}
-		b, out, retry := p.pick(key, now, &t.tried)
+		var b *backend
+		out, retry := lb.NoBackend, time.Duration(0)
+		if pool != nil {
+			var lbb *lb.Backend
+			lbb, out, retry = pool.PickTried(now, key, &t.tried)
+			b = set.of(lbb)
+		}
 		s.txns.mu.Unlock()
 		if out == lb.MOPRefused && (!mopRefused || retry < mopRetry) {
 			mopRetry, mopRefused = retry, true
@@ -275,11 +287,11 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 	switch {
 	case !failover && mopRefused:
 		s.txns.remove(t)
-		ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(t.req.Method)}
+		ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(t.req.Method), Pool: t.poolName}
 		s.refuse(t.req, t.src, s.adm.RefuseMOPFor(&ar, mopRetry))
 	case !failover:
 		s.txns.remove(t)
-		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.BusyDefault})
+		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.BusyDefault, Pool: t.poolName})
 	default:
 		s.metrics.AllFailed.Add(1)
 		s.finishLocal(t, 500, "Server Internal Error", []string{"Warning: 399 " + s.adv.String() + ` "no backend could take the request"`})
@@ -305,7 +317,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	t.via.Params.Add("branch", branch)
 	t.via.Transport = b.transport()
 	if recordRoutes(req.Method) {
-		token := s.routeToken(tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
+		token := s.routeToken(t.poolName, tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
 		if t.rrs == nil {
 			// One Record-Route, or two when the client's transport differs
 			// from the backend's (RFC 5658 double record-routing), so each
@@ -357,11 +369,11 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		// Before the INVITE leaves, so an ACK or BYE racing its 2xx (read
 		// by another goroutine) finds the dialog's backend. A later
 		// attempt moves it.
-		if !t.dforeign && !s.claimDialog(t, b.id, now) {
+		if !t.dforeign && !s.claimDialog(t, t.poolName, b.id, now) {
 			t.dforeign = true
 		}
 		if !t.dforeign {
-			s.shareDialog(DialogInsert, t.req, "", b.id)
+			s.shareDialog(DialogInsert, t.req, "", t.poolName, b.id)
 		}
 	}
 	if err := s.sendBytes(wire, target{addr: b.addr, tcp: b.tcp}); err != nil {
@@ -374,6 +386,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	}
 	s.metrics.Forwarded.Add(1)
 	s.metrics.NewWork.Add(1)
+	s.pool.Load().countSent(t.poolName, b.id)
 	return true
 }
 
@@ -439,7 +452,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 		t.settleLocked(now, lb.ServerError)
 		s.txns.mu.Unlock()
 		s.metrics.Backend503.Add(1)
-		s.drainBackend(cur, now, s.retryAfter(res), "answered 503")
+		s.drainBackend(cur.lb, now, s.retryAfter(res), "answered 503")
 		if t.invite {
 			s.ackUpstream(t, res, branch, src)
 		}
@@ -460,7 +473,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 		if t.invite && code >= 300 {
 			if !t.dforeign {
 				s.dialogs.remove(t.dkey) // no dialog
-				s.shareDialog(DialogRemove, t.req, "", "")
+				s.shareDialog(DialogRemove, t.req, "", "", "")
 			}
 			t.state = stCompleted
 			t.expires = now + int64(completedLinger)
@@ -473,7 +486,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 		} else {
 			if t.invite && !t.dforeign {
 				s.dialogs.confirm(t.dkey, toTag(res))
-				s.shareDialog(DialogConfirm, t.req, toTag(res), "")
+				s.shareDialog(DialogConfirm, t.req, toTag(res), "", "")
 			}
 			if t.invite {
 				s.txns.accepted.addLocked(t.branches, now)
@@ -510,10 +523,10 @@ func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next 
 	s.txns.removeLocked(t)
 	s.txns.mu.Unlock()
 	s.metrics.EarlierAttemptAnswered.Add(1)
-	if b := s.pool.Load().byAddr[src.addr]; b != nil && !t.dforeign && s.claimDialog(t, b.id, now) {
-		s.shareDialog(DialogInsert, t.req, "", b.id)
+	if b := s.pool.Load().byAddr[src.addr]; b != nil && !t.dforeign && s.claimDialog(t, t.poolName, b.id, now) {
+		s.shareDialog(DialogInsert, t.req, "", t.poolName, b.id)
 		s.dialogs.confirm(t.dkey, toTag(res))
-		s.shareDialog(DialogConfirm, t.req, toTag(res), "")
+		s.shareDialog(DialogConfirm, t.req, toTag(res), "", "")
 	}
 	if s.observe != nil {
 		s.observe(time.Duration(now - t.created))
@@ -615,7 +628,7 @@ func (s *Server) finishLocalLocked(t *txn, code int, reason string, extra []stri
 	if t.invite {
 		if !t.dforeign {
 			s.dialogs.remove(t.dkey) // our own final answer: no dialog
-			s.shareDialog(DialogRemove, t.req, "", "")
+			s.shareDialog(DialogRemove, t.req, "", "", "")
 		}
 		t.settleLocked(0, lb.Abandoned)
 		t.state = stCompleted
