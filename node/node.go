@@ -137,8 +137,8 @@ type Node struct {
 	keyRing        []lb.Key // the affinity key ring; the cluster signs dialog changes with keys derived from it
 	httpSrv        *lbhttp.Server
 	httpGen        *lb.Generation    // HTTP backends in pools, with their health checks and probes
-	probes         []*lb.MemoryProbe // SIP backends' memory probes
-	sipProbeCancel context.CancelFunc
+	sipGen         *lb.Generation    // SIP backends in pools, with their pings and probes
+	sipStarted     bool              // the SIP server runs: its generations can ping
 	mopByKey       map[string]*admission.MOP
 	ctx            context.Context // of the running node, for reloads
 	sipSrv         *lbsip.Server
@@ -422,26 +422,19 @@ func (n *Node) buildHTTP() error {
 }
 
 func (n *Node) buildSIP() error {
-	if err := sipPoolsServed(n.specs("sip")); err != nil {
-		return err
-	}
-	cfg, err := sipConfig(n.cfg.SIP, n.sipBackends)
-	if err != nil {
-		return err
-	}
-	var mopErr error
-	mops := n.sipMOPHook(&mopErr)
+	cfg := sipConfig(n.cfg.SIP)
 	hist := n.forward.WithLabelValues("sip")
 	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
-	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, MOP: mops, ObserveForward: observe, Events: n.events}, n.logger)
+	var err error
+	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, ObserveForward: observe, Events: n.events}, n.logger)
 	if err != nil {
 		return err
 	}
-	if mopErr != nil {
-		return mopErr
+	gen, err := n.buildGen("sip", n.specs("sip"), nil)
+	if err != nil {
+		return err
 	}
-	n.probes, err = n.sipProbesFor(n.sipSrv.Pool(), cfg.Backends)
-	return err
+	return n.installSIP(gen)
 }
 
 // Start restores the learned rates, then runs the background loops, binds
@@ -498,7 +491,6 @@ func (n *Node) start(parent context.Context) error {
 	if n.httpGen != nil {
 		n.httpGen.Start(ctx) // a first round of probes before traffic
 	}
-	n.startSIPProbes(n.probes)
 	if l := n.memLimit; l.LimitSource == admission.LimitFromNone {
 		n.logger.Info("memory states off: no -mem-limit, cgroup memory limit or GOMEMLIMIT")
 	} else {
@@ -534,6 +526,8 @@ func (n *Node) start(parent context.Context) error {
 		if err := n.sipSrv.Start(ctx); err != nil {
 			return fmt.Errorf("start sip front end: %w", err)
 		}
+		n.sipStarted = true
+		n.sipGen.Start(ctx) // pings leave from the server's socket
 		n.stopFronts = append(n.stopFronts, func(context.Context) error { return n.sipSrv.Close() })
 	}
 	attrs := []any{}
@@ -596,6 +590,9 @@ func (n *Node) Stop(timeout time.Duration) {
 	n.background.Wait()
 	if n.httpGen != nil {
 		n.httpGen.Stop()
+	}
+	if n.sipGen != nil {
+		n.sipGen.Stop()
 	}
 	if n.cpuProfile != nil {
 		pprof.StopCPUProfile()

@@ -99,7 +99,12 @@ func (n *Node) setSIPRoutes(set specSet) error {
 	if n.sipSrv == nil {
 		return errors.New("no sip front end")
 	}
-	return sipPoolsServed(set)
+	gen, err := n.buildGen("sip", set, n.sipGen)
+	if err != nil {
+		return err
+	}
+	carryWeights(n.sipGen, gen)
+	return n.installSIP(gen)
 }
 
 // routesValue is the override value of a route list: one spec a line.

@@ -1,151 +1,79 @@
 package node
 
 import (
-	"context"
-	"errors"
-
-	"github.com/sluicelb/sluice/admission"
-	"github.com/sluicelb/sluice/lb"
 	lbsip "github.com/sluicelb/sluice/sip"
+
+	"github.com/sluicelb/sluice/lb"
 )
 
-func sipID(bc lbsip.BackendConfig) string {
-	if bc.ID != "" {
-		return bc.ID
-	}
-	return bc.Addr
-}
+// The SIP front end serves a generation the node builds the same way as
+// HTTP's (buildGen), with the server's OPTIONS check as its prober. The
+// pings leave from the server's socket: a generation is started once the
+// server has started (Start), and on a reload or route change once it is
+// in force.
 
-// sipMOPHook gives the SIP front end each backend's MOP limiter: a new one,
-// or the one a backend with the same address already had, so that what it
-// learned survives a reload. Backends without a memory probe get none. The
-// first error lands in *errp.
-func (n *Node) sipMOPHook(errp *error) func(lbsip.BackendConfig) *admission.MOP {
-	return func(bc lbsip.BackendConfig) *admission.MOP {
-		if bc.MetricsURL == "" || *errp != nil {
-			return nil
-		}
-		m, err := n.newMOP("sip", sipID(bc), bc.Addr)
-		if err != nil {
-			*errp = err
-			return nil
-		}
-		return m
+// sipGenConfig sets the SIP settings of a generation's configuration:
+// -sip-lb-policy, the -sip-health-* pings with the server's prober.
+// Passive ejection of SIP backends is the server's own (unanswered
+// in-dialog requests), so the generation's is off.
+func (n *Node) sipGenConfig(gc *lb.GenConfig) error {
+	c := n.cfg.SIP
+	gc.Policy = c.Policy
+	if gc.Policy == "" {
+		gc.Policy = DefaultSIPConfig().Policy
 	}
-}
-
-// sipProbesFor builds the memory probes of the SIP backends in pool that
-// have a metrics URL in bcs. Each probe feeds the pool's own lb.Backend,
-// whose MOP the front end consults.
-func (n *Node) sipProbesFor(pool *lb.Pool, bcs []lbsip.BackendConfig) ([]*lb.MemoryProbe, error) {
-	urls := map[string]string{}
-	for _, bc := range bcs {
-		if bc.MetricsURL != "" {
-			urls[sipID(bc)] = bc.MetricsURL
-		}
+	if c.HealthInterval > 0 {
+		gc.Health = lb.HealthConfig{Interval: c.HealthInterval, Timeout: c.HealthTimeout, Rise: c.HealthRise, Fall: c.HealthFall, Panic: n.cfg.Health.Panic}
+		gc.Prober = n.sipSrv.Prober
 	}
-	var probes []*lb.MemoryProbe
-	for _, b := range pool.Backends() {
-		u, ok := urls[b.ID()]
-		if !ok || b.MOP() == nil {
-			continue
-		}
-		pc := n.cfg.MOPProbe
-		pc.URL = u
-		probe, err := lb.NewMemoryProbe(b, pc, n.clock, n.logger)
-		if err != nil {
-			return nil, err
-		}
-		probes = append(probes, probe)
-	}
-	return probes, nil
-}
-
-// startSIPProbes runs probes until the plan stops or the next reload, and
-// stops the ones that ran before.
-func (n *Node) startSIPProbes(probes []*lb.MemoryProbe) {
-	if n.sipProbeCancel != nil {
-		n.sipProbeCancel()
-	}
-	ctx, cancel := context.WithCancel(n.ctx)
-	n.sipProbeCancel = cancel
-	for _, probe := range probes {
-		n.goBackground(func() { probe.Run(ctx) })
-	}
-}
-
-// reloadSIP puts a new list of SIP backends in force (see
-// sip.Server.SetBackends): those that stay keep their learned rates and
-// their dialogs; removed ones take no new work while calls on them end.
-func (n *Node) reloadSIP(set specSet) error {
-	if err := sipPoolsServed(set); err != nil {
-		return err
-	}
-	specs := set.Backends
-	var bcs []lbsip.BackendConfig
-	for _, s := range specs {
-		bc, err := lbsip.ParseBackend(s)
-		if err != nil {
-			return err
-		}
-		bcs = append(bcs, bc)
-	}
-	var mopErr error
-	if err := n.sipSrv.SetBackends(bcs, n.sipMOPHook(&mopErr)); err != nil {
-		return err
-	}
-	if mopErr != nil {
-		return mopErr
-	}
-	// The probe settings and URLs were checked at start and by the
-	// parser: building the probes of the new set does not fail.
-	probes, err := n.sipProbesFor(n.sipSrv.Pool(), bcs)
-	if err != nil {
-		return err
-	}
-	n.startSIPProbes(probes)
 	return nil
 }
 
-// sipConfig is the SIP front end's Config with specs parsed as its
-// backends. A listen address defaults to DefaultSIPConfig's once there is
-// a backend.
-func sipConfig(c lbsip.Config, specs []string) (lbsip.Config, error) {
+// sipGeneration is the SIP front end's generation in force.
+func (n *Node) sipGeneration() *lb.Generation {
+	if n.sipSrv == nil {
+		return nil
+	}
+	return n.sipSrv.Generation()
+}
+
+// installSIP hands gen to the SIP front end, starts it when the server
+// runs, and stops the generation it replaces. The caller holds op.mu, or
+// the node is not started yet.
+func (n *Node) installSIP(gen *lb.Generation) error {
+	if err := n.sipSrv.SetGeneration(gen); err != nil {
+		gen.Stop()
+		return err
+	}
+	if n.ctx != nil && n.sipStarted {
+		gen.Start(n.ctx)
+	}
+	old := n.sipGen
+	n.sipGen = gen
+	if old != nil {
+		old.Stop()
+	}
+	return nil
+}
+
+// reloadSIP puts a new set of SIP backends, pools and routes in force:
+// backends that stay keep their state, learned rates and dialogs; removed
+// ones take no new work while calls on them end.
+func (n *Node) reloadSIP(set specSet) error {
+	gen, err := n.buildGen("sip", set, n.sipGen)
+	if err != nil {
+		return err
+	}
+	return n.installSIP(gen)
+}
+
+// sipConfig is the SIP front end's Config without backends (the node
+// hands it a generation). A listen address defaults to
+// DefaultSIPConfig's once there is a backend.
+func sipConfig(c lbsip.Config) lbsip.Config {
 	if c.Listen == "" {
 		c.Listen = DefaultSIPConfig().Listen
 	}
 	c.Backends = nil
-	for _, s := range specs {
-		b, err := lbsip.ParseBackend(s)
-		if err != nil {
-			return c, err
-		}
-		c.Backends = append(c.Backends, b)
-	}
-	return c, nil
+	return c
 }
-
-// sipPoolsServed refuses SIP pool settings and routes, and backends in a
-// pool other than default, which the SIP front end does not serve yet.
-func sipPoolsServed(set specSet) error {
-	if len(set.Pools) > 0 {
-		return &ValueError{Flag: "-sip-pool", Value: set.Pools[0], Err: errors.New("the SIP front end serves the pool default only")}
-	}
-	if len(set.Routes) > 0 {
-		return &ValueError{Flag: "-sip-route", Value: set.Routes[0], Err: errors.New("the SIP front end serves the pool default only")}
-	}
-	for _, s := range set.Backends {
-		if b, err := lb.ParseBackendSpec("sip", s); err == nil && (len(b.Pools) > 1 || len(b.Pools) == 1 && b.Pools[0] != lb.DefaultPool) {
-			return &ValueError{Flag: "-sip-backend", Value: s, Err: errors.New("the SIP front end serves the pool default only")}
-		}
-	}
-	return nil
-}
-
-// sipGenConfig sets the SIP settings of a generation's configuration.
-func (n *Node) sipGenConfig(*lb.GenConfig) error {
-	return errors.New("sip backends: the SIP front end builds its own pool")
-}
-
-// sipGeneration is the SIP front end's generation in force.
-func (n *Node) sipGeneration() *lb.Generation { return nil }

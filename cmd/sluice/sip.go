@@ -30,6 +30,7 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	fs.Var(&o.pools, "sip-pool", "settings of a SIP `pool` where they differ from the front end's: name=NAME[,policy=P] (repeatable)")
 	o.routes.check = node.CheckRoute("sip")
 	fs.Var(&o.routes, "sip-route", "SIP `route` of new work to a pool, first match wins (no match: the pool default, else -sip-no-route-code); in-dialog requests never consult routes: pool=NAME[,domain=H|*.H][,user=PREFIX|~REGEX][,method=M][,header=NAME:VALUE][,from-domain=H] (repeatable, in order)")
+	s.add(&c.NoRouteCode, "sip-no-route-code", "final answer (400..699) to new work that no -sip-route matches when there is no pool default")
 	s.add(&c.Policy, "sip-lb-policy", "selection of new work: hash (consistent hash on Call-ID), round-robin, weighted-round-robin, least-outstanding, p2c")
 	s.add(&c.TokenTTL, "sip-affinity-ttl", "lifetime of the signed backend token in Record-Route (longest dialog)")
 	s.add(&c.DialogTTL, "sip-dialog-ttl", "dialog table: forget a dialog after this long without an in-dialog request (a bit more than the longest call)")
