@@ -136,9 +136,9 @@ type Node struct {
 	signer         *lb.Signer
 	keyRing        []lb.Key // the affinity key ring; the cluster signs dialog changes with keys derived from it
 	httpSrv        *lbhttp.Server
-	httpGen        *lb.Generation    // HTTP backends in pools, with their health checks and probes
-	sipGen         *lb.Generation    // SIP backends in pools, with their pings and probes
-	sipStarted     bool              // the SIP server runs: its generations can ping
+	httpGen        *lb.Generation // HTTP backends in pools, with their health checks and probes
+	sipGen         *lb.Generation // SIP backends in pools, with their pings and probes
+	sipStarted     bool           // the SIP server runs: its generations can ping
 	mopByKey       map[string]*admission.MOP
 	ctx            context.Context // of the running node, for reloads
 	sipSrv         *lbsip.Server
