@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -231,5 +232,60 @@ func checkConfigReadsBack(t *testing.T, conf string, n *Node) {
 	}
 	if len(got["http-route"]) == 0 || len(got["http-pool"]) == 0 {
 		t.Errorf("no pools or routes printed:\n%s", conf)
+	}
+}
+
+// TestSIPPoolsAndRoutes: the node builds the SIP front end's generation
+// with its pools and routes, changes its routes at run time (the backends
+// keep their state) and drains one pool only.
+func TestSIPPoolsAndRoutes(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.SIPBackends = []string{"127.0.0.1:5091,id=reg1", "127.0.0.1:5092,id=lon1,pool=london", "127.0.0.1:5093,id=lon2,pool=london"}
+	cfg.SIPPools = []string{"name=london,policy=round-robin"}
+	cfg.SIPRoutes = []string{"pool=london,domain=voice.example,user=+4420"}
+	cfg.AdminListen = "127.0.0.1:0"
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop(time.Second) })
+	adm := "http://" + n.Addrs().Admin.String()
+	g := n.Generation("sip")
+	if g == nil || len(g.Pools()) != 2 || g.Pool("london").Len() != 2 || g.Routes().Len() != 1 {
+		t.Fatalf("sip generation: %+v", g)
+	}
+	lon1 := g.Lookup("lon1")
+	lon1.Disable(true)
+	if code, body := postBody(t, adm+"/control/routes/sip/add", "pool=london,method=REGISTER"); code != 200 {
+		t.Fatalf("add sip route: %d %q", code, body)
+	}
+	g2 := n.Generation("sip")
+	if g2 == g || g2.Routes().Len() != 2 || g2.Routes().Spec(1).Method != "REGISTER" {
+		t.Fatalf("sip routes after the change: %v", g2.Routes())
+	}
+	if !g2.Lookup("lon1").Disabled() {
+		t.Error("a route change lost the operator's disable")
+	}
+	if code, body := post(t, adm+"/control/pools/london/drain?protocol=sip", ""); code != 200 || !strings.Contains(body, "drained 2 backends") {
+		t.Fatalf("drain pool london: %d %q", code, body)
+	}
+	if g2.Lookup("reg1").Drained() || !g2.Lookup("lon2").Drained() {
+		t.Error("drain of pool london: reg1 drained or lon2 not")
+	}
+	var st admin.Status
+	if err := json.Unmarshal([]byte(getBody(t, adm+"/status")), &st); err != nil {
+		t.Fatal(err)
+	}
+	var lon *admin.PoolStatus
+	for i, p := range st.Pools {
+		if p.Protocol == "sip" && p.Name == "london" {
+			lon = &st.Pools[i]
+		}
+	}
+	if lon == nil || lon.Policy != "round-robin" || !slices.Equal(lon.Backends, []string{"lon1", "lon2"}) || len(st.Routes["sip"]) != 2 || st.Routes["sip"][1].Pool != "london" {
+		t.Errorf("/status pools %+v routes %+v", st.Pools, st.Routes)
 	}
 }
