@@ -36,7 +36,7 @@ const (
 const ctlUsageText = `usage: sluice ctl [-admin URL] [-token-file FILE] [-protocol http|sip] COMMAND ARGS
 
 commands:
-  status                     memory state, backends and ARM rules
+  status                     memory state, backends by pool, routes with their hits and ARM rules
   config                     the running configuration (config-file syntax)
   drain ID | undrain ID      stop / resume new work to a backend (affinity continues)
   disable ID | enable ID     take a backend out entirely (no affinity either) / back
@@ -47,6 +47,12 @@ commands:
   arm set NAME KEY=VALUE...  change a rule: limit=500/s action=reject ...
   arm add RULE               add a rule in the -arm grammar: name=x,limit=10/s,...
   arm remove NAME            remove a rule
+  route list                 the routes of both front ends, in order, with their hits
+  route add PROTO SPEC [AT]  add a route (http or sip; -http-route / -sip-route grammar),
+                             at position AT (0: first; default last)
+  route remove PROTO INDEX   remove a route by its index in route list
+  drain-pool NAME            drain every backend of a pool (-protocol when both front ends have it)
+  undrain-pool NAME          undrain them
 
 exit status: 0 done, 1 refused by sluice (its message on stderr),
 2 usage error, 3 admin listener not reachable.
@@ -129,6 +135,46 @@ func parseCtl(args []string, protocol string) (ctlCall, error) {
 			return ctlCall{"POST", "/control/arm/" + url.PathEscape(args[2]) + "/remove", ""}, nil
 		}
 		return ctlCall{}, fmt.Errorf("arm %s: want set, add or remove", args[1])
+	case "route":
+		if len(args) < 2 {
+			return ctlCall{}, errors.New("route: want route list, route add PROTO SPEC [AT] or route remove PROTO INDEX")
+		}
+		proto := func(p string) error {
+			if p != "http" && p != "sip" {
+				return fmt.Errorf("route %s: protocol %q: want http or sip", args[1], p)
+			}
+			return nil
+		}
+		switch args[1] {
+		case "list":
+			return ctlCall{"GET", "/control/routes", ""}, need(2, "route list")
+		case "add":
+			if len(args) != 4 && len(args) != 5 {
+				return ctlCall{}, errors.New("route add: want route add PROTO SPEC [AT] (e.g. route add http pool=api,host=api.example.com 0)")
+			}
+			if err := proto(args[2]); err != nil {
+				return ctlCall{}, err
+			}
+			path := "/control/routes/" + args[2] + "/add"
+			if len(args) == 5 {
+				path += "?at=" + url.QueryEscape(args[4])
+			}
+			return ctlCall{"POST", path, args[3]}, nil
+		case "remove":
+			if len(args) != 4 {
+				return ctlCall{}, errors.New("route remove: want route remove PROTO INDEX")
+			}
+			if err := proto(args[2]); err != nil {
+				return ctlCall{}, err
+			}
+			return ctlCall{"POST", "/control/routes/" + args[2] + "/" + url.PathEscape(args[3]) + "/remove", ""}, nil
+		}
+		return ctlCall{}, fmt.Errorf("route %s: want list, add or remove", args[1])
+	case "drain-pool", "undrain-pool":
+		if err := need(2, args[0]+" NAME"); err != nil {
+			return ctlCall{}, err
+		}
+		return ctlCall{"POST", "/control/pools/" + url.PathEscape(args[1]) + "/" + strings.TrimSuffix(args[0], "-pool") + q, ""}, nil
 	}
 	return ctlCall{}, fmt.Errorf("unknown command %q", args[0])
 }
@@ -225,6 +271,13 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 		}
 		return ctlRefused
 	}
+	if call.path == "/control/routes" {
+		if err := printRoutes(stdout, data); err != nil {
+			fmt.Fprintf(stderr, "sluice ctl: routes from %s: %v\n", base, err)
+			return ctlRefused
+		}
+		return ctlOK
+	}
 	if call.path == "/status" {
 		if err := printStatus(stdout, data); err != nil {
 			fmt.Fprintf(stderr, "sluice ctl: status from %s: %v\n", base, err)
@@ -294,9 +347,30 @@ func printStatus(w io.Writer, data []byte) error {
 		fmt.Fprintf(w, "memory states off: no -mem-limit, cgroup limit or GOMEMLIMIT (%d bytes used)\n\n", st.Memory.UsedBytes)
 	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "BACKEND\tPROTO\tADDR\tSTATE\tWEIGHT\tOUTSTANDING\tMOP\tALLOWED/S\tLEARNED/S")
+	fmt.Fprintln(tw, "POOL\tBACKEND\tPROTO\tADDR\tSTATE\tWEIGHT\tOUTSTANDING\tMOP\tALLOWED/S\tLEARNED/S")
+	row := func(pool string, b admin.BackendStatus) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f\t%.1f\n", pool, safeField(b.ID), safeField(b.Protocol), safeField(b.Addr), safeField(b.State), b.Weight, b.Outstanding, safeField(b.MOP.Phase), b.MOP.AllowedRate, b.MOP.LearnedRate)
+	}
+	if len(st.Pools) == 0 {
+		// A sluice without pools in /status: one table as before.
+		for _, b := range st.Backends {
+			row("-", b)
+		}
+	}
+	byID := map[string]admin.BackendStatus{}
 	for _, b := range st.Backends {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f\t%.1f\n", safeField(b.ID), safeField(b.Protocol), safeField(b.Addr), safeField(b.State), b.Weight, b.Outstanding, safeField(b.MOP.Phase), b.MOP.AllowedRate, b.MOP.LearnedRate)
+		byID[b.Protocol+" "+b.ID] = b
+	}
+	for _, p := range st.Pools {
+		name := safeField(p.Protocol + " " + p.Name)
+		if p.Panic {
+			name += " (panic)"
+		}
+		for _, id := range p.Backends {
+			if b, ok := byID[p.Protocol+" "+id]; ok {
+				row(name, b)
+			}
+		}
 	}
 	tw.Flush()
 	// Why each backend that is not up is out: the operator, its traffic,
@@ -312,6 +386,7 @@ func printStatus(w io.Writer, data []byte) error {
 		}
 		fmt.Fprintf(w, "%s %s: %s\n", safeField(b.Protocol), safeField(b.ID), safeField(b.Reason))
 	}
+	printRouteTable(w, st.Routes)
 	if len(st.ARM) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(tw, "ARM RULE\tRATE\tLIMIT\tQUEUED\tADMITTED\tDELAYED\tREFUSED")
@@ -321,4 +396,38 @@ func printStatus(w io.Writer, data []byte) error {
 		tw.Flush()
 	}
 	return nil
+}
+
+// printRoutes prints GET /control/routes.
+func printRoutes(w io.Writer, data []byte) error {
+	var routes map[string][]admin.RouteStatus
+	if err := json.Unmarshal(data, &routes); err != nil {
+		return err
+	}
+	if !printRouteTable(w, routes) {
+		fmt.Fprintln(w, "no routes: new work goes to the pool default")
+	}
+	return nil
+}
+
+// printRouteTable prints the routes of both protocols with their index
+// (for route remove) and hits; false when there are none.
+func printRouteTable(w io.Writer, routes map[string][]admin.RouteStatus) bool {
+	n := 0
+	for _, rs := range routes {
+		n += len(rs)
+	}
+	if n == 0 {
+		return false
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROUTE\tPROTO\tPOOL\tHITS\tSPEC")
+	for _, proto := range []string{"http", "sip"} {
+		for i, r := range routes[proto] {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\n", i, proto, safeField(r.Pool), r.Hits, safeField(r.Spec))
+		}
+	}
+	tw.Flush()
+	return true
 }
