@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,13 +53,13 @@ var (
 	descARMDelayed   = prometheus.NewDesc("sluice_arm_delayed_total", "Requests the ARM rule put in its delay queue.", []string{"rule"}, nil)
 	descARMRefused   = prometheus.NewDesc("sluice_arm_refused_total", "Requests the ARM rule refused.", []string{"rule"}, nil)
 	descARMOver      = prometheus.NewDesc("sluice_arm_over_limit_total", "Requests admitted over the limit (action=log, or while qualifying).", []string{"rule"}, nil)
-	descMOPAllowed   = prometheus.NewDesc("sluice_mop_allowed_rate", "New work per second MOP lets through to the backend now.", []string{"protocol", "backend"}, nil)
-	descMOPLearned   = prometheus.NewDesc("sluice_mop_learned_rate", "Learned safe rate of new work per second (0 while discovering).", []string{"protocol", "backend"}, nil)
-	descMOPPhase     = prometheus.NewDesc("sluice_mop_learned", "1 when the backend's MOP rate is learned, 0 while discovering.", []string{"protocol", "backend"}, nil)
-	descBEMemory     = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe; absent while the probe fails.", []string{"protocol", "backend"}, nil)
-	descProbeFails   = prometheus.NewDesc("sluice_mop_probe_failures_total", "Memory probes of the backend that failed (no answer, too large, a reading that cannot be true).", []string{"protocol", "backend"}, nil)
-	descBEState      = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining, unknown.", []string{"protocol", "backend", "state"}, nil)
-	descBEOut        = prometheus.NewDesc("sluice_backend_outstanding", "Requests sent to the backend and not yet answered.", []string{"protocol", "backend"}, nil)
+	descMOPAllowed   = prometheus.NewDesc("sluice_mop_allowed_rate", "New work per second MOP lets through to the backend now.", []string{"protocol", "backend", "pool"}, nil)
+	descMOPLearned   = prometheus.NewDesc("sluice_mop_learned_rate", "Learned safe rate of new work per second (0 while discovering).", []string{"protocol", "backend", "pool"}, nil)
+	descMOPPhase     = prometheus.NewDesc("sluice_mop_learned", "1 when the backend's MOP rate is learned, 0 while discovering.", []string{"protocol", "backend", "pool"}, nil)
+	descBEMemory     = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe; absent while the probe fails.", []string{"protocol", "backend", "pool"}, nil)
+	descProbeFails   = prometheus.NewDesc("sluice_mop_probe_failures_total", "Memory probes of the backend that failed (no answer, too large, a reading that cannot be true).", []string{"protocol", "backend", "pool"}, nil)
+	descBEState      = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining, unknown.", []string{"protocol", "backend", "pool", "state"}, nil)
+	descBEOut        = prometheus.NewDesc("sluice_backend_outstanding", "Requests sent to the backend and not yet answered.", []string{"protocol", "backend", "pool"}, nil)
 	descStoreOK      = prometheus.NewDesc("sluice_persist_healthy", "1 while the data directory takes writes, 0 while saving learned rates or events fails (they wait in memory and are retried).", nil, nil)
 	descStoreErrors  = prometheus.NewDesc("sluice_persist_write_errors_total", "Failed writes to the data directory (each retry counts).", nil, nil)
 	descStorePending = prometheus.NewDesc("sluice_persist_events_pending", "Events waiting in memory for the data directory to take them.", nil, nil)
@@ -125,27 +126,30 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.src.backends != nil {
 		for _, b := range c.src.backends() {
+			// pool: the backend's pools, comma-separated (one series per
+			// backend, so a backend in two pools is not counted twice).
+			pool := strings.Join(b.Pools, ",")
 			for _, s := range []string{"up", "down", "draining", "unknown"} {
 				v := 0.0
 				if b.State == s {
 					v = 1
 				}
-				gauge(descBEState, v, b.Protocol, b.ID, s)
+				gauge(descBEState, v, b.Protocol, b.ID, pool, s)
 			}
-			gauge(descBEOut, float64(b.Outstanding), b.Protocol, b.ID)
+			gauge(descBEOut, float64(b.Outstanding), b.Protocol, b.ID, pool)
 			if !b.MOP.Enabled {
 				continue
 			}
-			gauge(descMOPAllowed, b.MOP.AllowedRate, b.Protocol, b.ID)
-			gauge(descMOPLearned, b.MOP.LearnedRate, b.Protocol, b.ID)
+			gauge(descMOPAllowed, b.MOP.AllowedRate, b.Protocol, b.ID, pool)
+			gauge(descMOPLearned, b.MOP.LearnedRate, b.Protocol, b.ID, pool)
 			learned := 0.0
 			if b.MOP.Phase == admission.Learned.String() {
 				learned = 1
 			}
-			gauge(descMOPPhase, learned, b.Protocol, b.ID)
-			counter(descProbeFails, float64(b.MOP.ProbeFailures), b.Protocol, b.ID)
+			gauge(descMOPPhase, learned, b.Protocol, b.ID, pool)
+			counter(descProbeFails, float64(b.MOP.ProbeFailures), b.Protocol, b.ID, pool)
 			if b.MOP.MemoryKnown {
-				gauge(descBEMemory, b.MOP.MemoryPercent/100, b.Protocol, b.ID)
+				gauge(descBEMemory, b.MOP.MemoryPercent/100, b.Protocol, b.ID, pool)
 			}
 		}
 	}

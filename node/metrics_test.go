@@ -68,8 +68,9 @@ func scrape(t *testing.T) []byte {
 	h, err := metricsHandler(metricsSources{
 		ctrl: ctrl,
 		backends: func() []admin.BackendStatus {
-			out := []admin.BackendStatus{{ID: "b1", Protocol: "http", State: "draining", MOP: admin.FromMOP(mop)},
-				{ID: "b2", Protocol: "http", State: "up", MOP: admin.FromMOP(failing)}}
+			out := []admin.BackendStatus{{ID: "b1", Protocol: "http", State: "draining", MOP: admin.FromMOP(mop), Pools: []string{"default"}},
+				{ID: "b2", Protocol: "http", State: "up", MOP: admin.FromMOP(failing), Pools: []string{"default"}},
+				{ID: "b3", Protocol: "http", State: "up", Outstanding: 4, Pools: []string{"api", "web"}}}
 			for _, n := range oddNames {
 				out = append(out, admin.BackendStatus{ID: n, Protocol: "sip", State: "up", Outstanding: 2, MOP: admin.FromMOP(mop)})
 			}
@@ -110,8 +111,8 @@ func TestMetricsExposition(t *testing.T) {
 		`sluice_requests_admitted_total{class="affinity",protocol="http"} 1`,
 		`sluice_requests_refused_total{protocol="sip",reason="arm"} 1`,
 		`sluice_arm_limit{rule="invites",unit="minute"} 1`,
-		`sluice_backend_state{backend="b1",protocol="http",state="draining"} 1`,
-		`sluice_mop_allowed_rate{backend="b1",protocol="http"} 10`,
+		`sluice_backend_state{backend="b1",pool="default",protocol="http",state="draining"} 1`,
+		`sluice_mop_allowed_rate{backend="b1",pool="default",protocol="http"} 10`,
 		`sluice_forward_duration_seconds_count{protocol="http"} 1`,
 		`sluice_frontend_events_total{event="handed_over",protocol="http"} 3`,
 		`sluice_frontend_events_total{event="upstream_error",protocol="http"} 2`,
@@ -120,8 +121,10 @@ func TestMetricsExposition(t *testing.T) {
 		`sluice_frontend_events_total{event="requests",protocol="sip"} 7`,
 		`sluice_frontend_events_total{event="refused_no_backend",protocol="sip"} 0`,
 		`sluice_frontend_transactions{protocol="sip"} 0`,
-		`sluice_backend_memory_ratio{backend="b1",protocol="http"} 0.4`,
-		`sluice_mop_probe_failures_total{backend="b2",protocol="http"} 1`,
+		`sluice_backend_memory_ratio{backend="b1",pool="default",protocol="http"} 0.4`,
+		`sluice_mop_probe_failures_total{backend="b2",pool="default",protocol="http"} 1`,
+		// A backend in two pools: one series, both pools named.
+		`sluice_backend_outstanding{backend="b3",pool="api,web",protocol="http"} 4`,
 	} {
 		if !strings.Contains(body, line) {
 			t.Errorf("missing %q", line)
