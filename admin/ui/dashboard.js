@@ -61,6 +61,23 @@
 
   const bkey = (b) => b.protocol + '/' + b.id;
 
+  // groups lists the pools of /status in order ({key, title, ids}), each
+  // with the keys of its backends; a backend is shown in the first pool
+  // that has it, and backends of no pool (a sluice without pools in
+  // /status) in one last group.
+  function groups(st) {
+    const out = [], seen = new Set();
+    for (const p of (st && st.pools) || []) {
+      const title = p.protocol + ' pool ' + p.name + ' (' + p.policy + (p.panic ? ', panic' : '') + ')';
+      const keys = p.backends.map((id) => p.protocol + '/' + id).filter((k) => !seen.has(k));
+      keys.forEach((k) => seen.add(k));
+      out.push({ key: p.protocol + '/' + p.name, title, keys });
+    }
+    const rest = ((st && st.backends) || []).map(bkey).filter((k) => !seen.has(k));
+    if (rest.length) out.push({ key: '', title: '', keys: rest });
+    return out;
+  }
+
   function merge(h) {
     if (!hist) { hist = h; return; }
     const n0 = hist.t.length, n = h.t.length;
@@ -139,7 +156,8 @@
   // layout builds the plots for the current backends and rules; it runs
   // again only when they change.
   function layout() {
-    const k = hist.backends.map(bkey).join(',') + '|' + hist.arm.map((r) => r.name).join(',');
+    const gs = groups(status);
+    const k = hist.backends.map(bkey).join(',') + '|' + hist.arm.map((r) => r.name).join(',') + '|' + gs.map((g) => g.key + ':' + g.keys.join(',')).join(';');
     if (k === layoutKey) return false;
     layoutKey = k;
     for (const p of plots.values()) p.u.destroy();
@@ -158,10 +176,28 @@
       reasons.map((r) => ({ label: r, stroke: REASON_COLOR[r] || '#555', width: 2, scale: 'rate' })),
       [rateAxis], () => [hist.t].concat(reasons.map((r) => hist.refused[r])), true);
 
-    for (const b of hist.backends) {
-      const key = bkey(b);
+    // One group of plots per pool, in the order of /status; backends
+    // with history but no pool now (removed) last.
+    const order = [], groupOf = new Map();
+    for (const g of gs) for (const key of g.keys) { order.push(key); groupOf.set(key, g); }
+    for (const b of hist.backends) if (!groupOf.has(bkey(b))) { order.push(bkey(b)); groupOf.set(bkey(b), { key: '', title: '' }); }
+    const boxes = new Map();
+    const boxOf = (g) => {
+      if (!boxes.has(g.key)) {
+        const box = el('div', { class: 'pool-plots', 'data-pool': g.key });
+        if (g.title) box.appendChild(el('h3', { class: 'pool-title' }, g.title));
+        const inner = el('div', { class: 'plots' });
+        box.appendChild(inner);
+        $('#backend-plots').appendChild(box);
+        boxes.set(g.key, inner);
+      }
+      return boxes.get(g.key);
+    };
+    for (const key of order) {
+      const b = hist.backends.find((x) => bkey(x) === key);
+      if (!b) continue;
       const find = () => hist.backends.find((x) => bkey(x) === key);
-      makePlot($('#backend-plots'), 'backend:' + key, b.protocol + ' ' + b.id,
+      makePlot(boxOf(groupOf.get(key)), 'backend:' + key, b.protocol + ' ' + b.id,
         [{ label: 'admitted new /s', stroke: '#2e7d32', width: 2, scale: 'rate' },
           { label: 'allowed /s', stroke: '#1565c0', dash: [6, 3], scale: 'rate' },
           { label: 'learned /s', stroke: '#6a1b9a', dash: [2, 2], scale: 'rate' },
@@ -222,7 +258,7 @@
 
   function row(b) {
     const tr = el('tr', { 'data-key': bkey(b) });
-    for (const c of ['protocol', 'id', 'addr', 'state', 'weight', 'outstanding', 'requests', 'failures', 'phase', 'allowed', 'learned', 'memory', 'actions']) tr.appendChild(el('td', { class: 'c-' + c }));
+    for (const c of ['pool', 'protocol', 'id', 'addr', 'state', 'weight', 'outstanding', 'requests', 'failures', 'phase', 'allowed', 'learned', 'memory', 'actions']) tr.appendChild(el('td', { class: 'c-' + c }));
     tr.querySelector('.c-id').textContent = b.id;
     tr.querySelector('.c-protocol').textContent = b.protocol;
     tr.querySelector('.c-addr').textContent = b.addr;
@@ -240,11 +276,20 @@
     const body = $('#backends tbody');
     const rows = new Map([...body.children].map((tr) => [tr.dataset.key, tr]));
     const keep = new Set();
-    for (const b of status.backends) {
+    const byKey = new Map(status.backends.map((b) => [bkey(b), b]));
+    // Rows in pool order: the first row of each pool names it.
+    const ordered = [];
+    for (const g of groups(status)) g.keys.forEach((k, i) => { if (byKey.has(k)) ordered.push([byKey.get(k), g, i === 0]); });
+    ordered.forEach(([b, g, first], i) => {
       const k = bkey(b);
       keep.add(k);
       let tr = rows.get(k);
-      if (!tr) { tr = row(b); body.appendChild(tr); }
+      if (!tr) tr = row(b);
+      // Moved only when out of place, so a weight being typed keeps focus.
+      if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
+      tr.classList.toggle('pool-first', first);
+      tr.dataset.pool = g.key;
+      tr.querySelector('.c-pool').textContent = first ? g.title.replace(/^\S+ pool /, '') : '';
       tr._b = b;
       const st = tr.querySelector('.c-state');
       st.textContent = b.state;
@@ -259,7 +304,7 @@
       tr.querySelector('.c-learned').textContent = b.mop.enabled && b.mop.learned_rate > 0 ? num(b.mop.learned_rate) : '–';
       memoryCell(tr.querySelector('.c-memory'), b);
       tr.querySelector('button.drain').textContent = b.state === 'draining' ? 'undrain' : 'drain';
-    }
+    });
     for (const [k, tr] of rows) if (!keep.has(k)) tr.remove();
 
     const rules = $('#rules');
