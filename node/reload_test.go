@@ -104,3 +104,46 @@ func TestAffinityKeyFileBounded(t *testing.T) {
 		t.Fatal("-affinity-key-file a FIFO: start-up does not return")
 	}
 }
+
+// TestExampleBackendsFile: examples/backends reads and its pools and
+// routes name pools of its backends.
+func TestExampleBackendsFile(t *testing.T) {
+	f, err := readBackendsFile(filepath.Join("..", "examples", "backends"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for proto, set := range map[string]specSet{"http": f.http, "sip": f.sip} {
+		if err := f.check(proto, set); err != nil {
+			t.Errorf("%s: %v", proto, err)
+		}
+		if len(set.Routes) == 0 {
+			t.Errorf("%s: no routes in the example", proto)
+		}
+	}
+}
+
+// TestReadBackendsFilePoolsAndRoutes: pool and route lines, in order, and
+// their errors naming the file and line.
+func TestReadBackendsFilePoolsAndRoutes(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "b")
+	os.WriteFile(f, []byte("http 127.0.0.1:1,pool=api\nhttp-route pool=api,host=b.example\nhttp-route pool=api,host=a.example\nhttp-pool name=api,policy=p2c\nsip 127.0.0.1:2\nsip-route pool=default,method=REGISTER\n"), 0o600)
+	got, err := readBackendsFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got.http.Routes, " ") != "pool=api,host=b.example pool=api,host=a.example" || len(got.http.Pools) != 1 || len(got.sip.Routes) != 1 || len(got.sip.Backends) != 1 {
+		t.Errorf("read %+v", got)
+	}
+	for _, tc := range []struct{ body, want string }{
+		{"http-route pool=api,colour=red\n", `:1: http-route "pool=api,colour=red": route "pool=api,colour=red": unknown key "colour"`},
+		{"# c\nsip-pool name=x,hash-key=source\n", `:2: sip-pool "name=x,hash-key=source"`},
+		{"http-routes pool=a\n", `:1: "http-routes": want http, sip, http-pool, sip-pool, http-route or sip-route`},
+		{"http-route\n", `:1: want "http SPEC"`},
+	} {
+		os.WriteFile(f, []byte(tc.body), 0o600)
+		if _, err := readBackendsFile(f); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err %v, want %q", tc.body, err, tc.want)
+		}
+	}
+}
