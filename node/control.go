@@ -89,6 +89,9 @@ func (o *operator) Apply(c admin.Change) (string, error) {
 	case admin.TargetBackend:
 		done, err = n.backendOps().Apply(c)
 	case admin.TargetARM:
+		if err := n.checkRuleChange(c); err != nil {
+			return "", err
+		}
 		done, err = n.ruleOps().Apply(c)
 		n.rulesChanged()
 	case admin.TargetRoute:
@@ -107,6 +110,36 @@ func (o *operator) Apply(c admin.Change) (string, error) {
 		done += " (in force, but not kept across a restart: " + err.Error() + ")"
 	}
 	return done, nil
+}
+
+// checkRuleChange refuses an ARM rule added or changed at run time whose
+// pool= names a pool of no front end, as start-up does.
+func (n *Node) checkRuleChange(c admin.Change) error {
+	var rc admission.RuleConfig
+	switch c.Action {
+	case "add":
+		r, err := admission.ParseRule(c.Value)
+		if err != nil {
+			return nil // the rule control says what is wrong
+		}
+		rc = r
+	case "set":
+		old, ok := n.ctrl.Rule(c.Name)
+		if !ok {
+			return nil
+		}
+		r, err := admission.ChangeRule(old, c.Value)
+		if err != nil {
+			return nil
+		}
+		rc = r
+	default:
+		return nil
+	}
+	if err := n.rulePoolKnown(rc); err != nil {
+		return fmt.Errorf("arm rule %s: %w: %w", rc.Name, admin.ErrBadValue, err)
+	}
+	return nil
 }
 
 // keepOverride stores (or, when the setting is back at its configured
@@ -400,6 +433,9 @@ func (n *Node) ReloadARM() error {
 		return nil
 	}
 	rules, err := n.loadRules()
+	if err == nil {
+		err = n.checkRulePools(rules)
+	}
 	if err == nil {
 		n.op.mu.Lock()
 		defer n.op.mu.Unlock()

@@ -119,26 +119,38 @@ func checkSpecs(proto string, set specSet) error {
 // end: its budget would never meter anything. rules are loadRules': the
 // -arm flags' first, in order, then -arm-file's.
 func (n *Node) checkRulePools(rules []admission.RuleConfig) error {
-	names := poolNames("http", n.specs("http").Backends)
-	for p := range poolNames("sip", n.specs("sip").Backends) {
-		names[p] = true
-	}
 	for i, rc := range rules {
-		if rc.Match.Pool == "" || names[rc.Match.Pool] {
+		err := n.rulePoolKnown(rc)
+		if err == nil {
 			continue
 		}
-		have := make([]string, 0, len(names))
-		for p := range names {
-			have = append(have, p)
-		}
-		slices.Sort(have)
-		err := fmt.Errorf("pool %s is a pool of no front end (pools: %s)", rc.Match.Pool, strings.Join(have, ", "))
 		if i < len(n.cfg.ARM) {
 			return &ValueError{Flag: "-arm", Value: n.cfg.ARM[i], Err: err}
 		}
 		return fmt.Errorf("-arm-file %s: rule %s: %w", n.cfg.ARMFile, rc.Name, err)
 	}
 	return nil
+}
+
+// rulePoolKnown returns an error when rc's pool= names a pool no backend
+// of either front end is in.
+func (n *Node) rulePoolKnown(rc admission.RuleConfig) error {
+	if rc.Match.Pool == "" {
+		return nil
+	}
+	names := poolNames("http", n.specs("http").Backends)
+	for p := range poolNames("sip", n.specs("sip").Backends) {
+		names[p] = true
+	}
+	if names[rc.Match.Pool] {
+		return nil
+	}
+	have := make([]string, 0, len(names))
+	for p := range names {
+		have = append(have, p)
+	}
+	slices.Sort(have)
+	return fmt.Errorf("pool %s is a pool of no front end (pools: %s)", rc.Match.Pool, strings.Join(have, ", "))
 }
 
 // specs returns proto's specs in force: backends and pool settings of

@@ -3,10 +3,13 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -287,5 +290,37 @@ func TestSIPPoolsAndRoutes(t *testing.T) {
 	}
 	if lon == nil || lon.Policy != "round-robin" || !slices.Equal(lon.Backends, []string{"lon1", "lon2"}) || len(st.Routes["sip"]) != 2 || st.Routes["sip"][1].Pool != "london" {
 		t.Errorf("/status pools %+v routes %+v", st.Pools, st.Routes)
+	}
+}
+
+// TestARMPoolMustExist: an ARM rule whose pool= names no pool is refused
+// at start (naming the flag and value), added or changed at run time, and
+// in a reloaded -arm-file; one naming a pool is taken.
+func TestARMPoolMustExist(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{poolBackend(t, "api1", "api"), poolBackend(t, "web1")}
+	cfg.ARM = []string{"name=x,limit=10/s,pool=london"}
+	_, err := New(cfg, nil)
+	var ve *ValueError
+	if !errors.As(err, &ve) || ve.Flag != "-arm" || ve.Value != "name=x,limit=10/s,pool=london" || !strings.Contains(err.Error(), "pool london is a pool of no front end (pools: api, default)") {
+		t.Fatalf("start with an arm rule of no pool: %v", err)
+	}
+	cfg.ARM = []string{"name=x,limit=10/s,pool=api"}
+	cfg.ARMFile = filepath.Join(t.TempDir(), "arm")
+	os.WriteFile(cfg.ARMFile, []byte("name=y,limit=5/s\n"), 0o600)
+	cfg.AdminListen = "127.0.0.1:0"
+	n, _, adm := controlNode(t, cfg)
+	if code, body := post(t, adm+"/control/arm/add", "name=z,limit=1/s,pool=nope"); code != http.StatusBadRequest || !strings.Contains(body, "pool nope is a pool of no front end") {
+		t.Errorf("arm add of no pool: %d %q", code, body)
+	}
+	if code, body := post(t, adm+"/control/arm/x/set", "pool=nope"); code != http.StatusBadRequest {
+		t.Errorf("arm set to no pool: %d %q", code, body)
+	}
+	if code, body := post(t, adm+"/control/arm/add", "name=z,limit=1/s,pool=default"); code != 200 {
+		t.Errorf("arm add of pool default: %d %q", code, body)
+	}
+	os.WriteFile(cfg.ARMFile, []byte("name=y,limit=5/s,pool=gone\n"), 0o600)
+	if err := n.ReloadARM(); err == nil || !strings.Contains(err.Error(), "rule y: pool gone is a pool of no front end") {
+		t.Errorf("reload of an arm file naming no pool: %v", err)
 	}
 }
