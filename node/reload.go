@@ -144,6 +144,15 @@ func (n *Node) reload() error {
 		if err := file.check(proto, next.specs(proto)); err != nil {
 			return err
 		}
+		// The operator's route list, if it still applies, from the first
+		// request on (not the file's for a moment).
+		if routes, ok := n.keptRoutes(proto, next.cfgRoutes[proto]); ok {
+			set := next.specs(proto)
+			set.Routes = routes
+			if checkSpecs(proto, set) == nil {
+				next.routes[proto] = routes
+			}
+		}
 	}
 	var gen *lb.Generation
 	if n.httpSrv != nil {
@@ -217,4 +226,19 @@ func (n *Node) healthConfig() lb.HealthConfig {
 	c.Events = n.events
 	c.Clock = n.clock
 	return c
+}
+
+// keptRoutes returns the route list of proto kept in the data directory
+// when it applies on top of the configured routes cfg (the configuration
+// did not change them since the list was kept).
+func (n *Node) keptRoutes(proto string, cfg []string) ([]string, bool) {
+	if n.store == nil {
+		return nil, false
+	}
+	for _, o := range n.store.Overrides() {
+		if o.Key == routeKey(proto) && o.Configured == routesValue(cfg) {
+			return parseRoutesValue(o.Value), true
+		}
+	}
+	return nil, false
 }

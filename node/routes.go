@@ -67,6 +67,9 @@ func (n *Node) changeRoutes(c admin.Change) (string, error) {
 // backends and pools with these routes, carrying every backend's state
 // over. On an error nothing changes.
 func (n *Node) setRoutes(proto string, routes []string) error {
+	if slices.Equal(routes, n.routes[proto]) && n.Generation(proto) != nil && n.Generation(proto).Routes().Len() == len(routes) {
+		return nil // in force already (a reload took the kept list)
+	}
 	set := n.specs(proto)
 	set.Routes = routes
 	if err := checkSpecs(proto, set); err != nil {

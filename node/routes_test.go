@@ -324,3 +324,38 @@ func TestARMPoolMustExist(t *testing.T) {
 		t.Errorf("reload of an arm file naming no pool: %v", err)
 	}
 }
+
+// TestReloadKeepsRouteChanges: a reload of -backends-file keeps the
+// operator's route list while the file's routes stay as they were; once
+// the file changes them, the file wins and the list is dropped with an
+// event.
+func TestReloadKeepsRouteChanges(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.BackendsFile = filepath.Join(t.TempDir(), "backends")
+	file := "http " + poolBackend(t, "web1") + "\nhttp " + poolBackend(t, "api1", "api") + "\nhttp-route pool=api,host=api.example.com\n"
+	os.WriteFile(cfg.BackendsFile, []byte(file), 0o600)
+	cfg.AdminListen = "127.0.0.1:0"
+	n, front, adm := controlNode(t, cfg)
+	if code, body := postBody(t, adm+"/control/routes/http/add", "pool=api,path=/v2/"); code != 200 {
+		t.Fatalf("add route: %d %q", code, body)
+	}
+	if err := n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Generation("http").Routes().Len(); got != 2 {
+		t.Errorf("%d routes after a reload, want the operator's 2", got)
+	}
+	if _, body := getHost(t, front, "", "/v2/x"); !strings.HasPrefix(body, "api1") {
+		t.Errorf("/v2/x after a reload reached %q", body)
+	}
+	os.WriteFile(cfg.BackendsFile, []byte(strings.Replace(file, "api.example.com", "api.example.org", 1)), 0o600)
+	if err := n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if r := n.Generation("http").Routes(); r.Len() != 1 || r.Spec(0).Host != "api.example.org" {
+		t.Errorf("routes after the file changed them: %d", r.Len())
+	}
+	if ev := eventsMatching(t, n, "run-time change routes/http="); len(ev) != 1 || !strings.Contains(ev[0], "dropped") {
+		t.Errorf("events: %q", ev)
+	}
+}
