@@ -117,7 +117,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 
 	cs := newSection(fs, o.fields, "admission", "ControllerConfig.", &o.ctrl)
 	o.arm.check = func(s string) error { _, err := admission.ParseRule(s); return err }
-	fs.Var(&o.arm, "arm", "ARM `rule` name=N,limit=100/s[,proto=,method=,host=,path=,action=delay|reject|log,queue=,wait=,qualify=,low=,lower=] (repeatable)")
+	fs.Var(&o.arm, "arm", "ARM `rule` name=N,limit=100/s[,proto=,method=,host=,path=,pool=,action=delay|reject|log,queue=,wait=,qualify=,low=,lower=] (repeatable)")
 	cs.also(&o.ctrl.Rules, "arm")
 	o.ctrl.MOPRejectCode = admission.DefaultMOPRejectCode
 	cs.add(&o.ctrl.MOPRejectCode, "mop-reject-code", "HTTP status when every backend's MOP refuses")
