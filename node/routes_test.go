@@ -359,3 +359,40 @@ func TestReloadKeepsRouteChanges(t *testing.T) {
 		t.Errorf("events: %q", ev)
 	}
 }
+
+// TestSIPDisabledKeptAcrossReloadWithPingsOff: a SIP backend an operator
+// disabled stays disabled across a reload of -backends-file, and once
+// enabled it is up: with pings off no probe verdict came back with it to
+// hold it down for good.
+func TestSIPDisabledKeptAcrossReloadWithPingsOff(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.BackendsFile = filepath.Join(t.TempDir(), "backends")
+	os.WriteFile(cfg.BackendsFile, []byte("sip 127.0.0.1:5091,id=as1\nsip 127.0.0.1:5092,id=as2\n"), 0o600)
+	cfg.AdminListen = "127.0.0.1:0"
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop(time.Second) })
+	adm := "http://" + n.Addrs().Admin.String()
+	if code, body := post(t, adm+"/control/backends/as1/disable", ""); code != 200 {
+		t.Fatalf("disable: %d %q", code, body)
+	}
+	os.WriteFile(cfg.BackendsFile, []byte("sip 127.0.0.1:5091,id=as1\nsip 127.0.0.1:5092,id=as2\nsip 127.0.0.1:5093,id=as3\n"), 0o600)
+	if err := n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	g := n.Generation("sip")
+	if b := g.Lookup("as1"); b == nil || !b.Disabled() || g.Lookup("as3") == nil {
+		t.Fatalf("after the reload: as1 %v, as3 %v", b, g.Lookup("as3"))
+	}
+	if code, body := post(t, adm+"/control/backends/as1/enable", ""); code != 200 {
+		t.Fatalf("enable: %d %q", code, body)
+	}
+	if st := g.Lookup("as1").State(n.clock.Now()); st != lb.Up {
+		t.Errorf("as1 enabled after the reload is %v, want up", st)
+	}
+}
