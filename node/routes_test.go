@@ -396,3 +396,30 @@ func TestSIPDisabledKeptAcrossReloadWithPingsOff(t *testing.T) {
 		t.Errorf("as1 enabled after the reload is %v, want up", st)
 	}
 }
+
+// TestStickySessionKeepsPoolAcrossRouteChange: a client whose sticky
+// cookie names a backend of the pool a route sent it to keeps that
+// backend after the route is removed through the control API, while new
+// clients follow the new routes.
+func TestStickySessionKeepsPoolAcrossRouteChange(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{poolBackend(t, "web1"), poolBackend(t, "shop1", "shop")}
+	cfg.HTTPRoutes = []string{"pool=shop,path=/cart"}
+	cfg.AdminListen = "127.0.0.1:0"
+	_, front, adm := controlNode(t, cfg)
+	code, body, cookie := get(t, front+"/cart", "")
+	if code != 200 || !strings.HasPrefix(body, "shop1") || cookie == "" {
+		t.Fatalf("first /cart: %d %q cookie %q", code, body, cookie)
+	}
+	if code, body := post(t, adm+"/control/routes/http/0/remove", ""); code != 200 {
+		t.Fatalf("remove route: %d %q", code, body)
+	}
+	if _, body, _ := get(t, front+"/cart", ""); !strings.HasPrefix(body, "web1") {
+		t.Errorf("new client after the route change reached %q, want web1", body)
+	}
+	for range 3 {
+		if _, body, _ := get(t, front+"/cart", cookie); !strings.HasPrefix(body, "shop1") {
+			t.Errorf("sticky client after the route change reached %q, want shop1", body)
+		}
+	}
+}
