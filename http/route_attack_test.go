@@ -41,28 +41,32 @@ func rfc3986Path(target string) string {
 // (';' parameters cut, '\' read as '/', dot-segments removed after both),
 // but a request routed without strip= is forwarded as the client spelled
 // it. A backend that reads the target as most servers do (no parameter
-// cutting, '\' an ordinary byte) then serves a path its pool's route does
-// not cover: with only /api/ of the API servers published, their
-// /internal/ location is reachable from outside.
+// cutting, '\' an ordinary byte: nginx, Apache, Go, Node, Caddy) then
+// serves a path its pool's route does not cover. With no default pool the
+// routes are an allowlist (anything else is 404): here only /api/ of the
+// API servers is published, and their /internal/ location is reachable
+// from outside.
 func TestAttackRoutedPathIsBackendPath(t *testing.T) {
 	onEngines(t, func(t *testing.T) {
-		r := newRig(t, rigOpts{backends: 2, pools: [][]string{{"api"}, nil},
+		r := newRig(t, rigOpts{backends: 1, pools: [][]string{{"api"}},
 			routes: []string{"pool=api,path=/api/"}})
 		pathRecorder(r)
+		if got := rawRoundTrip(t, r.addr, "GET /internal/x HTTP/1.1\r\nHost: www.example.com\r\n\r\n"); !strings.HasPrefix(got, "404\n") {
+			t.Fatalf("GET /internal/x: %q, want 404 (no route, no default pool)", got)
+		}
 		for _, target := range []string{
-			"/internal/x/..;/..;/api/y",       // ";" cut before dot-segments: "..;" is ".." to the route
-			"/internal/x/..%3B/..%3B/api/y",   // the same, the ';' encoded
-			`/internal/x\..\..\api/y`,         // '\' is '/' to the route only
-			"/internal/x%5C..%5C..%5Capi/y",   // the same, encoded
-			"/internal;/api/../../internal/y", // mixed
-			"/api;x/internal",                 // the route sees /api/internal; the backend /api;x/internal
-			"/api/y",                          // control: in normal form, as the route saw it
+			"/internal/x/..;/..;/api/y",     // ';' cut before dot-segments: "..;" is ".." to the route
+			"/internal/x/..%3B/..%3B/api/y", // the same, the ';' encoded
+			`/internal/x\..\..\api/y`,       // '\' is '/' to the route only
+			"/internal/x%5C..%5C..%5Capi/y", // the same, encoded
+			"/api;x/internal",               // the route sees /api/internal; the backend /api;x/internal
+			"/api/y",                        // control: in normal form, as the route saw it
 		} {
 			got := rawRoundTrip(t, r.addr, "GET "+target+" HTTP/1.1\r\nHost: www.example.com\r\n\r\n")
 			status, body := splitRaw(got)
 			name, sent, _ := strings.Cut(body, " ")
 			if status != "200" || name != "b0" {
-				continue // not sent to the api pool: nothing published that should not be
+				continue // refused: nothing published that should not be
 			}
 			if read := rfc3986Path(sent); !strings.HasPrefix(read, "/api/") {
 				t.Errorf("GET %s: routed to pool api (path=/api/), whose backend got %q and serves it as %s", target, sent, read)
