@@ -100,3 +100,27 @@ func TestAttackIPv6HostSpellings(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackRouteUnmatchablePath: a path prefix or strip that is not in
+// the normal form the front end matches requests in (no empty segments,
+// dot-segments, ";parameters", '\' or percent-encoding: requests are
+// matched decoded) can never match any request, so every request meant
+// for its pool silently goes to the default pool (or 404). Such a route
+// should be refused at start-up, naming the key and the value, as an ARM
+// rule's path is warned about (http's unmatchable).
+func TestAttackRouteUnmatchablePath(t *testing.T) {
+	for _, s := range []string{
+		"pool=x,path=/api//v1/",
+		"pool=x,path=/api/./v1/",
+		"pool=x,path=/api/../v1/",
+		"pool=x,path=/%7Euser/",
+		"pool=x,path=/caf%C3%A9/",
+		"pool=x,path=/app;v=1/",
+		`pool=x,path=/a\b/`,
+		"pool=x,strip=/st%61tic",
+	} {
+		if r, err := ParseRouteSpec("http", s); err == nil {
+			t.Errorf("ParseRouteSpec(%q) = %v, nil; want an error: the path can match no request", s, r)
+		}
+	}
+}
