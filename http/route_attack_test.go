@@ -173,3 +173,28 @@ func TestAttackNoRoute404NotCacheable(t *testing.T) {
 		}
 	})
 }
+
+// TestAttackCookieBypassesRouteAllowlist: with no default pool the routes
+// are an allowlist (no route: 404). The sticky cookie (on by default) any
+// client gets from one allowed request then carries every other request,
+// whatever its path or host, to that pool's backend as affinity: no
+// route, no ARM budget, no MOP. Publishing only /api/ of the API servers
+// publishes all of them to anyone who first asks for /api/.
+func TestAttackCookieBypassesRouteAllowlist(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, pools: [][]string{{"api"}},
+			routes: []string{"pool=api,path=/api/"}})
+		pathRecorder(r)
+		got := rawRoundTrip(t, r.addr, "GET /api/anything HTTP/1.1\r\nHost: www.example.com\r\n\r\n")
+		cookie := rawSetCookie(got, "SLUICE")
+		if status, _ := splitRaw(got); status != "200" || cookie == "" {
+			t.Fatalf("GET /api/anything: %q, want 200 with a sticky cookie", got)
+		}
+		for _, target := range []string{"/internal/admin", "/actuator/env", "/"} {
+			got := rawRoundTrip(t, r.addr, "GET "+target+" HTTP/1.1\r\nHost: www.example.com\r\nCookie: "+cookie+"\r\n\r\n")
+			if status, body := splitRaw(got); status != "404" {
+				t.Errorf("GET %s with the cookie of GET /api/anything: %s %q, want 404 (no route, no default pool)", target, status, body)
+			}
+		}
+	})
+}
