@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Hostile inputs against routing. Each test states the property a
@@ -195,6 +197,33 @@ func TestAttackCookieBypassesRouteAllowlist(t *testing.T) {
 			if status, body := splitRaw(got); status != "404" {
 				t.Errorf("GET %s with the cookie of GET /api/anything: %s %q, want 404 (no route, no default pool)", target, status, body)
 			}
+		}
+	})
+}
+
+// TestAttackLearnedSessionBypassesRouteAllowlist: the same as
+// TestAttackCookieBypassesRouteAllowlist with the sticky cookie off and
+// application sessions learned (-http-sticky-app-cookie JSESSIONID): the
+// session id an allowed request got carries any other path to its pool.
+func TestAttackLearnedSessionBypassesRouteAllowlist(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, pools: [][]string{{"api"}},
+			routes: []string{"pool=api,path=/api/"},
+			cfg:    Config{AppCookie: "JSESSIONID", StickyCookie: "-"}})
+		be := r.backends[0]
+		be.handler = func(ctx *fasthttp.RequestCtx) {
+			if len(ctx.Request.Header.Cookie("JSESSIONID")) == 0 {
+				ctx.Response.Header.Add("Set-Cookie", "JSESSIONID=sess-1; Path=/; HttpOnly")
+			}
+			ctx.SetBodyString(be.name + " " + string(ctx.Request.Header.RequestURI()))
+		}
+		got := rawRoundTrip(t, r.addr, "GET /api/login HTTP/1.1\r\nHost: www.example.com\r\n\r\n")
+		if status, _ := splitRaw(got); status != "200" || rawSetCookie(got, "JSESSIONID") == "" {
+			t.Fatalf("GET /api/login: %q, want 200 with a session", got)
+		}
+		got = rawRoundTrip(t, r.addr, "GET /internal/admin HTTP/1.1\r\nHost: www.example.com\r\nCookie: JSESSIONID=sess-1\r\n\r\n")
+		if status, body := splitRaw(got); status != "404" {
+			t.Errorf("GET /internal/admin with the session of /api/login: %s %q, want 404 (no route, no default pool)", status, body)
 		}
 	})
 }
