@@ -33,6 +33,99 @@ type backendSet struct {
 	needPath   bool           // a route tests or strips the path
 	needMethod bool           // a route tests the method
 	hdrNames   []string       // the header names routes test (RouteTable.HeaderNames)
+	testsPath  bool           // a route tests the path (path=/PREFIX or path=~REGEX)
+	hasRegex   bool           // a route has path=~REGEX (RouteTable.HasRegex)
+
+	// tables are the route tables a pin may be honoured by (see
+	// Server.affinity): this set's first, then up to maxPastTables that
+	// earlier sets served, newest first. Empty for a set built from one
+	// pool (SetPool).
+	tables []routeTable
+}
+
+// maxPastTables is how many route tables served before the current one a
+// session may still be honoured by: a route change, or a reload that
+// changes routes, keeps a session in the pool the routes gave it for the
+// next few changes, and no pin ever reaches a pool none of these tables
+// sends its request to.
+const maxPastTables = 4
+
+// routeTable is one route table as the front end served it: where it
+// sent a request, by pool name.
+type routeTable struct {
+	table      *lb.RouteTable // nil: no routes
+	pools      []string       // by route index
+	def        bool           // it had a default pool (no match: DefaultPool)
+	hdrNames   []string
+	needMethod bool
+	needPath   bool
+}
+
+// same reports whether t and u send every request to the same pool.
+func (t *routeTable) same(u *routeTable) bool {
+	if t.def != u.def || t.table.Len() != u.table.Len() {
+		return false
+	}
+	for i := range t.table.Len() {
+		if t.table.Spec(i) != u.table.Spec(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// sends reports whether t sends the request r describes to pool: the
+// first route r matches names it, or no route matches and t had a
+// default pool named pool. A table that tests a header sent twice sends
+// the request nowhere; when the raw path differs from the normalized
+// one, both must be sent to pool. It allocates nothing.
+func (t *routeTable) sends(r *routedReq, pool string) bool {
+	in := lb.RouteInput{Host: r.v.host, Path: r.v.path}
+	if t.needMethod {
+		in.Method = r.h.Method()
+	}
+	for i, name := range t.hdrNames {
+		v, dup := peekOnce(r.h, name)
+		if dup {
+			return false
+		}
+		in.Headers[i] = v
+	}
+	if !t.sendsInput(&in, pool) {
+		return false
+	}
+	if r.raw != nil {
+		in.Path = r.raw
+		return t.sendsInput(&in, pool)
+	}
+	return true
+}
+
+func (t *routeTable) sendsInput(in *lb.RouteInput, pool string) bool {
+	if i := t.table.Select(in); i >= 0 {
+		return t.pools[i] == pool
+	}
+	return t.def && pool == lb.DefaultPool
+}
+
+// routedReq is what the routes of any table the set keeps may test of
+// one request: its head, its normalized view, and its raw path when that
+// differs from the normalized one (nil otherwise).
+type routedReq struct {
+	h   *fasthttp.RequestHeader
+	v   *reqView
+	raw []byte
+}
+
+// sendsAny reports whether a table of set, the current or one served
+// before, sends the request r describes to pool.
+func (set *backendSet) sendsAny(r *routedReq, pool string) bool {
+	for i := range set.tables {
+		if set.tables[i].sends(r, pool) {
+			return true
+		}
+	}
+	return false
 }
 
 // poolRef is one pool as the front end serves it.
@@ -61,32 +154,6 @@ func (set *backendSet) lookup(id string) *lb.Backend {
 	return set.pools[0].pool.Lookup(id)
 }
 
-// poolOf returns the pool a session pinned to b with no pool named
-// (a token issued before pools) continues in: routed, when the routed
-// pool has b, else the first pool b is a member of.
-func (set *backendSet) poolOf(b *lb.Backend, routed *poolRef) *poolRef {
-	if routed != nil && routed.pool.Has(b) {
-		return routed
-	}
-	if set.gen == nil {
-		return set.pools[0]
-	}
-	if names := set.gen.PoolsOf(b); len(names) > 0 {
-		return set.byName[names[0]]
-	}
-	return nil
-}
-
-// route returns the pool new work described by in goes to and the index
-// of the route that chose it: the first route that matches, else the
-// default pool with route -1; nil and -1 when neither. It allocates
-// nothing.
-func (set *backendSet) route(in *lb.RouteInput) (*poolRef, int) {
-	if i := set.routes.Match(in); i >= 0 {
-		return set.routePools[i], i
-	}
-	return set.def, -1
-}
 
 // newBackendSet builds the set serving g's pools and routes (g nil: the
 // one pool one), reusing the fasthttp connection pools of old for
@@ -146,6 +213,28 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 			set.needMethod = set.needMethod || spec.Method != ""
 		}
 		set.hdrNames = routes.HeaderNames()
+		set.hasRegex = routes.HasRegex()
+		for i := range routes.Len() {
+			spec := routes.Spec(i)
+			set.testsPath = set.testsPath || spec.Prefix != "" || spec.Regex != ""
+		}
+	}
+	if g != nil {
+		cur := routeTable{table: set.routes, def: set.def != nil, hdrNames: set.hdrNames, needMethod: set.needMethod, needPath: set.needPath}
+		for i := range set.routes.Len() {
+			cur.pools = append(cur.pools, set.routes.Spec(i).Pool)
+		}
+		set.tables = append(set.tables, cur)
+		if old != nil && len(old.tables) > 0 {
+			past := old.tables
+			if past[0].same(&cur) {
+				past = past[1:]
+			}
+			set.tables = append(set.tables, past[:min(len(past), maxPastTables)]...)
+		}
+		for _, t := range set.tables {
+			set.needPath = set.needPath || t.needPath
+		}
 	}
 	for _, ref := range set.pools {
 		ref.path = cookiePath(set, ref)
