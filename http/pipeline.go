@@ -35,10 +35,10 @@ import (
 // it. An engine keeps it for the life of the request (the fasthttp engine
 // on the handler's stack, the loop in the client connection's exchange).
 type plan struct {
-	set      *backendSet // loaded once: a SetGeneration during the request does not mix two sets
-	ref      *poolRef    // the pool it is in: its session's, else the route's; nil: no route and no default pool
-	b        *lb.Backend // where it goes; nil until affinity or pick names one
-	strip    string      // the matching route's strip=, when the request goes to that route's pool
+	set      *backendSet  // loaded once: a SetGeneration during the request does not mix two sets
+	ref      *poolRef     // the pool it is in: its session's, else the route's; nil: no route and no default pool
+	b        *lb.Backend  // where it goes; nil until affinity or pick names one
+	strip    string       // the matching route's strip=, when the request goes to that route's pool
 	bad      routeRefusal // the routes could not choose: pick answers 400 or 414
 	class    admission.Class
 	key      uint64 // consistent-hash key (new work; 0 for other policies)

@@ -154,7 +154,6 @@ func (set *backendSet) lookup(id string) *lb.Backend {
 	return set.pools[0].pool.Lookup(id)
 }
 
-
 // newBackendSet builds the set serving g's pools and routes (g nil: the
 // one pool one), reusing the fasthttp connection pools of old for
 // backends at the same address. It checks what only the front end can:

@@ -652,8 +652,13 @@ func (t *RouteTable) newValueIndex(cond func(RouteSpec) (string, bool)) valueInd
 	return x
 }
 
-// Len is the number of routes.
-func (t *RouteTable) Len() int { return len(t.specs) }
+// Len is the number of routes (0 for a nil table).
+func (t *RouteTable) Len() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.specs)
+}
 
 // Spec is route i as parsed.
 func (t *RouteTable) Spec(i int) RouteSpec { return t.specs[i] }
