@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/lb"
 )
 
 // Hostile inputs against routing: what a client sends (its path's
@@ -319,6 +321,49 @@ func TestPinHonouredByPastTables(t *testing.T) {
 		setRoutes("pool=green,host=app.example")
 		if _, body := get("app.example", cookie); body != "b1" {
 			t.Fatalf("after %d route changes: the blue session went to %q, want b1 (routed)", maxPastTables+1, body)
+		}
+	})
+}
+
+// TestRegexRoutePathLimit: with a regex route in the table, a path a
+// regex would test longer than lb.MaxRouteRegexInput bytes (normalized,
+// or raw when it differs) is answered 414 before any route is tried: the
+// cost of regex routes does not grow with the path a client chooses. A
+// table without regex routes takes long paths.
+func TestRegexRoutePathLimit(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 2, pools: [][]string{{"css"}, nil},
+			routes: []string{`pool=css,path=~.*\.css`}})
+		css := func(n int) string { return "/" + strings.Repeat("a", n-len("/.css")) + ".css" }
+		for _, tc := range []struct{ target, want string }{
+			{css(100), "b0"},
+			{css(lb.MaxRouteRegexInput), "b0"},
+			{css(lb.MaxRouteRegexInput + 1), "414"},
+			{"/" + strings.Repeat("b", 8000), "414"},
+			{"/" + strings.Repeat("./", lb.MaxRouteRegexInput/2) + "a.css", "414"}, // short normalized, long raw
+			{css(lb.MaxRouteRegexInput) + "?" + strings.Repeat("q", 2000), "b0"},    // the query is not tested
+			{"/x", "b1"},
+		} {
+			got := rawRoundTrip(t, r.addr, "GET "+tc.target+" HTTP/1.1\r\nHost: a.example\r\n\r\n")
+			status, body := splitRaw(got)
+			if tc.want == "414" {
+				if status != "414" || !strings.Contains(got, `Proxy-Status: sluice; error=http_request_error; details="path too long for regex routes"`) || !strings.Contains(got, "Cache-Control: no-store") {
+					t.Errorf("GET %d-byte target: %.200q, want 414", len(tc.target), got)
+				}
+			} else if status != "200" || body != tc.want {
+				t.Errorf("GET %d-byte target: %s %q, want %s", len(tc.target), status, body, tc.want)
+			}
+		}
+		r2 := newRig(t, rigOpts{backends: 2, pools: [][]string{{"api"}, nil},
+			routes: []string{"pool=api,path=/api/"}})
+		for _, tc := range []struct{ target, want string }{
+			{"/api/" + strings.Repeat("a", 8000), "b0"},
+			{"/" + strings.Repeat("a", 8000), "b1"},
+		} {
+			got := rawRoundTrip(t, r2.addr, "GET "+tc.target+" HTTP/1.1\r\nHost: a.example\r\n\r\n")
+			if status, body := splitRaw(got); status != "200" || body != tc.want {
+				t.Errorf("no regex route, GET %d-byte target: %s %q, want %s", len(tc.target), status, body, tc.want)
+			}
 		}
 	})
 }

@@ -436,6 +436,9 @@ func TestARMPoolBudgets(t *testing.T) {
 					if want := `Proxy-Status: sluice; error=http_request_denied; details="arm rule ` + rule + ` pool ` + pool + `"`; !strings.Contains(got, want) {
 						t.Errorf("refusal %q, want %s", got, want)
 					}
+					if !strings.Contains(got, "Cache-Control: no-store\r\n") {
+						t.Errorf("refusal %q without Cache-Control: no-store", got)
+					}
 				default:
 					t.Fatalf("GET %s Host %s: %q", path, host, got)
 				}
