@@ -74,7 +74,14 @@ func (v *reqView) fill(h *fasthttp.RequestHeader, needPath bool) {
 		// matchPath writes into pbuf only when the target is not in normal
 		// form; a view of the head is copied, so the path stays once the
 		// head is rewritten.
-		p := matchPath(v.pbuf[:0], h.RequestURI())
+		uri := h.RequestURI()
+		if cap(v.pbuf) < len(uri) {
+			// matchPath's output never outgrows its input: one buffer of
+			// the longest target so far, kept, so that a target not in
+			// normal form costs no allocation once warm.
+			v.pbuf = make([]byte, 0, len(uri))
+		}
+		p := matchPath(v.pbuf[:0], uri)
 		if cap(v.pbuf) == 0 || unsafe.SliceData(p) != unsafe.SliceData(v.pbuf[:1]) {
 			p = append(v.pbuf[:0], p...)
 		}

@@ -2,12 +2,14 @@ package http
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
 
@@ -341,7 +343,7 @@ func TestRegexRoutePathLimit(t *testing.T) {
 			{css(lb.MaxRouteRegexInput + 1), "414"},
 			{"/" + strings.Repeat("b", 8000), "414"},
 			{"/" + strings.Repeat("./", lb.MaxRouteRegexInput/2) + "a.css", "414"}, // short normalized, long raw
-			{css(lb.MaxRouteRegexInput) + "?" + strings.Repeat("q", 2000), "b0"},    // the query is not tested
+			{css(lb.MaxRouteRegexInput) + "?" + strings.Repeat("q", 2000), "b0"},   // the query is not tested
 			{"/x", "b1"},
 		} {
 			got := rawRoundTrip(t, r.addr, "GET "+tc.target+" HTTP/1.1\r\nHost: a.example\r\n\r\n")
@@ -366,4 +368,48 @@ func TestRegexRoutePathLimit(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPastTablePinAllocs: honouring a pin by a route table served before
+// (header and path routes, a path not in normal form) allocates no more
+// than honouring a pin to the routed pool (the token's verification
+// aside, nothing).
+func TestPastTablePinAllocs(t *testing.T) {
+	o := rigOpts{backends: 2, pools: [][]string{{"blue"}, {"green"}},
+		routes: []string{"pool=blue,header=X-T:1,path=/a/"}}
+	r := newRig(t, o)
+	o.routes = []string{"pool=green,header=X-T:1,path=/a/", "pool=green,method=POST"}
+	if err := r.srv.SetGeneration(r.generation(o)); err != nil {
+		t.Fatal(err)
+	}
+	s := r.srv
+	allocs := func(pool, id string) float64 {
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5555}, nil)
+		cookie := "SLUICE=" + r.signer.PoolToken(pool, id, time.Now().Add(time.Hour))
+		raw := "GET /a/x;v=1/../y?q=1 HTTP/1.1\r\nHost: www.example.com\r\nX-T: 1\r\nCookie: " + cookie + "\r\n\r\n"
+		if err := ctx.Request.Read(bufioReader(raw)); err != nil {
+			t.Fatal(err)
+		}
+		h := &ctx.Request.Header
+		var p plan
+		var v reqView
+		now := r.clock.Now()
+		run := func() {
+			req, d := s.admit(&p, h, &v, now)
+			if !s.pick(&p, &ctx.Response, &req, d, h, remoteAddr(&ctx)) {
+				t.Fatal("refused")
+			}
+		}
+		run()
+		if p.b == nil || p.b.ID() != id || p.class != admission.Affinity {
+			t.Fatalf("pin %s/%s went to %v (class %v), want it as affinity", pool, id, p.b, p.class)
+		}
+		return testing.AllocsPerRun(200, run)
+	}
+	routed, past := allocs("green", "b1"), allocs("blue", "b0")
+	t.Logf("allocations: routed pool %v, past table %v", routed, past)
+	if past > routed {
+		t.Errorf("a pin honoured by a past table: %v allocations per request, a pin to the routed pool %v", past, routed)
+	}
 }
