@@ -412,9 +412,9 @@ type RouteInput struct {
 	// FromHost is the host of the SIP From URI.
 	FromHost []byte
 	// Headers are the values of the headers HeaderNames lists, in its
-	// order; nil is an absent header. A header sent more than once is
-	// not routed on: the HTTP front end answers it 400 (a route and the
-	// backend could read different lines).
+	// order; nil is an absent header. The HTTP front end refuses (400) a
+	// request that sends a tested header more than once, before Match: a
+	// route and the backend could read different lines.
 	Headers [MaxRouteHeaders][]byte
 }
 
