@@ -74,12 +74,12 @@ func (t *routeTable) same(u *routeTable) bool {
 	return true
 }
 
-// sends reports whether t sends the request r describes to pool: the
-// first route r matches names it, or no route matches and t had a
-// default pool named pool. A table that tests a header sent twice sends
-// the request nowhere; when the raw path differs from the normalized
-// one, both must be sent to pool. It allocates nothing.
-func (t *routeTable) sends(r *routedReq, pool string) bool {
+// dest is the pool t sends the request r describes to: the first route
+// r matches names it, or no route matches and t had a default pool; ""
+// when neither, when r sends a header t tests twice, or when r's raw path
+// (when it differs from the normalized one) would go elsewhere. It
+// allocates nothing.
+func (t *routeTable) dest(r *routedReq) string {
 	in := lb.RouteInput{Host: r.v.host, Path: r.v.path}
 	if t.needMethod {
 		in.Method = r.h.Method()
@@ -87,41 +87,53 @@ func (t *routeTable) sends(r *routedReq, pool string) bool {
 	for i, name := range t.hdrNames {
 		v, dup := peekOnce(r.h, name)
 		if dup {
-			return false
+			return ""
 		}
 		in.Headers[i] = v
 	}
-	if !t.sendsInput(&in, pool) {
-		return false
-	}
+	d := t.destInput(&in)
 	if r.raw != nil {
 		in.Path = r.raw
-		return t.sendsInput(&in, pool)
+		if t.destInput(&in) != d {
+			return ""
+		}
 	}
-	return true
+	return d
 }
 
-func (t *routeTable) sendsInput(in *lb.RouteInput, pool string) bool {
+func (t *routeTable) destInput(in *lb.RouteInput) string {
 	if i := t.table.Select(in); i >= 0 {
-		return t.pools[i] == pool
+		return t.pools[i]
 	}
-	return t.def && pool == lb.DefaultPool
+	if t.def {
+		return lb.DefaultPool
+	}
+	return ""
 }
 
 // routedReq is what the routes of any table the set keeps may test of
 // one request: its head, its normalized view, and its raw path when that
-// differs from the normalized one (nil otherwise).
+// differs from the normalized one (nil otherwise). It remembers where
+// each past table sends the request, so that however many cookies a
+// request carries, each table is consulted once.
 type routedReq struct {
-	h   *fasthttp.RequestHeader
-	v   *reqView
-	raw []byte
+	h    *fasthttp.RequestHeader
+	v    *reqView
+	raw  []byte
+	dest [maxPastTables]string // by past table: the pool it sends the request to
+	done uint8                 // bit i: dest[i] is known
 }
 
-// sendsAny reports whether a table of set, the current or one served
-// before, sends the request r describes to pool.
+// sendsAny reports whether a route table served before the current one,
+// among those set keeps, sends the request r describes to pool (the
+// current one sends it to the routed pool only).
 func (set *backendSet) sendsAny(r *routedReq, pool string) bool {
-	for i := range set.tables {
-		if set.tables[i].sends(r, pool) {
+	for i := range set.tables[min(1, len(set.tables)):] {
+		if r.done&(1<<i) == 0 {
+			r.dest[i] = set.tables[1+i].dest(r)
+			r.done |= 1 << i
+		}
+		if r.dest[i] == pool {
 			return true
 		}
 	}
@@ -144,14 +156,6 @@ type poolRef struct {
 	cookies []atomic.Pointer[cookieValue]
 	path    string     // the sticky cookie's Path (cookiePath)
 	stats   *poolStats // kept by name across sets
-}
-
-// lookup returns the backend with the given id in the set, or nil.
-func (set *backendSet) lookup(id string) *lb.Backend {
-	if set.gen != nil {
-		return set.gen.Lookup(id)
-	}
-	return set.pools[0].pool.Lookup(id)
 }
 
 // newBackendSet builds the set serving g's pools and routes (g nil: the

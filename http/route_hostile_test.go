@@ -413,3 +413,39 @@ func TestPastTablePinAllocs(t *testing.T) {
 		t.Errorf("a pin honoured by a past table: %v allocations per request, a pin to the routed pool %v", past, routed)
 	}
 }
+
+// TestPastTablesConsultedOnce: however many cookies naming other pools a
+// request carries, each past route table is matched against it once (its
+// answer is kept in the routedReq), so a head full of cookies cannot
+// multiply the cost of routing (regex routes included).
+func TestPastTablesConsultedOnce(t *testing.T) {
+	o := rigOpts{backends: 2, pools: [][]string{{"blue"}, {"green"}}, routes: []string{"pool=blue,path=/a/"}}
+	r := newRig(t, o)
+	for i := range 3 {
+		o.routes = []string{"pool=green,path=/a/", fmt.Sprintf("pool=green,host=h%d.example", i)}
+		if err := r.srv.SetGeneration(r.generation(o)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := r.srv.backends.Load()
+	if len(set.tables) != 4 {
+		t.Fatalf("%d route tables kept, want 4 (the current and 3 past)", len(set.tables))
+	}
+	var h fasthttp.RequestHeader
+	h.SetMethod("GET")
+	h.SetRequestURI("/a/x")
+	h.SetHost("www.example.com")
+	var v reqView
+	v.fill(&h, true)
+	rq := routedReq{h: &h, v: &v}
+	if !set.sendsAny(&rq, "blue") || set.sendsAny(&rq, "red") {
+		t.Fatal("the first table sends /a/x to blue, no table to red")
+	}
+	if rq.done != 0b111 || rq.dest != [maxPastTables]string{"green", "green", "blue", ""} {
+		t.Fatalf("kept answers %03b %q, want 111 [green green blue]", rq.done, rq.dest)
+	}
+	rq.dest[0] = "kept"
+	if !set.sendsAny(&rq, "kept") {
+		t.Error("a past table was matched again instead of its kept answer used")
+	}
+}
