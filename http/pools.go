@@ -271,8 +271,10 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 // way finish on the set they started with; connection pools of backends
 // whose address stays are kept (one per backend, whatever the number of
 // its pools). Sticky cookies and learned session ids name the pool and
-// the backend: a session stays in its pool whatever the routes now say,
-// while its pool exists and holds its backend.
+// the backend: a session stays in its pool across a route change while
+// its pool exists and holds its backend, for requests the new routes or
+// one of the last maxPastTables route tables send to that pool (the set
+// keeps them: a generation with the same routes does not age them).
 //
 // It returns an error, and changes nothing, when g is nil or a pool's
 // hash key is not one the front end reads.
@@ -389,8 +391,9 @@ func (s *Server) Generation() *lb.Generation { return s.backends.Load().gen }
 // route does). A client keeps one cookie per name and Path: a pool
 // routed by path prefix on a host shared with other pools gets its own
 // cookie, which the browser sends only under that prefix, so that a
-// session in one pool does not ride along to another pool's paths
-// (affinity would keep it in its pool; see Server.affinity).
+// session in one pool does not ride along to another pool's paths,
+// where the routes would not honour it (Server.affinity) and the request
+// would overwrite it with the other pool's cookie.
 func cookiePath(set *backendSet, ref *poolRef) string {
 	if ref == set.def || set.routes == nil {
 		return "/"
