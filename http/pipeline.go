@@ -17,6 +17,7 @@ package http
 // refuse.go's functions; the engine sends that response its own way.
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"net/netip"
@@ -34,10 +35,11 @@ import (
 // it. An engine keeps it for the life of the request (the fasthttp engine
 // on the handler's stack, the loop in the client connection's exchange).
 type plan struct {
-	set      *backendSet // loaded once: a SetGeneration during the request does not mix two sets
-	ref      *poolRef    // the pool it is in: its session's, else the route's; nil: no route and no default pool
-	b        *lb.Backend // where it goes; nil until affinity or pick names one
-	strip    string      // the matching route's strip=, when the request goes to that route's pool
+	set      *backendSet  // loaded once: a SetGeneration during the request does not mix two sets
+	ref      *poolRef     // the pool it is in: its session's, else the route's; nil: no route and no default pool
+	b        *lb.Backend  // where it goes; nil until affinity or pick names one
+	strip    string       // the matching route's strip=, when the request goes to that route's pool
+	bad      routeRefusal // the routes could not choose: pick answers 400 or 414
 	class    admission.Class
 	key      uint64 // consistent-hash key (new work; 0 for other policies)
 	start    int64  // admission clock when the request began
@@ -72,7 +74,14 @@ func (v *reqView) fill(h *fasthttp.RequestHeader, needPath bool) {
 		// matchPath writes into pbuf only when the target is not in normal
 		// form; a view of the head is copied, so the path stays once the
 		// head is rewritten.
-		p := matchPath(v.pbuf[:0], h.RequestURI())
+		uri := h.RequestURI()
+		if cap(v.pbuf) < len(uri) {
+			// matchPath's output never outgrows its input: one buffer of
+			// the longest target so far, kept, so that a target not in
+			// normal form costs no allocation once warm.
+			v.pbuf = make([]byte, 0, len(uri))
+		}
+		p := matchPath(v.pbuf[:0], uri)
 		if cap(v.pbuf) == 0 || unsafe.SliceData(p) != unsafe.SliceData(v.pbuf[:1]) {
 			p = append(v.pbuf[:0], p...)
 		}
@@ -88,18 +97,31 @@ func (s *Server) needPath(set *backendSet) bool { return set.needPath || s.rules
 // admit starts p for the request whose head is h and asks admission about
 // it. The request is routed first (the first matching route's pool, else
 // the default pool); then affinity (a valid pin to a backend that takes
-// affinity, in the pool its token names) skips the guards, and new work
-// goes through them with the routed pool as admission's Request.Pool.
-// A request no route takes, with no default pool and no session, gets a
-// refusal without asking admission: pick answers it 404. v is filled with
-// the request's normalised host and path. The returned request views v's
-// and h's bytes: use it before they change, or clone it.
+// affinity, in a pool the routes send this request to: see affinity)
+// skips the guards, and new work goes through them with the routed pool
+// as admission's Request.Pool. A request no route takes, with no default
+// pool and no session, and one the routes cannot read (routeRequest's
+// refusals) get a refusal without asking admission: pick answers it. v
+// is filled with the request's normalised host and path. The returned
+// request views v's and h's bytes: use it before they change, or clone
+// it.
 func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, v *reqView, now int64) (admission.Request, admission.Decision) {
 	set := s.backends.Load()
 	v.fill(h, s.needPath(set))
-	routed, route := set.routeRequest(h, v)
 	*p = plan{set: set, start: now, idem: resendable(h.Method())}
-	b, ref, renew, repinned := s.affinity(h, set, routed, now)
+	rq := routedReq{h: h, v: v}
+	if v.path != nil {
+		if raw := rawPath(h.RequestURI()); raw != nil && string(raw) != string(v.path) {
+			rq.raw = raw
+		}
+	}
+	routed, route, bad := set.routeRequest(&rq)
+	if bad != routeOK {
+		p.bad = bad
+		s.stats.BadRequest.Add(1)
+		return admission.Request{}, admission.Decision{Verdict: admission.Refuse, Rule: -1}
+	}
+	b, ref, renew, repinned := s.affinity(&rq, set, routed, now)
 	switch {
 	case b != nil:
 		p.b, p.ref, p.renew, p.class = b, ref, renew, admission.Affinity
@@ -111,27 +133,97 @@ func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, v *reqView, now int64
 		p.ref, p.repinned = routed, repinned
 	}
 	if route >= 0 && p.ref == routed {
+		// A hit is the route's pool getting the request, not a session
+		// kept in another pool.
+		set.routes.CountHit(route)
 		p.strip = set.strips[route]
 	}
 	r := admissionRequest(p.class, h, v, p.ref.tag)
 	return r, s.ctrl.Decide(now, &r, nil)
 }
 
-// routeRequest returns the pool new work with head h goes to and the
-// route that chose it (-1: the default pool, or none), as
-// backendSet.route. It allocates nothing.
-func (set *backendSet) routeRequest(h *fasthttp.RequestHeader, v *reqView) (*poolRef, int) {
+// routeRefusal is why the routes cannot choose a pool for a request:
+// pick answers it instead of routing it.
+type routeRefusal uint8
+
+const (
+	routeOK        routeRefusal = iota
+	routeAmbiguous              // the raw and the normalized path select different routes: 400
+	routeDupHeader              // a header a route tests is sent twice: 400
+	routeLongPath               // a regex route would test a path over lb.MaxRouteRegexInput: 414
+)
+
+// routeRequest returns the pool new work r describes goes to and the
+// route that chose it: the first matching route, else the default pool
+// with route -1; nil and -1 when neither. It refuses (routeRefusal) a
+// request whose pool the routes cannot tell for sure:
+//
+//   - a header a route tests sent more than once: a route and the backend
+//     could read different lines (the first, the last, the two joined);
+//   - a path that a regex route would test longer than
+//     lb.MaxRouteRegexInput (the cost of regex routes grows with it);
+//   - a target whose raw path (as received, which a backend without
+//     sluice's normalization serves) and normalized path (what routes
+//     match) select different routes, or one a route and the other none:
+//     "/internal/x/..;/..;/api/y" is /api/y to the routes and
+//     /internal/... to most servers. A path routes agree on, such as
+//     /static/a;jsessionid=1 under path=/static/, passes untouched.
+//
+// It allocates nothing.
+func (set *backendSet) routeRequest(r *routedReq) (*poolRef, int, routeRefusal) {
 	if set.routes == nil {
-		return set.def, -1
+		return set.def, -1, routeOK
 	}
-	in := lb.RouteInput{Host: v.host, Path: v.path}
+	in := lb.RouteInput{Host: r.v.host, Path: r.v.path}
 	if set.needMethod {
-		in.Method = h.Method()
+		in.Method = r.h.Method()
 	}
 	for i, name := range set.hdrNames {
-		in.Headers[i] = h.Peek(name)
+		v, dup := peekOnce(r.h, name)
+		if dup {
+			return nil, -1, routeDupHeader
+		}
+		in.Headers[i] = v
 	}
-	return set.route(&in)
+	if set.hasRegex && (len(in.Path) > lb.MaxRouteRegexInput || len(r.raw) > lb.MaxRouteRegexInput) {
+		return nil, -1, routeLongPath
+	}
+	i := set.routes.Select(&in)
+	if set.testsPath && r.raw != nil {
+		in.Path = r.raw
+		if set.routes.Select(&in) != i {
+			return nil, -1, routeAmbiguous
+		}
+	}
+	if i >= 0 {
+		return set.routePools[i], i, routeOK
+	}
+	return set.def, -1, routeOK
+}
+
+// peekOnce returns the value of header name in h (nil when absent) and
+// whether it is there more than once. It allocates nothing once warm
+// (fasthttp keeps the list it returns).
+func peekOnce(h *fasthttp.RequestHeader, name string) (v []byte, dup bool) {
+	switch all := h.PeekAll(name); len(all) {
+	case 0:
+		return nil, false
+	case 1:
+		return all[0], false
+	}
+	return nil, true
+}
+
+// rawPath is the path of an origin-form target as received, without the
+// query; nil for another form (absolute, authority, asterisk).
+func rawPath(target []byte) []byte {
+	if len(target) == 0 || target[0] != '/' {
+		return nil
+	}
+	if i := bytes.IndexByte(target, '?'); i >= 0 {
+		return target[:i]
+	}
+	return target
 }
 
 // admissionRequest is what admission sees of a request: plain values that
@@ -181,6 +273,10 @@ func (s *Server) delayShare(d admission.Decision) int {
 // when the request is refused; resp then holds the answer (admission's
 // refusal, MOP on every backend, or no backend up).
 func (s *Server) pick(p *plan, resp *fasthttp.Response, r *admission.Request, d admission.Decision, h *fasthttp.RequestHeader, ip netip.Addr) bool {
+	if p.bad != routeOK {
+		s.writeRouteRefusal(resp, p.bad)
+		return false
+	}
 	if p.ref == nil {
 		s.writeNoRoute(resp)
 		return false
@@ -310,23 +406,26 @@ func (s *Server) observe(p *plan) {
 
 // affinity returns the backend a valid sticky cookie or learned session
 // pins the request to, if it still takes affinity traffic, and the pool
-// it is in. routed is the pool the routes give the request. A session
-// stays in its pool whatever the routes now say (a route changed under
-// it): a token or learned id naming a pool that exists and holds its
-// backend pins the request there, one naming the routed pool first, one
-// naming another pool next; but a session of the default pool never
-// overrides a route (a client of the default pool asking for a path
-// another pool is routed for goes to that pool). A pin whose pool is gone
-// is not used (new work, routed). A token issued without a pool pins its
-// backend by id, in the routed pool when that has it. renew is true when
-// the sticky cookie should be sent again (absent via the session table,
-// past half its lifetime, or a token without its pool); repinned when a
-// valid pin named a backend that is down or a pool that is gone. A request
-// may carry several values of a cookie (one planted by a sibling domain,
-// a stale one): the first valid one that pins a backend counts
+// it is in. routed is the pool the routes give the request. A pin is
+// honoured only where the routes would send the request: a token or
+// learned id naming pool P pins it when the current route table sends
+// this request to P (P is routed), or one of the last maxPastTables
+// tables the server served did (so a session stays in its pool across a
+// route change, for a few changes), and P still holds its backend.
+// Otherwise the request is routed as new work: a cookie never opens a
+// path, host or header the routes do not give its pool (with no route and
+// no default pool: 404, whatever the cookie). A token issued without a
+// pool pins its backend only when the routed pool has it. A pin whose
+// pool is gone is new work, routed. renew is true when the sticky cookie
+// should be sent again (absent via the session table, past half its
+// lifetime, or a token without its pool); repinned when a valid pin
+// named a backend that is down or a pool that is gone. A request may
+// carry several values of a cookie (one planted by a sibling domain, a
+// stale one): the first valid one that pins a backend counts
 // (cookieValues), the routed pool's before another's.
-func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, routed *poolRef, now int64) (b *lb.Backend, ref *poolRef, renew, repinned bool) {
-	var other *lb.Backend // the first pin to a pool other than routed
+func (s *Server) affinity(rq *routedReq, set *backendSet, routed *poolRef, now int64) (b *lb.Backend, ref *poolRef, renew, repinned bool) {
+	h := rq.h
+	var other *lb.Backend // the first pin honoured in a pool other than routed
 	var otherRef *poolRef
 	var otherRenew bool
 	if s.sticky != nil {
@@ -336,18 +435,18 @@ func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, routed *po
 			if !ok {
 				continue
 			}
-			c, cref := set.pinned(pool, id, routed, now)
-			if c == nil {
+			c, cref, down := set.pinned(rq, pool, id, routed, other == nil, now)
+			if down {
 				repinned = true
+			}
+			if c == nil {
 				continue
 			}
 			rn := pool != cref.tag || exp.Sub(wall) < s.cfg.StickyTTL/2
 			if cref == routed {
 				return c, cref, rn, false
 			}
-			if other == nil && cref != set.def {
-				other, otherRef, otherRenew = c, cref, rn
-			}
+			other, otherRef, otherRenew = c, cref, rn
 		}
 	}
 	if s.sessions != nil && other == nil {
@@ -358,17 +457,17 @@ func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, routed *po
 			}
 			// The table may predate a reload: find the backend by id in
 			// the set in use.
-			c, cref := set.pinned(pool, e.ID(), routed, now)
-			if c == nil {
+			c, cref, down := set.pinned(rq, pool, e.ID(), routed, other == nil, now)
+			if down {
 				repinned = true
+			}
+			if c == nil {
 				continue
 			}
 			if cref == routed {
 				return c, cref, s.sticky != nil, false
 			}
-			if other == nil && cref != set.def {
-				other, otherRef, otherRenew = c, cref, s.sticky != nil
-			}
+			other, otherRef, otherRenew = c, cref, s.sticky != nil
 		}
 	}
 	if other != nil {
@@ -377,32 +476,36 @@ func (s *Server) affinity(h *fasthttp.RequestHeader, set *backendSet, routed *po
 	return nil, nil, false, repinned
 }
 
-// pinned returns the backend a pin (pool, id) names if it takes affinity
-// traffic at now, and the pool it continues in; nil when the pool is
-// gone, the backend is not in it or is down. A pin without a pool (a
-// token issued before pools) names its backend by id in the set: the
-// routed pool when it has it, else the backend's first pool.
-func (set *backendSet) pinned(pool, id string, routed *poolRef, now int64) (*lb.Backend, *poolRef) {
-	if pool == "" {
-		b := set.lookup(id)
-		if b == nil || !b.AcceptsAffinity(now) {
-			return nil, nil
+// pinned returns the backend a pin (pool, id) names and the pool the
+// request continues in, when the pin is honoured for the request rq
+// (see Server.affinity): pool is the routed pool, or (when others is
+// true) a table the set keeps sends rq to pool; and the backend is in
+// that pool and takes affinity traffic at now. A pin without a pool (a
+// token issued before pools) is honoured in the routed pool only; with
+// one pool and no routes (SetPool), a pin naming that pool is too. down
+// reports a pin that would be honoured but whose pool is gone or whose
+// backend is not in it or is down.
+func (set *backendSet) pinned(rq *routedReq, pool, id string, routed *poolRef, others bool, now int64) (b *lb.Backend, ref *poolRef, down bool) {
+	switch {
+	case pool == "" || routed != nil && (pool == routed.tag || set.gen == nil && pool == routed.name):
+		ref = routed
+	case !others || set.gen == nil:
+		return nil, nil, false
+	default:
+		if !set.sendsAny(rq, pool) {
+			return nil, nil, false
 		}
-		ref := set.poolOf(b, routed)
-		if ref == nil {
-			return nil, nil
+		if ref = set.byName[pool]; ref == nil {
+			return nil, nil, true
 		}
-		return b, ref
 	}
-	ref := set.byName[pool]
 	if ref == nil {
-		return nil, nil
+		return nil, nil, false
 	}
-	b := ref.pool.Pinned(id, now)
-	if b == nil {
-		return nil, nil
+	if b = ref.pool.Pinned(id, now); b == nil {
+		return nil, nil, true
 	}
-	return b, ref
+	return b, ref, false
 }
 
 // key returns the consistent-hash key of the request in pool p, 0 for

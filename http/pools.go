@@ -33,6 +33,111 @@ type backendSet struct {
 	needPath   bool           // a route tests or strips the path
 	needMethod bool           // a route tests the method
 	hdrNames   []string       // the header names routes test (RouteTable.HeaderNames)
+	testsPath  bool           // a route tests the path (path=/PREFIX or path=~REGEX)
+	hasRegex   bool           // a route has path=~REGEX (RouteTable.HasRegex)
+
+	// tables are the route tables a pin may be honoured by (see
+	// Server.affinity): this set's first, then up to maxPastTables that
+	// earlier sets served, newest first. Empty for a set built from one
+	// pool (SetPool).
+	tables []routeTable
+}
+
+// maxPastTables is how many route tables served before the current one a
+// session may still be honoured by: a route change, or a reload that
+// changes routes, keeps a session in the pool the routes gave it for the
+// next few changes, and no pin ever reaches a pool none of these tables
+// sends its request to.
+const maxPastTables = 4
+
+// routeTable is one route table as the front end served it: where it
+// sent a request, by pool name.
+type routeTable struct {
+	table      *lb.RouteTable // nil: no routes
+	pools      []string       // by route index
+	def        bool           // it had a default pool (no match: DefaultPool)
+	hdrNames   []string
+	needMethod bool
+	needPath   bool
+}
+
+// same reports whether t and u send every request to the same pool.
+func (t *routeTable) same(u *routeTable) bool {
+	if t.def != u.def || t.table.Len() != u.table.Len() {
+		return false
+	}
+	for i := range t.table.Len() {
+		if t.table.Spec(i) != u.table.Spec(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// dest is the pool t sends the request r describes to: the first route
+// r matches names it, or no route matches and t had a default pool; ""
+// when neither, when r sends a header t tests twice, or when r's raw path
+// (when it differs from the normalized one) would go elsewhere. It
+// allocates nothing.
+func (t *routeTable) dest(r *routedReq) string {
+	in := lb.RouteInput{Host: r.v.host, Path: r.v.path}
+	if t.needMethod {
+		in.Method = r.h.Method()
+	}
+	for i, name := range t.hdrNames {
+		v, dup := peekOnce(r.h, name)
+		if dup {
+			return ""
+		}
+		in.Headers[i] = v
+	}
+	d := t.destInput(&in)
+	if r.raw != nil {
+		in.Path = r.raw
+		if t.destInput(&in) != d {
+			return ""
+		}
+	}
+	return d
+}
+
+func (t *routeTable) destInput(in *lb.RouteInput) string {
+	if i := t.table.Select(in); i >= 0 {
+		return t.pools[i]
+	}
+	if t.def {
+		return lb.DefaultPool
+	}
+	return ""
+}
+
+// routedReq is what the routes of any table the set keeps may test of
+// one request: its head, its normalized view, and its raw path when that
+// differs from the normalized one (nil otherwise). It remembers where
+// each past table sends the request, so that however many cookies a
+// request carries, each table is consulted once.
+type routedReq struct {
+	h    *fasthttp.RequestHeader
+	v    *reqView
+	raw  []byte
+	dest [maxPastTables]string // by past table: the pool it sends the request to
+	done uint8                 // bit i: dest[i] is known
+}
+
+// sendsAny reports whether a route table served before the current one,
+// among those set keeps, sends the request r describes to pool (the
+// current one sends it to the routed pool only).
+func (set *backendSet) sendsAny(r *routedReq, pool string) bool {
+	for i := range set.tables[min(1, len(set.tables)):] {
+		if r.done&(1<<i) == 0 {
+			r.dest[i] = set.tables[1+i].dest(r)
+			r.done |= 1 << i
+		}
+		if r.dest[i] == pool {
+			return true
+		}
+	}
+	return false
 }
 
 // poolRef is one pool as the front end serves it.
@@ -51,41 +156,6 @@ type poolRef struct {
 	cookies []atomic.Pointer[cookieValue]
 	path    string     // the sticky cookie's Path (cookiePath)
 	stats   *poolStats // kept by name across sets
-}
-
-// lookup returns the backend with the given id in the set, or nil.
-func (set *backendSet) lookup(id string) *lb.Backend {
-	if set.gen != nil {
-		return set.gen.Lookup(id)
-	}
-	return set.pools[0].pool.Lookup(id)
-}
-
-// poolOf returns the pool a session pinned to b with no pool named
-// (a token issued before pools) continues in: routed, when the routed
-// pool has b, else the first pool b is a member of.
-func (set *backendSet) poolOf(b *lb.Backend, routed *poolRef) *poolRef {
-	if routed != nil && routed.pool.Has(b) {
-		return routed
-	}
-	if set.gen == nil {
-		return set.pools[0]
-	}
-	if names := set.gen.PoolsOf(b); len(names) > 0 {
-		return set.byName[names[0]]
-	}
-	return nil
-}
-
-// route returns the pool new work described by in goes to and the index
-// of the route that chose it: the first route that matches, else the
-// default pool with route -1; nil and -1 when neither. It allocates
-// nothing.
-func (set *backendSet) route(in *lb.RouteInput) (*poolRef, int) {
-	if i := set.routes.Match(in); i >= 0 {
-		return set.routePools[i], i
-	}
-	return set.def, -1
 }
 
 // newBackendSet builds the set serving g's pools and routes (g nil: the
@@ -146,6 +216,28 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 			set.needMethod = set.needMethod || spec.Method != ""
 		}
 		set.hdrNames = routes.HeaderNames()
+		set.hasRegex = routes.HasRegex()
+		for i := range routes.Len() {
+			spec := routes.Spec(i)
+			set.testsPath = set.testsPath || spec.Prefix != "" || spec.Regex != ""
+		}
+	}
+	if g != nil {
+		cur := routeTable{table: set.routes, def: set.def != nil, hdrNames: set.hdrNames, needMethod: set.needMethod, needPath: set.needPath}
+		for i := range set.routes.Len() {
+			cur.pools = append(cur.pools, set.routes.Spec(i).Pool)
+		}
+		set.tables = append(set.tables, cur)
+		if old != nil && len(old.tables) > 0 {
+			past := old.tables
+			if past[0].same(&cur) {
+				past = past[1:]
+			}
+			set.tables = append(set.tables, past[:min(len(past), maxPastTables)]...)
+		}
+		for _, t := range set.tables {
+			set.needPath = set.needPath || t.needPath
+		}
 	}
 	for _, ref := range set.pools {
 		ref.path = cookiePath(set, ref)
@@ -179,8 +271,10 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 // way finish on the set they started with; connection pools of backends
 // whose address stays are kept (one per backend, whatever the number of
 // its pools). Sticky cookies and learned session ids name the pool and
-// the backend: a session stays in its pool whatever the routes now say,
-// while its pool exists and holds its backend.
+// the backend: a session stays in its pool across a route change while
+// its pool exists and holds its backend, for requests the new routes or
+// one of the last maxPastTables route tables send to that pool (the set
+// keeps them: a generation with the same routes does not age them).
 //
 // It returns an error, and changes nothing, when g is nil or a pool's
 // hash key is not one the front end reads.
@@ -297,8 +391,9 @@ func (s *Server) Generation() *lb.Generation { return s.backends.Load().gen }
 // route does). A client keeps one cookie per name and Path: a pool
 // routed by path prefix on a host shared with other pools gets its own
 // cookie, which the browser sends only under that prefix, so that a
-// session in one pool does not ride along to another pool's paths
-// (affinity would keep it in its pool; see Server.affinity).
+// session in one pool does not ride along to another pool's paths,
+// where the routes would not honour it (Server.affinity) and the request
+// would overwrite it with the other pool's cookie.
 func cookiePath(set *backendSet, ref *poolRef) string {
 	if ref == set.def || set.routes == nil {
 		return "/"

@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
 )
 
 // Proxy-Status values (RFC 9209 §2.3 error types) for the answers sluice
@@ -26,6 +27,8 @@ import (
 //	unparsable backend answer      http_protocol_error
 //	broken streamed request body   http_request_error (400)
 //	refused request head           http_request_error (400, 414, 431, 501, 505)
+//	routes cannot tell the pool    http_request_error (400 ambiguous path,
+//	                               400 duplicate routed header, 414)
 var (
 	psMemoryLower     = []byte(`sluice; error=proxy_internal_response; details="memory state lower"`)
 	psCritical        = []byte(`sluice; error=proxy_internal_response; details="memory state critical"`)
@@ -43,6 +46,9 @@ var (
 	psNoRoute         = []byte(`sluice; error=destination_not_found`)
 	psBadRequest      = []byte(`sluice; error=http_request_error; details="malformed body"`)
 	psHeadRefused     = []byte(`sluice; error=http_request_error`)
+	psAmbiguousPath   = []byte(`sluice; error=http_request_error; details="ambiguous path"`)
+	psDupRouteHeader  = []byte(`sluice; error=http_request_error; details="duplicate routed header"`)
+	psRegexPathLong   = []byte(`sluice; error=http_request_error; details="path too long for regex routes"`)
 )
 
 // Retry-After of answers that have no guard to compute one from.
@@ -112,9 +118,22 @@ func (s *Server) writeNoRoute(resp *fasthttp.Response) {
 	s.writeRefusal(resp, fasthttp.StatusNotFound, 0, psNoRoute, "no route for this request")
 }
 
+// writeRouteRefusal answers a request whose pool the routes cannot tell
+// for sure (routeRequest): 400 or 414, counted in Stats.BadRequest.
+func (s *Server) writeRouteRefusal(resp *fasthttp.Response, why routeRefusal) {
+	switch why {
+	case routeAmbiguous:
+		s.writeRefusal(resp, fasthttp.StatusBadRequest, 0, psAmbiguousPath, "the path reads differently raw and normalized: send it in normal form")
+	case routeDupHeader:
+		s.writeRefusal(resp, fasthttp.StatusBadRequest, 0, psDupRouteHeader, "a header that selects the backend is sent more than once")
+	default:
+		s.writeRefusal(resp, fasthttp.StatusRequestURITooLong, 0, psRegexPathLong, "path longer than "+strconv.Itoa(lb.MaxRouteRegexInput)+" bytes")
+	}
+}
+
 // writeRefusal answers with status, a short text body, Proxy-Status and,
 // when retry > 0 or the status is 429 or 503, Retry-After in whole seconds
-// (at least 1). It is the one place where sluice's own answers are made;
+// (at least 1), and Cache-Control: no-store. It is the one place where sluice's own answers are made;
 // the engine sends resp its own way.
 func (s *Server) writeRefusal(resp *fasthttp.Response, status int, retry time.Duration, proxyStatus []byte, msg string) {
 	// Reset first: it clears every header (as ctx.Error does), so the
@@ -124,6 +143,11 @@ func (s *Server) writeRefusal(resp *fasthttp.Response, status int, retry time.Du
 	resp.Header.SetContentType("text/plain; charset=utf-8")
 	resp.SetBodyString(msg + "\n")
 	resp.Header.SetBytesV("Proxy-Status", proxyStatus)
+	// Never stored by a shared cache: a 404 or 400 is heuristically
+	// cacheable (RFC 9110 §15.1), and an answer about this request (its
+	// header, its method, the node's load) would then be served for the
+	// URL to everyone.
+	resp.Header.Set("Cache-Control", "no-store")
 	if retry > 0 || status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
 		var buf [20]byte
 		resp.Header.SetBytesV("Retry-After", strconv.AppendInt(buf[:0], int64(admission.RetryAfterSeconds(retry)), 10))

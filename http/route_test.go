@@ -163,30 +163,60 @@ func TestNoRouteNoDefault404(t *testing.T) {
 // TestRouteSpellings: a host or path that an ARM rule matches in any
 // spelling (case, port, trailing dots; percent-encoding, dot-segments,
 // empty segments, parameters, backslashes) is routed as the rule matches
-// it: the routes and the rules read one normal form (matchHost,
-// matchPath), so no spelling reaches a pool its route does not give it.
+// it when its raw path (as received) selects the same route: the routes
+// and the rules read one normal form (matchHost, matchPath). A spelling
+// whose raw path selects another route (or none) is refused 400
+// ambiguous path: the backend, reading the raw path, would serve a path
+// its route does not give it.
 func TestRouteSpellings(t *testing.T) {
 	onEngines(t, func(t *testing.T) {
 		r := newRig(t, rigOpts{backends: 3, pools: [][]string{{"api"}, {"shop"}, nil},
 			routes: []string{"pool=api,path=/api/", "pool=shop,host=shop.example"}})
 		want := map[string]string{"api": "b0", "shop": "b1", "": "b2"}
+		ambiguous := 0
 		for _, tc := range ruleSpellings {
 			method := "GET"
 			if tc.target == "*" {
 				method = "OPTIONS"
 			}
+			// The route the raw path selects, by plain string operations.
+			rawPath := tc.target
+			if rest, ok := strings.CutPrefix(rawPath, "http://"); ok {
+				rawPath = rest[strings.IndexByte(rest, '/'):]
+			}
+			rawPath, _, _ = strings.Cut(rawPath, "?")
+			rawRule := ""
+			switch {
+			case strings.HasPrefix(rawPath, "/api/"):
+				rawRule = "api"
+			case tc.wantHost == "shop.example":
+				rawRule = "shop"
+			}
 			raw := method + " " + tc.target + " HTTP/1.1\r\nHost: " + tc.host + "\r\n\r\n"
 			got := rawRoundTrip(t, r.addr, raw)
-			if status, body := splitRaw(got); status != "200" || body != want[tc.rule] {
+			status, body := splitRaw(got)
+			if rawRule != tc.rule && rawPath != "*" {
+				ambiguous++
+				if status != "400" || !strings.Contains(got, `Proxy-Status: sluice; error=http_request_error; details="ambiguous path"`) || !strings.Contains(got, "Cache-Control: no-store") {
+					t.Errorf("%s %s Host %s: %q, want 400 ambiguous path (raw path: route %q, normalized: route %q)", method, tc.target, tc.host, got, rawRule, tc.rule)
+				}
+				continue
+			}
+			if status != "200" || body != want[tc.rule] {
 				t.Errorf("%s %s Host %s: %s %q, want %s (rule %q)", method, tc.target, tc.host, status, body, want[tc.rule], tc.rule)
 			}
+		}
+		if ambiguous < 10 {
+			t.Errorf("%d ambiguous spellings: the table should hold many", ambiguous)
 		}
 	})
 }
 
 // TestStripSpellings: a stripped route sends the path without its prefix
-// however the client spelled it; a spelling that is not the normal form
-// goes as the normal form, encoded where a path needs it.
+// however the client spelled it, as long as the raw path is under the
+// prefix too; a spelling that is not the normal form goes as the normal
+// form, encoded where a path needs it. A spelling whose raw path is not
+// under the prefix is refused (ambiguous path).
 func TestStripSpellings(t *testing.T) {
 	onEngines(t, func(t *testing.T) {
 		r := newRig(t, rigOpts{backends: 2, pools: [][]string{{"static"}, nil},
@@ -196,15 +226,16 @@ func TestStripSpellings(t *testing.T) {
 			{"/static/a.css", "b0 /a.css"},
 			{"/static/a.css?q=/static/", "b0 /a.css?q=/static/"},
 			{"/static//a.css", "b0 /a.css"},
-			{"/API/../static/a.css", "b0 /a.css"},
-			{"/%73tatic/a%20b.css", "b0 /a%20b.css"},
-			{"/static%2Fa.css", "b0 /a.css"},
+			{"/static/%61/../a%20b.css", "b0 /a%20b.css"},
+			{"/API/../static/a.css", "400"}, // the raw path is not under /static/: ambiguous
+			{"/%73tatic/a%20b.css", "400"},
+			{"/static%2Fa.css", "400"},
 			{"/static/x/..", "b0 /"},
 			{"/static/%3Bx?y", "b0 /?y"},  // a ';' starts parameters, cut as routes and rules cut them
 			{"/x/../api", "b1 /x/../api"}, // not stripped: the default pool gets it as sent
 		} {
 			got := rawRoundTrip(t, r.addr, "GET "+tc.target+" HTTP/1.1\r\nHost: a.example\r\n\r\n")
-			if status, body := splitRaw(got); status != "200" || body != tc.want {
+			if status, body := splitRaw(got); tc.want == "400" && status != "400" || tc.want != "400" && (status != "200" || body != tc.want) {
 				t.Errorf("GET %s: %s %q, want %q", tc.target, status, body, tc.want)
 			}
 		}
@@ -309,7 +340,7 @@ func TestStickyPerPoolOnOneHost(t *testing.T) {
 // pool and on its backend when a new generation routes its requests to
 // another pool; new work follows the new routes; a cookie whose pool is
 // gone is new work, routed; a cookie issued before pools (no pool in the
-// token) keeps its backend.
+// token) keeps its backend when the routed pool has it.
 func TestStickyKeepsPoolAcrossRouteChange(t *testing.T) {
 	onEngines(t, func(t *testing.T) {
 		o := rigOpts{backends: 4, pools: [][]string{{"blue"}, {"blue"}, {"green"}, {"green"}},
@@ -365,12 +396,17 @@ func TestStickyKeepsPoolAcrossRouteChange(t *testing.T) {
 		if c := stickyFrom(t, rep); c == cookie {
 			t.Error("the request of a gone pool was not re-pinned")
 		}
-		// A token without a pool keeps its backend, whatever its pool.
-		old := "SLUICE=" + r.signer.Token("b1", time.Now().Add(time.Hour))
+		// A token without a pool keeps its backend when the routed pool
+		// has it; one naming a backend of another pool is new work.
+		old := "SLUICE=" + r.signer.Token("b3", time.Now().Add(time.Hour))
 		for i := range 4 {
-			if rep := get(old); rep.body != "b1" {
-				t.Fatalf("pool-less token, request %d: went to %q, want b1", i, rep.body)
+			if rep := get(old); rep.body != "b3" {
+				t.Fatalf("pool-less token of b3 (green, routed), request %d: went to %q, want b3", i, rep.body)
 			}
+		}
+		other := "SLUICE=" + r.signer.Token("b1", time.Now().Add(time.Hour))
+		if rep := get(other); rep.body != "b2" && rep.body != "b3" {
+			t.Fatalf("pool-less token of b1 (red, not routed): went to %q, want green (routed)", rep.body)
 		}
 	})
 }
@@ -399,6 +435,9 @@ func TestARMPoolBudgets(t *testing.T) {
 					}
 					if want := `Proxy-Status: sluice; error=http_request_denied; details="arm rule ` + rule + ` pool ` + pool + `"`; !strings.Contains(got, want) {
 						t.Errorf("refusal %q, want %s", got, want)
+					}
+					if !strings.Contains(got, "Cache-Control: no-store\r\n") {
+						t.Errorf("refusal %q without Cache-Control: no-store", got)
 					}
 				default:
 					t.Fatalf("GET %s Host %s: %q", path, host, got)

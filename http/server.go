@@ -69,7 +69,7 @@ type Stats struct {
 	Aborted        atomic.Uint64 // in-flight new work ended by memory state Critical
 	Repinned       atomic.Uint64 // affinity to a backend that was down, sent elsewhere
 	HandedOver     atomic.Uint64 // loop engine: connections given to the fasthttp server
-	BadRequest     atomic.Uint64 // request heads refused (400, 414, 431, 501, 505), connection closed
+	BadRequest     atomic.Uint64 // request heads refused (400, 414, 431, 501, 505), connection closed; and requests the routes cannot read (400 ambiguous path or duplicate routed header, 414 path too long for regex routes), connection kept
 	ConnLimited    atomic.Uint64 // client connections closed at once: -http-max-conns or -http-max-conns-per-source reached
 	SourceLimited  atomic.Uint64 // requests answered 503: their source held MaxConns/8 backend connections
 	DelayAbandoned atomic.Uint64 // requests taken out of an ARM delay queue because their client left

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Limits of routes and route tables.
@@ -24,6 +25,24 @@ const (
 	MaxRouteValueLen = 1024
 	// MaxRouteRegexLen is the longest regular expression of a route.
 	MaxRouteRegexLen = 4096
+	// MaxRouteRegexInput is the longest input (HTTP path, SIP user), in
+	// bytes, a route's regular expression is run on. Go's regexp runs in
+	// time linear in its input, but past a few hundred bytes it leaves its
+	// fast matchers for the NFA, at tens of nanoseconds per byte and per
+	// state: a 16 KiB path a client chooses cost one regex route about
+	// 0.4 ms, 1,024 bytes about 13 µs (MaxRegexRoutes). A front end refuses a longer input before Match when its
+	// table has regex routes (HTTP: 414), and Match never runs a regex on
+	// a longer input (the route does not match) in case one does not.
+	MaxRouteRegexInput = 1024
+	// MaxRegexRoutes is the most routes with a regular expression one
+	// table holds. Every request is a candidate for a regex route without
+	// a host, prefix, method or header condition, tried in order until one
+	// matches: BenchmarkRegexLongPath measures about 13 µs per such route
+	// (path=~.*/tN\.(css|js)) at a MaxRouteRegexInput-byte path that
+	// matches none, 1.4 µs at 100 bytes (2 shared cores), so 64 routes
+	// bound the worst request near 0.9 ms of matching. More is better
+	// written as one alternation, or narrowed by a host or prefix.
+	MaxRegexRoutes = 64
 	// maxHostLen is the longest host name (RFC 1035: 253 characters
 	// written without the trailing dot).
 	maxHostLen = 253
@@ -58,8 +77,9 @@ type RouteSpec struct {
 	// example.com (a.example.com, a.b.example.com), not example.com
 	// itself. Compared case-insensitively, the request's port and one
 	// trailing dot ignored. An IPv6 address is kept in brackets in its
-	// RFC 5952 form (lower case, zeros compressed), the form it must
-	// arrive in to match.
+	// RFC 5952 form (lower case, zeros compressed); a request's bracketed
+	// IPv6 host is put in that form before it is compared, so any
+	// spelling of the address matches.
 	Host string
 	// Prefix is a byte prefix of the HTTP path (key path=/PREFIX, starts
 	// with /) or of the SIP Request-URI user (key user=PREFIX).
@@ -67,7 +87,9 @@ type RouteSpec struct {
 	// Regex is a regular expression (Go RE2 syntax) the whole HTTP path
 	// (path=~REGEX) or SIP Request-URI user (user=~REGEX) must match: it
 	// is anchored at both ends, ^(?:REGEX)$. At most one of Prefix and
-	// Regex is set.
+	// Regex is set. An HTTP path regex sees the path in the normal form a
+	// path= prefix must be written in (decoded, no dot-segments, no
+	// ;parameters); it is never run on more than MaxRouteRegexInput bytes.
 	Regex string
 	// Method is the request method, compared exactly (methods are
 	// case-sensitive in HTTP and SIP). An HTTP route for GET also matches
@@ -166,6 +188,11 @@ func ParseRouteSpec(proto, s string) (RouteSpec, error) {
 			if len(v) > MaxRouteValueLen || hasSpaceOrControl(v) {
 				return bad("%s %q: want 1..%d bytes without spaces or control characters", k, v, MaxRouteValueLen)
 			}
+			if k == "path" {
+				if why := abnormalPath(v); why != "" {
+					return bad("path %q: %s, which no request path has once normalized: write the path in normal form: %s", v, why, normalFormHelp)
+				}
+			}
 			r.Prefix = v
 		case "method":
 			if !isToken(v) || len(v) > maxMethodLen {
@@ -182,6 +209,9 @@ func ParseRouteSpec(proto, s string) (RouteSpec, error) {
 		case "strip":
 			if !strings.HasPrefix(v, "/") || v == "/" || len(v) > MaxRouteValueLen || hasSpaceOrControl(v) {
 				return bad("strip %q: want a path prefix such as /static (starting with /, more than /, at most %d bytes)", v, MaxRouteValueLen)
+			}
+			if why := abnormalPath(v); why != "" {
+				return bad("strip %q: %s, which no request path has once normalized: write the path in normal form: %s", v, why, normalFormHelp)
 			}
 			r.Strip = v
 		}
@@ -294,6 +324,45 @@ func checkRouteRegex(re string) error {
 	return nil
 }
 
+// normalFormHelp says what the normal form of a route's path is.
+const normalFormHelp = "decoded ASCII (no %XX), / between segments (no \\), no empty, . or .. segment, no ;parameters, no ? or #"
+
+// abnormalPath says why the path prefix p (path=, strip=) can never be a
+// prefix of a request path in the normal form the HTTP front end matches
+// routes in ("" when it can): a percent-escape (paths are matched
+// decoded), '\' (read as '/'), ';' (parameters are cut), '?' or '#'
+// (never part of a path), a byte outside ASCII (a request target is
+// ASCII: such a byte arrives percent-encoded and its decoded path differs
+// from the raw one, which the front end refuses as ambiguous), an empty,
+// "." or ".." segment before the last '/' (removed). The last segment may
+// be anything else: /api/. is a prefix of /api/.well-known.
+func abnormalPath(p string) string {
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
+		case c == '%':
+			return "a percent-escape"
+		case c == '\\':
+			return `a \`
+		case c == ';':
+			return "a ;parameter"
+		case c == '?' || c == '#':
+			return fmt.Sprintf("a %c", c)
+		case c >= 0x80:
+			return "a byte outside ASCII"
+		}
+	}
+	segs := strings.Split(p, "/")
+	for _, seg := range segs[1 : len(segs)-1] {
+		switch seg {
+		case "":
+			return "an empty segment (//)"
+		case ".", "..":
+			return "a " + seg + " segment"
+		}
+	}
+	return ""
+}
+
 func anchored(re string) string { return "^(?:" + re + ")$" }
 
 func hasSpaceOrControl(s string) bool {
@@ -343,8 +412,9 @@ type RouteInput struct {
 	// FromHost is the host of the SIP From URI.
 	FromHost []byte
 	// Headers are the values of the headers HeaderNames lists, in its
-	// order; nil is an absent header. A repeated header: the front end
-	// passes the first.
+	// order; nil is an absent header. The HTTP front end refuses (400) a
+	// request that sends a tested header more than once, before Match: a
+	// route and the backend could read different lines.
 	Headers [MaxRouteHeaders][]byte
 }
 
@@ -375,6 +445,7 @@ type RouteTable struct {
 	headerAny   []uint64     // routes without a header condition
 	headerNames []string
 	regex       []*regexp.Regexp // per route; nil: none
+	nregex      int              // routes with a regex
 }
 
 // nameIndex finds the routes whose host (or From host) condition a name
@@ -440,6 +511,9 @@ func NewRouteTable(proto string, routes []RouteSpec) (*RouteTable, error) {
 			return nil, fmt.Errorf("route %d (%s): not canonical (ParseRouteSpec gives %s)", i+1, r, p)
 		}
 		if r.Regex != "" {
+			if t.nregex++; t.nregex > MaxRegexRoutes {
+				return nil, fmt.Errorf("route %d (%s): more than %d %s routes with a regular expression (path=~ or user=~): each costs every request that reaches it; join them into one alternation", i+1, r, MaxRegexRoutes, proto)
+			}
 			t.regex[i] = regexp.MustCompile(anchored(r.Regex))
 		}
 		if r.Header != "" && !slices.Contains(t.headerNames, r.Header) {
@@ -578,8 +652,7 @@ func (t *RouteTable) newValueIndex(cond func(RouteSpec) (string, bool)) valueInd
 	return x
 }
 
-// Len is the number of routes; 0 for a nil table (a generation without
-// routes).
+// Len is the number of routes (0 for a nil table).
 func (t *RouteTable) Len() int {
 	if t == nil {
 		return 0
@@ -604,10 +677,32 @@ func (t *RouteTable) StripPath(i int, path []byte) []byte {
 	return StripPrefix(path, t.specs[i].Strip)
 }
 
+// HasRegex reports whether a route has a regular expression
+// (path=~REGEX, user=~REGEX): a front end then refuses inputs longer
+// than MaxRouteRegexInput before Match.
+func (t *RouteTable) HasRegex() bool { return t != nil && t.nregex > 0 }
+
 // Match returns the index of the first route whose every condition in
-// holds, or -1 when none does, and counts a hit for it. It allocates
-// nothing.
+// holds, or -1 when none does, and counts a hit for it (Select and
+// CountHit). It allocates nothing.
 func (t *RouteTable) Match(in *RouteInput) int {
+	i := t.Select(in)
+	if i >= 0 {
+		t.hits[i].Add(1)
+	}
+	return i
+}
+
+// CountHit counts a request that route i took. A front end that may
+// send a request elsewhere than the route says (a session kept in its
+// pool) uses Select and counts the hit only when the route's pool gets
+// the request.
+func (t *RouteTable) CountHit(i int) { t.hits[i].Add(1) }
+
+// Select is Match without counting a hit. A regular expression is never
+// run on a path longer than MaxRouteRegexInput: its route does not match
+// such a path (the front end should have refused the request before).
+func (t *RouteTable) Select(in *RouteInput) int {
 	if t == nil || len(t.specs) == 0 {
 		return -1
 	}
@@ -642,8 +737,7 @@ func (t *RouteTable) Match(in *RouteInput) int {
 	for w, x := range cand {
 		for x != 0 {
 			i := w*64 + bits.TrailingZeros64(x)
-			if re := t.regex[i]; re == nil || re.Match(in.Path) {
-				t.hits[i].Add(1)
+			if re := t.regex[i]; re == nil || len(in.Path) <= MaxRouteRegexInput && re.Match(in.Path) {
 				return i
 			}
 			x &= x - 1
@@ -705,6 +799,16 @@ func normalizeHost(dst, raw []byte) ([]byte, bool) {
 	}
 	if len(h) == 0 || len(h) > cap(dst) {
 		return nil, false
+	}
+	if h[0] == '[' && h[len(h)-1] == ']' {
+		// An IPv6 address has several spellings (RFC 4291 §2.2): compare
+		// its RFC 5952 form, the form a route keeps. A zone is not part
+		// of a route's address (canonicalHost refuses it).
+		if a, err := netip.ParseAddr(unsafe.String(unsafe.SliceData(h[1:]), len(h)-2)); err == nil && a.Is6() && a.Zone() == "" {
+			dst = append(dst, '[')
+			dst = a.AppendTo(dst)
+			return append(dst, ']'), true
+		}
 	}
 	for _, c := range h {
 		if 'A' <= c && c <= 'Z' {
