@@ -471,6 +471,9 @@ func (n *Node) ReloadARM() error {
 // force in the config-file syntax (one "flag value" a line), run-time
 // states without a flag as comments.
 func (n *Node) RunningConfig() string {
+	// The specs in force change under op.mu (reloads, route changes).
+	n.op.mu.Lock()
+	defer n.op.mu.Unlock()
 	var b strings.Builder
 	b.WriteString("# the running configuration of this sluice, in -config file syntax\n")
 	for _, l := range n.cfg.Settings {
