@@ -1,9 +1,8 @@
 package node
 
 import (
-	lbsip "github.com/sluicelb/sluice/sip"
-
 	"github.com/sluicelb/sluice/lb"
+	lbsip "github.com/sluicelb/sluice/sip"
 )
 
 // The SIP front end serves a generation the node builds the same way as
