@@ -76,3 +76,33 @@ func TestAttackNoRouteReflector(t *testing.T) {
 }
 
 func timeNowPlusWait() time.Time { return time.Now().Add(wait) }
+
+// TestAttackUnknownDialogReachesDrainedPool: a request with a made-up
+// To-tag is metered as new work under -sip-unknown-dialog new-work
+// (SLUICE-2026-009), but it is sent to the pool's Call-ID hash home
+// (lb.Pool.Home), which falls back to a backend that takes no new work
+// when none does: with every backend of london drained (sluice ctl
+// drain-pool london), anyone can still put "new work" on them, 20/s per
+// source address, while genuine INVITEs to london are refused. New work
+// of a drained pool should be refused (503, no backend available), as the
+// INVITE is.
+func TestAttackUnknownDialogReachesDrainedPool(t *testing.T) {
+	ldn := newUAS(t, "ldn")
+	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london"}, []string{"pool=london,user=+4420"}, nil, nil)
+	for _, b := range s.Generation().Pool("london").Backends() {
+		b.Drain(true)
+	}
+	c := newUAC(t, s.udpAddr())
+	k := c.newCall()
+	k.inviteTo("sip:+442079460000@voice.example", "a.example")
+	c.awaitResponse(gosip.INVITE, 503, 200)
+	for i := range 5 {
+		k := c.newCall()
+		c.send(fmt.Sprintf("INFO sip:+442079460000@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:m@a.example>;tag=a1\r\nTo: <sip:x@voice.example>;tag=made-up-%d\r\nCall-ID: %s\r\nCSeq: 1 INFO\r\nContent-Length: 0\r\n\r\n",
+			c.addr, k.branch, i, k.callID))
+		c.awaitResponse(gosip.INFO, 503, 200)
+	}
+	if n := ldn.count(gosip.INFO, ""); n != 0 {
+		t.Errorf("the drained london backend got %d requests of unknown dialogs metered as new work, want 0", n)
+	}
+}
