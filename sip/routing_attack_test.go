@@ -102,3 +102,19 @@ func TestAttackDuplicateFromRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackUserPhoneParamCase: URI parameter names compare
+// case-insensitively (RFC 3261 §19.1.4), so sip:020-7946-0000@h;USER=PHONE
+// is the same telephone number as with ;user=phone, but only the lower-case
+// spelling makes the user a telephone number for the routes (separators
+// dropped): the upper-case one keeps its separators and dodges
+// user=0207946.
+func TestAttackUserPhoneParamCase(t *testing.T) {
+	routes := []string{"pool=london,user=0207946"}
+	tail := " SIP/2.0\r\nFrom: <sip:a@a.example>;tag=1\r\nTo: <sip:b@voice.example>\r\nCSeq: 1 INVITE\r\n"
+	for _, param := range []string{"user=phone", "user=Phone", "USER=PHONE", "User=phone"} {
+		if got := routeOf(t, routes, "INVITE sip:020-7946-0000@voice.example;"+param+tail); got != "london" {
+			t.Errorf(";%s: pool %s, want london", param, got)
+		}
+	}
+}
