@@ -69,7 +69,11 @@ func TestAttackStateLostBetweenBuildAndSwap(t *testing.T) {
 
 // finalAnswer waits for the final answer to the INVITE of callID,
 // whatever its code, skipping other messages.
-func finalAnswer(t *testing.T, c *uac, callID string) int {
+func finalAnswer(t *testing.T, c *uac, callID string) int { return finalAnswerTo(t, c, callID) }
+
+// finalAnswerTo waits for the final answer to the request of callID,
+// whatever its code, skipping other messages.
+func finalAnswerTo(t *testing.T, c *uac, callID string) int {
 	t.Helper()
 	for {
 		m := c.recv()
