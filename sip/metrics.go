@@ -35,6 +35,7 @@ type Metrics struct {
 	EarlierAttemptAnswered atomic.Uint64
 
 	NoRoute       atomic.Uint64 // new work no route matched, without a pool "default" (Config.NoRouteCode)
+	URITooLong    atomic.Uint64 // requests answered 414: a Request-URI user too long to route (lb.MaxRouteValueLen)
 	DefaultRouted atomic.Uint64 // new work no route matched, sent to the pool "default"
 
 	Refused   atomic.Uint64                       // new work refused by the balancer (503)
@@ -208,6 +209,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},
 		{"unknown_dialog_metered", &m.UnknownDialogMetered}, {"unknown_dialog_rejected", &m.UnknownDialogRejected},
 		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited}, {"no_route", &m.NoRoute},
+		{"uri_too_long", &m.URITooLong},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}

@@ -2,22 +2,20 @@ package sip
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
 )
 
-// TestAttackUnknownDialogHashIgnoresRoutes: under -sip-unknown-dialog
-// hash a request with a made-up To-tag (no token, a dialog nobody knows)
-// is admitted as affinity and sent to the pool "default", else the first
-// pool, whatever the routes say: a BYE whose Request-URI the routes give
-// to paris reaches london, and one no route matches (new work would get
-// 404: there is no pool default) reaches london too. hash keeps the
-// former admission, but nothing obliges it to ignore the routes: it
-// should pick the pool as new work does and answer 404 where new work
-// would.
-func TestAttackUnknownDialogHashIgnoresRoutes(t *testing.T) {
+// TestUnknownDialogHashFollowsRoutes: under -sip-unknown-dialog hash a
+// request with a made-up To-tag (no token, a dialog nobody knows) keeps
+// the admission of affinity, but its pool is the one the routes give, as
+// for new work: a BYE whose Request-URI the routes give to paris reaches
+// paris, and one no route matches (there is no pool default) gets the
+// no-route answer, 404.
+func TestUnknownDialogHashFollowsRoutes(t *testing.T) {
 	ldn := newUAS(t, "ldn")
 	par := newUAS(t, "par")
 	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london", par.addr.String() + ",id=par,pool=paris"},
@@ -77,16 +75,13 @@ func TestAttackNoRouteReflector(t *testing.T) {
 
 func timeNowPlusWait() time.Time { return time.Now().Add(wait) }
 
-// TestAttackUnknownDialogReachesDrainedPool: a request with a made-up
-// To-tag is metered as new work under -sip-unknown-dialog new-work
-// (SLUICE-2026-009), but it is sent to the pool's Call-ID hash home
-// (lb.Pool.Home), which falls back to a backend that takes no new work
-// when none does: with every backend of london drained (sluice ctl
-// drain-pool london), anyone can still put "new work" on them, 20/s per
-// source address, while genuine INVITEs to london are refused. New work
-// of a drained pool should be refused (503, no backend available), as the
-// INVITE is.
-func TestAttackUnknownDialogReachesDrainedPool(t *testing.T) {
+// TestUnknownDialogRefusedOnDrainedPool: a request with a made-up To-tag
+// is metered as new work under -sip-unknown-dialog new-work
+// (SLUICE-2026-009), so with every backend of london drained (sluice ctl
+// drain-pool london) it is refused as the INVITE is: 503, Warning "no
+// backend available pool london", and nothing reaches the drained
+// backend.
+func TestUnknownDialogRefusedOnDrainedPool(t *testing.T) {
 	ldn := newUAS(t, "ldn")
 	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london"}, []string{"pool=london,user=+4420"}, nil, nil)
 	for _, b := range s.Generation().Pool("london").Backends() {
@@ -100,7 +95,10 @@ func TestAttackUnknownDialogReachesDrainedPool(t *testing.T) {
 		k := c.newCall()
 		c.send(fmt.Sprintf("INFO sip:+442079460000@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:m@a.example>;tag=a1\r\nTo: <sip:x@voice.example>;tag=made-up-%d\r\nCall-ID: %s\r\nCSeq: 1 INFO\r\nContent-Length: 0\r\n\r\n",
 			c.addr, k.branch, i, k.callID))
-		c.awaitResponse(gosip.INFO, 503, 200)
+		r := c.awaitResponse(gosip.INFO, 503, 200)
+		if w := r.GetHeader("warning"); w == nil || !strings.Contains(w.Value(), "no backend available pool london") {
+			t.Errorf("503 with Warning %v, want one naming no backend available pool london", w)
+		}
 	}
 	if n := ldn.count(gosip.INFO, ""); n != 0 {
 		t.Errorf("the drained london backend got %d requests of unknown dialogs metered as new work, want 0", n)

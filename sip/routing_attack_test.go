@@ -27,36 +27,102 @@ func routeOf(t *testing.T, routes []string, head string) string {
 		t.Fatal(err)
 	}
 	var in lb.RouteInput
-	fillRouteInput(&in, parseRequest(t, head), table.HeaderNames())
+	if !fillRouteInput(&in, parseRequest(t, head), table.HeaderNames()) {
+		return "414"
+	}
 	if i := table.Match(&in); i >= 0 {
 		return table.Spec(i).Pool
 	}
 	return "default"
 }
 
-// TestAttackLongPhoneUserDodgesUserRoute: a telephone number padded past
+// TestLongPhoneUserRoutedByNormalForm: a telephone number padded past
 // lb.MaxRouteValueLen with visual separators (RFC 3966 allows them
-// anywhere) or with escapes is passed to the routes as written, so
-// user=+4420 does not match it, while the backend, which unescapes the
-// user and drops the separators, reads a London number: the request
-// leaves the london pool (and its ARM pool=london budget) for the pool
-// default. A short number spelled the same way is routed to london.
-func TestAttackLongPhoneUserDodgesUserRoute(t *testing.T) {
+// anywhere) or with escapes is routed by its normal form, as the backend
+// reads it (unescaped, without visual separators): padding is no way out
+// of the london pool (and its ARM pool=london budget). A user whose
+// normal form itself is longer than lb.MaxRouteValueLen is not routed on
+// a truncated form: 414.
+func TestLongPhoneUserRoutedByNormalForm(t *testing.T) {
 	routes := []string{"pool=london,user=+4420"}
 	tail := " SIP/2.0\r\nFrom: <sip:a@a.example>;tag=1\r\nTo: <sip:b@voice.example>\r\nCSeq: 1 INVITE\r\n"
-	tests := []struct{ name, ruri string }{
-		{"short, separators (control)", "sip:+44-20-7946-0000@voice.example;user=phone"},
-		{"1100 visual separators, user=phone", "sip:+4" + strings.Repeat("-", 1100) + "4207946@voice.example;user=phone"},
-		{"1100 visual separators, leading plus", "sip:+" + strings.Repeat(".", 1100) + "4420@voice.example"},
-		{"escaped plus and 400 escaped separators", "sip:%2B" + strings.Repeat("%2D", 400) + "4420@voice.example"},
-		{"tel: URI with 1100 separators", "tel:+44" + strings.Repeat("-", 1100) + "20"},
+	max := lb.MaxRouteValueLen
+	tests := []struct{ name, ruri, want string }{
+		{"short, separators (control)", "sip:+44-20-7946-0000@voice.example;user=phone", "london"},
+		{"1100 visual separators, user=phone", "sip:+4" + strings.Repeat("-", 1100) + "4207946@voice.example;user=phone", "london"},
+		{"1100 visual separators, leading plus", "sip:+" + strings.Repeat(".", 1100) + "4420@voice.example", "london"},
+		{"escaped plus and 400 escaped separators", "sip:%2B" + strings.Repeat("%2D", 400) + "4420@voice.example", "london"},
+		{"tel: URI with 1100 separators", "tel:+44" + strings.Repeat("-", 1100) + "20", "london"},
+		{"normal form of exactly the limit", "sip:+4420" + strings.Repeat("1", max-5) + "@voice.example", "london"},
+		{"normal form one past the limit", "sip:+4420" + strings.Repeat("1", max-4) + "@voice.example", "414"},
+		{"normal form past the limit, separators between", "sip:+4420" + strings.Repeat("1-", max) + "@voice.example", "414"},
+		{"name past the limit", "sip:" + strings.Repeat("a", max+1) + "@voice.example", "414"},
+		{"escaped name past the limit", "sip:" + strings.Repeat("%61", max+1) + "@voice.example", "414"},
+		{"escaped name of exactly the limit", "sip:" + strings.Repeat("%61", max) + "@voice.example", "default"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := routeOf(t, routes, "INVITE "+tc.ruri+tail); got != "london" {
-				t.Errorf("pool %s, want london: the number is +4420... once unescaped and without visual separators, as the backend reads it", got)
+			if got := routeOf(t, routes, "INVITE "+tc.ruri+tail); got != tc.want {
+				t.Errorf("pool %s, want %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRouteUser: the user a route tests, golden values, and never more
+// than lb.MaxRouteValueLen bytes of it held, however long the user.
+func TestRouteUser(t *testing.T) {
+	max := lb.MaxRouteValueLen
+	tests := []struct {
+		user  string
+		phone bool
+		want  string
+		ok    bool
+	}{
+		{"alice.smith", false, "alice.smith", true},
+		{"+44-20.(7946)", false, "+44207946", true},
+		{"020-7946", true, "0207946", true},
+		{"020-7946", false, "020-7946", true},
+		{"%2b44%2d20", false, "+4420", true},
+		{"+4420;isub=1", false, "+4420", true},
+		{"a%2", false, "a%2", true},
+		{"+" + strings.Repeat("-", 10*max) + "1", false, "+1", true},
+		{strings.Repeat("9", max), true, strings.Repeat("9", max), true},
+		{strings.Repeat("9", max+1), true, "", false},
+		{strings.Repeat("9-", max+1), true, "", false},
+		{strings.Repeat("%39", max+1), false, "", false},
+	}
+	for _, tc := range tests {
+		got, ok := routeUser(tc.user, tc.phone)
+		if string(got) != tc.want || ok != tc.ok {
+			name := tc.user
+			if len(name) > 40 {
+				name = name[:40] + "..."
+			}
+			t.Errorf("routeUser(%q, %v) = %q, %v; want %q, %v", name, tc.phone, got, ok, tc.want, tc.ok)
+		}
+		if cap(got) > max {
+			t.Errorf("routeUser held %d bytes, at most %d", cap(got), max)
+		}
+	}
+}
+
+// TestURITooLongAnswered414: new work whose Request-URI user is too long
+// to route is answered 414 and forwarded nowhere.
+func TestURITooLongAnswered414(t *testing.T) {
+	ldn := newUAS(t, "ldn")
+	dflt := newUAS(t, "dflt")
+	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london", dflt.addr.String() + ",id=dflt"},
+		[]string{"pool=london,user=+4420"}, nil, nil)
+	c := newUAC(t, s.udpAddr())
+	k := c.newCall()
+	k.inviteTo("sip:+4420"+strings.Repeat("1-", lb.MaxRouteValueLen)+"@voice.example", "a.example")
+	c.awaitResponse(gosip.INVITE, 414, 200)
+	if n := ldn.count(gosip.INVITE, k.callID) + dflt.count(gosip.INVITE, k.callID); n != 0 {
+		t.Errorf("forwarded %d times, want 0", n)
+	}
+	if n := s.metrics.URITooLong.Load(); n != 1 {
+		t.Errorf("uri_too_long %d, want 1", n)
 	}
 }
 
@@ -104,13 +170,11 @@ func TestAttackDuplicateFromRefused(t *testing.T) {
 	}
 }
 
-// TestAttackUserPhoneParamCase: URI parameter names compare
-// case-insensitively (RFC 3261 §19.1.4), so sip:020-7946-0000@h;USER=PHONE
-// is the same telephone number as with ;user=phone, but only the lower-case
-// spelling makes the user a telephone number for the routes (separators
-// dropped): the upper-case one keeps its separators and dodges
-// user=0207946.
-func TestAttackUserPhoneParamCase(t *testing.T) {
+// TestUserPhoneParamCase: URI parameter names compare
+// case-insensitively (RFC 3261 §19.1.4), and so does the value phone, so
+// sip:020-7946-0000@h;USER=PHONE is the same telephone number as with
+// ;user=phone for the routes (separators dropped) in any spelling.
+func TestUserPhoneParamCase(t *testing.T) {
 	routes := []string{"pool=london,user=0207946"}
 	tail := " SIP/2.0\r\nFrom: <sip:a@a.example>;tag=1\r\nTo: <sip:b@voice.example>\r\nCSeq: 1 INVITE\r\n"
 	for _, param := range []string{"user=phone", "user=Phone", "USER=PHONE", "User=phone"} {
