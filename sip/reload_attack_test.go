@@ -7,20 +7,16 @@ import (
 	gosip "github.com/emiago/sipgo/sip"
 )
 
-// TestAttackStateLostBetweenBuildAndSwap: a generation carries the
-// operator's and the traffic's state over from its Prev when it is built
+// TestStateKeptBetweenBuildAndSwap: a generation carries the operator's
+// and the traffic's state over from its Prev when it is built
 // (lb.NewGeneration), but it serves only once SetGeneration puts it in
-// force, after its Start has run a first round of pings (synchronously,
-// up to the health timeout). What happens to the backends in between
-// lands on the generation being replaced and is lost: here a backend's
-// 503 with Retry-After: 30 (the back-off SLUICE-2026-002 made every
-// backend's own to ask for) and an operator's drain of the other
-// backend, both made after the build and before the swap, are gone once
-// the new generation serves, and both backends take new work again at
-// once. The state should be carried over when the generation is put in
-// force (or changes made to a replaced backend forwarded to its
-// successor).
-func TestAttackStateLostBetweenBuildAndSwap(t *testing.T) {
+// force, after its Start has run a first round of pings. What happens to
+// the backends in between lands on the generation being replaced: here a
+// backend's 503 with Retry-After: 30 and an operator's drain of the other
+// backend, both made after the build and before the swap. The swap copies
+// them again: once the new generation serves, neither backend takes new
+// work.
+func TestStateKeptBetweenBuildAndSwap(t *testing.T) {
 	b1 := newUAS(t, "b1")
 	b2 := newUAS(t, "b2")
 	specs := []string{b1.addr.String() + ",id=b1", b2.addr.String() + ",id=b2"}
