@@ -244,7 +244,7 @@ func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, pool
 		case s.cfg.UnknownDialog == UnknownDialogReject:
 			s.metrics.UnknownDialogRejected.Add(1)
 			if req.Method != gosip.ACK {
-				s.reply(req, src, 481, "Call/Transaction Does Not Exist")
+				s.replyLocal(req, src, 481, "Call/Transaction Does Not Exist")
 			}
 			return false
 		}
@@ -252,7 +252,7 @@ func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, pool
 			s.metrics.UnknownDialogSourceLimited.Add(1)
 			s.metrics.Refused.Add(1)
 			if req.Method != gosip.ACK {
-				s.reply(req, src, 503, "Service Unavailable",
+				s.replyLocal(req, src, 503, "Service Unavailable",
 					"Retry-After: "+strconv.Itoa(s.jitter(time.Second)),
 					"Warning: 399 "+s.adv.String()+` "overload: unknown dialog, per-source share"`)
 			}

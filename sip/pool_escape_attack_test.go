@@ -2,6 +2,7 @@ package sip
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -39,41 +40,112 @@ func TestUnknownDialogHashFollowsRoutes(t *testing.T) {
 	}
 }
 
-// TestAttackNoRouteReflector: the answer to new work no route matches
-// (no pool default) is built and sent to the source address for every
-// request, without a per-source share, and is about twice the request's
-// size (compact headers expanded, a To-tag, Warning and Server added).
-// From a spoofed UDP source that is a reflector with amplification: here
-// 200 requests of 118 bytes from one address bring back 200 answers of
-// 229 bytes. Bytes sent back to one source should not exceed the bytes it
-// sent (a per-source share of local answers, as the unknown-dialog share
-// does for forwarding, or answers no larger than the request).
-func TestAttackNoRouteReflector(t *testing.T) {
+// TestLocalRepliesNoLargerThanRequests: the answers the balancer builds
+// itself to requests it does not forward (no route, 400, 403, 481, the
+// OPTIONS it answers) go to the source address of a datagram, which
+// anyone may spoof; so none is larger than its request. Each request is
+// sent alone, then a ping (an OPTIONS for the balancer) whose answer ends
+// what it brought back: the bytes of the answers to the request are at
+// most the request's, and a request written as UAs write them gets its
+// answer (without its Warning or Allow list when they do not fit). A
+// request stripped to less than its answer, compact headers and no
+// Max-Forwards (the review's 118 bytes that brought back 229), gets none.
+func TestLocalRepliesNoLargerThanRequests(t *testing.T) {
 	ldn := newUAS(t, "ldn")
 	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london"}, []string{"pool=london,user=+4420"}, nil, nil)
+	s.localRate.Store(0) // the share is TestLocalReplyShare's
 	c := newUAC(t, s.udpAddr())
-	const n = 200
-	in, out := 0, 0
-	for i := range n {
-		req := fmt.Sprintf("MESSAGE sip:1@x SIP/2.0\r\nv: SIP/2.0/UDP a;branch=z9hG4bK%d\r\nf: <sip:a@b>;tag=1\r\nt: <sip:1@x>\r\ni: c%d\r\nCSeq: 1 MESSAGE\r\n\r\n", i%10, i%10)
-		in += len(req)
-		c.send(req)
+	const ua = "Max-Forwards: 70\r\nUser-Agent: softphone 4.2\r\nContent-Length: 0\r\n\r\n"
+	tests := []struct {
+		name string
+		req  string // {client}: the client's address, {lb}: the balancer's
+		want int    // the code answered, 0: none
+	}{
+		{"no route, stripped, compact", "MESSAGE sip:1@x SIP/2.0\r\nv: SIP/2.0/UDP a;branch=z9hG4bK1\r\nf: <sip:a@b>;tag=1\r\nt: <sip:1@x>\r\ni: c1\r\nCSeq: 1 MESSAGE\r\n\r\n", 0},
+		{"no route, as UAs send", "MESSAGE sip:1@x SIP/2.0\r\nVia: SIP/2.0/UDP {client};branch=z9hG4bK2;rport\r\nFrom: <sip:a@b.example>;tag=1\r\nTo: <sip:1@x>\r\nCall-ID: c2\r\nCSeq: 1 MESSAGE\r\n" + ua, 404},
+		{"OPTIONS Max-Forwards 0, stripped", "OPTIONS sip:1@x SIP/2.0\r\nv: SIP/2.0/UDP a;branch=z9hG4bK3\r\nf: <sip:a@b>;tag=1\r\nt: <sip:1@x>\r\ni: c3\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 0\r\n\r\n", 0},
+		{"OPTIONS Max-Forwards 0, as UAs send", "OPTIONS sip:1@x SIP/2.0\r\nVia: SIP/2.0/UDP {client};branch=z9hG4bK4;rport\r\nFrom: <sip:a@b.example>;tag=1\r\nTo: <sip:1@x>\r\nCall-ID: c4\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 0\r\nUser-Agent: softphone 4.2\r\nContent-Length: 0\r\n\r\n", 200},
+		{"OPTIONS with a health-ping branch", "OPTIONS sip:{lb} SIP/2.0\r\nVia: SIP/2.0/UDP {client};branch=" + pingBranchPrefix + "x5;rport\r\nFrom: <sip:a@b.example>;tag=1\r\nTo: <sip:{lb}>\r\nCall-ID: c5\r\nCSeq: 1 OPTIONS\r\n" + ua, 200},
+		{"CANCEL of nothing", "CANCEL sip:+442079460000@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP {client};branch=z9hG4bK6;rport\r\nFrom: <sip:a@b.example>;tag=1\r\nTo: <sip:+442079460000@voice.example>\r\nCall-ID: c6\r\nCSeq: 1 CANCEL\r\n" + ua, 481},
+		{"forged token", "BYE sip:+442079460000@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP {client};branch=z9hG4bK7;rport\r\nRoute: <sip:{lb};lr;sl=forged>\r\nFrom: <sip:a@b.example>;tag=1\r\nTo: <sip:x@voice.example>;tag=2\r\nCall-ID: c7\r\nCSeq: 2 BYE\r\n" + ua, 403},
+		{"two Froms", "MESSAGE sip:+4420@x SIP/2.0\r\nVia: SIP/2.0/UDP {client};branch=z9hG4bK8;rport\r\nFrom: <sip:a@b.example>;tag=1\r\nf: <sip:a@c.example>;tag=1\r\nTo: <sip:1@x>\r\nCall-ID: c8\r\nCSeq: 1 MESSAGE\r\n" + ua, 400},
+		{"unparsable (quoted Via), stripped", "MESSAGE sip:1@x SIP/2.0\r\nv: SIP/2.0/UDP a;branch=z9hG4bK9;x=\"q\"\r\nf: <sip:a@b>;tag=1\r\nt: <sip:1@x>\r\ni: c9\r\nCSeq: 1 MESSAGE\r\n\r\n", 0},
+		{"unparsable (quoted Via), as UAs send", "MESSAGE sip:1@x SIP/2.0\r\nVia: SIP/2.0/UDP {client};branch=z9hG4bK10;x=\"q\"\r\nFrom: <sip:a@b.example>;tag=1\r\nTo: <sip:1@x>\r\nCall-ID: c10\r\nCSeq: 1 MESSAGE\r\n" + ua, 400},
 	}
-	eventually(t, "every request handled", func() bool { return s.metrics.NoRoute.Load() == n })
 	buf := make([]byte, 65536)
-	_ = c.conn.SetReadDeadline(timeNowPlusWait())
-	m, _, err := c.conn.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatalf("no answer at all: %v", err)
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := strings.NewReplacer("{client}", c.addr.String(), "{lb}", s.udpAddr().String()).Replace(tc.req)
+			c.send(req)
+			tag := fmt.Sprint("lr", i)
+			c.ping(tag)
+			out, code := 0, 0
+			for {
+				_ = c.conn.SetReadDeadline(timeNowPlusWait())
+				n, _, err := c.conn.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					t.Fatalf("no answer to the ping: %v", err)
+				}
+				if strings.Contains(string(buf[:n]), "ping-"+tag+"@test") {
+					break
+				}
+				out += n
+				_, _ = fmt.Sscanf(string(buf[:n]), "SIP/2.0 %d ", &code)
+			}
+			if out > len(req) {
+				t.Errorf("%d bytes answered to a request of %d", out, len(req))
+			}
+			if code != tc.want {
+				t.Errorf("answered %d, want %d (0: none)", code, tc.want)
+			}
+		})
 	}
-	out = int(s.metrics.LocalReplies.Load()) * m
-	t.Logf("%d requests, %d bytes in; %d answers of %d bytes, %d bytes out", n, in, s.metrics.LocalReplies.Load(), m, out)
-	if out > in {
-		t.Errorf("%d bytes sent back to one source for %d bytes received (amplification %.2f)", out, in, float64(out)/float64(in))
+	if s.metrics.LocalRepliesShed.Load() == 0 {
+		t.Error("local_replies_shed counts nothing")
 	}
 }
 
 func timeNowPlusWait() time.Time { return time.Now().Add(wait) }
+
+// TestLocalReplyShare: a UDP source gets at most localReplySourceRate
+// answers of our own per second (an IPv6 one per /64), counted in
+// local_replies_shed past it; another source has its own share, a new
+// second a new one, and a TCP peer (its address proven) has none.
+func TestLocalReplyShare(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s, clock := manualServer(t, []*uas{b1}, nil, nil)
+	a := source{addr: netip.MustParseAddrPort("192.0.2.1:5060")}
+	b := source{addr: netip.MustParseAddrPort("192.0.2.2:5060")}
+	v6a := source{addr: netip.MustParseAddrPort("[2001:db8::1]:5060")}
+	v6b := source{addr: netip.MustParseAddrPort("[2001:db8::2]:5060")}
+	count := func(src source, n int) (ok int) {
+		for range n {
+			if s.localAllowed(src) {
+				ok++
+			}
+		}
+		return ok
+	}
+	if got := count(a, 2*localReplySourceRate); got != localReplySourceRate {
+		t.Errorf("source a: %d allowed of %d, want %d", got, 2*localReplySourceRate, localReplySourceRate)
+	}
+	if n := s.metrics.LocalRepliesShed.Load(); n != localReplySourceRate {
+		t.Errorf("local_replies_shed %d, want %d", n, localReplySourceRate)
+	}
+	if got := count(b, localReplySourceRate); got != localReplySourceRate {
+		t.Errorf("source b: %d allowed, want its own share %d", got, localReplySourceRate)
+	}
+	if got := count(v6a, localReplySourceRate) + count(v6b, localReplySourceRate); got != localReplySourceRate {
+		t.Errorf("one /64: %d allowed, want one share %d", got, localReplySourceRate)
+	}
+	if got := count(source{addr: a.addr, conn: &tcpConn{}}, 10); got != 10 {
+		t.Errorf("TCP peer: %d of 10 allowed, want all", got)
+	}
+	clock.Advance(time.Second)
+	if got := count(a, 1); got != 1 {
+		t.Error("source a: nothing allowed in the next second")
+	}
+}
 
 // TestUnknownDialogRefusedOnDrainedPool: a request with a made-up To-tag
 // is metered as new work under -sip-unknown-dialog new-work

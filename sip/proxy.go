@@ -29,7 +29,7 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		s.metrics.Malformed.Add(1)
 		if req.Method != gosip.ACK {
 			s.metrics.BadRequests.Add(1)
-			s.reply(req, src, 400, "Bad Request")
+			s.replyLocal(req, src, 400, "Bad Request")
 		}
 		return
 	}
@@ -40,7 +40,7 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		// two of us would send each other's requests round in a loop).
 		if s.viaIsOurs(via) || s.pool.Load().backendAt(src.addr) != nil {
 			s.metrics.Loops.Add(1)
-			s.reply(req, src, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "health ping would loop"`)
+			s.replyLocal(req, src, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "health ping would loop"`)
 			return
 		}
 		s.answerOptions(req, src)
@@ -54,7 +54,7 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		case gosip.ACK:
 		default:
 			s.metrics.TooManyHops.Add(1)
-			s.reply(req, src, 483, "Too Many Hops")
+			s.replyLocal(req, src, 483, "Too Many Hops")
 		}
 		return
 	}
@@ -315,7 +315,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now
 	// this sender's to cancel. Answered here (RFC 3261 §16.10), so a
 	// CANCEL never reaches a backend without an INVITE of ours there.
 	s.metrics.UnknownCancels.Add(1)
-	s.reply(req, src, 481, "Call/Transaction Does Not Exist")
+	s.replyLocal(req, src, 481, "Call/Transaction Does Not Exist")
 }
 
 // handleInDialog routes a request with a To-tag. With our Route on top, the
@@ -333,7 +333,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 		if !ok {
 			s.metrics.ForgedTokens.Add(1)
 			if req.Method != gosip.ACK {
-				s.reply(req, src, 403, "Forbidden", "Warning: 399 "+s.adv.String()+` "invalid affinity token"`)
+				s.replyLocal(req, src, 403, "Forbidden", "Warning: 399 "+s.adv.String()+` "invalid affinity token"`)
 			}
 			return
 		}
@@ -541,7 +541,7 @@ func (s *Server) forwardDownstream(req *gosip.Request, src source) {
 // monitors can ping it.
 func (s *Server) answerOptions(req *gosip.Request, src source) {
 	s.metrics.OptionsAnswered.Add(1)
-	s.reply(req, src, 200, "OK", "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER, SUBSCRIBE, NOTIFY, REFER, MESSAGE, INFO, PRACK, UPDATE, PUBLISH")
+	s.replyLocal(req, src, 200, "OK", "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER, SUBSCRIBE, NOTIFY, REFER, MESSAGE, INFO, PRACK, UPDATE, PUBLISH")
 }
 
 // handleNewWork admits, selects and forwards a request without To-tag,
@@ -685,7 +685,7 @@ func (s *Server) noRoute(req *gosip.Request, src source) {
 		return
 	}
 	code := s.cfg.NoRouteCode
-	s.reply(req, src, code, reasonPhrase(code), "Warning: 399 "+s.adv.String()+` "no route"`)
+	s.replyLocal(req, src, code, reasonPhrase(code), "Warning: 399 "+s.adv.String()+` "no route"`)
 }
 
 // uriTooLong answers 414 Request-URI Too Long (RFC 3261 §21.4.12) to a
@@ -698,7 +698,7 @@ func (s *Server) uriTooLong(req *gosip.Request, src source) {
 	if req.Method == gosip.ACK {
 		return
 	}
-	s.reply(req, src, 414, "Request-URI Too Long")
+	s.replyLocal(req, src, 414, "Request-URI Too Long")
 }
 
 // reasonPhrase is RFC 3261's reason phrase of a final answer code we may

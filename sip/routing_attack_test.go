@@ -178,7 +178,8 @@ func TestDuplicateSingleHeadersRefused(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			k := c.newCall()
-			c.send(fmt.Sprintf("MESSAGE sip:bob@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\n%s%s%sCall-ID: %s\r\n%s%sContent-Length: 0\r\n\r\n",
+			// A User-Agent, as UAs send, leaves room for the Warning.
+			c.send(fmt.Sprintf("MESSAGE sip:bob@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\n%s%s%sCall-ID: %s\r\n%s%sUser-Agent: sluice regression test client 1.0\r\nContent-Length: 0\r\n\r\n",
 				c.addr, k.branch, mf, from, to, k.callID, cseq, tc.extra))
 			// A 400 may carry either Call-ID: the parser keeps the last.
 			if r := c.awaitResponse(gosip.MESSAGE, tc.want, 200); tc.want == 400 {

@@ -88,6 +88,10 @@ type Server struct {
 	metrics Metrics
 
 	unknownShare sourceShare // per-source cap of requests of unknown dialogs
+	localShare   sourceShare // per-UDP-source cap of our own answers (replyLocal)
+	// localRate is the cap of localShare per second:
+	// localReplySourceRate (0: no cap, for tests that need more).
+	localRate atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -144,6 +148,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		parser:  newParser(),
 	}
 	s.branches = newBrancher(deps.Signer)
+	s.localRate.Store(localReplySourceRate)
 	if len(cfg.Backends) > 0 {
 		specs, cfgs, err := checkBackends(cfg.Backends)
 		if err != nil {
@@ -325,6 +330,7 @@ func (s *Server) shutdown() {
 type source struct {
 	addr netip.AddrPort
 	conn *tcpConn // nil for UDP
+	size int      // bytes of the message received (0: not known)
 }
 
 func (src source) transport() string {
@@ -359,6 +365,7 @@ func (s *Server) serveUDP() {
 // handleDatagram handles one complete message (a UDP datagram or a framed
 // TCP message). data is reused after it returns.
 func (s *Server) handleDatagram(data []byte, src source) {
+	src.size = len(data)
 	if len(bytes.Trim(data, "\r\n \t\x00")) == 0 {
 		return // keep-alive
 	}
@@ -381,7 +388,7 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		s.metrics.Malformed.Add(1)
 		if req, ok := msg.(*gosip.Request); ok && req.Method != gosip.ACK && req.Via() != nil && req.CallID() != nil && req.CSeq() != nil {
 			s.metrics.BadRequests.Add(1)
-			s.reply(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "control character in message head"`)
+			s.replyLocal(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "control character in message head"`)
 		} else {
 			s.metrics.MalformedDropped.Add(1)
 		}
@@ -400,7 +407,7 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		s.metrics.Malformed.Add(1)
 		if req, ok := msg.(*gosip.Request); ok && req.Method != gosip.ACK && req.Via() != nil && req.CallID() != nil && req.CSeq() != nil {
 			s.metrics.BadRequests.Add(1)
-			s.reply(req, src, 400, "Bad Request", `Warning: 399 - "two `+dup+`"`)
+			s.replyLocal(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "two `+dup+`"`)
 		} else {
 			s.metrics.MalformedDropped.Add(1)
 		}
@@ -489,6 +496,10 @@ func ctlInHead(data []byte) int {
 func (s *Server) tooLargeDatagram(data []byte, src source) {
 	p, ok := rawReply(data, 513, "Message Too Large")
 	if !ok {
+		return
+	}
+	src.size = len(data)
+	if !s.localAllowed(src) || !fits(p, src) {
 		return
 	}
 	s.metrics.TooLarge.Add(1)
