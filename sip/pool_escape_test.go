@@ -172,6 +172,22 @@ func TestUnknownDialogRefusedOnDrainedPool(t *testing.T) {
 			t.Errorf("503 with Warning %v, want one naming no backend available pool london", w)
 		}
 	}
+	// A method that can create a dialog is metered as new work under
+	// every policy: a made-up To-tag on it finds no drained backend
+	// either, under hash too.
+	s = poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london"}, []string{"pool=london,user=+4420"}, nil,
+		func(c *Config) { c.UnknownDialog = UnknownDialogHash })
+	for _, b := range s.Generation().Pool("london").Backends() {
+		b.Drain(true)
+	}
+	c = newUAC(t, s.udpAddr())
+	k = c.newCall()
+	c.send(fmt.Sprintf("INVITE sip:+442079460000@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:m@a.example>;tag=a1\r\nTo: <sip:x@voice.example>;tag=made-up\r\nCall-ID: %s\r\nCSeq: 1 INVITE\r\nContact: <sip:m@a.example>\r\nContent-Length: 0\r\n\r\n",
+		c.addr, k.branch, k.callID))
+	c.awaitResponse(gosip.INVITE, 503, 200)
+	if n := ldn.count(gosip.INVITE, ""); n != 0 {
+		t.Errorf("the drained london backend got %d INVITEs, want 0", n)
+	}
 	if n := ldn.count(gosip.INFO, ""); n != 0 {
 		t.Errorf("the drained london backend got %d requests of unknown dialogs metered as new work, want 0", n)
 	}

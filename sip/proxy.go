@@ -410,10 +410,10 @@ const (
 // routed as new work is (so a made-up To-tag is no way into a pool the
 // routes would not give), and b is nil with why routeNone when no route
 // matches and there is no pool "default", routeTooLong when its
-// Request-URI user is too long to route. Under -sip-unknown-dialog
-// new-work it is also metered as new work, so it takes only a backend
-// that takes new work: why is routeNoBackend (b nil, pool set) when none
-// of its pool does. A dialog the table knows keeps its pool's Call-ID
+// Request-URI user is too long to route. When it is metered as new work
+// (-sip-unknown-dialog new-work, or a method that can create a dialog,
+// whatever the policy) it takes only a backend that takes new work: why
+// is routeNoBackend (b nil, pool set) when none of its pool does. A dialog the table knows keeps its pool's Call-ID
 // hash home (lb.Pool.Home), which may be a backend taking no new work:
 // its calls end where they began.
 func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refresh bool) (b *backend, pool string, fromTable bool, why int) {
@@ -453,9 +453,10 @@ func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refre
 		if home, _ = p.route(&in); home == nil {
 			return nil, "", false, routeNone
 		}
-		if s.cfg.UnknownDialog == UnknownDialogNewWork && !dialogCreating(req.Method) {
-			// Metered as new work: a backend that takes new work, by
-			// the Call-ID hash, or none.
+		if s.cfg.UnknownDialog == UnknownDialogNewWork || dialogCreating(req.Method) {
+			// Metered as new work (a method that can create a dialog
+			// always is, admitTokenless): a backend that takes new
+			// work, by the Call-ID hash, or none.
 			lbb := home.Home(now, lb.Hash(callID))
 			if !lbb.AcceptsNew(now) {
 				return nil, home.Name(), false, routeNoBackend

@@ -102,8 +102,8 @@ func bytesOf(s string) []byte {
 // routeUser returns the user a route tests: user unescaped and, when it
 // is a telephone number (phone, or a user starting with '+' once
 // unescaped), without visual separators and parameters. It copies only
-// a user that needs either, and then at most lb.MaxRouteValueLen bytes
-// of output, whatever the length of user: a client may pad a number with
+// a user that needs either, and then exactly its normal form, at most
+// lb.MaxRouteValueLen bytes, whatever the length of user: a client may pad a number with
 // any number of separators or escapes. ok is false (and the user nil)
 // when the normal form is longer than lb.MaxRouteValueLen: a route must
 // not test a truncated user, which may read as another number than the
@@ -122,7 +122,20 @@ func routeUser(user string, phone bool) (out []byte, ok bool) {
 		}
 		return bytesOf(user), true
 	}
-	out = make([]byte, 0, min(len(user), lb.MaxRouteValueLen))
+	n := normalUser(user, phone, nil)
+	if n > lb.MaxRouteValueLen {
+		return nil, false
+	}
+	out = make([]byte, n)
+	normalUser(user, phone, out)
+	return out, true
+}
+
+// normalUser writes user unescaped and, with phone, without visual
+// separators into out (nil: nowhere) and returns the length of that
+// form, counting at most lb.MaxRouteValueLen+1 bytes of it.
+func normalUser(user string, phone bool, out []byte) int {
+	n := 0
 	for i := 0; i < len(user); i++ {
 		c := user[i]
 		if c == '%' && i+2 < len(user) && isHex(user[i+1]) && isHex(user[i+2]) {
@@ -132,12 +145,15 @@ func routeUser(user string, phone bool) (out []byte, ok bool) {
 		if phone && (c == '-' || c == '.' || c == '(' || c == ')') {
 			continue
 		}
-		if len(out) == lb.MaxRouteValueLen {
-			return nil, false
+		if n > lb.MaxRouteValueLen {
+			return n
 		}
-		out = append(out, c)
+		if out != nil {
+			out[n] = c
+		}
+		n++
 	}
-	return out, true
+	return n
 }
 
 func isHex(c byte) bool {
