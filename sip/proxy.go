@@ -372,7 +372,11 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 	case routeNoBackend:
 		// Metered as new work, refused as new work is when no backend
 		// of its pool takes new work: a made-up To-tag is no way onto
-		// a drained pool.
+		// a drained pool. The per-source share comes first, as in
+		// admitTokenless.
+		if !dialogCreating(req.Method) && s.overUnknownShare(req, src, now) {
+			return
+		}
 		s.refuse(req, src, admission.Decision{Verdict: admission.Refuse, Pool: pool, RetryAfter: s.cfg.BusyDefault})
 		return
 	}
@@ -413,9 +417,10 @@ const (
 // Request-URI user is too long to route. When it is metered as new work
 // (-sip-unknown-dialog new-work, or a method that can create a dialog,
 // whatever the policy) it takes only a backend that takes new work: why
-// is routeNoBackend (b nil, pool set) when none of its pool does. A dialog the table knows keeps its pool's Call-ID
-// hash home (lb.Pool.Home), which may be a backend taking no new work:
-// its calls end where they began.
+// is routeNoBackend (b nil, pool set) when none of its pool does. A
+// dialog the table knows keeps its pool's Call-ID hash home
+// (lb.Pool.Home), which may be a backend taking no new work: its calls
+// end where they began.
 func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refresh bool) (b *backend, pool string, fromTable bool, why int) {
 	callID := req.CallID().Value()
 	var from string
