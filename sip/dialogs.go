@@ -2,6 +2,7 @@ package sip
 
 import (
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -95,8 +96,15 @@ type dialogIDs struct {
 	index map[string]uint16
 }
 
-// maxDialogIDs bounds the registry; past it, inserts for new ids fail.
+// maxDialogIDs bounds the registry. When it is full, a new id takes the
+// index of one no entry refers to any more (dialogTable.refs): backends
+// renamed by reload after reload cannot fill it for good. Only when every
+// index is in use do inserts for new ids fail (dialogFull).
 const maxDialogIDs = entryLinger
+
+// refLocked is what an index's reference count holds while idIndex gives
+// the index to another id: claimIn then looks the id up again.
+const refLocked = -1 << 30
 
 // dialogTable maps dialogs established through the balancer to the
 // backend that took their INVITE. Safe for concurrent use; no lock is
@@ -111,6 +119,11 @@ type dialogTable struct {
 
 	ids   atomic.Pointer[dialogIDs]
 	idsMu sync.Mutex // serialises registry updates only
+	// refs counts the entries that refer to each registry index; an index
+	// at 0 may be given to another id when the registry is full.
+	refs [maxDialogIDs]atomic.Int32
+	// maxIDs is the registry's size: maxDialogIDs (smaller in tests).
+	maxIDs int
 }
 
 func (dt *dialogTable) init(ttl time.Duration, max int) {
@@ -121,6 +134,7 @@ func (dt *dialogTable) init(ttl time.Duration, max int) {
 		dt.shards[i].m = map[uint64]dialogEntry{}
 	}
 	dt.ids.Store(&dialogIDs{index: map[string]uint16{}})
+	dt.maxIDs = maxDialogIDs
 }
 
 // key is the table key of the dialog with Call-ID callID and caller tag
@@ -162,8 +176,8 @@ func (dt *dialogTable) idIndex(id string) (uint16, bool) {
 	if i, ok := cur.index[id]; ok {
 		return i, true
 	}
-	if len(cur.ids) >= maxDialogIDs {
-		return 0, false
+	if len(cur.ids) >= dt.maxIDs {
+		return dt.reuseIndexLocked(cur, id)
 	}
 	next := &dialogIDs{ids: append(cur.ids[:len(cur.ids):len(cur.ids)], id), index: make(map[string]uint16, len(cur.index)+1)}
 	for k, v := range cur.index {
@@ -174,6 +188,48 @@ func (dt *dialogTable) idIndex(id string) (uint16, bool) {
 	dt.ids.Store(next)
 	return i, true
 }
+
+// reuseIndexLocked gives id the index of an id no entry refers to, in the
+// full registry cur, and reports false when every index is in use. The
+// index's count is held at refLocked while the registry is replaced, so
+// a claimIn that looked the former id up meanwhile sees the change and
+// looks again (claimIn). The caller holds idsMu.
+func (dt *dialogTable) reuseIndexLocked(cur *dialogIDs, id string) (uint16, bool) {
+	for i := range cur.ids {
+		if !dt.refs[i].CompareAndSwap(0, refLocked) {
+			continue
+		}
+		next := &dialogIDs{ids: slices.Clone(cur.ids), index: make(map[string]uint16, len(cur.index))}
+		for k, v := range cur.index {
+			next.index[k] = v
+		}
+		delete(next.index, cur.ids[i])
+		next.ids[i] = id
+		next.index[id] = uint16(i)
+		dt.ids.Store(next)
+		dt.refs[i].Add(-refLocked) // keeps the counts of claimIns that looked meanwhile
+		return uint16(i), true
+	}
+	return 0, false
+}
+
+// hold counts one more entry referring to the index of ref, looking it up
+// (and adding it) again if the index was given to another id meanwhile.
+func (dt *dialogTable) hold(ref string) (uint16, bool) {
+	for {
+		idx, ok := dt.idIndex(ref)
+		if !ok {
+			return 0, false
+		}
+		if n := dt.refs[idx].Add(1); n > 0 && dt.ids.Load().ids[idx] == ref {
+			return idx, true
+		}
+		dt.refs[idx].Add(-1) // reused meanwhile: look again
+	}
+}
+
+// release counts one entry less referring to index idx.
+func (dt *dialogTable) release(idx uint16) { dt.refs[idx].Add(-1) }
 
 // sourceTag is the recorded form of the source an INVITE came from; never 0.
 func (dt *dialogTable) sourceTag(src source) uint16 {
@@ -232,7 +288,7 @@ func (dt *dialogTable) claim(k uint64, id string, src uint16, now int64) int {
 // otherwise send an initial INVITE with them and move the victim's
 // token-less in-dialog requests to the backend of its choice.
 func (dt *dialogTable) claimIn(k uint64, pool, id string, src uint16, now int64) int {
-	idx, ok := dt.idIndex(dialogRef(pool, id))
+	idx, ok := dt.hold(dialogRef(pool, id))
 	if !ok {
 		return dialogFull
 	}
@@ -242,6 +298,7 @@ func (dt *dialogTable) claimIn(k uint64, pool, id string, src uint16, now int64)
 	if exists && now < e.deadline &&
 		(e.toTag != 0 || e.linger() || src != 0 && e.src != 0 && e.src != src) {
 		sh.mu.Unlock()
+		dt.release(idx)
 		return dialogRefused
 	}
 	if !exists {
@@ -250,11 +307,15 @@ func (dt *dialogTable) claimIn(k uint64, pool, id string, src uint16, now int64)
 		if dt.count.Add(1) > dt.max {
 			dt.count.Add(-1)
 			sh.mu.Unlock()
+			dt.release(idx)
 			return dialogFull
 		}
 	}
 	sh.m[k] = dialogEntry{deadline: now + dt.ttl, meta: idx, src: src}
 	sh.mu.Unlock()
+	if exists {
+		dt.release(e.backend())
+	}
 	return dialogInserted
 }
 
@@ -286,11 +347,15 @@ func (dt *dialogTable) confirm(k uint64, toTag string) {
 func (dt *dialogTable) remove(k uint64) {
 	sh := dt.shard(k)
 	sh.mu.Lock()
-	if _, ok := sh.m[k]; ok {
+	e, ok := sh.m[k]
+	if ok {
 		delete(sh.m, k)
 		dt.count.Add(-1)
 	}
 	sh.mu.Unlock()
+	if ok {
+		dt.release(e.backend())
+	}
 }
 
 // What find does to the entry it finds.
@@ -381,6 +446,7 @@ func (dt *dialogTable) sweep(now int64, shards int) (removed int) {
 		for k, e := range sh.m {
 			if now >= e.deadline {
 				delete(sh.m, k)
+				dt.release(e.backend())
 				removed++
 			}
 		}

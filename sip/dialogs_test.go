@@ -306,3 +306,106 @@ func BenchmarkDialogInsert(b *testing.B) {
 		}
 	})
 }
+
+// TestDialogIDsReused: the backend id registry holds maxDialogIDs
+// pool+id pairs; when it is full, a new pair takes the index of one no
+// entry refers to any more (its dialogs removed, replaced or swept), and
+// the entries of the others keep their backend. Only with every index in
+// use is a new pair refused (dialogFull).
+func TestDialogIDsReused(t *testing.T) {
+	const maxDialogIDs = 64 // the registry's behaviour at its size, not its size
+	dt := newDialogTable(time.Minute, 2*maxDialogIDs)
+	dt.maxIDs = maxDialogIDs
+	key := func(i int) uint64 { return dt.key("c"+strconv.Itoa(i), "tag") }
+	const now = int64(time.Hour)
+	for i := range maxDialogIDs {
+		if got := dt.claimIn(key(i), "p", "b"+strconv.Itoa(i), 0, now); got != dialogInserted {
+			t.Fatalf("claim %d: %d, want inserted", i, got)
+		}
+	}
+	if got := dt.claimIn(key(-1), "p", "new1", 0, now); got != dialogFull {
+		t.Fatalf("a new id with every index in use: %d, want dialogFull", got)
+	}
+	// A second dialog on b7 keeps b7's index in use after the first goes.
+	if got := dt.claimIn(key(-7), "p", "b7", 0, now); got != dialogInserted {
+		t.Fatal("second dialog of b7 refused")
+	}
+	dt.remove(key(7))
+	if got := dt.claimIn(key(-1), "p", "new1", 0, now); got != dialogFull {
+		t.Fatalf("b7 still has a dialog: %d, want dialogFull", got)
+	}
+	dt.remove(key(-7))
+	dt.remove(key(5))
+	for _, id := range []string{"new1", "new2"} {
+		if got := dt.claimIn(dt.key(id, "tag"), "p", id, 0, now); got != dialogInserted {
+			t.Fatalf("%s with free indexes: %d, want inserted", id, got)
+		}
+	}
+	if got := dt.claimIn(key(-3), "p", "new3", 0, now); got != dialogFull {
+		t.Fatalf("new3 with no free index left: %d, want dialogFull", got)
+	}
+	check := func(callID, wantPool, wantID string) {
+		t.Helper()
+		pool, id, ok := dt.lookupIn(callID, "tag", "", now, dialogPeek)
+		if !ok || pool != wantPool || id != wantID {
+			t.Errorf("%s: %q %q %v, want %q %q", callID, pool, id, ok, wantPool, wantID)
+		}
+	}
+	check("new1", "p", "new1")
+	check("new2", "p", "new2")
+	check("c4", "p", "b4")
+	check("c6", "p", "b6")
+	check("c8", "p", "b8")
+	// Replacing an entry (same key, another backend) frees the old index.
+	if got := dt.claimIn(key(9), "p", "b10", 0, now); got != dialogInserted {
+		t.Fatal("retry of c9's INVITE to b10 refused")
+	}
+	if got := dt.claimIn(key(-3), "p", "new3", 0, now); got != dialogInserted {
+		t.Fatalf("new3 after b9's only dialog moved: %d, want inserted", got)
+	}
+	check("c9", "p", "b10")
+	// Swept entries free theirs.
+	dt.sweep(now+int64(2*time.Minute), dialogShards)
+	if got := dt.claimIn(key(-4), "q", "new4", 0, now+int64(2*time.Minute)); got != dialogInserted {
+		t.Fatalf("new4 after the sweep: %d, want inserted", got)
+	}
+	for i := range dt.refs {
+		if n := dt.refs[i].Load(); n < 0 || n > 1 {
+			t.Fatalf("index %d counts %d entries", i, n)
+		}
+	}
+}
+
+// TestDialogIDsReuseRace: claims of ids in a full registry, concurrent
+// with removals, never leave an entry naming another backend than its
+// own.
+func TestDialogIDsReuseRace(t *testing.T) {
+	const maxDialogIDs = 64
+	dt := newDialogTable(time.Minute, 4*maxDialogIDs)
+	dt.maxIDs = maxDialogIDs
+	const now = int64(time.Hour)
+	for i := range maxDialogIDs {
+		dt.claimIn(dt.key("fill"+strconv.Itoa(i), "t"), "p", "fill"+strconv.Itoa(i), 0, now)
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 500 {
+				n := (w*500 + i) % maxDialogIDs
+				dt.remove(dt.key("fill"+strconv.Itoa(n), "t"))
+				id := "w" + strconv.Itoa(n%7) // ids shared between workers
+				c := "x" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+				if dt.claimIn(dt.key(c, "t"), "p", id, 0, now) != dialogInserted {
+					continue
+				}
+				if _, got, ok := dt.lookupIn(c, "t", "", now, dialogPeek); !ok || got != id {
+					t.Errorf("%s recorded %s, reads %q", c, id, got)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}

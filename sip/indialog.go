@@ -244,18 +244,11 @@ func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, pool
 		case s.cfg.UnknownDialog == UnknownDialogReject:
 			s.metrics.UnknownDialogRejected.Add(1)
 			if req.Method != gosip.ACK {
-				s.reply(req, src, 481, "Call/Transaction Does Not Exist")
+				s.replyLocal(req, src, 481, "Call/Transaction Does Not Exist")
 			}
 			return false
 		}
-		if !s.unknownShare.allow(src.addr.Addr(), now, s.cfg.UnknownDialogSourceRate) {
-			s.metrics.UnknownDialogSourceLimited.Add(1)
-			s.metrics.Refused.Add(1)
-			if req.Method != gosip.ACK {
-				s.reply(req, src, 503, "Service Unavailable",
-					"Retry-After: "+strconv.Itoa(s.jitter(time.Second)),
-					"Warning: 399 "+s.adv.String()+` "overload: unknown dialog, per-source share"`)
-			}
+		if s.overUnknownShare(req, src, now) {
 			return false
 		}
 		s.metrics.UnknownDialogMetered.Add(1)
@@ -270,6 +263,24 @@ func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, pool
 	if d.Verdict != admission.Admit {
 		s.refuse(req, src, d)
 		return false
+	}
+	return true
+}
+
+// overUnknownShare counts a request of an unknown dialog against its
+// source's share (-sip-unknown-dialog-source-rate) and, past it, answers
+// it 503 (an ACK is dropped) and reports true. With the policy new-work
+// only.
+func (s *Server) overUnknownShare(req *gosip.Request, src source, now int64) bool {
+	if s.cfg.UnknownDialog != UnknownDialogNewWork || s.unknownShare.allow(src.addr.Addr(), now, s.cfg.UnknownDialogSourceRate) {
+		return false
+	}
+	s.metrics.UnknownDialogSourceLimited.Add(1)
+	s.metrics.Refused.Add(1)
+	if req.Method != gosip.ACK {
+		s.replyLocal(req, src, 503, "Service Unavailable",
+			"Retry-After: "+strconv.Itoa(s.jitter(time.Second)),
+			"Warning: 399 "+s.adv.String()+` "overload: unknown dialog, per-source share"`)
 	}
 	return true
 }

@@ -35,6 +35,7 @@ type Metrics struct {
 	EarlierAttemptAnswered atomic.Uint64
 
 	NoRoute       atomic.Uint64 // new work no route matched, without a pool "default" (Config.NoRouteCode)
+	URITooLong    atomic.Uint64 // requests answered 414: a Request-URI user too long to route (lb.MaxRouteValueLen)
 	DefaultRouted atomic.Uint64 // new work no route matched, sent to the pool "default"
 
 	Refused   atomic.Uint64                       // new work refused by the balancer (503)
@@ -61,11 +62,15 @@ type Metrics struct {
 	Oversize         atomic.Uint64 // datagrams over -sip-max-message or too big to send
 	StrayResponses   atomic.Uint64 // responses whose top Via is not ours
 
-	LocalReplies    atomic.Uint64 // responses the balancer generated
-	OptionsAnswered atomic.Uint64 // OPTIONS to the balancer answered 200
-	AbsorbedACKs    atomic.Uint64 // ACKs of our own final answers
-	Retransmissions atomic.Uint64 // client retransmissions absorbed
-	Retransmitted   atomic.Uint64 // our retransmissions to UDP backends
+	LocalReplies atomic.Uint64 // responses the balancer generated
+	// LocalRepliesShed counts answers of our own not sent to a UDP
+	// source: over its share (localReplySourceRate) or larger than its
+	// request (replyLocal).
+	LocalRepliesShed atomic.Uint64
+	OptionsAnswered  atomic.Uint64 // OPTIONS to the balancer answered 200
+	AbsorbedACKs     atomic.Uint64 // ACKs of our own final answers
+	Retransmissions  atomic.Uint64 // client retransmissions absorbed
+	Retransmitted    atomic.Uint64 // our retransmissions to UDP backends
 
 	SendErrors atomic.Uint64 // failed writes
 	TCPRefused atomic.Uint64 // TCP connections closed at once: -sip-tcp-max-conns reached, no idle one to close instead
@@ -196,7 +201,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"unknown_cancels", &m.UnknownCancels}, {"too_large", &m.TooLarge},
 		{"forged_tokens", &m.ForgedTokens}, {"too_many_hops", &m.TooManyHops}, {"malformed", &m.Malformed},
 		{"bad_requests", &m.BadRequests}, {"malformed_dropped", &m.MalformedDropped}, {"oversize", &m.Oversize},
-		{"stray_responses", &m.StrayResponses}, {"local_replies", &m.LocalReplies},
+		{"stray_responses", &m.StrayResponses}, {"local_replies", &m.LocalReplies}, {"local_replies_shed", &m.LocalRepliesShed},
 		{"options_answered", &m.OptionsAnswered}, {"absorbed_acks", &m.AbsorbedACKs},
 		{"retransmissions", &m.Retransmissions}, {"retransmitted", &m.Retransmitted},
 		{"send_errors", &m.SendErrors}, {"tcp_refused", &m.TCPRefused},
@@ -208,6 +213,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"in_dialog_unanswered", &m.InDialogUnanswered}, {"in_dialog_backend_down", &m.InDialogBackendDown},
 		{"unknown_dialog_metered", &m.UnknownDialogMetered}, {"unknown_dialog_rejected", &m.UnknownDialogRejected},
 		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited}, {"no_route", &m.NoRoute},
+		{"uri_too_long", &m.URITooLong},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}

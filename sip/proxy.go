@@ -29,7 +29,7 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		s.metrics.Malformed.Add(1)
 		if req.Method != gosip.ACK {
 			s.metrics.BadRequests.Add(1)
-			s.reply(req, src, 400, "Bad Request")
+			s.replyLocal(req, src, 400, "Bad Request")
 		}
 		return
 	}
@@ -40,7 +40,7 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		// two of us would send each other's requests round in a loop).
 		if s.viaIsOurs(via) || s.pool.Load().backendAt(src.addr) != nil {
 			s.metrics.Loops.Add(1)
-			s.reply(req, src, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "health ping would loop"`)
+			s.replyLocal(req, src, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "health ping would loop"`)
 			return
 		}
 		s.answerOptions(req, src)
@@ -54,7 +54,7 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		case gosip.ACK:
 		default:
 			s.metrics.TooManyHops.Add(1)
-			s.reply(req, src, 483, "Too Many Hops")
+			s.replyLocal(req, src, 483, "Too Many Hops")
 		}
 		return
 	}
@@ -315,7 +315,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now
 	// this sender's to cancel. Answered here (RFC 3261 §16.10), so a
 	// CANCEL never reaches a backend without an INVITE of ours there.
 	s.metrics.UnknownCancels.Add(1)
-	s.reply(req, src, 481, "Call/Transaction Does Not Exist")
+	s.replyLocal(req, src, 481, "Call/Transaction Does Not Exist")
 }
 
 // handleInDialog routes a request with a To-tag. With our Route on top, the
@@ -333,7 +333,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 		if !ok {
 			s.metrics.ForgedTokens.Add(1)
 			if req.Method != gosip.ACK {
-				s.reply(req, src, 403, "Forbidden", "Warning: 399 "+s.adv.String()+` "invalid affinity token"`)
+				s.replyLocal(req, src, 403, "Forbidden", "Warning: 399 "+s.adv.String()+` "invalid affinity token"`)
 			}
 			return
 		}
@@ -361,9 +361,23 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 		s.forwardDownstream(req, src)
 		return
 	}
-	b, pool, fromTable := s.dialogRoute(req, p, now, true)
-	if b == nil {
+	b, pool, fromTable, why := s.dialogRoute(req, p, now, true)
+	switch why {
+	case routeNone:
 		s.noRoute(req, src)
+		return
+	case routeTooLong:
+		s.uriTooLong(req, src)
+		return
+	case routeNoBackend:
+		// Metered as new work, refused as new work is when no backend
+		// of its pool takes new work: a made-up To-tag is no way onto
+		// a drained pool. The per-source share comes first, as in
+		// admitTokenless.
+		if !dialogCreating(req.Method) && s.overUnknownShare(req, src, now) {
+			return
+		}
+		s.refuse(req, src, admission.Decision{Verdict: admission.Refuse, Pool: pool, RetryAfter: s.cfg.BusyDefault})
 		return
 	}
 	if !s.admitTokenless(req, src, b, pool, fromTable, now) {
@@ -377,6 +391,14 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 	s.forwardInDialog(req, src, b, now)
 }
 
+// Why dialogRoute found no backend.
+const (
+	routeOK        = iota
+	routeNone      // no route matches and there is no pool "default": the no-route answer
+	routeTooLong   // the Request-URI user is too long to route (414)
+	routeNoBackend // metered as new work, but no backend of its pool takes new work (503)
+)
+
 // dialogRoute picks the backend of a request that belongs to a dialog but
 // carries no token of ours: the one the dialog table recorded for its
 // INVITE (fromTable true), else the Call-ID hash's current choice in the
@@ -388,12 +410,18 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 // pool is the dialog's pool: the table's (also when its backend is gone:
 // a dialog never moves pool, and routes are not consulted), else b's
 // first pool (an entry from before pools). A dialog the table does not
-// know at all proves nothing: under -sip-unknown-dialog new-work it is
+// know at all proves nothing, whatever -sip-unknown-dialog admits: it is
 // routed as new work is (so a made-up To-tag is no way into a pool the
-// routes would not give), and b is nil when no route matches and there is
-// no pool "default"; otherwise (hash) it goes to the pool "default", else
-// the first pool.
-func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refresh bool) (b *backend, pool string, fromTable bool) {
+// routes would not give), and b is nil with why routeNone when no route
+// matches and there is no pool "default", routeTooLong when its
+// Request-URI user is too long to route. When it is metered as new work
+// (-sip-unknown-dialog new-work, or a method that can create a dialog,
+// whatever the policy) it takes only a backend that takes new work: why
+// is routeNoBackend (b nil, pool set) when none of its pool does. A
+// dialog the table knows keeps its pool's Call-ID hash home
+// (lb.Pool.Home), which may be a backend taking no new work: its calls
+// end where they began.
+func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refresh bool) (b *backend, pool string, fromTable bool, why int) {
 	callID := req.CallID().Value()
 	var from string
 	if f := header(req, "from", "f"); f != nil {
@@ -410,7 +438,7 @@ func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refre
 			if poolName == "" && len(b.spec.Pools) > 0 {
 				poolName = b.spec.Pools[0]
 			}
-			return b, poolName, true
+			return b, poolName, true, routeOK
 		}
 	}
 	s.metrics.DialogMisses.Add(1)
@@ -422,19 +450,29 @@ func (s *Server) dialogRoute(req *gosip.Request, p *backendSet, now int64, refre
 	switch {
 	case ok && poolName != "":
 		home = p.gen.Pool(poolName)
-	case !ok && s.cfg.UnknownDialog == UnknownDialogNewWork:
+	case !ok:
 		var in lb.RouteInput
-		if p.routes != nil {
-			fillRouteInput(&in, req, p.routeHeaders)
+		if p.routes != nil && !fillRouteInput(&in, req, p.routeHeaders) {
+			return nil, "", false, routeTooLong
 		}
 		if home, _ = p.route(&in); home == nil {
-			return nil, "", false
+			return nil, "", false, routeNone
+		}
+		if s.cfg.UnknownDialog == UnknownDialogNewWork || dialogCreating(req.Method) {
+			// Metered as new work (a method that can create a dialog
+			// always is, admitTokenless): a backend that takes new
+			// work, by the Call-ID hash, or none.
+			lbb := home.Home(now, lb.Hash(callID))
+			if !lbb.AcceptsNew(now) {
+				return nil, home.Name(), false, routeNoBackend
+			}
+			return p.of(lbb), home.Name(), false, routeOK
 		}
 	}
 	if home == nil {
 		home = p.homePool
 	}
-	return p.homeOf(home, lb.Hash(callID), now), home.Name(), false
+	return p.homeOf(home, lb.Hash(callID), now), home.Name(), false, routeOK
 }
 
 // insertDialog records that the INVITE of dialog key, sent by another
@@ -509,7 +547,7 @@ func (s *Server) forwardDownstream(req *gosip.Request, src source) {
 // monitors can ping it.
 func (s *Server) answerOptions(req *gosip.Request, src source) {
 	s.metrics.OptionsAnswered.Add(1)
-	s.reply(req, src, 200, "OK", "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER, SUBSCRIBE, NOTIFY, REFER, MESSAGE, INFO, PRACK, UPDATE, PUBLISH")
+	s.replyLocal(req, src, 200, "OK", "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER, SUBSCRIBE, NOTIFY, REFER, MESSAGE, INFO, PRACK, UPDATE, PUBLISH")
 }
 
 // handleNewWork admits, selects and forwards a request without To-tag,
@@ -536,8 +574,9 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 	s.popOurRoutes(req) // a pre-loaded route to us; any token in it counts for nothing
 	set := s.pool.Load()
 	var in lb.RouteInput
-	if set.routes != nil {
-		fillRouteInput(&in, req, set.routeHeaders) // without routes, nothing reads it
+	if set.routes != nil && !fillRouteInput(&in, req, set.routeHeaders) { // without routes, nothing reads it
+		s.uriTooLong(req, src)
+		return
 	}
 	p, route := set.route(&in)
 	if p == nil {
@@ -652,7 +691,20 @@ func (s *Server) noRoute(req *gosip.Request, src source) {
 		return
 	}
 	code := s.cfg.NoRouteCode
-	s.reply(req, src, code, reasonPhrase(code), "Warning: 399 "+s.adv.String()+` "no route"`)
+	s.replyLocal(req, src, code, reasonPhrase(code), "Warning: 399 "+s.adv.String()+` "no route"`)
+}
+
+// uriTooLong answers 414 Request-URI Too Long (RFC 3261 §21.4.12) to a
+// request the routes cannot test: its Request-URI user is longer than
+// lb.MaxRouteValueLen once unescaped and without visual separators
+// (fillRouteInput). It is not routed on a truncated form. Counted
+// (uri_too_long); it keeps no state.
+func (s *Server) uriTooLong(req *gosip.Request, src source) {
+	s.metrics.URITooLong.Add(1)
+	if req.Method == gosip.ACK {
+		return
+	}
+	s.replyLocal(req, src, 414, "Request-URI Too Long")
 }
 
 // reasonPhrase is RFC 3261's reason phrase of a final answer code we may

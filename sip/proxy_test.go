@@ -336,10 +336,17 @@ func TestFailover503(t *testing.T) {
 		t.Error("balancer 503 without Retry-After")
 	}
 	// While every backend drains, an in-dialog request without our Route
-	// (Call-ID fallback) still gets through.
+	// of a dialog nobody knows (the INVITE failed) is metered as new work
+	// (-sip-unknown-dialog new-work) and refused as new work is: no
+	// backend takes new work.
 	k.toTag, k.target, k.route = "uas-b3", "sip:service@"+s2.udpAddr().String(), nil
 	k.inDialog("BYE", 2, k.branch+"-bye")
-	c2.recvResponse(200)
+	if w := c2.recvResponse(503).GetHeader("warning"); w == nil || !strings.Contains(w.Value(), "no backend available") {
+		t.Errorf("503 Warning %v, want no backend available", w)
+	}
+	if n := b3.count(gosip.BYE, "") + b4.count(gosip.BYE, ""); n != 0 {
+		t.Errorf("%d BYEs of an unknown dialog reached backends taking no new work", n)
+	}
 }
 
 // TestFailoverSilence: a silent backend loses the request to the next one

@@ -22,12 +22,24 @@ func localTag() string {
 // (RFC 3261 §8.2.6): Via, From, To, Call-ID and CSeq copied, a To-tag
 // added to anything but 100, extra header lines appended.
 func (s *Server) buildReply(req *gosip.Request, code int, reason string, extra ...string) []byte {
-	return s.buildReplyVias(req, false, code, reason, extra...)
+	return s.buildReplyVias(req, false, false, code, reason, extra...)
 }
 
+// Header names of an answer: full, or compact (RFC 3261 §7.3.3, which
+// every element must accept) in the answers kept short (replyLocal).
+var (
+	fullNames    = [5]string{"Via: ", "From: ", "To: ", "Call-ID: ", "Content-Length: 0\r\n\r\n"}
+	compactNames = [5]string{"v: ", "f: ", "t: ", "i: ", "l: 0\r\n\r\n"}
+)
+
 // buildReplyVias is buildReply; with keepOurs, Vias of ours stay in the
-// answer (a request that came back to us: our Via is the previous hop's).
-func (s *Server) buildReplyVias(req *gosip.Request, keepOurs bool, code int, reason string, extra ...string) []byte {
+// answer (a request that came back to us: our Via is the previous hop's);
+// with compact, the headers that have a compact form are written in it.
+func (s *Server) buildReplyVias(req *gosip.Request, keepOurs, compact bool, code int, reason string, extra ...string) []byte {
+	names := &fullNames
+	if compact {
+		names = &compactNames
+	}
 	var w bytes.Buffer
 	w.Grow(512)
 	w.WriteString("SIP/2.0 ")
@@ -40,24 +52,26 @@ func (s *Server) buildReplyVias(req *gosip.Request, keepOurs bool, code int, rea
 			if !keepOurs && s.ourViaHeader(v) {
 				continue // ours, on a request we already forwarded
 			}
-			v.StringWrite(&w)
+			w.WriteString(names[0])
+			w.WriteString(v.Value())
 			w.WriteString("\r\n")
 		}
 	}
 	if f := header(req, "from", "f"); f != nil {
-		w.WriteString("From: ")
+		w.WriteString(names[1])
 		w.WriteString(f.Value())
 		w.WriteString("\r\n")
 	}
 	if to := req.To(); to != nil {
-		to.StringWrite(&w)
+		w.WriteString(names[2])
+		w.WriteString(to.Value())
 		if _, ok := to.Params.Get("tag"); !ok && code != 100 {
 			w.WriteString(";tag=")
 			w.WriteString(localTag())
 		}
 		w.WriteString("\r\n")
 	}
-	w.WriteString("Call-ID: ")
+	w.WriteString(names[3])
 	w.WriteString(req.CallID().Value())
 	w.WriteString("\r\n")
 	req.CSeq().StringWrite(&w)
@@ -72,7 +86,7 @@ func (s *Server) buildReplyVias(req *gosip.Request, keepOurs bool, code int, rea
 		w.WriteString(e)
 		w.WriteString("\r\n")
 	}
-	w.WriteString("Server: sluice\r\nContent-Length: 0\r\n\r\n")
+	w.WriteString(names[4])
 	return w.Bytes()
 }
 
@@ -83,12 +97,80 @@ func (s *Server) reply(req *gosip.Request, src source, code int, reason string, 
 	}
 }
 
+// localReplySourceRate caps, per UDP source address (an IPv6 one by its
+// /64), the answers per second the balancer builds itself to requests it
+// does not forward (replyLocal): a UDP source address proves nothing, and
+// each of those answers goes to it whoever sent the request. A UA in good
+// order gets a handful (an OPTIONS ping, a typo's 404); past the cap the
+// answers are dropped and counted (local_replies_shed), and a client
+// that retransmits gets one in a later second.
+const localReplySourceRate = 50
+
+// replyLocal answers req with a response of our own that needs no state
+// (no route, 400, 403, 414, 481, 482, 483, the answer to an OPTIONS for
+// us, the unknown-dialog share's 503), as reply does but short (compact
+// header names, no Server header), and to a UDP source only within its
+// share (localReplySourceRate) and only an answer no larger than the
+// request: built with extra, else without (a Warning or an Allow list is
+// the first thing to go), else not sent. A request as UAs send them
+// (Max-Forwards, Content-Length, a Contact or a User-Agent) leaves room
+// for the answer; one stripped to less than its answer gets none. Whatever a
+// client sends, these answers send back at most as many bytes as it sent,
+// at most localReplySourceRate times a second per source: UDP, whose
+// source anyone may spoof, gives no reflector that amplifies. Over TCP the
+// peer is who it says (the handshake proves it) and gets the answer with
+// its extra. Dropped answers are counted in local_replies_shed.
+func (s *Server) replyLocal(req *gosip.Request, src source, code int, reason string, extra ...string) {
+	if !s.localAllowed(src) {
+		return
+	}
+	p := s.buildReplyVias(req, false, true, code, reason, extra...)
+	if !fits(p, src) && len(extra) > 0 {
+		p = s.buildReplyVias(req, false, true, code, reason)
+	}
+	if !fits(p, src) {
+		s.metrics.LocalRepliesShed.Add(1)
+		return
+	}
+	if err := s.sendBytes(p, s.replyTarget(req, src)); err == nil {
+		s.metrics.LocalReplies.Add(1)
+	}
+}
+
+// localAllowed counts one local answer to src against its share and
+// reports whether it may go; a refusal is counted (local_replies_shed).
+// TCP peers are not counted.
+func (s *Server) localAllowed(src source) bool {
+	if src.conn != nil || s.localShare.allow(src.addr.Addr(), s.clock.Now(), int(s.localRate.Load())) {
+		return true
+	}
+	s.metrics.LocalRepliesShed.Add(1)
+	return false
+}
+
+// fits reports whether the answer p may go to src: over TCP always, over
+// UDP when it is no larger than the request src sent.
+func fits(p []byte, src source) bool {
+	return src.conn != nil || src.size <= 0 || len(p) <= src.size
+}
+
 // replyLoop answers 482 to a request that came back to us (RFC 3261 §16.3
 // step 4). The answer keeps every Via, ours included, and goes to the
 // address the request came from: the element that sent it round, which
-// relays it back along the loop to the client.
+// relays it back along the loop to the client. It is shared and bounded
+// as replyLocal's answers are.
 func (s *Server) replyLoop(req *gosip.Request, src source) {
-	p := s.buildReplyVias(req, true, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "loop detected"`)
+	if !s.localAllowed(src) {
+		return
+	}
+	p := s.buildReplyVias(req, true, true, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "loop detected"`)
+	if !fits(p, src) {
+		p = s.buildReplyVias(req, true, true, 482, "Loop Detected")
+	}
+	if !fits(p, src) {
+		s.metrics.LocalRepliesShed.Add(1)
+		return
+	}
 	if err := s.sendBytes(p, target{addr: src.addr, tcp: src.conn != nil}); err == nil {
 		s.metrics.LocalReplies.Add(1)
 	}
@@ -103,7 +185,8 @@ func (s *Server) replyTooLarge(req *gosip.Request, src source) {
 
 // malformed counts a message that could not be parsed or framed and
 // answers 400 when it is a request whose Via, Call-ID and CSeq lines can be
-// found (RFC 3261 §21.4.1); anything else is dropped.
+// found (RFC 3261 §21.4.1), within the source's share and no larger than
+// the message (as replyLocal); anything else is dropped.
 func (s *Server) malformed(data []byte, src source, why string) {
 	s.metrics.Malformed.Add(1)
 	if s.log.Enabled(s.ctx, -4) {
@@ -112,6 +195,14 @@ func (s *Server) malformed(data []byte, src source, why string) {
 	p, ok := rawReply(data, 400, "Bad Request")
 	if !ok {
 		s.metrics.MalformedDropped.Add(1)
+		return
+	}
+	src.size = len(data)
+	if !s.localAllowed(src) {
+		return
+	}
+	if !fits(p, src) {
+		s.metrics.LocalRepliesShed.Add(1)
 		return
 	}
 	s.metrics.BadRequests.Add(1)
@@ -123,7 +214,8 @@ func (s *Server) malformed(data []byte, src source, why string) {
 // least one Via, a Call-ID and a CSeq.
 func raw400(data []byte) (resp []byte, ok bool) { return rawReply(data, 400, "Bad Request") }
 
-// rawReply is raw400 for any code.
+// rawReply is raw400 for any code. It writes the short answer of
+// replyLocal: compact header names, no Server header.
 func rawReply(data []byte, code int, reason string) (resp []byte, ok bool) {
 	end := bytes.Index(data, []byte("\r\n\r\n"))
 	if end < 0 {
@@ -177,17 +269,17 @@ func rawReply(data []byte, code int, reason string) (resp []byte, ok bool) {
 	w.WriteString(reason)
 	w.WriteString("\r\n")
 	for _, v := range vias {
-		w.WriteString("Via: ")
+		w.WriteString("v: ")
 		w.Write(v)
 		w.WriteString("\r\n")
 	}
 	if from != nil {
-		w.WriteString("From: ")
+		w.WriteString("f: ")
 		w.Write(from)
 		w.WriteString("\r\n")
 	}
 	if to != nil {
-		w.WriteString("To: ")
+		w.WriteString("t: ")
 		w.Write(to)
 		if !bytes.Contains(bytes.ToLower(to), []byte(";tag=")) {
 			w.WriteString(";tag=")
@@ -195,11 +287,11 @@ func rawReply(data []byte, code int, reason string) (resp []byte, ok bool) {
 		}
 		w.WriteString("\r\n")
 	}
-	w.WriteString("Call-ID: ")
+	w.WriteString("i: ")
 	w.Write(callID)
 	w.WriteString("\r\nCSeq: ")
 	w.Write(cseq)
-	w.WriteString("\r\nServer: sluice\r\nContent-Length: 0\r\n\r\n")
+	w.WriteString("\r\nl: 0\r\n\r\n")
 	return w.Bytes(), true
 }
 

@@ -24,9 +24,13 @@ import (
 //     are the same URI), and a telephone number (a tel: URI, a sip: URI
 //     with user=phone, or a user starting with '+') loses its visual
 //     separators (- . ( ), RFC 3966) and its parameters (;isub=...,
-//     ;phone-context=...): +44-20-7946 is +44207946. Only a user that
-//     needs either is copied (one allocation); a user over
-//     lb.MaxRouteValueLen bytes is passed as written. A tel: URI has no
+//     ;phone-context=...): +44-20-7946 is +44207946. The parameter
+//     user=phone is found in any case (RFC 3261 §19.1.4). Only a user
+//     that needs either is copied (one allocation of at most
+//     lb.MaxRouteValueLen bytes, however long the user as written). A
+//     user whose normal form is longer than lb.MaxRouteValueLen is not
+//     routed on a truncated form: fillRouteInput returns false, and the
+//     request is answered 414 Request-URI Too Long. A tel: URI has no
 //     host.
 //   - A header is found by its name in any case or by its compact form
 //     (s for Subject, ...); its first value counts, as the table wants.
@@ -34,21 +38,23 @@ import (
 //     The headers the proxy parses itself (Via, To, Call-ID, CSeq, Route,
 //     Max-Forwards, Content-Length) are written back from their parsed
 //     form, which costs an allocation.
-func fillRouteInput(in *lb.RouteInput, req *gosip.Request, names []string) {
+func fillRouteInput(in *lb.RouteInput, req *gosip.Request, names []string) (ok bool) {
 	u := &req.Recipient
+	ok = true
 	switch strings.ToLower(u.Scheme) {
 	case "sip", "sips":
 		in.Host = bytesOf(u.Host)
 		phone := false
-		if u.UriParams != nil {
-			if v, ok := u.UriParams.Get("user"); ok && strings.EqualFold(v, "phone") {
+		for _, kv := range u.UriParams {
+			if strings.EqualFold(kv.K, "user") && strings.EqualFold(kv.V, "phone") {
 				phone = true
+				break
 			}
 		}
-		in.Path = routeUser(u.User, phone)
+		in.Path, ok = routeUser(u.User, phone)
 	case "tel":
 		in.Host = nil
-		in.Path = routeUser(u.Raw(), true)
+		in.Path, ok = routeUser(u.Raw(), true)
 	default:
 		in.Host, in.Path = nil, nil
 	}
@@ -78,6 +84,7 @@ func fillRouteInput(in *lb.RouteInput, req *gosip.Request, names []string) {
 			}
 		}
 	}
+	return ok
 }
 
 // emptyValue is a present, empty header value (nil is an absent one).
@@ -95,11 +102,13 @@ func bytesOf(s string) []byte {
 // routeUser returns the user a route tests: user unescaped and, when it
 // is a telephone number (phone, or a user starting with '+' once
 // unescaped), without visual separators and parameters. It copies only
-// a user that needs either.
-func routeUser(user string, phone bool) []byte {
-	if len(user) > lb.MaxRouteValueLen {
-		return bytesOf(user)
-	}
+// a user that needs either, and then exactly its normal form, at most
+// lb.MaxRouteValueLen bytes, whatever the length of user: a client may pad a number with
+// any number of separators or escapes. ok is false (and the user nil)
+// when the normal form is longer than lb.MaxRouteValueLen: a route must
+// not test a truncated user, which may read as another number than the
+// backend reads.
+func routeUser(user string, phone bool) (out []byte, ok bool) {
 	escaped := strings.IndexByte(user, '%') >= 0
 	phone = phone || strings.HasPrefix(user, "+") || escaped && len(user) >= 3 && strings.EqualFold(user[:3], "%2B")
 	if phone {
@@ -108,9 +117,25 @@ func routeUser(user string, phone bool) []byte {
 		}
 	}
 	if !escaped && !(phone && strings.ContainsAny(user, "-.()")) {
-		return bytesOf(user)
+		if len(user) > lb.MaxRouteValueLen {
+			return nil, false
+		}
+		return bytesOf(user), true
 	}
-	out := make([]byte, 0, len(user))
+	n := normalUser(user, phone, nil)
+	if n > lb.MaxRouteValueLen {
+		return nil, false
+	}
+	out = make([]byte, n)
+	normalUser(user, phone, out)
+	return out, true
+}
+
+// normalUser writes user unescaped and, with phone, without visual
+// separators into out (nil: nowhere) and returns the length of that
+// form, counting at most lb.MaxRouteValueLen+1 bytes of it.
+func normalUser(user string, phone bool, out []byte) int {
+	n := 0
 	for i := 0; i < len(user); i++ {
 		c := user[i]
 		if c == '%' && i+2 < len(user) && isHex(user[i+1]) && isHex(user[i+2]) {
@@ -120,9 +145,15 @@ func routeUser(user string, phone bool) []byte {
 		if phone && (c == '-' || c == '.' || c == '(' || c == ')') {
 			continue
 		}
-		out = append(out, c)
+		if n > lb.MaxRouteValueLen {
+			return n
+		}
+		if out != nil {
+			out[n] = c
+		}
+		n++
 	}
-	return out
+	return n
 }
 
 func isHex(c byte) bool {

@@ -256,3 +256,16 @@ func FuzzRouteInput(f *testing.F) {
 		table.Match(&in)
 	})
 }
+
+// BenchmarkRouteUserPadded is the cost of a telephone user padded with
+// 1,100 visual separators: one pass, one copy of at most
+// lb.MaxRouteValueLen bytes.
+func BenchmarkRouteUserPadded(b *testing.B) {
+	user := "+4" + strings.Repeat("-", 1100) + "4207946"
+	b.ReportAllocs()
+	for b.Loop() {
+		if out, ok := routeUser(user, true); !ok || len(out) != 9 {
+			b.Fatal(string(out), ok)
+		}
+	}
+}

@@ -88,6 +88,10 @@ type Server struct {
 	metrics Metrics
 
 	unknownShare sourceShare // per-source cap of requests of unknown dialogs
+	localShare   sourceShare // per-UDP-source cap of our own answers (replyLocal)
+	// localRate is the cap of localShare per second:
+	// localReplySourceRate (0: no cap, for tests that need more).
+	localRate atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -144,6 +148,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		parser:  newParser(),
 	}
 	s.branches = newBrancher(deps.Signer)
+	s.localRate.Store(localReplySourceRate)
 	if len(cfg.Backends) > 0 {
 		specs, cfgs, err := checkBackends(cfg.Backends)
 		if err != nil {
@@ -325,6 +330,7 @@ func (s *Server) shutdown() {
 type source struct {
 	addr netip.AddrPort
 	conn *tcpConn // nil for UDP
+	size int      // bytes of the message received (0: not known)
 }
 
 func (src source) transport() string {
@@ -359,6 +365,7 @@ func (s *Server) serveUDP() {
 // handleDatagram handles one complete message (a UDP datagram or a framed
 // TCP message). data is reused after it returns.
 func (s *Server) handleDatagram(data []byte, src source) {
+	src.size = len(data)
 	if len(bytes.Trim(data, "\r\n \t\x00")) == 0 {
 		return // keep-alive
 	}
@@ -381,22 +388,26 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		s.metrics.Malformed.Add(1)
 		if req, ok := msg.(*gosip.Request); ok && req.Method != gosip.ACK && req.Via() != nil && req.CallID() != nil && req.CSeq() != nil {
 			s.metrics.BadRequests.Add(1)
-			s.reply(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "control character in message head"`)
+			s.replyLocal(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "control character in message head"`)
 		} else {
 			s.metrics.MalformedDropped.Add(1)
 		}
 		return
 	}
-	if contentLengths(msg) > 1 {
+	if dup := duplicated(msg); dup != "" {
 		// Two Content-Length headers (either spelling): sipgo keeps both
 		// and we would pass both on with the body. A backend that frames
 		// its TCP stream by the first would read the body, under a
 		// Content-Length of 0, as requests of ours that no admission
-		// decision ever saw. Refused, as HTTP refuses them.
+		// decision ever saw. Refused, as HTTP refuses them. The same
+		// for the other headers RFC 3261 allows once (§7.3.1) that
+		// route, match or count a request: we read the first, a backend
+		// may read the last (two Froms: a from-domain= route chose the
+		// pool for one caller, the backend serves another).
 		s.metrics.Malformed.Add(1)
 		if req, ok := msg.(*gosip.Request); ok && req.Method != gosip.ACK && req.Via() != nil && req.CallID() != nil && req.CSeq() != nil {
 			s.metrics.BadRequests.Add(1)
-			s.reply(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "more than one Content-Length"`)
+			s.replyLocal(req, src, 400, "Bad Request", "Warning: 399 "+s.adv.String()+` "two `+dup+`"`)
 		} else {
 			s.metrics.MalformedDropped.Add(1)
 		}
@@ -414,19 +425,53 @@ func (s *Server) handleDatagram(data []byte, src source) {
 	}
 }
 
-// contentLengths counts the Content-Length headers of m, "l" included.
-func contentLengths(m gosip.Message) int {
+// duplicated returns the name of the first header RFC 3261 allows once
+// (§7.3.1) that m holds twice in any spelling (compact or full, any
+// case), "" when none: Content-Length in any message; From, To, Call-ID,
+// CSeq and Max-Forwards in a request. It allocates nothing.
+func duplicated(m gosip.Message) string {
 	hs, ok := m.(interface{ Headers() []gosip.Header })
 	if !ok {
-		return 0
+		return ""
 	}
-	n := 0
+	_, req := m.(*gosip.Request)
+	const (
+		cl = 1 << iota
+		from
+		to
+		callID
+		cseq
+		maxFwd
+	)
+	var seen uint
 	for _, h := range hs.Headers() {
-		if _, ok := h.(*gosip.ContentLengthHeader); ok {
-			n++
+		var bit uint
+		var name string
+		switch h.(type) {
+		case *gosip.ContentLengthHeader:
+			bit, name = cl, "Content-Length"
+		case *gosip.ToHeader:
+			bit, name = to, "To"
+		case *gosip.CallIDHeader:
+			bit, name = callID, "Call-ID"
+		case *gosip.CSeqHeader:
+			bit, name = cseq, "CSeq"
+		case *gosip.MaxForwardsHeader:
+			bit, name = maxFwd, "Max-Forwards"
+		default:
+			if headerNamed(h.Name(), "from") {
+				bit, name = from, "From"
+			}
 		}
+		if bit == 0 || !req && bit != cl {
+			continue
+		}
+		if seen&bit != 0 {
+			return name
+		}
+		seen |= bit
 	}
-	return n
+	return ""
 }
 
 // ctlInHead returns the offset of the first control character (other than
@@ -451,6 +496,10 @@ func ctlInHead(data []byte) int {
 func (s *Server) tooLargeDatagram(data []byte, src source) {
 	p, ok := rawReply(data, 513, "Message Too Large")
 	if !ok {
+		return
+	}
+	src.size = len(data)
+	if !s.localAllowed(src) || !fits(p, src) {
 		return
 	}
 	s.metrics.TooLarge.Add(1)
