@@ -81,7 +81,14 @@ type Generation struct {
 	routeTo  []*Pool        // the pool of each route, by index
 	dflt     *Pool          // DefaultPool, or nil
 	health   *HealthChecker // nil: no active checks
-	probes   []*MemoryProbe
+	// first are the checks of Start's synchronous round: every backend at
+	// start (no Prev), else only those new to the generation (no backend
+	// of the same id and address in Prev), whose state is Unknown until
+	// a verdict. Backends that stay keep theirs and are probed in the
+	// background, so a route change or a reload that adds no backend does
+	// not wait for probes.
+	first  []*healthCheck
+	probes []*MemoryProbe
 	clock    admission.Clock
 
 	mu      sync.Mutex
@@ -288,6 +295,7 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 		}
 		h.pools = g.pools
 		g.health = h
+		g.first = h.checks
 	}
 
 	// Memory probes.
@@ -356,11 +364,18 @@ func checkPoolName(name string) error {
 // address knew (see NewGeneration). It runs before g serves.
 func (g *Generation) carryFrom(prev *Generation) {
 	checks, prevChecks := g.health != nil, prev.health != nil
+	var first []*healthCheck
+	defer func() {
+		if checks {
+			g.first = first
+		}
+	}()
 	for _, b := range g.backends {
 		ob := prev.byID[b.id]
 		if ob == nil || ob.addr != b.addr {
 			if checks {
 				b.SetUnknown(true)
+				first = append(first, g.health.checks[b.index]) // added in backend order
 			}
 			continue
 		}
@@ -391,6 +406,13 @@ func (g *Generation) carryFrom(prev *Generation) {
 // synchronously, so that the front end's first traffic sees their
 // verdict; then the checks and memory probes in the background until ctx
 // is done or Stop. Start after Stop does nothing.
+//
+// The first round probes every backend of a generation built without
+// Prev, and only the backends new to it otherwise (those Unknown until
+// a verdict): one that stays keeps its state and is probed in the
+// background. Its probes run in parallel (at most 32 at once), so it
+// lasts about one health timeout whatever the number of backends that
+// do not answer, and a route change that adds no backend does not wait.
 func (g *Generation) Start(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -399,7 +421,7 @@ func (g *Generation) Start(ctx context.Context) {
 	}
 	ctx, g.cancel = context.WithCancel(ctx)
 	if g.health != nil {
-		g.health.ProbeAll(ctx)
+		g.health.probeSome(ctx, g.first)
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()

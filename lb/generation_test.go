@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -626,5 +627,95 @@ func TestGenerationRoute(t *testing.T) {
 	bad.Routes = []RouteSpec{sipRoute}
 	if _, err := NewGeneration(bad); err == nil || !strings.Contains(err.Error(), "a sip route") {
 		t.Errorf("sip route in an http generation: err = %v", err)
+	}
+}
+
+// Start's synchronous first round probes every backend at start, and
+// after that only the backends new to the generation (a new id, or an
+// id whose address changed): a route change or a reload that keeps its
+// backends does not wait for their probes.
+func TestGenerationFirstRoundNewBackendsOnly(t *testing.T) {
+	moved := spec("b2")
+	moved.Addr = "10.0.9.2:80"
+	tests := []struct {
+		name       string
+		prev       []BackendSpec // nil: no Prev
+		prevChecks bool
+		next       []BackendSpec
+		want       []string
+	}{
+		{name: "start: all", next: []BackendSpec{spec("b1"), spec("b2")}, want: []string{"b1", "b2"}},
+		{name: "same backends: none", prev: []BackendSpec{spec("b1"), spec("b2")}, prevChecks: true, next: []BackendSpec{spec("b1"), spec("b2")}},
+		{name: "one added", prev: []BackendSpec{spec("b1")}, prevChecks: true, next: []BackendSpec{spec("b1"), spec("b3")}, want: []string{"b3"}},
+		{name: "address changed", prev: []BackendSpec{spec("b1"), spec("b2")}, prevChecks: true, next: []BackendSpec{spec("b1"), moved}, want: []string{"b2"}},
+		{name: "checks turned on: only new", prev: []BackendSpec{spec("b1")}, next: []BackendSpec{spec("b1"), spec("b4")}, want: []string{"b4"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGenFixture()
+			cfg := f.config("http", true, tc.next...)
+			if tc.prev != nil {
+				cfg.Prev = f.gen(t, f.config("http", tc.prevChecks, tc.prev...))
+			}
+			g := f.gen(t, cfg)
+			var got []string
+			for _, c := range g.first {
+				got = append(got, c.b.ID())
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("first round probes %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// barrierProber answers up once n probes are under way at the same
+// time, down if its context ends first: a round that probes one backend
+// after another never gets there.
+type barrierProber struct {
+	all   chan struct{}
+	n     int
+	count *int
+	mu    *sync.Mutex
+}
+
+func (p barrierProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) {
+	p.mu.Lock()
+	*p.count++
+	if *p.count == p.n {
+		close(p.all)
+	}
+	p.mu.Unlock()
+	select {
+	case <-p.all:
+		return ProbeUp, nil
+	case <-ctx.Done():
+		return ProbeDown, ctx.Err()
+	}
+}
+
+// The probes of a synchronous round run at the same time: with backends
+// that answer only when all are probed at once, every one comes up.
+func TestProbeAllParallel(t *testing.T) {
+	const n = 5
+	var mu sync.Mutex
+	count := 0
+	bp := barrierProber{all: make(chan struct{}), n: n, count: &count, mu: &mu}
+	h, err := NewHealthChecker(HealthConfig{Interval: time.Hour, Timeout: time.Minute, Rise: 1, Fall: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs []*Backend
+	for i := range n {
+		b, _ := NewBackend(BackendConfig{Addr: fmt.Sprintf("10.0.0.%d:80", i+1)})
+		b.SetUnknown(true)
+		h.Add(b, bp)
+		bs = append(bs, b)
+	}
+	h.ProbeAll(context.Background())
+	for _, b := range bs {
+		if st := b.State(0); st != Up {
+			t.Errorf("%s: %v (%s), want up: probes not run together", b.ID(), st, b.Reason(0))
+		}
 	}
 }
