@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -31,6 +33,9 @@ const (
 	ctlRefused     = 1 // the admin listener refused it; its message is printed
 	ctlUsage       = 2 // bad command line
 	ctlUnreachable = 3 // the admin listener could not be reached
+	// ctlNoAnswer: connected, but no answer came (timed out, or the
+	// connection broke): a change may have been applied.
+	ctlNoAnswer = 4
 )
 
 const ctlUsageText = `usage: sluice ctl [-admin URL] [-token-file FILE] [-protocol http|sip] COMMAND ARGS
@@ -55,7 +60,8 @@ commands:
   undrain-pool NAME          undrain them
 
 exit status: 0 done, 1 refused by sluice (its message on stderr),
-2 usage error, 3 admin listener not reachable.
+2 usage error, 3 admin listener not reachable, 4 connected but no answer
+(timed out: a change may have been applied; check before retrying).
 `
 
 // ctlCall is one request a command makes.
@@ -249,20 +255,30 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	// Whether a connection was made: a request that then gets no answer
+	// reached sluice, which may have applied it.
+	var connected atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+	}))
 	resp, err := ctlClient.Do(req)
 	if errors.Is(err, errCtlRedirect) {
 		fmt.Fprintf(stderr, "sluice ctl: refused: %s\n", safeText(errors.Unwrap(err).Error()))
 		return ctlRefused
 	}
 	if err != nil {
+		if connected.Load() {
+			return ctlNoAnswerText(stderr, base, call, *adminURL, *timeout, err)
+		}
 		fmt.Fprintf(stderr, "sluice ctl: admin listener %s not reachable: %v\n(is sluice running? its -admin-listen address goes in -admin)\n", base, err)
 		return ctlUnreachable
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice ctl: reading the answer of %s: %v\n", base, err)
-		return ctlUnreachable
+		// It answered: whatever it did is done; only its text is lost.
+		fmt.Fprintf(stderr, "sluice ctl: reading the answer of %s (%d %s): %v\n", base, resp.StatusCode, http.StatusText(resp.StatusCode), err)
+		return ctlNoAnswer
 	}
 	if resp.StatusCode/100 != 2 {
 		fmt.Fprintf(stderr, "sluice ctl: refused (%d %s): %s\n", resp.StatusCode, http.StatusText(resp.StatusCode), strings.TrimSpace(safeText(string(data))))
@@ -287,6 +303,27 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	}
 	io.WriteString(stdout, safeText(string(data)))
 	return ctlOK
+}
+
+// ctlNoAnswerText explains a request that reached the admin listener
+// and got no answer (err): it timed out or the connection broke. A change
+// (POST) may have been applied all the same: the operator is told to look
+// before retrying, never that sluice may not be running.
+func ctlNoAnswerText(stderr io.Writer, base string, call ctlCall, adminFlag string, timeout time.Duration, err error) int {
+	why := fmt.Sprintf("the connection broke before its answer (%v)", err)
+	if errors.Is(err, context.DeadlineExceeded) {
+		why = fmt.Sprintf("no answer within -timeout %s", timeout)
+	}
+	if call.method != http.MethodPost {
+		fmt.Fprintf(stderr, "sluice ctl: timed out waiting for sluice at %s: %s\n", base, why)
+		return ctlNoAnswer
+	}
+	check := "status"
+	if strings.HasPrefix(call.path, "/control/routes/") {
+		check = "route list"
+	}
+	fmt.Fprintf(stderr, "sluice ctl: timed out waiting for sluice at %s: %s: the change may have been applied; check with `sluice ctl -admin %s %s` before retrying\n", base, why, adminFlag, check)
+	return ctlNoAnswer
 }
 
 // errCtlRedirect: the admin listener answered with a redirect. sluice ctl

@@ -289,3 +289,50 @@ func TestCtlMisdirectedHint(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }
+
+// A request that reached sluice and got no answer in -timeout is not
+// "sluice not running": a POST may have been applied, and the exit code
+// (4) differs from not reachable (3).
+func TestCtlTimeoutAfterConnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // reads, never answers
+				defer c.Close()
+				go io.Copy(io.Discard, c)
+				<-done
+			}()
+		}
+	}()
+	addr := ln.Addr().String()
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"route", "add", "http", "pool=api,path=/api/"}, []string{"timed out waiting for sluice", "the change may have been applied", "route list` before retrying"}},
+		{[]string{"drain", "b1"}, []string{"timed out waiting for sluice", "the change may have been applied", "status` before retrying"}},
+		{[]string{"status"}, []string{"timed out waiting for sluice"}},
+	} {
+		code, _, errOut := ctl(append([]string{"-admin", addr, "-timeout", "100ms"}, tc.args...)...)
+		if code != ctlNoAnswer {
+			t.Errorf("%v: exit %d, want %d", tc.args, code, ctlNoAnswer)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("%v: stderr %q lacks %q", tc.args, errOut, w)
+			}
+		}
+		if strings.Contains(errOut, "is sluice running") || strings.Contains(errOut, "not reachable") {
+			t.Errorf("%v: connected, yet %q", tc.args, errOut)
+		}
+	}
+}
