@@ -101,8 +101,9 @@ type Generation struct {
 var ErrBadGeneration = errors.New("invalid backend configuration")
 
 // NewGeneration checks cfg, builds its backends and pools, and carries
-// over from cfg.Prev, for each backend whose id and address stay, what the
-// operator and the traffic decided: drain and disable, a Retry-After
+// over from cfg.Prev, for each backend whose id and address stay, its
+// counters (requests, failures: shared with it, so they never go back),
+// and what the operator and the traffic decided: drain and disable, a Retry-After
 // back-off, a passive ejection and the last real answer; its probe verdict
 // (down, busy, Unknown) only when active checks are on in both
 // generations, since with checks off nothing would ever clear it. With
@@ -379,6 +380,9 @@ func (g *Generation) carryFrom(prev *Generation) {
 			}
 			continue
 		}
+		// Its counters, shared: they never go back (Prometheus counters
+		// reset only with the process).
+		b.ctr = ob.ctr
 		// The operator's switches.
 		b.drained.Store(ob.drained.Load())
 		b.disabled.Store(ob.disabled.Load())

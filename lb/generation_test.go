@@ -694,9 +694,10 @@ func (p barrierProber) Probe(ctx context.Context, b *Backend) (ProbeResult, erro
 	}
 }
 
-// The probes of a synchronous round run at the same time: with backends
-// that answer only when all are probed at once, every one comes up.
-func TestProbeAllParallel(t *testing.T) {
+// The probes of a generation's first round run at the same time: with
+// backends that answer only when all are probed at once, every one comes
+// up.
+func TestFirstRoundParallel(t *testing.T) {
 	const n = 5
 	var mu sync.Mutex
 	count := 0
@@ -712,10 +713,53 @@ func TestProbeAllParallel(t *testing.T) {
 		h.Add(b, bp)
 		bs = append(bs, b)
 	}
-	h.ProbeAll(context.Background())
+	h.probeSome(context.Background(), h.checks)
 	for _, b := range bs {
 		if st := b.State(0); st != Up {
 			t.Errorf("%s: %v (%s), want up: probes not run together", b.ID(), st, b.Reason(0))
 		}
+	}
+}
+
+// A backend's counters carry over to the next generation when its id and
+// address stay, and go on counting what the old generation still
+// releases: they never go back (Prometheus counters reset only with the
+// process). A backend whose address changed starts at 0.
+func TestGenerationCountersCarryOver(t *testing.T) {
+	f := newGenFixture()
+	prev := f.gen(t, f.config("http", false, spec("b1"), spec("b2")))
+	ob1 := prev.Lookup("b1")
+	for range 3 {
+		ob1.Acquire()
+		ob1.Release(0, ServerError)
+	}
+	ob1.Acquire() // in flight across the reload
+	prev.Lookup("b2").Acquire()
+	prev.Lookup("b2").Release(0, OK)
+
+	moved := spec("b2")
+	moved.Addr = "10.0.9.2:80"
+	cfg := f.config("http", false, spec("b1"), moved, spec("b3"))
+	cfg.Prev = prev
+	g := f.gen(t, cfg)
+	ob1.Release(0, Timeout) // the old generation's request ends after the reload
+	b1 := g.Lookup("b1")
+	b1.Acquire()
+	b1.Release(0, OK)
+	for _, tc := range []struct {
+		id                 string
+		requests, failures uint64
+	}{
+		{"b1", 5, 4},
+		{"b2", 0, 0}, // another server: its own counts
+		{"b3", 0, 0},
+	} {
+		st := g.Lookup(tc.id).Status(0)
+		if st.Requests != tc.requests || st.Failures != tc.failures {
+			t.Errorf("%s: requests %d failures %d, want %d %d", tc.id, st.Requests, st.Failures, tc.requests, tc.failures)
+		}
+	}
+	if st := b1.Status(0); st.Outstanding != 0 {
+		t.Errorf("b1 outstanding %d: the old generation's request is its own", st.Outstanding)
 	}
 }

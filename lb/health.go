@@ -285,22 +285,24 @@ func (h *HealthChecker) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// ProbeAll probes every backend once and returns when every probe has
-// ended: for tests and for a first verdict at start-up. The probes run in
-// parallel, at most firstRoundParallel at once, so a round over backends
-// that do not answer takes about one Timeout, not one per backend.
+// ProbeAll probes every backend once, one after another, synchronously:
+// for tests, whose probers and event sinks see one probe at a time. A
+// generation's first round is parallel (probeSome).
 func (h *HealthChecker) ProbeAll(ctx context.Context) {
-	h.probeSome(ctx, h.checks)
+	for _, c := range h.checks {
+		h.probe(ctx, c)
+	}
 }
 
-// firstRoundParallel bounds the probes of a synchronous round (ProbeAll,
-// a generation's first round) running at once: enough that a round takes
-// about one probe timeout for any usual number of backends, few enough
-// that a reload does not open hundreds of connections in one burst.
+// firstRoundParallel bounds the probes of a generation's synchronous
+// first round running at once: enough that the round takes about one
+// probe timeout for any usual number of new backends, few enough that a
+// reload does not open hundreds of connections in one burst.
 const firstRoundParallel = 32
 
 // probeSome probes each of checks once, at most firstRoundParallel at a
-// time, and waits for them all.
+// time, and waits for them all: a round over backends that do not answer
+// takes about one Timeout, not one per backend.
 func (h *HealthChecker) probeSome(ctx context.Context, checks []*healthCheck) {
 	if len(checks) == 1 {
 		h.probe(ctx, checks[0])
