@@ -89,7 +89,7 @@ type Generation struct {
 	// not wait for probes.
 	first  []*healthCheck
 	probes []*MemoryProbe
-	clock    admission.Clock
+	clock  admission.Clock
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
