@@ -383,6 +383,23 @@ func printStatus(w io.Writer, data []byte) error {
 		// a limit of nothing).
 		fmt.Fprintf(w, "memory states off: no -mem-limit, cgroup limit or GOMEMLIMIT (%d bytes used)\n\n", st.Memory.UsedBytes)
 	}
+	// A reload that failed or dropped run-time changes: the operator
+	// must see it before anything else.
+	if r := st.LastReload; r != nil {
+		at := r.Time.UTC().Format(time.RFC3339)
+		if !r.OK {
+			fmt.Fprintf(w, "LAST RELOAD FAILED (%s): %s\n", at, safeField(r.Error))
+		}
+		if len(r.Dropped) > 0 {
+			fmt.Fprintf(w, "LAST RELOAD DROPPED %d run-time change(s) (%s): the configuration changed the same setting and wins:\n", len(r.Dropped), at)
+			for _, d := range r.Dropped {
+				fmt.Fprintf(w, "  %s\n", safeField(d))
+			}
+		}
+		if !r.OK || len(r.Dropped) > 0 {
+			fmt.Fprintln(w)
+		}
+	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "POOL\tBACKEND\tPROTO\tADDR\tSTATE\tWEIGHT\tOUTSTANDING\tMOP\tALLOWED/S\tLEARNED/S")
 	row := func(pool string, b admin.BackendStatus) {

@@ -336,3 +336,40 @@ func TestCtlTimeoutAfterConnect(t *testing.T) {
 		}
 	}
 }
+
+// sluice ctl status says so first when the last reload failed or dropped
+// run-time changes, and says nothing of reloads otherwise.
+func TestPrintStatusLastReload(t *testing.T) {
+	at := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		reload *admin.ReloadStatus
+		want   []string
+		not    []string
+	}{
+		{"none", nil, nil, []string{"RELOAD"}},
+		{"ok", &admin.ReloadStatus{Time: at, OK: true, Dropped: []string{}}, nil, []string{"RELOAD"}},
+		{"failed", &admin.ReloadStatus{Time: at, Error: "-backends-file b:3: bad\x1b[2J"}, []string{"LAST RELOAD FAILED (2026-12-01T03:00:00Z): -backends-file b:3: bad"}, []string{"DROPPED", "\x1b"}},
+		{"dropped", &admin.ReloadStatus{Time: at, OK: true, Dropped: []string{"backend/http/b2/weight=3 (by alice at 2026-12-01T02:00:00Z)"}},
+			[]string{"LAST RELOAD DROPPED 1 run-time change(s) (2026-12-01T03:00:00Z)", "  backend/http/b2/weight=3 (by alice"}, []string{"FAILED"}},
+	} {
+		data, err := json.Marshal(admin.Status{MemoryState: "normal", LastReload: tc.reload})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := printStatus(&out, data); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%s: lacks %q:\n%s", tc.name, w, out.String())
+			}
+		}
+		for _, w := range tc.not {
+			if strings.Contains(out.String(), w) {
+				t.Errorf("%s: has %q:\n%s", tc.name, w, out.String())
+			}
+		}
+	}
+}
