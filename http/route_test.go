@@ -633,8 +633,8 @@ func TestRouteMetrics(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]float64{
-		"sluice_http_route_hits_total{pool=api,route=0}":             2,
-		"sluice_http_route_hits_total{pool=static,route=1}":          1,
+		"sluice_http_route_hits_total{pool=api,route=pool=api,host=api.example.com}": 2,
+		"sluice_http_route_hits_total{pool=static,route=pool=static,path=/static/}":  1,
 		"sluice_http_no_route_total{}":                               1,
 		"sluice_http_pool_refused_total{pool=api,reason=arm}":        1,
 		"sluice_http_pool_refused_total{pool=static,reason=arm}":     0,

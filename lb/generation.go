@@ -87,9 +87,12 @@ type Generation struct {
 	// a verdict. Backends that stay keep theirs and are probed in the
 	// background, so a route change or a reload that adds no backend does
 	// not wait for probes.
-	first  []*healthCheck
-	probes []*MemoryProbe
-	clock  admission.Clock
+	first []*healthCheck
+	// prevRoutes is Prev's route table, whose hits Start carries over to
+	// the routes of the same spec (then nil).
+	prevRoutes *RouteTable
+	probes     []*MemoryProbe
+	clock      admission.Clock
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -364,6 +367,7 @@ func checkPoolName(name string) error {
 // carryFrom gives g's backends what prev's backend of the same id and
 // address knew (see NewGeneration). It runs before g serves.
 func (g *Generation) carryFrom(prev *Generation) {
+	g.prevRoutes = prev.routes
 	checks, prevChecks := g.health != nil, prev.health != nil
 	var first []*healthCheck
 	defer func() {
@@ -424,6 +428,7 @@ func (g *Generation) Start(ctx context.Context) {
 		return
 	}
 	ctx, g.cancel = context.WithCancel(ctx)
+	defer g.carryRouteHits()
 	if g.health != nil {
 		g.health.probeSome(ctx, g.first)
 		g.wg.Add(1)
@@ -439,6 +444,64 @@ func (g *Generation) Start(ctx context.Context) {
 			probe.Run(ctx)
 		}()
 	}
+}
+
+// carryRouteHits gives each route the hits of the route of the same
+// canonical spec in Prev's table (the first one of that spec), so that
+// a route's counter (labelled by its spec in /metrics) never goes back
+// when a route is added or removed before it. It runs at the end of
+// Start, as late as possible before the generation serves: hits the old
+// table counts after it are not carried.
+func (g *Generation) carryRouteHits() {
+	prev := g.prevRoutes
+	g.prevRoutes = nil
+	if prev == nil || g.routes == nil {
+		return
+	}
+	bySpec := make(map[string]int, len(prev.specs))
+	for j := range prev.specs {
+		k := prev.specs[j].String()
+		if _, ok := bySpec[k]; !ok {
+			bySpec[k] = j
+		}
+	}
+	for i := range g.routes.specs {
+		if j, ok := bySpec[g.routes.specs[i].String()]; ok {
+			g.routes.hits[i].Store(prev.hits[j].Load())
+			delete(bySpec, g.routes.specs[i].String()) // one route takes them
+		}
+	}
+}
+
+// RouteHits is one route's hit counter as /metrics shows it: Spec, the
+// route's canonical spec (its label), the pool it chooses, and the new
+// work it took.
+type RouteHits struct {
+	Spec, Pool string
+	Hits       uint64
+}
+
+// HitsBySpec returns each distinct route of t in order, labelled by its
+// canonical spec (made valid UTF-8: a label must be), with its pool and
+// hits. A route given twice is one entry with the hits summed (the later
+// never matches: first match wins), so a metric labelled by spec has one
+// series per label. nil t: none. For scrapes: it allocates.
+func (t *RouteTable) HitsBySpec() []RouteHits {
+	if t == nil {
+		return nil
+	}
+	out := make([]RouteHits, 0, len(t.specs))
+	at := make(map[string]int, len(t.specs))
+	for i := range t.specs {
+		spec := strings.ToValidUTF8(t.specs[i].String(), "\uFFFD")
+		if j, ok := at[spec]; ok {
+			out[j].Hits += t.hits[i].Load()
+			continue
+		}
+		at[spec] = len(out)
+		out = append(out, RouteHits{Spec: spec, Pool: t.specs[i].Pool, Hits: t.hits[i].Load()})
+	}
+	return out
 }
 
 // Stop ends the generation's checks and probes and waits for them: a

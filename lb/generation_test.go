@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -761,5 +762,70 @@ func TestGenerationCountersCarryOver(t *testing.T) {
 	}
 	if st := b1.Status(0); st.Outstanding != 0 {
 		t.Errorf("b1 outstanding %d: the old generation's request is its own", st.Outstanding)
+	}
+}
+
+// Route hits are labelled by spec in /metrics: a route inserted before
+// another leaves the other's count where it was (the new generation
+// takes the hits of the route of the same spec), a new route starts at
+// 0, and a route given twice is one series.
+func TestGenerationRouteHitsBySpec(t *testing.T) {
+	f := newGenFixture()
+	route := func(s string) RouteSpec {
+		t.Helper()
+		r, err := ParseRouteSpec("http", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	api, static, admin := route("pool=api,host=api.example.com"), route("pool=static,path=/static/"), route("pool=api,path=/admin/")
+	cfg := f.config("http", false, spec("a1", "api"), spec("s1", "static"))
+	cfg.Routes = []RouteSpec{api, static}
+	prev := f.gen(t, cfg)
+	prev.Start(context.Background())
+	hit := func(g *Generation, host, path string, n int) {
+		for range n {
+			g.Route(&RouteInput{Host: []byte(host), Path: []byte(path), Method: []byte("GET")})
+		}
+	}
+	hit(prev, "api.example.com", "/", 3)
+	hit(prev, "www.example.com", "/static/a", 2)
+
+	cfg.Routes = []RouteSpec{admin, static, api, api}
+	cfg.Prev = prev
+	g := f.gen(t, cfg)
+	g.Start(context.Background())
+	hit(g, "api.example.com", "/", 1)
+	want := []RouteHits{
+		{Spec: "pool=api,path=/admin/", Pool: "api", Hits: 0},
+		{Spec: "pool=static,path=/static/", Pool: "static", Hits: 2},
+		{Spec: "pool=api,host=api.example.com", Pool: "api", Hits: 4},
+	}
+	if got := g.Routes().HitsBySpec(); !slices.Equal(got, want) {
+		t.Errorf("HitsBySpec\n got %+v\nwant %+v", got, want)
+	}
+	if g.Routes().Hits(3) != 0 {
+		t.Errorf("the second copy of a route took the first's hits too: %d", g.Routes().Hits(3))
+	}
+	var none *RouteTable
+	if got := none.HitsBySpec(); got != nil {
+		t.Errorf("no table: %v", got)
+	}
+}
+
+// A route label is valid UTF-8 whatever bytes its header value holds:
+// Prometheus refuses a label that is not (the scrape would fail).
+func TestRouteHitsLabelValidUTF8(t *testing.T) {
+	r, err := ParseRouteSpec("http", "pool=api,header=X-Tenant:a\xffb")
+	if err != nil {
+		t.Skipf("the grammar refuses invalid UTF-8 already: %v", err)
+	}
+	tab, err := NewRouteTable("http", []RouteSpec{r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tab.HitsBySpec()[0].Spec; !utf8.ValidString(got) || got != "pool=api,header=x-tenant:a\uFFFDb" && got != "pool=api,header=X-Tenant:a\uFFFDb" {
+		t.Errorf("label %q", got)
 	}
 }
