@@ -16,7 +16,7 @@ var (
 	descEvents     = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "http"})
 	descRouteHits  = prometheus.NewDesc("sluice_http_route_hits_total", "Requests that matched the HTTP route (labelled by its canonical spec, e.g. pool=api,path=/api/, so a label keeps its meaning when routes are added or removed) and the pool it sends them to; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
 	descNoRoute    = prometheus.NewDesc("sluice_http_no_route_total", "HTTP requests answered 404: no route took them and there is no default pool.", nil, nil)
-	descPoolRefuse = prometheus.NewDesc("sluice_http_pool_refused_total", "HTTP requests the front end refused, by the pool they were routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (none up in the pool).", []string{"pool", "reason"}, nil)
+	descPoolRefuse = prometheus.NewDesc("sluice_http_pool_refused_total", "HTTP requests the front end refused, by the pool they were routed to and why: memory, arm, mop, draining (admission's guards, or the operator drained the pool) or no_backend (none up in the pool).", []string{"pool", "reason"}, nil)
 )
 
 // NewCollector returns st as a prometheus.Collector (a server's

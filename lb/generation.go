@@ -504,6 +504,38 @@ func (t *RouteTable) HitsBySpec() []RouteHits {
 	return out
 }
 
+// DrainedByOperator reports whether p takes no new work at now because
+// its operator drained it: no backend of p takes new work, and every one
+// that would but for an operator's drain is drained (there is at least
+// one). A front end that finds no backend then says "pool NAME drained"
+// and counts the refusal as draining, not as no backend up: the operator
+// asked for it. It takes a few atomic loads per backend.
+func (p *Pool) DrainedByOperator(now int64) bool {
+	panicking := p.panicking.Load()
+	drained := false
+	for _, b := range p.backends {
+		if b.acceptsNew(now, panicking) {
+			return false
+		}
+		if b.drained.Load() && b.wouldAcceptUndrained(now, panicking) {
+			drained = true
+		}
+	}
+	return drained
+}
+
+// wouldAcceptUndrained reports whether b would take new work at now in a
+// pool whose panic is panicking, were it not drained by the operator.
+func (b *Backend) wouldAcceptUndrained(now int64, panicking bool) bool {
+	if b.deadByTraffic(now) || b.unknown.Load() || b.probeBusy.Load() {
+		return false
+	}
+	if u := b.busyUntil.Load(); u < 0 || now < u {
+		return false
+	}
+	return !b.downByProbes() || panicking
+}
+
 // Stop ends the generation's checks and probes and waits for them: a
 // reload retires the old generation once the new one serves. Its
 // backends keep their last state. Stop may be called more than once, and

@@ -829,3 +829,31 @@ func TestRouteHitsLabelValidUTF8(t *testing.T) {
 		t.Errorf("label %q", got)
 	}
 }
+
+// DrainedByOperator: no backend takes new work and every one that would
+// but for the operator's drain is drained.
+func TestPoolDrainedByOperator(t *testing.T) {
+	const now = int64(time.Hour)
+	for _, tc := range []struct {
+		name string
+		set  func(b1, b2 *Backend)
+		want bool
+	}{
+		{"all drained", func(b1, b2 *Backend) { b1.Drain(true); b2.Drain(true) }, true},
+		{"one drained, the other disabled", func(b1, b2 *Backend) { b1.Drain(true); b2.Disable(true) }, true},
+		{"one drained, the other up", func(b1, b2 *Backend) { b1.Drain(true) }, false},
+		{"none drained, all down", func(b1, b2 *Backend) { b1.Disable(true); b2.SetProbeDown(true) }, false},
+		{"drained and disabled", func(b1, b2 *Backend) { b1.Drain(true); b1.Disable(true); b2.Disable(true) }, false},
+		{"drained and backed off", func(b1, b2 *Backend) { b1.Drain(true); b1.BackOff(now, time.Minute); b2.Disable(true) }, false},
+		{"none drained, all up", func(b1, b2 *Backend) {}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGenFixture()
+			g := f.gen(t, f.config("http", false, spec("b1"), spec("b2")))
+			tc.set(g.Lookup("b1"), g.Lookup("b2"))
+			if got := g.Pool(DefaultPool).DrainedByOperator(now); got != tc.want {
+				t.Errorf("DrainedByOperator = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
