@@ -39,6 +39,7 @@ const (
 )
 
 const ctlUsageText = `usage: sluice ctl [-admin URL] [-token-file FILE] [-protocol http|sip] COMMAND ARGS
+(ctl's flags may also follow the command; -- ends them, for an argument that starts with -)
 
 commands:
   status                     memory state, backends by pool, routes with their hits and ARM rules
@@ -185,6 +186,43 @@ func parseCtl(args []string, protocol string) (ctlCall, error) {
 	return ctlCall{}, fmt.Errorf("unknown command %q", args[0])
 }
 
+// ctlWords returns the command words left after fs parsed the flags
+// before the command, parsing the flags of fs given after it too
+// ("sluice ctl drain-pool default -protocol sip"): the flag package stops
+// at the first word. A word after the command that looks like a flag but
+// is none of ctl's is refused, naming it, rather than taken for an
+// argument; "--" ends the flags (for an argument that starts with "-").
+func ctlWords(fs *flag.FlagSet) ([]string, error) {
+	var words []string
+	rest := fs.Args()
+	for len(rest) > 0 {
+		w := rest[0]
+		if w == "--" {
+			return append(words, rest[1:]...), nil
+		}
+		name, isFlag := strings.CutPrefix(w, "-")
+		if !isFlag || name == "" {
+			words = append(words, w)
+			rest = rest[1:]
+			continue
+		}
+		name = strings.TrimPrefix(name, "-")
+		name, _, _ = strings.Cut(name, "=")
+		if fs.Lookup(name) == nil {
+			cmd := "the command"
+			if len(words) > 0 {
+				cmd = words[0]
+			}
+			return nil, fmt.Errorf("%s after %s: flags go before the command: sluice ctl [flags] COMMAND ... (no flag %s; use -- before an argument that starts with -)", w, cmd, w)
+		}
+		if err := fs.Parse(rest); err != nil {
+			return nil, err
+		}
+		rest = fs.Args()
+	}
+	return words, nil
+}
+
 // readCtlToken reads the token to present from a token file: the first
 // token in it (the TOKEN of a "NAME TOKEN" line, or a line alone).
 func readCtlToken(path string) (string, error) {
@@ -214,11 +252,16 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return ctlUsage
 	}
+	words, err := ctlWords(fs)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice ctl: %v\n", err)
+		return ctlUsage
+	}
 	if *protocol != "" && *protocol != "http" && *protocol != "sip" {
 		fmt.Fprintf(stderr, "sluice ctl: -protocol %q: want http or sip\n", *protocol)
 		return ctlUsage
 	}
-	call, err := parseCtl(fs.Args(), *protocol)
+	call, err := parseCtl(words, *protocol)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice ctl: %v\n\n%s", err, ctlUsageText)
 		return ctlUsage

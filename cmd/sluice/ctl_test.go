@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -371,5 +373,50 @@ func TestPrintStatusLastReload(t *testing.T) {
 				t.Errorf("%s: has %q:\n%s", tc.name, w, out.String())
 			}
 		}
+	}
+}
+
+// Flags after the command work as before it; a word after the command
+// that looks like a flag and is none is refused naming it, with where
+// flags go.
+func TestCtlFlagsAfterCommand(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		words []string
+		proto string
+		err   string
+	}{
+		{args: []string{"drain-pool", "default", "-protocol", "sip"}, words: []string{"drain-pool", "default"}, proto: "sip"},
+		{args: []string{"drain-pool", "default", "--protocol=http"}, words: []string{"drain-pool", "default"}, proto: "http"},
+		{args: []string{"-protocol", "http", "drain", "b1"}, words: []string{"drain", "b1"}, proto: "http"},
+		{args: []string{"drain", "-protocol", "sip", "b1"}, words: []string{"drain", "b1"}, proto: "sip"},
+		{args: []string{"drain", "--", "-odd-id"}, words: []string{"drain", "-odd-id"}},
+		{args: []string{"drain-pool", "default", "-proto", "sip"}, err: "-proto after drain-pool: flags go before the command: sluice ctl [flags] COMMAND ..."},
+		{args: []string{"drain-pool", "default", "-protocol"}, err: "flag needs an argument"},
+	} {
+		fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		proto := fs.String("protocol", "", "")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		words, err := ctlWords(fs)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: err %v, want %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(words, tc.words) || *proto != tc.proto {
+			t.Errorf("%v: words %q protocol %q err %v; want %q %q", tc.args, words, *proto, err, tc.words, tc.proto)
+		}
+	}
+	// End to end: the flag after the command reaches the listener.
+	addr, _, _ := ctlListener(t, nil)
+	if code, _, errOut := ctl("-admin", addr, "drain", "b1", "-protocol", "sip"); code != ctlRefused || !strings.Contains(errOut, "of protocol sip") {
+		t.Errorf("drain b1 -protocol sip: %d %q, want the listener's refusal for protocol sip", code, errOut)
+	}
+	if code, _, errOut := ctl("-admin", addr, "drain-pool", "default", "-proto", "sip"); code != ctlUsage || !strings.Contains(errOut, "flags go before the command") {
+		t.Errorf("unknown flag after the command: %d %q", code, errOut)
 	}
 }
