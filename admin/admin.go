@@ -163,6 +163,22 @@ type Status struct {
 	// Storage is the data directory's health (persist.Health), when a
 	// store is open.
 	Storage any `json:"storage,omitempty"`
+	// LastReload is the outcome of the last reload (SIGHUP) of each
+	// configuration file, together; absent before the first.
+	LastReload *ReloadStatus `json:"last_reload,omitempty"`
+}
+
+// ReloadStatus is the outcome of the last reload of each configuration
+// file (-backends-file, -arm-file) in /status: when the latest was, whether
+// they all took (ok), why not (error, each failed file's), and the
+// operator's run-time changes they dropped because the configuration
+// changed the same setting (each "KEY=VALUE (by WHO at TIME)"). A reload
+// that fails or drops changes is what an operator must see.
+type ReloadStatus struct {
+	Time    time.Time `json:"time"`
+	OK      bool      `json:"ok"`
+	Error   string    `json:"error,omitempty"`
+	Dropped []string  `json:"dropped"`
 }
 
 // MemoryStatus is the node's own memory.
@@ -298,6 +314,9 @@ type Source struct {
 	Pools func() []PoolStatus
 	// Routes lists the routes by protocol; nil for none.
 	Routes func() map[string][]RouteStatus
+	// LastReload reports the last reloads; nil, or nil returned, leaves
+	// it out.
+	LastReload func() *ReloadStatus
 }
 
 // Snapshot builds the Status document now.
@@ -329,6 +348,9 @@ func (src Source) Snapshot() Status {
 	}
 	if src.Storage != nil {
 		st.Storage = src.Storage()
+	}
+	if src.LastReload != nil {
+		st.LastReload = src.LastReload()
 	}
 	return st
 }

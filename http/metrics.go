@@ -1,13 +1,11 @@
 package http
 
 import (
-	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicelb/sluice/admission"
-	"github.com/sluicelb/sluice/lb"
 )
 
 // eventsHelp is the help of sluice_frontend_events_total. Every front end
@@ -16,20 +14,10 @@ const eventsHelp = "Front end events, by protocol and event (the front end's REA
 
 var (
 	descEvents     = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "http"})
-	descRouteHits  = prometheus.NewDesc("sluice_http_route_hits_total", "Requests that matched the HTTP route (index in the route table, from 0) and the pool it sends them to; counts start again when a new route table is set.", []string{"route", "pool"}, nil)
+	descRouteHits  = prometheus.NewDesc("sluice_http_route_hits_total", "Requests that matched the HTTP route (labelled by its canonical spec, e.g. pool=api,path=/api/, so a label keeps its meaning when routes are added or removed) and the pool it sends them to; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
 	descNoRoute    = prometheus.NewDesc("sluice_http_no_route_total", "HTTP requests answered 404: no route took them and there is no default pool.", nil, nil)
-	descPoolRefuse = prometheus.NewDesc("sluice_http_pool_refused_total", "HTTP requests the front end refused, by the pool they were routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (none up in the pool).", []string{"pool", "reason"}, nil)
+	descPoolRefuse = prometheus.NewDesc("sluice_http_pool_refused_total", "HTTP requests the front end refused, by the pool they were routed to and why: memory, arm, mop, draining (admission's guards, or the operator drained the pool) or no_backend (none up in the pool).", []string{"pool", "reason"}, nil)
 )
-
-// routeLabels are the route label values, "0".."1023": made once, so a
-// scrape formats no index.
-var routeLabels = func() []string {
-	l := make([]string, lb.MaxRoutes)
-	for i := range l {
-		l[i] = strconv.Itoa(i)
-	}
-	return l
-}()
 
 // NewCollector returns st as a prometheus.Collector (a server's
 // Collector adds its routes and pools):
@@ -85,10 +73,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descNoRoute, prometheus.CounterValue, float64(st.NoRoute.Load()))
 	set := c.s.backends.Load()
-	if t := set.routes; t != nil {
-		for i := range t.Len() {
-			ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(t.Hits(i)), routeLabels[i], set.routePools[i].name)
-		}
+	for _, r := range set.routes.HitsBySpec() {
+		ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(r.Hits), r.Spec, r.Pool)
 	}
 	for _, p := range set.pools {
 		for r := admission.Reason(1); r < admission.NumReasons; r++ {

@@ -292,6 +292,12 @@ func (s *Server) pick(p *plan, resp *fasthttp.Response, r *admission.Request, d 
 	b, out, retry := p.ref.pool.Pick(p.start, p.key, nil)
 	switch out {
 	case lb.NoBackend:
+		if p.ref.pool.DrainedByOperator(p.start) {
+			// The operator's doing, not a failure: said and counted so.
+			p.ref.stats.Refused[admission.ReasonDraining].Add(1)
+			s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, p.ref.psDrained, "pool drained")
+			return false
+		}
 		p.ref.stats.NoBackend.Add(1)
 		s.writeRefusal(resp, fasthttp.StatusServiceUnavailable, s.cfg.RetryAfterNoBackend, psNoBackend, "no backend available")
 		return false

@@ -156,6 +156,9 @@ type poolRef struct {
 	cookies []atomic.Pointer[cookieValue]
 	path    string     // the sticky cookie's Path (cookiePath)
 	stats   *poolStats // kept by name across sets
+	// psDrained is the Proxy-Status of a refusal because the operator
+	// drained every backend of the pool that would take new work.
+	psDrained []byte
 }
 
 // newBackendSet builds the set serving g's pools and routes (g nil: the
@@ -179,6 +182,7 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 	}
 	for _, p := range pools {
 		ref := &poolRef{pool: p, name: p.Name(), hashKind: s.hashKind, hashName: s.hashName, cookies: make([]atomic.Pointer[cookieValue], n)}
+		ref.psDrained = psPoolDrained(ref.name)
 		if g != nil {
 			if spec, ok := g.PoolSpec(p.Name()); ok && spec.HashKey != "" {
 				k, name, err := parseHashKey(spec.HashKey)

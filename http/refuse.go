@@ -19,6 +19,7 @@ import (
 //	no route and no default pool   destination_not_found (404)
 //	MOP refusal on every backend   connection_limit_reached
 //	no backend up                  destination_unavailable
+//	pool drained by the operator   destination_unavailable; details="pool NAME drained"
 //	backend connection limit       connection_limit_reached
 //	dial refused / unreachable     connection_refused / destination_unavailable (502)
 //	dial timeout                   connection_timeout (502)
@@ -50,6 +51,17 @@ var (
 	psDupRouteHeader  = []byte(`sluice; error=http_request_error; details="duplicate routed header"`)
 	psRegexPathLong   = []byte(`sluice; error=http_request_error; details="path too long for regex routes"`)
 )
+
+// psPoolDrained is the Proxy-Status of a refusal because the operator
+// drained pool name (lb.Pool.DrainedByOperator): made once per pool, so a
+// refusal allocates nothing. A pool name is a-z, 0-9, _ and -: nothing to
+// escape.
+func psPoolDrained(name string) []byte {
+	if name == "" {
+		name = lb.DefaultPool
+	}
+	return []byte(`sluice; error=destination_unavailable; details="pool ` + name + ` drained"`)
+}
 
 // Retry-After of answers that have no guard to compute one from.
 const (

@@ -633,8 +633,8 @@ func TestRouteMetrics(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]float64{
-		"sluice_http_route_hits_total{pool=api,route=0}":             2,
-		"sluice_http_route_hits_total{pool=static,route=1}":          1,
+		"sluice_http_route_hits_total{pool=api,route=pool=api,host=api.example.com}": 2,
+		"sluice_http_route_hits_total{pool=static,route=pool=static,path=/static/}":  1,
 		"sluice_http_no_route_total{}":                               1,
 		"sluice_http_pool_refused_total{pool=api,reason=arm}":        1,
 		"sluice_http_pool_refused_total{pool=static,reason=arm}":     0,
@@ -712,5 +712,53 @@ func TestProxyStatusDetails(t *testing.T) {
 		appendProxyStatus(buf[:0], "http_request_denied", d)
 	}); n != 0 {
 		t.Errorf("appendProxyStatus allocates %v times", n)
+	}
+}
+
+// A pool whose every backend that would take new work is drained by the
+// operator is refused as drained, by name, and counted as draining; a
+// pool with no backend up (none drained) is still "no backend up".
+func TestPoolDrainedRefusal(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 3, pools: [][]string{{"api"}, {"static"}, {"static"}},
+		routes: []string{"pool=api,path=/api/", "pool=static,path=/static/"}})
+	g := r.srv.Generation()
+	for _, b := range g.Pool("static").Backends() {
+		b.Drain(true)
+	}
+	g.Pool("api").Backends()[0].Disable(true)
+	for _, tc := range []struct{ path, want string }{
+		{"/static/a", `sluice; error=destination_unavailable; details="pool static drained"`},
+		{"/api/a", `sluice; error=destination_unavailable; details="no backend up"`},
+	} {
+		resp := rawRoundTrip(t, r.addr, "GET "+tc.path+" HTTP/1.1\r\nHost: www.example.com\r\n\r\n")
+		if !strings.HasPrefix(resp, "503") || !strings.Contains(resp, "Proxy-Status: "+tc.want+"\r\n") {
+			t.Errorf("GET %s:\n%s\nwant 503 with Proxy-Status: %s", tc.path, resp, tc.want)
+		}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(r.srv.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			got[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = m.GetCounter().GetValue()
+		}
+	}
+	for name, want := range map[string]float64{
+		"sluice_http_pool_refused_total{pool=static,reason=draining}":   1,
+		"sluice_http_pool_refused_total{pool=static,reason=no_backend}": 0,
+		"sluice_http_pool_refused_total{pool=api,reason=no_backend}":    1,
+		"sluice_http_pool_refused_total{pool=api,reason=draining}":      0,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
+		}
 	}
 }

@@ -114,8 +114,12 @@ type Backend struct {
 	mop   *admission.MOP
 
 	outstanding atomic.Int64
-	requests    atomic.Uint64 // forwarded, all classes
-	failures    atomic.Uint64 // Release with a result other than OK or Abandoned
+	// ctr are the backend's counters, shared with the backend of the same
+	// id and address in the generations before and after it (carryFrom),
+	// so that they only grow while the process lives: a reload or a route
+	// change does not reset them, and requests in flight on the old
+	// generation still count.
+	ctr *backendCounters
 
 	// Health. Each source sets its own word; State combines them.
 	drained   atomic.Bool  // operator drain
@@ -138,6 +142,12 @@ type Backend struct {
 	// passive is the passive ejection of the backend's protocol, set once
 	// by its generation (or NewPool) before it serves; nil disables it.
 	passive *passiveConfig
+}
+
+// backendCounters are a backend's monotonic counters (Backend.ctr).
+type backendCounters struct {
+	requests atomic.Uint64 // forwarded, all classes
+	failures atomic.Uint64 // Release with a result other than OK or Abandoned
 }
 
 type passiveConfig struct {
@@ -166,7 +176,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 	if cfg.Weight < 1 || cfg.Weight > MaxWeight {
 		return nil, fmt.Errorf("new backend %s: weight %d not in [1,%d]: %w", cfg.ID, cfg.Weight, MaxWeight, ErrBadBackend)
 	}
-	b := &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, mop: cfg.MOP, index: -1}
+	b := &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, mop: cfg.MOP, index: -1, ctr: new(backendCounters)}
 	b.weight.Store(int32(cfg.Weight))
 	return b, nil
 }
@@ -285,7 +295,7 @@ func (b *Backend) AnsweredSince(t int64) bool {
 // must be paired with one Release.
 func (b *Backend) Acquire() {
 	b.outstanding.Add(1)
-	b.requests.Add(1)
+	b.ctr.requests.Add(1)
 }
 
 // Release ends a request counted by Acquire and feeds passive health: with
@@ -312,7 +322,7 @@ func (b *Backend) Release(now int64, r Result) {
 		}
 	case Abandoned:
 	default:
-		b.failures.Add(1)
+		b.ctr.failures.Add(1)
 		p := b.passive
 		if p == nil {
 			if r == ConnectError && b.downByProbes() {
@@ -523,8 +533,8 @@ func (b *Backend) Status(now int64) BackendStatus {
 		State:       b.State(now),
 		Reason:      b.Reason(now),
 		Outstanding: b.outstanding.Load(),
-		Requests:    b.requests.Load(),
-		Failures:    b.failures.Load(),
+		Requests:    b.ctr.requests.Load(),
+		Failures:    b.ctr.failures.Load(),
 		MOP:         b.mop.Status(),
 	}
 }

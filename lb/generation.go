@@ -81,8 +81,18 @@ type Generation struct {
 	routeTo  []*Pool        // the pool of each route, by index
 	dflt     *Pool          // DefaultPool, or nil
 	health   *HealthChecker // nil: no active checks
-	probes   []*MemoryProbe
-	clock    admission.Clock
+	// first are the checks of Start's synchronous round: every backend at
+	// start (no Prev), else only those new to the generation (no backend
+	// of the same id and address in Prev), whose state is Unknown until
+	// a verdict. Backends that stay keep theirs and are probed in the
+	// background, so a route change or a reload that adds no backend does
+	// not wait for probes.
+	first []*healthCheck
+	// prevRoutes is Prev's route table, whose hits Start carries over to
+	// the routes of the same spec (then nil).
+	prevRoutes *RouteTable
+	probes     []*MemoryProbe
+	clock      admission.Clock
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -94,8 +104,9 @@ type Generation struct {
 var ErrBadGeneration = errors.New("invalid backend configuration")
 
 // NewGeneration checks cfg, builds its backends and pools, and carries
-// over from cfg.Prev, for each backend whose id and address stay, what the
-// operator and the traffic decided: drain and disable, a Retry-After
+// over from cfg.Prev, for each backend whose id and address stay, its
+// counters (requests, failures: shared with it, so they never go back),
+// and what the operator and the traffic decided: drain and disable, a Retry-After
 // back-off, a passive ejection and the last real answer; its probe verdict
 // (down, busy, Unknown) only when active checks are on in both
 // generations, since with checks off nothing would ever clear it. With
@@ -288,6 +299,7 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 		}
 		h.pools = g.pools
 		g.health = h
+		g.first = h.checks
 	}
 
 	// Memory probes.
@@ -355,15 +367,26 @@ func checkPoolName(name string) error {
 // carryFrom gives g's backends what prev's backend of the same id and
 // address knew (see NewGeneration). It runs before g serves.
 func (g *Generation) carryFrom(prev *Generation) {
+	g.prevRoutes = prev.routes
 	checks, prevChecks := g.health != nil, prev.health != nil
+	var first []*healthCheck
+	defer func() {
+		if checks {
+			g.first = first
+		}
+	}()
 	for _, b := range g.backends {
 		ob := prev.byID[b.id]
 		if ob == nil || ob.addr != b.addr {
 			if checks {
 				b.SetUnknown(true)
+				first = append(first, g.health.checks[b.index]) // added in backend order
 			}
 			continue
 		}
+		// Its counters, shared: they never go back (Prometheus counters
+		// reset only with the process).
+		b.ctr = ob.ctr
 		// The operator's switches.
 		b.drained.Store(ob.drained.Load())
 		b.disabled.Store(ob.disabled.Load())
@@ -391,6 +414,13 @@ func (g *Generation) carryFrom(prev *Generation) {
 // synchronously, so that the front end's first traffic sees their
 // verdict; then the checks and memory probes in the background until ctx
 // is done or Stop. Start after Stop does nothing.
+//
+// The first round probes every backend of a generation built without
+// Prev, and only the backends new to it otherwise (those Unknown until
+// a verdict): one that stays keeps its state and is probed in the
+// background. Its probes run in parallel (at most 32 at once), so it
+// lasts about one health timeout whatever the number of backends that
+// do not answer, and a route change that adds no backend does not wait.
 func (g *Generation) Start(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -398,8 +428,9 @@ func (g *Generation) Start(ctx context.Context) {
 		return
 	}
 	ctx, g.cancel = context.WithCancel(ctx)
+	defer g.carryRouteHits()
 	if g.health != nil {
-		g.health.ProbeAll(ctx)
+		g.health.probeSome(ctx, g.first)
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
@@ -413,6 +444,96 @@ func (g *Generation) Start(ctx context.Context) {
 			probe.Run(ctx)
 		}()
 	}
+}
+
+// carryRouteHits gives each route the hits of the route of the same
+// canonical spec in Prev's table (the first one of that spec), so that
+// a route's counter (labelled by its spec in /metrics) never goes back
+// when a route is added or removed before it. It runs at the end of
+// Start, as late as possible before the generation serves: hits the old
+// table counts after it are not carried.
+func (g *Generation) carryRouteHits() {
+	prev := g.prevRoutes
+	g.prevRoutes = nil
+	if prev == nil || g.routes == nil {
+		return
+	}
+	bySpec := make(map[string]int, len(prev.specs))
+	for j := range prev.specs {
+		k := prev.specs[j].String()
+		if _, ok := bySpec[k]; !ok {
+			bySpec[k] = j
+		}
+	}
+	for i := range g.routes.specs {
+		if j, ok := bySpec[g.routes.specs[i].String()]; ok {
+			g.routes.hits[i].Store(prev.hits[j].Load())
+			delete(bySpec, g.routes.specs[i].String()) // one route takes them
+		}
+	}
+}
+
+// RouteHits is one route's hit counter as /metrics shows it: Spec, the
+// route's canonical spec (its label), the pool it chooses, and the new
+// work it took.
+type RouteHits struct {
+	Spec, Pool string
+	Hits       uint64
+}
+
+// HitsBySpec returns each distinct route of t in order, labelled by its
+// canonical spec (made valid UTF-8: a label must be), with its pool and
+// hits. A route given twice is one entry with the hits summed (the later
+// never matches: first match wins), so a metric labelled by spec has one
+// series per label. nil t: none. For scrapes: it allocates.
+func (t *RouteTable) HitsBySpec() []RouteHits {
+	if t == nil {
+		return nil
+	}
+	out := make([]RouteHits, 0, len(t.specs))
+	at := make(map[string]int, len(t.specs))
+	for i := range t.specs {
+		spec := strings.ToValidUTF8(t.specs[i].String(), "\uFFFD")
+		if j, ok := at[spec]; ok {
+			out[j].Hits += t.hits[i].Load()
+			continue
+		}
+		at[spec] = len(out)
+		out = append(out, RouteHits{Spec: spec, Pool: t.specs[i].Pool, Hits: t.hits[i].Load()})
+	}
+	return out
+}
+
+// DrainedByOperator reports whether p takes no new work at now because
+// its operator drained it: no backend of p takes new work, and every one
+// that would but for an operator's drain is drained (there is at least
+// one). A front end that finds no backend then says "pool NAME drained"
+// and counts the refusal as draining, not as no backend up: the operator
+// asked for it. It takes a few atomic loads per backend.
+func (p *Pool) DrainedByOperator(now int64) bool {
+	panicking := p.panicking.Load()
+	drained := false
+	for _, b := range p.backends {
+		if b.acceptsNew(now, panicking) {
+			return false
+		}
+		if b.drained.Load() && b.wouldAcceptUndrained(now, panicking) {
+			drained = true
+		}
+	}
+	return drained
+}
+
+// wouldAcceptUndrained reports whether b would take new work at now in a
+// pool whose panic is panicking, were it not drained by the operator.
+func (b *Backend) wouldAcceptUndrained(now int64, panicking bool) bool {
+	if b.deadByTraffic(now) || b.unknown.Load() || b.probeBusy.Load() {
+		return false
+	}
+	if u := b.busyUntil.Load(); u < 0 || now < u {
+		return false
+	}
+	return !b.downByProbes() || panicking
 }
 
 // Stop ends the generation's checks and probes and waits for them: a

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -626,5 +628,232 @@ func TestGenerationRoute(t *testing.T) {
 	bad.Routes = []RouteSpec{sipRoute}
 	if _, err := NewGeneration(bad); err == nil || !strings.Contains(err.Error(), "a sip route") {
 		t.Errorf("sip route in an http generation: err = %v", err)
+	}
+}
+
+// Start's synchronous first round probes every backend at start, and
+// after that only the backends new to the generation (a new id, or an
+// id whose address changed): a route change or a reload that keeps its
+// backends does not wait for their probes.
+func TestGenerationFirstRoundNewBackendsOnly(t *testing.T) {
+	moved := spec("b2")
+	moved.Addr = "10.0.9.2:80"
+	tests := []struct {
+		name       string
+		prev       []BackendSpec // nil: no Prev
+		prevChecks bool
+		next       []BackendSpec
+		want       []string
+	}{
+		{name: "start: all", next: []BackendSpec{spec("b1"), spec("b2")}, want: []string{"b1", "b2"}},
+		{name: "same backends: none", prev: []BackendSpec{spec("b1"), spec("b2")}, prevChecks: true, next: []BackendSpec{spec("b1"), spec("b2")}},
+		{name: "one added", prev: []BackendSpec{spec("b1")}, prevChecks: true, next: []BackendSpec{spec("b1"), spec("b3")}, want: []string{"b3"}},
+		{name: "address changed", prev: []BackendSpec{spec("b1"), spec("b2")}, prevChecks: true, next: []BackendSpec{spec("b1"), moved}, want: []string{"b2"}},
+		{name: "checks turned on: only new", prev: []BackendSpec{spec("b1")}, next: []BackendSpec{spec("b1"), spec("b4")}, want: []string{"b4"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGenFixture()
+			cfg := f.config("http", true, tc.next...)
+			if tc.prev != nil {
+				cfg.Prev = f.gen(t, f.config("http", tc.prevChecks, tc.prev...))
+			}
+			g := f.gen(t, cfg)
+			var got []string
+			for _, c := range g.first {
+				got = append(got, c.b.ID())
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("first round probes %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// barrierProber answers up once n probes are under way at the same
+// time, down if its context ends first: a round that probes one backend
+// after another never gets there.
+type barrierProber struct {
+	all   chan struct{}
+	n     int
+	count *int
+	mu    *sync.Mutex
+}
+
+func (p barrierProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) {
+	p.mu.Lock()
+	*p.count++
+	if *p.count == p.n {
+		close(p.all)
+	}
+	p.mu.Unlock()
+	select {
+	case <-p.all:
+		return ProbeUp, nil
+	case <-ctx.Done():
+		return ProbeDown, ctx.Err()
+	}
+}
+
+// The probes of a generation's first round run at the same time: with
+// backends that answer only when all are probed at once, every one comes
+// up.
+func TestFirstRoundParallel(t *testing.T) {
+	const n = 5
+	var mu sync.Mutex
+	count := 0
+	bp := barrierProber{all: make(chan struct{}), n: n, count: &count, mu: &mu}
+	h, err := NewHealthChecker(HealthConfig{Interval: time.Hour, Timeout: time.Minute, Rise: 1, Fall: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs []*Backend
+	for i := range n {
+		b, _ := NewBackend(BackendConfig{Addr: fmt.Sprintf("10.0.0.%d:80", i+1)})
+		b.SetUnknown(true)
+		h.Add(b, bp)
+		bs = append(bs, b)
+	}
+	h.probeSome(context.Background(), h.checks)
+	for _, b := range bs {
+		if st := b.State(0); st != Up {
+			t.Errorf("%s: %v (%s), want up: probes not run together", b.ID(), st, b.Reason(0))
+		}
+	}
+}
+
+// A backend's counters carry over to the next generation when its id and
+// address stay, and go on counting what the old generation still
+// releases: they never go back (Prometheus counters reset only with the
+// process). A backend whose address changed starts at 0.
+func TestGenerationCountersCarryOver(t *testing.T) {
+	f := newGenFixture()
+	prev := f.gen(t, f.config("http", false, spec("b1"), spec("b2")))
+	ob1 := prev.Lookup("b1")
+	for range 3 {
+		ob1.Acquire()
+		ob1.Release(0, ServerError)
+	}
+	ob1.Acquire() // in flight across the reload
+	prev.Lookup("b2").Acquire()
+	prev.Lookup("b2").Release(0, OK)
+
+	moved := spec("b2")
+	moved.Addr = "10.0.9.2:80"
+	cfg := f.config("http", false, spec("b1"), moved, spec("b3"))
+	cfg.Prev = prev
+	g := f.gen(t, cfg)
+	ob1.Release(0, Timeout) // the old generation's request ends after the reload
+	b1 := g.Lookup("b1")
+	b1.Acquire()
+	b1.Release(0, OK)
+	for _, tc := range []struct {
+		id                 string
+		requests, failures uint64
+	}{
+		{"b1", 5, 4},
+		{"b2", 0, 0}, // another server: its own counts
+		{"b3", 0, 0},
+	} {
+		st := g.Lookup(tc.id).Status(0)
+		if st.Requests != tc.requests || st.Failures != tc.failures {
+			t.Errorf("%s: requests %d failures %d, want %d %d", tc.id, st.Requests, st.Failures, tc.requests, tc.failures)
+		}
+	}
+	if st := b1.Status(0); st.Outstanding != 0 {
+		t.Errorf("b1 outstanding %d: the old generation's request is its own", st.Outstanding)
+	}
+}
+
+// Route hits are labelled by spec in /metrics: a route inserted before
+// another leaves the other's count where it was (the new generation
+// takes the hits of the route of the same spec), a new route starts at
+// 0, and a route given twice is one series.
+func TestGenerationRouteHitsBySpec(t *testing.T) {
+	f := newGenFixture()
+	route := func(s string) RouteSpec {
+		t.Helper()
+		r, err := ParseRouteSpec("http", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	api, static, admin := route("pool=api,host=api.example.com"), route("pool=static,path=/static/"), route("pool=api,path=/admin/")
+	cfg := f.config("http", false, spec("a1", "api"), spec("s1", "static"))
+	cfg.Routes = []RouteSpec{api, static}
+	prev := f.gen(t, cfg)
+	prev.Start(context.Background())
+	hit := func(g *Generation, host, path string, n int) {
+		for range n {
+			g.Route(&RouteInput{Host: []byte(host), Path: []byte(path), Method: []byte("GET")})
+		}
+	}
+	hit(prev, "api.example.com", "/", 3)
+	hit(prev, "www.example.com", "/static/a", 2)
+
+	cfg.Routes = []RouteSpec{admin, static, api, api}
+	cfg.Prev = prev
+	g := f.gen(t, cfg)
+	g.Start(context.Background())
+	hit(g, "api.example.com", "/", 1)
+	want := []RouteHits{
+		{Spec: "pool=api,path=/admin/", Pool: "api", Hits: 0},
+		{Spec: "pool=static,path=/static/", Pool: "static", Hits: 2},
+		{Spec: "pool=api,host=api.example.com", Pool: "api", Hits: 4},
+	}
+	if got := g.Routes().HitsBySpec(); !slices.Equal(got, want) {
+		t.Errorf("HitsBySpec\n got %+v\nwant %+v", got, want)
+	}
+	if g.Routes().Hits(3) != 0 {
+		t.Errorf("the second copy of a route took the first's hits too: %d", g.Routes().Hits(3))
+	}
+	var none *RouteTable
+	if got := none.HitsBySpec(); got != nil {
+		t.Errorf("no table: %v", got)
+	}
+}
+
+// A route label is valid UTF-8 whatever bytes its header value holds:
+// Prometheus refuses a label that is not (the scrape would fail).
+func TestRouteHitsLabelValidUTF8(t *testing.T) {
+	r, err := ParseRouteSpec("http", "pool=api,header=X-Tenant:a\xffb")
+	if err != nil {
+		t.Skipf("the grammar refuses invalid UTF-8 already: %v", err)
+	}
+	tab, err := NewRouteTable("http", []RouteSpec{r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tab.HitsBySpec()[0].Spec; !utf8.ValidString(got) || got != "pool=api,header=x-tenant:a\uFFFDb" && got != "pool=api,header=X-Tenant:a\uFFFDb" {
+		t.Errorf("label %q", got)
+	}
+}
+
+// DrainedByOperator: no backend takes new work and every one that would
+// but for the operator's drain is drained.
+func TestPoolDrainedByOperator(t *testing.T) {
+	const now = int64(time.Hour)
+	for _, tc := range []struct {
+		name string
+		set  func(b1, b2 *Backend)
+		want bool
+	}{
+		{"all drained", func(b1, b2 *Backend) { b1.Drain(true); b2.Drain(true) }, true},
+		{"one drained, the other disabled", func(b1, b2 *Backend) { b1.Drain(true); b2.Disable(true) }, true},
+		{"one drained, the other up", func(b1, b2 *Backend) { b1.Drain(true) }, false},
+		{"none drained, all down", func(b1, b2 *Backend) { b1.Disable(true); b2.SetProbeDown(true) }, false},
+		{"drained and disabled", func(b1, b2 *Backend) { b1.Drain(true); b1.Disable(true); b2.Disable(true) }, false},
+		{"drained and backed off", func(b1, b2 *Backend) { b1.Drain(true); b1.BackOff(now, time.Minute); b2.Disable(true) }, false},
+		{"none drained, all up", func(b1, b2 *Backend) {}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGenFixture()
+			g := f.gen(t, f.config("http", false, spec("b1"), spec("b2")))
+			tc.set(g.Lookup("b1"), g.Lookup("b2"))
+			if got := g.Pool(DefaultPool).DrainedByOperator(now); got != tc.want {
+				t.Errorf("DrainedByOperator = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -285,12 +285,40 @@ func (h *HealthChecker) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// ProbeAll probes every backend once, synchronously: for tests and for a
-// first verdict at start-up.
+// ProbeAll probes every backend once, one after another, synchronously:
+// for tests, whose probers and event sinks see one probe at a time. A
+// generation's first round is parallel (probeSome).
 func (h *HealthChecker) ProbeAll(ctx context.Context) {
 	for _, c := range h.checks {
 		h.probe(ctx, c)
 	}
+}
+
+// firstRoundParallel bounds the probes of a generation's synchronous
+// first round running at once: enough that the round takes about one
+// probe timeout for any usual number of new backends, few enough that a
+// reload does not open hundreds of connections in one burst.
+const firstRoundParallel = 32
+
+// probeSome probes each of checks once, at most firstRoundParallel at a
+// time, and waits for them all: a round over backends that do not answer
+// takes about one Timeout, not one per backend.
+func (h *HealthChecker) probeSome(ctx context.Context, checks []*healthCheck) {
+	if len(checks) == 1 {
+		h.probe(ctx, checks[0])
+		return
+	}
+	sem := make(chan struct{}, firstRoundParallel)
+	var wg sync.WaitGroup
+	for _, c := range checks {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			h.probe(ctx, c)
+		}()
+	}
+	wg.Wait()
 }
 
 func (h *HealthChecker) probe(ctx context.Context, c *healthCheck) {

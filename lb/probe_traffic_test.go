@@ -172,7 +172,7 @@ func TestDeadBackendOutAsBefore(t *testing.T) {
 	dead.Acquire()
 	dead.Release(clock.Now(), ConnectError)
 	if p.Pinned(dead.ID(), clock.Now()) != nil {
-		t.Errorf("sticky clients still pinned to a backend that refused a connection (failures %d)", dead.failures.Load())
+		t.Errorf("sticky clients still pinned to a backend that refused a connection (failures %d)", dead.ctr.failures.Load())
 	}
 }
 

@@ -247,9 +247,11 @@ func (n *Node) configuredBackend(proto, id string) (lb.BackendSpec, bool) {
 // backends. An override whose setting the configuration changed since is
 // dropped, with an event. only limits which keys are looked at ("arm/",
 // "backend/" and "mop/").
-func (n *Node) applyOverrides(only ...string) {
+//
+// It returns the dropped changes, each "KEY=VALUE (by WHO at TIME)".
+func (n *Node) applyOverrides(only ...string) (droppedChanges []string) {
 	apply, dropped := n.reconcile(only...)
-	n.dropOverrides(dropped)
+	droppedChanges = n.dropOverrides(dropped)
 	// Routes first: a route list builds a new generation, which the
 	// backends' overrides then apply to.
 	slices.SortStableFunc(apply, func(a, b persist.Override) int {
@@ -269,6 +271,7 @@ func (n *Node) applyOverrides(only ...string) {
 		}
 		n.logger.Info("run-time change applied", "key", o.Key, "value", o.Value, "by", o.By, "at", o.At)
 	}
+	return droppedChanges
 }
 
 // reconcile splits the stored overrides whose keys start with one of only
@@ -291,8 +294,9 @@ func (n *Node) reconcile(only ...string) (apply, dropped []persist.Override) {
 }
 
 // dropOverrides removes overrides the configuration overruled, with one
-// event each saying what was dropped and why.
-func (n *Node) dropOverrides(dropped []persist.Override) {
+// event each saying what was dropped and why (logged at WARN), and
+// returns them, each "KEY=VALUE (by WHO at TIME)".
+func (n *Node) dropOverrides(dropped []persist.Override) (changes []string) {
 	var gone []string
 	for _, o := range dropped {
 		now := n.configuredValue(o.Key)
@@ -303,12 +307,14 @@ func (n *Node) dropOverrides(dropped []persist.Override) {
 			Message: fmt.Sprintf("run-time change %s=%q (by %s at %s) dropped: the configuration changed since from %q to %q and wins",
 				o.Key, o.Value, o.By, o.At.Format(time.RFC3339), o.Configured, now)})
 		gone = append(gone, o.Key)
+		changes = append(changes, fmt.Sprintf("%s=%s (by %s at %s)", o.Key, o.Value, o.By, o.At.Format(time.RFC3339)))
 	}
 	if len(gone) > 0 {
 		if err := n.store.DeleteOverrides(gone...); err != nil {
 			n.logger.Warn("dropped overrides not removed from the data directory", "err", err)
 		}
 	}
+	return changes
 }
 
 func (n *Node) overrideNotApplied(o persist.Override, err error) {
@@ -445,7 +451,7 @@ func (n *Node) ReloadARM() error {
 		var changes []admission.RuleChange
 		if changes, err = n.ctrl.SetRules(n.rulesWith(rules, apply), n.clock.Now()); err == nil {
 			n.rulesChanged()
-			n.dropOverrides(dropped)
+			n.reloaded(n.cfg.ARMFile, nil, n.dropOverrides(dropped))
 			var parts []string
 			for _, ch := range changes {
 				if ch.How != "unchanged" {
@@ -464,6 +470,7 @@ func (n *Node) ReloadARM() error {
 	}
 	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.ARMFile,
 		Message: "arm rules not reloaded, the rules in force are unchanged: " + err.Error()})
+	n.reloaded(n.cfg.ARMFile, err, nil)
 	return err
 }
 

@@ -118,18 +118,20 @@ func (n *Node) Reload() error {
 	if n.cfg.BackendsFile == "" {
 		return errors.New("reload: no -backends-file given")
 	}
-	err := n.reload()
+	dropped, err := n.reload()
 	if err != nil {
 		n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.BackendsFile,
 			Message: "backends not reloaded, the backends in force are unchanged: " + err.Error()})
 	}
+	n.reloaded(n.cfg.BackendsFile, err, dropped)
 	return err
 }
 
-func (n *Node) reload() error {
+// reload is Reload; it returns the run-time changes it dropped.
+func (n *Node) reload() (dropped []string, err error) {
 	file, err := readBackendsFile(n.cfg.BackendsFile)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// No run-time change while the pools are swapped: it would reach the
 	// old pool and be lost.
@@ -138,11 +140,11 @@ func (n *Node) reload() error {
 	next := n.specsInForce
 	next.setSpecs(n.cfg, file)
 	if (len(next.httpBackends) > 0) != (n.httpSrv != nil) || (len(next.sipBackends) > 0) != (n.sipSrv != nil) {
-		return errors.New("reload: a front end can be added or removed only by a restart (keep at least one backend per protocol in use)")
+		return nil, errors.New("reload: a front end can be added or removed only by a restart (keep at least one backend per protocol in use)")
 	}
 	for _, proto := range []string{"http", "sip"} {
 		if err := file.check(proto, next.specs(proto)); err != nil {
-			return err
+			return nil, err
 		}
 		// The operator's route list, if it still applies, from the first
 		// request on (not the file's for a moment).
@@ -157,26 +159,25 @@ func (n *Node) reload() error {
 	var gen *lb.Generation
 	if n.httpSrv != nil {
 		if gen, err = n.buildGen("http", next.specs("http"), n.httpGen); err != nil {
-			return fmt.Errorf("-backends-file %s: http backends: %w", n.cfg.BackendsFile, err)
+			return nil, fmt.Errorf("-backends-file %s: http backends: %w", n.cfg.BackendsFile, err)
 		}
 	}
 	if n.sipSrv != nil {
 		if err := n.reloadSIP(next.specs("sip")); err != nil {
-			return fmt.Errorf("-backends-file %s: sip backends: %w", n.cfg.BackendsFile, err)
+			return nil, fmt.Errorf("-backends-file %s: sip backends: %w", n.cfg.BackendsFile, err)
 		}
 	}
 	n.specsInForce = next
 	if gen != nil {
 		if err := n.installHTTP(gen); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigReload, Subject: n.cfg.BackendsFile,
 		Message: fmt.Sprintf("backends reloaded: %d http, %d sip", len(n.httpBackends), len(n.sipBackends))})
 	// The new backends start at their configured weight: put the
 	// run-time changes kept in the data directory back on them.
-	n.applyOverrides("routes/", "backend/", "mop/")
-	return nil
+	return n.applyOverrides("routes/", "backend/", "mop/"), nil
 }
 
 // specsInForce are the backends, pool settings and routes in force.

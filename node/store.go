@@ -28,7 +28,13 @@ type eventLog struct {
 const maxEarlyEvents = 1000
 
 func (l *eventLog) emit(ev admission.Event) {
-	l.logger.Info("event", "kind", string(ev.Kind), "subject", ev.Subject, "msg", ev.Message)
+	// A configuration warning (a run-time change a reload dropped, one
+	// not applied) is an operator's loss: WARN, not INFO.
+	level := slog.LevelInfo
+	if ev.Kind == admission.EventConfigWarning {
+		level = slog.LevelWarn
+	}
+	l.logger.Log(context.Background(), level, "event", "kind", string(ev.Kind), "subject", ev.Subject, "msg", ev.Message)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.store != nil {

@@ -1,7 +1,6 @@
 package sip
 
 import (
-	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,7 +151,7 @@ var (
 	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
 	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
 	descReadBuffers  = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
-	descRouteHits    = prometheus.NewDesc("sluice_sip_route_hits_total", "SIP new work each route chose, by route (its index in the table, from 0; \"default\": no route matched and the pool default took it) and pool; counts start again when a new route table is set.", []string{"route", "pool"}, nil)
+	descRouteHits    = prometheus.NewDesc("sluice_sip_route_hits_total", "SIP new work each route chose, by route (its canonical spec, e.g. pool=london,user=+4420; \"default\": no route matched and the pool default took it) and pool; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
 	descNoRoute      = prometheus.NewDesc("sluice_sip_no_route_total", "SIP new work no route matched, answered -sip-no-route-code (404): there is no pool default.", nil, nil)
 	descPoolRefused  = prometheus.NewDesc("sluice_sip_pool_refused_total", "SIP new work the front end refused, by the pool it was routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (no backend of the pool took it).", []string{"pool", "reason"}, nil)
 	descPoolSent     = prometheus.NewDesc("sluice_sip_pool_new_work_total", "SIP new work sent to a backend (attempts and failovers included), by pool and backend.", []string{"pool", "backend"}, nil)
@@ -235,10 +234,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	if set == nil {
 		return
 	}
-	if t := set.routes; t != nil {
-		for i := range t.Len() {
-			ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(t.Hits(i)), strconv.Itoa(i), t.Spec(i).Pool)
-		}
+	for _, r := range set.routes.HitsBySpec() {
+		ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(r.Hits), r.Spec, r.Pool)
 	}
 	if set.gen.Pool(lb.DefaultPool) != nil {
 		ch <- prometheus.MustNewConstMetric(descRouteHits, prometheus.CounterValue, float64(m.DefaultRouted.Load()), "default", lb.DefaultPool)

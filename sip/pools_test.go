@@ -419,7 +419,9 @@ func TestPoolMetrics(t *testing.T) {
 	c.awaitResponse(gosip.INVITE, 200, 200)
 	got := series(t, s)
 	for name, want := range map[string]float64{
-		`sluice_sip_route_hits_total{pool=london,route=0}`:             2,
+		// A route is labelled by its spec.
+		`sluice_sip_route_hits_total{pool=london,route=pool=london,user=+4420}`: 2,
+
 		`sluice_sip_route_hits_total{pool=default,route=default}`:      1,
 		`sluice_sip_pool_refused_total{pool=london,reason=arm}`:        1,
 		`sluice_sip_pool_refused_total{pool=default,reason=arm}`:       0,

@@ -657,29 +657,40 @@ func (s *Server) jitter(d time.Duration) int {
 // Retry-After and a Warning naming the limit (RFC 3261 §21.5.4, §20.43):
 // "overload: " and the decision's Detail (its reason, rule and pool, as
 // admission/README.md gives it), or "no backend available" with the pool
-// when no guard refused but no backend took it. It keeps no state. This
+// when no guard refused but no backend took it ("pool NAME drained",
+// counted as draining, when the operator drained it). It keeps no state. This
 // is the one place a decision becomes SIP.
 func (s *Server) refuse(req *gosip.Request, src source, d admission.Decision) {
+	// No backend took it because the operator drained the pool: said and
+	// counted as draining (lb.Pool.DrainedByOperator), not as a failure.
+	set := s.pool.Load()
+	drained := d.Reason == admission.ReasonNone && set != nil && set.gen.Pool(d.Pool) != nil && set.gen.Pool(d.Pool).DrainedByOperator(s.clock.Now())
+	if drained {
+		d.Reason = admission.ReasonDraining
+	}
 	s.metrics.Refused.Add(1)
 	if int(d.Reason) < len(s.metrics.RefusedBy) {
 		s.metrics.RefusedBy[d.Reason].Add(1)
 	}
-	if set := s.pool.Load(); set != nil {
+	if set != nil {
 		set.countRefused(d)
 	}
 	if req.Method == gosip.ACK {
 		return
 	}
-	what := d.Detail()
+	what := "overload: " + d.Detail()
+	if drained {
+		what = "pool " + d.Pool + " drained"
+	}
 	if d.Reason == admission.ReasonNone {
-		what = "no backend available"
+		what = "overload: no backend available"
 		if d.Pool != "" {
 			what += " pool " + d.Pool
 		}
 	}
 	s.reply(req, src, 503, "Service Unavailable",
 		"Retry-After: "+strconv.Itoa(s.jitter(d.RetryAfter)),
-		"Warning: 399 "+s.adv.String()+` "overload: `+what+`"`)
+		"Warning: 399 "+s.adv.String()+` "`+what+`"`)
 }
 
 // noRoute answers new work that no route matches, in a generation without

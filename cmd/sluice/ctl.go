@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -31,9 +33,13 @@ const (
 	ctlRefused     = 1 // the admin listener refused it; its message is printed
 	ctlUsage       = 2 // bad command line
 	ctlUnreachable = 3 // the admin listener could not be reached
+	// ctlNoAnswer: connected, but no answer came (timed out, or the
+	// connection broke): a change may have been applied.
+	ctlNoAnswer = 4
 )
 
 const ctlUsageText = `usage: sluice ctl [-admin URL] [-token-file FILE] [-protocol http|sip] COMMAND ARGS
+(ctl's flags may also follow the command; -- ends them, for an argument that starts with -)
 
 commands:
   status                     memory state, backends by pool, routes with their hits and ARM rules
@@ -55,7 +61,8 @@ commands:
   undrain-pool NAME          undrain them
 
 exit status: 0 done, 1 refused by sluice (its message on stderr),
-2 usage error, 3 admin listener not reachable.
+2 usage error, 3 admin listener not reachable, 4 connected but no answer
+(timed out: a change may have been applied; check before retrying).
 `
 
 // ctlCall is one request a command makes.
@@ -179,6 +186,43 @@ func parseCtl(args []string, protocol string) (ctlCall, error) {
 	return ctlCall{}, fmt.Errorf("unknown command %q", args[0])
 }
 
+// ctlWords returns the command words left after fs parsed the flags
+// before the command, parsing the flags of fs given after it too
+// ("sluice ctl drain-pool default -protocol sip"): the flag package stops
+// at the first word. A word after the command that looks like a flag but
+// is none of ctl's is refused, naming it, rather than taken for an
+// argument; "--" ends the flags (for an argument that starts with "-").
+func ctlWords(fs *flag.FlagSet) ([]string, error) {
+	var words []string
+	rest := fs.Args()
+	for len(rest) > 0 {
+		w := rest[0]
+		if w == "--" {
+			return append(words, rest[1:]...), nil
+		}
+		name, isFlag := strings.CutPrefix(w, "-")
+		if !isFlag || name == "" {
+			words = append(words, w)
+			rest = rest[1:]
+			continue
+		}
+		name = strings.TrimPrefix(name, "-")
+		name, _, _ = strings.Cut(name, "=")
+		if fs.Lookup(name) == nil {
+			cmd := "the command"
+			if len(words) > 0 {
+				cmd = words[0]
+			}
+			return nil, fmt.Errorf("%s after %s: flags go before the command: sluice ctl [flags] COMMAND ... (no flag %s; use -- before an argument that starts with -)", w, cmd, w)
+		}
+		if err := fs.Parse(rest); err != nil {
+			return nil, err
+		}
+		rest = fs.Args()
+	}
+	return words, nil
+}
+
 // readCtlToken reads the token to present from a token file: the first
 // token in it (the TOKEN of a "NAME TOKEN" line, or a line alone).
 func readCtlToken(path string) (string, error) {
@@ -208,11 +252,16 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return ctlUsage
 	}
+	words, err := ctlWords(fs)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice ctl: %v\n", err)
+		return ctlUsage
+	}
 	if *protocol != "" && *protocol != "http" && *protocol != "sip" {
 		fmt.Fprintf(stderr, "sluice ctl: -protocol %q: want http or sip\n", *protocol)
 		return ctlUsage
 	}
-	call, err := parseCtl(fs.Args(), *protocol)
+	call, err := parseCtl(words, *protocol)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice ctl: %v\n\n%s", err, ctlUsageText)
 		return ctlUsage
@@ -249,20 +298,30 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	// Whether a connection was made: a request that then gets no answer
+	// reached sluice, which may have applied it.
+	var connected atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+	}))
 	resp, err := ctlClient.Do(req)
 	if errors.Is(err, errCtlRedirect) {
 		fmt.Fprintf(stderr, "sluice ctl: refused: %s\n", safeText(errors.Unwrap(err).Error()))
 		return ctlRefused
 	}
 	if err != nil {
+		if connected.Load() {
+			return ctlNoAnswerText(stderr, base, call, *adminURL, *timeout, err)
+		}
 		fmt.Fprintf(stderr, "sluice ctl: admin listener %s not reachable: %v\n(is sluice running? its -admin-listen address goes in -admin)\n", base, err)
 		return ctlUnreachable
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice ctl: reading the answer of %s: %v\n", base, err)
-		return ctlUnreachable
+		// It answered: whatever it did is done; only its text is lost.
+		fmt.Fprintf(stderr, "sluice ctl: reading the answer of %s (%d %s): %v\n", base, resp.StatusCode, http.StatusText(resp.StatusCode), err)
+		return ctlNoAnswer
 	}
 	if resp.StatusCode/100 != 2 {
 		fmt.Fprintf(stderr, "sluice ctl: refused (%d %s): %s\n", resp.StatusCode, http.StatusText(resp.StatusCode), strings.TrimSpace(safeText(string(data))))
@@ -287,6 +346,27 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	}
 	io.WriteString(stdout, safeText(string(data)))
 	return ctlOK
+}
+
+// ctlNoAnswerText explains a request that reached the admin listener
+// and got no answer (err): it timed out or the connection broke. A change
+// (POST) may have been applied all the same: the operator is told to look
+// before retrying, never that sluice may not be running.
+func ctlNoAnswerText(stderr io.Writer, base string, call ctlCall, adminFlag string, timeout time.Duration, err error) int {
+	why := fmt.Sprintf("the connection broke before its answer (%v)", err)
+	if errors.Is(err, context.DeadlineExceeded) {
+		why = fmt.Sprintf("no answer within -timeout %s", timeout)
+	}
+	if call.method != http.MethodPost {
+		fmt.Fprintf(stderr, "sluice ctl: timed out waiting for sluice at %s: %s\n", base, why)
+		return ctlNoAnswer
+	}
+	check := "status"
+	if strings.HasPrefix(call.path, "/control/routes/") {
+		check = "route list"
+	}
+	fmt.Fprintf(stderr, "sluice ctl: timed out waiting for sluice at %s: %s: the change may have been applied; check with `sluice ctl -admin %s %s` before retrying\n", base, why, adminFlag, check)
+	return ctlNoAnswer
 }
 
 // errCtlRedirect: the admin listener answered with a redirect. sluice ctl
@@ -345,6 +425,23 @@ func printStatus(w io.Writer, data []byte) error {
 		// No limit: the states never leave normal ("of 0 bytes" read as
 		// a limit of nothing).
 		fmt.Fprintf(w, "memory states off: no -mem-limit, cgroup limit or GOMEMLIMIT (%d bytes used)\n\n", st.Memory.UsedBytes)
+	}
+	// A reload that failed or dropped run-time changes: the operator
+	// must see it before anything else.
+	if r := st.LastReload; r != nil {
+		at := r.Time.UTC().Format(time.RFC3339)
+		if !r.OK {
+			fmt.Fprintf(w, "LAST RELOAD FAILED (%s): %s\n", at, safeField(r.Error))
+		}
+		if len(r.Dropped) > 0 {
+			fmt.Fprintf(w, "LAST RELOAD DROPPED %d run-time change(s) (%s): the configuration changed the same setting and wins:\n", len(r.Dropped), at)
+			for _, d := range r.Dropped {
+				fmt.Fprintf(w, "  %s\n", safeField(d))
+			}
+		}
+		if !r.OK || len(r.Dropped) > 0 {
+			fmt.Fprintln(w)
+		}
 	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "POOL\tBACKEND\tPROTO\tADDR\tSTATE\tWEIGHT\tOUTSTANDING\tMOP\tALLOWED/S\tLEARNED/S")

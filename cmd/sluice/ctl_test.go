@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -287,5 +289,134 @@ func TestCtlMisdirectedHint(t *testing.T) {
 	code, _, errOut := ctl("-admin", srv.URL, "status")
 	if code != 1 || !strings.Contains(errOut, "421") || !strings.Contains(errOut, "-admin-host 127.0.0.1") {
 		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+// A request that reached sluice and got no answer in -timeout is not
+// "sluice not running": a POST may have been applied, and the exit code
+// (4) differs from not reachable (3).
+func TestCtlTimeoutAfterConnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // reads, never answers
+				defer c.Close()
+				go io.Copy(io.Discard, c)
+				<-done
+			}()
+		}
+	}()
+	addr := ln.Addr().String()
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"route", "add", "http", "pool=api,path=/api/"}, []string{"timed out waiting for sluice", "the change may have been applied", "route list` before retrying"}},
+		{[]string{"drain", "b1"}, []string{"timed out waiting for sluice", "the change may have been applied", "status` before retrying"}},
+		{[]string{"status"}, []string{"timed out waiting for sluice"}},
+	} {
+		code, _, errOut := ctl(append([]string{"-admin", addr, "-timeout", "100ms"}, tc.args...)...)
+		if code != ctlNoAnswer {
+			t.Errorf("%v: exit %d, want %d", tc.args, code, ctlNoAnswer)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("%v: stderr %q lacks %q", tc.args, errOut, w)
+			}
+		}
+		if strings.Contains(errOut, "is sluice running") || strings.Contains(errOut, "not reachable") {
+			t.Errorf("%v: connected, yet %q", tc.args, errOut)
+		}
+	}
+}
+
+// sluice ctl status says so first when the last reload failed or dropped
+// run-time changes, and says nothing of reloads otherwise.
+func TestPrintStatusLastReload(t *testing.T) {
+	at := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		reload *admin.ReloadStatus
+		want   []string
+		not    []string
+	}{
+		{"none", nil, nil, []string{"RELOAD"}},
+		{"ok", &admin.ReloadStatus{Time: at, OK: true, Dropped: []string{}}, nil, []string{"RELOAD"}},
+		{"failed", &admin.ReloadStatus{Time: at, Error: "-backends-file b:3: bad\x1b[2J"}, []string{"LAST RELOAD FAILED (2026-12-01T03:00:00Z): -backends-file b:3: bad"}, []string{"DROPPED", "\x1b"}},
+		{"dropped", &admin.ReloadStatus{Time: at, OK: true, Dropped: []string{"backend/http/b2/weight=3 (by alice at 2026-12-01T02:00:00Z)"}},
+			[]string{"LAST RELOAD DROPPED 1 run-time change(s) (2026-12-01T03:00:00Z)", "  backend/http/b2/weight=3 (by alice"}, []string{"FAILED"}},
+	} {
+		data, err := json.Marshal(admin.Status{MemoryState: "normal", LastReload: tc.reload})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := printStatus(&out, data); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%s: lacks %q:\n%s", tc.name, w, out.String())
+			}
+		}
+		for _, w := range tc.not {
+			if strings.Contains(out.String(), w) {
+				t.Errorf("%s: has %q:\n%s", tc.name, w, out.String())
+			}
+		}
+	}
+}
+
+// Flags after the command work as before it; a word after the command
+// that looks like a flag and is none is refused naming it, with where
+// flags go.
+func TestCtlFlagsAfterCommand(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		words []string
+		proto string
+		err   string
+	}{
+		{args: []string{"drain-pool", "default", "-protocol", "sip"}, words: []string{"drain-pool", "default"}, proto: "sip"},
+		{args: []string{"drain-pool", "default", "--protocol=http"}, words: []string{"drain-pool", "default"}, proto: "http"},
+		{args: []string{"-protocol", "http", "drain", "b1"}, words: []string{"drain", "b1"}, proto: "http"},
+		{args: []string{"drain", "-protocol", "sip", "b1"}, words: []string{"drain", "b1"}, proto: "sip"},
+		{args: []string{"drain", "--", "-odd-id"}, words: []string{"drain", "-odd-id"}},
+		{args: []string{"drain-pool", "default", "-proto", "sip"}, err: "-proto after drain-pool: flags go before the command: sluice ctl [flags] COMMAND ..."},
+		{args: []string{"drain-pool", "default", "-protocol"}, err: "flag needs an argument"},
+	} {
+		fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		proto := fs.String("protocol", "", "")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		words, err := ctlWords(fs)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: err %v, want %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(words, tc.words) || *proto != tc.proto {
+			t.Errorf("%v: words %q protocol %q err %v; want %q %q", tc.args, words, *proto, err, tc.words, tc.proto)
+		}
+	}
+	// End to end: the flag after the command reaches the listener.
+	addr, _, _ := ctlListener(t, nil)
+	if code, _, errOut := ctl("-admin", addr, "drain", "b1", "-protocol", "sip"); code != ctlRefused || !strings.Contains(errOut, "of protocol sip") {
+		t.Errorf("drain b1 -protocol sip: %d %q, want the listener's refusal for protocol sip", code, errOut)
+	}
+	if code, _, errOut := ctl("-admin", addr, "drain-pool", "default", "-proto", "sip"); code != ctlUsage || !strings.Contains(errOut, "flags go before the command") {
+		t.Errorf("unknown flag after the command: %d %q", code, errOut)
 	}
 }
