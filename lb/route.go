@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -132,6 +133,11 @@ func ParseRouteSpec(proto, s string) (RouteSpec, error) {
 	}
 	if strings.TrimSpace(s) == "" {
 		return bad("empty: want pool=NAME followed by the conditions")
+	}
+	if !utf8.ValidString(s) {
+		// Specs travel into metric labels, /status and events: one
+		// spelling, valid text.
+		return bad("not valid UTF-8")
 	}
 	items, err := splitSpec(s)
 	if err != nil {

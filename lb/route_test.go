@@ -49,6 +49,7 @@ func TestParseRouteSpec(t *testing.T) {
 		{proto: "http", in: "pool=,host=a", wantErr: `key "pool" has no value`},
 		{proto: "http", in: "pool=Api", wantErr: `pool: pool name "Api" has upper case`},
 		{proto: "http", in: "pool=a,colour=red", wantErr: `unknown key "colour" for a http route (want pool, host, path, method, header, strip)`},
+		{proto: "http", in: "pool=a,header=X-T:\xff", wantErr: "not valid UTF-8"},
 		{proto: "http", in: "pool=a,user=+44", wantErr: `key "user" is for SIP routes only (a http route takes pool, host, path, method, header, strip)`},
 		{proto: "http", in: "pool=a,domain=x", wantErr: `key "domain" is for SIP routes only`},
 		{proto: "http", in: "pool=a,from-domain=x", wantErr: `key "from-domain" is for SIP routes only`},
