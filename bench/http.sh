@@ -32,7 +32,7 @@ cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd -P)
 GMP=${GMP:-1}
 PORT=${PORT:-18095}
-SYSTEMS=${SYSTEMS:-"http-haproxy http-nginx"}
+SYSTEMS=${SYSTEMS-"http-haproxy http-nginx"}
 SLUICE_FLAGS=${SLUICE_FLAGS:-}
 ROUTES=${ROUTES:-0}
 PEERS=${PEERS:-$ROOT/../shared/peers}
