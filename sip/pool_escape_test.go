@@ -150,9 +150,9 @@ func TestLocalReplyShare(t *testing.T) {
 // TestUnknownDialogRefusedOnDrainedPool: a request with a made-up To-tag
 // is metered as new work under -sip-unknown-dialog new-work
 // (SLUICE-2026-009), so with every backend of london drained (sluice ctl
-// drain-pool london) it is refused as the INVITE is: 503, Warning "no
-// backend available pool london", and nothing reaches the drained
-// backend.
+// drain-pool london) it is refused as the INVITE is: 503, Warning "pool
+// london drained" (the operator's drain named as such), and nothing
+// reaches the drained backend.
 func TestUnknownDialogRefusedOnDrainedPool(t *testing.T) {
 	ldn := newUAS(t, "ldn")
 	s := poolServer(t, []string{ldn.addr.String() + ",id=ldn,pool=london"}, []string{"pool=london,user=+4420"}, nil, nil)
@@ -168,8 +168,8 @@ func TestUnknownDialogRefusedOnDrainedPool(t *testing.T) {
 		c.send(fmt.Sprintf("INFO sip:+442079460000@voice.example SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:m@a.example>;tag=a1\r\nTo: <sip:x@voice.example>;tag=made-up-%d\r\nCall-ID: %s\r\nCSeq: 1 INFO\r\nContent-Length: 0\r\n\r\n",
 			c.addr, k.branch, i, k.callID))
 		r := c.awaitResponse(gosip.INFO, 503, 200)
-		if w := r.GetHeader("warning"); w == nil || !strings.Contains(w.Value(), "no backend available pool london") {
-			t.Errorf("503 with Warning %v, want one naming no backend available pool london", w)
+		if w := r.GetHeader("warning"); w == nil || !strings.Contains(w.Value(), "pool london drained") {
+			t.Errorf("503 with Warning %v, want one saying pool london drained", w)
 		}
 	}
 	// A method that can create a dialog is metered as new work under
