@@ -289,9 +289,15 @@ func (s *Server) SetGeneration(g *lb.Generation) error {
 	if g.Proto() != "http" {
 		return fmt.Errorf("set http backends: a %s generation", g.Proto())
 	}
-	set, err := s.newBackendSet(g, nil, g.Routes(), s.backends.Load())
+	old := s.backends.Load()
+	set, err := s.newBackendSet(g, nil, g.Routes(), old)
 	if err != nil {
 		return fmt.Errorf("set http backends: %w", err)
+	}
+	if old != nil && old.gen != nil {
+		// What changed on old's backends since g was built (its Start ran
+		// a first round of probes meanwhile): lb.Generation.CatchUp.
+		g.CatchUp(old.gen, s.clock.Now())
 	}
 	s.install(set)
 	s.logger.Info("http backends set", "backends", len(set.backends), "pools", len(set.pools), "routes", set.routes.Len())

@@ -445,21 +445,6 @@ func (b *Backend) ProbeDownSince() (int64, bool) {
 	return b.probeFrom.Load(), b.probeDown.Load()
 }
 
-// CarryHealth gives b what from, the backend b replaces at a reload (same
-// id and server), knew of its health: the probe verdict with the start of
-// its failing streak, the time of its last real answer, an ejection, and
-// Unknown.
-func (b *Backend) CarryHealth(from *Backend) {
-	b.servedAt.Store(from.servedAt.Load())
-	b.probeFrom.Store(from.probeFrom.Load())
-	b.probeDown.Store(from.probeDown.Load())
-	b.ejectedAt.Store(from.ejectedAt.Load())
-	b.unknown.Store(from.unknown.Load())
-	b.announce.Store(from.announce.Load())
-	b.ejectWhy.Store(from.ejectWhy.Load())
-	b.probeErr.Store(from.probeErr.Load())
-}
-
 // SetUnknown marks a backend added at run time (true): it takes no new
 // work until a probe passes or real traffic is answered (Served). Call it
 // before the backend serves.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -618,4 +619,36 @@ func (g *Generation) SetWeight(id string, w int) error {
 		}
 	}
 	return nil
+}
+
+// CatchUp copies again, as g is put in force, what changed on prev's
+// backends since NewGeneration carried it over: the operator's switches
+// (drain, disable), back-offs and passive ejections, for backends of the
+// same id and address. A front end calls it right before it swaps g in:
+// between the build and the swap, g's Start ran a first round of probes,
+// and a 503's Retry-After or an operator's drain made meanwhile landed on
+// prev alone. Back-offs and ejections are extended, never shortened;
+// probe verdicts are not copied (g's own first round is newer).
+func (g *Generation) CatchUp(prev *Generation, now int64) {
+	if prev == nil || prev == g {
+		return
+	}
+	for _, b := range g.backends {
+		ob := prev.byID[b.id]
+		if ob == nil || ob == b || ob.addr != b.addr {
+			continue
+		}
+		b.drained.Store(ob.drained.Load())
+		b.disabled.Store(ob.disabled.Load())
+		switch until := ob.busyUntil.Load(); {
+		case until < 0:
+			b.busyUntil.Store(until) // until cleared
+		case until > now:
+			b.BackOff(now, time.Duration(until-now))
+		}
+		if e := ob.ejectedAt.Load(); e > b.ejectedAt.Load() {
+			b.ejectedAt.Store(e)
+			b.ejectWhy.Store(ob.ejectWhy.Load())
+		}
+	}
 }

@@ -211,9 +211,8 @@ type prevState struct {
 }
 
 // The carry-over of a reload, once for both protocols. The SIP front end's
-// own carry-over (sip pool.carryFrom, with Backend.CarryHealth) copied
-// every health word whatever its checks and left the operator's disable
-// to the data directory (TestCarryHealthOldBehaviour): with SIP health
+// own carry-over (before generations) copied every health word whatever
+// its checks and left the operator's disable to the data directory: with SIP health
 // checks off, a backend kept across a SIGHUP lost its disable and kept a
 // probe verdict of down that no checker would ever revise. Now the
 // operator's switches always stay, and a probe verdict only where probes
@@ -289,28 +288,6 @@ func TestGenerationCarryOver(t *testing.T) {
 	}
 }
 
-// TestCarryHealthOldBehaviour pins what the SIP front end's carry-over
-// (Backend.CarryHealth, to be removed with it) does, the behaviour
-// NewGeneration replaces: the disable is lost and, with no health checker
-// in the new set, the probe verdict holds for good (the operator's enable
-// does not bring the backend back).
-func TestCarryHealthOldBehaviour(t *testing.T) {
-	ob, _ := NewBackend(BackendConfig{Addr: "a:1"})
-	ob.Disable(true)
-	ob.SetProbeDown(true)
-	nb, _ := NewBackend(BackendConfig{Addr: "a:1"})
-	nb.CarryHealth(ob)
-	if nb.Disabled() {
-		t.Error("CarryHealth carried the disable: the old behaviour changed, update this test")
-	}
-	nb.Disable(false)
-	if nb.State(0) != Down || !strings.Contains(nb.Reason(0), "health checks") {
-		t.Errorf("old carry-over, no checker: %v (%s), want down by its probes", nb.State(0), nb.Reason(0))
-	}
-}
-
-// A new backend that is Unknown after a reload takes new work once its
-// first probe passes.
 func TestGenerationNewBackendUnknownUntilProbed(t *testing.T) {
 	f := newGenFixture()
 	prev := f.gen(t, f.config("http", true, spec("b1")))
@@ -856,4 +833,31 @@ func TestPoolDrainedByOperator(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGenerationCatchUp: what changes on the generation in force between
+// the next one's build and its swap (a drain, a 503 back-off, an
+// ejection) reaches the next one; a longer back-off already there stays.
+func TestGenerationCatchUp(t *testing.T) {
+	f := newGenFixture()
+	cfg := f.config("http", false, spec("b1"), spec("b2"))
+	old := f.gen(t, cfg)
+	cfg.Prev = old
+	next := f.gen(t, cfg)
+	const now = int64(1000)
+	o1, o2 := old.Lookup("b1"), old.Lookup("b2")
+	n1, n2 := next.Lookup("b1"), next.Lookup("b2")
+	o1.Drain(true)
+	o1.BackOff(now, 30*time.Second)
+	o2.Disable(true)
+	n2.BackOff(now, 4*time.Minute)
+	o2.BackOff(now, time.Minute)
+	next.CatchUp(old, now)
+	if !n1.Drained() || n1.BusyUntil() != now+int64(30*time.Second) {
+		t.Errorf("b1: drained %v busy until %d, want true and %d", n1.Drained(), n1.BusyUntil(), now+int64(30*time.Second))
+	}
+	if !n2.Disabled() || n2.BusyUntil() != now+int64(4*time.Minute) {
+		t.Errorf("b2: disabled %v busy until %d, want true and the longer %d", n2.Disabled(), n2.BusyUntil(), now+int64(4*time.Minute))
+	}
+	next.CatchUp(nil, now) // nothing to catch up with: no panic
 }

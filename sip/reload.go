@@ -85,7 +85,9 @@ func (s *Server) installLocked(set *backendSet) error {
 		}
 	}
 	if old != nil {
-		set.carryOperatorFrom(old, s.clock.Now())
+		// What changed on old's backends since set's generation was built
+		// (its Start ran a first round of pings meanwhile).
+		set.gen.CatchUp(old.gen, s.clock.Now())
 	}
 	s.pool.Store(set)
 	if s.started {
@@ -105,33 +107,6 @@ func (s *Server) installLocked(set *backendSet) error {
 			"removed", removed, "changed", changed, "kept", kept, "removed_in_dialog", len(set.goneByID))
 	}
 	return nil
-}
-
-// carryOperatorFrom copies again, as p is put in force, the operator's
-// switches (drain, disable) and the back-offs of old's backends to p's
-// backends of the same id and server. lb.NewGeneration carried them when
-// p's generation was built, but the generation serves only from the swap,
-// after its Start ran a first round of pings: a 503's Retry-After or an
-// operator's drain made in between landed on old alone, and would be lost.
-// A back-off is extended, never shortened (lb.Backend.BackOff): one p's
-// own first pings asked for stays. Probe verdicts are not copied: p's
-// first round of pings is newer. What lb keeps unexported (a passive
-// ejection, the last real answer) is as the build left it.
-func (p *backendSet) carryOperatorFrom(old *backendSet, now int64) {
-	for _, b := range p.list {
-		ob := old.byID[b.id]
-		if ob == nil || !sameServer(ob, b) || ob.lb == b.lb {
-			continue
-		}
-		b.lb.Drain(ob.lb.Drained())
-		b.lb.Disable(ob.lb.Disabled())
-		switch until := ob.lb.BusyUntil(); {
-		case until < 0:
-			b.lb.SetBusy(until) // until cleared
-		case until > now:
-			b.lb.BackOff(now, time.Duration(until-now))
-		}
-	}
 }
 
 // Generation returns the backend generation in force (SetGeneration,
