@@ -65,6 +65,16 @@ if [ "$ROUTES" -gt 0 ]; then
     log "sluice: $ROUTES routes in $CONF, wrk's requests match the last"
 fi
 
+# wrk is one source address. sluice bounds what one source may hold: its
+# client connections (-http-max-conns-per-source, an eighth of the client
+# limit) and its requests holding a backend connection at once (an eighth of
+# -http-backend-max-conns, 1024 by default: 128), answering 503 over them;
+# HAProxy and nginx bound neither by default. Both are lifted far above the
+# largest connection count measured (and the descriptor limit with them):
+# without this, c200 measured sluice's fast "source limited" 503s, not its
+# proxying (non2xx in the results).
+ulimit -n 65536 2>/dev/null || log "WARNING: cannot raise the descriptor limit (ulimit -n $(ulimit -n))"
+SLUICE_FLAGS="-http-backend-max-conns 65536 -http-max-conns-per-source 20000 $SLUICE_FLAGS"
 export LB_HTTP_ADDR=127.0.0.1:$PORT
 export LB_HTTP_CMD="exec env GOMAXPROCS=$GMP $BIN run -http-listen 127.0.0.1:$PORT \
 -http-backend 127.0.0.1:18081 -http-backend 127.0.0.1:18082 -admin-listen '' \

@@ -1,9 +1,12 @@
 package sip
 
 import (
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
 )
@@ -52,7 +55,7 @@ func TestNoGrowthPerDialog(t *testing.T) {
 	s.txns.accepted.expireLocked(s.clock.Now() + 2*int64(acceptedLinger)) // the Accepted state is over
 	s.txns.mu.Unlock()
 	if n := s.dialogs.Len(); n != 0 {
-		t.Errorf("%d dialogs left after the BYE linger", n)
+		t.Errorf("%d dialogs left after the BYE linger; %s", n, describeDialogs(&s.dialogs, s.clock.Now(), 5))
 	}
 	h1, g1 := heap(), runtime.NumGoroutine()
 	t.Logf("heap %d -> %d bytes, goroutines %d -> %d", h0, h1, g0, g1)
@@ -93,4 +96,32 @@ func (k *call) completeUnderLoad() {
 func (c *uac) finalTo(method gosip.RequestMethod, code int) *gosip.Response {
 	c.t.Helper()
 	return c.awaitResponse(method, code, 200)
+}
+
+// describeDialogs says what the entries left in dt are, for a failure
+// message: how many are confirmed, lingering, and how far their deadlines
+// are, and a few of them.
+func describeDialogs(dt *dialogTable, now int64, samples int) string {
+	var confirmed, lingering, n int
+	var out strings.Builder
+	for i := range dt.shards {
+		sh := &dt.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			n++
+			if e.toTag != 0 {
+				confirmed++
+			}
+			if e.linger() {
+				lingering++
+			}
+			if samples > 0 {
+				samples--
+				fmt.Fprintf(&out, " [key %x backend %q src %d toTag %x linger %v deadline in %v]", k,
+					dt.ids.Load().ids[e.backend()], e.src, e.toTag, e.linger(), time.Duration(e.deadline-now))
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return fmt.Sprintf("%d in the maps, %d confirmed, %d lingering:%s", n, confirmed, lingering, out.String())
 }
