@@ -410,6 +410,7 @@ func TestFlowDoubleRecordRouteUDPClientTCPBackend(t *testing.T) {
 	s := testServer(t, nil, nil, func(c *Config) {
 		c.Backends = []BackendConfig{{ID: "tcp1", Addr: be.addr, Transport: "tcp", Weight: 1}}
 	})
+	eventually(t, "connection to the backend", func() bool { return s.tcp.len() == 1 })
 	c := newUAC(t, s.udpAddr())
 	k := c.newCall()
 	k.invite("")
