@@ -572,3 +572,35 @@ func TestSipsNotDowngraded(t *testing.T) {
 		}
 	}
 }
+
+// TestFlowCancelAndSips: the registrar's CANCEL of an INVITE it sent over
+// a flow reaches the client with the INVITE's branch (so the client
+// matches it to the INVITE), and a sips: request is not sent over a TCP
+// flow (480).
+func TestFlowCancelAndSips(t *testing.T) {
+	s, reg := flowServer(t, nil)
+	c := dialTCP(t, s)
+	p := pathOf(t, registerTCP(t, s, c, reg, "dave"))
+	route := "<" + p.String() + ">"
+	inv := incomingInvite(reg, "sip:dave@10.9.9.9", route, "cancel-1@test")
+	reg.send(s, inv)
+	got := nextRequest(t, c)
+	cancel := strings.Replace(strings.Replace(inv, "INVITE sip:", "CANCEL sip:", 1), "CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1)
+	reg.send(s, cancel)
+	gotC := nextRequest(t, c)
+	if gotC.Method != gosip.CANCEL {
+		t.Fatalf("client got %s, want CANCEL", gotC.Method)
+	}
+	if a, b := got.Via().Params.GetOr("branch", ""), gotC.Via().Params.GetOr("branch", ""); a != b || a == "" {
+		t.Errorf("CANCEL branch %q, INVITE branch %q: want the same", b, a)
+	}
+	if gotC.GetHeader("Record-Route") != nil {
+		t.Errorf("CANCEL record-routed")
+	}
+
+	reg.send(s, incomingInvite(reg, "sips:dave@example.com", route, "sips-flow@test"))
+	reg.response(480)
+	if s.metrics.SipsRefused.Load() != 1 {
+		t.Errorf("sips_refused %d", s.metrics.SipsRefused.Load())
+	}
+}
