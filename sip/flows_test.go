@@ -625,3 +625,30 @@ func BenchmarkFlowToken(b *testing.B) {
 		}
 	})
 }
+
+// TestFlowOtherNodeAndUDP: a valid token of another node, or of an
+// earlier process of this one, gets 430 (the flow is not here), not 403;
+// a REGISTER from a UDP client gets no Path (its address reaches it from
+// any node).
+func TestFlowOtherNodeAndUDP(t *testing.T) {
+	s, reg := flowServer(t, nil)
+	for name, r := range map[string]flowRef{
+		"other node":    {node: s.flowNode() + 1, listener: listenerMain, gen: s.flows.gen, conn: 1},
+		"earlier start": {node: s.flowNode(), listener: listenerMain, gen: s.flows.gen + 1, conn: 1},
+	} {
+		u := gosip.Uri{Scheme: "sip", User: s.flowSign.encode(r), Host: s.adv.host, Port: s.adv.port, UriParams: gosip.HeaderParams{{K: "lr"}}}
+		reg.send(s, incomingInvite(reg, "sip:x@10.9.9.9", "<"+u.String()+">", "node-"+strings.ReplaceAll(name, " ", "-")+"@test"))
+		reg.response(430)
+	}
+	if s.metrics.FlowFailed.Load() != 2 || s.metrics.ForgedFlows.Load() != 0 {
+		t.Errorf("flow_failed %d forged_flow_tokens %d, want 2 and 0", s.metrics.FlowFailed.Load(), s.metrics.ForgedFlows.Load())
+	}
+
+	c := newUAC(t, s.udpAddr())
+	c.send(fmt.Sprintf("REGISTER sip:%s SIP/2.0\nVia: SIP/2.0/UDP %s;branch=z9hG4bK-ureg;rport\nMax-Forwards: 70\nFrom: <sip:eve@test>;tag=r1\nTo: <sip:eve@test>\nCall-ID: ureg@test\nCSeq: 1 REGISTER\nSupported: path\nContact: <sip:eve@%s>\nContent-Length: 0\n\n", s.udpAddr(), c.addr, c.addr))
+	req := reg.register(t)
+	if h := req.GetHeader("Path"); h != nil {
+		t.Errorf("UDP client's REGISTER got Path %s", h.Value())
+	}
+	c.recvResponse(200)
+}
