@@ -75,6 +75,10 @@ type Server struct {
 	parser *gosip.Parser
 	// branches computes and checks the branch of our Via (branch.go).
 	branches *brancher
+	// flowSign makes and checks flow tokens (flowtoken.go); flows are
+	// the client connections they name (flows.go).
+	flowSign *flowSigner
+	flows    flowTable
 
 	adv     hostPort // advertised address
 	advIP   netip.Addr
@@ -148,6 +152,8 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		parser:  newParser(),
 	}
 	s.branches = newBrancher(deps.Signer)
+	s.flowSign = newFlowSigner(deps.Signer)
+	s.flows.init()
 	s.localRate.Store(localReplySourceRate)
 	if len(cfg.Backends) > 0 {
 		specs, cfgs, err := checkBackends(cfg.Backends)

@@ -21,6 +21,7 @@ type tcpConn struct {
 	c      *net.TCPConn
 	remote netip.AddrPort
 	srv    *Server
+	fid    uint64 // id in the flow table (flows.go); 0: dialled, not a flow
 
 	mu       sync.Mutex
 	out      [][]byte // queued for the flusher, in order
@@ -271,7 +272,7 @@ func (s *Server) serveTCP() {
 // the table full and no idle connection to close in its place.
 func (s *Server) acceptConn(c *net.TCPConn) {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true}
+	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, fid: s.flows.newID()}
 	s.tcp.mu.Lock()
 	verdict, victim := s.tcp.admit(tc, s.cfg.TCPMaxConns, s.cfg.TCPMaxConnsPerSource)
 	if verdict == admitted {
@@ -304,6 +305,7 @@ func (s *Server) acceptConn(c *net.TCPConn) {
 	if s.closed.Load() {
 		c.Close()
 	}
+	s.flows.add(tc) // a flow requests from backends can come back over; readConn removes it
 	s.wg.Add(1)
 	go s.readConn(tc)
 }
@@ -454,6 +456,7 @@ func (s *Server) readConn(tc *tcpConn) {
 			s.tcp.readBufs.Add(-1)
 		}
 		s.tcp.remove(tc)
+		s.flows.remove(tc)
 		tc.mu.Lock()
 		if !tc.dead && !tc.flushing {
 			tc.kill()
