@@ -527,6 +527,7 @@ var errH2Truncated = errors.New("answer body cut off")
 // have, as on HTTP/1.1. It returns errH2Truncated when the body broke off.
 func (s *Server) writeH2(w http.ResponseWriter, rc *http.ResponseController, resp *fasthttp.Response, head bool, buf []byte) error {
 	hdr := w.Header()
+	resp.Header.SetNoDefaultContentType(true) // as the fasthttp server answers
 	for k, v := range resp.Header.All() {
 		if h2Hop(k) {
 			continue
