@@ -17,6 +17,7 @@ import (
 	nethttp "net/http"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -417,7 +418,9 @@ func TestH2HeadRules(t *testing.T) {
 		{"CONNECT", []string{":method", "CONNECT", ":authority", "a.example:443"}, "", "501"},
 		{"content-length without body", with("content-length", "5"), "", "400"},
 		{"content-length twice", with("content-length", "2", "content-length", "2"), "ab", "400"},
-		{"content-length malformed", with("content-length", "+2"), "ab", "rst"},
+		// x/net/http2 resets the stream when its DATA arrives before
+		// checkHead's 400 is written.
+		{"content-length malformed", with("content-length", "+2"), "ab", "400|rst"},
 		{"body as declared", with("content-length", "2"), "ab", "200"},
 		{"body longer than declared", with("content-length", "1"), "ab", "rst"},
 		{"connection field", with("connection", "close"), "", "400"},
@@ -439,7 +442,7 @@ func TestH2HeadRules(t *testing.T) {
 			if tc.body != "" {
 				h.fr.WriteData(1, true, []byte(tc.body))
 			}
-			if got := h.answer(1); got != tc.want {
+			if got := h.answer(1); !slices.Contains(strings.Split(tc.want, "|"), got) {
 				t.Errorf("answer %q, want %q", got, tc.want)
 			}
 			if tc.want != "200" && r.backends[0].hits.Load() != hits {
