@@ -299,6 +299,7 @@ var (
 	errH2Char        = badHead("line break or NUL in a pseudo-header or header field")
 	errH2BodyMissing = badHead("Content-Length without a body")
 	errH2BodyLength  = badHead("Content-Length differs from the body")
+	errH2Body        = badHead("malformed request body")
 )
 
 // ServeHTTP runs one stream through the pipeline.
@@ -395,32 +396,38 @@ func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseContr
 	// x/net/http2 holds to a Content-Length the client declared; the
 	// backend gets exactly those bytes with a Content-Length, or chunked
 	// when the client declared none and sent more than the threshold.
-	if r.Body == nil || r.Body == http.NoBody {
+	cl, limit := r.ContentLength, int64(s.cfg.StreamThreshold)
+	if r.Body == nil || r.Body == http.NoBody || cl == 0 {
+		// No body, or an empty one (x/net/http2 resets a stream whose
+		// DATA exceed its declared length).
 		if hi.bodyLen > 0 {
 			return errH2BodyMissing
 		}
 		return nil
 	}
-	body := &h2Body{r: r.Body, rc: rc, timeout: s.cfg.ClientReadTimeout}
-	cl, limit := r.ContentLength, int64(s.cfg.StreamThreshold)
 	if hi.bodyLen >= 0 && hi.bodyLen != cl {
 		return errH2BodyLength
 	}
+	body := &h2Body{r: r.Body, rc: rc, timeout: s.cfg.ClientReadTimeout}
 	if cl > limit {
 		req.SetBodyStream(body, int(cl))
 		return nil
 	}
-	n, err := io.CopyN(req.BodyWriter(), body, limit+1)
+	var n int64
+	err = nil
+	for n <= limit && err == nil {
+		var k int
+		k, err = body.Read(st.buf[:min(int64(len(st.buf)), limit+1-n)])
+		req.AppendBody(st.buf[:k])
+		n += int64(k)
+	}
+	if err != nil && err != io.EOF {
+		return errH2Body
+	}
 	switch {
 	case cl >= 0 && n != cl:
-		if err != nil && !errors.Is(err, io.EOF) {
-			return badHead("malformed request body")
-		}
 		return errH2BodyLength
-	case cl >= 0, n <= limit:
-		if err != nil && !errors.Is(err, io.EOF) {
-			return badHead("malformed request body")
-		}
+	case n <= limit:
 		req.Header.SetContentLength(int(n))
 		return nil
 	}
