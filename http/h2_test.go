@@ -28,6 +28,8 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/sluicelb/sluice/admission"
 )
 
 // h2cListen serves h2c for r's server on a loopback port and returns it.
@@ -766,5 +768,77 @@ func TestH2AddsNothing(t *testing.T) {
 		if v, ok := rep.header[k]; ok {
 			t.Errorf("answer carries %s: %q", k, v)
 		}
+	}
+}
+
+// TestH2CriticalAbortsStream: new work in flight on a stream when the
+// memory state turns Critical is answered 503 at once; a sticky stream on
+// the same connection runs to its answer.
+func TestH2CriticalAbortsStream(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 1})
+	c, base := h2cClient(t), "http://"+h2cListen(t, r)
+	cookie := stickyFrom(t, h2Do(t, c, "GET", base+"/", "", nil))
+	if st := r.setMemory(750); st != admission.Low {
+		t.Fatalf("state %v, want low", st)
+	}
+	entered := make(chan struct{}, 2)
+	release := make(chan struct{})
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		entered <- struct{}{}
+		<-release
+		ctx.SetBodyString("late")
+	}
+	newWork, sticky := make(chan reply, 1), make(chan reply, 1)
+	go func() { newWork <- h2Do(t, c, "GET", base+"/new", "", nil) }()
+	<-entered
+	go func() { sticky <- h2Do(t, c, "GET", base+"/sticky", cookie, nil) }()
+	<-entered
+	if st := r.setMemory(950); st != admission.Critical {
+		t.Fatalf("state %v, want critical", st)
+	}
+	rep := <-newWork // answered before the backend is released
+	close(release)
+	if rep.status != 503 || !strings.Contains(rep.header.Get("Proxy-Status"), "memory state critical") {
+		t.Errorf("in-flight new work: %d %v %q, want 503 memory state critical", rep.status, rep.header, rep.body)
+	}
+	if rep := <-sticky; rep.status != 200 || rep.body != "late" {
+		t.Errorf("in-flight affinity: %d %q, want 200 late", rep.status, rep.body)
+	}
+	if got := r.srv.Stats().Aborted.Load(); got != 1 {
+		t.Errorf("aborted = %d, want 1", got)
+	}
+}
+
+// TestH2DelayedStreamReset: a stream reset while its request waits in an
+// ARM delay queue leaves the queue at once and is never forwarded.
+func TestH2DelayedStreamReset(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 1, arm: []string{"name=slow,limit=1/s,action=delay,queue=10,wait=1m"}})
+	addr := h2cListen(t, r)
+	if rep := h2Do(t, h2cClient(t), "GET", "http://"+addr+"/", "", nil); rep.status != 200 {
+		t.Fatalf("first: %d", rep.status)
+	}
+	hits := r.backends[0].hits.Load()
+	h := dialH2Raw(t, addr, nil)
+	h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h.block(":method", "GET", ":scheme", "http", ":path", "/", ":authority", "a"), EndHeaders: true, EndStream: true})
+	for i := 0; r.ctrl.Rules()[0].Status().Queued == 0; i++ {
+		if i > 5000 {
+			t.Fatal("stream never queued")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	h.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+	for i := 0; r.srv.Stats().DelayAbandoned.Load() == 0; i++ {
+		if i > 5000 {
+			t.Fatal("reset stream never left the queue")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r.clock.Advance(2 * time.Second)
+	r.ctrl.Advance(r.clock.Now())
+	if q := r.ctrl.Rules()[0].Status().Queued; q != 0 {
+		t.Errorf("%d still queued", q)
+	}
+	if n := r.backends[0].hits.Load(); n != hits {
+		t.Errorf("the reset stream was forwarded")
 	}
 }
