@@ -241,10 +241,9 @@ func (c *countedConn) Close() error {
 // connection, lets their streams finish until ctx is done, then closes
 // what is left.
 func (s *Server) shutdownH2(ctx context.Context) error {
-	h := &s.h2s
+	h := s.h2()
 	h.mu.Lock()
-	if h.conns == nil || h.closed { // never used, or shut already
-		h.closed = true
+	if h.closed {
 		h.mu.Unlock()
 		return nil
 	}
@@ -310,14 +309,15 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	reuse := true
 	defer func() {
 		if reuse {
+			// Nothing of this stream stays reachable from the pool.
+			st.ctx.Request.Reset()
+			st.ctx.Response.Reset()
 			st.rd.Reset(nil)
 			st.br.Reset(nil)
 			h2Streams.Put(st)
 		}
 	}()
 	ctx := &st.ctx
-	ctx.Request.Reset()
-	ctx.Response.Reset()
 	ctx.Init2(h.conn, fasthttpLogger{s.logger}, false)
 	rc := http.NewResponseController(w)
 	ip := remoteAddr(ctx)
