@@ -842,3 +842,27 @@ func TestH2DelayedStreamReset(t *testing.T) {
 		t.Errorf("the reset stream was forwarded")
 	}
 }
+
+// TestH2NotOnHTTP1Listener: the HTTP/1.1 listener speaks no HTTP/2: the
+// client preface is refused as an HTTP/1.1 head (505, closed), and an
+// Upgrade: h2c is never honoured (no 101; the backend sees no Upgrade).
+func TestH2NotOnHTTP1Listener(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1})
+		if got := rawRoundTrip(t, r.addr, http2.ClientPreface); !strings.HasPrefix(got, "505\nConnection: close\r\n") {
+			t.Errorf("preface answered %q, want 505 and close", got)
+		}
+		got := rawRoundTrip(t, r.addr, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
+		if !strings.HasPrefix(got, "200\n") {
+			t.Errorf("Upgrade: h2c answered %q, want 200 in HTTP/1.1", got)
+		}
+		for k := range r.backends[0].lastHeaders() {
+			if strings.EqualFold(k, "Upgrade") || strings.EqualFold(k, "HTTP2-Settings") {
+				t.Errorf("backend got %s", k)
+			}
+		}
+		if n := r.srv.Stats().H2.Conns.Load(); n != 0 {
+			t.Errorf("%d HTTP/2 connections on the HTTP/1.1 listener", n)
+		}
+	})
+}
