@@ -284,6 +284,7 @@ type h2Stream struct {
 	rd   bytes.Reader
 	br   *bufio.Reader
 	buf  []byte
+	body *h2Body // the request body, when there is one
 }
 
 var h2Streams = sync.Pool{New: func() any {
@@ -308,8 +309,12 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := h2Streams.Get().(*h2Stream)
 	reuse := true
 	defer func() {
+		if st.body != nil {
+			st.body.end()
+		}
 		if reuse {
 			// Nothing of this stream stays reachable from the pool.
+			st.body = nil
 			st.ctx.Request.Reset()
 			st.ctx.Response.Reset()
 			st.rd.Reset(nil)
@@ -409,6 +414,7 @@ func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseContr
 		return errH2BodyLength
 	}
 	body := &h2Body{r: r.Body, rc: rc, timeout: s.cfg.ClientReadTimeout}
+	st.body = body
 	if cl > limit {
 		req.SetBodyStream(body, int(cl))
 		return nil
@@ -509,18 +515,40 @@ func appendH2Head(dst []byte, r *http.Request) ([]byte, *headError) {
 func badH2(s string) bool { return strings.ContainsAny(s, "\r\n\x00") }
 
 // h2Body is a stream's request body, each read within
-// -http-client-timeout, as an HTTP/1.1 body is read.
+// -http-client-timeout, as an HTTP/1.1 body is read. An exchange that
+// memory state Critical abandoned (roundTrip) may read it after the
+// handler returned, when the stream's ResponseController must no longer
+// be used: end marks that moment.
 type h2Body struct {
 	r       io.Reader
 	rc      *http.ResponseController
 	timeout time.Duration
+	mu      sync.Mutex
+	ended   bool
 }
+
+var errH2StreamEnded = errors.New("http2 stream ended")
 
 func (b *h2Body) Read(p []byte) (int, error) {
 	if b.timeout > 0 {
-		b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+		b.mu.Lock()
+		ended := b.ended
+		if !ended {
+			b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+		}
+		b.mu.Unlock()
+		if ended {
+			return 0, errH2StreamEnded
+		}
 	}
 	return b.r.Read(p)
+}
+
+// end is called as the stream's handler returns.
+func (b *h2Body) end() {
+	b.mu.Lock()
+	b.ended = true
+	b.mu.Unlock()
 }
 
 // errH2Truncated: the backend's answer broke off within its body.

@@ -866,3 +866,53 @@ func TestH2NotOnHTTP1Listener(t *testing.T) {
 		}
 	})
 }
+
+// TestH2CriticalAbortsUpload: an upload streamed to a backend when the
+// memory state turns Critical is answered 503, and the server goes on.
+// The abandoned exchange, stalled writing to the backend, may read the
+// stream's body again after the handler returned, when x/net's
+// ResponseController panics if used (h2Body.end); the race detector
+// watches that path whenever the run takes it.
+func TestH2CriticalAbortsUpload(t *testing.T) {
+	release := make(chan struct{})
+	headRead := make(chan struct{}, 1)
+	r := newRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+		c.(*net.TCPConn).SetReadBuffer(4096) // the upload stalls at once
+		br := bufio.NewReader(c)
+		req, err := nethttp.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		headRead <- struct{}{}
+		<-release
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+	}})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	if st := r.setMemory(750); st != admission.Low {
+		t.Fatalf("state %v, want low", st)
+	}
+	c, base := h2cClient(t), "http://"+h2cListen(t, r)
+	body := bytes.Repeat([]byte("x"), 16<<20) // more than the socket buffers hold
+	done := make(chan reply, 1)
+	go func() { done <- h2Do(t, c, "POST", base+"/up", "", bytes.NewReader(body)) }()
+	<-headRead
+	if st := r.setMemory(950); st != admission.Critical {
+		t.Fatalf("state %v, want critical", st)
+	}
+	rep := <-done
+	if rep.status != 503 || !strings.Contains(rep.header.Get("Proxy-Status"), "memory state critical") {
+		t.Errorf("in-flight upload: %d %q, want 503 memory state critical", rep.status, rep.body)
+	}
+	close(release) // the abandoned exchange reads the rest of the body now
+	r.setMemory(100)
+	if rep := h2Do(t, c, "GET", base+"/", "", nil); rep.status != 200 && rep.status != 502 {
+		t.Errorf("after the abort: %d", rep.status)
+	}
+}
