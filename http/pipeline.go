@@ -49,6 +49,7 @@ type plan struct {
 	retried  bool   // moved to another backend once already
 	acquired bool   // b.Acquire was called: releaseBackend is due
 	observed bool   // ObserveForward was called
+	secure   bool   // the client came over TLS (X-Forwarded-Proto https, a Secure sticky cookie)
 }
 
 // reqView is the normalised view of a request head that routes and ARM

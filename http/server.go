@@ -2,6 +2,7 @@ package http
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,6 +45,11 @@ type Server struct {
 	srv          *fasthttp.Server
 	loops        atomic.Pointer[loopEngine] // set while the loop engine serves
 	shut         atomic.Bool                // Shutdown was called
+	tls          atomic.Pointer[tlsFront]   // the HTTPS listener, while served (tls.go)
+	httpsPort    atomic.Pointer[string]     // the HTTPS listener's port, for -https-redirect
+	// serveH2 serves a TLS connection that negotiated h2 (ALPN) until it
+	// ends, and closes it; nil: such a connection is closed.
+	serveH2 func(*tls.Conn)
 	conns        clientLimit                // client connections open (connlimit.go)
 	held         clientLimit                // requests holding (or waiting for) a backend connection, per source
 	delayed      sourceCount                // requests in ARM delay queues, per source
@@ -81,6 +87,16 @@ type Stats struct {
 	// SessionNotLearned counts application session ids not learned: the
 	// table was full of sessions in use, or the id was too long.
 	SessionNotLearned atomic.Uint64
+	// HandshakeRefused counts TLS connections closed before their
+	// handshake: Config.Handshakes refused one more in flight (or its rate).
+	HandshakeRefused atomic.Uint64
+	// HandshakeFailed counts TLS handshakes that failed or timed out
+	// (Config.HandshakeTimeout), and connections that negotiated a
+	// protocol nothing serves.
+	HandshakeFailed atomic.Uint64
+	// Redirected counts plain requests answered 308 to HTTPS
+	// (Config.HTTPSRedirect).
+	Redirected atomic.Uint64
 }
 
 // poolStats counts what the front end did in one pool: the refusals it
@@ -203,26 +219,18 @@ func (s *Server) Stats() *Stats { return &s.stats }
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	if s.cfg.Engine == EngineLoop {
-		return s.serveLoops(ln)
+		return s.serveLoops(ln, nil)
 	}
 	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", len(s.backends.Load().backends),
 		"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	return s.srv.Serve(limitedListener{ln, s})
 }
 
-// ListenAndServe listens on Config.Listen and serves.
-func (s *Server) ListenAndServe() error {
-	ln, err := net.Listen("tcp", s.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen -http-listen %s: %w", s.cfg.Listen, err)
-	}
-	return s.Serve(ln)
-}
-
 // Shutdown stops accepting, lets in-flight requests finish until ctx is
 // done, and closes idle backend connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shut.Store(true)
+	s.closeTLS()
 	var err error
 	if e := s.loops.Load(); e != nil {
 		err = e.shutdown(ctx)
