@@ -96,5 +96,8 @@ func redirectHost(v []byte) ([]byte, bool) {
 			return nil, false
 		}
 	}
-	return host, len(port) <= 5
+	if len(port) > 5 {
+		return nil, false
+	}
+	return host, true
 }

@@ -142,7 +142,7 @@ func smuggleRig(t testing.TB, engine string, cfg Config) (*rig, *recorder) {
 // goes quiet.
 func exchangeRaw(t testing.TB, addr string, raw []byte, splits []int) []*nethttp.Response {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := dialTest(addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func exchangeRaw(t testing.TB, addr string, raw []byte, splits []int) []*nethttp
 		}
 	}
 	c.Write(raw[prev:])
-	c.(*net.TCPConn).CloseWrite()
+	closeWrite(c)
 	var out []*nethttp.Response
 	br := bufio.NewReader(c)
 	for {
@@ -440,7 +440,7 @@ func TestClientErrorsDoNotEject(t *testing.T) {
 						t.Fatal(err)
 					}
 					io.WriteString(c, raw)
-					c.(*net.TCPConn).CloseWrite()
+					closeWrite(c)
 					c.SetReadDeadline(time.Now().Add(2 * time.Second))
 					io.Copy(io.Discard, c)
 					c.Close()

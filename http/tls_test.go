@@ -1,0 +1,365 @@
+package http
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	nethttp "net/http"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// TestHTTPSServes: over HTTPS, on both engines, a Go client gets the
+// certificate of the name it asked for (SNI), its keep-alive requests are
+// answered (a large answer crosses many records), the backend sees
+// X-Forwarded-Proto https and Forwarded proto=https, and requests the
+// loop hands to fasthttp (a chunked body) are served over the same TLS
+// connection.
+func TestHTTPSServes(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, tls: true})
+		big := bytes.Repeat([]byte("0123456789abcdef"), 20000) // 320 KB: about 20 records
+		r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) == "/big" {
+				ctx.SetBody(big)
+				return
+			}
+			ctx.SetBodyString("b0 " + string(ctx.Method()) + " " + fmt.Sprint(len(ctx.Request.Body())))
+		}
+		for _, name := range []string{"a.example", "b.example"} {
+			c, err := tls.Dial("tcp", r.addr, testTLS(t).client(name))
+			if err != nil {
+				t.Fatalf("SNI %s: %v", name, err)
+			}
+			if got := c.ConnectionState().PeerCertificates[0].DNSNames[0]; got != name {
+				t.Errorf("SNI %s: certificate for %s", name, got)
+			}
+			c.Close()
+		}
+		for i := range 3 {
+			rep := r.get("/x", "")
+			if rep.status != 200 || rep.body != "b0 GET 0" {
+				t.Fatalf("request %d: %d %q", i, rep.status, rep.body)
+			}
+		}
+		h := r.backends[0].lastHeaders()
+		if got := h["X-Forwarded-Proto"]; len(got) != 1 || got[0] != "https" {
+			t.Errorf("X-Forwarded-Proto %q, want https", got)
+		}
+		if got := h["Forwarded"]; len(got) != 1 || !strings.Contains(got[0], ";proto=https") {
+			t.Errorf("Forwarded %q, want proto=https", got)
+		}
+		rep := r.get("/big", "")
+		if rep.status != 200 || rep.body != string(big) {
+			t.Fatalf("large answer: %d, %d bytes, want 200 and %d bytes", rep.status, len(rep.body), len(big))
+		}
+		rep = r.do("POST", "/post", "", strings.NewReader(strings.Repeat("p", 40000)))
+		if rep.status != 200 || rep.body != "b0 POST 40000" {
+			t.Fatalf("POST: %d %q", rep.status, rep.body)
+		}
+		if engineOf(t) == EngineLoop {
+			if n := r.srv.Stats().HandedOver.Load(); n != 0 {
+				t.Errorf("%d connections handed over, want none: the loop serves HTTPS", n)
+			}
+		}
+		// A chunked body: the loop hands the connection to fasthttp, which
+		// goes on reading the same TLS connection.
+		rc := dialRaw(t, r.addr)
+		rc.send("GET /x HTTP/1.1\r\nHost: a.example\r\n\r\n")
+		if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "b0 GET 0" {
+			t.Fatalf("before the hand-over: %d %q", resp.StatusCode, body)
+		}
+		rc.send("POST /c HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+		if resp, body := rc.read("POST"); resp.StatusCode != 200 || body != "b0 POST 5" {
+			t.Fatalf("chunked: %d %q", resp.StatusCode, body)
+		}
+		rc.send("GET /x HTTP/1.1\r\nHost: a.example\r\n\r\n")
+		if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "b0 GET 0" {
+			t.Fatalf("after the hand-over: %d %q", resp.StatusCode, body)
+		}
+		if engineOf(t) == EngineLoop {
+			if n := r.srv.Stats().HandedOver.Load(); n != 1 {
+				t.Errorf("%d connections handed over, want the chunked one", n)
+			}
+		}
+	})
+}
+
+// TestHTTPSStickyCookieSecure: the sticky cookie is Secure for a client
+// over TLS and not for a plain one.
+func TestHTTPSStickyCookieSecure(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		for _, secure := range []bool{false, true} {
+			r := newRig(t, rigOpts{backends: 1, tls: secure})
+			rep := r.get("/", "")
+			var sc string
+			for _, v := range rep.header.Values("Set-Cookie") {
+				if strings.HasPrefix(v, "SLUICE=") {
+					sc = v
+				}
+			}
+			if sc == "" {
+				t.Fatalf("tls=%v: no sticky cookie in %v", secure, rep.header)
+			}
+			if got := strings.HasSuffix(sc, "; Secure"); got != secure {
+				t.Errorf("tls=%v: Set-Cookie %q: Secure=%v, want %v", secure, sc, got, secure)
+			}
+		}
+	})
+}
+
+// TestHTTPSCurl: curl over HTTPS with SNI for two names and a name no
+// certificate has (the first certificate answers it), on both engines.
+func TestHTTPSCurl(t *testing.T) {
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Skip("no curl")
+	}
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, tls: true})
+		_, port, _ := net.SplitHostPort(r.addr)
+		ca := testTLS(t).caFile(t)
+		for _, tc := range []struct {
+			name, subject string
+			ok            bool
+		}{
+			{"a.example", "CN=a.example", true},
+			{"b.example", "CN=b.example", true},
+			{"c.example", "CN=a.example", false}, // the default certificate, which is not c.example's
+		} {
+			out, err := exec.Command(curl, "-sS", "-v", "--max-time", "10", "--cacert", ca,
+				"--resolve", tc.name+":"+port+":127.0.0.1", "https://"+tc.name+":"+port+"/curl").CombinedOutput()
+			if (err == nil) != tc.ok {
+				t.Errorf("curl %s: err %v, want ok=%v\n%s", tc.name, err, tc.ok, out)
+				continue
+			}
+			if !strings.Contains(string(out), "subject: "+tc.subject) {
+				t.Errorf("curl %s: want certificate subject %s\n%s", tc.name, tc.subject, out)
+			}
+			if tc.ok && !strings.HasSuffix(string(out), "b0") {
+				t.Errorf("curl %s: want the backend's answer b0\n%s", tc.name, out)
+			}
+		}
+		// -k: the wrong name still gets served with the default certificate.
+		out, err := exec.Command(curl, "-sS", "-k", "--max-time", "10", "--resolve", "c.example:"+port+":127.0.0.1", "https://c.example:"+port+"/").CombinedOutput()
+		if err != nil || string(out) != "b0" {
+			t.Errorf("curl -k c.example: %v %q", err, out)
+		}
+	})
+}
+
+// countingGate is a HandshakeGate admitting max handshakes in flight.
+type countingGate struct {
+	max      int64
+	inFlight atomic.Int64
+	acquired atomic.Int64
+	refused  atomic.Int64
+}
+
+func (g *countingGate) Acquire(int64) bool {
+	if g.inFlight.Add(1) > g.max {
+		g.inFlight.Add(-1)
+		g.refused.Add(1)
+		return false
+	}
+	g.acquired.Add(1)
+	return true
+}
+
+func (g *countingGate) Release() {
+	if g.inFlight.Add(-1) < 0 {
+		panic("handshake gate released more than acquired")
+	}
+}
+
+// eventually fails t unless cond comes to hold (waitFor: within 20 s):
+// for what a goroutine of the server makes true soon, not for timing.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if !waitFor(cond) {
+		t.Fatalf("waited for %s", what)
+	}
+}
+
+// clientHello returns the first bytes a TLS client sends: its ClientHello
+// record, captured from a handshake with nobody.
+func clientHello(t *testing.T) []byte {
+	t.Helper()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go tls.Client(a, testTLS(t).client("a.example")).Handshake()
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(b, hdr); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+	if _, err := io.ReadFull(b, body); err != nil {
+		t.Fatal(err)
+	}
+	return append(hdr, body...)
+}
+
+// TestHTTPSSlowHandshakeClosed: a client that sends its ClientHello one
+// byte at a time is closed at the handshake timeout (short here), counted
+// as a failed handshake, and its place in the handshake gate is given
+// back.
+func TestHTTPSSlowHandshakeClosed(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		gate := &countingGate{max: 2}
+		r := newRig(t, rigOpts{backends: 1, tls: true, cfg: Config{Handshakes: gate, HandshakeTimeout: 300 * time.Millisecond}})
+		hello := clientHello(t)
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		closed := false
+		for i := 0; i < len(hello)-1 && !closed; i++ { // never the last byte: the hello stays unfinished
+			if _, err := c.Write(hello[i : i+1]); err != nil {
+				closed = true
+				break
+			}
+			c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			var one [1]byte
+			_, err := c.Read(one[:])
+			if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+				closed = true // EOF or reset: the server closed it
+			}
+		}
+		if !closed {
+			t.Fatalf("the stalled handshake was not closed after %d bytes", len(hello)-1)
+		}
+		eventually(t, "the gate released", func() bool { return gate.inFlight.Load() == 0 })
+		if gate.acquired.Load() != 1 || r.srv.Stats().HandshakeFailed.Load() != 1 {
+			t.Errorf("acquired %d, failed %d: want 1 and 1", gate.acquired.Load(), r.srv.Stats().HandshakeFailed.Load())
+		}
+		if rep := r.get("/", ""); rep.status != 200 {
+			t.Errorf("after: %d", rep.status)
+		}
+	})
+}
+
+// TestHTTPSHandshakeFlood: with 2 handshakes allowed in flight, a flood
+// of connections that never finish their handshake holds 2 places and is
+// refused the rest, while an established client keeps being served; when
+// the flood goes, new clients get their handshake.
+func TestHTTPSHandshakeFlood(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		gate := &countingGate{max: 2}
+		r := newRig(t, rigOpts{backends: 1, tls: true, cfg: Config{Handshakes: gate}})
+		est := dialRaw(t, r.addr) // established before the flood
+		get := func(when string) {
+			t.Helper()
+			est.send("GET / HTTP/1.1\r\nHost: a.example\r\n\r\n")
+			if resp, body := est.read("GET"); resp.StatusCode != 200 || body != "b0" {
+				t.Fatalf("%s: %d %q", when, resp.StatusCode, body)
+			}
+		}
+		get("before the flood")
+		var flood []net.Conn
+		for range 10 {
+			c, err := net.Dial("tcp", r.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			flood = append(flood, c)
+			c.Write([]byte{0x16, 0x03}) // the start of a record, never finished
+		}
+		eventually(t, "8 of 10 refused", func() bool { return r.srv.Stats().HandshakeRefused.Load() == 8 })
+		if gate.inFlight.Load() != 2 {
+			t.Errorf("in flight %d, want 2", gate.inFlight.Load())
+		}
+		for i := range 20 {
+			get(fmt.Sprintf("during the flood, request %d", i))
+		}
+		for _, c := range flood {
+			c.Close()
+		}
+		eventually(t, "the gate released", func() bool { return gate.inFlight.Load() == 0 })
+		c, err := tls.Dial("tcp", r.addr, testTLS(t).client("a.example"))
+		if err != nil {
+			t.Fatalf("after the flood: %v", err)
+		}
+		c.Close()
+		get("after the flood")
+	})
+}
+
+// TestHTTPSRedirect: with -https-redirect the plain listener answers 308
+// to the same host and target over HTTPS, on the HTTPS listener's port;
+// a Host that could name another authority gets 400.
+func TestHTTPSRedirect(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, cfg: Config{HTTPSRedirect: true, TLSListen: "127.0.0.1:8443", TLSConfig: testTLS(t).server()}})
+		for _, tc := range []struct{ req, status, location string }{
+			{"GET /a/b?c=d HTTP/1.1\r\nHost: www.example:8080\r\n\r\n", "308", "https://www.example:8443/a/b?c=d"},
+			{"POST /form HTTP/1.1\r\nHost: WWW.example\r\nContent-Length: 2\r\n\r\nok", "308", "https://WWW.example:8443/form"},
+			{"GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n", "308", "https://[::1]:8443/"},
+			{"GET http://other.example/p HTTP/1.1\r\nHost: other.example\r\n\r\n", "308", "https://other.example:8443/p"},
+			{"GET / HTTP/1.1\r\nHost: evil.example@good.example\r\n\r\n", "400", ""},
+			{"GET / HTTP/1.1\r\nHost: \r\n\r\n", "400", ""},
+		} {
+			rc := dialRaw(t, r.addr)
+			rc.send(tc.req)
+			resp, _ := rc.read(strings.Fields(tc.req)[0])
+			if fmt.Sprint(resp.StatusCode) != tc.status || resp.Header.Get("Location") != tc.location {
+				t.Errorf("%q: %d %q, want %s %q", tc.req, resp.StatusCode, resp.Header.Get("Location"), tc.status, tc.location)
+			}
+		}
+		if n := r.backends[0].hits.Load(); n != 0 {
+			t.Errorf("the backend got %d requests, want none", n)
+		}
+	})
+}
+
+// TestRedirectHost: the Host values a redirect takes, and those it
+// refuses.
+func TestRedirectHost(t *testing.T) {
+	for _, tc := range []struct{ in, host string }{
+		{"example.com", "example.com"},
+		{"example.com:8080", "example.com"},
+		{"a-b_c.example", "a-b_c.example"},
+		{"192.0.2.1:80", "192.0.2.1"},
+		{"[2001:db8::1]:443", "[2001:db8::1]"},
+		{"[2001:db8::1]", "[2001:db8::1]"},
+		{"", ""},
+		{"user@example.com", ""},
+		{"example.com/evil", ""},
+		{`example.com\evil`, ""},
+		{"example.com:80x", ""},
+		{"example.com:123456", ""},
+		{".example.com", ""},
+		{"[::1]x", ""},
+		{"[]", ""},
+		{"[g::1]", ""},
+		{"exa mple", ""},
+		{strings.Repeat("a", 256), ""},
+	} {
+		host, ok := redirectHost([]byte(tc.in))
+		if ok != (tc.host != "") || string(host) != tc.host {
+			t.Errorf("redirectHost(%q) = %q %v, want %q", tc.in, host, ok, tc.host)
+		}
+	}
+}
+
+// readAnswer reads one HTTP answer from br.
+func readAnswer(br *bufio.Reader) (int, string, error) {
+	resp, err := nethttp.ReadResponse(br, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b), err
+}
