@@ -49,14 +49,14 @@ type Server struct {
 	httpsPort    atomic.Pointer[string]     // the HTTPS listener's port, for -https-redirect
 	// serveH2 serves a TLS connection that negotiated h2 (ALPN) until it
 	// ends, and closes it; nil: such a connection is closed.
-	serveH2 func(*tls.Conn)
-	conns        clientLimit                // client connections open (connlimit.go)
-	held         clientLimit                // requests holding (or waiting for) a backend connection, per source
-	delayed      sourceCount                // requests in ARM delay queues, per source
-	acceptLog    acceptLog
-	limitLog     limitLog // client connections closed over a limit (connlimit.go)
-	slotsMu      sync.Mutex
-	slots        map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
+	serveH2   func(*tls.Conn)
+	conns     clientLimit // client connections open (connlimit.go)
+	held      clientLimit // requests holding (or waiting for) a backend connection, per source
+	delayed   sourceCount // requests in ARM delay queues, per source
+	acceptLog acceptLog
+	limitLog  limitLog // client connections closed over a limit (connlimit.go)
+	slotsMu   sync.Mutex
+	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
