@@ -45,24 +45,26 @@ type Server struct {
 	srv          *fasthttp.Server
 	loops        atomic.Pointer[loopEngine] // set while the loop engine serves
 	shut         atomic.Bool                // Shutdown was called
-	tls          atomic.Pointer[tlsFront]   // the HTTPS listener, while served (tls.go)
-	httpsPort    atomic.Pointer[string]     // the HTTPS listener's port, for -https-redirect
-	// serveH2 serves a TLS connection that negotiated h2 (ALPN) until it
-	// ends, and closes it; nil: such a connection is closed.
-	serveH2   func(*tls.Conn)
-	conns     clientLimit // client connections open (connlimit.go)
-	held      clientLimit // requests holding (or waiting for) a backend connection, per source
-	delayed   sourceCount // requests in ARM delay queues, per source
-	acceptLog acceptLog
-	limitLog  limitLog // client connections closed over a limit (connlimit.go)
-	slotsMu   sync.Mutex
-	slots     map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
+	conns        clientLimit                // client connections open (connlimit.go)
+	held         clientLimit                // requests holding (or waiting for) a backend connection, per source
+	delayed      sourceCount                // requests in ARM delay queues, per source
+	acceptLog    acceptLog
+	limitLog     limitLog // client connections closed over a limit (connlimit.go)
+	slotsMu      sync.Mutex
+	slots        map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
 	wallBase time.Time
 	monoBase int64
 
 	stats Stats
+
+	// HTTPS (tls.go).
+	tls       atomic.Pointer[tlsFront] // the HTTPS listener, while served
+	httpsPort atomic.Pointer[string]   // the HTTPS listener's port, for -https-redirect
+	// serveH2 serves a TLS connection that negotiated h2 (ALPN) until it
+	// ends, and closes it; nil: such a connection is closed.
+	serveH2 func(*tls.Conn)
 }
 
 // Stats counts what the front end did since start. Fields are atomics.
