@@ -14,7 +14,8 @@ import (
 // Config configures the HTTP front end. Fields map 1:1 to flags of
 // `sluice run`; zero values take the defaults of DefaultConfig.
 type Config struct {
-	// Listen is the address to serve on. Flag -http-listen.
+	// Listen is the address to serve on; ListenOff serves no plain HTTP
+	// (HTTPS only: TLSListen). Flag -http-listen.
 	Listen string
 	// TLSListen is the address of the HTTPS listener, served by the same
 	// engine and pipeline as Listen; "" serves no HTTPS. It needs
@@ -214,6 +215,9 @@ func fill[T comparable](p *T, def T) {
 	}
 }
 
+// ListenOff is the Config.Listen of a front end that serves HTTPS only.
+const ListenOff = "off"
+
 // Engine names (Config.Engine).
 const (
 	EngineLoop     = "loop"
@@ -270,6 +274,8 @@ func (c *Config) Validate() error {
 		return fieldError("Loops", "must not be negative")
 	case c.HandshakeTimeout < 0:
 		return fieldError("HandshakeTimeout", "must be positive (got %s)", c.HandshakeTimeout)
+	case c.Listen == ListenOff && c.TLSListen == "":
+		return fieldError("Listen", "%q serves no plain HTTP: it needs an HTTPS listener (-https-listen)", ListenOff)
 	case c.TLSListen != "" && c.TLSConfig == nil:
 		return fieldError("TLSConfig", "HTTPS listener %s needs certificates (-tls-cert)", c.TLSListen)
 	}

@@ -272,7 +272,7 @@ func tlsListenPort(addr string) string {
 func (s *Server) ListenAndServe() error {
 	var plain, secure net.Listener
 	var err error
-	if s.cfg.Listen != "" {
+	if s.cfg.Listen != ListenOff {
 		if plain, err = net.Listen("tcp", s.cfg.Listen); err != nil {
 			return fmt.Errorf("listen -http-listen %s: %w", s.cfg.Listen, err)
 		}
