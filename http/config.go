@@ -277,7 +277,7 @@ func (c *Config) Validate() error {
 	case c.Listen == ListenOff && c.TLSListen == "":
 		return fieldError("Listen", "%q serves no plain HTTP: it needs an HTTPS listener (-https-listen)", ListenOff)
 	case c.TLSListen != "" && c.TLSConfig == nil:
-		return fieldError("TLSConfig", "HTTPS listener %s needs certificates (-tls-cert)", c.TLSListen)
+		return fieldError("TLSListen", "HTTPS listener %s needs certificates (-tls-cert)", c.TLSListen)
 	}
 	if _, _, err := parseHashKey(c.HashKey); err != nil {
 		return err

@@ -86,7 +86,7 @@ func (s *Server) ServeListeners(plain, secure net.Listener) error {
 		return s.Serve(plain)
 	}
 	if s.cfg.TLSConfig == nil {
-		return fieldError("TLSConfig", "HTTPS listener %s needs certificates (-tls-cert)", secure.Addr())
+		return fieldError("TLSListen", "HTTPS listener %s needs certificates (-tls-cert)", secure.Addr())
 	}
 	if slices.Contains(s.cfg.TLSConfig.NextProtos, "h2") && s.serveH2 == nil {
 		s.logger.Warn("https: ALPN offers h2 but no HTTP/2 handler is registered; clients that choose h2 are closed")

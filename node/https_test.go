@@ -128,7 +128,7 @@ func TestNodeServesHTTPS(t *testing.T) {
 // -http-listen off without -https-listen, are refused naming the field.
 func TestNodeHTTPSNeedsCertificates(t *testing.T) {
 	for _, tc := range []struct{ listen, tlsListen, want string }{
-		{"127.0.0.1:0", "127.0.0.1:0", "TLSConfig"},
+		{"127.0.0.1:0", "127.0.0.1:0", "TLSListen"},
 		{lbhttp.ListenOff, "", "Listen"},
 	} {
 		cfg := testConfig(t)
