@@ -346,6 +346,7 @@ type evloop struct {
 	backoff      time.Duration
 	bufs         [][]byte // free client buffers
 	tlsOut       []byte   // scratch: the records of one TLS write (tls_loop.go)
+	tlsBufs      [][]byte // free ciphertext read buffers of HTTPS connections
 }
 
 // fdOwner is the connection that holds a descriptor: one of c and b is set.

@@ -155,18 +155,38 @@ func (l *evloop) readClient(c *cconn, p []byte) (int, unix.Errno) {
 			continue // cannot happen: Read takes what is buffered before it blocks
 		}
 		if cap(rc.in) < tlsReadBuf {
-			rc.in = make([]byte, 0, tlsReadBuf)
+			rc.in = l.getTLSBuf()
 		}
 		m, errno := rawRead(c.fd, rc.in[:cap(rc.in)])
 		switch {
 		case errno == unix.EINTR:
 			continue
 		case errno != 0:
+			l.putTLSBuf(rc) // nothing buffered: an idle connection holds no read buffer
 			return 0, errno
 		case m == 0:
 			return 0, 0
 		}
 		rc.in, rc.r = rc.in[:m], 0
+	}
+}
+
+// getTLSBuf returns an empty ciphertext read buffer of tlsReadBuf bytes,
+// reused when one is free.
+func (l *evloop) getTLSBuf() []byte {
+	if n := len(l.tlsBufs); n > 0 {
+		b := l.tlsBufs[n-1]
+		l.tlsBufs = l.tlsBufs[:n-1]
+		return b
+	}
+	return make([]byte, 0, tlsReadBuf)
+}
+
+// putTLSBuf takes rc's read buffer back when it holds nothing.
+func (l *evloop) putTLSBuf(rc *recordConn) {
+	if rc.buffered() == 0 && cap(rc.in) == tlsReadBuf && len(l.tlsBufs) < 1024 {
+		l.tlsBufs = append(l.tlsBufs, rc.in[:0])
+		rc.in, rc.r = nil, 0
 	}
 }
 
