@@ -37,6 +37,12 @@ const (
 	// answers to key updates): a client that makes more without reading
 	// is closed.
 	maxTLSReadOut = 64 << 10
+	// maxTLSPendingOut bounds the bytes a client that does not read may
+	// leave unsent when the loop reads from it again (at most the end of
+	// one answer otherwise): past it, a client sending records that demand
+	// answers (key updates) or requests without reading the answers is
+	// closed rather than buffered for.
+	maxTLSPendingOut = 1 << 20
 )
 
 // loopTLS is an HTTPS connection's TLS state on the loop.
@@ -127,6 +133,9 @@ func (l *evloop) readClient(c *cconn, p []byte) (int, unix.Errno) {
 	}
 	rc := t.rc
 	for {
+		if len(c.out)-c.o > maxTLSPendingOut {
+			return 0, unix.ENOBUFS
+		}
 		rc.out = l.tlsOut[:0]
 		n, err := t.conn.Read(p)
 		if out := rc.take(); len(out) > 0 { // an alert, an answer to a key update

@@ -3,6 +3,7 @@ package http
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -398,4 +399,49 @@ func BenchmarkTLSKeepAlive(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestHTTPSShutdownEndsHandshakes: Shutdown does not wait for handshakes
+// under way (here one that would last the default 10 s): they are ended,
+// their places in the gate given back, and the established clients'
+// connections closed.
+func TestHTTPSShutdownEndsHandshakes(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		gate := &countingGate{max: 4}
+		r := newRig(t, rigOpts{backends: 1, tls: true, cfg: Config{Handshakes: gate}})
+		est := dialRaw(t, r.addr)
+		est.send("GET / HTTP/1.1\r\nHost: a.example\r\n\r\n")
+		if resp, _ := est.read("GET"); resp.StatusCode != 200 {
+			t.Fatalf("established: %d", resp.StatusCode)
+		}
+		stalled, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stalled.Close()
+		stalled.Write([]byte{0x16, 0x03})
+		eventually(t, "the stalled handshake in the gate", func() bool { return gate.acquired.Load() == 2 })
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := r.srv.Shutdown(ctx); err != nil {
+			t.Fatalf("Shutdown: %v (it waited for the handshake)", err)
+		}
+		if n := gate.inFlight.Load(); n != 0 {
+			t.Errorf("%d handshakes in flight after Shutdown", n)
+		}
+		stalled.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := stalled.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+			t.Errorf("the stalled connection after Shutdown: %v, want it closed", err)
+		}
+		est.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := est.c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+			t.Errorf("the established connection after Shutdown: %v, want it closed", err)
+		}
+	})
+}
+
+// isTimeout reports whether err is a timeout.
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
 }
