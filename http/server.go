@@ -62,8 +62,10 @@ type Server struct {
 	// HTTPS (tls.go).
 	tls       atomic.Pointer[tlsFront] // the HTTPS listener, while served
 	httpsPort atomic.Pointer[string]   // the HTTPS listener's port, for -https-redirect
-	// serveH2 serves a TLS connection that negotiated h2 (ALPN) until it
-	// ends, and closes it; nil: such a connection is closed.
+	// serveH2 serves a TLS connection that negotiated h2 (ALPN), its
+	// handshake done, on the handshake's goroutine: it returns when the
+	// connection ends; the caller then closes it and ends its count under
+	// the client limits. nil: such a connection is closed at once.
 	serveH2 func(*tls.Conn)
 }
 
