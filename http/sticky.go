@@ -103,7 +103,8 @@ func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], pool, path stri
 	h = append(h, "; Max-Age="...)
 	h = strconv.AppendInt(h, int64(s.ttl/time.Second), 10)
 	h = append(h, "; HttpOnly; SameSite=Lax; Secure"...)
-	v := &cookieValue{expires: exp, header: h[:len(h)-len("; Secure")], secure: h}
+	n := len(h) - len("; Secure")
+	v := &cookieValue{expires: exp, header: h[:n:n], secure: h}
 	slot.Store(v)
 	if secure {
 		return v.secure
