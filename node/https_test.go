@@ -94,6 +94,9 @@ func TestNodeServesHTTPS(t *testing.T) {
 			cfg.HTTP.TLSListen = "127.0.0.1:0"
 			cfg.HTTP.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
 			cfg.HTTP.HTTPSRedirect = tc.redirect
+			// One source, two connections (HTTPS, then plain) on loops of
+			// their own: a per-source share of backend connections above 1.
+			cfg.HTTP.MaxConns = 64
 			n, err := New(cfg, nil)
 			if err != nil {
 				t.Fatal(err)
