@@ -49,6 +49,10 @@ const (
 type loopTLS struct {
 	conn *tls.Conn
 	rc   *recordConn
+	// starved: the last Read would block, so tls.Conn holds no plaintext
+	// and no whole record; the next read starts at the socket (a Read
+	// now would only block again, and crypto/tls allocates per call).
+	starved bool
 }
 
 // handedOver puts the connection back in blocking mode over nc (the same
@@ -136,33 +140,15 @@ func (l *evloop) readClient(c *cconn, p []byte) (int, unix.Errno) {
 		if len(c.out)-c.o > maxTLSPendingOut {
 			return 0, unix.ENOBUFS
 		}
-		rc.out = l.tlsOut[:0]
-		n, err := t.conn.Read(p)
-		if out := rc.take(); len(out) > 0 { // an alert, an answer to a key update
-			l.tlsOut = out[:0]
-			rc.out = nil
-			if len(out) > maxTLSReadOut {
-				return 0, unix.EPROTO
+		if !t.starved || rc.buffered() > 0 {
+			n, errno, more := l.readRecords(c, p)
+			if !more {
+				return n, errno
 			}
-			l.writeRaw(c, out)
-			if c.fd < 0 {
-				return 0, unix.EPIPE
-			}
+			t.starved = true
 		}
-		rc.out = nil
-		if n > 0 {
-			return n, 0
-		}
-		var wb wouldBlock
-		if !errors.As(err, &wb) {
-			if err == nil || errors.Is(err, net.ErrClosed) {
-				return 0, unix.EPROTO
-			}
-			return 0, 0 // EOF, close_notify, or a TLS error: the connection ends
-		}
-		if rc.buffered() > 0 {
-			continue // cannot happen: Read takes what is buffered before it blocks
-		}
+		// tls.Conn holds no plaintext and no whole record: it needs
+		// ciphertext from the socket.
 		if cap(rc.in) < tlsReadBuf {
 			rc.in = l.getTLSBuf()
 		}
@@ -177,7 +163,39 @@ func (l *evloop) readClient(c *cconn, p []byte) (int, unix.Errno) {
 			return 0, 0
 		}
 		rc.in, rc.r = rc.in[:m], 0
+		t.starved = false
 	}
+}
+
+// readRecords reads plaintext from c's tls.Conn and sends what reading
+// made it write. more is true when it would block: it wants ciphertext.
+func (l *evloop) readRecords(c *cconn, p []byte) (n int, errno unix.Errno, more bool) {
+	t := c.tls
+	rc := t.rc
+	rc.out = l.tlsOut[:0]
+	n, err := t.conn.Read(p)
+	if out := rc.take(); len(out) > 0 { // an alert, an answer to a key update
+		l.tlsOut = out[:0]
+		rc.out = nil
+		if len(out) > maxTLSReadOut {
+			return 0, unix.EPROTO, false
+		}
+		l.writeRaw(c, out)
+		if c.fd < 0 {
+			return 0, unix.EPIPE, false
+		}
+	}
+	rc.out = nil
+	if n > 0 {
+		return n, 0, false
+	}
+	if wb := (wouldBlock{}); errors.As(err, &wb) {
+		return 0, 0, true
+	}
+	if err == nil {
+		return 0, unix.EPROTO, false // cannot happen: p is not empty
+	}
+	return 0, 0, false // EOF, close_notify, or a TLS error: the connection ends
 }
 
 // getTLSBuf returns an empty ciphertext read buffer of tlsReadBuf bytes,
