@@ -204,6 +204,8 @@ type rigOpts struct {
 	// tls serves HTTPS only (ServeTLS) with a test certificate
 	// (testTLS) unless cfg.TLSConfig is set; addr is the HTTPS address.
 	tls bool
+	// setup, when set, is called with the server before it serves.
+	setup func(*Server)
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -282,6 +284,9 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		t.Fatal(err)
 	}
 	r.addr = ln.Addr().String()
+	if o.setup != nil {
+		o.setup(r.srv)
+	}
 	r.scheme = "http"
 	var clientTLS *tls.Config
 	if o.tls {

@@ -489,3 +489,62 @@ func TestHTTPSConcurrentClients(t *testing.T) {
 		}
 	})
 }
+
+// TestHTTPSALPNh2: a client that negotiates h2 goes to the HTTP/2 handler
+// when one is registered, and is closed (a failed handshake) when none
+// is; one that asks for http/1.1 is served as ever.
+func TestHTTPSALPNh2(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		cfg := testTLS(t).server()
+		cfg.NextProtos = []string{"h2", "http/1.1"}
+		r := newRig(t, rigOpts{backends: 1, tls: true, cfg: Config{TLSConfig: cfg}})
+		dial := func(proto string) *tls.Conn {
+			t.Helper()
+			cc := testTLS(t).client("a.example")
+			cc.NextProtos = []string{proto}
+			c, err := tls.Dial("tcp", r.addr, cc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if got := c.ConnectionState().NegotiatedProtocol; got != proto {
+				t.Fatalf("negotiated %q, want %q", got, proto)
+			}
+			return c
+		}
+		c := dial("h2")
+		if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+			t.Errorf("h2 without a handler: read %v, want the connection closed", err)
+		}
+		c.Close()
+		eventually(t, "the failed h2 counted", func() bool { return r.srv.Stats().HandshakeFailed.Load() == 1 })
+
+		c = dial("http/1.1")
+		fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: a.example\r\n\r\n")
+		if code, body, err := readAnswer(bufio.NewReader(c)); err != nil || code != 200 || body != "b0" {
+			t.Errorf("http/1.1: %d %q %v", code, body, err)
+		}
+		c.Close()
+	})
+}
+
+// TestHTTPSh2Hook: the HTTP/2 handler gets the established connection and
+// keeps it until it returns.
+func TestHTTPSh2Hook(t *testing.T) {
+	cfg := testTLS(t).server()
+	cfg.NextProtos = []string{"h2", "http/1.1"}
+	r := newRig(t, rigOpts{backends: 1, tls: true, cfg: Config{TLSConfig: cfg}, setup: func(s *Server) {
+		s.serveH2 = func(c *tls.Conn) { io.WriteString(c, "h2 handler") }
+	}})
+	cc := testTLS(t).client("a.example")
+	cc.NextProtos = []string{"h2"}
+	c, err := tls.Dial("tcp", r.addr, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if b, _ := io.ReadAll(c); string(b) != "h2 handler" {
+		t.Errorf("read %q, want the handler's bytes, then the end", b)
+	}
+}
