@@ -31,7 +31,8 @@ type Cluster struct {
 	log    *slog.Logger
 	prefix string // "{sluice:NAME}" hash tag shared by the membership key
 
-	nodes      atomic.Int64 // last known node count, at least 1
+	nodes      atomic.Int64 // node count: the most members seen over nodesMemory, at least 1
+	seen       memberCounts // the heartbeats' member counts (heartbeat goroutine only)
 	state      atomic.Int32 // stateUnknown until the first round trip, then stateUp or stateDown
 	roundTrips atomic.Uint64
 	failed     atomic.Uint64 // round trips that failed or timed out
@@ -217,8 +218,41 @@ func (c *Cluster) heartbeat(ctx context.Context, leave bool) {
 		c.rejectf(rejectNodes, 1, "member count beyond any cluster's; keeping the last one", "members", n, "max", maxNodes)
 		n = c.nodes.Load()
 	}
-	c.nodes.Store(n)
+	c.nodes.Store(c.seen.add(c.clock.Now(), n))
 	c.setUp(true, nil)
+}
+
+// nodesMemory is how long a member count seen by a heartbeat keeps
+// counting. A member is dropped from Redis's set when its heartbeat is 3
+// periods late (150 ms by default), which a node on a loaded machine can
+// be for a moment; the count it would leave behind is too small, and if
+// Redis went away right then, every node would keep limit ÷ (that count)
+// on its own: over the cluster's limit (seen under CI load: three nodes
+// each at limit ÷ 2). Taking the most members seen over the last half
+// second rides out such a heartbeat; a node that really left (killed)
+// still stops counting within a second (TTL + nodesMemory), which
+// TestE2ENodeKilled holds the cluster to.
+const nodesMemory = 500 * time.Millisecond
+
+// memberCounts remembers the member counts of recent heartbeats.
+type memberCounts struct {
+	at [128]int64 // monotonic ns of each count; ring
+	n  [128]int64
+	i  int
+}
+
+// add records count n at now and returns the most members seen within
+// nodesMemory of now.
+func (m *memberCounts) add(now, n int64) int64 {
+	m.at[m.i], m.n[m.i] = now, n
+	m.i = (m.i + 1) % len(m.at)
+	most := n
+	for j := range m.at {
+		if m.n[j] != 0 && now-m.at[j] < int64(nodesMemory) && m.n[j] > most {
+			most = m.n[j]
+		}
+	}
+	return most
 }
 
 // failMode is the lease mode of the fail policy.

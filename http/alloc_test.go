@@ -32,7 +32,7 @@ func TestHotPathAllocs(t *testing.T) {
 		ip := remoteAddr(&ctx)
 		req, d := s.admit(&p, h, &v, now)
 		picked = s.pick(&p, &ctx.Response, &req, d, h, ip)
-		s.prepareRequest(h, ip)
+		s.prepareRequest(h, ip, false)
 		p.renew = true
 		s.prepareResponse(&ctx.Response.Header, &p, ip)
 		ctx.Response.Header.Del("Set-Cookie")
@@ -58,7 +58,7 @@ func BenchmarkPrepareRequest(b *testing.B) {
 	s := &Server{}
 	ip := remoteAddr(&ctx)
 	for b.Loop() {
-		s.prepareRequest(&ctx.Request.Header, ip)
+		s.prepareRequest(&ctx.Request.Header, ip, false)
 	}
 }
 

@@ -1,6 +1,7 @@
 package http
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -13,12 +14,34 @@ import (
 // Config configures the HTTP front end. Fields map 1:1 to flags of
 // `sluice run`; zero values take the defaults of DefaultConfig.
 type Config struct {
-	// Listen is the address to serve on. Flag -http-listen.
+	// Listen is the address to serve on; ListenOff serves no plain HTTP
+	// (HTTPS only: TLSListen). Flag -http-listen.
 	Listen string
 	// H2CListen, when set, is an address that serves HTTP/2 over
 	// cleartext with prior knowledge (h2c, RFC 9113 §3.3) and nothing
 	// else; "" serves none. Flag -http-h2c-listen.
 	H2CListen string
+	// TLSListen is the address of the HTTPS listener, served by the same
+	// engine and pipeline as Listen; "" serves no HTTPS. It needs
+	// TLSConfig. Flag -https-listen.
+	TLSListen string
+	// TLSConfig is the HTTPS listener's TLS configuration: certificates
+	// (by SNI), versions, session tickets and the ALPN protocols offered
+	// (NextProtos; "h2" is offered only when an HTTP/2 handler is
+	// registered, HTTP/1.1 is served otherwise). nil: no HTTPS.
+	TLSConfig *tls.Config
+	// Handshakes bounds the TLS handshakes in flight and their rate, so
+	// that a handshake flood cannot starve established clients; a
+	// connection it refuses is closed before the handshake. nil: no bound.
+	Handshakes HandshakeGate
+	// HandshakeTimeout bounds a TLS handshake, from accept to the last
+	// handshake message: a slow or stalled one is closed at it (default
+	// 10 s).
+	HandshakeTimeout time.Duration
+	// HTTPSRedirect makes the plain listener answer every request 308 to
+	// the same host and target over HTTPS (the port of TLSListen, left out
+	// when 443). Flag -https-redirect.
+	HTTPSRedirect bool
 	// TrustedProxies are the networks whose X-Forwarded-For, Forwarded and
 	// X-Forwarded-Proto values are kept (and appended to). From anyone else
 	// those headers are replaced. Flag -http-trusted-proxy (repeatable CIDR).
@@ -133,6 +156,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Listen:              ":8080",
+		HandshakeTimeout:    10 * time.Second,
 		StickyCookie:        "SLUICE",
 		StickyTTL:           time.Hour,
 		AppCookieTTL:        30 * time.Minute,
@@ -156,6 +180,7 @@ func DefaultConfig() Config {
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
 	fill(&c.Listen, d.Listen)
+	fill(&c.HandshakeTimeout, d.HandshakeTimeout)
 	fill(&c.StickyCookie, d.StickyCookie)
 	fill(&c.StickyTTL, d.StickyTTL)
 	fill(&c.AppCookieTTL, d.AppCookieTTL)
@@ -193,6 +218,9 @@ func fill[T comparable](p *T, def T) {
 		*p = def
 	}
 }
+
+// ListenOff is the Config.Listen of a front end that serves HTTPS only.
+const ListenOff = "off"
 
 // Engine names (Config.Engine).
 const (
@@ -248,6 +276,12 @@ func (c *Config) Validate() error {
 		return fieldError("Engine", "%s needs Linux (epoll); use %s", EngineLoop, EngineFastHTTP)
 	case c.Loops < 0:
 		return fieldError("Loops", "must not be negative")
+	case c.HandshakeTimeout < 0:
+		return fieldError("HandshakeTimeout", "must be positive (got %s)", c.HandshakeTimeout)
+	case c.Listen == ListenOff && c.TLSListen == "":
+		return fieldError("Listen", "%q serves no plain HTTP: it needs an HTTPS listener (-https-listen)", ListenOff)
+	case c.TLSListen != "" && c.TLSConfig == nil:
+		return fieldError("TLSListen", "HTTPS listener %s needs certificates (-tls-cert)", c.TLSListen)
 	}
 	if _, _, err := parseHashKey(c.HashKey); err != nil {
 		return err

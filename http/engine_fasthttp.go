@@ -42,6 +42,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	closeAfter := h.ConnectionClose()
 	var p plan
+	p.secure = connSecure(ctx.Conn())
+	if !p.secure && s.cfg.HTTPSRedirect {
+		s.writeRedirect(&ctx.Response, h)
+		restoreConnClose(ctx, closeAfter)
+		return
+	}
 	v := viewPool.Get().(*reqView)
 	defer viewPool.Put(v)
 	r, d := s.admit(&p, h, v, s.clock.Now())
@@ -100,7 +106,7 @@ var errAborted = errors.New("aborted: memory state critical")
 func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView) {
 	h := &ctx.Request.Header
 	ip := remoteAddr(ctx)
-	s.prepareRequest(h, ip)
+	s.prepareRequest(h, ip, p.secure)
 	if p.strip != "" {
 		if t := v.stripTarget(h, p.strip); t != nil {
 			// On the request, not its header: the request's parsed URI

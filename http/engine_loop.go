@@ -109,6 +109,7 @@ type loopEngine struct {
 	detached sync.WaitGroup // a loop is done once it stopped watching the listener
 	wg       sync.WaitGroup
 	lnOnce   sync.Once
+	next     atomic.Uint32 // the loop the next HTTPS connection goes to, round robin
 }
 
 // slotFreed tells the loops that a connection to addr closed outside them
@@ -137,27 +138,39 @@ func fdLimit() uint64 {
 // since.
 func (e *loopEngine) closeListener() {
 	e.lnOnce.Do(func() {
-		closeFD(e.lnfd)
-		e.ln.Close()
+		if e.ln != nil {
+			closeFD(e.lnfd)
+			e.ln.Close()
+		}
 	})
 }
 
-// serveLoops serves ln with the loop engine until Shutdown.
-func (s *Server) serveLoops(ln net.Listener) error {
-	tl, ok := ln.(*net.TCPListener)
-	if !ok {
-		s.logger.Warn("http loop engine needs a TCP listener; serving with fasthttp", "listener", ln.Addr().String())
-		return s.srv.Serve(ln)
-	}
-	lnfd, err := dupListener(tl)
-	if err != nil {
-		return err
+// serveLoops serves ln, and the HTTPS listener of t when not nil, with
+// the loop engine until Shutdown; ln may be nil when t is not.
+func (s *Server) serveLoops(ln net.Listener, t *tlsFront) error {
+	lnfd, addr := -1, net.Addr(nil)
+	if ln != nil {
+		tl, ok := ln.(*net.TCPListener)
+		if !ok {
+			s.logger.Warn("http loop engine needs a TCP listener; serving with fasthttp", "listener", ln.Addr().String())
+			if t != nil {
+				return s.serveFastTLS(ln, t)
+			}
+			return s.srv.Serve(ln)
+		}
+		var err error
+		if lnfd, err = dupListener(tl); err != nil {
+			return err
+		}
+		addr = ln.Addr()
+	} else {
+		addr = t.ln.Addr()
 	}
 	n := s.cfg.Loops
 	if n <= 0 {
 		n = runtime.GOMAXPROCS(0)
 	}
-	e := &loopEngine{s: s, lnfd: lnfd, ln: ln, stop: make(chan struct{}), handoff: newHandoffListener(ln.Addr())}
+	e := &loopEngine{s: s, lnfd: lnfd, ln: ln, stop: make(chan struct{}), handoff: newHandoffListener(addr)}
 	for i := 0; i < n; i++ {
 		l, err := newLoop(e)
 		if err != nil {
@@ -178,8 +191,17 @@ func (s *Server) serveLoops(ln net.Listener) error {
 		closeFD(lnfd)
 		return errors.New("http front end is already serving")
 	}
-	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", len(s.backends.Load().backends), "engine", EngineLoop, "loops", n,
-		"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
+	if ln != nil {
+		s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", len(s.backends.Load().backends), "engine", EngineLoop, "loops", n,
+			"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
+	}
+	tlsDone := make(chan struct{})
+	if t != nil {
+		s.logger.Info("https front end serving", "addr", t.ln.Addr().String(), "engine", EngineLoop, "loops", n)
+		go s.acceptTLS(t, e.adoptTLS, func() { close(tlsDone) })
+	} else {
+		close(tlsDone)
+	}
 	fastDone := make(chan struct{})
 	go func() {
 		defer close(fastDone)
@@ -197,6 +219,7 @@ func (s *Server) serveLoops(ln net.Listener) error {
 	e.wg.Wait()
 	e.closeListener()
 	<-fastDone
+	<-tlsDone
 	return nil
 }
 
@@ -322,6 +345,8 @@ type evloop struct {
 	acceptPaused bool
 	backoff      time.Duration
 	bufs         [][]byte // free client buffers
+	tlsOut       []byte   // scratch: the records of one TLS write (tls_loop.go)
+	tlsBufs      [][]byte // free ciphertext read buffers of HTTPS connections
 }
 
 // fdOwner is the connection that holds a descriptor: one of c and b is set.
@@ -460,7 +485,9 @@ func (l *evloop) drain() bool {
 	force := l.e.force.Load()
 	if !l.stopped {
 		l.stopped = true
-		l.unwatch(l.e.lnfd)
+		if l.e.lnfd >= 0 {
+			l.unwatch(l.e.lnfd)
+		}
 		l.e.detached.Done()
 	}
 	for _, o := range l.fds {
@@ -468,8 +495,8 @@ func (l *evloop) drain() bool {
 			l.closeClient(c)
 		}
 	}
-	if l.clients > 0 {
-		return false
+	if l.clients > 0 || l.s.tlsPending() {
+		return false // an HTTPS connection in its handshake may yet be posted to this loop
 	}
 	for _, o := range l.fds {
 		if o.b != nil {

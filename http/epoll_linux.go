@@ -79,6 +79,9 @@ func (p *poller) open(lnfd int) error {
 		p.close()
 		return err
 	}
+	if lnfd < 0 { // no plain listener: HTTPS only
+		return nil
+	}
 	if err := unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, lnfd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: int32(lnfd)}); err != nil {
 		p.close()
 		return err

@@ -339,6 +339,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	hdr := &ctx.Request.Header
 	var p plan
+	p.secure = connSecure(h.conn) // admit keeps it: X-Forwarded-Proto https, a Secure cookie
 	v := viewPool.Get().(*reqView)
 	defer viewPool.Put(v)
 	req, d := s.admit(&p, hdr, v, s.clock.Now())

@@ -23,6 +23,9 @@ func (l *evloop) handover(c *cconn) {
 		l.s.logger.Warn("http: handing a connection to fasthttp failed", "err", err)
 		return
 	}
+	if c.tls != nil {
+		nc = c.tls.handedOver(nc) // the rest of the records over the socket, by fasthttp's goroutine
+	}
 	g := l.s.gate(nc, prefix)
 	g.release = func() { l.s.conns.release(ip) } // counted until fasthttp closes it
 	l.e.handoff.push(g)

@@ -31,6 +31,7 @@ type cconn struct {
 	closing  bool // close once out is written
 	deadline int64
 	x        exchange
+	tls      *loopTLS // an HTTPS connection's TLS state (tls_loop.go); nil: plain
 }
 
 // exchange is the request a client connection is handling: its way
@@ -185,7 +186,7 @@ func (l *evloop) clientIn(c *cconn) {
 			copy(nb, c.in[:c.w])
 			c.in = nb
 		}
-		n, errno := rawRead(c.fd, c.in[c.w:])
+		n, errno := l.readClient(c, c.in[c.w:])
 		switch {
 		case errno == unix.EAGAIN:
 			c.rready = false
@@ -196,7 +197,7 @@ func (l *evloop) clientIn(c *cconn) {
 			l.closeClient(c) // EOF or reset; an unfinished request is dropped, as fasthttp does
 			return
 		}
-		if n < len(c.in)-c.w && !c.hup {
+		if n < len(c.in)-c.w && !c.hup && c.tls == nil {
 			c.rready = false // a short read drained the socket; the next edge reports more
 		}
 		c.w += n
@@ -300,6 +301,12 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0]}
 	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
 	x.head = h.IsHead()
+	x.secure = c.tls != nil
+	if !x.secure && l.s.cfg.HTTPSRedirect {
+		l.s.writeRedirect(&l.local, h)
+		l.answerLocal(c)
+		return
+	}
 	r, d := l.s.admit(&x.plan, h, &l.view, l.s.clock.Now())
 	if d.Verdict == admission.Delay {
 		l.delay(c, r, d)
@@ -351,7 +358,7 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 		l.answerLocal(c)
 		return
 	}
-	s.prepareRequest(h, c.ip)
+	s.prepareRequest(h, c.ip, x.secure)
 	if x.strip != "" {
 		// The view is of this request: the delayed path (delay) fills it
 		// again before it comes here.
@@ -449,8 +456,17 @@ func (l *evloop) settle(c *cconn) {
 	l.s.observe(&x.plan)
 }
 
-// writeClient writes p to the client, keeping what the socket does not take.
+// writeClient writes p to the client (in TLS records on an HTTPS
+// connection), keeping what the socket does not take.
 func (l *evloop) writeClient(c *cconn, p []byte) {
+	if c.tls != nil && c.fd >= 0 {
+		p = l.seal(c, p)
+	}
+	l.writeRaw(c, p)
+}
+
+// writeRaw writes p to the client's socket, keeping what it does not take.
+func (l *evloop) writeRaw(c *cconn, p []byte) {
 	if c.fd < 0 || len(p) == 0 {
 		return
 	}

@@ -17,7 +17,7 @@ const (
 type loopEngine struct{}
 
 // serveLoops fails: the loop engine needs epoll (Config.Validate refuses it first).
-func (s *Server) serveLoops(net.Listener) error {
+func (s *Server) serveLoops(net.Listener, *tlsFront) error {
 	return errors.New("http: the loop engine needs Linux")
 }
 

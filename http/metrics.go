@@ -24,7 +24,8 @@ var (
 // sluice_frontend_events_total{protocol="http",event} with the events
 // upstream_error, retried, restreamed (always 0 now), aborted, repinned,
 // handed_over, bad_request, cookie_stripped, session_not_learned,
-// conn_limited, source_limited, delay_abandoned and delay_limited.
+// conn_limited, source_limited, delay_abandoned, delay_limited,
+// tls_handshake_refused, tls_handshake_failed and https_redirected.
 // (Admitted and refused requests are the admission
 // controller's sluice_requests_*_total.) It reads the counters at scrape
 // time.
@@ -66,6 +67,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"session_not_learned", &st.SessionNotLearned},
 		{"conn_limited", &st.ConnLimited}, {"source_limited", &st.SourceLimited},
 		{"delay_abandoned", &st.DelayAbandoned}, {"delay_limited", &st.DelayLimited},
+		{"tls_handshake_refused", &st.HandshakeRefused}, {"tls_handshake_failed", &st.HandshakeFailed},
+		{"https_redirected", &st.Redirected},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}

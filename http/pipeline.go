@@ -49,6 +49,7 @@ type plan struct {
 	retried  bool   // moved to another backend once already
 	acquired bool   // b.Acquire was called: releaseBackend is due
 	observed bool   // ObserveForward was called
+	secure   bool   // the client came over TLS (X-Forwarded-Proto https, a Secure sticky cookie)
 }
 
 // reqView is the normalised view of a request head that routes and ARM
@@ -108,7 +109,7 @@ func (s *Server) needPath(set *backendSet) bool { return set.needPath || s.rules
 func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, v *reqView, now int64) (admission.Request, admission.Decision) {
 	set := s.backends.Load()
 	v.fill(h, s.needPath(set))
-	*p = plan{set: set, start: now, idem: resendable(h.Method())}
+	*p = plan{set: set, start: now, idem: resendable(h.Method()), secure: p.secure} // the engine set secure
 	rq := routedReq{h: h, v: v}
 	if v.path != nil {
 		if raw := rawPath(h.RequestURI()); raw != nil && string(raw) != string(v.path) {

@@ -18,7 +18,7 @@ type rawConn struct {
 
 func dialRaw(t testing.TB, addr string) *rawConn {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := dialTest(addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -157,7 +157,8 @@ func aliasOf(k []byte, name string) bool {
 // headers sluice owns (hOwned): X-Forwarded-For, Forwarded (RFC 7239) and
 // X-Forwarded-Proto; it writes no X-Forwarded-Host or X-Real-IP, and
 // removes X-Forwarded-Port, -Prefix, -Ssl and -Scheme from untrusted
-// clients (hXForwardedOther). From a
+// clients (hXForwardedOther). X-Forwarded-Proto and Forwarded's proto=
+// are https for a client that came over TLS (secure), else http. From a
 // client outside the trusted proxies every line of them (any case) is
 // removed first; from a trusted one the X-Forwarded-For and Forwarded
 // lines are joined and appended to, and a single X-Forwarded-Proto,
@@ -165,7 +166,7 @@ func aliasOf(k []byte, name string) bool {
 // one a backend reads is its own choice). Underscore spellings of these
 // names are removed from everyone. The client's headers are scanned once;
 // names are deleted only when present.
-func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
+func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr, secure bool) {
 	var seen, dup uint16
 	for k := range h.AllInOrder() {
 		b := headerBit(k)
@@ -198,7 +199,11 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 		if dup&hXForwardedProto != 0 {
 			h.Del("X-Forwarded-Proto")
 		}
-		h.Set("X-Forwarded-Proto", "http")
+		if secure {
+			h.Set("X-Forwarded-Proto", "https")
+		} else {
+			h.Set("X-Forwarded-Proto", "http")
+		}
 	}
 
 	if seen&hXForwardedHost != 0 && (!trusted || dup&hXForwardedHost != 0) {
@@ -221,7 +226,11 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr) {
 	} else {
 		v = ip.AppendTo(v)
 	}
-	v = append(v, ";proto=http"...)
+	if secure {
+		v = append(v, ";proto=https"...)
+	} else {
+		v = append(v, ";proto=http"...)
+	}
 	if host := h.Host(); len(host) > 0 && len(host) < 200 && plainHost(host) {
 		v = append(v, `;host="`...)
 		v = append(v, host...)
@@ -347,7 +356,7 @@ func (s *Server) prepareResponse(h *fasthttp.ResponseHeader, p *plan, ip netip.A
 		s.learnSession(h, p.b, p.ref.tag, p.start, ip)
 	}
 	if p.renew && s.sticky != nil {
-		h.AddBytesV("Set-Cookie", s.sticky.header(&p.ref.cookies[p.b.Index()], p.ref.tag, p.ref.path, p.b, s.wall(p.start)))
+		h.AddBytesV("Set-Cookie", s.sticky.header(&p.ref.cookies[p.b.Index()], p.ref.tag, p.ref.path, p.b, s.wall(p.start), p.secure))
 	}
 }
 

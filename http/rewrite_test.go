@@ -150,7 +150,7 @@ func TestDelNamesEverySpelling(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Server{}
-	s.prepareRequest(&req.Header, netip.MustParseAddr("192.0.2.1"))
+	s.prepareRequest(&req.Header, netip.MustParseAddr("192.0.2.1"), false)
 	var got []string
 	for k, v := range req.Header.All() {
 		got = append(got, string(k)+"="+string(v))

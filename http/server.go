@@ -58,6 +58,10 @@ type Server struct {
 	monoBase int64
 
 	stats Stats
+
+	// HTTPS (tls.go).
+	tls       atomic.Pointer[tlsFront] // the HTTPS listener, while served
+	httpsPort atomic.Pointer[string]   // the HTTPS listener's port, for -https-redirect
 }
 
 // Stats counts what the front end did since start. Fields are atomics.
@@ -84,6 +88,16 @@ type Stats struct {
 	SessionNotLearned atomic.Uint64
 	// H2 counts HTTP/2 client connections and streams (h2.go).
 	H2 H2Stats
+	// HandshakeRefused counts TLS connections closed before their
+	// handshake: Config.Handshakes refused one more in flight (or its rate).
+	HandshakeRefused atomic.Uint64
+	// HandshakeFailed counts TLS handshakes that failed or timed out
+	// (Config.HandshakeTimeout), and connections that negotiated a
+	// protocol nothing serves.
+	HandshakeFailed atomic.Uint64
+	// Redirected counts plain requests answered 308 to HTTPS
+	// (Config.HTTPSRedirect).
+	Redirected atomic.Uint64
 }
 
 // poolStats counts what the front end did in one pool: the refusals it
@@ -206,20 +220,11 @@ func (s *Server) Stats() *Stats { return &s.stats }
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	if s.cfg.Engine == EngineLoop {
-		return s.serveLoops(ln)
+		return s.serveLoops(ln, nil)
 	}
 	s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", len(s.backends.Load().backends),
 		"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	return s.srv.Serve(limitedListener{ln, s})
-}
-
-// ListenAndServe listens on Config.Listen and serves.
-func (s *Server) ListenAndServe() error {
-	ln, err := net.Listen("tcp", s.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen -http-listen %s: %w", s.cfg.Listen, err)
-	}
-	return s.Serve(ln)
 }
 
 // Shutdown stops accepting, lets in-flight requests finish until ctx is
@@ -228,6 +233,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.shut.Store(true)
 	h2done := make(chan error, 1)
 	go func() { h2done <- s.shutdownH2(ctx) }()
+	s.closeTLS()
 	var err error
 	if e := s.loops.Load(); e != nil {
 		err = e.shutdown(ctx)

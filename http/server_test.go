@@ -3,6 +3,7 @@ package http
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -142,6 +143,7 @@ type rig struct {
 	signer   *lb.Signer
 	srv      *Server
 	addr     string
+	scheme   string // http, or https for a rig serving HTTPS (rigOpts.tls)
 	client   *nethttp.Client
 }
 
@@ -199,6 +201,11 @@ type rigOpts struct {
 	pools     [][]string
 	poolSpecs []string
 	routes    []string
+	// tls serves HTTPS only (ServeTLS) with a test certificate
+	// (testTLS) unless cfg.TLSConfig is set; addr is the HTTPS address.
+	tls bool
+	// setup, when set, is called with the server before it serves.
+	setup func(*Server)
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -258,6 +265,9 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	}
 	cfg := o.cfg
 	cfg.Clock = r.clock
+	if o.tls && cfg.TLSConfig == nil {
+		cfg.TLSConfig = testTLS(t).server()
+	}
 	if cfg.Engine == "" {
 		cfg.Engine = engineOf(t)
 	}
@@ -274,7 +284,20 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		t.Fatal(err)
 	}
 	r.addr = ln.Addr().String()
-	go r.srv.Serve(ln)
+	if o.setup != nil {
+		o.setup(r.srv)
+	}
+	r.scheme = "http"
+	var clientTLS *tls.Config
+	if o.tls {
+		r.scheme = "https"
+		clientTLS = testTLS(t).client("a.example")
+		tlsClients.Store(r.addr, clientTLS)
+		t.Cleanup(func() { tlsClients.Delete(r.addr) })
+		go r.srv.ServeTLS(ln)
+	} else {
+		go r.srv.Serve(ln)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -282,7 +305,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	})
 	r.client = &nethttp.Client{
 		Timeout:   10 * time.Second,
-		Transport: &nethttp.Transport{MaxIdleConnsPerHost: 16},
+		Transport: &nethttp.Transport{MaxIdleConnsPerHost: 16, TLSClientConfig: clientTLS},
 	}
 	t.Cleanup(r.client.CloseIdleConnections)
 	return r
@@ -303,7 +326,7 @@ type reply struct {
 
 func (r *rig) do(method, path, cookie string, body io.Reader) reply {
 	r.t.Helper()
-	req, err := nethttp.NewRequest(method, "http://"+r.addr+path, body)
+	req, err := nethttp.NewRequest(method, r.scheme+"://"+r.addr+path, body)
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -22,8 +22,10 @@ import (
 // nothing of the refused request reaches a backend. Every case runs on
 // both engines, which must give the same answers.
 
-// engines are the connection engines every smuggling case runs on.
-var engines = []string{EngineLoop, EngineFastHTTP}
+// engines are the connection engines every smuggling case runs on, over
+// plain HTTP and over HTTPS ("+tls": the same bytes in TLS records, each
+// write of the client its own record).
+var engines = []string{EngineLoop, EngineFastHTTP, EngineLoop + "+tls", EngineFastHTTP + "+tls"}
 
 // seen is one request a recording backend read.
 type seen struct {
@@ -119,8 +121,9 @@ func (r *recorder) since(m int) []seen {
 func smuggleRig(t testing.TB, engine string, cfg Config) (*rig, *recorder) {
 	t.Helper()
 	rec := startRecorder(t)
+	engine, secure := strings.CutSuffix(engine, "+tls")
 	cfg.Engine = engine
-	r := newRig(t, rigOpts{backends: 1, cfg: cfg, raw: func(net.Conn) {}})
+	r := newRig(t, rigOpts{backends: 1, cfg: cfg, raw: func(net.Conn) {}, tls: secure})
 	// Point the pool at the recorder instead of the raw backend.
 	b, err := lb.NewBackend(lb.BackendConfig{ID: "rec", Addr: rec.ln.Addr().String(), Proto: "http"})
 	if err != nil {
@@ -142,7 +145,7 @@ func smuggleRig(t testing.TB, engine string, cfg Config) (*rig, *recorder) {
 // goes quiet.
 func exchangeRaw(t testing.TB, addr string, raw []byte, splits []int) []*nethttp.Response {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := dialTest(addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +159,7 @@ func exchangeRaw(t testing.TB, addr string, raw []byte, splits []int) []*nethttp
 		}
 	}
 	c.Write(raw[prev:])
-	c.(*net.TCPConn).CloseWrite()
+	closeWrite(c)
 	var out []*nethttp.Response
 	br := bufio.NewReader(c)
 	for {
@@ -356,8 +359,10 @@ func TestSmuggling(t *testing.T) {
 		return
 	}
 	for name, a := range answers {
-		if len(a) == 2 && a[0] != a[1] {
-			t.Errorf("%s: the engines answer differently: loop %s, fasthttp %s", name, a[0], a[1])
+		for i := range a {
+			if a[i] != a[0] {
+				t.Errorf("%s: the engines answer differently: %s %s, %s %s", name, engines[0], a[0], engines[i], a[i])
+			}
 		}
 	}
 }
@@ -440,7 +445,7 @@ func TestClientErrorsDoNotEject(t *testing.T) {
 						t.Fatal(err)
 					}
 					io.WriteString(c, raw)
-					c.(*net.TCPConn).CloseWrite()
+					closeWrite(c)
 					c.SetReadDeadline(time.Now().Add(2 * time.Second))
 					io.Copy(io.Discard, c)
 					c.Close()
@@ -491,7 +496,7 @@ func TestAbortedUploadDoesNotEject(t *testing.T) {
 		t.Run(engine, func(t *testing.T) {
 			r, _ := smuggleRig(t, engine, Config{StickyCookie: "-"})
 			for range 5 {
-				c, err := net.Dial("tcp", r.addr)
+				c, err := dialTest(r.addr, 5*time.Second)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -73,6 +73,7 @@ type stickyCookie struct {
 type cookieValue struct {
 	expires int64 // unix seconds
 	header  []byte
+	secure  []byte // header with the Secure attribute, for clients over TLS
 }
 
 func newStickyCookie(name string, ttl time.Duration, signer *lb.Signer) *stickyCookie {
@@ -81,10 +82,15 @@ func newStickyCookie(name string, ttl time.Duration, signer *lb.Signer) *stickyC
 
 // header returns the Set-Cookie value pinning b in pool (the token
 // carries the pool's name), valid from now for ttl, with the pool's
-// cookie Path (poolRef.path). slot caches it for b (see poolRef.cookies).
-func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], pool, path string, b *lb.Backend, now time.Time) []byte {
+// cookie Path (poolRef.path), Secure for a client over TLS (secure): a
+// browser then never sends it over plain HTTP, where it could be read on
+// the way. slot caches both forms for b (see poolRef.cookies).
+func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], pool, path string, b *lb.Backend, now time.Time, secure bool) []byte {
 	exp := now.Add(s.ttl).Unix()
 	if v := slot.Load(); v != nil && v.expires == exp {
+		if secure {
+			return v.secure
+		}
 		return v.header
 	}
 	tok := s.signer.PoolToken(pool, b.ID(), time.Unix(exp, 0))
@@ -96,9 +102,14 @@ func (s *stickyCookie) header(slot *atomic.Pointer[cookieValue], pool, path stri
 	h = append(h, path...)
 	h = append(h, "; Max-Age="...)
 	h = strconv.AppendInt(h, int64(s.ttl/time.Second), 10)
-	h = append(h, "; HttpOnly; SameSite=Lax"...)
-	slot.Store(&cookieValue{expires: exp, header: h})
-	return h
+	h = append(h, "; HttpOnly; SameSite=Lax; Secure"...)
+	n := len(h) - len("; Secure")
+	v := &cookieValue{expires: exp, header: h[:n:n], secure: h}
+	slot.Store(v)
+	if secure {
+		return v.secure
+	}
+	return v.header
 }
 
 // sessionTable maps application session ids (e.g. JSESSIONID values) to

@@ -31,7 +31,17 @@ func TestStickyCookieHidesBackend(t *testing.T) {
 	sc := newStickyCookie("SLUICE", time.Hour, signer)
 	now := time.Unix(1_800_000_000, 0)
 	var slot atomic.Pointer[cookieValue]
-	h := string(sc.header(&slot, "api", "/api", b, now))
+	h := string(sc.header(&slot, "api", "/api", b, now, false))
+	if strings.Contains(h, "Secure") {
+		t.Errorf("Set-Cookie value %q for a plain client: want no Secure", h)
+	}
+	// A TLS client gets the same cookie, Secure, from the same cache slot.
+	if hs := string(sc.header(&slot, "api", "/api", b, now, true)); hs != h+"; Secure" {
+		t.Errorf("Set-Cookie value for a TLS client %q: want %q", hs, h+"; Secure")
+	}
+	if h2 := string(sc.header(&slot, "api", "/api", b, now, false)); h2 != h {
+		t.Errorf("Set-Cookie value from the cache %q: want %q", h2, h)
+	}
 	if !strings.Contains(h, "; Path=/api;") {
 		t.Errorf("Set-Cookie value %q: want the pool's Path=/api", h)
 	}

@@ -159,6 +159,7 @@ type Node struct {
 	mops []mopEntry
 
 	httpAddr, adminAddr net.Addr
+	httpsAddr           net.Addr
 	cpuProfile          *os.File
 	stopFronts          []func(context.Context) error // front ends, in start order
 	background          sync.WaitGroup
@@ -416,6 +417,11 @@ func (n *Node) buildHTTP() error {
 		hc.TrustedProxies = append(hc.TrustedProxies, nets...)
 	}
 	hc.Clock = n.clock
+	// -https-listen: hc.TLSConfig and hc.Handshakes are to come from the
+	// certificate store (tlsedge: Store.ServerConfig with the ALPN
+	// protocols served, and the node's HandshakeLimiter) once it is wired
+	// here; until then a caller that sets them in Config.HTTP serves HTTPS,
+	// and -https-listen without them is refused by http.Config.Validate.
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
 	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer}, n.logger)
@@ -511,20 +517,41 @@ func (n *Node) start(parent context.Context) error {
 		})
 	}
 	if n.httpSrv != nil {
-		ln, err := net.Listen("tcp", n.cfg.HTTP.Listen)
-		if err != nil {
-			return fmt.Errorf("-http-listen %s: %w", n.cfg.HTTP.Listen, err)
+		// The plain listener (unless -http-listen off) and the HTTPS one
+		// (-https-listen), served by one front end.
+		var plain, secure net.Listener
+		if hl := n.cfg.HTTP.Listen; hl != lbhttp.ListenOff {
+			ln, err := net.Listen("tcp", hl)
+			if err != nil {
+				return fmt.Errorf("-http-listen %s: %w", hl, err)
+			}
+			plain, n.httpAddr = ln, ln.Addr()
+		}
+		if tl := n.cfg.HTTP.TLSListen; tl != "" {
+			ln, err := net.Listen("tcp", tl)
+			if err != nil {
+				if plain != nil {
+					plain.Close()
+				}
+				return fmt.Errorf("-https-listen %s: %w", tl, err)
+			}
+			secure, n.httpsAddr = ln, ln.Addr()
 		}
 		var hln net.Listener
 		if a := n.cfg.HTTP.H2CListen; a != "" {
+			var err error
 			if hln, err = net.Listen("tcp", a); err != nil {
-				ln.Close()
+				if plain != nil {
+					plain.Close()
+				}
+				if secure != nil {
+					secure.Close()
+				}
 				return fmt.Errorf("-http-h2c-listen %s: %w", a, err)
 			}
 		}
-		n.httpAddr = ln.Addr()
 		n.goBackground(func() {
-			if err := n.httpSrv.Serve(ln); err != nil {
+			if err := n.httpSrv.ServeListeners(plain, secure); err != nil {
 				n.logger.Error("http front end stopped", "err", err)
 			}
 		})
@@ -549,6 +576,9 @@ func (n *Node) start(parent context.Context) error {
 	if n.httpAddr != nil {
 		attrs = append(attrs, "http", n.httpAddr.String())
 	}
+	if n.httpsAddr != nil {
+		attrs = append(attrs, "https", n.httpsAddr.String())
+	}
 	if n.sipSrv != nil {
 		attrs = append(attrs, "sip", n.sipSrv.Addr().String())
 	}
@@ -563,11 +593,12 @@ func (n *Node) start(parent context.Context) error {
 // it does not have.
 type Addrs struct {
 	HTTP, SIP, Admin net.Addr
+	HTTPS            net.Addr // -https-listen
 }
 
 // Addrs returns the bound addresses (after Start).
 func (n *Node) Addrs() Addrs {
-	a := Addrs{HTTP: n.httpAddr, Admin: n.adminAddr}
+	a := Addrs{HTTP: n.httpAddr, Admin: n.adminAddr, HTTPS: n.httpsAddr}
 	if n.sipSrv != nil {
 		if sa := n.sipSrv.Addr(); sa != nil {
 			a.SIP = sa

@@ -115,6 +115,7 @@ var badValues = map[string]string{
 	"arm":                    "name=x",
 	"http-listen":            "127.0.0.1:99999",
 	"http-h2c-listen":        "127.0.0.1:99999",
+	"https-listen":           "127.0.0.1:99999",
 	"sip-listen":             "127.0.0.1:99999",
 	"admin-listen":           "127.0.0.1:99999",
 	"admin-host":             "http://evil.example/",
@@ -245,6 +246,7 @@ func TestFieldFlags(t *testing.T) {
 	newRunFlags(fs)
 	notFlags := map[string]bool{ // set by the wiring, not by a flag of their own
 		"http.RetryAfterNoBackend": true, "http.Clock": true, "http.Now": true, "http.ObserveForward": true,
+		"http.TLSConfig": true, "http.Handshakes": true, // from the certificate store
 	}
 	fields := fieldFlags()
 	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(node.HTTPConfig{}), "sip": reflect.TypeOf(node.SIPConfig{})} {

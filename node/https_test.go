@@ -1,0 +1,145 @@
+package node
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	lbhttp "github.com/sluicelb/sluice/http"
+)
+
+// selfSigned returns a certificate for 127.0.0.1 made in the test, and a
+// pool that trusts it.
+func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "node test"},
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
+}
+
+// TestNodeServesHTTPS: -https-listen beside -http-listen serves the same
+// backends over both, the backend told the scheme; with -http-listen off
+// only HTTPS is served; with -https-redirect the plain listener answers
+// 308 to the HTTPS port.
+func TestNodeServesHTTPS(t *testing.T) {
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "hello ", r.Header.Get("X-Forwarded-Proto"))
+	}))
+	defer be.Close()
+	cert, roots := selfSigned(t)
+	client := &http.Client{
+		Timeout:       10 * time.Second,
+		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	get := func(url string) (int, string, http.Header) {
+		t.Helper()
+		resp, err := client.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	for _, tc := range []struct {
+		name     string
+		listen   string
+		redirect bool
+	}{
+		{"beside", "127.0.0.1:0", false},
+		{"instead", lbhttp.ListenOff, false},
+		{"redirect", "127.0.0.1:0", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.HTTPBackends = []string{be.Listener.Addr().String() + ",id=b1"}
+			cfg.HTTP.Listen = tc.listen
+			cfg.HTTP.TLSListen = "127.0.0.1:0"
+			cfg.HTTP.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
+			cfg.HTTP.HTTPSRedirect = tc.redirect
+			// One source, two connections (HTTPS, then plain) on loops of
+			// their own: a per-source share of backend connections above 1.
+			cfg.HTTP.MaxConns = 64
+			n, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := n.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer n.Stop(time.Second)
+			a := n.Addrs()
+			if a.HTTPS == nil || (a.HTTP == nil) != (tc.listen == lbhttp.ListenOff) {
+				t.Fatalf("addrs %+v", a)
+			}
+			if code, body, _ := get("https://" + a.HTTPS.String() + "/"); code != 200 || body != "hello https" {
+				t.Fatalf("over HTTPS: %d %q", code, body)
+			}
+			if a.HTTP == nil {
+				return
+			}
+			code, body, h := get("http://" + a.HTTP.String() + "/p?q=1")
+			_, port, _ := net.SplitHostPort(a.HTTPS.String())
+			switch {
+			case tc.redirect && (code != 308 || h.Get("Location") != "https://127.0.0.1:"+port+"/p?q=1"):
+				t.Errorf("plain with -https-redirect: %d %q, want 308 to the HTTPS port", code, h.Get("Location"))
+			case !tc.redirect && (code != 200 || body != "hello http"):
+				t.Errorf("plain: %d %q", code, body)
+			}
+		})
+	}
+}
+
+// TestNodeHTTPSNeedsCertificates: -https-listen without certificates, and
+// -http-listen off without -https-listen, are refused naming the field.
+func TestNodeHTTPSNeedsCertificates(t *testing.T) {
+	for _, tc := range []struct{ listen, tlsListen, want string }{
+		{"127.0.0.1:0", "127.0.0.1:0", "TLSListen"},
+		{lbhttp.ListenOff, "", "Listen"},
+	} {
+		cfg := testConfig(t)
+		cfg.HTTPBackends = []string{"127.0.0.1:1,id=b1"}
+		cfg.HTTP.Listen, cfg.HTTP.TLSListen = tc.listen, tc.tlsListen
+		_, err := New(cfg, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("listen %q, https %q: %v, want an error naming %s", tc.listen, tc.tlsListen, err, tc.want)
+		}
+	}
+}
