@@ -10,9 +10,10 @@ import (
 // token bucket holding one second's worth), so that a flood of new
 // connections, each costing a signature, cannot take the CPU from the
 // connections already established. It implements the front ends'
-// HandshakeGate. Acquire is lock-free and allocates nothing: one atomic
-// add for the in-flight count and a compare-and-swap for the rate (GCRA:
-// the theoretical arrival time of the next handshake). No goroutine.
+// HandshakeGate. Acquire is lock-free and allocates nothing: a
+// compare-and-swap for the in-flight count (which never reads above the
+// bound) and one for the rate (GCRA: the theoretical arrival time of the
+// next handshake). No goroutine.
 type HandshakeLimiter struct {
 	max       int64 // 0: no bound
 	interval  int64 // nanoseconds per handshake at the rate; 0: no cap
@@ -44,11 +45,15 @@ func NewHandshakeLimiter(maxInFlight int, perSecond float64) *HandshakeLimiter {
 // nanoseconds, e.g. admission.MonoClock); false: the caller closes the
 // connection without a handshake. A true must be followed by one Release.
 func (l *HandshakeLimiter) Acquire(now int64) bool {
-	n := l.inFlight.Add(1)
-	if l.max > 0 && n > l.max {
-		l.inFlight.Add(-1)
-		l.refusedBusy.Add(1)
-		return false
+	for {
+		n := l.inFlight.Load()
+		if l.max > 0 && n >= l.max {
+			l.refusedBusy.Add(1)
+			return false
+		}
+		if l.inFlight.CompareAndSwap(n, n+1) {
+			break
+		}
 	}
 	if l.interval > 0 && !l.take(now) {
 		l.inFlight.Add(-1)

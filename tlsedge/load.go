@@ -30,6 +30,7 @@ const minRSABits = 2048
 // Errors of loading a certificate, wrapped with the file's name and the
 // details; errors.Is tells them apart.
 var (
+	ErrNotPEM        = errors.New("no PEM block (want a PEM file: -----BEGIN CERTIFICATE----- ...; DER is not read)")
 	ErrNoCert        = errors.New("no CERTIFICATE block")
 	ErrNoKey         = errors.New("no private key")
 	ErrKeyMismatch   = errors.New("private key does not match the certificate's public key")
@@ -84,7 +85,7 @@ func readPEM(file string) (pemParts, error) {
 		}
 	}
 	if blocks == 0 {
-		return out, errors.New("no PEM block (want a PEM file: -----BEGIN CERTIFICATE----- ...; DER is not read)")
+		return out, ErrNotPEM
 	}
 	return out, nil
 }

@@ -158,7 +158,7 @@ func (s *Store) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, er
 		if es := sn.exact[name]; es != nil {
 			return pick(hello, es), nil
 		}
-		if i := strings.IndexByte(name, '.'); i > 0 {
+		if i := strings.IndexByte(name, '.'); i > 0 && name[:i] != "*" {
 			if es := sn.wild[name[i+1:]]; es != nil {
 				return pick(hello, es), nil
 			}
