@@ -166,6 +166,10 @@ type Status struct {
 	// LastReload is the outcome of the last reload (SIGHUP) of each
 	// configuration file, together; absent before the first.
 	LastReload *ReloadStatus `json:"last_reload,omitempty"`
+	// TLSCertificates lists the certificates of the TLS listeners in
+	// service (file, names, issuer, serial, not_after,
+	// seconds_to_expiry, ...); absent without TLS.
+	TLSCertificates any `json:"tls_certificates,omitempty"`
 }
 
 // ReloadStatus is the outcome of the last reload of each configuration
@@ -317,6 +321,9 @@ type Source struct {
 	// LastReload reports the last reloads; nil, or nil returned, leaves
 	// it out.
 	LastReload func() *ReloadStatus
+	// TLSCertificates lists the TLS certificates in service; nil, or nil
+	// returned, leaves them out.
+	TLSCertificates func() any
 }
 
 // Snapshot builds the Status document now.
@@ -351,6 +358,9 @@ func (src Source) Snapshot() Status {
 	}
 	if src.LastReload != nil {
 		st.LastReload = src.LastReload()
+	}
+	if src.TLSCertificates != nil {
+		st.TLSCertificates = src.TLSCertificates()
 	}
 	return st
 }
