@@ -78,8 +78,17 @@ func (l *HandshakeLimiter) take(now int64) bool {
 	}
 }
 
-// Release ends a handshake Acquire let start, done or failed.
-func (l *HandshakeLimiter) Release() { l.inFlight.Add(-1) }
+// Release ends a handshake Acquire let start, done or failed. A Release
+// without its Acquire never takes the count below zero (which would
+// loosen the bound for good).
+func (l *HandshakeLimiter) Release() {
+	for {
+		n := l.inFlight.Load()
+		if n <= 0 || l.inFlight.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
+}
 
 // HandshakeStats are a limiter's counts.
 type HandshakeStats struct {
@@ -91,5 +100,5 @@ type HandshakeStats struct {
 
 // Stats returns the counts so far.
 func (l *HandshakeLimiter) Stats() HandshakeStats {
-	return HandshakeStats{InFlight: max(0, l.inFlight.Load()), Started: l.started.Load(), RefusedBusy: l.refusedBusy.Load(), RefusedRate: l.refusedRate.Load()}
+	return HandshakeStats{InFlight: l.inFlight.Load(), Started: l.started.Load(), RefusedBusy: l.refusedBusy.Load(), RefusedRate: l.refusedRate.Load()}
 }

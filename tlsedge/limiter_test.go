@@ -78,6 +78,28 @@ func TestHandshakeLimiter(t *testing.T) {
 	}
 }
 
+// gate is the HandshakeGate the front ends declare (http, sip): the
+// limiter must keep satisfying it.
+type gate interface {
+	Acquire(now int64) bool
+	Release()
+}
+
+var _ gate = (*HandshakeLimiter)(nil)
+
+// TestReleaseWithoutAcquire: a stray Release does not loosen the bound.
+func TestReleaseWithoutAcquire(t *testing.T) {
+	l := NewHandshakeLimiter(1, 0)
+	l.Release()
+	l.Release()
+	if !l.Acquire(0) || l.Acquire(0) {
+		t.Fatal("after stray releases the bound of 1 let through other than one")
+	}
+	if st := l.Stats(); st.InFlight != 1 {
+		t.Fatalf("in flight %d", st.InFlight)
+	}
+}
+
 // TestHandshakeLimiterConcurrent: however many goroutines race, no more
 // than max are ever admitted at once and the rate admits its burst
 // exactly.
