@@ -163,13 +163,13 @@ type Status struct {
 	// Storage is the data directory's health (persist.Health), when a
 	// store is open.
 	Storage any `json:"storage,omitempty"`
-	// LastReload is the outcome of the last reload (SIGHUP) of each
-	// configuration file, together; absent before the first.
-	LastReload *ReloadStatus `json:"last_reload,omitempty"`
 	// TLSCertificates lists the certificates of the TLS listeners in
 	// service (file, names, issuer, serial, not_after,
 	// seconds_to_expiry, ...); absent without TLS.
 	TLSCertificates any `json:"tls_certificates,omitempty"`
+	// LastReload is the outcome of the last reload (SIGHUP) of each
+	// configuration file, together; absent before the first.
+	LastReload *ReloadStatus `json:"last_reload,omitempty"`
 }
 
 // ReloadStatus is the outcome of the last reload of each configuration
@@ -314,6 +314,9 @@ type Source struct {
 	// Storage reports the data directory's health; nil, or nil returned,
 	// leaves it out.
 	Storage func() any
+	// TLSCertificates lists the TLS certificates in service; nil, or nil
+	// returned, leaves them out.
+	TLSCertificates func() any
 	// Pools lists the pools of every front end; nil for none.
 	Pools func() []PoolStatus
 	// Routes lists the routes by protocol; nil for none.
@@ -321,9 +324,6 @@ type Source struct {
 	// LastReload reports the last reloads; nil, or nil returned, leaves
 	// it out.
 	LastReload func() *ReloadStatus
-	// TLSCertificates lists the TLS certificates in service; nil, or nil
-	// returned, leaves them out.
-	TLSCertificates func() any
 }
 
 // Snapshot builds the Status document now.
@@ -356,11 +356,11 @@ func (src Source) Snapshot() Status {
 	if src.Storage != nil {
 		st.Storage = src.Storage()
 	}
-	if src.LastReload != nil {
-		st.LastReload = src.LastReload()
-	}
 	if src.TLSCertificates != nil {
 		st.TLSCertificates = src.TLSCertificates()
+	}
+	if src.LastReload != nil {
+		st.LastReload = src.LastReload()
 	}
 	return st
 }
