@@ -302,7 +302,7 @@ func serve(ctx context.Context, p preset, args []string, stdout, stderr io.Write
 			}
 			if n.TLS() != nil {
 				if err := n.ReloadTLS(); err != nil {
-					logger.Error("reload refused certificates: they keep serving the ones loaded before", "err", err)
+					logger.Error("reload refused a certificate file: the certificate loaded before it serves on", "err", err)
 				} else {
 					logger.Info("reloaded tls certificates", "files", len(o.tlsCerts.values))
 				}
