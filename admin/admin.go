@@ -163,6 +163,10 @@ type Status struct {
 	// Storage is the data directory's health (persist.Health), when a
 	// store is open.
 	Storage any `json:"storage,omitempty"`
+	// TLSCertificates lists the certificates of the TLS listeners in
+	// service (file, names, issuer, serial, not_after,
+	// seconds_to_expiry, ...); absent without TLS.
+	TLSCertificates any `json:"tls_certificates,omitempty"`
 	// LastReload is the outcome of the last reload (SIGHUP) of each
 	// configuration file, together; absent before the first.
 	LastReload *ReloadStatus `json:"last_reload,omitempty"`
@@ -310,6 +314,9 @@ type Source struct {
 	// Storage reports the data directory's health; nil, or nil returned,
 	// leaves it out.
 	Storage func() any
+	// TLSCertificates lists the TLS certificates in service; nil, or nil
+	// returned, leaves them out.
+	TLSCertificates func() any
 	// Pools lists the pools of every front end; nil for none.
 	Pools func() []PoolStatus
 	// Routes lists the routes by protocol; nil for none.
@@ -348,6 +355,9 @@ func (src Source) Snapshot() Status {
 	}
 	if src.Storage != nil {
 		st.Storage = src.Storage()
+	}
+	if src.TLSCertificates != nil {
+		st.TLSCertificates = src.TLSCertificates()
 	}
 	if src.LastReload != nil {
 		st.LastReload = src.LastReload()

@@ -33,6 +33,7 @@ import (
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/persist"
 	lbsip "github.com/sluicelb/sluice/sip"
+	"github.com/sluicelb/sluice/tlsedge"
 )
 
 // Config is everything a node is built from. cmd/sluice fills it from
@@ -116,6 +117,9 @@ type Config struct {
 	// Cluster joins a cluster of nodes sharing budgets through Redis;
 	// Redis "" keeps the node standalone.
 	Cluster cluster.Config
+	// TLS holds the certificates (-tls-cert) and handshake bounds of every
+	// TLS listener; all zero is tlsedge's defaults without certificates.
+	TLS tlsedge.Config
 }
 
 // Node is a sluice node. Create it with New; Start, Reload, Drain and Stop
@@ -149,6 +153,11 @@ type Node struct {
 	dataKeyFile    string                 // the affinity key generated in the data directory ("" with -affinity-key-file)
 	dataKey        []byte                 // and its bytes
 	reloads        reloadLog              // the last reload of each file, for /status
+
+	// What the TLS listeners share (tls.go).
+	tlsStore   *tlsedge.Store            // certificates; nil without -tls-cert
+	tlsCfg     tlsedge.Config            // cfg.TLS with defaults filled
+	handshakes *tlsedge.HandshakeLimiter // the bound on TLS and WebSocket handshakes
 
 	specsInForce
 
@@ -269,6 +278,10 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 			n.dataKeyFile, n.dataKey = keyFile, data
 		}
 	}
+	// Before the front ends: their TLS listeners take the store.
+	if err := n.buildTLS(); err != nil {
+		return nil, err
+	}
 
 	if len(n.httpBackends) > 0 {
 		if err := n.buildHTTP(); err != nil {
@@ -299,6 +312,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		}
 		n.admin.Handle("GET /healthz", n.healthz())
 		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload}
+		src.TLSCertificates = n.tlsCertStatus
 		n.admin.Handle("GET /status", admin.StatusHandler(src))
 		// The dashboard at / samples src every second while the admin
 		// listener serves; its buttons drain and reweigh the pools in force.
@@ -495,6 +509,7 @@ func (n *Node) start(parent context.Context) error {
 		n.goBackground(func() { n.keepDataKey(ctx, 5*time.Second) })
 	}
 	n.startCluster(ctx)
+	n.startTLS(ctx)
 	if n.httpGen != nil {
 		n.httpGen.Start(ctx) // a first round of probes before traffic
 	}

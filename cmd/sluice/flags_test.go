@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/node"
+	"github.com/sluicelb/sluice/tlsedge"
 )
 
 // lookupIn is an environment made of m, for parseFlags.
@@ -141,6 +142,7 @@ var badValues = map[string]string{
 	"cluster-node":           "a b",
 	"cluster-fail":           "shut",
 	"data-dir":               "/proc/no/such/dir",
+	"tls-cert":               "site.pem,chain=ca.pem",
 	"cpuprofile":             "/proc/no/such/dir/cpu.prof",
 	"config":                 "/proc/no/such/file",
 	"since":                  "yesterday",
@@ -249,7 +251,7 @@ func TestFieldFlags(t *testing.T) {
 		"http.TLSConfig": true, "http.Handshakes": true, // from the certificate store
 	}
 	fields := fieldFlags()
-	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(node.HTTPConfig{}), "sip": reflect.TypeOf(node.SIPConfig{})} {
+	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(node.HTTPConfig{}), "sip": reflect.TypeOf(node.SIPConfig{}), "tlsedge": reflect.TypeOf(tlsedge.Config{})} {
 		for i := range typ.NumField() {
 			key := pkg + "." + typ.Field(i).Name
 			if notFlags[key] {
@@ -297,7 +299,7 @@ func TestFieldFlags(t *testing.T) {
 func TestEveryFieldErrorHasFlag(t *testing.T) {
 	fields := fieldFlags()
 	found := 0
-	for _, pkg := range []string{"admission", "lb", "http", "sip", "cluster", "node"} {
+	for _, pkg := range []string{"admission", "lb", "http", "sip", "cluster", "node", "tlsedge"} {
 		for _, key := range fieldErrorKeys(t, pkg) {
 			found++
 			if _, ok := fields[key]; !ok {

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"sync"
 	"time"
+
+	"github.com/sluicelb/sluice/tlsedge"
 )
 
 // The flag registry: each flag that sets a field of a library's Config is
@@ -127,4 +129,26 @@ func markRenamed(set map[string]bool) {
 			set[old], set[name] = true, true
 		}
 	}
+}
+
+// tlsFlags registers the flags of tlsedge.Config on fs (sluice run):
+// the certificates every TLS listener shares and the bound on
+// handshakes, recording in fields the field each sets; certs receives the
+// -tls-cert values (checked as they are read).
+func tlsFlags(fs *flag.FlagSet, fields map[string]string, cfg *tlsedge.Config, certs *listFlag) {
+	*cfg = tlsedge.DefaultConfig()
+	sec := newSection(fs, fields, "tlsedge", "", cfg)
+	certs.check = func(s string) error { _, err := tlsedge.ParseCertSpec(s); return err }
+	fs.Var(certs, "tls-cert", "`certificate` of the TLS listeners: CERTFILE[,key=KEYFILE], a PEM chain, leaf first, and its private key (ECDSA or RSA; in CERTFILE too when key= is not given, as HAProxy's crt); repeatable: chosen by SNI among their names (exact, then wildcard, then the first given); re-read on SIGHUP and when the files change, a bad new file refused while the old certificate serves on")
+	sec.also(&cfg.Certs, "tls-cert")
+	sec.add(&cfg.HandshakesMax, "tls-handshakes-max", "most TLS and WebSocket handshakes under way at once on all listeners together; more connections are closed without one (0: no bound)")
+	sec.add(&cfg.HandshakeRate, "tls-handshake-rate", "most TLS and WebSocket handshakes started per second on all listeners together, with a burst of one second's worth; more connections are closed without one (0: no cap)")
+	sec.add(&cfg.HandshakeTimeout, "tls-handshake-timeout", "close a connection whose TLS or WebSocket handshake takes longer")
+}
+
+// tlsSettings is the tlsedge.Config of the -tls-* flags.
+func (o *runOptions) tlsSettings() tlsedge.Config {
+	c := o.tls
+	c.Certs = o.tlsCerts.values
+	return c
 }

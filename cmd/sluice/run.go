@@ -20,6 +20,7 @@ import (
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/node"
 	"github.com/sluicelb/sluice/persist"
+	"github.com/sluicelb/sluice/tlsedge"
 )
 
 func init() {
@@ -57,6 +58,8 @@ type runOptions struct {
 	cpuProfile   string
 	sip          *sipOptions
 	cluster      cluster.Config
+	tls          tlsedge.Config
+	tlsCerts     listFlag
 }
 
 // defaultDrainTimeout is -drain-timeout's default: the shutdown drain.
@@ -157,6 +160,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
 	o.sip = addSIPFlags(fs, o.fields)
 	clusterFlags(fs, o.fields, &o.cluster)
+	tlsFlags(fs, o.fields, &o.tls, &o.tlsCerts)
 	return o
 }
 
@@ -300,6 +304,13 @@ func serve(ctx context.Context, p preset, args []string, stdout, stderr io.Write
 					logger.Info("reloaded arm rules", "file", o.armFile)
 				}
 			}
+			if n.TLS() != nil {
+				if err := n.ReloadTLS(); err != nil {
+					logger.Error("reload refused a certificate file: the certificate loaded before it serves on", "err", err)
+				} else {
+					logger.Info("reloaded tls certificates", "files", len(o.tlsCerts.values))
+				}
+			}
 		}
 	}
 	left := n.Drain(o.shutdown)
@@ -345,5 +356,6 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		SIPPools:       o.sip.pools.values,
 		SIPRoutes:      o.sip.routes.values,
 		Cluster:        o.cluster,
+		TLS:            o.tlsSettings(),
 	}, logger, nil
 }
