@@ -2,56 +2,21 @@ package node
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/tlsedge"
 )
-
-// selfSigned returns a certificate for 127.0.0.1 made in the test, and a
-// pool that trusts it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "node test"},
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
-}
 
 // TestNodeServesHTTPS: -https-listen beside -http-listen serves the same
 // backends over both, the backend told the scheme; with -http-listen off
@@ -62,10 +27,18 @@ func TestNodeServesHTTPS(t *testing.T) {
 		fmt.Fprint(w, "hello ", r.Header.Get("X-Forwarded-Proto"))
 	}))
 	defer be.Close()
-	cert, roots := selfSigned(t)
+	// The certificate comes from the node's store (-tls-cert), as an
+	// operator gives it: a PEM file with the key in it.
+	certFile := selfSigned(t, t.TempDir(), "site.pem", 7, "www.example.com")
+	pemBytes, err := os.ReadFile(certFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pemBytes)
 	client := &http.Client{
 		Timeout:       10 * time.Second,
-		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}},
+		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "www.example.com"}},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	get := func(url string) (int, string, http.Header) {
@@ -92,7 +65,8 @@ func TestNodeServesHTTPS(t *testing.T) {
 			cfg.HTTPBackends = []string{be.Listener.Addr().String() + ",id=b1"}
 			cfg.HTTP.Listen = tc.listen
 			cfg.HTTP.TLSListen = "127.0.0.1:0"
-			cfg.HTTP.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
+			cfg.TLS = tlsedge.DefaultConfig()
+			cfg.TLS.Certs = []string{certFile}
 			cfg.HTTP.HTTPSRedirect = tc.redirect
 			// One source, two connections (HTTPS, then plain) on loops of
 			// their own: a per-source share of backend connections above 1.
@@ -131,7 +105,7 @@ func TestNodeServesHTTPS(t *testing.T) {
 // -http-listen off without -https-listen, are refused naming the field.
 func TestNodeHTTPSNeedsCertificates(t *testing.T) {
 	for _, tc := range []struct{ listen, tlsListen, want string }{
-		{"127.0.0.1:0", "127.0.0.1:0", "TLSListen"},
+		{"127.0.0.1:0", "127.0.0.1:0", "-tls-cert"},
 		{lbhttp.ListenOff, "", "Listen"},
 	} {
 		cfg := testConfig(t)

@@ -431,11 +431,17 @@ func (n *Node) buildHTTP() error {
 		hc.TrustedProxies = append(hc.TrustedProxies, nets...)
 	}
 	hc.Clock = n.clock
-	// -https-listen: hc.TLSConfig and hc.Handshakes are to come from the
-	// certificate store (tlsedge: Store.ServerConfig with the ALPN
-	// protocols served, and the node's HandshakeLimiter) once it is wired
-	// here; until then a caller that sets them in Config.HTTP serves HTTPS,
-	// and -https-listen without them is refused by http.Config.Validate.
+	if hc.TLSListen != "" {
+		// -https-listen: certificates by SNI from the node's store, h2 and
+		// http/1.1 offered by ALPN, one bound on handshakes shared by every
+		// TLS and WebSocket listener, -tls-handshake-timeout.
+		if err := n.cfg.needTLS("-https-listen"); err != nil {
+			return err
+		}
+		hc.TLSConfig = n.tlsConfig("h2", "http/1.1")
+		hc.Handshakes = n.handshakes
+		hc.HandshakeTimeout = n.HandshakeTimeout()
+	}
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
 	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer}, n.logger)

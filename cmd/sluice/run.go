@@ -76,7 +76,6 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hs.add(&h.Listen, "http-listen", "HTTP listen address; off: none (HTTPS only, -https-listen)")
 	hs.add(&h.H2CListen, "http-h2c-listen", "address serving HTTP/2 over cleartext with prior knowledge (h2c) only; empty: none (Upgrade: h2c is never honoured)")
 	hs.add(&h.TLSListen, "https-listen", "HTTPS listen address, served beside -http-listen (or alone with -http-listen off) by the same front end; certificates by -tls-cert")
-	hs.add(&h.HandshakeTimeout, "https-handshake-timeout", "a TLS handshake on -https-listen not done within this is closed")
 	hs.add(&h.HTTPSRedirect, "https-redirect", "the plain HTTP listener answers every request 308 to the same host and target over HTTPS (on -https-listen's port)")
 	o.httpBackends.check = node.CheckHTTPBackend
 	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default)")
