@@ -247,10 +247,13 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 		ref.path = cookiePath(set, ref)
 	}
 
+	// Plain connections are kept across generations by address; a TLS
+	// backend gets a new pool with each generation's TLS settings (its
+	// CA or name may have changed).
 	reuse := map[string]*fasthttp.HostClient{}
 	if old != nil {
 		for _, b := range old.backends {
-			if c := old.clients[b.Index()]; c != nil {
+			if c := old.clients[b.Index()]; c != nil && b.TLS() == nil {
 				reuse[b.Addr()] = c
 			}
 		}
@@ -258,9 +261,13 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 	set.clients = make([]*fasthttp.HostClient, n)
 	for _, b := range set.backends {
 		c, ok := reuse[b.Addr()]
-		delete(reuse, b.Addr())
+		if b.TLS() != nil {
+			c, ok = nil, false
+		} else {
+			delete(reuse, b.Addr())
+		}
 		if !ok {
-			c = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
+			c = s.newClient(b.Addr(), s.cfg.ResponseBuffer, b.TLS())
 		}
 		set.clients[b.Index()] = c
 	}

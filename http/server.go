@@ -57,6 +57,10 @@ type Server struct {
 	monoBase int64
 
 	stats Stats
+
+	upgrades      []string  // Config.Upgrades parsed (tunnel.go)
+	tunnels       tunnelSet // open tunnels, for Shutdown
+	tunnelsForced atomic.Bool
 }
 
 // Stats counts what the front end did since start. Fields are atomics.
@@ -81,6 +85,16 @@ type Stats struct {
 	// SessionNotLearned counts application session ids not learned: the
 	// table was full of sessions in use, or the id was too long.
 	SessionNotLearned atomic.Uint64
+
+	// Tunnels are the upgraded connections open now (tunnel.go).
+	Tunnels atomic.Int64
+	// TunnelsPending are upgrade requests sent, their answer not yet in;
+	// they count against MaxTunnels with Tunnels.
+	TunnelsPending atomic.Int64
+	// TunnelsTotal counts the tunnels opened (backend answered 101).
+	TunnelsTotal atomic.Uint64
+	// TunnelsRefused counts upgrade requests answered 503 at MaxTunnels.
+	TunnelsRefused atomic.Uint64
 }
 
 // poolStats counts what the front end did in one pool: the refusals it
@@ -133,6 +147,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		trusted: cfg.TrustedProxies,
 		appName: cfg.AppCookie,
 	}
+	s.upgrades, _ = parseUpgrades(cfg.Upgrades) // Validate checked it
 	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
 	if fit := defaultMaxClientConns(fdLimit()); cfg.MaxClientConns > fit {
 		// Each client connection may hold a backend connection: past
@@ -229,6 +244,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	} else {
 		err = s.srv.ShutdownWithContext(ctx)
 	}
+	s.drainTunnels(ctx) // hijacked connections are no longer the engines'
+
 	set := s.backends.Load()
 	for _, c := range set.clients {
 		if c != nil {

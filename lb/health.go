@@ -1,8 +1,8 @@
 package lb
 
 import (
-	"crypto/tls"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
