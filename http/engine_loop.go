@@ -116,8 +116,10 @@ type loopEngine struct {
 func (e *loopEngine) slotFreed(addr string) {
 	for _, l := range e.loops {
 		l.post(func() {
-			if p := l.connPools[addr]; p != nil && len(p.waiters) > 0 {
-				l.serveWaiters(p)
+			for _, key := range [...]string{addr, tlsPoolKey(addr)} {
+				if p := l.connPools[key]; p != nil && len(p.waiters) > 0 {
+					l.serveWaiters(p)
+				}
 			}
 		})
 	}
@@ -265,7 +267,8 @@ func (e *loopEngine) watchCritical() {
 	}
 }
 
-// shedIdle asks the other loops to close one idle connection to addr, so
+// shedIdle asks the other loops to close one idle connection of the
+// pool keyed addr (connPool.key), so
 // that from, which has requests waiting for a connection and none idle,
 // may dial one: -http-backend-max-conns counts the connections of all
 // loops.

@@ -1,0 +1,90 @@
+//go:build linux
+
+package http
+
+import (
+	"crypto/tls"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Backends over TLS on the loop engine. The loop reads and writes plain
+// descriptors; for a TLS backend its descriptor is one end of a socket
+// pair whose other end a goroutine pair bridges to a crypto/tls client
+// connection (dialled, handshake within ConnectTimeout, certificate
+// verified as Backend.TLS says). The loop code is the same for both
+// kinds, and back pressure holds: each bridge direction copies through
+// one window and the socket pair's buffers. The cost is two goroutines
+// and a socket pair per TLS backend connection (backend connections are
+// pooled and bounded by -http-backend-max-conns, so they are few), and
+// one more copy per byte. A dial or handshake that fails closes the
+// bridge: the loop reads EOF before any answer byte, as from a backend
+// that closed the connection (502, or the request moves on).
+
+// tlsPoolKey is the loop's connPools key of a TLS backend address: its
+// connections never serve the plain backend of the same address.
+func tlsPoolKey(addr string) string { return "tls|" + addr }
+
+// tlsBridge returns the loop's end of a socket pair bridged to a TLS
+// connection to addr, dialled on a goroutine.
+func tlsBridge(addr string, cfg *tls.Config, timeout time.Duration) (int, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return -1, err
+	}
+	f := os.NewFile(uintptr(fds[1]), "tls-bridge")
+	nc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		unix.Close(fds[0])
+		return -1, err
+	}
+	go bridgeTLS(nc, addr, cfg, timeout)
+	return fds[0], nil
+}
+
+// bridgeTLS dials addr with TLS and copies between it and the loop's
+// socket pair end nc until both directions end.
+func bridgeTLS(nc net.Conn, addr string, cfg *tls.Config, timeout time.Duration) {
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: cfg}
+	tc, err := d.Dial("tcp", addr)
+	if err != nil {
+		nc.Close()
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// The loop never half-closes a backend connection: the end of its
+		// side is the end of the connection.
+		bridgeCopy(tc, nc, false)
+	}()
+	bridgeCopy(nc, tc, true) // the backend's close reaches the loop as EOF
+	wg.Wait()
+	nc.Close()
+	tc.Close()
+}
+
+// bridgeCopy copies src to dst through one window; at src's end it shuts
+// down dst's writing side when half is set, else (and on an error) it
+// closes both.
+func bridgeCopy(dst, src net.Conn, half bool) {
+	buf := make([]byte, tunnelWindow)
+	_, err := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
+	if err == nil && half && closeWrite(dst) == nil {
+		return
+	}
+	dst.Close()
+	src.Close()
+}
