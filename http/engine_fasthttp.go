@@ -63,7 +63,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if s.pick(&p, &ctx.Response, &r, d, h, remoteAddr(ctx)) {
-		if proto := s.upgradeAsked(h, h.ContentLength() == 0 && !ctx.Request.IsBodyStream()); proto != nil {
+		// No body: no Content-Length above 0, not chunked (-1; -2 is
+		// fasthttp's "none given" for a request), nothing streamed.
+		bodyless := h.ContentLength() != -1 && h.ContentLength() <= 0 && !ctx.Request.IsBodyStream() && len(ctx.Request.Body()) == 0
+		if proto := s.upgradeAsked(h, bodyless); proto != nil {
 			s.forwardUpgrade(ctx, &p, v, proto)
 		} else {
 			s.forward(ctx, &p, v)
