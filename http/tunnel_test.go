@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
@@ -530,4 +532,29 @@ func otherCA(t *testing.T) *httptest.Server {
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+func TestTunnelMetrics(t *testing.T) {
+	var st Stats
+	st.Tunnels.Store(3)
+	st.TunnelsPending.Store(1)
+	st.TunnelsTotal.Store(7)
+	st.TunnelsRefused.Store(2)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewCollector(&st))
+	want := `
+# HELP sluice_http_tunnels HTTP upgraded connections (WebSocket tunnels) by state: open (the backend answered 101), pending (upgrade request sent, its answer not in yet). Both count against -http-max-tunnels.
+# TYPE sluice_http_tunnels gauge
+sluice_http_tunnels{state="open"} 3
+sluice_http_tunnels{state="pending"} 1
+# HELP sluice_http_tunnels_refused_total HTTP upgrade requests answered 503 at -http-max-tunnels, before any backend was contacted.
+# TYPE sluice_http_tunnels_refused_total counter
+sluice_http_tunnels_refused_total 2
+# HELP sluice_http_tunnels_total HTTP tunnels opened (the backend answered 101 with the Upgrade asked for).
+# TYPE sluice_http_tunnels_total counter
+sluice_http_tunnels_total 7
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_http_tunnels", "sluice_http_tunnels_total", "sluice_http_tunnels_refused_total"); err != nil {
+		t.Fatal(err)
+	}
 }
