@@ -535,7 +535,7 @@ func (l *evloop) abortNewWork() {
 	}
 	for _, o := range l.fds {
 		c := o.c
-		if c == nil || !c.busy || c.x.class != admission.NewWork || c.x.b == nil {
+		if c == nil || !c.busy || c.tun || c.x.class != admission.NewWork || c.x.b == nil {
 			continue
 		}
 		if c.x.bc != nil || c.x.waitUntil != 0 {

@@ -26,6 +26,9 @@ type bconn struct {
 	used       bool   // it carried an exchange before: a keep-alive reuse
 	pend       []byte // request bytes not written yet
 	deadline   int64
+	// A tunnel's backend side (loop_tunnel.go): tunEOF once the backend
+	// ended its side, shutWr once sluice shut down writing to it.
+	tun, tunEOF, shutWr bool
 }
 
 // bpool is a loop's connections to one backend address.
@@ -157,6 +160,10 @@ func (l *evloop) dial(p *connPool) (*bconn, error) {
 // finished, room to write the request, or answer bytes (or the close of
 // an idle connection).
 func (l *evloop) backendEvent(bc *bconn, ev uint32) {
+	if bc.tun {
+		l.tunBackendEvent(bc, ev)
+		return
+	}
 	if bc.connecting {
 		if ev&evConnDone == 0 {
 			return

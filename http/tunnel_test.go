@@ -172,6 +172,9 @@ func TestWebSocketEcho(t *testing.T) {
 			wsEchoOnce(t, c, fmt.Sprintf("message %d %s", i, strings.Repeat("x", i*1500)))
 		}
 		st := srv.Stats()
+		if engineOf(t) == EngineLoop && st.HandedOver.Load() != 0 {
+			t.Fatal("the loop handed the upgrade over: its tunnel should run on the loop")
+		}
 		if st.Tunnels.Load() != 1 || st.TunnelsTotal.Load() != 1 || st.TunnelsPending.Load() != 0 {
 			t.Fatalf("tunnels %d total %d pending %d, want 1 1 0", st.Tunnels.Load(), st.TunnelsTotal.Load(), st.TunnelsPending.Load())
 		}
@@ -557,4 +560,59 @@ sluice_http_tunnels_total 7
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_http_tunnels", "sluice_http_tunnels_total", "sluice_http_tunnels_refused_total"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// halfCloseBackend switches every upgrade request, echoes what comes
+// until the client's EOF, then sends "bye" and closes.
+func halfCloseBackend(t *testing.T) string {
+	be := startRawBackend(t, "half", func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := nethttp.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		io.Copy(c, br) // echo until the client's half-close
+		io.WriteString(c, "bye")
+	})
+	return be.addr()
+}
+
+func TestTunnelHalfClose(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		srv, addr := tunRig(t, Config{}, plainBackend(t, halfCloseBackend(t)))
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(c)
+		fmt.Fprintf(c, wsUpgradeHead, "/")
+		resp, err := nethttp.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 101 || !strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") {
+			t.Fatalf("switch: %v %v", resp, err)
+		}
+		io.WriteString(c, "abc")
+		c.(*net.TCPConn).CloseWrite()
+		rest, err := io.ReadAll(br)
+		if err != nil || string(rest) != "abcbye" {
+			t.Fatalf("after the client's half-close: %q, %v; want the echo, then the backend's last bytes and EOF", rest, err)
+		}
+		eventually(t, "tunnel uncounted", func() bool { return srv.Stats().Tunnels.Load() == 0 })
+	})
+}
+
+func TestTunnelIdleTimeout(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		be := wsEcho(t, false)
+		srv, addr := tunRig(t, Config{TunnelIdle: 50 * time.Millisecond}, plainBackend(t, be.URL))
+		c := wsDial(t, addr, "/ws")
+		wsEchoOnce(t, c, "hello")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, _, err := c.Read(ctx); err == nil || ctx.Err() != nil {
+			t.Fatalf("idle tunnel: %v (deadline %v), want it closed by sluice", err, ctx.Err())
+		}
+		eventually(t, "tunnel uncounted", func() bool { return srv.Stats().Tunnels.Load() == 0 })
+	})
 }
