@@ -123,7 +123,7 @@ func (l *evloop) send(c *cconn) {
 // pipeline tells them from failures after sending (notSent).
 func (l *evloop) dial(p *connPool) (*bconn, error) {
 	if p.tls != nil {
-		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout)
+		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout, l.s.cfg.BackendTimeout)
 		if err != nil {
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 		}

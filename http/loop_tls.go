@@ -18,13 +18,17 @@ import (
 // pair whose other end a goroutine pair bridges to a crypto/tls client
 // connection (dialled, handshake within ConnectTimeout, certificate
 // verified as Backend.TLS says). The loop code is the same for both
-// kinds, and back pressure holds: each bridge direction copies through
-// one window and the socket pair's buffers. The cost is two goroutines
-// and a socket pair per TLS backend connection (backend connections are
-// pooled and bounded by -http-backend-max-conns, so they are few), and
-// one more copy per byte. A dial or handshake that fails closes the
-// bridge: the loop reads EOF before any answer byte, as from a backend
-// that closed the connection (502, or the request moves on).
+// kinds, tunnels included, and back pressure holds: each bridge
+// direction copies through one window and the socket pair's buffers. A
+// side's end goes on as the other's half-close (close_notify towards the
+// backend). The cost is two goroutines and a socket pair per TLS backend
+// connection (backend connections are pooled and bounded by
+// -http-backend-max-conns, so they are few) and one more copy per byte;
+// it was chosen over driving tls.Conn's record layer on the loop because
+// the backend side carries no handshake flood to defend against and this
+// needs no adapter. A dial or handshake that fails closes the bridge: the
+// loop reads EOF before any answer byte, as from a backend that closed
+// the connection (502, or the request moves on).
 
 // tlsPoolKey is the loop's connPools key of a TLS backend address: its
 // connections never serve the plain backend of the same address.
@@ -32,7 +36,9 @@ func tlsPoolKey(addr string) string { return "tls|" + addr }
 
 // tlsBridge returns the loop's end of a socket pair bridged to a TLS
 // connection to addr, dialled on a goroutine.
-func tlsBridge(addr string, cfg *tls.Config, timeout time.Duration) (int, error) {
+// linger bounds how long the bridge waits for the backend's end after
+// the loop's.
+func tlsBridge(addr string, cfg *tls.Config, timeout, linger time.Duration) (int, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
@@ -49,13 +55,13 @@ func tlsBridge(addr string, cfg *tls.Config, timeout time.Duration) (int, error)
 		unix.Close(fds[0])
 		return -1, err
 	}
-	go bridgeTLS(nc, addr, cfg, timeout)
+	go bridgeTLS(nc, addr, cfg, timeout, linger)
 	return fds[0], nil
 }
 
 // bridgeTLS dials addr with TLS and copies between it and the loop's
 // socket pair end nc until both directions end.
-func bridgeTLS(nc net.Conn, addr string, cfg *tls.Config, timeout time.Duration) {
+func bridgeTLS(nc net.Conn, addr string, cfg *tls.Config, timeout, linger time.Duration) {
 	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: cfg}
 	tc, err := d.Dial("tcp", addr)
 	if err != nil {
@@ -66,25 +72,30 @@ func bridgeTLS(nc net.Conn, addr string, cfg *tls.Config, timeout time.Duration)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		// The loop never half-closes a backend connection: the end of its
-		// side is the end of the connection.
-		bridgeCopy(tc, nc, false)
+		// The loop's end of its side (a tunnel's half-close, or the
+		// close of the connection, which the bridge cannot tell apart)
+		// goes on as close_notify; the backend then has linger to end
+		// its side, so that a closed connection does not hold the
+		// bridge longer.
+		if bridgeCopy(tc, nc) {
+			tc.SetReadDeadline(time.Now().Add(linger))
+		}
 	}()
-	bridgeCopy(nc, tc, true) // the backend's close reaches the loop as EOF
+	bridgeCopy(nc, tc) // the backend's close reaches the loop as EOF
 	wg.Wait()
 	nc.Close()
 	tc.Close()
 }
 
-// bridgeCopy copies src to dst through one window; at src's end it shuts
-// down dst's writing side when half is set, else (and on an error) it
-// closes both.
-func bridgeCopy(dst, src net.Conn, half bool) {
+// bridgeCopy copies src to dst through one window. At src's end it shuts
+// down dst's writing side and reports true; on an error it closes both.
+func bridgeCopy(dst, src net.Conn) bool {
 	buf := make([]byte, tunnelWindow)
 	_, err := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
-	if err == nil && half && closeWrite(dst) == nil {
-		return
+	if err == nil && closeWrite(dst) == nil {
+		return true
 	}
 	dst.Close()
 	src.Close()
+	return false
 }

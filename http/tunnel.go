@@ -45,10 +45,10 @@ import (
 // ends when both directions have ended or either fails. On Shutdown
 // tunnels get until the context is done, then are closed.
 //
-// The tunnel runs on a goroutine pair on either engine: the loop engine
-// hands a connection with an upgrade request to the fasthttp engine
-// (as it hands over HTTP/1.0 and chunked uploads), which forwards the
-// request and, after a 101, hijacks the client connection.
+// On the fasthttp engine a tunnel runs on a goroutine pair over the
+// hijacked client connection and a backend connection dialled for the
+// upgrade request (runTunnel); on the loop engine it runs on the loop
+// itself (loop_tunnel.go).
 
 // tunnelWindow is what one direction of a tunnel buffers at most: a read
 // from one side waits until the bytes before it are written to the other.

@@ -512,9 +512,8 @@ func TestHealthCheckTLS(t *testing.T) {
 	}
 }
 
-// otherCA returns a TLS test server with a certificate of its own
-// (httptest's servers all share one), for a CA that signs nothing else.
-func otherCA(t *testing.T) *httptest.Server {
+// testCert returns a self-signed certificate for example.com, its own CA.
+func testCert(t *testing.T) tls.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -530,36 +529,18 @@ func otherCA(t *testing.T) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// otherCA returns a TLS test server with a certificate of its own
+// (httptest's servers all share one), for a CA that signs nothing else.
+func otherCA(t *testing.T) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewUnstartedServer(nethttp.NotFoundHandler())
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{testCert(t)}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return srv
-}
-
-func TestTunnelMetrics(t *testing.T) {
-	var st Stats
-	st.Tunnels.Store(3)
-	st.TunnelsPending.Store(1)
-	st.TunnelsTotal.Store(7)
-	st.TunnelsRefused.Store(2)
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(NewCollector(&st))
-	want := `
-# HELP sluice_http_tunnels HTTP upgraded connections (WebSocket tunnels) by state: open (the backend answered 101), pending (upgrade request sent, its answer not in yet). Both count against -http-max-tunnels.
-# TYPE sluice_http_tunnels gauge
-sluice_http_tunnels{state="open"} 3
-sluice_http_tunnels{state="pending"} 1
-# HELP sluice_http_tunnels_refused_total HTTP upgrade requests answered 503 at -http-max-tunnels, before any backend was contacted.
-# TYPE sluice_http_tunnels_refused_total counter
-sluice_http_tunnels_refused_total 2
-# HELP sluice_http_tunnels_total HTTP tunnels opened (the backend answered 101 with the Upgrade asked for).
-# TYPE sluice_http_tunnels_total counter
-sluice_http_tunnels_total 7
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_http_tunnels", "sluice_http_tunnels_total", "sluice_http_tunnels_refused_total"); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // halfCloseBackend switches every upgrade request, echoes what comes
@@ -615,4 +596,77 @@ func TestTunnelIdleTimeout(t *testing.T) {
 		}
 		eventually(t, "tunnel uncounted", func() bool { return srv.Stats().Tunnels.Load() == 0 })
 	})
+}
+
+func TestTunnelHalfCloseTLSBackend(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		cert := testCert(t)
+		be := startRawBackend(t, "half-tls", func(c net.Conn) {
+			tc := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}})
+			br := bufio.NewReader(tc)
+			if _, err := nethttp.ReadRequest(br); err != nil {
+				return
+			}
+			io.WriteString(tc, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			io.Copy(tc, br) // until close_notify
+			io.WriteString(tc, "bye")
+			tc.CloseWrite()
+		})
+		file := filepath.Join(t.TempDir(), "ca.pem")
+		os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600)
+		spec, err := lb.ParseBackendSpec("http", be.addr()+",tls=on,sni=example.com,ca="+file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := spec.ClientTLS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := lb.NewBackend(lb.BackendConfig{ID: "tls", Addr: be.addr(), Proto: "http", TLS: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, addr := tunRig(t, Config{}, b)
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(c)
+		fmt.Fprintf(c, wsUpgradeHead, "/")
+		if resp, err := nethttp.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+			t.Fatalf("switch: %v %v", resp, err)
+		}
+		io.WriteString(c, "abc")
+		c.(*net.TCPConn).CloseWrite()
+		if rest, err := io.ReadAll(br); err != nil || string(rest) != "abcbye" {
+			t.Fatalf("after the client's half-close: %q, %v", rest, err)
+		}
+	})
+}
+
+func TestTunnelMetrics(t *testing.T) {
+	var st Stats
+	st.Tunnels.Store(3)
+	st.TunnelsPending.Store(1)
+	st.TunnelsTotal.Store(7)
+	st.TunnelsRefused.Store(2)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewCollector(&st))
+	want := `
+# HELP sluice_http_tunnels HTTP upgraded connections (WebSocket tunnels) by state: open (the backend answered 101), pending (upgrade request sent, its answer not in yet). Both count against -http-max-tunnels.
+# TYPE sluice_http_tunnels gauge
+sluice_http_tunnels{state="open"} 3
+sluice_http_tunnels{state="pending"} 1
+# HELP sluice_http_tunnels_refused_total HTTP upgrade requests answered 503 at -http-max-tunnels, before any backend was contacted.
+# TYPE sluice_http_tunnels_refused_total counter
+sluice_http_tunnels_refused_total 2
+# HELP sluice_http_tunnels_total HTTP tunnels opened (the backend answered 101 with the Upgrade asked for).
+# TYPE sluice_http_tunnels_total counter
+sluice_http_tunnels_total 7
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_http_tunnels", "sluice_http_tunnels_total", "sluice_http_tunnels_refused_total"); err != nil {
+		t.Fatal(err)
+	}
 }
