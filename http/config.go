@@ -99,7 +99,8 @@ type Config struct {
 	// Engine chooses how connections are driven: "loop" (default on
 	// Linux) runs event loops over epoll that parse with fasthttp's header
 	// types and hand any connection they do not handle (HTTP/1.0, chunked
-	// or large request bodies, Upgrade, Expect, malformed heads) to the
+	// or large request bodies, an Upgrade the allow-list does not forward,
+	// Expect, malformed heads) to the
 	// fasthttp server; "fasthttp" serves every connection with fasthttp's
 	// goroutine per connection. Flag -http-engine.
 	Engine string

@@ -93,7 +93,8 @@ const (
 // Content-Length body up to 64 KiB, and any response (Content-Length,
 // chunked, or delimited by close), relayed as it arrives. A connection
 // whose request it does not handle (HTTP/1.0, chunked or larger bodies,
-// Upgrade, Expect, a head over 16 KiB or one fasthttp rejects) is handed,
+// an Upgrade other than -http-upgrade's, Expect, a head over 16 KiB or
+// one fasthttp rejects) is handed,
 // with the bytes already read, to the fasthttp server for the rest of its
 // life. Both paths share classification, admission, header rewriting and
 // the answers sluice makes itself.
