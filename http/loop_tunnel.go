@@ -179,7 +179,7 @@ func (l *evloop) tunToBackend(c *cconn) {
 				return
 			}
 			bc.pend = bc.pend[n:]
-			c.deadline = l.now + int64(l.s.cfg.TunnelIdle)
+			l.tunTouch(c)
 			continue
 		}
 		if c.r < c.w {
@@ -217,7 +217,7 @@ func (l *evloop) tunToBackend(c *cconn) {
 			c.rready = false
 		}
 		c.w = n
-		c.deadline = l.now + int64(l.s.cfg.TunnelIdle)
+		l.tunTouch(c)
 	}
 }
 
@@ -257,11 +257,18 @@ func (l *evloop) tunToClient(bc *bconn) {
 		if n < len(bc.in) && !bc.hup {
 			bc.rready = false
 		}
+		l.tunTouch(c)
+		// What the socket does not take waits in c.out (one buffer at
+		// most), and the client has -http-client-timeout to take it.
+		l.writeClient(c, bc.in[:n])
+	}
+}
+
+// tunTouch records a byte moved: the tunnel is not idle. A client with
+// answer bytes pending keeps the shorter deadline writeClient gave it.
+func (l *evloop) tunTouch(c *cconn) {
+	if c.o == len(c.out) {
 		c.deadline = l.now + int64(l.s.cfg.TunnelIdle)
-		l.writeClient(c, bc.in[:n]) // what the socket does not take waits in c.out: one buffer at most
-		if c.fd >= 0 && c.o < len(c.out) {
-			c.deadline = l.now + int64(l.s.cfg.TunnelIdle)
-		}
 	}
 }
 
