@@ -2,6 +2,7 @@ package http
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -75,7 +76,7 @@ func wsEcho(t *testing.T, useTLS bool) *httptest.Server {
 }
 
 // tunRig serves the backends bs (one pool) with cfg on t's engine.
-func tunRig(t *testing.T, cfg Config, bs ...*lb.Backend) (*Server, string) {
+func tunRig(t testing.TB, cfg Config, bs ...*lb.Backend) (*Server, string) {
 	t.Helper()
 	pool, err := lb.NewPool(lb.PoolConfig{}, bs)
 	if err != nil {
@@ -117,7 +118,7 @@ func tunRig(t *testing.T, cfg Config, bs ...*lb.Backend) (*Server, string) {
 }
 
 // plainBackend is an lb.Backend at addr (an httptest URL or host:port).
-func plainBackend(t *testing.T, addr string) *lb.Backend {
+func plainBackend(t testing.TB, addr string) *lb.Backend {
 	t.Helper()
 	b, err := lb.NewBackend(lb.BackendConfig{ID: "b0", Addr: strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://"), Proto: "http"})
 	if err != nil {
@@ -545,7 +546,7 @@ func otherCA(t *testing.T) *httptest.Server {
 
 // halfCloseBackend switches every upgrade request, echoes what comes
 // until the client's EOF, then sends "bye" and closes.
-func halfCloseBackend(t *testing.T) string {
+func halfCloseBackend(t testing.TB) string {
 	be := startRawBackend(t, "half", func(c net.Conn) {
 		br := bufio.NewReader(c)
 		if _, err := nethttp.ReadRequest(br); err != nil {
@@ -668,5 +669,76 @@ sluice_http_tunnels_total 7
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_http_tunnels", "sluice_http_tunnels_total", "sluice_http_tunnels_refused_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTunnelBulkEcho moves 8 MiB each way at once through a tunnel to a
+// backend that echoes: every window and every would-block path of both
+// directions is crossed many times, and the bytes come back whole and in
+// order.
+func TestTunnelBulkEcho(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		_, addr := tunRig(t, Config{}, plainBackend(t, halfCloseBackend(t)))
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(c)
+		fmt.Fprintf(c, wsUpgradeHead, "/")
+		if resp, err := nethttp.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+			t.Fatalf("switch: %v %v", resp, err)
+		}
+		data := make([]byte, 8<<20)
+		rand.Read(data)
+		werr := make(chan error, 1)
+		go func() {
+			_, err := c.Write(data)
+			c.(*net.TCPConn).CloseWrite()
+			werr <- err
+		}()
+		got, err := io.ReadAll(br)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-werr; err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(data)+3 || !bytes.Equal(got[:len(data)], data) || string(got[len(data):]) != "bye" {
+			t.Fatalf("echo of %d bytes came back as %d bytes, not equal", len(data), len(got))
+		}
+	})
+}
+
+// BenchmarkTunnelEcho is one 64-byte round trip over an open tunnel to
+// an echoing backend, per engine.
+func BenchmarkTunnelEcho(b *testing.B) {
+	for _, engine := range suiteEngines {
+		b.Run(engine, func(b *testing.B) {
+			_, addr := tunRig(b, Config{Engine: engine}, plainBackend(b, halfCloseBackend(b)))
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			fmt.Fprintf(c, wsUpgradeHead, "/")
+			if resp, err := nethttp.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+				b.Fatalf("switch: %v %v", resp, err)
+			}
+			msg := make([]byte, 64)
+			got := make([]byte, 64)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := c.Write(msg); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(br, got); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
