@@ -65,3 +65,25 @@ func TestClientTLS(t *testing.T) {
 		}
 	}
 }
+
+func TestGenerationBackendTLS(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.pem")
+	os.WriteFile(bad, []byte("no certificate here\n"), 0o600)
+	g, err := NewGeneration(GenConfig{Proto: "http", Backends: []BackendSpec{
+		{Addr: "10.0.0.1:443", TLS: true, SNI: "api.internal"},
+		{Addr: "10.0.0.2:80"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Stop()
+	bs := g.Backends()
+	if bs[0].TLS() == nil || bs[0].TLS().ServerName != "api.internal" || bs[1].TLS() != nil {
+		t.Fatalf("backend TLS: %v, %v", bs[0].TLS(), bs[1].TLS())
+	}
+	_, err = NewGeneration(GenConfig{Proto: "http", Backends: []BackendSpec{{Addr: "10.0.0.1:443", TLS: true, CAFile: bad}}})
+	if err == nil || !strings.Contains(err.Error(), "ca="+bad) {
+		t.Fatalf("bad ca file: %v, want an error naming ca=%s", err, bad)
+	}
+}
