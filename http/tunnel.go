@@ -536,3 +536,28 @@ type hijacked struct {
 }
 
 func (h *hijacked) Read(p []byte) (int, error) { return h.r.Read(p) }
+
+// TunnelStatus is the front end's tunnels as /status shows them.
+type TunnelStatus struct {
+	Open     int64    `json:"open"`     // tunnels open now
+	Pending  int64    `json:"pending"`  // upgrade requests awaiting their answer
+	Max      int      `json:"max"`      // -http-max-tunnels, open and pending together
+	Total    uint64   `json:"total"`    // tunnels opened since start
+	Refused  uint64   `json:"refused"`  // upgrade requests answered 503 at Max
+	Upgrades []string `json:"upgrades"` // -http-upgrade: the protocols forwarded
+	Idle     string   `json:"idle"`     // -http-tunnel-idle
+}
+
+// TunnelStatus returns the tunnels' counts and limits now.
+func (s *Server) TunnelStatus() TunnelStatus {
+	st := &s.stats
+	up := s.upgrades
+	if up == nil {
+		up = []string{}
+	}
+	return TunnelStatus{
+		Open: st.Tunnels.Load(), Pending: st.TunnelsPending.Load(), Max: s.cfg.MaxTunnels,
+		Total: st.TunnelsTotal.Load(), Refused: st.TunnelsRefused.Load(),
+		Upgrades: up, Idle: s.cfg.TunnelIdle.String(),
+	}
+}

@@ -179,6 +179,10 @@ func TestWebSocketEcho(t *testing.T) {
 		if st.Tunnels.Load() != 1 || st.TunnelsTotal.Load() != 1 || st.TunnelsPending.Load() != 0 {
 			t.Fatalf("tunnels %d total %d pending %d, want 1 1 0", st.Tunnels.Load(), st.TunnelsTotal.Load(), st.TunnelsPending.Load())
 		}
+		ts := srv.TunnelStatus()
+		if ts.Open != 1 || ts.Total != 1 || ts.Max != 10000 || fmt.Sprint(ts.Upgrades) != "[websocket]" || ts.Idle != "1h0m0s" {
+			t.Fatalf("TunnelStatus %+v", ts)
+		}
 		c.Close(websocket.StatusNormalClosure, "")
 		eventually(t, "tunnel uncounted", func() bool { return st.Tunnels.Load() == 0 })
 	})
