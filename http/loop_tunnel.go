@@ -91,6 +91,16 @@ func (l *evloop) switchTunnel(c *cconn, bc *bconn, hlen int) {
 		}
 	}
 	bc.r, bc.w = 0, 0
+	// A tunnel keeps the small buffers (a large head grew them): they are
+	// its windows, and an idle tunnel holds them.
+	if len(bc.in) > backendInitBuf {
+		bc.in = make([]byte, backendInitBuf)
+	}
+	if n := c.w - c.r; len(c.in) > clientInitBuf && n <= clientInitBuf {
+		nb := l.getBuf()
+		copy(nb, c.in[c.r:c.w])
+		c.in, c.r, c.w = nb, 0, n
+	}
 	l.tunToBackend(c)
 	if c.fd >= 0 {
 		l.tunToClient(bc)

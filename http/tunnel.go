@@ -92,12 +92,12 @@ func parseUpgrades(s string) ([]string, error) {
 }
 
 // upgradeAsked returns the Upgrade value of h when the request may be
-// forwarded as an upgrade: a GET with no body (bodyless), one Upgrade
+// forwarded as an upgrade: an HTTP/1.1 GET with no body (bodyless), one Upgrade
 // field holding one protocol token (with an optional /version) in the
 // allow-list, and Connection naming upgrade. Anything else returns nil
 // and the Upgrade is removed as today. The value returned views h.
 func (s *Server) upgradeAsked(h *fasthttp.RequestHeader, bodyless bool) []byte {
-	if len(s.upgrades) == 0 || !bodyless || !h.IsGet() {
+	if len(s.upgrades) == 0 || !bodyless || !h.IsGet() || !h.IsHTTP11() {
 		return nil
 	}
 	var up []byte

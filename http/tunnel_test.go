@@ -239,6 +239,7 @@ func TestUpgradeStripped(t *testing.T) {
 		{"two protocols", "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket, h2c\r\nConnection: Upgrade\r\n\r\n"},
 		{"not allowed", "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: irc/6.9\r\nConnection: Upgrade\r\n\r\n"},
 		{"no connection token", "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n"},
+		{"http/1.0", "GET / HTTP/1.0\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"},
 		{"two upgrade lines", "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"},
 	}
 	onEngines(t, func(t *testing.T) {
@@ -745,4 +746,25 @@ func BenchmarkTunnelEcho(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestWebSocketLargeHead opens a tunnel with a 10 KB request head (the
+// loop grows its buffer for it, and the tunnel gives it back).
+func TestWebSocketLargeHead(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		be := wsEcho(t, false)
+		_, addr := tunRig(t, Config{}, plainBackend(t, be.URL))
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h := nethttp.Header{}
+		h.Set("X-Big", strings.Repeat("b", 10000))
+		c, _, err := websocket.Dial(ctx, "ws://"+addr+"/ws", &websocket.DialOptions{HTTPHeader: h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		for i := range 5 {
+			wsEchoOnce(t, c, strings.Repeat("m", i*6000))
+		}
+	})
 }
