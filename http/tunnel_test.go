@@ -768,3 +768,20 @@ func TestWebSocketLargeHead(t *testing.T) {
 		}
 	})
 }
+
+// TestUpgradeNone: with -http-upgrade none no upgrade is forwarded.
+func TestUpgradeNone(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		be := wsEcho(t, false)
+		srv, addr := tunRig(t, Config{Upgrades: "none"}, plainBackend(t, be.URL))
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, resp, err := websocket.Dial(ctx, "ws://"+addr+"/ws", nil)
+		if err == nil || resp == nil || resp.StatusCode != 200 {
+			t.Fatalf("upgrade with none allowed: %v %v, want the backend's plain 200", resp, err)
+		}
+		if st := srv.Stats(); st.TunnelsTotal.Load() != 0 {
+			t.Fatalf("%d tunnels opened", st.TunnelsTotal.Load())
+		}
+	})
+}
