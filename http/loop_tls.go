@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -72,13 +73,16 @@ func bridgeTLS(nc net.Conn, addr string, cfg *tls.Config, timeout, linger time.D
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		// The loop's end of its side (a tunnel's half-close, or the
-		// close of the connection, which the bridge cannot tell apart)
-		// goes on as close_notify; the backend then has linger to end
-		// its side, so that a closed connection does not hold the
-		// bridge longer.
+		// The loop's end of its side goes on as close_notify. When the
+		// loop closed the connection (peerClosed) the bridge ends at
+		// once; after a tunnel's half-close the backend has linger to
+		// end its side.
 		if bridgeCopy(tc, nc) {
-			tc.SetReadDeadline(time.Now().Add(linger))
+			if peerClosed(nc) {
+				tc.Close() // the loop closed the connection: nothing more to wait for
+			} else {
+				tc.SetReadDeadline(time.Now().Add(linger))
+			}
 		}
 	}()
 	bridgeCopy(nc, tc) // the backend's close reaches the loop as EOF
@@ -98,4 +102,25 @@ func bridgeCopy(dst, src net.Conn) bool {
 	dst.Close()
 	src.Close()
 	return false
+}
+
+// peerClosed reports whether the loop closed its end of the socket pair
+// (POLLHUP), rather than only shut down writing (a tunnel's half-close).
+func peerClosed(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	hup := false
+	rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			hup = fds[0].Revents&unix.POLLHUP != 0
+		}
+	})
+	return hup
 }
