@@ -251,10 +251,15 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 	// backend gets a new pool with each generation's TLS settings (its
 	// CA or name may have changed).
 	reuse := map[string]*fasthttp.HostClient{}
+	var retired []*fasthttp.HostClient // the old set's TLS pools
 	if old != nil {
 		for _, b := range old.backends {
-			if c := old.clients[b.Index()]; c != nil && b.TLS() == nil {
+			switch c := old.clients[b.Index()]; {
+			case c == nil:
+			case b.TLS() == nil:
 				reuse[b.Addr()] = c
+			default:
+				retired = append(retired, c)
 			}
 		}
 	}
@@ -272,6 +277,9 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 		set.clients[b.Index()] = c
 	}
 	for _, c := range reuse { // backends removed: close their idle connections
+		c.CloseIdleConnections()
+	}
+	for _, c := range retired {
 		c.CloseIdleConnections()
 	}
 	return set, nil
