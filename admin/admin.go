@@ -170,6 +170,9 @@ type Status struct {
 	// LastReload is the outcome of the last reload (SIGHUP) of each
 	// configuration file, together; absent before the first.
 	LastReload *ReloadStatus `json:"last_reload,omitempty"`
+	// HTTPTunnels are the HTTP front end's upgraded connections
+	// (WebSocket): open, pending, limits; absent without an HTTP front end.
+	HTTPTunnels any `json:"http_tunnels,omitempty"`
 }
 
 // ReloadStatus is the outcome of the last reload of each configuration
@@ -324,6 +327,9 @@ type Source struct {
 	// LastReload reports the last reloads; nil, or nil returned, leaves
 	// it out.
 	LastReload func() *ReloadStatus
+	// HTTPTunnels reports the HTTP front end's tunnels; nil, or nil
+	// returned, leaves them out.
+	HTTPTunnels func() any
 }
 
 // Snapshot builds the Status document now.
@@ -361,6 +367,9 @@ func (src Source) Snapshot() Status {
 	}
 	if src.LastReload != nil {
 		st.LastReload = src.LastReload()
+	}
+	if src.HTTPTunnels != nil {
+		st.HTTPTunnels = src.HTTPTunnels()
 	}
 	return st
 }

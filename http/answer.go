@@ -52,8 +52,13 @@ func (l *evloop) consume(bc *bconn) bool {
 		}
 		if st < 200 {
 			if st == fasthttp.StatusSwitchingProtocols {
-				// sluice forwards no upgrade: the connection is no
-				// longer HTTP; failed closes it.
+				// A tunnel only for the upgrade the request asked for;
+				// any other 101 leaves a connection that is no longer
+				// HTTP: failed closes it.
+				if x.upgrade != nil && switchOK(h, x.upgrade) {
+					l.switchTunnel(c, bc, hlen)
+					return true
+				}
 				l.failed(c, errBadAnswer, lb.ServerError)
 				return true
 			}
@@ -85,7 +90,9 @@ func (l *evloop) consume(bc *bconn) bool {
 		// An answer with both Transfer-Encoding and Content-Length is
 		// relayed chunked (RFC 9112 §6.3), but the connection it came on
 		// is not trusted with another request.
-		x.bclose = h.ConnectionClose() || x.framing == frameClose ||
+		// After an upgrade request the backend connection is not reused
+		// whatever the answer: it leaves the pool for good.
+		x.bclose = x.upgrade != nil || h.ConnectionClose() || x.framing == frameClose ||
 			(x.framing == frameChunked && hasField(buf[:hlen], "content-length"))
 		if l.s.endedByCritical(&x.plan) {
 			l.abort(c)

@@ -126,13 +126,30 @@ type Config struct {
 	// Engine chooses how connections are driven: "loop" (default on
 	// Linux) runs event loops over epoll that parse with fasthttp's header
 	// types and hand any connection they do not handle (HTTP/1.0, chunked
-	// or large request bodies, Upgrade, Expect, malformed heads) to the
+	// or large request bodies, an Upgrade the allow-list does not forward,
+	// Expect, malformed heads) to the
 	// fasthttp server; "fasthttp" serves every connection with fasthttp's
 	// goroutine per connection. Flag -http-engine.
 	Engine string
 	// Loops is the number of event loops of the loop engine; 0 is
 	// GOMAXPROCS. Flag -http-loops.
 	Loops int
+
+	// Upgrades are the protocols a client may switch to through sluice, a
+	// comma list of Upgrade tokens (case-insensitive); "none" forwards no
+	// upgrade. Only a GET without a body whose Upgrade names one of them
+	// (and nothing else) keeps its Upgrade and Connection: upgrade towards
+	// the backend; every other Upgrade is removed. h2c is never
+	// forwarded. Flag -http-upgrade, default websocket.
+	Upgrades string
+	// MaxTunnels bounds the upgraded connections (tunnels) open at once,
+	// counting upgrade requests waiting for their backend's answer; an
+	// upgrade request over it is answered 503 before any backend is
+	// contacted. Flag -http-max-tunnels.
+	MaxTunnels int
+	// TunnelIdle closes a tunnel that carried no byte either way for
+	// this long. Flag -http-tunnel-idle.
+	TunnelIdle time.Duration
 
 	// RetryAfterNoBackend is the Retry-After of a 503 when no backend is
 	// up.
@@ -172,6 +189,9 @@ func DefaultConfig() Config {
 		StreamThreshold:     1 << 20,
 		ResponseBuffer:      64 << 10,
 		Engine:              DefaultEngine,
+		Upgrades:            "websocket",
+		MaxTunnels:          10000,
+		TunnelIdle:          time.Hour,
 		RetryAfterNoBackend: 5 * time.Second,
 	}
 }
@@ -206,6 +226,9 @@ func (c *Config) setDefaults() {
 	}
 	fill(&c.RetryAfterNoBackend, d.RetryAfterNoBackend)
 	fill(&c.Engine, d.Engine)
+	fill(&c.Upgrades, d.Upgrades)
+	fill(&c.MaxTunnels, d.MaxTunnels)
+	fill(&c.TunnelIdle, d.TunnelIdle)
 	if c.Clock == nil {
 		c.Clock = admission.MonoClock{}
 	}
@@ -282,6 +305,13 @@ func (c *Config) Validate() error {
 		return fieldError("Listen", "%q serves no plain HTTP: it needs an HTTPS listener (-https-listen)", ListenOff)
 	case c.TLSListen != "" && c.TLSConfig == nil:
 		return fieldError("TLSListen", "HTTPS listener %s needs certificates (-tls-cert)", c.TLSListen)
+	case c.MaxTunnels < 0:
+		return fieldError("MaxTunnels", "must be positive (got %d)", c.MaxTunnels)
+	case c.TunnelIdle < 0:
+		return fieldError("TunnelIdle", "must be positive (got %s)", c.TunnelIdle)
+	}
+	if _, err := parseUpgrades(c.Upgrades); err != nil {
+		return err
 	}
 	if _, _, err := parseHashKey(c.HashKey); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -68,7 +69,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if s.pick(&p, &ctx.Response, &r, d, h, remoteAddr(ctx)) {
-		s.forward(ctx, &p, v)
+		// No body: no Content-Length above 0, not chunked (-1; -2 is
+		// fasthttp's "none given" for a request), nothing streamed.
+		bodyless := h.ContentLength() != -1 && h.ContentLength() <= 0 && !ctx.Request.IsBodyStream() && len(ctx.Request.Body()) == 0
+		if proto := s.upgradeAsked(h, bodyless); proto != nil {
+			s.forwardUpgrade(ctx, &p, v, proto)
+		} else {
+			s.forward(ctx, &p, v)
+		}
 		s.observe(&p)
 	}
 	restoreConnClose(ctx, closeAfter)
@@ -272,8 +280,13 @@ func (s *Server) exchange(ctx *fasthttp.RequestCtx, set *backendSet, b *lb.Backe
 
 // newClient returns the connection pool to one backend; its exchanges run
 // through backendTransport, which reads answers with a Content-Length up
-// to buffer whole and streams the others.
-func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
+// to buffer whole and streams the others. With tlsCfg set, connections
+// speak TLS (dialTLS: the handshake within the connect timeout).
+func (s *Server) newClient(addr string, buffer int, tlsCfg *tls.Config) *fasthttp.HostClient {
+	dial := s.dialBackend
+	if tlsCfg != nil {
+		dial = func(addr string) (net.Conn, error) { return s.dialTLS(addr, tlsCfg) }
+	}
 	return &fasthttp.HostClient{
 		Addr:                     addr,
 		NoDefaultUserAgentHeader: true,
@@ -297,7 +310,7 @@ func (s *Server) newClient(addr string, buffer int) *fasthttp.HostClient {
 		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (bool, bool) {
 			return false, attempts < 2 && !errors.Is(err, fasthttp.ErrTimeout) && resendable(req.Header.Method())
 		},
-		Dial: s.dialBackend, // one -http-backend-max-conns with the loops' connections
+		Dial: dial, // one -http-backend-max-conns with the loops' connections
 	}
 }
 

@@ -93,7 +93,8 @@ const (
 // Content-Length body up to 64 KiB, and any response (Content-Length,
 // chunked, or delimited by close), relayed as it arrives. A connection
 // whose request it does not handle (HTTP/1.0, chunked or larger bodies,
-// Upgrade, Expect, a head over 16 KiB or one fasthttp rejects) is handed,
+// an Upgrade other than -http-upgrade's, Expect, a head over 16 KiB or
+// one fasthttp rejects) is handed,
 // with the bytes already read, to the fasthttp server for the rest of its
 // life. Both paths share classification, admission, header rewriting and
 // the answers sluice makes itself.
@@ -117,8 +118,10 @@ type loopEngine struct {
 func (e *loopEngine) slotFreed(addr string) {
 	for _, l := range e.loops {
 		l.post(func() {
-			if p := l.connPools[addr]; p != nil && len(p.waiters) > 0 {
-				l.serveWaiters(p)
+			for _, key := range [...]string{addr, tlsPoolKey(addr)} {
+				if p := l.connPools[key]; p != nil && len(p.waiters) > 0 {
+					l.serveWaiters(p)
+				}
 			}
 		})
 	}
@@ -288,7 +291,8 @@ func (e *loopEngine) watchCritical() {
 	}
 }
 
-// shedIdle asks the other loops to close one idle connection to addr, so
+// shedIdle asks the other loops to close one idle connection of the
+// pool keyed addr (connPool.key), so
 // that from, which has requests waiting for a connection and none idle,
 // may dial one: -http-backend-max-conns counts the connections of all
 // loops.
@@ -559,7 +563,7 @@ func (l *evloop) abortNewWork() {
 	}
 	for _, o := range l.fds {
 		c := o.c
-		if c == nil || !c.busy || c.x.class != admission.NewWork || c.x.b == nil {
+		if c == nil || !c.busy || c.tun || c.x.class != admission.NewWork || c.x.b == nil {
 			continue
 		}
 		if c.x.bc != nil || c.x.waitUntil != 0 {

@@ -35,6 +35,9 @@ type gateConn struct {
 	// (connlimit.go), once, when it is closed; nil when not counted.
 	release func()
 	closed  atomic.Bool
+	// tunnel: the backend switched protocols (tunnel.go); from here Read
+	// passes the client's bytes on unchecked, as the tunnel's.
+	tunnel atomic.Bool
 }
 
 // Write writes answer bytes, each write within -http-client-timeout: a
@@ -79,6 +82,14 @@ func (s *Server) gate(c net.Conn, prefix []byte) *gateConn {
 
 // Read passes on checked bytes, reading and checking more as needed.
 func (g *gateConn) Read(p []byte) (int, error) {
+	if g.tunnel.Load() {
+		if g.r < g.w {
+			n := copy(p, g.buf[g.r:g.w])
+			g.r += n
+			return n, nil
+		}
+		return g.Conn.Read(p)
+	}
 	for {
 		if g.ok > 0 {
 			n := copy(p, g.buf[g.r:g.r+g.ok])

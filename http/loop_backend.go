@@ -3,6 +3,7 @@
 package http
 
 import (
+	"crypto/tls"
 	"net"
 
 	"github.com/valyala/fasthttp"
@@ -25,11 +26,16 @@ type bconn struct {
 	used       bool   // it carried an exchange before: a keep-alive reuse
 	pend       []byte // request bytes not written yet
 	deadline   int64
+	// A tunnel's backend side (loop_tunnel.go): tunEOF once the backend
+	// ended its side, shutWr once sluice shut down writing to it.
+	tun, tunEOF, shutWr bool
 }
 
 // bpool is a loop's connections to one backend address.
 type connPool struct {
 	addr    string
+	key     string      // its key in evloop.connPools: addr, or tlsPoolKey(addr)
+	tls     *tls.Config // TLS backend: the settings of the latest request's generation; nil: plain
 	sa      unix.Sockaddr
 	idle    []*bconn      // LIFO: the warmest connection last
 	open    *backendSlots // connections to addr of all loops and the fasthttp engine
@@ -48,13 +54,19 @@ func (w waiter) valid() bool {
 	return w.c.gen == w.gen && w.c.seq == w.seq && w.c.fd >= 0 && w.c.x.waitUntil != 0
 }
 
-// connPool returns the loop's connections to addr, made on first use.
-func (l *evloop) connPool(addr string) *connPool {
-	p := l.connPools[addr]
-	if p == nil {
-		p = &connPool{addr: addr, open: l.s.backendSlots(addr)}
-		l.connPools[addr] = p
+// connPool returns the loop's connections to addr (over TLS with cfg
+// when it is set), made on first use.
+func (l *evloop) connPool(addr string, cfg *tls.Config) *connPool {
+	key := addr
+	if cfg != nil {
+		key = tlsPoolKey(addr)
 	}
+	p := l.connPools[key]
+	if p == nil {
+		p = &connPool{addr: addr, key: key, open: l.s.backendSlots(addr)}
+		l.connPools[key] = p
+	}
+	p.tls = cfg
 	return p
 }
 
@@ -75,7 +87,7 @@ func (l *evloop) send(c *cconn) {
 	}
 	x.acquireBackend()
 	x.waitUntil = 0
-	p := l.connPool(x.b.Addr())
+	p := l.connPool(x.b.Addr(), x.b.TLS())
 	var bc *bconn
 	if n := len(p.idle); n > 0 {
 		bc = p.idle[n-1]
@@ -83,7 +95,7 @@ func (l *evloop) send(c *cconn) {
 	} else if !p.open.take(l.s.cfg.MaxConns) {
 		x.waitUntil = l.now + int64(l.s.cfg.ConnWait)
 		p.waiters = append(p.waiters, waiter{c, c.gen, c.seq})
-		l.e.shedIdle(p.addr, l)
+		l.e.shedIdle(p.key, l)
 		return
 	} else {
 		var err error
@@ -110,6 +122,19 @@ func (l *evloop) send(c *cconn) {
 // again after a failed dial. Errors are dial *net.OpErrors, so that the
 // pipeline tells them from failures after sending (notSent).
 func (l *evloop) dial(p *connPool) (*bconn, error) {
+	if p.tls != nil {
+		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout, l.s.cfg.BackendTimeout)
+		if err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+		}
+		if err := l.watch(fd); err != nil {
+			closeFD(fd)
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+		}
+		bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), wready: true}
+		l.setFD(fd, fdOwner{b: bc})
+		return bc, nil
+	}
 	if p.sa == nil {
 		sa, err := resolve(p.addr)
 		if err != nil {
@@ -135,6 +160,10 @@ func (l *evloop) dial(p *connPool) (*bconn, error) {
 // finished, room to write the request, or answer bytes (or the close of
 // an idle connection).
 func (l *evloop) backendEvent(bc *bconn, ev uint32) {
+	if bc.tun {
+		l.tunBackendEvent(bc, ev)
+		return
+	}
 	if bc.connecting {
 		if ev&evConnDone == 0 {
 			return

@@ -32,6 +32,10 @@ type cconn struct {
 	deadline int64
 	x        exchange
 	tls      *loopTLS // an HTTPS connection's TLS state (tls_loop.go); nil: plain
+	// A tunnel (loop_tunnel.go): tun after the backend's 101; tunEOF
+	// once the client ended its side; shutWr once sluice shut down
+	// writing to it.
+	tun, tunEOF, shutWr bool
 }
 
 // exchange is the request a client connection is handling: its way
@@ -54,7 +58,9 @@ type exchange struct {
 	framing       uint8         // the answer body's framing (answer.go)
 	remain        int64         // frameLength: body bytes still to come
 	chunk         chunkScan
-	bclose        bool // the backend connection is not reusable afterwards
+	bclose        bool   // the backend connection is not reusable afterwards
+	upgrade       []byte // an upgrade request: its Upgrade (loop_tunnel.go); nil for others
+	tunPending    bool   // counted in Stats.TunnelsPending until answered
 }
 
 // accept takes up to 64 new client connections from the listener per
@@ -131,6 +137,10 @@ func (l *evloop) getBuf() []byte {
 // clientEvent handles readiness of a client connection: writing pending
 // answer bytes first, then reading and starting requests.
 func (l *evloop) clientEvent(c *cconn, ev uint32) {
+	if c.tun {
+		l.tunClientEvent(c, ev)
+		return
+	}
 	if ev&evWritable != 0 && c.o < len(c.out) {
 		l.flushClient(c)
 		if c.fd < 0 {
@@ -221,7 +231,8 @@ func (l *evloop) parse(c *cconn) bool {
 	}
 	hlen := hi.n
 	h := &l.reqH
-	if hi.http10 || hi.chunked || !l.readReqHead(buf[:hlen]) || len(h.Peek("Upgrade")) > 0 || len(h.Peek("Expect")) > 0 {
+	if hi.http10 || hi.chunked || !l.readReqHead(buf[:hlen]) || len(h.Peek("Expect")) > 0 ||
+		(len(h.Peek("Upgrade")) > 0 && l.s.upgradeAsked(h, hi.bodyLen <= 0) == nil) {
 		l.handover(c) // fasthttp serves these, behind the same check
 		return true
 	}
@@ -358,6 +369,14 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 		l.answerLocal(c)
 		return
 	}
+	up := l.loopUpgrade(h, x.bodyLen) // before prepareRequest removes it
+	if up != nil {
+		if !s.takeTunnel() {
+			l.tunnelRefused(c)
+			return
+		}
+		x.tunPending, x.upgrade = true, up
+	}
 	s.prepareRequest(h, c.ip, x.secure)
 	if x.strip != "" {
 		// The view is of this request: the delayed path (delay) fills it
@@ -377,6 +396,9 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 	// follows is exactly bodyLen bytes, or there is none.
 	if x.bodyLen >= 0 {
 		h.SetContentLength(x.bodyLen)
+	}
+	if up != nil {
+		setUpgrade(h, up)
 	}
 	x.req = h.AppendBytes(x.req[:0])
 	x.req = append(x.req, body...)
@@ -405,6 +427,7 @@ func (l *evloop) answerLocal(c *cconn) {
 // endRequest ends the client's current request and goes on with the next.
 func (l *evloop) endRequest(c *cconn) {
 	l.unhold(c)
+	l.untakeTunnel(c)
 	if c.fd < 0 {
 		return
 	}
@@ -548,6 +571,8 @@ func (l *evloop) closeClient(c *cconn) {
 		c.x.gone = nil
 	}
 	l.unhold(c)
+	l.untakeTunnel(c)
+	l.tunClosed(c)
 	ip := c.ip
 	closeFD(l.detach(c))
 	l.s.conns.release(ip)

@@ -13,10 +13,13 @@ import (
 const eventsHelp = "Front end events, by protocol and event (the front end's README lists its events)."
 
 var (
-	descEvents     = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "http"})
-	descRouteHits  = prometheus.NewDesc("sluice_http_route_hits_total", "Requests that matched the HTTP route (labelled by its canonical spec, e.g. pool=api,path=/api/, so a label keeps its meaning when routes are added or removed) and the pool it sends them to; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
-	descNoRoute    = prometheus.NewDesc("sluice_http_no_route_total", "HTTP requests answered 404: no route took them and there is no default pool.", nil, nil)
-	descPoolRefuse = prometheus.NewDesc("sluice_http_pool_refused_total", "HTTP requests the front end refused, by the pool they were routed to and why: memory, arm, mop, draining (admission's guards, or the operator drained the pool) or no_backend (none up in the pool).", []string{"pool", "reason"}, nil)
+	descEvents         = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "http"})
+	descRouteHits      = prometheus.NewDesc("sluice_http_route_hits_total", "Requests that matched the HTTP route (labelled by its canonical spec, e.g. pool=api,path=/api/, so a label keeps its meaning when routes are added or removed) and the pool it sends them to; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
+	descNoRoute        = prometheus.NewDesc("sluice_http_no_route_total", "HTTP requests answered 404: no route took them and there is no default pool.", nil, nil)
+	descTunnels        = prometheus.NewDesc("sluice_http_tunnels", "HTTP upgraded connections (WebSocket tunnels) by state: open (the backend answered 101), pending (upgrade request sent, its answer not in yet). Both count against -http-max-tunnels.", []string{"state"}, nil)
+	descTunnelsTotal   = prometheus.NewDesc("sluice_http_tunnels_total", "HTTP tunnels opened (the backend answered 101 with the Upgrade asked for).", nil, nil)
+	descTunnelsRefused = prometheus.NewDesc("sluice_http_tunnels_refused_total", "HTTP upgrade requests answered 503 at -http-max-tunnels, before any backend was contacted.", nil, nil)
+	descPoolRefuse     = prometheus.NewDesc("sluice_http_pool_refused_total", "HTTP requests the front end refused, by the pool they were routed to and why: memory, arm, mop, draining (admission's guards, or the operator drained the pool) or no_backend (none up in the pool).", []string{"pool", "reason"}, nil)
 )
 
 // NewCollector returns st as a prometheus.Collector (a server's
@@ -25,7 +28,9 @@ var (
 // upstream_error, retried, restreamed (always 0 now), aborted, repinned,
 // handed_over, bad_request, cookie_stripped, session_not_learned,
 // conn_limited, source_limited, delay_abandoned, delay_limited,
-// tls_handshake_refused, tls_handshake_failed and https_redirected.
+// tls_handshake_refused, tls_handshake_failed and https_redirected; and
+// the tunnels: sluice_http_tunnels{state="open"|"pending"},
+// sluice_http_tunnels_total, sluice_http_tunnels_refused_total.
 // (Admitted and refused requests are the admission
 // controller's sluice_requests_*_total.) It reads the counters at scrape
 // time.
@@ -47,6 +52,9 @@ type collector struct {
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descEvents
 	describeH2(ch)
+	ch <- descTunnels
+	ch <- descTunnelsTotal
+	ch <- descTunnelsRefused
 	if c.s != nil {
 		ch <- descRouteHits
 		ch <- descNoRoute
@@ -73,6 +81,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
 	collectH2(ch, &st.H2)
+	ch <- prometheus.MustNewConstMetric(descTunnels, prometheus.GaugeValue, float64(st.Tunnels.Load()), "open")
+	ch <- prometheus.MustNewConstMetric(descTunnels, prometheus.GaugeValue, float64(st.TunnelsPending.Load()), "pending")
+	ch <- prometheus.MustNewConstMetric(descTunnelsTotal, prometheus.CounterValue, float64(st.TunnelsTotal.Load()))
+	ch <- prometheus.MustNewConstMetric(descTunnelsRefused, prometheus.CounterValue, float64(st.TunnelsRefused.Load()))
 	if c.s == nil {
 		return
 	}

@@ -247,24 +247,39 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 		ref.path = cookiePath(set, ref)
 	}
 
+	// Plain connections are kept across generations by address; a TLS
+	// backend gets a new pool with each generation's TLS settings (its
+	// CA or name may have changed).
 	reuse := map[string]*fasthttp.HostClient{}
+	var retired []*fasthttp.HostClient // the old set's TLS pools
 	if old != nil {
 		for _, b := range old.backends {
-			if c := old.clients[b.Index()]; c != nil {
+			switch c := old.clients[b.Index()]; {
+			case c == nil:
+			case b.TLS() == nil:
 				reuse[b.Addr()] = c
+			default:
+				retired = append(retired, c)
 			}
 		}
 	}
 	set.clients = make([]*fasthttp.HostClient, n)
 	for _, b := range set.backends {
 		c, ok := reuse[b.Addr()]
-		delete(reuse, b.Addr())
+		if b.TLS() != nil {
+			c, ok = nil, false
+		} else {
+			delete(reuse, b.Addr())
+		}
 		if !ok {
-			c = s.newClient(b.Addr(), s.cfg.ResponseBuffer)
+			c = s.newClient(b.Addr(), s.cfg.ResponseBuffer, b.TLS())
 		}
 		set.clients[b.Index()] = c
 	}
 	for _, c := range reuse { // backends removed: close their idle connections
+		c.CloseIdleConnections()
+	}
+	for _, c := range retired {
 		c.CloseIdleConnections()
 	}
 	return set, nil

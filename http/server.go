@@ -60,8 +60,11 @@ type Server struct {
 	stats Stats
 
 	// HTTPS (tls.go).
-	tls       atomic.Pointer[tlsFront] // the HTTPS listener, while served
-	httpsPort atomic.Pointer[string]   // the HTTPS listener's port, for -https-redirect
+	tls           atomic.Pointer[tlsFront] // the HTTPS listener, while served
+	httpsPort     atomic.Pointer[string]   // the HTTPS listener's port, for -https-redirect
+	upgrades      []string                 // Config.Upgrades parsed (tunnel.go)
+	tunnels       tunnelSet                // open tunnels, for Shutdown
+	tunnelsForced atomic.Bool
 }
 
 // Stats counts what the front end did since start. Fields are atomics.
@@ -98,6 +101,16 @@ type Stats struct {
 	// Redirected counts plain requests answered 308 to HTTPS
 	// (Config.HTTPSRedirect).
 	Redirected atomic.Uint64
+
+	// Tunnels are the upgraded connections open now (tunnel.go).
+	Tunnels atomic.Int64
+	// TunnelsPending are upgrade requests sent, their answer not yet in;
+	// they count against MaxTunnels with Tunnels.
+	TunnelsPending atomic.Int64
+	// TunnelsTotal counts the tunnels opened (backend answered 101).
+	TunnelsTotal atomic.Uint64
+	// TunnelsRefused counts upgrade requests answered 503 at MaxTunnels.
+	TunnelsRefused atomic.Uint64
 }
 
 // poolStats counts what the front end did in one pool: the refusals it
@@ -150,6 +163,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		trusted: cfg.TrustedProxies,
 		appName: cfg.AppCookie,
 	}
+	s.upgrades, _ = parseUpgrades(cfg.Upgrades) // Validate checked it
 	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
 	if fit := defaultMaxClientConns(fdLimit()); cfg.MaxClientConns > fit {
 		// Each client connection may hold a backend connection: past
@@ -243,6 +257,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if h2err := <-h2done; err == nil {
 		err = h2err
 	}
+	s.drainTunnels(ctx) // hijacked connections are no longer the engines'
+
 	set := s.backends.Load()
 	for _, c := range set.clients {
 		if c != nil {

@@ -150,14 +150,3 @@ func dialTest(addr string, d time.Duration) (net.Conn, error) {
 	tc.SetDeadline(time.Time{})
 	return tc, nil
 }
-
-// closeWrite ends what the client sends: a TCP half-close, or a TLS
-// close_notify.
-func closeWrite(c net.Conn) {
-	switch c := c.(type) {
-	case *net.TCPConn:
-		c.CloseWrite()
-	case *tls.Conn:
-		c.CloseWrite()
-	}
-}

@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -89,6 +90,10 @@ type BackendConfig struct {
 	Weight int
 	// MOP is the backend's memory overload protection, or nil for none.
 	MOP *admission.MOP
+	// TLS, when set, is how front ends and health checks speak TLS to
+	// the backend (BackendSpec.ClientTLS); nil: plain TCP. It is not
+	// changed after.
+	TLS *tls.Config
 }
 
 // MaxWeight is the largest backend weight.
@@ -112,6 +117,7 @@ type Backend struct {
 	// slices; -1 before either.
 	index int
 	mop   *admission.MOP
+	tls   *tls.Config // nil: plain TCP
 
 	outstanding atomic.Int64
 	// ctr are the backend's counters, shared with the backend of the same
@@ -176,7 +182,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 	if cfg.Weight < 1 || cfg.Weight > MaxWeight {
 		return nil, fmt.Errorf("new backend %s: weight %d not in [1,%d]: %w", cfg.ID, cfg.Weight, MaxWeight, ErrBadBackend)
 	}
-	b := &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, mop: cfg.MOP, index: -1, ctr: new(backendCounters)}
+	b := &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, mop: cfg.MOP, tls: cfg.TLS, index: -1, ctr: new(backendCounters)}
 	b.weight.Store(int32(cfg.Weight))
 	return b, nil
 }
@@ -186,6 +192,11 @@ func (b *Backend) ID() string { return b.id }
 
 // Addr returns host:port.
 func (b *Backend) Addr() string { return b.addr }
+
+// TLS returns the TLS configuration requests and health checks use to
+// reach the backend, nil for plain TCP. Callers must not modify it; they
+// may Clone it.
+func (b *Backend) TLS() *tls.Config { return b.tls }
 
 // Proto returns "http" or "sip".
 func (b *Backend) Proto() string { return b.proto }

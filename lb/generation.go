@@ -2,6 +2,7 @@ package lb
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -234,10 +235,14 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 	// Backends. A dry run of every backend, its memory probe and the
 	// health checker first, so that cfg.MOP is called only for a
 	// configuration that holds.
-	for _, spec := range g.specs {
+	tlsOf := make([]*tls.Config, len(g.specs))
+	for i, spec := range g.specs {
 		b, err := NewBackend(BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: cfg.Proto, Weight: spec.Weight})
 		if err != nil {
 			return bad("backend %s: %v", spec.ID, err)
+		}
+		if tlsOf[i], err = spec.ClientTLS(); err != nil {
+			return bad("%v", err)
 		}
 		if spec.MetricsURL != "" {
 			pc := cfg.Probe
@@ -261,7 +266,7 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 				return bad("backend %s: memory overload protection: %v", spec.ID, err)
 			}
 		}
-		b, err := NewBackend(BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: cfg.Proto, Weight: spec.Weight, MOP: mop})
+		b, err := NewBackend(BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: cfg.Proto, Weight: spec.Weight, MOP: mop, TLS: tlsOf[i]})
 		if err != nil {
 			return bad("backend %s: %v", spec.ID, err) // not reached: the dry run passed
 		}
@@ -549,6 +554,9 @@ func (g *Generation) Stop() {
 	}
 	g.mu.Unlock()
 	g.wg.Wait()
+	for _, b := range g.backends {
+		forgetTLSProbeClient(b.tls)
+	}
 }
 
 // Proto returns "http" or "sip".

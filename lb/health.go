@@ -2,6 +2,7 @@ package lb
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -50,7 +51,8 @@ type ProberFunc func(ctx context.Context, b *Backend) (ProbeResult, error)
 // Probe implements Prober.
 func (f ProberFunc) Probe(ctx context.Context, b *Backend) (ProbeResult, error) { return f(ctx, b) }
 
-// HTTPProber sends GET Path to the backend over plain HTTP/1.1: 2xx and
+// HTTPProber sends GET Path to the backend over HTTP/1.1 (over TLS, with
+// the backend's own settings, when Backend.TLS is set): 2xx and
 // 3xx are up, 429 is busy, anything else (or no answer within the probe's
 // timeout) is down. With AnyBelow500 every status below 500 but 429 is up.
 //
@@ -68,8 +70,36 @@ type HTTPProber struct {
 	// the wrong service is listening.
 	AnyBelow500 bool
 	// Client sends the probe; nil uses a client without keep-alive, so a
-	// probe also proves that new connections are accepted.
+	// probe also proves that new connections (and, for a TLS backend, TLS
+	// handshakes verified as requests' are) are accepted.
 	Client *http.Client
+}
+
+// tlsProbeClient returns the probe client of a backend spoken to over
+// TLS with cfg: without keep-alive, as defaultProbeClient, one per
+// configuration (a backend's configuration lives as long as its
+// generation), so that its session cache lets probes resume.
+func tlsProbeClient(cfg *tls.Config) *http.Client {
+	if c, ok := tlsProbeClients.Load(cfg); ok {
+		return c.(*http.Client)
+	}
+	c, _ := tlsProbeClients.LoadOrStore(cfg, &http.Client{
+		Transport:     &http.Transport{DisableKeepAlives: true, Proxy: nil, TLSClientConfig: cfg, ForceAttemptHTTP2: false},
+		CheckRedirect: defaultProbeClient.CheckRedirect,
+	})
+	return c.(*http.Client)
+}
+
+// tlsProbeClients maps a backend's *tls.Config to its probe client.
+// Entries are few (one per TLS backend and generation) and small;
+// forgetTLSProbeClient drops a stopped generation's.
+var tlsProbeClients sync.Map
+
+// forgetTLSProbeClient drops the probe client of cfg.
+func forgetTLSProbeClient(cfg *tls.Config) {
+	if cfg != nil {
+		tlsProbeClients.Delete(cfg)
+	}
 }
 
 var defaultProbeClient = &http.Client{
@@ -80,14 +110,22 @@ var defaultProbeClient = &http.Client{
 // Probe implements Prober.
 func (p HTTPProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) {
 	c := p.Client
-	if c == nil {
+	scheme := "http://"
+	if b.tls != nil {
+		scheme = "https://"
+	}
+	switch {
+	case c != nil:
+	case b.tls != nil:
+		c = tlsProbeClient(b.tls)
+	default:
 		c = defaultProbeClient
 	}
 	path := p.Path
 	if path == "" {
 		path = "/"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.addr+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+b.addr+path, nil)
 	if err != nil {
 		return ProbeDown, fmt.Errorf("probe %s: %w", b.id, err)
 	}
@@ -109,7 +147,9 @@ func (p HTTPProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) 
 	return ProbeDown, fmt.Errorf("probe %s: status %d", b.id, resp.StatusCode)
 }
 
-// TCPProber is up when a TCP connection to the backend opens. It cannot
+// TCPProber is up when a TCP connection to the backend opens (and, for a
+// backend with TLS, its TLS handshake succeeds with the backend's own
+// settings, certificate verified). It cannot
 // tell a black hole (accepts, never answers) from a working backend: use
 // it only where no application probe exists; HTTP backends get
 // HTTPProber.
@@ -122,7 +162,13 @@ func (TCPProber) Probe(ctx context.Context, b *Backend) (ProbeResult, error) {
 	if err != nil {
 		return ProbeDown, fmt.Errorf("probe %s: %w", b.id, err)
 	}
-	c.Close()
+	defer c.Close()
+	if b.tls != nil {
+		tc := tls.Client(c, b.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return ProbeDown, fmt.Errorf("probe %s: tls: %w", b.id, err)
+		}
+	}
 	return ProbeUp, nil
 }
 

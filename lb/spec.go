@@ -61,6 +61,17 @@ type BackendSpec struct {
 	// []string{DefaultPool}. A backend in two pools is one backend: one
 	// MOP, one health state, one set of counters.
 	Pools []string
+	// TLS speaks TLS to the backend (requests and health checks alike),
+	// its certificate verified against the system roots or CAFile, for
+	// the name SNI (default the host of Addr). Key tls (on or off), HTTP
+	// only; default off.
+	TLS bool
+	// CAFile is a PEM file of the certificates that verify the backend
+	// (instead of the system roots). Key ca, HTTP only, with tls=on.
+	CAFile string
+	// SNI is the server name sent and verified. Key sni, HTTP only, with
+	// tls=on; default the host of Addr.
+	SNI string
 }
 
 // String is the canonical spec of b, FormatBackendSpec's: it parses back
@@ -77,7 +88,7 @@ func (b BackendSpec) String() string {
 // specKeys are the keys each protocol accepts, in the order error
 // messages list them.
 var specKeys = map[string][]string{
-	"http": {"weight", "metrics", "id", "health", "pool"},
+	"http": {"weight", "metrics", "id", "health", "pool", "tls", "ca", "sni"},
 	"sip":  {"weight", "metrics", "id", "transport", "pool"},
 }
 
@@ -116,6 +127,9 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 		known := false
 		for _, key := range keys {
 			known = known || key == k
+		}
+		if !known && proto == "sip" && (k == "tls" || k == "ca" || k == "sni") {
+			return bad("key %q is for HTTP backends; a SIP backend's transport is its transport key", k)
 		}
 		if !known {
 			return bad("unknown key %q for a %s backend (want %s)", k, proto, strings.Join(keys, ", "))
@@ -157,7 +171,29 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 				return bad("pool %q given twice", v)
 			}
 			b.Pools = append(b.Pools, v)
+		case "tls":
+			switch strings.ToLower(v) {
+			case "on":
+				b.TLS = true
+			case "off":
+				b.TLS = false
+			default:
+				return bad("tls must be on or off (got %q)", v)
+			}
+		case "ca":
+			if v == "" {
+				return bad("ca must name a PEM file of CA certificates")
+			}
+			b.CAFile = v
+		case "sni":
+			if !validServerName(v) {
+				return bad("sni %q: want a host name (letters, digits, '-' and '.')", v)
+			}
+			b.SNI = strings.ToLower(v)
 		}
+	}
+	if !b.TLS && (b.CAFile != "" || b.SNI != "") {
+		return bad("ca and sni need tls=on")
 	}
 	if b.ID == "" {
 		b.ID = b.Addr
@@ -166,4 +202,25 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 		b.Pools = []string{DefaultPool}
 	}
 	return b, nil
+}
+
+// validServerName reports whether s is a DNS host name as a TLS client
+// sends it in SNI: 1 to 253 bytes of labels of letters, digits and '-',
+// dot-separated, none empty or over 63 bytes.
+func validServerName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
 }

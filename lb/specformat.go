@@ -22,6 +22,15 @@ func FormatBackendSpec(proto string, b BackendSpec) string {
 	if b.HealthPath != "" && proto == "http" {
 		parts = append(parts, "health="+b.HealthPath)
 	}
+	if b.TLS && proto == "http" {
+		parts = append(parts, "tls=on")
+		if b.CAFile != "" {
+			parts = append(parts, "ca="+b.CAFile)
+		}
+		if b.SNI != "" {
+			parts = append(parts, "sni="+b.SNI)
+		}
+	}
 	if b.Transport != "" && b.Transport != "udp" && proto == "sip" {
 		parts = append(parts, "transport="+b.Transport)
 	}

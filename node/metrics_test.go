@@ -135,8 +135,9 @@ func TestMetricsExposition(t *testing.T) {
 	}
 	// The front ends' route and pool families are named per protocol
 	// (their labels differ: HTTP's pool refusals and SIP's new work per
-	// backend); every other family has a protocol label.
-	routeFamilies := regexp.MustCompile(`sluice_(http|sip)_(route_hits_total|no_route_total|pool_refused_total|pool_new_work_total)\b`)
+	// backend), and so are HTTP's tunnels (upgraded connections, which
+	// only HTTP has); every other family has a protocol label.
+	routeFamilies := regexp.MustCompile(`sluice_(http|sip)_(route_hits_total|no_route_total|pool_refused_total|pool_new_work_total)\b|sluice_http_tunnels(_total|_refused_total)?\b`)
 	if rest := routeFamilies.ReplaceAllString(body, ""); strings.Contains(rest, "sluice_sip_") || strings.Contains(rest, "sluice_http_") {
 		t.Errorf("per-protocol family names left:\n%s", rest)
 	}

@@ -311,7 +311,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 			return nil, err
 		}
 		n.admin.Handle("GET /healthz", n.healthz())
-		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload}
+		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload, HTTPTunnels: n.httpTunnels}
 		src.TLSCertificates = n.tlsCertStatus
 		n.admin.Handle("GET /status", admin.StatusHandler(src))
 		// The dashboard at / samples src every second while the admin

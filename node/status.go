@@ -59,3 +59,12 @@ func (n *Node) routeStatus() map[string][]admin.RouteStatus {
 	}
 	return out
 }
+
+// httpTunnels is the HTTP front end's tunnels for /status, nil without
+// one.
+func (n *Node) httpTunnels() any {
+	if n.httpSrv == nil {
+		return nil
+	}
+	return n.httpSrv.TunnelStatus()
+}

@@ -125,6 +125,7 @@ var badValues = map[string]string{
 	"http-sticky-app-cookie": "a;b",
 	"http-hash-key":          "body",
 	"http-engine":            "threads",
+	"http-upgrade":           "h2c",
 	"lb-policy":              "fastest",
 	"sip-lb-policy":          "fastest",
 	"sip-unknown-dialog":     "maybe",

@@ -103,8 +103,11 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hs.add(&h.ClientIdle, "http-client-idle", "close idle client connections after this long")
 	hs.add(&h.StreamThreshold, "http-stream-threshold", "request bodies larger than this many bytes are streamed to the backend, not buffered")
 	hs.add(&h.ResponseBuffer, "http-response-buffer", "fasthttp engine: answers with a Content-Length up to this many bytes are read whole before they are relayed, others streamed from the same exchange (-1: always stream); the loop engine relays every answer as it arrives")
-	hs.add(&h.Engine, "http-engine", "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade and Expect to fasthttp")
+	hs.add(&h.Engine, "http-engine", "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade other than -http-upgrade's, and Expect to fasthttp")
 	hs.add(&h.Loops, "http-loops", "event loops of the loop engine (0: GOMAXPROCS)")
+	hs.add(&h.Upgrades, "http-upgrade", "protocols a GET may upgrade to through sluice, a comma list of Upgrade tokens, or none; the connection becomes a byte tunnel only after the backend answers 101 (h2c is never forwarded)")
+	hs.add(&h.MaxTunnels, "http-max-tunnels", "most upgraded connections (tunnels) open at once, upgrade requests awaiting their answer included; more are answered 503 before a backend is contacted")
+	hs.add(&h.TunnelIdle, "http-tunnel-idle", "close a tunnel that carried no byte either way for this long")
 
 	o.pool = lb.DefaultPoolConfig()
 	ps := newSection(fs, o.fields, "lb", "PoolConfig.", &o.pool)
