@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -116,6 +117,32 @@ type Config struct {
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int
+	// TLSListen is the address of the SIP over TLS listener (RFC 3261
+	// §26.2, sips: and transport=tls), "" for none; it needs TLSConfig.
+	// Flag -sip-tls-listen.
+	TLSListen string
+	// WSListen and WSSListen are the addresses of the SIP over WebSocket
+	// and secure WebSocket listeners (RFC 7118), "" for none; WSS needs
+	// TLSConfig. Flags -sip-ws-listen, -sip-wss-listen.
+	WSListen, WSSListen string
+	// TLSConfig serves the certificates of the TLS and WSS listeners
+	// (node builds it from the -tls-cert store); nil: no TLS.
+	TLSConfig *tls.Config
+	// Handshakes bounds the TLS and WebSocket handshakes in progress and
+	// their rate; nil: no bound.
+	Handshakes HandshakeGate
+	// HandshakeTimeout bounds a TLS or WebSocket handshake (both for WSS)
+	// from accept to its end. Flag -sip-handshake-timeout.
+	HandshakeTimeout time.Duration
+	// WSOrigins, when not empty, are the only Origin values (as a browser
+	// sends them, e.g. https://phone.example.com; case aside) a WebSocket
+	// handshake may carry; one without an Origin is then refused too
+	// (403). Flag -sip-ws-origin (repeatable).
+	WSOrigins []string
+	// WSPath, when set, is the only request path a WebSocket handshake
+	// may ask for (404 otherwise); the query is not compared. Flag
+	// -sip-ws-path.
+	WSPath string
 	// NoRouteCode is the final answer to new work that no route matches
 	// when the generation has no pool "default": 400..699, default 404
 	// (Not Found). Flag -sip-no-route-code.
@@ -209,6 +236,7 @@ func DefaultConfig() Config {
 		UDPBuffer:         4 << 20,
 		MaxMessage:        65535,
 		NoRouteCode:       404,
+		HandshakeTimeout:  DefaultHandshakeTimeout,
 
 		UnknownDialog:           UnknownDialogNewWork,
 		UnknownDialogSourceRate: DefaultUnknownDialogSourceRate,
@@ -248,6 +276,7 @@ func (c *Config) setDefaults() {
 	fill(&c.UDPBuffer, d.UDPBuffer)
 	fill(&c.MaxMessage, d.MaxMessage)
 	fill(&c.NoRouteCode, d.NoRouteCode)
+	fill(&c.HandshakeTimeout, d.HandshakeTimeout)
 }
 
 // fill sets *p to def when *p is the zero value.
@@ -316,6 +345,9 @@ func (c *Config) Validate() error {
 		return fieldError("NoRouteCode", "%d: want a final answer code in 400..699 (default 404)", c.NoRouteCode)
 	case c.TCPPartialBudget < 2*(c.MaxMessage+1):
 		return fieldError("TCPPartialBudget", "must be at least twice MaxMessage + 1 (%d bytes)", 2*(c.MaxMessage+1))
+	}
+	if err := c.checkEdge(); err != nil {
+		return err
 	}
 	ids := map[string]bool{}
 	for _, b := range c.Backends {

@@ -93,6 +93,14 @@ type Metrics struct {
 	TCPPartialShed     atomic.Uint64 // TCP connections closed: -sip-tcp-partial-budget exceeded
 	TCPKeepAlives      atomic.Uint64 // CRLFCRLF keep-alives received on TCP
 	TCPKeepAliveWrites atomic.Uint64 // writes of their answers (those of one read go in one)
+
+	// TLS and WebSocket listeners (stream.go, ws.go)
+	HandshakesRefused atomic.Uint64 // connections closed before a handshake: Config.Handshakes said no
+	HandshakeTimeouts atomic.Uint64 // TLS/WebSocket handshakes not complete within -sip-handshake-timeout
+	HandshakeFailures atomic.Uint64 // TLS/WebSocket handshakes failed otherwise (bad TLS, refused upgrade, closed)
+	WSRefused         atomic.Uint64 // WebSocket upgrades refused (no sip subprotocol, Origin, path, malformed)
+	WSTooBig          atomic.Uint64 // WebSocket connections closed 1009: a message over -sip-max-message
+	WSProtocolErrors  atomic.Uint64 // WebSocket connections closed 1002: a frame RFC 6455 forbids
 }
 
 // Metrics returns the server's counters.
@@ -213,6 +221,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"unknown_dialog_metered", &m.UnknownDialogMetered}, {"unknown_dialog_rejected", &m.UnknownDialogRejected},
 		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited}, {"no_route", &m.NoRoute},
 		{"uri_too_long", &m.URITooLong},
+		{"handshakes_refused", &m.HandshakesRefused}, {"handshake_timeouts", &m.HandshakeTimeouts},
+		{"handshake_failures", &m.HandshakeFailures}, {"ws_refused", &m.WSRefused},
+		{"ws_too_big", &m.WSTooBig}, {"ws_protocol_errors", &m.WSProtocolErrors},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}

@@ -2,6 +2,7 @@ package sip
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/netip"
@@ -21,6 +22,17 @@ type tcpConn struct {
 	c      *net.TCPConn
 	remote netip.AddrPort
 	srv    *Server
+
+	// kind is the protocol over the stream (TCP, TLS, WS, WSS) and sess
+	// the TLS session over c for TLS and WSS (nil otherwise): its writes
+	// go down to write through rawConn, so they never block either.
+	kind connKind
+	sess *tls.Conn
+	one  [1]byte // TLS: the first byte read between messages (readIdle)
+	id   uint64  // flow id of an accepted connection (flows_conn.go); 0 for dialled ones
+	// ready: the TLS and WebSocket handshakes are done, SIP may be sent
+	// (always for TCP, which does not look).
+	ready atomic.Bool
 
 	mu       sync.Mutex
 	out      [][]byte // queued for the flusher, in order
@@ -262,16 +274,19 @@ func (s *Server) serveTCP() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		s.acceptConn(c)
+		s.acceptConn(c, kindTCP)
 	}
 }
 
 // acceptConn registers an accepted connection and starts its reader, or
 // closes it: over its source's cap (-sip-tcp-max-conns-per-source), or with
 // the table full and no idle connection to close in its place.
-func (s *Server) acceptConn(c *net.TCPConn) {
+func (s *Server) acceptConn(c *net.TCPConn, kind connKind) {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true}
+	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, kind: kind}
+	if kind.secure() {
+		tc.sess = tls.Server(rawConn{TCPConn: c, tc: tc}, s.cfg.TLSConfig)
+	}
 	s.tcp.mu.Lock()
 	verdict, victim := s.tcp.admit(tc, s.cfg.TCPMaxConns, s.cfg.TCPMaxConnsPerSource)
 	if verdict == admitted {
@@ -304,8 +319,13 @@ func (s *Server) acceptConn(c *net.TCPConn) {
 	if s.closed.Load() {
 		c.Close()
 	}
+	s.flows.add(tc)
 	s.wg.Add(1)
-	go s.readConn(tc)
+	if kind.ws() {
+		go s.readWS(tc)
+	} else {
+		go s.readConn(tc)
+	}
 }
 
 // startConnQueued registers c and starts its reader. When dialled is
@@ -445,26 +465,10 @@ func (s *Server) readConn(tc *tcpConn) {
 	defer s.wg.Done()
 	var reserved int64 // this connection's reservation in the partial budget
 	var buf []byte     // nil between messages: a waiting connection holds no read buffer
-	defer func() {
-		if reserved != 0 {
-			s.reservePartial(tc, 0, &reserved)
-		}
-		if buf != nil {
-			releaseReadBuf(buf)
-			s.tcp.readBufs.Add(-1)
-		}
-		s.tcp.remove(tc)
-		tc.mu.Lock()
-		if !tc.dead && !tc.flushing {
-			tc.kill()
-		} else if !tc.dead {
-			// Let the flusher finish the answers already queued (a 400 before
-			// the close); it closes the socket when done or stalled.
-			_ = tc.c.CloseRead()
-			tc.closing = true
-		}
-		tc.mu.Unlock()
-	}()
+	defer func() { s.endConn(tc, &reserved, buf) }()
+	if tc.sess != nil && !s.handshakeTLS(tc) {
+		return
+	}
 	src := source{addr: tc.remote, conn: tc}
 	var fr framer
 	var msgDeadline time.Time // zero between messages
@@ -489,7 +493,7 @@ func (s *Server) readConn(tc *tcpConn) {
 		if len(buf) == 0 {
 			// Between messages: wait for bytes without a buffer, then read
 			// into one from the pool.
-			buf, err = readParked(tc.c)
+			buf, err = tc.readIdle()
 			n = len(buf)
 			if buf != nil {
 				s.tcp.readBufs.Add(1)
@@ -503,7 +507,7 @@ func (s *Server) readConn(tc *tcpConn) {
 				releaseReadBuf(buf)
 				buf = nb
 			}
-			n, err = tc.c.Read(buf[len(buf):cap(buf)])
+			n, err = tc.readMore(buf[len(buf):cap(buf)])
 			buf = buf[:len(buf)+max(n, 0)]
 		}
 		if n > 0 {
@@ -603,7 +607,7 @@ func (s *Server) pong(tc *tcpConn, k int) {
 	for k > 0 {
 		m := min(k, len(crlfs)/2)
 		s.metrics.TCPKeepAliveWrites.Add(1)
-		if tc.write(crlfs[:2*m]) != nil {
+		if tc.send(crlfs[:2*m]) != nil {
 			return
 		}
 		k -= m
