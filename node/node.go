@@ -113,6 +113,10 @@ type Config struct {
 	SIPBackends []string
 	// SIPPools and SIPRoutes are -sip-pool and -sip-route specs.
 	SIPPools, SIPRoutes []string
+	// SIPTLSCertFile and SIPTLSKeyFile are the PEM certificate chain and
+	// key of the SIP TLS and WSS listeners (-sip-tls-cert-file,
+	// -sip-tls-key-file), used when SIP.TLSConfig is nil.
+	SIPTLSCertFile, SIPTLSKeyFile string
 	// Cluster joins a cluster of nodes sharing budgets through Redis;
 	// Redis "" keeps the node standalone.
 	Cluster cluster.Config
@@ -278,8 +282,14 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		if err := n.buildSIP(); err != nil {
 			return nil, err
 		}
-	} else if err := lbsip.CheckSettings(cfg.SIP); err != nil {
-		return nil, err
+	} else {
+		sc := cfg.SIP
+		if err := sipEdge(&sc, cfg.SIPTLSCertFile, cfg.SIPTLSKeyFile); err != nil {
+			return nil, err
+		}
+		if err := lbsip.CheckSettings(sc); err != nil {
+			return nil, err
+		}
 	}
 	if err := admin.CheckListen(cfg.AdminListen, cfg.AdminTokenFile); err != nil {
 		return nil, err
@@ -424,6 +434,9 @@ func (n *Node) buildHTTP() error {
 
 func (n *Node) buildSIP() error {
 	cfg := sipConfig(n.cfg.SIP)
+	if err := sipEdge(&cfg, n.cfg.SIPTLSCertFile, n.cfg.SIPTLSKeyFile); err != nil {
+		return err
+	}
 	hist := n.forward.WithLabelValues("sip")
 	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
 	var err error
@@ -549,6 +562,8 @@ func (n *Node) start(parent context.Context) error {
 // it does not have.
 type Addrs struct {
 	HTTP, SIP, Admin net.Addr
+	// SIPTLS, SIPWS and SIPWSS are the SIP edge listeners.
+	SIPTLS, SIPWS, SIPWSS net.Addr
 }
 
 // Addrs returns the bound addresses (after Start).
@@ -558,6 +573,7 @@ func (n *Node) Addrs() Addrs {
 		if sa := n.sipSrv.Addr(); sa != nil {
 			a.SIP = sa
 		}
+		a.SIPTLS, a.SIPWS, a.SIPWSS = n.sipSrv.TLSAddr(), n.sipSrv.WSAddr(), n.sipSrv.WSSAddr()
 	}
 	return a
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -291,11 +292,20 @@ func lnAddr(ln *net.TCPListener) net.Addr {
 
 // checkEdge validates the edge listeners' fields of c.
 func (c *Config) checkEdge() error {
+	for _, l := range []struct{ addr, field string }{{c.TLSListen, "TLSListen"}, {c.WSListen, "WSListen"}, {c.WSSListen, "WSSListen"}} {
+		if l.addr == "" {
+			continue
+		}
+		_, port, err := net.SplitHostPort(l.addr)
+		if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 0 || p > 65535 {
+			return fieldError(l.field, "%q: want HOST:PORT or :PORT", l.addr)
+		}
+	}
 	switch {
 	case c.TLSListen != "" && c.TLSConfig == nil:
-		return fieldError("TLSConfig", "required by TLSListen %q (no certificate to serve)", c.TLSListen)
+		return fieldError("TLSListen", "%q needs a certificate to serve", c.TLSListen)
 	case c.WSSListen != "" && c.TLSConfig == nil:
-		return fieldError("TLSConfig", "required by WSSListen %q (no certificate to serve)", c.WSSListen)
+		return fieldError("WSSListen", "%q needs a certificate to serve", c.WSSListen)
 	case c.HandshakeTimeout < 100*time.Millisecond:
 		return fieldError("HandshakeTimeout", "%s: must be at least 100ms", c.HandshakeTimeout)
 	case c.WSPath != "" && c.WSPath[0] != '/':

@@ -470,8 +470,10 @@ func TestEdgeConfig(t *testing.T) {
 		mut   func(*Config)
 		field string
 	}{
-		{"tls-without-cert", func(c *Config) { c.TLSListen = ":5061" }, "TLSConfig"},
-		{"wss-without-cert", func(c *Config) { c.WSSListen = ":443" }, "TLSConfig"},
+		{"tls-without-cert", func(c *Config) { c.TLSListen = ":5061" }, "TLSListen"},
+		{"wss-without-cert", func(c *Config) { c.WSSListen = ":443" }, "WSSListen"},
+		{"bad-port", func(c *Config) { c.WSListen = "127.0.0.1:99999" }, "WSListen"},
+		{"no-port", func(c *Config) { c.WSListen = "127.0.0.1" }, "WSListen"},
 		{"short-handshake", func(c *Config) { c.HandshakeTimeout = time.Millisecond }, "HandshakeTimeout"},
 		{"relative-path", func(c *Config) { c.WSPath = "sip" }, "WSPath"},
 		{"origin-without-scheme", func(c *Config) { c.WSOrigins = []string{"phone.example.com"} }, "WSOrigins"},

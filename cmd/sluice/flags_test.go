@@ -115,6 +115,11 @@ var badValues = map[string]string{
 	"arm":                    "name=x",
 	"http-listen":            "127.0.0.1:99999",
 	"sip-listen":             "127.0.0.1:99999",
+	"sip-tls-listen":         "127.0.0.1:99999",
+	"sip-ws-listen":          "127.0.0.1:99999",
+	"sip-wss-listen":         "127.0.0.1:99999",
+	"sip-ws-path":            "sip",
+	"sip-ws-origin":          "phone.example.com",
 	"admin-listen":           "127.0.0.1:99999",
 	"admin-host":             "http://evil.example/",
 	"http-sticky-cookie":     "a b",
@@ -154,7 +159,11 @@ var badValues = map[string]string{
 
 // freeForm are flags whose every value is acceptable, with the reason.
 var freeForm = map[string]string{
-	"events admin-listen": "only printed in a hint",
+	"events admin-listen":   "only printed in a hint",
+	"run sip-tls-cert-file": "read only with -sip-tls-listen or -sip-wss-listen (then a bad one is refused naming it)",
+	"run sip-tls-key-file":  "read only with -sip-tls-listen or -sip-wss-listen (then a bad one is refused naming it)",
+	"sip sip-tls-cert-file": "read only with -sip-tls-listen or -sip-wss-listen (then a bad one is refused naming it)",
+	"sip sip-tls-key-file":  "read only with -sip-tls-listen or -sip-wss-listen (then a bad one is refused naming it)",
 }
 
 // commandArgs are arguments under which each command starts; the flag
@@ -244,6 +253,7 @@ func TestFieldFlags(t *testing.T) {
 	newRunFlags(fs)
 	notFlags := map[string]bool{ // set by the wiring, not by a flag of their own
 		"http.RetryAfterNoBackend": true, "http.Clock": true, "http.Now": true, "http.ObserveForward": true,
+		"sip.TLSConfig": true, "sip.Handshakes": true,
 	}
 	fields := fieldFlags()
 	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(node.HTTPConfig{}), "sip": reflect.TypeOf(node.SIPConfig{})} {

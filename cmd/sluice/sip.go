@@ -9,10 +9,13 @@ import (
 
 // sipOptions holds the -sip-* flags.
 type sipOptions struct {
-	cfg      node.SIPConfig
-	backends listFlag
-	pools    listFlag
-	routes   listFlag
+	cfg       node.SIPConfig
+	backends  listFlag
+	pools     listFlag
+	routes    listFlag
+	wsOrigins listFlag
+	certFile  string
+	keyFile   string
 }
 
 // addSIPFlags registers the SIP front end's flags on fs, with the defaults
@@ -53,7 +56,24 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.TCPPartialBudget, "sip-tcp-partial-budget", "most bytes buffered for TCP messages not yet complete, over every connection; past it the connection holding the most is closed (at least twice -sip-max-message + 1)")
 	s.add(&c.UDPBuffer, "sip-udp-buffer", "UDP socket buffer in bytes")
 	s.add(&c.MaxMessage, "sip-max-message", "largest SIP message in bytes")
+	s.add(&c.TLSListen, "sip-tls-listen", "SIP over TLS listen `address` (sips:, transport=tls; port 5061 by custom), none by default")
+	s.add(&c.WSListen, "sip-ws-listen", "SIP over WebSocket listen `address` (RFC 7118), none by default")
+	s.add(&c.WSSListen, "sip-wss-listen", "SIP over secure WebSocket listen `address` (RFC 7118), none by default")
+	fs.StringVar(&o.certFile, "sip-tls-cert-file", "", "PEM certificate chain `file` of -sip-tls-listen and -sip-wss-listen")
+	fs.StringVar(&o.keyFile, "sip-tls-key-file", "", "PEM private key `file` of -sip-tls-cert-file")
+	s.add(&c.HandshakeTimeout, "sip-handshake-timeout", "close a TLS or WebSocket connection whose handshake (both for WSS) is not done this long after accept")
+	s.add(&c.WSPath, "sip-ws-path", "the only request `path` a WebSocket handshake may ask for (404 otherwise; empty: any)")
+	o.wsOrigins.check = checkWSOrigin
+	s.also(&c.WSOrigins, "sip-ws-origin")
+	fs.Var(&o.wsOrigins, "sip-ws-origin", "an `origin` a WebSocket handshake may come from, as a browser sends it (https://phone.example.com); repeatable; when given, handshakes from any other Origin or none get 403")
 	return o
+}
+
+// checkWSOrigin validates one -sip-ws-origin value as sip.Config does.
+func checkWSOrigin(v string) error {
+	c := node.DefaultSIPConfig()
+	c.WSOrigins = []string{v}
+	return node.CheckSIPSettings(c)
 }
 
 func init() {
@@ -78,4 +98,11 @@ var sipPreset = preset{
 // runSIP is the sip command: runRun with sipPreset.
 func runSIP(args []string, stdout, stderr io.Writer) int {
 	return serveUntilSignal(sipPreset, args, stdout, stderr)
+}
+
+// withLists is the SIP Config with the fields of its repeatable flags.
+func (o *sipOptions) withLists() node.SIPConfig {
+	c := o.cfg
+	c.WSOrigins = o.wsOrigins.values
+	return c
 }

@@ -155,3 +155,38 @@ func TestRenamedFlag(t *testing.T) {
 		})
 	}
 }
+
+// TestSIPEdgeFlags: the TLS, WS and WSS listener flags fill the Config
+// (-sip-ws-origin repeatable); a bad origin or path is refused naming its
+// flag.
+func TestSIPEdgeFlags(t *testing.T) {
+	fs := newFlagSet("sip", io.Discard)
+	o := newRunFlags(fs)
+	env := map[string]string{"SLUICE_SIP_WS_PATH": "/ws"}
+	args := []string{"-sip-tls-listen", ":5061", "-sip-ws-listen", ":8080", "-sip-wss-listen", ":8443",
+		"-sip-tls-cert-file", "c.pem", "-sip-tls-key-file", "k.pem", "-sip-handshake-timeout", "3s",
+		"-sip-ws-origin", "https://a.example", "-sip-ws-origin", "https://b.example:8443"}
+	if err := parseFlags(fs, args, lookupIn(env)); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := o.config(io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.SIP
+	if s.TLSListen != ":5061" || s.WSListen != ":8080" || s.WSSListen != ":8443" || s.HandshakeTimeout != 3*time.Second || s.WSPath != "/ws" ||
+		!reflect.DeepEqual(s.WSOrigins, []string{"https://a.example", "https://b.example:8443"}) || cfg.SIPTLSCertFile != "c.pem" || cfg.SIPTLSKeyFile != "k.pem" {
+		t.Errorf("config %+v cert %q key %q", s, cfg.SIPTLSCertFile, cfg.SIPTLSKeyFile)
+	}
+	for _, tc := range []struct{ flag, val string }{
+		{"sip-ws-origin", "a.example"},
+		{"sip-ws-origin", "https://a.example/path"},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		newRunFlags(fs)
+		if err := fs.Parse([]string{"-" + tc.flag, tc.val}); err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("-%s %q: error %v, want one naming the flag", tc.flag, tc.val, err)
+		}
+	}
+}
