@@ -54,8 +54,17 @@ type BackendSpec struct {
 	// HealthPath is the path of the active HTTP health check; "" probes
 	// by TCP connect. Key health, HTTP only.
 	HealthPath string
-	// Transport is "udp" or "tcp". Key transport, SIP only, default "udp".
+	// Transport is "udp", "tcp" or "tls". Key transport, SIP only,
+	// default "udp".
 	Transport string
+	// CAFile is a PEM file of the certificate authorities a TLS backend's
+	// certificate must chain to; "" is the system's. Key ca, SIP with
+	// transport=tls only.
+	CAFile string
+	// SNI is the server name sent to a TLS backend and its certificate
+	// must be valid for; "" is the host of Addr. Key sni, SIP with
+	// transport=tls only.
+	SNI string
 	// Pools are the pools the backend serves, in the order given, without
 	// duplicates. Key pool, repeatable (ADDR,pool=api,pool=web), default
 	// []string{DefaultPool}. A backend in two pools is one backend: one
@@ -78,7 +87,7 @@ func (b BackendSpec) String() string {
 // messages list them.
 var specKeys = map[string][]string{
 	"http": {"weight", "metrics", "id", "health", "pool"},
-	"sip":  {"weight", "metrics", "id", "transport", "pool"},
+	"sip":  {"weight", "metrics", "id", "transport", "ca", "sni", "pool"},
 }
 
 // ParseBackendSpec parses one backend of protocol proto ("http" or
@@ -145,10 +154,20 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 			b.HealthPath = v
 		case "transport":
 			v = strings.ToLower(v)
-			if v != "udp" && v != "tcp" {
-				return bad("transport must be udp or tcp")
+			if v != "udp" && v != "tcp" && v != "tls" {
+				return bad("transport must be udp, tcp or tls")
 			}
 			b.Transport = v
+		case "ca":
+			if v == "" {
+				return bad("ca must name a PEM file")
+			}
+			b.CAFile = v
+		case "sni":
+			if v == "" || len(v) > 253 || strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == '/' || r == ':' }) {
+				return bad("sni must be a host name of 1..253 bytes")
+			}
+			b.SNI = strings.ToLower(v)
 		case "pool":
 			if err := poolNameError(v); err != nil {
 				return bad("pool: %v", err)
@@ -158,6 +177,9 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 			}
 			b.Pools = append(b.Pools, v)
 		}
+	}
+	if (b.CAFile != "" || b.SNI != "") && b.Transport != "tls" {
+		return bad("ca and sni need transport=tls")
 	}
 	if b.ID == "" {
 		b.ID = b.Addr

@@ -45,7 +45,7 @@ func TestSIPFlags(t *testing.T) {
 func TestSIPFlagErrors(t *testing.T) {
 	for _, tc := range []struct{ arg, want string }{
 		{"10.0.0.1", "address"},
-		{"10.0.0.1:5060,transport=sctp", "transport must be udp or tcp"},
+		{"10.0.0.1:5060,transport=sctp", "transport must be udp, tcp or tls"},
 		{"10.0.0.1:5060,weight=0", "weight"},
 		{"10.0.0.1:5060,metrics=ftp://x", "metrics must be an http(s) URL"},
 		{"10.0.0.1:5060,color=blue", "unknown key"},
