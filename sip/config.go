@@ -157,8 +157,12 @@ type BackendConfig struct {
 	ID string
 	// Addr is the backend's IP:port (a host name is resolved once at start).
 	Addr string
-	// Transport is "udp" (default) or "tcp".
+	// Transport is "udp" (default), "tcp" or "tls".
 	Transport string
+	// CAFile and SNI are a TLS backend's certificate authorities (PEM;
+	// "" is the system's) and the name its certificate must be valid
+	// for ("" is the host of Addr).
+	CAFile, SNI string
 	// Weight is the relative share of new work, default 1.
 	Weight int
 	// MetricsURL is the backend's memory probe (Prometheus text), optional.
@@ -174,7 +178,7 @@ func ParseBackend(s string) (BackendConfig, error) {
 	if err != nil {
 		return BackendConfig{}, fmt.Errorf("sip %w", err)
 	}
-	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, Weight: b.Weight, MetricsURL: b.MetricsURL}
+	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, CAFile: b.CAFile, SNI: b.SNI, Weight: b.Weight, MetricsURL: b.MetricsURL}
 	if len(b.Pools) != 1 || b.Pools[0] != lb.DefaultPool {
 		bc.Pools = b.Pools
 	}

@@ -101,6 +101,10 @@ type Metrics struct {
 	WSRefused         atomic.Uint64 // WebSocket upgrades refused (no sip subprotocol, Origin, path, malformed)
 	WSTooBig          atomic.Uint64 // WebSocket connections closed 1009: a message over -sip-max-message
 	WSProtocolErrors  atomic.Uint64 // WebSocket connections closed 1002: a frame RFC 6455 forbids
+	// BackendTLSFailures counts TLS handshakes with transport=tls backends
+	// that failed (certificate not valid for its name or not from its ca=,
+	// no TLS there, timeout).
+	BackendTLSFailures atomic.Uint64
 }
 
 // Metrics returns the server's counters.
@@ -224,6 +228,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"handshakes_refused", &m.HandshakesRefused}, {"handshake_timeouts", &m.HandshakeTimeouts},
 		{"handshake_failures", &m.HandshakeFailures}, {"ws_refused", &m.WSRefused},
 		{"ws_too_big", &m.WSTooBig}, {"ws_protocol_errors", &m.WSProtocolErrors},
+		{"backend_tls_failures", &m.BackendTLSFailures},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}

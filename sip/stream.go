@@ -1,13 +1,19 @@
 package sip
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicelb/sluice/internal/opfile"
+	"github.com/sluicelb/sluice/lb"
 )
 
 // A stream listener (TCP, TLS, WS, WSS) accepts connections into the one
@@ -326,4 +332,50 @@ func addrString(a net.Addr) string {
 		return ""
 	}
 	return a.String()
+}
+
+// clientTLS is the client side of a transport=tls backend's connections:
+// its certificate must be valid for sni= (else the host of its address)
+// and chain to ca= (else to the system's authorities).
+func clientTLS(spec lb.BackendSpec) (*tls.Config, error) {
+	host, _, err := net.SplitHostPort(spec.Addr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
+	if spec.SNI != "" {
+		cfg.ServerName = spec.SNI
+	}
+	if spec.CAFile != "" {
+		pem, err := opfile.Read(spec.CAFile, 1<<20)
+		if err != nil {
+			return nil, fmt.Errorf("ca %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca %q: no PEM certificate in it", spec.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	return cfg, nil
+}
+
+// clientHandshake runs the TLS handshake of tc, a connection dialled to a
+// TLS backend, within the handshake timeout.
+func (s *Server) clientHandshake(tc *tcpConn, cfg *tls.Config) error {
+	tc.kind = kindTLS
+	tc.sess = tls.Client(rawConn{TCPConn: tc.c, tc: tc}, cfg)
+	_ = tc.c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	err := tc.sess.Handshake()
+	_ = tc.c.SetDeadline(time.Time{})
+	if err != nil {
+		tc.mu.Lock()
+		if !tc.dead {
+			tc.kill()
+		}
+		tc.mu.Unlock()
+		return err
+	}
+	tc.ready.Store(true)
+	return nil
 }

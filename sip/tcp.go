@@ -332,11 +332,43 @@ func (s *Server) acceptConn(c *net.TCPConn, kind connKind) {
 // valid, the messages queued for it by dialAsync are written first, before
 // any other writer can reach the connection, so they keep their order.
 func (s *Server) startConnQueued(c *net.TCPConn, dialled netip.AddrPort) *tcpConn {
+	return s.startDialled(s.newDialled(c), dialled)
+}
+
+// newDialled is the tcpConn of a connection sluice dialled, not yet
+// registered.
+func (s *Server) newDialled(c *net.TCPConn) *tcpConn {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s}
 	// A connection dialled to a client (a request from a backend going
 	// downstream) shares the partial-message budget; one to a backend not.
 	tc.budgeted = s.pool.Load().backendAt(tc.remote) == nil
+	return tc
+}
+
+// startDialled registers tc (startConnQueued); a TLS connection, its
+// handshake done, gets the queued messages through its session, still
+// unseen by any other writer.
+func (s *Server) startDialled(tc *tcpConn, dialled netip.AddrPort) *tcpConn {
+	if tc.sess != nil {
+		s.tcp.mu.Lock()
+		s.tcp.conns[tc.remote] = tc
+		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
+		if dialled.IsValid() {
+			for _, m := range s.tcp.dialing[dialled] {
+				_ = tc.send(m)
+			}
+			delete(s.tcp.dialing, dialled)
+		}
+		s.tcp.mu.Unlock()
+		if s.closed.Load() {
+			tc.c.Close()
+		}
+		s.wg.Add(1)
+		go s.readConn(tc)
+		return tc
+	}
+	c := tc.c
 	tc.mu.Lock()
 	s.tcp.mu.Lock()
 	s.tcp.conns[tc.remote] = tc
@@ -405,7 +437,20 @@ func (s *Server) dialAsync(a netip.AddrPort, p []byte) bool {
 			s.dialRefused(a, err)
 			return
 		}
-		s.startConnQueued(c.(*net.TCPConn), a)
+		tc := s.newDialled(c.(*net.TCPConn))
+		if b := s.pool.Load().backendAt(a); b != nil && b.tls != nil {
+			if err := s.clientHandshake(tc, b.tls); err != nil {
+				s.tcp.mu.Lock()
+				q := s.tcp.dialing[a]
+				delete(s.tcp.dialing, a)
+				s.tcp.mu.Unlock()
+				s.metrics.SendErrors.Add(uint64(len(q)))
+				s.metrics.BackendTLSFailures.Add(1)
+				s.log.Warn("sip tls backend: handshake failed", "backend", b.id, "addr", a.String(), "err", err)
+				return
+			}
+		}
+		s.startDialled(tc, a)
 	}()
 	return queued
 }
@@ -466,7 +511,7 @@ func (s *Server) readConn(tc *tcpConn) {
 	var reserved int64 // this connection's reservation in the partial budget
 	var buf []byte     // nil between messages: a waiting connection holds no read buffer
 	defer func() { s.endConn(tc, &reserved, buf) }()
-	if tc.sess != nil && !s.handshakeTLS(tc) {
+	if tc.sess != nil && !tc.ready.Load() && !s.handshakeTLS(tc) {
 		return
 	}
 	src := source{addr: tc.remote, conn: tc}

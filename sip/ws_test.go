@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/tls"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -496,5 +499,73 @@ func TestEdgeConfig(t *testing.T) {
 				t.Fatalf("error %v, want one naming %s", err, tc.field)
 			}
 		})
+	}
+}
+
+// TestTLSBackend: a UDP client's call to a backend reached over TLS
+// (transport=tls): its certificate is verified against ca= for sni=, our
+// Via names TLS, and a backend whose certificate is not valid for the
+// name gets nothing.
+func TestTLSBackend(t *testing.T) {
+	srv, _ := testTLS(t)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificates[0].Certificate[0]}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := newTCPUASOn(t, ln)
+	for _, tc := range []struct {
+		name string
+		sni  string
+		ok   bool
+	}{
+		{"verified", "sip.test", true},
+		{"wrong-name", "other.test", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testServer(t, nil, nil, func(c *Config) {
+				c.Backends = []BackendConfig{{ID: "tls1", Addr: be.addr, Transport: "tls", CAFile: ca, SNI: tc.sni, Weight: 1}}
+			})
+			if tc.ok {
+				eventually(t, "connection to the backend", func() bool { return s.tcp.len() == 1 })
+			}
+			c := newUAC(t, s.udpAddr())
+			k := c.newCall()
+			k.invite("")
+			if !tc.ok {
+				eventually(t, "the handshake refused", func() bool { return s.metrics.BackendTLSFailures.Load() > 0 })
+				if n := s.tcp.len(); n != 0 {
+					t.Errorf("%d connections kept to a backend whose certificate is not valid for %s", n, tc.sni)
+				}
+				return
+			}
+			c.recvResponse(180)
+			ok := c.recvResponse(200)
+			k.learn(ok)
+			k.inDialog("ACK", 1, k.branch+"-ack")
+			k.inDialog("BYE", 2, k.branch+"-bye")
+			c.recvResponse(200)
+			var got []string
+			for len(got) < 3 {
+				select {
+				case m := <-be.got:
+					got = append(got, m)
+				case <-time.After(wait):
+					t.Fatalf("backend got %v", got)
+				}
+			}
+			if strings.Join(got, ",") != "INVITE,ACK,BYE" {
+				t.Errorf("backend got %v", got)
+			}
+			if s.metrics.BackendTLSFailures.Load() != 0 {
+				t.Errorf("backend_tls_failures %d", s.metrics.BackendTLSFailures.Load())
+			}
+		})
+	}
+	if _, err := ParseBackend(be.addr + ",transport=tls,ca=" + ca + ",sni=sip.test"); err != nil {
+		t.Errorf("ParseBackend: %v", err)
 	}
 }
