@@ -30,9 +30,12 @@ type flowTable struct {
 	peak  int
 }
 
-// add gives c its id and registers it.
+// newID is a flow id never given before; a connection gets it before
+// anyone else can see the connection.
+func (f *flowTable) newID() uint64 { return f.next.Add(1) }
+
+// add registers c under its id.
 func (f *flowTable) add(c *tcpConn) {
-	c.id = f.next.Add(1)
 	f.mu.Lock()
 	if f.conns == nil {
 		f.conns = map[uint64]flowConn{}

@@ -283,7 +283,7 @@ func (s *Server) serveTCP() {
 // the table full and no idle connection to close in its place.
 func (s *Server) acceptConn(c *net.TCPConn, kind connKind) {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, kind: kind}
+	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, kind: kind, id: s.flows.newID()}
 	if kind.secure() {
 		tc.sess = tls.Server(rawConn{TCPConn: c, tc: tc}, s.cfg.TLSConfig)
 	}
