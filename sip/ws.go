@@ -274,6 +274,7 @@ func (s *Server) readWS(tc *tcpConn) {
 	for {
 		// Every complete frame in buf.
 		need := 0 // bytes of the frame under way, once its header is in
+		var ans wsAnswers
 		for len(buf) > 0 {
 			f, hl, err := parseWSHeader(buf)
 			if err == nil && hl > 0 && !f.masked {
@@ -306,11 +307,11 @@ func (s *Server) readWS(tc *tcpConn) {
 			ws.Cipher(p, f.mask, 0)
 			switch {
 			case f.op == ws.OpPing:
-				if tc.sendFrame(ws.OpPong, p) != nil {
-					return
-				}
+				ans.pongLen = copy(ans.pong[:], p)
+				ans.ping = true
 			case f.op == ws.OpPong:
 			case f.op == ws.OpClose:
+				ans.flush(s, tc)
 				if len(p) == 1 {
 					s.closeWS(tc, ws.StatusProtocolError)
 				} else {
@@ -318,7 +319,7 @@ func (s *Server) readWS(tc *tcpConn) {
 				}
 				return
 			case f.fin && msg == nil:
-				s.wsMessage(tc, p, src)
+				s.wsMessage(tc, p, src, &ans)
 				greeted = true
 			default:
 				if msg == nil {
@@ -326,7 +327,7 @@ func (s *Server) readWS(tc *tcpConn) {
 				}
 				msg = append(msg, p...)
 				if f.fin {
-					s.wsMessage(tc, msg, src)
+					s.wsMessage(tc, msg, src, &ans)
 					greeted = true
 					msg = nil
 				}
@@ -335,6 +336,9 @@ func (s *Server) readWS(tc *tcpConn) {
 			if msg == nil {
 				msgDeadline = time.Time{}
 			}
+		}
+		if !ans.flush(s, tc) {
+			return
 		}
 		switch {
 		case buf == nil:
@@ -409,16 +413,46 @@ func (s *Server) streamReadError(tc *tcpConn, err error, first bool, held int) {
 }
 
 // wsMessage handles one complete WebSocket message: a CRLFCRLF keep-alive
-// is answered with CRLF (RFC 5626 §3.5.1), anything else is a SIP message.
-func (s *Server) wsMessage(tc *tcpConn, p []byte, src source) {
+// is answered with CRLF (RFC 5626 §3.5.1), anything else is a SIP message,
+// after the answers owed to the frames before it.
+func (s *Server) wsMessage(tc *tcpConn, p []byte, src source, ans *wsAnswers) {
 	s.tcp.touch(tc)
 	if string(p) == "\r\n\r\n" {
-		s.metrics.TCPKeepAlives.Add(1)
-		s.metrics.TCPKeepAliveWrites.Add(1)
-		_ = tc.sendFrame(wsOpFor(p), crlfs[:2])
+		ans.keepalives++
 		return
 	}
+	ans.flush(s, tc)
 	s.handleDatagram(p, src)
+}
+
+// wsAnswers are the answers owed to the control frames and keep-alives of
+// one read, sent once: a Pong for the last Ping only (RFC 6455 §5.5.3
+// allows it) and one CRLF for any number of keep-alives, so a flood of
+// them costs a write per read, not per frame.
+type wsAnswers struct {
+	ping       bool
+	pong       [125]byte
+	pongLen    int
+	keepalives int
+}
+
+// flush sends what is owed; false when the connection is gone.
+func (a *wsAnswers) flush(s *Server, tc *tcpConn) bool {
+	if a.ping {
+		a.ping = false
+		if tc.sendFrame(ws.OpPong, a.pong[:a.pongLen]) != nil {
+			return false
+		}
+	}
+	if a.keepalives > 0 {
+		s.metrics.TCPKeepAlives.Add(uint64(a.keepalives))
+		s.metrics.TCPKeepAliveWrites.Add(1)
+		a.keepalives = 0
+		if tc.sendFrame(ws.OpText, crlfs[:2]) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // echoClose answers a client's Close with a Close of the same status

@@ -569,3 +569,48 @@ func TestTLSBackend(t *testing.T) {
 		t.Errorf("ParseBackend: %v", err)
 	}
 }
+
+// TestWSControlFlood: Pings and keep-alives that arrive together are
+// answered once (the Pong carries the last Ping's payload), so a flood of
+// them costs a write per read rather than per frame; the answers precede
+// those of the message after them.
+func TestWSControlFlood(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s, _ := edgeServer(t, []*uas{b1}, nil)
+	c := dialWS(t, s.WSAddr(), nil)
+	var burst bytes.Buffer
+	for i := range 50 {
+		_ = ws.WriteFrame(&burst, ws.MaskFrame(ws.NewPingFrame([]byte(fmt.Sprintf("p%02d", i)))))
+		_ = ws.WriteFrame(&burst, ws.MaskFrame(ws.NewTextFrame([]byte("\r\n\r\n"))))
+	}
+	_ = ws.WriteFrame(&burst, ws.MaskFrame(ws.NewTextFrame([]byte(crlf(wsReq("OPTIONS", "WS", "flood@test", "z9hG4bK-cf", 1, "", "", ""))))))
+	if _, err := c.conn.Write(burst.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	pongs, crlfs, last := 0, 0, ""
+	for {
+		f, err := c.read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Header.OpCode == ws.OpPong {
+			pongs++
+			last = string(f.Payload)
+			continue
+		}
+		if string(f.Payload) == "\r\n" {
+			crlfs++
+			continue
+		}
+		if !strings.HasPrefix(string(f.Payload), "SIP/2.0 200") {
+			t.Fatalf("unexpected frame %q", f.Payload)
+		}
+		break
+	}
+	if pongs < 1 || pongs > 5 || crlfs < 1 || crlfs > 5 || last != "p49" {
+		t.Errorf("%d Pongs (last %q), %d CRLFs for 50 Pings and 50 keep-alives: want a few, the last Pong p49", pongs, last, crlfs)
+	}
+	if n := s.metrics.TCPKeepAlives.Load(); n != 50 {
+		t.Errorf("tcp_keepalives %d, want 50", n)
+	}
+}
