@@ -153,3 +153,50 @@ func TestIdleClients(t *testing.T) {
 		c.Close()
 	}
 }
+
+// BenchmarkEdgeRoundTrip: one client per transport sends a request the
+// balancer answers itself and reads the answer, one at a time: the cost
+// of each transport's read and write path per message.
+func BenchmarkEdgeRoundTrip(b *testing.B) {
+	b1 := newUAS(b, "b1")
+	s, cli := edgeServer(b, []*uas{b1}, nil)
+	for _, tr := range []string{"tcp", "tls", "ws", "wss"} {
+		b.Run(tr, func(b *testing.B) {
+			var c net.Conn
+			var err error
+			switch tr {
+			case "tcp":
+				c, err = net.Dial("tcp", s.Addr().String())
+			case "tls":
+				c, err = tls.Dial("tcp", s.TLSAddr().String(), cli)
+			case "ws":
+				c, _, _, err = ws.Dialer{Protocols: []string{"sip"}}.Dial(context.Background(), "ws://"+s.WSAddr().String()+"/")
+			case "wss":
+				c, _, _, err = ws.Dialer{Protocols: []string{"sip"}, TLSConfig: cli}.Dial(context.Background(), "wss://"+s.WSSAddr().String()+"/")
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			req := []byte(strings.Replace(optionsTo(s, c.LocalAddr(), "rt-"+tr), "Max-Forwards: 70", "Max-Forwards: 0", 1))
+			if strings.HasPrefix(tr, "ws") {
+				var fb strings.Builder
+				_ = ws.WriteFrame(&fb, ws.MaskFrame(ws.NewTextFrame(req)))
+				req = []byte(fb.String())
+			}
+			buf := make([]byte, 4096)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := c.Write(req); err != nil {
+					b.Fatal(err)
+				}
+				_ = c.SetReadDeadline(time.Now().Add(wait))
+				// The answer is small: one read takes it whole.
+				if _, err := c.Read(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
