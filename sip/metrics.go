@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -173,7 +174,7 @@ var (
 // Collector returns the front end's counters as a prometheus.Collector:
 // sluice_frontend_events_total{protocol="sip",event} (one event per
 // Metrics field, named as in the README), sluice_frontend_transactions,
-// sluice_frontend_connections{transport="tcp"}, sluice_frontend_dialogs and
+// sluice_frontend_connections{transport}, sluice_frontend_dialogs and
 // sluice_frontend_dialogs_bytes. It reads the counters at
 // scrape time and adds nothing to the message path.
 func (s *Server) Collector() prometheus.Collector { return collector{s} }
@@ -240,7 +241,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(m.RefusedBy[r].Load()), "refused_"+name)
 	}
 	ch <- prometheus.MustNewConstMetric(descTransactions, prometheus.GaugeValue, float64(c.s.txns.Len()))
-	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.len()), "tcp")
+	for k := kindTCP; k <= kindWSS; k++ {
+		ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.byKind[k].Load()), strings.ToLower(k.String()))
+	}
 	ch <- prometheus.MustNewConstMetric(descDialogs, prometheus.GaugeValue, float64(c.s.dialogs.Len()))
 	ch <- prometheus.MustNewConstMetric(descDialogBytes, prometheus.GaugeValue, float64(c.s.dialogs.Bytes()))
 	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")

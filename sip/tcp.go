@@ -173,8 +173,9 @@ type tcpTable struct {
 	sources     map[netip.Prefix]int
 	front, back *tcpConn
 	touchEvery  time.Duration
-	now         func() int64 // unix nanos, for touchEvery
-	readBufs    atomic.Int64 // connections holding a read buffer
+	now         func() int64              // unix nanos, for touchEvery
+	readBufs    atomic.Int64              // connections holding a read buffer
+	byKind      [kindWSS + 1]atomic.Int64 // connections in conns by protocol
 
 	budget partialBudget // bytes of partial messages
 
@@ -223,6 +224,16 @@ func (t *tcpTable) init() {
 	t.now = wallNanos
 }
 
+// put registers c under its remote address, in place of any other
+// there. t.mu held.
+func (t *tcpTable) put(c *tcpConn) {
+	if old := t.conns[c.remote]; old != nil {
+		t.byKind[old.kind].Add(-1)
+	}
+	t.conns[c.remote] = c
+	t.byKind[c.kind].Add(1)
+}
+
 func (t *tcpTable) get(a netip.AddrPort) *tcpConn {
 	t.mu.RLock()
 	c := t.conns[a]
@@ -234,6 +245,7 @@ func (t *tcpTable) remove(c *tcpConn) {
 	t.mu.Lock()
 	if t.conns[c.remote] == c {
 		delete(t.conns, c.remote)
+		t.byKind[c.kind].Add(-1)
 	}
 	t.uncount(c)
 	// A Go map never gives back its buckets: after a wave of thousands of
@@ -290,7 +302,7 @@ func (s *Server) acceptConn(c *net.TCPConn, kind connKind) {
 	s.tcp.mu.Lock()
 	verdict, victim := s.tcp.admit(tc, s.cfg.TCPMaxConns, s.cfg.TCPMaxConnsPerSource)
 	if verdict == admitted {
-		s.tcp.conns[tc.remote] = tc
+		s.tcp.put(tc)
 		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
 	} else if verdict == refusedSource {
 		s.tcp.lastRefusedSource = tc.remote.Addr()
@@ -352,7 +364,7 @@ func (s *Server) newDialled(c *net.TCPConn) *tcpConn {
 func (s *Server) startDialled(tc *tcpConn, dialled netip.AddrPort) *tcpConn {
 	if tc.sess != nil {
 		s.tcp.mu.Lock()
-		s.tcp.conns[tc.remote] = tc
+		s.tcp.put(tc)
 		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
 		if dialled.IsValid() {
 			for _, m := range s.tcp.dialing[dialled] {
@@ -371,7 +383,7 @@ func (s *Server) startDialled(tc *tcpConn, dialled netip.AddrPort) *tcpConn {
 	c := tc.c
 	tc.mu.Lock()
 	s.tcp.mu.Lock()
-	s.tcp.conns[tc.remote] = tc
+	s.tcp.put(tc)
 	s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
 	var q [][]byte
 	if dialled.IsValid() {

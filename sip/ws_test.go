@@ -10,12 +10,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
 	"github.com/gobwas/ws"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const testSDP = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 4000 RTP/AVP 0\r\n"
@@ -367,6 +369,9 @@ func TestFlowSend(t *testing.T) {
 		return id
 	}
 	wid, tid, pid := idOf(wc.conn), idOf(tc.conn), idOf(pc.conn)
+	if got := connGauges(t, s); got != "tcp=1 tls=1 ws=0 wss=1" {
+		t.Errorf("sluice_frontend_connections %s, want tcp=1 tls=1 ws=0 wss=1", got)
+	}
 	if wid == tid || tid == pid || wid == pid {
 		t.Fatalf("flow ids %d %d %d not distinct", wid, tid, pid)
 	}
@@ -387,6 +392,9 @@ func TestFlowSend(t *testing.T) {
 	}
 	wc.conn.Close()
 	eventually(t, "the flow gone", func() bool { return s.flowSend(wid, []byte(msg)) == errFlowGone })
+	if got := connGauges(t, s); got != "tcp=1 tls=1 ws=0 wss=0" {
+		t.Errorf("sluice_frontend_connections %s after the WSS client left", got)
+	}
 	if err := s.flowSend(1<<60, []byte(msg)); err != errFlowGone {
 		t.Errorf("flowSend of an unknown id: %v, want errFlowGone", err)
 	}
@@ -613,4 +621,30 @@ func TestWSControlFlood(t *testing.T) {
 	if n := s.metrics.TCPKeepAlives.Load(); n != 50 {
 		t.Errorf("tcp_keepalives %d, want 50", n)
 	}
+}
+
+// connGauges is sluice_frontend_connections by transport, in order.
+func connGauges(t *testing.T, s *Server) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.Collector())
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range fams {
+		if f.GetName() != "sluice_frontend_connections" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "transport" {
+					out = append(out, fmt.Sprintf("%s=%g", l.GetValue(), m.GetGauge().GetValue()))
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
 }
