@@ -76,6 +76,26 @@ type rawConn struct {
 	tc *tcpConn
 }
 
+// Read reads for the TLS session. Bytes that come while the reader waits
+// between messages start the message timeout: the session buffers a
+// record until it is whole (up to 16 KiB, outside the partial-message
+// budget), and a peer must not hold that for the idle timeout. Accepted
+// connections only: a TLS backend sends session tickets between messages.
+func (r rawConn) Read(p []byte) (int, error) {
+	n, err := r.TCPConn.Read(p)
+	if n > 0 && r.tc.accepted && r.tc.waiting.CompareAndSwap(idleWait, idleBytes) {
+		_ = r.TCPConn.SetReadDeadline(time.Now().Add(r.tc.srv.cfg.TCPMessageTimeout))
+	}
+	return n, err
+}
+
+// States of tcpConn.waiting.
+const (
+	idleNot int32 = iota
+	idleWait
+	idleBytes
+)
+
 func (r rawConn) Write(p []byte) (int, error) {
 	if err := r.tc.write(p); err != nil {
 		return 0, err
@@ -122,7 +142,11 @@ func (c *tcpConn) readIdle() ([]byte, error) {
 	if c.sess == nil {
 		return readParked(c.c)
 	}
+	c.waiting.Store(idleWait)
 	n, err := c.sess.Read(c.one[:])
+	if n > 0 || err == nil {
+		c.waiting.Store(idleNot)
+	}
 	if n <= 0 {
 		if err == nil {
 			err = io.ErrNoProgress

@@ -29,7 +29,11 @@ type tcpConn struct {
 	kind connKind
 	sess *tls.Conn
 	one  [1]byte // TLS: the first byte read between messages (readIdle)
-	id   uint64  // flow id of an accepted connection (flows_conn.go); 0 for dialled ones
+	// waiting is where a TLS reader waiting between messages is: idleNot,
+	// idleWait (nothing received) or idleBytes (part of a record came:
+	// the message timeout runs).
+	waiting atomic.Int32
+	id      uint64 // flow id of an accepted connection (flows_conn.go); 0 for dialled ones
 	// ready: the TLS and WebSocket handshakes are done, SIP may be sent
 	// (always for TCP, which does not look).
 	ready atomic.Bool
@@ -646,7 +650,7 @@ func (s *Server) readConn(tc *tcpConn) {
 			case first:
 				s.metrics.TCPFirstMessage.Add(1)
 				s.log.Debug("sip tcp connection sent no complete message in time: closed", "remote", tc.remote.String(), "bytes", len(buf), "timeout", s.cfg.TCPFirstMessageTimeout)
-			case len(buf) > 0:
+			case len(buf) > 0 || tc.waiting.Load() == idleBytes:
 				s.metrics.TCPSlow.Add(1)
 				s.log.Debug("sip tcp message not complete in time: connection closed", "remote", tc.remote.String(), "bytes", len(buf), "timeout", s.cfg.TCPMessageTimeout)
 			}

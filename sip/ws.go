@@ -406,7 +406,7 @@ func (s *Server) streamReadError(tc *tcpConn, err error, first bool, held int) {
 	case first:
 		s.metrics.TCPFirstMessage.Add(1)
 		s.log.Debug("sip connection sent no complete message in time: closed", "remote", tc.remote.String(), "transport", tc.kind.String(), "bytes", held, "timeout", s.cfg.TCPFirstMessageTimeout)
-	case held > 0:
+	case held > 0 || tc.waiting.Load() == idleBytes:
 		s.metrics.TCPSlow.Add(1)
 		s.log.Debug("sip message not complete in time: connection closed", "remote", tc.remote.String(), "transport", tc.kind.String(), "bytes", held, "timeout", s.cfg.TCPMessageTimeout)
 	}

@@ -648,3 +648,33 @@ func connGauges(t *testing.T, s *Server) string {
 	sort.Strings(out)
 	return strings.Join(out, " ")
 }
+
+// TestTLSPartialRecordTimed: part of a TLS record between messages starts
+// the message timeout, not the idle one: the session buffers the record
+// (up to 16 KiB, outside the partial-message budget) until it is whole.
+func TestTLSPartialRecordTimed(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s, cli := edgeServer(t, []*uas{b1}, func(c *Config) {
+		c.TCPIdleTimeout = time.Hour
+		c.TCPMessageTimeout = 300 * time.Millisecond
+	})
+	raw, err := net.Dial("tcp", s.TLSAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	c := tls.Client(raw, cli)
+	tc := &tcpClient{t: t, conn: c}
+	tc.write(strings.Replace(optionsTo(s, raw.LocalAddr(), "rec"), "Max-Forwards: 70", "Max-Forwards: 0", 1))
+	tc.response(200)
+	// A record header announcing 16 KiB, and 100 bytes of it.
+	if _, err := raw.Write(append([]byte{0x17, 0x03, 0x03, 0x40, 0x00}, make([]byte, 100)...)); err != nil {
+		t.Fatal(err)
+	}
+	if !closed(&tcpClient{t: t, conn: raw}) {
+		t.Fatal("connection holding part of a record kept past the message timeout")
+	}
+	if n := s.metrics.TCPSlow.Load(); n != 1 {
+		t.Errorf("tcp_slow_closed %d, want 1", n)
+	}
+}
