@@ -295,15 +295,26 @@ func (r *e2eRun) modes(i int, from, to int64) map[string]int {
 	return m
 }
 
-// requireShared fails the test if a node left shared mode in [from, to):
-// the limit is only promised cluster-wide while Redis answers in time.
+// requireShared fails the test if a node left shared mode in [from, to)
+// for more than one sub-interval in ten: the limit is only promised
+// cluster-wide while Redis answers in time. One round trip in ten that
+// misses its deadline on a machine running other packages' tests under
+// the race detector beside three nodes and Redis (seen: 1 of 18) leaves
+// that node on its local share (limit ÷ nodes) for a sub-interval, which
+// never admits more than the shared budget, so the limit checks still
+// hold; more than that, or any other mode, is a failure.
 func (r *e2eRun) requireShared(t *testing.T, from, to int64, nodes ...int) {
 	t.Helper()
 	if nodes == nil {
 		nodes = []int{0, 1, 2}
 	}
 	for _, i := range nodes {
-		if m := r.modes(i, from, to); len(m) != 1 || m["shared"] == 0 {
+		m := r.modes(i, from, to)
+		total := 0
+		for _, n := range m {
+			total += n
+		}
+		if m["shared"] == 0 || m["shared"]+m["local"] != total || m["local"] > max(1, total/10) {
 			t.Errorf("node %d was in modes %v while Redis was up: its round trips failed (machine overloaded?)", i, m)
 		}
 	}

@@ -15,6 +15,10 @@ import (
 type Config struct {
 	// Listen is the address to serve on. Flag -http-listen.
 	Listen string
+	// H2CListen, when set, is an address that serves HTTP/2 over
+	// cleartext with prior knowledge (h2c, RFC 9113 §3.3) and nothing
+	// else; "" serves none. Flag -http-h2c-listen.
+	H2CListen string
 	// TrustedProxies are the networks whose X-Forwarded-For, Forwarded and
 	// X-Forwarded-Proto values are kept (and appended to). From anyone else
 	// those headers are replaced. Flag -http-trusted-proxy (repeatable CIDR).

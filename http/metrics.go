@@ -45,6 +45,7 @@ type collector struct {
 // Describe implements prometheus.Collector.
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descEvents
+	describeH2(ch)
 	if c.s != nil {
 		ch <- descRouteHits
 		ch <- descNoRoute
@@ -68,6 +69,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
+	collectH2(ch, &st.H2)
 	if c.s == nil {
 		return
 	}

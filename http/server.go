@@ -43,6 +43,7 @@ type Server struct {
 	poolCounters map[string]*poolStats // by pool name, the pools of the set in force
 	srv          *fasthttp.Server
 	loops        atomic.Pointer[loopEngine] // set while the loop engine serves
+	h2s          h2State                    // HTTP/2 clients (h2.go)
 	shut         atomic.Bool                // Shutdown was called
 	conns        clientLimit                // client connections open (connlimit.go)
 	held         clientLimit                // requests holding (or waiting for) a backend connection, per source
@@ -81,6 +82,8 @@ type Stats struct {
 	// SessionNotLearned counts application session ids not learned: the
 	// table was full of sessions in use, or the id was too long.
 	SessionNotLearned atomic.Uint64
+	// H2 counts HTTP/2 client connections and streams (h2.go).
+	H2 H2Stats
 }
 
 // poolStats counts what the front end did in one pool: the refusals it
@@ -223,11 +226,16 @@ func (s *Server) ListenAndServe() error {
 // done, and closes idle backend connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shut.Store(true)
+	h2done := make(chan error, 1)
+	go func() { h2done <- s.shutdownH2(ctx) }()
 	var err error
 	if e := s.loops.Load(); e != nil {
 		err = e.shutdown(ctx)
 	} else {
 		err = s.srv.ShutdownWithContext(ctx)
+	}
+	if h2err := <-h2done; err == nil {
+		err = h2err
 	}
 	set := s.backends.Load()
 	for _, c := range set.clients {

@@ -528,12 +528,26 @@ func (n *Node) start(parent context.Context) error {
 		if err != nil {
 			return fmt.Errorf("-http-listen %s: %w", n.cfg.HTTP.Listen, err)
 		}
+		var hln net.Listener
+		if a := n.cfg.HTTP.H2CListen; a != "" {
+			if hln, err = net.Listen("tcp", a); err != nil {
+				ln.Close()
+				return fmt.Errorf("-http-h2c-listen %s: %w", a, err)
+			}
+		}
 		n.httpAddr = ln.Addr()
 		n.goBackground(func() {
 			if err := n.httpSrv.Serve(ln); err != nil {
 				n.logger.Error("http front end stopped", "err", err)
 			}
 		})
+		if hln != nil {
+			n.goBackground(func() {
+				if err := n.httpSrv.ServeH2C(hln); err != nil {
+					n.logger.Error("http h2c listener stopped", "err", err)
+				}
+			})
+		}
 		n.stopFronts = append(n.stopFronts, n.httpSrv.Shutdown)
 	}
 	if n.sipSrv != nil {

@@ -147,6 +147,18 @@ type Config struct {
 	// when the generation has no pool "default": 400..699, default 404
 	// (Not Found). Flag -sip-no-route-code.
 	NoRouteCode int
+	// ContactAlias rewrites the Contact of a REGISTER or an initial
+	// INVITE from a client connection (TCP, TLS, WS) to point at sluice
+	// with a signed parameter naming that connection, so a backend
+	// without Path support (RFC 3327) reaches the client through us:
+	// what Kamailio's add_contact_alias/handle_ruri_alias do, signed so
+	// the parameter names one live connection of this node and no other
+	// address. Flag -sip-contact-alias.
+	ContactAlias bool
+	// AllowSipsDowngrade lets a sips: request go on over UDP or TCP;
+	// without it such a request gets 480 with a Warning (RFC 5630: sips
+	// asks for TLS on every hop). Flag -sip-allow-sips-downgrade.
+	AllowSipsDowngrade bool
 }
 
 // BackendConfig is one -sip-backend value:

@@ -94,6 +94,13 @@ type Metrics struct {
 	TCPPartialShed     atomic.Uint64 // TCP connections closed: -sip-tcp-partial-budget exceeded
 	TCPKeepAlives      atomic.Uint64 // CRLFCRLF keep-alives received on TCP
 	TCPKeepAliveWrites atomic.Uint64 // writes of their answers (those of one read go in one)
+	// Client flows (flows.go, flowroute.go)
+	FlowRouted   atomic.Uint64 // requests from backends sent over a client flow (Route, Path or Contact alias)
+	FlowFailed   atomic.Uint64 // requests for a client flow that is gone (430)
+	ForgedFlows  atomic.Uint64 // requests from backends with a forged or invalid flow token or Contact alias (403)
+	SipsRefused  atomic.Uint64 // sips: requests not forwarded over UDP or TCP (480)
+	FlowPaths    atomic.Uint64 // Path headers added to REGISTERs from client flows
+	ContactAlias atomic.Uint64 // Contacts rewritten to a signed alias (-sip-contact-alias)
 
 	// TLS and WebSocket listeners (stream.go, ws.go)
 	HandshakesRefused atomic.Uint64 // connections closed before a handshake: Config.Handshakes said no
@@ -226,6 +233,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"unknown_dialog_metered", &m.UnknownDialogMetered}, {"unknown_dialog_rejected", &m.UnknownDialogRejected},
 		{"unknown_dialog_source_limited", &m.UnknownDialogSourceLimited}, {"no_route", &m.NoRoute},
 		{"uri_too_long", &m.URITooLong},
+		{"flow_routed", &m.FlowRouted}, {"flow_failed", &m.FlowFailed}, {"forged_flow_tokens", &m.ForgedFlows},
+		{"sips_refused", &m.SipsRefused}, {"flow_paths", &m.FlowPaths}, {"contact_aliases", &m.ContactAlias},
 		{"handshakes_refused", &m.HandshakesRefused}, {"handshake_timeouts", &m.HandshakeTimeouts},
 		{"handshake_failures", &m.HandshakeFailures}, {"ws_refused", &m.WSRefused},
 		{"ws_too_big", &m.WSTooBig}, {"ws_protocol_errors", &m.WSProtocolErrors},

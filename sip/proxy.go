@@ -67,6 +67,9 @@ func (s *Server) handleRequest(req *gosip.Request, raw []byte, src source) {
 		return
 	}
 	p := s.pool.Load()
+	if s.flowRequest(req, src, p, now) {
+		return // from a backend, over a client's flow (flowroute.go)
+	}
 	switch {
 	case req.Method == gosip.ACK:
 		s.handleAck(req, src, p, now)
@@ -120,19 +123,54 @@ func (s *Server) viaIsOurs(v *gosip.ViaHeader) bool {
 
 // popOurRoutes removes the Route entries that name us from the top of the
 // route set (one, or two with double record-routing) and returns the
-// token of the first one.
+// first token among them.
 func (s *Server) popOurRoutes(req *gosip.Request) (token string, had bool) {
+	token, _, had = s.popOurRoutesFlow(req)
+	return token, had
+}
+
+// popOurRoutesFlow is popOurRoutes that also returns the flow token of
+// the entries removed: the user part of the first that has one (our
+// client-facing Record-Route, RFC 5658, or the Path we added to a
+// REGISTER, RFC 3327; the backend-facing entry has none). Both entries of
+// a double Record-Route are read and removed whichever way the request
+// goes: from the client the client-facing one is on top, from the
+// backend the backend-facing one.
+func (s *Server) popOurRoutesFlow(req *gosip.Request) (token, flow string, had bool) {
 	for {
 		r := req.Route()
 		if r == nil || !s.isOurs(&r.Address) {
-			return token, had
+			return token, flow, had
 		}
-		if !had {
+		if token == "" {
 			token, _ = r.Address.UriParams.Get(tokenParam)
+		}
+		if flow == "" {
+			flow = r.Address.User
 		}
 		had = true
 		req.RemoveHeader("Route")
 	}
+}
+
+// peekOurFlow returns, without removing anything, the flow token of the
+// Route entries naming us on top of the route set (as popOurRoutesFlow
+// would) and whether there are any.
+func (s *Server) peekOurFlow(req *gosip.Request) (flow string, had bool) {
+	for _, h := range req.Headers() {
+		r, ok := h.(*gosip.RouteHeader)
+		if !ok {
+			continue
+		}
+		if !s.isOurs(&r.Address) {
+			break
+		}
+		had = true
+		if flow == "" {
+			flow = r.Address.User
+		}
+	}
+	return flow, had
 }
 
 // verifyToken checks a Record-Route token against the request's Call-ID
@@ -236,6 +274,10 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 			s.metrics.InDialogBackendDown.Add(1)
 			s.reply(req, src, 480, "Temporarily Unavailable", "Warning: 399 "+s.adv.String()+` "backend down"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.BusyDefault)))
 		}
+		return
+	}
+	if s.sipsDowngrade(req, b.transport()) {
+		s.refuseSips(req, src, b.transport())
 		return
 	}
 	dst := target{addr: b.addr, tcp: b.tcp, dial: true}
@@ -521,6 +563,10 @@ func (s *Server) forwardDownstream(req *gosip.Request, src source) {
 	if tp, ok := u.UriParams.Get("transport"); ok && strings.EqualFold(tp, "tcp") {
 		tcp = true
 	}
+	if tr := transportName(tcp); s.sipsDowngrade(req, tr) {
+		s.refuseSips(req, src, tr)
+		return
+	}
 	ip, err := netip.ParseAddr(strings.Trim(u.Host, "[]"))
 	if err != nil {
 		// A host name: resolve off the reader goroutine.
@@ -559,6 +605,12 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		return
 	}
 	if req.Method == gosip.INVITE && s.inviteAfter2xx(req, src, now) {
+		return
+	}
+	if isSips(req) && !s.cfg.AllowSipsDowngrade {
+		// Every backend is reached over UDP or TCP: a sips: request
+		// would leave TLS on its next hop (RFC 5630).
+		s.refuseSips(req, src, "UDP or TCP")
 		return
 	}
 	if s.adm.Draining() {

@@ -75,6 +75,10 @@ type Server struct {
 	parser *gosip.Parser
 	// branches computes and checks the branch of our Via (branch.go).
 	branches *brancher
+	// flowSign makes and checks flow tokens (flowtoken.go); flows are
+	// the client connections they name (flows.go).
+	flowSign *flowSigner
+	flows    flowTable
 
 	adv     hostPort // advertised address
 	advIP   netip.Addr
@@ -84,7 +88,6 @@ type Server struct {
 	wsLn    *net.TCPListener // -sip-ws-listen
 	wssLn   *net.TCPListener // -sip-wss-listen
 	tcp     tcpTable
-	flows   flowTable // accepted connections by flow id (flows_conn.go)
 	txns    txnTable
 	dialogs dialogTable
 	pings   pingTable
@@ -152,6 +155,8 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		parser:  newParser(),
 	}
 	s.branches = newBrancher(deps.Signer)
+	s.flowSign = newFlowSigner(deps.Signer)
+	s.flows.init()
 	s.localRate.Store(localReplySourceRate)
 	if len(cfg.Backends) > 0 {
 		specs, cfgs, err := checkBackends(cfg.Backends)

@@ -22,6 +22,7 @@ type tcpConn struct {
 	c      *net.TCPConn
 	remote netip.AddrPort
 	srv    *Server
+	fid    uint64 // id in the flow table (flows.go); 0: dialled, not a flow
 
 	// kind is the protocol over the stream (TCP, TLS, WS, WSS) and sess
 	// the TLS session over c for TLS and WSS (nil otherwise): its writes
@@ -33,7 +34,6 @@ type tcpConn struct {
 	// idleWait (nothing received) or idleBytes (part of a record came:
 	// the message timeout runs).
 	waiting atomic.Int32
-	id      uint64 // flow id of an accepted connection (flows_conn.go); 0 for dialled ones
 	// ready: the TLS and WebSocket handshakes are done, SIP may be sent
 	// (always for TCP, which does not look).
 	ready atomic.Bool
@@ -299,7 +299,7 @@ func (s *Server) serveTCP() {
 // the table full and no idle connection to close in its place.
 func (s *Server) acceptConn(c *net.TCPConn, kind connKind) {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, kind: kind, id: s.flows.newID()}
+	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, kind: kind, fid: s.flows.newID()}
 	if kind.secure() {
 		tc.sess = tls.Server(rawConn{TCPConn: c, tc: tc}, s.cfg.TLSConfig)
 	}
@@ -335,7 +335,7 @@ func (s *Server) acceptConn(c *net.TCPConn, kind connKind) {
 	if s.closed.Load() {
 		c.Close()
 	}
-	s.flows.add(tc)
+	s.flows.add(tc) // a flow requests from backends can come back over; readConn removes it
 	s.wg.Add(1)
 	if kind.ws() {
 		go s.readWS(tc)

@@ -65,6 +65,7 @@ type txn struct {
 	wire     []byte // the request as last sent to cur
 	via      *gosip.ViaHeader
 	rrs      []*gosip.RecordRouteHeader
+	path     bool // our Path is on the REGISTER (flowPath)
 
 	created   int64
 	sentAt    int64
@@ -308,25 +309,41 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		s.txns.mu.Unlock()
 		return false
 	}
+	flow := t.src.flow()
 	if !t.prepared {
 		s.prepareForward(req, t.src)
+		if flow != nil && s.cfg.ContactAlias && (req.Method == gosip.REGISTER || req.Method == gosip.INVITE) {
+			s.aliasContact(req, flow, b.tcp)
+		}
 		t.via = s.ourVia(branch, b.transport())
 		req.PrependHeader(t.via)
 		t.prepared = true
 	}
 	t.via.Params.Add("branch", branch)
 	t.via.Transport = b.transport()
+	if req.Method == gosip.REGISTER && flow != nil {
+		// RFC 3327: the registrar sends this client's incoming requests
+		// back through us, to this connection (flowPath).
+		s.flowPath(t, flow, b.tcp)
+	}
 	if recordRoutes(req.Method) {
 		token := s.routeToken(t.poolName, tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
 		if t.rrs == nil {
 			// One Record-Route, or two when the client's transport differs
-			// from the backend's (RFC 5658 double record-routing), so each
-			// side reaches us over its own. The backend-facing one is on
-			// top; both go above every other header, as Kamailio does,
-			// which keeps them first among the Record-Routes (§16.6 step 4).
+			// from the backend's or the client came on a flow (RFC 5658
+			// double record-routing), so each side reaches us over its
+			// own: the client-facing one with the client's transport and
+			// the flow token, the backend-facing one with the backend's.
+			// The backend-facing one is on top; both go above every other
+			// header, as Kamailio does, which keeps them first among the
+			// Record-Routes (§16.6 step 4).
 			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.tcp))
-			if ctcp := t.src.conn != nil; ctcp != b.tcp {
-				t.rrs = append(t.rrs, s.ourRecordRoute(token, ctcp))
+			if ctcp := t.src.conn != nil; flow != nil || ctcp != b.tcp {
+				cf := s.ourRecordRoute(token, ctcp)
+				if flow != nil {
+					cf = s.flowRecordRoute(token, flow)
+				}
+				t.rrs = append(t.rrs, cf)
 			}
 			req.PrependHeader(asHeaders(t.rrs)...)
 			// Keep our Via on top.
@@ -336,6 +353,9 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		for _, rr := range t.rrs {
 			rr.Address.UriParams.Add(tokenParam, token)
 		}
+		// The backend-facing entry names the transport of this attempt's
+		// backend (a failover may change it).
+		setTransport(&t.rrs[0].Address, b.tcp)
 	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()

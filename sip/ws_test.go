@@ -30,7 +30,9 @@ func TestTLSCall(t *testing.T) {
 	s, cli := edgeServer(t, []*uas{b1}, nil)
 	c := dialTLS(t, s, cli)
 	la := c.conn.LocalAddr().String()
-	inv := fmt.Sprintf("INVITE sips:svc@sip.test SIP/2.0\r\nVia: SIP/2.0/TLS %s;branch=z9hG4bK-tls-1\r\nMax-Forwards: 70\r\nFrom: <sips:a@test>;tag=ta\r\nTo: <sips:svc@test>\r\nCall-ID: tls-1@test\r\nCSeq: 1 INVITE\r\nContact: <sips:a@%s>\r\nContent-Type: application/sdp\r\nContent-Length: %d\r\n\r\n%s", la, la, len(testSDP), testSDP)
+	// sip: URIs: a sips: request is not forwarded to a UDP backend
+	// without -sip-allow-sips-downgrade (480).
+	inv := fmt.Sprintf("INVITE sip:svc@sip.test SIP/2.0\r\nVia: SIP/2.0/TLS %s;branch=z9hG4bK-tls-1\r\nMax-Forwards: 70\r\nFrom: <sip:a@test>;tag=ta\r\nTo: <sip:svc@test>\r\nCall-ID: tls-1@test\r\nCSeq: 1 INVITE\r\nContact: <sip:a@%s;transport=tls>\r\nContent-Type: application/sdp\r\nContent-Length: %d\r\n\r\n%s", la, la, len(testSDP), testSDP)
 	c.write(inv[:50]) // across TLS records
 	c.write(inv[50:])
 	c.response(180)
@@ -42,7 +44,7 @@ func TestTLSCall(t *testing.T) {
 		routes += "Route: " + rrs[i].Value() + "\r\n"
 	}
 	in := func(m string, cseq int, br string) string {
-		return fmt.Sprintf("%s sip:svc@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/TLS %s;branch=%s\r\nMax-Forwards: 70\r\n%sFrom: <sips:a@test>;tag=ta\r\nTo: <sips:svc@test>;tag=%s\r\nCall-ID: tls-1@test\r\nCSeq: %d %s\r\nContent-Length: 0\r\n\r\n", m, la, br, routes, tag, cseq, m)
+		return fmt.Sprintf("%s sip:svc@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/TLS %s;branch=%s\r\nMax-Forwards: 70\r\n%sFrom: <sip:a@test>;tag=ta\r\nTo: <sip:svc@test>;tag=%s\r\nCall-ID: tls-1@test\r\nCSeq: %d %s\r\nContent-Length: 0\r\n\r\n", m, la, br, routes, tag, cseq, m)
 	}
 	c.write(in("ACK", 1, "z9hG4bK-tls-ack") + in("BYE", 2, "z9hG4bK-tls-bye"))
 	c.response(200)
@@ -362,7 +364,7 @@ func TestFlowSend(t *testing.T) {
 		eventually(t, "the connection in the table", func() bool {
 			a := c.LocalAddr().(*net.TCPAddr).AddrPort()
 			if tcc := s.tcp.get(a); tcc != nil && tcc.ready.Load() || tcc != nil && tcc.kind == kindTCP {
-				id = tcc.id
+				id = tcc.fid
 			}
 			return id != 0
 		})

@@ -114,6 +114,7 @@ var badValues = map[string]string{
 	"http-trusted-proxy":     "10.0.0.0/99",
 	"arm":                    "name=x",
 	"http-listen":            "127.0.0.1:99999",
+	"http-h2c-listen":        "127.0.0.1:99999",
 	"sip-listen":             "127.0.0.1:99999",
 	"sip-tls-listen":         "127.0.0.1:99999",
 	"sip-ws-listen":          "127.0.0.1:99999",

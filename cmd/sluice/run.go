@@ -71,6 +71,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	h := &o.http
 	hs := newSection(fs, o.fields, "http", "", h)
 	hs.add(&h.Listen, "http-listen", "HTTP listen address")
+	hs.add(&h.H2CListen, "http-h2c-listen", "address serving HTTP/2 over cleartext with prior knowledge (h2c) only; empty: none (Upgrade: h2c is never honoured)")
 	o.httpBackends.check = node.CheckHTTPBackend
 	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default)")
 	o.httpPools.check = node.CheckPool("http")

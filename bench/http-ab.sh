@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Two sluice configurations (or builds) measured at the same time, on
+# loopback only: the ratio of their throughputs with the machine's noise
+# taken out.
+#
+# usage: A_FLAGS="..." B_FLAGS="..." bench/http-ab.sh
+#        A_BIN=/path/old-sluice B_BIN=/path/new-sluice bench/http-ab.sh
+#
+# On a shared 2-core machine the same build varies by ±30 % from one
+# sequential run to the next (bench/RESULTS.md), so a sequential A/B cannot
+# show a 3 % difference. Here A and B run side by side: both pinned to CPU0,
+# each in its own CPU cgroup capped at QUOTA % of that core (they never
+# compete for it: 2 × QUOTA ≤ 100), each driven by its own wrk, both wrk and
+# the peers' two nginx backends on CPU1. Whatever slows the machine slows
+# both; the ratio B/A of each round is the figure, and the median over
+# ROUNDS rounds is printed.
+#
+# Knobs: QUOTA=25 (% of CPU0 per instance) CONNS=50 DURATION=10 ROUNDS=5
+#   A_FLAGS / B_FLAGS (extra flags of `sluice run` for A and B)
+#   A_BIN / B_BIN (default: this tree, built once)
+#   PEERS=$ROOT/../shared/peers (for the nginx backends' configuration)
+#   OUT=$TMPDIR/sluice-bench/ab-<timestamp>
+# Every process it starts runs under `timeout` and is stopped by its PID.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd -P)
+QUOTA=${QUOTA:-25}
+CONNS=${CONNS:-50}
+DURATION=${DURATION:-10}
+ROUNDS=${ROUNDS:-5}
+A_FLAGS=${A_FLAGS:-}
+B_FLAGS=${B_FLAGS:-}
+PEERS=${PEERS:-$ROOT/../shared/peers}
+OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/ab-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P)
+
+log() { echo "[$(date +%T)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[ $((2 * QUOTA)) -le 100 ] || die "QUOTA=$QUOTA: two instances share CPU0, at most 50 each"
+for b in wrk nginx taskset timeout; do command -v "$b" >/dev/null || die "$b not installed"; done
+if [ -z "${A_BIN:-}" ] || [ -z "${B_BIN:-}" ]; then
+    log "building sluice into $OUT/sluice"
+    go build -o "$OUT/sluice" ./cmd/sluice || die "build failed"
+fi
+A_BIN=${A_BIN:-$OUT/sluice}
+B_BIN=${B_BIN:-$OUT/sluice}
+
+# cgroup NAME: a CPU cgroup capped at QUOTA % of one core over 10 ms periods
+# (v2 cpu.max, else v1 cfs quota); prints its procs file.
+cgroup() {
+    local g
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        g=/sys/fs/cgroup/sluice-ab-$1
+        mkdir -p "$g" && echo "$((QUOTA * 100)) 10000" > "$g/cpu.max" || die "cannot cap $g"
+    else
+        g=/sys/fs/cgroup/cpu/sluice-ab-$1
+        mkdir -p "$g" && echo 10000 > "$g/cpu.cfs_period_us" && echo "$((QUOTA * 100))" > "$g/cpu.cfs_quota_us" \
+            || die "cannot cap $g"
+    fi
+    echo "$g/cgroup.procs"
+}
+
+PIDS=()
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    sleep 0.5
+    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    PIDS=()
+}
+trap cleanup EXIT
+
+# The backends: the peers' nginx on :18081 and :18082, on CPU1.
+mkdir -p "$OUT/nginx/logs" "$OUT/nginx/tmp"
+taskset -c 1 timeout -k 5 3600 nginx -p "$OUT/nginx" -c "$PEERS/conf/nginx-backend.conf" -g 'daemon off;' \
+    > "$OUT/nginx.log" 2>&1 &
+PIDS+=($!)
+ulimit -n 65536 2>/dev/null
+
+# lb SLOT BIN PORT FLAGS: one sluice on CPU0 in the slot's own capped cgroup.
+lb() {
+    local procs
+    procs=$(cgroup "$1")
+    # shellcheck disable=SC2086
+    ( echo "$BASHPID" > "$procs"
+      exec env GOMAXPROCS=1 taskset -c 0 timeout -k 5 3600 "$2" run -http-listen "127.0.0.1:$3" \
+        -http-backend 127.0.0.1:18081 -http-backend 127.0.0.1:18082 -admin-listen '' \
+        -data-dir "$OUT/data-$1" -log-level warn -drain-timeout 1s \
+        -http-backend-max-conns 65536 -http-max-conns-per-source 20000 $4 ) >> "$OUT/$1.log" 2>&1 &
+    LBPIDS+=($!)
+}
+ready() {
+    for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.1; done
+    die "nothing answers on :$1 (logs in $OUT)"
+}
+ready 18081; ready 18082
+log "A: $A_BIN $A_FLAGS"
+log "B: $B_BIN $B_FLAGS"
+
+# rps FILE: wrk's requests per second, 0 with any error or non-2xx answer.
+rps() {
+    if grep -qE "Non-2xx|Socket errors" "$1"; then echo 0; return; fi
+    awk '/^Requests\/sec:/ { print $2 }' "$1"
+}
+
+# Each round starts A and B afresh, in swapped slots (cgroup, port, which
+# wrk starts first) every other round: a slot that runs a little faster
+# than the other (measured: 2-3 % with one build in both) cancels out.
+printf "%-6s %10s %10s %8s\n" round A_req/s B_req/s B/A
+ratios=()
+for r in $(seq "$ROUNDS"); do
+    LBPIDS=()
+    if [ $((r % 2)) -eq 1 ]; then pa=18096 pb=18097 sa=X sb=Y; else pa=18097 pb=18096 sa=Y sb=X; fi
+    lb "$sa" "$A_BIN" "$pa" "$A_FLAGS"
+    lb "$sb" "$B_BIN" "$pb" "$B_FLAGS"
+    PIDS+=("${LBPIDS[@]}")
+    ready "$pa"; ready "$pb"
+    warm=()
+    for port in "$pa" "$pb"; do
+        taskset -c 1 timeout 20 wrk -t1 -c"$CONNS" -d2s "http://127.0.0.1:$port/" >/dev/null 2>&1 &
+        warm+=($!)
+    done
+    wait "${warm[@]}"
+    taskset -c 1 timeout 60 wrk -t1 -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$pa/" > "$OUT/A-$r.wrk" 2>&1 &
+    wa=$!
+    taskset -c 1 timeout 60 wrk -t1 -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$pb/" > "$OUT/B-$r.wrk" 2>&1 &
+    wb=$!
+    wait "$wa" "$wb"
+    for p in "${LBPIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${LBPIDS[@]}"; do wait "$p" 2>/dev/null; done
+    a=$(rps "$OUT/A-$r.wrk"); b=$(rps "$OUT/B-$r.wrk")
+    if [ "${a%.*}" -gt 0 ] 2>/dev/null && [ "${b%.*}" -gt 0 ] 2>/dev/null; then
+        ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
+        ratios+=("$ratio")
+    else
+        ratio="errors (see $OUT/[AB]-$r.wrk)"
+    fi
+    printf "%-6s %10s %10s %8s\n" "$r" "$a" "$b" "$ratio"
+done
+[ ${#ratios[@]} -gt 0 ] || die "no clean round"
+median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+echo "median B/A over ${#ratios[@]} clean rounds: $median (c$CONNS, each instance capped at $QUOTA % of CPU0)"
