@@ -680,3 +680,47 @@ func TestTLSPartialRecordTimed(t *testing.T) {
 		t.Errorf("tcp_slow_closed %d, want 1", n)
 	}
 }
+
+// TestWSSFlowIncomingCall: a WSS client's REGISTER reaches the registrar
+// with a Path whose flow token names its connection (listener WSS); an
+// INVITE the registrar sends along it reaches the client in a WebSocket
+// frame, the client's 200 goes back; once the client is gone, 430.
+func TestWSSFlowIncomingCall(t *testing.T) {
+	srv, cli := testTLS(t)
+	s, reg := flowServer(t, func(c *Config) {
+		c.WSSListen = "127.0.0.1:0"
+		c.TLSConfig = srv
+	})
+	c := dialWS(t, s.WSSAddr(), cli)
+	c.text("REGISTER sip:test SIP/2.0\nVia: SIP/2.0/WSS k3l2.invalid;branch=z9hG4bK-wreg\nMax-Forwards: 70\nFrom: <sip:alice@test>;tag=r1\nTo: <sip:alice@test>\nCall-ID: wreg@test\nCSeq: 1 REGISTER\nSupported: path, outbound\nContact: <sip:alice@k3l2.invalid;transport=ws;ob>;+sip.instance=\"<urn:uuid:2>\";reg-id=1\nExpires: 60\nContent-Length: 0\n\n")
+	req := reg.register(t)
+	c.response(200)
+	p := pathOf(t, req)
+	ref, ok := s.flowSign.decode(p.User)
+	if !ok || ref.listener != uint8(kindWSS) || s.flows.lookup(ref, s.flowNode()) == nil {
+		t.Fatalf("Path %s: want a flow token of the WSS listener naming the client's connection (%+v)", p.String(), ref)
+	}
+	reg.send(s, incomingInvite(reg, "sip:alice@k3l2.invalid;transport=ws", "<"+p.String()+">", "win-1@test"))
+	var inv *gosip.Request
+	for inv == nil {
+		f, err := c.read()
+		if err != nil {
+			t.Fatalf("client: %v", err)
+		}
+		if m, err := gosip.ParseMessage(f.Payload); err == nil {
+			inv, _ = m.(*gosip.Request)
+		}
+	}
+	if inv.Method != gosip.INVITE || inv.CallID().Value() != "win-1@test" || inv.Via().Transport != "WSS" {
+		t.Fatalf("client got %s %s, top Via %s", inv.Method, inv.CallID().Value(), inv.Via().Value())
+	}
+	res := gosip.NewResponseFromRequest(inv, 200, "OK", nil)
+	res.To().Params.Add("tag", "callee")
+	c.text(res.String())
+	reg.response(200)
+
+	c.conn.Close()
+	eventually(t, "flow removed", func() bool { return s.flows.Len() == 0 })
+	reg.send(s, incomingInvite(reg, "sip:alice@k3l2.invalid;transport=ws", "<"+p.String()+">", "win-2@test"))
+	reg.response(430)
+}
