@@ -23,7 +23,8 @@ func TestBackendSpecTLSKeys(t *testing.T) {
 		{"http", "10.0.0.1:443,tls=on,sni=bad_name", false, "", "", `sni "bad_name"`},
 		{"http", "10.0.0.1:443,tls=on,ca=", false, "", "", "ca must name a PEM file"},
 		{"sip", "10.0.0.1:5061,tls=on", false, "", "", `key "tls" is for HTTP backends`},
-		{"sip", "10.0.0.1:5061,sni=x", false, "", "", `key "sni" is for HTTP backends`},
+		{"sip", "10.0.0.1:5061,sni=x", false, "", "", "ca and sni need transport=tls"},
+		{"sip", "10.0.0.1:5061,transport=tls,sni=Edge.example.com", false, "", "edge.example.com", ""},
 	} {
 		b, err := ParseBackendSpec(tc.proto, tc.in)
 		if tc.err != "" {

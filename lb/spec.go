@@ -54,7 +54,8 @@ type BackendSpec struct {
 	// HealthPath is the path of the active HTTP health check; "" probes
 	// by TCP connect. Key health, HTTP only.
 	HealthPath string
-	// Transport is "udp" or "tcp". Key transport, SIP only, default "udp".
+	// Transport is "udp", "tcp" or "tls". Key transport, SIP only,
+	// default "udp".
 	Transport string
 	// Pools are the pools the backend serves, in the order given, without
 	// duplicates. Key pool, repeatable (ADDR,pool=api,pool=web), default
@@ -66,11 +67,12 @@ type BackendSpec struct {
 	// the name SNI (default the host of Addr). Key tls (on or off), HTTP
 	// only; default off.
 	TLS bool
-	// CAFile is a PEM file of the certificates that verify the backend
-	// (instead of the system roots). Key ca, HTTP only, with tls=on.
+	// CAFile is a PEM file of the certificates that verify a TLS backend
+	// (instead of the system roots). Key ca: HTTP with tls=on, SIP with
+	// transport=tls.
 	CAFile string
-	// SNI is the server name sent and verified. Key sni, HTTP only, with
-	// tls=on; default the host of Addr.
+	// SNI is the server name sent to a TLS backend and verified; default
+	// the host of Addr. Key sni: HTTP with tls=on, SIP with transport=tls.
 	SNI string
 }
 
@@ -89,7 +91,7 @@ func (b BackendSpec) String() string {
 // messages list them.
 var specKeys = map[string][]string{
 	"http": {"weight", "metrics", "id", "health", "pool", "tls", "ca", "sni"},
-	"sip":  {"weight", "metrics", "id", "transport", "pool"},
+	"sip":  {"weight", "metrics", "id", "transport", "ca", "sni", "pool"},
 }
 
 // ParseBackendSpec parses one backend of protocol proto ("http" or
@@ -159,8 +161,8 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 			b.HealthPath = v
 		case "transport":
 			v = strings.ToLower(v)
-			if v != "udp" && v != "tcp" {
-				return bad("transport must be udp or tcp")
+			if v != "udp" && v != "tcp" && v != "tls" {
+				return bad("transport must be udp, tcp or tls")
 			}
 			b.Transport = v
 		case "pool":
@@ -192,8 +194,11 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 			b.SNI = strings.ToLower(v)
 		}
 	}
-	if !b.TLS && (b.CAFile != "" || b.SNI != "") {
+	if proto == "http" && !b.TLS && (b.CAFile != "" || b.SNI != "") {
 		return bad("ca and sni need tls=on")
+	}
+	if proto == "sip" && b.Transport != "tls" && (b.CAFile != "" || b.SNI != "") {
+		return bad("ca and sni need transport=tls")
 	}
 	if b.ID == "" {
 		b.ID = b.Addr

@@ -45,7 +45,12 @@ func TestParseBackendSpec(t *testing.T) {
 		{proto: "http", in: "h:1,id=a\x01b", wantErr: "id must be"},
 		{proto: "http", in: "h:1,metrics=ftp://x", wantErr: "metrics must be"},
 		{proto: "http", in: "h:1,health=healthz", wantErr: "health must be"},
-		{proto: "sip", in: "h:1,transport=sctp", wantErr: "transport must be udp or tcp"},
+		{proto: "sip", in: "h:1,transport=sctp", wantErr: "transport must be udp, tcp or tls"},
+		{proto: "sip", in: "h:1,transport=TLS,ca=/etc/sip/ca.pem,sni=Core.Example", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Transport: "tls", CAFile: "/etc/sip/ca.pem", SNI: "core.example", Pools: def}},
+		{proto: "sip", in: "h:1,ca=/etc/sip/ca.pem", wantErr: "ca and sni need transport=tls"},
+		{proto: "sip", in: "h:1,transport=tcp,sni=core.example", wantErr: "ca and sni need transport=tls"},
+		{proto: "sip", in: "h:1,transport=tls,sni=a b", wantErr: `sni "a b": want a host name`},
+		{proto: "sip", in: "h:1,transport=tls,ca=", wantErr: "ca must name a PEM file"},
 		// Keys of the other protocol are refused.
 		{proto: "sip", in: "h:1,health=/h", wantErr: `unknown key "health" for a sip backend`},
 		{proto: "http", in: "h:1,transport=tcp", wantErr: `unknown key "transport" for a http backend`},

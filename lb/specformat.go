@@ -34,6 +34,12 @@ func FormatBackendSpec(proto string, b BackendSpec) string {
 	if b.Transport != "" && b.Transport != "udp" && proto == "sip" {
 		parts = append(parts, "transport="+b.Transport)
 	}
+	if b.CAFile != "" {
+		parts = append(parts, "ca="+b.CAFile)
+	}
+	if b.SNI != "" {
+		parts = append(parts, "sni="+b.SNI)
+	}
 	if len(b.Pools) != 1 || b.Pools[0] != DefaultPool {
 		for _, p := range b.Pools {
 			parts = append(parts, "pool="+p)

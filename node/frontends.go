@@ -37,6 +37,10 @@ func CheckSIPBackend(spec string) error {
 	return err
 }
 
+// CheckSIPSettings validates a SIP front end's settings, backends aside,
+// as New would.
+func CheckSIPSettings(c SIPConfig) error { return lbsip.CheckSettings(c) }
+
 // CheckTrustedProxies validates one -http-trusted-proxy value: a CIDR or
 // address, or a comma-separated list of them.
 func CheckTrustedProxies(s string) error {

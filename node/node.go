@@ -292,8 +292,14 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		if err := n.buildSIP(); err != nil {
 			return nil, err
 		}
-	} else if err := lbsip.CheckSettings(cfg.SIP); err != nil {
-		return nil, err
+	} else {
+		sc := cfg.SIP
+		if err := n.sipEdge(&sc); err != nil {
+			return nil, err
+		}
+		if err := lbsip.CheckSettings(sc); err != nil {
+			return nil, err
+		}
 	}
 	if err := admin.CheckListen(cfg.AdminListen, cfg.AdminTokenFile); err != nil {
 		return nil, err
@@ -450,6 +456,9 @@ func (n *Node) buildHTTP() error {
 
 func (n *Node) buildSIP() error {
 	cfg := sipConfig(n.cfg.SIP)
+	if err := n.sipEdge(&cfg); err != nil {
+		return err
+	}
 	hist := n.forward.WithLabelValues("sip")
 	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
 	var err error
@@ -615,6 +624,8 @@ func (n *Node) start(parent context.Context) error {
 type Addrs struct {
 	HTTP, SIP, Admin net.Addr
 	HTTPS            net.Addr // -https-listen
+	// SIPTLS, SIPWS and SIPWSS are the SIP edge listeners.
+	SIPTLS, SIPWS, SIPWSS net.Addr
 }
 
 // Addrs returns the bound addresses (after Start).
@@ -624,6 +635,7 @@ func (n *Node) Addrs() Addrs {
 		if sa := n.sipSrv.Addr(); sa != nil {
 			a.SIP = sa
 		}
+		a.SIPTLS, a.SIPWS, a.SIPWSS = n.sipSrv.TLSAddr(), n.sipSrv.WSAddr(), n.sipSrv.WSSAddr()
 	}
 	return a
 }

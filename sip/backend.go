@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -21,18 +22,34 @@ type backend struct {
 	id   string
 	addr netip.AddrPort
 	tcp  bool
+	tls  *tls.Config    // transport=tls: the client side of its connections (tcp is set too)
 	spec lb.BackendSpec // as the generation has it (ID and Pools filled in)
 	// unanswered counts in-dialog requests left unanswered past
 	// -sip-in-dialog-timeout since the backend last answered anything.
 	unanswered atomic.Int32
 }
 
-// transport returns "TCP" or "UDP" for Via.
+// transport returns "TLS", "TCP" or "UDP" for Via.
 func (b *backend) transport() string {
-	if b.tcp {
+	switch {
+	case b.tls != nil:
+		return "TLS"
+	case b.tcp:
 		return "TCP"
 	}
 	return "UDP"
+}
+
+// viaTransport is the transport our Via names for a message sent to t:
+// TLS to a TLS backend.
+func (s *Server) viaTransport(t target) string {
+	if !t.tcp {
+		return "UDP"
+	}
+	if b := s.pool.Load().backendAt(t.addr); b != nil && b.tls != nil {
+		return "TLS"
+	}
+	return "TCP"
 }
 
 // backendSet is the lb.Generation the server serves and SIP's side table
@@ -106,6 +123,11 @@ func newBackendSet(g *lb.Generation) (*backendSet, error) {
 			return nil, fieldError("Backends", "backend %s: %w", lbb.ID(), err)
 		}
 		b := &backend{lb: lbb, id: lbb.ID(), addr: ap, tcp: tcp, spec: spec}
+		if spec.Transport == "tls" {
+			if b.tls, err = clientTLS(spec); err != nil {
+				return nil, fieldError("Backends", "backend %s: %w", lbb.ID(), err)
+			}
+		}
 		set.list[i] = b
 		set.byID[b.id] = b
 		set.byAddr[b.addr] = b
@@ -138,10 +160,10 @@ func resolveSpec(spec lb.BackendSpec) (netip.AddrPort, bool, error) {
 	tcp := false
 	switch strings.ToLower(spec.Transport) {
 	case "", "udp":
-	case "tcp":
+	case "tcp", "tls":
 		tcp = true
 	default:
-		return netip.AddrPort{}, false, fmt.Errorf("transport %q: want udp or tcp", spec.Transport)
+		return netip.AddrPort{}, false, fmt.Errorf("transport %q: want udp, tcp or tls", spec.Transport)
 	}
 	ap, err := resolveAddr(strings.TrimSpace(spec.Addr))
 	if err != nil {
@@ -188,7 +210,8 @@ func (p *backendSet) of(lbb *lb.Backend) *backend {
 // sameServer reports whether nb is ob under its id: the same configured
 // and resolved address and the same transport.
 func sameServer(ob, nb *backend) bool {
-	return ob.spec.Addr == nb.spec.Addr && ob.addr == nb.addr && ob.tcp == nb.tcp
+	return ob.spec.Addr == nb.spec.Addr && ob.addr == nb.addr && ob.tcp == nb.tcp &&
+		ob.spec.Transport == nb.spec.Transport && ob.spec.CAFile == nb.spec.CAFile && ob.spec.SNI == nb.spec.SNI
 }
 
 // carryFrom gives p's backends what SIP alone knew of the backends with
@@ -278,7 +301,7 @@ func (p *backendSet) metricsURL(id string) string {
 // sameAs reports whether p was built from exactly cfgs, in order.
 func (p *backendSet) sameAs(cfgs []BackendConfig) bool {
 	return p.cfgs != nil && slices.EqualFunc(p.cfgs, cfgs, func(a, b BackendConfig) bool {
-		return a.ID == b.ID && a.Addr == b.Addr && a.Transport == b.Transport && a.Weight == b.Weight &&
+		return a.ID == b.ID && a.Addr == b.Addr && a.Transport == b.Transport && a.CAFile == b.CAFile && a.SNI == b.SNI && a.Weight == b.Weight &&
 			a.MetricsURL == b.MetricsURL && slices.Equal(a.Pools, b.Pools)
 	})
 }
@@ -315,8 +338,10 @@ func checkBackends(cfgs []BackendConfig) ([]lb.BackendSpec, []BackendConfig, err
 			c.Weight = 1
 		}
 		switch {
-		case c.Transport != "udp" && c.Transport != "tcp":
-			return nil, nil, fieldError("Backends", "%s: transport must be udp or tcp", c.ID)
+		case c.Transport != "udp" && c.Transport != "tcp" && c.Transport != "tls":
+			return nil, nil, fieldError("Backends", "%s: transport must be udp, tcp or tls", c.ID)
+		case (c.CAFile != "" || c.SNI != "") && c.Transport != "tls":
+			return nil, nil, fieldError("Backends", "%s: ca and sni need transport tls", c.ID)
 		case c.Weight < 1 || c.Weight > lb.MaxWeight:
 			return nil, nil, fieldError("Backends", "%s: weight %d not in 1..%d", c.ID, c.Weight, lb.MaxWeight)
 		case strings.ContainsAny(c.ID, " \t\r\n"):
@@ -326,7 +351,7 @@ func checkBackends(cfgs []BackendConfig) ([]lb.BackendSpec, []BackendConfig, err
 		}
 		ids[c.ID] = true
 		c.Pools = slices.Clone(c.Pools)
-		spec := lb.BackendSpec{Addr: c.Addr, ID: c.ID, Weight: c.Weight, Transport: c.Transport, Pools: c.Pools}
+		spec := lb.BackendSpec{Addr: c.Addr, ID: c.ID, Weight: c.Weight, Transport: c.Transport, CAFile: c.CAFile, SNI: c.SNI, Pools: c.Pools}
 		if _, _, err := resolveSpec(spec); err != nil {
 			return nil, nil, fieldError("Backends", "%s: %w", c.Addr, err)
 		}

@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -116,6 +117,32 @@ type Config struct {
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int
+	// TLSListen is the address of the SIP over TLS listener (RFC 3261
+	// §26.2, sips: and transport=tls), "" for none; it needs TLSConfig.
+	// Flag -sip-tls-listen.
+	TLSListen string
+	// WSListen and WSSListen are the addresses of the SIP over WebSocket
+	// and secure WebSocket listeners (RFC 7118), "" for none; WSS needs
+	// TLSConfig. Flags -sip-ws-listen, -sip-wss-listen.
+	WSListen, WSSListen string
+	// TLSConfig serves the certificates of the TLS and WSS listeners
+	// (node builds it from the -tls-cert store); nil: no TLS.
+	TLSConfig *tls.Config
+	// Handshakes bounds the TLS and WebSocket handshakes in progress and
+	// their rate; nil: no bound.
+	Handshakes HandshakeGate
+	// HandshakeTimeout bounds a TLS or WebSocket handshake (both for WSS)
+	// from accept to its end. Set by node from -tls-handshake-timeout.
+	HandshakeTimeout time.Duration
+	// WSOrigins, when not empty, are the only Origin values (as a browser
+	// sends them, e.g. https://phone.example.com; case aside) a WebSocket
+	// handshake may carry; one without an Origin is then refused too
+	// (403). Flag -sip-ws-origin (repeatable).
+	WSOrigins []string
+	// WSPath, when set, is the only request path a WebSocket handshake
+	// may ask for (404 otherwise); the query is not compared. Flag
+	// -sip-ws-path.
+	WSPath string
 	// NoRouteCode is the final answer to new work that no route matches
 	// when the generation has no pool "default": 400..699, default 404
 	// (Not Found). Flag -sip-no-route-code.
@@ -142,8 +169,12 @@ type BackendConfig struct {
 	ID string
 	// Addr is the backend's IP:port (a host name is resolved once at start).
 	Addr string
-	// Transport is "udp" (default) or "tcp".
+	// Transport is "udp" (default), "tcp" or "tls".
 	Transport string
+	// CAFile and SNI are a TLS backend's certificate authorities (PEM;
+	// "" is the system's) and the name its certificate must be valid
+	// for ("" is the host of Addr).
+	CAFile, SNI string
 	// Weight is the relative share of new work, default 1.
 	Weight int
 	// MetricsURL is the backend's memory probe (Prometheus text), optional.
@@ -159,7 +190,7 @@ func ParseBackend(s string) (BackendConfig, error) {
 	if err != nil {
 		return BackendConfig{}, fmt.Errorf("sip %w", err)
 	}
-	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, Weight: b.Weight, MetricsURL: b.MetricsURL}
+	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, CAFile: b.CAFile, SNI: b.SNI, Weight: b.Weight, MetricsURL: b.MetricsURL}
 	if len(b.Pools) != 1 || b.Pools[0] != lb.DefaultPool {
 		bc.Pools = b.Pools
 	}
@@ -221,6 +252,7 @@ func DefaultConfig() Config {
 		UDPBuffer:         4 << 20,
 		MaxMessage:        65535,
 		NoRouteCode:       404,
+		HandshakeTimeout:  DefaultHandshakeTimeout,
 
 		UnknownDialog:           UnknownDialogNewWork,
 		UnknownDialogSourceRate: DefaultUnknownDialogSourceRate,
@@ -260,6 +292,7 @@ func (c *Config) setDefaults() {
 	fill(&c.UDPBuffer, d.UDPBuffer)
 	fill(&c.MaxMessage, d.MaxMessage)
 	fill(&c.NoRouteCode, d.NoRouteCode)
+	fill(&c.HandshakeTimeout, d.HandshakeTimeout)
 }
 
 // fill sets *p to def when *p is the zero value.
@@ -328,6 +361,9 @@ func (c *Config) Validate() error {
 		return fieldError("NoRouteCode", "%d: want a final answer code in 400..699 (default 404)", c.NoRouteCode)
 	case c.TCPPartialBudget < 2*(c.MaxMessage+1):
 		return fieldError("TCPPartialBudget", "must be at least twice MaxMessage + 1 (%d bytes)", 2*(c.MaxMessage+1))
+	}
+	if err := c.checkEdge(); err != nil {
+		return err
 	}
 	ids := map[string]bool{}
 	for _, b := range c.Backends {

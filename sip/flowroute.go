@@ -289,8 +289,7 @@ func (s *Server) routeToFlow(req *gosip.Request, src source, p *backendSet, tok 
 		}
 	}
 	s.prepareForward(req, src)
-	via := s.ourVia(br, true)
-	via.Transport = f.transport()
+	via := s.ourVia(br, f.transport())
 	req.PrependHeader(via)
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()

@@ -104,13 +104,14 @@ func (ft *flowTable) lookup(r flowRef, node uint32) flowConn {
 // Len returns the number of registered flows.
 func (ft *flowTable) Len() int { return int(ft.count.Load()) }
 
-// The TCP connections accepted on the main listener are flows.
+// The connections accepted on the main listener (TCP) and on the TLS, WS
+// and WSS listeners are flows; the listener index is the connection's
+// kind (send is in stream.go: it frames for the protocol).
 
-func (c *tcpConn) send(msg []byte) error { return c.write(msg) }
-func (c *tcpConn) id() uint64            { return c.fid }
-func (c *tcpConn) transport() string     { return "TCP" }
-func (c *tcpConn) listener() uint8       { return listenerMain }
-func (c *tcpConn) peer() netip.AddrPort  { return c.remote }
+func (c *tcpConn) id() uint64           { return c.fid }
+func (c *tcpConn) transport() string    { return c.kind.String() }
+func (c *tcpConn) listener() uint8      { return uint8(c.kind) } // listenerMain for TCP
+func (c *tcpConn) peer() netip.AddrPort { return c.remote }
 
 // flow returns the client flow a message came on, nil for UDP and for
 // connections sluice dialled.

@@ -100,10 +100,7 @@ func (p optionsProber) Probe(ctx context.Context, lbb *lb.Backend) (lb.ProbeResu
 
 func (s *Server) pingMessage(to target, branch string, seq uint64) []byte {
 	host := s.adv.String()
-	tr := "UDP"
-	if to.tcp {
-		tr = "TCP"
-	}
+	tr := s.viaTransport(to)
 	p := make([]byte, 0, 384)
 	p = append(p, "OPTIONS sip:"...)
 	p = append(p, to.addr.String()...)

@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -100,6 +101,18 @@ type Metrics struct {
 	SipsRefused  atomic.Uint64 // sips: requests not forwarded over UDP or TCP (480)
 	FlowPaths    atomic.Uint64 // Path headers added to REGISTERs from client flows
 	ContactAlias atomic.Uint64 // Contacts rewritten to a signed alias (-sip-contact-alias)
+
+	// TLS and WebSocket listeners (stream.go, ws.go)
+	HandshakesRefused atomic.Uint64 // connections closed before a handshake: Config.Handshakes said no
+	HandshakeTimeouts atomic.Uint64 // TLS/WebSocket handshakes not complete within -tls-handshake-timeout
+	HandshakeFailures atomic.Uint64 // TLS/WebSocket handshakes failed otherwise (bad TLS, refused upgrade, closed)
+	WSRefused         atomic.Uint64 // WebSocket upgrades refused (no sip subprotocol, Origin, path, malformed)
+	WSTooBig          atomic.Uint64 // WebSocket connections closed 1009: a message over -sip-max-message
+	WSProtocolErrors  atomic.Uint64 // WebSocket connections closed 1002: a frame RFC 6455 forbids
+	// BackendTLSFailures counts TLS handshakes with transport=tls backends
+	// that failed (certificate not valid for its name or not from its ca=,
+	// no TLS there, timeout).
+	BackendTLSFailures atomic.Uint64
 }
 
 // Metrics returns the server's counters.
@@ -168,7 +181,7 @@ var (
 // Collector returns the front end's counters as a prometheus.Collector:
 // sluice_frontend_events_total{protocol="sip",event} (one event per
 // Metrics field, named as in the README), sluice_frontend_transactions,
-// sluice_frontend_connections{transport="tcp"}, sluice_frontend_dialogs and
+// sluice_frontend_connections{transport}, sluice_frontend_dialogs and
 // sluice_frontend_dialogs_bytes. It reads the counters at
 // scrape time and adds nothing to the message path.
 func (s *Server) Collector() prometheus.Collector { return collector{s} }
@@ -222,6 +235,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"uri_too_long", &m.URITooLong},
 		{"flow_routed", &m.FlowRouted}, {"flow_failed", &m.FlowFailed}, {"forged_flow_tokens", &m.ForgedFlows},
 		{"sips_refused", &m.SipsRefused}, {"flow_paths", &m.FlowPaths}, {"contact_aliases", &m.ContactAlias},
+		{"handshakes_refused", &m.HandshakesRefused}, {"handshake_timeouts", &m.HandshakeTimeouts},
+		{"handshake_failures", &m.HandshakeFailures}, {"ws_refused", &m.WSRefused},
+		{"ws_too_big", &m.WSTooBig}, {"ws_protocol_errors", &m.WSProtocolErrors},
+		{"backend_tls_failures", &m.BackendTLSFailures},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
@@ -233,7 +250,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(m.RefusedBy[r].Load()), "refused_"+name)
 	}
 	ch <- prometheus.MustNewConstMetric(descTransactions, prometheus.GaugeValue, float64(c.s.txns.Len()))
-	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.len()), "tcp")
+	for k := kindTCP; k <= kindWSS; k++ {
+		ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.byKind[k].Load()), strings.ToLower(k.String()))
+	}
 	ch <- prometheus.MustNewConstMetric(descDialogs, prometheus.GaugeValue, float64(c.s.dialogs.Len()))
 	ch <- prometheus.MustNewConstMetric(descDialogBytes, prometheus.GaugeValue, float64(c.s.dialogs.Bytes()))
 	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")

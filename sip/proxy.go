@@ -220,12 +220,9 @@ func (s *Server) prepareForward(req *gosip.Request, src source) {
 	}
 }
 
-// ourVia returns a Via naming the balancer for the given transport.
-func (s *Server) ourVia(branch string, tcp bool) *gosip.ViaHeader {
-	tr := "UDP"
-	if tcp {
-		tr = "TCP"
-	}
+// ourVia returns a Via naming the balancer for the given transport (UDP,
+// TCP, TLS).
+func (s *Server) ourVia(branch string, tr string) *gosip.ViaHeader {
 	p := make(gosip.HeaderParams, 1, 2)
 	p[0] = gosip.HeaderKV{K: "branch", V: branch}
 	return &gosip.ViaHeader{ProtocolName: "SIP", ProtocolVersion: "2.0", Transport: tr, Host: s.adv.host, Port: s.adv.port, Params: p}
@@ -256,7 +253,7 @@ func (s *Server) branchOf(req *gosip.Request, src source, dst target) string {
 // forwardStatelessBranch sends req to dst with our Via of branch br.
 func (s *Server) forwardStatelessBranch(req *gosip.Request, src source, dst target, br string) error {
 	s.prepareForward(req, src)
-	req.PrependHeader(s.ourVia(br, dst.tcp))
+	req.PrependHeader(s.ourVia(br, s.viaTransport(dst)))
 	if err := s.sendMsg(req, dst); err != nil {
 		s.log.Debug("sip forward", "err", err, "call_id", req.CallID().Value())
 		return err
@@ -315,7 +312,7 @@ func (s *Server) handleAck(req *gosip.Request, src source, p *backendSet, now in
 		// stateless proxy would (RFC 3261 §16.11).
 		s.popOurRoutes(req)
 		s.prepareForward(req, src)
-		req.PrependHeader(s.ourVia(t.branch, t.cur.tcp))
+		req.PrependHeader(s.ourVia(t.branch, t.cur.transport()))
 		if err := s.sendMsg(req, target{addr: t.cur.addr, tcp: t.cur.tcp, dial: true}); err == nil {
 			s.metrics.Forwarded.Add(1)
 		}
@@ -347,7 +344,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now
 			return
 		}
 		s.prepareForward(req, src)
-		req.PrependHeader(s.ourVia(branch, b.tcp))
+		req.PrependHeader(s.ourVia(branch, b.transport()))
 		if err := s.sendMsg(req, target{addr: b.addr, tcp: b.tcp, dial: true}); err == nil {
 			s.metrics.Forwarded.Add(1)
 		}

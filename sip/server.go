@@ -84,6 +84,9 @@ type Server struct {
 	advIP   netip.Addr
 	udp     *net.UDPConn
 	tcpLn   *net.TCPListener
+	tlsLn   *net.TCPListener // -sip-tls-listen, nil when not configured
+	wsLn    *net.TCPListener // -sip-ws-listen
+	wssLn   *net.TCPListener // -sip-wss-listen
 	tcp     tcpTable
 	txns    txnTable
 	dialogs dialogTable
@@ -245,14 +248,21 @@ func (s *Server) Start(ctx context.Context) error {
 		s.tcpLn.Close()
 		return err
 	}
+	if err := s.listenEdge(); err != nil {
+		s.udp.Close()
+		s.tcpLn.Close()
+		return err
+	}
 	s.listening.Store(true)
 	s.wg.Add(3)
 	go s.serveUDP()
 	go s.serveTCP()
 	go s.tick()
+	s.serveEdge()
 	s.reloadMu.Lock()
 	p := s.pool.Load()
 	s.log.Info("sip listening", "udp", la.String(), "tcp", s.tcpLn.Addr().String(), "advertise", s.adv.String(), "backends", len(p.list), "pools", len(p.gen.Pools()), "policy", s.cfg.Policy, "gomaxprocs", runtime.GOMAXPROCS(0),
+		"tls", addrString(s.TLSAddr()), "ws", addrString(s.WSAddr()), "wss", addrString(s.WSSAddr()),
 		"tcp_max_conns", s.cfg.TCPMaxConns, "tcp_max_conns_per_source", s.cfg.TCPMaxConnsPerSource, "unknown_dialog", s.cfg.UnknownDialog)
 	s.started = true
 	s.runBackendsLocked(p)
@@ -329,6 +339,7 @@ func (s *Server) shutdown() {
 	if s.tcpLn != nil {
 		s.tcpLn.Close()
 	}
+	s.closeEdge()
 	s.tcp.closeAll()
 }
 
@@ -341,7 +352,7 @@ type source struct {
 
 func (src source) transport() string {
 	if src.conn != nil {
-		return "TCP"
+		return src.conn.kind.String()
 	}
 	return "UDP"
 }
@@ -566,7 +577,7 @@ func (s *Server) sendBytes(p []byte, t target) error {
 		s.metrics.SendErrors.Add(1)
 		return fmt.Errorf("send tcp %s: no connection", t.addr)
 	}
-	if err := c.write(p); err != nil {
+	if err := c.send(p); err != nil {
 		s.metrics.SendErrors.Add(1)
 		return fmt.Errorf("send tcp %s: %w", t.addr, err)
 	}

@@ -2,6 +2,7 @@ package sip
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/netip"
@@ -22,6 +23,20 @@ type tcpConn struct {
 	remote netip.AddrPort
 	srv    *Server
 	fid    uint64 // id in the flow table (flows.go); 0: dialled, not a flow
+
+	// kind is the protocol over the stream (TCP, TLS, WS, WSS) and sess
+	// the TLS session over c for TLS and WSS (nil otherwise): its writes
+	// go down to write through rawConn, so they never block either.
+	kind connKind
+	sess *tls.Conn
+	one  [1]byte // TLS: the first byte read between messages (readIdle)
+	// waiting is where a TLS reader waiting between messages is: idleNot,
+	// idleWait (nothing received) or idleBytes (part of a record came:
+	// the message timeout runs).
+	waiting atomic.Int32
+	// ready: the TLS and WebSocket handshakes are done, SIP may be sent
+	// (always for TCP, which does not look).
+	ready atomic.Bool
 
 	mu       sync.Mutex
 	out      [][]byte // queued for the flusher, in order
@@ -162,8 +177,9 @@ type tcpTable struct {
 	sources     map[netip.Prefix]int
 	front, back *tcpConn
 	touchEvery  time.Duration
-	now         func() int64 // unix nanos, for touchEvery
-	readBufs    atomic.Int64 // connections holding a read buffer
+	now         func() int64              // unix nanos, for touchEvery
+	readBufs    atomic.Int64              // connections holding a read buffer
+	byKind      [kindWSS + 1]atomic.Int64 // connections in conns by protocol
 
 	budget partialBudget // bytes of partial messages
 
@@ -212,6 +228,16 @@ func (t *tcpTable) init() {
 	t.now = wallNanos
 }
 
+// put registers c under its remote address, in place of any other
+// there. t.mu held.
+func (t *tcpTable) put(c *tcpConn) {
+	if old := t.conns[c.remote]; old != nil {
+		t.byKind[old.kind].Add(-1)
+	}
+	t.conns[c.remote] = c
+	t.byKind[c.kind].Add(1)
+}
+
 func (t *tcpTable) get(a netip.AddrPort) *tcpConn {
 	t.mu.RLock()
 	c := t.conns[a]
@@ -223,6 +249,7 @@ func (t *tcpTable) remove(c *tcpConn) {
 	t.mu.Lock()
 	if t.conns[c.remote] == c {
 		delete(t.conns, c.remote)
+		t.byKind[c.kind].Add(-1)
 	}
 	t.uncount(c)
 	// A Go map never gives back its buckets: after a wave of thousands of
@@ -263,20 +290,23 @@ func (s *Server) serveTCP() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		s.acceptConn(c)
+		s.acceptConn(c, kindTCP)
 	}
 }
 
 // acceptConn registers an accepted connection and starts its reader, or
 // closes it: over its source's cap (-sip-tcp-max-conns-per-source), or with
 // the table full and no idle connection to close in its place.
-func (s *Server) acceptConn(c *net.TCPConn) {
+func (s *Server) acceptConn(c *net.TCPConn, kind connKind) {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, fid: s.flows.newID()}
+	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, kind: kind, fid: s.flows.newID()}
+	if kind.secure() {
+		tc.sess = tls.Server(rawConn{TCPConn: c, tc: tc}, s.cfg.TLSConfig)
+	}
 	s.tcp.mu.Lock()
 	verdict, victim := s.tcp.admit(tc, s.cfg.TCPMaxConns, s.cfg.TCPMaxConnsPerSource)
 	if verdict == admitted {
-		s.tcp.conns[tc.remote] = tc
+		s.tcp.put(tc)
 		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
 	} else if verdict == refusedSource {
 		s.tcp.lastRefusedSource = tc.remote.Addr()
@@ -307,21 +337,57 @@ func (s *Server) acceptConn(c *net.TCPConn) {
 	}
 	s.flows.add(tc) // a flow requests from backends can come back over; readConn removes it
 	s.wg.Add(1)
-	go s.readConn(tc)
+	if kind.ws() {
+		go s.readWS(tc)
+	} else {
+		go s.readConn(tc)
+	}
 }
 
 // startConnQueued registers c and starts its reader. When dialled is
 // valid, the messages queued for it by dialAsync are written first, before
 // any other writer can reach the connection, so they keep their order.
 func (s *Server) startConnQueued(c *net.TCPConn, dialled netip.AddrPort) *tcpConn {
+	return s.startDialled(s.newDialled(c), dialled)
+}
+
+// newDialled is the tcpConn of a connection sluice dialled, not yet
+// registered.
+func (s *Server) newDialled(c *net.TCPConn) *tcpConn {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s}
 	// A connection dialled to a client (a request from a backend going
 	// downstream) shares the partial-message budget; one to a backend not.
 	tc.budgeted = s.pool.Load().backendAt(tc.remote) == nil
+	return tc
+}
+
+// startDialled registers tc (startConnQueued); a TLS connection, its
+// handshake done, gets the queued messages through its session, still
+// unseen by any other writer.
+func (s *Server) startDialled(tc *tcpConn, dialled netip.AddrPort) *tcpConn {
+	if tc.sess != nil {
+		s.tcp.mu.Lock()
+		s.tcp.put(tc)
+		s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
+		if dialled.IsValid() {
+			for _, m := range s.tcp.dialing[dialled] {
+				_ = tc.send(m)
+			}
+			delete(s.tcp.dialing, dialled)
+		}
+		s.tcp.mu.Unlock()
+		if s.closed.Load() {
+			tc.c.Close()
+		}
+		s.wg.Add(1)
+		go s.readConn(tc)
+		return tc
+	}
+	c := tc.c
 	tc.mu.Lock()
 	s.tcp.mu.Lock()
-	s.tcp.conns[tc.remote] = tc
+	s.tcp.put(tc)
 	s.tcp.peak = max(s.tcp.peak, len(s.tcp.conns))
 	var q [][]byte
 	if dialled.IsValid() {
@@ -387,7 +453,20 @@ func (s *Server) dialAsync(a netip.AddrPort, p []byte) bool {
 			s.dialRefused(a, err)
 			return
 		}
-		s.startConnQueued(c.(*net.TCPConn), a)
+		tc := s.newDialled(c.(*net.TCPConn))
+		if b := s.pool.Load().backendAt(a); b != nil && b.tls != nil {
+			if err := s.clientHandshake(tc, b.tls); err != nil {
+				s.tcp.mu.Lock()
+				q := s.tcp.dialing[a]
+				delete(s.tcp.dialing, a)
+				s.tcp.mu.Unlock()
+				s.metrics.SendErrors.Add(uint64(len(q)))
+				s.metrics.BackendTLSFailures.Add(1)
+				s.log.Warn("sip tls backend: handshake failed", "backend", b.id, "addr", a.String(), "err", err)
+				return
+			}
+		}
+		s.startDialled(tc, a)
 	}()
 	return queued
 }
@@ -447,27 +526,10 @@ func (s *Server) readConn(tc *tcpConn) {
 	defer s.wg.Done()
 	var reserved int64 // this connection's reservation in the partial budget
 	var buf []byte     // nil between messages: a waiting connection holds no read buffer
-	defer func() {
-		if reserved != 0 {
-			s.reservePartial(tc, 0, &reserved)
-		}
-		if buf != nil {
-			releaseReadBuf(buf)
-			s.tcp.readBufs.Add(-1)
-		}
-		s.tcp.remove(tc)
-		s.flows.remove(tc)
-		tc.mu.Lock()
-		if !tc.dead && !tc.flushing {
-			tc.kill()
-		} else if !tc.dead {
-			// Let the flusher finish the answers already queued (a 400 before
-			// the close); it closes the socket when done or stalled.
-			_ = tc.c.CloseRead()
-			tc.closing = true
-		}
-		tc.mu.Unlock()
-	}()
+	defer func() { s.endConn(tc, &reserved, buf) }()
+	if tc.sess != nil && !tc.ready.Load() && !s.handshakeTLS(tc) {
+		return
+	}
 	src := source{addr: tc.remote, conn: tc}
 	var fr framer
 	var msgDeadline time.Time // zero between messages
@@ -492,7 +554,7 @@ func (s *Server) readConn(tc *tcpConn) {
 		if len(buf) == 0 {
 			// Between messages: wait for bytes without a buffer, then read
 			// into one from the pool.
-			buf, err = readParked(tc.c)
+			buf, err = tc.readIdle()
 			n = len(buf)
 			if buf != nil {
 				s.tcp.readBufs.Add(1)
@@ -506,7 +568,7 @@ func (s *Server) readConn(tc *tcpConn) {
 				releaseReadBuf(buf)
 				buf = nb
 			}
-			n, err = tc.c.Read(buf[len(buf):cap(buf)])
+			n, err = tc.readMore(buf[len(buf):cap(buf)])
 			buf = buf[:len(buf)+max(n, 0)]
 		}
 		if n > 0 {
@@ -588,7 +650,7 @@ func (s *Server) readConn(tc *tcpConn) {
 			case first:
 				s.metrics.TCPFirstMessage.Add(1)
 				s.log.Debug("sip tcp connection sent no complete message in time: closed", "remote", tc.remote.String(), "bytes", len(buf), "timeout", s.cfg.TCPFirstMessageTimeout)
-			case len(buf) > 0:
+			case len(buf) > 0 || tc.waiting.Load() == idleBytes:
 				s.metrics.TCPSlow.Add(1)
 				s.log.Debug("sip tcp message not complete in time: connection closed", "remote", tc.remote.String(), "bytes", len(buf), "timeout", s.cfg.TCPMessageTimeout)
 			}
@@ -606,7 +668,7 @@ func (s *Server) pong(tc *tcpConn, k int) {
 	for k > 0 {
 		m := min(k, len(crlfs)/2)
 		s.metrics.TCPKeepAliveWrites.Add(1)
-		if tc.write(crlfs[:2*m]) != nil {
+		if tc.send(crlfs[:2*m]) != nil {
 			return
 		}
 		k -= m

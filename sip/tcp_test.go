@@ -196,6 +196,12 @@ func newTCPUAS(t *testing.T) *tcpUAS {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newTCPUASOn(t, ln)
+}
+
+// newTCPUAS is a tcpUAS on ln (a TLS listener, say).
+func newTCPUASOn(t *testing.T, ln net.Listener) *tcpUAS {
+	t.Helper()
 	u := &tcpUAS{ln: ln, addr: ln.Addr().String(), got: make(chan string, 100), done: make(chan struct{})}
 	go func() {
 		defer close(u.done)

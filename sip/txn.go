@@ -315,7 +315,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		if flow != nil && s.cfg.ContactAlias && (req.Method == gosip.REGISTER || req.Method == gosip.INVITE) {
 			s.aliasContact(req, flow, b.tcp)
 		}
-		t.via = s.ourVia(branch, b.tcp)
+		t.via = s.ourVia(branch, b.transport())
 		req.PrependHeader(t.via)
 		t.prepared = true
 	}
@@ -594,13 +594,16 @@ func (s *Server) ackUpstream(t *txn, res *gosip.Response, branch string, src sou
 // holds txnTable.mu.
 func (s *Server) hopRequestLocked(t *txn, method string, to *gosip.ToHeader, branch string) []byte {
 	req := t.req
-	tcp := t.cur != nil && t.cur.tcp
+	tr := "UDP"
+	if t.cur != nil {
+		tr = t.cur.transport()
+	}
 	var w bytes.Buffer
 	w.WriteString(method)
 	w.WriteByte(' ')
 	req.Recipient.StringWrite(&w)
 	w.WriteString(" SIP/2.0\r\n")
-	s.ourVia(branch, tcp).StringWrite(&w)
+	s.ourVia(branch, tr).StringWrite(&w)
 	w.WriteString("\r\nMax-Forwards: 70\r\n")
 	for _, h := range req.Headers() {
 		if _, ok := h.(*gosip.RouteHeader); ok {

@@ -118,6 +118,11 @@ var badValues = map[string]string{
 	"http-h2c-listen":        "127.0.0.1:99999",
 	"https-listen":           "127.0.0.1:99999",
 	"sip-listen":             "127.0.0.1:99999",
+	"sip-tls-listen":         "127.0.0.1:99999",
+	"sip-ws-listen":          "127.0.0.1:99999",
+	"sip-wss-listen":         "127.0.0.1:99999",
+	"sip-ws-path":            "sip",
+	"sip-ws-origin":          "phone.example.com",
 	"admin-listen":           "127.0.0.1:99999",
 	"admin-host":             "http://evil.example/",
 	"http-sticky-cookie":     "a b",
@@ -159,7 +164,7 @@ var badValues = map[string]string{
 
 // freeForm are flags whose every value is acceptable, with the reason.
 var freeForm = map[string]string{
-	"events admin-listen": "only printed in a hint",
+	"events admin-listen":   "only printed in a hint",
 }
 
 // commandArgs are arguments under which each command starts; the flag
@@ -250,6 +255,7 @@ func TestFieldFlags(t *testing.T) {
 	notFlags := map[string]bool{ // set by the wiring, not by a flag of their own
 		"http.RetryAfterNoBackend": true, "http.Clock": true, "http.Now": true, "http.ObserveForward": true,
 		"http.TLSConfig": true, "http.Handshakes": true, "http.HandshakeTimeout": true, // from the certificate store and -tls-handshake-timeout
+		"sip.TLSConfig": true, "sip.Handshakes": true, "sip.HandshakeTimeout": true, // from the certificate store and -tls-handshake-timeout
 	}
 	fields := fieldFlags()
 	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(node.HTTPConfig{}), "sip": reflect.TypeOf(node.SIPConfig{}), "tlsedge": reflect.TypeOf(tlsedge.Config{})} {

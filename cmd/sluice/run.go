@@ -353,7 +353,7 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		ARMFile:        o.armFile,
 		DrainTimeout:   o.shutdown,
 		CPUProfile:     o.cpuProfile,
-		SIP:            o.sip.cfg,
+		SIP:            o.sip.withLists(),
 		SIPBackends:    o.sip.backends.values,
 		SIPPools:       o.sip.pools.values,
 		SIPRoutes:      o.sip.routes.values,

@@ -9,10 +9,11 @@ import (
 
 // sipOptions holds the -sip-* flags.
 type sipOptions struct {
-	cfg      node.SIPConfig
-	backends listFlag
-	pools    listFlag
-	routes   listFlag
+	cfg       node.SIPConfig
+	backends  listFlag
+	pools     listFlag
+	routes    listFlag
+	wsOrigins listFlag
 }
 
 // addSIPFlags registers the SIP front end's flags on fs, with the defaults
@@ -25,7 +26,7 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.Advertise, "sip-advertise", "host:port written into Via and Record-Route (default: the listen address)")
 	o.backends.check = node.CheckSIPBackend
 	s.also(&c.Backends, "sip-backend")
-	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME][,pool=NAME] (repeatable, pool= too; no pool=: the pool default)")
+	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR[,transport=udp|tcp|tls][,ca=FILE][,sni=NAME][,weight=N][,metrics=URL][,id=NAME][,pool=NAME] (repeatable, pool= too; no pool=: the pool default)")
 	o.pools.check = node.CheckPool("sip")
 	fs.Var(&o.pools, "sip-pool", "settings of a SIP `pool` where they differ from the front end's: name=NAME[,policy=P] (repeatable)")
 	o.routes.check = node.CheckRoute("sip")
@@ -55,7 +56,21 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.MaxMessage, "sip-max-message", "largest SIP message in bytes")
 	s.add(&c.ContactAlias, "sip-contact-alias", "rewrite the Contact of a REGISTER or INVITE from a client connection to point at sluice with a signed alias of that connection, for backends without Path support")
 	s.add(&c.AllowSipsDowngrade, "sip-allow-sips-downgrade", "let sips: requests go on over UDP or TCP (default: 480 with a Warning)")
+	s.add(&c.TLSListen, "sip-tls-listen", "SIP over TLS listen `address` (sips:, transport=tls; port 5061 by custom), none by default")
+	s.add(&c.WSListen, "sip-ws-listen", "SIP over WebSocket listen `address` (RFC 7118), none by default")
+	s.add(&c.WSSListen, "sip-wss-listen", "SIP over secure WebSocket listen `address` (RFC 7118), none by default")
+	s.add(&c.WSPath, "sip-ws-path", "the only request `path` a WebSocket handshake may ask for (404 otherwise; empty: any)")
+	o.wsOrigins.check = checkWSOrigin
+	s.also(&c.WSOrigins, "sip-ws-origin")
+	fs.Var(&o.wsOrigins, "sip-ws-origin", "an `origin` a WebSocket handshake may come from, as a browser sends it (https://phone.example.com); repeatable; when given, handshakes from any other Origin or none get 403")
 	return o
+}
+
+// checkWSOrigin validates one -sip-ws-origin value as sip.Config does.
+func checkWSOrigin(v string) error {
+	c := node.DefaultSIPConfig()
+	c.WSOrigins = []string{v}
+	return node.CheckSIPSettings(c)
 }
 
 func init() {
@@ -80,4 +95,11 @@ var sipPreset = preset{
 // runSIP is the sip command: runRun with sipPreset.
 func runSIP(args []string, stdout, stderr io.Writer) int {
 	return serveUntilSignal(sipPreset, args, stdout, stderr)
+}
+
+// withLists is the SIP Config with the fields of its repeatable flags.
+func (o *sipOptions) withLists() node.SIPConfig {
+	c := o.cfg
+	c.WSOrigins = o.wsOrigins.values
+	return c
 }

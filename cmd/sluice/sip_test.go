@@ -45,7 +45,7 @@ func TestSIPFlags(t *testing.T) {
 func TestSIPFlagErrors(t *testing.T) {
 	for _, tc := range []struct{ arg, want string }{
 		{"10.0.0.1", "address"},
-		{"10.0.0.1:5060,transport=sctp", "transport must be udp or tcp"},
+		{"10.0.0.1:5060,transport=sctp", "transport must be udp, tcp or tls"},
 		{"10.0.0.1:5060,weight=0", "weight"},
 		{"10.0.0.1:5060,metrics=ftp://x", "metrics must be an http(s) URL"},
 		{"10.0.0.1:5060,color=blue", "unknown key"},
@@ -153,5 +153,41 @@ func TestRenamedFlag(t *testing.T) {
 				t.Errorf("settings %q: want sip-busy-default %s and no former name", lines, tc.want)
 			}
 		})
+	}
+}
+
+// TestSIPEdgeFlags: the TLS, WS and WSS listener flags fill the Config
+// (-sip-ws-origin repeatable); a bad origin or path is refused naming its
+// flag.
+func TestSIPEdgeFlags(t *testing.T) {
+	fs := newFlagSet("sip", io.Discard)
+	o := newRunFlags(fs)
+	env := map[string]string{"SLUICE_SIP_WS_PATH": "/ws"}
+	args := []string{"-sip-tls-listen", ":5061", "-sip-ws-listen", ":8080", "-sip-wss-listen", ":8443",
+		"-tls-cert", "c.pem", "-tls-handshake-timeout", "3s",
+		"-sip-ws-origin", "https://a.example", "-sip-ws-origin", "https://b.example:8443"}
+	if err := parseFlags(fs, args, lookupIn(env)); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := o.config(io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.SIP
+	if s.TLSListen != ":5061" || s.WSListen != ":8080" || s.WSSListen != ":8443" || s.WSPath != "/ws" ||
+		!reflect.DeepEqual(s.WSOrigins, []string{"https://a.example", "https://b.example:8443"}) ||
+		!reflect.DeepEqual(cfg.TLS.Certs, []string{"c.pem"}) || cfg.TLS.HandshakeTimeout != 3*time.Second {
+		t.Errorf("config %+v tls %+v", s, cfg.TLS)
+	}
+	for _, tc := range []struct{ flag, val string }{
+		{"sip-ws-origin", "a.example"},
+		{"sip-ws-origin", "https://a.example/path"},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		newRunFlags(fs)
+		if err := fs.Parse([]string{"-" + tc.flag, tc.val}); err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("-%s %q: error %v, want one naming the flag", tc.flag, tc.val, err)
+		}
 	}
 }

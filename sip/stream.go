@@ -1,0 +1,405 @@
+package sip
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicelb/sluice/internal/opfile"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// A stream listener (TCP, TLS, WS, WSS) accepts connections into the one
+// TCP table: the same per-source cap, connection cap, idle eviction,
+// partial-message budget and first-message deadline, one reader goroutine
+// per connection and no read buffer between messages. Replies go back on
+// the connection a request came on, found by its remote address, whatever
+// its Via names (RFC 3261 §18.2.2; RFC 7118 §5.2 for the .invalid Via host
+// of WebSocket clients).
+
+// connKind is the protocol spoken over a stream connection.
+type connKind uint8
+
+const (
+	kindTCP connKind = iota
+	kindTLS
+	kindWS
+	kindWSS
+)
+
+// String is the transport as a Via names it.
+func (k connKind) String() string {
+	switch k {
+	case kindTLS:
+		return "TLS"
+	case kindWS:
+		return "WS"
+	case kindWSS:
+		return "WSS"
+	}
+	return "TCP"
+}
+
+// secure reports whether the connection carries a TLS session.
+func (k connKind) secure() bool { return k == kindTLS || k == kindWSS }
+
+// ws reports whether the connection carries WebSocket frames.
+func (k connKind) ws() bool { return k == kindWS || k == kindWSS }
+
+// HandshakeGate bounds the TLS and WebSocket handshakes in progress, so a
+// flood of them cannot take the CPU and the goroutines that established
+// connections need. tlsedge.HandshakeLimiter implements it.
+type HandshakeGate interface {
+	// Acquire reports whether one more TLS/WebSocket handshake may start at now (monotonic ns);
+	// false: close the connection without a handshake (counted by the caller).
+	Acquire(now int64) bool
+	// Release ends a handshake that Acquire let start (done or failed).
+	Release()
+}
+
+// DefaultHandshakeTimeout bounds a TLS or WebSocket handshake (both, for
+// WSS) from its first byte to its end.
+const DefaultHandshakeTimeout = 10 * time.Second
+
+// rawConn is what a TLS session reads and writes: the TCP connection, with
+// writes going through tcpConn.write, so that a TLS write never blocks on
+// a peer that does not read (the rest is queued for the flusher).
+type rawConn struct {
+	*net.TCPConn
+	tc *tcpConn
+}
+
+// Read reads for the TLS session. Bytes that come while the reader waits
+// between messages start the message timeout: the session buffers a
+// record until it is whole (up to 16 KiB, outside the partial-message
+// budget), and a peer must not hold that for the idle timeout. Accepted
+// connections only: a TLS backend sends session tickets between messages.
+func (r rawConn) Read(p []byte) (int, error) {
+	n, err := r.TCPConn.Read(p)
+	if n > 0 && r.tc.accepted && r.tc.waiting.CompareAndSwap(idleWait, idleBytes) {
+		_ = r.TCPConn.SetReadDeadline(time.Now().Add(r.tc.srv.cfg.TCPMessageTimeout))
+	}
+	return n, err
+}
+
+// States of tcpConn.waiting.
+const (
+	idleNot int32 = iota
+	idleWait
+	idleBytes
+)
+
+func (r rawConn) Write(p []byte) (int, error) {
+	if err := r.tc.write(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// send writes one SIP message (or keep-alive answer) to the connection in
+// its protocol: as is over TCP, in a TLS record over TLS, in a WebSocket
+// frame over WS and WSS. It never blocks on the peer. A connection whose
+// handshake is not done takes nothing.
+func (c *tcpConn) send(p []byte) error {
+	switch {
+	case c.kind.ws():
+		if !c.ready.Load() {
+			return errConnDead
+		}
+		return c.sendFrame(wsOpFor(p), p)
+	case c.sess != nil:
+		if !c.ready.Load() {
+			return errConnDead
+		}
+		_, err := c.sess.Write(p)
+		return err
+	}
+	return c.write(p)
+}
+
+// sendStream writes bytes of the stream under SIP: over the TLS session
+// when there is one.
+func (c *tcpConn) sendStream(p []byte) error {
+	if c.sess != nil {
+		_, err := c.sess.Write(p)
+		return err
+	}
+	return c.write(p)
+}
+
+// readIdle waits between messages for the first bytes of the next one,
+// holding no buffer, and returns them in a buffer from the pool (nil with
+// an error and nothing read). A TLS session is read one byte at first: the
+// session holds what else its record carried until readMore asks.
+func (c *tcpConn) readIdle() ([]byte, error) {
+	if c.sess == nil {
+		return readParked(c.c)
+	}
+	c.waiting.Store(idleWait)
+	n, err := c.sess.Read(c.one[:])
+	if n > 0 || err == nil {
+		c.waiting.Store(idleNot)
+	}
+	if n <= 0 {
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return nil, err
+	}
+	return append(getReadBuf(), c.one[0]), err
+}
+
+// readMore reads the rest of a message under way.
+func (c *tcpConn) readMore(p []byte) (int, error) {
+	if c.sess != nil {
+		return c.sess.Read(p)
+	}
+	return c.c.Read(p)
+}
+
+// endConn is the end of a connection's reader: its budget reservation and
+// read buffer given back, out of the table and the flows, closed once the
+// answers already queued are out.
+func (s *Server) endConn(tc *tcpConn, reserved *int64, buf []byte) {
+	if *reserved != 0 {
+		s.reservePartial(tc, 0, reserved)
+	}
+	if buf != nil {
+		releaseReadBuf(buf)
+		s.tcp.readBufs.Add(-1)
+	}
+	s.tcp.remove(tc)
+	s.flows.remove(tc)
+	tc.mu.Lock()
+	if !tc.dead && !tc.flushing {
+		tc.kill()
+	} else if !tc.dead {
+		// Let the flusher finish the answers already queued (a 400 before
+		// the close); it closes the socket when done or stalled.
+		_ = tc.c.CloseRead()
+		tc.closing = true
+	}
+	tc.mu.Unlock()
+}
+
+// beginHandshake asks the gate for a handshake on tc and sets its
+// deadline; false: refused, the connection is to be closed.
+func (s *Server) beginHandshake(tc *tcpConn) bool {
+	if g := s.cfg.Handshakes; g != nil && !g.Acquire(s.clock.Now()) {
+		s.metrics.HandshakesRefused.Add(1)
+		s.log.Debug("sip handshake refused: too many in progress", "remote", tc.remote.String(), "transport", tc.kind.String())
+		return false
+	}
+	_ = tc.c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	return true
+}
+
+// endHandshake clears the handshake's deadline and gives its slot back.
+func (s *Server) endHandshake(tc *tcpConn) {
+	_ = tc.c.SetWriteDeadline(time.Time{})
+	if g := s.cfg.Handshakes; g != nil {
+		g.Release()
+	}
+}
+
+// handshakeFailed counts and logs a handshake that did not complete.
+func (s *Server) handshakeFailed(tc *tcpConn, err error) {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		s.metrics.HandshakeTimeouts.Add(1)
+		s.log.Debug("sip handshake not complete in time: connection closed", "remote", tc.remote.String(), "transport", tc.kind.String(), "timeout", s.cfg.HandshakeTimeout)
+		return
+	}
+	s.metrics.HandshakeFailures.Add(1)
+	s.log.Debug("sip handshake failed", "remote", tc.remote.String(), "transport", tc.kind.String(), "err", err)
+}
+
+// handshakeTLS runs the TLS handshake of a TLS connection within the gate
+// and the handshake timeout; false: it failed and the connection is to be
+// closed.
+func (s *Server) handshakeTLS(tc *tcpConn) bool {
+	if !s.beginHandshake(tc) {
+		return false
+	}
+	defer s.endHandshake(tc)
+	if err := tc.sess.Handshake(); err != nil {
+		s.handshakeFailed(tc, err)
+		return false
+	}
+	tc.ready.Store(true)
+	return true
+}
+
+// listenEdge opens the TLS, WS and WSS listeners configured; on an error
+// it closes those it opened.
+func (s *Server) listenEdge() error {
+	for _, l := range []struct {
+		addr  string
+		field string
+		ln    **net.TCPListener
+	}{
+		{s.cfg.TLSListen, "TLSListen", &s.tlsLn},
+		{s.cfg.WSListen, "WSListen", &s.wsLn},
+		{s.cfg.WSSListen, "WSSListen", &s.wssLn},
+	} {
+		if l.addr == "" {
+			continue
+		}
+		ta, err := net.ResolveTCPAddr("tcp", l.addr)
+		if err == nil {
+			*l.ln, err = net.ListenTCP("tcp", ta)
+		}
+		if err != nil {
+			s.closeEdge()
+			return fieldError(l.field, "listen %s: %v", l.addr, err)
+		}
+	}
+	return nil
+}
+
+// serveEdge starts the accept loops of the listeners listenEdge opened.
+func (s *Server) serveEdge() {
+	for _, l := range []struct {
+		ln   *net.TCPListener
+		kind connKind
+	}{{s.tlsLn, kindTLS}, {s.wsLn, kindWS}, {s.wssLn, kindWSS}} {
+		if l.ln != nil {
+			s.wg.Add(1)
+			go s.serveStream(l.ln, l.kind)
+		}
+	}
+}
+
+// closeEdge closes the TLS, WS and WSS listeners.
+func (s *Server) closeEdge() {
+	for _, ln := range []*net.TCPListener{s.tlsLn, s.wsLn, s.wssLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// serveStream accepts connections of kind on ln.
+func (s *Server) serveStream(ln *net.TCPListener, kind connKind) {
+	defer s.wg.Done()
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			if s.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Warn("sip accept", "transport", kind.String(), "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		s.acceptConn(c, kind)
+	}
+}
+
+// TLSAddr, WSAddr and WSSAddr return the address of the SIP over TLS,
+// WebSocket and secure WebSocket listeners, nil when not configured or
+// before Start.
+func (s *Server) TLSAddr() net.Addr { return lnAddr(s.tlsLn) }
+
+// WSAddr: see TLSAddr.
+func (s *Server) WSAddr() net.Addr { return lnAddr(s.wsLn) }
+
+// WSSAddr: see TLSAddr.
+func (s *Server) WSSAddr() net.Addr { return lnAddr(s.wssLn) }
+
+func lnAddr(ln *net.TCPListener) net.Addr {
+	if ln == nil {
+		return nil
+	}
+	return ln.Addr()
+}
+
+// checkEdge validates the edge listeners' fields of c.
+func (c *Config) checkEdge() error {
+	for _, l := range []struct{ addr, field string }{{c.TLSListen, "TLSListen"}, {c.WSListen, "WSListen"}, {c.WSSListen, "WSSListen"}} {
+		if l.addr == "" {
+			continue
+		}
+		_, port, err := net.SplitHostPort(l.addr)
+		if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 0 || p > 65535 {
+			return fieldError(l.field, "%q: want HOST:PORT or :PORT", l.addr)
+		}
+	}
+	switch {
+	case c.TLSListen != "" && c.TLSConfig == nil:
+		return fieldError("TLSListen", "%q needs a certificate to serve", c.TLSListen)
+	case c.WSSListen != "" && c.TLSConfig == nil:
+		return fieldError("WSSListen", "%q needs a certificate to serve", c.WSSListen)
+	case c.HandshakeTimeout < 100*time.Millisecond:
+		return fieldError("HandshakeTimeout", "%s: must be at least 100ms", c.HandshakeTimeout)
+	case c.WSPath != "" && c.WSPath[0] != '/':
+		return fieldError("WSPath", "%q: want a path starting with /", c.WSPath)
+	}
+	for _, o := range c.WSOrigins {
+		scheme, host, ok := strings.Cut(o, "://")
+		if !ok || scheme == "" || host == "" || strings.ContainsAny(host, " \t\r\n,/") || len(o) > 512 {
+			return fieldError("WSOrigins", "%q: want an origin as a browser sends it, such as https://phone.example.com", o)
+		}
+	}
+	return nil
+}
+
+// addrString is a's text, "" for nil.
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// clientTLS is the client side of a transport=tls backend's connections:
+// its certificate must be valid for sni= (else the host of its address)
+// and chain to ca= (else to the system's authorities).
+func clientTLS(spec lb.BackendSpec) (*tls.Config, error) {
+	host, _, err := net.SplitHostPort(spec.Addr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
+	if spec.SNI != "" {
+		cfg.ServerName = spec.SNI
+	}
+	if spec.CAFile != "" {
+		pem, err := opfile.Read(spec.CAFile, 1<<20)
+		if err != nil {
+			return nil, fmt.Errorf("ca %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca %q: no PEM certificate in it", spec.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	return cfg, nil
+}
+
+// clientHandshake runs the TLS handshake of tc, a connection dialled to a
+// TLS backend, within the handshake timeout.
+func (s *Server) clientHandshake(tc *tcpConn, cfg *tls.Config) error {
+	tc.kind = kindTLS
+	tc.sess = tls.Client(rawConn{TCPConn: tc.c, tc: tc}, cfg)
+	_ = tc.c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	err := tc.sess.Handshake()
+	_ = tc.c.SetDeadline(time.Time{})
+	if err != nil {
+		tc.mu.Lock()
+		if !tc.dead {
+			tc.kill()
+		}
+		tc.mu.Unlock()
+		return err
+	}
+	tc.ready.Store(true)
+	return nil
+}

@@ -1,0 +1,497 @@
+package sip
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gobwas/ws"
+)
+
+// SIP over WebSocket (RFC 7118). The handshake is gobwas/ws's Upgrader, fed
+// the request head we read ourselves (bounded, within the handshake
+// timeout): it must offer the subprotocol "sip" and is answered with
+// exactly "sip"; Config.WSPath and Config.WSOrigins, when set, must match.
+// Frames are read and written here, one SIP message per WebSocket message
+// (text or binary, fragmented or not), parsed by sipgo as any other. A
+// message over MaxMessage closes the connection with 1009, a protocol
+// error with 1002; Ping is answered with Pong and Close echoed. The
+// CRLFCRLF keep-alive in a message of its own is answered with CRLF.
+
+// wsMaxHead bounds the handshake request head (request line and headers).
+const wsMaxHead = 4096
+
+// wsMaxHeader is the largest frame header: 2 bytes, 8 of length, 4 of mask.
+const wsMaxHeader = 14
+
+// wsLinger bounds the wait for the peer's own close after we sent a Close
+// frame, so it reads our Close before a reset.
+const wsLinger = time.Second
+
+// errWSProtocol is a frame RFC 6455 forbids.
+var errWSProtocol = errors.New("websocket protocol error")
+
+// wsFrame is the header of a frame read from a client.
+type wsFrame struct {
+	fin    bool
+	op     ws.OpCode
+	masked bool
+	mask   [4]byte
+	length int64
+}
+
+// parseWSHeader parses the frame header at the start of b. n is the
+// header's size, 0 while b holds less than the whole header. A header
+// with reserved bits (no extension is negotiated), a reserved opcode, a
+// fragmented or long control frame or a 64-bit length with the top bit
+// set is errWSProtocol.
+func parseWSHeader(b []byte) (f wsFrame, n int, err error) {
+	if len(b) < 2 {
+		return f, 0, nil
+	}
+	f.fin = b[0]&0x80 != 0
+	if b[0]&0x70 != 0 {
+		return f, 0, errWSProtocol
+	}
+	f.op = ws.OpCode(b[0] & 0x0f)
+	if f.op.IsReserved() {
+		return f, 0, errWSProtocol
+	}
+	f.masked = b[1]&0x80 != 0
+	n = 2
+	switch l := b[1] & 0x7f; l {
+	case 126:
+		n += 2
+	case 127:
+		n += 8
+	default:
+		f.length = int64(l)
+	}
+	if f.masked {
+		n += 4
+	}
+	if len(b) < n {
+		return f, 0, nil
+	}
+	switch b[1] & 0x7f {
+	case 126:
+		f.length = int64(binary.BigEndian.Uint16(b[2:4]))
+	case 127:
+		u := binary.BigEndian.Uint64(b[2:10])
+		if u>>63 != 0 {
+			return f, 0, errWSProtocol
+		}
+		f.length = int64(u)
+	}
+	if f.masked {
+		copy(f.mask[:], b[n-4:n])
+	}
+	if f.op.IsControl() && (!f.fin || f.length > 125) {
+		return f, 0, errWSProtocol
+	}
+	return f, n, nil
+}
+
+// appendWSHeader appends the header of an unmasked final frame of op
+// carrying n bytes (what a server sends, RFC 6455 §5.1).
+func appendWSHeader(b []byte, op ws.OpCode, n int) []byte {
+	b = append(b, 0x80|byte(op))
+	switch {
+	case n < 126:
+		return append(b, byte(n))
+	case n <= 0xffff:
+		return append(b, 126, byte(n>>8), byte(n))
+	}
+	return binary.BigEndian.AppendUint64(append(b, 127), uint64(n))
+}
+
+// wsOpFor is the opcode a SIP message goes in: text when it is valid
+// UTF-8 (a browser fails a text frame that is not), else binary.
+func wsOpFor(p []byte) ws.OpCode {
+	if utf8.Valid(p) {
+		return ws.OpText
+	}
+	return ws.OpBinary
+}
+
+// sendFrame writes one frame of op with payload p, in one write.
+func (c *tcpConn) sendFrame(op ws.OpCode, p []byte) error {
+	b := bufPool.Get().(*bytes.Buffer)
+	b.Reset()
+	b.Grow(wsMaxHeader + len(p))
+	var h [wsMaxHeader]byte
+	b.Write(appendWSHeader(h[:0], op, len(p)))
+	b.Write(p)
+	err := c.sendStream(b.Bytes())
+	bufPool.Put(b)
+	return err
+}
+
+// wsRejected is a handshake refused with an HTTP status.
+func wsRejected(code int, reason string) error {
+	return ws.RejectConnectionError(ws.RejectionStatus(code), ws.RejectionReason(reason))
+}
+
+// handshakeWS runs the TLS handshake (WSS) and the WebSocket handshake of
+// tc within the gate and the handshake timeout. It returns the bytes read
+// past the request head (frames sent without waiting for our answer) in a
+// pooled buffer (nil when none), and false when the connection is to be
+// closed.
+func (s *Server) handshakeWS(tc *tcpConn) ([]byte, bool) {
+	if !s.beginHandshake(tc) {
+		return nil, false
+	}
+	defer s.endHandshake(tc)
+	if tc.sess != nil {
+		if err := tc.sess.Handshake(); err != nil {
+			s.handshakeFailed(tc, err)
+			return nil, false
+		}
+	}
+	head := make([]byte, 0, 1024)
+	end := -1
+	for end < 0 {
+		if len(head) == cap(head) {
+			if cap(head) >= wsMaxHead {
+				s.handshakeFailed(tc, errors.New("request head over 4096 bytes"))
+				_ = tc.sendStream([]byte("HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"))
+				return nil, false
+			}
+			head = append(head, make([]byte, cap(head))...)[:len(head)]
+		}
+		from := max(0, len(head)-3)
+		n, err := tc.readMore(head[len(head):cap(head)])
+		head = head[:len(head)+max(n, 0)]
+		if i := bytes.Index(head[from:], crlfcrlf); i >= 0 {
+			end = from + i + 4
+		} else if err != nil {
+			s.handshakeFailed(tc, err)
+			return nil, false
+		}
+	}
+	offered, originSeen := false, false
+	u := ws.Upgrader{
+		ProtocolCustom: func(v []byte) (string, bool) {
+			for _, p := range bytes.Split(v, []byte(",")) {
+				if string(bytes.TrimSpace(p)) == "sip" {
+					offered = true
+					return "sip", true
+				}
+			}
+			return "", true
+		},
+		OnRequest: func(uri []byte) error {
+			if s.cfg.WSPath == "" {
+				return nil
+			}
+			path, _, _ := bytes.Cut(uri, []byte("?"))
+			if string(path) != s.cfg.WSPath {
+				return wsRejected(http.StatusNotFound, "not a SIP WebSocket path")
+			}
+			return nil
+		},
+		OnHeader: func(k, v []byte) error {
+			if len(s.cfg.WSOrigins) == 0 || !bytes.EqualFold(k, []byte("Origin")) {
+				return nil
+			}
+			originSeen = true
+			for _, o := range s.cfg.WSOrigins {
+				if strings.EqualFold(o, string(v)) {
+					return nil
+				}
+			}
+			return wsRejected(http.StatusForbidden, "origin not allowed")
+		},
+		OnBeforeUpgrade: func() (ws.HandshakeHeader, error) {
+			if len(s.cfg.WSOrigins) > 0 && !originSeen {
+				return nil, wsRejected(http.StatusForbidden, "origin required")
+			}
+			if !offered {
+				return nil, wsRejected(http.StatusBadRequest, "Sec-WebSocket-Protocol must offer sip")
+			}
+			return nil, nil
+		},
+	}
+	rw := struct {
+		io.Reader
+		io.Writer
+	}{bytes.NewReader(head[:end]), streamWriter{tc}}
+	if _, err := u.Upgrade(rw); err != nil {
+		s.metrics.WSRefused.Add(1)
+		s.handshakeFailed(tc, err)
+		return nil, false
+	}
+	tc.ready.Store(true)
+	if end == len(head) {
+		return nil, true
+	}
+	rest := head[end:]
+	if len(rest) <= tcpReadSize {
+		rest = append(getReadBuf(), rest...)
+	}
+	return rest, true
+}
+
+// streamWriter writes to a connection's stream (through TLS for WSS).
+type streamWriter struct{ tc *tcpConn }
+
+func (w streamWriter) Write(p []byte) (int, error) {
+	if err := w.tc.sendStream(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// readWS reads WebSocket frames from an accepted WS or WSS connection and
+// hands each complete message to handleDatagram. Its bounds are TCP's:
+// the first-message deadline from accept, the idle timeout between
+// messages, the message timeout from a message's first byte, and every
+// buffer holding part of a message (frame bytes and the fragments
+// reassembled) reserved in the partial-message budget.
+func (s *Server) readWS(tc *tcpConn) {
+	defer s.wg.Done()
+	var reserved int64
+	var buf []byte // frame bytes read, nil between messages
+	var msg []byte // the fragments of a message under way, nil when none
+	defer func() { s.endConn(tc, &reserved, buf) }()
+	firstDeadline := time.Now().Add(s.cfg.TCPFirstMessageTimeout)
+	buf, ok := s.handshakeWS(tc)
+	if !ok {
+		return
+	}
+	if buf != nil {
+		s.tcp.readBufs.Add(1)
+	}
+	src := source{addr: tc.remote, conn: tc}
+	limit := s.cfg.MaxMessage
+	greeted := false
+	var msgDeadline time.Time
+	for {
+		// Every complete frame in buf.
+		need := 0 // bytes of the frame under way, once its header is in
+		var ans wsAnswers
+		for len(buf) > 0 {
+			f, hl, err := parseWSHeader(buf)
+			if err == nil && hl > 0 && !f.masked {
+				err = errWSProtocol // RFC 6455 §5.1: a client masks every frame
+			}
+			if err == nil && hl > 0 && f.op.IsData() && (f.op == ws.OpContinuation) != (msg != nil) {
+				err = errWSProtocol // a continuation with nothing to continue, or a new message inside one
+			}
+			if err != nil {
+				s.metrics.WSProtocolErrors.Add(1)
+				s.closeWS(tc, ws.StatusProtocolError)
+				return
+			}
+			if hl == 0 {
+				break
+			}
+			if f.op.IsData() && int64(len(msg))+f.length > int64(limit) {
+				s.metrics.Oversize.Add(1)
+				s.metrics.WSTooBig.Add(1)
+				s.log.Debug("sip websocket message over -sip-max-message: closed 1009", "remote", tc.remote.String(), "max", limit)
+				s.closeWS(tc, ws.StatusMessageTooBig)
+				return
+			}
+			total := hl + int(f.length)
+			if len(buf) < total {
+				need = total
+				break
+			}
+			p := buf[hl:total]
+			ws.Cipher(p, f.mask, 0)
+			switch {
+			case f.op == ws.OpPing:
+				ans.pongLen = copy(ans.pong[:], p)
+				ans.ping = true
+			case f.op == ws.OpPong:
+			case f.op == ws.OpClose:
+				ans.flush(s, tc)
+				if len(p) == 1 {
+					s.closeWS(tc, ws.StatusProtocolError)
+				} else {
+					s.echoClose(tc, p)
+				}
+				return
+			case f.fin && msg == nil:
+				s.wsMessage(tc, p, src, &ans)
+				greeted = true
+			default:
+				if msg == nil {
+					msg = make([]byte, 0, min(max(2*len(p), tcpReadSize), limit))
+				}
+				msg = append(msg, p...)
+				if f.fin {
+					s.wsMessage(tc, msg, src, &ans)
+					greeted = true
+					msg = nil
+				}
+			}
+			buf = buf[:copy(buf, buf[total:])]
+			if msg == nil {
+				msgDeadline = time.Time{}
+			}
+		}
+		if !ans.flush(s, tc) {
+			return
+		}
+		switch {
+		case buf == nil:
+		case len(buf) == 0:
+			releaseReadBuf(buf)
+			buf = nil
+			s.tcp.readBufs.Add(-1)
+		case len(buf) <= tcpReadSize/2 && cap(buf) > tcpReadSize:
+			buf = append(getReadBuf(), buf...)
+		}
+		tc.partial.Store(buf != nil || msg != nil)
+		want := int64(0)
+		if buf != nil || msg != nil {
+			want = int64(cap(buf) + cap(msg))
+		}
+		if buf != nil && need > cap(buf) {
+			want += int64(need - cap(buf))
+		}
+		if want != reserved && !s.reservePartial(tc, want, &reserved) {
+			return
+		}
+		if buf != nil && need > cap(buf) {
+			nb := append(make([]byte, 0, need), buf...)
+			releaseReadBuf(buf)
+			buf = nb
+		}
+
+		now := time.Now()
+		dl := now.Add(s.cfg.TCPIdleTimeout)
+		if buf != nil || msg != nil {
+			if msgDeadline.IsZero() {
+				msgDeadline = now.Add(s.cfg.TCPMessageTimeout)
+			}
+			dl = msgDeadline
+		}
+		first := !greeted && firstDeadline.Before(dl)
+		if first {
+			dl = firstDeadline
+		}
+		_ = tc.c.SetReadDeadline(dl)
+		var n int
+		var err error
+		if buf == nil {
+			buf, err = tc.readIdle()
+			n = len(buf)
+			if buf != nil {
+				s.tcp.readBufs.Add(1)
+			}
+		} else {
+			n, err = tc.readMore(buf[len(buf):cap(buf)])
+			buf = buf[:len(buf)+max(n, 0)]
+		}
+		if err != nil && n == 0 {
+			s.streamReadError(tc, err, first, len(buf)+len(msg))
+			return
+		}
+	}
+}
+
+// streamReadError counts why a stream reader ended on a read error.
+func (s *Server) streamReadError(tc *tcpConn, err error, first bool, held int) {
+	var ne interface{ Timeout() bool }
+	switch {
+	case !errors.As(err, &ne) || !ne.Timeout():
+	case first:
+		s.metrics.TCPFirstMessage.Add(1)
+		s.log.Debug("sip connection sent no complete message in time: closed", "remote", tc.remote.String(), "transport", tc.kind.String(), "bytes", held, "timeout", s.cfg.TCPFirstMessageTimeout)
+	case held > 0 || tc.waiting.Load() == idleBytes:
+		s.metrics.TCPSlow.Add(1)
+		s.log.Debug("sip message not complete in time: connection closed", "remote", tc.remote.String(), "transport", tc.kind.String(), "bytes", held, "timeout", s.cfg.TCPMessageTimeout)
+	}
+}
+
+// wsMessage handles one complete WebSocket message: a CRLFCRLF keep-alive
+// is answered with CRLF (RFC 5626 §3.5.1), anything else is a SIP message,
+// after the answers owed to the frames before it.
+func (s *Server) wsMessage(tc *tcpConn, p []byte, src source, ans *wsAnswers) {
+	s.tcp.touch(tc)
+	if string(p) == "\r\n\r\n" {
+		ans.keepalives++
+		return
+	}
+	ans.flush(s, tc)
+	s.handleDatagram(p, src)
+}
+
+// wsAnswers are the answers owed to the control frames and keep-alives of
+// one read, sent once: a Pong for the last Ping only (RFC 6455 §5.5.3
+// allows it) and one CRLF for any number of keep-alives, so a flood of
+// them costs a write per read, not per frame.
+type wsAnswers struct {
+	ping       bool
+	pong       [125]byte
+	pongLen    int
+	keepalives int
+}
+
+// flush sends what is owed; false when the connection is gone.
+func (a *wsAnswers) flush(s *Server, tc *tcpConn) bool {
+	if a.ping {
+		a.ping = false
+		if tc.sendFrame(ws.OpPong, a.pong[:a.pongLen]) != nil {
+			return false
+		}
+	}
+	if a.keepalives > 0 {
+		s.metrics.TCPKeepAlives.Add(uint64(a.keepalives))
+		s.metrics.TCPKeepAliveWrites.Add(1)
+		a.keepalives = 0
+		if tc.sendFrame(ws.OpText, crlfs[:2]) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// echoClose answers a client's Close with a Close of the same status
+// (RFC 6455 §5.5.1) and ends the connection.
+func (s *Server) echoClose(tc *tcpConn, p []byte) {
+	body := p
+	if len(p) >= 2 {
+		body = p[:2]
+	}
+	_ = tc.sendFrame(ws.OpClose, body)
+	s.linger(tc)
+}
+
+// closeWS sends a Close frame with code and ends the connection.
+func (s *Server) closeWS(tc *tcpConn, code ws.StatusCode) {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], uint16(code))
+	_ = tc.sendFrame(ws.OpClose, b[:])
+	s.linger(tc)
+}
+
+// linger half-closes tc after its last frame and reads what the peer still
+// sends, for at most wsLinger and 64 KiB, so the peer reads our Close
+// rather than a reset for bytes we did not read.
+func (s *Server) linger(tc *tcpConn) {
+	tc.mu.Lock()
+	busy := tc.flushing || tc.dead
+	tc.mu.Unlock()
+	if busy {
+		return // the flusher closes once the Close is out
+	}
+	_ = tc.c.CloseWrite()
+	_ = tc.c.SetReadDeadline(time.Now().Add(wsLinger))
+	var b [512]byte
+	for n := 0; n < 64<<10; {
+		k, err := tc.c.Read(b[:])
+		n += k
+		if err != nil {
+			return
+		}
+	}
+}
