@@ -164,7 +164,7 @@ var badValues = map[string]string{
 
 // freeForm are flags whose every value is acceptable, with the reason.
 var freeForm = map[string]string{
-	"events admin-listen":   "only printed in a hint",
+	"events admin-listen": "only printed in a hint",
 }
 
 // commandArgs are arguments under which each command starts; the flag
