@@ -254,8 +254,8 @@ func TestFieldFlags(t *testing.T) {
 	newRunFlags(fs)
 	notFlags := map[string]bool{ // set by the wiring, not by a flag of their own
 		"http.RetryAfterNoBackend": true, "http.Clock": true, "http.Now": true, "http.ObserveForward": true,
-		"http.TLSConfig": true, "http.Handshakes": true, "http.HandshakeTimeout": true, // from the certificate store and -tls-handshake-timeout
-		"sip.TLSConfig": true, "sip.Handshakes": true, "sip.HandshakeTimeout": true, // from the certificate store and -tls-handshake-timeout
+		"http.TLSConfig": true, "http.Handshakes": true, // from the certificate store
+		"sip.TLSConfig": true, "sip.Handshakes": true,
 	}
 	fields := fieldFlags()
 	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(node.HTTPConfig{}), "sip": reflect.TypeOf(node.SIPConfig{}), "tlsedge": reflect.TypeOf(tlsedge.Config{})} {
