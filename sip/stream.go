@@ -257,7 +257,7 @@ func (s *Server) listenEdge() error {
 		}
 		if err != nil {
 			s.closeEdge()
-			return fieldError(l.field, "listen %s: %v", l.addr, err)
+			return fieldError(l.field, "%w", err)
 		}
 	}
 	return nil
