@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -70,4 +72,27 @@ func startErr(t *testing.T, mut func(*Config)) error {
 	s.Close()
 	t.Fatal("started on an address in use")
 	return nil
+}
+
+// TestClientTLSCAErrors: a ca= file that cannot be used is named as the
+// backend option that gave it (ca=PATH), with the cause, as HTTP's
+// backends name theirs.
+func TestClientTLSCAErrors(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "ca.der")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+	for _, tc := range []struct {
+		ca, want string
+	}{
+		{missing, "ca=" + missing + ": open " + missing + ": no such file or directory"},
+		{notPEM, "ca=" + notPEM + ": no PEM certificate in the file"},
+	} {
+		_, err := clientTLS(lb.BackendSpec{Addr: "127.0.0.1:5061", Transport: "tls", CAFile: tc.ca})
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("ca=%s: error %v, want %q", tc.ca, err, tc.want)
+		}
+	}
 }
