@@ -24,6 +24,8 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s := newSection(fs, fields, "sip", "", c)
 	s.add(&c.Listen, "sip-listen", "SIP listen address for UDP and TCP (used when a -sip-backend is given)")
 	s.add(&c.Advertise, "sip-advertise", "host:port written into Via and Record-Route (default: the listen address)")
+	// node sets the TLS and WebSocket handshake bound from -tls-handshake-timeout.
+	s.also(&c.HandshakeTimeout, "tls-handshake-timeout")
 	o.backends.check = node.CheckSIPBackend
 	s.also(&c.Backends, "sip-backend")
 	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR[,transport=udp|tcp|tls][,ca=FILE][,sni=NAME][,weight=N][,metrics=URL][,id=NAME][,pool=NAME] (repeatable, pool= too; no pool=: the pool default)")
