@@ -257,7 +257,7 @@ func (s *Server) listenEdge() error {
 		}
 		if err != nil {
 			s.closeEdge()
-			return fieldError(l.field, "listen %s: %v", l.addr, err)
+			return fieldError(l.field, "%w", err)
 		}
 	}
 	return nil
@@ -373,11 +373,11 @@ func clientTLS(spec lb.BackendSpec) (*tls.Config, error) {
 	if spec.CAFile != "" {
 		pem, err := opfile.Read(spec.CAFile, 1<<20)
 		if err != nil {
-			return nil, fmt.Errorf("ca %w", err)
+			return nil, fmt.Errorf("ca=%s: %w", spec.CAFile, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ca %q: no PEM certificate in it", spec.CAFile)
+			return nil, fmt.Errorf("ca=%s: no PEM certificate in the file", spec.CAFile)
 		}
 		cfg.RootCAs = pool
 	}
