@@ -107,6 +107,11 @@ func (s *Store) changeOverrides(f func([]Override) []Override) error {
 	s.ovMu.Lock()
 	s.overrides = f(s.overrides)
 	slices.SortFunc(s.overrides, func(a, b Override) int { return strings.Compare(a.Key, b.Key) })
+	if s.rc != nil {
+		s.rc.queueOverrides(slices.Clone(s.overrides))
+		s.ovMu.Unlock()
+		return nil
+	}
 	data, err := json.MarshalIndent(struct {
 		Overrides []Override `json:"overrides"`
 	}{s.overrides}, "", "  ")

@@ -116,6 +116,10 @@ func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
 		"how long events are kept (negative: no age limit)")
 	fs.IntVar(&cfg.EventsMax, "events-max", persist.DefaultEventsMax,
 		"most events kept; the oldest beyond it are deleted (negative: no limit)")
+	fs.DurationVar(&cfg.HistoryRetention, "history-retention", persist.DefaultHistoryRetention,
+		"how long the dashboard's history is kept in the store")
+	// The store is a Badger database in a store process (format 3).
+	cfg.Child = storeChildCommand
 }
 
 // eventsField prints "-" for an empty field and quotes one that holds a

@@ -1,0 +1,126 @@
+package persist
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// ChildExitDirGone is the exit status of a store process whose data
+// directory was removed or replaced: Badger would keep writing into
+// unlinked files (and its Close would wait for a flush that never
+// succeeds), so the process exits and the balancer starts a new one,
+// which creates the directory again.
+const ChildExitDirGone = 3
+
+// RunChild is the store process: it owns the format 3 Badger database in
+// dir and answers the balancer's requests on conn until conn reaches EOF
+// (the balancer closed it or died), then closes the database. It is run
+// by the hidden subcommand `sluice store-child -dir DIR` with conn on
+// fd 3. A fault of the disk may kill this process (Badger writes through
+// memory mappings: SIGBUS on a full filesystem); the balancer sees it and
+// starts another.
+func RunChild(dir string, conn io.ReadWriteCloser, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create data directory %s: %w", dir, err)
+	}
+	dirInfo, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	kv, err := openKV3(filepath.Join(dir, db3Dir), log)
+	if err != nil {
+		return fmt.Errorf("open store %s: %w", filepath.Join(dir, db3Dir), err)
+	}
+	go watchDir(dir, dirInfo, log)
+	for {
+		var req request
+		if err := readFrame(conn, &req); err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				log.Error("store process: reading a request", "err", err)
+			}
+			break
+		}
+		resp := serve(kv, &req)
+		if err := writeFrame(conn, resp); err != nil {
+			log.Error("store process: writing a response", "err", err)
+			break
+		}
+	}
+	conn.Close()
+	return kv.db.Close()
+}
+
+func serve(kv *kv3, req *request) (resp response) {
+	var err error
+	now := req.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	switch req.Op {
+	case opPing:
+	case opLoad:
+		resp, err = kv.load()
+	case opWrite:
+		err = kv.write(req, now)
+	case opEvents:
+		if req.Query == nil {
+			err = errors.New("events: no query")
+			break
+		}
+		resp, err = kv.events(*req.Query)
+	case opSweep:
+		if req.Query == nil {
+			err = errors.New("sweep: no query")
+			break
+		}
+		resp.Deleted, err = kv.sweep(req.Query.Until, req.Query.Limit)
+	case opHistory:
+		res := ""
+		if req.Query != nil {
+			res = req.Query.Kind
+		}
+		resp.History, err = kv.history(res, req.Since)
+	case opLoadDialogs:
+		resp.Dialogs, err = kv.dialogs(now)
+	default:
+		err = fmt.Errorf("unknown operation %q", req.Op)
+	}
+	if err != nil {
+		resp.Err = err.Error()
+	}
+	return resp
+}
+
+// watchDir exits the process when dir is removed or replaced.
+func watchDir(dir string, was os.FileInfo, log *slog.Logger) {
+	for range time.Tick(time.Second) {
+		fi, err := os.Stat(dir)
+		if err == nil && os.SameFile(fi, was) {
+			continue
+		}
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			log.Error("store process: data directory removed or replaced; exiting so that a new one starts", "dir", dir)
+			os.Exit(ChildExitDirGone)
+		}
+	}
+}
+
+// childSignal is the signal that ended a store process, "" when it exited.
+func childSignal(ps *os.ProcessState) string {
+	if ps == nil {
+		return ""
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return ws.Signal().String()
+	}
+	return ""
+}
