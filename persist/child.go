@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -114,13 +116,62 @@ func watchDir(dir string, was os.FileInfo, log *slog.Logger) {
 	}
 }
 
-// childSignal is the signal that ended a store process, "" when it exited.
-func childSignal(ps *os.ProcessState) string {
-	if ps == nil {
-		return ""
+// signalNames name the signals a store process is seen to die of.
+var signalNames = map[syscall.Signal]string{
+	syscall.SIGKILL: "SIGKILL", syscall.SIGBUS: "SIGBUS", syscall.SIGSEGV: "SIGSEGV",
+	syscall.SIGTERM: "SIGTERM", syscall.SIGABRT: "SIGABRT", syscall.SIGINT: "SIGINT",
+	syscall.SIGQUIT: "SIGQUIT",
+}
+
+// goFault finds the signal in the Go runtime's crash report ("[signal
+// SIGBUS: bus error ...]" after a fault, "SIGBUS: bus error" at the start
+// of a line for a signal sent by another process): the runtime turns a fault such as Badger's
+// SIGBUS on a full disk into exit status 2, so the wait status does not
+// name it.
+var goFault = regexp.MustCompile(`(?m)(?:\[signal |^)(SIG[A-Z]+): `)
+
+// childSignal is the signal that ended a store process: from its wait
+// status, else from the crash report on its stderr; "" when it exited.
+func childSignal(ps *os.ProcessState, fault string) string {
+	if ps != nil {
+		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			if n, ok := signalNames[ws.Signal()]; ok {
+				return n
+			}
+			return ws.Signal().String()
+		}
 	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return ws.Signal().String()
+	return fault
+}
+
+// faultWriter passes what the store process writes to its stderr on to
+// w and finds the signal of a Go crash report in it (the report goes on
+// with every goroutine's stack, so it is looked for as it streams).
+type faultWriter struct {
+	w     io.Writer
+	mu    sync.Mutex
+	carry []byte // the end of the previous write, for a line split across writes
+	sig   string
+}
+
+func (t *faultWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	if t.sig == "" {
+		buf := append(t.carry, p...)
+		if m := goFault.FindSubmatch(buf); m != nil {
+			t.sig = string(m[1])
+		}
+		t.carry = append(t.carry[:0], buf[max(0, len(buf)-64):]...)
 	}
-	return ""
+	t.mu.Unlock()
+	if t.w != nil {
+		t.w.Write(p)
+	}
+	return len(p), nil
+}
+
+func (t *faultWriter) signal() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sig
 }

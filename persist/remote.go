@@ -140,6 +140,7 @@ func (r *remote) spawn() (*exec.Cmd, net.Conn, error) {
 	defer cf.Close()
 	cmd := r.cmdf(r.s.cfg.Dir)
 	cmd.ExtraFiles = []*os.File{cf}
+	cmd.Stderr = &faultWriter{w: cmd.Stderr}
 	setParentDeath(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, nil, fmt.Errorf("start store process: %w", err)
@@ -175,7 +176,7 @@ func (r *remote) supervise() {
 				return
 			}
 			r.detach()
-			sig := childSignal(cmd.ProcessState)
+			sig := childSignal(cmd.ProcessState, cmd.Stderr.(*faultWriter).signal())
 			what := cmd.ProcessState.String()
 			if err != nil {
 				what = err.Error() + " (" + what + ")"

@@ -327,7 +327,7 @@ func load(s *Store, stop chan struct{}, wg *sync.WaitGroup, appended *atomic.Int
 func TestChildKilledUnderLoad(t *testing.T) {
 	skipShort(t)
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGBUS} {
-		t.Run(sig.String(), func(t *testing.T) {
+		t.Run(signalNames[sig], func(t *testing.T) {
 			dir := t.TempDir()
 			s := openTest(t, cfg3(dir))
 			stop := make(chan struct{})
@@ -364,8 +364,8 @@ func TestChildKilledUnderLoad(t *testing.T) {
 				t.Errorf("persist.child_died events: %d, want 3", k["persist.child_died"])
 			}
 			for _, ev := range evs {
-				if ev.Kind == "persist.child_died" && ev.Subject != sig.String() {
-					t.Errorf("child_died names %q, want %q", ev.Subject, sig.String())
+				if ev.Kind == "persist.child_died" && ev.Subject != signalNames[sig] {
+					t.Errorf("child_died names %q, want %q (%s)", ev.Subject, signalNames[sig], ev.Message)
 				}
 			}
 			// Every appended event is stored or counted as dropped.
