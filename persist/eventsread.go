@@ -36,7 +36,7 @@ func (s *Store) Newest(since time.Time, limit int) ([]admission.Event, int, erro
 	if limit <= 0 {
 		return nil, 0, nil
 	}
-	if s.rc != nil {
+	if s.rc != nil || s.ro != nil {
 		evs, _, omitted, err := s.Query(EventQuery{Since: since, Limit: limit, Newest: true})
 		return evs, omitted, err
 	}
@@ -116,7 +116,7 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 	if err := s.checkOpen(); err != nil {
 		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
 	}
-	if s.rc != nil {
+	if s.rc != nil || s.ro != nil {
 		evs, _, _, err := s.Query(EventQuery{Since: since, Limit: limit, Newest: newest})
 		return evs, err
 	}

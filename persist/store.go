@@ -271,6 +271,9 @@ type Store struct {
 
 	// rc is the store process of a format 3 store, nil for format 2.
 	rc *remote
+	// ro is a format 3 database opened read-only in this process
+	// (`sluice events` on a stopped sluice), nil otherwise.
+	ro *kv3
 
 	closeOnce sync.Once
 	closeDone chan struct{}
@@ -327,6 +330,14 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 		savers:     make(map[*Saver]struct{}),
 	}
 	start := time.Now()
+	if cfg.ReadOnly && isFormat3(dir) {
+		if err := s.openReadOnly3(); err != nil {
+			s.unlock()
+			s.removeTmp()
+			return nil, err
+		}
+		return s, nil
+	}
 	if err := s.open(); err != nil {
 		s.unlock() // migrate may have taken the lock anew
 		s.removeTmp()
@@ -643,6 +654,9 @@ func (s *Store) shutdown() error {
 		if err := s.shutdown3(); err != nil {
 			errs = append(errs, fmt.Errorf("close store %s: %w", s.cfg.Dir, err))
 		}
+	}
+	if s.ro != nil {
+		s.ro.db.Close()
 	}
 	if n := s.pendingCount(); n > 0 {
 		errs = append(errs, fmt.Errorf("close store %s: %d events could not be written: %w", s.cfg.Dir, n, s.LastError()))

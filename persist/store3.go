@@ -105,6 +105,48 @@ func openFormat3(cfg Config, log *slog.Logger) (*Store, error) {
 	return s, nil
 }
 
+// isFormat3 reports whether dir holds a format 3 store.
+func isFormat3(dir string) bool {
+	v, err := readStoreFile(filepath.Join(dir, formatFile))
+	return err == nil && strings.TrimSpace(string(v)) == strconv.Itoa(FormatVersion3)
+}
+
+// openReadOnly3 opens the Badger database of a stopped sluice read-only
+// in this process, for `sluice events`; one that a killed store process
+// left with a write-ahead log to replay is read from a temporary copy, so
+// the store is never changed. (While sluice runs, the directory lock
+// refuses this open: Badger's own lock would too.) Reading cannot raise
+// SIGBUS on a full disk: nothing is written through a mapping.
+func (s *Store) openReadOnly3() error {
+	db3 := filepath.Join(s.cfg.Dir, db3Dir)
+	var err error
+	var k *kv3
+	if hasWAL(db3) {
+		db, tmp, cerr := openCopy(db3, s.log)
+		if cerr != nil {
+			return fmt.Errorf("open store %s: %w", s.cfg.Dir, cerr)
+		}
+		s.tmpDir = tmp
+		k = &kv3{db: db}
+	} else {
+		db, oerr := openBadger(db3, true, s.log)
+		if oerr != nil {
+			return fmt.Errorf("open store %s: %w", s.cfg.Dir, oerr)
+		}
+		k = &kv3{db: db}
+	}
+	resp, err := k.load()
+	if err != nil {
+		k.db.Close()
+		return fmt.Errorf("open store %s: %w", s.cfg.Dir, err)
+	}
+	s.ro = k
+	s.mop = resp.MOP
+	s.overrides = resp.Overrides
+	s.clusterNodes = resp.ClusterNodes
+	return nil
+}
+
 // holdsV2orV1 reports whether dir holds format 2 files or a format 1
 // (Badger) store without a format file.
 func holdsV2orV1(dir string) bool {
@@ -178,8 +220,14 @@ func (s *Store) Query(q EventQuery) (evs []admission.Event, more bool, omitted i
 	if err := s.checkOpen(); err != nil {
 		return nil, false, 0, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
 	}
-	if s.rc != nil {
-		resp, err := s.rc.call(&request{Op: opEvents, Query: &q})
+	if s.rc != nil || s.ro != nil {
+		var resp response
+		var err error
+		if s.ro != nil {
+			resp, err = s.ro.events(q)
+		} else {
+			resp, err = s.rc.call(&request{Op: opEvents, Query: &q})
+		}
 		if err != nil {
 			return nil, false, 0, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
 		}

@@ -1,9 +1,11 @@
 package persist
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -621,5 +623,95 @@ func TestTmpfsFullAndReadOnlyFormat3(t *testing.T) {
 	got, _ := s2.LoadMOP()
 	if st := got["http/b:1"]; int64(st.LearnedRate) != want {
 		t.Errorf("learned rate after the faults and a restart: %v, want %d", st.LearnedRate, want)
+	}
+}
+
+// TestReadOnlyFormat3: `sluice events` opens a stopped sluice's format 3
+// store in-process, read-only; while the store is open read-write it gets
+// ErrLocked. After the store process was killed (a write-ahead log left)
+// it reads a copy and leaves the store as it was.
+func TestReadOnlyFormat3(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	s := openTest(t, cfg3(dir))
+	s.SaveMOP(map[string]admission.MOPState{"http/b:1": learned(42)})
+	s.Append(admission.Event{Time: t0, Kind: "mop.learned", Subject: "http b:1", Message: "a"})
+	s.Append(admission.Event{Time: t0.Add(time.Second), Kind: "backend.down", Message: "b"})
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Config{Dir: dir, ReadOnly: true}, nil); !errors.Is(err, ErrLocked) {
+		t.Fatalf("read-only open while running: %v, want ErrLocked", err)
+	}
+	for _, how := range []string{"killed", "closed"} {
+		if how == "killed" {
+			s.rc.mu.Lock()
+			s.rc.proc.Kill() // the next one is held off: Close follows at once
+			s.rc.mu.Unlock()
+			waitUntil(t, "down", func() bool { return s.Health().Child == ChildDown })
+		}
+		s.Close(bg)
+		ro := openTest(t, Config{Dir: dir, ReadOnly: true})
+		got, _ := ro.LoadMOP()
+		if got["http/b:1"].LearnedRate != 42 {
+			t.Errorf("%s: states %+v", how, got)
+		}
+		evs, more, _, err := ro.Query(EventQuery{Kind: "mop.learned"})
+		if err != nil || len(evs) != 1 || evs[0].Message != "a" || more {
+			t.Errorf("%s: query by type: %+v %v", how, evs, err)
+		}
+		if evs, err := ro.Tail(5); err != nil || len(evs) != 2 {
+			t.Errorf("%s: tail: %+v %v", how, evs, err)
+		}
+		ro.Close(bg)
+		s = openTest(t, cfg3(dir))
+	}
+}
+
+// TestEventsHandlerType: /events?type=&subject= reads the index, on both
+// formats, with the paging fields of the plain query.
+func TestEventsHandlerType(t *testing.T) {
+	skipShort(t)
+	for _, format := range []string{"2", "3"} {
+		t.Run(format, func(t *testing.T) {
+			cfg := Config{Dir: t.TempDir(), Now: func() time.Time { return t0.Add(time.Hour) }}
+			if format == "3" {
+				cfg = cfg3(cfg.Dir)
+				cfg.Now = func() time.Time { return t0.Add(time.Hour) }
+			}
+			s := openTest(t, cfg)
+			for i := range 5 {
+				kind := "mop.learned"
+				if i%2 == 1 {
+					kind = "backend.down"
+				}
+				s.Append(admission.Event{Time: t0.Add(time.Duration(i) * time.Second), Kind: admission.EventKind(kind), Subject: "http b", Message: fmt.Sprint(i)})
+			}
+			if err := s.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			for _, tc := range []struct{ url, want string }{
+				{"/events?type=mop.learned", `0,2,4 more=false omitted=0`},
+				{"/events?type=mop.learned&limit=2", `2,4 more=true omitted=0`},
+				{"/events?type=mop.learned&limit=1&since=2026-11-29T15:00:01Z", `2 more=true omitted=0`},
+				{"/events?type=mop.learned&limit=1&since=2026-11-29T15:00:00Z&order=newest", `4 more=true omitted=2`},
+				{"/events?type=backend.down&subject=http+b", `1,3 more=false omitted=0`},
+				{"/events?subject=nobody", ` more=false omitted=0`},
+			} {
+				rec := httptest.NewRecorder()
+				s.EventsHandler().ServeHTTP(rec, httptest.NewRequest("GET", tc.url, nil))
+				var page EventsPage
+				if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil {
+					t.Fatalf("%s: %d %s", tc.url, rec.Code, rec.Body)
+				}
+				var m []string
+				for _, ev := range page.Events {
+					m = append(m, ev.Message)
+				}
+				if got := fmt.Sprintf("%s more=%v omitted=%d", strings.Join(m, ","), page.More, page.Omitted); got != tc.want {
+					t.Errorf("%s: %s, want %s", tc.url, got, tc.want)
+				}
+			}
+		})
 	}
 }
