@@ -206,6 +206,8 @@ func (c Config) Validate() error {
 		return errors.New("-persist-interval must be at least 10ms")
 	case c.EventsBuffer < 0:
 		return errors.New("events buffer must not be negative")
+	case c.HistoryRetention < 0:
+		return fmt.Errorf("-history-retention %v: must be positive", c.HistoryRetention)
 	case c.QueueMax < 0:
 		return fmt.Errorf("store queue size %d: must not be negative", c.QueueMax)
 	case c.ChildStartTimeout < 0 || c.ChildCallTimeout < 0:

@@ -153,12 +153,16 @@ func TestPersistFlags(t *testing.T) {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	err := fs.Parse([]string{"-data-dir", "/var/lib/sluice", "-data-reset", "-persist-interval", "2s",
-		"-events-retention", "24h", "-events-max", "500"})
+		"-events-retention", "24h", "-events-max", "500", "-history-retention", "48h"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.Child == nil {
+		t.Fatal("run's store has no store process (persist.Config.Child)")
+	}
+	cfg.Child = nil
 	want := persist.Config{Dir: "/var/lib/sluice", Reset: true, Interval: 2 * time.Second,
-		EventsRetention: 24 * time.Hour, EventsMax: 500}
+		EventsRetention: 24 * time.Hour, EventsMax: 500, HistoryRetention: 48 * time.Hour}
 	if fmt.Sprintf("%+v", cfg) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("parsed %+v, want %+v", cfg, want)
 	}
