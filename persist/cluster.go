@@ -46,7 +46,7 @@ func (s *Store) SetClusterNodes(n int64) error {
 	}
 	if s.rc != nil {
 		s.rc.queueCluster(n)
-		return nil
+		return s.writeThrough("cluster node count")
 	}
 	data, _ := json.Marshal(clusterState{Nodes: n})
 	return s.writeSmallFile(clusterFile, "cluster node count", append(data, '\n'))

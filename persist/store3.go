@@ -330,3 +330,13 @@ func (s *Store) shutdown3() error {
 	defer cancel()
 	return s.rc.close(ctx)
 }
+
+// writeThrough writes what is queued now, for changes an operator makes:
+// the error wraps ErrUnwritable when the store process cannot take it
+// (the change stays queued and is written when it can).
+func (s *Store) writeThrough(what string) error {
+	if err := s.flush3(); err != nil {
+		return fmt.Errorf("save %s to %s: %w: %v", what, s.cfg.Dir, ErrUnwritable, err)
+	}
+	return nil
+}
