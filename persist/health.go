@@ -53,6 +53,9 @@ type Health struct {
 	// records waiting for, or dropped before reaching, the store process.
 	QueuePending int    `json:"queue_pending"`
 	QueueDropped uint64 `json:"queue_dropped"`
+	// MOPSavedAt is when the store process last acknowledged a write of
+	// learned states (format 3).
+	MOPSavedAt time.Time `json:"mop_saved_at,omitzero"`
 }
 
 // health tracks write failures by operation ("mop", "events", "sweep").

@@ -70,7 +70,8 @@ type remote struct {
 	lastExit   string
 	loaded     bool // the stored state was read from the child
 	migrate    *migration
-	inflight   int // records taken by a write under way
+	inflight   int       // records taken by a write under way
+	mopSaved   time.Time // when the store process last acknowledged learned states
 
 	notify   chan struct{} // a write is queued
 	up       chan struct{} // closed when the child first answers and the store is loaded
@@ -380,6 +381,9 @@ func (r *remote) flush() error {
 	_, err := r.call(req)
 	r.mu.Lock()
 	r.inflight = 0
+	if err == nil && len(req.MOP) > 0 {
+		r.mopSaved = time.Now()
+	}
 	r.mu.Unlock()
 	if err != nil {
 		r.putBack(req)
@@ -561,6 +565,7 @@ func (r *remote) health(h *Health) {
 	r.mu.Lock()
 	h.Child = r.state
 	h.ChildLastExit = r.lastExit
+	h.MOPSavedAt = r.mopSaved
 	h.EventsPending = len(r.events)
 	h.QueuePending = len(r.history) + len(r.dialogs) + len(r.delDialogs)
 	if r.state != ChildRunning {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -169,4 +170,31 @@ func TestSIGTERMWithStoreProcessHung(t *testing.T) {
 	code, took := signalExit(t, cmd.Process, func() (int, time.Duration) { return waitExit(t, cmd, 15*time.Second) }, syscall.SIGTERM)
 	t.Logf("exit status %d %v after SIGTERM with the store process stopped", code, took.Round(time.Millisecond))
 	waitFor(t, 5*time.Second, "the stopped store process to end", func() bool { return !alive(pid) })
+}
+
+// waitStatesStored waits until the store process acknowledged two writes
+// of learned states after after (storage.mop_saved_at in /status): the
+// second was exported after after, so it holds what was learned by then.
+func waitStatesStored(t *testing.T, admin string, after time.Time) {
+	t.Helper()
+	savedAt := func() time.Time {
+		var st struct {
+			Storage struct {
+				MOPSavedAt time.Time `json:"mop_saved_at"`
+			} `json:"storage"`
+		}
+		json.Unmarshal([]byte(adminBody(t, admin, "/status")), &st)
+		return st.Storage.MOPSavedAt
+	}
+	var first time.Time
+	waitFor(t, 20*time.Second, "the learned states stored", func() bool {
+		at := savedAt()
+		if first.IsZero() {
+			if at.After(after) {
+				first = at
+			}
+			return false
+		}
+		return at.After(first)
+	})
 }
