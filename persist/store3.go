@@ -52,7 +52,8 @@ func openFormat3(cfg Config, log *slog.Logger) (*Store, error) {
 	}
 	close(s.writerDone) // format 3 has no event writer goroutine in this process
 	fail := func(err error) (*Store, error) {
-		unlock()
+		s.unlock() // a format 1 migration may have taken the lock anew
+		s.removeTmp()
 		return nil, err
 	}
 	if cfg.Reset {
