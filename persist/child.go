@@ -52,7 +52,11 @@ func RunChild(dir string, conn io.ReadWriteCloser, log *slog.Logger) error {
 			break
 		}
 		resp := serve(kv, &req)
-		if err := writeFrame(conn, resp); err != nil {
+		err := writeFrame(conn, resp)
+		if errors.Is(err, errTooLarge) {
+			err = writeFrame(conn, response{Err: err.Error()})
+		}
+		if err != nil {
 			log.Error("store process: writing a response", "err", err)
 			break
 		}
@@ -90,9 +94,9 @@ func serve(kv *kv3, req *request) (resp response) {
 		if req.Query != nil {
 			res = req.Query.Kind
 		}
-		resp.History, err = kv.history(res, req.Since)
+		resp.History, resp.More, err = kv.history(res, req.Since, req.Limit)
 	case opLoadDialogs:
-		resp.Dialogs, err = kv.dialogs(now)
+		resp.Dialogs, resp.More, err = kv.dialogs(now, req.After, req.Limit)
 	default:
 		err = fmt.Errorf("unknown operation %q", req.Op)
 	}

@@ -219,6 +219,10 @@ func (k *kv3) write(req *request, now time.Time) error {
 	return nil
 }
 
+// maxAnswer bounds the events of one answer (JSON escaping aside, half a
+// message): a query for all of a large log gets the first ones and More.
+const maxAnswer = maxFrame / 2
+
 // EventQuery selects events: those at or after Since and before Until
 // (zero: no bound), of kind Kind and subject Subject when set. Limit is the
 // most returned (0: all); with Newest the last Limit of them are returned
@@ -251,6 +255,7 @@ func (k *kv3) events(q EventQuery) (response, error) {
 	if !q.Until.IsZero() {
 		hi = append(slices.Clone(prefix), evSuffix(unixNanos(q.Until), 0)...)
 	}
+	size := 0
 	err := k.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Reverse: q.Newest, Prefix: prefix, PrefetchValues: !indexed})
 		defer it.Close()
@@ -314,6 +319,10 @@ func (k *kv3) events(q EventQuery) (response, error) {
 			if q.Limit > 0 && len(out.Events) >= q.Limit {
 				out.Omitted++
 				continue
+			}
+			if size += len(ev.Message) + len(ev.Subject) + len(ev.Kind) + 64; size > maxAnswer {
+				out.More = true // the answer must fit one message: ask again from the last
+				break
 			}
 			out.Events = append(out.Events, ev)
 		}
@@ -385,9 +394,11 @@ func (k *kv3) sweep(before time.Time, max int) (int, error) {
 	return deleted, wb.Flush()
 }
 
-// history returns the samples of resolution res at or after since, oldest first.
-func (k *kv3) history(res string, since time.Time) ([]HistorySample, error) {
+// history returns up to limit (0: all) samples of resolution res at or
+// after since, oldest first, and whether there are more.
+func (k *kv3) history(res string, since time.Time, limit int) ([]HistorySample, bool, error) {
 	var out []HistorySample
+	more := false
 	prefix := labelPrefix(historyPrefix3, res)
 	err := k.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
@@ -397,6 +408,10 @@ func (k *kv3) history(res string, since time.Time) ([]HistorySample, error) {
 			if len(key) != len(prefix)+8 {
 				continue
 			}
+			if limit > 0 && len(out) >= limit {
+				more = true
+				break
+			}
 			v, err := it.Item().ValueCopy(nil)
 			if err != nil {
 				return err
@@ -405,16 +420,27 @@ func (k *kv3) history(res string, since time.Time) ([]HistorySample, error) {
 		}
 		return nil
 	})
-	return out, err
+	return out, more, err
 }
 
-// dialogs returns the dialogs that expire after now.
-func (k *kv3) dialogs(now time.Time) ([]DialogRecord, error) {
+// dialogs returns up to limit (0: all) dialogs with keys after after
+// (all when after is 0) that expire after now, by key, and whether there
+// are more.
+func (k *kv3) dialogs(now time.Time, after uint64, limit int) ([]DialogRecord, bool, error) {
 	var out []DialogRecord
+	more := false
 	err := k.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(dialogPrefix), PrefetchValues: true})
 		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
+		start := dialogKey(after)
+		for it.Seek(start); it.Valid(); it.Next() {
+			if after > 0 && bytes.Equal(it.Item().Key(), start) {
+				continue
+			}
+			if limit > 0 && len(out) >= limit {
+				more = true
+				break
+			}
 			v, err := it.Item().ValueCopy(nil)
 			if err != nil {
 				return err
@@ -427,5 +453,5 @@ func (k *kv3) dialogs(now time.Time) ([]DialogRecord, error) {
 		}
 		return nil
 	})
-	return out, err
+	return out, more, err
 }

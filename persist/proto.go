@@ -3,6 +3,7 @@ package persist
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -41,6 +42,11 @@ type request struct {
 	DeleteDialogs []uint64                      `json:"delete_dialogs,omitempty"`
 
 	Query *EventQuery `json:"query,omitempty"`
+	// After and Limit page dialogs (keys after After) and history
+	// samples (Limit of them from Since), so that each answer fits a
+	// message.
+	After uint64 `json:"after,omitempty"`
+	Limit int    `json:"limit,omitempty"`
 	Since time.Time   `json:"since,omitzero"`
 	Now   time.Time   `json:"now,omitzero"`
 	// HistoryRetention and EventsRetention bound what the child keeps
@@ -62,13 +68,16 @@ type response struct {
 	Dialogs      []DialogRecord                `json:"dialogs,omitempty"`
 }
 
+// errTooLarge is a message over maxFrame; nothing was sent.
+var errTooLarge = errors.New("store message too large")
+
 func writeFrame(w io.Writer, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
 	if len(data) > maxFrame {
-		return fmt.Errorf("store message of %d bytes: more than %d", len(data), maxFrame)
+		return fmt.Errorf("%w: %d bytes, more than %d", errTooLarge, len(data), maxFrame)
 	}
 	buf := make([]byte, 4, 4+len(data))
 	binary.BigEndian.PutUint32(buf, uint32(len(data)))

@@ -475,10 +475,9 @@ func (r *remote) queueCluster(n int64) {
 
 func (r *remote) queueEvent(ev admission.Event) {
 	r.mu.Lock()
-	if len(r.events) >= r.queueMax {
-		r.mu.Unlock()
+	if r.queueMax > 0 && len(r.events) >= r.queueMax {
+		r.events = r.events[1:] // the oldest goes
 		r.s.dropped.Add(1)
-		return
 	}
 	r.events = append(r.events, ev)
 	r.mu.Unlock()

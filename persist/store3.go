@@ -267,11 +267,18 @@ func (s *Store) LoadHistory(res string, since time.Time) ([]HistorySample, error
 	if s.rc == nil {
 		return nil, nil
 	}
-	resp, err := s.rc.call(&request{Op: opHistory, Query: &EventQuery{Kind: res}, Since: since})
-	if err != nil {
-		return nil, fmt.Errorf("load history from %s: %w", s.cfg.Dir, err)
+	var out []HistorySample
+	for {
+		resp, err := s.rc.call(&request{Op: opHistory, Query: &EventQuery{Kind: res}, Since: since, Limit: historyPage})
+		if err != nil {
+			return out, fmt.Errorf("load history from %s: %w", s.cfg.Dir, err)
+		}
+		out = append(out, resp.History...)
+		if !resp.More || len(resp.History) == 0 {
+			return out, nil
+		}
+		since = resp.History[len(resp.History)-1].Time.Add(time.Nanosecond)
 	}
-	return resp.History, nil
 }
 
 // PutDialogs queues dialog records (new, or changed: To-tag seen, linger,
@@ -299,12 +306,28 @@ func (s *Store) LoadDialogs(now time.Time) ([]DialogRecord, error) {
 	if s.rc == nil {
 		return nil, nil
 	}
-	resp, err := s.rc.call(&request{Op: opLoadDialogs, Now: now})
-	if err != nil {
-		return nil, fmt.Errorf("load dialogs from %s: %w", s.cfg.Dir, err)
+	var out []DialogRecord
+	var after uint64
+	for {
+		resp, err := s.rc.call(&request{Op: opLoadDialogs, Now: now, After: after, Limit: dialogPage})
+		if err != nil {
+			return out, fmt.Errorf("load dialogs from %s: %w", s.cfg.Dir, err)
+		}
+		out = append(out, resp.Dialogs...)
+		if !resp.More || len(resp.Dialogs) == 0 {
+			return out, nil
+		}
+		after = resp.Dialogs[len(resp.Dialogs)-1].Key
 	}
-	return resp.Dialogs, nil
 }
+
+// How many dialogs (~100 bytes of JSON each) and history samples (at
+// most 64 KiB each, base64 in JSON) one answer carries, so that it fits a
+// message; variables for the tests of paging.
+var (
+	dialogPage  = 20_000
+	historyPage = 200
+)
 
 // flush3 waits until what is queued was written, or the call timeout.
 func (s *Store) flush3() error {

@@ -205,6 +205,8 @@ func TestDialogsAndHistory(t *testing.T) {
 	}
 	s.Close(bg)
 	s = openTest(t, cfg3(dir))
+	defer func(d, h int) { dialogPage, historyPage = d, h }(dialogPage, historyPage)
+	dialogPage, historyPage = 1, 1 // every record its own answer
 	ds, err := s.LoadDialogs(now)
 	if err != nil {
 		t.Fatal(err)
