@@ -45,10 +45,10 @@ type request struct {
 	// After and Limit page dialogs (keys after After) and history
 	// samples (Limit of them from Since), so that each answer fits a
 	// message.
-	After uint64 `json:"after,omitempty"`
-	Limit int    `json:"limit,omitempty"`
-	Since time.Time   `json:"since,omitzero"`
-	Now   time.Time   `json:"now,omitzero"`
+	After uint64    `json:"after,omitempty"`
+	Limit int       `json:"limit,omitempty"`
+	Since time.Time `json:"since,omitzero"`
+	Now   time.Time `json:"now,omitzero"`
 	// HistoryRetention and EventsRetention bound what the child keeps
 	// (Badger TTL); zero or negative keeps forever.
 	HistoryRetention time.Duration `json:"history_retention,omitempty"`
