@@ -198,3 +198,27 @@ func waitStatesStored(t *testing.T, admin string, after time.Time) {
 		return at.After(first)
 	})
 }
+
+// TestEventsCommandReadsRunningSluice: while sluice holds the data
+// directory, `sluice events --type` reads the log from its admin
+// listener, selected by type.
+func TestEventsCommandReadsRunningSluice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts sluice processes")
+	}
+	dir := t.TempDir()
+	cmd, a := startSluiceAddrs(t, "-http-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0", "-data-dir", dir,
+		"-http-backend", okBackend(t))
+	var pid int
+	waitFor(t, 20*time.Second, "a store process", func() bool { pid = storeChild(t, cmd.Process.Pid); return pid != 0 })
+	syscall.Kill(pid, syscall.SIGKILL)
+	waitFor(t, 20*time.Second, "the store process back", func() bool {
+		return metric(t, a["admin"], "sluice_persist_child_restarts_total") == 1 && metric(t, a["admin"], "sluice_persist_healthy") == 1
+	})
+	var stdout, stderr strings.Builder
+	code := runEvents([]string{"--data-dir", dir, "--admin-listen", a["admin"], "--type", "persist.child_died", "--since", "1h"}, &stdout, &stderr)
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if code != 0 || len(lines) != 1 || !strings.Contains(lines[0], "persist.child_died") || !strings.Contains(lines[0], "SIGKILL") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want one persist.child_died line naming SIGKILL", code, stdout.String(), stderr.String())
+	}
+}
