@@ -102,6 +102,7 @@ func serve(kv *kv3, req *request) (resp response) {
 	}
 	if err != nil {
 		resp.Err = err.Error()
+		resp.Corrupt = errors.Is(err, ErrCorrupt)
 	}
 	return resp
 }

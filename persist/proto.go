@@ -56,6 +56,9 @@ type request struct {
 
 type response struct {
 	Err string `json:"err,omitempty"`
+	// Corrupt says Err is a record that does not decode (ErrCorrupt):
+	// retrying cannot help.
+	Corrupt bool `json:"corrupt,omitempty"`
 
 	MOP          map[string]admission.MOPState `json:"mop,omitempty"`
 	Overrides    []Override                    `json:"overrides,omitempty"`

@@ -72,6 +72,7 @@ type remote struct {
 	migrate    *migration
 	inflight   int       // records taken by a write under way
 	mopSaved   time.Time // when the store process last acknowledged learned states
+	corrupt    error     // the stored state does not decode: Open fails
 
 	notify   chan struct{} // a write is queued
 	up       chan struct{} // closed when the child first answers and the store is loaded
@@ -257,6 +258,12 @@ func (r *remote) attach(cmd *exec.Cmd, conn net.Conn) error {
 	if !loaded {
 		resp, err := r.call(&request{Op: opLoad})
 		if err != nil {
+			if errors.Is(err, ErrCorrupt) {
+				r.mu.Lock()
+				r.corrupt = err
+				r.mu.Unlock()
+				r.upOnce.Do(func() { close(r.up) }) // Open reports it
+			}
 			return fmt.Errorf("load store: %w", err)
 		}
 		r.s.merge(resp)
@@ -339,6 +346,9 @@ func (r *remote) callTimeoutOf(req *request, d time.Duration) (response, error) 
 		return resp, fmt.Errorf("store process: %s: %w", req.Op, err)
 	}
 	if resp.Err != "" {
+		if resp.Corrupt {
+			return resp, fmt.Errorf("store process: %s: %w: %s", req.Op, ErrCorrupt, resp.Err)
+		}
 		return resp, fmt.Errorf("store process: %s: %s", req.Op, resp.Err)
 	}
 	return resp, nil

@@ -98,6 +98,15 @@ func openFormat3(cfg Config, log *slog.Logger) (*Store, error) {
 	defer t.Stop()
 	select {
 	case <-s.rc.up:
+		s.rc.mu.Lock()
+		corrupt := s.rc.corrupt
+		s.rc.mu.Unlock()
+		if corrupt != nil {
+			// A record that does not decode: never reset by itself, and
+			// no use retrying. Start-up stops, as for format 2.
+			s.Close(context.Background())
+			return nil, fmt.Errorf("open store %s: %w; %s", dir, corrupt, resetHint)
+		}
 	case <-t.C:
 		log.Error("STORE PROCESS DID NOT START: sluice runs on default learned rates and no overrides until it does; "+
 			"it is restarted with backoff and the stored state is loaded when it answers",

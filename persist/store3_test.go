@@ -717,3 +717,35 @@ func TestEventsHandlerType(t *testing.T) {
 		})
 	}
 }
+
+// TestFormat3CorruptRecordStopsOpen: a stored learned state that does not
+// decode stops Open with ErrCorrupt and the -data-reset hint; the store
+// is not touched.
+func TestFormat3CorruptRecordStopsOpen(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	s := openTest(t, cfg3(dir))
+	s.Close(bg)
+	k, err := openKV3(filepath.Join(dir, db3Dir), discardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wb := k.db.NewWriteBatch()
+	wb.Set([]byte(mopPrefix3+"http/b:1"), []byte(`{"phase":"nonsense"}`))
+	if err := wb.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	k.db.Close()
+	_, err = Open(cfg3(dir), nil)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "-data-reset") || !strings.Contains(err.Error(), "http/b:1") {
+		t.Fatalf("Open: %v; want ErrCorrupt naming the key and -data-reset", err)
+	}
+	k, err = openKV3(filepath.Join(dir, db3Dir), discardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.db.Close()
+	if _, err := k.load(); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("the corrupt record is gone: %v", err)
+	}
+}
