@@ -82,7 +82,7 @@ func labelPrefix(prefix, label string) []byte {
 
 // load returns the learned states, overrides and cluster node count.
 func (k *kv3) load() (response, error) {
-	out := response{MOP: map[string]admission.MOPState{}}
+	out := response{MOP: map[string]admission.MOPState{}, LastSeq: k.seq}
 	err := k.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, Prefix: []byte(mopPrefix3)})
 		defer it.Close()
@@ -162,13 +162,19 @@ func (k *kv3) write(req *request, now time.Time) error {
 		}
 	}
 	seq := k.seq
-	for _, ev := range req.Events {
+	for _, se := range req.Events {
+		ev := se.Event
 		v, err := encodeEvent(ev)
 		if err != nil {
 			continue
 		}
-		seq++
-		sfx := evSuffix(unixNanos(ev.Time), seq)
+		n := se.Seq
+		if n == 0 {
+			seq++
+			n = seq
+		}
+		seq = max(seq, n)
+		sfx := evSuffix(unixNanos(ev.Time), n)
 		if err := wb.Set(append([]byte(eventPrefix3), sfx...), v); err != nil {
 			return err
 		}

@@ -36,7 +36,7 @@ type request struct {
 	MOP           map[string]admission.MOPState `json:"mop,omitempty"`
 	Overrides     *[]Override                   `json:"overrides,omitempty"`
 	ClusterNodes  int64                         `json:"cluster_nodes,omitempty"`
-	Events        []admission.Event             `json:"events,omitempty"`
+	Events        []seqEvent                    `json:"events,omitempty"`
 	History       []HistorySample               `json:"history,omitempty"`
 	Dialogs       []DialogRecord                `json:"dialogs,omitempty"`
 	DeleteDialogs []uint64                      `json:"delete_dialogs,omitempty"`
@@ -54,6 +54,15 @@ type request struct {
 	HistoryRetention time.Duration `json:"history_retention,omitempty"`
 }
 
+// seqEvent is an event with the sequence the balancer gave it when it
+// first sent it (0: the store process numbers it). A write sent again
+// after its answer was lost (the store process died after committing it)
+// then writes the same keys: no event is stored twice.
+type seqEvent struct {
+	admission.Event
+	Seq uint64 `json:"seq,omitempty"`
+}
+
 type response struct {
 	Err string `json:"err,omitempty"`
 	// Corrupt says Err is a record that does not decode (ErrCorrupt):
@@ -63,6 +72,7 @@ type response struct {
 	MOP          map[string]admission.MOPState `json:"mop,omitempty"`
 	Overrides    []Override                    `json:"overrides,omitempty"`
 	ClusterNodes int64                         `json:"cluster_nodes,omitempty"`
+	LastSeq      uint64                        `json:"last_seq,omitempty"`
 	Events       []admission.Event             `json:"events,omitempty"`
 	More         bool                          `json:"more,omitempty"`
 	Omitted      int                           `json:"omitted,omitempty"`

@@ -61,7 +61,8 @@ type remote struct {
 	mop        map[string]admission.MOPState // changed since the last write
 	ov         *[]Override
 	cn         int64
-	events     []admission.Event
+	events     []seqEvent
+	seq        uint64 // last event sequence given (from the stored log at load)
 	history    []HistorySample
 	dialogs    []DialogRecord
 	delDialogs []uint64
@@ -269,6 +270,7 @@ func (r *remote) attach(cmd *exec.Cmd, conn net.Conn) error {
 		r.s.merge(resp)
 		r.mu.Lock()
 		r.loaded = true
+		r.seq = max(r.seq, resp.LastSeq)
 		r.mu.Unlock()
 	}
 	r.mu.Lock()
@@ -287,7 +289,11 @@ func (r *remote) importV2(m *migration) error {
 	}
 	for evs := m.events; len(evs) > 0; {
 		n := min(len(evs), importChunk)
-		if _, err := r.call(&request{Op: opWrite, Events: evs[:n]}); err != nil {
+		batch := make([]seqEvent, n)
+		for i, ev := range evs[:n] {
+			batch[i] = seqEvent{Event: ev}
+		}
+		if _, err := r.call(&request{Op: opWrite, Events: batch}); err != nil {
 			return err
 		}
 		evs = evs[n:]
@@ -419,6 +425,12 @@ func (r *remote) take() *request {
 	req := &request{Op: opWrite, MOP: r.mop, Overrides: r.ov, ClusterNodes: r.cn,
 		Events: r.events, History: r.history, Dialogs: r.dialogs, DeleteDialogs: r.delDialogs,
 		HistoryRetention: r.s.cfg.HistoryRetention}
+	for i := range req.Events {
+		if req.Events[i].Seq == 0 {
+			r.seq++
+			req.Events[i].Seq = r.seq
+		}
+	}
 	r.inflight = len(req.MOP) + len(req.Events) + len(req.History) + len(req.Dialogs) + len(req.DeleteDialogs) + 1
 	r.mop, r.ov, r.cn = map[string]admission.MOPState{}, nil, 0
 	r.events, r.history, r.dialogs, r.delDialogs = nil, nil, nil, nil
@@ -441,15 +453,12 @@ func (r *remote) putBack(req *request) {
 	if r.cn == 0 {
 		r.cn = req.ClusterNodes
 	}
-	r.events = r.bound(append(req.Events, r.events...), &r.s.dropped)
+	r.events = boundSlice(append(req.Events, r.events...), r.queueMax, &r.s.dropped)
 	r.history = boundSlice(append(req.History, r.history...), r.queueMax, &r.dropped)
 	r.dialogs = boundSlice(append(req.Dialogs, r.dialogs...), r.queueMax, &r.dropped)
 	r.delDialogs = boundSlice(append(req.DeleteDialogs, r.delDialogs...), r.queueMax, &r.dropped)
 }
 
-func (r *remote) bound(evs []admission.Event, dropped *atomic.Uint64) []admission.Event {
-	return boundSlice(evs, r.queueMax, dropped)
-}
 
 // boundSlice keeps the newest max elements of s, counting the others.
 func boundSlice[T any](s []T, max int, dropped *atomic.Uint64) []T {
@@ -489,7 +498,7 @@ func (r *remote) queueEvent(ev admission.Event) {
 		r.events = r.events[1:] // the oldest goes
 		r.s.dropped.Add(1)
 	}
-	r.events = append(r.events, ev)
+	r.events = append(r.events, seqEvent{Event: ev})
 	r.mu.Unlock()
 	r.kick()
 }
