@@ -459,7 +459,6 @@ func (r *remote) putBack(req *request) {
 	r.delDialogs = boundSlice(append(req.DeleteDialogs, r.delDialogs...), r.queueMax, &r.dropped)
 }
 
-
 // boundSlice keeps the newest max elements of s, counting the others.
 func boundSlice[T any](s []T, max int, dropped *atomic.Uint64) []T {
 	if len(s) <= max {
