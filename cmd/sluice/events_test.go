@@ -137,9 +137,12 @@ func TestEventsCommandWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(context.Background())
-	code, _, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", "127.0.0.1:19090", "--limit", "5")
+	// The admin listener does not answer (a port nothing listens on): the
+	// tool says so and prints the curl line.
+	admin := freePort(t)
+	code, _, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", admin, "--limit", "5")
 	if code != 1 || !strings.Contains(errOut, "in use by a running sluice") ||
-		!strings.Contains(errOut, "curl 'http://127.0.0.1:19090/events?limit=5'") {
+		!strings.Contains(errOut, "curl 'http://"+admin+"/events?limit=5'") {
 		t.Fatalf("exit %d %q; want 1 with a curl hint", code, errOut)
 	}
 }

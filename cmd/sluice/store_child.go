@@ -48,10 +48,16 @@ func runStoreChild(args []string, stderr io.Writer) int {
 // storeChildCommand runs this binary as the store process of dir; it is
 // persist.Config.Child for `sluice run`. SLUICE_TEST_MAIN makes a test
 // binary of this package dispatch to the subcommand like sluice does.
+//
+// On Linux it runs /proc/self/exe: the very binary of the running sluice,
+// even when an upgrade has replaced the file, so that the store process
+// always speaks the balancer's version of the protocol.
 func storeChildCommand(dir string) *exec.Cmd {
-	exe, err := os.Executable()
-	if err != nil {
-		exe = "/proc/self/exe"
+	exe := "/proc/self/exe"
+	if _, err := os.Stat(exe); err != nil {
+		if exe, err = os.Executable(); err != nil {
+			exe = os.Args[0]
+		}
 	}
 	cmd := exec.Command(exe, storeChildName, "-dir", dir)
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_MAIN=1")
