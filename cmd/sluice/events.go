@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -166,8 +167,11 @@ func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
 		"most events kept; the oldest beyond it are deleted (negative: no limit)")
 	fs.DurationVar(&cfg.HistoryRetention, "history-retention", persist.DefaultHistoryRetention,
 		"how long the dashboard's history is kept in the store")
-	// The store is a Badger database in a store process (format 3).
-	cfg.Child = storeChildCommand
+	// The store is a Badger database in a store process (format 3); it
+	// needs Linux (socketpair, parent-death signal), elsewhere format 2.
+	if runtime.GOOS == "linux" {
+		cfg.Child = storeChildCommand
+	}
 }
 
 // eventsField prints "-" for an empty field and quotes one that holds a
