@@ -164,7 +164,9 @@ var badValues = map[string]string{
 
 // freeForm are flags whose every value is acceptable, with the reason.
 var freeForm = map[string]string{
-	"events admin-listen": "only printed in a hint",
+	"events admin-listen": "an address read only while the store is in use; a bad one is reported as not answering",
+	"events type":         "a filter: any kind may be asked for, an unknown one matches nothing",
+	"events subject":      "a filter: any subject may be asked for, an unknown one matches nothing",
 }
 
 // commandArgs are arguments under which each command starts; the flag
