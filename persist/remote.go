@@ -16,6 +16,10 @@ import (
 	"github.com/sluicelb/sluice/admission"
 )
 
+// EventChildDied is the event of the store process dying (its subject the
+// signal or exit status); it is restarted with back-off.
+const EventChildDied admission.EventKind = "persist.child_died"
+
 // ChildCommand returns the command that runs the store process (format 3)
 // for the data directory dir, for example the running binary with the
 // hidden subcommand `store-child -dir DIR`. The store adds the socket as
@@ -196,7 +200,7 @@ func (r *remote) supervise() {
 			r.log.Error("store process died; the balancer runs on what it holds in memory and restarts it",
 				"dir", r.s.cfg.Dir, "exit", what, "signal", sig, "restart_in", backoff.String())
 			msg := "store process ended: " + what
-			r.s.Append(admission.Event{Kind: "persist.child_died", Subject: sig, Message: msg})
+			r.s.Append(admission.Event{Kind: EventChildDied, Subject: sig, Message: msg})
 			r.s.fault("child", fmt.Errorf("%w: store process ended: %s", ErrUnwritable, what))
 			if time.Since(began) > r.maxBackoff {
 				backoff = r.minBackoff
