@@ -4,6 +4,9 @@
 #
 # usage: bench/https.sh                (knobs below as environment variables)
 #        DURATION=3 ROUNDS=1 QUIET_MAX=5 bench/https.sh     (a smoke run)
+#        unshare -n sh -c 'ip link set lo up && bench/https.sh'
+#             (as root, in a network namespace of its own: no port taken by
+#             another run on the machine, none taken from it)
 #
 #   wrk / h2load -> {HAProxy | nginx | sluice} over TLS -> the peers' two plain
 #   nginx backends on 127.0.0.1:18081 and :18082 ($PEERS/conf/nginx-backend.conf)
@@ -55,6 +58,7 @@
 #   processes use at most QUIET_PCT % of a core, at most QUIET_MAX s)
 #   PORT=18095 (sluice HTTP) TLS_PORT=18543 (sluice HTTPS)
 #   HAPROXY_PORT=18541 NGINX_PORT=18542 SLUICE_FLAGS="" (extra flags)
+#   SLUICE_BIN (a sluice binary to measure; default: this tree, built into OUT)
 #   PEERS=$ROOT/../shared/peers OUT=$TMPDIR/sluice-bench/https-<timestamp>
 # Output: OUT/results.tsv (system, MODE.cN.metric, value; systems named as
 # run.sh names them: http-haproxy, http-nginx, http-target = sluice over TLS,
@@ -64,6 +68,7 @@
 # output and every server's log. Every process it starts runs under
 # `timeout` and is stopped by its PID.
 set -u
+case ${SLUICE_BIN:-} in ""|/*) ;; *) SLUICE_BIN=$(pwd -P)/$SLUICE_BIN ;; esac   # relative to the caller
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd -P)
 DURATION=${DURATION:-10}
@@ -91,6 +96,7 @@ SERVER_TTL=${SERVER_TTL:-3600}
 OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/https-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P)
 BIN=$OUT/sluice
+[ -n "${SLUICE_BIN:-}" ] && BIN=$SLUICE_BIN
 RES=$OUT/results.tsv
 HZ=$(getconf CLK_TCK)
 
@@ -300,9 +306,9 @@ tls_check() {
     local sys=$1 addr=$2 body s1 s2 alpn proto suite reused
     body=$(curl -sk --max-time 5 "https://$addr/" "https://$addr/" | tr -d '\n')
     s1=$(timeout 10 openssl s_client -connect "$addr" -servername localhost -sess_out "$OUT/$sys.sess" \
-        -alpn h2,http/1.1 -ign_eof < <(printf 'GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n') 2>&1)
+        -alpn h2,http/1.1 -ign_eof < <(printf 'GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n') 2>&1 | tr -d '\000')
     s2=$(timeout 10 openssl s_client -connect "$addr" -servername localhost -sess_in "$OUT/$sys.sess" \
-        -ign_eof < <(printf 'GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n') 2>&1)
+        -ign_eof < <(printf 'GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n') 2>&1 | tr -d '\000')
     proto=$(echo "$s1" | awk '/^New, / { print $2 }' | tr -d ',' | head -1)
     suite=$(echo "$s1" | awk '/^New, / { print $NF }' | head -1)
     alpn=$(echo "$s1" | awk -F': ' '/^ALPN protocol:/ { print $2 }' | head -1)
@@ -349,7 +355,10 @@ run_system() {
 }
 
 # ---------------------------------------------------------------- main
-ulimit -n 65536 2>/dev/null || log "WARNING: cannot raise the descriptor limit (ulimit -n $(ulimit -n))"
+# c200 holds about 400 descriptors in a balancer; raise the soft limit as
+# far as the hard one allows, up to 65536 (the servers' own settings).
+h=$(ulimit -Hn); [ "$h" = unlimited ] && h=65536; [ "$h" -gt 65536 ] && h=65536
+ulimit -n "$h" 2>/dev/null || log "WARNING: cannot raise the descriptor limit (ulimit -n $(ulimit -n))"
 : > "$RES"
 for m in $MODES tls; do mkdir -p "$OUT/$m" && : > "$OUT/$m/results.tsv"; done
 {
@@ -362,8 +371,13 @@ for m in $MODES; do cp "$OUT/env.txt" "$OUT/$m/env.txt"; done
 log "out: $OUT  modes: $MODES systems: $SYSTEMS pin=$PIN lb_cpus=$LB_CPUS gen_cpus=$GEN_CPUS lb_quota=${LB_QUOTA:-none}"
 
 case " $SYSTEMS " in *" sluice "*)
-    log "building sluice into $BIN"
-    go build -o "$BIN" ./cmd/sluice || die "build failed" ;;
+    if [ -n "${SLUICE_BIN:-}" ]; then
+        [ -f "$SLUICE_BIN" ] && [ -x "$SLUICE_BIN" ] || die "SLUICE_BIN=$SLUICE_BIN: want an executable sluice binary"
+        log "sluice: $BIN"
+    else
+        log "building sluice into $BIN"
+        go build -o "$BIN" ./cmd/sluice || die "build failed"
+    fi ;;
 esac
 
 # The certificate: ECDSA P-256, self-signed, for localhost and 127.0.0.1.
@@ -388,9 +402,10 @@ cleanup; STARTED=()
 # ---------------------------------------------------------------- summary
 echo
 echo "== HTTPS: sluice vs peers (TLS at the balancer; balancers pinned alone on CPU$LB_CPUS${LB_QUOTA:+, capped at $LB_QUOTA %}, load and backends on CPU$GEN_CPUS; median of $ROUNDS; $RES)"
-awk -F'\t' '$2 == "tls.check" { printf "%-18s %s\n", $1, $3 }' "$RES"
+awk -F'\t' '$2 == "tls.check" { n = $1; sub(/^http-/, "", n); if (n == "target") n = "sluice"; printf "%-8s %s\n", n, $3 }' "$RES"
 echo
 awk -F'\t' -v modes="$MODES" -v conns="$CONNS" -v h2conns="$H2_CONNS" '
+    function name(s) { return s == "http-target" ? "sluice" : s == "http-target-plain" ? "sluice (plain)" : substr(s, 6) }
     { v[$1, $2] = $3 }
     END {
         ns = split("http-target http-haproxy http-nginx http-target-plain", sys, " ")
@@ -402,7 +417,7 @@ awk -F'\t' -v modes="$MODES" -v conns="$CONNS" -v h2conns="$H2_CONNS" '
                 k = mode[m] "." "c" cs[j]; s = sys[i]
                 if (!((s, k ".req_per_s") in v)) continue
                 cpu = v[s, k ".cpu"]; sub(/ .*/, "", cpu); sub(/^lb=/, "", cpu)
-                printf "%-5s %-18s %6s %10s %8s %8s %7s %8s  %s\n", mode[m], (s == "http-target" ? "sluice" : s == "http-target-plain" ? "sluice (plain)" : s),
+                printf "%-5s %-18s %6s %10s %8s %8s %7s %8s  %s\n", mode[m], name(s),
                     cs[j], v[s, k ".req_per_s"], v[s, k ".p50_ms"], ((s, k ".p99_ms") in v ? v[s, k ".p99_ms"] : "-"), cpu, v[s, k ".cpu_us_per_req"], v[s, k ".errors"]
             }
         }
@@ -416,7 +431,7 @@ awk -F'\t' -v modes="$MODES" -v conns="$CONNS" -v h2conns="$H2_CONNS" '
                 line = sprintf("%-3s c%-4s sluice req/s", mode[m], cs[j])
                 for (i = 2; i <= 3; i++) {
                     s = sys[i]; if (!((s, k ".req_per_s") in v) || v[s, k ".req_per_s"] + 0 == 0) continue
-                    line = line sprintf("  %.2fx %s", t / v[s, k ".req_per_s"], s)
+                    line = line sprintf("  %.2fx %s", t / v[s, k ".req_per_s"], name(s))
                 }
                 print line
             }
