@@ -32,11 +32,16 @@
 #   ka   keep-alive HTTP/1.1 over TLS: wrk https://, c$CONNS
 #   hs   handshake-heavy: a new connection (TCP and TLS) per request, wrk
 #        -H "Connection: close"; the server closes after each answer. wrk
-#        offers the session it got on the connection before (OpenSSL keeps
-#        it across SSL_clear), so most of these handshakes are resumptions
-#        if the server hands out tickets: see the check rows.
+#        offers the session of the connection before, so these handshakes
+#        are TLS 1.3 resumptions (PSK with ECDHE, no certificate signature)
+#        wherever the server hands out tickets (the check rows say it does;
+#        an nginx access log of $ssl_session_reused showed all but each
+#        wrk connection's first resumed). Full handshakes are not measured
+#        here.
 #   h2   HTTP/2 over TLS: h2load -t1 -c$H2_CONNS -m$H2_STREAMS, against the
-#        systems in H2_SYSTEMS (nginx with `listen ... ssl http2`)
+#        systems in H2_SYSTEMS (nginx with `listen ... ssl http2`); h2load
+#        gives no percentiles: its mean request time stands in p50's
+#        column, and p99 is left out
 #   plain  sluice's own -http-listen (the same process), keep-alive wrk
 #        http://, c$CONNS: the base of the CPU-per-request ratio TLS ÷ plain
 #        (issue 19's target: at most 1.3)
@@ -411,6 +416,7 @@ awk -F'\t' -v modes="$MODES" -v conns="$CONNS" -v h2conns="$H2_CONNS" '
         ns = split("http-target http-haproxy http-nginx http-target-plain", sys, " ")
         nm = split(modes, mode, " ")
         printf "%-5s %-18s %6s %10s %8s %8s %7s %8s  %s\n", "mode", "system", "conns", "req/s", "p50 ms", "p99 ms", "lb cpu", "us/req", "errors"
+        print "(h2: the mean request time in the p50 column; lb cpu: the balancer process, % of one core)"
         for (m = 1; m <= nm; m++) {
             nc = split(mode[m] == "h2" ? h2conns : conns, cs, " ")
             for (i = 1; i <= ns; i++) for (j = 1; j <= nc; j++) {
