@@ -99,10 +99,6 @@ SLUICE_FLAGS=${SLUICE_FLAGS:-}
 PEERS=${PEERS:-$ROOT/../shared/peers}
 SERVER_TTL=${SERVER_TTL:-3600}
 OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/https-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P)
-BIN=$OUT/sluice
-[ -n "${SLUICE_BIN:-}" ] && BIN=$SLUICE_BIN
-RES=$OUT/results.tsv
 HZ=$(getconf CLK_TCK)
 
 log() { echo "[$(date +%T)] $*" >&2; }
@@ -123,10 +119,16 @@ for s in $SYSTEMS $H2_SYSTEMS; do case $s in haproxy|nginx|sluice) ;; *) die "SY
 case " $SYSTEMS " in *" sluice "*) case " $MODES " in *" ka "*) MODES="$MODES plain" ;; esac ;; esac
 MODES=$(echo "$MODES" | tr ' ' '\n' | awk 'NF && !seen[$0]++' | tr '\n' ' ')
 
+[ -z "${SLUICE_BIN:-}" ] || { [ -f "$SLUICE_BIN" ] && [ -x "$SLUICE_BIN" ]; } ||
+    die "SLUICE_BIN=$SLUICE_BIN: want an executable sluice binary"
 [ -f "$PEERS/conf/nginx-backend.conf" ] || die "no $PEERS/conf/nginx-backend.conf (PEERS=$PEERS)"
 for b in wrk h2load haproxy nginx openssl curl taskset timeout ss; do
-    command -v "$b" >/dev/null || die "$b not installed (scripts/install-bench-deps.sh; h2load: nghttp2-client)"
+    command -v "$b" >/dev/null || die "$b not installed (scripts/install-bench-deps.sh)"
 done
+
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P) || die "OUT=$OUT: cannot make the directory"
+BIN=${SLUICE_BIN:-$OUT/sluice}
+RES=$OUT/results.tsv
 
 # ---------------------------------------------------------------- processes
 STARTED=()   # PIDs of servers we started (each wrapped by `timeout`)
@@ -278,6 +280,7 @@ point() {
         el=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
         lbt=$(( $(ticks "$lbp") - lb0 )); ot=$(others "$a0" "$lbp $BE_PID")
         if [ "$mode" = h2 ]; then h2load_parse "$f"; else wrk_parse "$f"; fi
+        [ "${R_RPS:-0}" -gt 0 ] 2>/dev/null || R_ERR="$R_ERR no-answer"
         # h2load measures after its warm-up: the balancer's CPU over the
         # whole run is then a little above the measured period's.
         R_CPU="lb=$(pct "$lbt" "$el")% gen=$(awk -v c="$gen" -v e="$el" 'BEGIN { printf "%.0f", 100 * c / e }')% other=$(pct "$ot" "$el")%"
@@ -377,7 +380,6 @@ log "out: $OUT  modes: $MODES systems: $SYSTEMS pin=$PIN lb_cpus=$LB_CPUS gen_cp
 
 case " $SYSTEMS " in *" sluice "*)
     if [ -n "${SLUICE_BIN:-}" ]; then
-        [ -f "$SLUICE_BIN" ] && [ -x "$SLUICE_BIN" ] || die "SLUICE_BIN=$SLUICE_BIN: want an executable sluice binary"
         log "sluice: $BIN"
     else
         log "building sluice into $BIN"
@@ -434,12 +436,12 @@ awk -F'\t' -v modes="$MODES" -v conns="$CONNS" -v h2conns="$H2_CONNS" '
             for (j = 1; j <= nc; j++) {
                 k = mode[m] ".c" cs[j]; t = v["http-target", k ".req_per_s"]
                 if (t == "") continue
-                line = sprintf("%-3s c%-4s sluice req/s", mode[m], cs[j])
+                line = ""
                 for (i = 2; i <= 3; i++) {
                     s = sys[i]; if (!((s, k ".req_per_s") in v) || v[s, k ".req_per_s"] + 0 == 0) continue
                     line = line sprintf("  %.2fx %s", t / v[s, k ".req_per_s"], name(s))
                 }
-                print line
+                if (line != "") printf "%-3s c%-4s sluice req/s%s\n", mode[m], cs[j], line
             }
         }
         split(conns, cs, " ")
@@ -448,6 +450,14 @@ awk -F'\t' -v modes="$MODES" -v conns="$CONNS" -v h2conns="$H2_CONNS" '
             if (a + 0 > 0 && b + 0 > 0)
                 printf "c%-4s sluice CPU per request over TLS / plain HTTP: %.1f / %.1f us = %.2fx (target: at most 1.30x)\n", cs[j], a, b, a / b
         }
+        for (k in v) {
+            split(k, kk, SUBSEP)
+            if (kk[2] !~ /\.cpu$/ || !match(v[k], /other=[0-9]+%/)) continue
+            o = substr(v[k], RSTART + 6, RLENGTH - 7) + 0
+            if (o > maxo) maxo = o
+        }
+        if (maxo > 25)
+            printf "\nWARNING: other processes used up to %d%% of a core during the points kept: the figures are disturbed\n", maxo
     }' "$RES"
 echo
 log "charts of one mode: go run ./bench/plot -in $OUT/ka (or hs, h2)"
