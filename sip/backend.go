@@ -196,6 +196,25 @@ func (p *backendSet) backendAt(a netip.AddrPort) *backend {
 	return p.goneByAddr[a]
 }
 
+// backendFrom returns the backend a message came from, or nil: the
+// backend at src's address whose transport src came over. A backend over
+// UDP sends datagrams; one over TCP or TLS speaks on the connection we
+// dialled. A connection a peer opened to us is never a backend's, even
+// from a backend's address (anyone on the backend's host can bind its
+// port for the other protocol), and a datagram is never a TCP or TLS
+// backend's (anyone may spoof its source): neither may use what only
+// backends may (flows, downstream forwarding).
+func (p *backendSet) backendFrom(src source) *backend {
+	b := p.backendAt(src.addr)
+	if b == nil {
+		return nil
+	}
+	if b.tcp != (src.conn != nil) || src.conn != nil && src.conn.accepted {
+		return nil
+	}
+	return b
+}
+
 // of returns SIP's entry of lbb, an lb.Backend of p's generation, or nil.
 func (p *backendSet) of(lbb *lb.Backend) *backend {
 	if lbb == nil {

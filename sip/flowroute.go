@@ -213,7 +213,7 @@ func restoreAlias(u *gosip.Uri, f flowConn) {
 // routed here: they go on as before (a client's in-dialog request with
 // our Routes goes to the backend its affinity token names).
 func (s *Server) flowRequest(req *gosip.Request, src source, p *backendSet, now int64) bool {
-	if p == nil || p.backendAt(src.addr) == nil {
+	if p == nil || p.backendFrom(src) == nil {
 		return false
 	}
 	flow, had := s.peekOurFlow(req)
@@ -283,7 +283,7 @@ func (s *Server) routeToFlow(req *gosip.Request, src source, p *backendSet, tok 
 	dst := target{addr: f.peer(), tcp: true}
 	br := s.branchOf(req, src, dst)
 	if recordRoutes(req.Method) && toTag(req) == "" {
-		if b := p.backendAt(src.addr); b != nil {
+		if b := p.backendFrom(src); b != nil {
 			token := s.routeToken("", tokenSubject(b.id, req.CallID().Value()), time.Now().Add(s.cfg.TokenTTL))
 			req.PrependHeader(s.flowRecordRoute(token, f), s.ourRecordRoute(token, b.tcp))
 		}

@@ -366,7 +366,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now
 func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
-	fromBackend := p.backendAt(src.addr) != nil
+	fromBackend := p.backendFrom(src) != nil
 	if had {
 		pool, id, ok := s.verifyToken(token, callID)
 		if !ok {
