@@ -145,6 +145,44 @@ func (s *Server) aliasContact(req *gosip.Request, f flowConn, backendTCP bool) {
 	s.metrics.ContactAlias.Add(1)
 }
 
+// plantedAlias reports whether a request from a client carries a Contact
+// that names us with an alias parameter. Only aliasContact writes those,
+// on the way to a backend; one the client wrote itself would be a flow
+// token it learned (every party to a call sees the Record-Route and the
+// aliased Contact of the other) planted as its own contact, so that a
+// registrar or a peer sends the requests meant for it over another
+// client's connection.
+func (s *Server) plantedAlias(req *gosip.Request) bool {
+	for _, h := range req.Headers() {
+		if !headerNamed(h.Name(), "contact") {
+			continue
+		}
+		v := h.Value()
+		if !strings.Contains(strings.ToLower(v), aliasParam+"=") {
+			continue
+		}
+		for _, part := range strings.Split(v, ",") {
+			var c gosip.ContactHeader
+			if _, err := gosip.ParseAddressValue(strings.TrimSpace(part), &c.Address, &c.Params); err != nil {
+				return true // an alias we cannot read is refused as one we can
+			}
+			if c.Address.UriParams.Has(aliasParam) && s.isOurs(&c.Address) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// refusePlantedAlias answers 403 to a client's request with a planted
+// alias (plantedAlias); an ACK is dropped.
+func (s *Server) refusePlantedAlias(req *gosip.Request, src source) {
+	s.metrics.ForgedFlows.Add(1)
+	if req.Method != gosip.ACK {
+		s.replyLocal(req, src, 403, "Forbidden", "Warning: 399 "+s.adv.String()+` "Contact names this proxy's alias"`)
+	}
+}
+
 // validAliasHost reports whether h is a host[:port] an alias may carry:
 // at most maxAliasHost characters of a host name, an IPv4 address or a
 // bracketed IPv6 address, and a port.
@@ -219,8 +257,8 @@ func (s *Server) flowRequest(req *gosip.Request, src source, p *backendSet, now 
 	flow, had := s.peekOurFlow(req)
 	alias := false
 	if flow == "" {
-		if !s.isOurs(&req.Recipient) {
-			return false
+		if !s.cfg.ContactAlias || !s.isOurs(&req.Recipient) {
+			return false // no alias is ours to honour without -sip-contact-alias
 		}
 		tok, ok := req.Recipient.UriParams.Get(aliasParam)
 		if !ok {

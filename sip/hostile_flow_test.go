@@ -1,10 +1,13 @@
 package sip
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
 )
 
 // TestHostileFlowFromBackendAddressOverTCP: a client that connects over
@@ -36,5 +39,83 @@ func TestHostileFlowFromBackendAddressOverTCP(t *testing.T) {
 	}
 	if n := s.metrics.FlowRouted.Load(); n != 0 {
 		t.Errorf("flow_routed %d, want 0", n)
+	}
+}
+
+// registerTCPContact sends a REGISTER from c with the Contact value given
+// and returns it as the registrar got it, nil when it did not get there
+// (the client's answer is then the code returned).
+func registerTCPContact(t *testing.T, s *Server, c *tcpClient, reg *regStub, user, contact string) (*gosip.Request, int) {
+	t.Helper()
+	la := c.conn.LocalAddr().String()
+	c.write(fmt.Sprintf("REGISTER sip:%s SIP/2.0\nVia: SIP/2.0/TCP %s;branch=z9hG4bK-reg-%s\nMax-Forwards: 70\nFrom: <sip:%s@test>;tag=r1\nTo: <sip:%s@test>\nCall-ID: reg-%s@test\nCSeq: 1 REGISTER\nContact: %s\nExpires: 60\nContent-Length: 0\n\n",
+		s.udpAddr(), la, user, user, user, user, contact))
+	for {
+		m, err := c.next()
+		if err != nil {
+			t.Fatalf("registering %s: %v", user, err)
+		}
+		res, ok := m.(*gosip.Response)
+		if !ok || res.StatusCode < 200 {
+			continue
+		}
+		if res.StatusCode != 200 {
+			return nil, res.StatusCode
+		}
+		return reg.register(t), 200
+	}
+}
+
+// TestHostileContactAliasPlanted: a flow token is no secret from the
+// parties of a call (it is in the Record-Route a callee sees, and in the
+// aliased Contact). A client must not be able to plant another client's
+// token as a Contact alias of its own (in a Contact the alias does not
+// rewrite: several of them, sips:, or with -sip-contact-alias off, where
+// no alias should be honoured at all) and so have the registrar send
+// the requests for its address over the other client's connection.
+func TestHostileContactAliasPlanted(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		alias   bool
+		contact func(victimTok, sluice string) string
+	}{
+		{"alias off", false, func(tok, sl string) string { return "<sip:mallory@" + sl + ";sla=" + tok + ">" }},
+		{"alias on, two contacts", true, func(tok, sl string) string {
+			return "<sip:mallory@" + sl + ";sla=" + tok + ">, <sip:mallory@192.0.2.1>"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, reg := flowServer(t, func(c *Config) { c.ContactAlias = tc.alias })
+			victim := dialTCP(t, s)
+			// The victim's flow token, as any callee of the victim sees it
+			// in the client-facing Record-Route.
+			tok := pathOf(t, registerTCP(t, s, victim, reg, "victim")).User
+
+			mallory := dialTCP(t, s)
+			got, code := registerTCPContact(t, s, mallory, reg, "mallory", tc.contact(tok, s.udpAddr().String()))
+			if got == nil {
+				if code != 403 {
+					t.Errorf("planted alias answered %d, want 403 or a Contact without it", code)
+				}
+				return
+			}
+			// The registrar calls mallory at the Contact it was given.
+			var target string
+			for _, h := range got.GetHeaders("Contact") {
+				for _, v := range strings.Split(h.Value(), ",") {
+					if strings.Contains(v, "sla=") {
+						target = strings.Trim(strings.TrimSpace(v), "<>")
+					}
+				}
+			}
+			if target == "" {
+				return // the planted alias did not reach the registrar
+			}
+			reg.send(s, incomingInvite(reg, target, "", "planted@test"))
+			_ = victim.conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if m, err := victim.next(); err == nil {
+				t.Fatalf("mallory's incoming call reached the victim's connection:\n%v", m)
+			}
+		})
 	}
 }

@@ -367,6 +367,10 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
 	fromBackend := p.backendFrom(src) != nil
+	if !fromBackend && s.plantedAlias(req) {
+		s.refusePlantedAlias(req, src)
+		return
+	}
 	if had {
 		pool, id, ok := s.verifyToken(token, callID)
 		if !ok {
@@ -605,6 +609,10 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		return
 	}
 	if req.Method == gosip.INVITE && s.inviteAfter2xx(req, src, now) {
+		return
+	}
+	if s.plantedAlias(req) && s.pool.Load().backendFrom(src) == nil {
+		s.refusePlantedAlias(req, src)
 		return
 	}
 	if isSips(req) && !s.cfg.AllowSipsDowngrade {
