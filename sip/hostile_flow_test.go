@@ -3,6 +3,7 @@ package sip
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -117,5 +118,46 @@ func TestHostileContactAliasPlanted(t *testing.T) {
 				t.Fatalf("mallory's incoming call reached the victim's connection:\n%v", m)
 			}
 		})
+	}
+}
+
+// TestHostileBackendFrom: what may speak as a backend (send over client
+// flows, have requests forwarded downstream): a datagram from a UDP
+// backend's address, a connection we dialled to a TCP or TLS backend.
+// Not a datagram from a TCP backend's address (anyone may spoof a UDP
+// source), not a connection a peer opened to us from any backend's
+// address (anyone on the backend's host may bind the port of the other
+// protocol).
+func TestHostileBackendFrom(t *testing.T) {
+	reg := newRegStub(t)
+	be := newTCPUAS(t)
+	s := testServer(t, nil, nil, func(c *Config) {
+		c.Backends = []BackendConfig{
+			{ID: "udp1", Addr: reg.addr.String(), Transport: "udp", Weight: 1},
+			{ID: "tcp1", Addr: be.addr, Transport: "tcp", Weight: 1},
+		}
+	})
+	p := s.pool.Load()
+	tcpAddr := netip.MustParseAddrPort(be.addr)
+	accepted := &tcpConn{accepted: true, fid: 1}
+	dialled := &tcpConn{}
+	for _, tc := range []struct {
+		name string
+		src  source
+		want string
+	}{
+		{"datagram from the UDP backend", source{addr: reg.addr}, "udp1"},
+		{"accepted connection from the UDP backend's address", source{addr: reg.addr, conn: accepted}, ""},
+		{"dialled connection to the TCP backend", source{addr: tcpAddr, conn: dialled}, "tcp1"},
+		{"datagram from the TCP backend's address", source{addr: tcpAddr}, ""},
+		{"accepted connection from the TCP backend's address", source{addr: tcpAddr, conn: accepted}, ""},
+	} {
+		got := ""
+		if b := p.backendFrom(tc.src); b != nil {
+			got = b.id
+		}
+		if got != tc.want {
+			t.Errorf("%s: backend %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
