@@ -439,6 +439,8 @@ func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseContr
 	}
 	st.held = reserveBodies(bodies, int64(s.cfg.StreamThreshold), want)
 	if cl > limit || cl >= 0 && st.held < cl {
+		bodies.Add(-st.held) // streamed: nothing of it is held
+		st.held = 0
 		req.SetBodyStream(body, int(cl))
 		return nil
 	}
@@ -458,6 +460,8 @@ func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseContr
 	case cl >= 0 && n != cl:
 		return errH2BodyLength
 	case n <= limit:
+		bodies.Add(n - st.held) // what the body did not take goes back
+		st.held = n
 		req.Header.SetContentLength(int(n))
 		return nil
 	}

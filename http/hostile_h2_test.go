@@ -2,12 +2,16 @@ package http
 
 import (
 	"bufio"
+	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
 )
 
@@ -133,4 +137,42 @@ func TestHostileH2BodiesHeld(t *testing.T) {
 			total>>20, heapBefore>>20, after>>20, bound>>20)
 	}
 	h.c.Close()
+}
+
+// TestH2BodyBudgetReturned: the budget a stream's body took goes back
+// when the stream ends: one after another on one connection, bodies
+// without a declared length under the threshold are all read whole
+// (the backend sees a Content-Length, not chunks), and one over what is
+// left of the budget is streamed.
+func TestH2BodyBudgetReturned(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 1})
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		fmt.Fprintf(ctx, "cl=%d len=%d", ctx.Request.Header.ContentLength(), len(ctx.Request.Body()))
+	}
+	base := "http://" + h2cListen(t, r)
+	c := h2cClient(t)
+	const size = 600 << 10 // more than half the threshold: two at once would not fit
+	for i := range 4 {
+		body := io.MultiReader(bytes.NewReader(make([]byte, size))) // no length known: none declared
+		rep := h2Do(t, c, "POST", base+"/up", "", body)
+		if want := fmt.Sprintf("cl=%d len=%d", size, size); rep.status != 200 || rep.body != want {
+			t.Fatalf("upload %d: %d %q, want %q (read whole, the budget back after each)", i, rep.status, rep.body, want)
+		}
+	}
+}
+
+func TestReserveBodies(t *testing.T) {
+	for _, tc := range []struct{ used, max, want, got, after int64 }{
+		{0, 100, 40, 40, 40},
+		{80, 100, 40, 20, 100},
+		{100, 100, 1, 0, 100},
+		{0, 100, 0, 0, 0},
+		{120, 100, 5, 0, 120}, // never negative
+	} {
+		var u atomic.Int64
+		u.Store(tc.used)
+		if got := reserveBodies(&u, tc.max, tc.want); got != tc.got || u.Load() != tc.after {
+			t.Errorf("reserveBodies(used %d, max %d, want %d) = %d, used %d; want %d, used %d", tc.used, tc.max, tc.want, got, u.Load(), tc.got, tc.after)
+		}
+	}
 }
