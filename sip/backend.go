@@ -198,18 +198,16 @@ func (p *backendSet) backendAt(a netip.AddrPort) *backend {
 
 // backendFrom returns the backend a message came from, or nil: the
 // backend at src's address whose transport src came over. A backend over
-// UDP sends datagrams; one over TCP or TLS speaks on the connection we
-// dialled. A connection a peer opened to us is never a backend's, even
-// from a backend's address (anyone on the backend's host can bind its
-// port for the other protocol), and a datagram is never a TCP or TLS
-// backend's (anyone may spoof its source): neither may use what only
-// backends may (flows, downstream forwarding).
+// UDP sends datagrams; one over TCP or TLS speaks on a connection (the
+// one we dialled, or one it opened from its own address, as a backend
+// reusing its listening port does). A connection from a UDP backend's
+// address is not that backend (anyone on the backend's host can bind the
+// same port for TCP, which the backend does not hold), nor is a datagram
+// from a TCP or TLS backend's address (anyone may spoof a UDP source):
+// neither may use what only backends may (flows, downstream forwarding).
 func (p *backendSet) backendFrom(src source) *backend {
 	b := p.backendAt(src.addr)
-	if b == nil {
-		return nil
-	}
-	if b.tcp != (src.conn != nil) || src.conn != nil && src.conn.accepted {
+	if b == nil || b.tcp != (src.conn != nil) {
 		return nil
 	}
 	return b

@@ -17,8 +17,7 @@ import (
 // host, the address is spoofable for UDP towards a TCP backend likewise)
 // is not that backend: a request it sends with another client's Path
 // must not be sent over that client's flow. Backends are known by
-// address and transport: a message on an accepted connection is never
-// from a backend.
+// address and transport: a connection is never a UDP backend.
 func TestHostileFlowFromBackendAddressOverTCP(t *testing.T) {
 	s, reg := flowServer(t, nil)
 	victim := dialTCP(t, s)
@@ -125,9 +124,9 @@ func TestHostileContactAliasPlanted(t *testing.T) {
 // flows, have requests forwarded downstream): a datagram from a UDP
 // backend's address, a connection we dialled to a TCP or TLS backend.
 // Not a datagram from a TCP backend's address (anyone may spoof a UDP
-// source), not a connection a peer opened to us from any backend's
-// address (anyone on the backend's host may bind the port of the other
-// protocol).
+// source), not a connection from a UDP backend's address (anyone on the
+// backend's host may bind the port for TCP, which the backend does not
+// hold).
 func TestHostileBackendFrom(t *testing.T) {
 	reg := newRegStub(t)
 	be := newTCPUAS(t)
@@ -150,7 +149,9 @@ func TestHostileBackendFrom(t *testing.T) {
 		{"accepted connection from the UDP backend's address", source{addr: reg.addr, conn: accepted}, ""},
 		{"dialled connection to the TCP backend", source{addr: tcpAddr, conn: dialled}, "tcp1"},
 		{"datagram from the TCP backend's address", source{addr: tcpAddr}, ""},
-		{"accepted connection from the TCP backend's address", source{addr: tcpAddr, conn: accepted}, ""},
+		// The backend's own port, which it holds: a backend that reuses
+		// its listening port for the connections it opens.
+		{"accepted connection from the TCP backend's address", source{addr: tcpAddr, conn: accepted}, "tcp1"},
 	} {
 		got := ""
 		if b := p.backendFrom(tc.src); b != nil {
