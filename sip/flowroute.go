@@ -145,14 +145,16 @@ func (s *Server) aliasContact(req *gosip.Request, f flowConn, backendTCP bool) {
 	s.metrics.ContactAlias.Add(1)
 }
 
-// plantedAlias reports whether a request from a client carries a Contact
-// that names us with an alias parameter. Only aliasContact writes those,
-// on the way to a backend; one the client wrote itself would be a flow
-// token it learned (every party to a call sees the Record-Route and the
-// aliased Contact of the other) planted as its own contact, so that a
-// registrar or a peer sends the requests meant for it over another
-// client's connection.
-func (s *Server) plantedAlias(req *gosip.Request) bool {
+// plantedAlias reports whether a request from a client, from src,
+// carries a Contact that names us with an alias parameter that is not
+// the alias of src's own flow. Only aliasContact writes those, on the way
+// to a backend; another the client wrote itself would be a flow token it
+// learned (every party to a call sees the Record-Route and the aliased
+// Contact of the other) planted as its own contact, so that a registrar
+// or a peer sends the requests meant for it over another client's
+// connection. Its own alias (a binding copied from a registrar's answer
+// to remove it) is let through.
+func (s *Server) plantedAlias(req *gosip.Request, src source) bool {
 	for _, h := range req.Headers() {
 		if !headerNamed(h.Name(), "contact") {
 			continue
@@ -166,7 +168,13 @@ func (s *Server) plantedAlias(req *gosip.Request) bool {
 			if _, err := gosip.ParseAddressValue(strings.TrimSpace(part), &c.Address, &c.Params); err != nil {
 				return true // an alias we cannot read is refused as one we can
 			}
-			if c.Address.UriParams.Has(aliasParam) && s.isOurs(&c.Address) {
+			tok, ok := c.Address.UriParams.Get(aliasParam)
+			if !ok || !s.isOurs(&c.Address) {
+				continue
+			}
+			ref, ok := s.flowSign.decode(tok)
+			own := src.flow()
+			if !ok || own == nil || s.flows.lookup(ref, s.flowNode()) != own {
 				return true
 			}
 		}

@@ -162,3 +162,23 @@ func TestHostileBackendFrom(t *testing.T) {
 		}
 	}
 }
+
+// TestContactAliasOwnLetThrough: a client may send its own alias back
+// (a binding copied from the registrar's answer, to remove it): only
+// another flow's alias is refused.
+func TestContactAliasOwnLetThrough(t *testing.T) {
+	s, reg := flowServer(t, func(c *Config) { c.ContactAlias = true })
+	c := dialTCP(t, s)
+	got := registerTCP(t, s, c, reg, "bob")
+	own := strings.Trim(got.GetHeader("Contact").Value(), "<>")
+	if i := strings.Index(own, ">"); i >= 0 {
+		own = own[:i]
+	}
+	if !strings.Contains(own, "sla=") {
+		t.Fatalf("Contact %q not aliased", own)
+	}
+	req, code := registerTCPContact(t, s, c, reg, "bob2", "<"+own+">;expires=0, <sip:bob@192.0.2.1>;expires=0")
+	if req == nil {
+		t.Fatalf("the client's own alias sent back: %d, want it let through", code)
+	}
+}

@@ -367,7 +367,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
 	fromBackend := p.backendFrom(src) != nil
-	if !fromBackend && s.plantedAlias(req) {
+	if !fromBackend && s.plantedAlias(req, src) {
 		s.refusePlantedAlias(req, src)
 		return
 	}
@@ -611,7 +611,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 	if req.Method == gosip.INVITE && s.inviteAfter2xx(req, src, now) {
 		return
 	}
-	if s.plantedAlias(req) && s.pool.Load().backendFrom(src) == nil {
+	if s.plantedAlias(req, src) && s.pool.Load().backendFrom(src) == nil {
 		s.refusePlantedAlias(req, src)
 		return
 	}
