@@ -213,6 +213,17 @@ func (p *backendSet) backendFrom(src source) *backend {
 	return b
 }
 
+// anyTLS reports whether p has a backend over TLS, which a sips: request
+// may be sent to.
+func (p *backendSet) anyTLS() bool {
+	for _, b := range p.list {
+		if b.tls != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // of returns SIP's entry of lbb, an lb.Backend of p's generation, or nil.
 func (p *backendSet) of(lbb *lb.Backend) *backend {
 	if lbb == nil {

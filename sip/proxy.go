@@ -615,9 +615,10 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		s.refusePlantedAlias(req, src)
 		return
 	}
-	if isSips(req) && !s.cfg.AllowSipsDowngrade {
+	if isSips(req) && !s.cfg.AllowSipsDowngrade && !s.pool.Load().anyTLS() {
 		// Every backend is reached over UDP or TCP: a sips: request
-		// would leave TLS on its next hop (RFC 5630).
+		// would leave TLS on its next hop (RFC 5630). With TLS backends
+		// it goes to one of them only (attempt).
 		s.refuseSips(req, src, "UDP or TCP")
 		return
 	}
