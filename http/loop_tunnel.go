@@ -69,7 +69,9 @@ func (l *evloop) switchTunnel(c *cconn, bc *bconn, hlen int) {
 	head := s.switchHead(l.out[:0], &l.respH, &x.plan, x.upgrade, c.ip)
 	l.out = head[:0]
 	s.observe(&x.plan)
-	l.unhold(c)
+	// The source's count of backend connections (MaxConns/8) goes on for
+	// the tunnel's life, which holds its backend connection: closeClient
+	// ends it.
 	l.untakeTunnel(c)
 	s.stats.Tunnels.Add(1)
 	s.stats.TunnelsTotal.Add(1)

@@ -278,6 +278,9 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 		if b == nil {
 			break
 		}
+		if s.sipsDowngrade(t.req, b.transport()) {
+			continue // a sips: request goes to TLS backends only
+		}
 		if s.send(t, b, now) {
 			if failover && !t.tooLarge {
 				s.metrics.Failovers.Add(1)
