@@ -64,6 +64,10 @@ type MOPConfig struct {
 	// and at most doubles the rate per window: kept as the baseline that
 	// the tests and the README's table compare against.
 	doubling bool
+	// windowOnly turns the lifetime estimate's bound off: discovery
+	// bounded by the window alone, kept as the baseline of the tests and
+	// the README's table.
+	windowOnly bool
 }
 
 // DefaultMOPRejectCode is the HTTP status when every backend's MOP
@@ -180,6 +184,12 @@ type MOPStatus struct {
 	ProbeFailures  uint64  // failed probes since start
 	Admitted       uint64  // new work admitted since start
 	Refused        uint64  // new work refused since start
+	// What the memory's answer to changes in the admitted rate says of
+	// the sessions (moplife.go); all 0 while nothing is estimated.
+	Lifetime        time.Duration // median session lifetime
+	LifetimeHigh    time.Duration // 95th percentile of the session lifetime
+	BytesPerSession float64       // memory one live session holds, bytes
+	PredictedMemory float64       // predicted memory at the allowed rate held steady, fraction of the backend's max
 }
 
 // MOP is memory overload protection for one backend. Allow is the hot path:
@@ -205,7 +215,11 @@ type MOP struct {
 	allowed atomic.Uint64 // float64 bits
 	learned atomic.Uint64 // float64 bits
 	memFrac atomic.Uint64 // float64 bits
-	pinned  atomic.Uint64 // float64 bits of the rate an operator pinned; 0: learning (mopcontrol.go)
+	// The lifetime estimate, float64 bits: median and high lifetime
+	// (ns), bytes per session, memory fraction per (request per
+	// second) and the base, published by Observe.
+	estMed, estHigh, estBytes, estPerRate, estBase atomic.Uint64
+	pinned                                         atomic.Uint64 // float64 bits of the rate an operator pinned; 0: learning (mopcontrol.go)
 
 	// The memory probe's health (ProbeFailed, Observe).
 	memKnown  atomic.Bool
@@ -246,6 +260,13 @@ type learner struct {
 	fits    [len(fitSpans)][2]fit // discovery: memory against the rate over each span, now and one sample late
 
 	discStart int64 // first sample of discovery
+
+	life [2]lifeFit     // memory against the work admitted over each candidate lifetime, now and one sample late
+	est  lifeEstimate   // what they say
+	rhoH [lifeN]float64 // lowest trailing admitted rate over spans up to each candidate lifetime, per second
+
+	regimeBytes, regimeLife float64 // the estimate of the last regime: memory fraction per session, median lifetime (ns)
+	regimeRun               int     // samples in a row far from it
 
 	rise     float64 // mean rise of memory between samples beyond its trend, recently
 	headroom float64 // headroomBound at the last sample, per second
@@ -438,16 +459,29 @@ func (m *MOP) Status() MOPStatus {
 		probeErr = *p
 	}
 	return MOPStatus{
-		Phase:          MOPPhase(m.phase.Load()),
-		AllowedRate:    loadF(&m.allowed),
-		LearnedRate:    loadF(&m.learned),
-		MemoryFraction: loadF(&m.memFrac),
-		MemoryKnown:    m.memKnown.Load(),
-		ProbeError:     probeErr,
-		ProbeFailures:  m.probeFail.Load(),
-		Admitted:       admitted,
-		Refused:        refused,
+		Phase:           MOPPhase(m.phase.Load()),
+		AllowedRate:     loadF(&m.allowed),
+		LearnedRate:     loadF(&m.learned),
+		MemoryFraction:  loadF(&m.memFrac),
+		MemoryKnown:     m.memKnown.Load(),
+		ProbeError:      probeErr,
+		ProbeFailures:   m.probeFail.Load(),
+		Admitted:        admitted,
+		Refused:         refused,
+		Lifetime:        time.Duration(loadF(&m.estMed)),
+		LifetimeHigh:    time.Duration(loadF(&m.estHigh)),
+		BytesPerSession: loadF(&m.estBytes),
+		PredictedMemory: predicted(loadF(&m.estBase), loadF(&m.estPerRate), loadF(&m.allowed)),
 	}
+}
+
+// predicted is the memory a steady rate holds by the estimate: 0 when
+// there is none.
+func predicted(base, perRate, rate float64) float64 {
+	if !(perRate > 0) {
+		return 0
+	}
+	return base + perRate*rate
 }
 
 // Export returns the learned state as a plain value.
@@ -569,7 +603,11 @@ func (m *MOP) Observe(now int64, used, max int64) error {
 		m.cut(now, frac, true)
 	}
 	admitted, refused := m.counts()
+	if l.hist.n == 0 {
+		l.discStart = now
+	}
 	l.headroom, l.rho = m.headroomBound(now, admitted, frac)
+	m.addLifePoints(now, admitted, frac, float64(max))
 	if !math.IsInf(l.headroom, 1) {
 		l.proven = math.Max(l.proven, l.headroom)
 	}
