@@ -171,6 +171,14 @@ type MOPState struct {
 	// later sample has confirmed yet: it is in force and shared with a
 	// cluster, but persist/ keeps the state stored before it.
 	Provisional bool `json:"provisional,omitempty"`
+	// The lifetime estimate (MOPStatus has the same fields); all 0 in a
+	// state saved before there was one, which loads as "nothing
+	// estimated".
+	Lifetime        time.Duration `json:"lifetime_ns,omitempty"`       // median session lifetime
+	LifetimeHigh    time.Duration `json:"lifetime_high_ns,omitempty"`  // 95th percentile
+	BytesPerSession float64       `json:"bytes_per_session,omitempty"` // memory one live session holds, bytes
+	SessionMemory   float64       `json:"session_memory,omitempty"`    // memory fraction per (session per second) at a steady rate
+	SessionBase     float64       `json:"session_base,omitempty"`      // memory fraction with no session live, by the estimate
 }
 
 // MOPStatus is a point-in-time view for /status and metrics.
@@ -500,6 +508,12 @@ func (m *MOP) Export() MOPState {
 		Slope:       m.l.slope,
 		UpdatedAt:   time.Now(),
 		Provisional: m.l.prov && !(m.l.provRate > 0 && loadF(&m.learned) >= m.l.provRate),
+
+		Lifetime:        time.Duration(loadF(&m.estMed)),
+		LifetimeHigh:    time.Duration(loadF(&m.estHigh)),
+		BytesPerSession: loadF(&m.estBytes),
+		SessionMemory:   loadF(&m.estPerRate),
+		SessionBase:     loadF(&m.estBase),
 	}
 }
 
@@ -515,6 +529,14 @@ func (m *MOP) Import(s MOPState) error {
 	if math.IsNaN(s.Base) || math.IsNaN(s.Slope) || math.IsInf(s.Base, 0) || math.IsInf(s.Slope, 0) ||
 		math.IsNaN(s.LearnedRate) || math.IsNaN(s.AllowedRate) || math.IsInf(s.LearnedRate, 0) || math.IsInf(s.AllowedRate, 0) {
 		return fmt.Errorf("mop %s: imported state is not finite", m.cfg.Name)
+	}
+	for _, v := range [...]float64{float64(s.Lifetime), float64(s.LifetimeHigh), s.BytesPerSession, s.SessionMemory, s.SessionBase} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxMemoryBytes {
+			return fmt.Errorf("mop %s: imported lifetime estimate %g is not a finite number in [0, %g]", m.cfg.Name, v, float64(MaxMemoryBytes))
+		}
+	}
+	if s.SessionBase > 1 || s.SessionMemory > 1 {
+		return fmt.Errorf("mop %s: imported session memory %g or base %g is over the backend's whole memory", m.cfg.Name, s.SessionMemory, s.SessionBase)
 	}
 	rate := s.AllowedRate
 	if s.Phase == Learned && s.LearnedRate > 0 {
@@ -535,6 +557,11 @@ func (m *MOP) Import(s MOPState) error {
 		m.l.base, m.l.slope, m.l.haveModel = s.Base, s.Slope, true
 	}
 	m.setAllowed(rate)
+	m.estMed.Store(math.Float64bits(float64(s.Lifetime)))
+	m.estHigh.Store(math.Float64bits(float64(s.LifetimeHigh)))
+	m.estBytes.Store(math.Float64bits(s.BytesPerSession))
+	m.estPerRate.Store(math.Float64bits(s.SessionMemory))
+	m.estBase.Store(math.Float64bits(s.SessionBase))
 	return nil
 }
 

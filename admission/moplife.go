@@ -177,7 +177,7 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 	bestSD := math.Inf(1)
 	for e := range l.life {
 		f := &l.life[e]
-		if f.n < 8 {
+		if f.n < 6 {
 			continue
 		}
 		var est lifeEstimate
@@ -187,7 +187,11 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 		total, mem := 0.0, 0.0
 		var life [lifeN]float64
 		for j := range lifeN {
-			d := lifeSpan(w, j)
+			// Each weight counts as the next longer candidate: a
+			// lifetime between two candidates, or noise, splits its
+			// weight between them, and the shorter would promise too
+			// little memory.
+			d := lifeSpan(w, max(0, j-1))
 			life[j] = float64(d)
 			if 2*d > obs {
 				life[j] = float64(w) // not confirmed: as long as the window allows
@@ -249,11 +253,10 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 // is estimated.
 func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 	est := &m.l.est
-	if !est.ok || mem <= 0 {
-		return 0
+	if !est.ok || mem <= 0 || mem-est.base < 8*est.sd {
+		return 0 // the sessions' memory is not yet clear of the noise
 	}
-	w := float64(m.cfg.Window)
-	u := math.Min(0.3, math.Max(m.cfg.Margin, 0.1*math.Sqrt(w/math.Max(1, float64(est.observed)))))
+	u := m.cfg.Margin + math.Min(0.3, 0.5*est.high/math.Max(1, float64(est.observed)))
 	u = math.Min(0.5, u+2*est.sd/mem)
 	best := 0.0
 	for k := range lifeN {
