@@ -273,8 +273,12 @@ type learner struct {
 	est  lifeEstimate   // what they say
 	rhoH [lifeN]float64 // lowest trailing admitted rate over spans up to each candidate lifetime, per second
 
-	regimeBytes, regimeLife float64 // the estimate of the last regime: memory fraction per session, median lifetime (ns)
-	regimeRun               int     // samples in a row far from it
+	regimeBytes, regimeLife float64           // the estimate of the last regime: memory fraction per session, median lifetime (ns)
+	regimeRun               int               // samples in a row far from it
+	lowMem                  float64           // lowest memory sample of the last window
+	exactRing               [lifeRing]float64 // the estimate's memory per unit of rate at the last samples
+	exactN                  int
+	exactMax                float64 // the highest of them; 0 unless all are known
 
 	rise     float64 // mean rise of memory between samples beyond its trend, recently
 	headroom float64 // headroomBound at the last sample, per second

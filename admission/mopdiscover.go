@@ -118,6 +118,8 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 	for k := range m.l.rhoH {
 		m.l.rhoH[k] = math.Inf(1)
 	}
+	low := frac // the lowest sample of the last window
+	defer func() { m.l.lowMem = low }()
 	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
 	for e, end := range ends {
 		if e == 1 && h.n < 2 {
@@ -129,6 +131,9 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 		for i := e; i < h.n && !whole; i++ {
 			s := h.at(i)
 			d := end.at - s.at
+			if e == 0 {
+				low = math.Min(low, s.mem)
+			}
 			if d > 0 {
 				// The same over the lifetime estimate's horizons.
 				avg := float64(end.admitted-s.admitted) / float64(d)

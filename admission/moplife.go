@@ -24,6 +24,9 @@ const lifeN = 11
 // lifeDims is the fit's size: the base and one weight per lifetime.
 const lifeDims = lifeN + 1
 
+// lifeRing is how many recent estimates the bound takes the most cautious of.
+const lifeRing = 6
+
 // lifeFit is one least-squares system memory ≈ base + Σ w_j A_j, kept as
 // normal equations that forget with a half-life of two windows, so that a
 // deploy (a new footprint per session) is learned anew.
@@ -34,6 +37,7 @@ type lifeFit struct {
 	n   float64                     // samples (decayed)
 	w   [lifeDims]float64           // the solution: w[0] the base, w[j+1] the weight of lifetime j
 	sse float64                     // residual sum of squares of w
+	fit float64                     // the fit's memory at the latest sample
 }
 
 // lifeEstimate is what the learner knows of the sessions, in memory
@@ -46,6 +50,8 @@ type lifeEstimate struct {
 	high     float64        // lifetime, ns, 95% of the sessions live shorter
 	q        [lifeN]float64 // memory a steady rate builds up within d_j, as a fraction of its plateau
 	perRate  float64        // memory fraction per (session per second) at a steady rate
+	exact    float64        // the same with each weight at its own lifetime (not the next longer one)
+	fit      float64        // the fit's memory at the latest sample
 	sd       float64        // residual standard deviation, memory fraction
 	observed int64          // how long memory has been watched, ns
 	weights  [lifeN]float64 // count-weighted share of sessions per lifetime
@@ -116,10 +122,27 @@ func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) 
 		for j := range lifeN {
 			x[j+1] = float64(end.admitted - h.countAt(end.at-lifeSpan(w, j)))
 		}
-		l.life[e].add(&x, frac, decay)
-		l.life[e].solve()
+		f := &l.life[e]
+		f.add(&x, frac, decay)
+		f.solve()
+		f.fit = 0
+		for i := range lifeDims {
+			f.fit += f.w[i] * x[i]
+		}
 	}
 	l.est = m.lifeEstimate(now)
+	// The bound trusts the most cautious of the last few estimates:
+	// one sample's fit may be thrown by a collection or noise.
+	l.exactRing[l.exactN%len(l.exactRing)] = l.est.exact
+	l.exactN++
+	l.exactMax = 0
+	for _, x := range l.exactRing {
+		if !(x > 0) {
+			l.exactMax = 0 // an estimate missing lately: none
+			break
+		}
+		l.exactMax = math.Max(l.exactMax, x)
+	}
 	m.publishEstimate(now, maxBytes)
 }
 
@@ -177,27 +200,31 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 	bestSD := math.Inf(1)
 	for e := range l.life {
 		f := &l.life[e]
-		if f.n < 6 {
+		if f.n < 3 {
 			continue
 		}
 		var est lifeEstimate
 		est.observed = obs
 		est.sd = math.Sqrt(f.sse / math.Max(1, f.n-float64(lifeDims)))
 		est.base = f.w[0]
-		total, mem := 0.0, 0.0
+		est.fit = f.fit
+		total, mem, exact := 0.0, 0.0, 0.0
 		var life [lifeN]float64
 		for j := range lifeN {
 			// Each weight counts as the next longer candidate: a
 			// lifetime between two candidates, or noise, splits its
 			// weight between them, and the shorter would promise too
 			// little memory.
-			d := lifeSpan(w, max(0, j-1))
+			d, own := lifeSpan(w, max(0, j-1)), float64(lifeSpan(w, j))
 			life[j] = float64(d)
-			if 2*d > obs {
-				life[j] = float64(w) // not confirmed: as long as the window allows
+			if 3*lifeSpan(w, j) > 2*obs {
+				// Not watched for 1½ times its length, so not seen
+				// to level off: as long as the window allows.
+				life[j], own = float64(w), float64(w)
 			}
 			total += f.w[j+1]
 			mem += f.w[j+1] * life[j]
+			exact += f.w[j+1] * own
 		}
 		if !(total > 0) || !(mem > 0) {
 			continue
@@ -205,6 +232,7 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 		est.ok = true
 		est.perSess = total
 		est.perRate = mem / float64(time.Second)
+		est.exact = exact / float64(time.Second)
 		for k := range lifeN {
 			hk := float64(lifeSpan(w, k))
 			built := 0.0
@@ -264,5 +292,18 @@ func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 			best = math.Max(best, rhoH[k]*est.q[k])
 		}
 	}
-	return m.cfg.MaxHeap * (1 - u) * best / mem
+	bound := m.cfg.MaxHeap * (1 - u) * best / mem
+	// The plateau the estimate predicts at a steady rate r is base + r ×
+	// (memory per unit of rate): the rate whose plateau stays under the
+	// ceiling less the margin. The base is at most the lowest memory
+	// seen lately (sessions cannot hold less than nothing).
+	// Memory peaks above the fit (a collected heap's sawtooth, noise)
+	// by as much as the recent peak exceeds the fit now, and by three
+	// residual deviations.
+	base := math.Min(est.base, m.l.lowMem)
+	over := math.Max(0, mem-est.fit) + 3*est.sd
+	if k := m.l.exactMax; k > 0 {
+		bound = math.Max(bound, (m.cfg.MaxHeap*(1-u)-base-over)/k)
+	}
+	return bound
 }
