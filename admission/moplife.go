@@ -281,7 +281,7 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 // is estimated.
 func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 	est := &m.l.est
-	if !est.ok || mem <= 0 || mem-est.base < 8*est.sd {
+	if !est.ok || mem <= 0 || mem-est.base < 4*est.sd {
 		return 0 // the sessions' memory is not yet clear of the noise
 	}
 	u := m.cfg.Margin + math.Min(0.3, 0.5*est.high/math.Max(1, float64(est.observed)))
@@ -303,7 +303,19 @@ func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 	base := math.Min(est.base, m.l.lowMem)
 	over := math.Max(0, mem-est.fit) + 3*est.sd
 	if k := m.l.exactMax; k > 0 {
-		bound = math.Max(bound, (m.cfg.MaxHeap*(1-u)-base-over)/k)
+		abs := (m.cfg.MaxHeap*(1-u) - base - over) / k
+		// And memory grows from what it holds now by k per unit of
+		// rate above the rate admitted over the sessions' lifetime ρ*:
+		// the room left now bounds the step, whatever the base.
+		rho := 0.0
+		for j := lifeN - 1; j >= 0; j-- {
+			if float64(lifeSpan(int64(m.cfg.Window), j)) >= est.high {
+				rho = rhoH[j]
+				break
+			}
+		}
+		room := rho + (m.cfg.MaxHeap*(1-u)-mem-2*est.sd)/k
+		bound = math.Max(bound, math.Min(abs, room))
 	}
 	return bound
 }
