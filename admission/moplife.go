@@ -25,7 +25,7 @@ const lifeN = 11
 const lifeDims = lifeN + 1
 
 // lifeRing is how many recent estimates the bound takes the most cautious of.
-const lifeRing = 6
+const lifeRing = 3
 
 // lifeFit is one least-squares system memory ≈ base + Σ w_j A_j, kept as
 // normal equations that forget with a half-life of two windows, so that a
