@@ -448,7 +448,7 @@ func TestRunMOPSimTable(t *testing.T) {
 	if err := r.WriteTable(&out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"allowed/s", "admitted", "refused", "memory", "peak memory", "safe rate at the ceiling"} {
+	for _, want := range []string{"allowed/s", "admitted", "refused", "memory", "peak memory", "safe rate at the ceiling", "lifetime", "p95", "bytes/session", "predicted"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}

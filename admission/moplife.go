@@ -166,7 +166,7 @@ func (m *MOP) publishEstimate(now int64, maxBytes float64) {
 	m.estMed.Store(math.Float64bits(e.median))
 	m.estHigh.Store(math.Float64bits(e.high))
 	m.estBytes.Store(math.Float64bits(e.perSess * maxBytes))
-	m.estPerRate.Store(math.Float64bits(e.perRate))
+	m.estPerRate.Store(math.Float64bits(e.exact))
 	m.estBase.Store(math.Float64bits(e.base))
 	if e.observed < int64(m.cfg.Window) {
 		return
@@ -209,7 +209,7 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 		est.base = f.w[0]
 		est.fit = f.fit
 		total, mem, exact := 0.0, 0.0, 0.0
-		var life [lifeN]float64
+		var life, lifeOwn [lifeN]float64
 		for j := range lifeN {
 			// Each weight counts as the next longer candidate: a
 			// lifetime between two candidates, or noise, splits its
@@ -222,6 +222,7 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 				// to level off: as long as the window allows.
 				life[j], own = float64(w), float64(w)
 			}
+			lifeOwn[j] = own
 			total += f.w[j+1]
 			mem += f.w[j+1] * life[j]
 			exact += f.w[j+1] * own
@@ -248,14 +249,14 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 			prev := cum
 			cum += est.weights[j]
 			if prev < 0.5 && cum >= 0.5 {
-				est.median = life[j]
+				est.median = lifeOwn[j]
 			}
 			if prev < 0.95 && cum >= 0.95 {
-				est.high = life[j]
+				est.high = lifeOwn[j]
 			}
 		}
 		if est.high == 0 {
-			est.high = life[0]
+			est.high = lifeOwn[0]
 		}
 		if est.median == 0 {
 			est.median = est.high
@@ -309,7 +310,7 @@ func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 		// the room left now bounds the step, whatever the base.
 		rho := 0.0
 		for j := lifeN - 1; j >= 0; j-- {
-			if float64(lifeSpan(int64(m.cfg.Window), j)) >= est.high {
+			if float64(lifeSpan(int64(m.cfg.Window), j)) >= 1.38*est.high { // the next longer candidate, as the weights count
 				rho = rhoH[j]
 				break
 			}

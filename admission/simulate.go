@@ -302,6 +302,13 @@ type MOPWindow struct {
 	Refused  int           `json:"refused"`
 	Memory   float64       `json:"memory"`      // used fraction at the window's end
 	PeakMem  float64       `json:"peak_memory"` // highest used fraction in the window
+	// The lifetime estimate at the window's end (MOPStatus); 0 while
+	// nothing is estimated.
+	Lifetime        time.Duration `json:"-"`
+	LifetimeSecs    float64       `json:"lifetime_s"`      // median session lifetime, seconds
+	LifetimeHigh    float64       `json:"lifetime_high_s"` // 95th percentile, seconds
+	BytesPerSession float64       `json:"bytes_per_session"`
+	Predicted       float64       `json:"predicted_memory"` // at the allowed rate, fraction of max
 }
 
 // MOPSim drives one MOP and one SimBackend in fake time: new work arrives
@@ -401,6 +408,8 @@ func (s *MOPSim) Run(rate float64, d time.Duration) []MOPWindow {
 			s.cur.End = time.Duration(now)
 			s.cur.EndSecs = s.cur.End.Seconds()
 			s.cur.Phase, s.cur.Allowed, s.cur.Memory = st.Phase, st.AllowedRate, used
+			s.cur.Lifetime, s.cur.LifetimeSecs, s.cur.LifetimeHigh = st.Lifetime, st.Lifetime.Seconds(), st.LifetimeHigh.Seconds()
+			s.cur.BytesPerSession, s.cur.Predicted = st.BytesPerSession, st.PredictedMemory
 			s.windows = append(s.windows, s.cur)
 			s.cur = MOPWindow{}
 		}
@@ -606,9 +615,14 @@ func (r MOPSimReport) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nmop: ceiling %.1f%%, window %s, initial rate %g/s; offered %g/s; safe rate at the ceiling %.1f/s\n\n", 100*c.MaxHeap, c.Window, c.InitialRate, r.Spec.Rate, r.SafeRate)
 	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "window\tend\tphase\tallowed/s\tadmitted\trefused\tmemory\tpeak\t")
+	fmt.Fprintln(tw, "window\tend\tphase\tallowed/s\tadmitted\trefused\tmemory\tpeak\tlifetime\tp95\tbytes/session\tpredicted\t")
 	for _, row := range r.Windows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%.1f\t%d\t%d\t%.1f%%\t%.1f%%\t\n", row.Window, row.End, row.Phase, row.Allowed, row.Admitted, row.Refused, 100*row.Memory, 100*row.PeakMem)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.1f\t%d\t%d\t%.1f%%\t%.1f%%\t", row.Window, row.End, row.Phase, row.Allowed, row.Admitted, row.Refused, 100*row.Memory, 100*row.PeakMem)
+		if row.BytesPerSession > 0 {
+			fmt.Fprintf(tw, "%.1fs\t%.1fs\t%.0f\t%.1f%%\t\n", row.LifetimeSecs, row.LifetimeHigh, row.BytesPerSession, 100*row.Predicted)
+		} else {
+			fmt.Fprint(tw, "-\t-\t-\t-\t\n")
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
