@@ -276,6 +276,7 @@ type learner struct {
 	regimeBytes, regimeLife float64           // the estimate of the last regime: memory fraction per session, median lifetime (ns)
 	regimeRun               int               // samples in a row far from it
 	lowMem                  float64           // lowest memory sample of the last window
+	cutAt, cutLife          int64             // time of the last cut, and how long memory takes to answer it (0: a window)
 	exactRing               [lifeRing]float64 // the estimate's memory per unit of rate at the last samples
 	exactN                  int
 	exactMax                float64 // the highest of them; 0 unless all are known
@@ -632,6 +633,14 @@ func (m *MOP) Observe(now int64, used, max int64) error {
 		// again mid-window.
 		l.crossed = true
 		m.cut(now, frac, true)
+	case l.crossed && l.cutLife > 0 && !m.cfg.windowOnly && now-l.cutAt >= l.cutLife && frac > m.cfg.MaxHeap+m.cfg.Margin*(1-m.cfg.MaxHeap):
+		// Sessions known to live much less than the window answer a
+		// cut within their lifetime: memory still well over the
+		// ceiling that long after the last cut cuts again, within
+		// the window (never under cutFloor, so one window at most
+		// halves the rate). A deploy that doubles the memory of a
+		// session is followed down within a window, not five.
+		m.cut(now, frac, false)
 	}
 	admitted, refused := m.counts()
 	if l.hist.n == 0 {
@@ -733,7 +742,11 @@ func (m *MOP) cut(now int64, frac float64, oneSample bool) {
 	} else if l.haveModel && frac > l.base && m.cfg.MaxHeap > l.base {
 		next = rate * (m.cfg.MaxHeap - l.base) / (frac - l.base) * (1 - m.cfg.Margin)
 	}
-	l.lastCutMem, l.cutSeen = frac, true
+	l.lastCutMem, l.cutSeen, l.cutAt = frac, true, now
+	l.cutLife = 0
+	if e := &l.est; e.ok && e.observed >= int64(m.cfg.Window) && 4*e.high <= float64(m.cfg.Window) {
+		l.cutLife = int64(2*e.high) + int64(2*time.Second)
+	}
 	l.proven = 0
 	m.setAllowed(math.Max(next, m.cutFloor()))
 	if MOPPhase(m.phase.Load()) == Discovery {

@@ -106,16 +106,27 @@ func TestMOPLifetimeModels(t *testing.T) {
 }
 
 // TestMOPDeploy: a backend whose memory per session doubles (a deploy)
-// after its rate was learned: the allowed rate comes down to within 35%
-// of the new safe rate within one window (the issue asks for 10%: not
-// met yet: 18–31% over), and the estimate's change of regime is reported
-// as an EventMOPEstimate.
+// after its rate was learned: the allowed rate comes down to at most 10%
+// over the new safe rate within one window (the window-bound learner:
+// not within a window), and the change is reported as an
+// EventMOPEstimate.
 func TestMOPDeploy(t *testing.T) {
 	for _, mc := range lifeModels()[:2] {
 		t.Run(mc.name, func(t *testing.T) {
 			var kinds []EventKind
 			cfg := mc.cfg
 			cfg.Events = func(e Event) { kinds = append(kinds, e.Kind) }
+			// The window-bound learner, for the report.
+			old := mc.cfg
+			old.windowOnly = true
+			b, err := NewMOPSim(old, mc.model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Run(1.5*mc.model.SafeRate(cfg.MaxHeap), 4*cfg.Window)
+			b.Backend.SetBytesPerSession(2 * mc.model.BytesPerSession)
+			b.Run(1.5*mc.model.SafeRate(cfg.MaxHeap), cfg.Window)
+			t.Logf("%s, window-bound: %.1f/s a window after the deploy", mc.name, b.MOP.Status().AllowedRate)
 			s, err := NewMOPSim(cfg, mc.model)
 			if err != nil {
 				t.Fatal(err)
@@ -131,8 +142,8 @@ func TestMOPDeploy(t *testing.T) {
 			st := s.MOP.Status()
 			t.Logf("%s: allowed %.1f/s before the deploy, %.1f/s a window after (new safe rate %.1f/s); bytes per session %.0f -> %.0f; peak %.3f",
 				mc.name, before.AllowedRate, st.AllowedRate, safe2, before.BytesPerSession, st.BytesPerSession, s.Peak)
-			if st.AllowedRate > 1.35*safe2 {
-				t.Errorf("allowed %.1f/s a window after the deploy, want at most %.1f/s", st.AllowedRate, 1.35*safe2)
+			if st.AllowedRate > 1.1*safe2 {
+				t.Errorf("allowed %.1f/s a window after the deploy, want at most %.1f/s", st.AllowedRate, 1.1*safe2)
 			}
 			found := false
 			for _, k := range kinds {
