@@ -55,7 +55,6 @@ type lifeEstimate struct {
 	sd       float64        // residual standard deviation, memory fraction
 	observed int64          // how long memory has been watched, ns
 	weights  [lifeN]float64 // count-weighted share of sessions per lifetime
-	_        [0]func()      // not comparable
 }
 
 // lifeSpan is candidate lifetime j for window w, ns.

@@ -209,3 +209,34 @@ func TestMOPEstimatePersisted(t *testing.T) {
 		}
 	}
 }
+
+// TestSimBackendDistributions: the lognormal, bimodal and spread-bytes
+// models hold, at a steady rate, base + rate × mean lifetime × bytes per
+// session (SafeRate's premise), within 4%.
+func TestSimBackendDistributions(t *testing.T) {
+	for _, m := range []BackendModel{
+		{MaxBytes: 1e9, BaseBytes: 1e8, BytesPerSession: 1e5, Lifetime: 5 * time.Second, LogSigma: 1, Seed: 1},
+		{MaxBytes: 1e9, BaseBytes: 1e8, BytesPerSession: 1e5, Lifetime: 2 * time.Second, LongShare: 0.1, LongLifetime: 50 * time.Second, Seed: 2},
+		{MaxBytes: 1e9, BaseBytes: 1e8, BytesPerSession: 1e5, Lifetime: 3 * time.Second, BytesSpread: 4, Seed: 3},
+	} {
+		b, err := NewSimBackend(m, 10*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, n := 0.0, 0
+		for i := range 60000 { // 10 minutes at 200/s
+			u := b.Advance(2)
+			if i >= 30000 {
+				sum += u
+				n++
+			}
+		}
+		want := (m.BaseBytes + 200*m.MeanLifetime().Seconds()*m.BytesPerSession) / m.MaxBytes
+		if got := sum / float64(n); math.Abs(got-want) > 0.04*want {
+			t.Errorf("%+v: mean memory %.4f at 200/s, want %.4f", m, got, want)
+		}
+	}
+	if err := (BackendModel{MaxBytes: 1, BytesPerSession: 1, Lifetime: 1, LongShare: 0.5}).Validate(); err == nil {
+		t.Error("a long share without a long lifetime was accepted")
+	}
+}
