@@ -239,6 +239,8 @@ type MOP struct {
 	source   atomic.Pointer[countSource]
 	follower atomic.Bool
 
+	spans [lifeN]int64 // the lifetime estimate's candidate lifetimes, ns (moplife.go); set by NewMOP
+
 	mu sync.Mutex // guards the learner below
 	l  learner
 }
@@ -350,6 +352,9 @@ func NewMOP(cfg MOPConfig) (*MOP, error) {
 		return nil, err
 	}
 	m := &MOP{cfg: cfg}
+	for j := range m.spans {
+		m.spans[j] = lifeSpan(int64(cfg.Window), j)
+	}
 	m.setAllowed(cfg.InitialRate)
 	return m, nil
 }

@@ -138,7 +138,7 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 				// The same over the lifetime estimate's horizons.
 				avg := float64(end.admitted-s.admitted) / float64(d)
 				for k := range m.l.rhoH {
-					if d <= lifeSpan(horizon, k) {
+					if d <= m.spans[k] {
 						m.l.rhoH[k] = math.Min(m.l.rhoH[k], avg)
 					}
 				}
@@ -166,7 +166,7 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 			rho = math.Min(rho, float64(end.admitted)/float64(horizon))
 		}
 		for k := range m.l.rhoH {
-			if hk := lifeSpan(horizon, k); longest < hk {
+			if hk := m.spans[k]; longest < hk {
 				if h.n < len(h.s) {
 					m.l.rhoH[k] = math.Min(m.l.rhoH[k], float64(end.admitted)/float64(hk))
 				} else {

@@ -119,7 +119,7 @@ func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) 
 		var x [lifeDims]float64
 		x[0] = 1
 		for j := range lifeN {
-			x[j+1] = float64(end.admitted - h.countAt(end.at-lifeSpan(w, j)))
+			x[j+1] = float64(end.admitted - h.countAt(end.at-m.spans[j]))
 		}
 		f := &l.life[e]
 		f.add(&x, frac, decay)
@@ -214,9 +214,9 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 			// lifetime between two candidates, or noise, splits its
 			// weight between them, and the shorter would promise too
 			// little memory.
-			d, own := lifeSpan(w, max(0, j-1)), float64(lifeSpan(w, j))
+			d, own := m.spans[max(0, j-1)], float64(m.spans[j])
 			life[j] = float64(d)
-			if 3*lifeSpan(w, j) > 2*obs {
+			if 3*m.spans[j] > 2*obs {
 				// Not watched for 1½ times its length, so not seen
 				// to level off: as long as the window allows.
 				life[j], own = float64(w), float64(w)
@@ -234,7 +234,7 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 		est.perRate = mem / float64(time.Second)
 		est.exact = exact / float64(time.Second)
 		for k := range lifeN {
-			hk := float64(lifeSpan(w, k))
+			hk := float64(m.spans[k])
 			built := 0.0
 			for j := range lifeN {
 				built += f.w[j+1] * math.Min(life[j], hk)
@@ -309,7 +309,7 @@ func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 		// the room left now bounds the step, whatever the base.
 		rho := 0.0
 		for j := lifeN - 1; j >= 0; j-- {
-			if float64(lifeSpan(int64(m.cfg.Window), j)) >= 1.38*est.high { // the next longer candidate, as the weights count
+			if float64(m.spans[j]) >= 1.38*est.high { // the next longer candidate, as the weights count
 				rho = rhoH[j]
 				break
 			}
