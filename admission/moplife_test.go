@@ -16,7 +16,7 @@ type lifeModel struct {
 	short  bool    // lifetimes at most a quarter window: the speed targets apply
 }
 
-// lifeModels are the backends of issue 24 beside those of mopModels:
+// lifeModels are the backends of lifetime-aware discovery beside mopModels:
 // short sessions (the reported 2 s case), a long tail (lognormal σ = 1
 // around 5 s), a bimodal mix (90% live 2 s, 10% 50 s), memory per
 // session spread ×4, a collected heap (every 7 s), a probe one interval
@@ -63,7 +63,7 @@ func runLife(t *testing.T, cfg MOPConfig, model BackendModel, demand float64, wi
 // passes the ceiling by more than 2 points and discovery never allows
 // more than the true safe rate. For lifetimes at most a quarter window,
 // refusals while memory is under half the ceiling are at most 10% of
-// those of discovery bounded by the window alone (today's), and the rate
+// those of discovery bounded by the window alone, and the rate
 // is within 10% of the learned one after at most 1 window. The figures
 // are the README's table.
 func TestMOPLifetimeModels(t *testing.T) {
@@ -92,14 +92,14 @@ func TestMOPLifetimeModels(t *testing.T) {
 			if !mc.short {
 				return
 			}
-			// The issue's targets (at most 10% of today's refusals, within
+			// The targets (at most 10% of the window-bound refusals, within
 			// 10% after 1 window) are not all met yet: assert that the
 			// estimate never does worse than the window alone.
 			if s.RefusedLowMemory > today.RefusedLowMemory {
-				t.Errorf("refused under half the ceiling: %d, today's %d; want at most as many", s.RefusedLowMemory, today.RefusedLowMemory)
+				t.Errorf("refused under half the ceiling: %d, window-bound %d; want at most as many", s.RefusedLowMemory, today.RefusedLowMemory)
 			}
 			if got, was := s.Settled(0.1), today.Settled(0.1); got > was+w/10 {
-				t.Errorf("allowed rate within 10%% of its last value after %s, today's %s; want no later", got, was)
+				t.Errorf("allowed rate within 10%% of its last value after %s, window-bound %s; want no later", got, was)
 			}
 		})
 	}
