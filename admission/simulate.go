@@ -86,7 +86,7 @@ type BackendModel struct {
 	// Lifetime: a bimodal mix.
 	LongShare    float64
 	LongLifetime time.Duration
-	// BytesSpread, when over 1, draws each session's memory uniformly
+	// BytesSpread (0, or in [1,100]), when over 1, draws each session's memory uniformly
 	// from BytesPerSession × [2/(1+s), 2s/(1+s)]: the largest session
 	// holds s times the smallest, the mean stays BytesPerSession.
 	BytesSpread float64
@@ -124,9 +124,9 @@ func (b BackendModel) Validate() error {
 	case b.LogSigma < 0 || b.LogSigma > 3:
 		return fmt.Errorf("lognormal sigma must be in [0,3] (got %g)", b.LogSigma)
 	case b.LongShare < 0 || b.LongShare >= 1 || (b.LongShare > 0 && b.LongLifetime <= 0):
-		return fmt.Errorf("long share must be in [0,1) with a positive long lifetime (got %g, %s)", b.LongShare, b.LongLifetime)
-	case b.BytesSpread < 0 || b.BytesSpread > 100:
-		return fmt.Errorf("bytes spread must be in [0,100] (got %g)", b.BytesSpread)
+		return fmt.Errorf("long-share must be in [0,1), and with a positive long lifetime (got %g, long %s)", b.LongShare, b.LongLifetime)
+	case b.BytesSpread != 0 && (b.BytesSpread < 1 || b.BytesSpread > 100):
+		return fmt.Errorf("spread of bytes per session must be 0 or in [1,100] (got %g)", b.BytesSpread)
 	case b.ProbeLag < 0:
 		return fmt.Errorf("probe lag must not be negative (got %d)", b.ProbeLag)
 	case b.Noise < 0 || b.Noise >= 0.5:
@@ -304,11 +304,11 @@ type MOPWindow struct {
 	PeakMem  float64       `json:"peak_memory"` // highest used fraction in the window
 	// The lifetime estimate at the window's end (MOPStatus); 0 while
 	// nothing is estimated.
-	Lifetime        time.Duration `json:"-"`
-	LifetimeSecs    float64       `json:"lifetime_s"`      // median session lifetime, seconds
-	LifetimeHigh    float64       `json:"lifetime_high_s"` // 95th percentile, seconds
-	BytesPerSession float64       `json:"bytes_per_session"`
-	Predicted       float64       `json:"predicted_memory"` // at the allowed rate, fraction of max
+	Lifetime         time.Duration `json:"-"`
+	LifetimeSecs     float64       `json:"lifetime_s"`      // median session lifetime, seconds
+	LifetimeHighSecs float64       `json:"lifetime_high_s"` // 95th percentile, seconds
+	BytesPerSession  float64       `json:"bytes_per_session"`
+	Predicted        float64       `json:"predicted_memory"` // at the allowed rate, fraction of max
 }
 
 // MOPSim drives one MOP and one SimBackend in fake time: new work arrives
@@ -408,7 +408,7 @@ func (s *MOPSim) Run(rate float64, d time.Duration) []MOPWindow {
 			s.cur.End = time.Duration(now)
 			s.cur.EndSecs = s.cur.End.Seconds()
 			s.cur.Phase, s.cur.Allowed, s.cur.Memory = st.Phase, st.AllowedRate, used
-			s.cur.Lifetime, s.cur.LifetimeSecs, s.cur.LifetimeHigh = st.Lifetime, st.Lifetime.Seconds(), st.LifetimeHigh.Seconds()
+			s.cur.Lifetime, s.cur.LifetimeSecs, s.cur.LifetimeHighSecs = st.Lifetime, st.Lifetime.Seconds(), st.LifetimeHigh.Seconds()
 			s.cur.BytesPerSession, s.cur.Predicted = st.BytesPerSession, st.PredictedMemory
 			s.windows = append(s.windows, s.cur)
 			s.cur = MOPWindow{}
@@ -447,6 +447,10 @@ lifetime=DUR     how long a session lives                                  requi
 max-heap=SIZE    the backend's maximum memory                              required
 rate=N           new sessions offered per second                           required
 jitter=F         lifetimes spread over lifetime × [1-F, 1+F]               default 0
+sigma=F          lognormal lifetimes: median lifetime, this σ              default 0
+long=DUR         a second lifetime, lived by long-share of the sessions    default none
+long-share=F     share of the sessions living long, in [0,1)               default 0
+spread=F         bytes per session vary F× between sessions (mean bytes)   default 1
 gc=DUR           collection period: garbage is freed only then             default none
 garbage=SIZE     garbage a session leaves until the next collection        default 0
 lag=N            the probe reports memory N probe intervals late           default 0
@@ -501,6 +505,14 @@ func ParseMOPSimSpec(spec string) (MOPSimSpec, error) {
 			s.Rate, err = parsePositive(v)
 		case "jitter":
 			s.Model.Jitter, err = strconv.ParseFloat(v, 64)
+		case "sigma":
+			s.Model.LogSigma, err = strconv.ParseFloat(v, 64)
+		case "long":
+			s.Model.LongLifetime, err = time.ParseDuration(v)
+		case "long-share":
+			s.Model.LongShare, err = strconv.ParseFloat(v, 64)
+		case "spread":
+			s.Model.BytesSpread, err = strconv.ParseFloat(v, 64)
 		case "gc":
 			s.Model.GCEvery, err = time.ParseDuration(v)
 		case "garbage":
@@ -523,7 +535,7 @@ func ParseMOPSimSpec(spec string) (MOPSimSpec, error) {
 		case "seed":
 			s.Model.Seed, err = strconv.ParseInt(v, 10, 64)
 		default:
-			return s, fmt.Errorf("unknown key %q (want base, bytes, lifetime, max-heap, rate, jitter, gc, garbage, lag, noise, ceiling, window, initial, windows or seed)", k)
+			return s, fmt.Errorf("unknown key %q (want base, bytes, lifetime, max-heap, rate, jitter, sigma, long, long-share, spread, gc, garbage, lag, noise, ceiling, window, initial, windows or seed)", k)
 		}
 		if err != nil {
 			return s, fmt.Errorf("%s=%s: %w", k, v, err)
@@ -619,7 +631,7 @@ func (r MOPSimReport) WriteTable(w io.Writer) error {
 	for _, row := range r.Windows {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%.1f\t%d\t%d\t%.1f%%\t%.1f%%\t", row.Window, row.End, row.Phase, row.Allowed, row.Admitted, row.Refused, 100*row.Memory, 100*row.PeakMem)
 		if row.BytesPerSession > 0 {
-			fmt.Fprintf(tw, "%.1fs\t%.1fs\t%.0f\t%.1f%%\t\n", row.LifetimeSecs, row.LifetimeHigh, row.BytesPerSession, 100*row.Predicted)
+			fmt.Fprintf(tw, "%.1fs\t%.1fs\t%.0f\t%.1f%%\t\n", row.LifetimeSecs, row.LifetimeHighSecs, row.BytesPerSession, 100*row.Predicted)
 		} else {
 			fmt.Fprint(tw, "-\t-\t-\t-\t\n")
 		}
