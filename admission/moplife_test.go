@@ -158,8 +158,8 @@ func TestMOPDeploy(t *testing.T) {
 
 // TestMOPEstimatePersisted: the estimate travels in MOPState: Export
 // carries it, Import restores it into Status, a state saved before there
-// was an estimate (JSON without the fields) still loads, and a made-up
-// estimate is refused.
+// was an estimate (JSON without the fields) still loads, a made-up
+// estimate is refused, and Reset forgets it.
 func TestMOPEstimatePersisted(t *testing.T) {
 	mc := lifeModels()[0]
 	s := runLife(t, mc.cfg, mc.model, mc.demand, 2, false)
@@ -185,6 +185,11 @@ func TestMOPEstimatePersisted(t *testing.T) {
 	st := m.Status()
 	if st.Lifetime != saved.Lifetime || st.BytesPerSession != saved.BytesPerSession || !(st.PredictedMemory > 0) {
 		t.Errorf("status after import %+v, want the exported estimate %+v", st, saved)
+	}
+
+	m.Reset()
+	if st := m.Status(); st.Lifetime != 0 || st.BytesPerSession != 0 || st.PredictedMemory != 0 {
+		t.Errorf("status after Reset still shows an estimate: %+v", st)
 	}
 
 	old := `{"phase":1,"learned_rate":120,"allowed_rate":120,"base":0.2,"slope":0.003,"updated_at":"2026-11-30T10:00:00Z"}`
