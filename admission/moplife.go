@@ -281,7 +281,7 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 // is estimated.
 func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 	est := &m.l.est
-	if !est.ok || mem <= 0 || mem-est.base < 3*est.sd {
+	if !est.ok || mem <= 0 || mem-est.base < 4*est.sd {
 		return 0 // the sessions' memory is not yet clear of the noise
 	}
 	u := m.cfg.Margin + math.Min(0.3, 0.5*est.high/math.Max(1, float64(est.observed)))
