@@ -75,3 +75,42 @@ func BenchmarkXRateAllowParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkMOPObserve is the sample path with the lifetime estimate: one
+// memory sample a second against a full history, as a probe feeds it.
+// It runs under the learner's lock, off the request path.
+func BenchmarkMOPObserve(b *testing.B) {
+	m, _ := NewMOP(MOPConfig{Name: "b"})
+	now := int64(0)
+	for i := range 600 { // fill the history
+		now += int64(time.Second)
+		m.Allow(now)
+		m.Observe(now, int64(1<<28+i<<16), 1<<30)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		now += int64(time.Second)
+		m.Allow(now)
+		m.Observe(now, int64(1<<28+(i%600)<<16), 1<<30)
+	}
+}
+
+// TestMOPObserveAllocs: the sample path, estimate included, allocates
+// nothing once its history exists.
+func TestMOPObserveAllocs(t *testing.T) {
+	m, _ := NewMOP(MOPConfig{Name: "a"})
+	now := int64(0)
+	for i := range 100 {
+		now += int64(time.Second)
+		m.Allow(now)
+		m.Observe(now, int64(1<<28+i<<16), 1<<30)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		now += int64(time.Second)
+		m.Allow(now)
+		m.Observe(now, 1<<28, 1<<30)
+	}); n != 0 {
+		t.Errorf("Observe allocates %v per sample, want 0", n)
+	}
+}

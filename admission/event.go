@@ -15,6 +15,7 @@ const (
 	EventARMWouldLimit EventKind = "arm.would_limit" // an action=log rule went over its limit
 	EventMOPPhase      EventKind = "mop.phase"       // a backend's MOP phase changed
 	EventMOPLearned    EventKind = "mop.learned"     // a backend's learned rate changed
+	EventMOPEstimate   EventKind = "mop.estimate"    // a backend's sessions changed regime: bytes per session or lifetime (a deploy)
 	EventConfigWarning EventKind = "config.warning"  // a configuration value was ignored or adjusted
 	EventConfigReload  EventKind = "config.reload"   // the backends were re-read (SIGHUP)
 	EventBackendState  EventKind = "backend.state"   // a backend went up, down or draining by its health checks

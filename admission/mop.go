@@ -64,6 +64,10 @@ type MOPConfig struct {
 	// and at most doubles the rate per window: kept as the baseline that
 	// the tests and the README's table compare against.
 	doubling bool
+	// windowOnly turns the lifetime estimate's bound off: discovery
+	// bounded by the window alone, kept as the baseline of the tests and
+	// the README's table.
+	windowOnly bool
 }
 
 // DefaultMOPRejectCode is the HTTP status when every backend's MOP
@@ -167,6 +171,14 @@ type MOPState struct {
 	// later sample has confirmed yet: it is in force and shared with a
 	// cluster, but persist/ keeps the state stored before it.
 	Provisional bool `json:"provisional,omitempty"`
+	// The lifetime estimate (MOPStatus has the same fields); all 0 in a
+	// state saved before there was one, which loads as "nothing
+	// estimated".
+	Lifetime        time.Duration `json:"lifetime_ns,omitempty"`       // median session lifetime
+	LifetimeHigh    time.Duration `json:"lifetime_high_ns,omitempty"`  // 95th percentile
+	BytesPerSession float64       `json:"bytes_per_session,omitempty"` // memory one live session holds, bytes
+	SessionMemory   float64       `json:"session_memory,omitempty"`    // memory fraction per (session per second) at a steady rate
+	SessionBase     float64       `json:"session_base,omitempty"`      // memory fraction with no session live, by the estimate
 }
 
 // MOPStatus is a point-in-time view for /status and metrics.
@@ -180,6 +192,12 @@ type MOPStatus struct {
 	ProbeFailures  uint64  // failed probes since start
 	Admitted       uint64  // new work admitted since start
 	Refused        uint64  // new work refused since start
+	// What the memory's answer to changes in the admitted rate says of
+	// the sessions (moplife.go); all 0 while nothing is estimated.
+	Lifetime        time.Duration // median session lifetime
+	LifetimeHigh    time.Duration // 95th percentile of the session lifetime
+	BytesPerSession float64       // memory one live session holds, bytes
+	PredictedMemory float64       // predicted memory at the allowed rate held steady, fraction of the backend's max
 }
 
 // MOP is memory overload protection for one backend. Allow is the hot path:
@@ -205,7 +223,11 @@ type MOP struct {
 	allowed atomic.Uint64 // float64 bits
 	learned atomic.Uint64 // float64 bits
 	memFrac atomic.Uint64 // float64 bits
-	pinned  atomic.Uint64 // float64 bits of the rate an operator pinned; 0: learning (mopcontrol.go)
+	// The lifetime estimate, float64 bits: median and high lifetime
+	// (ns), bytes per session, memory fraction per (request per
+	// second) and the base, published by Observe.
+	estMed, estHigh, estBytes, estPerRate, estBase atomic.Uint64
+	pinned                                         atomic.Uint64 // float64 bits of the rate an operator pinned; 0: learning (mopcontrol.go)
 
 	// The memory probe's health (ProbeFailed, Observe).
 	memKnown  atomic.Bool
@@ -216,6 +238,8 @@ type MOP struct {
 	lease    atomic.Pointer[Lease]
 	source   atomic.Pointer[countSource]
 	follower atomic.Bool
+
+	spans [lifeN]int64 // the lifetime estimate's candidate lifetimes, ns (moplife.go); set by NewMOP
 
 	mu sync.Mutex // guards the learner below
 	l  learner
@@ -246,6 +270,18 @@ type learner struct {
 	fits    [len(fitSpans)][2]fit // discovery: memory against the rate over each span, now and one sample late
 
 	discStart int64 // first sample of discovery
+
+	life [2]lifeFit     // memory against the work admitted over each candidate lifetime, now and one sample late
+	est  lifeEstimate   // what they say
+	rhoH [lifeN]float64 // lowest trailing admitted rate over spans up to each candidate lifetime, per second
+
+	regimeBytes, regimeLife float64           // the estimate of the last regime: memory fraction per session, median lifetime (ns)
+	regimeRun               int               // samples in a row far from it
+	lowMem                  float64           // lowest memory sample of the last window
+	cutAt, cutLife          int64             // time of the last cut, and how long memory takes to answer it (0: a window)
+	exactRing               [lifeRing]float64 // the estimate's memory per unit of rate at the last samples
+	exactN                  int
+	exactMax                float64 // the highest of them; 0 unless all are known
 
 	rise     float64 // mean rise of memory between samples beyond its trend, recently
 	headroom float64 // headroomBound at the last sample, per second
@@ -316,6 +352,9 @@ func NewMOP(cfg MOPConfig) (*MOP, error) {
 		return nil, err
 	}
 	m := &MOP{cfg: cfg}
+	for j := range m.spans {
+		m.spans[j] = lifeSpan(int64(cfg.Window), j)
+	}
 	m.setAllowed(cfg.InitialRate)
 	return m, nil
 }
@@ -438,16 +477,29 @@ func (m *MOP) Status() MOPStatus {
 		probeErr = *p
 	}
 	return MOPStatus{
-		Phase:          MOPPhase(m.phase.Load()),
-		AllowedRate:    loadF(&m.allowed),
-		LearnedRate:    loadF(&m.learned),
-		MemoryFraction: loadF(&m.memFrac),
-		MemoryKnown:    m.memKnown.Load(),
-		ProbeError:     probeErr,
-		ProbeFailures:  m.probeFail.Load(),
-		Admitted:       admitted,
-		Refused:        refused,
+		Phase:           MOPPhase(m.phase.Load()),
+		AllowedRate:     loadF(&m.allowed),
+		LearnedRate:     loadF(&m.learned),
+		MemoryFraction:  loadF(&m.memFrac),
+		MemoryKnown:     m.memKnown.Load(),
+		ProbeError:      probeErr,
+		ProbeFailures:   m.probeFail.Load(),
+		Admitted:        admitted,
+		Refused:         refused,
+		Lifetime:        time.Duration(loadF(&m.estMed)),
+		LifetimeHigh:    time.Duration(loadF(&m.estHigh)),
+		BytesPerSession: loadF(&m.estBytes),
+		PredictedMemory: predicted(loadF(&m.estBase), loadF(&m.estPerRate), loadF(&m.allowed)),
 	}
+}
+
+// predicted is the memory a steady rate holds by the estimate: 0 when
+// there is none.
+func predicted(base, perRate, rate float64) float64 {
+	if !(perRate > 0) {
+		return 0
+	}
+	return base + perRate*rate
 }
 
 // Export returns the learned state as a plain value.
@@ -466,6 +518,12 @@ func (m *MOP) Export() MOPState {
 		Slope:       m.l.slope,
 		UpdatedAt:   time.Now(),
 		Provisional: m.l.prov && !(m.l.provRate > 0 && loadF(&m.learned) >= m.l.provRate),
+
+		Lifetime:        time.Duration(loadF(&m.estMed)),
+		LifetimeHigh:    time.Duration(loadF(&m.estHigh)),
+		BytesPerSession: loadF(&m.estBytes),
+		SessionMemory:   loadF(&m.estPerRate),
+		SessionBase:     loadF(&m.estBase),
 	}
 }
 
@@ -481,6 +539,14 @@ func (m *MOP) Import(s MOPState) error {
 	if math.IsNaN(s.Base) || math.IsNaN(s.Slope) || math.IsInf(s.Base, 0) || math.IsInf(s.Slope, 0) ||
 		math.IsNaN(s.LearnedRate) || math.IsNaN(s.AllowedRate) || math.IsInf(s.LearnedRate, 0) || math.IsInf(s.AllowedRate, 0) {
 		return fmt.Errorf("mop %s: imported state is not finite", m.cfg.Name)
+	}
+	for _, v := range [...]float64{float64(s.Lifetime), float64(s.LifetimeHigh), s.BytesPerSession, s.SessionMemory, s.SessionBase} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxMemoryBytes {
+			return fmt.Errorf("mop %s: imported lifetime estimate %g is not a finite number in [0, %g]", m.cfg.Name, v, float64(MaxMemoryBytes))
+		}
+	}
+	if s.SessionBase > 1 || s.SessionMemory > 1 {
+		return fmt.Errorf("mop %s: imported session memory %g or base %g is over the backend's whole memory", m.cfg.Name, s.SessionMemory, s.SessionBase)
 	}
 	rate := s.AllowedRate
 	if s.Phase == Learned && s.LearnedRate > 0 {
@@ -501,6 +567,11 @@ func (m *MOP) Import(s MOPState) error {
 		m.l.base, m.l.slope, m.l.haveModel = s.Base, s.Slope, true
 	}
 	m.setAllowed(rate)
+	m.estMed.Store(math.Float64bits(float64(s.Lifetime)))
+	m.estHigh.Store(math.Float64bits(float64(s.LifetimeHigh)))
+	m.estBytes.Store(math.Float64bits(s.BytesPerSession))
+	m.estPerRate.Store(math.Float64bits(s.SessionMemory))
+	m.estBase.Store(math.Float64bits(s.SessionBase))
 	return nil
 }
 
@@ -567,9 +638,21 @@ func (m *MOP) Observe(now int64, used, max int64) error {
 		// again mid-window.
 		l.crossed = true
 		m.cut(now, frac, true)
+	case l.crossed && l.cutLife > 0 && !m.cfg.windowOnly && now-l.cutAt >= l.cutLife && frac > m.cfg.MaxHeap+m.cfg.Margin*(1-m.cfg.MaxHeap):
+		// Sessions known to live much less than the window answer a
+		// cut within their lifetime: memory still well over the
+		// ceiling that long after the last cut cuts again, within
+		// the window (never under cutFloor, so one window at most
+		// halves the rate). A deploy that doubles the memory of a
+		// session is followed down within a window, not five.
+		m.cut(now, frac, false)
 	}
 	admitted, refused := m.counts()
+	if l.hist.n == 0 {
+		l.discStart = now
+	}
 	l.headroom, l.rho = m.headroomBound(now, admitted, frac)
+	m.addLifePoints(now, admitted, frac, float64(max))
 	if !math.IsInf(l.headroom, 1) {
 		l.proven = math.Max(l.proven, l.headroom)
 	}
@@ -664,7 +747,11 @@ func (m *MOP) cut(now int64, frac float64, oneSample bool) {
 	} else if l.haveModel && frac > l.base && m.cfg.MaxHeap > l.base {
 		next = rate * (m.cfg.MaxHeap - l.base) / (frac - l.base) * (1 - m.cfg.Margin)
 	}
-	l.lastCutMem, l.cutSeen = frac, true
+	l.lastCutMem, l.cutSeen, l.cutAt = frac, true, now
+	l.cutLife = 0
+	if e := &l.est; e.ok && e.observed >= int64(m.cfg.Window) && 4*e.high <= float64(m.cfg.Window) {
+		l.cutLife = int64(2*e.high) + int64(2*time.Second)
+	}
 	l.proven = 0
 	m.setAllowed(math.Max(next, m.cutFloor()))
 	if MOPPhase(m.phase.Load()) == Discovery {

@@ -407,6 +407,13 @@ func TestParseMOPSimSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d, err := ParseMOPSimSpec("base=10%,bytes=64KiB,lifetime=2s,max-heap=1GiB,rate=300,sigma=1,long=50s,long-share=0.1,spread=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Model.LogSigma != 1 || d.Model.LongLifetime != 50*time.Second || d.Model.LongShare != 0.1 || d.Model.BytesSpread != 4 {
+		t.Errorf("parsed %+v", d.Model)
+	}
 	if s.Model.BaseBytes != 0.1*(1<<30) || s.Model.BytesPerSession != 64<<10 || s.Model.Lifetime != 30*time.Second ||
 		s.Model.MaxBytes != 1<<30 || s.Rate != 300 || s.Model.GCEvery != 5*time.Second || s.Model.GarbagePerSession != 4096 ||
 		s.Model.ProbeLag != 1 || s.MOP.MaxHeap != 0.5 || s.MOP.Window != 30*time.Second || s.Windows != 4 || s.MOP.InitialRate != 10 {
@@ -425,6 +432,11 @@ func TestParseMOPSimSpec(t *testing.T) {
 		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,rate=2", "rate"},
 		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,jitter=1", "jitter"},
 		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,windows=0", "windows"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,sigma=4", "sigma"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,long-share=0.1", "long-share"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,long=50s,long-share=1", "long-share"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,spread=0.5", "spread"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,long=soon", "long"},
 	} {
 		if _, err := ParseMOPSimSpec(tc.spec); err == nil || !strings.Contains(err.Error(), tc.key) {
 			t.Errorf("%q: error %v, want one naming %s", tc.spec, err, tc.key)
@@ -448,7 +460,7 @@ func TestRunMOPSimTable(t *testing.T) {
 	if err := r.WriteTable(&out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"allowed/s", "admitted", "refused", "memory", "peak memory", "safe rate at the ceiling"} {
+	for _, want := range []string{"allowed/s", "admitted", "refused", "memory", "peak memory", "safe rate at the ceiling", "lifetime", "p95", "bytes/session", "predicted"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}

@@ -3,6 +3,7 @@ package admission
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 )
 
 // Operator controls of a backend's MOP: Reset sends it back to discovery,
@@ -21,6 +22,9 @@ func (m *MOP) Reset() {
 	m.l = learner{}
 	m.phase.Store(uint32(Discovery))
 	m.learned.Store(math.Float64bits(0))
+	for _, a := range []*atomic.Uint64{&m.estMed, &m.estHigh, &m.estBytes, &m.estPerRate, &m.estBase} {
+		a.Store(0) // the lifetime estimate too: the sessions may have changed
+	}
 	m.setAllowed(m.cfg.InitialRate)
 	m.cfg.Events.emit(EventMOPPhase, m.cfg.Name, fmt.Sprintf("mop reset to discovery at %.1f/s", m.cfg.InitialRate))
 }

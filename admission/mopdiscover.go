@@ -25,7 +25,6 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 		l.midRate, l.midSet = allowed, true
 	}
 	if l.hist.n == 0 {
-		l.discStart = now
 		return
 	}
 	prev := l.hist.at(0)
@@ -57,6 +56,12 @@ func (m *MOP) discover(now int64, frac float64, admitted, refused uint64) {
 	c := m.cfg.MaxHeap * (1 - m.cfg.Margin)
 	if l.proven > 0 {
 		bound = math.Min(bound, math.Max(0, l.rho+l.proven*(1-l.mem/c)))
+	}
+	if !m.cfg.windowOnly {
+		// Sessions shorter than the window: the estimate of how long
+		// they live bounds the rate over its own horizon, from the
+		// memory now, so it grows at every plateau.
+		bound = math.Max(bound, m.lifeBound(&l.rhoH, l.mem))
 	}
 	m.addFitPoints(now, admitted, frac)
 	if f, _, slope := m.fitBound(now); f > bound {
@@ -110,6 +115,11 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 	rho = math.Inf(1)
 	var riseSum, stepSum float64 // rises, and all changes, between consecutive samples of the last quarter window
 	var rises, steps int
+	for k := range m.l.rhoH {
+		m.l.rhoH[k] = math.Inf(1)
+	}
+	low := frac // the lowest sample of the last window
+	defer func() { m.l.lowMem = low }()
 	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
 	for e, end := range ends {
 		if e == 1 && h.n < 2 {
@@ -117,9 +127,23 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 		}
 		whole := false // a span of at least the horizon was seen
 		next := frac   // the sample after s
+		longest := int64(0)
 		for i := e; i < h.n && !whole; i++ {
 			s := h.at(i)
 			d := end.at - s.at
+			if e == 0 {
+				low = math.Min(low, s.mem)
+			}
+			if d > 0 {
+				// The same over the lifetime estimate's horizons.
+				avg := float64(end.admitted-s.admitted) / float64(d)
+				for k := range m.l.rhoH {
+					if d <= m.spans[k] {
+						m.l.rhoH[k] = math.Min(m.l.rhoH[k], avg)
+					}
+				}
+				longest = d
+			}
 			if e == 0 && d <= horizon/4 {
 				mem = math.Max(mem, s.mem)
 				stepSum += next - s.mem
@@ -140,6 +164,22 @@ func (m *MOP) headroomBound(now int64, admitted uint64, frac float64) (bound, rh
 			// Younger than the horizon: nothing was admitted before the
 			// first sample but what the counters hold.
 			rho = math.Min(rho, float64(end.admitted)/float64(horizon))
+		}
+		for k := range m.l.rhoH {
+			if hk := m.spans[k]; longest < hk {
+				if h.n < len(h.s) {
+					m.l.rhoH[k] = math.Min(m.l.rhoH[k], float64(end.admitted)/float64(hk))
+				} else {
+					m.l.rhoH[k] = 0 // the history lost what a span this long needs
+				}
+			}
+		}
+	}
+	for k := range m.l.rhoH {
+		if math.IsInf(m.l.rhoH[k], 1) {
+			m.l.rhoH[k] = 0
+		} else {
+			m.l.rhoH[k] *= float64(time.Second)
 		}
 	}
 	if rises > 0 {

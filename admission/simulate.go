@@ -78,6 +78,18 @@ type BackendModel struct {
 	// Jitter spreads lifetimes uniformly over Lifetime × [1-Jitter,
 	// 1+Jitter]; in [0,1). 0: every session lives exactly Lifetime.
 	Jitter float64
+	// LogSigma, when positive, draws lifetimes from a lognormal
+	// distribution with median Lifetime and this σ (long-tailed; Jitter
+	// is then ignored).
+	LogSigma float64
+	// LongShare of the sessions (in [0,1)) live LongLifetime instead of
+	// Lifetime: a bimodal mix.
+	LongShare    float64
+	LongLifetime time.Duration
+	// BytesSpread (0, or in [1,100]), when over 1, draws each session's memory uniformly
+	// from BytesPerSession × [2/(1+s), 2s/(1+s)]: the largest session
+	// holds s times the smallest, the mean stays BytesPerSession.
+	BytesSpread float64
 	// GarbagePerSession is memory a session leaves behind at admission
 	// that only a collection frees, bytes. With GCEvery it makes the
 	// sawtooth of a garbage-collected heap (a JVM's used heap).
@@ -109,6 +121,12 @@ func (b BackendModel) Validate() error {
 		return fmt.Errorf("jitter must be in [0,1) (got %g)", b.Jitter)
 	case b.GarbagePerSession < 0 || b.GCEvery < 0:
 		return errors.New("garbage per session and gc period must not be negative")
+	case b.LogSigma < 0 || b.LogSigma > 3:
+		return fmt.Errorf("lognormal sigma must be in [0,3] (got %g)", b.LogSigma)
+	case b.LongShare < 0 || b.LongShare >= 1 || (b.LongShare > 0 && b.LongLifetime <= 0):
+		return fmt.Errorf("long-share must be in [0,1), and with a positive long lifetime (got %g, long %s)", b.LongShare, b.LongLifetime)
+	case b.BytesSpread != 0 && (b.BytesSpread < 1 || b.BytesSpread > 100):
+		return fmt.Errorf("spread of bytes per session must be 0 or in [1,100] (got %g)", b.BytesSpread)
 	case b.ProbeLag < 0:
 		return fmt.Errorf("probe lag must not be negative (got %d)", b.ProbeLag)
 	case b.Noise < 0 || b.Noise >= 0.5:
@@ -120,23 +138,47 @@ func (b BackendModel) Validate() error {
 // SafeRate is the highest steady rate of new sessions per second whose
 // memory peak stays at ceiling (a fraction of MaxBytes), ignoring noise.
 func (b BackendModel) SafeRate(ceiling float64) float64 {
-	perRate := b.BytesPerSession * b.Lifetime.Seconds()
+	perRate := b.BytesPerSession * b.MeanLifetime().Seconds()
 	if b.GCEvery > 0 {
 		perRate += b.GarbagePerSession * b.GCEvery.Seconds()
 	}
 	return (ceiling*b.MaxBytes - b.BaseBytes) / perRate
 }
 
+// MeanLifetime is the mean of the lifetime distribution.
+func (b BackendModel) MeanLifetime() time.Duration {
+	life := float64(b.Lifetime)
+	if b.LogSigma > 0 {
+		life *= math.Exp(b.LogSigma * b.LogSigma / 2)
+	}
+	if b.LongShare > 0 {
+		life = (1-b.LongShare)*life + b.LongShare*float64(b.LongLifetime)
+	}
+	return time.Duration(life)
+}
+
+// maxLifetime is the longest lifetime the model draws (lognormal draws
+// are cut at 4σ).
+func (b BackendModel) maxLifetime() time.Duration {
+	life := float64(b.Lifetime) * (1 + b.Jitter)
+	if b.LogSigma > 0 {
+		life = float64(b.Lifetime) * math.Exp(4*b.LogSigma)
+	}
+	return time.Duration(math.Max(life, float64(b.LongLifetime)))
+}
+
 // SimBackend is the state of a BackendModel as time moves in steps.
 type SimBackend struct {
 	model   BackendModel
 	rng     *rand.Rand
-	step    int64   // current step
-	stepDur int64   // ns
-	expire  []int   // sessions ending at each step, a ring indexed by step
-	live    int     // sessions live
-	garbage float64 // bytes
-	nextGC  int64   // ns
+	step    int64     // current step
+	stepDur int64     // ns
+	expire  []int     // sessions ending at each step, a ring indexed by step
+	live    int       // sessions live
+	expireB []float64 // bytes of the sessions ending at each step
+	liveB   float64   // bytes of the sessions live
+	garbage float64   // bytes
+	nextGC  int64     // ns
 	probes  []float64
 	probeN  int
 }
@@ -159,11 +201,12 @@ func NewSimBackend(model BackendModel, step time.Duration) (*SimBackend, error) 
 // sizeRing makes the expiry ring long enough for the longest lifetime,
 // keeping the sessions already scheduled.
 func (b *SimBackend) sizeRing() {
-	need := int(float64(b.model.Lifetime)*(1+b.model.Jitter)/float64(b.stepDur)) + 2
+	need := int(float64(b.model.maxLifetime())/float64(b.stepDur)) + 2
 	if need <= len(b.expire) {
 		return
 	}
 	ring := make([]int, need)
+	ringB := make([]float64, need)
 	for i, n := range b.expire {
 		// Entry i holds the sessions ending at the one step s in
 		// (b.step, b.step+len] with s ≡ i modulo len.
@@ -173,8 +216,9 @@ func (b *SimBackend) sizeRing() {
 			ahead = old
 		}
 		ring[(b.step+ahead)%int64(need)] += n
+		ringB[(b.step+ahead)%int64(need)] += b.expireB[i]
 	}
-	b.expire = ring
+	b.expire, b.expireB = ring, ringB
 }
 
 // SetLifetime changes how long sessions admitted from now on live.
@@ -190,15 +234,27 @@ func (b *SimBackend) Advance(admitted int) float64 {
 	b.step++
 	for k := 0; k < admitted; k++ {
 		life := float64(m.Lifetime)
-		if m.Jitter > 0 {
+		switch {
+		case m.LongShare > 0 && b.rng.Float64() < m.LongShare:
+			life = float64(m.LongLifetime)
+		case m.LogSigma > 0:
+			life *= math.Exp(m.LogSigma * math.Max(-4, math.Min(4, b.rng.NormFloat64())))
+		case m.Jitter > 0:
 			life *= 1 - m.Jitter + 2*m.Jitter*b.rng.Float64()
+		}
+		bytes := m.BytesPerSession
+		if sp := m.BytesSpread; sp > 1 {
+			bytes *= (2 + 2*(sp-1)*b.rng.Float64()) / (1 + sp)
 		}
 		steps := max(1, int64(math.Round(life/float64(b.stepDur))))
 		b.expire[(b.step+steps)%int64(len(b.expire))]++
+		b.expireB[(b.step+steps)%int64(len(b.expire))] += bytes
+		b.liveB += bytes
 	}
 	slot := b.step % int64(len(b.expire))
 	b.live += admitted - b.expire[slot]
-	b.expire[slot] = 0
+	b.liveB = math.Max(0, b.liveB-b.expireB[slot])
+	b.expire[slot], b.expireB[slot] = 0, 0
 	if m.GCEvery > 0 {
 		b.garbage += float64(admitted) * m.GarbagePerSession
 		if now := b.step * b.stepDur; now >= b.nextGC {
@@ -212,8 +268,12 @@ func (b *SimBackend) Advance(admitted int) float64 {
 // Used is the memory in use now as a fraction of MaxBytes.
 func (b *SimBackend) Used() float64 {
 	m := &b.model
-	return (m.BaseBytes + float64(b.live)*m.BytesPerSession + b.garbage) / m.MaxBytes
+	return (m.BaseBytes + b.liveB + b.garbage) / m.MaxBytes
 }
+
+// SetBytesPerSession changes the memory of the sessions admitted from now
+// on (a deploy); those live keep theirs.
+func (b *SimBackend) SetBytesPerSession(bytes float64) { b.model.BytesPerSession = bytes }
 
 // Probe is one reading of the backend's memory probe: used and max bytes,
 // ProbeLag readings late and with the model's noise.
@@ -242,6 +302,13 @@ type MOPWindow struct {
 	Refused  int           `json:"refused"`
 	Memory   float64       `json:"memory"`      // used fraction at the window's end
 	PeakMem  float64       `json:"peak_memory"` // highest used fraction in the window
+	// The lifetime estimate at the window's end (MOPStatus); 0 while
+	// nothing is estimated.
+	Lifetime         time.Duration `json:"-"`
+	LifetimeSecs     float64       `json:"lifetime_s"`      // median session lifetime, seconds
+	LifetimeHighSecs float64       `json:"lifetime_high_s"` // 95th percentile, seconds
+	BytesPerSession  float64       `json:"bytes_per_session"`
+	Predicted        float64       `json:"predicted_memory"` // at the allowed rate, fraction of max
 }
 
 // MOPSim drives one MOP and one SimBackend in fake time: new work arrives
@@ -341,6 +408,8 @@ func (s *MOPSim) Run(rate float64, d time.Duration) []MOPWindow {
 			s.cur.End = time.Duration(now)
 			s.cur.EndSecs = s.cur.End.Seconds()
 			s.cur.Phase, s.cur.Allowed, s.cur.Memory = st.Phase, st.AllowedRate, used
+			s.cur.Lifetime, s.cur.LifetimeSecs, s.cur.LifetimeHighSecs = st.Lifetime, st.Lifetime.Seconds(), st.LifetimeHigh.Seconds()
+			s.cur.BytesPerSession, s.cur.Predicted = st.BytesPerSession, st.PredictedMemory
 			s.windows = append(s.windows, s.cur)
 			s.cur = MOPWindow{}
 		}
@@ -378,6 +447,10 @@ lifetime=DUR     how long a session lives                                  requi
 max-heap=SIZE    the backend's maximum memory                              required
 rate=N           new sessions offered per second                           required
 jitter=F         lifetimes spread over lifetime × [1-F, 1+F]               default 0
+sigma=F          lognormal lifetimes: median lifetime, this σ              default 0
+long=DUR         a second lifetime, lived by long-share of the sessions    default none
+long-share=F     share of the sessions living long, in [0,1)               default 0
+spread=F         bytes per session vary F× between sessions (mean bytes)   default 1
 gc=DUR           collection period: garbage is freed only then             default none
 garbage=SIZE     garbage a session leaves until the next collection        default 0
 lag=N            the probe reports memory N probe intervals late           default 0
@@ -432,6 +505,14 @@ func ParseMOPSimSpec(spec string) (MOPSimSpec, error) {
 			s.Rate, err = parsePositive(v)
 		case "jitter":
 			s.Model.Jitter, err = strconv.ParseFloat(v, 64)
+		case "sigma":
+			s.Model.LogSigma, err = strconv.ParseFloat(v, 64)
+		case "long":
+			s.Model.LongLifetime, err = time.ParseDuration(v)
+		case "long-share":
+			s.Model.LongShare, err = strconv.ParseFloat(v, 64)
+		case "spread":
+			s.Model.BytesSpread, err = strconv.ParseFloat(v, 64)
 		case "gc":
 			s.Model.GCEvery, err = time.ParseDuration(v)
 		case "garbage":
@@ -454,7 +535,7 @@ func ParseMOPSimSpec(spec string) (MOPSimSpec, error) {
 		case "seed":
 			s.Model.Seed, err = strconv.ParseInt(v, 10, 64)
 		default:
-			return s, fmt.Errorf("unknown key %q (want base, bytes, lifetime, max-heap, rate, jitter, gc, garbage, lag, noise, ceiling, window, initial, windows or seed)", k)
+			return s, fmt.Errorf("unknown key %q (want base, bytes, lifetime, max-heap, rate, jitter, sigma, long, long-share, spread, gc, garbage, lag, noise, ceiling, window, initial, windows or seed)", k)
 		}
 		if err != nil {
 			return s, fmt.Errorf("%s=%s: %w", k, v, err)
@@ -546,9 +627,14 @@ func (r MOPSimReport) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nmop: ceiling %.1f%%, window %s, initial rate %g/s; offered %g/s; safe rate at the ceiling %.1f/s\n\n", 100*c.MaxHeap, c.Window, c.InitialRate, r.Spec.Rate, r.SafeRate)
 	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "window\tend\tphase\tallowed/s\tadmitted\trefused\tmemory\tpeak\t")
+	fmt.Fprintln(tw, "window\tend\tphase\tallowed/s\tadmitted\trefused\tmemory\tpeak\tlifetime\tp95\tbytes/session\tpredicted\t")
 	for _, row := range r.Windows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%.1f\t%d\t%d\t%.1f%%\t%.1f%%\t\n", row.Window, row.End, row.Phase, row.Allowed, row.Admitted, row.Refused, 100*row.Memory, 100*row.PeakMem)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.1f\t%d\t%d\t%.1f%%\t%.1f%%\t", row.Window, row.End, row.Phase, row.Allowed, row.Admitted, row.Refused, 100*row.Memory, 100*row.PeakMem)
+		if row.BytesPerSession > 0 {
+			fmt.Fprintf(tw, "%.1fs\t%.1fs\t%.0f\t%.1f%%\t\n", row.LifetimeSecs, row.LifetimeHighSecs, row.BytesPerSession, 100*row.Predicted)
+		} else {
+			fmt.Fprint(tw, "-\t-\t-\t-\t\n")
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -1,0 +1,321 @@
+package admission
+
+// MOP's lifetime estimate: how long a backend's sessions live and how much
+// memory one holds, learned from how memory answers changes in the
+// admitted rate. Memory is base + Σ_j w_j × A_j, where A_j is the work
+// admitted in the last d_j (a grid of candidate lifetimes up to the
+// window) and w_j ≥ 0 is the memory per session of the sessions that live
+// about d_j: a step in the rate shows as a ramp that levels off after the
+// lifetime, and the weights say where. A least-squares fit with
+// non-negative weights (projected coordinate descent on accumulated
+// normal equations: fixed arrays, no allocation) gives them at every
+// sample. The estimate runs on the sample path only, never in Allow.
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// lifeN is the number of candidate lifetimes: the window × 2^(-k/2),
+// k = 0..lifeN-1 (for a 60 s window: 60, 42, 30, … 1.9 s).
+const lifeN = 11
+
+// lifeDims is the fit's size: the base and one weight per lifetime.
+const lifeDims = lifeN + 1
+
+// lifeRing is how many recent estimates the bound takes the most cautious of.
+const lifeRing = 3
+
+// lifeFit is one least-squares system memory ≈ base + Σ w_j A_j, kept as
+// normal equations that forget with a half-life of two windows, so that a
+// deploy (a new footprint per session) is learned anew.
+type lifeFit struct {
+	g   [lifeDims][lifeDims]float64 // Σ x xᵀ
+	b   [lifeDims]float64           // Σ x y
+	yy  float64                     // Σ y²
+	n   float64                     // samples (decayed)
+	w   [lifeDims]float64           // the solution: w[0] the base, w[j+1] the weight of lifetime j
+	sse float64                     // residual sum of squares of w
+	fit float64                     // the fit's memory at the latest sample
+}
+
+// lifeEstimate is what the learner knows of the sessions, in memory
+// fractions and nanoseconds.
+type lifeEstimate struct {
+	ok       bool
+	base     float64        // memory fraction at zero rate
+	perSess  float64        // memory fraction one live session holds
+	median   float64        // lifetime, ns, half the sessions live shorter
+	high     float64        // lifetime, ns, 95% of the sessions live shorter
+	q        [lifeN]float64 // memory a steady rate builds up within d_j, as a fraction of its plateau
+	perRate  float64        // memory fraction per (session per second) at a steady rate
+	exact    float64        // the same with each weight at its own lifetime (not the next longer one)
+	fit      float64        // the fit's memory at the latest sample
+	sd       float64        // residual standard deviation, memory fraction
+	observed int64          // how long memory has been watched, ns
+	weights  [lifeN]float64 // count-weighted share of sessions per lifetime
+}
+
+// lifeSpan is candidate lifetime j for window w, ns.
+func lifeSpan(w int64, j int) int64 {
+	return int64(float64(w) * math.Pow(2, -float64(j)/2))
+}
+
+func (f *lifeFit) add(x *[lifeDims]float64, y, decay float64) {
+	for i := range lifeDims {
+		f.b[i] = decay*f.b[i] + x[i]*y
+		for k := range lifeDims {
+			f.g[i][k] = decay*f.g[i][k] + x[i]*x[k]
+		}
+	}
+	f.yy = decay*f.yy + y*y
+	f.n = decay*f.n + 1
+}
+
+// solve runs projected coordinate descent from the previous solution
+// (warm start): base and weights all ≥ 0.
+func (f *lifeFit) solve() {
+	for range 40 {
+		for i := range lifeDims {
+			if f.g[i][i] <= 0 {
+				f.w[i] = 0
+				continue
+			}
+			r := f.b[i]
+			for k := range lifeDims {
+				if k != i {
+					r -= f.g[i][k] * f.w[k]
+				}
+			}
+			f.w[i] = math.Max(0, r/f.g[i][i])
+		}
+	}
+	// sse = yy − 2 wᵀb + wᵀGw
+	sse := f.yy
+	for i := range lifeDims {
+		sse -= 2 * f.w[i] * f.b[i]
+		for k := range lifeDims {
+			sse += f.w[i] * f.g[i][k] * f.w[k]
+		}
+	}
+	f.sse = math.Max(0, sse)
+}
+
+// addLifePoints adds the sample to the lifetime fits: memory against the
+// work admitted over each candidate lifetime, ending now and ending at the
+// previous sample (a probe one interval late), and re-solves them.
+func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) {
+	l := &m.l
+	h := &l.hist
+	if h.n == 0 {
+		return
+	}
+	w := int64(m.cfg.Window)
+	dt := float64(now - h.at(0).at)
+	decay := math.Exp(-dt / float64(2*w) * math.Ln2)
+	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
+	for e, end := range ends {
+		var x [lifeDims]float64
+		x[0] = 1
+		for j := range lifeN {
+			x[j+1] = float64(end.admitted - h.countAt(end.at-m.spans[j]))
+		}
+		f := &l.life[e]
+		f.add(&x, frac, decay)
+		f.solve()
+		f.fit = 0
+		for i := range lifeDims {
+			f.fit += f.w[i] * x[i]
+		}
+	}
+	l.est = m.lifeEstimate(now)
+	// The bound trusts the most cautious of the last few estimates:
+	// one sample's fit may be thrown by a collection or noise.
+	l.exactRing[l.exactN%len(l.exactRing)] = l.est.exact
+	l.exactN++
+	l.exactMax = 0
+	for _, x := range l.exactRing {
+		if !(x > 0) {
+			l.exactMax = 0 // an estimate missing lately: none
+			break
+		}
+		l.exactMax = math.Max(l.exactMax, x)
+	}
+	m.publishEstimate(now, maxBytes)
+}
+
+// Regime changes: an estimate at least regimeFactor away from the one of
+// the last regime, in bytes per session or in median lifetime, for
+// regimeSamples samples in a row, once memory has been watched for a
+// window, is a new regime (a deploy): an EventMOPEstimate is written.
+const (
+	regimeFactor  = 1.5
+	regimeSamples = 5
+)
+
+// publishEstimate makes the estimate visible in Status and writes an
+// event when it changes regime.
+func (m *MOP) publishEstimate(now int64, maxBytes float64) {
+	l := &m.l
+	e := &l.est
+	if !e.ok {
+		return
+	}
+	m.estMed.Store(math.Float64bits(e.median))
+	m.estHigh.Store(math.Float64bits(e.high))
+	m.estBytes.Store(math.Float64bits(e.perSess * maxBytes))
+	m.estPerRate.Store(math.Float64bits(e.exact))
+	m.estBase.Store(math.Float64bits(e.base))
+	if e.observed < int64(m.cfg.Window) {
+		return
+	}
+	far := func(a, b float64) bool { return a > regimeFactor*b || b > regimeFactor*a }
+	switch {
+	case l.regimeBytes == 0:
+		l.regimeBytes, l.regimeLife = e.perSess, e.median
+	case far(e.perSess, l.regimeBytes) || far(e.median, l.regimeLife):
+		l.regimeRun++
+		if l.regimeRun >= regimeSamples {
+			m.cfg.Events.emit(EventMOPEstimate, m.cfg.Name, fmt.Sprintf("sessions changed: %.0f -> %.0f bytes each, median lifetime %s -> %s",
+				l.regimeBytes*maxBytes, e.perSess*maxBytes, time.Duration(l.regimeLife).Round(time.Millisecond), time.Duration(e.median).Round(time.Millisecond)))
+			l.regimeBytes, l.regimeLife, l.regimeRun = e.perSess, e.median, 0
+		}
+	default:
+		l.regimeRun = 0
+	}
+}
+
+// lifeEstimate reads the fits: of the two (now, one sample late), the one
+// with the smaller residuals, unless the other fits about as well and is
+// more cautious (more memory per unit of rate). Weights at lifetimes not
+// yet watched for twice their length (the ramp may not have levelled off)
+// count as sessions that live the whole window.
+func (m *MOP) lifeEstimate(now int64) lifeEstimate {
+	l := &m.l
+	w := int64(m.cfg.Window)
+	obs := now - l.discStart
+	var best lifeEstimate
+	bestSD := math.Inf(1)
+	for e := range l.life {
+		f := &l.life[e]
+		if f.n < 3 {
+			continue
+		}
+		var est lifeEstimate
+		est.observed = obs
+		est.sd = math.Sqrt(f.sse / math.Max(1, f.n-float64(lifeDims)))
+		est.base = f.w[0]
+		est.fit = f.fit
+		total, mem, exact := 0.0, 0.0, 0.0
+		var life, lifeOwn [lifeN]float64
+		for j := range lifeN {
+			// Each weight counts as the next longer candidate: a
+			// lifetime between two candidates, or noise, splits its
+			// weight between them, and the shorter would promise too
+			// little memory.
+			d, own := m.spans[max(0, j-1)], float64(m.spans[j])
+			life[j] = float64(d)
+			if 3*m.spans[j] > 2*obs {
+				// Not watched for 1½ times its length, so not seen
+				// to level off: as long as the window allows.
+				life[j], own = float64(w), float64(w)
+			}
+			lifeOwn[j] = own
+			total += f.w[j+1]
+			mem += f.w[j+1] * life[j]
+			exact += f.w[j+1] * own
+		}
+		if !(total > 0) || !(mem > 0) {
+			continue
+		}
+		est.ok = true
+		est.perSess = total
+		est.perRate = mem / float64(time.Second)
+		est.exact = exact / float64(time.Second)
+		for k := range lifeN {
+			hk := float64(m.spans[k])
+			built := 0.0
+			for j := range lifeN {
+				built += f.w[j+1] * math.Min(life[j], hk)
+			}
+			est.q[k] = built / mem
+		}
+		// Count-weighted lifetime percentiles, shortest first.
+		cum := 0.0
+		for j := lifeN - 1; j >= 0; j-- {
+			est.weights[j] = f.w[j+1] / total
+			prev := cum
+			cum += est.weights[j]
+			if prev < 0.5 && cum >= 0.5 {
+				est.median = lifeOwn[j]
+			}
+			if prev < 0.95 && cum >= 0.95 {
+				est.high = lifeOwn[j]
+			}
+		}
+		if est.high == 0 {
+			est.high = lifeOwn[0]
+		}
+		if est.median == 0 {
+			est.median = est.high
+		}
+		switch {
+		case est.sd < bestSD/1.5:
+			best, bestSD = est, est.sd
+		case est.sd <= 1.5*bestSD && est.perRate > best.perRate:
+			best, bestSD = est, math.Min(bestSD, est.sd)
+		}
+	}
+	return best
+}
+
+// lifeBound is the highest rate the lifetime estimate proves safe: for
+// each candidate horizon H, memory now is at least base + (memory per
+// unit of rate) × q(H) × ρ_H, where ρ_H is the lowest trailing admitted
+// rate over spans up to H and q(H) the share of a steady rate's plateau
+// built within H; so a steady rate r holds memory at most m × r /
+// (ρ_H × q(H)). The bound is the best horizon's ceiling × ρ_H × q(H) / m,
+// less a margin that shrinks as the estimate firms up (with the time
+// memory has been watched and with the fit's residuals). 0 when nothing
+// is estimated.
+func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
+	est := &m.l.est
+	if !est.ok || mem <= 0 || mem-est.base < 4*est.sd {
+		return 0 // the sessions' memory is not yet clear of the noise
+	}
+	u := m.cfg.Margin + math.Min(0.3, 0.5*est.high/math.Max(1, float64(est.observed)))
+	u = math.Min(0.5, u+2*est.sd/mem)
+	best := 0.0
+	for k := range lifeN {
+		if rhoH[k] > 0 && !math.IsInf(rhoH[k], 1) {
+			best = math.Max(best, rhoH[k]*est.q[k])
+		}
+	}
+	bound := m.cfg.MaxHeap * (1 - u) * best / mem
+	// The plateau the estimate predicts at a steady rate r is base + r ×
+	// (memory per unit of rate): the rate whose plateau stays under the
+	// ceiling less the margin. The base is at most the lowest memory
+	// seen lately (sessions cannot hold less than nothing).
+	// Memory peaks above the fit (a collected heap's sawtooth, noise)
+	// by as much as the recent peak exceeds the fit now, and by three
+	// residual deviations.
+	base := math.Min(est.base, m.l.lowMem)
+	over := math.Max(0, mem-est.fit) + 3*est.sd
+	if k := m.l.exactMax; k > 0 {
+		abs := (m.cfg.MaxHeap*(1-u) - base - over) / k
+		// And memory grows from what it holds now by k per unit of
+		// rate above the rate admitted over the sessions' lifetime ρ*:
+		// the room left now bounds the step, whatever the base.
+		rho := 0.0
+		for j := lifeN - 1; j >= 0; j-- {
+			if float64(m.spans[j]) >= 1.38*est.high { // the next longer candidate, as the weights count
+				rho = rhoH[j]
+				break
+			}
+		}
+		room := rho + (m.cfg.MaxHeap*(1-u)-mem-2*est.sd)/k
+		bound = math.Max(bound, math.Min(abs, room))
+	}
+	return bound
+}
