@@ -248,6 +248,15 @@ type MOPStatus struct {
 	ProbeFailures uint64  `json:"probe_failures"`
 	Admitted      uint64  `json:"admitted"`
 	Refused       uint64  `json:"refused"`
+	// What MOP has learned of the backend's sessions from its memory's
+	// answer to changes of the admitted rate (0 while nothing is
+	// estimated): their median and 95th-percentile lifetime in seconds,
+	// the bytes one holds, and the memory (percent of the backend's max)
+	// predicted at the allowed rate.
+	LifetimeSeconds        float64 `json:"session_lifetime_s,omitempty"`
+	LifetimeHighSeconds    float64 `json:"session_lifetime_p95_s,omitempty"`
+	BytesPerSession        float64 `json:"bytes_per_session,omitempty"`
+	PredictedMemoryPercent float64 `json:"predicted_memory_percent,omitempty"`
 }
 
 // MarshalJSON writes memory_percent as null while memory is unknown, so
@@ -299,6 +308,8 @@ func FromMOP(m *admission.MOP) MOPStatus {
 		Enabled: true, Phase: phase, AllowedRate: s.AllowedRate, LearnedRate: s.LearnedRate,
 		MemoryKnown: s.MemoryKnown, ProbeError: s.ProbeError, ProbeFailures: s.ProbeFailures,
 		Admitted: s.Admitted, Refused: s.Refused,
+		LifetimeSeconds: s.Lifetime.Seconds(), LifetimeHighSeconds: s.LifetimeHigh.Seconds(),
+		BytesPerSession: s.BytesPerSession, PredictedMemoryPercent: 100 * s.PredictedMemory,
 	}
 	if s.MemoryKnown {
 		st.MemoryPercent = 100 * s.MemoryFraction

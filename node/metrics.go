@@ -56,6 +56,9 @@ var (
 	descMOPAllowed   = prometheus.NewDesc("sluice_mop_allowed_rate", "New work per second MOP lets through to the backend now.", []string{"protocol", "backend", "pool"}, nil)
 	descMOPLearned   = prometheus.NewDesc("sluice_mop_learned_rate", "Learned safe rate of new work per second (0 while discovering).", []string{"protocol", "backend", "pool"}, nil)
 	descMOPPhase     = prometheus.NewDesc("sluice_mop_learned", "1 when the backend's MOP rate is learned, 0 while discovering.", []string{"protocol", "backend", "pool"}, nil)
+	descMOPLifetime  = prometheus.NewDesc("sluice_mop_session_lifetime_seconds", "Session lifetime MOP estimates from the backend's memory (quantile 0.5 and 0.95); absent while nothing is estimated.", []string{"protocol", "backend", "pool", "quantile"}, nil)
+	descMOPBytes     = prometheus.NewDesc("sluice_mop_session_bytes", "Bytes one session holds on the backend, as MOP estimates them; absent while nothing is estimated.", []string{"protocol", "backend", "pool"}, nil)
+	descMOPPredicted = prometheus.NewDesc("sluice_mop_predicted_memory_ratio", "Backend memory (used over max) MOP predicts at the allowed rate; absent while nothing is estimated.", []string{"protocol", "backend", "pool"}, nil)
 	descBEMemory     = prometheus.NewDesc("sluice_backend_memory_ratio", "Backend's used memory over its maximum, last probe; absent while the probe fails.", []string{"protocol", "backend", "pool"}, nil)
 	descProbeFails   = prometheus.NewDesc("sluice_mop_probe_failures_total", "Memory probes of the backend that failed (no answer, too large, a reading that cannot be true).", []string{"protocol", "backend", "pool"}, nil)
 	descBEState      = prometheus.NewDesc("sluice_backend_state", "Backend state: 1 for the current one of up, down, draining, unknown.", []string{"protocol", "backend", "pool", "state"}, nil)
@@ -74,7 +77,7 @@ type collector struct{ src metricsSources }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmitted, descRefused, descMemState, descMemUsed, descMemLimit,
 		descARMRate, descARMLimit, descARMQueued, descARMDelayed, descARMRefused, descARMOver,
-		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descProbeFails, descBEState, descBEOut,
+		descMOPAllowed, descMOPLearned, descMOPPhase, descMOPLifetime, descMOPBytes, descMOPPredicted, descBEMemory, descProbeFails, descBEState, descBEOut,
 		descStoreOK, descStoreErrors, descStorePending, descStoreDropped, descStoreChild, descStoreQDrop} {
 		ch <- d
 	}
@@ -151,6 +154,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 				learned = 1
 			}
 			gauge(descMOPPhase, learned, b.Protocol, b.ID, pool)
+			if b.MOP.BytesPerSession > 0 {
+				gauge(descMOPLifetime, b.MOP.LifetimeSeconds, b.Protocol, b.ID, pool, "0.5")
+				gauge(descMOPLifetime, b.MOP.LifetimeHighSeconds, b.Protocol, b.ID, pool, "0.95")
+				gauge(descMOPBytes, b.MOP.BytesPerSession, b.Protocol, b.ID, pool)
+				gauge(descMOPPredicted, b.MOP.PredictedMemoryPercent/100, b.Protocol, b.ID, pool)
+			}
 			counter(descProbeFails, float64(b.MOP.ProbeFailures), b.Protocol, b.ID, pool)
 			if b.MOP.MemoryKnown {
 				gauge(descBEMemory, b.MOP.MemoryPercent/100, b.Protocol, b.ID, pool)
