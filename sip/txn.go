@@ -242,6 +242,11 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 	key := lb.Hash(t.callID)
 	var mopRetry time.Duration
 	mopRefused := false
+	// sipsSkipped: a backend was passed over because a sips: request
+	// would reach it over UDP or TCP (RFC 5630: sips asks for TLS on
+	// every hop); only TLS backends take one, unless
+	// -sip-allow-sips-downgrade.
+	sipsSkipped := false
 	for {
 		s.txns.mu.Lock()
 		if t.answered {
@@ -278,6 +283,10 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 		if b == nil {
 			break
 		}
+		if s.sipsDowngrade(t.req, b.transport()) {
+			sipsSkipped = true
+			continue
+		}
 		if s.send(t, b, now) {
 			if failover && !t.tooLarge {
 				s.metrics.Failovers.Add(1)
@@ -286,6 +295,9 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 		}
 	}
 	switch {
+	case !failover && sipsSkipped && !mopRefused:
+		s.txns.remove(t)
+		s.refuseSips(t.req, t.src, "UDP or TCP")
 	case !failover && mopRefused:
 		s.txns.remove(t)
 		ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(t.req.Method), Pool: t.poolName}
@@ -313,7 +325,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	if !t.prepared {
 		s.prepareForward(req, t.src)
 		if flow != nil && s.cfg.ContactAlias && (req.Method == gosip.REGISTER || req.Method == gosip.INVITE) {
-			s.aliasContact(req, flow, b.tcp)
+			s.aliasContact(req, flow, b.transport())
 		}
 		t.via = s.ourVia(branch, b.transport())
 		req.PrependHeader(t.via)
@@ -324,7 +336,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	if req.Method == gosip.REGISTER && flow != nil {
 		// RFC 3327: the registrar sends this client's incoming requests
 		// back through us, to this connection (flowPath).
-		s.flowPath(t, flow, b.tcp)
+		s.flowPath(t, flow, b.transport())
 	}
 	if recordRoutes(req.Method) {
 		token := s.routeToken(t.poolName, tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
@@ -337,9 +349,13 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			// The backend-facing one is on top; both go above every other
 			// header, as Kamailio does, which keeps them first among the
 			// Record-Routes (§16.6 step 4).
-			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.tcp))
-			if ctcp := t.src.conn != nil; flow != nil || ctcp != b.tcp {
-				cf := s.ourRecordRoute(token, ctcp)
+			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.transport()))
+			ctr := "UDP"
+			if t.src.conn != nil {
+				ctr = "TCP"
+			}
+			if flow != nil || ctr != b.transport() {
+				cf := s.ourRecordRoute(token, ctr)
 				if flow != nil {
 					cf = s.flowRecordRoute(token, flow)
 				}
@@ -353,9 +369,9 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		for _, rr := range t.rrs {
 			rr.Address.UriParams.Add(tokenParam, token)
 		}
-		// The backend-facing entry names the transport of this attempt's
-		// backend (a failover may change it).
-		setTransport(&t.rrs[0].Address, b.tcp)
+		// The backend-facing entry names the listener and transport of
+		// this attempt's backend (a failover may change them).
+		s.setOurAddress(&t.rrs[0].Address, b.transport())
 	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()

@@ -538,6 +538,7 @@ func TestTLSBackend(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := testServer(t, nil, nil, func(c *Config) {
 				c.Backends = []BackendConfig{{ID: "tls1", Addr: be.addr, Transport: "tls", CAFile: ca, SNI: tc.sni, Weight: 1}}
+				c.TLSListen, c.TLSConfig = "127.0.0.1:0", srv
 			})
 			if tc.ok {
 				eventually(t, "connection to the backend", func() bool { return s.tcp.len() == 1 })
