@@ -80,8 +80,8 @@ type Server struct {
 	flowSign *flowSigner
 	flows    flowTable
 
-	adv     hostPort // advertised address
-	advIP   netip.Addr
+	adv   hostPort // advertised address
+	advIP netip.Addr
 	// edgeAdv are the advertised addresses by listener kind: [kindTCP]
 	// is adv (UDP and TCP), the others those of the TLS, WS and WSS
 	// listeners that are open (setEdgeAdvertise).

@@ -436,15 +436,18 @@ type edgeAdv struct {
 	hp    hostPort
 	ip    netip.Addr // hp's host when it is an IP
 	local netip.Addr // the address the listener is bound to, when not a wildcard
+	lport int        // the port it is bound to
 	on    bool
 }
 
 // matches reports whether host (no brackets) and port name this address.
+// The bound address (IP and port, when not a wildcard) is ours too, as
+// a listen socket is "myself" to Kamailio whatever it advertises.
 func (a *edgeAdv) matches(host string, port int) bool {
-	if !a.on || port != a.hp.port {
+	if !a.on || (port != a.hp.port && port != a.lport) {
 		return false
 	}
-	if strings.EqualFold(host, a.hp.host) {
+	if port == a.hp.port && strings.EqualFold(host, a.hp.host) {
 		return true
 	}
 	ip, err := netip.ParseAddr(host)
@@ -452,14 +455,14 @@ func (a *edgeAdv) matches(host string, port int) bool {
 		return false
 	}
 	ip = ip.Unmap()
-	return ip == a.ip || (a.local.IsValid() && ip == a.local)
+	return port == a.hp.port && ip == a.ip || port == a.lport && a.local.IsValid() && ip == a.local
 }
 
 // newEdgeAdv is the address of a listener bound to la, advertised as
 // adv ("" for the default: la, or, for a wildcard bind, main's host with
 // la's port).
 func newEdgeAdv(adv string, la netip.AddrPort, main hostPort) (edgeAdv, error) {
-	var a edgeAdv
+	a := edgeAdv{lport: int(la.Port())}
 	lip := la.Addr().Unmap()
 	if lip.IsValid() && !lip.IsUnspecified() {
 		a.local = lip
@@ -485,7 +488,9 @@ func newEdgeAdv(adv string, la netip.AddrPort, main hostPort) (edgeAdv, error) {
 // setEdgeAdvertise sets the advertised addresses of the TLS, WS and WSS
 // listeners listenEdge opened; s.adv is set.
 func (s *Server) setEdgeAdvertise() error {
-	s.edgeAdv[kindTCP] = edgeAdv{hp: s.adv, ip: s.advIP, on: true}
+	// UDP/TCP: the advertised address, and the bound IP with the
+	// advertised port (as before the edge listeners).
+	s.edgeAdv[kindTCP] = edgeAdv{hp: s.adv, ip: s.advIP, lport: s.adv.port, on: true}
 	if la, ok := s.udp.LocalAddr().(*net.UDPAddr); ok {
 		if lip, ok := netip.AddrFromSlice(la.IP); ok && !lip.Unmap().IsUnspecified() {
 			s.edgeAdv[kindTCP].local = lip.Unmap()

@@ -144,6 +144,10 @@ func tlsFlags(fs *flag.FlagSet, fields map[string]string, cfg *tlsedge.Config, c
 	sec.add(&cfg.HandshakesMax, "tls-handshakes-max", "most TLS and WebSocket handshakes under way at once on all listeners together; more connections are closed without one (0: no bound)")
 	sec.add(&cfg.HandshakeRate, "tls-handshake-rate", "most TLS and WebSocket handshakes started per second on all listeners together, with a burst of one second's worth; more connections are closed without one (0: no cap)")
 	sec.add(&cfg.HandshakeTimeout, "tls-handshake-timeout", "close a connection whose TLS or WebSocket handshake takes longer")
+	// node sets the front ends' handshake timeouts from this flag, so
+	// their FieldErrors name it.
+	fields["http.HandshakeTimeout"] = "tls-handshake-timeout"
+	fields["sip.HandshakeTimeout"] = "tls-handshake-timeout"
 }
 
 // tlsSettings is the tlsedge.Config of the -tls-* flags.
