@@ -205,7 +205,7 @@ func TestTLSBackendEntries(t *testing.T) {
 	if len(reg) != 1 || reg[0].GetHeader("Path") == nil {
 		t.Fatalf("backend got %d REGISTERs, or no Path", len(reg))
 	}
-	if got, want := rrShape(t, reg[0].GetHeader("Path").Value()), "<sip:FLOW@tls.edge.test:5061;lr;ob;transport=tls>"; got != want {
+	if got, want := rrShape(t, reg[0].GetHeader("Path").Value()), "<sip:FLOW@tls.edge.test:5061;lr;transport=tls;ob>"; got != want {
 		t.Errorf("Path %s, want %s", got, want)
 	}
 }
@@ -265,5 +265,51 @@ func TestEdgeAdvertiseConfig(t *testing.T) {
 				t.Fatalf("error %v, want one naming %s", err, tc.field)
 			}
 		})
+	}
+}
+
+// TestFailoverToTLSBackendDoubleRecordRoute: a UDP client's INVITE that
+// fails over from a UDP backend (503) to a TLS one reaches it with two
+// Record-Routes, the backend-facing one at the TLS listener, the
+// client-facing one over UDP (one entry cannot name both).
+func TestFailoverToTLSBackendDoubleRecordRoute(t *testing.T) {
+	srv, _ := testTLS(t)
+	be, ca := tlsBackend(t, srv)
+	b1 := newUAS(t, "b1")
+	b1.mode.Store(mode503)
+	s := testServer(t, []*uas{b1}, nil, func(c *Config) {
+		c.Backends = append(c.Backends, BackendConfig{ID: "tls1", Addr: be.addr, Transport: "tls", CAFile: ca, SNI: "sip.test", Weight: 1})
+		c.TLSListen, c.TLSConfig, c.TLSAdvertise = "127.0.0.1:0", srv, "tls.edge.test:5061"
+	})
+	eventually(t, "connection to the backend", func() bool { return s.tcp.len() == 1 })
+	c := newUAC(t, s.udpAddr())
+	// Calls until one was first sent to b1 (the hash decides).
+	for i := 0; ; i++ {
+		if i == 64 {
+			t.Fatal("b1 was never tried")
+		}
+		k := c.newCall()
+		k.invite("")
+		c.recvResponse(180)
+		c.recvResponse(200)
+		if b1.count(gosip.INVITE, k.callID) == 0 {
+			continue
+		}
+		inv := be.find(gosip.INVITE, k.callID)
+		if len(inv) != 1 {
+			t.Fatalf("TLS backend got %d INVITEs of the call that failed over", len(inv))
+		}
+		var got []string
+		for _, h := range inv[0].GetHeaders("Record-Route") {
+			got = append(got, rrShape(t, h.Value()))
+		}
+		want := []string{"<sip:tls.edge.test:5061;lr;transport=tls;sl=TOKEN>", "<sip:" + s.adv.String() + ";lr;sl=TOKEN>"}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("Record-Routes after the failover %v, want %v", got, want)
+		}
+		if v := inv[0].Via(); v.Transport != "TLS" || v.Host != "tls.edge.test" {
+			t.Errorf("top Via %s: want ours over TLS", v.Value())
+		}
+		return
 	}
 }

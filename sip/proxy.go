@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -238,11 +239,17 @@ func (s *Server) ourRecordRoute(token string, tr string) *gosip.RecordRouteHeade
 func (s *Server) setOurAddress(u *gosip.Uri, tr string) {
 	a := s.advFor(tr)
 	u.Host, u.Port = a.host, a.port
+	u.UriParams.Remove("transport")
 	if strings.EqualFold(tr, "UDP") {
-		u.UriParams.Remove("transport")
-	} else {
-		u.UriParams.Add("transport", strings.ToLower(tr))
+		return
 	}
+	// Right after lr when lr leads, as the first attempt wrote it.
+	kv := gosip.HeaderKV{K: "transport", V: strings.ToLower(tr)}
+	if len(u.UriParams) > 0 && u.UriParams[0].K == "lr" {
+		u.UriParams = slices.Insert(u.UriParams, 1, kv)
+		return
+	}
+	u.UriParams = append(u.UriParams, kv)
 }
 
 // forwardStateless sends req to dst with our Via, keeping no state.

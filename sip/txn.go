@@ -333,6 +333,9 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	}
 	t.via.Params.Add("branch", branch)
 	t.via.Transport = b.transport()
+	// A failover to another transport is sent by another listener.
+	a := s.advFor(b.transport())
+	t.via.Host, t.via.Port = a.host, a.port
 	if req.Method == gosip.REGISTER && flow != nil {
 		// RFC 3327: the registrar sends this client's incoming requests
 		// back through us, to this connection (flowPath).
@@ -340,6 +343,10 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	}
 	if recordRoutes(req.Method) {
 		token := s.routeToken(t.poolName, tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
+		ctr := "UDP" // the client's transport
+		if t.src.conn != nil {
+			ctr = "TCP"
+		}
 		if t.rrs == nil {
 			// One Record-Route, or two when the client's transport differs
 			// from the backend's or the client came on a flow (RFC 5658
@@ -350,10 +357,6 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			// header, as Kamailio does, which keeps them first among the
 			// Record-Routes (§16.6 step 4).
 			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.transport()))
-			ctr := "UDP"
-			if t.src.conn != nil {
-				ctr = "TCP"
-			}
 			if flow != nil || ctr != b.transport() {
 				cf := s.ourRecordRoute(token, ctr)
 				if flow != nil {
@@ -364,6 +367,16 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			req.PrependHeader(asHeaders(t.rrs)...)
 			// Keep our Via on top.
 			req.RemoveHeader("Via")
+			req.PrependHeader(t.via)
+		} else if len(t.rrs) == 1 && ctr != b.transport() {
+			// A failover to a backend of another transport than the
+			// first (UDP to TLS, say): the one entry, which the client
+			// reads too, cannot name both; the client-facing one goes
+			// below it. Ours are on top, below our Via.
+			t.rrs = append(t.rrs, s.ourRecordRoute(token, ctr))
+			req.RemoveHeader("Via")
+			req.RemoveHeader("Record-Route")
+			req.PrependHeader(asHeaders(t.rrs)...)
 			req.PrependHeader(t.via)
 		}
 		for _, rr := range t.rrs {
