@@ -313,3 +313,24 @@ func TestFailoverToTLSBackendDoubleRecordRoute(t *testing.T) {
 		return
 	}
 }
+
+// BenchmarkIsOurs: recognising our entries with every edge listener
+// open (four addresses to compare), for a Route naming the WSS listener
+// by IP and one naming another host.
+func BenchmarkIsOurs(b *testing.B) {
+	b1 := newUAS(b, "b1")
+	s, _ := edgeServer(b, []*uas{b1}, func(c *Config) { c.TLSAdvertise = "tls.edge.test:5061" })
+	var ours, other gosip.Uri
+	if err := gosip.ParseUri("sip:"+s.WSSAddr().String()+";transport=wss;lr", &ours); err != nil {
+		b.Fatal(err)
+	}
+	if err := gosip.ParseUri("sip:proxy.example.com:5060;lr", &other); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if !s.isOurs(&ours) || s.isOurs(&other) {
+			b.Fatal("isOurs")
+		}
+	}
+}

@@ -100,8 +100,13 @@ func header(m interface{ GetHeader(string) gosip.Header }, names ...string) gosi
 func (s *Server) isOurs(u *gosip.Uri) bool {
 	port := uriPort(u)
 	h := strings.Trim(u.Host, "[]")
+	var ip netip.Addr
+	if h != "" && (h[0] >= '0' && h[0] <= '9' || strings.IndexByte(h, ':') >= 0) {
+		ip, _ = netip.ParseAddr(h)
+		ip = ip.Unmap()
+	}
 	for i := range s.edgeAdv {
-		if s.edgeAdv[i].matches(h, port) {
+		if s.edgeAdv[i].matches(h, ip, port) {
 			return true
 		}
 	}

@@ -440,21 +440,20 @@ type edgeAdv struct {
 	on    bool
 }
 
-// matches reports whether host (no brackets) and port name this address.
-// The bound address (IP and port, when not a wildcard) is ours too, as
-// a listen socket is "myself" to Kamailio whatever it advertises.
-func (a *edgeAdv) matches(host string, port int) bool {
+// matches reports whether host (no brackets) and port name this
+// address; ip is host parsed (unmapped), the zero Addr for a name. The
+// bound address (IP and port, when not a wildcard) is ours too, as a
+// listen socket is "myself" to Kamailio whatever it advertises.
+func (a *edgeAdv) matches(host string, ip netip.Addr, port int) bool {
 	if !a.on || (port != a.hp.port && port != a.lport) {
 		return false
 	}
 	if port == a.hp.port && strings.EqualFold(host, a.hp.host) {
 		return true
 	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
+	if !ip.IsValid() {
 		return false
 	}
-	ip = ip.Unmap()
 	return port == a.hp.port && ip == a.ip || port == a.lport && a.local.IsValid() && ip == a.local
 }
 
