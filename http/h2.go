@@ -274,6 +274,14 @@ func (s *Server) shutdownH2(ctx context.Context) error {
 type h2Handler struct {
 	s    *Server
 	conn net.Conn
+	// bodies is the request body bytes the connection's streams hold in
+	// memory now (read whole before admission), at most
+	// -http-stream-threshold over all of them, as an HTTP/1.1 connection
+	// holds at most one such body: a stream whose body does not fit is
+	// streamed to its backend instead. Without it one connection's
+	// h2MaxStreams uploads that never end would hold h2MaxStreams times
+	// what an HTTP/1.1 connection may.
+	bodies atomic.Int64
 }
 
 // h2Stream is what one stream in flight keeps: its request context, its
@@ -285,6 +293,7 @@ type h2Stream struct {
 	br   *bufio.Reader
 	buf  []byte
 	body *h2Body // the request body, when there is one
+	held int64   // bytes of the connection's body budget this stream holds
 }
 
 var h2Streams = sync.Pool{New: func() any {
@@ -312,6 +321,10 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if st.body != nil {
 			st.body.end()
 		}
+		if st.held != 0 {
+			h.bodies.Add(-st.held)
+			st.held = 0
+		}
 		if reuse {
 			// Nothing of this stream stays reachable from the pool.
 			st.body = nil
@@ -327,7 +340,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	ip := remoteAddr(ctx)
 
-	if he := s.h2Request(st, r, rc); he != nil {
+	if he := s.h2Request(st, r, rc, &h.bodies); he != nil {
 		s.stats.BadRequest.Add(1)
 		s.logger.Debug("http request refused", "reason", he.reason, "client", r.RemoteAddr, "proto", "h2")
 		s.writeRefusal(&ctx.Response, he.status, 0, psHeadRefused, he.reason)
@@ -376,7 +389,11 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // read whole up to -http-stream-threshold as on HTTP/1.1, else streamed.
 // It returns the refusal of a head HTTP/1.1 would refuse too, or one
 // HTTP/2 alone makes malformed.
-func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseController) *headError {
+//
+// A body read whole takes its bytes from the connection's budget
+// (bodies, at most -http-stream-threshold); one that does not fit in
+// what is left is streamed, as a body over the threshold is.
+func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseController, bodies *atomic.Int64) *headError {
 	head, he := appendH2Head(st.head[:0], r)
 	st.head = head
 	if he != nil {
@@ -416,10 +433,18 @@ func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseContr
 	}
 	body := &h2Body{r: r.Body, rc: rc, timeout: s.cfg.ClientReadTimeout}
 	st.body = body
-	if cl > limit {
+	want := limit
+	if cl >= 0 {
+		want = min(cl, limit)
+	}
+	st.held = reserveBodies(bodies, int64(s.cfg.StreamThreshold), want)
+	if cl > limit || cl >= 0 && st.held < cl {
+		bodies.Add(-st.held) // streamed: nothing of it is held
+		st.held = 0
 		req.SetBodyStream(body, int(cl))
 		return nil
 	}
+	limit = st.held
 	var n int64
 	err = nil
 	for n <= limit && err == nil {
@@ -435,6 +460,8 @@ func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseContr
 	case cl >= 0 && n != cl:
 		return errH2BodyLength
 	case n <= limit:
+		bodies.Add(n - st.held) // what the body did not take goes back
+		st.held = n
 		req.Header.SetContentLength(int(n))
 		return nil
 	}
@@ -444,6 +471,21 @@ func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseContr
 	req.ResetBody()
 	req.SetBodyStream(io.MultiReader(bytes.NewReader(first), body), -1)
 	return nil
+}
+
+// reserveBodies takes up to want bytes from a connection's body budget
+// (used of max) and returns how many it took.
+func reserveBodies(used *atomic.Int64, max, want int64) int64 {
+	for {
+		u := used.Load()
+		n := min(want, max-u)
+		if n <= 0 {
+			return 0
+		}
+		if used.CompareAndSwap(u, u+n) {
+			return n
+		}
+	}
 }
 
 // appendH2Head appends r's head as an HTTP/1.1 head: the request line

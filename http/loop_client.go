@@ -36,6 +36,9 @@ type cconn struct {
 	// once the client ended its side; shutWr once sluice shut down
 	// writing to it.
 	tun, tunEOF, shutWr bool
+	// tunNotified: the TLS close_notify that ends sluice's side of an
+	// HTTPS tunnel is written.
+	tunNotified bool
 }
 
 // exchange is the request a client connection is handling: its way

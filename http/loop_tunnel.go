@@ -69,7 +69,9 @@ func (l *evloop) switchTunnel(c *cconn, bc *bconn, hlen int) {
 	head := s.switchHead(l.out[:0], &l.respH, &x.plan, x.upgrade, c.ip)
 	l.out = head[:0]
 	s.observe(&x.plan)
-	l.unhold(c)
+	// The source's count of backend connections (MaxConns/8) goes on for
+	// the tunnel's life, which holds its backend connection: closeClient
+	// ends it.
 	l.untakeTunnel(c)
 	s.stats.Tunnels.Add(1)
 	s.stats.TunnelsTotal.Add(1)
@@ -100,6 +102,12 @@ func (l *evloop) switchTunnel(c *cconn, bc *bconn, hlen int) {
 		nb := l.getBuf()
 		copy(nb, c.in[c.r:c.w])
 		c.in, c.r, c.w = nb, 0, n
+	}
+	if c.tls != nil {
+		// Records read with the request may hold the tunnel's first
+		// bytes, decrypted into the connection's buffer while the
+		// socket itself has nothing more: read them now.
+		c.rready = true
 	}
 	l.tunToBackend(c)
 	if c.fd >= 0 {
@@ -209,7 +217,10 @@ func (l *evloop) tunToBackend(c *cconn) {
 		if !c.rready {
 			return
 		}
-		n, errno := rawRead(c.fd, c.in)
+		// readClient: on an HTTPS connection the tunnel carries the
+		// plaintext of the client's records, never the records (a
+		// close_notify ends the client's side as a FIN does).
+		n, errno := l.readClient(c, c.in)
 		switch {
 		case errno == unix.EAGAIN:
 			c.rready = false
@@ -223,7 +234,10 @@ func (l *evloop) tunToBackend(c *cconn) {
 			c.tunEOF = true
 			continue
 		}
-		if n < len(c.in) && !c.hup {
+		if n < len(c.in) && !c.hup && c.tls == nil {
+			// A short read drained the socket. Not so over TLS: one read
+			// returns one record's plaintext, and more records may wait
+			// in the connection's buffer without the socket being ready.
 			c.rready = false
 		}
 		c.w = n
@@ -240,6 +254,14 @@ func (l *evloop) tunToClient(bc *bconn) {
 			return // the client's EPOLLOUT resumes (tunFlushClient)
 		}
 		if bc.tunEOF {
+			if c.tls != nil && !c.tunNotified {
+				// Over TLS the end of the backend's side is a
+				// close_notify, written (and flushed, at the top of the
+				// loop) before the FIN.
+				c.tunNotified = true
+				l.closeNotify(c)
+				continue
+			}
 			if !c.shutWr {
 				c.shutWr = true
 				unix.Shutdown(c.fd, unix.SHUT_WR)

@@ -34,6 +34,49 @@ type HandshakeGate interface {
 	Release()
 }
 
+// sourceGate is a HandshakeGate that also holds each source to a share
+// of the handshakes in flight (tlsedge.HandshakeLimiter): without one, a
+// single address's silent connections could hold every place.
+type sourceGate interface {
+	AcquireFrom(src netip.Addr, now int64) bool
+	ReleaseFrom(src netip.Addr)
+}
+
+// handshakeSource is the source a handshake from ip counts under: ip,
+// or none for a trusted proxy's address (-http-trusted-proxy), which is
+// not counted per source.
+func (s *Server) handshakeSource(ip netip.Addr) netip.Addr {
+	if !ip.IsValid() || !s.conns.perIP(ip) {
+		return netip.Addr{}
+	}
+	return ip
+}
+
+// acquireHandshake asks Config.Handshakes for a handshake from ip (its
+// source's share too when the gate keeps shares); true when there is no
+// gate.
+func (s *Server) acquireHandshake(ip netip.Addr) bool {
+	switch g := s.cfg.Handshakes; g := g.(type) {
+	case nil:
+		return true
+	case sourceGate:
+		return g.AcquireFrom(s.handshakeSource(ip), s.clock.Now())
+	default:
+		return g.Acquire(s.clock.Now())
+	}
+}
+
+// releaseHandshake ends a handshake acquireHandshake(ip) let start.
+func (s *Server) releaseHandshake(ip netip.Addr) {
+	switch g := s.cfg.Handshakes; g := g.(type) {
+	case nil:
+	case sourceGate:
+		g.ReleaseFrom(s.handshakeSource(ip))
+	default:
+		g.Release()
+	}
+}
+
 // tlsFront is the HTTPS listener while it is served.
 type tlsFront struct {
 	ln  net.Listener
@@ -179,7 +222,7 @@ func (s *Server) acceptTLS(t *tlsFront, deliver deliverFunc, done func()) {
 			c.Close()
 			continue
 		}
-		if g := s.cfg.Handshakes; g != nil && !g.Acquire(s.clock.Now()) {
+		if !s.acquireHandshake(ip) {
 			s.stats.HandshakeRefused.Add(1)
 			c.Close()
 			s.conns.release(ip)
@@ -198,9 +241,7 @@ func (s *Server) acceptTLS(t *tlsFront, deliver deliverFunc, done func()) {
 // endHandshake closes a connection whose handshake was let start and will
 // not go on.
 func (s *Server) endHandshake(t *tlsFront, c net.Conn, ip netip.Addr) {
-	if g := s.cfg.Handshakes; g != nil {
-		g.Release()
-	}
+	s.releaseHandshake(ip)
 	c.Close()
 	s.conns.release(ip)
 }
@@ -213,9 +254,7 @@ func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, deliver deliv
 	tc := tls.Server(rc, t.cfg)
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	err := tc.HandshakeContext(t.ctx)
-	if g := s.cfg.Handshakes; g != nil {
-		g.Release()
-	}
+	s.releaseHandshake(ip)
 	if err == nil {
 		err = c.SetDeadline(time.Time{})
 	}

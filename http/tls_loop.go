@@ -235,3 +235,19 @@ func (l *evloop) seal(c *cconn, p []byte) []byte {
 	}
 	return out
 }
+
+// closeNotify writes the close_notify alert that ends what sluice sends on
+// c, an HTTPS connection (a tunnel whose backend ended its side).
+func (l *evloop) closeNotify(c *cconn) {
+	rc := c.tls.rc
+	rc.out = l.tlsOut[:0]
+	err := c.tls.conn.CloseWrite()
+	out := rc.out
+	rc.out = nil
+	l.tlsOut = out[:0]
+	if err != nil {
+		l.closeClient(c)
+		return
+	}
+	l.writeRaw(c, out)
+}

@@ -36,7 +36,10 @@ import (
 //
 // Tunnels are counted (Stats.Tunnels, TunnelsPending, TunnelsTotal,
 // TunnelsRefused), bounded (Config.MaxTunnels, pending upgrades included:
-// over it the request is answered 503 before a backend is contacted),
+// over it the request is answered 503 before a backend is contacted; and
+// per source: a tunnel's backend connection counts under the source's
+// MaxConns/8 for the tunnel's life, so one client cannot take a backend's
+// every connection with idle tunnels),
 // closed after Config.TunnelIdle without a byte either way, and
 // back-pressured: each direction copies through one fixed window
 // (tunnelWindow) and reads no more from its source until the window is
@@ -435,7 +438,11 @@ func (s *Server) forwardUpgrade(ctx *fasthttp.RequestCtx, p *plan, v *reqView, p
 			g.tunnel.Store(true) // from here the client's bytes are not HTTP
 		}
 		ctx.HijackSetNoResponse(true)
+		// The source's count of backend connections (MaxConns/8) goes on
+		// for the tunnel's life, which holds its backend connection.
+		held = false
 		ctx.Hijack(func(c net.Conn) {
+			defer s.held.release(ip)
 			c.SetWriteDeadline(time.Now().Add(s.cfg.ClientReadTimeout))
 			if _, err := c.Write(head); err != nil {
 				conn.Close()

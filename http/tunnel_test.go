@@ -108,7 +108,11 @@ func tunRig(t testing.TB, cfg Config, bs ...*lb.Backend) (*Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(ln)
+	if cfg.TLSConfig != nil {
+		go srv.ServeTLS(ln) // an HTTPS listener: cfg.TLSConfig's certificate
+	} else {
+		go srv.Serve(ln)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -770,6 +774,67 @@ func TestUpgradeNone(t *testing.T) {
 		}
 		if st := srv.Stats(); st.TunnelsTotal.Load() != 0 {
 			t.Fatalf("%d tunnels opened", st.TunnelsTotal.Load())
+		}
+	})
+}
+
+// TestTunnelOverHTTPS: a WebSocket through the HTTPS listener, on both
+// engines: the backend gets the plaintext of the client's records (the
+// loop engine once sent it the records themselves), both ways, for small
+// messages and 8 MiB each way; the client's close_notify ends its side as
+// a FIN does, and the backend's end reaches the client as a close_notify.
+func TestTunnelOverHTTPS(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		pki := testTLS(t)
+		be := wsEcho(t, false)
+		_, addr := tunRig(t, Config{TLSConfig: pki.server()}, plainBackend(t, be.URL))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		hc := &nethttp.Client{Transport: &nethttp.Transport{TLSClientConfig: pki.client("a.example"),
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
+			}}}
+		c, resp, err := websocket.Dial(ctx, "wss://a.example/ws", &websocket.DialOptions{HTTPClient: hc})
+		if err != nil {
+			t.Fatalf("dial over HTTPS: %v (answer %v)", err, resp)
+		}
+		defer c.CloseNow()
+		for i := range 20 {
+			wsEchoOnce(t, c, fmt.Sprintf("message %d %s", i, strings.Repeat("x", i*1500)))
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+
+		_, addr = tunRig(t, Config{TLSConfig: pki.server()}, plainBackend(t, halfCloseBackend(t)))
+		tc, err := tls.Dial("tcp", addr, pki.client("a.example"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tc.Close()
+		tc.SetDeadline(time.Now().Add(30 * time.Second))
+		br := bufio.NewReader(tc)
+		fmt.Fprintf(tc, wsUpgradeHead, "/")
+		if resp, err := nethttp.ReadResponse(br, nil); err != nil || resp.StatusCode != 101 {
+			t.Fatalf("switch: %v %v", resp, err)
+		}
+		data := make([]byte, 8<<20)
+		rand.Read(data)
+		werr := make(chan error, 1)
+		go func() {
+			_, err := tc.Write(data)
+			if err == nil {
+				err = tc.CloseWrite() // close_notify
+			}
+			werr <- err
+		}()
+		got, err := io.ReadAll(br)
+		if err != nil {
+			t.Fatalf("read the echo: %v (the backend's end should arrive as a close_notify)", err)
+		}
+		if err := <-werr; err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(data)+3 || !bytes.Equal(got[:len(data)], data) || string(got[len(data):]) != "bye" {
+			t.Fatalf("echo of %d bytes over HTTPS came back as %d bytes, not equal", len(data), len(got))
 		}
 	})
 }

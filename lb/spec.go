@@ -116,6 +116,7 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return bad("address %q: bad port %q", b.Addr, port)
 	}
+	seen := make(map[string]bool, len(parts))
 	for _, kv := range parts[1:] {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
@@ -126,6 +127,12 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 			return bad("%q is not key=value", kv)
 		}
 		k, v = strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v)
+		if seen[k] && k != "pool" {
+			// One value per key (pool= is the repeatable one): a second
+			// weight= or id= silently winning hides a typo.
+			return bad("key %q given twice", k)
+		}
+		seen[k] = true
 		known := false
 		for _, key := range keys {
 			known = known || key == k

@@ -134,3 +134,31 @@ func TestBackendSpecString(t *testing.T) {
 		}
 	}
 }
+
+// TestBackendSpecKeysOnce: a key other than pool= given twice is refused
+// (the last one used to win silently), and a TLS backend's spec is
+// written with each key once.
+func TestBackendSpecKeysOnce(t *testing.T) {
+	for _, tc := range []struct{ proto, in string }{
+		{"http", "127.0.0.1:8080,weight=2,weight=3"},
+		{"http", "127.0.0.1:8080,id=x,ID=y"},
+		{"http", "127.0.0.1:8443,tls=on,ca=/a.pem,ca=/b.pem"},
+		{"sip", "127.0.0.1:5061,transport=tls,transport=tcp"},
+	} {
+		if _, err := ParseBackendSpec(tc.proto, tc.in); err == nil || !strings.Contains(err.Error(), "given twice") {
+			t.Errorf("%s %q: %v, want a key given twice refused", tc.proto, tc.in, err)
+		}
+	}
+	for _, tc := range []struct{ proto, in, want string }{
+		{"http", "127.0.0.1:8443,tls=on,ca=/p/ca.pem,sni=api.example.com,pool=sec", "127.0.0.1:8443,tls=on,ca=/p/ca.pem,sni=api.example.com,pool=sec"},
+		{"sip", "127.0.0.1:5061,transport=tls,ca=/p/ca.pem,sni=edge.example.com", "127.0.0.1:5061,transport=tls,ca=/p/ca.pem,sni=edge.example.com"},
+	} {
+		b, err := ParseBackendSpec(tc.proto, tc.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := FormatBackendSpec(tc.proto, b); got != tc.want {
+			t.Errorf("FormatBackendSpec(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -24,12 +24,6 @@ func FormatBackendSpec(proto string, b BackendSpec) string {
 	}
 	if b.TLS && proto == "http" {
 		parts = append(parts, "tls=on")
-		if b.CAFile != "" {
-			parts = append(parts, "ca="+b.CAFile)
-		}
-		if b.SNI != "" {
-			parts = append(parts, "sni="+b.SNI)
-		}
 	}
 	if b.Transport != "" && b.Transport != "udp" && proto == "sip" {
 		parts = append(parts, "transport="+b.Transport)

@@ -64,6 +64,8 @@ var (
 	descStoreErrors  = prometheus.NewDesc("sluice_persist_write_errors_total", "Failed writes to the data directory (each retry counts).", nil, nil)
 	descStorePending = prometheus.NewDesc("sluice_persist_events_pending", "Events waiting in memory for the data directory to take them.", nil, nil)
 	descStoreDropped = prometheus.NewDesc("sluice_persist_events_dropped_total", "Events not stored: queue or in-memory backlog full.", nil, nil)
+	descStoreChild   = prometheus.NewDesc("sluice_persist_child_restarts_total", "Deaths of the store process (Badger's; SIGBUS on a full disk, killed, exited), each followed by a restart with backoff.", nil, nil)
+	descStoreQDrop   = prometheus.NewDesc("sluice_persist_queue_dropped_total", "History samples and dialog records not stored: the queue to the store process was full.", nil, nil)
 )
 
 // collector turns metricsSources into Prometheus metrics on each scrape.
@@ -73,7 +75,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAdmitted, descRefused, descMemState, descMemUsed, descMemLimit,
 		descARMRate, descARMLimit, descARMQueued, descARMDelayed, descARMRefused, descARMOver,
 		descMOPAllowed, descMOPLearned, descMOPPhase, descBEMemory, descProbeFails, descBEState, descBEOut,
-		descStoreOK, descStoreErrors, descStorePending, descStoreDropped} {
+		descStoreOK, descStoreErrors, descStorePending, descStoreDropped, descStoreChild, descStoreQDrop} {
 		ch <- d
 	}
 }
@@ -117,6 +119,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descStoreErrors, float64(h.SaveErrors))
 		gauge(descStorePending, float64(h.EventsPending))
 		counter(descStoreDropped, float64(h.EventsDropped))
+		counter(descStoreChild, float64(h.ChildRestarts))
+		counter(descStoreQDrop, float64(h.QueueDropped))
 	}
 	if mem := c.src.mem; mem != nil {
 		used, limit := mem.Usage()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
+	"github.com/sluicelb/sluice/tlsedge"
 )
 
 // eventLog is the event sink of a run: every event is logged, and appended
@@ -29,9 +30,13 @@ const maxEarlyEvents = 1000
 
 func (l *eventLog) emit(ev admission.Event) {
 	// A configuration warning (a run-time change a reload dropped, one
-	// not applied) is an operator's loss: WARN, not INFO.
+	// not applied), a certificate file refused (found by the file poll as
+	// well as on SIGHUP: the old certificate serves on) or one about to
+	// expire, and the store process dying are an operator's to act on:
+	// WARN, not INFO.
 	level := slog.LevelInfo
-	if ev.Kind == admission.EventConfigWarning {
+	switch ev.Kind {
+	case admission.EventConfigWarning, tlsedge.EventCertRefused, tlsedge.EventCertExpiring, persist.EventChildDied:
 		level = slog.LevelWarn
 	}
 	l.logger.Log(context.Background(), level, "event", "kind", string(ev.Kind), "subject", ev.Subject, "msg", ev.Message)

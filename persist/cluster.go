@@ -44,6 +44,10 @@ func (s *Store) SetClusterNodes(n int64) error {
 	if same {
 		return nil
 	}
+	if s.rc != nil {
+		s.rc.queueCluster(n)
+		return s.writeThrough("cluster node count")
+	}
 	data, _ := json.Marshal(clusterState{Nodes: n})
 	return s.writeSmallFile(clusterFile, "cluster node count", append(data, '\n'))
 }

@@ -120,6 +120,13 @@ type eventWriter struct {
 // Tail see them too. Events appended while Close runs may be lost without
 // being counted.
 func (s *Store) Append(ev admission.Event) {
+	if s.rc != nil && !s.isClosed() {
+		if ev.Time.IsZero() {
+			ev.Time = s.cfg.Now()
+		}
+		s.rc.queueEvent(ev)
+		return
+	}
 	if s.events == nil || s.isClosed() {
 		s.dropped.Add(1)
 		return
@@ -147,6 +154,9 @@ func (s *Store) EventsDropped() uint64 { return s.dropped.Load() }
 // returns the write error when some could not be (they wait in memory).
 // It returns ErrClosed when the store is closed or read-only.
 func (s *Store) Flush() error {
+	if s.rc != nil && !s.isClosed() {
+		return s.flush3()
+	}
 	if s.events == nil || s.isClosed() {
 		return fmt.Errorf("flush events to %s: %w", s.cfg.Dir, ErrClosed)
 	}

@@ -36,6 +36,10 @@ func (s *Store) Newest(since time.Time, limit int) ([]admission.Event, int, erro
 	if limit <= 0 {
 		return nil, 0, nil
 	}
+	if s.rc != nil || s.ro != nil {
+		evs, _, omitted, err := s.Query(EventQuery{Since: since, Limit: limit, Newest: true})
+		return evs, omitted, err
+	}
 	evs, err := s.readEvents(true, since, limit)
 	if err != nil {
 		return nil, 0, err
@@ -112,6 +116,10 @@ func (s *Store) readEvents(newest bool, since time.Time, limit int) ([]admission
 	if err := s.checkOpen(); err != nil {
 		return nil, fmt.Errorf("read events from %s: %w", s.cfg.Dir, err)
 	}
+	if s.rc != nil || s.ro != nil {
+		evs, _, _, err := s.Query(EventQuery{Since: since, Limit: limit, Newest: newest})
+		return evs, err
+	}
 	s.segMu.RLock()
 	segs := make([]segment, len(s.segs))
 	for i, g := range s.segs {
@@ -183,6 +191,17 @@ func (s *Store) SweepEvents() (int, error) {
 	}
 	if err := s.checkOpen(); err != nil {
 		return 0, fmt.Errorf("sweep events in %s: %w", s.cfg.Dir, err)
+	}
+	if s.rc != nil {
+		q := EventQuery{Limit: s.cfg.EventsMax}
+		if s.cfg.EventsRetention > 0 {
+			q.Until = s.cfg.Now().Add(-s.cfg.EventsRetention)
+		}
+		resp, err := s.rc.call(&request{Op: opSweep, Query: &q})
+		if err != nil {
+			return 0, fmt.Errorf("sweep events in %s: %w", s.cfg.Dir, err)
+		}
+		return resp.Deleted, nil
 	}
 	s.ew.mu.Lock()
 	defer s.ew.mu.Unlock()

@@ -60,7 +60,9 @@ func ParseLimit(v string) (int, error) {
 	return n, nil
 }
 
-// EventsHandler serves GET /events?since=RFC3339&limit=N as an EventsPage:
+// EventsHandler serves GET /events?since=RFC3339&limit=N[&type=KIND][&subject=S]
+// as an EventsPage (type and subject select events of that kind and
+// subject, read from the store's index):
 // up to limit events at or after since, oldest first. Without since, or
 // with order=newest, it returns the newest limit events (at or after
 // since; still oldest first), and with since says how many it left out
@@ -95,18 +97,37 @@ func (s *Store) EventsHandler() http.Handler {
 			http.Error(w, fmt.Sprintf("order %q: want oldest (the default) or newest", o), http.StatusBadRequest)
 			return
 		}
+		kind, subject := q.Get("type"), q.Get("subject")
+		if len(kind) > maxIndexedLabel || len(subject) > maxIndexedLabel {
+			http.Error(w, fmt.Sprintf("type or subject longer than %d bytes", maxIndexedLabel), http.StatusBadRequest)
+			return
+		}
 		// Read one more than asked to know whether there is more.
 		var evs []admission.Event
+		var more bool
 		omitted := 0
-		if newest && q.Get("since") != "" {
+		if kind != "" || subject != "" {
+			// By type or subject: an index range, not the whole log.
+			evs, more, omitted, err = s.Query(EventQuery{Since: since, Kind: kind, Subject: subject,
+				Limit: limit + 1, Newest: newest || q.Get("since") == ""})
+			if omitted > 0 || len(evs) > limit {
+				more = true
+			}
+			if len(evs) > limit && newest {
+				omitted++ // the one more read is left out below
+			}
+			if !newest || q.Get("since") == "" {
+				omitted = 0 // as without type: counted with order=newest&since only
+			}
+		} else if newest && q.Get("since") != "" {
 			evs, omitted, err = s.Newest(since, limit)
 		} else if q.Get("since") == "" {
 			evs, err = s.Tail(limit + 1)
 		} else {
 			evs, err = s.Events(since, limit+1)
 		}
-		more := len(evs) > limit || omitted > 0
-		if len(evs) > limit && q.Get("since") == "" {
+		more = more || len(evs) > limit || omitted > 0
+		if len(evs) > limit && (q.Get("since") == "" || newest) {
 			evs = evs[1:]
 		} else if len(evs) > limit {
 			evs = evs[:limit]

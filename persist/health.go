@@ -42,6 +42,20 @@ type Health struct {
 	// EventsDropped counts events that were not stored: the queue or the
 	// in-memory backlog was full, or the store was closed or read-only.
 	EventsDropped uint64 `json:"events_dropped"`
+	// Child is the store process of a format 3 store: "starting",
+	// "running" or "down"; empty for format 2.
+	Child string `json:"child,omitempty"`
+	// ChildRestarts counts the store process's deaths since Open.
+	ChildRestarts uint64 `json:"child_restarts"`
+	// ChildLastExit says how the store process last ended.
+	ChildLastExit string `json:"child_last_exit,omitempty"`
+	// QueuePending and QueueDropped count history samples and dialog
+	// records waiting for, or dropped before reaching, the store process.
+	QueuePending int    `json:"queue_pending"`
+	QueueDropped uint64 `json:"queue_dropped"`
+	// MOPSavedAt is when the store process last acknowledged a write of
+	// learned states (format 3).
+	MOPSavedAt time.Time `json:"mop_saved_at,omitzero"`
 }
 
 // health tracks write failures by operation ("mop", "events", "sweep").
@@ -139,11 +153,17 @@ func (s *Store) Health() Health {
 	out.EventsPending = len(s.pending)
 	s.segMu.RUnlock()
 	out.EventsDropped = s.dropped.Load()
+	if s.rc != nil {
+		s.rc.health(&out)
+	}
 	return out
 }
 
 // Healthy reports whether the last write of every kind succeeded.
 func (s *Store) Healthy() bool {
+	if s.rc != nil {
+		return s.Health().Healthy
+	}
 	s.health.mu.Lock()
 	defer s.health.mu.Unlock()
 	return len(s.health.failing) == 0

@@ -152,6 +152,7 @@ func (s *Store) SaveMOP(states map[string]admission.MOPState) error {
 		return fmt.Errorf("save mop states to %s: %w", s.cfg.Dir, err)
 	}
 	var errs []error
+	changed := make(map[string]admission.MOPState, len(states))
 	s.mopMu.Lock()
 	for key, st := range states {
 		if err := checkMOPKey(key); err != nil {
@@ -166,9 +167,17 @@ func (s *Store) SaveMOP(states map[string]admission.MOPState) error {
 			continue
 		}
 		s.mop[key] = st
+		changed[key] = st
 	}
 	all := maps.Clone(s.mop)
 	s.mopMu.Unlock()
+	if s.rc != nil {
+		// Format 3: queued for the store process, never waited on.
+		if len(changed) > 0 {
+			s.rc.queueMOP(changed)
+		}
+		return errors.Join(errs...)
+	}
 	if len(all) == 0 {
 		return errors.Join(errs...)
 	}

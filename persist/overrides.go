@@ -107,6 +107,13 @@ func (s *Store) changeOverrides(f func([]Override) []Override) error {
 	s.ovMu.Lock()
 	s.overrides = f(s.overrides)
 	slices.SortFunc(s.overrides, func(a, b Override) int { return strings.Compare(a.Key, b.Key) })
+	if s.rc != nil {
+		// An operator's change (not the data plane): written at once
+		// when the store process answers, within its call timeout.
+		s.rc.queueOverrides(slices.Clone(s.overrides))
+		s.ovMu.Unlock()
+		return s.writeThrough("overrides")
+	}
 	data, err := json.MarshalIndent(struct {
 		Overrides []Override `json:"overrides"`
 	}{s.overrides}, "", "  ")

@@ -149,6 +149,10 @@ func TestMain(m *testing.M) {
 		tmpfsChild(dir)
 		return
 	}
+	if dir := os.Getenv(storeChildEnv); dir != "" {
+		storeChildMain(dir)
+		return
+	}
 	// Close must stop every goroutine, ours and badger's.
 	goleak.VerifyTestMain(m)
 }

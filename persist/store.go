@@ -126,6 +126,31 @@ type Config struct {
 	// reports; nil means time.Now. Tests inject a clock here.
 	Now func() time.Time
 
+	// Child, when set, makes the store format 3: a Badger database owned
+	// by a store process this command runs (see README.md), spoken to over
+	// a socketpair. Nil keeps the format 2 files in this process (tools,
+	// tests, and platforms without the store process).
+	Child ChildCommand
+	// ChildStartTimeout bounds the wait at Open for the store process to
+	// answer and the stored state to load; past it the balancer starts on
+	// defaults (logged at ERROR) and the state loads when the process
+	// answers. Default 10s.
+	ChildStartTimeout time.Duration
+	// ChildCallTimeout bounds one request to the store process; one that
+	// does not answer in time is killed and restarted. Default 5s.
+	ChildCallTimeout time.Duration
+	// QueueMax bounds each queue of records waiting for the store process
+	// (events, history samples, dialogs); beyond it the oldest are dropped
+	// and counted. Default 8192.
+	QueueMax int
+	// HistoryRetention is how long dashboard history samples are kept
+	// (flag -history-retention). Default 24h.
+	HistoryRetention time.Duration
+
+	// childMinBackoff and childMaxBackoff bound the restart backoff of the
+	// store process (1s doubling to 1m); tests shorten them.
+	childMinBackoff, childMaxBackoff time.Duration
+
 	// fs is where files are written; nil means the operating system.
 	// Tests inject failures here.
 	fs fileSystem
@@ -159,6 +184,18 @@ func (c *Config) setDefaults() {
 	if c.fs == nil {
 		c.fs = osFS{}
 	}
+	if c.ChildStartTimeout == 0 {
+		c.ChildStartTimeout = DefaultChildStartTimeout
+	}
+	if c.ChildCallTimeout == 0 {
+		c.ChildCallTimeout = DefaultChildCallTimeout
+	}
+	if c.QueueMax == 0 {
+		c.QueueMax = DefaultQueueMax
+	}
+	if c.HistoryRetention == 0 {
+		c.HistoryRetention = DefaultHistoryRetention
+	}
 }
 
 // Validate reports the first invalid field, naming its flag. It is called
@@ -169,6 +206,12 @@ func (c Config) Validate() error {
 		return errors.New("-persist-interval must be at least 10ms")
 	case c.EventsBuffer < 0:
 		return errors.New("events buffer must not be negative")
+	case c.HistoryRetention < 0:
+		return fmt.Errorf("-history-retention %v: must be positive", c.HistoryRetention)
+	case c.QueueMax < 0:
+		return fmt.Errorf("store queue size %d: must not be negative", c.QueueMax)
+	case c.ChildStartTimeout < 0 || c.ChildCallTimeout < 0:
+		return errors.New("store process timeouts must not be negative")
 	case c.Reset && c.ReadOnly:
 		return errors.New("-data-reset cannot be used on a read-only store")
 	}
@@ -228,6 +271,12 @@ type Store struct {
 	closed bool // Close has begun
 	shut   atomic.Bool
 
+	// rc is the store process of a format 3 store, nil for format 2.
+	rc *remote
+	// ro is a format 3 database opened read-only in this process
+	// (`sluice events` on a stopped sluice), nil otherwise.
+	ro *kv3
+
 	closeOnce sync.Once
 	closeDone chan struct{}
 	closeErr  error
@@ -250,6 +299,9 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	log := logger.With("component", "persist")
+	if cfg.Child != nil && !cfg.ReadOnly {
+		return openFormat3(cfg, log)
+	}
 	dir := cfg.Dir
 
 	if cfg.ReadOnly {
@@ -280,6 +332,14 @@ func Open(cfg Config, logger *slog.Logger) (*Store, error) {
 		savers:     make(map[*Saver]struct{}),
 	}
 	start := time.Now()
+	if cfg.ReadOnly && isFormat3(dir) {
+		if err := s.openReadOnly3(); err != nil {
+			s.unlock()
+			s.removeTmp()
+			return nil, err
+		}
+		return s, nil
+	}
 	if err := s.open(); err != nil {
 		s.unlock() // migrate may have taken the lock anew
 		s.removeTmp()
@@ -592,6 +652,14 @@ func (s *Store) shutdown() error {
 	}
 	close(s.quit)
 	s.wg.Wait()
+	if s.rc != nil {
+		if err := s.shutdown3(); err != nil {
+			errs = append(errs, fmt.Errorf("close store %s: %w", s.cfg.Dir, err))
+		}
+	}
+	if s.ro != nil {
+		s.ro.db.Close()
+	}
 	if n := s.pendingCount(); n > 0 {
 		errs = append(errs, fmt.Errorf("close store %s: %d events could not be written: %w", s.cfg.Dir, n, s.LastError()))
 	}
@@ -658,6 +726,7 @@ func wipe(dir string) (int, error) {
 		switch {
 		case n == AffinityKeyFile && e.Type().IsRegular():
 			continue
+		case (n == db3Dir || n == v2Dir) && e.IsDir():
 		case n == badgerDir && e.IsDir():
 			sub, err := os.ReadDir(filepath.Join(dir, n))
 			if err != nil {

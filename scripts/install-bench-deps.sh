@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs the tools of the side-by-side benchmarks (bench/http.sh,
-# bench/sip.sh and ../shared/peers/run.sh) from Debian: sipp (package
-# sip-tester), wrk, haproxy, nginx and kamailio. Idempotent: packages whose
+# bench/sip.sh, bench/https.sh and ../shared/peers/run.sh) from Debian: sipp
+# (package sip-tester), wrk, h2load (nghttp2-client), haproxy, nginx and
+# kamailio. Idempotent: packages whose
 # command is already present are skipped. Needs root.
 set -euo pipefail
-declare -A cmd=([sip-tester]=sipp [wrk]=wrk [haproxy]=haproxy [nginx]=nginx [kamailio]=kamailio)
+declare -A cmd=([sip-tester]=sipp [wrk]=wrk [nghttp2-client]=h2load [haproxy]=haproxy [nginx]=nginx [kamailio]=kamailio)
 need=()
-for pkg in sip-tester wrk haproxy nginx kamailio; do
+for pkg in sip-tester wrk nghttp2-client haproxy nginx kamailio; do
   command -v "${cmd[$pkg]}" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -eq 0 ]; then
-  echo "install-bench-deps: sipp wrk haproxy nginx kamailio present"
+  echo "install-bench-deps: sipp wrk h2load haproxy nginx kamailio present"
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then

@@ -196,6 +196,34 @@ func (p *backendSet) backendAt(a netip.AddrPort) *backend {
 	return p.goneByAddr[a]
 }
 
+// backendFrom returns the backend a message came from, or nil: the
+// backend at src's address whose transport src came over. A backend over
+// UDP sends datagrams; one over TCP or TLS speaks on a connection (the
+// one we dialled, or one it opened from its own address, as a backend
+// reusing its listening port does). A connection from a UDP backend's
+// address is not that backend (anyone on the backend's host can bind the
+// same port for TCP, which the backend does not hold), nor is a datagram
+// from a TCP or TLS backend's address (anyone may spoof a UDP source):
+// neither may use what only backends may (flows, downstream forwarding).
+func (p *backendSet) backendFrom(src source) *backend {
+	b := p.backendAt(src.addr)
+	if b == nil || b.tcp != (src.conn != nil) {
+		return nil
+	}
+	return b
+}
+
+// anyTLS reports whether p has a backend over TLS, which a sips: request
+// may be sent to.
+func (p *backendSet) anyTLS() bool {
+	for _, b := range p.list {
+		if b.tls != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // of returns SIP's entry of lbb, an lb.Backend of p's generation, or nil.
 func (p *backendSet) of(lbb *lb.Backend) *backend {
 	if lbb == nil {

@@ -154,7 +154,11 @@ func TestFaultSIPBlackHoleNoPileUp(t *testing.T) {
 	b1.mode.Store(modeSilent)
 	s := testServer(t, []*uas{b1, b2}, nil, func(c *Config) {
 		c.Policy = "round-robin"
-		c.FailoverTimeout = 50 * time.Millisecond
+		// Long enough for b2 to answer on a loaded machine (50 ms made
+		// the balancer answer 500, every backend failed, under the race
+		// detector beside other packages); short enough that the calls
+		// before OPTIONS takes the garbage backend down fail over fast.
+		c.FailoverTimeout = 300 * time.Millisecond
 		c.HealthInterval = 200 * time.Millisecond
 		c.HealthTimeout = 150 * time.Millisecond
 		c.HealthRise, c.HealthFall = 1, 3
@@ -217,7 +221,11 @@ func TestFaultSIPGarbageBackend(t *testing.T) {
 	b2 := newUAS(t, "b2")
 	s := testServer(t, []*uas{b2}, nil, func(c *Config) {
 		c.Policy = "round-robin"
-		c.FailoverTimeout = 50 * time.Millisecond
+		// Long enough for b2 to answer on a loaded machine (50 ms made
+		// the balancer answer 500, every backend failed, under the race
+		// detector beside other packages); short enough that the calls
+		// before OPTIONS takes the garbage backend down fail over fast.
+		c.FailoverTimeout = 300 * time.Millisecond
 		c.HealthInterval = 200 * time.Millisecond
 		c.HealthTimeout = 150 * time.Millisecond
 		c.HealthRise, c.HealthFall = 1, 3

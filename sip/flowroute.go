@@ -137,6 +137,52 @@ func (s *Server) aliasContact(req *gosip.Request, f flowConn, backendTr string) 
 	s.metrics.ContactAlias.Add(1)
 }
 
+// plantedAlias reports whether a request from a client, from src,
+// carries a Contact that names us with an alias parameter that is not
+// the alias of src's own flow. Only aliasContact writes those, on the way
+// to a backend; another the client wrote itself would be a flow token it
+// learned (every party to a call sees the Record-Route and the aliased
+// Contact of the other) planted as its own contact, so that a registrar
+// or a peer sends the requests meant for it over another client's
+// connection. Its own alias (a binding copied from a registrar's answer
+// to remove it) is let through.
+func (s *Server) plantedAlias(req *gosip.Request, src source) bool {
+	for _, h := range req.Headers() {
+		if !headerNamed(h.Name(), "contact") {
+			continue
+		}
+		v := h.Value()
+		if !strings.Contains(strings.ToLower(v), aliasParam+"=") {
+			continue
+		}
+		for _, part := range strings.Split(v, ",") {
+			var c gosip.ContactHeader
+			if _, err := gosip.ParseAddressValue(strings.TrimSpace(part), &c.Address, &c.Params); err != nil {
+				return true // an alias we cannot read is refused as one we can
+			}
+			tok, ok := c.Address.UriParams.Get(aliasParam)
+			if !ok || !s.isOurs(&c.Address) {
+				continue
+			}
+			ref, ok := s.flowSign.decode(tok)
+			own := src.flow()
+			if !ok || own == nil || s.flows.lookup(ref, s.flowNode()) != own {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// refusePlantedAlias answers 403 to a client's request with a planted
+// alias (plantedAlias); an ACK is dropped.
+func (s *Server) refusePlantedAlias(req *gosip.Request, src source) {
+	s.metrics.ForgedFlows.Add(1)
+	if req.Method != gosip.ACK {
+		s.replyLocal(req, src, 403, "Forbidden", "Warning: 399 "+s.adv.String()+` "Contact names this proxy's alias"`)
+	}
+}
+
 // validAliasHost reports whether h is a host[:port] an alias may carry:
 // at most maxAliasHost characters of a host name, an IPv4 address or a
 // bracketed IPv6 address, and a port.
@@ -205,14 +251,14 @@ func restoreAlias(u *gosip.Uri, f flowConn) {
 // routed here: they go on as before (a client's in-dialog request with
 // our Routes goes to the backend its affinity token names).
 func (s *Server) flowRequest(req *gosip.Request, src source, p *backendSet, now int64) bool {
-	if p == nil || p.backendAt(src.addr) == nil {
+	if p == nil || p.backendFrom(src) == nil {
 		return false
 	}
 	flow, had := s.peekOurFlow(req)
 	alias := false
 	if flow == "" {
-		if !s.isOurs(&req.Recipient) {
-			return false
+		if !s.cfg.ContactAlias || !s.isOurs(&req.Recipient) {
+			return false // no alias is ours to honour without -sip-contact-alias
 		}
 		tok, ok := req.Recipient.UriParams.Get(aliasParam)
 		if !ok {
@@ -275,7 +321,7 @@ func (s *Server) routeToFlow(req *gosip.Request, src source, p *backendSet, tok 
 	dst := target{addr: f.peer(), tcp: true}
 	br := s.branchOf(req, src, dst)
 	if recordRoutes(req.Method) && toTag(req) == "" {
-		if b := p.backendAt(src.addr); b != nil {
+		if b := p.backendFrom(src); b != nil {
 			token := s.routeToken("", tokenSubject(b.id, req.CallID().Value()), time.Now().Add(s.cfg.TokenTTL))
 			req.PrependHeader(s.flowRecordRoute(token, f), s.ourRecordRoute(token, b.transport()))
 		}

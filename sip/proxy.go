@@ -384,7 +384,11 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now
 func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, now int64) {
 	callID := req.CallID().Value()
 	token, had := s.popOurRoutes(req)
-	fromBackend := p.backendAt(src.addr) != nil
+	fromBackend := p.backendFrom(src) != nil
+	if !fromBackend && s.plantedAlias(req, src) {
+		s.refusePlantedAlias(req, src)
+		return
+	}
 	if had {
 		pool, id, ok := s.verifyToken(token, callID)
 		if !ok {
@@ -623,6 +627,17 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 		return
 	}
 	if req.Method == gosip.INVITE && s.inviteAfter2xx(req, src, now) {
+		return
+	}
+	if s.plantedAlias(req, src) && s.pool.Load().backendFrom(src) == nil {
+		s.refusePlantedAlias(req, src)
+		return
+	}
+	if isSips(req) && !s.cfg.AllowSipsDowngrade && !s.pool.Load().anyTLS() {
+		// Every backend is reached over UDP or TCP: a sips: request
+		// would leave TLS on its next hop (RFC 5630). With TLS backends
+		// it goes to one of them only (attempt).
+		s.refuseSips(req, src, "UDP or TCP")
 		return
 	}
 	if s.adm.Draining() {

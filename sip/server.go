@@ -232,7 +232,8 @@ func (s *Server) Start(ctx context.Context) error {
 	for try := 0; ; try++ {
 		s.udp, err = net.ListenUDP("udp", uaddr)
 		if err != nil {
-			return fmt.Errorf("listen udp %s: %w", s.cfg.Listen, err)
+			// err already reads "listen udp ADDR: ..."; the field names the flag.
+			return fieldError("Listen", "%w", err)
 		}
 		la := s.udp.LocalAddr().(*net.UDPAddr)
 		s.tcpLn, err = net.ListenTCP("tcp", &net.TCPAddr{IP: la.IP, Port: la.Port, Zone: la.Zone})
@@ -241,7 +242,7 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 		s.udp.Close()
 		if uaddr.Port != 0 || try == 20 {
-			return fmt.Errorf("listen tcp %s: %w", la, err)
+			return fieldError("Listen", "%w (SIP takes the UDP and TCP port of one address)", err)
 		}
 	}
 	_ = s.udp.SetReadBuffer(s.cfg.UDPBuffer)

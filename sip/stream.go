@@ -193,7 +193,7 @@ func (s *Server) endConn(tc *tcpConn, reserved *int64, buf []byte) {
 // beginHandshake asks the gate for a handshake on tc and sets its
 // deadline; false: refused, the connection is to be closed.
 func (s *Server) beginHandshake(tc *tcpConn) bool {
-	if g := s.cfg.Handshakes; g != nil && !g.Acquire(s.clock.Now()) {
+	if !s.acquireHandshake(tc) {
 		s.metrics.HandshakesRefused.Add(1)
 		s.log.Debug("sip handshake refused: too many in progress", "remote", tc.remote.String(), "transport", tc.kind.String())
 		return false
@@ -205,7 +205,38 @@ func (s *Server) beginHandshake(tc *tcpConn) bool {
 // endHandshake clears the handshake's deadline and gives its slot back.
 func (s *Server) endHandshake(tc *tcpConn) {
 	_ = tc.c.SetWriteDeadline(time.Time{})
-	if g := s.cfg.Handshakes; g != nil {
+	s.releaseHandshake(tc)
+}
+
+// sourceGate is a HandshakeGate that also holds each source to a share
+// of the handshakes in flight (tlsedge.HandshakeLimiter): without one, a
+// single address's silent connections could hold every place of the
+// node, HTTPS included.
+type sourceGate interface {
+	AcquireFrom(src netip.Addr, now int64) bool
+	ReleaseFrom(src netip.Addr)
+}
+
+// acquireHandshake asks Config.Handshakes for a handshake on tc (its
+// source's share too when the gate keeps shares); true without a gate.
+func (s *Server) acquireHandshake(tc *tcpConn) bool {
+	switch g := s.cfg.Handshakes; g := g.(type) {
+	case nil:
+		return true
+	case sourceGate:
+		return g.AcquireFrom(tc.remote.Addr(), s.clock.Now())
+	default:
+		return g.Acquire(s.clock.Now())
+	}
+}
+
+// releaseHandshake ends a handshake acquireHandshake let start on tc.
+func (s *Server) releaseHandshake(tc *tcpConn) {
+	switch g := s.cfg.Handshakes; g := g.(type) {
+	case nil:
+	case sourceGate:
+		g.ReleaseFrom(tc.remote.Addr())
+	default:
 		g.Release()
 	}
 }
@@ -258,7 +289,7 @@ func (s *Server) listenEdge() error {
 		}
 		if err != nil {
 			s.closeEdge()
-			return fieldError(l.field, "listen %s: %v", l.addr, err)
+			return fieldError(l.field, "%w", err)
 		}
 	}
 	return nil
@@ -389,11 +420,11 @@ func clientTLS(spec lb.BackendSpec) (*tls.Config, error) {
 	if spec.CAFile != "" {
 		pem, err := opfile.Read(spec.CAFile, 1<<20)
 		if err != nil {
-			return nil, fmt.Errorf("ca %w", err)
+			return nil, fmt.Errorf("ca=%s: %w", spec.CAFile, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ca %q: no PEM certificate in it", spec.CAFile)
+			return nil, fmt.Errorf("ca=%s: no PEM certificate in the file", spec.CAFile)
 		}
 		cfg.RootCAs = pool
 	}

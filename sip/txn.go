@@ -242,11 +242,6 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 	key := lb.Hash(t.callID)
 	var mopRetry time.Duration
 	mopRefused := false
-	// sipsSkipped: a backend was passed over because a sips: request
-	// would reach it over UDP or TCP (RFC 5630: sips asks for TLS on
-	// every hop); only TLS backends take one, unless
-	// -sip-allow-sips-downgrade.
-	sipsSkipped := false
 	for {
 		s.txns.mu.Lock()
 		if t.answered {
@@ -284,8 +279,7 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 			break
 		}
 		if s.sipsDowngrade(t.req, b.transport()) {
-			sipsSkipped = true
-			continue
+			continue // a sips: request goes to TLS backends only
 		}
 		if s.send(t, b, now) {
 			if failover && !t.tooLarge {
@@ -295,9 +289,6 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 		}
 	}
 	switch {
-	case !failover && sipsSkipped && !mopRefused:
-		s.txns.remove(t)
-		s.refuseSips(t.req, t.src, "UDP or TCP")
 	case !failover && mopRefused:
 		s.txns.remove(t)
 		ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(t.req.Method), Pool: t.poolName}

@@ -13,7 +13,8 @@ import (
 // HandshakeGate. Acquire is lock-free and allocates nothing: a
 // compare-and-swap for the in-flight count (which never reads above the
 // bound) and one for the rate (GCRA: the theoretical arrival time of the
-// next handshake). No goroutine.
+// next handshake). No goroutine. AcquireFrom also holds each source to
+// its share of the places (limiter_source.go), under a lock.
 type HandshakeLimiter struct {
 	max       int64 // 0: no bound
 	interval  int64 // nanoseconds per handshake at the rate; 0: no cap
@@ -21,6 +22,7 @@ type HandshakeLimiter struct {
 
 	inFlight atomic.Int64
 	tat      atomic.Int64 // theoretical arrival time of the next handshake
+	src      sources      // per-source counts of AcquireFrom (limiter_source.go)
 
 	started, refusedBusy, refusedRate atomic.Uint64
 }
@@ -94,7 +96,7 @@ func (l *HandshakeLimiter) Release() {
 type HandshakeStats struct {
 	InFlight    int64  // handshakes under way now
 	Started     uint64 // handshakes Acquire let start
-	RefusedBusy uint64 // refused: maxInFlight under way
+	RefusedBusy uint64 // refused: maxInFlight under way, or the source's share of them (AcquireFrom)
 	RefusedRate uint64 // refused: over perSecond
 }
 

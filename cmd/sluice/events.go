@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -25,10 +28,10 @@ func init() {
 func runEvents(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("events", stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sluice events [--since TIME] [--limit N] [--data-dir DIR] [--json]")
-		fmt.Fprintln(stderr, "\nPrints the event log of a stopped sluice from its data directory, oldest first:")
-		fmt.Fprintln(stderr, "time, kind, subject and message. While sluice runs, read it with")
-		fmt.Fprintln(stderr, "curl http://ADMIN/events?since=TIME&limit=N instead.")
+		fmt.Fprintln(stderr, "usage: sluice events [--since TIME] [--type KIND] [--subject S] [--limit N] [--data-dir DIR] [--json]")
+		fmt.Fprintln(stderr, "\nPrints the event log from the data directory, oldest first: time, kind, subject")
+		fmt.Fprintln(stderr, "and message. While sluice runs (it holds the directory), the log is read from its")
+		fmt.Fprintln(stderr, "admin listener (--admin-listen), as curl http://ADMIN/events?since=TIME&type=KIND would.")
 		fs.PrintDefaults()
 	}
 	dir := fs.String("data-dir", persist.DefaultDir,
@@ -38,8 +41,10 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 			"without it, the newest --limit events")
 	limit := fs.Int("limit", persist.DefaultEventsLimit, "most events to print; 0 prints all")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
+	kind := fs.String("type", "", "print only events of this kind (mop.learned, backend.down, persist.child_died, ...)")
+	subject := fs.String("subject", "", "print only events of this subject (a backend: \"http 127.0.0.1:18081\")")
 	admin := fs.String("admin-listen", sadmin.DefaultListen,
-		"admin address of the running sluice, only used in the hint printed when the store is in use")
+		"admin address of the running sluice, read when the store is in use")
 	if code, ok := parseCommand("events", fs, args, stderr); !ok {
 		return code
 	}
@@ -59,7 +64,22 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 	s, err := persist.Open(persist.Config{Dir: *dir, ReadOnly: true}, logger)
 	switch {
 	case errors.Is(err, persist.ErrLocked):
-		fmt.Fprintf(stderr, "sluice events: data directory %s is in use by a running sluice; read its event log with\n", *dir)
+		q := url.Values{}
+		q.Set("limit", strconv.Itoa(min(max(*limit, 1), persist.MaxEventsLimit)))
+		if *sinceFlag != "" {
+			q.Set("since", since.Format(time.RFC3339Nano))
+		}
+		if *kind != "" {
+			q.Set("type", *kind)
+		}
+		if *subject != "" {
+			q.Set("subject", *subject)
+		}
+		evs, ferr := fetchEvents("http://" + *admin + "/events?" + q.Encode())
+		if ferr == nil {
+			return printEvents(stdout, stderr, evs, *asJSON)
+		}
+		fmt.Fprintf(stderr, "sluice events: data directory %s is in use by a running sluice, and its admin listener %s did not answer (%v); read its event log with\n", *dir, *admin, ferr)
 		fmt.Fprintf(stderr, "  curl 'http://%s/events?limit=%d'\n", *admin, max(*limit, 1))
 		return 1
 	case err != nil:
@@ -69,7 +89,10 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 	defer s.Close(context.Background())
 
 	var evs []admission.Event
-	if *sinceFlag == "" && *limit > 0 {
+	if *kind != "" || *subject != "" {
+		evs, _, _, err = s.Query(persist.EventQuery{Since: since, Kind: *kind, Subject: *subject,
+			Limit: *limit, Newest: *sinceFlag == ""})
+	} else if *sinceFlag == "" && *limit > 0 {
 		evs, err = s.Tail(*limit)
 	} else {
 		evs, err = s.Events(since, *limit)
@@ -83,7 +106,33 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		// is changed, and nothing is to be wiped for it.
 		defer fmt.Fprintf(stderr, "sluice events: %d unreadable event lines and %d unreadable files in %s left out; the other events are printed\n", sk.Lines, sk.Files, *dir)
 	}
-	if *asJSON {
+	return printEvents(stdout, stderr, evs, *asJSON)
+}
+
+// fetchEvents reads /events of a running sluice (at most 64 MiB).
+func fetchEvents(u string) ([]admission.Event, error) {
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(u)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	var page persist.EventsPage
+	if err := json.Unmarshal(body, &page); err != nil {
+		return nil, fmt.Errorf("decoding the answer: %w", err)
+	}
+	return page.Events, nil
+}
+
+func printEvents(stdout, stderr io.Writer, evs []admission.Event, asJSON bool) int {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		for _, ev := range evs {
 			if err := enc.Encode(ev); err != nil {
@@ -116,6 +165,13 @@ func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
 		"how long events are kept (negative: no age limit)")
 	fs.IntVar(&cfg.EventsMax, "events-max", persist.DefaultEventsMax,
 		"most events kept; the oldest beyond it are deleted (negative: no limit)")
+	fs.DurationVar(&cfg.HistoryRetention, "history-retention", persist.DefaultHistoryRetention,
+		"how long the dashboard's history is kept in the store")
+	// The store is a Badger database in a store process (format 3); it
+	// needs Linux (socketpair, parent-death signal), elsewhere format 2.
+	if runtime.GOOS == "linux" {
+		cfg.Child = storeChildCommand
+	}
 }
 
 // eventsField prints "-" for an empty field and quotes one that holds a

@@ -137,9 +137,12 @@ func TestEventsCommandWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(context.Background())
-	code, _, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", "127.0.0.1:19090", "--limit", "5")
+	// The admin listener does not answer (a port nothing listens on): the
+	// tool says so and prints the curl line.
+	admin := freePort(t)
+	code, _, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", admin, "--limit", "5")
 	if code != 1 || !strings.Contains(errOut, "in use by a running sluice") ||
-		!strings.Contains(errOut, "curl 'http://127.0.0.1:19090/events?limit=5'") {
+		!strings.Contains(errOut, "curl 'http://"+admin+"/events?limit=5'") {
 		t.Fatalf("exit %d %q; want 1 with a curl hint", code, errOut)
 	}
 }
@@ -153,12 +156,16 @@ func TestPersistFlags(t *testing.T) {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	err := fs.Parse([]string{"-data-dir", "/var/lib/sluice", "-data-reset", "-persist-interval", "2s",
-		"-events-retention", "24h", "-events-max", "500"})
+		"-events-retention", "24h", "-events-max", "500", "-history-retention", "48h"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.Child == nil {
+		t.Fatal("run's store has no store process (persist.Config.Child)")
+	}
+	cfg.Child = nil
 	want := persist.Config{Dir: "/var/lib/sluice", Reset: true, Interval: 2 * time.Second,
-		EventsRetention: 24 * time.Hour, EventsMax: 500}
+		EventsRetention: 24 * time.Hour, EventsMax: 500, HistoryRetention: 48 * time.Hour}
 	if fmt.Sprintf("%+v", cfg) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("parsed %+v, want %+v", cfg, want)
 	}

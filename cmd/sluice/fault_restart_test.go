@@ -10,15 +10,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sluicelb/sluice/admission"
 )
 
 // freePort returns a loopback port free for TCP and UDP at the moment.
@@ -167,6 +164,7 @@ func TestFaultKill9UnderLoad(t *testing.T) {
 		return len(r) == 2 && r["h1"] > 0 && r["h2"] > 0
 	})
 	before := learnedRates(t, adminAddr)
+	learnedAt := time.Now()
 
 	// A sticky HTTP client and a SIP dialog, set up before the kill.
 	code, hdr, home := httpGet(t, "http://"+httpAddr+"/first")
@@ -192,11 +190,12 @@ func TestFaultKill9UnderLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	restartLoad(&wg, stop, &hrec, &srec, httpAddr, sipAddr, t)
 	far := time.Now().Add(time.Hour)
-	waitFor(t, 20*time.Second, "load to flow and the learned rates to be saved", func() bool {
+	waitFor(t, 20*time.Second, "load to flow", func() bool {
 		hb, _, _, _, _, _ := hrec.tally(far, far)
 		sb, _, _, _, _, _ := srec.tally(far, far)
-		return hb >= 100 && sb >= 100 && savedRates(dataDir) == len(before)
+		return hb >= 100 && sb >= 100
 	})
+	waitStatesStored(t, adminAddr, learnedAt)
 	kill := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -396,22 +395,3 @@ func (s *sipClient) roundTrip(t *testing.T, msg string) string {
 }
 
 func decodeJSON(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
-
-// savedRates is how many learned states mop.json in dir holds now.
-func savedRates(dir string) int {
-	data, err := os.ReadFile(filepath.Join(dir, "mop.json"))
-	if err != nil {
-		return 0
-	}
-	var states map[string]admission.MOPState
-	if json.Unmarshal(data, &states) != nil {
-		return 0
-	}
-	n := 0
-	for _, st := range states {
-		if st.Phase == admission.Learned && st.LearnedRate > 0 {
-			n++
-		}
-	}
-	return n
-}

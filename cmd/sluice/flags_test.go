@@ -167,7 +167,9 @@ var badValues = map[string]string{
 
 // freeForm are flags whose every value is acceptable, with the reason.
 var freeForm = map[string]string{
-	"events admin-listen": "only printed in a hint",
+	"events admin-listen": "an address read only while the store is in use; a bad one is reported as not answering",
+	"events type":         "a filter: any kind may be asked for, an unknown one matches nothing",
+	"events subject":      "a filter: any subject may be asked for, an unknown one matches nothing",
 }
 
 // commandArgs are arguments under which each command starts; the flag
@@ -257,8 +259,8 @@ func TestFieldFlags(t *testing.T) {
 	newRunFlags(fs)
 	notFlags := map[string]bool{ // set by the wiring, not by a flag of their own
 		"http.RetryAfterNoBackend": true, "http.Clock": true, "http.Now": true, "http.ObserveForward": true,
-		"http.TLSConfig": true, "http.Handshakes": true, "http.HandshakeTimeout": true, // from the certificate store and -tls-handshake-timeout
-		"sip.TLSConfig": true, "sip.Handshakes": true, "sip.HandshakeTimeout": true, // from the certificate store and -tls-handshake-timeout
+		"http.TLSConfig": true, "http.Handshakes": true, // from the certificate store
+		"sip.TLSConfig": true, "sip.Handshakes": true,
 	}
 	fields := fieldFlags()
 	for pkg, typ := range map[string]reflect.Type{"http": reflect.TypeOf(node.HTTPConfig{}), "sip": reflect.TypeOf(node.SIPConfig{}), "tlsedge": reflect.TypeOf(tlsedge.Config{})} {

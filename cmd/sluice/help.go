@@ -13,7 +13,7 @@ var flagGroups = []struct {
 	title    string
 	prefixes []string
 }{
-	{"HTTP front end", []string{"http-"}},
+	{"HTTP front end", []string{"http-", "https-"}},
 	{"SIP front end", []string{"sip-"}},
 	{"TLS (certificates and handshakes of every TLS listener)", []string{"tls-"}},
 	{"Backend selection and health", []string{"lb-", "health-", "backends-file"}},

@@ -75,6 +75,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "-version", "--version":
 		args[0] = "version"
+	case storeChildName: // hidden: the store process, started by run
+		return runStoreChild(args[1:], stderr)
 	}
 	c, ok := commands[args[0]]
 	if !ok {

@@ -139,15 +139,11 @@ func tlsFlags(fs *flag.FlagSet, fields map[string]string, cfg *tlsedge.Config, c
 	*cfg = tlsedge.DefaultConfig()
 	sec := newSection(fs, fields, "tlsedge", "", cfg)
 	certs.check = func(s string) error { _, err := tlsedge.ParseCertSpec(s); return err }
-	fs.Var(certs, "tls-cert", "`certificate` of the TLS listeners: CERTFILE[,key=KEYFILE], a PEM chain, leaf first, and its private key (ECDSA or RSA; in CERTFILE too when key= is not given, as HAProxy's crt); repeatable: chosen by SNI among their names (exact, then wildcard, then the first given); re-read on SIGHUP and when the files change, a bad new file refused while the old certificate serves on")
+	fs.Var(certs, "tls-cert", "`certificate` of the TLS listeners: CERTFILE[,key=KEYFILE], a PEM chain, leaf first, and its private key (ECDSA, RSA or Ed25519, unencrypted; in CERTFILE too when key= is not given, as HAProxy's crt); repeatable: chosen by SNI among their names (exact, then wildcard, then the first given); re-read on SIGHUP and when the files change, a bad new file refused while the old certificate serves on")
 	sec.also(&cfg.Certs, "tls-cert")
 	sec.add(&cfg.HandshakesMax, "tls-handshakes-max", "most TLS and WebSocket handshakes under way at once on all listeners together; more connections are closed without one (0: no bound)")
 	sec.add(&cfg.HandshakeRate, "tls-handshake-rate", "most TLS and WebSocket handshakes started per second on all listeners together, with a burst of one second's worth; more connections are closed without one (0: no cap)")
 	sec.add(&cfg.HandshakeTimeout, "tls-handshake-timeout", "close a connection whose TLS or WebSocket handshake takes longer")
-	// node sets the front ends' handshake timeouts from this flag, so
-	// their FieldErrors name it.
-	fields["http.HandshakeTimeout"] = "tls-handshake-timeout"
-	fields["sip.HandshakeTimeout"] = "tls-handshake-timeout"
 }
 
 // tlsSettings is the tlsedge.Config of the -tls-* flags.

@@ -75,10 +75,12 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hs := newSection(fs, o.fields, "http", "", h)
 	hs.add(&h.Listen, "http-listen", "HTTP listen address; off: none (HTTPS only, -https-listen)")
 	hs.add(&h.H2CListen, "http-h2c-listen", "address serving HTTP/2 over cleartext with prior knowledge (h2c) only; empty: none (Upgrade: h2c is never honoured)")
-	hs.add(&h.TLSListen, "https-listen", "HTTPS listen address, served beside -http-listen (or alone with -http-listen off) by the same front end; certificates by -tls-cert")
-	hs.add(&h.HTTPSRedirect, "https-redirect", "the plain HTTP listener answers every request 308 to the same host and target over HTTPS (on -https-listen's port)")
+	hs.add(&h.TLSListen, "https-listen", "HTTPS listen address, served beside -http-listen (or alone with -http-listen off) by the same front end, HTTP/1.1 and HTTP/2 (ALPN h2); certificates by -tls-cert")
+	// node sets the HTTPS handshake bound from -tls-handshake-timeout.
+	hs.also(&h.HandshakeTimeout, "tls-handshake-timeout")
+	hs.add(&h.HTTPSRedirect, "https-redirect", "the plain HTTP listener answers every request 308 to the same host and target over HTTPS (on -https-listen's port; without -https-listen, 443: HTTPS served elsewhere)")
 	o.httpBackends.check = node.CheckHTTPBackend
-	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default)")
+	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME][,tls=on[,ca=FILE][,sni=NAME]] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default; tls=on: TLS to the backend, its certificate verified against ca= (else the system roots) for sni= (else the host of ADDR))")
 	o.httpPools.check = node.CheckPool("http")
 	fs.Var(&o.httpPools, "http-pool", "settings of an HTTP `pool` where they differ from the front end's: name=NAME[,policy=P][,hash-key=source|header:NAME|cookie:NAME][,health=PATH|-] (repeatable)")
 	o.httpRoutes.check = node.CheckRoute("http")

@@ -18,8 +18,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sluicelb/sluice/admission"
 )
 
 // TestMain lets a test start this binary as sluice itself
@@ -152,22 +150,7 @@ func TestKill9KeepsLearnedRate(t *testing.T) {
 		before = v
 		return ok && v.Phase == "learned"
 	})
-	waitFor(t, 10*time.Second, "the learned rate saved in mop.json", func() bool {
-		data, err := os.ReadFile(filepath.Join(dir, "mop.json"))
-		if err != nil {
-			return false
-		}
-		var states map[string]admission.MOPState
-		if json.Unmarshal(data, &states) != nil {
-			return false
-		}
-		for _, st := range states {
-			if st.Phase == admission.Learned && st.LearnedRate == before.LearnedRate {
-				return true
-			}
-		}
-		return false
-	})
+	waitStatesStored(t, admin, time.Now())
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

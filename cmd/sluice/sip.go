@@ -24,6 +24,8 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s := newSection(fs, fields, "sip", "", c)
 	s.add(&c.Listen, "sip-listen", "SIP listen address for UDP and TCP (used when a -sip-backend is given)")
 	s.add(&c.Advertise, "sip-advertise", "host:port written into Via and Record-Route (default: the listen address)")
+	// node sets the TLS and WebSocket handshake bound from -tls-handshake-timeout.
+	s.also(&c.HandshakeTimeout, "tls-handshake-timeout")
 	o.backends.check = node.CheckSIPBackend
 	s.also(&c.Backends, "sip-backend")
 	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR[,transport=udp|tcp|tls][,ca=FILE][,sni=NAME][,weight=N][,metrics=URL][,id=NAME][,pool=NAME] (repeatable, pool= too; no pool=: the pool default)")
@@ -56,9 +58,9 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.MaxMessage, "sip-max-message", "largest SIP message in bytes")
 	s.add(&c.ContactAlias, "sip-contact-alias", "rewrite the Contact of a REGISTER or INVITE from a client connection to point at sluice with a signed alias of that connection, for backends without Path support")
 	s.add(&c.AllowSipsDowngrade, "sip-allow-sips-downgrade", "let sips: requests go on over UDP or TCP (default: 480 with a Warning)")
-	s.add(&c.TLSListen, "sip-tls-listen", "SIP over TLS listen `address` (sips:, transport=tls; port 5061 by custom), none by default")
+	s.add(&c.TLSListen, "sip-tls-listen", "SIP over TLS listen `address` (sips:, transport=tls; port 5061 by custom), none by default; certificates by -tls-cert")
 	s.add(&c.WSListen, "sip-ws-listen", "SIP over WebSocket listen `address` (RFC 7118), none by default")
-	s.add(&c.WSSListen, "sip-wss-listen", "SIP over secure WebSocket listen `address` (RFC 7118), none by default")
+	s.add(&c.WSSListen, "sip-wss-listen", "SIP over secure WebSocket listen `address` (RFC 7118), none by default; certificates by -tls-cert")
 	s.add(&c.TLSAdvertise, "sip-tls-advertise", "`host:port` the -sip-tls-listen listener is known by (Kamailio's listen=tls:IP:5061 advertise HOST:PORT): its clients' Record-Route and what TLS backends reach us by (default: its bound address, or the -sip-advertise host with its port)")
 	s.add(&c.WSAdvertise, "sip-ws-advertise", "`host:port` the -sip-ws-listen listener is known by, in its clients' Record-Route (default: its bound address, or the -sip-advertise host with its port)")
 	s.add(&c.WSSAdvertise, "sip-wss-advertise", "`host:port` the -sip-wss-listen listener is known by, in its clients' Record-Route (default: its bound address, or the -sip-advertise host with its port)")

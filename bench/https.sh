@@ -1,0 +1,463 @@
+#!/usr/bin/env bash
+# HTTPS and HTTP/2 benchmark of sluice next to HAProxy and nginx, each
+# terminating TLS, on loopback only.
+#
+# usage: bench/https.sh                (knobs below as environment variables)
+#        DURATION=3 ROUNDS=1 QUIET_MAX=5 bench/https.sh     (a smoke run)
+#        unshare -n sh -c 'ip link set lo up && bench/https.sh'
+#             (as root, in a network namespace of its own: no port taken by
+#             another run on the machine, none taken from it)
+#
+#   wrk / h2load -> {HAProxy | nginx | sluice} over TLS -> the peers' two plain
+#   nginx backends on 127.0.0.1:18081 and :18082 ($PEERS/conf/nginx-backend.conf)
+#
+# The shape of bench/http.sh (every balancer alone on CPU LB_CPUS, capped at
+# LB_QUOTA % of it by a CPU cgroup; wrk -t1, h2load -t1 and the backends on
+# GEN_CPUS; results.tsv; sluice's ratios to the peers), with TLS at the
+# balancer. ../shared/peers/run.sh cannot be reused for this: it builds
+# http:// URLs and starts its peers with their plain configs, so this
+# script is the minimum of its harness again (start pinned under `timeout`,
+# stop by PID, CPU from /proc, wait for a quiet machine).
+#
+# One certificate for all three: ECDSA P-256, self-signed for localhost and
+# 127.0.0.1, made by openssl into OUT/cert.pem (certificate and key in one
+# PEM, as HAProxy's `crt` and sluice's -tls-cert take it). The same TLS
+# settings for all three (bench/conf/nginx-tls.conf, bench/conf/haproxy-tls.cfg
+# say how): TLS 1.2 and 1.3, TLS 1.3 suites in Go's order (AES-128-GCM first),
+# resumption by session tickets only, ALPN h2 and http/1.1. A check before
+# each system's points records what a client gets (protocol, suite, ALPN,
+# whether a second connection resumes) as the system's `check` row.
+#
+# Modes (MODES):
+#   ka   keep-alive HTTP/1.1 over TLS: wrk https://, c$CONNS
+#   hs   handshake-heavy: a new connection (TCP and TLS) per request, wrk
+#        -H "Connection: close"; the server closes after each answer. wrk
+#        offers the session of the connection before, so these handshakes
+#        are TLS 1.3 resumptions (PSK with ECDHE, no certificate signature)
+#        wherever the server hands out tickets (the check rows say it does;
+#        an nginx access log of $ssl_session_reused showed all but each
+#        wrk connection's first resumed). Full handshakes are not measured
+#        here.
+#   h2   HTTP/2 over TLS: h2load -t1 -c$H2_CONNS -m$H2_STREAMS, against the
+#        systems in H2_SYSTEMS (nginx with `listen ... ssl http2`); h2load
+#        gives no percentiles: its mean request time stands in p50's
+#        column, and p99 is left out
+#   plain  sluice's own -http-listen (the same process), keep-alive wrk
+#        http://, c$CONNS: the base of the CPU-per-request ratio TLS ÷ plain
+#        (issue 19's target: at most 1.3)
+# Each point is run ROUNDS times; the round with the median req/s is kept
+# (its latency, errors and CPU with it) and every round's req/s is recorded.
+#
+# sluice runs as `sluice run` with its defaults as in bench/http.sh, both
+# listeners (-http-listen 127.0.0.1:$PORT -https-listen 127.0.0.1:$TLS_PORT),
+# the per-source limits lifted as bench/http.sh does, and the handshake rate
+# cap lifted (-tls-handshake-rate 0: nginx and HAProxy have none, and the
+# default of 1000 handshakes/s would refuse hs's load); the bound on
+# handshakes in flight stays at its default (256, above c200).
+#
+# Knobs: DURATION=10 (s per round) ROUNDS=3 CONNS="50 200" MODES="ka hs h2"
+#   H2_CONNS=50 H2_STREAMS=10 H2_SYSTEMS="nginx sluice" (add haproxy)
+#   SYSTEMS="haproxy nginx sluice" GMP=1 (sluice's GOMAXPROCS)
+#   PIN=1 LB_CPUS=0 GEN_CPUS=1 LB_QUOTA=50 (% of one core; empty: no cap)
+#   QUIET_PCT=10 QUIET_MAX=120 (before each round: wait until other
+#   processes use at most QUIET_PCT % of a core, at most QUIET_MAX s)
+#   PORT=18095 (sluice HTTP) TLS_PORT=18543 (sluice HTTPS)
+#   HAPROXY_PORT=18541 NGINX_PORT=18542 SLUICE_FLAGS="" (extra flags)
+#   SLUICE_BIN (a sluice binary to measure; default: this tree, built into OUT)
+#   PEERS=$ROOT/../shared/peers OUT=$TMPDIR/sluice-bench/https-<timestamp>
+# Output: OUT/results.tsv (system, MODE.cN.metric, value; systems named as
+# run.sh names them: http-haproxy, http-nginx, http-target = sluice over TLS,
+# http-target-plain = sluice over plain HTTP), OUT/MODE/results.tsv (the
+# same rows without the MODE prefix, with an env.txt, so
+# `go run ./bench/plot -in OUT/MODE` charts one mode), every raw wrk/h2load
+# output and every server's log. Every process it starts runs under
+# `timeout` and is stopped by its PID.
+set -u
+case ${SLUICE_BIN:-} in ""|/*) ;; *) SLUICE_BIN=$(pwd -P)/$SLUICE_BIN ;; esac   # relative to the caller
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd -P)
+DURATION=${DURATION:-10}
+ROUNDS=${ROUNDS:-3}
+CONNS=${CONNS:-"50 200"}
+MODES=${MODES:-"ka hs h2"}
+H2_CONNS=${H2_CONNS:-50}
+H2_STREAMS=${H2_STREAMS:-10}
+H2_SYSTEMS=${H2_SYSTEMS-"nginx sluice"}
+SYSTEMS=${SYSTEMS-"haproxy nginx sluice"}
+GMP=${GMP:-1}
+PIN=${PIN:-1}
+LB_CPUS=${LB_CPUS:-0}
+GEN_CPUS=${GEN_CPUS:-1}
+LB_QUOTA=${LB_QUOTA-50}
+QUIET_PCT=${QUIET_PCT:-10}
+QUIET_MAX=${QUIET_MAX:-120}
+PORT=${PORT:-18095}
+TLS_PORT=${TLS_PORT:-18543}
+HAPROXY_PORT=${HAPROXY_PORT:-18541}
+NGINX_PORT=${NGINX_PORT:-18542}
+SLUICE_FLAGS=${SLUICE_FLAGS:-}
+PEERS=${PEERS:-$ROOT/../shared/peers}
+SERVER_TTL=${SERVER_TTL:-3600}
+OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/https-$(date +%Y%m%d-%H%M%S)}
+HZ=$(getconf CLK_TCK)
+
+log() { echo "[$(date +%T)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# isnum VALUE: VALUE is a non-negative integer.
+isnum() { [[ $1 =~ ^[0-9]+$ ]]; }
+for k in DURATION ROUNDS H2_CONNS H2_STREAMS GMP LB_CPUS GEN_CPUS QUIET_PCT QUIET_MAX PORT TLS_PORT HAPROXY_PORT NGINX_PORT; do
+    isnum "${!k}" || die "$k=${!k}: want a non-negative integer"
+done
+[ "$ROUNDS" -ge 1 ] || die "ROUNDS=$ROUNDS: want at least 1"
+[ "$DURATION" -ge 1 ] || die "DURATION=$DURATION: want at least 1 (seconds)"
+[ -z "$LB_QUOTA" ] || { isnum "$LB_QUOTA" && [ "$LB_QUOTA" -ge 1 ] && [ "$LB_QUOTA" -le 100 ]; } ||
+    die "LB_QUOTA=$LB_QUOTA: want a per cent of one core, 1 to 100, or empty for no cap"
+for c in $CONNS $H2_CONNS; do isnum "$c" && [ "$c" -ge 1 ] || die "connection count $c (CONNS/H2_CONNS): want a positive integer"; done
+for m in $MODES; do case $m in ka|hs|h2|plain) ;; *) die "MODES: unknown mode $m (want ka, hs, h2, plain)" ;; esac; done
+for s in $SYSTEMS $H2_SYSTEMS; do case $s in haproxy|nginx|sluice) ;; *) die "SYSTEMS/H2_SYSTEMS: unknown system $s (want haproxy, nginx, sluice)" ;; esac; done
+case " $SYSTEMS " in *" sluice "*) case " $MODES " in *" ka "*) MODES="$MODES plain" ;; esac ;; esac
+MODES=$(echo "$MODES" | tr ' ' '\n' | awk 'NF && !seen[$0]++' | tr '\n' ' ')
+
+[ -z "${SLUICE_BIN:-}" ] || { [ -f "$SLUICE_BIN" ] && [ -x "$SLUICE_BIN" ]; } ||
+    die "SLUICE_BIN=$SLUICE_BIN: want an executable sluice binary"
+[ -f "$PEERS/conf/nginx-backend.conf" ] || die "no $PEERS/conf/nginx-backend.conf (PEERS=$PEERS)"
+for b in wrk h2load haproxy nginx openssl curl taskset timeout ss; do
+    command -v "$b" >/dev/null || die "$b not installed (scripts/install-bench-deps.sh)"
+done
+
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P) || die "OUT=$OUT: cannot make the directory"
+BIN=${SLUICE_BIN:-$OUT/sluice}
+RES=$OUT/results.tsv
+
+# ---------------------------------------------------------------- processes
+STARTED=()   # PIDs of servers we started (each wrapped by `timeout`)
+LASTPID=
+
+# quota_group: the procs file of a CPU cgroup capped at LB_QUOTA % of one
+# core over 10 ms periods (cgroup v2 cpu.max, else v1 cfs quota).
+quota_group() {
+    local g
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        g=/sys/fs/cgroup/sluice-https-lb
+        mkdir -p "$g" && echo "$((LB_QUOTA * 100)) 10000" > "$g/cpu.max" || die "cannot set cpu.max in $g"
+    else
+        g=/sys/fs/cgroup/cpu/sluice-https-lb
+        mkdir -p "$g" && echo 10000 > "$g/cpu.cfs_period_us" && echo "$((LB_QUOTA * 100))" > "$g/cpu.cfs_quota_us" \
+            || die "cannot set cpu.cfs_quota_us in $g"
+    fi
+    echo "$g/cgroup.procs"
+}
+
+# start NAME CPUS CMD...: CMD in the background (cwd OUT, log OUT/NAME.log),
+# pinned to CPUS, in the quota group when on LB_CPUS, capped at SERVER_TTL
+# seconds; sets LASTPID.
+start() {
+    local name=$1 cpus=$2 quota=""; shift 2
+    local pin=()
+    [ "$PIN" = 1 ] && pin=(taskset -c "$cpus")
+    [ -n "$LB_QUOTA" ] && [ "$cpus" = "$LB_CPUS" ] && quota=$(quota_group)
+    ( [ -n "$quota" ] && echo "$BASHPID" > "$quota"
+      cd "$OUT" && exec "${pin[@]}" timeout -k 5 "$SERVER_TTL" "$@" ) > "$OUT/$name.log" 2>&1 &
+    LASTPID=$!
+    STARTED+=("$LASTPID")
+    log "started $name pid=$LASTPID${pin:+ (cpus $cpus)}"
+}
+
+# descendants PID: PID and all its descendants.
+descendants() {
+    cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$1" '
+        { p = index($0, ") "); split(substr($0, p + 2), a, " "); kids[a[2]] = kids[a[2]] " " $1 }
+        END { q[1] = root; n = 1; for (i = 1; i <= n; i++) { print q[i]; m = split(kids[q[i]], k, " ");
+              for (j = 1; j <= m; j++) q[++n] = k[j] } }'
+}
+
+# stop PID: TERM to a process we started, KILL to what is left of its tree
+# after 5 s.
+stop() {
+    local pid=$1 d tree p keep=()
+    tree=$(descendants "$pid")
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for d in $tree; do kill -0 "$d" 2>/dev/null && kill -KILL "$d" 2>/dev/null; done
+    wait "$pid" 2>/dev/null
+    for p in "${STARTED[@]}"; do [ "$p" != "$pid" ] && keep+=("$p"); done
+    STARTED=("${keep[@]}")
+}
+cleanup() {
+    local i
+    for ((i = ${#STARTED[@]} - 1; i >= 0; i--)); do stop "${STARTED[i]}"; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_busy() { ss -Hltn "sport = :$1" | grep -q .; }
+wait_port() {
+    for _ in $(seq 150); do port_busy "$1" && return 0; sleep 0.1; done
+    die "nothing listening on port $1 (see $OUT/*.log)"
+}
+need_free() { port_busy "$1" && die "port $1 already in use by another process"; return 0; }
+
+# ------------------------------------------------------------- CPU accounting
+# ticks ROOTPID...: utime+stime (clock ticks) of the given process trees.
+ticks() {
+    local r t=0
+    for r in "$@"; do
+        [ -n "$r" ] || continue
+        t=$((t + $(for p in $(descendants "$r"); do cat "/proc/$p/stat" 2>/dev/null; done |
+                   awk '{ p = index($0, ") "); split(substr($0, p + 2), a, " "); s += a[12] + a[13] } END { print s + 0 }')))
+    done
+    echo "$t"
+}
+alltick() { cat /proc/[0-9]*/stat 2>/dev/null | awk '{ p = index($0, ") "); split(substr($0, p + 2), a, " "); print $1, a[12] + a[13] }'; }
+# others T0 EXTRA_PIDS: clock ticks used since the alltick snapshot T0 by
+# processes outside this script's tree and EXTRA_PIDS' trees.
+others() {
+    local ours p
+    ours=" $(descendants "$$" | tr '\n' ' ') $(for p in $2; do descendants "$p"; done | tr '\n' ' ') "
+    awk -v ours="$ours" 'NR == FNR { t0[$1] = $2; next }
+        index(ours, " " $1 " ") == 0 { s += $2 - t0[$1] } END { print s + 0 }' <(echo "$1") <(alltick)
+}
+pct() { awk -v t="$1" -v s="$2" -v hz="$HZ" 'BEGIN { printf "%.0f", (s > 0 ? 100 * t / hz / s : 0) }'; }
+wait_quiet() {
+    local t=0 a p
+    while :; do
+        a=$(alltick); sleep 1
+        p=$(pct "$(others "$a" "${STARTED[*]}")" 1)
+        [ "$p" -le "$QUIET_PCT" ] && return 0
+        [ "$t" -ge "$QUIET_MAX" ] && { log "  other processes use ${p}% of a core; measuring anyway"; return 0; }
+        [ $((t % 30)) = 0 ] && log "  waiting for a quiet machine: other processes use ${p}% of a core"
+        sleep 1; t=$((t + 2))
+    done
+}
+
+# ---------------------------------------------------------------- results
+# res SYSTEM MODE METRIC VALUE: one row in OUT/results.tsv (MODE.METRIC) and
+# in OUT/MODE/results.tsv (METRIC).
+res() {
+    printf '%s\t%s.%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RES"
+    printf '%s\t%s\t%s\n' "$1" "$3" "$4" >> "$OUT/$2/results.tsv"
+    log "  $1 $2.$3 = $4"
+}
+to_ms() { awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n += 0; else if (v ~ /s$/) n *= 1000; printf "%.2f", n }'; }
+sysname() { case $1 in sluice) echo http-target ;; *) echo "http-$1" ;; esac; }
+
+# wrk_parse FILE: sets R_RPS R_P50 R_P99 R_ERR from wrk's output.
+wrk_parse() {
+    R_RPS=$(awk '/^Requests\/sec/ { print int($2) }' "$1")
+    R_P50=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$1")")
+    R_P99=$(to_ms "$(awk '$1 == "99%" { print $2 }' "$1")")
+    R_ERR="non2xx=$(awk '/Non-2xx/ { print $NF }' "$1" | grep . || echo 0) sock=$(awk '/Socket errors/ { gsub(",", ""); print $4 + $6 + $8 + $10 }' "$1" | grep . || echo 0)"
+}
+# h2load_parse FILE: the same from h2load's output (no percentiles: the mean
+# request time goes to R_P50, R_P99 stays empty); an answer not over h2 is
+# an error.
+h2load_parse() {
+    R_RPS=$(awk '/^finished in/ { print int($4) }' "$1")
+    R_P50=$(to_ms "$(awk '/^time for request:/ { print $6 }' "$1")")
+    R_P99=
+    R_ERR="non2xx=$(awk '/^status codes:/ { print $5 + $7 + $9 }' "$1" | grep . || echo 0) failed=$(awk '/^requests:/ { print $10 + $12 + $14 }' "$1" | grep . || echo 0)"
+    grep -q '^Application protocol: h2$' "$1" || R_ERR="$R_ERR not-h2"
+}
+
+# point SYSTEM MODE CONNS URL LBPID: ROUNDS rounds of the mode's load; keeps
+# the round with the median req/s.
+point() {
+    local sys=$1 mode=$2 c=$3 url=$4 lbp=$5 r f gen el t0 lb0 a0 lbt ot cmd
+    local pin=() rounds=() all=""
+    [ "$PIN" = 1 ] && pin=(taskset -c "$GEN_CPUS")
+    case $mode in
+        ka|plain) cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --timeout 5s --latency "$url") ;;
+        hs) cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --timeout 5s --latency -H "Connection: close" "$url") ;;
+        h2) cmd=(h2load -t1 -c"$c" -m"$H2_STREAMS" -D"$DURATION" --warm-up-time=1s "$url") ;;
+    esac
+    for r in $(seq "$ROUNDS"); do
+        f=$OUT/$mode/$sys-c$c-r$r.out
+        wait_quiet
+        log "$sys $mode r$r: ${cmd[*]}"
+        a0=$(alltick); lb0=$(ticks "$lbp"); t0=$(date +%s.%N)
+        gen=$( { TIMEFORMAT='%U %S'; time "${pin[@]}" timeout $((DURATION + 30)) "${cmd[@]}" > "$f" 2>&1; } 2>&1 | awk '{ print $1 + $2 }')
+        el=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+        lbt=$(( $(ticks "$lbp") - lb0 )); ot=$(others "$a0" "$lbp $BE_PID")
+        if [ "$mode" = h2 ]; then h2load_parse "$f"; else wrk_parse "$f"; fi
+        [ "${R_RPS:-0}" -gt 0 ] 2>/dev/null || R_ERR="$R_ERR no-answer"
+        # h2load measures after its warm-up: the balancer's CPU over the
+        # whole run is then a little above the measured period's.
+        R_CPU="lb=$(pct "$lbt" "$el")% gen=$(awk -v c="$gen" -v e="$el" 'BEGIN { printf "%.0f", 100 * c / e }')% other=$(pct "$ot" "$el")%"
+        log "  -> ${R_RPS:-FAIL} req/s p50=$R_P50 p99=${R_P99:-n/a} $R_ERR | $R_CPU"
+        rounds+=("${R_RPS:-0}|$R_P50|$R_P99|$R_ERR|$R_CPU")
+        all="$all${all:+,}${R_RPS:-FAIL}"
+        sleep 1
+    done
+    # the median round by req/s (the lower middle one of an even count)
+    local med
+    med=$(printf '%s\n' "${rounds[@]}" | sort -t'|' -k1,1n | awk -v n="${#rounds[@]}" 'NR == int((n + 1) / 2)')
+    IFS='|' read -r R_RPS R_P50 R_P99 R_ERR R_CPU <<< "$med"
+    local name lbpct us
+    name=$(sysname "$sys"); [ "$mode" = plain ] && name=http-target-plain
+    lbpct=$(echo "$R_CPU" | sed -n 's/^lb=\([0-9]*\)%.*/\1/p')
+    us=$(awk -v p="$lbpct" -v r="$R_RPS" 'BEGIN { if (r > 0) printf "%.1f", p / 100 * 1e6 / r; else print "n/a" }')
+    res "$name" "$mode" "c$c.req_per_s" "$R_RPS"
+    res "$name" "$mode" "c$c.p50_ms" "$R_P50"
+    [ -n "$R_P99" ] && res "$name" "$mode" "c$c.p99_ms" "$R_P99"
+    res "$name" "$mode" "c$c.errors" "$R_ERR"
+    res "$name" "$mode" "c$c.cpu" "$R_CPU"
+    res "$name" "$mode" "c$c.cpu_us_per_req" "$us"
+    res "$name" "$mode" "c$c.rounds_req_per_s" "$all"
+}
+
+# tls_check SYSTEM ADDR: what a client gets from the system, as its check
+# row: the answer of GET / over HTTPS, the protocol and suite, ALPN when h2
+# is asked for, and whether a second connection resumes with the ticket of
+# the first.
+tls_check() {
+    local sys=$1 addr=$2 body s1 s2 alpn proto suite reused
+    body=$(curl -sk --max-time 5 "https://$addr/" "https://$addr/" | tr -d '\n')
+    s1=$(timeout 10 openssl s_client -connect "$addr" -servername localhost -sess_out "$OUT/$sys.sess" \
+        -alpn h2,http/1.1 -ign_eof < <(printf 'GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n') 2>&1 | tr -d '\000')
+    s2=$(timeout 10 openssl s_client -connect "$addr" -servername localhost -sess_in "$OUT/$sys.sess" \
+        -ign_eof < <(printf 'GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n') 2>&1 | tr -d '\000')
+    proto=$(echo "$s1" | awk '/^New, / { print $2 }' | tr -d ',' | head -1)
+    suite=$(echo "$s1" | awk '/^New, / { print $NF }' | head -1)
+    alpn=$(echo "$s1" | awk -F': ' '/^ALPN protocol:/ { print $2 }' | head -1)
+    if echo "$s2" | grep -q '^Reused, '; then reused=yes; else reused=no; fi
+    res "$(sysname "$sys")" tls check "answers=${body:-none} proto=${proto:-?} suite=${suite:-?} alpn=${alpn:-none} resumed=$reused"
+}
+
+# run_system SYSTEM: start it, check it, run every mode's points, stop it.
+run_system() {
+    local sys=$1 addr p c mode
+    case $sys in
+        haproxy)
+            addr=127.0.0.1:$HAPROXY_PORT; need_free "$HAPROXY_PORT"
+            sed -e "s|@LISTEN@|$addr|" -e "s|@CERT@|$CERT|" "$ROOT/bench/conf/haproxy-tls.cfg" > "$OUT/haproxy-tls.cfg"
+            start haproxy "$LB_CPUS" haproxy -db -f "$OUT/haproxy-tls.cfg" ;;
+        nginx)
+            addr=127.0.0.1:$NGINX_PORT; need_free "$NGINX_PORT"
+            mkdir -p "$OUT/nginx-tls/logs" "$OUT/nginx-tls/tmp"
+            sed -e "s|@LISTEN@|$addr|" -e "s|@CERT@|$CERT|" "$ROOT/bench/conf/nginx-tls.conf" > "$OUT/nginx-tls/nginx-tls.conf"
+            start nginx-tls "$LB_CPUS" nginx -p "$OUT/nginx-tls" -c "$OUT/nginx-tls/nginx-tls.conf" \
+                -e "$OUT/nginx-tls/logs/error.log" -g 'daemon off; master_process on;' ;;
+        sluice)
+            addr=127.0.0.1:$TLS_PORT; need_free "$TLS_PORT"; need_free "$PORT"
+            # shellcheck disable=SC2086
+            start sluice "$LB_CPUS" env GOMAXPROCS="$GMP" "$BIN" run -http-listen "127.0.0.1:$PORT" \
+                -https-listen "$addr" -tls-cert "$CERT" -tls-handshake-rate 0 \
+                -http-backend 127.0.0.1:18081 -http-backend 127.0.0.1:18082 -admin-listen '' \
+                -data-dir "$OUT/data" -log-level warn -drain-timeout 3s \
+                -http-backend-max-conns 65536 -http-max-conns-per-source 20000 $SLUICE_FLAGS ;;
+    esac
+    p=$LASTPID
+    wait_port "${addr##*:}"
+    [ "$sys" = sluice ] && wait_port "$PORT"
+    tls_check "$sys" "$addr"
+    for mode in $MODES; do
+        case $mode in
+            ka|hs) for c in $CONNS; do point "$sys" "$mode" "$c" "https://$addr/" "$p"; done ;;
+            h2) case " $H2_SYSTEMS " in *" $sys "*)
+                    for c in $H2_CONNS; do point "$sys" h2 "$c" "https://$addr/" "$p"; done ;; esac ;;
+            plain) [ "$sys" = sluice ] && for c in $CONNS; do point sluice plain "$c" "http://127.0.0.1:$PORT/" "$p"; done ;;
+        esac
+    done
+    stop "$p"
+}
+
+# ---------------------------------------------------------------- main
+# c200 holds about 400 descriptors in a balancer; raise the soft limit as
+# far as the hard one allows, up to 65536 (the servers' own settings).
+h=$(ulimit -Hn); [ "$h" = unlimited ] && h=65536; [ "$h" -gt 65536 ] && h=65536
+ulimit -n "$h" 2>/dev/null || log "WARNING: cannot raise the descriptor limit (ulimit -n $(ulimit -n))"
+: > "$RES"
+for m in $MODES tls; do mkdir -p "$OUT/$m" && : > "$OUT/$m/results.tsv"; done
+{
+    echo "date: $(date -Is)"; echo "host: $(nproc) cpus, $(uname -r)"
+    echo "pin=$PIN lb_cpus=$LB_CPUS gen_cpus=$GEN_CPUS lb_quota=${LB_QUOTA:-none} duration=$DURATION conns=$CONNS rounds=$ROUNDS h2_conns=$H2_CONNS h2_streams=$H2_STREAMS gomaxprocs=$GMP"
+    haproxy -v | head -1; nginx -v 2>&1; wrk -v 2>&1 | head -1; h2load --version; openssl version; go version
+    echo "loadavg before: $(cat /proc/loadavg)"
+} > "$OUT/env.txt"
+for m in $MODES; do cp "$OUT/env.txt" "$OUT/$m/env.txt"; done
+log "out: $OUT  modes: $MODES systems: $SYSTEMS pin=$PIN lb_cpus=$LB_CPUS gen_cpus=$GEN_CPUS lb_quota=${LB_QUOTA:-none}"
+
+case " $SYSTEMS " in *" sluice "*)
+    if [ -n "${SLUICE_BIN:-}" ]; then
+        log "sluice: $BIN"
+    else
+        log "building sluice into $BIN"
+        go build -o "$BIN" ./cmd/sluice || die "build failed"
+    fi ;;
+esac
+
+# The certificate: ECDSA P-256, self-signed, for localhost and 127.0.0.1.
+CERT=$OUT/cert.pem
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
+    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" -keyout "$OUT/key.pem" -out "$OUT/crt.pem" 2> "$OUT/openssl.log" ||
+    die "openssl could not make the certificate (see $OUT/openssl.log)"
+cat "$OUT/crt.pem" "$OUT/key.pem" > "$CERT"
+log "certificate: $(openssl x509 -in "$CERT" -noout -subject -ext subjectAltName 2>/dev/null | tr '\n' ' ')"
+
+# The backends: the peers' nginx on :18081 and :18082, on GEN_CPUS.
+need_free 18081; need_free 18082
+mkdir -p "$OUT/nginx-backend/logs" "$OUT/nginx-backend/tmp"
+start nginx-backend "$GEN_CPUS" nginx -p "$OUT/nginx-backend" -c "$PEERS/conf/nginx-backend.conf" \
+    -e "$OUT/nginx-backend/logs/error.log" -g 'daemon off; master_process on;'
+BE_PID=$LASTPID
+wait_port 18081; wait_port 18082
+
+for s in $SYSTEMS; do run_system "$s"; done
+cleanup; STARTED=()
+
+# ---------------------------------------------------------------- summary
+echo
+echo "== HTTPS: sluice vs peers (TLS at the balancer; balancers pinned alone on CPU$LB_CPUS${LB_QUOTA:+, capped at $LB_QUOTA %}, load and backends on CPU$GEN_CPUS; median of $ROUNDS; $RES)"
+awk -F'\t' '$2 == "tls.check" { n = $1; sub(/^http-/, "", n); if (n == "target") n = "sluice"; printf "%-8s %s\n", n, $3 }' "$RES"
+echo
+awk -F'\t' -v modes="$MODES" -v conns="$CONNS" -v h2conns="$H2_CONNS" '
+    function name(s) { return s == "http-target" ? "sluice" : s == "http-target-plain" ? "sluice (plain)" : substr(s, 6) }
+    { v[$1, $2] = $3 }
+    END {
+        ns = split("http-target http-haproxy http-nginx http-target-plain", sys, " ")
+        nm = split(modes, mode, " ")
+        printf "%-5s %-18s %6s %10s %8s %8s %7s %8s  %s\n", "mode", "system", "conns", "req/s", "p50 ms", "p99 ms", "lb cpu", "us/req", "errors"
+        print "(h2: the mean request time in the p50 column; lb cpu: the balancer process, % of one core)"
+        for (m = 1; m <= nm; m++) {
+            nc = split(mode[m] == "h2" ? h2conns : conns, cs, " ")
+            for (i = 1; i <= ns; i++) for (j = 1; j <= nc; j++) {
+                k = mode[m] "." "c" cs[j]; s = sys[i]
+                if (!((s, k ".req_per_s") in v)) continue
+                cpu = v[s, k ".cpu"]; sub(/ .*/, "", cpu); sub(/^lb=/, "", cpu)
+                printf "%-5s %-18s %6s %10s %8s %8s %7s %8s  %s\n", mode[m], name(s),
+                    cs[j], v[s, k ".req_per_s"], v[s, k ".p50_ms"], ((s, k ".p99_ms") in v ? v[s, k ".p99_ms"] : "-"), cpu, v[s, k ".cpu_us_per_req"], v[s, k ".errors"]
+            }
+        }
+        print ""
+        for (m = 1; m <= nm; m++) {
+            if (mode[m] == "plain") continue
+            nc = split(mode[m] == "h2" ? h2conns : conns, cs, " ")
+            for (j = 1; j <= nc; j++) {
+                k = mode[m] ".c" cs[j]; t = v["http-target", k ".req_per_s"]
+                if (t == "") continue
+                line = ""
+                for (i = 2; i <= 3; i++) {
+                    s = sys[i]; if (!((s, k ".req_per_s") in v) || v[s, k ".req_per_s"] + 0 == 0) continue
+                    line = line sprintf("  %.2fx %s", t / v[s, k ".req_per_s"], name(s))
+                }
+                if (line != "") printf "%-3s c%-4s sluice req/s%s\n", mode[m], cs[j], line
+            }
+        }
+        split(conns, cs, " ")
+        for (j = 1; j in cs; j++) {
+            a = v["http-target", "ka.c" cs[j] ".cpu_us_per_req"]; b = v["http-target-plain", "plain.c" cs[j] ".cpu_us_per_req"]
+            if (a + 0 > 0 && b + 0 > 0)
+                printf "c%-4s sluice CPU per request over TLS / plain HTTP: %.1f / %.1f us = %.2fx (target: at most 1.30x)\n", cs[j], a, b, a / b
+        }
+        for (k in v) {
+            split(k, kk, SUBSEP)
+            if (kk[2] !~ /\.cpu$/ || !match(v[k], /other=[0-9]+%/)) continue
+            o = substr(v[k], RSTART + 6, RLENGTH - 7) + 0
+            if (o > maxo) maxo = o
+        }
+        if (maxo > 25)
+            printf "\nWARNING: other processes used up to %d%% of a core during the points kept: the figures are disturbed\n", maxo
+    }' "$RES"
+echo
+log "charts of one mode: go run ./bench/plot -in $OUT/ka (or hs, h2)"
