@@ -125,6 +125,16 @@ type Config struct {
 	// and secure WebSocket listeners (RFC 7118), "" for none; WSS needs
 	// TLSConfig. Flags -sip-ws-listen, -sip-wss-listen.
 	WSListen, WSSListen string
+	// TLSAdvertise, WSAdvertise and WSSAdvertise are the host:port each
+	// edge listener is known by (Kamailio's "listen=tls:IP:5061 advertise
+	// HOST:PORT"): the client-facing Record-Route of its clients, and,
+	// for TLSAdvertise, every entry a TLS backend reaches us by (its
+	// Record-Route, Path, Contact alias, Via). Each is recognised as ours
+	// in Route and Request-URI. Default: the listener's bound address, or,
+	// when it is bound to no IP, the host of Advertise with the
+	// listener's port. Flags -sip-tls-advertise, -sip-ws-advertise,
+	// -sip-wss-advertise.
+	TLSAdvertise, WSAdvertise, WSSAdvertise string
 	// TLSConfig serves the certificates of the TLS and WSS listeners
 	// (node builds it from the -tls-cert store); nil: no TLS.
 	TLSConfig *tls.Config
@@ -367,6 +377,9 @@ func (c *Config) Validate() error {
 	}
 	ids := map[string]bool{}
 	for _, b := range c.Backends {
+		if b.Transport == "tls" && c.TLSListen == "" {
+			return tlsBackendNeedsListener(b.ID)
+		}
 		if ids[b.ID] {
 			return fieldError("Backends", "duplicate id %q", b.ID)
 		}

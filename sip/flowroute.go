@@ -42,21 +42,23 @@ const maxAliasHost = 255
 
 // flowRecordRoute returns our client-facing Record-Route for a client on
 // flow f: the flow token in the user part (as RFC 5626 edge proxies do),
-// the client's transport, the affinity token.
+// the advertised address of the listener the client came in on and its
+// transport (tcp, tls, ws, wss; RFC 7118 §5.3 for WebSocket), the
+// affinity token.
 func (s *Server) flowRecordRoute(token string, f flowConn) *gosip.RecordRouteHeader {
-	rr := s.ourRecordRoute(token, false)
+	rr := s.ourRecordRoute(token, f.transport())
 	rr.Address.User = s.flowToken(f)
-	rr.Address.UriParams.Add("transport", strings.ToLower(f.transport()))
 	return rr
 }
 
 // flowPathValue is the Path entry (RFC 3327) for flow f: our address as
-// the backend reaches it (transport=tcp for a TCP backend), the flow
-// token in the user part, "ob" (RFC 5626 §5.2: the flow is the one the
-// client registered on).
-func (s *Server) flowPathValue(f flowConn, backendTCP bool) string {
-	u := gosip.Uri{Scheme: "sip", User: s.flowToken(f), Host: s.adv.host, Port: s.adv.port, UriParams: gosip.HeaderParams{{K: "lr"}, {K: "ob"}}}
-	setTransport(&u, backendTCP)
+// the backend reaches it over its transport backendTr (UDP, TCP, TLS:
+// the TLS listener's address and transport=tls for a TLS registrar), the
+// flow token in the user part, "ob" (RFC 5626 §5.2: the flow is the one
+// the client registered on).
+func (s *Server) flowPathValue(f flowConn, backendTr string) string {
+	u := gosip.Uri{Scheme: "sip", User: s.flowToken(f), UriParams: gosip.HeaderParams{{K: "lr"}, {K: "ob"}}}
+	s.setOurAddress(&u, backendTr)
 	return "<" + u.String() + ">"
 }
 
@@ -68,8 +70,8 @@ func (s *Server) flowPathValue(f flowConn, backendTCP bool) string {
 // client did not ask for (Kamailio path_mode strict) answers 420, which
 // says what to change. Without a Path, an incoming call for a client on
 // a connection could not reach it at all.
-func (s *Server) flowPath(t *txn, f flowConn, backendTCP bool) {
-	h := gosip.NewHeader("Path", s.flowPathValue(f, backendTCP))
+func (s *Server) flowPath(t *txn, f flowConn, backendTr string) {
+	h := gosip.NewHeader("Path", s.flowPathValue(f, backendTr))
 	if t.path {
 		t.req.ReplaceHeader(h)
 		return
@@ -82,16 +84,6 @@ func (s *Server) flowPath(t *txn, f flowConn, backendTCP bool) {
 	t.req.PrependHeader(t.via)
 }
 
-// setTransport sets u's transport parameter to tcp, or removes it (UDP,
-// the default of a sip: URI with an address).
-func setTransport(u *gosip.Uri, tcp bool) {
-	if tcp {
-		u.UriParams.Add("transport", "tcp")
-	} else {
-		u.UriParams.Remove("transport")
-	}
-}
-
 // aliasContact rewrites the single Contact of req, from a client on flow
 // f, to our address with a signed alias of the flow (-sip-contact-alias).
 // The user part and the header parameters (expires, q, +sip.instance,
@@ -99,7 +91,7 @@ func setTransport(u *gosip.Uri, tcp bool) {
 // Request-URI gets back on the way to the client. A Contact of "*", a
 // sips: one, several, or one that does not parse is left as it is: only
 // the client's own contact is aliased.
-func (s *Server) aliasContact(req *gosip.Request, f flowConn, backendTCP bool) {
+func (s *Server) aliasContact(req *gosip.Request, f flowConn, backendTr string) {
 	var found gosip.Header
 	for _, h := range req.Headers() {
 		if !headerNamed(h.Name(), "contact") {
@@ -138,8 +130,8 @@ func (s *Server) aliasContact(req *gosip.Request, f flowConn, backendTCP bool) {
 	if tr, ok := orig.UriParams.Get("transport"); ok && validAliasTransport(tr) {
 		p = append(p, gosip.HeaderKV{K: aliasTransportParam, V: tr})
 	}
-	c.Address = gosip.Uri{Scheme: "sip", User: orig.User, Host: s.adv.host, Port: s.adv.port, UriParams: p}
-	setTransport(&c.Address, backendTCP)
+	c.Address = gosip.Uri{Scheme: "sip", User: orig.User, UriParams: p}
+	s.setOurAddress(&c.Address, backendTr)
 	req.RemoveHeader(found.Name())
 	req.AppendHeader(&c)
 	s.metrics.ContactAlias.Add(1)
@@ -331,7 +323,7 @@ func (s *Server) routeToFlow(req *gosip.Request, src source, p *backendSet, tok 
 	if recordRoutes(req.Method) && toTag(req) == "" {
 		if b := p.backendFrom(src); b != nil {
 			token := s.routeToken("", tokenSubject(b.id, req.CallID().Value()), time.Now().Add(s.cfg.TokenTTL))
-			req.PrependHeader(s.flowRecordRoute(token, f), s.ourRecordRoute(token, b.tcp))
+			req.PrependHeader(s.flowRecordRoute(token, f), s.ourRecordRoute(token, b.transport()))
 		}
 	}
 	s.prepareForward(req, src)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -92,24 +93,21 @@ func header(m interface{ GetHeader(string) gosip.Header }, names ...string) gosi
 	return nil
 }
 
-// isOurs reports whether u addresses the balancer.
+// isOurs reports whether u addresses the balancer: the advertised
+// address (or bound IP) and port of the UDP/TCP listener or of any TLS,
+// WS or WSS listener, so our entries are recognised whichever listener
+// they name.
 func (s *Server) isOurs(u *gosip.Uri) bool {
-	if uriPort(u) != s.adv.port {
-		return false
-	}
+	port := uriPort(u)
 	h := strings.Trim(u.Host, "[]")
-	if strings.EqualFold(h, s.adv.host) {
-		return true
-	}
-	if ip, err := netip.ParseAddr(h); err == nil {
+	var ip netip.Addr
+	if h != "" && (h[0] >= '0' && h[0] <= '9' || strings.IndexByte(h, ':') >= 0) {
+		ip, _ = netip.ParseAddr(h)
 		ip = ip.Unmap()
-		if ip == s.advIP {
+	}
+	for i := range s.edgeAdv {
+		if s.edgeAdv[i].matches(h, ip, port) {
 			return true
-		}
-		if la, ok := s.udp.LocalAddr().(*net.UDPAddr); ok {
-			if lip, ok := netip.AddrFromSlice(la.IP); ok && lip.Unmap() == ip {
-				return true
-			}
 		}
 	}
 	return false
@@ -221,22 +219,42 @@ func (s *Server) prepareForward(req *gosip.Request, src source) {
 }
 
 // ourVia returns a Via naming the balancer for the given transport (UDP,
-// TCP, TLS).
+// TCP, TLS, WS, WSS): the address of that transport's listener.
 func (s *Server) ourVia(branch string, tr string) *gosip.ViaHeader {
 	p := make(gosip.HeaderParams, 1, 2)
 	p[0] = gosip.HeaderKV{K: "branch", V: branch}
-	return &gosip.ViaHeader{ProtocolName: "SIP", ProtocolVersion: "2.0", Transport: tr, Host: s.adv.host, Port: s.adv.port, Params: p}
+	a := s.advFor(tr)
+	return &gosip.ViaHeader{ProtocolName: "SIP", ProtocolVersion: "2.0", Transport: tr, Host: a.host, Port: a.port, Params: p}
 }
 
-// ourRecordRoute returns a Record-Route naming the balancer with token.
-func (s *Server) ourRecordRoute(token string, tcp bool) *gosip.RecordRouteHeader {
-	p := make(gosip.HeaderParams, 0, 3)
-	p = append(p, gosip.HeaderKV{K: "lr"})
-	if tcp {
-		p = append(p, gosip.HeaderKV{K: "transport", V: "tcp"})
+// ourRecordRoute returns a Record-Route naming the balancer with token,
+// as a peer reaching us over transport tr (UDP, TCP, TLS, WS, WSS) does:
+// the address of that transport's listener and its transport parameter.
+func (s *Server) ourRecordRoute(token string, tr string) *gosip.RecordRouteHeader {
+	rr := &gosip.RecordRouteHeader{Address: gosip.Uri{Scheme: "sip", UriParams: make(gosip.HeaderParams, 0, 3)}}
+	rr.Address.UriParams = append(rr.Address.UriParams, gosip.HeaderKV{K: "lr"})
+	s.setOurAddress(&rr.Address, tr)
+	rr.Address.UriParams.Add(tokenParam, token)
+	return rr
+}
+
+// setOurAddress points u at the listener of transport tr: its advertised
+// host and port, and tr as u's transport parameter (none for UDP, the
+// default of a sip: URI with an address).
+func (s *Server) setOurAddress(u *gosip.Uri, tr string) {
+	a := s.advFor(tr)
+	u.Host, u.Port = a.host, a.port
+	u.UriParams.Remove("transport")
+	if strings.EqualFold(tr, "UDP") {
+		return
 	}
-	p = append(p, gosip.HeaderKV{K: tokenParam, V: token})
-	return &gosip.RecordRouteHeader{Address: gosip.Uri{Scheme: "sip", Host: s.adv.host, Port: s.adv.port, UriParams: p}}
+	// Right after lr when lr leads, as the first attempt wrote it.
+	kv := gosip.HeaderKV{K: "transport", V: strings.ToLower(tr)}
+	if len(u.UriParams) > 0 && u.UriParams[0].K == "lr" {
+		u.UriParams = slices.Insert(u.UriParams, 1, kv)
+		return
+	}
+	u.UriParams = append(u.UriParams, kv)
 }
 
 // forwardStateless sends req to dst with our Via, keeping no state.

@@ -50,6 +50,9 @@ func (s *Server) SetGeneration(g *lb.Generation) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkTLSBackends(set); err != nil {
+		return err
+	}
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	return s.installLocked(set)
@@ -209,6 +212,9 @@ func (s *Server) buildSet(specs []lb.BackendSpec, cfgs []BackendConfig, old *bac
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkTLSBackends(set); err != nil {
+		return nil, err
+	}
 	set.owned = true
 	set.cfgs = cfgs
 	return set, nil
@@ -265,4 +271,26 @@ func (s *Server) drainBackend(b *lb.Backend, now int64, d time.Duration, why str
 	if s.events != nil {
 		s.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: "sip " + b.ID(), Message: msg})
 	}
+}
+
+// checkTLSBackends refuses a transport=tls backend without a SIP TLS
+// listener: every entry it reaches us back by (Record-Route, Path,
+// Contact alias) must name a TLS listener, or its requests towards the
+// clients would leave TLS (and a sips: dialog could not continue).
+func (s *Server) checkTLSBackends(set *backendSet) error {
+	if s.cfg.TLSListen != "" {
+		return nil
+	}
+	for _, b := range set.list {
+		if b.tls != nil {
+			return tlsBackendNeedsListener(b.id)
+		}
+	}
+	return nil
+}
+
+// tlsBackendNeedsListener is the error of a transport=tls backend without
+// a SIP TLS listener.
+func tlsBackendNeedsListener(id string) error {
+	return fieldError("Backends", "%s: transport=tls needs a SIP TLS listener (-sip-tls-listen): the backend reaches the balancer back over TLS at its address", id)
 }

@@ -80,8 +80,12 @@ type Server struct {
 	flowSign *flowSigner
 	flows    flowTable
 
-	adv     hostPort // advertised address
-	advIP   netip.Addr
+	adv   hostPort // advertised address
+	advIP netip.Addr
+	// edgeAdv are the advertised addresses by listener kind: [kindTCP]
+	// is adv (UDP and TCP), the others those of the TLS, WS and WSS
+	// listeners that are open (setEdgeAdvertise).
+	edgeAdv [4]edgeAdv
 	udp     *net.UDPConn
 	tcpLn   *net.TCPListener
 	tlsLn   *net.TCPListener // -sip-tls-listen, nil when not configured
@@ -250,6 +254,12 @@ func (s *Server) Start(ctx context.Context) error {
 		return err
 	}
 	if err := s.listenEdge(); err != nil {
+		s.udp.Close()
+		s.tcpLn.Close()
+		return err
+	}
+	if err := s.setEdgeAdvertise(); err != nil {
+		s.closeEdge()
 		s.udp.Close()
 		s.tcpLn.Close()
 		return err

@@ -363,6 +363,21 @@ func (c *Config) checkEdge() error {
 			return fieldError(l.field, "%q: want HOST:PORT or :PORT", l.addr)
 		}
 	}
+	for _, l := range []struct{ adv, listen, field, listenFlag string }{
+		{c.TLSAdvertise, c.TLSListen, "TLSAdvertise", "TLSListen"},
+		{c.WSAdvertise, c.WSListen, "WSAdvertise", "WSListen"},
+		{c.WSSAdvertise, c.WSSListen, "WSSAdvertise", "WSSListen"},
+	} {
+		if l.adv == "" {
+			continue
+		}
+		if l.listen == "" {
+			return fieldError(l.field, "%q: there is no listener to advertise (set %s too)", l.adv, l.listenFlag)
+		}
+		if err := checkAdvertise(l.adv); err != nil {
+			return fieldError(l.field, "%v", err)
+		}
+	}
 	switch {
 	case c.TLSListen != "" && c.TLSConfig == nil:
 		return fieldError("TLSListen", "%q needs a certificate to serve", c.TLSListen)
@@ -434,4 +449,120 @@ func (s *Server) clientHandshake(tc *tcpConn, cfg *tls.Config) error {
 	}
 	tc.ready.Store(true)
 	return nil
+}
+
+// checkAdvertise validates an advertised HOST:PORT: a host and a port in
+// 1..65535, which the entries naming it carry as they are.
+func checkAdvertise(a string) error {
+	h, p, err := net.SplitHostPort(a)
+	if n, perr := strconv.Atoi(p); err != nil || perr != nil || h == "" || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: want HOST:PORT (a host name or IP, and a port in 1..65535)", a)
+	}
+	return nil
+}
+
+// edgeAdv is the address a listener is known by: what our entries name
+// and what isOurs recognises.
+type edgeAdv struct {
+	hp    hostPort
+	ip    netip.Addr // hp's host when it is an IP
+	local netip.Addr // the address the listener is bound to, when not a wildcard
+	lport int        // the port it is bound to
+	on    bool
+}
+
+// matches reports whether host (no brackets) and port name this
+// address; ip is host parsed (unmapped), the zero Addr for a name. The
+// bound address (IP and port, when not a wildcard) is ours too, as a
+// listen socket is "myself" to Kamailio whatever it advertises.
+func (a *edgeAdv) matches(host string, ip netip.Addr, port int) bool {
+	if !a.on || (port != a.hp.port && port != a.lport) {
+		return false
+	}
+	if port == a.hp.port && strings.EqualFold(host, a.hp.host) {
+		return true
+	}
+	if !ip.IsValid() {
+		return false
+	}
+	return port == a.hp.port && ip == a.ip || port == a.lport && a.local.IsValid() && ip == a.local
+}
+
+// newEdgeAdv is the address of a listener bound to la, advertised as
+// adv ("" for the default: la, or, for a wildcard bind, main's host with
+// la's port).
+func newEdgeAdv(adv string, la netip.AddrPort, main hostPort) (edgeAdv, error) {
+	a := edgeAdv{lport: int(la.Port())}
+	lip := la.Addr().Unmap()
+	if lip.IsValid() && !lip.IsUnspecified() {
+		a.local = lip
+	}
+	if adv == "" {
+		host := main.host
+		if a.local.IsValid() {
+			host = a.local.String()
+		}
+		adv = net.JoinHostPort(host, strconv.Itoa(int(la.Port())))
+	}
+	hp, err := parseHostPort(adv)
+	if err != nil {
+		return a, err
+	}
+	a.hp, a.on = hp, true
+	if ip, err := netip.ParseAddr(hp.host); err == nil {
+		a.ip = ip.Unmap()
+	}
+	return a, nil
+}
+
+// setEdgeAdvertise sets the advertised addresses of the TLS, WS and WSS
+// listeners listenEdge opened; s.adv is set.
+func (s *Server) setEdgeAdvertise() error {
+	// UDP/TCP: the advertised address, and the bound IP with the
+	// advertised port (as before the edge listeners).
+	s.edgeAdv[kindTCP] = edgeAdv{hp: s.adv, ip: s.advIP, lport: s.adv.port, on: true}
+	if la, ok := s.udp.LocalAddr().(*net.UDPAddr); ok {
+		if lip, ok := netip.AddrFromSlice(la.IP); ok && !lip.Unmap().IsUnspecified() {
+			s.edgeAdv[kindTCP].local = lip.Unmap()
+		}
+	}
+	for _, l := range []struct {
+		ln    *net.TCPListener
+		kind  connKind
+		adv   string
+		field string
+	}{
+		{s.tlsLn, kindTLS, s.cfg.TLSAdvertise, "TLSAdvertise"},
+		{s.wsLn, kindWS, s.cfg.WSAdvertise, "WSAdvertise"},
+		{s.wssLn, kindWSS, s.cfg.WSSAdvertise, "WSSAdvertise"},
+	} {
+		if l.ln == nil {
+			continue
+		}
+		a, err := newEdgeAdv(l.adv, l.ln.Addr().(*net.TCPAddr).AddrPort(), s.adv)
+		if err != nil {
+			return fieldError(l.field, "%v", err)
+		}
+		s.edgeAdv[l.kind] = a
+	}
+	return nil
+}
+
+// advFor is the address our entries name for transport tr (a Via
+// transport: UDP, TCP, TLS, WS, WSS): that listener's, the UDP/TCP one
+// for UDP and TCP or a listener that is not open.
+func (s *Server) advFor(tr string) hostPort {
+	k := kindTCP
+	switch {
+	case strings.EqualFold(tr, "TLS"):
+		k = kindTLS
+	case strings.EqualFold(tr, "WS"):
+		k = kindWS
+	case strings.EqualFold(tr, "WSS"):
+		k = kindWSS
+	}
+	if a := &s.edgeAdv[k]; a.on {
+		return a.hp
+	}
+	return s.adv
 }

@@ -176,8 +176,22 @@ type tcpUAS struct {
 	addr  string
 	got   chan string // methods received
 	done  chan struct{}
+	reqs  []*gosip.Request // requests received, under mu
 	mu    sync.Mutex
 	conns []net.Conn
+}
+
+// find returns the requests of method and Call-ID the backend got.
+func (u *tcpUAS) find(m gosip.RequestMethod, callID string) []*gosip.Request {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []*gosip.Request
+	for _, r := range u.reqs {
+		if r.Method == m && r.CallID().Value() == callID {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // dropConns closes every connection the backend has accepted.
@@ -244,6 +258,9 @@ func (u *tcpUAS) serve(c net.Conn) {
 			if perr != nil || !isReq {
 				continue
 			}
+			u.mu.Lock()
+			u.reqs = append(u.reqs, req)
+			u.mu.Unlock()
 			u.got <- string(req.Method)
 			answer := func(code int, reason string) {
 				res := gosip.NewResponseFromRequest(req, code, reason, nil)

@@ -316,7 +316,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	if !t.prepared {
 		s.prepareForward(req, t.src)
 		if flow != nil && s.cfg.ContactAlias && (req.Method == gosip.REGISTER || req.Method == gosip.INVITE) {
-			s.aliasContact(req, flow, b.tcp)
+			s.aliasContact(req, flow, b.transport())
 		}
 		t.via = s.ourVia(branch, b.transport())
 		req.PrependHeader(t.via)
@@ -324,13 +324,20 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	}
 	t.via.Params.Add("branch", branch)
 	t.via.Transport = b.transport()
+	// A failover to another transport is sent by another listener.
+	a := s.advFor(b.transport())
+	t.via.Host, t.via.Port = a.host, a.port
 	if req.Method == gosip.REGISTER && flow != nil {
 		// RFC 3327: the registrar sends this client's incoming requests
 		// back through us, to this connection (flowPath).
-		s.flowPath(t, flow, b.tcp)
+		s.flowPath(t, flow, b.transport())
 	}
 	if recordRoutes(req.Method) {
 		token := s.routeToken(t.poolName, tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
+		ctr := "UDP" // the client's transport
+		if t.src.conn != nil {
+			ctr = "TCP"
+		}
 		if t.rrs == nil {
 			// One Record-Route, or two when the client's transport differs
 			// from the backend's or the client came on a flow (RFC 5658
@@ -340,9 +347,9 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			// The backend-facing one is on top; both go above every other
 			// header, as Kamailio does, which keeps them first among the
 			// Record-Routes (§16.6 step 4).
-			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.tcp))
-			if ctcp := t.src.conn != nil; flow != nil || ctcp != b.tcp {
-				cf := s.ourRecordRoute(token, ctcp)
+			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.transport()))
+			if flow != nil || ctr != b.transport() {
+				cf := s.ourRecordRoute(token, ctr)
 				if flow != nil {
 					cf = s.flowRecordRoute(token, flow)
 				}
@@ -352,13 +359,23 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			// Keep our Via on top.
 			req.RemoveHeader("Via")
 			req.PrependHeader(t.via)
+		} else if len(t.rrs) == 1 && ctr != b.transport() {
+			// A failover to a backend of another transport than the
+			// first (UDP to TLS, say): the one entry, which the client
+			// reads too, cannot name both; the client-facing one goes
+			// below it. Ours are on top, below our Via.
+			t.rrs = append(t.rrs, s.ourRecordRoute(token, ctr))
+			req.RemoveHeader("Via")
+			req.RemoveHeader("Record-Route")
+			req.PrependHeader(asHeaders(t.rrs)...)
+			req.PrependHeader(t.via)
 		}
 		for _, rr := range t.rrs {
 			rr.Address.UriParams.Add(tokenParam, token)
 		}
-		// The backend-facing entry names the transport of this attempt's
-		// backend (a failover may change it).
-		setTransport(&t.rrs[0].Address, b.tcp)
+		// The backend-facing entry names the listener and transport of
+		// this attempt's backend (a failover may change them).
+		s.setOurAddress(&t.rrs[0].Address, b.transport())
 	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -538,6 +539,7 @@ func TestTLSBackend(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := testServer(t, nil, nil, func(c *Config) {
 				c.Backends = []BackendConfig{{ID: "tls1", Addr: be.addr, Transport: "tls", CAFile: ca, SNI: tc.sni, Weight: 1}}
+				c.TLSListen, c.TLSConfig = "127.0.0.1:0", srv
 			})
 			if tc.ok {
 				eventually(t, "connection to the backend", func() bool { return s.tcp.len() == 1 })
@@ -713,6 +715,19 @@ func TestWSSFlowIncomingCall(t *testing.T) {
 	}
 	if inv.Method != gosip.INVITE || inv.CallID().Value() != "win-1@test" || inv.Via().Transport != "WSS" {
 		t.Fatalf("client got %s %s, top Via %s", inv.Method, inv.CallID().Value(), inv.Via().Value())
+	}
+	// Our Record-Routes: the client-facing one names the WSS listener
+	// (its bound address by default), the backend-facing one
+	// -sip-advertise.
+	var rrs []string
+	for _, h := range inv.GetHeaders("Record-Route") {
+		rrs = append(rrs, rrShape(t, h.Value()))
+	}
+	if want := []string{"<sip:FLOW@" + s.WSSAddr().String() + ";lr;transport=wss;sl=TOKEN>", "<sip:" + s.adv.String() + ";lr;sl=TOKEN>"}; strings.Join(rrs, ",") != strings.Join(want, ",") {
+		t.Errorf("Record-Routes to the client %v, want %v", rrs, want)
+	}
+	if v := inv.Via(); v.Host+":"+strconv.Itoa(v.Port) != s.WSSAddr().String() {
+		t.Errorf("our Via %s: want the WSS listener's address", v.Value())
 	}
 	res := gosip.NewResponseFromRequest(inv, 200, "OK", nil)
 	res.To().Params.Add("tag", "callee")

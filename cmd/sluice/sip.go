@@ -61,6 +61,9 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.TLSListen, "sip-tls-listen", "SIP over TLS listen `address` (sips:, transport=tls; port 5061 by custom), none by default; certificates by -tls-cert")
 	s.add(&c.WSListen, "sip-ws-listen", "SIP over WebSocket listen `address` (RFC 7118), none by default")
 	s.add(&c.WSSListen, "sip-wss-listen", "SIP over secure WebSocket listen `address` (RFC 7118), none by default; certificates by -tls-cert")
+	s.add(&c.TLSAdvertise, "sip-tls-advertise", "`host:port` the -sip-tls-listen listener is known by (Kamailio's listen=tls:IP:5061 advertise HOST:PORT): its clients' Record-Route and what TLS backends reach us by (default: its bound address, or the -sip-advertise host with its port)")
+	s.add(&c.WSAdvertise, "sip-ws-advertise", "`host:port` the -sip-ws-listen listener is known by, in its clients' Record-Route (default: its bound address, or the -sip-advertise host with its port)")
+	s.add(&c.WSSAdvertise, "sip-wss-advertise", "`host:port` the -sip-wss-listen listener is known by, in its clients' Record-Route (default: its bound address, or the -sip-advertise host with its port)")
 	s.add(&c.WSPath, "sip-ws-path", "the only request `path` a WebSocket handshake may ask for (404 otherwise; empty: any)")
 	o.wsOrigins.check = checkWSOrigin
 	s.also(&c.WSOrigins, "sip-ws-origin")

@@ -169,7 +169,8 @@ func TestSIPEdgeFlags(t *testing.T) {
 	env := map[string]string{"SLUICE_SIP_WS_PATH": "/ws"}
 	args := []string{"-sip-tls-listen", ":5061", "-sip-ws-listen", ":8080", "-sip-wss-listen", ":8443",
 		"-tls-cert", "c.pem", "-tls-handshake-timeout", "3s",
-		"-sip-ws-origin", "https://a.example", "-sip-ws-origin", "https://b.example:8443"}
+		"-sip-ws-origin", "https://a.example", "-sip-ws-origin", "https://b.example:8443",
+		"-sip-tls-advertise", "tls.example.com:5061", "-sip-wss-advertise", "edge.example.com:443"}
 	if err := parseFlags(fs, args, lookupIn(env)); err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +180,7 @@ func TestSIPEdgeFlags(t *testing.T) {
 	}
 	s := cfg.SIP
 	if s.TLSListen != ":5061" || s.WSListen != ":8080" || s.WSSListen != ":8443" || s.WSPath != "/ws" ||
+		s.TLSAdvertise != "tls.example.com:5061" || s.WSSAdvertise != "edge.example.com:443" || s.WSAdvertise != "" ||
 		!reflect.DeepEqual(s.WSOrigins, []string{"https://a.example", "https://b.example:8443"}) ||
 		!reflect.DeepEqual(cfg.TLS.Certs, []string{"c.pem"}) || cfg.TLS.HandshakeTimeout != 3*time.Second {
 		t.Errorf("config %+v tls %+v", s, cfg.TLS)
