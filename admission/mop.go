@@ -527,11 +527,24 @@ func (m *MOP) Export() MOPState {
 	}
 }
 
+// estimateValid reports whether s's session estimate can be true: finite,
+// not negative, bytes within MaxMemoryBytes, and the session memory and
+// base not over the backend's whole memory.
+func estimateValid(s MOPState) bool {
+	for _, v := range [...]float64{float64(s.Lifetime), float64(s.LifetimeHigh), s.BytesPerSession, s.SessionMemory, s.SessionBase} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxMemoryBytes {
+			return false
+		}
+	}
+	return s.SessionBase <= 1 && s.SessionMemory <= 1
+}
+
 // Import restores a state from Export. A Learned state is admitted at its
 // learned rate from the first window on; a Discovery state resumes at its
 // allowed rate. A state with no positive rate, or whose rate in use is
 // outside [MinRate, MaxMOPRate], is refused with an error and changes
-// nothing: the limiter goes on as it was.
+// nothing: the limiter goes on as it was. A session estimate that cannot
+// be true is dropped (learned again) without refusing the rate.
 func (m *MOP) Import(s MOPState) error {
 	if !(s.AllowedRate > 0) && !(s.LearnedRate > 0) {
 		return fmt.Errorf("mop %s: imported state has no rate", m.cfg.Name)
@@ -540,13 +553,12 @@ func (m *MOP) Import(s MOPState) error {
 		math.IsNaN(s.LearnedRate) || math.IsNaN(s.AllowedRate) || math.IsInf(s.LearnedRate, 0) || math.IsInf(s.AllowedRate, 0) {
 		return fmt.Errorf("mop %s: imported state is not finite", m.cfg.Name)
 	}
-	for _, v := range [...]float64{float64(s.Lifetime), float64(s.LifetimeHigh), s.BytesPerSession, s.SessionMemory, s.SessionBase} {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxMemoryBytes {
-			return fmt.Errorf("mop %s: imported lifetime estimate %g is not a finite number in [0, %g]", m.cfg.Name, v, float64(MaxMemoryBytes))
-		}
-	}
-	if s.SessionBase > 1 || s.SessionMemory > 1 {
-		return fmt.Errorf("mop %s: imported session memory %g or base %g is over the backend's whole memory", m.cfg.Name, s.SessionMemory, s.SessionBase)
+	if !estimateValid(s) {
+		// The session estimate only speeds discovery up; the rate is
+		// what the state is kept for. One that cannot be true (a damaged
+		// store, a hostile peer) is dropped and learned again, and the
+		// rate, checked on its own below, is still restored.
+		s.Lifetime, s.LifetimeHigh, s.BytesPerSession, s.SessionMemory, s.SessionBase = 0, 0, 0, 0, 0
 	}
 	rate := s.AllowedRate
 	if s.Phase == Learned && s.LearnedRate > 0 {

@@ -159,7 +159,7 @@ func TestMOPDeploy(t *testing.T) {
 // TestMOPEstimatePersisted: the estimate travels in MOPState: Export
 // carries it, Import restores it into Status, a state saved before there
 // was an estimate (JSON without the fields) still loads, a made-up
-// estimate is refused, and Reset forgets it.
+// estimate is dropped while its rate is restored, and Reset forgets it.
 func TestMOPEstimatePersisted(t *testing.T) {
 	mc := lifeModels()[0]
 	s := runLife(t, mc.cfg, mc.model, mc.demand, 2, false)
@@ -204,13 +204,20 @@ func TestMOPEstimatePersisted(t *testing.T) {
 	if st := m2.Status(); st.LearnedRate != 120 || st.Lifetime != 0 || st.PredictedMemory != 0 {
 		t.Errorf("status after importing a state without an estimate: %+v", st)
 	}
+	// An estimate that cannot be true is dropped, and the learned rate
+	// it came with is still restored: the rate is what the state is for.
 	for _, bad := range []MOPState{
 		{Phase: Learned, LearnedRate: 10, AllowedRate: 10, BytesPerSession: math.NaN()},
 		{Phase: Learned, LearnedRate: 10, AllowedRate: 10, Lifetime: -time.Second},
 		{Phase: Learned, LearnedRate: 10, AllowedRate: 10, SessionMemory: 3},
 	} {
-		if err := m2.Import(bad); err == nil {
-			t.Errorf("import of %+v succeeded", bad)
+		m3, _ := NewMOP(mc.cfg)
+		if err := m3.Import(bad); err != nil {
+			t.Errorf("import of %+v: %v, want its rate restored and its estimate dropped", bad, err)
+			continue
+		}
+		if st := m3.Status(); st.LearnedRate != 10 || st.Lifetime != 0 || st.BytesPerSession != 0 || st.PredictedMemory != 0 {
+			t.Errorf("status after importing %+v: %+v, want rate 10 and no estimate", bad, st)
 		}
 	}
 }
