@@ -4,15 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	nethttp "net/http"
 	"os/exec"
@@ -43,42 +38,18 @@ func h2cListen(t testing.TB, r *rig) string {
 	return ln.Addr().String()
 }
 
-// tlsListen serves TLS for r's server on a loopback port with a
-// self-signed ECDSA certificate for "localhost", offering ALPN h2 and
+// tlsListen serves TLS for r's server on a loopback port with the tests'
+// certificates (testTLS: a.example's for any name), offering ALPN h2 and
 // http/1.1 and handing connections that negotiated h2 to serveH2, as the
 // HTTPS listener does. It returns the address and the certificate pool a
 // client trusts.
 func tlsListen(t testing.TB, r *rig) (string, *x509.CertPool) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
-		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
-		NextProtos:   []string{"h2", "http/1.1"},
-		MinVersion:   tls.VersionTLS12,
-	})
+	pki := testTLS(t)
+	cfg := pki.server()
+	cfg.NextProtos = []string{"h2", "http/1.1"}
+	pool := pki.roots
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +90,7 @@ func h2cClient(t testing.TB) *nethttp.Client {
 
 // h2TLSClient is an HTTP/2 client over TLS trusting pool.
 func h2TLSClient(t testing.TB, pool *x509.CertPool) *nethttp.Client {
-	tr := &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "localhost"}}
+	tr := &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "a.example"}}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &nethttp.Client{Transport: tr, Timeout: 10 * time.Second}
 }
