@@ -12,7 +12,10 @@
 #        -> {sluice :8081 | Kamailio :8091} (WS; WS_SCHEME=wss: :4481 | :4491)
 #        -> the same answerers
 #   mem  memory per idle WSS connection: IDLE_CONNS connections opened by
-#        bench/wsload -mode idle and held silent; (the balancer's memory
+#        bench/wsload -mode idle (each carries one OPTIONS with
+#        Max-Forwards 0, which the edge answers itself, as a browser's
+#        first REGISTER would pass the edge's wait for a first message)
+#        and then held silent; (the balancer's memory
 #        with them - before them) / IDLE_CONNS. Memory is the PSS summed
 #        over the balancer's processes (Kamailio's are many and share its
 #        shm; for the one sluice process PSS is its RSS), read from
@@ -67,7 +70,7 @@ SCEN=$ROOT/sip/testdata/sipp
 # fixed loopback ports (UDP: sluice 5080, Kamailio 5090, answerers 5071/5072)
 SL_UDP=5080 SL_TLS=5081 SL_WS=8081 SL_WSS=4481
 KAM_TLS=5091 KAM_WS=8091 KAM_WSS=4491
-TUNNEL=5099 UAS1=5071 UAS2=5072
+TUNNEL=5099 UAS1=5071 UAS2=5072 SL_ADMIN=18097
 
 log() { echo "[$(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -82,7 +85,7 @@ for r in $EDGE_RATES; do isnum "$r" && [ "$r" -ge 1 ] || die "EDGE_RATES: $r is 
 case $WS_SCHEME in ws|wss) ;; *) die "WS_SCHEME=$WS_SCHEME: want ws or wss" ;; esac
 for m in $MODES; do case $m in tls|ws|mem) ;; *) die "unknown mode $m (want tls, ws, mem)" ;; esac; done
 for s in $SYSTEMS; do case $s in sluice|kamailio) ;; *) die "SYSTEMS: unknown system $s (want sluice, kamailio)" ;; esac; done
-for b in sipp stunnel4 kamailio openssl taskset timeout ss go; do
+for b in sipp stunnel4 kamailio openssl curl taskset timeout ss go; do
     command -v "$b" >/dev/null || die "$b not installed (scripts/install-test-deps.sh: sip-tester stunnel4 kamailio kamailio-tls-modules kamailio-websocket-modules)"
 done
 for m in tls websocket xhttp; do
@@ -155,7 +158,7 @@ busy_tcp() { ss -Hltn "sport = :$1" | grep -q .; }
 busy_udp() { ss -Hlun "sport = :$1" | grep -q .; }
 wait_tcp() { for _ in $(seq 150); do busy_tcp "$1" && return 0; sleep 0.1; done; die "nothing listening on tcp $1 (see $OUT/*.log)"; }
 wait_udp() { for _ in $(seq 150); do busy_udp "$1" && return 0; sleep 0.1; done; die "nothing on udp $1 (see $OUT/*.log)"; }
-for p in $SL_TLS $SL_WS $SL_WSS $KAM_TLS $KAM_WS $KAM_WSS $TUNNEL; do busy_tcp "$p" && die "tcp port $p already in use"; done
+for p in $SL_TLS $SL_WS $SL_WSS $SL_ADMIN $KAM_TLS $KAM_WS $KAM_WSS $TUNNEL; do busy_tcp "$p" && die "tcp port $p already in use"; done
 for p in $SL_UDP 5090 $UAS1 $UAS2; do busy_udp "$p" && die "udp port $p already in use"; done
 
 # ticks PID...: utime+stime (clock ticks) of the process trees.
@@ -213,6 +216,7 @@ start_system() {
             -sip-backend "127.0.0.1:$UAS1" -sip-backend "127.0.0.1:$UAS2" -sip-health-interval 0 \
             -sip-tcp-max-conns $((IDLE_CONNS + 1000)) -sip-tcp-max-conns-per-source $((IDLE_CONNS + 1000)) \
             -tls-handshake-rate 0 -tls-handshakes-max 4096 \
+            -admin-listen "127.0.0.1:$SL_ADMIN" \
             -affinity-key-file "$OUT/affinity.key" -data-dir "$OUT/sluice-data" -log-level warn $SLUICE_FLAGS
         SYS_PID=$LASTPID SYS_TLS=$SL_TLS SYS_WS=$SL_WS SYS_WSS=$SL_WSS ;;
     kamailio)
@@ -271,25 +275,43 @@ leg_tls() {
     stop "$st"
 }
 
+# gostats: "HEAP_INUSE_BYTES GOROUTINES" of sluice, from its /metrics.
+gostats() {
+    curl -s --max-time 5 "http://127.0.0.1:$SL_ADMIN/metrics" |
+        awk '$1 == "go_memstats_heap_inuse_bytes" { h = $2 } $1 == "go_goroutines" { g = $2 } END { printf "%.0f %d\n", h, g }'
+}
+
 leg_mem() {
-    local sys=$1 before after open pb rb pa ra
+    local sys=$1 before after open pb rb pa ra hb gb ha ga
     sleep "$SETTLE"
     read -r pb rb <<< "$(mem "$SYS_PID")"
+    [ "$sys" = sluice ] && read -r hb gb <<< "$(gostats)"
     start "idle-$sys" "$GEN_CPUS" "$OUT/wsload" -mode idle -url "wss://127.0.0.1:$SYS_WSS/" -conns "$IDLE_CONNS" \
         -open-rate "$OPEN_RATE" -hold 30m
     local w=$LASTPID t=0
     until grep -q '^ready' "$OUT/idle-$sys.log"; do
         sleep 1; t=$((t + 1))
-        [ "$t" -gt $((IDLE_CONNS / OPEN_RATE + 120)) ] && die "wsload idle: not ready after ${t}s (see $OUT/idle-$sys.log)"
+        [ "$t" -gt $((IDLE_CONNS / OPEN_RATE + 300)) ] && die "wsload idle: not ready after ${t}s (see $OUT/idle-$sys.log)"
     done
     open=$(sed -n 's/^ready open=\([0-9]*\).*/\1/p' "$OUT/idle-$sys.log")
     sleep "$SETTLE"
     read -r pa ra <<< "$(mem "$SYS_PID")"
     res "$sys" mem.idle_wss_open "$open/$IDLE_CONNS"
+    if [ "$sys" = sluice ]; then
+        # The Go heap in use (garbage of the handshakes not yet collected
+        # included) and the goroutines: what of the PSS is sluice's own.
+        read -r ha ga <<< "$(gostats)"
+        res "$sys" mem.heap_inuse_bytes_before_after "$hb $ha"
+        res "$sys" mem.heap_inuse_bytes_per_idle_wss "$(awk -v a="$ha" -v b="$hb" -v n="${open:-0}" 'BEGIN { if (n > 0) printf "%.0f", (a - b) / n; else print "n/a" }')"
+        res "$sys" mem.goroutines_before_after "$gb $ga"
+    fi
     res "$sys" mem.pss_kb_before_after "$pb $pa"
     res "$sys" mem.rss_kb_before_after "$rb $ra"
     res "$sys" mem.bytes_per_idle_wss "$(awk -v a="$pa" -v b="$pb" -v n="${open:-0}" 'BEGIN { if (n > 0) printf "%.0f", (a - b) * 1024 / n; else print "n/a" }')"
     stop "$w"
+    # Connections the edge closed while they were held make the figure
+    # worthless: recorded, and the table says so.
+    res "$sys" mem.closed_by_edge "$(sed -n 's/^done .*closed_by_edge=\([0-9]*\).*/\1/p' "$OUT/idle-$sys.log" | grep . || echo '?')"
 }
 
 for sys in $SYSTEMS; do
@@ -315,7 +337,9 @@ echo
 echo "| system | TLS max clean calls/s (SIPp via stunnel) | CPU at it | WS ($WS_SCHEME) max clean calls/s (wsload, $WS_CONNS conns) | CPU at it | bytes per idle WSS connection ($IDLE_CONNS) | PSS before → after (kB) |"
 echo "|---|---|---|---|---|---|---|"
 for sys in $SYSTEMS; do
-    echo "| $sys | $(get "$sys" tls.max_clean_cps) | $(get "$sys" tls.lb_cpu_pct_at_max)% | $(get "$sys" ws.max_clean_cps) | $(get "$sys" ws.lb_cpu_pct_at_max)% | $(get "$sys" mem.bytes_per_idle_wss) | $(get "$sys" mem.pss_kb_before_after | sed 's/ / → /') |"
+    closed=$(get "$sys" mem.closed_by_edge); note=""
+    [ "$closed" = 0 ] || [ "$closed" = - ] || note=" (INVALID: the edge closed $closed of them)"
+    echo "| $sys | $(get "$sys" tls.max_clean_cps) | $(get "$sys" tls.lb_cpu_pct_at_max)% | $(get "$sys" ws.max_clean_cps) | $(get "$sys" ws.lb_cpu_pct_at_max)% | $(get "$sys" mem.bytes_per_idle_wss)$note | $(get "$sys" mem.pss_kb_before_after | sed 's/ / → /') |"
 done
 echo
 log "results in $RES, logs in $OUT"

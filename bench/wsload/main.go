@@ -14,7 +14,8 @@
 //	wsload -mode idle -url wss://127.0.0.1:4481/ -conns 10000 -hold 10m
 //
 // opens -conns connections (at most -open-rate a second), each upgraded
-// with the subprotocol sip and then silent, prints `ready open=N
+// with the subprotocol sip, sends one OPTIONS with Max-Forwards 0 on each
+// (the edge answers it itself) and then stays silent, prints `ready open=N
 // failed=N` once they are all tried, and holds them until -hold passes or
 // it gets SIGTERM or SIGINT: what the edge keeps per idle connection is
 // then measured from outside.
@@ -93,21 +94,33 @@ func fail(format string, a ...any) {
 	os.Exit(2)
 }
 
+// maxOpening bounds the connections being opened at once: an edge that
+// takes handshakes more slowly than -open-rate (a capped CPU share) then
+// sets the pace, instead of a pile of waiting handshakes that time out.
+const maxOpening = 32
+
 // dial opens n connections at most openRate a second, and returns those
-// that upgraded with the subprotocol sip and how many did not.
-func dial(ctx context.Context, d ws.Dialer, url string, n, openRate int) ([]net.Conn, int) {
+// that upgraded with the subprotocol sip (and, with greet, answered its
+// OPTIONS) and how many did not.
+func dial(ctx context.Context, d ws.Dialer, url string, n, openRate int, greet bool) ([]net.Conn, int) {
 	var (
 		mu     sync.Mutex
 		cs     []net.Conn
 		failed int
 		wg     sync.WaitGroup
 	)
+	sem := make(chan struct{}, maxOpening)
 	tick := time.NewTicker(time.Second / time.Duration(openRate))
 	defer tick.Stop()
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		<-tick.C
+		sem <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-sem }()
 			c, _, hs, err := d.Dial(ctx, url)
+			if err == nil && hs.Protocol == "sip" && greet {
+				err = options(c, i)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil || hs.Protocol != "sip" {
@@ -127,9 +140,33 @@ func dial(ctx context.Context, d ws.Dialer, url string, n, openRate int) ([]net.
 	return cs, failed
 }
 
+// options sends one OPTIONS with Max-Forwards 0 on c and waits for its
+// answer: the edge answers it itself (sluice 200, Kamailio 483), so the
+// connection has carried a SIP message, as a browser's REGISTER would,
+// and is past the edge's bound on the wait for a first message (sluice's
+// -sip-tcp-first-message-timeout closes connections that never send one).
+func options(c net.Conn, i int) error {
+	id := fmt.Sprintf("idle-%d@wsload", i)
+	msg := fmt.Sprintf("OPTIONS sip:edge.invalid SIP/2.0\r\nVia: SIP/2.0/WSS i%d.invalid;branch=z9hG4bKidle%d\r\nMax-Forwards: 0\r\nFrom: <sip:wsload@edge.test>;tag=i%d\r\nTo: <sip:edge.invalid>\r\nCall-ID: %s\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n", i, i, i, id)
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if err := wsutil.WriteClientText(c, []byte(msg)); err != nil {
+		return err
+	}
+	for {
+		p, _, err := wsutil.ReadServerData(c)
+		if err != nil {
+			return err
+		}
+		if r, ok := parseResponse(p); ok && r.callID == id && r.code >= 200 {
+			return nil
+		}
+	}
+}
+
 // idle holds n connections open and silent until hold passes or ctx ends.
 func idle(ctx context.Context, d ws.Dialer, url string, n, openRate int, hold time.Duration) int {
-	cs, failed := dial(ctx, d, url, n, openRate)
+	cs, failed := dial(ctx, d, url, n, openRate, true)
 	fmt.Printf("ready open=%d failed=%d\n", len(cs), failed)
 	// Read (and drop) what the edge sends, so its pings are answered by
 	// the kernel's buffers rather than piling up; a connection the edge
@@ -227,7 +264,7 @@ func (k *conn) done(callID string) {
 
 // load places calls calls at rate a second over n connections.
 func load(ctx context.Context, d ws.Dialer, url, scheme string, n, rate, calls, openRate int, timeout time.Duration) int {
-	cs, failedConns := dial(ctx, d, url, n, openRate)
+	cs, failedConns := dial(ctx, d, url, n, openRate, false)
 	if len(cs) == 0 {
 		fmt.Printf("calls=%d ok=0 failed=%d conns_failed=%d\n", calls, calls, failedConns)
 		return 1
