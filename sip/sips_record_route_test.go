@@ -132,3 +132,45 @@ func TestSipsRecordRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestSipsRecordRouteTowardsFlow: an INVITE a registrar (a UDP backend)
+// sends along the Path of a client registered over TLS reaches the client
+// with our two Record-Routes, the client-facing one on top: a sips: URI
+// naming the TLS listener when the INVITE is addressed to a sips: URI,
+// sip:;transport=tls otherwise; the backend-facing one stays sip: (UDP).
+func TestSipsRecordRouteTowardsFlow(t *testing.T) {
+	srv, cli := testTLS(t)
+	s, reg := flowServer(t, func(c *Config) {
+		c.TLSListen, c.TLSConfig = "127.0.0.1:0", srv
+	})
+	c := dialTLS(t, s, cli)
+	p := pathOf(t, registerTCP(t, s, c, reg, "erin"))
+	route := "<" + p.String() + ">"
+	port := strconv.Itoa(s.TLSAddr().(*net.TCPAddr).Port)
+	back := "<sip:" + s.adv.String() + ";lr;sl=TOKEN>"
+	for _, tc := range []struct {
+		ruri, want string
+	}{
+		{"sips:erin@example.com", "<sips:FLOW@127.0.0.1:" + port + ";lr;sl=TOKEN>"},
+		{"sip:erin@example.com", "<sip:FLOW@127.0.0.1:" + port + ";lr;transport=tls;sl=TOKEN>"},
+	} {
+		id := "srr-flow-" + tc.ruri + "@test"
+		reg.send(s, incomingInvite(reg, tc.ruri, route, id))
+		got := nextRequest(t, c)
+		if got.CallID().Value() != id {
+			t.Fatalf("client got %s of %s, want the INVITE of %s", got.Method, got.CallID().Value(), id)
+		}
+		rrs := got.GetHeaders("Record-Route")
+		if len(rrs) != 2 {
+			t.Fatalf("%s: Record-Routes %v, want two", tc.ruri, rrs)
+		}
+		if g := rrShape(t, rrs[0].Value()); g != tc.want {
+			t.Errorf("%s: client-facing %s, want %s", tc.ruri, g, tc.want)
+		}
+		if g := rrShape(t, rrs[1].Value()); g != back {
+			t.Errorf("%s: backend-facing %s, want %s", tc.ruri, g, back)
+		}
+		answer(t, c, got, 486, "Busy Here")
+		reg.response(486)
+	}
+}
