@@ -247,7 +247,7 @@ step() {
             -conns "$WS_CONNS" -rate "$r" -calls "$n" > "$dir/wsload.out" 2>&1
         ok=$(sed -n 's/.* ok=\([0-9]*\) .*/\1/p' "$dir/wsload.out"); fail=$(sed -n 's/.* failed=\([0-9]*\) .*/\1/p' "$dir/wsload.out")
     fi
-    sleep 1   # the last BYEs' answers
+    sleep 2   # the last BYEs' answers, and the answerers' statistics (written every second)
     el=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
     lbt=$(( $(ticks "$SYS_PID") - lb0 )); rt=$(( $(uas_retrans) - rt0 ))
     S_CPU=$(awk -v t="$lbt" -v s="$el" -v hz="$HZ" 'BEGIN { printf "%.0f", 100 * t / hz / s }')

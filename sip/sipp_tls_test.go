@@ -128,8 +128,8 @@ func TestSIPpOverTLSViaStunnel(t *testing.T) {
 	}
 	ok, failed := statColumn(t, csv, "SuccessfulCall(C)"), statColumn(t, csv, "FailedCall(C)")
 	m := s.Metrics()
-	t.Logf("%d successful, %d failed; forwarded %d, forged tokens %d, handshake failures %d",
-		ok, failed, m.Forwarded.Load(), m.ForgedTokens.Load(), m.HandshakeFailures.Load())
+	t.Logf("%d successful, %d failed; forwarded %d, forged tokens %d, handshake failures %d, in-dialog unanswered (408) %d, forged responses %d",
+		ok, failed, m.Forwarded.Load(), m.ForgedTokens.Load(), m.HandshakeFailures.Load(), m.InDialogUnanswered.Load(), m.ForgedResponses.Load())
 	if err != nil || ok != calls || failed != 0 {
 		errs, _ := os.ReadFile(msgs)
 		t.Errorf("sipp uac over stunnel: exit %v, %d of %d calls successful, %d failed; want all and 0\n%s\n%s",
