@@ -194,6 +194,18 @@ func TestDialogsAndHistory(t *testing.T) {
 		{Key: 4, Backend: "sip/d", Expires: now.Add(time.Minute)},
 	})
 	s.DeleteDialogs([]uint64{4})
+	// Removed and set up again, in one batch and across batches: stored.
+	s.PutDialogs([]DialogRecord{{Key: 5, Backend: "sip/e", Expires: now.Add(time.Hour)}})
+	s.DeleteDialogs([]uint64{5})
+	s.PutDialogs([]DialogRecord{{Key: 5, Backend: "sip/e2", Expires: now.Add(time.Hour)}})
+	// A later record with an expiry past replaces a longer-lived one.
+	s.PutDialogs([]DialogRecord{{Key: 6, Backend: "sip/f", Expires: now.Add(time.Hour)}})
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s.PutDialogs([]DialogRecord{{Key: 6, Backend: "sip/f", Linger: true, Expires: now.Add(-time.Millisecond)}})
+	s.DeleteDialogs([]uint64{5})
+	s.PutDialogs([]DialogRecord{{Key: 5, Backend: "sip/e3", Expires: now.Add(time.Hour)}})
 	s.SaveHistory([]HistorySample{
 		{Time: now.Add(-2 * time.Second), Resolution: "1s", Data: []byte("a")},
 		{Time: now.Add(-time.Second), Resolution: "1s", Data: []byte("b")},
@@ -211,8 +223,8 @@ func TestDialogsAndHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []DialogRecord{{Key: 1, Backend: "sip/a", ToTag: 7, Src: 9}, {Key: 2, Backend: "sip/b", Linger: true}}
-	if len(ds) != 2 {
+	want := []DialogRecord{{Key: 1, Backend: "sip/a", ToTag: 7, Src: 9}, {Key: 2, Backend: "sip/b", Linger: true}, {Key: 5, Backend: "sip/e3"}}
+	if len(ds) != len(want) {
 		t.Fatalf("dialogs: %+v", ds)
 	}
 	for i := range ds {
