@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
+	lbsip "github.com/sluicelb/sluice/sip"
 	"github.com/sluicelb/sluice/tlsedge"
 )
 
@@ -103,6 +104,7 @@ func (n *Node) openStore() error {
 	}
 	n.store, n.saver = st, saver
 	n.eventLog.attach(st)
+	n.restoreDialogs(st)
 	if n.admin != nil {
 		n.admin.Handle("GET /events", st.EventsHandler())
 	}
@@ -190,4 +192,44 @@ func (n *Node) restoreDataKey() {
 	n.logger.Warn("affinity key file was missing: written back from memory, so a restart keeps sticky sessions and dialogs", "file", n.dataKeyFile)
 	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigWarning, Subject: n.dataKeyFile,
 		Message: "affinity key file was missing from the data directory and was written back"})
+}
+
+// restoreDialogs fills the SIP dialog table with the dialogs stored before
+// the restart (those not expired) and writes its changes through to st
+// from now on. It runs before the SIP listener opens, so the in-dialog
+// requests of calls set up before a kill -9 reach their backend. A store
+// that cannot answer leaves the table empty: such requests then go by
+// the Call-ID hash (or are refused with -sip-unknown-dialog reject).
+func (n *Node) restoreDialogs(st *persist.Store) {
+	if n.sipSrv == nil {
+		return
+	}
+	now := time.Now()
+	recs, err := st.LoadDialogs(now)
+	if err != nil {
+		n.logger.Error("SIP dialogs of before the restart not restored (the store did not answer)", "err", err, "read", len(recs))
+	}
+	in := make([]lbsip.StoredDialog, len(recs))
+	for i, r := range recs {
+		in[i] = lbsip.StoredDialog{Key: r.Key, Ref: r.Backend, ToTag: r.ToTag, Src: r.Src, Linger: r.Linger, Expires: r.Expires}
+	}
+	if len(in) > 0 || err != nil {
+		n.logger.Info("sip dialogs restored", "stored", len(recs), "restored", n.sipSrv.RestoreDialogs(in, now))
+	}
+	n.sipSrv.SetDialogStore(storeDialogs{st})
+}
+
+// storeDialogs queues the SIP dialog table's changes on the store.
+type storeDialogs struct{ st *persist.Store }
+
+// WriteDialogs implements sip.DialogWriter.
+func (d storeDialogs) WriteDialogs(put []lbsip.StoredDialog, del []uint64) {
+	if len(put) > 0 {
+		recs := make([]persist.DialogRecord, len(put))
+		for i, p := range put {
+			recs[i] = persist.DialogRecord{Key: p.Key, Backend: p.Ref, ToTag: p.ToTag, Src: p.Src, Linger: p.Linger, Expires: p.Expires}
+		}
+		d.st.PutDialogs(recs)
+	}
+	d.st.DeleteDialogs(del)
 }
