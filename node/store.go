@@ -9,8 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
 	lbsip "github.com/sluicelb/sluice/sip"
@@ -105,6 +107,7 @@ func (n *Node) openStore() error {
 	n.store, n.saver = st, saver
 	n.eventLog.attach(st)
 	n.restoreDialogs(st)
+	n.restoreHistory(st)
 	if n.admin != nil {
 		n.admin.Handle("GET /events", st.EventsHandler())
 	}
@@ -136,6 +139,7 @@ func (n *Node) closeStore() {
 		n.logger.Error("final save of learned rates failed", "err", err)
 	}
 	n.eventLog.detach()
+	n.history.st.Store(nil)
 	if err := n.store.Close(ctx); err != nil {
 		n.logger.Error("close data directory", "err", err)
 	}
@@ -232,4 +236,66 @@ func (d storeDialogs) WriteDialogs(put []lbsip.StoredDialog, del []uint64) {
 		d.st.PutDialogs(recs)
 	}
 	d.st.DeleteDialogs(del)
+}
+
+// fineHistoryKeep is how long the dashboard's 1 s samples are stored: the
+// span of its 1 s ring (admin.DefaultHistorySamples at 1 s).
+const fineHistoryKeep = admin.DefaultHistorySamples * time.Second
+
+// coarseHistorySamples is the size of the dashboard's 10 s ring for a
+// -history-retention (default 24 h); admin caps it at 7 days.
+func coarseHistorySamples(retention time.Duration) int {
+	if retention <= 0 {
+		retention = persist.DefaultHistoryRetention
+	}
+	return int(min(retention/(10*time.Second), admin.MaxCoarseSamples))
+}
+
+// historyStore hands the dashboard's samples to the store while it is
+// open (admin.HistoryStore); before and after, they are not kept.
+type historyStore struct{ st atomic.Pointer[persist.Store] }
+
+// SaveHistory implements admin.HistoryStore: it only queues the sample.
+func (h *historyStore) SaveHistory(res string, at time.Time, row []byte) {
+	st := h.st.Load()
+	if st == nil {
+		return
+	}
+	var keep time.Duration
+	if res == admin.HistoryFine {
+		keep = fineHistoryKeep
+	}
+	st.SaveHistory([]persist.HistorySample{{Time: at, Resolution: res, Data: row, Keep: keep}})
+}
+
+// restoreHistory fills the dashboard's rings with the samples stored
+// before the restart, so its plots and /status/history go on from them,
+// and has the dashboard store its samples from now on. It runs before the
+// admin listener (and its sampler) starts.
+func (n *Node) restoreHistory(st *persist.Store) {
+	if n.dash == nil {
+		return
+	}
+	now := time.Now()
+	retention := n.cfg.Persist.HistoryRetention
+	if retention <= 0 {
+		retention = persist.DefaultHistoryRetention
+	}
+	for _, r := range []struct {
+		res  string
+		keep time.Duration
+	}{{admin.HistoryFine, fineHistoryKeep}, {admin.HistoryCoarse, retention}} {
+		samples, err := st.LoadHistory(r.res, now.Add(-r.keep))
+		if err != nil {
+			n.logger.Warn("dashboard history of before the restart not restored", "resolution", r.res, "err", err)
+		}
+		rows := make([][]byte, len(samples))
+		for i, s := range samples {
+			rows[i] = s.Data
+		}
+		if len(rows) > 0 {
+			n.logger.Info("dashboard history restored", "resolution", r.res, "stored", len(rows), "restored", n.dash.RestoreHistory(r.res, rows))
+		}
+	}
+	n.history.st.Store(st)
 }

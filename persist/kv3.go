@@ -193,8 +193,12 @@ func (k *kv3) write(req *request, now time.Time) error {
 		}
 		key := binary.BigEndian.AppendUint64(labelPrefix(historyPrefix3, h.Resolution), uint64(unixNanos(h.Time)))
 		e := badger.NewEntry(key, h.Data)
-		if req.HistoryRetention > 0 {
-			ttl := h.Time.Add(req.HistoryRetention).Sub(now)
+		keep := req.HistoryRetention
+		if h.Keep > 0 && (keep <= 0 || h.Keep < keep) {
+			keep = h.Keep
+		}
+		if keep > 0 {
+			ttl := h.Time.Add(keep).Sub(now)
 			if ttl <= 0 {
 				continue
 			}
