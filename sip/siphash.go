@@ -40,31 +40,26 @@ func (k sipKey) hash() sipHash {
 	}
 }
 
-func (h *sipHash) rounds(n int) {
-	v0, v1, v2, v3 := h.v0, h.v1, h.v2, h.v3
-	for range n {
-		v0 += v1
-		v1 = bits.RotateLeft64(v1, 13)
-		v1 ^= v0
-		v0 = bits.RotateLeft64(v0, 32)
-		v2 += v3
-		v3 = bits.RotateLeft64(v3, 16)
-		v3 ^= v2
-		v0 += v3
-		v3 = bits.RotateLeft64(v3, 21)
-		v3 ^= v0
-		v2 += v1
-		v1 = bits.RotateLeft64(v1, 17)
-		v1 ^= v2
-		v2 = bits.RotateLeft64(v2, 32)
-	}
-	h.v0, h.v1, h.v2, h.v3 = v0, v1, v2, v3
+// sipRound is one SipRound; small enough to be inlined.
+func sipRound(v0, v1, v2, v3 uint64) (uint64, uint64, uint64, uint64) {
+	v0 += v1
+	v1 = bits.RotateLeft64(v1, 13) ^ v0
+	v0 = bits.RotateLeft64(v0, 32)
+	v2 += v3
+	v3 = bits.RotateLeft64(v3, 16) ^ v2
+	v0 += v3
+	v3 = bits.RotateLeft64(v3, 21) ^ v0
+	v2 += v1
+	v1 = bits.RotateLeft64(v1, 17) ^ v2
+	v2 = bits.RotateLeft64(v2, 32)
+	return v0, v1, v2, v3
 }
 
 func (h *sipHash) block(m uint64) {
-	h.v3 ^= m
-	h.rounds(2)
-	h.v0 ^= m
+	v0, v1, v2, v3 := h.v0, h.v1, h.v2, h.v3^m
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	h.v0, h.v1, h.v2, h.v3 = v0^m, v1, v2, v3
 }
 
 func (h *sipHash) writeByte(c byte) {
@@ -82,10 +77,18 @@ func (h *sipHash) writeString(s string) {
 	for ; h.ntail != 0 && i < len(s); i++ {
 		h.writeByte(s[i])
 	}
-	for ; i+8 <= len(s); i += 8 {
-		h.block(uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
-			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56)
-		h.length += 8
+	if i+8 <= len(s) {
+		v0, v1, v2, v3 := h.v0, h.v1, h.v2, h.v3
+		for ; i+8 <= len(s); i += 8 {
+			m := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+				uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+			v3 ^= m
+			v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+			v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+			v0 ^= m
+			h.length += 8
+		}
+		h.v0, h.v1, h.v2, h.v3 = v0, v1, v2, v3
 	}
 	for ; i < len(s); i++ {
 		h.writeByte(s[i])
@@ -100,7 +103,10 @@ func (h *sipHash) writeBytes(b []byte) {
 
 func (h *sipHash) sum64() uint64 {
 	h.block(h.length<<56 | h.tail)
-	h.v2 ^= 0xff
-	h.rounds(4)
-	return h.v0 ^ h.v1 ^ h.v2 ^ h.v3
+	v0, v1, v2, v3 := h.v0, h.v1, h.v2^0xff, h.v3
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	return v0 ^ v1 ^ v2 ^ v3
 }
