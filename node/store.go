@@ -209,7 +209,7 @@ func (n *Node) restoreDialogs(st *persist.Store) {
 		return
 	}
 	now := time.Now()
-	recs, err := st.LoadDialogs(now)
+	recs, err := st.LoadDialogs(now, n.sipSrv.DialogMax())
 	if err != nil {
 		n.logger.Error("SIP dialogs of before the restart not restored (the store did not answer)", "err", err, "read", len(recs))
 	}
@@ -281,11 +281,14 @@ func (n *Node) restoreHistory(st *persist.Store) {
 	if retention <= 0 {
 		retention = persist.DefaultHistoryRetention
 	}
+	// A store holds a ring's worth of samples (a few more where they
+	// have not expired yet); more is a damaged store, not read past that.
 	for _, r := range []struct {
 		res  string
 		keep time.Duration
-	}{{admin.HistoryFine, fineHistoryKeep}, {admin.HistoryCoarse, retention}} {
-		samples, err := st.LoadHistory(r.res, now.Add(-r.keep))
+		max  int
+	}{{admin.HistoryFine, fineHistoryKeep, 2 * n.dash.History().Capacity()}, {admin.HistoryCoarse, retention, 2 * n.dash.Coarse().Capacity()}} {
+		samples, err := st.LoadHistory(r.res, now.Add(-r.keep), r.max)
 		if err != nil {
 			n.logger.Warn("dashboard history of before the restart not restored", "resolution", r.res, "err", err)
 		}

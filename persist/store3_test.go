@@ -219,7 +219,7 @@ func TestDialogsAndHistory(t *testing.T) {
 	s = openTest(t, cfg3(dir))
 	defer func(d, h int) { dialogPage, historyPage = d, h }(dialogPage, historyPage)
 	dialogPage, historyPage = 1, 1 // every record its own answer
-	ds, err := s.LoadDialogs(now)
+	ds, err := s.LoadDialogs(now, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,15 +235,22 @@ func TestDialogsAndHistory(t *testing.T) {
 		}
 	}
 	// Past the first's expiry only the second is left.
-	if ds, _ := s.LoadDialogs(now.Add(90 * time.Minute)); len(ds) != 1 || ds[0].Key != 2 {
+	if ds, _ := s.LoadDialogs(now.Add(90*time.Minute), 0); len(ds) != 1 || ds[0].Key != 2 {
 		t.Errorf("dialogs after 90m: %+v", ds)
 	}
-	hs, err := s.LoadHistory("1s", now.Add(-90*time.Second))
+	hs, err := s.LoadHistory("1s", now.Add(-90*time.Second), 0)
 	if err != nil || len(hs) != 2 || string(hs[0].Data) != "a" || string(hs[1].Data) != "b" {
 		t.Errorf("history 1s: %+v, %v", hs, err)
 	}
-	if hs, _ := s.LoadHistory("10s", time.Time{}); len(hs) != 1 || string(hs[0].Data) != "c" {
+	if hs, _ := s.LoadHistory("10s", time.Time{}, 0); len(hs) != 1 || string(hs[0].Data) != "c" {
 		t.Errorf("history 10s: %+v", hs)
+	}
+	// A cap on what is loaded, across pages.
+	if ds, _ := s.LoadDialogs(now, 2); len(ds) != 2 || ds[0].Key != 1 || ds[1].Key != 2 {
+		t.Errorf("dialogs, at most 2: %+v", ds)
+	}
+	if hs, _ := s.LoadHistory("1s", time.Time{}, 1); len(hs) != 1 || string(hs[0].Data) != "a" {
+		t.Errorf("history 1s, at most 1: %+v", hs)
 	}
 }
 

@@ -227,6 +227,10 @@ func (s *Server) RestoreDialogs(recs []StoredDialog, wall time.Time) int {
 	return n
 }
 
+// DialogMax is the most entries the dialog table holds (-sip-dialog-max):
+// more stored dialogs than this cannot be restored.
+func (s *Server) DialogMax() int { return int(s.dialogs.max) }
+
 // validRef reports whether ref is a registry name the table could have
 // written: a backend id, with a valid pool name before a NUL.
 func validRef(ref string) bool {
