@@ -138,7 +138,9 @@ type Node struct {
 	prevGoMemLimit int64                  // Go memory limit before Start set it; 0: untouched
 	ctrl           *admission.Controller
 	signer         *lb.Signer
-	keyRing        []lb.Key // the affinity key ring; the cluster signs dialog changes with keys derived from it
+	keyRing        []lb.Key         // the affinity key ring; the cluster signs dialog changes with keys derived from it
+	dash           *admin.Dashboard // nil without an admin listener
+	history        historyStore     // the dashboard's history to the store, once open
 	httpSrv        *lbhttp.Server
 	httpGen        *lb.Generation // HTTP backends in pools, with their health checks and probes
 	sipGen         *lb.Generation // SIP backends in pools, with their pings and probes
@@ -324,7 +326,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		// listener serves; its buttons drain and reweigh the pools in force.
 		// Its buttons and the control endpoints go through the operator,
 		// which keeps every change as an override (control.go).
-		admin.NewDashboard(admin.DashboardConfig{Source: src, Operator: n.op, Config: n, MOPMaxHeap: cfg.MOP.MaxHeap, Events: n.events}, n.logger).Register(n.admin)
+		n.dash = admin.NewDashboard(admin.DashboardConfig{Source: src, Operator: n.op, Config: n, MOPMaxHeap: cfg.MOP.MaxHeap, Events: n.events,
+			CoarseSamples: coarseHistorySamples(cfg.Persist.HistoryRetention), Store: &n.history}, n.logger)
+		n.dash.Register(n.admin)
 	}
 	return n, nil
 }
