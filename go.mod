@@ -20,6 +20,8 @@ require (
 	gonum.org/v1/plot v0.17.0
 )
 
+require github.com/miekg/dns v1.1.73 // indirect
+
 require (
 	codeberg.org/go-fonts/liberation v0.5.0 // indirect
 	codeberg.org/go-latex/latex v0.2.0 // indirect
