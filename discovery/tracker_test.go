@@ -19,7 +19,7 @@ func tg(s ...string) []Target {
 // with an injected clock: TTLs bounded, the last good answer kept for
 // KeepStale, then dropped.
 func TestTracker(t *testing.T) {
-	cfg := TrackConfig{MinTTL: 5 * time.Second, MaxTTL: time.Minute, KeepStale: 30 * time.Second}
+	cfg := TrackConfig{MinTTL: 5 * time.Second, MaxTTL: time.Minute, KeepStale: 90 * time.Second}
 	if err := cfg.Check(); err != nil {
 		t.Fatal(err)
 	}
