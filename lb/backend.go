@@ -138,7 +138,7 @@ type Backend struct {
 	// priority orders new work in its pools: lower first (SRV priority);
 	// fixed when built.
 	priority int
-	announce  atomic.Bool  // added at run time, its taking new work not yet logged (health.go)
+	announce atomic.Bool // added at run time, its taking new work not yet logged (health.go)
 	// panicPools counts the pools of the backend in panic
 	// (Pool.Panicking), kept by the health checker deciding it.
 	panicPools atomic.Int32
