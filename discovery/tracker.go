@@ -112,6 +112,12 @@ func (t *Tracker) Observe(now time.Time, ans Answer, err error) Update {
 	return u
 }
 
+// Restore puts ts back in force after an Observe dropped them: the
+// caller keeps them because nothing else would serve (a pool's only
+// source). The time of the last good answer is unchanged, so the next
+// failure drops them again (and the caller may restore them again).
+func (t *Tracker) Restore(ts []Target) { t.last = ts }
+
 // Targets returns the targets in force.
 func (t *Tracker) Targets() []Target { return t.last }
 
