@@ -96,6 +96,13 @@ func NewResolver(cfg Config) (*Resolver, error) {
 	return r, nil
 }
 
+// CheckServer checks a -dns-server value: an IP address or host name
+// with an optional :port.
+func CheckServer(s string) error {
+	_, err := serverAddr(s)
+	return err
+}
+
 // serverAddr is s as host:port, port 53 when s has none.
 func serverAddr(s string) (string, error) {
 	if ap, err := netip.ParseAddrPort(s); err == nil {

@@ -70,6 +70,11 @@ func (c *DNSConfig) check() error {
 	if c.Timeout == 0 {
 		c.Timeout = d.Timeout
 	}
+	if c.Server != "" {
+		if err := discovery.CheckServer(c.Server); err != nil {
+			return fmt.Errorf("-dns-server %q: %w", c.Server, err)
+		}
+	}
 	if c.Drain < 0 {
 		return fmt.Errorf("-dns-drain %s: must not be negative", c.Drain)
 	}
