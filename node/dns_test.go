@@ -45,7 +45,13 @@ func loopBackends(t *testing.T, ips ...int) int {
 		}
 		for _, l := range ls {
 			addr := l.Addr().String()
-			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, addr) })}
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/metrics" {
+					memoryReport(w, r)
+					return
+				}
+				io.WriteString(w, addr)
+			})}
 			go srv.Serve(l)
 			t.Cleanup(func() { srv.Close() })
 		}
@@ -245,6 +251,79 @@ func TestDNSPoolScales(t *testing.T) {
 	for i, w := range want {
 		if !strings.HasPrefix(changes[i], w) {
 			t.Errorf("event %d: %q, want %q...", i, changes[i], w)
+		}
+	}
+}
+
+// TestDNSKeepStale: a name that turns NXDOMAIN keeps its last addresses
+// for -dns-keep-stale, then they drain and go, when another backend
+// serves its pool; a name that answers again comes back, with the MOP
+// state it had learned (MOP is keyed by address).
+func TestDNSKeepStale(t *testing.T) {
+	port := loopBackends(t, 1, 2)
+	addr := func(ip int) string { return fmt.Sprintf("127.0.0.%d:%d", ip, port) }
+	dnsd := dnsmasqtest.Start(t, 0, nil, hostsOf("app.test", 2))
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{addr(1), fmt.Sprintf("dns:app.test:%d,metrics=http://{host}:%d/metrics", port, port)}
+	cfg.DNS = DNSConfig{Server: dnsd.Addr, MinTTL: 100 * time.Millisecond, MaxTTL: time.Second, KeepStale: 600 * time.Millisecond,
+		Drain: 300 * time.Millisecond, Timeout: 200 * time.Millisecond}
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	if got := members(n.Generation("http")); !slices.Equal(got, []string{addr(1), addr(2)}) {
+		t.Fatalf("start: %v", got)
+	}
+	mop := n.Generation("http").Lookup(addr(2)).MOP()
+	waitFor(t, 5*time.Second, "MOP to learn from the probe", func() bool { return mop.Status().Phase == admission.Learned })
+	gone := time.Now()
+	dnsd.SetHosts("127.0.0.9 other.test\n", "other.test", "127.0.0.9")
+	waitFor(t, 5*time.Second, "the stale address to drain", func() bool {
+		return slices.Equal(members(n.Generation("http")), []string{addr(1), "~" + addr(2)})
+	})
+	if d := time.Since(gone); d < 500*time.Millisecond {
+		t.Errorf("the last answer was dropped after %s, before -dns-keep-stale", d)
+	}
+	waitFor(t, 5*time.Second, "the drained address to go", func() bool {
+		return slices.Equal(members(n.Generation("http")), []string{addr(1)})
+	})
+	dnsd.SetHosts(hostsOf("app.test", 2), "app.test", "127.0.0.2")
+	waitFor(t, 5*time.Second, "the address to come back", func() bool {
+		return slices.Equal(members(n.Generation("http")), []string{addr(1), addr(2)})
+	})
+	if back := n.Generation("http").Lookup(addr(2)).MOP(); back != mop || back.Status().Phase != admission.Learned {
+		t.Errorf("the address came back with another MOP state (%p, was %p) or unlearned", back, mop)
+	}
+}
+
+// TestDNSStartErrors: a name without addresses at start is refused when
+// it leaves a pool empty, naming the name; a bad -dns-* value names its
+// flag.
+func TestDNSStartErrors(t *testing.T) {
+	dnsd := dnsmasqtest.Start(t, 0, nil, "")
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"dns:nothing.test:80"}
+	cfg.DNS = DNSConfig{Server: dnsd.Addr, Timeout: 200 * time.Millisecond}
+	if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "dns:nothing.test:80") || !strings.Contains(err.Error(), "NXDOMAIN") {
+		t.Errorf("empty pool at start: %v", err)
+	}
+	for _, c := range []struct {
+		dns  DNSConfig
+		want string
+	}{
+		{DNSConfig{MinTTL: time.Millisecond}, "-dns-min-ttl 1ms"},
+		{DNSConfig{Drain: -time.Second}, "-dns-drain -1s"},
+		{DNSConfig{Server: "1.2.3.4:0"}, `-dns-server "1.2.3.4:0"`},
+	} {
+		cfg := testConfig(t)
+		cfg.HTTPBackends = []string{"127.0.0.1:1"}
+		cfg.DNS = c.dns
+		if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.dns, err, c.want)
 		}
 	}
 }
