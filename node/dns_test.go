@@ -278,6 +278,11 @@ func TestDNSKeepStale(t *testing.T) {
 	if got := members(n.Generation("http")); !slices.Equal(got, []string{addr(1), addr(2)}) {
 		t.Fatalf("start: %v", got)
 	}
+	rc := n.RunningConfig()
+	tpl := fmt.Sprintf("\nhttp-backend dns:app.test:%d,metrics=http://{host}:%d/metrics\n", port, port)
+	if !strings.Contains(rc, tpl) || !strings.Contains(rc, "\nhttp-backend "+addr(1)+"\n") || strings.Contains(rc, addr(2)) {
+		t.Errorf("running configuration: want the name, not its addresses:\n%s", rc)
+	}
 	mop := n.Generation("http").Lookup(addr(2)).MOP()
 	waitFor(t, 5*time.Second, "MOP to learn from the probe", func() bool { return mop.Status().Phase == admission.Learned })
 	gone := time.Now()
