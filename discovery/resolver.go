@@ -32,7 +32,16 @@ const (
 	MaxSRV = 64
 	// MaxNAPTR is the most NAPTR records of one domain followed.
 	MaxNAPTR = 16
+	// MaxQueries is the most queries one lookup sends (a NAPTR record
+	// leads to SRV records, each to a host's A and AAAA): past it the
+	// lookup fails rather than fan out on a hostile or broken zone.
+	MaxQueries = 128
 )
+
+// budget counts the queries of one lookup.
+type budget struct{ left int }
+
+func newBudget() *budget { return &budget{left: MaxQueries} }
 
 // ErrNotFound is wrapped when the resolver answered that the name has no
 // such record: NXDOMAIN, or no data of the type asked for. It is an
@@ -161,7 +170,11 @@ type Answer struct {
 // answer without records of that type is ErrNotFound (the answer
 // returned); a server that fails or answers SERVFAIL/REFUSED passes to
 // the next, and the last one's error is returned.
-func (r *Resolver) query(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
+func (r *Resolver) query(ctx context.Context, b *budget, name string, qtype uint16) (*dns.Msg, error) {
+	if b.left <= 0 {
+		return nil, fmt.Errorf("%s %s: more than %d queries for one lookup", dns.TypeToString[qtype], name, MaxQueries)
+	}
+	b.left--
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), qtype)
 	m.RecursionDesired = true
@@ -215,8 +228,9 @@ func (r *Resolver) LookupHost(ctx context.Context, name string, port uint16) (An
 		return Answer{}, err
 	}
 	var last error
+	b := newBudget()
 	for _, fq := range r.names(name) {
-		ans, err := r.lookupHost(ctx, fq, port)
+		ans, err := r.lookupHost(ctx, b, fq, port)
 		if err == nil || !errors.Is(err, ErrNotFound) {
 			return ans, err
 		}
@@ -225,12 +239,12 @@ func (r *Resolver) LookupHost(ctx context.Context, name string, port uint16) (An
 	return Answer{}, last
 }
 
-func (r *Resolver) lookupHost(ctx context.Context, fq string, port uint16) (Answer, error) {
+func (r *Resolver) lookupHost(ctx context.Context, b *budget, fq string, port uint16) (Answer, error) {
 	var ans Answer
 	found := false
 	var notFound error
 	for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
-		in, err := r.query(ctx, fq, qt)
+		in, err := r.query(ctx, b, fq, qt)
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				notFound = err
@@ -333,7 +347,7 @@ func (r *Resolver) LookupSRV(ctx context.Context, name, transport string) (Answe
 	if err := CheckName(name); err != nil {
 		return Answer{}, err
 	}
-	ans, err := r.lookupSRV(ctx, dns.Fqdn(name), transport, 0)
+	ans, err := r.lookupSRV(ctx, newBudget(), dns.Fqdn(name), transport, 0)
 	if err != nil {
 		return Answer{}, err
 	}
@@ -341,8 +355,8 @@ func (r *Resolver) LookupSRV(ctx context.Context, name, transport string) (Answe
 	return ans, nil
 }
 
-func (r *Resolver) lookupSRV(ctx context.Context, fq, transport string, base int) (Answer, error) {
-	in, err := r.query(ctx, fq, dns.TypeSRV)
+func (r *Resolver) lookupSRV(ctx context.Context, b *budget, fq, transport string, base int) (Answer, error) {
+	in, err := r.query(ctx, b, fq, dns.TypeSRV)
 	if err != nil {
 		return Answer{}, err
 	}
@@ -367,7 +381,7 @@ func (r *Resolver) lookupSRV(ctx context.Context, fq, transport string, base int
 		if addAddrs(&ans, extra, srv.Port, t) > 0 {
 			continue
 		}
-		host, err := r.lookupHost(ctx, dns.Fqdn(srv.Target), srv.Port)
+		host, err := r.lookupHost(ctx, b, dns.Fqdn(srv.Target), srv.Port)
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				continue // one target without addresses; the others serve
@@ -398,9 +412,13 @@ func (r *Resolver) LookupSIPSRV(ctx context.Context, domain string, services []S
 	if services == nil {
 		services = SIPServices
 	}
+	return r.lookupSIPSRV(ctx, newBudget(), domain, services)
+}
+
+func (r *Resolver) lookupSIPSRV(ctx context.Context, b *budget, domain string, services []Service) (Answer, error) {
 	var ans Answer
 	for i, s := range services {
-		part, err := r.lookupSRV(ctx, dns.Fqdn(s.Prefix+domain), s.Transport, i*srvStride)
+		part, err := r.lookupSRV(ctx, b, dns.Fqdn(s.Prefix+domain), s.Transport, i*srvStride)
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				continue
@@ -438,7 +456,8 @@ func (r *Resolver) LookupNAPTR(ctx context.Context, domain string, transports []
 	if err := CheckName(domain); err != nil {
 		return Answer{}, err
 	}
-	in, err := r.query(ctx, dns.Fqdn(domain), dns.TypeNAPTR)
+	b := newBudget()
+	in, err := r.query(ctx, b, dns.Fqdn(domain), dns.TypeNAPTR)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return Answer{}, err
 	}
@@ -466,7 +485,7 @@ func (r *Resolver) LookupNAPTR(ctx context.Context, domain string, transports []
 				ss = append(ss, s)
 			}
 		}
-		return r.LookupSIPSRV(ctx, domain, ss)
+		return r.lookupSIPSRV(ctx, b, domain, ss)
 	}
 	slices.SortStableFunc(recs, func(a, b *dns.NAPTR) int {
 		if a.Order != b.Order {
@@ -477,7 +496,7 @@ func (r *Resolver) LookupNAPTR(ctx context.Context, domain string, transports []
 	var ans Answer
 	for i, n := range recs {
 		ans.ttl(n.Hdr.Ttl)
-		part, err := r.lookupSRV(ctx, n.Replacement, naptrServices[strings.ToUpper(n.Service)], i*srvStride)
+		part, err := r.lookupSRV(ctx, b, n.Replacement, naptrServices[strings.ToUpper(n.Service)], i*srvStride)
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
 				continue

@@ -55,6 +55,9 @@ func TestResolverDnsmasq(t *testing.T) {
 		"naptr-record=naptr.test,20,50,s,SIP+D2U,,_sip._udp.carrier.test",
 		"naptr-record=naptr.test,30,50,u,E2U+sip,!^.*$!sip:x@y!,",
 	}
+	for i := range MaxSRV {
+		conf = append(conf, fmt.Sprintf("srv-host=_sip._udp.fan.test,none%d.test,5060,1,1", i))
+	}
 	srv := dnsmasqtest.Start(t, 1, conf, hosts)
 	r := mustResolver(t, srv.Addr)
 	ctx := context.Background()
@@ -117,6 +120,15 @@ func TestResolverDnsmasq(t *testing.T) {
 		}
 		if ans.Targets[0].Addr != netip.MustParseAddrPort("10.9.0.2:80") {
 			t.Errorf("first %s", ans.Targets[0].Addr)
+		}
+	})
+
+	// 64 SRV targets without addresses cost two queries each: the
+	// lookup stops at MaxQueries instead of fanning out.
+	t.Run("query budget", func(t *testing.T) {
+		_, err := r.LookupSRV(ctx, "_sip._udp.fan.test", "udp")
+		if err == nil || errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "more than 128 queries") {
+			t.Fatalf("err %v, want the query budget", err)
 		}
 	})
 
