@@ -263,7 +263,7 @@ func (r *Resolver) lookupHost(ctx context.Context, b *budget, fq string, port ui
 }
 
 // addAddrs adds the A/AAAA records of rrs to ans as targets like t, with
-// port, and takes their TTLs into ans.TTL.
+// port, and takes their TTLs into ans.TTL. It returns how many it added.
 func addAddrs(ans *Answer, rrs []dns.RR, port uint16, t Target) int {
 	n := 0
 	for _, rr := range rrs {
@@ -277,7 +277,9 @@ func addAddrs(ans *Answer, rrs []dns.RR, port uint16, t Target) int {
 			continue
 		}
 		a, ok := netip.AddrFromSlice(ip)
-		if !ok {
+		// Nothing can be sent to port 0, the unspecified address or a
+		// multicast group: such a record is a zone's mistake, skipped.
+		if !ok || port == 0 || a.Unmap().IsUnspecified() || a.IsMulticast() {
 			continue
 		}
 		t.Addr = netip.AddrPortFrom(a.Unmap(), port)
@@ -364,7 +366,7 @@ func (r *Resolver) lookupSRV(ctx context.Context, b *budget, fq, transport strin
 	n := 0
 	for _, rr := range in.Answer {
 		srv, ok := rr.(*dns.SRV)
-		if !ok || srv.Target == "." {
+		if !ok || srv.Target == "." || srv.Port == 0 {
 			continue
 		}
 		if n++; n > MaxSRV {

@@ -42,7 +42,7 @@ func TestResolverDnsmasq(t *testing.T) {
 	for i := 1; i <= 120; i++ {
 		fmt.Fprintf(&many, "10.9.%d.%d many.test\n", i/250, i%250+1)
 	}
-	hosts := "127.0.0.3 app.test\n127.0.0.2 app.test\n::1 app.test\n127.0.0.9 v4only.test\n" +
+	hosts := "0.0.0.0 app.test\n224.0.0.1 app.test\n127.0.0.3 app.test\n127.0.0.2 app.test\n::1 app.test\n127.0.0.9 v4only.test\n" +
 		"127.0.1.1 sip1.test\n127.0.1.2 sip2.test\n127.0.1.3 sip3.test\n127.0.1.4 tls1.test\n" + many.String()
 	conf := []string{
 		"srv-host=_sip._udp.carrier.test,sip1.test,5060,10,60",
@@ -50,6 +50,7 @@ func TestResolverDnsmasq(t *testing.T) {
 		"srv-host=_sip._udp.carrier.test,sip3.test,5064,20,100",
 		"srv-host=_sips._tcp.carrier.test,tls1.test,5061,5,1",
 		"srv-host=_http._tcp.web.test,sip1.test,8080,1,7",
+		"srv-host=_http._tcp.web.test,sip2.test,0,1,7",
 		"srv-host=_sip._udp.off.test,.",
 		"naptr-record=naptr.test,10,50,s,SIPS+D2T,,_sips._tcp.carrier.test",
 		"naptr-record=naptr.test,20,50,s,SIP+D2U,,_sip._udp.carrier.test",
