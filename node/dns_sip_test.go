@@ -12,7 +12,8 @@ import (
 	"github.com/sluicelb/sluice/discovery/dnsmasqtest"
 )
 
-// sipUAS answers every INVITE it gets with code (and a Contact for 2xx),
+// sipUAS answers every INVITE it gets with code (and a Contact for 2xx;
+// 0: never),
 // recording each INVITE's arrival; other requests (ACK) are read and
 // left unanswered.
 type sipUAS struct {
@@ -56,6 +57,9 @@ func (u *sipUAS) serve() {
 		u.mu.Lock()
 		u.got = append(u.got, time.Now())
 		u.mu.Unlock()
+		if u.code == 0 {
+			continue // a black hole: the INVITE times out
+		}
 		reason := map[int]string{200: "OK", 503: "Service Unavailable"}[u.code]
 		var b strings.Builder
 		fmt.Fprintf(&b, "SIP/2.0 %d %s\r\n", u.code, reason)
@@ -78,12 +82,22 @@ func (u *sipUAS) serve() {
 }
 
 // TestSIPSRVFailover: -sip-backend srv:carrier.test on a real dnsmasq
-// with two SRV priorities. Both backends of priority 10 answer 503: the
-// INVITE goes to each of them, then to the priority 20 backend, whose
-// 200 reaches the caller (RFC 3263 §4.3). SRV weights are the backends'
-// weights and the transport is the service's.
+// with two SRV priorities. Both backends of priority 10 fail (503, or
+// one answers nothing and times out): the INVITE goes to each of them,
+// then to the priority 20 backend, whose 200 reaches the caller (RFC 3263
+// §4.3). SRV weights are the backends' weights and the transport is the
+// service's.
 func TestSIPSRVFailover(t *testing.T) {
-	a, b, c := newSIPUAS(t, 503), newSIPUAS(t, 503), newSIPUAS(t, 200)
+	for _, c := range []struct {
+		name string
+		a, b int
+	}{{"503", 503, 503}, {"timeout", 0, 503}} {
+		t.Run(c.name, func(t *testing.T) { sipSRVFailover(t, c.a, c.b) })
+	}
+}
+
+func sipSRVFailover(t *testing.T, codeA, codeB int) {
+	a, b, c := newSIPUAS(t, codeA), newSIPUAS(t, codeB), newSIPUAS(t, 200)
 	conf := []string{
 		fmt.Sprintf("srv-host=_sip._udp.carrier.test,a.carrier.test,%d,10,60", a.port()),
 		fmt.Sprintf("srv-host=_sip._udp.carrier.test,b.carrier.test,%d,10,40", b.port()),
@@ -94,6 +108,7 @@ func TestSIPSRVFailover(t *testing.T) {
 	cfg.SIPBackends = []string{"srv:carrier.test,pool=carrier"}
 	cfg.SIPRoutes = []string{"pool=carrier"}
 	cfg.DNS = DNSConfig{Server: dnsd.Addr}
+	cfg.SIP.FailoverTimeout = 300 * time.Millisecond
 	n, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
