@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
@@ -105,6 +106,9 @@ type dnsState struct {
 	// plain ones (soleSource).
 	specs map[string][]lb.BackendSpec
 	kick  chan struct{} // wakes the loop: a name was added
+	// rounds counts the loop's rounds, each counted once its changes
+	// are in force (tests wait on it).
+	rounds atomic.Uint64
 }
 
 // dnsName is one name followed.
@@ -390,6 +394,7 @@ func (n *Node) dnsLoop(ctx context.Context) {
 				n.dnsApply(proto)
 			}
 		}
+		d.rounds.Add(1)
 		// Sleep until the next name or drain is due (at most a second,
 		// so that a name added by a reload is not waited for long).
 		wait := time.Second

@@ -255,22 +255,52 @@ func TestDNSPoolScales(t *testing.T) {
 	}
 }
 
-// TestDNSKeepStale: a name that turns NXDOMAIN keeps its last addresses
-// for -dns-keep-stale, then they drain and go, when another backend
-// serves its pool; a name that answers again comes back, with the MOP
-// state it had learned (MOP is keyed by address).
+// fakeClock is the DNS loop's wall clock in a test: it moves only when
+// told.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+// advance moves the clock of n's DNS loop on by d and returns once a
+// round of the loop has run entirely after the move (its changes in
+// force).
+func (c *fakeClock) advance(t *testing.T, n *Node, d time.Duration) {
+	t.Helper()
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+	r0 := n.dns.rounds.Load()
+	waitFor(t, 10*time.Second, "two rounds of the DNS loop", func() bool {
+		select {
+		case n.dns.kick <- struct{}{}:
+		default:
+		}
+		return n.dns.rounds.Load() >= r0+2
+	})
+}
+
+// TestDNSKeepStale, on an injected clock: a name that turns NXDOMAIN
+// keeps its last addresses for -dns-keep-stale, then they drain for
+// -dns-drain and go, when another backend serves its pool; a name that
+// answers again comes back, with the MOP state it had learned (MOP is
+// keyed by address).
 func TestDNSKeepStale(t *testing.T) {
 	port := loopBackends(t, 1, 2)
 	addr := func(ip int) string { return fmt.Sprintf("127.0.0.%d:%d", ip, port) }
 	dnsd := dnsmasqtest.Start(t, 0, nil, hostsOf("app.test", 2))
 	cfg := testConfig(t)
 	cfg.HTTPBackends = []string{addr(1), fmt.Sprintf("dns:app.test:%d,metrics=http://{host}:%d/metrics", port, port)}
-	cfg.DNS = DNSConfig{Server: dnsd.Addr, MinTTL: 100 * time.Millisecond, MaxTTL: time.Second, KeepStale: 600 * time.Millisecond,
-		Drain: 300 * time.Millisecond, Timeout: 200 * time.Millisecond}
+	cfg.DNS = DNSConfig{Server: dnsd.Addr, MinTTL: time.Second, MaxTTL: time.Minute, KeepStale: 10 * time.Second,
+		Drain: 5 * time.Second, Timeout: time.Second}
 	n, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	clock := &fakeClock{t: time.Now()}
+	n.dns.now = clock.Now
 	if err := n.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -285,21 +315,29 @@ func TestDNSKeepStale(t *testing.T) {
 	}
 	mop := n.Generation("http").Lookup(addr(2)).MOP()
 	waitFor(t, 5*time.Second, "MOP to learn from the probe", func() bool { return mop.Status().Phase == admission.Learned })
-	gone := time.Now()
+
 	dnsd.SetHosts("127.0.0.9 other.test\n", "other.test", "127.0.0.9")
-	waitFor(t, 5*time.Second, "the stale address to drain", func() bool {
-		return slices.Equal(members(n.Generation("http")), []string{addr(1), "~" + addr(2)})
-	})
-	if d := time.Since(gone); d < 500*time.Millisecond {
-		t.Errorf("the last answer was dropped after %s, before -dns-keep-stale", d)
+	steps := []struct {
+		advance time.Duration
+		want    []string
+	}{
+		{time.Second, []string{addr(1), addr(2)}},           // NXDOMAIN: stale, kept
+		{8 * time.Second, []string{addr(1), addr(2)}},       // 9s since the last answer
+		{2 * time.Second, []string{addr(1), "~" + addr(2)}}, // 11s: past -dns-keep-stale, draining
+		{4 * time.Second, []string{addr(1), "~" + addr(2)}}, // 4s of the 5s drain
+		{2 * time.Second, []string{addr(1)}},                // drained: gone
 	}
-	waitFor(t, 5*time.Second, "the drained address to go", func() bool {
-		return slices.Equal(members(n.Generation("http")), []string{addr(1)})
-	})
+	for i, s := range steps {
+		clock.advance(t, n, s.advance)
+		if got := members(n.Generation("http")); !slices.Equal(got, s.want) {
+			t.Fatalf("step %d (+%s): members %v, want %v", i, s.advance, got, s.want)
+		}
+	}
 	dnsd.SetHosts(hostsOf("app.test", 2), "app.test", "127.0.0.2")
-	waitFor(t, 5*time.Second, "the address to come back", func() bool {
-		return slices.Equal(members(n.Generation("http")), []string{addr(1), addr(2)})
-	})
+	clock.advance(t, n, time.Second)
+	if got := members(n.Generation("http")); !slices.Equal(got, []string{addr(1), addr(2)}) {
+		t.Fatalf("back: members %v", got)
+	}
 	if back := n.Generation("http").Lookup(addr(2)).MOP(); back != mop || back.Status().Phase != admission.Learned {
 		t.Errorf("the address came back with another MOP state (%p, was %p) or unlearned", back, mop)
 	}
