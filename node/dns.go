@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/discovery"
@@ -123,6 +126,8 @@ type dnsName struct {
 	// stale: the last lookup failed and the last answer is kept (for one
 	// event per streak).
 	stale bool
+	// Lookups by result, for /metrics.
+	ok, notFound, failed uint64
 }
 
 type goneTarget struct {
@@ -154,6 +159,7 @@ func (n *Node) dnsResolver() (*dnsState, error) {
 		return nil, err
 	}
 	n.dns = &dnsState{cfg: c, res: res, now: time.Now, names: map[string]*dnsName{}, specs: map[string][]lb.BackendSpec{}, kick: make(chan struct{}, 1)}
+	n.dnsMetrics.Store(n.dns)
 	if n.ctx != nil {
 		n.startDNS(n.ctx)
 	}
@@ -242,6 +248,7 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 		ans, lerr := d.lookup(ctx, proto, s)
 		nm := &dnsName{proto: proto, spec: s, tr: discovery.NewTracker(d.cfg.track()), gone: map[netip.AddrPort]goneTarget{}}
 		u := nm.tr.Observe(d.now(), ans, lerr)
+		nm.count(lerr)
 		nm.next = u.Next
 		if lerr != nil {
 			errs = append(errs, fmt.Sprintf("%s: %v", s.Addr, lerr))
@@ -329,6 +336,18 @@ func hasPools(out, specs []lb.BackendSpec) bool {
 		}
 	}
 	return true
+}
+
+// count counts a lookup's result. d.mu is held (or nm is not shared yet).
+func (nm *dnsName) count(err error) {
+	switch {
+	case err == nil:
+		nm.ok++
+	case errors.Is(err, discovery.ErrNotFound):
+		nm.notFound++
+	default:
+		nm.failed++
+	}
 }
 
 func (nm *dnsName) goneSorted() []goneTarget {
@@ -444,6 +463,7 @@ func (n *Node) dnsRound(ctx context.Context) map[string]bool {
 		now := d.now()
 		prev := nm.tr.Targets()
 		u := nm.tr.Observe(now, ans, err)
+		nm.count(err)
 		nm.next = u.Next
 		if len(u.Targets) == 0 && len(prev) > 0 && n.soleSource(nm) {
 			// The name is the only source of one of its pools: never
@@ -532,4 +552,45 @@ func (n *Node) dnsApply(proto string) {
 		return
 	}
 	n.applyOverrides("backend/", "mop/")
+}
+
+var (
+	descDNSAddrs    = prometheus.NewDesc("sluice_dns_addresses", "Addresses a backend name gives now (in force, draining ones aside).", []string{"protocol", "name"}, nil)
+	descDNSDraining = prometheus.NewDesc("sluice_dns_draining", "Addresses that left a backend name's answer and drain until -dns-drain is over.", []string{"protocol", "name"}, nil)
+	descDNSStale    = prometheus.NewDesc("sluice_dns_stale", "1 while a backend name's lookups fail and its last good answer is kept.", []string{"protocol", "name"}, nil)
+	descDNSLookups  = prometheus.NewDesc("sluice_dns_lookups_total", "Lookups of a backend name by result: ok, not_found (NXDOMAIN, no records), failed (timeout, SERVFAIL, REFUSED).", []string{"protocol", "name", "result"}, nil)
+)
+
+// dnsCollector is /metrics of the backend names.
+type dnsCollector struct{ n *Node }
+
+func (c dnsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDNSAddrs, descDNSDraining, descDNSStale, descDNSLookups} {
+		ch <- d
+	}
+}
+
+func (c dnsCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.n.dnsMetrics.Load()
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, nm := range d.names {
+		name := nm.spec.Addr
+		stale := 0.0
+		if nm.stale {
+			stale = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descDNSAddrs, prometheus.GaugeValue, float64(len(nm.tr.Targets())), nm.proto, name)
+		ch <- prometheus.MustNewConstMetric(descDNSDraining, prometheus.GaugeValue, float64(len(nm.gone)), nm.proto, name)
+		ch <- prometheus.MustNewConstMetric(descDNSStale, prometheus.GaugeValue, stale, nm.proto, name)
+		for _, r := range []struct {
+			v    uint64
+			name string
+		}{{nm.ok, "ok"}, {nm.notFound, "not_found"}, {nm.failed, "failed"}} {
+			ch <- prometheus.MustNewConstMetric(descDNSLookups, prometheus.CounterValue, float64(r.v), nm.proto, name, r.name)
+		}
+	}
 }

@@ -295,6 +295,7 @@ func TestDNSKeepStale(t *testing.T) {
 	cfg.HTTPBackends = []string{addr(1), fmt.Sprintf("dns:app.test:%d,metrics=http://{host}:%d/metrics", port, port)}
 	cfg.DNS = DNSConfig{Server: dnsd.Addr, MinTTL: time.Second, MaxTTL: time.Minute, KeepStale: 10 * time.Second,
 		Drain: 5 * time.Second, Timeout: time.Second}
+	cfg.AdminListen = "127.0.0.1:0"
 	n, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -340,6 +341,19 @@ func TestDNSKeepStale(t *testing.T) {
 	}
 	if back := n.Generation("http").Lookup(addr(2)).MOP(); back != mop || back.Status().Phase != admission.Learned {
 		t.Errorf("the address came back with another MOP state (%p, was %p) or unlearned", back, mop)
+	}
+	metrics := getBody(t, "http://"+n.Addrs().Admin.String()+"/metrics")
+	name := fmt.Sprintf(`name="dns:app.test:%d",protocol="http"`, port)
+	for _, want := range []string{
+		"sluice_dns_addresses{" + name + "} 1\n",
+		"sluice_dns_draining{" + name + "} 0\n",
+		"sluice_dns_stale{" + name + "} 0\n",
+		"sluice_dns_lookups_total{" + name + `,result="not_found"} 5` + "\n",
+		"sluice_dns_lookups_total{" + name + `,result="ok"} 2` + "\n",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, metrics[strings.Index(metrics, "sluice_dns"):])
+		}
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -149,14 +150,15 @@ type Node struct {
 	ctx            context.Context // of the running node, for reloads
 	sipSrv         *lbsip.Server
 	admin          *admin.Server
-	op             *operator              // run-time changes (control.go)
-	cfgRules       []admission.RuleConfig // the ARM rules of -arm and -arm-file, before overrides
-	cluster        *cluster.Cluster       // nil: standalone
-	dataKeyFile    string                 // the affinity key generated in the data directory ("" with -affinity-key-file)
-	dataKey        []byte                 // and its bytes
-	reloads        reloadLog              // the last reload of each file, for /status
-	dns            *dnsState              // backends from DNS; nil until a template is met
-	dnsRunning     bool                   // its lookups run in the background
+	op             *operator                // run-time changes (control.go)
+	cfgRules       []admission.RuleConfig   // the ARM rules of -arm and -arm-file, before overrides
+	cluster        *cluster.Cluster         // nil: standalone
+	dataKeyFile    string                   // the affinity key generated in the data directory ("" with -affinity-key-file)
+	dataKey        []byte                   // and its bytes
+	reloads        reloadLog                // the last reload of each file, for /status
+	dns            *dnsState                // backends from DNS; nil until a template is met
+	dnsRunning     bool                     // its lookups run in the background
+	dnsMetrics     atomic.Pointer[dnsState] // n.dns for /metrics, which scrapes while a reload may set it
 
 	// What the TLS listeners share (tls.go).
 	tlsStore   *tlsedge.Store            // certificates; nil without -tls-cert
