@@ -384,3 +384,39 @@ func TestDNSStartErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPSRV: srv:NAME for HTTP asks _http._tcp.NAME; the SRV priority
+// puts the lower backend first, and only it takes work while it is up.
+func TestHTTPSRV(t *testing.T) {
+	port := loopBackends(t, 1, 2)
+	conf := []string{
+		fmt.Sprintf("srv-host=_http._tcp.web.test,a.web.test,%d,10,5", port),
+		fmt.Sprintf("srv-host=_http._tcp.web.test,b.web.test,%d,20,5", port),
+	}
+	dnsd := dnsmasqtest.Start(t, 60, conf, "127.0.0.1 a.web.test\n127.0.0.2 b.web.test\n")
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"srv:web.test"}
+	cfg.DNS = DNSConfig{Server: dnsd.Addr}
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	a, b := fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.2:%d", port)
+	g := n.Generation("http")
+	if got := members(g); !slices.Equal(got, []string{a, b}) || g.Lookup(a).Priority() != 10 || g.Lookup(b).Priority() != 20 || g.Lookup(a).Weight() != 5 {
+		t.Fatalf("members %v", got)
+	}
+	for range 5 {
+		if body := getBody(t, "http://"+n.Addrs().HTTP.String()+"/"); body != a {
+			t.Fatalf("served by %q, want the priority 10 backend %s", body, a)
+		}
+	}
+	g.Lookup(a).Disable(true)
+	if body := getBody(t, "http://"+n.Addrs().HTTP.String()+"/"); body != b {
+		t.Fatalf("priority 10 out: served by %q, want %s", body, b)
+	}
+}
