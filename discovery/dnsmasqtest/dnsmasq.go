@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,7 +31,26 @@ type Server struct {
 	hosts string
 	cmd   *exec.Cmd
 	done  chan struct{}
+	log   *syncBuffer
 }
+
+// syncBuffer is dnsmasq's output, written by the process's copier and
+// read by the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.b.Len() > 64<<10 {
+		return len(p), nil // enough to say why it failed
+	}
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.b.String() }
 
 // Start runs dnsmasq with conf lines (e.g. "srv-host=_sip._udp.example.test,sip1.example.test,5060,10,60")
 // and hosts (a hosts file's text) and waits until it answers. TTL is
@@ -70,7 +90,8 @@ func Start(t testing.TB, ttl int, conf []string, hosts string) *Server {
 func (s *Server) start(bin string) {
 	s.t.Helper()
 	s.cmd = exec.Command(bin, "--no-daemon", "--conf-file="+s.conf)
-	s.cmd.Stdout, s.cmd.Stderr = nil, nil
+	s.log = new(syncBuffer)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start dnsmasq: %v", err)
 	}
@@ -107,7 +128,7 @@ func (s *Server) waitReady() {
 	for time.Now().Before(deadline) {
 		select {
 		case <-s.done:
-			s.t.Fatalf("dnsmasq exited at start (conf %s)", s.conf)
+			s.t.Fatalf("dnsmasq exited at start (conf %s): %s", s.conf, s.log.String())
 		default:
 		}
 		if _, _, err := c.ExchangeContext(context.Background(), m, s.Addr); err == nil {
