@@ -81,7 +81,6 @@ func Start(t testing.TB, ttl int, conf []string, hosts string) *Server {
 		t.Fatal(err)
 	}
 	s.write(hosts)
-	s.cmd = exec.Command(bin, "--no-daemon", "--conf-file="+s.conf)
 	s.start(bin)
 	t.Cleanup(s.Stop)
 	return s
