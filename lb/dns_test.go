@@ -65,6 +65,17 @@ func TestParseDNSSpec(t *testing.T) {
 	}
 }
 
+// TestPlainHostNamedLikeAKind: a host called srv, dns or naptr with a
+// port is a plain backend, as before names were understood.
+func TestPlainHostNamedLikeAKind(t *testing.T) {
+	for _, s := range []string{"srv:5060", "dns:53", "naptr:5060"} {
+		b, err := ParseBackendSpec("sip", s)
+		if err != nil || b.DNS.Kind != "" || b.Addr != s {
+			t.Errorf("%q: %+v %v, want a plain backend", s, b, err)
+		}
+	}
+}
+
 // TestInstance: each address of a template becomes a plain spec.
 func TestInstance(t *testing.T) {
 	tpl, _ := ParseBackendSpec("http", "dns:app:8080,weight=3,pool=api,tls=on,metrics=http://{host}:9100/m")

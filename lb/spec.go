@@ -108,12 +108,16 @@ type DNSName struct {
 var dnsKinds = []string{"dns", "srv", "naptr"}
 
 // parseDNSHead parses the head of a template spec, "dns:HOST:PORT",
-// "srv:NAME" or "naptr:DOMAIN"; ok false when head is not one.
+// "srv:NAME" or "naptr:DOMAIN"; ok false when head is not one (a host
+// called dns, srv or naptr with a port, "srv:5060", is a plain address).
 func parseDNSHead(proto, head string) (d DNSName, ok bool, err error) {
 	kind, rest, found := strings.Cut(head, ":")
 	kind = strings.ToLower(kind)
 	if !found || !slices.Contains(dnsKinds, kind) {
 		return DNSName{}, false, nil
+	}
+	if _, err := strconv.Atoi(rest); err == nil {
+		return DNSName{}, false, nil // host:port of a host called dns, srv or naptr
 	}
 	d.Kind = kind
 	switch kind {
