@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,10 +18,11 @@ import (
 // recording each INVITE's arrival; other requests (ACK) are read and
 // left unanswered.
 type sipUAS struct {
-	conn *net.UDPConn
-	code int
-	mu   sync.Mutex
-	got  []time.Time
+	conn     *net.UDPConn
+	code     int
+	mu       sync.Mutex
+	got      []time.Time
+	branches []string
 }
 
 func newSIPUAS(t *testing.T, code int) *sipUAS {
@@ -54,8 +56,18 @@ func (u *sipUAS) serve() {
 		if !strings.HasPrefix(msg, "INVITE ") {
 			continue
 		}
+		// One INVITE per branch: a retransmission (Timer A) is not
+		// another attempt.
+		branch := ""
+		if _, after, ok := strings.Cut(msg, ";branch="); ok {
+			branch, _, _ = strings.Cut(after, "\r\n")
+			branch, _, _ = strings.Cut(branch, ";")
+		}
 		u.mu.Lock()
-		u.got = append(u.got, time.Now())
+		if !slices.Contains(u.branches, branch) {
+			u.branches = append(u.branches, branch)
+			u.got = append(u.got, time.Now())
+		}
 		u.mu.Unlock()
 		if u.code == 0 {
 			continue // a black hole: the INVITE times out

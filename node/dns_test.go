@@ -195,15 +195,15 @@ func TestDNSPoolScales(t *testing.T) {
 
 	// 2 -> 5: the three new addresses are probed and take new work.
 	dnsd.SetHosts(hostsOf("app.test", 1, 2, 3, 4, 5), "app.test", "127.0.0.5")
-	waitFor(t, 5*time.Second, "5 members", func() bool { return len(members(n.Generation("http"))) == 5 })
-	waitFor(t, 5*time.Second, "the new members to serve", func() bool { s := servedBy(); return s[addr(3)] && s[addr(4)] && s[addr(5)] })
+	waitFor(t, 20*time.Second, "5 members", func() bool { return len(members(n.Generation("http"))) == 5 })
+	waitFor(t, 20*time.Second, "the new members to serve", func() bool { s := servedBy(); return s[addr(3)] && s[addr(4)] && s[addr(5)] })
 
 	// 5 -> 1: four drain, then go.
 	dnsd.SetHosts(hostsOf("app.test", 1), "", "")
-	waitFor(t, 5*time.Second, "four members draining", func() bool {
+	waitFor(t, 20*time.Second, "four members draining", func() bool {
 		return slices.Equal(members(n.Generation("http")), []string{addr(1), "~" + addr(2), "~" + addr(3), "~" + addr(4), "~" + addr(5)})
 	})
-	waitFor(t, 5*time.Second, "the drained members to go", func() bool {
+	waitFor(t, 20*time.Second, "the drained members to go", func() bool {
 		return slices.Equal(members(n.Generation("http")), []string{addr(1)})
 	})
 	time.Sleep(200 * time.Millisecond)
@@ -213,15 +213,13 @@ func TestDNSPoolScales(t *testing.T) {
 	// addresses stay and traffic goes on.
 	before := n.Generation("http")
 	dnsd.Stop()
-	time.Sleep(time.Second)
+	waitFor(t, 20*time.Second, "a dns.stale event", func() bool { return len(evs.kinds(EventDNSStale)) > 0 })
+	time.Sleep(time.Second) // many -dns-min-ttl, past -dns-keep-stale
 	if got := members(n.Generation("http")); !slices.Equal(got, []string{addr(1)}) {
 		t.Errorf("resolver down: members %v, want the last answer", got)
 	}
 	if n.Generation("http") != before {
 		t.Error("resolver down: the generation was rebuilt")
-	}
-	if len(evs.kinds(EventDNSStale)) == 0 {
-		t.Error("no dns.stale event while the resolver is down")
 	}
 	close(stop)
 	wg.Wait()
@@ -273,7 +271,7 @@ func (c *fakeClock) advance(t *testing.T, n *Node, d time.Duration) {
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
 	r0 := n.dns.rounds.Load()
-	waitFor(t, 10*time.Second, "two rounds of the DNS loop", func() bool {
+	waitFor(t, 20*time.Second, "two rounds of the DNS loop", func() bool {
 		select {
 		case n.dns.kick <- struct{}{}:
 		default:
@@ -315,7 +313,7 @@ func TestDNSKeepStale(t *testing.T) {
 		t.Errorf("running configuration: want the name, not its addresses:\n%s", rc)
 	}
 	mop := n.Generation("http").Lookup(addr(2)).MOP()
-	waitFor(t, 5*time.Second, "MOP to learn from the probe", func() bool { return mop.Status().Phase == admission.Learned })
+	waitFor(t, 20*time.Second, "MOP to learn from the probe", func() bool { return mop.Status().Phase == admission.Learned })
 
 	dnsd.SetHosts("127.0.0.9 other.test\n", "other.test", "127.0.0.9")
 	steps := []struct {
@@ -364,7 +362,7 @@ func TestDNSStartErrors(t *testing.T) {
 	dnsd := dnsmasqtest.Start(t, 0, nil, "")
 	cfg := testConfig(t)
 	cfg.HTTPBackends = []string{"dns:nothing.test:80"}
-	cfg.DNS = DNSConfig{Server: dnsd.Addr, Timeout: 200 * time.Millisecond}
+	cfg.DNS = DNSConfig{Server: dnsd.Addr, Timeout: 2 * time.Second}
 	if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "dns:nothing.test:80") || !strings.Contains(err.Error(), "NXDOMAIN") {
 		t.Errorf("empty pool at start: %v", err)
 	}
