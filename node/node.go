@@ -22,6 +22,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -120,6 +121,8 @@ type Config struct {
 	// TLS holds the certificates (-tls-cert) and handshake bounds of every
 	// TLS listener; all zero is tlsedge's defaults without certificates.
 	TLS tlsedge.Config
+	// DNS configures the backends found in DNS (dns:, srv:, naptr: specs).
+	DNS DNSConfig
 }
 
 // Node is a sluice node. Create it with New; Start, Reload, Drain and Stop
@@ -149,12 +152,15 @@ type Node struct {
 	ctx            context.Context // of the running node, for reloads
 	sipSrv         *lbsip.Server
 	admin          *admin.Server
-	op             *operator              // run-time changes (control.go)
-	cfgRules       []admission.RuleConfig // the ARM rules of -arm and -arm-file, before overrides
-	cluster        *cluster.Cluster       // nil: standalone
-	dataKeyFile    string                 // the affinity key generated in the data directory ("" with -affinity-key-file)
-	dataKey        []byte                 // and its bytes
-	reloads        reloadLog              // the last reload of each file, for /status
+	op             *operator                // run-time changes (control.go)
+	cfgRules       []admission.RuleConfig   // the ARM rules of -arm and -arm-file, before overrides
+	cluster        *cluster.Cluster         // nil: standalone
+	dataKeyFile    string                   // the affinity key generated in the data directory ("" with -affinity-key-file)
+	dataKey        []byte                   // and its bytes
+	reloads        reloadLog                // the last reload of each file, for /status
+	dns            *dnsState                // backends from DNS; nil until a template is met
+	dnsRunning     bool                     // its lookups run in the background
+	dnsMetrics     atomic.Pointer[dnsState] // n.dns for /metrics, which scrapes while a reload may set it
 
 	// What the TLS listeners share (tls.go).
 	tlsStore   *tlsedge.Store            // certificates; nil without -tls-cert
@@ -214,6 +220,11 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	}
 	if err := cfg.checkPositive(); err != nil {
 		return nil, err
+	}
+	if dc := cfg.DNS; true {
+		if err := dc.check(); err != nil {
+			return nil, err
+		}
 	}
 
 	var err error
@@ -524,6 +535,7 @@ func (n *Node) start(parent context.Context) error {
 	n.goBackground(func() { n.mem.Run(ctx) })
 	n.goBackground(func() { n.ctrl.Run(ctx, n.clock, 10*time.Millisecond) })
 	n.ctx = ctx
+	n.startDNS(ctx)
 	if n.dataKeyFile != "" {
 		n.goBackground(func() { n.keepDataKey(ctx, 5*time.Second) })
 	}
