@@ -48,8 +48,10 @@ const pixelsOlderJS = `((key, rgb, cut) => {
 // (the last 5 minutes of it after a 1-minute stop). The 24 h view (#span=24h,
 // the 10 s ring) draws what was learned more than 15 minutes ago and
 // breaks its lines at the restart; the 15 min view (the 1 s ring, which
-// holds 16 minutes across the stop) draws nothing older than 15 minutes;
-// the buttons switch between them and keep the choice in the URL hash.
+// holds 16 minutes across the stop) draws nothing older than 15 minutes,
+// and moves its window and breaks its lines again with a live sample 5 s
+// late; the buttons switch between the views and keep the choice in the
+// URL hash.
 func TestDashboardSpansInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end browser test skipped in -short mode")
@@ -72,10 +74,11 @@ func TestDashboardSpansInBrowser(t *testing.T) {
 	for at := now.Add(-time.Hour); at.Before(now.Add(-5 * time.Minute)); at = at.Add(time.Second) {
 		before.Sample(at)
 	}
-	// The node after it: its sampler never ticks on its own (the test
-	// feeds it the 4 minutes since the restart), its rings restored first.
-	never := func(time.Duration) (<-chan time.Time, func()) { return nil, func() {} }
-	after := admin.NewDashboard(admin.DashboardConfig{Source: src, Ticker: never}, nil)
+	// The node after it: its rings restored first, then the 4 minutes
+	// since the restart; its sampler ticks only when the test says.
+	ticks := make(chan time.Time)
+	ticker := func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }
+	after := admin.NewDashboard(admin.DashboardConfig{Source: src, Ticker: ticker}, nil)
 	for _, res := range []string{admin.HistoryFine, admin.HistoryCoarse} {
 		if n := after.RestoreHistory(res, store.rows[res]); n != len(store.rows[res]) {
 			t.Fatalf("restored %d of %d %s rows", n, len(store.rows[res]), res)
@@ -208,6 +211,25 @@ func TestDashboardSpansInBrowser(t *testing.T) {
 	}
 	if n := older(); n != 0 {
 		t.Errorf("15 min view: %d pixels of admitted new work older than 15 minutes, want none", n)
+	}
+
+	// A live sample 5 s after the last (a short stop): the page takes it
+	// on its next refresh, breaks its lines again and moves its window.
+	ticks <- now.Add(5 * time.Second)
+	if err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := chromedp.Poll[chromedp.Void](`Number(document.body.dataset.samples) !== 840`,
+			chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second))(ctx, tg)
+		return err
+	})); err != nil {
+		t.Fatalf("wait for the live sample: %v", err)
+	}
+	if v, err = chromedp.Run(ctx, chromedp.Evaluate[view](viewJS)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("15 min view, a sample later: %+v", v)
+	if v.XMin <= cut+5 || v.XMax != end+5 || v.Samples != 840-5+1 || v.Gaps != 2 {
+		t.Errorf("15 min view a sample later: x from %.0f s to %.0f s before now, %d samples, %d breaks; want from under 895 to -5, 836, 2 breaks",
+			end-v.XMin, end-v.XMax, v.Samples, v.Gaps)
 	}
 
 	// And back: the 24 h view again, kept in the hash.
