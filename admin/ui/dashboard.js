@@ -1,11 +1,23 @@
-// The sluice dashboard: a backend table from /status and time-series plots
-// from /status/history (loaded whole once, then the new samples every
-// second), with events from /events as markers. Plain script, no build
-// step; uPlot is vendored next to it.
+// The sluice dashboard: a backend table from /status (every second) and
+// time-series plots from /status/history (loaded whole once, then the new
+// samples), with events from /events as markers. The plots span the last
+// 15 minutes (1 s samples, refreshed every second) or the 10 s history
+// (24 h by default, refreshed every 10 s); the choice is kept in the URL
+// hash (#span=15m, #span=24h). Plain script, no build step; uPlot is
+// vendored next to it.
 'use strict';
 (() => {
   const PERIOD_MS = 1000;
   const EVENTS_MS = 5000;
+  // The spans the plots can show: the history's resolution, how often it
+  // has new samples, and the window of events asked for.
+  const SPANS = {
+    '15m': { resolution: '1s', period: 1000, events: '15m', words: 'the last 15 minutes' },
+    '24h': { resolution: '10s', period: 10000, events: '24h', words: 'the last 24 hours' },
+  };
+  // A pause longer than this many sample intervals (sluice was stopped)
+  // is drawn as a break in the lines, not bridged.
+  const GAP = 2.5;
   const W = 460, HGT = 170;
   const BAND = ['rgba(46,125,50,0.10)', 'rgba(249,168,37,0.30)', 'rgba(239,108,0,0.30)', 'rgba(198,40,40,0.30)'];
   const EVENT_COLOR = { 'memory.state': '#c62828', 'backend.state': '#6a1b9a', 'mop.phase': '#1565c0', 'mop.learned': '#1565c0', 'arm.engaged': '#ef6c00', 'arm.released': '#2e7d32', 'arm.refusing': '#ef6c00' };
@@ -18,6 +30,16 @@
   const plots = new Map(); // plot key -> {u, data: () => uPlot data}
   let layoutKey = '';
   let busy = false;
+  let again = false;   // a tick was asked for while one ran
+  let span = spanOf(location.hash);
+  let gen = 0;         // bumped when the span changes: answers for the old one are dropped
+  let lastHistory = 0; // Date.now() of the last history answer
+
+  // spanOf reads the span from a URL hash (#span=24h); 15m by default.
+  function spanOf(hash) {
+    const v = new URLSearchParams(hash.replace(/^#/, '')).get('span');
+    return Object.hasOwn(SPANS, v) ? v : '15m';
+  }
 
   const $ = (s) => document.querySelector(s);
   const el = (tag, attrs = {}, text) => {
@@ -78,22 +100,54 @@
     return out;
   }
 
+  // eachColumn calls f(object, key) for every column of a history
+  // document but t: memory, refusals, backends, rules.
+  function eachColumn(h, f) {
+    for (const o of [h.memory, h.refused, ...h.backends, ...h.arm]) for (const c of columns(o)) f(o, c);
+  }
+
+  // merge adds a /status/history answer to hist, breaks the lines where
+  // samples are missing, and keeps the span's window: at most the ring's
+  // capacity and its time (capacity × interval before the newest sample).
   function merge(h) {
-    if (!hist) { hist = h; return; }
-    const n0 = hist.t.length, n = h.t.length;
-    hist.memory.limit_bytes = h.memory.limit_bytes;
-    hist.mop_max_heap_percent = h.mop_max_heap_percent;
-    if (n === 0) return;
-    hist.t = hist.t.concat(h.t);
-    for (const c of columns(h.memory)) hist.memory[c] = hist.memory[c].concat(h.memory[c]);
-    for (const r of Object.keys(h.refused)) hist.refused[r] = (hist.refused[r] || nulls(n0)).concat(h.refused[r]);
-    mergeList(hist.backends, h.backends, bkey, n0, n);
-    mergeList(hist.arm, h.arm, (r) => r.name, n0, n);
-    const drop = hist.t.length - hist.capacity;
+    let from = 0;
+    if (!hist) {
+      hist = h;
+    } else {
+      const n0 = hist.t.length, n = h.t.length;
+      hist.memory.limit_bytes = h.memory.limit_bytes;
+      hist.mop_max_heap_percent = h.mop_max_heap_percent;
+      if (n === 0) return;
+      hist.t = hist.t.concat(h.t);
+      for (const c of columns(h.memory)) hist.memory[c] = hist.memory[c].concat(h.memory[c]);
+      for (const r of Object.keys(h.refused)) hist.refused[r] = (hist.refused[r] || nulls(n0)).concat(h.refused[r]);
+      mergeList(hist.backends, h.backends, bkey, n0, n);
+      mergeList(hist.arm, h.arm, (r) => r.name, n0, n);
+      from = n0;
+    }
+    insertGaps(from);
+    const t = hist.t;
+    if (!t.length) return;
+    const oldest = t[t.length - 1] - hist.capacity * (hist.interval_seconds || 1);
+    let drop = Math.max(0, t.length - hist.capacity);
+    while (drop < t.length && t[drop] <= oldest) drop++;
     if (drop > 0) {
-      const cut = (o) => { for (const c of columns(o)) o[c] = o[c].slice(drop); };
-      cut(hist); cut(hist.memory); cut(hist.refused);
-      hist.backends.forEach(cut); hist.arm.forEach(cut);
+      hist.t = t.slice(drop);
+      eachColumn(hist, (o, c) => { o[c] = o[c].slice(drop); });
+    }
+  }
+
+  // insertGaps puts an empty sample (nulls, one interval after the one
+  // before) where consecutive samples from index from on are more than GAP
+  // intervals apart, so uPlot breaks its lines there: a restart shows as
+  // a break, with what was learned before it on its left.
+  function insertGaps(from) {
+    const t = hist.t, iv = hist.interval_seconds || 1, at = [];
+    for (let i = Math.max(1, from); i < t.length; i++) if (t[i] - t[i - 1] > GAP * iv) at.push(i);
+    for (let k = at.length - 1; k >= 0; k--) {
+      const i = at[k];
+      t.splice(i, 0, t[i - 1] + iv);
+      eachColumn(hist, (o, c) => { o[c].splice(i, 0, null); });
     }
   }
 
@@ -109,7 +163,7 @@
           for (let i = 0; i < t.length; i++) {
             if (st[i] === null) continue;
             const x0 = u.valToPos(t[i], 'x', true);
-            const x1 = u.valToPos(i + 1 < t.length ? t[i + 1] : t[i] + 1, 'x', true);
+            const x1 = u.valToPos(i + 1 < t.length ? t[i + 1] : t[i] + (hist.interval_seconds || 1), 'x', true);
             ctx.fillStyle = BAND[st[i]] || BAND[3];
             ctx.fillRect(x0, top, Math.max(1, x1 - x0), h);
           }
@@ -147,6 +201,7 @@
     };
     for (const a of axes) if (a.scale && !opts.scales[a.scale]) opts.scales[a.scale] = { auto: true, range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] };
     const u = new uPlot(opts, data(), box);
+    box._u = u;
     plots.set(key, { u, data });
   }
 
@@ -223,10 +278,12 @@
     return true;
   }
 
-  function redraw() {
+  // redraw lays the plots out again when the backends or rules changed,
+  // else gives them the new samples (when there are any).
+  function redraw(fresh) {
     if (!hist) return;
     if (layout()) return; // new plots were drawn with the current data
-    for (const p of plots.values()) p.u.setData(p.data());
+    if (fresh) for (const p of plots.values()) p.u.setData(p.data());
   }
 
 
@@ -327,38 +384,73 @@
       el('li', {}, new Date(e.t * 1000).toLocaleTimeString() + '  ' + e.kind + '  ' + (e.subject || '') + '  ' + e.message)));
     const om = $('#events-omitted');
     om.textContent = eventsOmitted > 0
-      ? eventsOmitted + ' older event' + (eventsOmitted === 1 ? '' : 's') + ' of the last 15 minutes not shown (markers from ' +
-        (events.length ? new Date(events[0].t * 1000).toLocaleTimeString() : 'now') + ' on); all of them: /events?since=15m&limit=10000'
+      ? eventsOmitted + ' older event' + (eventsOmitted === 1 ? '' : 's') + ' of ' + SPANS[span].words + ' not shown (markers from ' +
+        (events.length ? new Date(events[0].t * 1000).toLocaleTimeString() : 'now') + ' on); all of them: /events?since=' + SPANS[span].events + '&limit=10000'
       : '';
     om.hidden = eventsOmitted === 0;
     document.body.dataset.eventsOmitted = eventsOmitted;
   }
 
+  // tick refreshes the table every second and the plots when the span's
+  // history has new samples: every second for 15 minutes, every 10 s for
+  // 24 hours.
   async function tick() {
-    if (busy) return;
+    if (busy) { again = true; return; }
     busy = true;
+    const g = gen, sp = SPANS[span];
     try {
+      const wantHistory = !hist || Date.now() - lastHistory >= sp.period - PERIOD_MS / 2;
       const since = hist && hist.t.length ? Math.round(hist.t[hist.t.length - 1] * 1000) : 0;
-      const [st, h] = await Promise.all([getJSON('/status'), getJSON('/status/history' + (hist ? '?since=' + since : ''))]);
+      const q = '?resolution=' + sp.resolution + (hist ? '&since=' + since : '');
+      const [st, h] = await Promise.all([getJSON('/status'), wantHistory ? getJSON('/status/history' + q) : null]);
+      if (g !== gen) return; // the span changed meanwhile
       status = st;
-      merge(h);
+      if (h) { merge(h); lastHistory = Date.now(); }
       renderTable();
-      redraw();
+      redraw(!!h);
       $('#updated').textContent = 'updated ' + new Date().toLocaleTimeString();
-      document.body.dataset.samples = hist.t.length;
+      const ds = document.body.dataset;
+      ds.samples = hist.t.filter((_, i) => hist.memory.state[i] !== null || hist.memory.used_bytes[i] !== null).length;
+      ds.span = span;
+      ds.interval = hist.interval_seconds;
+      ds.oldest = hist.t.length ? hist.t[0] : '';
       showError('');
     } catch (e) {
-      showError(e.message);
+      if (g === gen) showError(e.message);
     } finally {
       busy = false;
+      if (again || g !== gen) { again = false; tick(); }
     }
   }
 
+  // showSpan marks the button of the span shown.
+  function showSpan() {
+    for (const b of document.querySelectorAll('.span-choice button')) b.setAttribute('aria-pressed', String(b.dataset.span === span));
+  }
+
+  // setSpan shows span s: the plots start over from its whole history.
+  function setSpan(s) {
+    if (s === span) return;
+    span = s;
+    gen++;
+    hist = null;
+    layoutKey = '';
+    events = [];
+    eventsOmitted = 0;
+    lastHistory = 0;
+    if (spanOf(location.hash) !== s) location.hash = 'span=' + s;
+    showSpan();
+    tick();
+    loadEvents();
+  }
+
   async function loadEvents() {
+    const g = gen;
     try {
       // The newest 1,000 of the window: what just happened (a backend
       // down, a MOP cut) must show however busy the log is.
-      const page = await getJSON('/events?since=15m&limit=1000&order=newest');
+      const page = await getJSON('/events?since=' + SPANS[span].events + '&limit=1000&order=newest');
+      if (g !== gen) return;
       events = page.events.map((e) => ({ t: Date.parse(e.time) / 1000, kind: e.kind, subject: e.subject, message: e.message }));
       eventsOmitted = page.omitted || 0;
       renderEvents();
@@ -367,6 +459,9 @@
     }
   }
 
+  for (const b of document.querySelectorAll('.span-choice button')) b.onclick = () => setSpan(b.dataset.span);
+  window.addEventListener('hashchange', () => setSpan(spanOf(location.hash)));
+  showSpan();
   tick();
   loadEvents();
   setInterval(tick, PERIOD_MS);
