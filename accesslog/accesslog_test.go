@@ -283,11 +283,11 @@ func TestParseDest(t *testing.T) {
 func TestMaskUser(t *testing.T) {
 	for in, want := range map[string]string{
 		"sip:alice@example.com;transport=udp": "sip:*@example.com;transport=udp",
-		"sips:+4930123@gw.example":             "sips:*@gw.example",
-		"sip:example.com":                      "sip:example.com",
-		"tel:+1-201-555-0123;phone-context=x":  "tel:*;phone-context=x",
-		"sip:a;b=c@d":                          "sip:a;b=c@d",
-		"nonsense":                             "nonsense",
+		"sips:+4930123@gw.example":            "sips:*@gw.example",
+		"sip:example.com":                     "sip:example.com",
+		"tel:+1-201-555-0123;phone-context=x": "tel:*;phone-context=x",
+		"sip:a;b=c@d":                         "sip:a;b=c@d",
+		"nonsense":                            "nonsense",
 	} {
 		if got := string(maskUser(nil, in)); got != want {
 			t.Errorf("%q: %q, want %q", in, got, want)
