@@ -26,6 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/cluster"
@@ -109,6 +110,8 @@ type Config struct {
 	CPUProfile string
 	// SIP configures the SIP front end; its Backends come from SIPBackends.
 	SIP lbsip.Config
+	// AccessLog is the access log of both front ends (-access-log...).
+	AccessLog AccessLogConfig
 	// SIPBackends are -sip-backend specs. None: no SIP front end (unless
 	// the backends file gives some).
 	SIPBackends []string
@@ -127,6 +130,7 @@ type Config struct {
 type Node struct {
 	cfg            Config
 	logger         *slog.Logger
+	alog           *accesslog.Logger // nil: no access log
 	clock          admission.Clock
 	events         admission.EventSink
 	eventLog       *eventLog
@@ -282,6 +286,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if err := n.buildTLS(); err != nil {
 		return nil, err
 	}
+	if err := n.openAccessLog(); err != nil {
+		return nil, err
+	}
 
 	if len(n.httpBackends) > 0 {
 		if err := n.buildHTTP(); err != nil {
@@ -317,7 +324,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 			return nil, err
 		}
 		n.admin.Handle("GET /healthz", n.healthz())
-		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload, HTTPTunnels: n.httpTunnels}
+		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload, HTTPTunnels: n.httpTunnels, AccessLog: n.accessLogStatus}
 		src.TLSCertificates = n.tlsCertStatus
 		n.admin.Handle("GET /status", admin.StatusHandler(src))
 		// The dashboard at / samples src every second while the admin
@@ -450,7 +457,7 @@ func (n *Node) buildHTTP() error {
 	}
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
-	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer}, n.logger)
+	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer, AccessLog: n.alog}, n.logger)
 	return err
 }
 
@@ -663,6 +670,7 @@ func (n *Node) Stop(timeout time.Duration) {
 	if n.admin != nil {
 		n.admin.Shutdown(ctx)
 	}
+	n.closeAccessLog()
 	if n.cancel != nil {
 		n.cancel()
 	}
