@@ -186,7 +186,7 @@ type mopEntry struct {
 
 // New validates cfg and constructs every part; nothing listens yet. Errors
 // name the flag of the field at fault.
-func New(cfg Config, logger *slog.Logger) (*Node, error) {
+func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -195,6 +195,11 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		logger: logger,
 		clock:  admission.MonoClock{},
 	}
+	defer func() {
+		if err != nil {
+			n.closeAccessLog() // its files and writer, when opened before the failure
+		}
+	}()
 	n.eventLog = &eventLog{logger: n.logger}
 	n.events = n.eventLog.emit
 	n.forward = newForwardHistogram()
@@ -218,7 +223,6 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		return nil, err
 	}
 
-	var err error
 	// Without -mem-limit the container's limit counts (the OOM killer
 	// counts the cgroup), or GOMEMLIMIT when that is lower; a GOMEMLIMIT
 	// stays the reader's, so the runtime's own limit is left as it is.
