@@ -4,17 +4,15 @@ import (
 	"bufio"
 	"net"
 	"net/netip"
+	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicelb/sluice/accesslog"
-	"github.com/sluicelb/sluice/admission"
-	"github.com/sluicelb/sluice/lb"
 )
 
 // logged is a record as a test sees it: the byte fields as strings.
@@ -235,10 +233,6 @@ func TestAccessLogDelayed(t *testing.T) {
 	})
 }
 
-var _ = admission.Admit
-var _ = lb.OK
-var _ sync.Mutex
-
 // TestAccessLogHotPathAllocs: a request's record (its request id made,
 // written into the head, the record filled and handed to the logger)
 // allocates nothing once buffers are warm.
@@ -275,4 +269,76 @@ func TestAccessLogHotPathAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, run); n != 0 {
 		t.Errorf("logging a request allocates %v times, want 0", n)
 	}
+}
+
+// TestAccessLogClientAbort: a client that leaves while its answer streams
+// is logged client_abort, with the status the backend gave.
+func TestAccessLogClientAbort(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		stop := make(chan struct{})
+		defer close(stop)
+		r, sink := logRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+			defer c.Close()
+			br := bufio.NewReader(c)
+			var h fasthttp.RequestHeader
+			if h.Read(br) != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"))
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				if _, err := c.Write([]byte("400\r\n" + strings.Repeat("x", 1024) + "\r\n")); err != nil {
+					return
+				}
+			}
+		}})
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"))
+		buf := make([]byte, 4096)
+		var got []byte
+		for !strings.Contains(string(got), "hello") {
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, buf[:n]...)
+		}
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+		l := sink.next(t)
+		if l.End != accesslog.EndClientAbort || l.Status != 200 || l.Backend != "b0" || l.path != "/stream" {
+			t.Errorf("record %+v", l.HTTPRecord)
+		}
+	})
+}
+
+// TestAccessLogSampling: with new=0, admitted new work is not logged and
+// refusals are (refused=1 by default).
+func TestAccessLogSampling(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		path := t.TempDir() + "/a.log"
+		l, err := accesslog.New(accesslog.Options{Dest: path, Sample: accesslog.Sample{Refused: 1, New: 0, Affinity: 0}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRig(t, rigOpts{backends: 1, alog: l, cfg: Config{RequestID: true}})
+		for range 3 {
+			r.get("/ok", "")
+		}
+		r.setMemory(850)
+		r.get("/no", "")
+		l.Close()
+		st := l.Stats()
+		b, _ := os.ReadFile(path)
+		if st.Logged[accesslog.HTTP] != 1 || st.Written[accesslog.HTTP] != 1 || !strings.Contains(string(b), `"path":"/no"`) || strings.Count(string(b), "\n") != 1 {
+			t.Errorf("stats %+v, file %s: want the one refusal logged", st, b)
+		}
+	})
 }
