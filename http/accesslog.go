@@ -10,6 +10,7 @@ package http
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"math/rand/v2"
 	"net"
@@ -63,8 +64,9 @@ func (s *Server) logging() bool { return s.alog.Enabled(accesslog.HTTP) }
 // into p: the request id (taken from a trusted client, else made), and,
 // when requests are logged, the request's own fields. start is when its
 // head began and now when admission decided, on the engine's clock (the
-// timings are differences of it); wall is start on the wall clock.
-func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client netip.AddrPort, wall time.Time, start, now int64) {
+// timings are differences of it); wall is start on the wall clock. conn
+// is the client's TLS connection (nil: plain), for the version and SNI.
+func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client netip.AddrPort, conn net.Conn, wall time.Time, start, now int64) {
 	buf := g.buf[:0]
 	*g = reqLog{buf: buf, start: start, head: now, decided: now, began: true}
 	if s.cfg.RequestID {
@@ -84,11 +86,21 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 		path, query = uri[:i], uri[i+1:]
 	}
 	// One buffer, offsets first: it may grow while being filled.
-	var offs [7][2]int
+	var offs [8][2]int
 	for i, b := range [...][]byte{h.Method(), h.Host(), path, query, h.UserAgent(), h.Referer(), g.rid[:g.ridN]} {
 		offs[i][0] = len(buf)
 		buf = append(buf, b...)
 		offs[i][1] = len(buf)
+	}
+	if gc, ok := conn.(*gateConn); ok {
+		conn = gc.Conn
+	}
+	if tc, ok := conn.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		r.TLSVersion = st.Version
+		offs[7][0] = len(buf)
+		buf = append(buf, st.ServerName...)
+		offs[7][1] = len(buf)
 	}
 	g.buf = buf
 	at := func(i int) []byte {
@@ -97,7 +109,7 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 		}
 		return buf[offs[i][0]:offs[i][1]:offs[i][1]]
 	}
-	r.Method, r.Host, r.Path, r.Query, r.UserAgent, r.Referer, r.RequestID = at(0), at(1), at(2), at(3), at(4), at(5), at(6)
+	r.Method, r.Host, r.Path, r.Query, r.UserAgent, r.Referer, r.RequestID, r.SNI = at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7)
 	if h.IsHTTP11() {
 		r.Proto = "HTTP/1.1"
 	} else {

@@ -18,8 +18,8 @@ import (
 // logged is a record as a test sees it: the byte fields as strings.
 type logged struct {
 	accesslog.HTTPRecord
-	method, path, query, reason, rid string
-	line                             string
+	method, path, query, reason, rid, sni string
+	line                                  string
 }
 
 // captureSink keeps every record the logger hands it, with its JSON line.
@@ -32,7 +32,7 @@ func (c *captureSink) WantSIP(*accesslog.SIPRecord) bool     { return false }
 func (c *captureSink) WriteSIP(*accesslog.SIPRecord, []byte) {}
 func (c *captureSink) WriteHTTP(r *accesslog.HTTPRecord, line []byte) {
 	l := logged{HTTPRecord: *r, method: string(r.Method), path: string(r.Path), query: string(r.Query),
-		reason: string(r.Reason), rid: string(r.RequestID), line: string(line)}
+		reason: string(r.Reason), rid: string(r.RequestID), sni: string(r.SNI), line: string(line)}
 	l.Method, l.Path, l.Query, l.Reason, l.RequestID, l.Host, l.UserAgent, l.Referer, l.SNI = nil, nil, nil, nil, nil, nil, nil, nil, nil
 	c.ch <- l
 }
@@ -257,7 +257,7 @@ func TestAccessLogHotPathAllocs(t *testing.T) {
 	var g reqLog
 	run := func() {
 		req, d := s.admit(&p, h, &v, now)
-		s.beginLog(&g, &p, h, clientAddrPort(&ctx), s.wall(now), now, now)
+		s.beginLog(&g, &p, h, clientAddrPort(&ctx), nil, s.wall(now), now, now)
 		if !s.pick(&p, &ctx.Response, &req, d, h, remoteAddr(&ctx)) {
 			t.Fatal("not picked")
 		}
@@ -339,6 +339,21 @@ func TestAccessLogSampling(t *testing.T) {
 		b, _ := os.ReadFile(path)
 		if st.Logged[accesslog.HTTP] != 1 || st.Written[accesslog.HTTP] != 1 || !strings.Contains(string(b), `"path":"/no"`) || strings.Count(string(b), "\n") != 1 {
 			t.Errorf("stats %+v, file %s: want the one refusal logged", st, b)
+		}
+	})
+}
+
+// TestAccessLogTLS: over HTTPS the record has the TLS version and the
+// server name the client asked for.
+func TestAccessLogTLS(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1, tls: true})
+		if rep := r.get("/", ""); rep.status != 200 {
+			t.Fatalf("status %d", rep.status)
+		}
+		l := sink.next(t)
+		if l.TLSVersion != 0x0304 || string(l.sni) != "a.example" {
+			t.Errorf("tls %#x sni %q, want TLS 1.3 and a.example", l.TLSVersion, l.sni)
 		}
 	})
 }

@@ -3,6 +3,7 @@
 package http
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 	"time"
@@ -333,7 +334,11 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	if l.s.cfg.RequestID || l.s.logging() {
 		start := min(c.headStart, l.now)
 		wall := l.s.wall(l.s.clock.Now()).Add(-time.Duration(l.now - start))
-		l.s.beginLog(&x.log, &x.plan, h, netip.AddrPortFrom(c.ip, 0), wall, start, l.now)
+		var tc net.Conn
+		if c.tls != nil {
+			tc = c.tls.conn
+		}
+		l.s.beginLog(&x.log, &x.plan, h, netip.AddrPortFrom(c.ip, 0), tc, wall, start, l.now)
 	}
 	if d.Verdict == admission.Delay {
 		l.s.markDelayed(&x.log, d)
