@@ -101,7 +101,7 @@ func TestAccessLogAdmitted(t *testing.T) {
 		if !l.HasTrace || accesslog.FormatTraceparent(l.TraceID, l.ParentSpan, l.TraceFlags) != tp {
 			t.Errorf("trace in the record: %v %x %x", l.HasTrace, l.TraceID, l.ParentSpan)
 		}
-		if l.Total < l.FirstByte || l.FirstByte < l.Connect || l.Client.Addr() != netip.MustParseAddr("127.0.0.1") {
+		if l.Total < l.FirstByte || l.FirstByte < l.Connect || l.Client.Addr() != netip.MustParseAddr("127.0.0.1") || int(l.Client.Port()) != c.LocalAddr().(*net.TCPAddr).Port {
 			t.Errorf("timings or client: %+v", l.HTTPRecord)
 		}
 		if !strings.Contains(l.line, `"request_id":"`+l.rid+`"`) || strings.Contains(l.line, "id=7") {
