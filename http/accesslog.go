@@ -340,3 +340,17 @@ func (s *Server) endH2Log(ctx *fasthttp.RequestCtx, g *reqLog, p *plan) {
 	s.endLog(g, p, g.status, out, s.clock.Now())
 	reqLogPool.Put(g)
 }
+
+// logHeadRefused logs a request whose head sluice refused before reading
+// it as a request (400, 414, 431, 501, 505): only the client, the status
+// and the reason are known. Rare and not on the hot path: it may allocate.
+func (s *Server) logHeadRefused(client netip.AddrPort, start time.Time, total time.Duration, status int, reason string) {
+	if !s.logging() {
+		return
+	}
+	r := &accesslog.HTTPRecord{
+		Start: start, Client: client, Status: status, Decision: accesslog.Refused,
+		Reason: []byte(reason), End: accesslog.EndRefused, Total: total,
+	}
+	s.alog.LogHTTP(r)
+}

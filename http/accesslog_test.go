@@ -2,6 +2,7 @@ package http
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/netip"
 	"os"
@@ -334,6 +335,11 @@ func TestAccessLogSampling(t *testing.T) {
 		}
 		r.setMemory(850)
 		r.get("/no", "")
+		// The answer goes out before the request is logged: stop the
+		// server (its requests end) before counting.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r.srv.Shutdown(ctx)
 		l.Close()
 		st := l.Stats()
 		b, _ := os.ReadFile(path)
@@ -354,6 +360,29 @@ func TestAccessLogTLS(t *testing.T) {
 		l := sink.next(t)
 		if l.TLSVersion != 0x0304 || string(l.sni) != "a.example" {
 			t.Errorf("tls %#x sni %q, want TLS 1.3 and a.example", l.TLSVersion, l.sni)
+		}
+	})
+}
+
+// TestAccessLogHeadRefused: a head sluice refuses (here a request
+// smuggling attempt: Content-Length and Transfer-Encoding) is logged with
+// its status and reason.
+func TestAccessLogHeadRefused(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1})
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"))
+		var resp fasthttp.Response
+		if err := resp.Read(bufio.NewReader(c)); err != nil {
+			t.Fatal(err)
+		}
+		l := sink.next(t)
+		if l.Status != resp.StatusCode() || l.Status != 400 || l.Decision != accesslog.Refused || l.End != accesslog.EndRefused || l.reason == "" {
+			t.Errorf("answer %d; record %+v reason %q", resp.StatusCode(), l.HTTPRecord, l.reason)
 		}
 	})
 }

@@ -286,6 +286,10 @@ func (l *evloop) refuseHead(c *cconn, err error) {
 	c.busy = true
 	c.deadline = 0
 	c.x = exchange{reqLen: c.w - c.r, req: c.x.req[:0], closeAfter: true}
+	if s.logging() {
+		start := min(c.headStart, l.now)
+		s.logHeadRefused(netip.AddrPortFrom(c.ip, c.port), s.wall(s.clock.Now()).Add(-time.Duration(l.now-start)), time.Duration(l.now-start), he.status, he.reason)
+	}
 	s.writeRefusal(&l.local, he.status, 0, psHeadRefused, he.reason)
 	l.answerLocal(c)
 }
