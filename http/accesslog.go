@@ -24,6 +24,10 @@ import (
 	"github.com/sluicelb/sluice/admission"
 )
 
+// noAnswer is reqLog.status for a request that got no answer (its client
+// left while it waited): logged as status 0.
+const noAnswer = -1
+
 // maxRequestID is the longest X-Request-ID taken from a trusted client;
 // a longer one (or one with bytes outside visible ASCII) is replaced.
 const maxRequestID = 128
@@ -206,6 +210,9 @@ func (s *Server) endLog(g *reqLog, p *plan, status int, bodyOut int64, now int64
 		return
 	}
 	g.skip = true
+	if status == noAnswer {
+		status = 0
+	}
 	r := &g.rec
 	r.Status, r.BytesOut = status, bodyOut
 	if p.ref != nil {

@@ -386,3 +386,29 @@ func TestAccessLogHeadRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestAccessLogAbandonedDelay: a client that leaves while its request
+// waits in an ARM delay queue is logged delayed, client_abort, status 0.
+func TestAccessLogAbandonedDelay(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1, arm: []string{"name=slow,limit=1/s,action=delay,queue=10,wait=1m"}})
+		r.get("/", "")
+		sink.next(t)
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET /queued HTTP/1.1\r\nHost: x\r\n\r\n"))
+		for i := 0; r.ctrl.Rules()[0].Status().Queued == 0; i++ {
+			if i > 5000 {
+				t.Fatal("request never queued")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		c.Close()
+		l := sink.next(t)
+		if l.path != "/queued" || l.Decision != accesslog.Delayed || l.End != accesslog.EndClientAbort || l.Status != 0 || l.reason != "arm rule slow" {
+			t.Errorf("record %+v reason %q", l.HTTPRecord, l.reason)
+		}
+	})
+}

@@ -77,7 +77,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		if gone != nil && isClosed(gone) {
 			if g != nil {
-				g.end, g.answered = accesslog.EndClientAbort, true
+				g.end, g.answered, g.status = accesslog.EndClientAbort, true, noAnswer
 			}
 			ctx.SetConnectionClose()
 			return

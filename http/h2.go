@@ -376,7 +376,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if r.Context().Err() != nil {
 			if g != nil {
-				g.end, g.answered = accesslog.EndClientAbort, true
+				g.end, g.answered, g.status = accesslog.EndClientAbort, true, noAnswer
 			}
 			return
 		}
