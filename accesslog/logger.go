@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Format is the shape of a log line.
@@ -208,6 +209,7 @@ type Logger struct {
 	dests  []dest  // distinct destinations
 	wake   chan struct{}
 	reopen atomic.Bool
+	closed atomic.Bool // Close was called: records are dropped
 	quit   chan struct{}
 	done   chan struct{}
 	once   sync.Once
@@ -325,7 +327,7 @@ func (l *Logger) LogHTTP(r *HTTPRecord) {
 	if !logged && sinks == 0 {
 		return
 	}
-	if !l.http.put(r, logged, sinks, copyHTTP) {
+	if l.closed.Load() || !l.http.put(r, logged, sinks, copyHTTP) {
 		l.dropped[HTTP].Add(1)
 		return
 	}
@@ -348,7 +350,7 @@ func (l *Logger) LogSIP(r *SIPRecord) {
 	if !logged && sinks == 0 {
 		return
 	}
-	if !l.sip.put(r, logged, sinks, copySIP) {
+	if l.closed.Load() || !l.sip.put(r, logged, sinks, copySIP) {
 		l.dropped[SIP].Add(1)
 		return
 	}
@@ -390,13 +392,28 @@ func (l *Logger) Reopen() {
 }
 
 // Close writes what the ring holds, stops the writer and closes the
-// destinations. Records logged after Close are dropped.
+// destinations; records logged after Close are dropped (and counted). A
+// destination that takes nothing for 5 s (a full pipe nobody
+// reads) is given up: Close returns an error and the rest is lost. A
+// second Close returns nil.
 func (l *Logger) Close() error {
 	if l == nil {
 		return nil
 	}
-	l.once.Do(func() { close(l.quit) })
-	<-l.done
+	first := false
+	l.once.Do(func() {
+		first = true
+		l.closed.Store(true)
+		close(l.quit)
+	})
+	if !first {
+		return nil
+	}
+	select {
+	case <-l.done:
+	case <-time.After(closeTimeout):
+		return fmt.Errorf("access log: the destination took nothing for %v: the records still queued are lost", closeTimeout)
+	}
 	var errs []error
 	for _, d := range l.dests {
 		if err := d.close(); err != nil {
@@ -405,3 +422,6 @@ func (l *Logger) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// closeTimeout bounds how long Close waits for a blocked destination.
+var closeTimeout = 5 * time.Second

@@ -2,12 +2,14 @@ package accesslog
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -373,5 +375,52 @@ func TestSyslogUnixDatagram(t *testing.T) {
 		if !strings.HasPrefix(string(buf[:n]), want) {
 			t.Errorf("message %q\nwant prefix %q", buf[:n], want)
 		}
+	}
+}
+
+// TestCloseGivesUpOnBlockedDestination: Close does not hang on a FIFO
+// nobody reads; records logged after Close are dropped and counted.
+func TestCloseGivesUpOnBlockedDestination(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	defer func(d time.Duration) { closeTimeout = d }(closeTimeout)
+	closeTimeout = 50 * time.Millisecond
+	l, err := New(Options{Dest: fifo, Sample: DefaultSample, RingSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id []byte
+	big := func(i int) *HTTPRecord {
+		r := rec(i, id)
+		r.Path = bytes.Repeat([]byte("p"), 1500)
+		return r
+	}
+	// 10 lines of 2 KB handed to the FIFO (less than a flush), then 400 KB more: far past
+	// a pipe's 64 KiB, so the writer blocks whatever the interleaving.
+	for i := 0; l.Stats().Written[HTTP] < 10; i++ {
+		l.LogHTTP(big(i))
+		runtime.Gosched()
+	}
+	for i := range 200 {
+		l.LogHTTP(big(i))
+		runtime.Gosched()
+	}
+	if err := l.Close(); err == nil || !strings.Contains(err.Error(), "took nothing") {
+		t.Errorf("Close: %v, want the blocked destination named", err)
+	}
+	before := l.Stats().Dropped[HTTP]
+	l.LogHTTP(rec(1, id))
+	if l.Stats().Dropped[HTTP] != before+1 {
+		t.Error("a record logged after Close was not counted dropped")
+	}
+	if err := l.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
 	}
 }

@@ -165,9 +165,11 @@ func visibleASCII(v []byte) bool {
 }
 
 // setRequestID writes the request id into the head sent to the backend,
-// replacing what the client sent.
+// replacing every line of it the client sent (a second line would
+// otherwise reach the backend beside sluice's).
 func (g *reqLog) setRequestID(h *fasthttp.RequestHeader) {
 	if g != nil && g.ridN > 0 {
+		h.Del("X-Request-ID")
 		h.SetBytesV("X-Request-ID", g.rid[:g.ridN])
 	}
 }
