@@ -78,7 +78,7 @@ func TestAccessLogAdmitted(t *testing.T) {
 		}
 		defer c.Close()
 		tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-		c.Write([]byte("GET /cart?id=7 HTTP/1.1\r\nHost: shop.example\r\nUser-Agent: t/1\r\nX-Request-ID: planted\r\ntraceparent: " + tp + "\r\ntracestate: k=v\r\n\r\n"))
+		c.Write([]byte("GET /cart?id=7 HTTP/1.1\r\nHost: shop.example\r\nUser-Agent: t/1\r\nX-Request-ID: planted\r\nX-Request-ID: planted2\r\ntraceparent: " + tp + "\r\ntracestate: k=v\r\n\r\n"))
 		var resp fasthttp.Response
 		if err := resp.Read(bufio.NewReader(c)); err != nil || resp.StatusCode() != 200 {
 			t.Fatal(err, resp.StatusCode())
