@@ -36,9 +36,10 @@ func (c AccessLogConfig) on() bool {
 	return c.Dest != "" || c.HTTPDest != "" || c.SIPDest != ""
 }
 
-// openAccessLog opens the access log the configuration asks for (none:
-// n.alog stays nil and the front ends log nothing).
-func (n *Node) openAccessLog() error {
+// openAccessLog opens the access log the configuration asks for, with
+// sinks as its other consumers (a tracer); with neither a destination nor
+// a sink n.alog stays nil and the front ends gather no records.
+func (n *Node) openAccessLog(sinks ...accesslog.Sink) error {
 	c := n.cfg.AccessLog
 	f, err := accesslog.ParseFormat(c.Format)
 	if err != nil {
@@ -48,12 +49,13 @@ func (n *Node) openAccessLog() error {
 	if err != nil {
 		return err
 	}
-	if !c.on() {
+	if !c.on() && len(sinks) == 0 {
 		return nil
 	}
 	n.alog, err = accesslog.New(accesslog.Options{
 		Dest: c.Dest, HTTPDest: c.HTTPDest, SIPDest: c.SIPDest,
 		Format: f, Sample: s, Query: c.Query, MaskUser: c.MaskUser,
+		Sinks: sinks,
 	})
 	return err
 }
