@@ -170,7 +170,7 @@ type Options struct {
 const DefaultRingSize = 4096
 
 // DefaultRecordBytes is Options.RecordBytes when 0.
-const DefaultRecordBytes = 2048
+const DefaultRecordBytes = 1024
 
 // Proto names a protocol's log for counters.
 type Proto uint8
@@ -255,8 +255,6 @@ func New(opts Options) (*Logger, error) {
 	}
 	l := &Logger{
 		opts: opts,
-		http: newRing[HTTPRecord](opts.RingSize, opts.RecordBytes),
-		sip:  newRing[SIPRecord](opts.RingSize, 0),
 		wake: make(chan struct{}, 1),
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
@@ -286,6 +284,16 @@ func New(opts Options) (*Logger, error) {
 	}
 	l.wantHTTP = l.dest[HTTP] != nil || len(opts.Sinks) > 0
 	l.wantSIP = l.dest[SIP] != nil || len(opts.Sinks) > 0
+	// A protocol nothing wants gets no ring worth the name: the memory
+	// (RingSize records, and RecordBytes each for HTTP) is not taken.
+	size := func(want bool) int {
+		if want {
+			return opts.RingSize
+		}
+		return 1
+	}
+	l.http = newRing[HTTPRecord](size(l.wantHTTP), opts.RecordBytes)
+	l.sip = newRing[SIPRecord](size(l.wantSIP), 0)
 	go l.run()
 	return l, nil
 }
