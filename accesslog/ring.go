@@ -105,17 +105,26 @@ func clip(arena []byte, b []byte) ([]byte, []byte) {
 
 func copyHTTP(dst *HTTPRecord, arena []byte, src *HTTPRecord) []byte {
 	*dst = *src
-	// Path first: it matters most; the rest shares what is left.
+	// The short fields first, each bounded, so a long path or host cannot
+	// crowd them out; then the path, and the rest shares what is left.
+	dst.Method, arena = clip(arena, cut(src.Method, 24))
+	dst.RequestID, arena = clip(arena, cut(src.RequestID, 128))
+	dst.Reason, arena = clip(arena, cut(src.Reason, 160))
+	dst.Host, arena = clip(arena, cut(src.Host, 128))
+	dst.SNI, arena = clip(arena, cut(src.SNI, 128))
 	dst.Path, arena = clip(arena, src.Path)
-	dst.Method, arena = clip(arena, src.Method)
-	dst.Host, arena = clip(arena, src.Host)
-	dst.Reason, arena = clip(arena, src.Reason)
-	dst.RequestID, arena = clip(arena, src.RequestID)
-	dst.SNI, arena = clip(arena, src.SNI)
 	dst.Query, arena = clip(arena, src.Query)
 	dst.UserAgent, arena = clip(arena, src.UserAgent)
 	dst.Referer, arena = clip(arena, src.Referer)
 	return arena
+}
+
+// cut is b's first n bytes at most.
+func cut(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
+	}
+	return b
 }
 
 func copySIP(dst *SIPRecord, arena []byte, src *SIPRecord) []byte {

@@ -424,3 +424,17 @@ func TestCloseGivesUpOnBlockedDestination(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 }
+
+// TestLongFieldsCut: a hostile path and host cannot crowd the method and
+// request id out of the record, and nothing goes past RecordBytes.
+func TestLongFieldsCut(t *testing.T) {
+	r := rec(1, nil)
+	r.Host = bytes.Repeat([]byte("h"), 5000)
+	r.Path = bytes.Repeat([]byte("p"), 5000)
+	r.UserAgent = []byte("ua")
+	var dst HTTPRecord
+	arena := copyHTTP(&dst, make([]byte, 0, DefaultRecordBytes), r)
+	if string(dst.Method) != "GET" || string(dst.RequestID) != "1" || len(dst.Host) != 128 || len(dst.Path) != DefaultRecordBytes-3-1-128 || len(dst.UserAgent) != 0 || len(arena) != DefaultRecordBytes {
+		t.Errorf("method %q id %q host %d path %d ua %q arena %d", dst.Method, dst.RequestID, len(dst.Host), len(dst.Path), dst.UserAgent, len(arena))
+	}
+}
