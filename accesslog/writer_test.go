@@ -396,21 +396,25 @@ func TestCloseGivesUpOnBlockedDestination(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Fill the FIFO to the brim first: the logger's first write blocks.
+	wr, err := syscall.Open(fifo, syscall.O_WRONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(wr)
+	fill := bytes.Repeat([]byte("x"), 4096)
+	for {
+		if _, err := syscall.Write(wr, fill); err != nil {
+			if err != syscall.EAGAIN {
+				t.Fatal(err)
+			}
+			break // full
+		}
+	}
 	var id []byte
-	big := func(i int) *HTTPRecord {
-		r := rec(i, id)
-		r.Path = bytes.Repeat([]byte("p"), 1500)
-		return r
-	}
-	// 10 lines of 2 KB handed to the FIFO (less than a flush), then 400 KB more: far past
-	// a pipe's 64 KiB, so the writer blocks whatever the interleaving.
-	for i := 0; l.Stats().Written[HTTP] < 10; i++ {
-		l.LogHTTP(big(i))
-		runtime.Gosched()
-	}
-	for i := range 200 {
-		l.LogHTTP(big(i))
-		runtime.Gosched()
+	l.LogHTTP(rec(1, id))
+	for l.Stats().Written[HTTP] < 1 {
+		runtime.Gosched() // the writer took it and is writing (blocked)
 	}
 	if err := l.Close(); err == nil || !strings.Contains(err.Error(), "took nothing") {
 		t.Errorf("Close: %v, want the blocked destination named", err)
