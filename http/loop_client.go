@@ -3,6 +3,7 @@
 package http
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
@@ -20,6 +22,7 @@ type cconn struct {
 	gen      uint32 // bumped when closed or handed over; posted work checks it
 	seq      uint32 // bumped per request
 	ip       netip.Addr
+	port     uint16 // the client's port (the access log)
 	in       []byte // read buffer: in[r:w] not yet consumed
 	r, w     int
 	rready   bool   // the socket may have unread bytes
@@ -30,8 +33,11 @@ type cconn struct {
 	parsing  bool // clientIn is on the stack
 	closing  bool // close once out is written
 	deadline int64
-	x        exchange
-	tls      *loopTLS // an HTTPS connection's TLS state (tls_loop.go); nil: plain
+	// headStart is when the first bytes of the current request were
+	// read (loop clock), for the access log.
+	headStart int64
+	x         exchange
+	tls       *loopTLS // an HTTPS connection's TLS state (tls_loop.go); nil: plain
 	// A tunnel (loop_tunnel.go): tun after the backend's 101; tunEOF
 	// once the client ended its side; shutWr once sluice shut down
 	// writing to it.
@@ -64,13 +70,14 @@ type exchange struct {
 	bclose        bool   // the backend connection is not reusable afterwards
 	upgrade       []byte // an upgrade request: its Upgrade (loop_tunnel.go); nil for others
 	tunPending    bool   // counted in Stats.TunnelsPending until answered
+	log           reqLog // the access log's record and the request id
 }
 
 // accept takes up to 64 new client connections from the listener per
 // event, watching each; other loops get the rest (EPOLLEXCLUSIVE).
 func (l *evloop) accept() {
 	for range 64 {
-		fd, ip, err := accept(l.e.lnfd)
+		fd, ip, port, err := accept(l.e.lnfd)
 		if err != nil {
 			switch err {
 			case unix.EAGAIN, unix.EINTR:
@@ -91,7 +98,7 @@ func (l *evloop) accept() {
 			closeFD(fd)
 			continue
 		}
-		c := &cconn{fd: fd, ip: ip, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
+		c := &cconn{fd: fd, ip: ip, port: port, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
 		if err := l.watch(fd); err != nil {
 			closeFD(fd)
 			l.s.conns.release(ip)
@@ -213,6 +220,9 @@ func (l *evloop) clientIn(c *cconn) {
 		if n < len(c.in)-c.w && !c.hup && c.tls == nil {
 			c.rready = false // a short read drained the socket; the next edge reports more
 		}
+		if c.w == c.r {
+			c.headStart = l.now
+		}
 		c.w += n
 	}
 }
@@ -276,6 +286,10 @@ func (l *evloop) refuseHead(c *cconn, err error) {
 	c.busy = true
 	c.deadline = 0
 	c.x = exchange{reqLen: c.w - c.r, req: c.x.req[:0], closeAfter: true}
+	if s.logging() {
+		start := min(c.headStart, l.now)
+		s.logHeadRefused(netip.AddrPortFrom(c.ip, c.port), s.wall(s.clock.Now()).Add(-time.Duration(l.now-start)), time.Duration(l.now-start), he.status, he.reason)
+	}
 	s.writeRefusal(&l.local, he.status, 0, psHeadRefused, he.reason)
 	l.answerLocal(c)
 }
@@ -312,7 +326,7 @@ func (l *evloop) readReqHead(p []byte) bool {
 func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	c.seq++
 	x := &c.x
-	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0]}
+	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0], log: reqLog{buf: x.log.buf}}
 	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
 	x.head = h.IsHead()
 	x.secure = c.tls != nil
@@ -322,7 +336,17 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 		return
 	}
 	r, d := l.s.admit(&x.plan, h, &l.view, l.s.clock.Now())
+	if l.s.cfg.RequestID || l.s.logging() {
+		start := min(c.headStart, l.now)
+		wall := l.s.wall(l.s.clock.Now()).Add(-time.Duration(l.now - start))
+		var tc net.Conn
+		if c.tls != nil {
+			tc = c.tls.conn
+		}
+		l.s.beginLog(&x.log, &x.plan, h, netip.AddrPortFrom(c.ip, c.port), tc, wall, start, l.now)
+	}
 	if d.Verdict == admission.Delay {
+		l.s.markDelayed(&x.log, d)
 		l.delay(c, r, d)
 		return
 	}
@@ -356,6 +380,7 @@ func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision) {
 				return
 			}
 			c.x.gone = nil
+			c.x.log.decided = l.now
 			body := l.reparse(c)
 			l.view.fill(&l.reqH, l.s.needPath(c.x.set))
 			l.admitted(c, &l.reqH, body, &r, d)
@@ -369,6 +394,7 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 	s := l.s
 	x := &c.x
 	if !s.pick(&x.plan, &l.local, r, d, h, c.ip) {
+		x.log.refused = true
 		l.answerLocal(c)
 		return
 	}
@@ -381,6 +407,7 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 		x.tunPending, x.upgrade = true, up
 	}
 	s.prepareRequest(h, c.ip, x.secure)
+	x.log.setRequestID(h)
 	if x.strip != "" {
 		// The view is of this request: the delayed path (delay) fills it
 		// again before it comes here.
@@ -417,7 +444,10 @@ func (l *evloop) answerLocal(c *cconn) {
 	if c.x.closeAfter || l.e.stopping.Load() {
 		resp.Header.SetConnectionClose()
 	}
+	c.x.log.localAnswer(resp)
+	c.x.log.status = resp.StatusCode()
 	out := resp.Header.AppendBytes(l.out[:0])
+	c.x.log.headOut += int64(len(out))
 	if !c.x.head { // an answer to HEAD has the length of its body, not the body
 		out = append(out, body...)
 	}
@@ -429,6 +459,7 @@ func (l *evloop) answerLocal(c *cconn) {
 
 // endRequest ends the client's current request and goes on with the next.
 func (l *evloop) endRequest(c *cconn) {
+	l.logEnd(c)
 	l.unhold(c)
 	l.untakeTunnel(c)
 	if c.fd < 0 {
@@ -437,6 +468,7 @@ func (l *evloop) endRequest(c *cconn) {
 	l.s.observe(&c.x.plan)
 	c.r += c.x.reqLen
 	c.x.reqLen = 0
+	c.headStart = l.now // a pipelined request's head is in already
 	c.x.set, c.x.b, c.x.bc = nil, nil, nil
 	c.busy = false
 	if c.x.closeAfter || l.e.stopping.Load() {
@@ -459,6 +491,14 @@ func (l *evloop) endRequest(c *cconn) {
 	}
 	if c.w > c.r || c.rready {
 		l.clientIn(c)
+	}
+}
+
+// logEnd hands c's request to the access log, once.
+func (l *evloop) logEnd(c *cconn) {
+	x := &c.x
+	if c.busy && !c.tun {
+		l.s.endLog(&x.log, &x.plan, x.log.status, max(x.log.out-x.log.headOut, 0), l.now)
 	}
 }
 
@@ -485,6 +525,7 @@ func (l *evloop) settle(c *cconn) {
 // writeClient writes p to the client (in TLS records on an HTTPS
 // connection), keeping what the socket does not take.
 func (l *evloop) writeClient(c *cconn, p []byte) {
+	c.x.log.out += int64(len(p))
 	if c.tls != nil && c.fd >= 0 {
 		p = l.seal(c, p)
 	}
@@ -563,6 +604,10 @@ func (l *evloop) closeClient(c *cconn) {
 	if c.fd < 0 {
 		return
 	}
+	if c.busy && c.x.log.end == 0 {
+		c.x.log.end = accesslog.EndClientAbort
+	}
+	l.logEnd(c)
 	if bc := c.x.bc; c.busy && bc != nil {
 		// The client left mid-exchange: the backend connection is in an
 		// unknown state.
@@ -614,6 +659,7 @@ func (l *evloop) failed(c *cconn, err error, res lb.Result) {
 	}
 	if x.gotHead {
 		s.stats.UpstreamError.Add(1)
+		x.log.end = endOf(err)
 		x.closeAfter = true
 		l.endRequest(c)
 		return

@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/cluster"
@@ -110,6 +111,8 @@ type Config struct {
 	CPUProfile string
 	// SIP configures the SIP front end; its Backends come from SIPBackends.
 	SIP lbsip.Config
+	// AccessLog is the access log of both front ends (-access-log...).
+	AccessLog AccessLogConfig
 	// SIPBackends are -sip-backend specs. None: no SIP front end (unless
 	// the backends file gives some).
 	SIPBackends []string
@@ -130,6 +133,7 @@ type Config struct {
 type Node struct {
 	cfg            Config
 	logger         *slog.Logger
+	alog           *accesslog.Logger // nil: no access log
 	clock          admission.Clock
 	events         admission.EventSink
 	eventLog       *eventLog
@@ -190,7 +194,7 @@ type mopEntry struct {
 
 // New validates cfg and constructs every part; nothing listens yet. Errors
 // name the flag of the field at fault.
-func New(cfg Config, logger *slog.Logger) (*Node, error) {
+func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -199,6 +203,11 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		logger: logger,
 		clock:  admission.MonoClock{},
 	}
+	defer func() {
+		if err != nil {
+			n.closeAccessLog() // its files and writer, when opened before the failure
+		}
+	}()
 	n.eventLog = &eventLog{logger: n.logger}
 	n.events = n.eventLog.emit
 	n.forward = newForwardHistogram()
@@ -227,7 +236,6 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		}
 	}
 
-	var err error
 	// Without -mem-limit the container's limit counts (the OOM killer
 	// counts the cgroup), or GOMEMLIMIT when that is lower; a GOMEMLIMIT
 	// stays the reader's, so the runtime's own limit is left as it is.
@@ -295,6 +303,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if err := n.buildTLS(); err != nil {
 		return nil, err
 	}
+	if err := n.openAccessLog(); err != nil {
+		return nil, err
+	}
 
 	if len(n.httpBackends) > 0 {
 		if err := n.buildHTTP(); err != nil {
@@ -330,7 +341,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 			return nil, err
 		}
 		n.admin.Handle("GET /healthz", n.healthz())
-		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload, HTTPTunnels: n.httpTunnels}
+		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload, HTTPTunnels: n.httpTunnels, AccessLog: n.accessLogStatus}
 		src.TLSCertificates = n.tlsCertStatus
 		n.admin.Handle("GET /status", admin.StatusHandler(src))
 		// The dashboard at / samples src every second while the admin
@@ -465,7 +476,7 @@ func (n *Node) buildHTTP() error {
 	}
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
-	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer}, n.logger)
+	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer, AccessLog: n.alog}, n.logger)
 	return err
 }
 
@@ -679,6 +690,7 @@ func (n *Node) Stop(timeout time.Duration) {
 	if n.admin != nil {
 		n.admin.Shutdown(ctx)
 	}
+	n.closeAccessLog()
 	if n.cancel != nil {
 		n.cancel()
 	}
