@@ -213,7 +213,7 @@ func TestSpansReachCollector(t *testing.T) {
 func TestSamplingParentBased(t *testing.T) {
 	sampled, _ := ParseTraceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	unsampled, _ := ParseTraceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
-	low := [16]byte{15: 0x02}                                                             // id>>1 is 1: sampled at any ratio > 0
+	low := [16]byte{15: 0x02}                                                            // id>>1 is 1: sampled at any ratio > 0
 	high := [16]byte{8: 0xff, 9: 0xff, 10: 0xff, 11: 0xff, 12: 0xff, 13: 0xff, 14: 0xff} // near the top
 	for _, c := range []struct {
 		name   string
