@@ -1,0 +1,503 @@
+package accesslog
+
+import (
+	"net/netip"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// The field names below are the README's table: they are stable across
+// versions (a new field may be added; none is renamed or removed).
+
+// enc appends fields in one of the key=value formats.
+type enc struct {
+	b     []byte
+	f     Format
+	first bool
+}
+
+func (e *enc) key(k string) {
+	if e.f == JSON {
+		if !e.first {
+			e.b = append(e.b, ',')
+		}
+		e.b = append(e.b, '"')
+		e.b = append(e.b, k...)
+		e.b = append(e.b, '"', ':')
+	} else {
+		if !e.first {
+			e.b = append(e.b, ' ')
+		}
+		e.b = append(e.b, k...)
+		e.b = append(e.b, '=')
+	}
+	e.first = false
+}
+
+func (e *enc) str(k string, v string) {
+	e.key(k)
+	if e.f == JSON {
+		e.b = appendJSONString(e.b, v)
+	} else {
+		e.b = appendLogfmtValue(e.b, v)
+	}
+}
+
+func (e *enc) bytes(k string, v []byte) {
+	e.key(k)
+	if e.f == JSON {
+		e.b = appendJSONString(e.b, v)
+	} else {
+		e.b = appendLogfmtValue(e.b, v)
+	}
+}
+
+func (e *enc) int(k string, v int64) {
+	e.key(k)
+	e.b = strconv.AppendInt(e.b, v, 10)
+}
+
+// ms writes a duration in milliseconds with microsecond precision
+// (1.234), the unit of HAProxy's and Envoy's timers.
+func (e *enc) ms(k string, d time.Duration) {
+	e.key(k)
+	e.b = appendMillis(e.b, d)
+}
+
+func appendMillis(b []byte, d time.Duration) []byte {
+	if d < 0 {
+		d = 0
+	}
+	us := int64(d / time.Microsecond)
+	b = strconv.AppendInt(b, us/1000, 10)
+	f := us % 1000
+	return append(b, '.', byte('0'+f/100), byte('0'+f/10%10), byte('0'+f%10))
+}
+
+func (e *enc) addr(k string, a netip.Addr) {
+	e.key(k)
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+	if a.IsValid() {
+		e.b = a.Unmap().AppendTo(e.b)
+	}
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+}
+
+func (e *enc) addrPort(k string, a netip.AddrPort) {
+	e.key(k)
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+	if a.IsValid() {
+		e.b = netip.AddrPortFrom(a.Addr().Unmap(), a.Port()).AppendTo(e.b)
+	}
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+}
+
+func (e *enc) hex(k string, b []byte, valid bool) {
+	e.key(k)
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+	if valid {
+		e.b = AppendHex(e.b, b)
+	}
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+}
+
+// list writes names joined by ','.
+func (e *enc) list(k string, names []string) {
+	e.key(k)
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	} else {
+		quote := false
+		for _, n := range names {
+			if logfmtNeedsQuote(n) {
+				quote = true
+			}
+		}
+		if quote {
+			// rare: a backend id with a space or a quote
+			s := ""
+			for i, n := range names {
+				if i > 0 {
+					s += ","
+				}
+				s += n
+			}
+			e.b = appendLogfmtValue(e.b, s)
+			return
+		}
+	}
+	for i, n := range names {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		if e.f == JSON {
+			e.b = appendJSONInner(e.b, n)
+		} else {
+			e.b = append(e.b, n...)
+		}
+	}
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+}
+
+func (e *enc) time(k string, t time.Time) {
+	e.key(k)
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+	e.b = t.UTC().AppendFormat(e.b, "2006-01-02T15:04:05.000Z")
+	if e.f == JSON {
+		e.b = append(e.b, '"')
+	}
+}
+
+func tlsName(v uint16) string {
+	switch v {
+	case 0:
+		return ""
+	case 0x0301:
+		return "TLSv1.0"
+	case 0x0302:
+		return "TLSv1.1"
+	case 0x0303:
+		return "TLSv1.2"
+	case 0x0304:
+		return "TLSv1.3"
+	}
+	return "unknown"
+}
+
+func retried(names *[MaxRetries]string, n int) []string {
+	if n > MaxRetries {
+		n = MaxRetries
+	}
+	if n < 0 {
+		n = 0
+	}
+	return names[:n]
+}
+
+func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte {
+	if l.opts.Format == Combined {
+		return l.combinedHTTP(b, r)
+	}
+	e := enc{b: b, f: l.opts.Format, first: true}
+	if e.f == JSON {
+		e.b = append(e.b, '{')
+	}
+	e.time("time", r.Start)
+	e.str("log", "http")
+	e.addrPort("client", r.Client)
+	e.addr("forwarded_for", r.Forwarded)
+	e.str("tls", tlsName(r.TLSVersion))
+	e.bytes("sni", r.SNI)
+	e.bytes("method", r.Method)
+	e.bytes("host", r.Host)
+	e.bytes("path", r.Path)
+	if l.opts.Query {
+		e.bytes("query", r.Query)
+	}
+	e.str("protocol", r.Proto)
+	e.int("status", int64(r.Status))
+	e.int("bytes_in", r.BytesIn)
+	e.int("bytes_out", r.BytesOut)
+	e.str("pool", r.Pool)
+	e.str("route", r.Route)
+	e.str("backend", r.Backend)
+	e.str("class", r.Class.String())
+	e.str("decision", r.Decision.String())
+	e.bytes("reason", r.Reason)
+	e.int("retries", int64(r.Retries))
+	e.list("retry_backends", retried(&r.RetryBackends, r.Retries))
+	e.ms("t_head_ms", r.HeadRead)
+	e.ms("t_wait_ms", r.AdmissionWait)
+	e.ms("t_connect_ms", r.Connect)
+	e.ms("t_first_byte_ms", r.FirstByte)
+	e.ms("t_total_ms", r.Total)
+	e.bytes("request_id", r.RequestID)
+	e.hex("trace_id", r.TraceID[:], r.HasTrace)
+	e.hex("parent_span_id", r.ParentSpan[:], r.HasTrace)
+	e.bytes("user_agent", r.UserAgent)
+	e.bytes("referer", r.Referer)
+	e.str("end", r.End.String())
+	if e.f == JSON {
+		e.b = append(e.b, '}')
+	}
+	return e.b
+}
+
+func (l *Logger) formatSIP(b []byte, r *SIPRecord) []byte {
+	if l.opts.Format == Combined {
+		return l.combinedSIP(b, r)
+	}
+	e := enc{b: b, f: l.opts.Format, first: true}
+	if e.f == JSON {
+		e.b = append(e.b, '{')
+	}
+	e.time("time", r.Start)
+	e.str("log", "sip")
+	e.str("kind", r.Kind.String())
+	e.str("method", r.Method)
+	e.key("ruri")
+	ruri := r.RURI
+	if l.opts.MaskUser {
+		var mb [256]byte
+		m := maskUser(mb[:0], ruri)
+		if e.f == JSON {
+			e.b = appendJSONString(e.b, m)
+		} else {
+			e.b = appendLogfmtValue(e.b, m)
+		}
+	} else if e.f == JSON {
+		e.b = appendJSONString(e.b, ruri)
+	} else {
+		e.b = appendLogfmtValue(e.b, ruri)
+	}
+	e.str("call_id", r.CallID)
+	e.str("from_tag", r.FromTag)
+	e.str("to_tag", r.ToTag)
+	e.int("cseq", int64(r.CSeq))
+	e.str("transport", r.Transport)
+	e.addrPort("source", r.Source)
+	e.str("pool", r.Pool)
+	e.str("backend", r.Backend)
+	e.int("status", int64(r.Status))
+	e.str("status_from", r.StatusFrom.String())
+	e.str("class", r.Class.String())
+	e.str("decision", r.Decision.String())
+	e.str("reason", r.Reason)
+	e.int("failovers", int64(r.Failovers))
+	e.list("failover_backends", retried(&r.FailoverBackends, r.Failovers))
+	e.ms("t_provisional_ms", r.Provisional)
+	e.ms("t_final_ms", r.Final)
+	if r.Kind == SIPDialogEnd {
+		e.ms("duration_ms", r.Duration)
+		e.str("bye_side", r.ByeSide)
+	}
+	e.hex("trace_id", r.TraceID[:], r.HasTrace)
+	e.hex("parent_span_id", r.ParentSpan[:], r.HasTrace)
+	if e.f == JSON {
+		e.b = append(e.b, '}')
+	}
+	return e.b
+}
+
+// maskUser replaces the user part of a SIP or tel URI with '*':
+// sip:alice@host -> sip:*@host, tel:+123 -> tel:*.
+func maskUser(dst []byte, uri string) []byte {
+	colon := -1
+	for i := 0; i < len(uri) && i < 6; i++ {
+		if uri[i] == ':' {
+			colon = i
+			break
+		}
+	}
+	if colon < 0 {
+		return append(dst, uri...)
+	}
+	scheme := uri[:colon]
+	rest := uri[colon+1:]
+	dst = append(dst, uri[:colon+1]...)
+	if scheme == "tel" || scheme == "TEL" {
+		end := len(rest)
+		for i := 0; i < len(rest); i++ {
+			if rest[i] == ';' {
+				end = i
+				break
+			}
+		}
+		dst = append(dst, '*')
+		return append(dst, rest[end:]...)
+	}
+	at := -1
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == '@' {
+			at = i
+			break
+		}
+		if rest[i] == ';' || rest[i] == '?' || rest[i] == '>' {
+			break
+		}
+	}
+	if at < 0 {
+		return append(dst, rest...)
+	}
+	dst = append(dst, '*')
+	return append(dst, rest[at:]...)
+}
+
+// combinedHTTP is Apache's and nginx's combined format:
+// HOST - - [TIME] "METHOD TARGET PROTO" STATUS BYTES "REFERER" "USER-AGENT"
+// with the forwarded client as HOST when a trusted proxy gave one.
+func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord) []byte {
+	switch {
+	case r.Forwarded.IsValid():
+		b = r.Forwarded.Unmap().AppendTo(b)
+	case r.Client.IsValid():
+		b = r.Client.Addr().Unmap().AppendTo(b)
+	default:
+		b = append(b, '-')
+	}
+	b = append(b, " - - ["...)
+	b = r.Start.AppendFormat(b, "02/Jan/2006:15:04:05 -0700")
+	b = append(b, "] \""...)
+	if len(r.Method) == 0 {
+		b = append(b, '-')
+	} else {
+		b = appendCombined(b, r.Method)
+		b = append(b, ' ')
+		b = appendCombined(b, r.Path)
+		if l.opts.Query && len(r.Query) > 0 {
+			b = append(b, '?')
+			b = appendCombined(b, r.Query)
+		}
+		b = append(b, ' ')
+		b = appendCombined(b, r.Proto)
+	}
+	b = append(b, "\" "...)
+	b = strconv.AppendInt(b, int64(r.Status), 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, r.BytesOut, 10)
+	b = append(b, " \""...)
+	b = appendCombinedOrDash(b, r.Referer)
+	b = append(b, "\" \""...)
+	b = appendCombinedOrDash(b, r.UserAgent)
+	return append(b, '"')
+}
+
+// combinedSIP fits a SIP transaction into the combined shape: SOURCE - -
+// [TIME] "METHOD R-URI SIP/2.0" STATUS 0 "CALL-ID" "BACKEND".
+func (l *Logger) combinedSIP(b []byte, r *SIPRecord) []byte {
+	if r.Source.IsValid() {
+		b = r.Source.Addr().Unmap().AppendTo(b)
+	} else {
+		b = append(b, '-')
+	}
+	b = append(b, " - - ["...)
+	b = r.Start.AppendFormat(b, "02/Jan/2006:15:04:05 -0700")
+	b = append(b, "] \""...)
+	b = appendCombined(b, r.Method)
+	b = append(b, ' ')
+	if l.opts.MaskUser {
+		var mb [256]byte
+		b = appendCombined(b, maskUser(mb[:0], r.RURI))
+	} else {
+		b = appendCombined(b, r.RURI)
+	}
+	b = append(b, " SIP/2.0\" "...)
+	b = strconv.AppendInt(b, int64(r.Status), 10)
+	b = append(b, " 0 \""...)
+	b = appendCombinedOrDash(b, r.CallID)
+	b = append(b, "\" \""...)
+	b = appendCombinedOrDash(b, r.Backend)
+	return append(b, '"')
+}
+
+func appendCombinedOrDash[T ~string | ~[]byte](b []byte, s T) []byte {
+	if len(s) == 0 {
+		return append(b, '-')
+	}
+	return appendCombined(b, s)
+}
+
+// appendCombined escapes as nginx does: '"', '\' and bytes outside
+// printable ASCII as \xHH.
+func appendCombined[T ~string | ~[]byte](b []byte, s T) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			b = append(b, '\\', 'x', hexDigits[c>>4], hexDigits[c&15])
+			continue
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+func appendJSONString[T ~string | ~[]byte](b []byte, s T) []byte {
+	b = append(b, '"')
+	b = appendJSONInner(b, s)
+	return append(b, '"')
+}
+
+// appendJSONInner escapes s as the inside of a JSON string: quotes,
+// backslashes and control bytes escaped, invalid UTF-8 as U+FFFD, so a
+// hostile path or user agent cannot break the line or the object.
+func appendJSONInner[T ~string | ~[]byte](b []byte, s T) []byte {
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c == '\n':
+				b = append(b, '\\', 'n')
+			case c == '\r':
+				b = append(b, '\\', 'r')
+			case c == '\t':
+				b = append(b, '\\', 't')
+			case c < 0x20 || c == 0x7f:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&15])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		var rb [utf8.UTFMax]byte
+		k := copy(rb[:], s[i:min(i+utf8.UTFMax, len(s))])
+		r, n := utf8.DecodeRune(rb[:k])
+		if r == utf8.RuneError && n <= 1 {
+			b = append(b, `\ufffd`...)
+			i++
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, `\u202`...)
+			b = append(b, hexDigits[r&15])
+			i += n
+			continue
+		}
+		for j := 0; j < n; j++ {
+			b = append(b, s[i+j])
+		}
+		i += n
+	}
+	return b
+}
+
+func logfmtNeedsQuote[T ~string | ~[]byte](s T) bool {
+	if len(s) == 0 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c == '=' || c == '"' || c == '\\' || c >= 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// appendLogfmtValue writes s bare when it can, else as a quoted string
+// with JSON's escapes.
+func appendLogfmtValue[T ~string | ~[]byte](b []byte, s T) []byte {
+	if !logfmtNeedsQuote(s) {
+		return append(b, s...)
+	}
+	return appendJSONString(b, s)
+}

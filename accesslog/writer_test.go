@@ -1,0 +1,296 @@
+package accesslog
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/internal/testenv"
+)
+
+func rec(i int, id []byte) *HTTPRecord {
+	id = strconv.AppendInt(id[:0], int64(i), 10)
+	return &HTTPRecord{
+		Start: t0, Client: netip.MustParseAddrPort("192.0.2.1:1000"), Method: []byte("GET"),
+		Host: []byte("h"), Path: []byte("/p"), Proto: "HTTP/1.1", Status: 200, RequestID: id,
+	}
+}
+
+// idsIn reads the request_id of every JSON line in the files.
+func idsIn(t *testing.T, files ...string) map[string]int {
+	t.Helper()
+	ids := map[string]int{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+			if line == "" {
+				continue
+			}
+			_, rest, ok := strings.Cut(line, `"request_id":"`)
+			id, _, ok2 := strings.Cut(rest, `"`)
+			if !ok || !ok2 {
+				t.Fatalf("%s: a line without request_id: %q", f, line)
+			}
+			ids[id]++
+		}
+	}
+	return ids
+}
+
+// TestLogrotateRenameReopen: records logged from several goroutines while
+// the file is renamed and Reopen called (what logrotate's postrotate
+// SIGUSR1 does) five times; every logged record is in exactly one of the
+// files, none twice.
+func TestLogrotateRenameReopen(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "access.log")
+	l, err := New(Options{Dest: path, Sample: DefaultSample, RingSize: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const producers, each = 4, 5000
+	var wg sync.WaitGroup
+	for g := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var id []byte
+			for i := range each {
+				l.LogHTTP(rec(g*each+i, id))
+			}
+		}()
+	}
+	files := []string{path}
+	for k := range 5 {
+		rotated := fmt.Sprintf("%s.%d", path, k)
+		if err := os.Rename(path, rotated); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, rotated)
+		l.Reopen()
+		// logrotate's next rotation comes after sluice opened the new file.
+		for {
+			if _, err := os.Stat(path); err == nil {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	wg.Wait()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := l.Stats()
+	ids := idsIn(t, files...)
+	for id, n := range ids {
+		if n != 1 {
+			t.Errorf("request %s written %d times", id, n)
+		}
+	}
+	if uint64(len(ids)) != st.Logged[HTTP] || st.Logged[HTTP]+st.Dropped[HTTP] != producers*each || st.Written[HTTP] != st.Logged[HTTP] {
+		t.Errorf("%d distinct lines in the files; stats %+v; want logged = written = lines, logged + dropped = %d", len(ids), st, producers*each)
+	}
+	if st.Dropped[HTTP] != 0 {
+		t.Errorf("%d dropped with a ring larger than the load", st.Dropped[HTTP])
+	}
+}
+
+// TestDropsWhenDestinationBlocks: a FIFO nobody reads fills, the writer
+// blocks in write, the ring fills and LogHTTP drops and counts without
+// blocking; once read, every record that was taken is written.
+func TestDropsWhenDestinationBlocks(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	l, err := New(Options{Dest: fifo, Sample: DefaultSample, RingSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20000 // ~6 MB of lines: far beyond a pipe's 64 KiB and the ring
+	var id []byte
+	for i := range n {
+		l.LogHTTP(rec(i, id))
+	}
+	st := l.Stats()
+	if st.Dropped[HTTP] == 0 || st.Logged[HTTP]+st.Dropped[HTTP] != n {
+		t.Fatalf("stats %+v: want drops, logged + dropped = %d", st, n)
+	}
+	// Drain the pipe (blocking reads now) and close.
+	syscall.SetNonblock(int(rd.Fd()), false)
+	lines := make(chan int)
+	go func() {
+		c := 0
+		sc := bufio.NewScanner(rd)
+		sc.Buffer(make([]byte, 1<<16), 1<<16)
+		for sc.Scan() {
+			c++
+		}
+		lines <- c
+	}()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := <-lines
+	st = l.Stats()
+	if uint64(got) != st.Logged[HTTP] || st.Written[HTTP] != st.Logged[HTTP] {
+		t.Errorf("%d lines read; stats %+v: want every logged record written once", got, st)
+	}
+}
+
+func TestLogHTTPAllocatesNothing(t *testing.T) {
+	if raceOn {
+		t.Skip("the race detector allocates; run without -race")
+	}
+	l, err := New(Options{Dest: filepath.Join(t.TempDir(), "a.log"), Sample: DefaultSample, RingSize: 1 << 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	r := rec(1, nil)
+	if a := testing.AllocsPerRun(1000, func() { l.LogHTTP(r) }); a != 0 {
+		t.Errorf("LogHTTP: %v allocations, want 0", a)
+	}
+	var nilL *Logger
+	nilL.LogHTTP(r) // a nil logger takes nothing
+}
+
+func BenchmarkLogHTTP(b *testing.B) {
+	l, err := New(Options{Dest: filepath.Join(b.TempDir(), "a.log"), Sample: DefaultSample})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	r := rec(1, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		l.LogHTTP(r)
+	}
+}
+
+func BenchmarkFormatJSON(b *testing.B) {
+	l := &Logger{opts: Options{Format: JSON}}
+	r := httpOutcomes()[0].r
+	var buf []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = l.formatHTTP(buf[:0], &r)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestRsyslogReceives: a real rsyslogd on loopback (UDP and TCP inputs)
+// writes what it receives to a file; every record sent over TCP
+// (octet-counted) and over UDP arrives, RFC 5424 parsed by rsyslog
+// (APP-NAME, MSGID and the message as sent).
+func TestRsyslogReceives(t *testing.T) {
+	bin := testenv.Tool(t, "rsyslogd", "rsyslog")
+	dir := t.TempDir()
+	port := freePort(t)
+	out := filepath.Join(dir, "out.log")
+	conf := fmt.Sprintf(`global(workDirectory=%q)
+module(load="imtcp")
+module(load="imudp")
+input(type="imtcp" address="127.0.0.1" port="%d")
+input(type="imudp" address="127.0.0.1" port="%d")
+template(name="t" type="string" string="%%app-name%% %%msgid%% %%msg%%\n")
+*.* action(type="omfile" file=%q template="t")
+`, dir, port, port, out)
+	cf := filepath.Join(dir, "rsyslog.conf")
+	os.WriteFile(cf, []byte(conf), 0o644)
+	cmd := exec.Command(bin, "-n", "-f", cf, "-i", filepath.Join(dir, "pid"))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rsyslogd does not listen on %d: %v", port, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	const n = 200
+	for _, scheme := range []string{"syslog+tcp", "syslog+udp"} {
+		l, err := New(Options{Dest: fmt.Sprintf("%s://127.0.0.1:%d", scheme, port), Sample: DefaultSample, AppName: "sluice-" + scheme[7:], Format: Logfmt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var id []byte
+		for i := range n {
+			l.LogHTTP(rec(i, id))
+			if scheme == "syslog+udp" && i%50 == 49 {
+				time.Sleep(5 * time.Millisecond) // loopback UDP: do not outrun rsyslog's socket buffer
+			}
+		}
+		l.LogSIP(&SIPRecord{Start: t0, Method: "INVITE", CallID: "c1", Status: 200})
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got map[string]int
+	for time.Now().Before(deadline.Add(10 * time.Second)) {
+		got = map[string]int{}
+		b, _ := os.ReadFile(out)
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.SplitN(line, " ", 3)
+			if len(f) == 3 && strings.HasPrefix(f[0], "sluice-") {
+				key := f[0] + " " + f[1]
+				if f[1] == "http" {
+					if _, after, ok := strings.Cut(f[2], "request_id="); ok {
+						id, _, _ := strings.Cut(after, " ")
+						key += " " + id
+					}
+				}
+				got[key]++
+			}
+		}
+		if len(got) == 2*(n+1) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, app := range []string{"sluice-tcp", "sluice-udp"} {
+		for i := range n {
+			if k := fmt.Sprintf("%s http %d", app, i); got[k] != 1 {
+				t.Errorf("%q received %d times", k, got[k])
+			}
+		}
+		if got[app+" sip"] != 1 {
+			t.Errorf("%s: the SIP line received %d times", app, got[app+" sip"])
+		}
+	}
+}
