@@ -90,8 +90,15 @@ func (s *Server) buildReplyVias(req *gosip.Request, keepOurs, compact bool, code
 	return w.Bytes()
 }
 
-// reply answers req with a response of our own, without state.
+// reply answers req with a response of our own, without state, and
+// logs it (logLocal).
 func (s *Server) reply(req *gosip.Request, src source, code int, reason string, extra ...string) {
+	s.replyUnlogged(req, src, code, reason, extra...)
+	s.logLocal(req, src, code, reason, extra)
+}
+
+// replyUnlogged is reply for an answer its caller logs itself.
+func (s *Server) replyUnlogged(req *gosip.Request, src source, code int, reason string, extra ...string) {
 	if err := s.sendBytes(s.buildReply(req, code, reason, extra...), s.replyTarget(req, src)); err == nil {
 		s.metrics.LocalReplies.Add(1)
 	}
@@ -121,6 +128,7 @@ const localReplySourceRate = 50
 // peer is who it says (the handshake proves it) and gets the answer with
 // its extra. Dropped answers are counted in local_replies_shed.
 func (s *Server) replyLocal(req *gosip.Request, src source, code int, reason string, extra ...string) {
+	s.logLocal(req, src, code, reason, extra)
 	if !s.localAllowed(src) {
 		return
 	}
@@ -160,6 +168,7 @@ func fits(p []byte, src source) bool {
 // relays it back along the loop to the client. It is shared and bounded
 // as replyLocal's answers are.
 func (s *Server) replyLoop(req *gosip.Request, src source) {
+	s.logLocal(req, src, 482, "Loop Detected", nil)
 	if !s.localAllowed(src) {
 		return
 	}
@@ -331,7 +340,7 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 	}
 	// Only now, its branch proven ours for where it came from, does the
 	// answer count as evidence that the backend serves (unansweredBy).
-	s.answered(br, src)
+	s.answered(br, src, res.StatusCode)
 	if res.StatusCode >= 200 && res.CSeq().MethodName == gosip.BYE {
 		// The dialog is over (RFC 3261 §15.1.1), whichever side hung up:
 		// its table entry lingers for retransmitted BYEs, then goes.

@@ -16,6 +16,7 @@ import (
 
 	gosip "github.com/emiago/sipgo/sip"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 )
 
@@ -49,6 +50,10 @@ type Deps struct {
 	// Events receives backend.state events from the OPTIONS health checks
 	// (down, up, draining). May be nil.
 	Events admission.EventSink
+	// AccessLog, when set, gets one record per transaction the server
+	// forwarded or answered (accesslog.Logger.LogSIP, which never
+	// blocks). May be nil: then no record is built.
+	AccessLog *accesslog.Logger
 	// DialogShare, when set, receives every change of the dialog table so
 	// the other nodes of a cluster can apply it (ApplyDialog). It is called
 	// on the message path: it must not block. May be nil.
@@ -65,6 +70,7 @@ type Server struct {
 	observe func(time.Duration)               // Deps.ObserveForward, or nil
 	share   atomic.Pointer[func(DialogEvent)] // Deps.DialogShare or SetDialogShare; nil: none
 	events  admission.EventSink               // Deps.Events, or nil
+	alog    *accesslog.Logger                 // Deps.AccessLog, or nil
 	signer  Signer
 	clock   admission.Clock
 	// pool is the backend generation served and SIP's side table of it.
@@ -154,6 +160,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		adm:     deps.Admission,
 		observe: deps.ObserveForward,
 		events:  deps.Events,
+		alog:    deps.AccessLog,
 		signer:  deps.Signer,
 		clock:   deps.Clock,
 		parser:  newParser(),
