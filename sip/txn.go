@@ -80,8 +80,8 @@ type txn struct {
 	tooLarge  bool   // answered 513: the request with our headers is too large for a datagram
 	answered  bool   // an earlier attempt's 2xx ended it (earlierAttemptAnsweredLocked): send no more
 	prepared  bool
-	acquired  bool // cur counts this attempt as outstanding
-	local     bool // we gave the final answer ourselves (500, 487, 503)
+	acquired  bool    // cur counts this attempt as outstanding
+	local     bool    // we gave the final answer ourselves (500, 487, 503)
 	lg        *txnLog // the access-log record under way; nil when not logging
 }
 
