@@ -58,6 +58,9 @@ type Config struct {
 	// service.instance.id.
 	ServiceName string
 	Instance    string
+	// MaskUser replaces the user part of SIP Request-URIs with '*' in
+	// span attributes, as -access-log-mask-user does in the log.
+	MaskUser bool
 }
 
 // DefaultConfig returns the defaults: sample ratio 1 (every trace the
@@ -252,14 +255,7 @@ func (e *Exporter) Offer(sp *Span) bool {
 		e.unsampled.Add(1)
 		return false
 	}
-	select {
-	case e.queue <- *sp:
-		e.queued.Add(1)
-		return true
-	default:
-		e.dropped.Add(1)
-		return false
-	}
+	return e.enqueue(sp)
 }
 
 // Stats returns the counters.
