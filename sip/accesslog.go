@@ -165,7 +165,7 @@ func (s *Server) logLocal(req *gosip.Request, src source, code int, phrase strin
 	why := ""
 	if code >= 300 {
 		if why = warningText(extra); why == "" {
-			why = phrase
+			why = strings.ToLower(phrase)
 		}
 	}
 	s.logAnswer(req, src, false, "", code, why)

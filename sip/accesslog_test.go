@@ -1,0 +1,241 @@
+package sip
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/accesslog"
+	"github.com/sluicelb/sluice/admission"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite the golden files")
+
+// lineSink collects the SIP access-log lines as the logger writes them.
+type lineSink struct{ lines chan string }
+
+func (k *lineSink) WantHTTP(*accesslog.HTTPRecord) bool { return false }
+func (k *lineSink) WantSIP(*accesslog.SIPRecord) bool   { return true }
+func (k *lineSink) WriteHTTP(*accesslog.HTTPRecord, []byte) {
+}
+func (k *lineSink) WriteSIP(_ *accesslog.SIPRecord, line []byte) {
+	k.lines <- string(line)
+}
+
+// next returns the next n lines written.
+func (k *lineSink) next(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	for range n {
+		select {
+		case l := <-k.lines:
+			out = append(out, l)
+		case <-time.After(wait):
+			t.Fatalf("%d access-log lines, want %d: %q", len(out), n, out)
+		}
+	}
+	return out
+}
+
+// none checks that no further line was written once the server is idle.
+func (k *lineSink) none(t *testing.T) {
+	t.Helper()
+	select {
+	case l := <-k.lines:
+		t.Errorf("unexpected access-log line %s", l)
+	default:
+	}
+}
+
+// newLineLog is a JSON access log to a file of t's, whose lines k gets.
+func newLineLog(t *testing.T, mask bool) (*accesslog.Logger, *lineSink) {
+	t.Helper()
+	k := &lineSink{lines: make(chan string, 256)}
+	l, err := accesslog.New(accesslog.Options{Dest: filepath.Join(t.TempDir(), "sip.log"), Format: accesslog.JSON,
+		Sample: accesslog.DefaultSample, MaskUser: mask, Sinks: []accesslog.Sink{k}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l, k
+}
+
+var (
+	reTime = regexp.MustCompile(`"time":"[^"]*"`)
+	rePort = regexp.MustCompile(`127\.0\.0\.1:\d+`)
+)
+
+// normalize takes what changes from run to run out of a line: the wall
+// time and the loopback ports.
+func normalize(line string) string {
+	line = reTime.ReplaceAllString(line, `"time":"T"`)
+	return rePort.ReplaceAllString(line, "127.0.0.1:P")
+}
+
+// TestAccessLogSIPGolden: the access-log line of each SIP outcome, on a
+// clock that moves only when the test moves it (so the timings are
+// exact): forwarded and answered 200 and the BYE of that call, a failover
+// off a backend's 503, every backend failing (500), no backend left
+// (503), a refusal by an ARM rule, Timer C (sluice's 408 after a
+// provisional answer), a sips: request with no TLS backend (480), an
+// INVITE CANCELed at its backend (487) and a request without route
+// (404).
+func TestAccessLogSIPGolden(t *testing.T) {
+	var got []string
+	add := func(name string, lines []string) {
+		for _, l := range lines {
+			got = append(got, name+": "+normalize(l))
+		}
+	}
+	rr := func(c *Config) { c.Policy = "round-robin" }
+	newClock := func() *admission.ManualClock {
+		c := &admission.ManualClock{}
+		c.Set(int64(time.Hour))
+		return c
+	}
+
+	t.Run("forwarded", func(t *testing.T) {
+		l, k := newLineLog(t, false)
+		b1 := newUAS(t, "b1")
+		clock := newClock()
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), mut: rr, clock: clock, alog: l})
+		c := newUAC(t, s.udpAddr())
+		kc := c.namedCall("fwd@test")
+		kc.invite("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n")
+		c.recvResponse(180)
+		kc.learn(c.recvResponse(200))
+		add("forwarded", k.next(t, 1))
+		kc.inDialog("ACK", 1, kc.branch+"-ack")
+		kc.inDialog("BYE", 2, kc.branch+"-bye")
+		c.recvResponse(200)
+		add("forwarded bye", k.next(t, 1))
+		k.none(t)
+	})
+
+	t.Run("failover", func(t *testing.T) {
+		l, k := newLineLog(t, true)
+		b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+		b1.mode.Store(mode503)
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1, b2}), mut: rr, clock: newClock(), alog: l})
+		c := newUAC(t, s.udpAddr())
+		kc := c.namedCall("failover@test")
+		kc.invite("")
+		c.recvResponse(180)
+		c.recvResponse(200)
+		add("failover (masked)", k.next(t, 1))
+	})
+
+	t.Run("all failed, then none left", func(t *testing.T) {
+		l, k := newLineLog(t, false)
+		b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
+		b1.mode.Store(mode503)
+		b2.mode.Store(mode503)
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1, b2}), mut: rr, clock: newClock(), alog: l})
+		c := newUAC(t, s.udpAddr())
+		c.namedCall("allfailed@test").invite("")
+		c.recvResponse(500)
+		add("all failed", k.next(t, 1))
+		c.namedCall("noneleft@test").invite("")
+		c.recvResponse(503)
+		add("no backend", k.next(t, 1))
+	})
+
+	t.Run("refused by rule", func(t *testing.T) {
+		l, k := newLineLog(t, false)
+		b1 := newUAS(t, "b1")
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), mut: rr, clock: newClock(), alog: l,
+			rules: []string{"name=invites,proto=sip,method=INVITE,limit=1/s,action=reject"}})
+		c := newUAC(t, s.udpAddr())
+		c.namedCall("first@test").invite("")
+		c.recvResponse(180)
+		c.recvResponse(200)
+		k.next(t, 1)
+		c.namedCall("refused@test").invite("")
+		c.recvResponse(503)
+		add("refused", k.next(t, 1))
+	})
+
+	t.Run("timer C", func(t *testing.T) {
+		l, k := newLineLog(t, false)
+		b1 := newUAS(t, "b1")
+		b1.mode.Store(modeRing)
+		clock := newClock()
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), mut: rr, clock: clock, alog: l})
+		c := newUAC(t, s.udpAddr())
+		c.namedCall("ring@test").invite("")
+		c.recvResponse(180)
+		clock.Advance(timerC)
+		c.recvResponse(408)
+		add("timeout", k.next(t, 1))
+	})
+
+	t.Run("canceled", func(t *testing.T) {
+		l, k := newLineLog(t, false)
+		b1 := newUAS(t, "b1")
+		b1.mode.Store(modeRing)
+		clock := newClock()
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), mut: rr, clock: clock, alog: l})
+		c := newUAC(t, s.udpAddr())
+		kc := c.namedCall("cancel@test")
+		kc.invite("")
+		c.recvResponse(180)
+		clock.Advance(1500 * time.Millisecond)
+		c.send(strings.NewReplacer("INVITE", "CANCEL").Replace(
+			"INVITE sip:service@" + c.lb.String() + " SIP/2.0\r\nVia: SIP/2.0/UDP " + c.addr.String() + ";branch=" + kc.branch + ";rport\r\nMax-Forwards: 70\r\nFrom: <sip:alice@test>;tag=acancel@test\r\nTo: <sip:service@test>\r\nCall-ID: cancel@test\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"))
+		c.recvResponseTo(gosip.INVITE, 487)
+		add("canceled", k.next(t, 1))
+	})
+
+	t.Run("local answers", func(t *testing.T) {
+		l, k := newLineLog(t, false)
+		b1 := newUAS(t, "b1")
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), mut: rr, clock: newClock(), alog: l})
+		c := newUAC(t, s.udpAddr())
+		c.send("INVITE sips:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP " + c.addr.String() + ";branch=z9hG4bK-sips;rport\r\nMax-Forwards: 70\r\nFrom: <sips:alice@test>;tag=s1\r\nTo: <sips:bob@example.com>\r\nCall-ID: sips@test\r\nCSeq: 7 INVITE\r\nContact: <sips:alice@test>\r\nContent-Length: 0\r\n\r\n")
+		c.recvResponse(480)
+		add("sips", k.next(t, 1))
+		c.send("BYE sip:service@" + c.lb.String() + " SIP/2.0\r\nVia: SIP/2.0/UDP " + c.addr.String() + ";branch=z9hG4bK-zero;rport\r\nMax-Forwards: 0\r\nFrom: <sip:alice@test>;tag=z1\r\nTo: <sip:service@test>;tag=z2\r\nCall-ID: zero@test\r\nCSeq: 9 BYE\r\nUser-Agent: a test that needs room for the answer\r\nContent-Length: 0\r\n\r\n")
+		c.recvResponse(483)
+		add("too many hops", k.next(t, 1))
+	})
+
+	golden := filepath.Join("testdata", "accesslog.golden")
+	text := strings.Join(got, "\n") + "\n"
+	if *updateGolden {
+		if err := os.WriteFile(golden, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text != string(want) {
+		t.Errorf("access-log lines differ from %s (run with -update to accept):\n%s", golden, diffLines(string(want), text))
+	}
+}
+
+// diffLines lists the lines of got that want does not have and back.
+func diffLines(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			b.WriteString("- " + wl + "\n+ " + gl + "\n")
+		}
+	}
+	return b.String()
+}
