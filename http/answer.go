@@ -35,6 +35,9 @@ func (l *evloop) consume(bc *bconn) bool {
 			return false
 		}
 		hlen := end + 4
+		if x.log.first == 0 {
+			x.log.first = l.now
+		}
 		h := &l.respH
 		l.rd.Reset(buf[:hlen])
 		l.br.Reset(&l.rd)
@@ -70,11 +73,14 @@ func (l *evloop) consume(bc *bconn) bool {
 				l.failed(c, errInformational, lb.ServerError)
 				return true
 			}
-			l.writeClient(c, l.informational(h))
+			ih := l.informational(h)
+			x.log.headOut += int64(len(ih))
+			l.writeClient(c, ih)
 			bc.r += hlen
 			return false
 		}
 		x.gotHead, x.status = true, st
+		x.log.status = st
 		bc.deadline = l.now + int64(l.s.cfg.BackendTimeout) // from here, between bytes of the body
 		cl := h.ContentLength()
 		switch {
@@ -119,6 +125,7 @@ func (l *evloop) consume(bc *bconn) bool {
 		h.SetNoDefaultContentType(true)
 		bc.r += hlen
 		out := h.AppendBytes(l.out[:0])
+		x.log.headOut += int64(len(out))
 		k, done, err := x.bodyBytes(bc.in[bc.r:bc.w])
 		if err != nil {
 			l.failed(c, errBadAnswer, lb.ServerError)

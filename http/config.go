@@ -46,6 +46,11 @@ type Config struct {
 	// X-Forwarded-Proto values are kept (and appended to). From anyone else
 	// those headers are replaced. Flag -http-trusted-proxy (repeatable CIDR).
 	TrustedProxies []netip.Prefix
+	// RequestID makes every request carry an X-Request-ID to its backend:
+	// a trusted proxy's (TrustedProxies) is kept, anyone else's replaced
+	// by 32 hex digits made here. The id is in the access log and in the
+	// answers sluice makes itself. Flag -http-request-id (on by default).
+	RequestID bool
 
 	// StickyCookie names the signed balancer cookie; "-" disables it. Flag
 	// -http-sticky-cookie.
@@ -174,6 +179,7 @@ func DefaultConfig() Config {
 	return Config{
 		Listen:              ":8080",
 		HandshakeTimeout:    10 * time.Second,
+		RequestID:           true,
 		StickyCookie:        "SLUICE",
 		StickyTTL:           time.Hour,
 		AppCookieTTL:        30 * time.Minute,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
@@ -51,8 +52,16 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	v := viewPool.Get().(*reqView)
 	defer viewPool.Put(v)
-	r, d := s.admit(&p, h, v, s.clock.Now())
+	now := s.clock.Now()
+	r, d := s.admit(&p, h, v, now)
+	var g *reqLog
+	if s.cfg.RequestID || s.logging() {
+		g = reqLogPool.Get().(*reqLog)
+		s.beginLog(g, &p, h, clientAddrPort(ctx), s.wall(now), now, now)
+		defer s.endFastLog(ctx, g, &p)
+	}
 	if d.Verdict == admission.Delay {
+		s.markDelayed(g, d)
 		// Watch the client while the request waits in the queue: one that
 		// leaves frees its slot at once. (Not while a streamed body is
 		// unread: that is fasthttp's to read.)
@@ -63,19 +72,33 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		d = s.waitDelay(ctx.Done(), gone, remoteAddr(ctx), &r, d)
 		end()
+		if g != nil {
+			g.decided = s.clock.Now()
+		}
 		if gone != nil && isClosed(gone) {
+			if g != nil {
+				g.end, g.answered = accesslog.EndClientAbort, true
+			}
 			ctx.SetConnectionClose()
 			return
 		}
 	}
-	if s.pick(&p, &ctx.Response, &r, d, h, remoteAddr(ctx)) {
+	picked := s.pick(&p, &ctx.Response, &r, d, h, remoteAddr(ctx))
+	if !picked && g != nil {
+		g.refused = true
+	}
+	if picked {
 		// No body: no Content-Length above 0, not chunked (-1; -2 is
 		// fasthttp's "none given" for a request), nothing streamed.
 		bodyless := h.ContentLength() != -1 && h.ContentLength() <= 0 && !ctx.Request.IsBodyStream() && len(ctx.Request.Body()) == 0
 		if proto := s.upgradeAsked(h, bodyless); proto != nil {
+			if g != nil {
+				g.setRequestID(h)
+				g.skip = true // a tunnel, not a request
+			}
 			s.forwardUpgrade(ctx, &p, v, proto)
 		} else {
-			s.forward(ctx, &p, v)
+			s.forward(ctx, &p, v, g)
 		}
 		s.observe(&p)
 	}
@@ -111,10 +134,11 @@ var errAborted = errors.New("aborted: memory state critical")
 
 // forward sends the request to p.b and relays the answer, once more to
 // another backend when the pipeline allows it (retryElsewhere).
-func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView) {
+func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView, g *reqLog) {
 	h := &ctx.Request.Header
 	ip := remoteAddr(ctx)
 	s.prepareRequest(h, ip, p.secure)
+	g.setRequestID(h)
 	if p.strip != "" {
 		if t := v.stripTarget(h, p.strip); t != nil {
 			// On the request, not its header: the request's parsed URI
@@ -182,7 +206,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView) {
 		if err == errAborted {
 			p.acquired = false // the abandoned exchange releases it when it returns
 			body = nil         // and may still read the body
+			g.abortedCritical()
 			return
+		}
+		if g != nil {
+			g.first = s.clock.Now()
 		}
 		if err != nil && body != nil && body.broken(h.ContentLength()) {
 			// The client's body stream broke or ended early while it was
@@ -221,8 +249,19 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView) {
 		return
 	}
 	s.prepareResponse(&ctx.Response.Header, p, ip)
+	if g != nil {
+		g.answered = true
+		if body != nil {
+			g.rec.BytesIn = body.n
+		}
+	}
 	if bb, ok := ctx.Response.BodyStream().(*backendBody); ok {
 		bb.held, bb.src, held = &s.held, ip, false // counted until the body is closed
+		if g != nil {
+			// The exchange ends when the streamed body does: logged then.
+			g.streamed = true
+			bb.log, bb.s, bb.plan = g, s, *p
+		}
 	}
 }
 
@@ -485,11 +524,16 @@ type backendBody struct {
 	got     int64
 	eof     bool // the body ended where its framing says
 	failed  bool
+	failEnd accesslog.End // how the body failed: timeout or backend reset
 	reuse   bool
 	closed  bool
 	finish  func(reuse bool)
 	held    *clientLimit // the count of src to end on Close; nil when none
 	src     netip.Addr
+	// The access log's record, ended on Close.
+	log  *reqLog
+	s    *Server
+	plan plan
 }
 
 func (b *backendBody) Read(p []byte) (int, error) {
@@ -519,6 +563,7 @@ func (b *backendBody) Read(p []byte) (int, error) {
 	} else if err != nil {
 		b.failed = true
 		err = asTimeout(err)
+		b.failEnd = endOf(err)
 	}
 	return n, err
 }
@@ -531,6 +576,18 @@ func (b *backendBody) Close() error {
 		b.finish(b.reuse && b.eof && !b.failed)
 		if b.held != nil {
 			b.held.release(b.src)
+		}
+		if g := b.log; g != nil {
+			b.log = nil
+			switch {
+			case b.eof:
+			case b.failed:
+				g.end = b.failEnd
+			default:
+				g.end = accesslog.EndClientAbort
+			}
+			b.s.endLog(g, &b.plan, g.status, b.got, b.s.clock.Now())
+			reqLogPool.Put(g)
 		}
 	}
 	return nil

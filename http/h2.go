@@ -32,6 +32,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 )
 
@@ -355,18 +356,46 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.secure = connSecure(h.conn) // admit keeps it: X-Forwarded-Proto https, a Secure cookie
 	v := viewPool.Get().(*reqView)
 	defer viewPool.Put(v)
-	req, d := s.admit(&p, hdr, v, s.clock.Now())
+	now := s.clock.Now()
+	req, d := s.admit(&p, hdr, v, now)
+	var g *reqLog
+	if s.cfg.RequestID || s.logging() {
+		g = reqLogPool.Get().(*reqLog)
+		client, _ := netip.ParseAddrPort(r.RemoteAddr)
+		s.beginLog(g, &p, hdr, netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), s.wall(now), now, now)
+		g.rec.Proto = "HTTP/2.0"
+		defer s.endH2Log(ctx, g, &p)
+	}
 	if d.Verdict == admission.Delay {
+		s.markDelayed(g, d)
 		// The stream's context ends when the client resets it or the
 		// connection goes: its request leaves the queue at once.
 		d = s.waitDelay(s.h2s.done, r.Context().Done(), ip, &req, d)
+		if g != nil {
+			g.decided = s.clock.Now()
+		}
 		if r.Context().Err() != nil {
+			if g != nil {
+				g.end, g.answered = accesslog.EndClientAbort, true
+			}
 			return
 		}
 	}
 	if s.pick(&p, &ctx.Response, &req, d, hdr, ip) {
-		s.forward(ctx, &p, v)
+		s.forward(ctx, &p, v, g)
 		s.observe(&p)
+	} else if g != nil {
+		g.refused = true
+	}
+	if g != nil && !g.answered {
+		g.localAnswer(&ctx.Response)
+	}
+	if g != nil && g.streamed {
+		// Ended here after the body's Close (endH2Log), not by it.
+		if bb, ok := ctx.Response.BodyStream().(*backendBody); ok {
+			bb.log, g.body = nil, bb
+		}
+		g.streamed = false
 	}
 	resp := &ctx.Response
 	if tr := ctx.LastTimeoutErrorResponse(); tr != nil {

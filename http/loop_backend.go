@@ -92,6 +92,7 @@ func (l *evloop) send(c *cconn) {
 	if n := len(p.idle); n > 0 {
 		bc = p.idle[n-1]
 		p.idle = p.idle[:n-1]
+		x.log.connect = l.now
 	} else if !p.open.take(l.s.cfg.MaxConns) {
 		x.waitUntil = l.now + int64(l.s.cfg.ConnWait)
 		p.waiters = append(p.waiters, waiter{c, c.gen, c.seq})
@@ -112,6 +113,7 @@ func (l *evloop) send(c *cconn) {
 		bc.deadline = l.now + int64(l.s.cfg.ConnectTimeout)
 		return
 	}
+	x.log.connect = l.now
 	bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
 	l.toWrite = append(l.toWrite, bc) // written after this round of events, together
 }
@@ -181,6 +183,7 @@ func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 		bc.connecting = false
 		bc.wready = true
 		if bc.c != nil {
+			bc.c.x.log.connect = l.now
 			bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
 		}
 	}

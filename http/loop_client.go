@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
@@ -30,8 +31,11 @@ type cconn struct {
 	parsing  bool // clientIn is on the stack
 	closing  bool // close once out is written
 	deadline int64
-	x        exchange
-	tls      *loopTLS // an HTTPS connection's TLS state (tls_loop.go); nil: plain
+	// headStart is when the first bytes of the current request were
+	// read (loop clock), for the access log.
+	headStart int64
+	x         exchange
+	tls       *loopTLS // an HTTPS connection's TLS state (tls_loop.go); nil: plain
 	// A tunnel (loop_tunnel.go): tun after the backend's 101; tunEOF
 	// once the client ended its side; shutWr once sluice shut down
 	// writing to it.
@@ -64,6 +68,7 @@ type exchange struct {
 	bclose        bool   // the backend connection is not reusable afterwards
 	upgrade       []byte // an upgrade request: its Upgrade (loop_tunnel.go); nil for others
 	tunPending    bool   // counted in Stats.TunnelsPending until answered
+	log           reqLog // the access log's record and the request id
 }
 
 // accept takes up to 64 new client connections from the listener per
@@ -213,6 +218,9 @@ func (l *evloop) clientIn(c *cconn) {
 		if n < len(c.in)-c.w && !c.hup && c.tls == nil {
 			c.rready = false // a short read drained the socket; the next edge reports more
 		}
+		if c.w == c.r {
+			c.headStart = l.now
+		}
 		c.w += n
 	}
 }
@@ -312,7 +320,7 @@ func (l *evloop) readReqHead(p []byte) bool {
 func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	c.seq++
 	x := &c.x
-	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0]}
+	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0], log: reqLog{buf: x.log.buf}}
 	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
 	x.head = h.IsHead()
 	x.secure = c.tls != nil
@@ -322,7 +330,13 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 		return
 	}
 	r, d := l.s.admit(&x.plan, h, &l.view, l.s.clock.Now())
+	if l.s.cfg.RequestID || l.s.logging() {
+		start := min(c.headStart, l.now)
+		wall := l.s.wall(l.s.clock.Now()).Add(-time.Duration(l.now - start))
+		l.s.beginLog(&x.log, &x.plan, h, netip.AddrPortFrom(c.ip, 0), wall, start, l.now)
+	}
 	if d.Verdict == admission.Delay {
+		l.s.markDelayed(&x.log, d)
 		l.delay(c, r, d)
 		return
 	}
@@ -356,6 +370,7 @@ func (l *evloop) delay(c *cconn, r admission.Request, d admission.Decision) {
 				return
 			}
 			c.x.gone = nil
+			c.x.log.decided = l.now
 			body := l.reparse(c)
 			l.view.fill(&l.reqH, l.s.needPath(c.x.set))
 			l.admitted(c, &l.reqH, body, &r, d)
@@ -369,6 +384,7 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 	s := l.s
 	x := &c.x
 	if !s.pick(&x.plan, &l.local, r, d, h, c.ip) {
+		x.log.refused = true
 		l.answerLocal(c)
 		return
 	}
@@ -381,6 +397,7 @@ func (l *evloop) admitted(c *cconn, h *fasthttp.RequestHeader, body []byte, r *a
 		x.tunPending, x.upgrade = true, up
 	}
 	s.prepareRequest(h, c.ip, x.secure)
+	x.log.setRequestID(h)
 	if x.strip != "" {
 		// The view is of this request: the delayed path (delay) fills it
 		// again before it comes here.
@@ -417,7 +434,10 @@ func (l *evloop) answerLocal(c *cconn) {
 	if c.x.closeAfter || l.e.stopping.Load() {
 		resp.Header.SetConnectionClose()
 	}
+	c.x.log.localAnswer(resp)
+	c.x.log.status = resp.StatusCode()
 	out := resp.Header.AppendBytes(l.out[:0])
+	c.x.log.headOut += int64(len(out))
 	if !c.x.head { // an answer to HEAD has the length of its body, not the body
 		out = append(out, body...)
 	}
@@ -429,6 +449,7 @@ func (l *evloop) answerLocal(c *cconn) {
 
 // endRequest ends the client's current request and goes on with the next.
 func (l *evloop) endRequest(c *cconn) {
+	l.logEnd(c)
 	l.unhold(c)
 	l.untakeTunnel(c)
 	if c.fd < 0 {
@@ -437,6 +458,7 @@ func (l *evloop) endRequest(c *cconn) {
 	l.s.observe(&c.x.plan)
 	c.r += c.x.reqLen
 	c.x.reqLen = 0
+	c.headStart = l.now // a pipelined request's head is in already
 	c.x.set, c.x.b, c.x.bc = nil, nil, nil
 	c.busy = false
 	if c.x.closeAfter || l.e.stopping.Load() {
@@ -459,6 +481,14 @@ func (l *evloop) endRequest(c *cconn) {
 	}
 	if c.w > c.r || c.rready {
 		l.clientIn(c)
+	}
+}
+
+// logEnd hands c's request to the access log, once.
+func (l *evloop) logEnd(c *cconn) {
+	x := &c.x
+	if c.busy && !c.tun {
+		l.s.endLog(&x.log, &x.plan, x.log.status, max(x.log.out-x.log.headOut, 0), l.now)
 	}
 }
 
@@ -485,6 +515,7 @@ func (l *evloop) settle(c *cconn) {
 // writeClient writes p to the client (in TLS records on an HTTPS
 // connection), keeping what the socket does not take.
 func (l *evloop) writeClient(c *cconn, p []byte) {
+	c.x.log.out += int64(len(p))
 	if c.tls != nil && c.fd >= 0 {
 		p = l.seal(c, p)
 	}
@@ -563,6 +594,10 @@ func (l *evloop) closeClient(c *cconn) {
 	if c.fd < 0 {
 		return
 	}
+	if c.busy && c.x.log.end == 0 {
+		c.x.log.end = accesslog.EndClientAbort
+	}
+	l.logEnd(c)
 	if bc := c.x.bc; c.busy && bc != nil {
 		// The client left mid-exchange: the backend connection is in an
 		// unknown state.
@@ -614,6 +649,7 @@ func (l *evloop) failed(c *cconn, err error, res lb.Result) {
 	}
 	if x.gotHead {
 		s.stats.UpstreamError.Add(1)
+		x.log.end = endOf(err)
 		x.closeAfter = true
 		l.endRequest(c)
 		return

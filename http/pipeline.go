@@ -41,15 +41,17 @@ type plan struct {
 	strip    string       // the matching route's strip=, when the request goes to that route's pool
 	bad      routeRefusal // the routes could not choose: pick answers 400 or 414
 	class    admission.Class
-	key      uint64 // consistent-hash key (new work; 0 for other policies)
-	start    int64  // admission clock when the request began
-	renew    bool   // the answer sets the sticky cookie
-	repinned bool   // a valid pin named a backend that is down
-	idem     bool   // the method may be sent twice (resendable: GET, HEAD)
-	retried  bool   // moved to another backend once already
-	acquired bool   // b.Acquire was called: releaseBackend is due
-	observed bool   // ObserveForward was called
-	secure   bool   // the client came over TLS (X-Forwarded-Proto https, a Secure sticky cookie)
+	key      uint64      // consistent-hash key (new work; 0 for other policies)
+	start    int64       // admission clock when the request began
+	renew    bool        // the answer sets the sticky cookie
+	repinned bool        // a valid pin named a backend that is down
+	idem     bool        // the method may be sent twice (resendable: GET, HEAD)
+	retried  bool        // moved to another backend once already
+	acquired bool        // b.Acquire was called: releaseBackend is due
+	observed bool        // ObserveForward was called
+	secure   bool        // the client came over TLS (X-Forwarded-Proto https, a Secure sticky cookie)
+	route    int         // 1 + the index of the route that gave the pool; 0: none (the access log)
+	prev     *lb.Backend // the backend a retry moved the request from
 }
 
 // reqView is the normalised view of a request head that routes and ARM
@@ -138,6 +140,7 @@ func (s *Server) admit(p *plan, h *fasthttp.RequestHeader, v *reqView, now int64
 		// kept in another pool.
 		set.routes.CountHit(route)
 		p.strip = set.strips[route]
+		p.route = route + 1
 	}
 	r := admissionRequest(p.class, h, v, p.ref.tag)
 	return r, s.ctrl.Decide(now, &r, nil)
@@ -379,6 +382,7 @@ func (s *Server) retryElsewhere(p *plan, resp *fasthttp.Response, h *fasthttp.Re
 	}
 	s.stats.Retried.Add(1)
 	p.retried = true
+	p.prev = p.b
 	p.b, p.renew, p.class = nb, s.sticky != nil, admission.NewWork
 	return retrySend
 }

@@ -3,6 +3,7 @@ package http
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -30,6 +31,7 @@ type backendSet struct {
 	routes     *lb.RouteTable // nil: no routes
 	routePools []*poolRef     // by route index
 	strips     []string       // by route index: the route's strip= ("" none)
+	routeIDs   []string       // by route index: its number from 1, as the access log names it
 	needPath   bool           // a route tests or strips the path
 	needMethod bool           // a route tests the method
 	hdrNames   []string       // the header names routes test (RouteTable.HeaderNames)
@@ -209,6 +211,7 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 		set.routes = routes
 		set.routePools = make([]*poolRef, routes.Len())
 		set.strips = make([]string, routes.Len())
+		set.routeIDs = make([]string, routes.Len())
 		for i := range routes.Len() {
 			spec := routes.Spec(i)
 			ref := set.byName[spec.Pool]
@@ -216,6 +219,7 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 				return nil, fmt.Errorf("route %d (%s): pool %s has no backends", i+1, spec, spec.Pool)
 			}
 			set.routePools[i], set.strips[i] = ref, spec.Strip
+			set.routeIDs[i] = strconv.Itoa(i + 1)
 			set.needPath = set.needPath || spec.Prefix != "" || spec.Regex != "" || spec.Strip != ""
 			set.needMethod = set.needMethod || spec.Method != ""
 		}

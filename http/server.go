@@ -16,6 +16,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
@@ -58,6 +59,7 @@ type Server struct {
 	monoBase int64
 
 	stats Stats
+	alog  *accesslog.Logger // nil: requests are not logged
 
 	// HTTPS (tls.go).
 	tls           atomic.Pointer[tlsFront] // the HTTPS listener, while served
@@ -137,6 +139,8 @@ type Deps struct {
 	// Signer makes and checks sticky cookies; it may be nil only when the
 	// sticky cookie is disabled (StickyCookie "-").
 	Signer *lb.Signer
+	// AccessLog takes one record per request; nil: none.
+	AccessLog *accesslog.Logger
 }
 
 // New builds the front end; it opens no socket. The logger gets
@@ -162,6 +166,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		logger:  logger.With("component", "http"),
 		trusted: cfg.TrustedProxies,
 		appName: cfg.AppCookie,
+		alog:    deps.AccessLog,
 	}
 	s.upgrades, _ = parseUpgrades(cfg.Upgrades) // Validate checked it
 	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies

@@ -19,6 +19,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
@@ -206,6 +207,8 @@ type rigOpts struct {
 	tls bool
 	// setup, when set, is called with the server before it serves.
 	setup func(*Server)
+	// alog is the access log the server writes to (Deps.AccessLog).
+	alog *accesslog.Logger
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -271,7 +274,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	if cfg.Engine == "" {
 		cfg.Engine = engineOf(t)
 	}
-	deps := Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer}
+	deps := Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer, AccessLog: o.alog}
 	if o.pools != nil {
 		deps.Generation = r.generation(o)
 	}

@@ -1,0 +1,330 @@
+package http
+
+// The HTTP access log and request ids: both engines gather one request's
+// record in a reqLog as the request goes (beginLog after admission, the
+// decision, the backend's timings, the answer) and hand it to the
+// accesslog.Logger at its end (endLog), which copies it into its ring
+// without blocking or allocating. Request ids are taken from trusted
+// clients or made here, sent to the backend and written in the answers
+// sluice makes itself.
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/accesslog"
+	"github.com/sluicelb/sluice/admission"
+)
+
+// maxRequestID is the longest X-Request-ID taken from a trusted client;
+// a longer one (or one with bytes outside visible ASCII) is replaced.
+const maxRequestID = 128
+
+// reqLog is one request's access-log record as it is gathered. An engine
+// keeps one per request in flight (the loop in the exchange, the fasthttp
+// engine from a pool); its buffers stay warm across requests.
+type reqLog struct {
+	rec   accesslog.HTTPRecord
+	buf   []byte // the request's strings the record views
+	rid   [maxRequestID]byte
+	ridN  int
+	start int64 // admission clock: the request head began (or was read, when the engine cannot tell)
+	head  int64 // the head was read whole
+	// decided is when the delay ended; connect and first when the
+	// backend connection was ready and the answer's first byte came.
+	decided, connect, first int64
+	delayed                 bool
+	rule                    string       // the ARM rule that delayed the request
+	refused                 bool         // pick answered instead of a backend
+	local                   bool         // the answer is one sluice made
+	began                   bool         // beginLog filled it
+	answered                bool         // fasthttp: the answer is the backend's (or no answer)
+	streamed                bool         // fasthttp: a streamed body's Close logs it
+	body                    *backendBody // HTTP/2: the streamed body, read when the stream ends
+	skip                    bool         // logged already, or not logged here (an upgrade: its tunnel)
+	status                  int          // the answer's status
+	end                     accesslog.End
+	out, headOut            int64 // bytes written to the client; of which heads (loop)
+	reason                  [160]byte
+	reasonN                 int
+}
+
+// logging reports whether requests are logged (or traced).
+func (s *Server) logging() bool { return s.alog.Enabled(accesslog.HTTP) }
+
+// beginLog starts g for the request whose head is h, admitted (or not)
+// into p: the request id (taken from a trusted client, else made), and,
+// when requests are logged, the request's own fields. start is when its
+// head began and now when admission decided, on the engine's clock (the
+// timings are differences of it); wall is start on the wall clock.
+func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client netip.AddrPort, wall time.Time, start, now int64) {
+	buf := g.buf[:0]
+	*g = reqLog{buf: buf, start: start, head: now, decided: now, began: true}
+	if s.cfg.RequestID {
+		s.takeRequestID(g, h, client.Addr())
+	}
+	if !s.logging() {
+		return
+	}
+	r := &g.rec
+	r.Start, r.Client = wall, client
+	if s.isTrusted(client.Addr()) {
+		r.Forwarded = firstForwarded(h.Peek("X-Forwarded-For"))
+	}
+	uri := h.RequestURI()
+	path, query := uri, []byte(nil)
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		path, query = uri[:i], uri[i+1:]
+	}
+	// One buffer, offsets first: it may grow while being filled.
+	var offs [7][2]int
+	for i, b := range [...][]byte{h.Method(), h.Host(), path, query, h.UserAgent(), h.Referer(), g.rid[:g.ridN]} {
+		offs[i][0] = len(buf)
+		buf = append(buf, b...)
+		offs[i][1] = len(buf)
+	}
+	g.buf = buf
+	at := func(i int) []byte {
+		if offs[i][0] == offs[i][1] {
+			return nil
+		}
+		return buf[offs[i][0]:offs[i][1]:offs[i][1]]
+	}
+	r.Method, r.Host, r.Path, r.Query, r.UserAgent, r.Referer, r.RequestID = at(0), at(1), at(2), at(3), at(4), at(5), at(6)
+	if h.IsHTTP11() {
+		r.Proto = "HTTP/1.1"
+	} else {
+		r.Proto = "HTTP/1.0"
+	}
+	if tp := h.Peek("traceparent"); len(tp) > 0 {
+		r.TraceID, r.ParentSpan, r.TraceFlags, r.HasTrace = accesslog.ParseTraceparentBytes(tp)
+	}
+	r.BytesIn = int64(max(h.ContentLength(), 0))
+}
+
+// firstForwarded is the first address of an X-Forwarded-For value (the
+// client as the first trusted proxy saw it); invalid when it is not one.
+func firstForwarded(v []byte) netip.Addr {
+	if i := bytes.IndexByte(v, ','); i >= 0 {
+		v = v[:i]
+	}
+	a, err := netip.ParseAddr(b2s(bytes.TrimSpace(v)))
+	if err != nil {
+		return netip.Addr{}
+	}
+	return a.Unmap()
+}
+
+// takeRequestID sets g's request id: a trusted client's X-Request-ID
+// (visible ASCII, at most maxRequestID bytes), else 32 hex digits made
+// here. An id from anyone else is replaced: a client may not plant ids in
+// the backend's logs.
+func (s *Server) takeRequestID(g *reqLog, h *fasthttp.RequestHeader, ip netip.Addr) {
+	if v := h.Peek("X-Request-ID"); len(v) > 0 && len(v) <= maxRequestID && visibleASCII(v) && s.isTrusted(ip) {
+		g.ridN = copy(g.rid[:], v)
+		return
+	}
+	var raw [16]byte
+	a, b := rand.Uint64(), rand.Uint64()
+	for i := range 8 {
+		raw[i], raw[8+i] = byte(a>>(8*i)), byte(b>>(8*i))
+	}
+	g.ridN = len(accesslog.AppendHex(g.rid[:0], raw[:]))
+}
+
+func visibleASCII(v []byte) bool {
+	for _, c := range v {
+		if c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// setRequestID writes the request id into the head sent to the backend,
+// replacing what the client sent.
+func (g *reqLog) setRequestID(h *fasthttp.RequestHeader) {
+	if g != nil && g.ridN > 0 {
+		h.SetBytesV("X-Request-ID", g.rid[:g.ridN])
+	}
+}
+
+// decide records the admission decision d (before waitDelay) and the
+// time the request left a delay.
+func (s *Server) markDelayed(g *reqLog, d admission.Decision) {
+	if g == nil {
+		return
+	}
+	g.delayed = true
+	if rules := s.ctrl.Rules(); d.Rule >= 0 && int(d.Rule) < len(rules) {
+		g.rule = rules[d.Rule].Name()
+	}
+}
+
+// localAnswer marks resp, an answer sluice made, as the request's: it
+// carries the request id, and its Proxy-Status details are the reason.
+func (g *reqLog) localAnswer(resp *fasthttp.Response) {
+	g.local = true
+	if g.ridN > 0 {
+		resp.Header.SetBytesV("X-Request-ID", g.rid[:g.ridN])
+	}
+	ps := resp.Header.Peek("Proxy-Status")
+	if i := bytes.Index(ps, []byte(`details="`)); i >= 0 {
+		d := ps[i+len(`details="`):]
+		if j := bytes.IndexByte(d, '"'); j >= 0 {
+			d = d[:j]
+		}
+		g.reasonN = copy(g.reason[:], d)
+	} else if i := bytes.Index(ps, []byte("error=")); i >= 0 {
+		g.reasonN = copy(g.reason[:], ps[i+len("error="):])
+	}
+}
+
+// endLog finishes g for p with the answer's status and body bytes and
+// now (the engine's clock), and hands it to the logger, once.
+func (s *Server) endLog(g *reqLog, p *plan, status int, bodyOut int64, now int64) {
+	if !g.began || g.skip || !s.logging() {
+		return
+	}
+	g.skip = true
+	r := &g.rec
+	r.Status, r.BytesOut = status, bodyOut
+	if p.ref != nil {
+		r.Pool = p.ref.name
+	}
+	if p.route > 0 && p.set != nil && p.route <= len(p.set.routeIDs) {
+		r.Route = p.set.routeIDs[p.route-1]
+	}
+	if p.b != nil {
+		r.Backend = p.b.ID()
+	}
+	if p.prev != nil {
+		r.Retries, r.RetryBackends[0] = 1, p.prev.ID()
+	}
+	r.Class = accesslog.ClassNew
+	if p.class == admission.Affinity && p.prev == nil {
+		r.Class = accesslog.ClassAffinity
+	}
+	end := g.end
+	switch {
+	case g.local && (g.refused || status != 502 && status != 504):
+		r.Decision = accesslog.Refused
+		if end == accesslog.EndComplete {
+			end = accesslog.EndRefused
+		}
+	case g.delayed:
+		r.Decision = accesslog.Delayed
+	}
+	if g.local && end == accesslog.EndComplete {
+		switch status {
+		case 504:
+			end = accesslog.EndTimeout
+		case 502:
+			end = accesslog.EndBackendReset
+		}
+	}
+	r.End = end
+	r.Reason = g.reason[:g.reasonN]
+	if r.Decision == accesslog.Delayed && g.rule != "" && g.reasonN == 0 {
+		n := copy(g.reason[:], "arm rule ")
+		n += copy(g.reason[n:], g.rule)
+		r.Reason = g.reason[:n]
+	}
+	since := func(t int64) (d time.Duration) {
+		if t <= 0 || t < g.start {
+			return 0
+		}
+		return time.Duration(t - g.start)
+	}
+	r.HeadRead = since(g.head)
+	if g.delayed {
+		r.AdmissionWait = time.Duration(max(g.decided-g.head, 0))
+	}
+	r.Connect, r.FirstByte, r.Total = since(g.connect), since(g.first), since(now)
+	s.alog.LogHTTP(r)
+}
+
+// endOf is how an exchange that failed after its answer began ended.
+func endOf(err error) accesslog.End {
+	if errors.Is(err, fasthttp.ErrTimeout) {
+		return accesslog.EndTimeout
+	}
+	return accesslog.EndBackendReset
+}
+
+// reqLogPool holds the fasthttp engine's records: one per request in
+// flight, its buffers kept warm.
+var reqLogPool = sync.Pool{New: func() any { return new(reqLog) }}
+
+// clientAddrPort is the fasthttp client's address and port.
+func clientAddrPort(ctx *fasthttp.RequestCtx) netip.AddrPort {
+	if a, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPortFrom(remoteAddr(ctx), 0)
+}
+
+// abortedCritical records new work ended by memory state Critical on the
+// fasthttp engine: its 503 went out through fasthttp's timeout answer,
+// and ctx.Response is the abandoned exchange's, not to be read.
+func (g *reqLog) abortedCritical() {
+	if g == nil {
+		return
+	}
+	g.answered, g.local, g.status = true, true, 503
+	g.reasonN = copy(g.reason[:], "memory state critical")
+}
+
+// endFastLog ends the fasthttp engine's record of a request when its
+// handler returns: the answer in ctx.Response is sluice's own unless the
+// backend's was relayed; a streamed answer is logged when its body ends.
+func (s *Server) endFastLog(ctx *fasthttp.RequestCtx, g *reqLog, p *plan) {
+	if g.streamed {
+		g.status = ctx.Response.StatusCode()
+		return // backendBody.Close logs it and puts g back
+	}
+	if !g.answered {
+		g.localAnswer(&ctx.Response)
+	}
+	if g.status == 0 {
+		g.status = ctx.Response.StatusCode()
+	}
+	if !ctx.Request.IsBodyStream() && g.rec.BytesIn == 0 {
+		g.rec.BytesIn = int64(len(ctx.Request.Body()))
+	}
+	s.endLog(g, p, g.status, int64(len(ctx.Response.Body())), s.clock.Now())
+	reqLogPool.Put(g)
+}
+
+// endH2Log ends an HTTP/2 stream's record once its answer was written
+// (or the stream ended); a streamed answer's is ended by its body's Close,
+// which comes after (the deferred CloseBodyStream).
+func (s *Server) endH2Log(ctx *fasthttp.RequestCtx, g *reqLog, p *plan) {
+	if g.status == 0 && ctx.LastTimeoutErrorResponse() == nil {
+		g.status = ctx.Response.StatusCode()
+	}
+	var out int64
+	switch b := g.body; {
+	case b != nil:
+		out = b.got
+		switch {
+		case b.eof:
+		case b.failed:
+			g.end = b.failEnd
+		default:
+			g.end = accesslog.EndClientAbort
+		}
+	case ctx.LastTimeoutErrorResponse() == nil:
+		out = int64(len(ctx.Response.Body()))
+	}
+	s.endLog(g, p, g.status, out, s.clock.Now())
+	reqLogPool.Put(g)
+}

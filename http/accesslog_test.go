@@ -1,0 +1,240 @@
+package http
+
+import (
+	"bufio"
+	"net"
+	"net/netip"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/accesslog"
+	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/lb"
+)
+
+// logged is a record as a test sees it: the byte fields as strings.
+type logged struct {
+	accesslog.HTTPRecord
+	method, path, query, reason, rid string
+	line                             string
+}
+
+// captureSink keeps every record the logger hands it, with its JSON line.
+type captureSink struct {
+	ch chan logged
+}
+
+func (c *captureSink) WantHTTP(*accesslog.HTTPRecord) bool { return true }
+func (c *captureSink) WantSIP(*accesslog.SIPRecord) bool   { return false }
+func (c *captureSink) WriteSIP(*accesslog.SIPRecord, []byte) {}
+func (c *captureSink) WriteHTTP(r *accesslog.HTTPRecord, line []byte) {
+	l := logged{HTTPRecord: *r, method: string(r.Method), path: string(r.Path), query: string(r.Query),
+		reason: string(r.Reason), rid: string(r.RequestID), line: string(line)}
+	l.Method, l.Path, l.Query, l.Reason, l.RequestID, l.Host, l.UserAgent, l.Referer, l.SNI = nil, nil, nil, nil, nil, nil, nil, nil, nil
+	c.ch <- l
+}
+
+// next waits for the next record (the writer is asynchronous; the wait is
+// for delivery, nothing is asserted on time).
+func (c *captureSink) next(t *testing.T) logged {
+	t.Helper()
+	select {
+	case l := <-c.ch:
+		return l
+	case <-time.After(10 * time.Second):
+		t.Fatal("no access log record")
+		return logged{}
+	}
+}
+
+func logRig(t *testing.T, o rigOpts) (*rig, *captureSink) {
+	t.Helper()
+	sink := &captureSink{ch: make(chan logged, 64)}
+	l, err := accesslog.New(accesslog.Options{Dest: t.TempDir() + "/access.log", Sample: accesslog.DefaultSample, Sinks: []accesslog.Sink{sink}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	o.alog = l
+	o.cfg.RequestID = true
+	return newRig(t, o), sink
+}
+
+var hexID = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// TestAccessLogAdmitted: one record per request with what the issue
+// lists; the request id the backend got is the record's; traceparent
+// and tracestate reach the backend unchanged and the trace is logged.
+func TestAccessLogAdmitted(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1})
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		c.Write([]byte("GET /cart?id=7 HTTP/1.1\r\nHost: shop.example\r\nUser-Agent: t/1\r\nX-Request-ID: planted\r\ntraceparent: " + tp + "\r\ntracestate: k=v\r\n\r\n"))
+		var resp fasthttp.Response
+		if err := resp.Read(bufio.NewReader(c)); err != nil || resp.StatusCode() != 200 {
+			t.Fatal(err, resp.StatusCode())
+		}
+		l := sink.next(t)
+		if l.method != "GET" || l.path != "/cart" || l.query != "id=7" || l.Status != 200 || l.Backend != "b0" ||
+			l.Decision != accesslog.Admitted || l.Class != accesslog.ClassNew || l.End != accesslog.EndComplete ||
+			l.Pool != "default" || l.BytesOut != 2 || l.Proto != "HTTP/1.1" || l.Retries != 0 {
+			t.Errorf("record %+v", l)
+		}
+		if !hexID.MatchString(l.rid) {
+			t.Errorf("request id %q: want 32 hex digits made here (the client is not trusted)", l.rid)
+		}
+		hs := r.backends[0].lastHeaders()
+		if got := hs["X-Request-Id"]; len(got) != 1 || got[0] != l.rid {
+			t.Errorf("backend got X-Request-ID %q, the log says %q", got, l.rid)
+		}
+		if hs["Traceparent"][0] != tp || hs["Tracestate"][0] != "k=v" {
+			t.Errorf("trace context at the backend: %v %v", hs["Traceparent"], hs["Tracestate"])
+		}
+		if !l.HasTrace || accesslog.FormatTraceparent(l.TraceID, l.ParentSpan, l.TraceFlags) != tp {
+			t.Errorf("trace in the record: %v %x %x", l.HasTrace, l.TraceID, l.ParentSpan)
+		}
+		if l.Total < l.FirstByte || l.FirstByte < l.Connect || l.Client.Addr() != netip.MustParseAddr("127.0.0.1") {
+			t.Errorf("timings or client: %+v", l.HTTPRecord)
+		}
+		if !strings.Contains(l.line, `"request_id":"`+l.rid+`"`) || strings.Contains(l.line, "id=7") {
+			t.Errorf("line %s: want the request id and no query (-access-log-query off)", l.line)
+		}
+	})
+}
+
+// TestRequestIDFromTrustedProxy: a trusted proxy's X-Request-ID is kept.
+func TestRequestIDFromTrustedProxy(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1, cfg: Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nX-Request-ID: edge-42\r\nX-Forwarded-For: 203.0.113.9, 10.0.0.1\r\n\r\n"))
+		var resp fasthttp.Response
+		if err := resp.Read(bufio.NewReader(c)); err != nil {
+			t.Fatal(err)
+		}
+		l := sink.next(t)
+		if l.rid != "edge-42" || r.backends[0].lastHeaders()["X-Request-Id"][0] != "edge-42" {
+			t.Errorf("request id %q, backend %v: want edge-42 kept", l.rid, r.backends[0].lastHeaders()["X-Request-Id"])
+		}
+		if l.Forwarded != netip.MustParseAddr("203.0.113.9") {
+			t.Errorf("forwarded_for %v", l.Forwarded)
+		}
+	})
+}
+
+// TestAccessLogRefusals: each guard's refusal is logged refused with its
+// reason, and the answer carries the logged request id.
+func TestAccessLogRefusals(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		t.Run("memory", func(t *testing.T) {
+			r, sink := logRig(t, rigOpts{backends: 1})
+			r.setMemory(850)
+			rep := r.get("/", "")
+			l := sink.next(t)
+			if rep.status != 429 || l.Status != 429 || l.Decision != accesslog.Refused || l.reason != "memory state lower" || l.End != accesslog.EndRefused || l.Backend != "" {
+				t.Errorf("%d; record %+v reason %q", rep.status, l.HTTPRecord, l.reason)
+			}
+			if rep.header.Get("X-Request-ID") != l.rid || l.rid == "" {
+				t.Errorf("answer's X-Request-ID %q, log's %q", rep.header.Get("X-Request-ID"), l.rid)
+			}
+		})
+		t.Run("arm", func(t *testing.T) {
+			r, sink := logRig(t, rigOpts{backends: 1, arm: []string{"name=burst,limit=1/s,action=reject"}})
+			r.get("/", "")
+			sink.next(t)
+			rep := r.get("/", "")
+			l := sink.next(t)
+			if rep.status != 429 || l.Decision != accesslog.Refused || !strings.Contains(l.reason, "arm rule burst") {
+				t.Errorf("%d; record %+v reason %q", rep.status, l.HTTPRecord, l.reason)
+			}
+		})
+		t.Run("mop", func(t *testing.T) {
+			r, sink := logRig(t, rigOpts{backends: 1, mopRate: 1})
+			r.get("/", "")
+			sink.next(t)
+			rep := r.get("/", "")
+			l := sink.next(t)
+			if rep.status != 503 || l.Decision != accesslog.Refused || !strings.Contains(l.reason, "mop") {
+				t.Errorf("%d; record %+v reason %q", rep.status, l.HTTPRecord, l.reason)
+			}
+		})
+	})
+}
+
+// TestAccessLogRetriedAndTimeout: a request moved off a dead backend names
+// both; a backend that does not answer in time ends as a timeout.
+func TestAccessLogRetriedAndTimeout(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		t.Run("retried", func(t *testing.T) {
+			r, sink := logRig(t, rigOpts{backends: 2})
+			r.backends[0].stop()
+			// Round robin: one of two requests goes to b0 first.
+			var l logged
+			for range 2 {
+				if rep := r.get("/", ""); rep.status != 200 {
+					t.Fatalf("status %d", rep.status)
+				}
+				if l = sink.next(t); l.Retries == 1 {
+					break
+				}
+			}
+			if l.Retries != 1 || l.RetryBackends[0] != "b0" || l.Backend != "b1" || l.End != accesslog.EndComplete {
+				t.Errorf("record %+v", l.HTTPRecord)
+			}
+		})
+		t.Run("timeout", func(t *testing.T) {
+			r, sink := logRig(t, rigOpts{backends: 1, cfg: Config{BackendTimeout: 100 * time.Millisecond, RequestID: true}})
+			release := make(chan struct{})
+			defer close(release)
+			r.backends[0].handler = func(ctx *fasthttp.RequestCtx) { <-release }
+			rep := r.do("POST", "/", "", strings.NewReader("x"))
+			l := sink.next(t)
+			if rep.status != 504 || l.End != accesslog.EndTimeout || l.Decision != accesslog.Admitted || l.Backend != "b0" {
+				t.Errorf("%d; record %+v", rep.status, l.HTTPRecord)
+			}
+		})
+	})
+}
+
+// TestAccessLogDelayed: a request released from an ARM delay is logged
+// delayed with the rule and its wait.
+func TestAccessLogDelayed(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1, arm: []string{"name=slow,limit=1/s,action=delay,queue=10,wait=1m"}})
+		r.get("/", "")
+		sink.next(t)
+		delayed := make(chan reply, 1)
+		go func() { delayed <- r.get("/", "") }()
+		for i := 0; r.ctrl.Rules()[0].Status().Queued == 0; i++ {
+			if i > 5000 {
+				t.Fatal("request never queued")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		r.clock.Advance(1100 * time.Millisecond)
+		r.ctrl.Advance(r.clock.Now())
+		<-delayed
+		l := sink.next(t)
+		if l.Decision != accesslog.Delayed || l.reason != "arm rule slow" || l.Status != 200 {
+			t.Errorf("record %+v reason %q", l.HTTPRecord, l.reason)
+		}
+	})
+}
+
+var _ = admission.Admit
+var _ = lb.OK
+var _ sync.Mutex
