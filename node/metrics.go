@@ -213,6 +213,9 @@ func (n *Node) mountMetrics() error {
 	if n.cluster != nil {
 		src.fronts = append(src.fronts, n.cluster)
 	}
+	if n.tracer != nil {
+		src.fronts = append(src.fronts, n.tracer.Collector())
+	}
 	src.fronts = append(src.fronts, n.admin.Collector())
 	h, err := metricsHandler(src)
 	if err != nil {

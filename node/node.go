@@ -26,6 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/cluster"
@@ -34,6 +35,7 @@ import (
 	"github.com/sluicelb/sluice/persist"
 	lbsip "github.com/sluicelb/sluice/sip"
 	"github.com/sluicelb/sluice/tlsedge"
+	"github.com/sluicelb/sluice/tracing"
 )
 
 // Config is everything a node is built from. cmd/sluice fills it from
@@ -120,6 +122,9 @@ type Config struct {
 	// TLS holds the certificates (-tls-cert) and handshake bounds of every
 	// TLS listener; all zero is tlsedge's defaults without certificates.
 	TLS tlsedge.Config
+	// Tracing exports a span per HTTP request and SIP transaction
+	// (-otlp-endpoint, -trace-sample); Endpoint "" is off.
+	Tracing tracing.Config
 }
 
 // Node is a sluice node. Create it with New; Start, Reload, Drain and Stop
@@ -167,6 +172,13 @@ type Node struct {
 	// for saving.
 	mops []mopEntry
 
+	// tracer exports spans (-otlp-endpoint); nil: off. accessLog is the
+	// Logger the front ends hand their records to (nil: none); ownLog:
+	// buildTracing made it for the tracer alone.
+	tracer    *tracing.Exporter
+	accessLog *accesslog.Logger
+	ownLog    bool
+
 	httpAddr, adminAddr net.Addr
 	httpsAddr           net.Addr
 	cpuProfile          *os.File
@@ -182,7 +194,7 @@ type mopEntry struct {
 
 // New validates cfg and constructs every part; nothing listens yet. Errors
 // name the flag of the field at fault.
-func New(cfg Config, logger *slog.Logger) (*Node, error) {
+func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -191,6 +203,11 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		logger: logger,
 		clock:  admission.MonoClock{},
 	}
+	defer func() {
+		if err != nil {
+			n.closeTracing(time.Second)
+		}
+	}()
 	n.eventLog = &eventLog{logger: n.logger}
 	n.events = n.eventLog.emit
 	n.forward = newForwardHistogram()
@@ -214,7 +231,6 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		return nil, err
 	}
 
-	var err error
 	// Without -mem-limit the container's limit counts (the OOM killer
 	// counts the cgroup), or GOMEMLIMIT when that is lower; a GOMEMLIMIT
 	// stays the reader's, so the runtime's own limit is left as it is.
@@ -283,6 +299,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		return nil, err
 	}
 
+	if err := n.buildTracing(); err != nil {
+		return nil, err
+	}
 	if len(n.httpBackends) > 0 {
 		if err := n.buildHTTP(); err != nil {
 			return nil, err
@@ -450,7 +469,7 @@ func (n *Node) buildHTTP() error {
 	}
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
-	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer}, n.logger)
+	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer, AccessLog: n.accessLog}, n.logger)
 	return err
 }
 
@@ -462,7 +481,7 @@ func (n *Node) buildSIP() error {
 	hist := n.forward.WithLabelValues("sip")
 	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
 	var err error
-	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, ObserveForward: observe, Events: n.events}, n.logger)
+	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, ObserveForward: observe, Events: n.events, AccessLog: n.accessLog}, n.logger)
 	if err != nil {
 		return err
 	}
@@ -673,6 +692,7 @@ func (n *Node) Stop(timeout time.Duration) {
 	if n.sipGen != nil {
 		n.sipGen.Stop()
 	}
+	n.closeTracing(timeout)
 	if n.cpuProfile != nil {
 		pprof.StopCPUProfile()
 		n.cpuProfile.Close()
