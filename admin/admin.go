@@ -173,6 +173,9 @@ type Status struct {
 	// HTTPTunnels are the HTTP front end's upgraded connections
 	// (WebSocket): open, pending, limits; absent without an HTTP front end.
 	HTTPTunnels any `json:"http_tunnels,omitempty"`
+	// AccessLog is the access log's counters (records logged, dropped,
+	// written, write errors, per protocol); absent without one.
+	AccessLog any `json:"access_log,omitempty"`
 }
 
 // ReloadStatus is the outcome of the last reload of each configuration
@@ -341,6 +344,9 @@ type Source struct {
 	// HTTPTunnels reports the HTTP front end's tunnels; nil, or nil
 	// returned, leaves them out.
 	HTTPTunnels func() any
+	// AccessLog reports the access log's counters; nil, or nil returned:
+	// none.
+	AccessLog func() any
 }
 
 // Snapshot builds the Status document now.
@@ -378,6 +384,9 @@ func (src Source) Snapshot() Status {
 	}
 	if src.LastReload != nil {
 		st.LastReload = src.LastReload()
+	}
+	if src.AccessLog != nil {
+		st.AccessLog = src.AccessLog()
 	}
 	if src.HTTPTunnels != nil {
 		st.HTTPTunnels = src.HTTPTunnels()

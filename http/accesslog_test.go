@@ -29,8 +29,8 @@ type captureSink struct {
 	ch chan logged
 }
 
-func (c *captureSink) WantHTTP(*accesslog.HTTPRecord) bool { return true }
-func (c *captureSink) WantSIP(*accesslog.SIPRecord) bool   { return false }
+func (c *captureSink) WantHTTP(*accesslog.HTTPRecord) bool   { return true }
+func (c *captureSink) WantSIP(*accesslog.SIPRecord) bool     { return false }
 func (c *captureSink) WriteSIP(*accesslog.SIPRecord, []byte) {}
 func (c *captureSink) WriteHTTP(r *accesslog.HTTPRecord, line []byte) {
 	l := logged{HTTPRecord: *r, method: string(r.Method), path: string(r.Path), query: string(r.Query),
@@ -238,3 +238,41 @@ func TestAccessLogDelayed(t *testing.T) {
 var _ = admission.Admit
 var _ = lb.OK
 var _ sync.Mutex
+
+// TestAccessLogHotPathAllocs: a request's record (its request id made,
+// written into the head, the record filled and handed to the logger)
+// allocates nothing once buffers are warm.
+func TestAccessLogHotPathAllocs(t *testing.T) {
+	l, err := accesslog.New(accesslog.Options{Dest: t.TempDir() + "/a.log", Sample: accesslog.DefaultSample})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	r := newRig(t, rigOpts{backends: 2, alog: l, cfg: Config{RequestID: true}})
+	s := r.srv
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5555}, nil)
+	raw := "GET /api/x?q=1 HTTP/1.1\r\nHost: example.com\r\nUser-Agent: wrk\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n\r\n"
+	if err := ctx.Request.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Fatal(err)
+	}
+	h := &ctx.Request.Header
+	now := r.clock.Now()
+	var p plan
+	var v reqView
+	var g reqLog
+	run := func() {
+		req, d := s.admit(&p, h, &v, now)
+		s.beginLog(&g, &p, h, clientAddrPort(&ctx), s.wall(now), now, now)
+		if !s.pick(&p, &ctx.Response, &req, d, h, remoteAddr(&ctx)) {
+			t.Fatal("not picked")
+		}
+		g.setRequestID(h)
+		g.localAnswer(&ctx.Response)
+		s.endLog(&g, &p, 200, 10, now+1000)
+	}
+	run()
+	if n := testing.AllocsPerRun(200, run); n != 0 {
+		t.Errorf("logging a request allocates %v times, want 0", n)
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 )
 
@@ -550,9 +551,24 @@ func TestLoopHeadRefused(t *testing.T) {
 // backend share the benchmark's CPUs, so compare the engines with each
 // other, not with bench/http.sh.
 func BenchmarkRoundTrip(b *testing.B) {
-	for _, engine := range []string{EngineLoop, EngineFastHTTP} {
-		b.Run(engine, func(b *testing.B) {
-			r := newRig(b, rigOpts{backends: 1, cfg: Config{Engine: engine}})
+	// +accesslog: every request logged as JSON to a file (allocations
+	// as without); +rid: with request ids too (the benchmark's backend
+	// copies every header it gets into a map: 3 allocations more there,
+	// none in sluice; TestAccessLogHotPathAllocs).
+	for _, name := range []string{EngineLoop, EngineFastHTTP, EngineLoop + "+accesslog", EngineFastHTTP + "+accesslog", EngineLoop + "+accesslog+rid", EngineFastHTTP + "+accesslog+rid"} {
+		b.Run(name, func(b *testing.B) {
+			name, rid := strings.CutSuffix(name, "+rid")
+			engine, withLog := strings.CutSuffix(name, "+accesslog")
+			o := rigOpts{backends: 1, cfg: Config{Engine: engine}}
+			if withLog {
+				l, err := accesslog.New(accesslog.Options{Dest: b.TempDir() + "/access.log", Sample: accesslog.DefaultSample})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer l.Close()
+				o.alog, o.cfg.RequestID = l, rid
+			}
+			r := newRig(b, o)
 			c, err := net.Dial("tcp", r.addr)
 			if err != nil {
 				b.Fatal(err)

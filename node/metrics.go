@@ -213,6 +213,9 @@ func (n *Node) mountMetrics() error {
 	if n.cluster != nil {
 		src.fronts = append(src.fronts, n.cluster)
 	}
+	if n.alog != nil {
+		src.fronts = append(src.fronts, accessLogCollector{n.alog})
+	}
 	if n.tracer != nil {
 		src.fronts = append(src.fronts, n.tracer.Collector())
 	}

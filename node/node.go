@@ -111,6 +111,8 @@ type Config struct {
 	CPUProfile string
 	// SIP configures the SIP front end; its Backends come from SIPBackends.
 	SIP lbsip.Config
+	// AccessLog is the access log of both front ends (-access-log...).
+	AccessLog AccessLogConfig
 	// SIPBackends are -sip-backend specs. None: no SIP front end (unless
 	// the backends file gives some).
 	SIPBackends []string
@@ -132,6 +134,7 @@ type Config struct {
 type Node struct {
 	cfg            Config
 	logger         *slog.Logger
+	alog           *accesslog.Logger // nil: no access log
 	clock          admission.Clock
 	events         admission.EventSink
 	eventLog       *eventLog
@@ -172,12 +175,9 @@ type Node struct {
 	// for saving.
 	mops []mopEntry
 
-	// tracer exports spans (-otlp-endpoint); nil: off. accessLog is the
-	// Logger the front ends hand their records to (nil: none); ownLog:
-	// buildTracing made it for the tracer alone.
-	tracer    *tracing.Exporter
-	accessLog *accesslog.Logger
-	ownLog    bool
+	// tracer exports spans (-otlp-endpoint), fed by the access log's
+	// records (a Sink of alog); nil: off.
+	tracer *tracing.Exporter
 
 	httpAddr, adminAddr net.Addr
 	httpsAddr           net.Addr
@@ -205,6 +205,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	}
 	defer func() {
 		if err != nil {
+			n.closeAccessLog() // its files and writer, when opened before the failure
 			n.closeTracing(time.Second)
 		}
 	}()
@@ -298,10 +299,13 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	if err := n.buildTLS(); err != nil {
 		return nil, err
 	}
-
 	if err := n.buildTracing(); err != nil {
 		return nil, err
 	}
+	if err := n.openAccessLog(); err != nil {
+		return nil, err
+	}
+
 	if len(n.httpBackends) > 0 {
 		if err := n.buildHTTP(); err != nil {
 			return nil, err
@@ -336,7 +340,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 			return nil, err
 		}
 		n.admin.Handle("GET /healthz", n.healthz())
-		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload, HTTPTunnels: n.httpTunnels}
+		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload, HTTPTunnels: n.httpTunnels, AccessLog: n.accessLogStatus}
 		src.TLSCertificates = n.tlsCertStatus
 		n.admin.Handle("GET /status", admin.StatusHandler(src))
 		// The dashboard at / samples src every second while the admin
@@ -469,7 +473,7 @@ func (n *Node) buildHTTP() error {
 	}
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
-	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer, AccessLog: n.accessLog}, n.logger)
+	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer, AccessLog: n.alog}, n.logger)
 	return err
 }
 
@@ -481,7 +485,7 @@ func (n *Node) buildSIP() error {
 	hist := n.forward.WithLabelValues("sip")
 	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
 	var err error
-	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, ObserveForward: observe, Events: n.events, AccessLog: n.accessLog}, n.logger)
+	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, ObserveForward: observe, Events: n.events, AccessLog: n.alog}, n.logger)
 	if err != nil {
 		return err
 	}
@@ -682,6 +686,7 @@ func (n *Node) Stop(timeout time.Duration) {
 	if n.admin != nil {
 		n.admin.Shutdown(ctx)
 	}
+	n.closeAccessLog()
 	if n.cancel != nil {
 		n.cancel()
 	}

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/sluicelb/sluice/accesslog"
@@ -10,10 +9,10 @@ import (
 )
 
 // buildTracing starts the span exporter of -otlp-endpoint (none without
-// one) and, when the access log has not given the front ends a Logger,
-// one without destination whose only consumer is the exporter: the
-// exporter takes its spans from the access log's records, whether or not
-// they are written anywhere.
+// one). It takes its spans from the access log's records, as a Sink
+// (accessLogSinks): openAccessLog, called after it, opens a Logger for
+// it even when no access log destination is set. The Request-URI's user
+// part is masked in spans as in the log (-access-log-mask-user).
 func (n *Node) buildTracing() error {
 	tc := n.cfg.Tracing
 	if err := tc.Validate(); err != nil {
@@ -25,31 +24,29 @@ func (n *Node) buildTracing() error {
 	if tc.Instance == "" {
 		tc.Instance = n.cfg.Cluster.Node
 	}
+	tc.MaskUser = tc.MaskUser || n.cfg.AccessLog.MaskUser
 	t, err := tracing.New(tc, n.logger)
 	if err != nil {
 		return err
 	}
 	n.tracer = t
-	if n.accessLog == nil {
-		l, err := accesslog.New(accesslog.Options{Sample: accesslog.DefaultSample, Sinks: []accesslog.Sink{t.Sink()}})
-		if err != nil {
-			n.closeTracing(time.Second)
-			return fmt.Errorf("-otlp-endpoint: %w", err)
-		}
-		n.accessLog, n.ownLog = l, true
-	}
 	n.logger.Info("tracing", "otlp_endpoint", tc.Endpoint, "sample", tc.SampleRatio)
 	return nil
 }
 
-// closeTracing writes out the records and spans still queued, within
-// timeout, and stops the exporter (and the Logger it made). Called once
-// the front ends stopped.
-func (n *Node) closeTracing(timeout time.Duration) {
-	if n.ownLog && n.accessLog != nil {
-		_ = n.accessLog.Close()
-		n.accessLog, n.ownLog = nil, false
+// accessLogSinks are the access log's consumers besides its
+// destinations: the span exporter, when tracing is on.
+func (n *Node) accessLogSinks() []accesslog.Sink {
+	if n.tracer == nil {
+		return nil
 	}
+	return []accesslog.Sink{n.tracer.Sink()}
+}
+
+// closeTracing exports the spans still queued, within timeout (at least
+// a second), and stops the exporter. Called after the access log was
+// closed, which hands it the last records.
+func (n *Node) closeTracing(timeout time.Duration) {
 	if n.tracer == nil {
 		return
 	}

@@ -163,6 +163,12 @@ var badValues = map[string]string{
 	"sip-pool":               "name=london,hash-key=source",
 	"http-route":             "pool=api,path=~(",
 	"sip-route":              "pool=",
+	"access-log":             "syslog://no-port",
+	"http-access-log":        "/proc/no/such/dir/access.log",
+	"sip-access-log":         "syslog+tcp://",
+	"access-log-format":      "xml",
+	"access-log-sample":      "new=2",
+	"otlp-endpoint":          "grpc://collector:4317",
 }
 
 // freeForm are flags whose every value is acceptable, with the reason.

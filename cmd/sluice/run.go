@@ -34,6 +34,7 @@ type runOptions struct {
 	// FieldError names it, to that flag (see section).
 	fields       map[string]string
 	http         node.HTTPConfig
+	accessLog    node.AccessLogConfig
 	httpBackends listFlag
 	httpPools    listFlag
 	httpRoutes   listFlag
@@ -112,6 +113,17 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hs.add(&h.Upgrades, "http-upgrade", "protocols a GET may upgrade to through sluice, a comma list of Upgrade tokens, or none; the connection becomes a byte tunnel only after the backend answers 101 (h2c is never forwarded)")
 	hs.add(&h.MaxTunnels, "http-max-tunnels", "most upgraded connections (tunnels) open at once, upgrade requests awaiting their answer included; more are answered 503 before a backend is contacted")
 	hs.add(&h.TunnelIdle, "http-tunnel-idle", "close a tunnel that carried no byte either way for this long")
+	hs.add(&h.RequestID, "http-request-id", "send every request to its backend with an X-Request-ID: a -http-trusted-proxy's kept, anyone else's replaced by 32 hex digits; in the access log and in the answers sluice makes itself")
+
+	o.accessLog = node.DefaultAccessLogConfig()
+	al := &o.accessLog
+	fs.StringVar(&al.Dest, "access-log", al.Dest, "`destination` of the access log, one line per HTTP request and SIP transaction: - (stdout), a file path (reopened on SIGUSR1, appended to: logrotate's postrotate kill -USR1 or copytruncate), syslog://HOST:PORT (UDP), syslog+tcp://HOST:PORT, syslog+unix:///dev/log (RFC 5424; ?facility=local0..7); empty: none")
+	fs.StringVar(&al.HTTPDest, "http-access-log", al.HTTPDest, "`destination` of the HTTP access log in place of -access-log's (off: no HTTP access log)")
+	fs.StringVar(&al.SIPDest, "sip-access-log", al.SIPDest, "`destination` of the SIP access log in place of -access-log's (off: no SIP access log)")
+	fs.StringVar(&al.Format, "access-log-format", al.Format, "access log line format: json, logfmt or combined (Apache/nginx combined, without sluice's fields)")
+	fs.StringVar(&al.Sample, "access-log-sample", al.Sample, "share of records logged per class, CLASS=RATE,... with classes refused, new, affinity and rates 0 to 1 (e.g. affinity=0.01)")
+	fs.BoolVar(&al.Query, "access-log-query", al.Query, "log HTTP query strings (off: they often carry tokens and personal data)")
+	fs.BoolVar(&al.MaskUser, "access-log-mask-user", al.MaskUser, "log SIP Request-URIs with their user part as *")
 
 	o.pool = lb.DefaultPoolConfig()
 	ps := newSection(fs, o.fields, "lb", "PoolConfig.", &o.pool)
@@ -292,10 +304,18 @@ func serve(ctx context.Context, p preset, args []string, stdout, stderr io.Write
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	usr1 := make(chan os.Signal, 1)
+	if n.AccessLog() != nil {
+		signal.Notify(usr1, syscall.SIGUSR1)
+		defer signal.Stop(usr1)
+	}
 	for wait := true; wait; {
 		select {
 		case <-ctx.Done():
 			wait = false
+		case <-usr1:
+			n.ReopenAccessLog()
+			logger.Info("reopening the access log")
 		case <-hup:
 			if o.backendsFile != "" {
 				if err := n.Reload(); err != nil {
@@ -358,6 +378,7 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		ARMFile:        o.armFile,
 		DrainTimeout:   o.shutdown,
 		CPUProfile:     o.cpuProfile,
+		AccessLog:      o.accessLog,
 		SIP:            o.sip.withLists(),
 		SIPBackends:    o.sip.backends.values,
 		SIPPools:       o.sip.pools.values,
