@@ -3,11 +3,14 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -270,5 +273,48 @@ func TestNodeTracingConfigErrors(t *testing.T) {
 		if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New with %+v: %v, want an error naming %s", c.tc, err, c.want)
 		}
+	}
+}
+
+// TestNodeSIPAccessLogAndSpan: with -sip-access-log and -otlp-endpoint
+// together, one SIP INVITE gives one JSON line (with the client's trace
+// id) and one span, from the same record.
+func TestNodeSIPAccessLogAndSpan(t *testing.T) {
+	rcv := newOTLPReceiver(t)
+	cfg := testConfig(t)
+	cfg.SIPBackends = []string{sipAnswerer(t) + ",id=s1"}
+	cfg.AccessLog = DefaultAccessLogConfig()
+	file := filepath.Join(t.TempDir(), "sip.log")
+	cfg.AccessLog.SIPDest = file
+	cfg.Tracing = tracing.Config{Endpoint: rcv.srv.URL, SampleRatio: 1}
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sipInvite(t, n.Addrs().SIP, "logged@test", sipTP)
+	n.Stop(2 * time.Second)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want 1: %q", len(lines), data)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil {
+		t.Fatalf("%v: %s", err, lines[0])
+	}
+	for k, v := range map[string]any{"method": "INVITE", "call_id": "logged@test", "status": float64(200), "status_from": "backend",
+		"backend": "s1", "class": "new", "decision": "admitted", "trace_id": "0af7651916cd43dd8448eb211c80319c"} {
+		if rec[k] != v {
+			t.Errorf("line %s = %v, want %v", k, rec[k], v)
+		}
+	}
+	if sp := rcv.byName()["SIP INVITE"]; len(sp) != 1 {
+		t.Errorf("%d SIP INVITE spans, want 1", len(sp))
 	}
 }
