@@ -2,6 +2,8 @@ package sip
 
 import (
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
@@ -248,4 +250,135 @@ func (s *Server) finishInDialog(l *inDialogLog, now int64, status int, by access
 		l.rec.Decision = accesslog.Refused
 	}
 	s.alog.LogSIP(&l.rec)
+}
+
+// Dialog summaries (Config.AccessLogDialogs, -sip-access-log-dialogs):
+// one record of kind accesslog.SIPDialogEnd per dialog set up through
+// this node, when the final answer to its BYE passes (whichever side hung
+// up) or, without a BYE, when it has been idle for -sip-dialog-ttl, like
+// Kamailio's acc CDRs. They are kept apart from the dialog table, only
+// while the summaries are on, and at most maxDialogLogs at once (past it
+// a dialog gets no summary; counted in dialogLogsFull).
+
+// maxDialogLogs bounds the dialogs awaiting their summary (a few hundred
+// bytes each).
+const maxDialogLogs = 1 << 17
+
+// dialogLog is a dialog awaiting its summary.
+type dialogLog struct {
+	rec  accesslog.SIPRecord // the INVITE's, with the 2xx's To-tag
+	up   int64               // monotonic ns of the 2xx
+	last int64               // monotonic ns of the last BYE seen (0: none), for the idle sweep
+}
+
+// dialogLogs holds the dialogs awaiting their summary, by Call-ID and
+// both tags.
+type dialogLogs struct {
+	mu      sync.Mutex
+	m       map[string]*dialogLog
+	swept   int64 // monotonic ns of the last idle sweep
+	full    atomic.Uint64
+	pending atomic.Int64 // len(m), read without the lock
+}
+
+func dialogLogKey(callID, a, b string) string {
+	if a > b {
+		a, b = b, a
+	}
+	return callID + "\x00" + a + "\x00" + b
+}
+
+// dialogUpLocked records that t's INVITE was answered 2xx by backend
+// (with To-tag toTag) at now: its summary comes at the dialog's end. The
+// caller holds txnTable.mu.
+func (s *Server) dialogUpLocked(t *txn, backend, toTag string, now int64) {
+	if !s.cfg.AccessLogDialogs || t.lg == nil || toTag == "" {
+		return
+	}
+	d := &dialogLog{up: now}
+	s.fillRecord(&d.rec, t.req, t.src)
+	d.rec.Kind = accesslog.SIPDialogEnd
+	d.rec.Start = t.lg.start
+	d.rec.ToTag = toTag
+	d.rec.Pool = t.poolName
+	d.rec.Backend = backend
+	d.rec.Class = accesslog.ClassAffinity
+	dl := &s.dialogLogs
+	key := dialogLogKey(d.rec.CallID, d.rec.FromTag, toTag)
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	if dl.m == nil {
+		dl.m = map[string]*dialogLog{}
+	}
+	if _, ok := dl.m[key]; !ok && len(dl.m) >= maxDialogLogs {
+		dl.full.Add(1)
+		return
+	}
+	if _, ok := dl.m[key]; !ok {
+		dl.pending.Add(1)
+	}
+	dl.m[key] = d
+}
+
+// dialogEnded logs the summary of the dialog whose BYE got the final
+// answer res from src: the BYE came from the caller when the answer comes
+// from a backend, else from the callee.
+func (s *Server) dialogEnded(res *gosip.Response, src source, now int64) {
+	dl := &s.dialogLogs
+	if dl.pending.Load() == 0 {
+		return
+	}
+	var from string
+	if f := header(res, "from", "f"); f != nil {
+		from = tagParam(f.Value())
+	}
+	key := dialogLogKey(res.CallID().Value(), from, toTag(res))
+	dl.mu.Lock()
+	d := dl.m[key]
+	if d != nil {
+		delete(dl.m, key)
+		dl.pending.Add(-1)
+	}
+	dl.mu.Unlock()
+	if d == nil {
+		return
+	}
+	d.rec.ByeSide = "callee"
+	if s.pool.Load().backendAt(src.addr) != nil {
+		d.rec.ByeSide = "caller"
+	}
+	d.rec.Status, d.rec.StatusFrom = res.StatusCode, accesslog.ByBackend
+	if c := res.CSeq(); c != nil {
+		d.rec.CSeq = c.SeqNo
+	}
+	d.rec.Method = "BYE"
+	d.rec.Duration = time.Duration(now - d.up)
+	s.alog.LogSIP(&d.rec)
+}
+
+// sweepDialogLogs logs, without a BYE side, the summaries of dialogs
+// idle for -sip-dialog-ttl since their 2xx (their BYE never passed here:
+// lost, or sent elsewhere). It scans at most once a minute.
+func (s *Server) sweepDialogLogs(now int64) {
+	dl := &s.dialogLogs
+	if dl.pending.Load() == 0 || now-dl.swept < int64(time.Minute) {
+		return
+	}
+	dl.swept = now
+	var due []*dialogLog
+	dl.mu.Lock()
+	for k, d := range dl.m {
+		if now-d.up >= int64(s.cfg.DialogTTL) {
+			due = append(due, d)
+			delete(dl.m, k)
+			dl.pending.Add(-1)
+		}
+	}
+	dl.mu.Unlock()
+	for _, d := range due {
+		d.rec.Method = "BYE"
+		d.rec.Duration = time.Duration(now - d.up)
+		d.rec.Reason = "no bye"
+		s.alog.LogSIP(&d.rec)
+	}
 }

@@ -80,7 +80,8 @@ func normalize(line string) string {
 
 // TestAccessLogSIPGolden: the access-log line of each SIP outcome, on a
 // clock that moves only when the test moves it (so the timings are
-// exact): forwarded and answered 200 and the BYE of that call, a failover
+// exact): forwarded and answered 200, the BYE of that call and its dialog
+// summary (-sip-access-log-dialogs), a failover
 // off a backend's 503, every backend failing (500), no backend left
 // (503), a refusal by an ARM rule, Timer C (sluice's 408 after a
 // provisional answer), a sips: request with no TLS backend (480), an
@@ -104,7 +105,8 @@ func TestAccessLogSIPGolden(t *testing.T) {
 		l, k := newLineLog(t, false)
 		b1 := newUAS(t, "b1")
 		clock := newClock()
-		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), mut: rr, clock: clock, alog: l})
+		dialogs := func(c *Config) { rr(c); c.AccessLogDialogs = true }
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), mut: dialogs, clock: clock, alog: l})
 		c := newUAC(t, s.udpAddr())
 		kc := c.namedCall("fwd@test")
 		kc.invite("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n")
@@ -112,9 +114,40 @@ func TestAccessLogSIPGolden(t *testing.T) {
 		kc.learn(c.recvResponse(200))
 		add("forwarded", k.next(t, 1))
 		kc.inDialog("ACK", 1, kc.branch+"-ack")
+		clock.Advance(95 * time.Second)
 		kc.inDialog("BYE", 2, kc.branch+"-bye")
 		c.recvResponse(200)
-		add("forwarded bye", k.next(t, 1))
+		add("forwarded bye, dialog summary", k.next(t, 2))
+		k.none(t)
+	})
+
+	t.Run("dialog summaries", func(t *testing.T) {
+		l, k := newLineLog(t, false)
+		b1 := newUAS(t, "b1")
+		clock := newClock()
+		dialogs := func(c *Config) { rr(c); c.AccessLogDialogs = true; c.DialogTTL = time.Hour }
+		s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), mut: dialogs, clock: clock, alog: l})
+		c := newUAC(t, s.udpAddr())
+		// The callee hangs up: its BYE comes from the backend, the
+		// client answers it.
+		kc := c.namedCall("callee@test")
+		kc.establish()
+		k.next(t, 1) // the INVITE's
+		clock.Advance(30 * time.Second)
+		bye := "BYE sip:alice@" + c.addr.String() + " SIP/2.0\r\nVia: SIP/2.0/UDP " + b1.addr.String() + ";branch=z9hG4bK-cbye;rport\r\nRoute: " + kc.route[0] +
+			"\r\nMax-Forwards: 70\r\nFrom: <sip:service@test>;tag=uas-b1\r\nTo: <sip:alice@test>;tag=acallee@test\r\nCall-ID: callee@test\r\nCSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n"
+		if _, err := b1.conn.WriteToUDPAddrPort([]byte(bye), s.udpAddr()); err != nil {
+			t.Fatal(err)
+		}
+		req := c.recvRequest()
+		c.send(gosip.NewResponseFromRequest(req, 200, "OK", nil).String())
+		add("callee hangs up", k.next(t, 1))
+		// A dialog whose BYE never passes: summarised -sip-dialog-ttl
+		// after its 2xx, without a BYE side.
+		c.namedCall("nobye@test").establish()
+		k.next(t, 1)
+		clock.Advance(2 * time.Hour)
+		add("no bye", k.next(t, 1))
 		k.none(t)
 	})
 

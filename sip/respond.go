@@ -342,6 +342,7 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 	// answer count as evidence that the backend serves (unansweredBy).
 	s.answered(br, src, res.StatusCode)
 	if res.StatusCode >= 200 && res.CSeq().MethodName == gosip.BYE {
+		s.dialogEnded(res, src, s.clock.Now())
 		// The dialog is over (RFC 3261 §15.1.1), whichever side hung up:
 		// its table entry lingers for retransmitted BYEs, then goes.
 		var from string

@@ -102,7 +102,10 @@ type Server struct {
 	dialogs dialogTable
 	pings   pingTable
 	watched inDialogWatch
-	metrics Metrics
+	// dialogLogs are the dialogs awaiting their access-log summary
+	// (Config.AccessLogDialogs).
+	dialogLogs dialogLogs
+	metrics    Metrics
 
 	unknownShare sourceShare // per-source cap of requests of unknown dialogs
 	localShare   sourceShare // per-UDP-source cap of our own answers (replyLocal)
@@ -674,6 +677,7 @@ func (s *Server) tick() {
 		now := s.clock.Now()
 		s.txnTimers(now)
 		s.expireWatched(now)
+		s.sweepDialogLogs(now)
 		s.dialogs.sweep(now, dialogSweepShards)
 		if f := s.metrics.DialogsFull.Load(); f != lastFull && time.Since(lastFullLog) >= time.Minute {
 			lastFullLog = time.Now()

@@ -537,6 +537,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			}
 			if t.invite {
 				s.txns.accepted.addLocked(t.branches, now)
+				s.dialogUpLocked(t, cur.id, toTag(res), now)
 			}
 			s.txns.removeLocked(t)
 			s.txns.mu.Unlock()
@@ -571,6 +572,11 @@ func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next 
 			t.lg.backend = b.id
 		}
 		s.logTxnLocked(t, now, res.StatusCode, accesslog.ByBackend, false, "")
+		backend := t.lg.backend
+		if backend == "" && t.cur != nil {
+			backend = t.cur.id
+		}
+		s.dialogUpLocked(t, backend, toTag(res), now)
 	}
 	t.answered = true
 	t.settleLocked(now, lb.Abandoned)
