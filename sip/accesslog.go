@@ -116,16 +116,21 @@ func (s *Server) logTxnLocked(t *txn, now int64, status int, by accesslog.Produc
 // fillRecord fills what every record takes from the request: method,
 // Request-URI, Call-ID, tags, CSeq, transport and source, and the trace
 // context of a traceparent header.
+//
+// What a client wrote is cut to a bound (clip): a record holds at most
+// about a kilobyte of the request whatever its size, so the records
+// waiting for the writer and the dialogs waiting for their summary hold
+// a bounded amount of memory.
 func (s *Server) fillRecord(r *accesslog.SIPRecord, req *gosip.Request, src source) {
-	r.Method = string(req.Method)
-	r.RURI = req.Recipient.String()
+	r.Method = clip(string(req.Method), maxLogMethod)
+	r.RURI = clip(req.Recipient.String(), maxLogURI)
 	if cid := req.CallID(); cid != nil {
-		r.CallID = cid.Value()
+		r.CallID = clip(cid.Value(), maxLogCallID)
 	}
 	if f := header(req, "from", "f"); f != nil {
-		r.FromTag = tagParam(f.Value())
+		r.FromTag = clip(tagParam(f.Value()), maxLogTag)
 	}
-	r.ToTag = toTag(req)
+	r.ToTag = clip(toTag(req), maxLogTag)
 	if c := req.CSeq(); c != nil {
 		r.CSeq = c.SeqNo
 	}
@@ -134,6 +139,22 @@ func (s *Server) fillRecord(r *accesslog.SIPRecord, req *gosip.Request, src sour
 	if h := req.GetHeader("traceparent"); h != nil {
 		r.TraceID, r.ParentSpan, r.TraceFlags, r.HasTrace = accesslog.ParseTraceparent(h.Value())
 	}
+}
+
+// Bounds of what a record keeps of a request's fields, in bytes.
+const (
+	maxLogMethod = 32
+	maxLogURI    = 512
+	maxLogCallID = 256
+	maxLogTag    = 128
+)
+
+// clip returns s, or a copy of its first n bytes when it is longer.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.Clone(s[:n])
 }
 
 // logTransport is the transport the request came on, in lower case.
@@ -297,14 +318,19 @@ func (s *Server) dialogUpLocked(t *txn, backend, toTag string, now int64) {
 	}
 	d := &dialogLog{up: now}
 	s.fillRecord(&d.rec, t.req, t.src)
+	// Copies: kept for the dialog's life, they must not hold the
+	// message they were parsed from.
+	d.rec.Method = strings.Clone(d.rec.Method)
+	d.rec.CallID = strings.Clone(d.rec.CallID)
+	d.rec.FromTag = strings.Clone(d.rec.FromTag)
+	d.rec.ToTag = strings.Clone(clip(toTag, maxLogTag))
 	d.rec.Kind = accesslog.SIPDialogEnd
 	d.rec.Start = t.lg.start
-	d.rec.ToTag = toTag
 	d.rec.Pool = t.poolName
 	d.rec.Backend = backend
 	d.rec.Class = accesslog.ClassAffinity
 	dl := &s.dialogLogs
-	key := dialogLogKey(d.rec.CallID, d.rec.FromTag, toTag)
+	key := dialogLogKey(d.rec.CallID, d.rec.FromTag, d.rec.ToTag)
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
 	if dl.m == nil {
@@ -332,7 +358,7 @@ func (s *Server) dialogEnded(res *gosip.Response, src source, now int64) {
 	if f := header(res, "from", "f"); f != nil {
 		from = tagParam(f.Value())
 	}
-	key := dialogLogKey(res.CallID().Value(), from, toTag(res))
+	key := dialogLogKey(clip(res.CallID().Value(), maxLogCallID), clip(from, maxLogTag), clip(toTag(res), maxLogTag))
 	dl.mu.Lock()
 	d := dl.m[key]
 	if d != nil {

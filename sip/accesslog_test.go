@@ -2,6 +2,7 @@ package sip
 
 import (
 	"flag"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -271,4 +272,33 @@ func diffLines(want, got string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestAccessLogRecordBounded: whatever sizes a client writes, a record
+// keeps at most the bounds of each field (clip), in copies.
+func TestAccessLogRecordBounded(t *testing.T) {
+	long := strings.Repeat("x", 5000)
+	m, err := newParser().ParseSIP([]byte("INVITE sip:" + long + "@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-b\r\nFrom: <sip:a@test>;tag=" + long +
+		"\r\nTo: <sip:b@test>;tag=" + long + "\r\nCall-ID: " + long + "\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := m.(*gosip.Request)
+	s := &Server{}
+	var r accesslog.SIPRecord
+	s.fillRecord(&r, req, source{addr: netip.MustParseAddrPort("192.0.2.1:5060")})
+	for _, c := range []struct {
+		name string
+		v    string
+		max  int
+	}{{"ruri", r.RURI, maxLogURI}, {"call_id", r.CallID, maxLogCallID}, {"from_tag", r.FromTag, maxLogTag}, {"to_tag", r.ToTag, maxLogTag}} {
+		if len(c.v) != c.max {
+			t.Errorf("%s: %d bytes, want %d (cut)", c.name, len(c.v), c.max)
+		}
+	}
+	short := parseRequest(t, "OPTIONS sip:a@example.com SIP/2.0\r\nFrom: <sip:a@test>;tag=f\r\nTo: <sip:b@test>\r\nCSeq: 1 OPTIONS\r\n")
+	s.fillRecord(&r, short, source{addr: netip.MustParseAddrPort("192.0.2.1:5060")})
+	if r.RURI != "sip:a@example.com" || r.CallID != "ri@test" || r.FromTag != "f" || r.ToTag != "" || r.Transport != "udp" || r.Method != "OPTIONS" {
+		t.Errorf("record %+v", r)
+	}
 }
