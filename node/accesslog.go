@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicelb/sluice/accesslog"
+	"github.com/sluicelb/sluice/tracing"
 )
 
 // AccessLogConfig is the access log's flags as given; node parses them
@@ -92,13 +93,15 @@ func (n *Node) accessLogStatus() any {
 		Written uint64 `json:"written"`
 	}
 	return struct {
-		HTTP        counts `json:"http"`
-		SIP         counts `json:"sip"`
-		WriteErrors uint64 `json:"write_errors"`
+		HTTP        counts         `json:"http"`
+		SIP         counts         `json:"sip"`
+		WriteErrors uint64         `json:"write_errors"`
+		TraceSpans  *tracing.Stats `json:"trace_spans,omitempty"`
 	}{
 		HTTP:        counts{st.Logged[accesslog.HTTP], st.Dropped[accesslog.HTTP], st.Written[accesslog.HTTP]},
 		SIP:         counts{st.Logged[accesslog.SIP], st.Dropped[accesslog.SIP], st.Written[accesslog.SIP]},
 		WriteErrors: st.WriteErrors,
+		TraceSpans:  n.traceStats(),
 	}
 }
 

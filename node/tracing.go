@@ -57,3 +57,13 @@ func (n *Node) closeTracing(timeout time.Duration) {
 	}
 	n.tracer = nil
 }
+
+// traceStats are the exporter's counters for /status (access_log's
+// trace_spans); nil when tracing is off.
+func (n *Node) traceStats() *tracing.Stats {
+	if n.tracer == nil {
+		return nil
+	}
+	st := n.tracer.Stats()
+	return &st
+}

@@ -233,6 +233,7 @@ func TestNodeCollectorDown(t *testing.T) {
 	cfg.HTTPBackends = []string{be.Listener.Addr().String() + ",id=h1"}
 	cfg.Tracing = tracing.DefaultConfig()
 	cfg.Tracing.Endpoint = "http://" + dead
+	cfg.AdminListen = "127.0.0.1:0"
 	n, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -251,6 +252,27 @@ func TestNodeCollectorDown(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("status %d with the collector down", resp.StatusCode)
 		}
+	}
+	// Counted in /metrics and /status while it runs.
+	admin := "http://" + n.Addrs().Admin.String()
+	fetch := func(path string) string {
+		resp, err := http.Get(admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	want := fmt.Sprintf(`sluice_trace_spans_total{result="queued"} %d`, reqs)
+	waitFor(t, 5*time.Second, want, func() bool { return strings.Contains(fetch("/metrics"), want) })
+	var status struct {
+		AccessLog struct {
+			TraceSpans *tracing.Stats `json:"trace_spans"`
+		} `json:"access_log"`
+	}
+	if err := json.Unmarshal([]byte(fetch("/status")), &status); err != nil || status.AccessLog.TraceSpans == nil || status.AccessLog.TraceSpans.Queued != reqs {
+		t.Errorf("/status access_log.trace_spans %+v (%v), want %d queued", status.AccessLog.TraceSpans, err, reqs)
 	}
 	tracer := n.tracer
 	n.Stop(2 * time.Second)

@@ -138,15 +138,15 @@ func EndpointURL(raw string) (string, error) {
 // Stats are the exporter's counters since it started.
 type Stats struct {
 	// Queued spans were sampled and taken into the queue.
-	Queued uint64
+	Queued uint64 `json:"queued"`
 	// Unsampled spans were left out by sampling.
-	Unsampled uint64
+	Unsampled uint64 `json:"unsampled"`
 	// Dropped spans were sampled but the queue was full.
-	Dropped uint64
+	Dropped uint64 `json:"dropped"`
 	// Exported spans were accepted by the collector.
-	Exported uint64
+	Exported uint64 `json:"exported"`
 	// Failed spans were in an export request that failed.
-	Failed uint64
+	Failed uint64 `json:"failed"`
 }
 
 // Exporter turns offered spans into OTLP exports. Create it with New,
