@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,6 +195,21 @@ func (s *Server) logLocal(req *gosip.Request, src source, code int, phrase strin
 	s.logAnswer(req, src, false, "", code, why)
 }
 
+// logShed records a request sluice would have answered itself (as
+// logLocal) but did not: its answer to a UDP source was over the source's
+// share or larger than the request (replyLocal). No status was sent;
+// the reason says what it would have been and why it was not.
+func (s *Server) logShed(req *gosip.Request, src source, code int, phrase string, extra []string, why string) {
+	if !s.logging() || req.Method == gosip.ACK {
+		return
+	}
+	what := warningText(extra)
+	if what == "" {
+		what = strings.ToLower(phrase)
+	}
+	s.logAnswer(req, src, false, "", 0, what+" ("+strconv.Itoa(code)+" not sent: "+why+")")
+}
+
 // logRefusal records new work refused without a transaction (admission,
 // no backend, a drained pool), of pool ("" when none was chosen), for the
 // reason what (the refusal's Warning text). It counts as new work
@@ -215,7 +231,7 @@ func (s *Server) logAnswer(req *gosip.Request, src source, refusal bool, pool st
 	if r.ToTag != "" && !refusal {
 		r.Class = accesslog.ClassAffinity
 	}
-	if code >= 300 {
+	if code >= 300 || code == 0 {
 		r.Decision = accesslog.Refused
 		r.Reason = why
 	}

@@ -237,6 +237,10 @@ func TestAccessLogSIPGolden(t *testing.T) {
 		c.send("BYE sip:service@" + c.lb.String() + " SIP/2.0\r\nVia: SIP/2.0/UDP " + c.addr.String() + ";branch=z9hG4bK-zero;rport\r\nMax-Forwards: 0\r\nFrom: <sip:alice@test>;tag=z1\r\nTo: <sip:service@test>;tag=z2\r\nCall-ID: zero@test\r\nCSeq: 9 BYE\r\nUser-Agent: a test that needs room for the answer\r\nContent-Length: 0\r\n\r\n")
 		c.recvResponse(483)
 		add("too many hops", k.next(t, 1))
+		// Stripped below the size of its answer: none sent (UDP answers
+		// are never larger than their request), the line says so.
+		c.send("CANCEL sip:s@h SIP/2.0\r\nv: SIP/2.0/UDP " + c.addr.String() + ";branch=z9hG4bK-s\r\nf: <sip:a@t>;tag=1\r\nt: <sip:b@t>\r\ni: shed@test\r\nCSeq: 9 CANCEL\r\n\r\n")
+		add("not answered", k.next(t, 1))
 	})
 
 	golden := filepath.Join("testdata", "accesslog.golden")

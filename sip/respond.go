@@ -128,8 +128,8 @@ const localReplySourceRate = 50
 // peer is who it says (the handshake proves it) and gets the answer with
 // its extra. Dropped answers are counted in local_replies_shed.
 func (s *Server) replyLocal(req *gosip.Request, src source, code int, reason string, extra ...string) {
-	s.logLocal(req, src, code, reason, extra)
 	if !s.localAllowed(src) {
+		s.logShed(req, src, code, reason, extra, "per-source share")
 		return
 	}
 	p := s.buildReplyVias(req, false, true, code, reason, extra...)
@@ -138,8 +138,10 @@ func (s *Server) replyLocal(req *gosip.Request, src source, code int, reason str
 	}
 	if !fits(p, src) {
 		s.metrics.LocalRepliesShed.Add(1)
+		s.logShed(req, src, code, reason, extra, "larger than the request")
 		return
 	}
+	s.logLocal(req, src, code, reason, extra)
 	if err := s.sendBytes(p, s.replyTarget(req, src)); err == nil {
 		s.metrics.LocalReplies.Add(1)
 	}
@@ -168,8 +170,8 @@ func fits(p []byte, src source) bool {
 // relays it back along the loop to the client. It is shared and bounded
 // as replyLocal's answers are.
 func (s *Server) replyLoop(req *gosip.Request, src source) {
-	s.logLocal(req, src, 482, "Loop Detected", nil)
 	if !s.localAllowed(src) {
+		s.logShed(req, src, 482, "Loop Detected", nil, "per-source share")
 		return
 	}
 	p := s.buildReplyVias(req, true, true, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "loop detected"`)
@@ -178,8 +180,10 @@ func (s *Server) replyLoop(req *gosip.Request, src source) {
 	}
 	if !fits(p, src) {
 		s.metrics.LocalRepliesShed.Add(1)
+		s.logShed(req, src, 482, "Loop Detected", nil, "larger than the request")
 		return
 	}
+	s.logLocal(req, src, 482, "Loop Detected", nil)
 	if err := s.sendBytes(p, target{addr: src.addr, tcp: src.conn != nil}); err == nil {
 		s.metrics.LocalReplies.Add(1)
 	}
