@@ -294,3 +294,84 @@ template(name="t" type="string" string="%%app-name%% %%msgid%% %%msg%%\n")
 		}
 	}
 }
+
+// waitWritten waits until the writer handed n HTTP lines to the
+// destination (delivery only; nothing is asserted on time).
+func waitWritten(t *testing.T, l *Logger, n uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); l.Stats().Written[HTTP] < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lines written, want %d", l.Stats().Written[HTTP], n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestCopytruncateSafe: after logrotate's copytruncate the next lines
+// start the file again: no hole of zeros where the old offset was.
+func TestCopytruncateSafe(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	l, err := New(Options{Dest: path, Sample: DefaultSample})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id []byte
+	for i := range 100 {
+		l.LogHTTP(rec(i, id))
+	}
+	waitWritten(t, l, 100)
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := 100; i < 150; i++ {
+		l.LogHTTP(rec(i, id))
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) == 0 || b[0] != '{' || strings.IndexByte(string(b), 0) >= 0 {
+		t.Fatalf("after the truncation the file starts %q: want the next line at offset 0", b[:min(len(b), 40)])
+	}
+	ids := idsIn(t, path)
+	if len(ids) != 50 || ids["100"] != 1 || ids["149"] != 1 {
+		t.Errorf("%d lines after the truncation, want the 50 logged since", len(ids))
+	}
+}
+
+// TestSyslogUnixDatagram: syslog+unix:// to a datagram socket (as
+// /dev/log is) sends one RFC 5424 message per line (local3: PRI 19*8+6).
+func TestSyslogUnixDatagram(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "log")
+	pc, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	l, err := New(Options{Dest: "syslog+unix://" + sock + "?facility=local3", Sample: DefaultSample, Hostname: "node 1", Format: Logfmt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.LogHTTP(rec(7, nil))
+	l.LogSIP(&SIPRecord{Start: t0, Method: "INVITE", CallID: "c1", Status: 503, StatusFrom: BySluice})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	for _, want := range []string{
+		"<158>1 2026-12-01T14:02:03.456789Z node1 sluice " + strconv.Itoa(os.Getpid()) + " http - time=2026-12-01T14:02:03.456Z log=http ",
+		"<158>1 2026-12-01T14:02:03.456789Z node1 sluice " + strconv.Itoa(os.Getpid()) + " sip - time=2026-12-01T14:02:03.456Z log=sip kind=transaction method=INVITE ",
+	} {
+		n, err := pc.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(string(buf[:n]), want) {
+			t.Errorf("message %q\nwant prefix %q", buf[:n], want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ package http
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"math/rand/v2"
 	"net"
@@ -22,6 +23,10 @@ import (
 	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 )
+
+// noAnswer is reqLog.status for a request that got no answer (its client
+// left while it waited): logged as status 0.
+const noAnswer = -1
 
 // maxRequestID is the longest X-Request-ID taken from a trusted client;
 // a longer one (or one with bytes outside visible ASCII) is replaced.
@@ -63,8 +68,9 @@ func (s *Server) logging() bool { return s.alog.Enabled(accesslog.HTTP) }
 // into p: the request id (taken from a trusted client, else made), and,
 // when requests are logged, the request's own fields. start is when its
 // head began and now when admission decided, on the engine's clock (the
-// timings are differences of it); wall is start on the wall clock.
-func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client netip.AddrPort, wall time.Time, start, now int64) {
+// timings are differences of it); wall is start on the wall clock. conn
+// is the client's TLS connection (nil: plain), for the version and SNI.
+func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client netip.AddrPort, conn net.Conn, wall time.Time, start, now int64) {
 	buf := g.buf[:0]
 	*g = reqLog{buf: buf, start: start, head: now, decided: now, began: true}
 	if s.cfg.RequestID {
@@ -84,11 +90,21 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 		path, query = uri[:i], uri[i+1:]
 	}
 	// One buffer, offsets first: it may grow while being filled.
-	var offs [7][2]int
+	var offs [8][2]int
 	for i, b := range [...][]byte{h.Method(), h.Host(), path, query, h.UserAgent(), h.Referer(), g.rid[:g.ridN]} {
 		offs[i][0] = len(buf)
 		buf = append(buf, b...)
 		offs[i][1] = len(buf)
+	}
+	if gc, ok := conn.(*gateConn); ok {
+		conn = gc.Conn
+	}
+	if tc, ok := conn.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		r.TLSVersion = st.Version
+		offs[7][0] = len(buf)
+		buf = append(buf, st.ServerName...)
+		offs[7][1] = len(buf)
 	}
 	g.buf = buf
 	at := func(i int) []byte {
@@ -97,7 +113,7 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 		}
 		return buf[offs[i][0]:offs[i][1]:offs[i][1]]
 	}
-	r.Method, r.Host, r.Path, r.Query, r.UserAgent, r.Referer, r.RequestID = at(0), at(1), at(2), at(3), at(4), at(5), at(6)
+	r.Method, r.Host, r.Path, r.Query, r.UserAgent, r.Referer, r.RequestID, r.SNI = at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7)
 	if h.IsHTTP11() {
 		r.Proto = "HTTP/1.1"
 	} else {
@@ -194,6 +210,9 @@ func (s *Server) endLog(g *reqLog, p *plan, status int, bodyOut int64, now int64
 		return
 	}
 	g.skip = true
+	if status == noAnswer {
+		status = 0
+	}
 	r := &g.rec
 	r.Status, r.BytesOut = status, bodyOut
 	if p.ref != nil {
@@ -327,4 +346,18 @@ func (s *Server) endH2Log(ctx *fasthttp.RequestCtx, g *reqLog, p *plan) {
 	}
 	s.endLog(g, p, g.status, out, s.clock.Now())
 	reqLogPool.Put(g)
+}
+
+// logHeadRefused logs a request whose head sluice refused before reading
+// it as a request (400, 414, 431, 501, 505): only the client, the status
+// and the reason are known. Rare and not on the hot path: it may allocate.
+func (s *Server) logHeadRefused(client netip.AddrPort, start time.Time, total time.Duration, status int, reason string) {
+	if !s.logging() {
+		return
+	}
+	r := &accesslog.HTTPRecord{
+		Start: start, Client: client, Status: status, Decision: accesslog.Refused,
+		Reason: []byte(reason), End: accesslog.EndRefused, Total: total,
+	}
+	s.alog.LogHTTP(r)
 }

@@ -2,26 +2,25 @@ package http
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/netip"
+	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicelb/sluice/accesslog"
-	"github.com/sluicelb/sluice/admission"
-	"github.com/sluicelb/sluice/lb"
 )
 
 // logged is a record as a test sees it: the byte fields as strings.
 type logged struct {
 	accesslog.HTTPRecord
-	method, path, query, reason, rid string
-	line                             string
+	method, path, query, reason, rid, sni string
+	line                                  string
 }
 
 // captureSink keeps every record the logger hands it, with its JSON line.
@@ -34,7 +33,7 @@ func (c *captureSink) WantSIP(*accesslog.SIPRecord) bool     { return false }
 func (c *captureSink) WriteSIP(*accesslog.SIPRecord, []byte) {}
 func (c *captureSink) WriteHTTP(r *accesslog.HTTPRecord, line []byte) {
 	l := logged{HTTPRecord: *r, method: string(r.Method), path: string(r.Path), query: string(r.Query),
-		reason: string(r.Reason), rid: string(r.RequestID), line: string(line)}
+		reason: string(r.Reason), rid: string(r.RequestID), sni: string(r.SNI), line: string(line)}
 	l.Method, l.Path, l.Query, l.Reason, l.RequestID, l.Host, l.UserAgent, l.Referer, l.SNI = nil, nil, nil, nil, nil, nil, nil, nil, nil
 	c.ch <- l
 }
@@ -103,7 +102,7 @@ func TestAccessLogAdmitted(t *testing.T) {
 		if !l.HasTrace || accesslog.FormatTraceparent(l.TraceID, l.ParentSpan, l.TraceFlags) != tp {
 			t.Errorf("trace in the record: %v %x %x", l.HasTrace, l.TraceID, l.ParentSpan)
 		}
-		if l.Total < l.FirstByte || l.FirstByte < l.Connect || l.Client.Addr() != netip.MustParseAddr("127.0.0.1") {
+		if l.Total < l.FirstByte || l.FirstByte < l.Connect || l.Client.Addr() != netip.MustParseAddr("127.0.0.1") || int(l.Client.Port()) != c.LocalAddr().(*net.TCPAddr).Port {
 			t.Errorf("timings or client: %+v", l.HTTPRecord)
 		}
 		if !strings.Contains(l.line, `"request_id":"`+l.rid+`"`) || strings.Contains(l.line, "id=7") {
@@ -235,10 +234,6 @@ func TestAccessLogDelayed(t *testing.T) {
 	})
 }
 
-var _ = admission.Admit
-var _ = lb.OK
-var _ sync.Mutex
-
 // TestAccessLogHotPathAllocs: a request's record (its request id made,
 // written into the head, the record filled and handed to the logger)
 // allocates nothing once buffers are warm.
@@ -263,7 +258,7 @@ func TestAccessLogHotPathAllocs(t *testing.T) {
 	var g reqLog
 	run := func() {
 		req, d := s.admit(&p, h, &v, now)
-		s.beginLog(&g, &p, h, clientAddrPort(&ctx), s.wall(now), now, now)
+		s.beginLog(&g, &p, h, clientAddrPort(&ctx), nil, s.wall(now), now, now)
 		if !s.pick(&p, &ctx.Response, &req, d, h, remoteAddr(&ctx)) {
 			t.Fatal("not picked")
 		}
@@ -275,4 +270,145 @@ func TestAccessLogHotPathAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, run); n != 0 {
 		t.Errorf("logging a request allocates %v times, want 0", n)
 	}
+}
+
+// TestAccessLogClientAbort: a client that leaves while its answer streams
+// is logged client_abort, with the status the backend gave.
+func TestAccessLogClientAbort(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		stop := make(chan struct{})
+		defer close(stop)
+		r, sink := logRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+			defer c.Close()
+			br := bufio.NewReader(c)
+			var h fasthttp.RequestHeader
+			if h.Read(br) != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"))
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				if _, err := c.Write([]byte("400\r\n" + strings.Repeat("x", 1024) + "\r\n")); err != nil {
+					return
+				}
+			}
+		}})
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"))
+		buf := make([]byte, 4096)
+		var got []byte
+		for !strings.Contains(string(got), "hello") {
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, buf[:n]...)
+		}
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+		l := sink.next(t)
+		if l.End != accesslog.EndClientAbort || l.Status != 200 || l.Backend != "b0" || l.path != "/stream" {
+			t.Errorf("record %+v", l.HTTPRecord)
+		}
+	})
+}
+
+// TestAccessLogSampling: with new=0, admitted new work is not logged and
+// refusals are (refused=1 by default).
+func TestAccessLogSampling(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		path := t.TempDir() + "/a.log"
+		l, err := accesslog.New(accesslog.Options{Dest: path, Sample: accesslog.Sample{Refused: 1, New: 0, Affinity: 0}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRig(t, rigOpts{backends: 1, alog: l, cfg: Config{RequestID: true}})
+		for range 3 {
+			r.get("/ok", "")
+		}
+		r.setMemory(850)
+		r.get("/no", "")
+		// The answer goes out before the request is logged: stop the
+		// server (its requests end) before counting.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r.srv.Shutdown(ctx)
+		l.Close()
+		st := l.Stats()
+		b, _ := os.ReadFile(path)
+		if st.Logged[accesslog.HTTP] != 1 || st.Written[accesslog.HTTP] != 1 || !strings.Contains(string(b), `"path":"/no"`) || strings.Count(string(b), "\n") != 1 {
+			t.Errorf("stats %+v, file %s: want the one refusal logged", st, b)
+		}
+	})
+}
+
+// TestAccessLogTLS: over HTTPS the record has the TLS version and the
+// server name the client asked for.
+func TestAccessLogTLS(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1, tls: true})
+		if rep := r.get("/", ""); rep.status != 200 {
+			t.Fatalf("status %d", rep.status)
+		}
+		l := sink.next(t)
+		if l.TLSVersion != 0x0304 || string(l.sni) != "a.example" {
+			t.Errorf("tls %#x sni %q, want TLS 1.3 and a.example", l.TLSVersion, l.sni)
+		}
+	})
+}
+
+// TestAccessLogHeadRefused: a head sluice refuses (here a request
+// smuggling attempt: Content-Length and Transfer-Encoding) is logged with
+// its status and reason.
+func TestAccessLogHeadRefused(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1})
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"))
+		var resp fasthttp.Response
+		if err := resp.Read(bufio.NewReader(c)); err != nil {
+			t.Fatal(err)
+		}
+		l := sink.next(t)
+		if l.Status != resp.StatusCode() || l.Status != 400 || l.Decision != accesslog.Refused || l.End != accesslog.EndRefused || l.reason == "" {
+			t.Errorf("answer %d; record %+v reason %q", resp.StatusCode(), l.HTTPRecord, l.reason)
+		}
+	})
+}
+
+// TestAccessLogAbandonedDelay: a client that leaves while its request
+// waits in an ARM delay queue is logged delayed, client_abort, status 0.
+func TestAccessLogAbandonedDelay(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r, sink := logRig(t, rigOpts{backends: 1, arm: []string{"name=slow,limit=1/s,action=delay,queue=10,wait=1m"}})
+		r.get("/", "")
+		sink.next(t)
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET /queued HTTP/1.1\r\nHost: x\r\n\r\n"))
+		for i := 0; r.ctrl.Rules()[0].Status().Queued == 0; i++ {
+			if i > 5000 {
+				t.Fatal("request never queued")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		c.Close()
+		l := sink.next(t)
+		if l.path != "/queued" || l.Decision != accesslog.Delayed || l.End != accesslog.EndClientAbort || l.Status != 0 || l.reason != "arm rule slow" {
+			t.Errorf("record %+v reason %q", l.HTTPRecord, l.reason)
+		}
+	})
 }

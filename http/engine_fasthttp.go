@@ -57,7 +57,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	var g *reqLog
 	if s.cfg.RequestID || s.logging() {
 		g = reqLogPool.Get().(*reqLog)
-		s.beginLog(g, &p, h, clientAddrPort(ctx), s.wall(now), now, now)
+		s.beginLog(g, &p, h, clientAddrPort(ctx), ctx.Conn(), s.wall(now), now, now)
 		defer s.endFastLog(ctx, g, &p)
 	}
 	if d.Verdict == admission.Delay {
@@ -77,7 +77,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		if gone != nil && isClosed(gone) {
 			if g != nil {
-				g.end, g.answered = accesslog.EndClientAbort, true
+				g.end, g.answered, g.status = accesslog.EndClientAbort, true, noAnswer
 			}
 			ctx.SetConnectionClose()
 			return

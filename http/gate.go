@@ -244,6 +244,7 @@ func (g *gateConn) fill() error {
 // status fasthttp would give. fasthttp closes the connection after it.
 func (s *Server) errorHandlerCtx(ctx *fasthttp.RequestCtx, err error) {
 	if g, ok := ctx.Conn().(*gateConn); ok && g.err != nil {
+		s.logHeadRefused(clientAddrPort(ctx), s.wall(s.clock.Now()), 0, g.err.status, g.err.reason)
 		s.writeRefusal(&ctx.Response, g.err.status, 0, psHeadRefused, g.err.reason)
 		return
 	}
@@ -258,6 +259,7 @@ func (s *Server) errorHandlerCtx(ctx *fasthttp.RequestCtx, err error) {
 		s.writeRefusal(&ctx.Response, fasthttp.StatusRequestEntityTooLarge, 0, psHeadRefused, "request body too large")
 	default:
 		s.stats.BadRequest.Add(1)
+		s.logHeadRefused(clientAddrPort(ctx), s.wall(s.clock.Now()), 0, fasthttp.StatusBadRequest, "malformed request")
 		s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psHeadRefused, "malformed request")
 	}
 }

@@ -362,7 +362,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.RequestID || s.logging() {
 		g = reqLogPool.Get().(*reqLog)
 		client, _ := netip.ParseAddrPort(r.RemoteAddr)
-		s.beginLog(g, &p, hdr, netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), s.wall(now), now, now)
+		s.beginLog(g, &p, hdr, netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), h.conn, s.wall(now), now, now)
 		g.rec.Proto = "HTTP/2.0"
 		defer s.endH2Log(ctx, g, &p)
 	}
@@ -376,7 +376,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if r.Context().Err() != nil {
 			if g != nil {
-				g.end, g.answered = accesslog.EndClientAbort, true
+				g.end, g.answered, g.status = accesslog.EndClientAbort, true, noAnswer
 			}
 			return
 		}

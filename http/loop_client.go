@@ -3,6 +3,7 @@
 package http
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ type cconn struct {
 	gen      uint32 // bumped when closed or handed over; posted work checks it
 	seq      uint32 // bumped per request
 	ip       netip.Addr
+	port     uint16 // the client's port (the access log)
 	in       []byte // read buffer: in[r:w] not yet consumed
 	r, w     int
 	rready   bool   // the socket may have unread bytes
@@ -75,7 +77,7 @@ type exchange struct {
 // event, watching each; other loops get the rest (EPOLLEXCLUSIVE).
 func (l *evloop) accept() {
 	for range 64 {
-		fd, ip, err := accept(l.e.lnfd)
+		fd, ip, port, err := accept(l.e.lnfd)
 		if err != nil {
 			switch err {
 			case unix.EAGAIN, unix.EINTR:
@@ -96,7 +98,7 @@ func (l *evloop) accept() {
 			closeFD(fd)
 			continue
 		}
-		c := &cconn{fd: fd, ip: ip, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
+		c := &cconn{fd: fd, ip: ip, port: port, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
 		if err := l.watch(fd); err != nil {
 			closeFD(fd)
 			l.s.conns.release(ip)
@@ -284,6 +286,10 @@ func (l *evloop) refuseHead(c *cconn, err error) {
 	c.busy = true
 	c.deadline = 0
 	c.x = exchange{reqLen: c.w - c.r, req: c.x.req[:0], closeAfter: true}
+	if s.logging() {
+		start := min(c.headStart, l.now)
+		s.logHeadRefused(netip.AddrPortFrom(c.ip, c.port), s.wall(s.clock.Now()).Add(-time.Duration(l.now-start)), time.Duration(l.now-start), he.status, he.reason)
+	}
 	s.writeRefusal(&l.local, he.status, 0, psHeadRefused, he.reason)
 	l.answerLocal(c)
 }
@@ -333,7 +339,11 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	if l.s.cfg.RequestID || l.s.logging() {
 		start := min(c.headStart, l.now)
 		wall := l.s.wall(l.s.clock.Now()).Add(-time.Duration(l.now - start))
-		l.s.beginLog(&x.log, &x.plan, h, netip.AddrPortFrom(c.ip, 0), wall, start, l.now)
+		var tc net.Conn
+		if c.tls != nil {
+			tc = c.tls.conn
+		}
+		l.s.beginLog(&x.log, &x.plan, h, netip.AddrPortFrom(c.ip, c.port), tc, wall, start, l.now)
 	}
 	if d.Verdict == admission.Delay {
 		l.s.markDelayed(&x.log, d)
