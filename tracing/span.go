@@ -1,8 +1,9 @@
 package tracing
 
 import (
-	"encoding/hex"
 	"time"
+
+	"github.com/sluicelb/sluice/accesslog"
 )
 
 // Span is one finished request or transaction as the exporter takes it:
@@ -91,70 +92,23 @@ func (tc *TraceContext) Valid() bool {
 }
 
 // ParseTraceparent parses a W3C traceparent header value
-// ("00-<32 hex>-<16 hex>-<2 hex>", https://www.w3.org/TR/trace-context/):
-// version 00 exactly, or a later version's first four fields (a later
-// version may append more after a dash). All-zero ids, version ff and
-// upper-case hex are invalid, as the recommendation says. It allocates
-// nothing.
+// ("00-<32 hex>-<16 hex>-<2 hex>", https://www.w3.org/TR/trace-context/)
+// with the access log's parser (accesslog.ParseTraceparent: version ff,
+// all-zero ids and upper-case hex are invalid; a version above 00 may
+// carry more fields). It allocates nothing.
 func ParseTraceparent(v string) (tc TraceContext, ok bool) {
-	if len(v) < 55 || v[2] != '-' || v[35] != '-' || v[52] != '-' {
-		return tc, false
-	}
-	var ver [1]byte
-	if !lowerHex(ver[:], v[0:2]) || ver[0] == 0xff {
-		return tc, false
-	}
-	if ver[0] == 0 && len(v) != 55 || ver[0] != 0 && len(v) > 55 && v[55] != '-' {
-		return tc, false
-	}
-	var flags [1]byte
-	if !lowerHex(tc.TraceID[:], v[3:35]) || !lowerHex(tc.SpanID[:], v[36:52]) || !lowerHex(flags[:], v[53:55]) {
+	tid, pid, flags, ok := accesslog.ParseTraceparent(v)
+	if !ok {
 		return TraceContext{}, false
 	}
-	if !tc.Valid() {
-		return TraceContext{}, false
-	}
-	tc.Sampled = flags[0]&1 == 1
-	return tc, true
-}
-
-// lowerHex decodes s (lower-case hex only) into dst.
-func lowerHex(dst []byte, s string) bool {
-	if len(s) != 2*len(dst) {
-		return false
-	}
-	for i := range dst {
-		hi, ok1 := nibble(s[2*i])
-		lo, ok2 := nibble(s[2*i+1])
-		if !ok1 || !ok2 {
-			return false
-		}
-		dst[i] = hi<<4 | lo
-	}
-	return true
-}
-
-func nibble(c byte) (byte, bool) {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0', true
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10, true
-	}
-	return 0, false
+	return TraceContext{TraceID: tid, SpanID: pid, Sampled: flags&1 == 1}, true
 }
 
 // String is tc as a traceparent header value (version 00).
 func (tc *TraceContext) String() string {
-	b := make([]byte, 0, 55)
-	b = append(b, "00-"...)
-	b = hex.AppendEncode(b, tc.TraceID[:])
-	b = append(b, '-')
-	b = hex.AppendEncode(b, tc.SpanID[:])
+	var flags byte
 	if tc.Sampled {
-		b = append(b, "-01"...)
-	} else {
-		b = append(b, "-00"...)
+		flags = 1
 	}
-	return string(b)
+	return accesslog.FormatTraceparent(tc.TraceID, tc.SpanID, flags)
 }
