@@ -136,14 +136,22 @@ type DashboardConfig struct {
 	// Events receives an event for every control change (shown as a
 	// marker on the plots); nil for none.
 	Events admission.EventSink
+	// CoarseSamples is the size of the 10 s ring (GET
+	// /status/history?resolution=10s). Default DefaultCoarseSamples (24 h),
+	// at most MaxCoarseSamples.
+	CoarseSamples int
+	// Store, when set, receives every sample of both rings (history.go).
+	Store HistoryStore
 }
 
 // Dashboard is the live page at the admin listener's "/" with its history
 // ring (GET /status/history) and control endpoints.
 type Dashboard struct {
-	cfg    DashboardConfig
-	hist   *History
-	logger *slog.Logger
+	cfg        DashboardConfig
+	hist       *History
+	coarse     *History  // a sample every coarseEvery intervals
+	lastCoarse time.Time // when coarse was last recorded; the sampler's
+	logger     *slog.Logger
 }
 
 // NewDashboard fills cfg's defaults and returns a dashboard; nothing is
@@ -163,7 +171,14 @@ func NewDashboard(cfg DashboardConfig, logger *slog.Logger) *Dashboard {
 	}
 	h := NewHistory(cfg.Samples)
 	h.maxHeapPercent = 100 * cfg.MOPMaxHeap
-	return &Dashboard{cfg: cfg, hist: h, logger: logger.With("component", "admin")}
+	h.interval = cfg.Interval.Seconds()
+	if cfg.CoarseSamples <= 0 {
+		cfg.CoarseSamples = DefaultCoarseSamples
+	}
+	c := NewHistory(min(cfg.CoarseSamples, MaxCoarseSamples))
+	c.maxHeapPercent = h.maxHeapPercent
+	c.interval = coarseEvery * h.interval
+	return &Dashboard{cfg: cfg, hist: h, coarse: c, logger: logger.With("component", "admin")}
 }
 
 // History returns the dashboard's ring.
@@ -209,6 +224,7 @@ func (d *Dashboard) Sample(now time.Time) {
 		counts = &cs
 	}
 	d.hist.Record(now, st, counts)
+	d.recordCoarse(now, st, counts)
 }
 
 func (d *Dashboard) page() http.Handler {
@@ -224,9 +240,10 @@ func (d *Dashboard) page() http.Handler {
 	})
 }
 
-// historyHandler answers GET /status/history[?since=UNIX_MS] with the
-// samples after since (all without it): the page loads everything once,
-// then asks for the new samples every second.
+// historyHandler answers GET /status/history[?since=UNIX_MS][&resolution=1s|10s]
+// with the samples after since (all without it) of the 1 s ring (15
+// minutes) or the 10 s one (24 h): the page loads everything once, then
+// asks for the new samples every second.
 func (d *Dashboard) historyHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var since int64
@@ -238,8 +255,17 @@ func (d *Dashboard) historyHandler() http.Handler {
 			}
 			since = n
 		}
+		h := d.hist
+		switch res := r.URL.Query().Get("resolution"); res {
+		case "", HistoryFine:
+		case HistoryCoarse:
+			h = d.coarse
+		default:
+			http.Error(w, fmt.Sprintf("resolution %q: want %s or %s", res, HistoryFine, HistoryCoarse), http.StatusBadRequest)
+			return
+		}
 		var buf bytes.Buffer
-		d.hist.WriteJSON(&buf, since)
+		h.WriteJSON(&buf, since)
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		w.Write(buf.Bytes())

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 	"strconv"
 	"sync"
@@ -46,6 +47,7 @@ type History struct {
 	seq      int64 // samples recorded since start
 
 	maxHeapPercent float64 // MOP ceiling drawn on the memory plots; 0 for none
+	interval       float64 // seconds between samples, for the JSON document
 
 	t        []int64 // unix milliseconds
 	memState []uint8
@@ -320,7 +322,9 @@ func (h *History) WriteJSON(buf *bytes.Buffer, sinceMillis int64) {
 		}
 	}
 	b := buf.AvailableBuffer()
-	b = append(b, `{"interval_seconds":1,"capacity":`...)
+	b = append(b, `{"interval_seconds":`...)
+	b = strconv.AppendFloat(b, max(h.interval, 1), 'g', -1, 64)
+	b = append(b, `,"capacity":`...)
 	b = strconv.AppendInt(b, int64(h.capacity), 10)
 	b = append(b, `,"mop_max_heap_percent":`...)
 	b = strconv.AppendFloat(b, h.maxHeapPercent, 'g', -1, 64)
@@ -430,4 +434,242 @@ func appendStates(b []byte, col []uint8, idx []int) []byte {
 		b = strconv.AppendUint(b, uint64(col[i]), 10)
 	}
 	return append(b, ']')
+}
+
+// The history across restarts. The dashboard keeps two rings: the fine
+// one (HistoryFine, a sample a second, 15 minutes) the plots draw, and a
+// coarse one (HistoryCoarse, a sample every 10 s, 24 h by default) served
+// by GET /status/history?resolution=10s. With DashboardConfig.Store set,
+// every sample of either is handed to the store as it is recorded (one
+// encoded row, historyRow), and RestoreHistory puts the rows a store kept
+// back into the rings at start: the plots show what was learned before
+// a restart, kill -9 included (less the samples the store had not
+// written yet).
+
+// Resolutions of the dashboard's history, as the store names them.
+const (
+	HistoryFine   = "1s"
+	HistoryCoarse = "10s"
+)
+
+const (
+	// DefaultCoarseSamples is 24 hours at one sample every 10 s.
+	DefaultCoarseSamples = 8640
+	// MaxCoarseSamples bounds the coarse ring (7 days at 10 s): its
+	// memory is about MaxCoarseSamples × 2 KB at the most backends and
+	// rules a ring keeps.
+	MaxCoarseSamples = 7 * DefaultCoarseSamples
+	// coarseEvery is how many fine samples one coarse one stands for.
+	coarseEvery = 10
+)
+
+// HistoryStore keeps the dashboard's samples across restarts.
+// SaveHistory is called on the sampler's goroutine once a second: it must
+// only queue the row, never wait on a disk.
+type HistoryStore interface {
+	SaveHistory(resolution string, at time.Time, row []byte)
+}
+
+// historyRow is one sample as stored: JSON, NaN (no value) as null.
+type historyRow struct {
+	T        int64          `json:"t"` // unix milliseconds
+	MemState uint8          `json:"ms"`
+	MemUsed  f32            `json:"mu"`
+	MemLimit int64          `json:"ml,omitempty"`
+	Refused  map[string]f32 `json:"r,omitempty"`
+	Backends []backendRow   `json:"b,omitempty"`
+	Rules    []ruleRow      `json:"a,omitempty"`
+}
+
+type backendRow struct {
+	ID      string `json:"id"`
+	Proto   string `json:"p"`
+	State   uint8  `json:"s"`
+	New     f32    `json:"n"`
+	Req     f32    `json:"q"`
+	Allowed f32    `json:"al"`
+	Learned f32    `json:"le"`
+	MemPct  f32    `json:"m"`
+	Out     f32    `json:"o"`
+}
+
+type ruleRow struct {
+	Name   string `json:"n"`
+	Rate   f32    `json:"r"`
+	Limit  f32    `json:"l"`
+	Queued f32    `json:"q"`
+}
+
+// f32 is a float32 that is null in JSON when it is NaN or infinite.
+type f32 float32
+
+func (f f32) MarshalJSON() ([]byte, error) {
+	if v := float64(f); math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, float64(f), 'g', 6, 32), nil
+}
+
+func (f *f32) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*f = f32(math.NaN())
+		return nil
+	}
+	v, err := strconv.ParseFloat(string(b), 32)
+	if err != nil {
+		return err
+	}
+	*f = f32(v)
+	return nil
+}
+
+// EncodeLast returns the time and the stored form of the newest sample;
+// ok is false when there is none.
+func (h *History) EncodeLast() (at time.Time, row []byte, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n == 0 {
+		return time.Time{}, nil, false
+	}
+	i := (h.next - 1 + h.capacity) % h.capacity
+	r := historyRow{T: h.t[i], MemState: h.memState[i], MemUsed: f32(h.memUsed[i]), MemLimit: h.memLimit}
+	for k, name := range h.reasons {
+		if v := h.refused[k][i]; !math.IsNaN(float64(v)) {
+			if r.Refused == nil {
+				r.Refused = map[string]f32{}
+			}
+			r.Refused[name] = f32(v)
+		}
+	}
+	for _, b := range h.backends {
+		if b.lastSeq != h.seq-1 {
+			continue // not in this sample
+		}
+		r.Backends = append(r.Backends, backendRow{ID: b.id, Proto: b.proto, State: b.state[i], New: f32(b.newRate[i]),
+			Req: f32(b.reqRate[i]), Allowed: f32(b.allowed[i]), Learned: f32(b.learned[i]), MemPct: f32(b.memPct[i]), Out: f32(b.outstanding[i])})
+	}
+	for _, s := range h.rules {
+		if s.lastSeq != h.seq-1 {
+			continue
+		}
+		r.Rules = append(r.Rules, ruleRow{Name: s.name, Rate: f32(s.rate[i]), Limit: f32(s.limit[i]), Queued: f32(s.queued[i])})
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return time.Time{}, nil, false
+	}
+	return time.UnixMilli(h.t[i]), data, true
+}
+
+// Restore adds stored samples (EncodeLast's rows) to the ring, oldest
+// first, and returns how many it took. A row that does not decode, is
+// not newer than the newest sample held, or holds an unknown state is
+// left out; backends and rules beyond the ring's bounds are, as by Record.
+// Call it before the sampler runs: a live sample's rates are taken
+// against the previous live one.
+func (h *History) Restore(rows [][]byte) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	taken := 0
+	for _, data := range rows {
+		var r historyRow
+		if json.Unmarshal(data, &r) != nil || r.T <= 0 {
+			continue
+		}
+		if h.n > 0 && r.T <= h.t[(h.next-1+h.capacity)%h.capacity] {
+			continue
+		}
+		if r.MemState != noState && int(r.MemState) >= len(memStateNames) {
+			continue
+		}
+		i := h.next
+		h.t[i], h.memState[i], h.memUsed[i] = r.T, r.MemState, float32(r.MemUsed)
+		if r.MemLimit > 0 {
+			h.memLimit = r.MemLimit
+		}
+		for k, name := range h.reasons {
+			v, ok := r.Refused[name]
+			if !ok {
+				v = f32(math.NaN())
+			}
+			h.refused[k][i] = float32(v)
+		}
+		for _, b := range h.backends {
+			b.clear(i)
+		}
+		for _, br := range r.Backends {
+			if br.State != noState && int(br.State) >= len(backendStateNames) {
+				continue
+			}
+			b := h.backend(BackendStatus{ID: br.ID, Protocol: br.Proto})
+			if b == nil {
+				continue
+			}
+			b.lastSeq = h.seq
+			b.state[i] = br.State
+			b.newRate[i], b.reqRate[i], b.allowed[i] = float32(br.New), float32(br.Req), float32(br.Allowed)
+			b.learned[i], b.memPct[i], b.outstanding[i] = float32(br.Learned), float32(br.MemPct), float32(br.Out)
+		}
+		for _, s := range h.rules {
+			s.limit[i], s.rate[i], s.queued[i] = nan(), nan(), nan()
+		}
+		for _, rr := range r.Rules {
+			s := h.rule(rr.Name)
+			if s == nil {
+				continue
+			}
+			s.lastSeq = h.seq
+			s.rate[i], s.limit[i], s.queued[i] = float32(rr.Rate), float32(rr.Limit), float32(rr.Queued)
+		}
+		h.seq++
+		h.next = (h.next + 1) % h.capacity
+		if h.n < h.capacity {
+			h.n++
+		}
+		h.expire()
+		taken++
+	}
+	return taken
+}
+
+// Coarse returns the dashboard's 10 s ring.
+func (d *Dashboard) Coarse() *History { return d.coarse }
+
+// RestoreHistory puts the rows a store kept for resolution (HistoryFine or
+// HistoryCoarse) into that ring, oldest first, before the sampler runs;
+// it returns how many it took.
+func (d *Dashboard) RestoreHistory(resolution string, rows [][]byte) int {
+	switch resolution {
+	case HistoryFine:
+		return d.hist.Restore(rows)
+	case HistoryCoarse:
+		n := d.coarse.Restore(rows)
+		if n > 0 {
+			d.coarse.mu.Lock()
+			d.lastCoarse = time.UnixMilli(d.coarse.t[(d.coarse.next-1+d.coarse.capacity)%d.coarse.capacity])
+			d.coarse.mu.Unlock()
+		}
+		return n
+	}
+	return 0
+}
+
+// recordCoarse adds a sample to the coarse ring every coarseEvery
+// intervals, and hands the new samples to the store.
+func (d *Dashboard) recordCoarse(now time.Time, st Status, counts *admission.Counts) {
+	if store := d.cfg.Store; store != nil {
+		if at, row, ok := d.hist.EncodeLast(); ok {
+			store.SaveHistory(HistoryFine, at, row)
+		}
+	}
+	if !d.lastCoarse.IsZero() && now.Sub(d.lastCoarse) < coarseEvery*d.cfg.Interval {
+		return
+	}
+	d.lastCoarse = now
+	d.coarse.Record(now, st, counts)
+	if store := d.cfg.Store; store != nil {
+		if at, row, ok := d.coarse.EncodeLast(); ok {
+			store.SaveHistory(HistoryCoarse, at, row)
+		}
+	}
 }

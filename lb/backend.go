@@ -134,7 +134,11 @@ type Backend struct {
 	probeFrom atomic.Int64 // monotonic ns: answers before this do not overrule the probes
 	servedAt  atomic.Int64 // monotonic ns real traffic last got an answer from it
 	unknown   atomic.Bool  // added at run time, not yet shown serving
-	announce  atomic.Bool  // added at run time, its taking new work not yet logged (health.go)
+	gone      atomic.Bool  // its address left DNS: drains until dropped
+	// priority orders new work in its pools: lower first (SRV priority);
+	// fixed when built.
+	priority int
+	announce atomic.Bool // added at run time, its taking new work not yet logged (health.go)
 	// panicPools counts the pools of the backend in panic
 	// (Pool.Panicking), kept by the health checker deciding it.
 	panicPools atomic.Int32
@@ -253,7 +257,7 @@ func (b *Backend) downByProbes() bool {
 }
 
 func (b *Backend) draining(now int64) bool {
-	if b.drained.Load() || b.probeBusy.Load() {
+	if b.drained.Load() || b.probeBusy.Load() || b.gone.Load() {
 		return true
 	}
 	u := b.busyUntil.Load()
@@ -367,6 +371,14 @@ func (b *Backend) Outstanding() int64 { return b.outstanding.Load() }
 // Drain stops (true) or resumes (false) new work to the backend; affinity
 // traffic continues. It is the operator's switch.
 func (b *Backend) Drain(on bool) { b.drained.Store(on) }
+
+// Gone reports whether the backend's address left DNS (BackendSpec.Gone):
+// it drains until the node drops it.
+func (b *Backend) Gone() bool { return b.gone.Load() }
+
+// Priority returns the backend's priority in its pools (BackendSpec.Priority):
+// new work goes to the lowest first.
+func (b *Backend) Priority() int { return b.priority }
 
 // Drained reports whether the operator drained the backend.
 func (b *Backend) Drained() bool { return b.drained.Load() }
@@ -492,6 +504,8 @@ func (b *Backend) Reason(now int64) string {
 		return why
 	case b.unknown.Load():
 		return "added by a reload: no new work until a health check passes or it answers traffic"
+	case b.gone.Load():
+		return "its address left DNS: drains (affinity and requests in flight finish, no new work) until it is dropped"
 	case b.drained.Load():
 		return "drained by the operator"
 	case b.probeBusy.Load():

@@ -194,6 +194,9 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 		if spec.Addr == "" {
 			return bad("backend %d (%q): empty address", i+1, spec.ID)
 		}
+		if spec.DNS.Kind != "" {
+			return bad("backend %s: a DNS name, not an address: its backends are its addresses (BackendSpec.Instance)", spec.ID)
+		}
 		if j, dup := ids[spec.ID]; dup {
 			return bad("backend id %q given twice (%s and %s; ids default to the address)", spec.ID, cfg.Backends[j].Addr, spec.Addr)
 		}
@@ -272,6 +275,8 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 		}
 		b.index = i
 		b.passive = passive
+		b.priority = spec.Priority
+		b.gone.Store(spec.Gone)
 		g.backends[i] = b
 		g.byID[spec.ID] = b
 	}
@@ -533,7 +538,7 @@ func (p *Pool) DrainedByOperator(now int64) bool {
 // wouldAcceptUndrained reports whether b would take new work at now in a
 // pool whose panic is panicking, were it not drained by the operator.
 func (b *Backend) wouldAcceptUndrained(now int64, panicking bool) bool {
-	if b.deadByTraffic(now) || b.unknown.Load() || b.probeBusy.Load() {
+	if b.deadByTraffic(now) || b.unknown.Load() || b.probeBusy.Load() || b.gone.Load() {
 		return false
 	}
 	if u := b.busyUntil.Load(); u < 0 || now < u {

@@ -3,6 +3,7 @@ package lb
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,6 +99,10 @@ type Pool struct {
 	// has not shown dead. The pool's policy reads it.
 	panicking atomic.Bool
 	panics    atomic.Uint64 // times the pool went into panic
+	// tiers, when the members have more than one Priority, are the
+	// positions outside each priority, lowest priority first: PickTried
+	// looks at one tier at a time (RFC 3263 §4.3). nil: one tier.
+	tiers []Set
 }
 
 // Panicking reports whether the pool is in panic: past HealthConfig.Panic
@@ -181,7 +186,33 @@ func buildPool(name, policy string, backends []*Backend) (*Pool, error) {
 	}
 	p.policy.Store(&policyBox{pol})
 	p.policyName = policy
+	p.tiers = priorityTiers(p.backends)
 	return p, nil
+}
+
+// priorityTiers returns, for each distinct priority of backends from the
+// lowest, the set of positions of the other priorities; nil when all
+// have one priority.
+func priorityTiers(backends []*Backend) []Set {
+	var prios []int
+	for _, b := range backends {
+		if !slices.Contains(prios, b.priority) {
+			prios = append(prios, b.priority)
+		}
+	}
+	if len(prios) < 2 {
+		return nil
+	}
+	slices.Sort(prios)
+	tiers := make([]Set, len(prios))
+	for t, pr := range prios {
+		for i, b := range backends {
+			if b.priority != pr {
+				tiers[t].Add(i)
+			}
+		}
+	}
+	return tiers
 }
 
 // newPolicy builds the policy called name over p's backends, linked to
@@ -312,15 +343,44 @@ func (p *Pool) Pick(now int64, key uint64, skip *Backend) (b *Backend, out Outco
 // of one backend: every candidate it looks at is added to tried, so a
 // failover that calls it again never comes back to one. It allocates
 // nothing.
+//
+// In a pool whose backends have several priorities (SRV), every backend
+// of the lowest priority is tried before any of the next: a failover
+// that calls it again moves to the next priority once the lower ones are
+// all tried, down or refused by their MOP (RFC 3263 §4.3).
 func (p *Pool) PickTried(now int64, key uint64, tried *Set) (b *Backend, out Outcome, retryAfter time.Duration) {
-	out = NoBackend
 	pol := p.policy.Load().Policy
+	if p.tiers == nil {
+		return p.pickIn(pol, now, key, tried, nil)
+	}
+	out = NoBackend
+	for t := range p.tiers {
+		mask := p.tiers[t]
+		mask.union(tried)
+		c, o, ra := p.pickIn(pol, now, key, &mask, tried)
+		switch {
+		case o == Picked:
+			return c, o, 0
+		case o == MOPRefused && (out != MOPRefused || ra < retryAfter):
+			out, retryAfter = MOPRefused, ra
+		}
+	}
+	return nil, out, retryAfter
+}
+
+// pickIn is PickTried over the positions not in skip; each candidate it
+// looks at is added to skip and to also (when not nil).
+func (p *Pool) pickIn(pol Policy, now int64, key uint64, skip, also *Set) (b *Backend, out Outcome, retryAfter time.Duration) {
+	out = NoBackend
 	for {
-		i := pol.Select(p.backends, now, key, *tried)
+		i := pol.Select(p.backends, now, key, *skip)
 		if i < 0 {
 			return nil, out, retryAfter
 		}
-		tried.Add(i)
+		skip.Add(i)
+		if also != nil {
+			also.Add(i)
+		}
 		c := p.backends[i]
 		if c.mop.Allow(now) {
 			return c, Picked, 0
@@ -340,7 +400,13 @@ func (p *Pool) PickTried(now int64, key uint64, tried *Set) (b *Backend, out Out
 // must go somewhere fixed rather than be refused. Only a hash policy
 // makes it the backend new work with key was given. It allocates nothing.
 func (p *Pool) Home(now int64, key uint64) *Backend {
-	if i := p.policy.Load().Select(p.backends, now, key, Set{}); i >= 0 {
+	pol := p.policy.Load().Policy
+	if p.tiers != nil {
+		if i := pol.Select(p.backends, now, key, p.tiers[0]); i >= 0 {
+			return p.backends[i]
+		}
+	}
+	if i := pol.Select(p.backends, now, key, Set{}); i >= 0 {
 		return p.backends[i]
 	}
 	return p.backends[key%uint64(len(p.backends))]
@@ -363,6 +429,13 @@ type Set struct {
 
 // Add puts i in the set.
 func (s *Set) Add(i int) { s.w[i>>6] |= 1 << (i & 63) }
+
+// union adds the members of o.
+func (s *Set) union(o *Set) {
+	for i := range s.w {
+		s.w[i] |= o.w[i]
+	}
+}
 
 // Has reports whether i is in the set.
 func (s *Set) Has(i int) bool { return s.w[i>>6]&(1<<(i&63)) != 0 }

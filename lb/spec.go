@@ -3,6 +3,7 @@ package lb
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -74,6 +75,120 @@ type BackendSpec struct {
 	// SNI is the server name sent to a TLS backend and verified; default
 	// the host of Addr. Key sni: HTTP with tls=on, SIP with transport=tls.
 	SNI string
+	// DNS, when its Kind is set, makes the spec a template: its backends
+	// are the addresses DNS gives for the name (Instance builds each),
+	// and Addr and ID are the spec's head as written ("dns:app:8080").
+	DNS DNSName
+	// Priority orders the backends of a pool for new work: every backend
+	// of the lowest priority is tried before any of the next (SRV
+	// priorities, RFC 3263 §4.3 failover). 0 for backends not from SRV.
+	// Set by Instance, not by the grammar.
+	Priority int
+	// Gone marks a backend whose address left DNS: it drains (affinity
+	// and requests in flight finish, no new work) until it is dropped.
+	// Set by the node, not by the grammar.
+	Gone bool
+}
+
+// DNSName is where a template spec's backends are found.
+type DNSName struct {
+	// Kind is "dns" (A/AAAA of Name, each with Port), "srv" (the SRV
+	// records of Name: for SIP the services of RFC 3263 §4.1, for HTTP
+	// _http._tcp or _https._tcp unless Name is a full service name) or
+	// "naptr" (SIP: NAPTR → SRV → A/AAAA); "" for a plain backend.
+	Kind string
+	Name string
+	Port int // "dns" only
+	// Transport is the one SIP transport wanted of srv: and naptr:
+	// (transport= given): only its service is asked. "": every one.
+	Transport string
+}
+
+// dnsKinds are the heads of template specs.
+var dnsKinds = []string{"dns", "srv", "naptr"}
+
+// parseDNSHead parses the head of a template spec, "dns:HOST:PORT",
+// "srv:NAME" or "naptr:DOMAIN"; ok false when head is not one (a host
+// called dns, srv or naptr with a port, "srv:5060", is a plain address).
+func parseDNSHead(proto, head string) (d DNSName, ok bool, err error) {
+	kind, rest, found := strings.Cut(head, ":")
+	kind = strings.ToLower(kind)
+	if !found || !slices.Contains(dnsKinds, kind) {
+		return DNSName{}, false, nil
+	}
+	if _, err := strconv.Atoi(rest); err == nil {
+		return DNSName{}, false, nil // host:port of a host called dns, srv or naptr
+	}
+	d.Kind = kind
+	switch kind {
+	case "dns":
+		host, port, err := net.SplitHostPort(rest)
+		if err != nil || host == "" {
+			return d, true, fmt.Errorf("address %q: want dns:HOST:PORT", head)
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n > 65535 {
+			return d, true, fmt.Errorf("address %q: bad port %q", head, port)
+		}
+		if net.ParseIP(host) != nil {
+			return d, true, fmt.Errorf("address %q: %s is an IP address: give it without dns:", head, host)
+		}
+		d.Name, d.Port = strings.ToLower(host), n
+	case "naptr":
+		if proto != "sip" {
+			return d, true, fmt.Errorf("address %q: naptr: is for SIP backends (use dns: or srv:)", head)
+		}
+		d.Name = strings.ToLower(rest)
+	default:
+		d.Name = strings.ToLower(rest)
+	}
+	if !validDNSName(d.Name) {
+		return d, true, fmt.Errorf("address %q: %q is not a DNS name (labels of letters, digits, '-' and '_')", head, d.Name)
+	}
+	return d, true, nil
+}
+
+// validDNSName is validServerName with '_' allowed (service labels)
+// and one trailing dot.
+func validDNSName(s string) bool {
+	return validServerName(strings.ReplaceAll(strings.TrimSuffix(s, "."), "_", "a"))
+}
+
+// MetricsHost is what a template's metrics= URL names its backend by:
+// each backend's URL has it replaced by the backend's IP address.
+const MetricsHost = "{host}"
+
+// Instance returns the spec of one backend of template b: the address
+// addr of the name host (the SRV target, or b's name), at the given
+// priority and SRV weight, over transport ("udp", "tcp", "tls"; "" keeps
+// b's). Its id is its address; a weight from SRV (0 counts as 1, more
+// than MaxWeight as MaxWeight) replaces b's for srv: and naptr:; a TLS
+// backend verifies host unless b names an sni; metrics= gets the
+// address for MetricsHost.
+func (b BackendSpec) Instance(addr netip.AddrPort, host string, priority, weight int, transport string) BackendSpec {
+	out := b
+	out.Addr = addr.String()
+	out.ID = out.Addr
+	out.Priority = priority
+	out.Pools = slices.Clone(b.Pools)
+	if b.DNS.Kind != "dns" {
+		out.Weight = min(max(weight, 1), MaxWeight)
+	}
+	if transport != "" {
+		out.Transport = transport
+	}
+	if b.MetricsURL != "" {
+		ip := addr.Addr().String()
+		if addr.Addr().Is6() {
+			ip = "[" + ip + "]"
+		}
+		out.MetricsURL = strings.ReplaceAll(b.MetricsURL, MetricsHost, ip)
+	}
+	if out.SNI == "" && (out.TLS || out.Transport == "tls") && validServerName(host) {
+		out.SNI = strings.ToLower(host)
+	}
+	out.DNS = DNSName{}
+	return out
 }
 
 // String is the canonical spec of b, FormatBackendSpec's: it parses back
@@ -109,12 +224,18 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 	if proto == "sip" {
 		b.Transport = "udp"
 	}
-	host, port, err := net.SplitHostPort(b.Addr)
-	if err != nil || host == "" || port == "" {
-		return bad("address %q: want host:port", b.Addr)
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return bad("address %q: bad port %q", b.Addr, port)
+	if d, ok, err := parseDNSHead(proto, b.Addr); err != nil {
+		return bad("%v", err)
+	} else if ok {
+		b.DNS = d
+	} else {
+		host, port, err := net.SplitHostPort(b.Addr)
+		if err != nil || host == "" || port == "" {
+			return bad("address %q: want host:port, dns:HOST:PORT, srv:NAME or naptr:DOMAIN (SIP)", b.Addr)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return bad("address %q: bad port %q", b.Addr, port)
+		}
 	}
 	seen := make(map[string]bool, len(parts))
 	for _, kv := range parts[1:] {
@@ -145,18 +266,27 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 		}
 		switch k {
 		case "weight":
+			if b.DNS.Kind == "srv" || b.DNS.Kind == "naptr" {
+				return bad("weight of %s: backends comes from their SRV records", b.DNS.Kind)
+			}
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > MaxWeight {
 				return bad("weight must be a whole number in 1..%d", MaxWeight)
 			}
 			b.Weight = n
 		case "metrics":
-			u, err := url.Parse(v)
+			if b.DNS.Kind != "" && !strings.Contains(v, MetricsHost) {
+				return bad("metrics of a DNS name's backends must name each by %s (metrics=http://%s:9100/metrics)", MetricsHost, MetricsHost)
+			}
+			u, err := url.Parse(strings.ReplaceAll(v, MetricsHost, "192.0.2.1"))
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return bad("metrics must be an http(s) URL")
 			}
 			b.MetricsURL = v
 		case "id":
+			if b.DNS.Kind != "" {
+				return bad("id names one backend; a DNS name gives several, each named by its address")
+			}
 			if v == "" || len(v) > MaxIDLen || strings.ContainsFunc(v, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
 				return bad("id must be 1..%d bytes without spaces or control characters", MaxIDLen)
 			}
@@ -206,6 +336,9 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 	}
 	if proto == "sip" && b.Transport != "tls" && (b.CAFile != "" || b.SNI != "") {
 		return bad("ca and sni need transport=tls")
+	}
+	if proto == "sip" && (b.DNS.Kind == "srv" || b.DNS.Kind == "naptr") && seen["transport"] {
+		b.DNS.Transport = b.Transport
 	}
 	if b.ID == "" {
 		b.ID = b.Addr

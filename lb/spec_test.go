@@ -79,13 +79,16 @@ func FuzzParseBackendSpec(f *testing.F) {
 	f.Add("sip", "h:1,,,")
 	f.Add("http", "h:1,pool=api,pool=web")
 	f.Add("sip", "h:1,pool=default,pool=x")
+	f.Add("http", "dns:app.internal:8080,weight=2,metrics=http://{host}:9/m")
+	f.Add("sip", "srv:example.com,transport=tcp,pool=x")
+	f.Add("sip", "naptr:example.com")
 	f.Fuzz(func(t *testing.T, proto, s string) {
 		b, err := ParseBackendSpec(proto, s)
 		if err != nil {
 			return
 		}
 		if b.ID == "" || (b.ID != b.Addr && len(b.ID) > MaxIDLen) || b.Addr == "" || b.Weight < 1 || b.Weight > MaxWeight ||
-			(proto == "sip") != (b.Transport == "udp" || b.Transport == "tcp") || (proto == "sip" && b.HealthPath != "") ||
+			(proto == "sip") != (b.Transport == "udp" || b.Transport == "tcp" || b.Transport == "tls") || (proto == "sip" && b.HealthPath != "") ||
 			len(b.Pools) == 0 {
 			t.Fatalf("ParseBackendSpec(%q, %q) = %+v", proto, s, b)
 		}

@@ -25,7 +25,11 @@ func FormatBackendSpec(proto string, b BackendSpec) string {
 	if b.TLS && proto == "http" {
 		parts = append(parts, "tls=on")
 	}
-	if b.Transport != "" && b.Transport != "udp" && proto == "sip" {
+	if b.DNS.Kind == "srv" || b.DNS.Kind == "naptr" {
+		if b.DNS.Transport != "" && proto == "sip" {
+			parts = append(parts, "transport="+b.DNS.Transport)
+		}
+	} else if b.Transport != "" && b.Transport != "udp" && proto == "sip" {
 		parts = append(parts, "transport="+b.Transport)
 	}
 	if b.CAFile != "" {

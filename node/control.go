@@ -512,6 +512,15 @@ func (n *Node) RunningConfig() string {
 			}
 		}
 	}
+	// Backends from DNS: the names as configured (their addresses come
+	// and go).
+	for _, proto := range []string{"http", "sip"} {
+		for _, s := range n.specs(proto).Backends {
+			if spec, err := lb.ParseBackendSpec(proto, s); err == nil && spec.DNS.Kind != "" {
+				fmt.Fprintf(&b, "%s-backend %s\n", proto, lb.FormatBackendSpec(proto, spec))
+			}
+		}
+	}
 	for _, proto := range []string{"http", "sip"} {
 		set := n.specs(proto)
 		for _, spec := range set.Pools {

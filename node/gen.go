@@ -169,6 +169,9 @@ func (n *Node) buildGen(proto string, set specSet, prev *lb.Generation) (*lb.Gen
 	if err != nil {
 		return nil, err
 	}
+	if backends, err = n.expand(proto, backends); err != nil {
+		return nil, err
+	}
 	gc := lb.GenConfig{
 		Proto:    proto,
 		Backends: backends,

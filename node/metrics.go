@@ -203,7 +203,7 @@ func (n *Node) mountMetrics() error {
 		return nil
 	}
 	src := metricsSources{ctrl: n.ctrl, mem: n.mem, backends: n.backendStatus, forward: n.forward, store: n.store}
-	src.fronts = append(src.fronts, poolPanic{n}, tlsCollector{n})
+	src.fronts = append(src.fronts, poolPanic{n}, tlsCollector{n}, dnsCollector{n})
 	if n.httpSrv != nil {
 		src.fronts = append(src.fronts, n.httpSrv.Collector())
 	}

@@ -22,6 +22,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -127,6 +128,8 @@ type Config struct {
 	// Tracing exports a span per HTTP request and SIP transaction
 	// (-otlp-endpoint, -trace-sample); Endpoint "" is off.
 	Tracing tracing.Config
+	// DNS configures the backends found in DNS (dns:, srv:, naptr: specs).
+	DNS DNSConfig
 }
 
 // Node is a sluice node. Create it with New; Start, Reload, Drain and Stop
@@ -146,7 +149,9 @@ type Node struct {
 	prevGoMemLimit int64                  // Go memory limit before Start set it; 0: untouched
 	ctrl           *admission.Controller
 	signer         *lb.Signer
-	keyRing        []lb.Key // the affinity key ring; the cluster signs dialog changes with keys derived from it
+	keyRing        []lb.Key         // the affinity key ring; the cluster signs dialog changes with keys derived from it
+	dash           *admin.Dashboard // nil without an admin listener
+	history        historyStore     // the dashboard's history to the store, once open
 	httpSrv        *lbhttp.Server
 	httpGen        *lb.Generation // HTTP backends in pools, with their health checks and probes
 	sipGen         *lb.Generation // SIP backends in pools, with their pings and probes
@@ -155,12 +160,15 @@ type Node struct {
 	ctx            context.Context // of the running node, for reloads
 	sipSrv         *lbsip.Server
 	admin          *admin.Server
-	op             *operator              // run-time changes (control.go)
-	cfgRules       []admission.RuleConfig // the ARM rules of -arm and -arm-file, before overrides
-	cluster        *cluster.Cluster       // nil: standalone
-	dataKeyFile    string                 // the affinity key generated in the data directory ("" with -affinity-key-file)
-	dataKey        []byte                 // and its bytes
-	reloads        reloadLog              // the last reload of each file, for /status
+	op             *operator                // run-time changes (control.go)
+	cfgRules       []admission.RuleConfig   // the ARM rules of -arm and -arm-file, before overrides
+	cluster        *cluster.Cluster         // nil: standalone
+	dataKeyFile    string                   // the affinity key generated in the data directory ("" with -affinity-key-file)
+	dataKey        []byte                   // and its bytes
+	reloads        reloadLog                // the last reload of each file, for /status
+	dns            *dnsState                // backends from DNS; nil until a template is met
+	dnsRunning     bool                     // its lookups run in the background
+	dnsMetrics     atomic.Pointer[dnsState] // n.dns for /metrics, which scrapes while a reload may set it
 
 	// What the TLS listeners share (tls.go).
 	tlsStore   *tlsedge.Store            // certificates; nil without -tls-cert
@@ -230,6 +238,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	}
 	if err := cfg.checkPositive(); err != nil {
 		return nil, err
+	}
+	if dc := cfg.DNS; true {
+		if err := dc.check(); err != nil {
+			return nil, err
+		}
 	}
 
 	// Without -mem-limit the container's limit counts (the OOM killer
@@ -347,7 +360,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 		// listener serves; its buttons drain and reweigh the pools in force.
 		// Its buttons and the control endpoints go through the operator,
 		// which keeps every change as an override (control.go).
-		admin.NewDashboard(admin.DashboardConfig{Source: src, Operator: n.op, Config: n, MOPMaxHeap: cfg.MOP.MaxHeap, Events: n.events}, n.logger).Register(n.admin)
+		n.dash = admin.NewDashboard(admin.DashboardConfig{Source: src, Operator: n.op, Config: n, MOPMaxHeap: cfg.MOP.MaxHeap, Events: n.events,
+			CoarseSamples: coarseHistorySamples(cfg.Persist.HistoryRetention), Store: &n.history}, n.logger)
+		n.dash.Register(n.admin)
 	}
 	return n, nil
 }
@@ -543,6 +558,7 @@ func (n *Node) start(parent context.Context) error {
 	n.goBackground(func() { n.mem.Run(ctx) })
 	n.goBackground(func() { n.ctrl.Run(ctx, n.clock, 10*time.Millisecond) })
 	n.ctx = ctx
+	n.startDNS(ctx)
 	if n.dataKeyFile != "" {
 		n.goBackground(func() { n.keepDataKey(ctx, 5*time.Second) })
 	}

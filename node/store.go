@@ -9,10 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/sluicelb/sluice/admin"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
+	lbsip "github.com/sluicelb/sluice/sip"
 	"github.com/sluicelb/sluice/tlsedge"
 )
 
@@ -103,6 +106,8 @@ func (n *Node) openStore() error {
 	}
 	n.store, n.saver = st, saver
 	n.eventLog.attach(st)
+	n.restoreDialogs(st)
+	n.restoreHistory(st)
 	if n.admin != nil {
 		n.admin.Handle("GET /events", st.EventsHandler())
 	}
@@ -134,6 +139,7 @@ func (n *Node) closeStore() {
 		n.logger.Error("final save of learned rates failed", "err", err)
 	}
 	n.eventLog.detach()
+	n.history.st.Store(nil)
 	if err := n.store.Close(ctx); err != nil {
 		n.logger.Error("close data directory", "err", err)
 	}
@@ -190,4 +196,109 @@ func (n *Node) restoreDataKey() {
 	n.logger.Warn("affinity key file was missing: written back from memory, so a restart keeps sticky sessions and dialogs", "file", n.dataKeyFile)
 	n.events(admission.Event{Time: time.Now(), Kind: admission.EventConfigWarning, Subject: n.dataKeyFile,
 		Message: "affinity key file was missing from the data directory and was written back"})
+}
+
+// restoreDialogs fills the SIP dialog table with the dialogs stored before
+// the restart (those not expired) and writes its changes through to st
+// from now on. It runs before the SIP listener opens, so the in-dialog
+// requests of calls set up before a kill -9 reach their backend. A store
+// that cannot answer leaves the table empty: such requests then go by
+// the Call-ID hash (or are refused with -sip-unknown-dialog reject).
+func (n *Node) restoreDialogs(st *persist.Store) {
+	if n.sipSrv == nil {
+		return
+	}
+	now := time.Now()
+	recs, err := st.LoadDialogs(now, n.sipSrv.DialogMax())
+	if err != nil {
+		n.logger.Error("SIP dialogs of before the restart not restored (the store did not answer)", "err", err, "read", len(recs))
+	}
+	in := make([]lbsip.StoredDialog, len(recs))
+	for i, r := range recs {
+		in[i] = lbsip.StoredDialog{Key: r.Key, Ref: r.Backend, ToTag: r.ToTag, Src: r.Src, Linger: r.Linger, Expires: r.Expires}
+	}
+	if len(in) > 0 || err != nil {
+		n.logger.Info("sip dialogs restored", "stored", len(recs), "restored", n.sipSrv.RestoreDialogs(in, now))
+	}
+	n.sipSrv.SetDialogStore(storeDialogs{st})
+}
+
+// storeDialogs queues the SIP dialog table's changes on the store.
+type storeDialogs struct{ st *persist.Store }
+
+// WriteDialogs implements sip.DialogWriter.
+func (d storeDialogs) WriteDialogs(put []lbsip.StoredDialog, del []uint64) {
+	if len(put) > 0 {
+		recs := make([]persist.DialogRecord, len(put))
+		for i, p := range put {
+			recs[i] = persist.DialogRecord{Key: p.Key, Backend: p.Ref, ToTag: p.ToTag, Src: p.Src, Linger: p.Linger, Expires: p.Expires}
+		}
+		d.st.PutDialogs(recs)
+	}
+	d.st.DeleteDialogs(del)
+}
+
+// fineHistoryKeep is how long the dashboard's 1 s samples are stored: the
+// span of its 1 s ring (admin.DefaultHistorySamples at 1 s).
+const fineHistoryKeep = admin.DefaultHistorySamples * time.Second
+
+// coarseHistorySamples is the size of the dashboard's 10 s ring for a
+// -history-retention (default 24 h); admin caps it at 7 days.
+func coarseHistorySamples(retention time.Duration) int {
+	if retention <= 0 {
+		retention = persist.DefaultHistoryRetention
+	}
+	return int(min(retention/(10*time.Second), admin.MaxCoarseSamples))
+}
+
+// historyStore hands the dashboard's samples to the store while it is
+// open (admin.HistoryStore); before and after, they are not kept.
+type historyStore struct{ st atomic.Pointer[persist.Store] }
+
+// SaveHistory implements admin.HistoryStore: it only queues the sample.
+func (h *historyStore) SaveHistory(res string, at time.Time, row []byte) {
+	st := h.st.Load()
+	if st == nil {
+		return
+	}
+	var keep time.Duration
+	if res == admin.HistoryFine {
+		keep = fineHistoryKeep
+	}
+	st.SaveHistory([]persist.HistorySample{{Time: at, Resolution: res, Data: row, Keep: keep}})
+}
+
+// restoreHistory fills the dashboard's rings with the samples stored
+// before the restart, so its plots and /status/history go on from them,
+// and has the dashboard store its samples from now on. It runs before the
+// admin listener (and its sampler) starts.
+func (n *Node) restoreHistory(st *persist.Store) {
+	if n.dash == nil {
+		return
+	}
+	now := time.Now()
+	retention := n.cfg.Persist.HistoryRetention
+	if retention <= 0 {
+		retention = persist.DefaultHistoryRetention
+	}
+	// A store holds a ring's worth of samples (a few more where they
+	// have not expired yet); more is a damaged store, not read past that.
+	for _, r := range []struct {
+		res  string
+		keep time.Duration
+		max  int
+	}{{admin.HistoryFine, fineHistoryKeep, 2 * n.dash.History().Capacity()}, {admin.HistoryCoarse, retention, 2 * n.dash.Coarse().Capacity()}} {
+		samples, err := st.LoadHistory(r.res, now.Add(-r.keep), r.max)
+		if err != nil {
+			n.logger.Warn("dashboard history of before the restart not restored", "resolution", r.res, "err", err)
+		}
+		rows := make([][]byte, len(samples))
+		for i, s := range samples {
+			rows[i] = s.Data
+		}
+		if len(rows) > 0 {
+			n.logger.Info("dashboard history restored", "resolution", r.res, "stored", len(rows), "restored", n.dash.RestoreHistory(r.res, rows))
+		}
+	}
+	n.history.st.Store(st)
 }

@@ -70,6 +70,10 @@ type HistorySample struct {
 	Time       time.Time `json:"t"`
 	Resolution string    `json:"r"`
 	Data       []byte    `json:"d"`
+	// Keep, when positive and shorter than Config.HistoryRetention, is
+	// how long this sample is kept instead (the dashboard's 1 s samples:
+	// 15 minutes).
+	Keep time.Duration `json:"k,omitempty"`
 }
 
 // maxHistorySample bounds one sample's data.

@@ -193,8 +193,12 @@ func (k *kv3) write(req *request, now time.Time) error {
 		}
 		key := binary.BigEndian.AppendUint64(labelPrefix(historyPrefix3, h.Resolution), uint64(unixNanos(h.Time)))
 		e := badger.NewEntry(key, h.Data)
-		if req.HistoryRetention > 0 {
-			ttl := h.Time.Add(req.HistoryRetention).Sub(now)
+		keep := req.HistoryRetention
+		if h.Keep > 0 && (keep <= 0 || h.Keep < keep) {
+			keep = h.Keep
+		}
+		if keep > 0 {
+			ttl := h.Time.Add(keep).Sub(now)
 			if ttl <= 0 {
 				continue
 			}
@@ -204,9 +208,20 @@ func (k *kv3) write(req *request, now time.Time) error {
 			return err
 		}
 	}
+	// Dialog puts and deletes come in one list, in the order they were
+	// queued: a dialog removed and set up again (an INVITE answered 401,
+	// then sent again with the same Call-ID and From-tag) ends stored.
+	// A record already expired (a deletion has a zero Expires) removes
+	// what is stored under its key.
 	for _, d := range req.Dialogs {
 		ttl := d.Expires.Sub(now)
-		if ttl <= 0 || len(d.Backend) > maxDialogBackend {
+		if ttl <= 0 {
+			if err := wb.Delete(dialogKey(d.Key)); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(d.Backend) > maxDialogBackend {
 			continue
 		}
 		if err := wb.SetEntry(badger.NewEntry(dialogKey(d.Key), encodeDialog(d)).WithTTL(ttl + time.Second)); err != nil {

@@ -513,10 +513,15 @@ func (r *remote) queueHistory(h []HistorySample) {
 	r.kick()
 }
 
+// queueDialogs queues puts and then deletions (records with a zero
+// Expires) on one list, so that the store applies them in order.
 func (r *remote) queueDialogs(put []DialogRecord, del []uint64) {
 	r.mu.Lock()
-	r.dialogs = boundSlice(append(r.dialogs, put...), r.queueMax, &r.dropped)
-	r.delDialogs = boundSlice(append(r.delDialogs, del...), r.queueMax, &r.dropped)
+	q := append(r.dialogs, put...)
+	for _, k := range del {
+		q = append(q, DialogRecord{Key: k})
+	}
+	r.dialogs = boundSlice(q, r.queueMax, &r.dropped)
 	r.mu.Unlock()
 	r.kick()
 }

@@ -272,7 +272,10 @@ func (s *Store) SaveHistory(samples []HistorySample) {
 
 // LoadHistory returns the stored samples of resolution res at or after
 // since, oldest first; call it at start to fill the dashboard's rings.
-func (s *Store) LoadHistory(res string, since time.Time) ([]HistorySample, error) {
+//
+// At most max samples are returned (max <= 0: all), so a damaged store
+// cannot make the caller allocate without bound.
+func (s *Store) LoadHistory(res string, since time.Time, max int) ([]HistorySample, error) {
 	if s.rc == nil {
 		return nil, nil
 	}
@@ -283,6 +286,9 @@ func (s *Store) LoadHistory(res string, since time.Time) ([]HistorySample, error
 			return out, fmt.Errorf("load history from %s: %w", s.cfg.Dir, err)
 		}
 		out = append(out, resp.History...)
+		if max > 0 && len(out) >= max {
+			return out[:max], nil
+		}
 		if !resp.More || len(resp.History) == 0 {
 			return out, nil
 		}
@@ -309,9 +315,11 @@ func (s *Store) DeleteDialogs(keys []uint64) {
 	s.rc.queueDialogs(nil, keys)
 }
 
-// LoadDialogs returns the stored dialogs that expire after now; call it
-// before the SIP listener opens.
-func (s *Store) LoadDialogs(now time.Time) ([]DialogRecord, error) {
+// LoadDialogs returns the stored dialogs that expire after now, at most
+// max of them (max <= 0: all; the dialog table's cap, so a damaged store
+// cannot make the caller allocate without bound); call it before the SIP
+// listener opens.
+func (s *Store) LoadDialogs(now time.Time, max int) ([]DialogRecord, error) {
 	if s.rc == nil {
 		return nil, nil
 	}
@@ -323,6 +331,9 @@ func (s *Store) LoadDialogs(now time.Time) ([]DialogRecord, error) {
 			return out, fmt.Errorf("load dialogs from %s: %w", s.cfg.Dir, err)
 		}
 		out = append(out, resp.Dialogs...)
+		if max > 0 && len(out) >= max {
+			return out[:max], nil
+		}
 		if !resp.More || len(resp.Dialogs) == 0 {
 			return out, nil
 		}

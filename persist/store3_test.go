@@ -194,6 +194,18 @@ func TestDialogsAndHistory(t *testing.T) {
 		{Key: 4, Backend: "sip/d", Expires: now.Add(time.Minute)},
 	})
 	s.DeleteDialogs([]uint64{4})
+	// Removed and set up again, in one batch and across batches: stored.
+	s.PutDialogs([]DialogRecord{{Key: 5, Backend: "sip/e", Expires: now.Add(time.Hour)}})
+	s.DeleteDialogs([]uint64{5})
+	s.PutDialogs([]DialogRecord{{Key: 5, Backend: "sip/e2", Expires: now.Add(time.Hour)}})
+	// A later record with an expiry past replaces a longer-lived one.
+	s.PutDialogs([]DialogRecord{{Key: 6, Backend: "sip/f", Expires: now.Add(time.Hour)}})
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s.PutDialogs([]DialogRecord{{Key: 6, Backend: "sip/f", Linger: true, Expires: now.Add(-time.Millisecond)}})
+	s.DeleteDialogs([]uint64{5})
+	s.PutDialogs([]DialogRecord{{Key: 5, Backend: "sip/e3", Expires: now.Add(time.Hour)}})
 	s.SaveHistory([]HistorySample{
 		{Time: now.Add(-2 * time.Second), Resolution: "1s", Data: []byte("a")},
 		{Time: now.Add(-time.Second), Resolution: "1s", Data: []byte("b")},
@@ -207,12 +219,12 @@ func TestDialogsAndHistory(t *testing.T) {
 	s = openTest(t, cfg3(dir))
 	defer func(d, h int) { dialogPage, historyPage = d, h }(dialogPage, historyPage)
 	dialogPage, historyPage = 1, 1 // every record its own answer
-	ds, err := s.LoadDialogs(now)
+	ds, err := s.LoadDialogs(now, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []DialogRecord{{Key: 1, Backend: "sip/a", ToTag: 7, Src: 9}, {Key: 2, Backend: "sip/b", Linger: true}}
-	if len(ds) != 2 {
+	want := []DialogRecord{{Key: 1, Backend: "sip/a", ToTag: 7, Src: 9}, {Key: 2, Backend: "sip/b", Linger: true}, {Key: 5, Backend: "sip/e3"}}
+	if len(ds) != len(want) {
 		t.Fatalf("dialogs: %+v", ds)
 	}
 	for i := range ds {
@@ -223,15 +235,22 @@ func TestDialogsAndHistory(t *testing.T) {
 		}
 	}
 	// Past the first's expiry only the second is left.
-	if ds, _ := s.LoadDialogs(now.Add(90 * time.Minute)); len(ds) != 1 || ds[0].Key != 2 {
+	if ds, _ := s.LoadDialogs(now.Add(90*time.Minute), 0); len(ds) != 1 || ds[0].Key != 2 {
 		t.Errorf("dialogs after 90m: %+v", ds)
 	}
-	hs, err := s.LoadHistory("1s", now.Add(-90*time.Second))
+	hs, err := s.LoadHistory("1s", now.Add(-90*time.Second), 0)
 	if err != nil || len(hs) != 2 || string(hs[0].Data) != "a" || string(hs[1].Data) != "b" {
 		t.Errorf("history 1s: %+v, %v", hs, err)
 	}
-	if hs, _ := s.LoadHistory("10s", time.Time{}); len(hs) != 1 || string(hs[0].Data) != "c" {
+	if hs, _ := s.LoadHistory("10s", time.Time{}, 0); len(hs) != 1 || string(hs[0].Data) != "c" {
 		t.Errorf("history 10s: %+v", hs)
+	}
+	// A cap on what is loaded, across pages.
+	if ds, _ := s.LoadDialogs(now, 2); len(ds) != 2 || ds[0].Key != 1 || ds[1].Key != 2 {
+		t.Errorf("dialogs, at most 2: %+v", ds)
+	}
+	if hs, _ := s.LoadHistory("1s", time.Time{}, 1); len(hs) != 1 || string(hs[0].Data) != "a" {
+		t.Errorf("history 1s, at most 1: %+v", hs)
 	}
 }
 

@@ -1,7 +1,7 @@
 package sip
 
 import (
-	"hash/maphash"
+	"crypto/rand"
 	"slices"
 	"strings"
 	"sync"
@@ -34,8 +34,10 @@ import (
 // it). Expired entries are swept a few shards per tick of the server's
 // timer goroutine, and ignored by lookups as soon as they are due.
 //
-// Size. Keys are 64-bit keyed hashes (hash/maphash with a per-process
-// seed, so nobody can craft collisions) and values hold no pointer, so an
+// Size. Keys are 64-bit keyed hashes (SipHash-2-4, siphash.go, keyed from
+// the affinity key ring, so nobody can craft collisions and the keys mean
+// the same after a restart: the table is written through to the store,
+// dialogstore.go) and values hold no pointer, so an
 // entry has a fixed size and the map is never scanned by the garbage
 // collector. The entry cap (-sip-dialog-max) is therefore also the byte
 // cap: dialogEntryBytes each, measured by TestDialogBytesPerEntry. When
@@ -110,7 +112,7 @@ const refLocked = -1 << 30
 // backend that took their INVITE. Safe for concurrent use; no lock is
 // shared by all shards on the hot path.
 type dialogTable struct {
-	seed   maphash.Seed
+	hkey   sipKey
 	ttl    int64
 	max    int64
 	count  atomic.Int64
@@ -124,10 +126,16 @@ type dialogTable struct {
 	refs [maxDialogIDs]atomic.Int32
 	// maxIDs is the registry's size: maxDialogIDs (smaller in tests).
 	maxIDs int
+	// changed, when set, receives the key of every entry inserted, changed
+	// or removed (not those the sweep expires), for the store; it never
+	// blocks (dialogstore.go).
+	changed atomic.Pointer[dialogChanges]
 }
 
 func (dt *dialogTable) init(ttl time.Duration, max int) {
-	dt.seed = maphash.MakeSeed()
+	var key [16]byte
+	_, _ = rand.Read(key[:])
+	dt.hkey = newSipKey(key[:])
 	dt.ttl = int64(ttl)
 	dt.max = int64(max)
 	for i := range dt.shards {
@@ -140,12 +148,11 @@ func (dt *dialogTable) init(ttl time.Duration, max int) {
 // key is the table key of the dialog with Call-ID callID and caller tag
 // tag. It is never 0.
 func (dt *dialogTable) key(callID, tag string) uint64 {
-	var h maphash.Hash
-	h.SetSeed(dt.seed)
-	h.WriteString(callID)
-	h.WriteByte(0)
-	h.WriteString(tag)
-	k := h.Sum64()
+	h := dt.hkey.hash()
+	h.writeString(callID)
+	h.writeByte(0)
+	h.writeString(tag)
+	k := h.sum64()
 	if k == 0 {
 		k = 1
 	}
@@ -154,7 +161,9 @@ func (dt *dialogTable) key(callID, tag string) uint64 {
 
 // tagHash is the recorded form of a To-tag; never 0.
 func (dt *dialogTable) tagHash(tag string) uint32 {
-	v := uint32(maphash.String(dt.seed, tag))
+	h := dt.hkey.hash()
+	h.writeString(tag)
+	v := uint32(h.sum64())
 	if v == 0 {
 		v = 1
 	}
@@ -233,16 +242,15 @@ func (dt *dialogTable) release(idx uint16) { dt.refs[idx].Add(-1) }
 
 // sourceTag is the recorded form of the source an INVITE came from; never 0.
 func (dt *dialogTable) sourceTag(src source) uint16 {
-	var h maphash.Hash
-	h.SetSeed(dt.seed)
+	h := dt.hkey.hash()
 	b := src.addr.Addr().Unmap().As16()
-	h.Write(b[:])
-	h.WriteByte(byte(src.addr.Port() >> 8))
-	h.WriteByte(byte(src.addr.Port()))
+	h.writeBytes(b[:])
+	h.writeByte(byte(src.addr.Port() >> 8))
+	h.writeByte(byte(src.addr.Port()))
 	if src.conn != nil {
-		h.WriteByte('T')
+		h.writeByte('T')
 	}
-	v := uint16(h.Sum64())
+	v := uint16(h.sum64())
 	if v == 0 {
 		v = 1
 	}
@@ -316,6 +324,7 @@ func (dt *dialogTable) claimIn(k uint64, pool, id string, src uint16, now int64)
 	if exists {
 		dt.release(e.backend())
 	}
+	dt.mark(k)
 	return dialogInserted
 }
 
@@ -336,11 +345,16 @@ func (dt *dialogTable) confirm(k uint64, toTag string) {
 	th := dt.tagHash(toTag)
 	sh := dt.shard(k)
 	sh.mu.Lock()
-	if e, ok := sh.m[k]; ok && e.toTag == 0 {
+	e, ok := sh.m[k]
+	first := ok && e.toTag == 0
+	if first {
 		e.toTag = th
 		sh.m[k] = e
 	}
 	sh.mu.Unlock()
+	if first {
+		dt.mark(k)
+	}
 }
 
 // remove forgets dialog k (its INVITE failed).
@@ -355,6 +369,7 @@ func (dt *dialogTable) remove(k uint64) {
 	sh.mu.Unlock()
 	if ok {
 		dt.release(e.backend())
+		dt.mark(k)
 	}
 }
 
@@ -403,6 +418,7 @@ func (dt *dialogTable) findKey(k uint64, toTag uint32, now int64, op int) (dialo
 		return e, true
 	}
 	sh.m[k] = e
+	dt.mark(k)
 	return e, true
 }
 

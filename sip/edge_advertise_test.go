@@ -189,7 +189,7 @@ func TestTLSBackendEntries(t *testing.T) {
 	for _, h := range rrs {
 		got = append(got, rrShape(t, h.Value()))
 	}
-	want := []string{"<sip:tls.edge.test:5061;lr;transport=tls;sl=TOKEN>", "<sip:" + s.adv.String() + ";lr;sl=TOKEN>"}
+	want := []string{"<sips:tls.edge.test:5061;lr;sl=TOKEN>", "<sip:" + s.adv.String() + ";lr;sl=TOKEN>"}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("Record-Routes at the backend %v, want %v", got, want)
 	}

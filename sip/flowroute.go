@@ -44,9 +44,10 @@ const maxAliasHost = 255
 // flow f: the flow token in the user part (as RFC 5626 edge proxies do),
 // the advertised address of the listener the client came in on and its
 // transport (tcp, tls, ws, wss; RFC 7118 §5.3 for WebSocket), the
-// affinity token.
-func (s *Server) flowRecordRoute(token string, f flowConn) *gosip.RecordRouteHeader {
-	rr := s.ourRecordRoute(token, f.transport())
+// affinity token; a sips: URI when sips and the flow is TLS
+// (setRouteAddress).
+func (s *Server) flowRecordRoute(token string, f flowConn, sips bool) *gosip.RecordRouteHeader {
+	rr := s.ourRecordRoute(token, f.transport(), sips)
 	rr.Address.User = s.flowToken(f)
 	return rr
 }
@@ -323,7 +324,8 @@ func (s *Server) routeToFlow(req *gosip.Request, src source, p *backendSet, tok 
 	if recordRoutes(req.Method) && toTag(req) == "" {
 		if b := p.backendFrom(src); b != nil {
 			token := s.routeToken("", tokenSubject(b.id, req.CallID().Value()), time.Now().Add(s.cfg.TokenTTL))
-			req.PrependHeader(s.flowRecordRoute(token, f), s.ourRecordRoute(token, b.transport()))
+			sips := isSips(req)
+			req.PrependHeader(s.flowRecordRoute(token, f, sips), s.ourRecordRoute(token, b.transport(), sips))
 		}
 	}
 	s.prepareForward(req, src)

@@ -230,13 +230,31 @@ func (s *Server) ourVia(branch string, tr string) *gosip.ViaHeader {
 
 // ourRecordRoute returns a Record-Route naming the balancer with token,
 // as a peer reaching us over transport tr (UDP, TCP, TLS, WS, WSS) does:
-// the address of that transport's listener and its transport parameter.
-func (s *Server) ourRecordRoute(token string, tr string) *gosip.RecordRouteHeader {
+// the address of that transport's listener and its transport parameter;
+// sips says the request is addressed to a sips: URI (setRouteAddress).
+func (s *Server) ourRecordRoute(token string, tr string, sips bool) *gosip.RecordRouteHeader {
 	rr := &gosip.RecordRouteHeader{Address: gosip.Uri{Scheme: "sip", UriParams: make(gosip.HeaderParams, 0, 3)}}
 	rr.Address.UriParams = append(rr.Address.UriParams, gosip.HeaderKV{K: "lr"})
-	s.setOurAddress(&rr.Address, tr)
+	s.setRouteAddress(&rr.Address, tr, sips)
 	rr.Address.UriParams.Add(tokenParam, token)
 	return rr
+}
+
+// setRouteAddress is setOurAddress for one of our Record-Route entries.
+// In a request addressed to a sips: URI, an entry its peer reaches over
+// TLS is a sips: URI (RFC 3261 §16.6 step 4) without the transport=tls
+// parameter RFC 5630 §3.1.3 deprecates: sips: already means TLS, and a
+// UA that builds its route set from a sip: entry may take the dialog off
+// TLS, or refuse a sips: dialog whose route set is not sips:. Any other
+// entry (UDP, TCP, WebSocket, or a sip: request over TLS) is a sip: URI
+// with its transport parameter.
+func (s *Server) setRouteAddress(u *gosip.Uri, tr string, sips bool) {
+	s.setOurAddress(u, tr)
+	u.Scheme = "sip"
+	if sips && strings.EqualFold(tr, "TLS") {
+		u.Scheme = "sips"
+		u.UriParams.Remove("transport")
+	}
 }
 
 // setOurAddress points u at the listener of transport tr: its advertised

@@ -69,6 +69,7 @@ type Server struct {
 	adm     *admission.Controller
 	observe func(time.Duration)               // Deps.ObserveForward, or nil
 	share   atomic.Pointer[func(DialogEvent)] // Deps.DialogShare or SetDialogShare; nil: none
+	dstore  atomic.Pointer[dialogStore]       // SetDialogStore; nil: none
 	events  admission.EventSink               // Deps.Events, or nil
 	alog    *accesslog.Logger                 // Deps.AccessLog, or nil
 	signer  Signer
@@ -186,6 +187,9 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 	s.tcp.init()
 	s.txns.init()
 	s.dialogs.init(cfg.DialogTTL, cfg.DialogMax)
+	if d, ok := deps.Signer.(KeyDeriver); ok {
+		s.dialogs.hkey = newSipKey(d.DeriveKey(dialogKeyLabel))
+	}
 	s.pings.init()
 	s.SetDialogShare(deps.DialogShare)
 	return s, nil
@@ -344,6 +348,7 @@ func (s *Server) Close() error {
 	}
 	s.shutdown()
 	s.wg.Wait()
+	s.flushDialogStore(s.clock.Now(), time.Now())
 	if set := s.pool.Load(); set != nil && set.owned {
 		set.gen.Stop()
 	}
@@ -679,6 +684,7 @@ func (s *Server) tick() {
 		s.expireWatched(now)
 		s.sweepDialogLogs(now)
 		s.dialogs.sweep(now, dialogSweepShards)
+		s.dialogStoreTick(now)
 		if f := s.metrics.DialogsFull.Load(); f != lastFull && time.Since(lastFullLog) >= time.Minute {
 			lastFullLog = time.Now()
 			s.log.Warn("sip dialog table full: new dialogs not recorded, their in-dialog requests without our Route go by Call-ID hash; raise -sip-dialog-max or lower -sip-dialog-ttl",

@@ -338,6 +338,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	}
 	if recordRoutes(req.Method) {
 		token := s.routeToken(t.poolName, tokenSubject(b.id, t.callID), time.Now().Add(s.cfg.TokenTTL))
+		sips := isSips(req)
 		ctr := "UDP" // the client's transport
 		if t.src.conn != nil {
 			ctr = "TCP"
@@ -351,11 +352,11 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			// The backend-facing one is on top; both go above every other
 			// header, as Kamailio does, which keeps them first among the
 			// Record-Routes (§16.6 step 4).
-			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.transport()))
+			t.rrs = append(t.rrs, s.ourRecordRoute(token, b.transport(), sips))
 			if flow != nil || ctr != b.transport() {
-				cf := s.ourRecordRoute(token, ctr)
+				cf := s.ourRecordRoute(token, ctr, sips)
 				if flow != nil {
-					cf = s.flowRecordRoute(token, flow)
+					cf = s.flowRecordRoute(token, flow, sips)
 				}
 				t.rrs = append(t.rrs, cf)
 			}
@@ -368,7 +369,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			// first (UDP to TLS, say): the one entry, which the client
 			// reads too, cannot name both; the client-facing one goes
 			// below it. Ours are on top, below our Via.
-			t.rrs = append(t.rrs, s.ourRecordRoute(token, ctr))
+			t.rrs = append(t.rrs, s.ourRecordRoute(token, ctr, sips))
 			req.RemoveHeader("Via")
 			req.RemoveHeader("Record-Route")
 			req.PrependHeader(asHeaders(t.rrs)...)
@@ -379,7 +380,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		}
 		// The backend-facing entry names the listener and transport of
 		// this attempt's backend (a failover may change them).
-		s.setOurAddress(&t.rrs[0].Address, b.transport())
+		s.setRouteAddress(&t.rrs[0].Address, b.transport(), sips)
 	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()

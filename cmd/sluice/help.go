@@ -16,7 +16,7 @@ var flagGroups = []struct {
 	{"HTTP front end", []string{"http-", "https-"}},
 	{"SIP front end", []string{"sip-"}},
 	{"TLS (certificates and handshakes of every TLS listener)", []string{"tls-"}},
-	{"Backend selection and health", []string{"lb-", "health-", "backends-file"}},
+	{"Backend selection and health", []string{"lb-", "health-", "backends-file", "dns-"}},
 	{"ARM rules (arrival rate meters)", []string{"arm"}},
 	{"MOP (memory overload protection per backend)", []string{"mop-"}},
 	{"Node memory states", []string{"mem-"}},

@@ -60,6 +60,7 @@ type runOptions struct {
 	cpuProfile   string
 	sip          *sipOptions
 	cluster      cluster.Config
+	dns          node.DNSConfig
 	tls          tlsedge.Config
 	tlsCerts     listFlag
 	tracing      tracing.Config
@@ -83,7 +84,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hs.also(&h.HandshakeTimeout, "tls-handshake-timeout")
 	hs.add(&h.HTTPSRedirect, "https-redirect", "the plain HTTP listener answers every request 308 to the same host and target over HTTPS (on -https-listen's port; without -https-listen, 443: HTTPS served elsewhere)")
 	o.httpBackends.check = node.CheckHTTPBackend
-	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME][,tls=on[,ca=FILE][,sni=NAME]] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default; tls=on: TLS to the backend, its certificate verified against ca= (else the system roots) for sni= (else the host of ADDR))")
+	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR (or dns:HOST:PORT, srv:NAME: every address DNS gives, followed at its TTL)[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME][,tls=on[,ca=FILE][,sni=NAME]] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default; tls=on: TLS to the backend, its certificate verified against ca= (else the system roots) for sni= (else the host of ADDR))")
 	o.httpPools.check = node.CheckPool("http")
 	fs.Var(&o.httpPools, "http-pool", "settings of an HTTP `pool` where they differ from the front end's: name=NAME[,policy=P][,hash-key=source|header:NAME|cookie:NAME][,health=PATH|-] (repeatable)")
 	o.httpRoutes.check = node.CheckRoute("http")
@@ -139,6 +140,15 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hc.add(&o.health.Rise, "health-rise", "passing probes in a row that bring a backend up")
 	hc.add(&o.health.Fall, "health-fall", "failing probes in a row that take a backend down")
 	hc.add((*panicShare)(&o.health.Panic), "health-panic", "past this share of backends down by their health checks alone (percent, or a fraction), new work goes to every backend not shown dead by traffic (100: never)")
+
+	o.dns = node.DefaultDNSConfig()
+	ds := newSection(fs, o.fields, "node", "DNSConfig.", &o.dns)
+	ds.add(&o.dns.Server, "dns-server", "resolver asked for backends from DNS (dns:, srv:, naptr: in -http-backend/-sip-backend), ADDR[:PORT]; UDP, TCP when an answer is truncated (default: the nameservers of /etc/resolv.conf)")
+	ds.add(&o.dns.MinTTL, "dns-min-ttl", "shortest time between two lookups of a name, whatever its TTL; a failed lookup is retried after it")
+	ds.add(&o.dns.MaxTTL, "dns-max-ttl", "longest time between two lookups of a name, whatever its TTL")
+	ds.add(&o.dns.KeepStale, "dns-keep-stale", "how long a name's last good answer stays in force while lookups fail or find it gone (NXDOMAIN); a pool whose only source is the name keeps its last addresses past it")
+	ds.add(&o.dns.Drain, "dns-drain", "how long an address that left DNS stays in its pools, draining (sticky sessions, dialogs and requests in flight go on; no new work), before it is dropped")
+	ds.add(&o.dns.Timeout, "dns-timeout", "timeout of one DNS query")
 
 	cs := newSection(fs, o.fields, "admission", "ControllerConfig.", &o.ctrl)
 	o.arm.check = func(s string) error { _, err := admission.ParseRule(s); return err }
@@ -386,5 +396,6 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		Cluster:        o.cluster,
 		TLS:            o.tlsSettings(),
 		Tracing:        o.tracing,
+		DNS:            o.dns,
 	}, logger, nil
 }
