@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicelb/sluice/accesslog"
+	"github.com/sluicelb/sluice/tracing"
 )
 
 // AccessLogConfig is the access log's flags as given; node parses them
@@ -36,10 +37,10 @@ func (c AccessLogConfig) on() bool {
 	return c.Dest != "" || c.HTTPDest != "" || c.SIPDest != ""
 }
 
-// openAccessLog opens the access log the configuration asks for, with
-// sinks as its other consumers (a tracer); with neither a destination nor
-// a sink n.alog stays nil and the front ends gather no records.
-func (n *Node) openAccessLog(sinks ...accesslog.Sink) error {
+// openAccessLog opens the access log the configuration asks for, or one
+// without destination when only its consumers want the records (the
+// tracer); none: n.alog stays nil and the front ends log nothing.
+func (n *Node) openAccessLog() error {
 	c := n.cfg.AccessLog
 	f, err := accesslog.ParseFormat(c.Format)
 	if err != nil {
@@ -49,6 +50,7 @@ func (n *Node) openAccessLog(sinks ...accesslog.Sink) error {
 	if err != nil {
 		return err
 	}
+	sinks := n.accessLogSinks()
 	if !c.on() && len(sinks) == 0 {
 		return nil
 	}
@@ -91,13 +93,15 @@ func (n *Node) accessLogStatus() any {
 		Written uint64 `json:"written"`
 	}
 	return struct {
-		HTTP        counts `json:"http"`
-		SIP         counts `json:"sip"`
-		WriteErrors uint64 `json:"write_errors"`
+		HTTP        counts         `json:"http"`
+		SIP         counts         `json:"sip"`
+		WriteErrors uint64         `json:"write_errors"`
+		TraceSpans  *tracing.Stats `json:"trace_spans,omitempty"`
 	}{
 		HTTP:        counts{st.Logged[accesslog.HTTP], st.Dropped[accesslog.HTTP], st.Written[accesslog.HTTP]},
 		SIP:         counts{st.Logged[accesslog.SIP], st.Dropped[accesslog.SIP], st.Written[accesslog.SIP]},
 		WriteErrors: st.WriteErrors,
+		TraceSpans:  n.traceStats(),
 	}
 }
 

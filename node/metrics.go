@@ -216,6 +216,9 @@ func (n *Node) mountMetrics() error {
 	if n.alog != nil {
 		src.fronts = append(src.fronts, accessLogCollector{n.alog})
 	}
+	if n.tracer != nil {
+		src.fronts = append(src.fronts, n.tracer.Collector())
+	}
 	src.fronts = append(src.fronts, n.admin.Collector())
 	h, err := metricsHandler(src)
 	if err != nil {

@@ -36,6 +36,7 @@ import (
 	"github.com/sluicelb/sluice/persist"
 	lbsip "github.com/sluicelb/sluice/sip"
 	"github.com/sluicelb/sluice/tlsedge"
+	"github.com/sluicelb/sluice/tracing"
 )
 
 // Config is everything a node is built from. cmd/sluice fills it from
@@ -124,6 +125,9 @@ type Config struct {
 	// TLS holds the certificates (-tls-cert) and handshake bounds of every
 	// TLS listener; all zero is tlsedge's defaults without certificates.
 	TLS tlsedge.Config
+	// Tracing exports a span per HTTP request and SIP transaction
+	// (-otlp-endpoint, -trace-sample); Endpoint "" is off.
+	Tracing tracing.Config
 	// DNS configures the backends found in DNS (dns:, srv:, naptr: specs).
 	DNS DNSConfig
 }
@@ -179,6 +183,10 @@ type Node struct {
 	// for saving.
 	mops []mopEntry
 
+	// tracer exports spans (-otlp-endpoint), fed by the access log's
+	// records (a Sink of alog); nil: off.
+	tracer *tracing.Exporter
+
 	httpAddr, adminAddr net.Addr
 	httpsAddr           net.Addr
 	cpuProfile          *os.File
@@ -206,6 +214,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	defer func() {
 		if err != nil {
 			n.closeAccessLog() // its files and writer, when opened before the failure
+			n.closeTracing(time.Second)
 		}
 	}()
 	n.eventLog = &eventLog{logger: n.logger}
@@ -301,6 +310,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	}
 	// Before the front ends: their TLS listeners take the store.
 	if err := n.buildTLS(); err != nil {
+		return nil, err
+	}
+	if err := n.buildTracing(); err != nil {
 		return nil, err
 	}
 	if err := n.openAccessLog(); err != nil {
@@ -488,7 +500,7 @@ func (n *Node) buildSIP() error {
 	hist := n.forward.WithLabelValues("sip")
 	observe := func(d time.Duration) { hist.Observe(d.Seconds()) }
 	var err error
-	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, ObserveForward: observe, Events: n.events}, n.logger)
+	n.sipSrv, err = lbsip.New(cfg, lbsip.Deps{Admission: n.ctrl, Signer: n.signer, Clock: n.clock, ObserveForward: observe, Events: n.events, AccessLog: n.alog}, n.logger)
 	if err != nil {
 		return err
 	}
@@ -701,6 +713,7 @@ func (n *Node) Stop(timeout time.Duration) {
 	if n.sipGen != nil {
 		n.sipGen.Stop()
 	}
+	n.closeTracing(timeout)
 	if n.cpuProfile != nil {
 		pprof.StopCPUProfile()
 		n.cpuProfile.Close()

@@ -41,6 +41,11 @@ type Config struct {
 	// in-dialog request: a bit more than the longest call expected. Flag
 	// -sip-dialog-ttl.
 	DialogTTL time.Duration
+	// AccessLogDialogs adds to the access log one summary record per
+	// dialog when it ends (its BYE answered; without one, -sip-dialog-ttl
+	// after its 2xx): duration and which side hung up. Flag
+	// -sip-access-log-dialogs.
+	AccessLogDialogs bool
 	// DialogMax caps the dialog table's entries (dialogEntryBytes each,
 	// so also its memory). When full, new dialogs are not recorded and
 	// their in-dialog requests without our Route go by Call-ID hash. Flag

@@ -14,6 +14,7 @@ import (
 
 	gosip "github.com/emiago/sipgo/sip"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
@@ -55,6 +56,7 @@ type serverOpts struct {
 	signer   Signer                 // nil: an lb.Signer with testKey
 	clock    *admission.ManualClock // nil: the monotonic clock, admission ticking every 10 ms
 	events   admission.EventSink
+	alog     *accesslog.Logger
 }
 
 func uasAddrs(backends []*uas) []netip.AddrPort {
@@ -100,7 +102,7 @@ func startServer(t testing.TB, o serverOpts) *Server {
 	if o.mut != nil {
 		o.mut(&cfg)
 	}
-	deps := Deps{Admission: adm, Signer: signer, Events: o.events}
+	deps := Deps{Admission: adm, Signer: signer, Events: o.events, AccessLog: o.alog}
 	if o.clock != nil {
 		deps.Clock = o.clock
 	}

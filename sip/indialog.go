@@ -12,6 +12,7 @@ import (
 
 	gosip "github.com/emiago/sipgo/sip"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 )
 
@@ -40,6 +41,7 @@ type watchEntry struct {
 	to       target
 	method   gosip.RequestMethod
 	backend  string
+	lg       *inDialogLog // the access-log record under way; nil when not logging
 }
 
 // maxWatched caps the in-dialog requests awaiting an answer.
@@ -68,6 +70,7 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 		to:       s.replyTarget(req, src),
 		method:   req.Method,
 		backend:  backend,
+		lg:       s.newInDialogLog(req, src, backend, now),
 	}
 }
 
@@ -76,14 +79,43 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 // which overrules failing OPTIONS pings (lb.Backend.Served) and ends a
 // run of unanswered in-dialog requests. With nothing watched (most
 // responses answer new work) it takes no lock.
-func (s *Server) answered(br string, src source) {
+func (s *Server) answered(br string, src source, code int) {
 	if b := s.pool.Load().backendAt(src.addr); b != nil {
 		b.lb.Served(s.clock.Now())
 		if b.unanswered.Load() != 0 {
 			b.unanswered.Store(0)
 		}
 	}
-	s.forget(br)
+	w := &s.watched
+	if w.n.Load() == 0 {
+		return
+	}
+	w.mu.Lock()
+	e, ok := w.entries[br]
+	if !ok {
+		w.mu.Unlock()
+		return
+	}
+	if e.lg != nil && code < 200 {
+		// Logged at its final answer: the entry stays for it, without a
+		// 408 of ours now that the backend answered (as without the log),
+		// until Timer F.
+		now := s.clock.Now()
+		if !e.lg.provisional {
+			e.lg.provisional = true
+			e.lg.rec.Provisional = time.Duration(now - e.lg.sent)
+			e.deadline = now + int64(timerF)
+			w.entries[br] = e
+		}
+		w.mu.Unlock()
+		return
+	}
+	delete(w.entries, br)
+	w.n.Add(-1)
+	w.mu.Unlock()
+	if e.lg != nil {
+		s.finishInDialog(e.lg, s.clock.Now(), code, accesslog.ByBackend, "")
+	}
 }
 
 // forget drops the watch on br.
@@ -181,6 +213,15 @@ func (s *Server) expireWatched(now int64) {
 	}
 	w.mu.Unlock()
 	for _, e := range due {
+		if e.lg != nil && e.lg.provisional {
+			// Answered provisionally, then nothing: no 408 of ours
+			// (none without the log either), only its record.
+			s.finishInDialog(e.lg, now, 0, accesslog.ByBackend, "no final answer")
+			continue
+		}
+		if e.lg != nil {
+			s.finishInDialog(e.lg, now, 408, accesslog.BySluice, "backend did not answer")
+		}
 		// The verdict first: the client's next request, sent on our
 		// 408, must find it.
 		s.unansweredBy(e.backend, e.sent, now)

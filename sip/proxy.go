@@ -13,6 +13,7 @@ import (
 
 	gosip "github.com/emiago/sipgo/sip"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
@@ -706,7 +707,7 @@ func (s *Server) handleNewWork(req *gosip.Request, src source, now int64) {
 			}
 			if d.Verdict != admission.Admit {
 				s.txns.remove(t)
-				s.refuse(req, src, d)
+				s.refuseFor(req, src, d, t)
 				return
 			}
 			s.attempt(t, s.clock.Now(), false)
@@ -755,6 +756,12 @@ func (s *Server) jitter(d time.Duration) int {
 // counted as draining, when the operator drained it). It keeps no state. This
 // is the one place a decision becomes SIP.
 func (s *Server) refuse(req *gosip.Request, src source, d admission.Decision) {
+	s.refuseFor(req, src, d, nil)
+}
+
+// refuseFor is refuse for the request of t (nil: a request without a
+// transaction), whose access-log record it ends as refused.
+func (s *Server) refuseFor(req *gosip.Request, src source, d admission.Decision, t *txn) {
 	// No backend took it because the operator drained the pool: said and
 	// counted as draining (lb.Pool.DrainedByOperator), not as a failure.
 	set := s.pool.Load()
@@ -782,7 +789,14 @@ func (s *Server) refuse(req *gosip.Request, src source, d admission.Decision) {
 			what += " pool " + d.Pool
 		}
 	}
-	s.reply(req, src, 503, "Service Unavailable",
+	if t != nil && t.lg != nil {
+		s.txns.mu.Lock()
+		s.logTxnLocked(t, s.clock.Now(), 503, accesslog.BySluice, true, what)
+		s.txns.mu.Unlock()
+	} else if t == nil {
+		s.logRefusal(req, src, d.Pool, what)
+	}
+	s.replyUnlogged(req, src, 503, "Service Unavailable",
 		"Retry-After: "+strconv.Itoa(s.jitter(d.RetryAfter)),
 		"Warning: 399 "+s.adv.String()+` "`+what+`"`)
 }

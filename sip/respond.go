@@ -90,8 +90,15 @@ func (s *Server) buildReplyVias(req *gosip.Request, keepOurs, compact bool, code
 	return w.Bytes()
 }
 
-// reply answers req with a response of our own, without state.
+// reply answers req with a response of our own, without state, and
+// logs it (logLocal).
 func (s *Server) reply(req *gosip.Request, src source, code int, reason string, extra ...string) {
+	s.replyUnlogged(req, src, code, reason, extra...)
+	s.logLocal(req, src, code, reason, extra)
+}
+
+// replyUnlogged is reply for an answer its caller logs itself.
+func (s *Server) replyUnlogged(req *gosip.Request, src source, code int, reason string, extra ...string) {
 	if err := s.sendBytes(s.buildReply(req, code, reason, extra...), s.replyTarget(req, src)); err == nil {
 		s.metrics.LocalReplies.Add(1)
 	}
@@ -122,6 +129,7 @@ const localReplySourceRate = 50
 // its extra. Dropped answers are counted in local_replies_shed.
 func (s *Server) replyLocal(req *gosip.Request, src source, code int, reason string, extra ...string) {
 	if !s.localAllowed(src) {
+		s.logShed(req, src, code, reason, extra, "per-source share")
 		return
 	}
 	p := s.buildReplyVias(req, false, true, code, reason, extra...)
@@ -130,8 +138,10 @@ func (s *Server) replyLocal(req *gosip.Request, src source, code int, reason str
 	}
 	if !fits(p, src) {
 		s.metrics.LocalRepliesShed.Add(1)
+		s.logShed(req, src, code, reason, extra, "larger than the request")
 		return
 	}
+	s.logLocal(req, src, code, reason, extra)
 	if err := s.sendBytes(p, s.replyTarget(req, src)); err == nil {
 		s.metrics.LocalReplies.Add(1)
 	}
@@ -161,6 +171,7 @@ func fits(p []byte, src source) bool {
 // as replyLocal's answers are.
 func (s *Server) replyLoop(req *gosip.Request, src source) {
 	if !s.localAllowed(src) {
+		s.logShed(req, src, 482, "Loop Detected", nil, "per-source share")
 		return
 	}
 	p := s.buildReplyVias(req, true, true, 482, "Loop Detected", "Warning: 399 "+s.adv.String()+` "loop detected"`)
@@ -169,8 +180,10 @@ func (s *Server) replyLoop(req *gosip.Request, src source) {
 	}
 	if !fits(p, src) {
 		s.metrics.LocalRepliesShed.Add(1)
+		s.logShed(req, src, 482, "Loop Detected", nil, "larger than the request")
 		return
 	}
+	s.logLocal(req, src, 482, "Loop Detected", nil)
 	if err := s.sendBytes(p, target{addr: src.addr, tcp: src.conn != nil}); err == nil {
 		s.metrics.LocalReplies.Add(1)
 	}
@@ -331,8 +344,9 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 	}
 	// Only now, its branch proven ours for where it came from, does the
 	// answer count as evidence that the backend serves (unansweredBy).
-	s.answered(br, src)
+	s.answered(br, src, res.StatusCode)
 	if res.StatusCode >= 200 && res.CSeq().MethodName == gosip.BYE {
+		s.dialogEnded(res, src, s.clock.Now())
 		// The dialog is over (RFC 3261 §15.1.1), whichever side hung up:
 		// its table entry lingers for retransmitted BYEs, then goes.
 		var from string

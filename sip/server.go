@@ -16,6 +16,7 @@ import (
 
 	gosip "github.com/emiago/sipgo/sip"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 )
 
@@ -49,6 +50,10 @@ type Deps struct {
 	// Events receives backend.state events from the OPTIONS health checks
 	// (down, up, draining). May be nil.
 	Events admission.EventSink
+	// AccessLog, when set, gets one record per transaction the server
+	// forwarded or answered (accesslog.Logger.LogSIP, which never
+	// blocks). May be nil: then no record is built.
+	AccessLog *accesslog.Logger
 	// DialogShare, when set, receives every change of the dialog table so
 	// the other nodes of a cluster can apply it (ApplyDialog). It is called
 	// on the message path: it must not block. May be nil.
@@ -66,6 +71,7 @@ type Server struct {
 	share   atomic.Pointer[func(DialogEvent)] // Deps.DialogShare or SetDialogShare; nil: none
 	dstore  atomic.Pointer[dialogStore]       // SetDialogStore; nil: none
 	events  admission.EventSink               // Deps.Events, or nil
+	alog    *accesslog.Logger                 // Deps.AccessLog, or nil
 	signer  Signer
 	clock   admission.Clock
 	// pool is the backend generation served and SIP's side table of it.
@@ -97,7 +103,10 @@ type Server struct {
 	dialogs dialogTable
 	pings   pingTable
 	watched inDialogWatch
-	metrics Metrics
+	// dialogLogs are the dialogs awaiting their access-log summary
+	// (Config.AccessLogDialogs).
+	dialogLogs dialogLogs
+	metrics    Metrics
 
 	unknownShare sourceShare // per-source cap of requests of unknown dialogs
 	localShare   sourceShare // per-UDP-source cap of our own answers (replyLocal)
@@ -155,6 +164,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		adm:     deps.Admission,
 		observe: deps.ObserveForward,
 		events:  deps.Events,
+		alog:    deps.AccessLog,
 		signer:  deps.Signer,
 		clock:   deps.Clock,
 		parser:  newParser(),
@@ -672,6 +682,7 @@ func (s *Server) tick() {
 		now := s.clock.Now()
 		s.txnTimers(now)
 		s.expireWatched(now)
+		s.sweepDialogLogs(now)
 		s.dialogs.sweep(now, dialogSweepShards)
 		s.dialogStoreTick(now)
 		if f := s.metrics.DialogsFull.Load(); f != lastFull && time.Since(lastFullLog) >= time.Minute {

@@ -3,11 +3,13 @@ package sip
 import (
 	"bytes"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 )
@@ -78,8 +80,9 @@ type txn struct {
 	tooLarge  bool   // answered 513: the request with our headers is too large for a datagram
 	answered  bool   // an earlier attempt's 2xx ended it (earlierAttemptAnsweredLocked): send no more
 	prepared  bool
-	acquired  bool // cur counts this attempt as outstanding
-	local     bool // we gave the final answer ourselves (500, 487, 503)
+	acquired  bool    // cur counts this attempt as outstanding
+	local     bool    // we gave the final answer ourselves (500, 487, 503)
+	lg        *txnLog // the access-log record under way; nil when not logging
 }
 
 // settleLocked ends the current attempt's outstanding count on its backend
@@ -113,7 +116,8 @@ func (tt *txnTable) Len() int {
 }
 
 func (tt *txnTable) create(s *Server, ckey string, req *gosip.Request, src source, pool string, now int64, waiting bool) *txn {
-	t := &txn{ckey: ckey, poolName: pool, ctxn: clientTxnOf(req, src), loop: loopHash(req), req: req, invite: req.Method == gosip.INVITE, callID: req.CallID().Value(), src: src, created: now}
+	t := &txn{ckey: ckey, poolName: pool, ctxn: clientTxnOf(req, src), loop: loopHash(req), req: req, invite: req.Method == gosip.INVITE, callID: req.CallID().Value(), src: src, created: now,
+		lg: s.newTxnLog(waiting)}
 	if t.invite {
 		t.dkey = s.dialogs.key(t.callID, tagParam(header(req, "from", "f").Value()))
 	}
@@ -292,10 +296,10 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 	case !failover && mopRefused:
 		s.txns.remove(t)
 		ar := admission.Request{Class: admission.NewWork, Proto: "sip", Method: string(t.req.Method), Pool: t.poolName}
-		s.refuse(t.req, t.src, s.adm.RefuseMOPFor(&ar, mopRetry))
+		s.refuseFor(t.req, t.src, s.adm.RefuseMOPFor(&ar, mopRetry), t)
 	case !failover:
 		s.txns.remove(t)
-		s.refuse(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.BusyDefault, Pool: t.poolName})
+		s.refuseFor(t.req, t.src, admission.Decision{Verdict: admission.Refuse, RetryAfter: s.cfg.BusyDefault, Pool: t.poolName}, t)
 	default:
 		s.metrics.AllFailed.Add(1)
 		s.finishLocal(t, 500, "Server Internal Error", []string{"Warning: 399 " + s.adv.String() + ` "no backend could take the request"`})
@@ -395,6 +399,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		return true
 	}
 	t.settleLocked(now, lb.Abandoned)
+	t.noteAttemptLocked()
 	t.cur, t.branch, t.wire = b, branch, wire
 	t.acquired = true
 	b.lb.Acquire()
@@ -466,6 +471,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 	cur := t.cur
 	switch {
 	case code < 200:
+		t.noteProvisionalLocked(now)
 		if t.state == stCalling {
 			t.state = stProceeding
 		}
@@ -511,6 +517,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 		if s.observe != nil {
 			s.observe(time.Duration(now - t.created))
 		}
+		s.logTxnLocked(t, now, code, accesslog.ByBackend, false, "")
 		if t.invite && code >= 300 {
 			if !t.dforeign {
 				s.dialogs.remove(t.dkey) // no dialog
@@ -531,6 +538,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			}
 			if t.invite {
 				s.txns.accepted.addLocked(t.branches, now)
+				s.dialogUpLocked(t, cur.id, toTag(res), now)
 			}
 			s.txns.removeLocked(t)
 			s.txns.mu.Unlock()
@@ -557,6 +565,19 @@ func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next 
 		// yet, and t.cur is the attempt that answered).
 		cancel = s.hopRequestLocked(t, "CANCEL", nil, t.branch)
 		up = target{addr: t.cur.addr, tcp: t.cur.tcp}
+	}
+	if t.lg != nil {
+		// The backend that answered, tried before the one under way.
+		if b := s.pool.Load().byAddr[src.addr]; b != nil && t.cur != b {
+			t.noteAttemptLocked()
+			t.lg.backend = b.id
+		}
+		s.logTxnLocked(t, now, res.StatusCode, accesslog.ByBackend, false, "")
+		backend := t.lg.backend
+		if backend == "" && t.cur != nil {
+			backend = t.cur.id
+		}
+		s.dialogUpLocked(t, backend, toTag(res), now)
 	}
 	t.answered = true
 	t.settleLocked(now, lb.Abandoned)
@@ -668,6 +689,13 @@ func (s *Server) finishLocal(t *txn, code int, reason string, extra []string) {
 func (s *Server) finishLocalLocked(t *txn, code int, reason string, extra []string) ([]byte, target) {
 	p := s.buildReply(t.req, code, reason, extra...)
 	dst := s.replyTarget(t.req, t.src)
+	if t.lg != nil {
+		why := warningText(extra)
+		if why == "" {
+			why = strings.ToLower(reason)
+		}
+		s.logTxnLocked(t, s.clock.Now(), code, accesslog.BySluice, false, why)
+	}
 	t.local = true
 	if t.invite {
 		if !t.dforeign {

@@ -169,6 +169,7 @@ var badValues = map[string]string{
 	"sip-access-log":         "syslog+tcp://",
 	"access-log-format":      "xml",
 	"access-log-sample":      "new=2",
+	"otlp-endpoint":          "grpc://collector:4317",
 }
 
 // freeForm are flags whose every value is acceptable, with the reason.

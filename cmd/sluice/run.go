@@ -21,6 +21,7 @@ import (
 	"github.com/sluicelb/sluice/node"
 	"github.com/sluicelb/sluice/persist"
 	"github.com/sluicelb/sluice/tlsedge"
+	"github.com/sluicelb/sluice/tracing"
 )
 
 func init() {
@@ -62,6 +63,7 @@ type runOptions struct {
 	dns          node.DNSConfig
 	tls          tlsedge.Config
 	tlsCerts     listFlag
+	tracing      tracing.Config
 }
 
 // defaultDrainTimeout is -drain-timeout's default: the shutdown drain.
@@ -187,6 +189,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	o.sip = addSIPFlags(fs, o.fields)
 	clusterFlags(fs, o.fields, &o.cluster)
 	tlsFlags(fs, o.fields, &o.tls, &o.tlsCerts)
+	traceFlags(fs, o.fields, &o.tracing)
 	return o
 }
 
@@ -392,6 +395,7 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		SIPRoutes:      o.sip.routes.values,
 		Cluster:        o.cluster,
 		TLS:            o.tlsSettings(),
+		Tracing:        o.tracing,
 		DNS:            o.dns,
 	}, logger, nil
 }

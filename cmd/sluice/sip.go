@@ -37,6 +37,7 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.Policy, "sip-lb-policy", "selection of new work: hash (consistent hash on Call-ID), round-robin, weighted-round-robin, least-outstanding, p2c")
 	s.add(&c.TokenTTL, "sip-affinity-ttl", "lifetime of the signed backend token in Record-Route (longest dialog)")
 	s.add(&c.DialogTTL, "sip-dialog-ttl", "dialog table: forget a dialog after this long without an in-dialog request (a bit more than the longest call)")
+	s.add(&c.AccessLogDialogs, "sip-access-log-dialogs", "with the access log: one more line per dialog when it ends (its BYE answered, else -sip-dialog-ttl after its 2xx): kind dialog, duration_ms from the 2xx, bye_side caller or callee")
 	s.add(&c.DialogMax, "sip-dialog-max", "dialog table: most dialogs recorded (64 bytes each at most); when full, new dialogs' requests without our Route go by Call-ID hash")
 	s.add(&c.UnknownDialog, "sip-unknown-dialog", "a request with a To-tag, no token of ours and no dialog in the table: new-work (routed by Call-ID hash, admitted like new work), reject (481) or hash (routed by Call-ID hash past every guard)")
 	s.add(&c.UnknownDialogSourceRate, "sip-unknown-dialog-source-rate", "requests of unknown dialogs admitted per second from one source address under -sip-unknown-dialog new-work, before ARM (0: no cap)")
