@@ -1,0 +1,75 @@
+package proxyproto
+
+import (
+	"errors"
+	"io"
+	"net"
+)
+
+// errTruncated: the connection ended within a header.
+var errTruncated = &Error{"connection ended within the header"}
+
+// ErrTruncated is what Read returns when the connection ends (EOF) within
+// a header; Reason calls it ReasonTruncated.
+var ErrTruncated = errTruncated
+
+// Read reads one header from r, never a byte past it, so r's next bytes
+// are the connection's own (a TLS handshake, a request) and r needs no
+// wrapper. buf is scratch space of at least MaxLen bytes (a shorter one is
+// replaced). A v2 header takes two reads (its fixed part, then the rest);
+// a v1 header, whose length is known only at its CRLF, takes one read of
+// its shortest possible length and then one per byte: v1 is for the
+// balancers that know no v2.
+//
+// The caller sets the deadline (-proxy-protocol-timeout) on the
+// connection; an error is from Parse, ErrTruncated at EOF, or r's.
+func Read(r io.Reader, buf []byte) (Header, error) {
+	if len(buf) < MaxLen {
+		buf = make([]byte, MaxLen)
+	}
+	n, err := io.ReadFull(r, buf[:MinV1Len])
+	if err != nil {
+		return Header{}, readErr(err, buf[:n])
+	}
+	for {
+		h, hl, err := Parse(buf[:n])
+		if err == nil {
+			return h, nil
+		}
+		if err != ErrIncomplete {
+			return Header{}, err
+		}
+		_ = hl
+		want := n + 1
+		if buf[0] == '\r' {
+			// v2: the fixed part, then exactly the length it gives.
+			want = V2HeaderLen
+			if n >= V2HeaderLen {
+				want = V2HeaderLen + int(buf[14])<<8 | int(buf[15])
+			}
+		}
+		m, err := io.ReadFull(r, buf[n:want])
+		n += m
+		if err != nil {
+			return Header{}, readErr(err, buf[:n])
+		}
+	}
+}
+
+// readErr turns a read error into Read's: a header cut by EOF is
+// ErrTruncated, unless what came cannot start a header at all.
+func readErr(err error, got []byte) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if _, _, perr := Parse(got); perr != ErrIncomplete && perr != nil {
+			return perr
+		}
+		return ErrTruncated
+	}
+	return err
+}
+
+// isTimeout reports whether err is a deadline that passed.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
