@@ -74,6 +74,11 @@ type BackendSpec struct {
 	// SNI is the server name sent to a TLS backend and verified; default
 	// the host of Addr. Key sni: HTTP with tls=on, SIP with transport=tls.
 	SNI string
+	// Proxy is the PROXY protocol version (1 or 2) sluice writes at the
+	// start of every connection to the backend, naming the client whose
+	// request opened it; 0 writes none. Key proxy (v1, v2 or off): HTTP,
+	// and SIP with transport=tcp.
+	Proxy uint8
 }
 
 // String is the canonical spec of b, FormatBackendSpec's: it parses back
@@ -90,8 +95,8 @@ func (b BackendSpec) String() string {
 // specKeys are the keys each protocol accepts, in the order error
 // messages list them.
 var specKeys = map[string][]string{
-	"http": {"weight", "metrics", "id", "health", "pool", "tls", "ca", "sni"},
-	"sip":  {"weight", "metrics", "id", "transport", "ca", "sni", "pool"},
+	"http": {"weight", "metrics", "id", "health", "pool", "tls", "ca", "sni", "proxy"},
+	"sip":  {"weight", "metrics", "id", "transport", "ca", "sni", "pool", "proxy"},
 }
 
 // ParseBackendSpec parses one backend of protocol proto ("http" or
@@ -199,7 +204,21 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 				return bad("sni %q: want a host name (letters, digits, '-' and '.')", v)
 			}
 			b.SNI = strings.ToLower(v)
+		case "proxy":
+			switch strings.ToLower(v) {
+			case "v1":
+				b.Proxy = 1
+			case "v2":
+				b.Proxy = 2
+			case "off":
+				b.Proxy = 0
+			default:
+				return bad("proxy must be v1, v2 or off (got %q)", v)
+			}
 		}
+	}
+	if proto == "sip" && b.Proxy != 0 && b.Transport != "tcp" {
+		return bad("proxy needs transport=tcp (a SIP backend over %s gets no PROXY header)", b.Transport)
 	}
 	if proto == "http" && !b.TLS && (b.CAFile != "" || b.SNI != "") {
 		return bad("ca and sni need tls=on")
