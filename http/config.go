@@ -46,6 +46,15 @@ type Config struct {
 	// X-Forwarded-Proto values are kept (and appended to). From anyone else
 	// those headers are replaced. Flag -http-trusted-proxy (repeatable CIDR).
 	TrustedProxies []netip.Prefix
+	// ProxyFrom are the networks (layer-4 balancers) whose connections
+	// must start with a PROXY protocol header (v1 or v2, before TLS on
+	// the HTTPS listener): the client address it carries is the client's
+	// everywhere. From any other source a header is refused. Flag
+	// -proxy-protocol-from (repeatable CIDR).
+	ProxyFrom []netip.Prefix
+	// ProxyTimeout bounds the wait for that header, from accept. Flag
+	// -proxy-protocol-timeout.
+	ProxyTimeout time.Duration
 
 	// StickyCookie names the signed balancer cookie; "-" disables it. Flag
 	// -http-sticky-cookie.
@@ -174,6 +183,7 @@ func DefaultConfig() Config {
 	return Config{
 		Listen:              ":8080",
 		HandshakeTimeout:    10 * time.Second,
+		ProxyTimeout:        5 * time.Second,
 		StickyCookie:        "SLUICE",
 		StickyTTL:           time.Hour,
 		AppCookieTTL:        30 * time.Minute,
@@ -201,6 +211,7 @@ func (c *Config) setDefaults() {
 	d := DefaultConfig()
 	fill(&c.Listen, d.Listen)
 	fill(&c.HandshakeTimeout, d.HandshakeTimeout)
+	fill(&c.ProxyTimeout, d.ProxyTimeout)
 	fill(&c.StickyCookie, d.StickyCookie)
 	fill(&c.StickyTTL, d.StickyTTL)
 	fill(&c.AppCookieTTL, d.AppCookieTTL)
@@ -299,6 +310,8 @@ func (c *Config) Validate() error {
 		return fieldError("Engine", "%s needs Linux (epoll); use %s", EngineLoop, EngineFastHTTP)
 	case c.Loops < 0:
 		return fieldError("Loops", "must not be negative")
+	case c.ProxyTimeout < 0:
+		return fieldError("ProxyTimeout", "must be positive (got %s)", c.ProxyTimeout)
 	case c.HandshakeTimeout < 0:
 		return fieldError("HandshakeTimeout", "must be positive (got %s)", c.HandshakeTimeout)
 	case c.Listen == ListenOff && c.TLSListen == "":

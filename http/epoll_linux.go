@@ -172,14 +172,25 @@ func dupListener(tl *net.TCPListener) (int, error) {
 }
 
 // accept takes one connection from the listener lnfd, non-blocking, with
-// Nagle off, and returns it with the client's address.
-func accept(lnfd int) (int, netip.Addr, error) {
+// Nagle off, and returns it with the client's address and port.
+func accept(lnfd int) (int, netip.Addr, uint16, error) {
 	fd, sa, err := unix.Accept4(lnfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 	if err != nil {
-		return -1, netip.Addr{}, err
+		return -1, netip.Addr{}, 0, err
 	}
 	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	return fd, sockaddrIP(sa), nil
+	return fd, sockaddrIP(sa), sockaddrPort(sa), nil
+}
+
+// sockaddrPort returns the port of sa.
+func sockaddrPort(sa unix.Sockaddr) uint16 {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return uint16(a.Port)
+	case *unix.SockaddrInet6:
+		return uint16(a.Port)
+	}
+	return 0
 }
 
 // sockaddrIP returns the address of sa, unmapped from IPv4-in-IPv6.

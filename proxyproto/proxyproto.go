@@ -130,22 +130,17 @@ func Reason(err error) string {
 	return ReasonMalformed
 }
 
-// Sniff reports whether b, the first bytes of a connection, start like a
-// PROXY header: "PROXY " or the v2 signature, or as much of either as b
-// holds (at least one byte). A front end refuses such a connection from a
-// source not allowed to send one.
+// Sniff reports whether b, the first bytes of a connection, start with a
+// PROXY header's signature: "PROXY " (6 bytes) or the first 5 bytes of
+// v2's (CRLFCRLF NUL). A front end refuses such a connection from a
+// source not allowed to send one; with fewer bytes it says false.
 func Sniff(b []byte) bool {
-	if len(b) == 0 {
-		return false
+	if len(b) >= len(v1Sig) && string(b[:len(v1Sig)]) == string(v1Sig[:]) {
+		return true
 	}
-	if b[0] == 'P' {
-		n := min(len(b), len(v1Sig))
-		return string(b[:n]) == string(v1Sig[:n])
-	}
-	n := min(len(b), len(v2Sig))
-	// Up to 4 bytes, CRLFCRLF is also how a SIP keep-alive or empty lines
-	// begin: only the fifth byte (NUL) says v2.
-	return n >= 5 && string(b[:n]) == string(v2Sig[:n])
+	// CRLFCRLF is also a SIP keep-alive or empty lines: only the fifth
+	// byte (NUL) says v2.
+	return len(b) >= 5 && string(b[:5]) == string(v2Sig[:5])
 }
 
 // Parse reads the header at the start of b. It returns the header and its

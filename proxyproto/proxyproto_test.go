@@ -136,12 +136,26 @@ func TestAppendGolden(t *testing.T) {
 
 func TestSniff(t *testing.T) {
 	for in, want := range map[string]bool{
-		"": false, "P": true, "PROX": true, "PROXY ": true, "PROXY TCP4": true, "POST": false,
+		"": false, "P": false, "PROXY": false, "PROXY ": true, "PROXY TCP4": true, "POST": false,
 		"GET": false, "\r\n\r\n": false, "\r\n\r\n\x00": true, string(v2Sig[:]) + "!": true, "\r\n\r\nINVITE": false,
 	} {
 		if got := Sniff([]byte(in)); got != want {
 			t.Errorf("Sniff(%q) = %v, want %v", in, got, want)
 		}
+	}
+}
+
+func TestRejectedAndTrusted(t *testing.T) {
+	var r Rejected
+	r.Add(ReasonTimeout)
+	r.Add(ReasonTimeout)
+	r.Add("other")
+	if r.Get(ReasonTimeout) != 2 || r.Get(ReasonMalformed) != 1 || r.Get(ReasonUntrusted) != 0 {
+		t.Fatalf("counts: timeout %d malformed %d", r.Get(ReasonTimeout), r.Get(ReasonMalformed))
+	}
+	tr := Trusted{netip.MustParsePrefix("10.0.0.0/8")}
+	if !tr.Contains(netip.MustParseAddr("::ffff:10.1.2.3")) || tr.Contains(netip.MustParseAddr("11.0.0.1")) {
+		t.Fatal("Trusted.Contains")
 	}
 }
 
