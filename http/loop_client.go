@@ -18,8 +18,8 @@ import (
 // cconn is a client connection.
 type cconn struct {
 	fd       int
-	gen      uint32 // bumped when closed or handed over; posted work checks it
-	seq      uint32 // bumped per request
+	gen      uint32     // bumped when closed or handed over; posted work checks it
+	seq      uint32     // bumped per request
 	ip       netip.Addr // the client's address: the socket's peer, or the one its PROXY header named
 	port     uint16     // and its port
 	pp       uint8      // PROXY protocol state: proxyDone, proxyRead, proxySniff (proxyin.go)

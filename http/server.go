@@ -75,7 +75,7 @@ type Server struct {
 type Stats struct {
 	// ProxyRejected counts client connections closed for their PROXY
 	// protocol header, by reason (proxyin.go).
-	ProxyRejected proxyproto.Rejected
+	ProxyRejected  proxyproto.Rejected
 	UpstreamError  atomic.Uint64 // answered 502/503/504 for a backend failure
 	Retried        atomic.Uint64 // moved to another backend after a connect failure
 	Restreamed     atomic.Uint64 // always 0: an answer is never requested twice (kept for the metric's users)
