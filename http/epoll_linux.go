@@ -278,3 +278,12 @@ func rawWrite(fd int, p []byte) (int, unix.Errno) {
 	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	return int(r), e
 }
+
+// getsockname returns the local address of socket fd, unmapped.
+func getsockname(fd int) (netip.AddrPort, error) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return netip.AddrPortFrom(sockaddrIP(sa), sockaddrPort(sa)), nil
+}

@@ -23,6 +23,7 @@ type cconn struct {
 	ip       netip.Addr // the client's address: the socket's peer, or the one its PROXY header named
 	port     uint16     // and its port
 	pp       uint8      // PROXY protocol state: proxyDone, proxyRead, proxySniff (proxyin.go)
+	own      *bconn     // an idle connection to a PROXY backend that carries this client's header (proxyout.go)
 	in       []byte     // read buffer: in[r:w] not yet consumed
 	r, w     int
 	rready   bool   // the socket may have unread bytes
@@ -589,6 +590,9 @@ func (l *evloop) closeClient(c *cconn) {
 	l.unhold(c)
 	l.untakeTunnel(c)
 	l.tunClosed(c)
+	if own := c.own; own != nil {
+		l.closeBackend(own)
+	}
 	ip := c.ip
 	closeFD(l.detach(c))
 	l.s.conns.release(ip)

@@ -206,6 +206,8 @@ type rigOpts struct {
 	tls bool
 	// setup, when set, is called with the server before it serves.
 	setup func(*Server)
+	// proxy is the PROXY protocol version written to every backend (0: none).
+	proxy uint8
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -232,7 +234,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 				t.Fatal(err)
 			}
 		}
-		b, err := lb.NewBackend(lb.BackendConfig{ID: be.name, Addr: be.addr(), Proto: "http", MOP: mop})
+		b, err := lb.NewBackend(lb.BackendConfig{ID: be.name, Addr: be.addr(), Proto: "http", MOP: mop, Proxy: o.proxy})
 		if err != nil {
 			t.Fatal(err)
 		}
