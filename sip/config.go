@@ -101,6 +101,16 @@ type Config struct {
 	// address or IPv6 /64; more are closed at once. Flag
 	// -sip-tcp-max-conns-per-source.
 	TCPMaxConnsPerSource int
+	// ProxyFrom are the networks (layer-4 balancers) whose TCP and TLS
+	// connections must start with a PROXY protocol header (v1 or v2,
+	// before TLS): the client address it carries is the connection's
+	// source everywhere (Via received/rport, the per-source cap, the
+	// sticky source hash, logs). From any other source a header is
+	// refused. Flag -proxy-protocol-from (repeatable CIDR).
+	ProxyFrom []netip.Prefix
+	// ProxyTimeout bounds the wait for that header, from accept. Flag
+	// -proxy-protocol-timeout.
+	ProxyTimeout time.Duration
 	// TCPFirstMessageTimeout closes an accepted TCP connection that has not
 	// sent a complete message this long after it was accepted; keep-alives
 	// do not count. Flag -sip-tcp-first-message-timeout.
@@ -271,6 +281,7 @@ func DefaultConfig() Config {
 		// 256 (a single UA needs one or two, RFC 5626).
 		TCPMaxConnsPerSource:   256,
 		TCPFirstMessageTimeout: 10 * time.Second,
+		ProxyTimeout:           5 * time.Second,
 		// 64 MiB: about 1,000 maximal messages in flight at once; the
 		// 10,000 default connections with 64 KiB each would be 640 MiB.
 		TCPPartialBudget: 64 << 20,
@@ -298,6 +309,7 @@ func (c *Config) setDefaults() {
 	fill(&c.TCPMaxConns, d.TCPMaxConns)
 	fill(&c.TCPMaxConnsPerSource, d.TCPMaxConnsPerSource)
 	fill(&c.TCPFirstMessageTimeout, d.TCPFirstMessageTimeout)
+	fill(&c.ProxyTimeout, d.ProxyTimeout)
 	fill(&c.TCPPartialBudget, d.TCPPartialBudget)
 	fill(&c.UDPBuffer, d.UDPBuffer)
 	fill(&c.MaxMessage, d.MaxMessage)
@@ -361,6 +373,8 @@ func (c *Config) Validate() error {
 		return fieldError("TCPMaxConns", "must be at least 1")
 	case c.TCPMaxConnsPerSource < 1:
 		return fieldError("TCPMaxConnsPerSource", "must be at least 1")
+	case c.ProxyTimeout < 0:
+		return fieldError("ProxyTimeout", "must be positive (got %s)", c.ProxyTimeout)
 	case c.TCPFirstMessageTimeout < 100*time.Millisecond:
 		return fieldError("TCPFirstMessageTimeout", "must be at least 100ms")
 	case c.UDPBuffer < 1<<16:

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // Metrics are the SIP front end's counters, all monotonic since start.
@@ -87,6 +88,9 @@ type Metrics struct {
 	UnknownDialogMetered       atomic.Uint64 // requests of unknown dialogs sent to admission as new work (-sip-unknown-dialog new-work)
 	UnknownDialogRejected      atomic.Uint64 // requests of unknown dialogs answered 481 or dropped (reject)
 	UnknownDialogSourceLimited atomic.Uint64 // requests of unknown dialogs over their source's share (503)
+	// ProxyRejected counts TCP and TLS connections closed for their PROXY
+	// protocol header, by reason (proxyin.go).
+	ProxyRejected proxyproto.Rejected
 	// TCP exhaustion guards (tcpguard.go)
 	TCPRefusedSource   atomic.Uint64 // TCP connections over -sip-tcp-max-conns-per-source
 	TCPEvicted         atomic.Uint64 // idle TCP connections closed to make room for a new one
@@ -165,24 +169,26 @@ func (s *Server) Backends() []BackendStatus {
 const eventsHelp = "Front end events, by protocol and event (the front end's README lists its events)."
 
 var (
-	descEvents       = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "sip"})
-	descTransactions = prometheus.NewDesc("sluice_frontend_transactions", "Live new-work transactions of the front end.", nil, prometheus.Labels{"protocol": "sip"})
-	descConnections  = prometheus.NewDesc("sluice_frontend_connections", "Open client connections of the front end.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
-	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
-	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
-	descReadBuffers  = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
-	descRouteHits    = prometheus.NewDesc("sluice_sip_route_hits_total", "SIP new work each route chose, by route (its canonical spec, e.g. pool=london,user=+4420; \"default\": no route matched and the pool default took it) and pool; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
-	descNoRoute      = prometheus.NewDesc("sluice_sip_no_route_total", "SIP new work no route matched, answered -sip-no-route-code (404): there is no pool default.", nil, nil)
-	descPoolRefused  = prometheus.NewDesc("sluice_sip_pool_refused_total", "SIP new work the front end refused, by the pool it was routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (no backend of the pool took it).", []string{"pool", "reason"}, nil)
-	descPoolSent     = prometheus.NewDesc("sluice_sip_pool_new_work_total", "SIP new work sent to a backend (attempts and failovers included), by pool and backend.", []string{"pool", "backend"}, nil)
-	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descEvents        = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "sip"})
+	descTransactions  = prometheus.NewDesc("sluice_frontend_transactions", "Live new-work transactions of the front end.", nil, prometheus.Labels{"protocol": "sip"})
+	descConnections   = prometheus.NewDesc("sluice_frontend_connections", "Open client connections of the front end.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descDialogs       = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
+	descDialogBytes   = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
+	descReadBuffers   = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descRouteHits     = prometheus.NewDesc("sluice_sip_route_hits_total", "SIP new work each route chose, by route (its canonical spec, e.g. pool=london,user=+4420; \"default\": no route matched and the pool default took it) and pool; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
+	descNoRoute       = prometheus.NewDesc("sluice_sip_no_route_total", "SIP new work no route matched, answered -sip-no-route-code (404): there is no pool default.", nil, nil)
+	descPoolRefused   = prometheus.NewDesc("sluice_sip_pool_refused_total", "SIP new work the front end refused, by the pool it was routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (no backend of the pool took it).", []string{"pool", "reason"}, nil)
+	descPoolSent      = prometheus.NewDesc("sluice_sip_pool_new_work_total", "SIP new work sent to a backend (attempts and failovers included), by pool and backend.", []string{"pool", "backend"}, nil)
+	descProxyRejected = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "sip"})
+	descPartialBytes  = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
 // Collector returns the front end's counters as a prometheus.Collector:
 // sluice_frontend_events_total{protocol="sip",event} (one event per
 // Metrics field, named as in the README), sluice_frontend_transactions,
 // sluice_frontend_connections{transport}, sluice_frontend_dialogs and
-// sluice_frontend_dialogs_bytes. It reads the counters at
+// sluice_frontend_dialogs_bytes, and
+// sluice_proxy_protocol_rejected_total{protocol="sip",reason}. It reads the counters at
 // scrape time and adds nothing to the message path.
 func (s *Server) Collector() prometheus.Collector { return collector{s} }
 
@@ -197,6 +203,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descDialogBytes
 	ch <- descPartialBytes
 	ch <- descReadBuffers
+	ch <- descProxyRejected
 	ch <- descRouteHits
 	ch <- descNoRoute
 	ch <- descPoolRefused
@@ -249,6 +256,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(m.RefusedBy[r].Load()), "refused_"+name)
 	}
+	m.ProxyRejected.Each(func(reason string, n uint64) {
+		ch <- prometheus.MustNewConstMetric(descProxyRejected, prometheus.CounterValue, float64(n), reason)
+	})
 	ch <- prometheus.MustNewConstMetric(descTransactions, prometheus.GaugeValue, float64(c.s.txns.Len()))
 	for k := kindTCP; k <= kindWSS; k++ {
 		ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.byKind[k].Load()), strings.ToLower(k.String()))

@@ -92,11 +92,16 @@ type Server struct {
 	wsLn    *net.TCPListener // -sip-ws-listen
 	wssLn   *net.TCPListener // -sip-wss-listen
 	tcp     tcpTable
-	txns    txnTable
-	dialogs dialogTable
-	pings   pingTable
-	watched inDialogWatch
-	metrics Metrics
+	// proxyWaiting counts the connections from balancers whose PROXY
+	// header is being read (proxyin.go), proxyPending holds them
+	// (*net.TCPConn -> struct{}) for Stop to close.
+	proxyWaiting atomic.Int64
+	proxyPending sync.Map
+	txns         txnTable
+	dialogs      dialogTable
+	pings        pingTable
+	watched      inDialogWatch
+	metrics      Metrics
 
 	unknownShare sourceShare // per-source cap of requests of unknown dialogs
 	localShare   sourceShare // per-UDP-source cap of our own answers (replyLocal)
@@ -352,6 +357,7 @@ func (s *Server) shutdown() {
 	}
 	s.closeEdge()
 	s.tcp.closeAll()
+	s.proxyPending.Range(func(c, _ any) bool { c.(*net.TCPConn).Close(); return true })
 }
 
 // source is where a message came from.
