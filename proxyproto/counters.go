@@ -1,7 +1,9 @@
 package proxyproto
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 )
 
@@ -64,4 +66,38 @@ func (t Trusted) Contains(ip netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// ParseTrusted parses a -proxy-protocol-from value: a CIDR or an address,
+// or a comma-separated list of them.
+func ParseTrusted(s string) (Trusted, error) {
+	var out Trusted
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(f); err == nil {
+			out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked())
+			continue
+		}
+		if a, err := netip.ParseAddr(f); err == nil && a.Zone() == "" {
+			a = a.Unmap()
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		return nil, fmt.Errorf("-proxy-protocol-from %q: %q is not a CIDR or an address (want e.g. 10.0.0.0/8 or 192.0.2.10)", s, f)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-proxy-protocol-from %q: no CIDR or address (want e.g. 10.0.0.0/8)", s)
+	}
+	return out, nil
+}
+
+// unmapBits is the bits an IPv4-mapped IPv6 prefix loses when unmapped.
+func unmapBits(a netip.Addr) int {
+	if a.Is4In6() {
+		return 96
+	}
+	return 0
 }

@@ -3,9 +3,11 @@ package proxyproto
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -156,6 +158,29 @@ func TestRejectedAndTrusted(t *testing.T) {
 	tr := Trusted{netip.MustParsePrefix("10.0.0.0/8")}
 	if !tr.Contains(netip.MustParseAddr("::ffff:10.1.2.3")) || tr.Contains(netip.MustParseAddr("11.0.0.1")) {
 		t.Fatal("Trusted.Contains")
+	}
+}
+
+func TestParseTrusted(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{in: "10.0.0.0/8", want: "[10.0.0.0/8]"},
+		{in: "10.1.2.3/8, 192.0.2.10", want: "[10.0.0.0/8 192.0.2.10/32]"},
+		{in: "::ffff:10.0.0.0/104", want: "[10.0.0.0/8]"},
+		{in: "2001:db8::/32", want: "[2001:db8::/32]"},
+		{in: "10.0.0.0/33", err: `-proxy-protocol-from "10.0.0.0/33": "10.0.0.0/33" is not a CIDR or an address`},
+		{in: "lb.example", err: `"lb.example" is not a CIDR or an address`},
+		{in: " , ", err: "no CIDR or address"},
+	} {
+		got, err := ParseTrusted(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseTrusted(%q) = %v, %v; want error %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint([]netip.Prefix(got)) != tc.want {
+			t.Errorf("ParseTrusted(%q) = %v, %v; want %s", tc.in, got, err, tc.want)
+		}
 	}
 }
 
