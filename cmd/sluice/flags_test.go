@@ -113,6 +113,7 @@ var badValues = map[string]string{
 	"http-backend":           "nohost",
 	"sip-backend":            "10.0.0.1:5060,transport=sctp",
 	"http-trusted-proxy":     "10.0.0.0/99",
+	"proxy-protocol-from":    "lb.example",
 	"arm":                    "name=x",
 	"http-listen":            "127.0.0.1:99999",
 	"http-h2c-listen":        "127.0.0.1:99999",
