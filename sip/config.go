@@ -210,6 +210,13 @@ func ParseBackend(s string) (BackendConfig, error) {
 	if err != nil {
 		return BackendConfig{}, fmt.Errorf("sip %w", err)
 	}
+	if b.Proxy != 0 {
+		// A connection to a SIP backend carries the messages of every
+		// client (one per backend address, opened before any request):
+		// a PROXY header, read once per connection, would give them all
+		// one client's address.
+		return BackendConfig{}, fmt.Errorf("sip backend %q: proxy=v%d is not supported yet: sluice multiplexes every client over one connection per SIP backend, which a PROXY header would attribute to a single client (the client's address reaches the backend in its Via received/rport)", s, b.Proxy)
+	}
 	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, CAFile: b.CAFile, SNI: b.SNI, Weight: b.Weight, MetricsURL: b.MetricsURL}
 	if len(b.Pools) != 1 || b.Pools[0] != lb.DefaultPool {
 		bc.Pools = b.Pools
