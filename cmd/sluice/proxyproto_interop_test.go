@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/node"
 )
 
 // freeTCPPort returns a loopback TCP port free at the time of the call.
@@ -92,7 +94,10 @@ func getFrom(t *testing.T, src, addr, pre string) (string, int) {
 // address), nginx behind it reading the PROXY protocol sluice writes
 // (-http-backend ADDR,proxy=v1|v2) and echoing what it read: a client at
 // 127.0.0.2 arrives at nginx as 127.0.0.2 with its own port, in the PROXY
-// header and in X-Forwarded-For. A client connecting to sluice directly
+// header and in X-Forwarded-For; a SIP client at 127.0.0.2 through HAProxy
+// (send-proxy-v2) to sluice's SIP TCP listener arrives at its backend with
+// Via received=127.0.0.2 and its port as rport, and gets the 200 back
+// through HAProxy. A client connecting to sluice directly
 // from 127.0.0.3 with a forged header is closed unanswered; without one it
 // is served as itself.
 func TestProxyProtocolInterop(t *testing.T) {
@@ -130,9 +135,34 @@ http {
 	startTool(t, nginx, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-e", "stderr")
 	waitListening(t, fmt.Sprintf("127.0.0.1:%d", nginxV2))
 
+	// A SIP backend over UDP that keeps the INVITEs it gets and answers 200.
+	uas, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uas.Close()
+	invites := make(chan string, 8)
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := uas.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			msg := string(buf[:n])
+			if strings.HasPrefix(msg, "INVITE ") {
+				invites <- msg
+			}
+			if res := sipAnswer(msg, uas.LocalAddr().String()); res != "" {
+				uas.WriteToUDPAddrPort([]byte(res), from)
+			}
+		}
+	}()
+
 	// sluice: a pool per version it writes, the v1 one routed by a header.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	sipAddr := make(chan net.Addr, 1)
 	ready := make(chan net.Addr, 1)
 	exit := make(chan int, 1)
 	var stderr syncBuffer
@@ -142,9 +172,10 @@ http {
 		"-http-backend", fmt.Sprintf("127.0.0.1:%d,proxy=v1,pool=v1", nginxV1),
 		"-http-backend", fmt.Sprintf("127.0.0.1:%d,proxy=v2", nginxV2),
 		"-http-route", "pool=v1,header=X-PP:v1",
+		"-sip-listen", "127.0.0.1:0", "-sip-backend", uas.LocalAddr().String(), "-sip-health-interval", "0",
 	}
 	go func() {
-		exit <- run(ctx, args, io.Discard, &stderr, &runHooks{ready: func(h, _ net.Addr) { ready <- h }})
+		exit <- run(ctx, args, io.Discard, &stderr, &runHooks{ready: func(h, _ net.Addr) { ready <- h }, addrs: func(a node.Addrs) { sipAddr <- a.SIP }})
 	}()
 	var sluice net.Addr
 	select {
@@ -158,8 +189,10 @@ http {
 		}
 	}()
 
-	// HAProxy: one frontend per version it sends sluice.
-	hV2, hV1 := freeTCPPort(t), freeTCPPort(t)
+	sipTCP := <-sipAddr
+
+	// HAProxy: one frontend per version it sends sluice, one for SIP.
+	hV2, hV1, hSIP := freeTCPPort(t), freeTCPPort(t), freeTCPPort(t)
 	hcfg := fmt.Sprintf(`global
 	log stderr format raw local0 warning
 defaults
@@ -175,9 +208,14 @@ frontend v1
 	default_backend sluice_v1
 backend sluice_v2
 	server s %s send-proxy-v2
+frontend sip
+	bind 127.0.0.1:%d
+	default_backend sluice_sip
 backend sluice_v1
 	server s %s send-proxy
-`, hV2, hV1, sluice, sluice)
+backend sluice_sip
+	server s %s send-proxy-v2
+`, hV2, hV1, sluice, hSIP, sluice, sipTCP)
 	if err := os.WriteFile(filepath.Join(dir, "haproxy.cfg"), []byte(hcfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -200,6 +238,43 @@ backend sluice_v1
 			}
 		})
 	}
+	t.Run("sip over tcp through haproxy v2", func(t *testing.T) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", hSIP))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		la := c.LocalAddr().(*net.TCPAddr)
+		fmt.Fprintf(c, "INVITE sip:svc@%s SIP/2.0\r\nVia: SIP/2.0/TCP %s;branch=z9hG4bK-pp-interop;rport\r\nMax-Forwards: 70\r\nFrom: <sip:a@test>;tag=a\r\nTo: <sip:svc@test>\r\nCall-ID: pp-interop@test\r\nCSeq: 1 INVITE\r\nContact: <sip:a@%s;transport=tcp>\r\nContent-Length: 0\r\n\r\n", sipTCP, la, la)
+		var inv string
+		select {
+		case inv = <-invites:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the INVITE never reached the backend")
+		}
+		var via string
+		for _, l := range strings.Split(inv, "\r\n") {
+			if strings.Contains(l, "z9hG4bK-pp-interop") {
+				via = l
+			}
+		}
+		if want := fmt.Sprintf("received=127.0.0.2;rport=%d", la.Port); !strings.Contains(via, "received=127.0.0.2") || !strings.Contains(via, fmt.Sprintf("rport=%d", la.Port)) {
+			t.Fatalf("client Via at the backend %q, want %s", via, want)
+		}
+		// The 200 comes back to the client through HAProxy.
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("waiting for the 200: %v", err)
+			}
+			if strings.HasPrefix(line, "SIP/2.0 200") {
+				break
+			}
+		}
+	})
 	t.Run("forged header from an untrusted source", func(t *testing.T) {
 		body, _ := getFrom(t, "127.0.0.3", sluice.String(), "PROXY TCP4 198.51.100.66 127.0.0.1 1234 80\r\n")
 		if body != "" {
