@@ -204,6 +204,12 @@ type BackendConfig struct {
 	Pools []string
 }
 
+// errProxyBackend refuses proxy= on a SIP backend. A connection to a SIP
+// backend carries the messages of every client (one per backend address,
+// opened before any request): a PROXY header, read once per connection,
+// would give them all one client's address.
+var errProxyBackend = errors.New("proxy=v1|v2 is not supported for SIP backends: sluice multiplexes every client over one connection per SIP backend, which a PROXY header would attribute to a single client (the client's address reaches the backend in its Via received/rport)")
+
 // ParseBackend parses a -sip-backend value with lb.ParseBackendSpec.
 func ParseBackend(s string) (BackendConfig, error) {
 	b, err := lb.ParseBackendSpec("sip", s)
@@ -211,11 +217,7 @@ func ParseBackend(s string) (BackendConfig, error) {
 		return BackendConfig{}, fmt.Errorf("sip %w", err)
 	}
 	if b.Proxy != 0 {
-		// A connection to a SIP backend carries the messages of every
-		// client (one per backend address, opened before any request):
-		// a PROXY header, read once per connection, would give them all
-		// one client's address.
-		return BackendConfig{}, fmt.Errorf("sip backend %q: proxy=v%d is not supported yet: sluice multiplexes every client over one connection per SIP backend, which a PROXY header would attribute to a single client (the client's address reaches the backend in its Via received/rport)", s, b.Proxy)
+		return BackendConfig{}, fmt.Errorf("sip backend %q: %w", s, errProxyBackend)
 	}
 	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, CAFile: b.CAFile, SNI: b.SNI, Weight: b.Weight, MetricsURL: b.MetricsURL}
 	if len(b.Pools) != 1 || b.Pools[0] != lb.DefaultPool {
