@@ -164,9 +164,60 @@ func TestProxyProtocolPerSourceLimit(t *testing.T) {
 		if got := proxyExchange(t, r.addr, []string{hdr("198.51.100.2")}, false); got != 200 {
 			t.Fatalf("second client: status %d, want 200", got)
 		}
-		// ...the first client's second connection is over its limit.
+		// ...the first client's second connection is over its limit...
 		if got := proxyExchange(t, r.addr, []string{hdr("198.51.100.1")}, false); got != 0 {
 			t.Fatalf("first client's second connection: status %d, want closed", got)
 		}
+		// ...until its first one closes: the count follows the client.
+		c.Close()
+		if !waitFor(func() bool { return proxyExchange(t, r.addr, []string{hdr("198.51.100.1")}, false) == 200 }) {
+			t.Fatal("the first client's count was not released when its connection closed")
+		}
 	})
+}
+
+// BenchmarkProxyConnSetup is a GET on a new connection per request (the
+// client's connection setup is the cost measured), with no PROXY header,
+// and with a v1 or v2 header from a -proxy-protocol-from client, per
+// engine; the backend connection is kept alive throughout.
+func BenchmarkProxyConnSetup(b *testing.B) {
+	src, dst := netip.MustParseAddrPort("203.0.113.7:40000"), netip.MustParseAddrPort("127.0.0.1:80")
+	for _, engine := range []string{EngineLoop, EngineFastHTTP} {
+		for _, tc := range []struct {
+			name string
+			hdr  []byte
+		}{{"off", nil}, {"v1", proxyproto.AppendV1(nil, src, dst)}, {"v2", proxyproto.AppendV2(nil, src, dst)}} {
+			b.Run(engine+"/"+tc.name, func(b *testing.B) {
+				cfg := Config{Engine: engine}
+				if tc.hdr != nil {
+					cfg.ProxyFrom = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+				}
+				r := newRig(b, rigOpts{backends: 1, cfg: cfg})
+				req := append(append([]byte{}, tc.hdr...), "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"...)
+				buf := make([]byte, 4096)
+				b.ReportAllocs()
+				for b.Loop() {
+					c, err := net.Dial("tcp", r.addr)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if _, err := c.Write(req); err != nil {
+						b.Fatal(err)
+					}
+					n := 0
+					for {
+						m, err := c.Read(buf[n:])
+						n += m
+						if err != nil {
+							break
+						}
+					}
+					if !strings.HasPrefix(string(buf[:n]), "HTTP/1.1 200") {
+						b.Fatalf("answer %q", buf[:n])
+					}
+					c.Close()
+				}
+			})
+		}
+	}
 }
