@@ -270,6 +270,42 @@ func TestRead(t *testing.T) {
 	}
 }
 
+// countingReader counts the reads Read makes.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) { c.n++; return c.r.Read(p) }
+
+// TestReadNeverPastHeader: for v1 headers of every shape Read stops at
+// the CRLF, whatever follows, in a few reads.
+func TestReadNeverPastHeader(t *testing.T) {
+	for _, hdr := range []string{
+		"PROXY TCP4 1.1.1.1 1.1.1.1 1 1\r\n",
+		"PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\n",
+		"PROXY TCP4 255.255.255.255 255.255.255.255 65535 65535\r\n",
+		"PROXY TCP6 :: :: 0 0\r\n",
+		"PROXY TCP6 ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff 65535 65535\r\n",
+		"PROXY UNKNOWN\r\n",
+		"PROXY UNKNOWN x y z\r\n",
+	} {
+		for _, rest := range []string{"", "G", "GET / HTTP/1.1\r\n\r\n"} {
+			cr := &countingReader{r: bytes.NewReader([]byte(hdr + rest))}
+			if _, err := Read(cr, nil); err != nil {
+				t.Fatalf("%q: %v", hdr, err)
+			}
+			left, _ := io.ReadAll(cr.r)
+			if string(left) != rest {
+				t.Fatalf("%q: left %q, want %q", hdr, left, rest)
+			}
+			if cr.n > 20 {
+				t.Errorf("%q: %d reads", hdr, cr.n)
+			}
+		}
+	}
+}
+
 func TestParseAllocs(t *testing.T) {
 	ins := [][]byte{
 		[]byte("PROXY TCP6 2001:db8:1:2:3:4:5:6 2001:db8::ffff:1.2.3.4 65535 443\r\n"),

@@ -17,9 +17,8 @@ var ErrTruncated = errTruncated
 // are the connection's own (a TLS handshake, a request) and r needs no
 // wrapper. buf is scratch space of at least MaxLen bytes (a shorter one is
 // replaced). A v2 header takes two reads (its fixed part, then the rest);
-// a v1 header, whose length is known only at its CRLF, takes one read of
-// its shortest possible length and then one per byte: v1 is for the
-// balancers that know no v2.
+// a v1 header, whose length is known only at its CRLF, takes reads of
+// the least it may still need (v1More), a few per header.
 //
 // The caller sets the deadline (-proxy-protocol-timeout) on the
 // connection; an error is from Parse, ErrTruncated at EOF, or r's.
@@ -40,7 +39,7 @@ func Read(r io.Reader, buf []byte) (Header, error) {
 			return Header{}, err
 		}
 		_ = hl
-		want := n + 1
+		want := n + v1More(buf[:n])
 		if buf[0] == '\r' {
 			// v2: the fixed part, then exactly the length it gives.
 			want = V2HeaderLen
@@ -72,4 +71,31 @@ func readErr(err error, got []byte) error {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// v1More is the fewest bytes the v1 line b (at least MinV1Len bytes, no
+// LF yet) still needs: CRLF, and for TCP4/TCP6 a space and at least one
+// character for each of the 5 fields' separators not yet seen. Reading
+// no more than that never reads past the header.
+func v1More(b []byte) int {
+	if b[len(b)-1] == '\r' {
+		return 1
+	}
+	if string(b[len(v1Sig):len(v1Sig)+4]) != "TCP4" && string(b[len(v1Sig):len(v1Sig)+4]) != "TCP6" {
+		return 1 // UNKNOWN: anything up to CRLF
+	}
+	spaces := 0
+	for _, c := range b {
+		if c == ' ' {
+			spaces++
+		}
+	}
+	more := 2 // CRLF
+	if spaces < 5 {
+		more += 2 * (5 - spaces)
+	}
+	if b[len(b)-1] == ' ' {
+		more++ // the field just begun has no character yet
+	}
+	return more
 }
