@@ -69,3 +69,25 @@ func FuzzParseIPv6(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRead: Read never panics and, when it returns a header, has read
+// exactly the bytes Parse says the header has, whatever follows.
+func FuzzRead(f *testing.F) {
+	f.Add([]byte("PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\nGET /"))
+	f.Add([]byte("PROXY UNKNOWN x\r\n\r\n"))
+	f.Add(append(v2(0x21, 0x11, v4Payload...), "rest"...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := bytes.NewReader(b)
+		h, err := Read(r, nil)
+		if err != nil {
+			return
+		}
+		ph, n, perr := Parse(b)
+		if perr != nil || ph != h {
+			t.Fatalf("Read %+v, Parse %+v %v", h, ph, perr)
+		}
+		if read := len(b) - r.Len(); read != n {
+			t.Fatalf("Read consumed %d bytes, the header has %d", read, n)
+		}
+	})
+}

@@ -238,6 +238,9 @@ func TestRead(t *testing.T) {
 		{"v1 unknown", func(s string) io.Reader { return bytes.NewReader([]byte(s)) }, "PROXY UNKNOWN\r\nREST", Header{Version: 1, Command: Proxy}, nil, ""},
 		{"v2", func(s string) io.Reader { return bytes.NewReader([]byte(s)) }, string(v2(0x21, 0x11, v4Payload...)) + "REST", Header{2, Proxy, ap("127.0.0.2:40000"), ap("127.0.0.1:8080")}, nil, ""},
 		{"v2 local", func(s string) io.Reader { return oneByteReader{bytes.NewReader([]byte(s))} }, string(v2(0x20, 0)) + "REST", Header{Version: 2, Command: Local}, nil, ""},
+		// Lengths whose bits overlap 16's (17, 16+TLV) once made Read spin.
+		{"v2 unspec length 17", func(s string) io.Reader { return bytes.NewReader([]byte(s)) }, string(v2(0x21, 0x00, make([]byte, 17)...)) + "REST", Header{Version: 2, Command: Proxy}, nil, ""},
+		{"v2 with TLV", func(s string) io.Reader { return bytes.NewReader([]byte(s)) }, string(v2(0x21, 0x11, append(append([]byte{}, v4Payload...), 0x04, 0, 1, 'x')...)) + "REST", Header{2, Proxy, ap("127.0.0.2:40000"), ap("127.0.0.1:8080")}, nil, ""},
 		{"missing", func(s string) io.Reader { return bytes.NewReader([]byte(s)) }, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", Header{}, ErrMissing, ReasonMissing},
 		{"short missing", func(s string) io.Reader { return bytes.NewReader([]byte(s)) }, "GET /", Header{}, ErrMissing, ReasonMissing},
 		{"truncated v1", func(s string) io.Reader { return bytes.NewReader([]byte(s)) }, v1[:30], Header{}, ErrTruncated, ReasonTruncated},

@@ -44,8 +44,11 @@ func Read(r io.Reader, buf []byte) (Header, error) {
 			// v2: the fixed part, then exactly the length it gives.
 			want = V2HeaderLen
 			if n >= V2HeaderLen {
-				want = V2HeaderLen + int(buf[14])<<8 | int(buf[15])
+				want = V2HeaderLen + (int(buf[14])<<8 | int(buf[15]))
 			}
+		}
+		if want <= n || want > len(buf) {
+			return Header{}, ErrV2TooLong // cannot happen: Parse bounds the length
 		}
 		m, err := io.ReadFull(r, buf[n:want])
 		n += m
