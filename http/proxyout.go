@@ -35,9 +35,9 @@ func proxyHeader(b []byte, v uint8, ip netip.Addr, port uint16, local netip.Addr
 }
 
 // exchangeProxied sends ctx's request to b over a connection of its own
-// that starts with a PROXY header of version v for ctx's client, and
-// closes it after the answer.
-func (s *Server) exchangeProxied(ctx *fasthttp.RequestCtx, b *lb.Backend, _ uint8) error {
+// that starts with b's PROXY header for ctx's client, and closes it after
+// the answer.
+func (s *Server) exchangeProxied(ctx *fasthttp.RequestCtx, b *lb.Backend) error {
 	hdr := proxyHeaderOf(ctx, b)
 	hc := s.newClient(b.Addr(), s.cfg.ResponseBuffer, b.TLS())
 	hc.MaxConns = 1
