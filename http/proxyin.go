@@ -1,6 +1,8 @@
 package http
 
 import (
+	"crypto/tls"
+	"errors"
 	"net"
 	"net/netip"
 	"time"
@@ -111,4 +113,12 @@ func (s *Server) proxyState(peer netip.Addr) uint8 {
 		return proxyRead
 	}
 	return proxySniff
+}
+
+// forgedBeforeTLS reports whether a failed TLS handshake met a PROXY
+// header: from a source not in -proxy-protocol-from, a client forging its
+// address, counted as untrusted rather than as a handshake failure.
+func forgedBeforeTLS(err error) bool {
+	var rh tls.RecordHeaderError
+	return errors.As(err, &rh) && proxyproto.SniffRecord(rh.RecordHeader)
 }

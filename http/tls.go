@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // HTTPS: a second listener beside the plain one, served by the same engine
@@ -314,9 +316,13 @@ func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, remote net.Ad
 	if err == nil && s.shut.Load() {
 		err = net.ErrClosed
 	}
-	if err != nil {
+	if err != nil && len(s.cfg.ProxyFrom) > 0 && forgedBeforeTLS(err) {
+		s.proxyRejected(proxyproto.ReasonUntrusted, ip, err)
+	} else if err != nil {
 		s.stats.HandshakeFailed.Add(1)
 		s.logger.Debug("https handshake failed", "client", ip.String(), "err", err)
+	}
+	if err != nil {
 		c.Close()
 		s.conns.release(ip)
 		t.pending.Add(-1)

@@ -143,6 +143,14 @@ func Sniff(b []byte) bool {
 	return len(b) >= 5 && string(b[:5]) == string(v2Sig[:5])
 }
 
+// SniffRecord reports whether the 5 bytes a TLS server read as a record
+// header (tls.RecordHeaderError.RecordHeader) are the start of a PROXY
+// header: "PROXY" or CRLFCRLF NUL. A TLS listener tells a forged header
+// from a handshake gone wrong by it.
+func SniffRecord(h [5]byte) bool {
+	return string(h[:]) == "PROXY" || string(h[:]) == string(v2Sig[:5])
+}
+
 // Parse reads the header at the start of b. It returns the header and its
 // length in bytes; ErrIncomplete when b is a valid start of a header that
 // needs more bytes; an *Error when b cannot start a valid header. It reads

@@ -147,6 +147,14 @@ func TestSniff(t *testing.T) {
 	}
 }
 
+func TestSniffRecord(t *testing.T) {
+	for in, want := range map[string]bool{"PROXY": true, "\r\n\r\n\x00": true, "\x16\x03\x01\x00\x10": false, "GET /": false} {
+		if got := SniffRecord([5]byte([]byte(in))); got != want {
+			t.Errorf("SniffRecord(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
 func TestRejectedAndTrusted(t *testing.T) {
 	var r Rejected
 	r.Add(ReasonTimeout)

@@ -17,7 +17,8 @@ import (
 // back to it over the connection, logs. A LOCAL header (the balancer's own
 // health check) keeps the balancer's address. From other sources a header
 // at the start of a TCP connection is refused: it is how a client would
-// forge its address (on TLS it fails the handshake). Refusals close the
+// forge its address (on TLS the handshake fails on it, counted as
+// untrusted: handshakeFailed). Refusals close the
 // connection and are counted in Metrics.ProxyRejected.
 
 // proxyFrom reports whether connections from ip must start with a header.
