@@ -54,7 +54,7 @@ func CheckProxyProtocolFrom(s string) error {
 // proxyProtocolFrom is the node's -proxy-protocol-from networks.
 func (n *Node) proxyProtocolFrom() ([]netip.Prefix, error) {
 	var out []netip.Prefix
-	for _, s := range n.cfg.ProxyProtocolFrom {
+	for _, s := range n.cfg.ProxyFrom {
 		nets, err := proxyproto.ParseTrusted(s)
 		if err != nil {
 			return nil, err

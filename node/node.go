@@ -57,12 +57,12 @@ type Config struct {
 	// TrustedProxies are -http-trusted-proxy values, each a CIDR or a
 	// comma-separated list of them.
 	TrustedProxies []string
-	// ProxyProtocolFrom are -proxy-protocol-from values, each a CIDR or a
+	// ProxyFrom are -proxy-protocol-from values, each a CIDR or a
 	// comma-separated list of them: the layer-4 balancers whose
 	// connections to the HTTP, HTTPS, SIP TCP and SIP TLS listeners start
 	// with a PROXY protocol header (bounded by HTTP.ProxyTimeout,
 	// -proxy-protocol-timeout, for both front ends).
-	ProxyProtocolFrom []string
+	ProxyFrom []string
 	// Policy selects HTTP backends for new work (-lb-policy).
 	Policy string
 	// Health is the HTTP backends' active health check; Interval 0

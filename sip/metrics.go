@@ -169,19 +169,20 @@ func (s *Server) Backends() []BackendStatus {
 const eventsHelp = "Front end events, by protocol and event (the front end's README lists its events)."
 
 var (
-	descEvents        = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "sip"})
-	descTransactions  = prometheus.NewDesc("sluice_frontend_transactions", "Live new-work transactions of the front end.", nil, prometheus.Labels{"protocol": "sip"})
-	descConnections   = prometheus.NewDesc("sluice_frontend_connections", "Open client connections of the front end.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
-	descDialogs       = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
-	descDialogBytes   = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
-	descReadBuffers   = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
-	descRouteHits     = prometheus.NewDesc("sluice_sip_route_hits_total", "SIP new work each route chose, by route (its canonical spec, e.g. pool=london,user=+4420; \"default\": no route matched and the pool default took it) and pool; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
-	descNoRoute       = prometheus.NewDesc("sluice_sip_no_route_total", "SIP new work no route matched, answered -sip-no-route-code (404): there is no pool default.", nil, nil)
-	descPoolRefused   = prometheus.NewDesc("sluice_sip_pool_refused_total", "SIP new work the front end refused, by the pool it was routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (no backend of the pool took it).", []string{"pool", "reason"}, nil)
-	descPoolSent      = prometheus.NewDesc("sluice_sip_pool_new_work_total", "SIP new work sent to a backend (attempts and failovers included), by pool and backend.", []string{"pool", "backend"}, nil)
-	descProxyRejected = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "sip"})
-	descPartialBytes  = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descEvents       = prometheus.NewDesc("sluice_frontend_events_total", eventsHelp, []string{"event"}, prometheus.Labels{"protocol": "sip"})
+	descTransactions = prometheus.NewDesc("sluice_frontend_transactions", "Live new-work transactions of the front end.", nil, prometheus.Labels{"protocol": "sip"})
+	descConnections  = prometheus.NewDesc("sluice_frontend_connections", "Open client connections of the front end.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descDialogs      = prometheus.NewDesc("sluice_frontend_dialogs", "Entries of the front end's dialog table.", nil, prometheus.Labels{"protocol": "sip"})
+	descDialogBytes  = prometheus.NewDesc("sluice_frontend_dialogs_bytes", "Heap of the front end's dialog table (entries times the measured entry size).", nil, prometheus.Labels{"protocol": "sip"})
+	descReadBuffers  = prometheus.NewDesc("sluice_frontend_read_buffers", "Client connections holding a read buffer (one waiting between messages holds none).", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
+	descRouteHits    = prometheus.NewDesc("sluice_sip_route_hits_total", "SIP new work each route chose, by route (its canonical spec, e.g. pool=london,user=+4420; \"default\": no route matched and the pool default took it) and pool; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
+	descNoRoute      = prometheus.NewDesc("sluice_sip_no_route_total", "SIP new work no route matched, answered -sip-no-route-code (404): there is no pool default.", nil, nil)
+	descPoolRefused  = prometheus.NewDesc("sluice_sip_pool_refused_total", "SIP new work the front end refused, by the pool it was routed to and why: memory, arm, mop, draining (admission's guards) or no_backend (no backend of the pool took it).", []string{"pool", "reason"}, nil)
+	descPoolSent     = prometheus.NewDesc("sluice_sip_pool_new_work_total", "SIP new work sent to a backend (attempts and failovers included), by pool and backend.", []string{"pool", "backend"}, nil)
+	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
+
+var descProxyRejected = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "sip"})
 
 // Collector returns the front end's counters as a prometheus.Collector:
 // sluice_frontend_events_total{protocol="sip",event} (one event per
