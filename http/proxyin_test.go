@@ -2,6 +2,7 @@ package http
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"io"
 	"net"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"github.com/sluicelb/sluice/proxyproto"
 )
@@ -214,5 +217,40 @@ func BenchmarkProxyConnSetup(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestProxyProtocolH2C: the h2c listener reads a balancer's header too;
+// the HTTP/2 requests on the connection are the named client's.
+func TestProxyProtocolH2C(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 1, cfg: Config{ProxyFrom: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
+	addr := h2cListen(t, r)
+	hdr := proxyproto.AppendV2(nil, netip.MustParseAddrPort("203.0.113.9:4444"), netip.MustParseAddrPort("127.0.0.1:80"))
+	tr := &http2.Transport{
+		AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			if err == nil {
+				_, err = c.Write(hdr)
+			}
+			return c, err
+		},
+	}
+	defer tr.CloseIdleConnections()
+	resp, err := (&nethttp.Client{Transport: tr, Timeout: 10 * time.Second}).Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if xff := r.backends[0].lastHeaders()["X-Forwarded-For"]; resp.StatusCode != 200 || len(xff) != 1 || xff[0] != "203.0.113.9" {
+		t.Fatalf("status %d, backend X-Forwarded-For %q, want 200 and 203.0.113.9", resp.StatusCode, xff)
+	}
+	// Without a header the balancer's connection is closed.
+	if _, err := h2cClient(t).Get("http://" + addr + "/"); err == nil {
+		t.Fatal("an h2c connection from the balancer without a header was served")
+	}
+	if !waitFor(func() bool { return r.srv.Stats().ProxyRejected.Get(proxyproto.ReasonMissing) >= 1 }) {
+		t.Fatal("missing header not counted")
 	}
 }
