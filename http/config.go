@@ -51,6 +51,15 @@ type Config struct {
 	// by 32 hex digits made here. The id is in the access log and in the
 	// answers sluice makes itself. Flag -http-request-id (on by default).
 	RequestID bool
+	// ProxyFrom are the networks (layer-4 balancers) whose connections
+	// must start with a PROXY protocol header (v1 or v2, before TLS on
+	// the HTTPS listener): the client address it carries is the client's
+	// everywhere. From any other source a header is refused. Flag
+	// -proxy-protocol-from (repeatable CIDR).
+	ProxyFrom []netip.Prefix
+	// ProxyTimeout bounds the wait for that header, from accept. Flag
+	// -proxy-protocol-timeout.
+	ProxyTimeout time.Duration
 
 	// StickyCookie names the signed balancer cookie; "-" disables it. Flag
 	// -http-sticky-cookie.
@@ -180,6 +189,7 @@ func DefaultConfig() Config {
 		Listen:              ":8080",
 		HandshakeTimeout:    10 * time.Second,
 		RequestID:           true,
+		ProxyTimeout:        5 * time.Second,
 		StickyCookie:        "SLUICE",
 		StickyTTL:           time.Hour,
 		AppCookieTTL:        30 * time.Minute,
@@ -207,6 +217,7 @@ func (c *Config) setDefaults() {
 	d := DefaultConfig()
 	fill(&c.Listen, d.Listen)
 	fill(&c.HandshakeTimeout, d.HandshakeTimeout)
+	fill(&c.ProxyTimeout, d.ProxyTimeout)
 	fill(&c.StickyCookie, d.StickyCookie)
 	fill(&c.StickyTTL, d.StickyTTL)
 	fill(&c.AppCookieTTL, d.AppCookieTTL)
@@ -305,6 +316,8 @@ func (c *Config) Validate() error {
 		return fieldError("Engine", "%s needs Linux (epoll); use %s", EngineLoop, EngineFastHTTP)
 	case c.Loops < 0:
 		return fieldError("Loops", "must not be negative")
+	case c.ProxyTimeout < 0:
+		return fieldError("ProxyTimeout", "must be positive (got %s)", c.ProxyTimeout)
 	case c.HandshakeTimeout < 0:
 		return fieldError("HandshakeTimeout", "must be positive (got %s)", c.HandshakeTimeout)
 	case c.Listen == ListenOff && c.TLSListen == "":

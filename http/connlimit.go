@@ -240,8 +240,10 @@ func (l limitedListener) Accept() (net.Conn, error) {
 		}
 		backoff = 0
 		var ip netip.Addr
+		var peer netip.AddrPort
 		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-			ip = ta.AddrPort().Addr().Unmap()
+			peer = ta.AddrPort()
+			ip = peer.Addr().Unmap()
 		}
 		if hit := l.s.conns.admit(ip); hit != notLimited {
 			l.s.connLimited(hit, ip)
@@ -250,6 +252,7 @@ func (l limitedListener) Accept() (net.Conn, error) {
 		}
 		g := l.s.gate(c, nil)
 		g.release = func() { l.s.conns.release(ip) }
+		g.peer, g.proxy = netip.AddrPortFrom(ip, peer.Port()), l.s.proxyState(ip)
 		return g, nil
 	}
 }

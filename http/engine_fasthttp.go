@@ -314,6 +314,9 @@ func (s *Server) roundTrip(ctx *fasthttp.RequestCtx, p *plan) error {
 // one exchange: a request is never sent again to get its answer (see
 // backendTransport).
 func (s *Server) exchange(ctx *fasthttp.RequestCtx, set *backendSet, b *lb.Backend) error {
+	if b.Proxy() != 0 {
+		return s.exchangeProxied(ctx, b)
+	}
 	return set.clients[b.Index()].Do(&ctx.Request, &ctx.Response)
 }
 

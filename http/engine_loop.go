@@ -63,6 +63,7 @@ import (
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 const (
@@ -526,6 +527,9 @@ func (l *evloop) expire() {
 	now := l.now
 	for _, o := range l.fds {
 		if c := o.c; c != nil && c.deadline != 0 && now > c.deadline {
+			if c.pp == proxyRead {
+				l.s.proxyRejected(proxyproto.ReasonTimeout, c.ip, nil)
+			}
 			l.closeClient(c)
 		}
 		if bc := o.b; bc != nil && bc.deadline != 0 && now > bc.deadline {

@@ -172,7 +172,7 @@ func dupListener(tl *net.TCPListener) (int, error) {
 }
 
 // accept takes one connection from the listener lnfd, non-blocking, with
-// Nagle off, and returns it with the client's address.
+// Nagle off, and returns it with the client's address and port.
 func accept(lnfd int) (int, netip.Addr, uint16, error) {
 	fd, sa, err := unix.Accept4(lnfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 	if err != nil {
@@ -277,4 +277,13 @@ func rawRead(fd int, p []byte) (int, unix.Errno) {
 func rawWrite(fd int, p []byte) (int, unix.Errno) {
 	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	return int(r), e
+}
+
+// getsockname returns the local address of socket fd, unmapped.
+func getsockname(fd int) (netip.AddrPort, error) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return netip.AddrPortFrom(sockaddrIP(sa), sockaddrPort(sa)), nil
 }

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // gateConn is the front door of every client connection the fasthttp
@@ -38,7 +41,55 @@ type gateConn struct {
 	// tunnel: the backend switched protocols (tunnel.go); from here Read
 	// passes the client's bytes on unchecked, as the tunnel's.
 	tunnel atomic.Bool
+	// proxy is the PROXY protocol state (proxyin.go): proxyRead, the
+	// header is still to be read; proxySniff, a header would be refused
+	// (the source is not a balancer); proxyDone, neither.
+	proxy uint8
+	// peer is the socket's peer; remote, when set, the client a PROXY
+	// header named, which RemoteAddr reports.
+	peer   netip.AddrPort
+	remote net.Addr
 }
+
+const (
+	proxyDone = iota
+	proxyRead
+	proxySniff
+)
+
+// RemoteAddr is the client's address: the one a PROXY header named, else
+// the socket's peer.
+func (g *gateConn) RemoteAddr() net.Addr {
+	if g.remote != nil {
+		return g.remote
+	}
+	return g.Conn.RemoteAddr()
+}
+
+// readProxyHeader reads the PROXY header of a connection from a balancer
+// and takes its client as the connection's (its address, its count under
+// the per-source limit). On error the connection is to be closed.
+func (g *gateConn) readProxyHeader() error {
+	g.proxy = proxyDone
+	cl, err := g.s.readProxy(g.Conn, g.peer, time.Now().Add(g.s.cfg.ClientReadTimeout))
+	if err != nil {
+		return err
+	}
+	if cl.Addr() != g.peer.Addr() {
+		if hit := g.s.conns.rekey(g.peer.Addr(), cl.Addr()); hit != notLimited {
+			g.s.connLimited(hit, cl.Addr())
+			return errSourceLimited
+		}
+		ip := cl.Addr()
+		g.release = func() { g.s.conns.release(ip) }
+	}
+	g.remote = net.TCPAddrFromAddrPort(cl)
+	return nil
+}
+
+// errSourceLimited ends a connection whose PROXY header named a client
+// over -http-max-conns-per-source.
+var errSourceLimited = errors.New("client connections from this source at their limit")
 
 // Write writes answer bytes, each write within -http-client-timeout: a
 // client that stops reading is dropped, as on the loop, and the backend
@@ -90,6 +141,15 @@ func (g *gateConn) Read(p []byte) (int, error) {
 		}
 		return g.Conn.Read(p)
 	}
+	if g.proxy == proxyRead {
+		if err := g.readProxyHeader(); err != nil {
+			// Closed unanswered: at EOF before a request fasthttp
+			// answers nothing (another error would get a 400).
+			g.rerr = io.EOF
+			g.state = gatePoisoned
+			return 0, io.EOF
+		}
+	}
 	for {
 		if g.ok > 0 {
 			n := copy(p, g.buf[g.r:g.r+g.ok])
@@ -130,6 +190,18 @@ func (g *gateConn) check() bool {
 	avail := g.buf[g.r:g.w]
 	switch g.state {
 	case gateHead:
+		if g.proxy == proxySniff {
+			if proxyproto.Sniff(avail) {
+				g.s.proxyRejected(proxyproto.ReasonUntrusted, g.peer.Addr(), nil)
+				g.r, g.w = 0, 0
+				g.state = gatePoisoned
+				g.rerr = io.EOF
+				return false
+			}
+			if len(avail) >= 6 || !mayBeProxy(avail) {
+				g.proxy = proxyDone
+			}
+		}
 		hi, err := checkHead(avail, *g.s.denyNames.Load())
 		if err == errHeadIncomplete {
 			return false

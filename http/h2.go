@@ -218,8 +218,36 @@ func (s *Server) ServeH2C(ln net.Listener) error {
 			c.Close()
 			continue
 		}
+		if s.proxyFrom(ip) {
+			go s.serveH2Proxied(c, ip)
+			continue
+		}
 		go s.serveH2(&countedConn{Conn: c, release: func() { s.conns.release(ip) }})
 	}
+}
+
+// serveH2Proxied serves an h2c connection from a -proxy-protocol-from
+// balancer (peer): its PROXY header first, then HTTP/2 as the client it
+// names (its address, its count under the per-source limit).
+func (s *Server) serveH2Proxied(c net.Conn, peer netip.Addr) {
+	var port uint16
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		port = ta.AddrPort().Port()
+	}
+	cl, err := s.readProxy(c, netip.AddrPortFrom(peer, port), time.Time{})
+	if err == nil && cl.Addr() != peer {
+		if hit := s.conns.rekey(peer, cl.Addr()); hit != notLimited {
+			s.connLimited(hit, cl.Addr())
+			err = errSourceLimited
+		}
+	}
+	if err != nil {
+		c.Close()
+		s.conns.release(peer)
+		return
+	}
+	ip := cl.Addr()
+	s.serveH2(&countedConn{Conn: proxyConn{Conn: c, remote: net.TCPAddrFromAddrPort(cl)}, release: func() { s.conns.release(ip) }})
 }
 
 // countedConn ends its connection's count under the client limits once,

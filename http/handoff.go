@@ -4,6 +4,7 @@ package http
 
 import (
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 )
@@ -14,7 +15,7 @@ func (l *evloop) handover(c *cconn) {
 	l.s.stats.HandedOver.Add(1)
 	prefix := append([]byte(nil), c.in[c.r:c.w]...)
 	l.unwatch(c.fd)
-	ip := c.ip
+	ip, port := c.ip, c.port
 	f := os.NewFile(uintptr(l.detach(c)), "http-client")
 	nc, err := net.FileConn(f)
 	f.Close()
@@ -28,6 +29,9 @@ func (l *evloop) handover(c *cconn) {
 	}
 	g := l.s.gate(nc, prefix)
 	g.release = func() { l.s.conns.release(ip) } // counted until fasthttp closes it
+	if len(l.s.cfg.ProxyFrom) > 0 {
+		g.remote = net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, port)) // the client a PROXY header may have named
+	}
 	l.e.handoff.push(g)
 }
 

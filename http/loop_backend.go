@@ -23,9 +23,13 @@ type bconn struct {
 	hup        bool // the backend has shut down its side: read until EOF
 	wready     bool
 	connecting bool
-	used       bool   // it carried an exchange before: a keep-alive reuse
-	pend       []byte // request bytes not written yet
-	deadline   int64
+	used       bool // it carried an exchange before: a keep-alive reuse
+	// owner is the client connection whose PROXY header the connection
+	// carries (proxyout.go): it serves that client only; nil for others.
+	owner    *cconn
+	hdr      []byte // the PROXY header still to write before pend
+	pend     []byte // request bytes not written yet
+	deadline int64
 	// A tunnel's backend side (loop_tunnel.go): tunEOF once the backend
 	// ended its side, shutWr once sluice shut down writing to it.
 	tun, tunEOF, shutWr bool
@@ -36,6 +40,7 @@ type connPool struct {
 	addr    string
 	key     string      // its key in evloop.connPools: addr, or tlsPoolKey(addr)
 	tls     *tls.Config // TLS backend: the settings of the latest request's generation; nil: plain
+	proxy   uint8       // the PROXY protocol version its connections start with; 0: none
 	sa      unix.Sockaddr
 	idle    []*bconn      // LIFO: the warmest connection last
 	open    *backendSlots // connections to addr of all loops and the fasthttp engine
@@ -89,7 +94,13 @@ func (l *evloop) send(c *cconn) {
 	x.waitUntil = 0
 	p := l.connPool(x.b.Addr(), x.b.TLS())
 	var bc *bconn
-	if n := len(p.idle); n > 0 {
+	if v := x.b.Proxy(); v != 0 {
+		p = l.proxyPool(x.b.Addr(), x.b.TLS(), v)
+		bc = l.takeOwn(c, p)
+	}
+	if bc != nil {
+		// The client's own connection to this backend (proxyout.go).
+	} else if n := len(p.idle); n > 0 {
 		bc = p.idle[n-1]
 		p.idle = p.idle[:n-1]
 		x.log.connect = l.now
@@ -100,7 +111,7 @@ func (l *evloop) send(c *cconn) {
 		return
 	} else {
 		var err error
-		if bc, err = l.dial(p); err != nil {
+		if bc, err = l.dialFor(p, c); err != nil {
 			p.open.release()
 			l.failed(c, err, lb.ConnectError)
 			return
@@ -123,9 +134,17 @@ func (l *evloop) send(c *cconn) {
 // connecting when returned. The address is resolved on first use and
 // again after a failed dial. Errors are dial *net.OpErrors, so that the
 // pipeline tells them from failures after sending (notSent).
-func (l *evloop) dial(p *connPool) (*bconn, error) {
+func (l *evloop) dial(p *connPool) (*bconn, error) { return l.dialFor(p, nil) }
+
+// dialFor is dial for client c: a connection to a PROXY backend (p.proxy)
+// starts with c's header and is c's own (bc.owner).
+func (l *evloop) dialFor(p *connPool, c *cconn) (*bconn, error) {
+	var pre []byte
+	if p.proxy != 0 && c != nil {
+		pre = l.proxyHeaderFor(c, p.proxy)
+	}
 	if p.tls != nil {
-		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout, l.s.cfg.BackendTimeout)
+		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout, l.s.cfg.BackendTimeout, pre)
 		if err != nil {
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 		}
@@ -134,6 +153,9 @@ func (l *evloop) dial(p *connPool) (*bconn, error) {
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 		}
 		bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), wready: true}
+		if pre != nil {
+			bc.owner = c
+		}
 		l.setFD(fd, fdOwner{b: bc})
 		return bc, nil
 	}
@@ -154,6 +176,9 @@ func (l *evloop) dial(p *connPool) (*bconn, error) {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 	}
 	bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), connecting: connecting, wready: !connecting}
+	if pre != nil {
+		bc.owner, bc.hdr = c, pre
+	}
 	l.setFD(fd, fdOwner{b: bc})
 	return bc, nil
 }
@@ -212,6 +237,20 @@ func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 // writeBackend writes the request bytes still pending while the socket
 // takes them; the rest waits for the next EPOLLOUT edge.
 func (l *evloop) writeBackend(bc *bconn) {
+	for len(bc.hdr) > 0 && bc.wready {
+		n, errno := rawWrite(bc.fd, bc.hdr)
+		switch {
+		case errno == unix.EINTR:
+			continue
+		case errno == unix.EAGAIN:
+			bc.wready = false
+			return
+		case errno != 0:
+			l.backendBroke(bc)
+			return
+		}
+		bc.hdr = bc.hdr[n:]
+	}
 	for len(bc.pend) > 0 && bc.wready {
 		n, errno := rawWrite(bc.fd, bc.pend)
 		switch {
@@ -341,7 +380,11 @@ func (l *evloop) complete(c *cconn) {
 				bc.in = make([]byte, backendInitBuf)
 			}
 			bc.deadline = l.now + int64(s.cfg.BackendIdle)
-			l.putIdle(bc)
+			if bc.owner == c {
+				l.keepOwn(c, bc)
+			} else {
+				l.putIdle(bc)
+			}
 		}
 	}
 	l.endRequest(c)
@@ -385,7 +428,10 @@ func (l *evloop) closeBackend(bc *bconn) {
 	if c := bc.c; c != nil && c.x.bc == bc {
 		c.x.bc = nil
 	}
-	bc.c = nil
+	if o := bc.owner; o != nil && o.own == bc {
+		o.own = nil
+	}
+	bc.c, bc.owner = nil, nil
 	l.serveWaiters(p) // a connection slot is free: a waiting request may dial
 }
 

@@ -14,16 +14,19 @@ import (
 	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // cconn is a client connection.
 type cconn struct {
 	fd       int
-	gen      uint32 // bumped when closed or handed over; posted work checks it
-	seq      uint32 // bumped per request
-	ip       netip.Addr
-	port     uint16 // the client's port (the access log)
-	in       []byte // read buffer: in[r:w] not yet consumed
+	gen      uint32     // bumped when closed or handed over; posted work checks it
+	seq      uint32     // bumped per request
+	ip       netip.Addr // the client's address: the socket's peer, or the one its PROXY header named
+	port     uint16     // and its port
+	pp       uint8      // PROXY protocol state: proxyDone, proxyRead, proxySniff (proxyin.go)
+	own      *bconn     // an idle connection to a PROXY backend that carries this client's header (proxyout.go)
+	in       []byte     // read buffer: in[r:w] not yet consumed
 	r, w     int
 	rready   bool   // the socket may have unread bytes
 	hup      bool   // the peer has shut down its side: read until EOF
@@ -98,7 +101,10 @@ func (l *evloop) accept() {
 			closeFD(fd)
 			continue
 		}
-		c := &cconn{fd: fd, ip: ip, port: port, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle)}
+		c := &cconn{fd: fd, ip: ip, port: port, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle), pp: l.s.proxyState(ip)}
+		if c.pp == proxyRead {
+			c.deadline = l.now + int64(l.s.cfg.ProxyTimeout)
+		}
 		if err := l.watch(fd); err != nil {
 			closeFD(fd)
 			l.s.conns.release(ip)
@@ -186,7 +192,11 @@ func (l *evloop) clientIn(c *cconn) {
 			if c.deadline == 0 || c.deadline > l.now+int64(l.s.cfg.ClientReadTimeout) {
 				c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout)
 			}
-			if l.parse(c) {
+			if c.pp != proxyDone && !l.clientProxy(c) {
+				if c.fd < 0 {
+					return
+				}
+			} else if l.parse(c) {
 				continue
 			}
 		}
@@ -214,6 +224,9 @@ func (l *evloop) clientIn(c *cconn) {
 		case errno == unix.EINTR:
 			continue
 		case errno != 0 || n == 0:
+			if c.pp == proxyRead && c.w > 0 {
+				l.s.proxyRejected(proxyproto.ReasonTruncated, c.ip, nil)
+			}
 			l.closeClient(c) // EOF or reset; an unfinished request is dropped, as fasthttp does
 			return
 		}
@@ -621,6 +634,9 @@ func (l *evloop) closeClient(c *cconn) {
 	l.unhold(c)
 	l.untakeTunnel(c)
 	l.tunClosed(c)
+	if own := c.own; own != nil {
+		l.closeBackend(own)
+	}
 	ip := c.ip
 	closeFD(l.detach(c))
 	l.s.conns.release(ip)

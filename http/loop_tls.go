@@ -39,7 +39,7 @@ func tlsPoolKey(addr string) string { return "tls|" + addr }
 // connection to addr, dialled on a goroutine.
 // linger bounds how long the bridge waits for the backend's end after
 // the loop's.
-func tlsBridge(addr string, cfg *tls.Config, timeout, linger time.Duration) (int, error) {
+func tlsBridge(addr string, cfg *tls.Config, timeout, linger time.Duration, pre []byte) (int, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
@@ -56,15 +56,16 @@ func tlsBridge(addr string, cfg *tls.Config, timeout, linger time.Duration) (int
 		unix.Close(fds[0])
 		return -1, err
 	}
-	go bridgeTLS(nc, addr, cfg, timeout, linger)
+	go bridgeTLS(nc, addr, cfg, timeout, linger, pre)
 	return fds[0], nil
 }
 
 // bridgeTLS dials addr with TLS and copies between it and the loop's
 // socket pair end nc until both directions end.
-func bridgeTLS(nc net.Conn, addr string, cfg *tls.Config, timeout, linger time.Duration) {
+// pre (a PROXY header) is written before the TLS handshake.
+func bridgeTLS(nc net.Conn, addr string, cfg *tls.Config, timeout, linger time.Duration, pre []byte) {
 	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: cfg}
-	tc, err := d.Dial("tcp", addr)
+	tc, err := dialTLSWith(d, addr, pre, timeout)
 	if err != nil {
 		nc.Close()
 		return
@@ -123,4 +124,33 @@ func peerClosed(nc net.Conn) bool {
 		}
 	})
 	return hup
+}
+
+// dialTLSWith dials addr with d, writing pre (a PROXY header) on the TCP
+// connection before the TLS handshake when it is set.
+func dialTLSWith(d *tls.Dialer, addr string, pre []byte, timeout time.Duration) (net.Conn, error) {
+	if len(pre) == 0 {
+		return d.Dial("tcp", addr)
+	}
+	c, err := d.NetDialer.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write(pre); err != nil {
+		c.Close()
+		return nil, err
+	}
+	cfg := d.Config.Clone()
+	if cfg.ServerName == "" {
+		host, _, _ := net.SplitHostPort(addr)
+		cfg.ServerName = host
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.Handshake(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetDeadline(time.Time{})
+	return tc, nil
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // eventsHelp is the help of sluice_frontend_events_total. Every front end
@@ -19,6 +20,7 @@ var (
 	descTunnels        = prometheus.NewDesc("sluice_http_tunnels", "HTTP upgraded connections (WebSocket tunnels) by state: open (the backend answered 101), pending (upgrade request sent, its answer not in yet). Both count against -http-max-tunnels.", []string{"state"}, nil)
 	descTunnelsTotal   = prometheus.NewDesc("sluice_http_tunnels_total", "HTTP tunnels opened (the backend answered 101 with the Upgrade asked for).", nil, nil)
 	descTunnelsRefused = prometheus.NewDesc("sluice_http_tunnels_refused_total", "HTTP upgrade requests answered 503 at -http-max-tunnels, before any backend was contacted.", nil, nil)
+	descProxyRejected  = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "http"})
 	descPoolRefuse     = prometheus.NewDesc("sluice_http_pool_refused_total", "HTTP requests the front end refused, by the pool they were routed to and why: memory, arm, mop, draining (admission's guards, or the operator drained the pool) or no_backend (none up in the pool).", []string{"pool", "reason"}, nil)
 )
 
@@ -30,7 +32,8 @@ var (
 // conn_limited, source_limited, delay_abandoned, delay_limited,
 // tls_handshake_refused, tls_handshake_failed and https_redirected; and
 // the tunnels: sluice_http_tunnels{state="open"|"pending"},
-// sluice_http_tunnels_total, sluice_http_tunnels_refused_total.
+// sluice_http_tunnels_total, sluice_http_tunnels_refused_total; and
+// sluice_proxy_protocol_rejected_total{protocol="http",reason}.
 // (Admitted and refused requests are the admission
 // controller's sluice_requests_*_total.) It reads the counters at scrape
 // time.
@@ -55,6 +58,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descTunnels
 	ch <- descTunnelsTotal
 	ch <- descTunnelsRefused
+	ch <- descProxyRejected
 	if c.s != nil {
 		ch <- descRouteHits
 		ch <- descNoRoute
@@ -85,6 +89,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descTunnels, prometheus.GaugeValue, float64(st.TunnelsPending.Load()), "pending")
 	ch <- prometheus.MustNewConstMetric(descTunnelsTotal, prometheus.CounterValue, float64(st.TunnelsTotal.Load()))
 	ch <- prometheus.MustNewConstMetric(descTunnelsRefused, prometheus.CounterValue, float64(st.TunnelsRefused.Load()))
+	st.ProxyRejected.Each(func(reason string, n uint64) {
+		ch <- prometheus.MustNewConstMetric(descProxyRejected, prometheus.CounterValue, float64(n), reason)
+	})
 	if c.s == nil {
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // Server is the HTTP front end. Build it with New, start it with Serve or
@@ -73,6 +75,9 @@ type Server struct {
 // Admitted and refused requests, by class and guard, are counted by the
 // admission controller, not here.
 type Stats struct {
+	// ProxyRejected counts client connections closed for their PROXY
+	// protocol header, by reason (proxyin.go).
+	ProxyRejected  proxyproto.Rejected
 	UpstreamError  atomic.Uint64 // answered 502/503/504 for a backend failure
 	Retried        atomic.Uint64 // moved to another backend after a connect failure
 	Restreamed     atomic.Uint64 // always 0: an answer is never requested twice (kept for the metric's users)
@@ -169,7 +174,9 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		alog:    deps.AccessLog,
 	}
 	s.upgrades, _ = parseUpgrades(cfg.Upgrades) // Validate checked it
-	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, cfg.TrustedProxies
+	// A layer-4 balancer's own address counts toward the total only: its
+	// clients are counted by the addresses its headers carry (rekey).
+	s.conns.max, s.conns.perSource, s.conns.trusted = cfg.MaxClientConns, cfg.MaxConnsPerSource, slices.Concat(cfg.TrustedProxies, cfg.ProxyFrom)
 	if fit := defaultMaxClientConns(fdLimit()); cfg.MaxClientConns > fit {
 		// Each client connection may hold a backend connection: past
 		// this, accept fails for lack of descriptors before the limit

@@ -209,6 +209,8 @@ type rigOpts struct {
 	setup func(*Server)
 	// alog is the access log the server writes to (Deps.AccessLog).
 	alog *accesslog.Logger
+	// proxy is the PROXY protocol version written to every backend (0: none).
+	proxy uint8
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -235,7 +237,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 				t.Fatal(err)
 			}
 		}
-		b, err := lb.NewBackend(lb.BackendConfig{ID: be.name, Addr: be.addr(), Proto: "http", MOP: mop})
+		b, err := lb.NewBackend(lb.BackendConfig{ID: be.name, Addr: be.addr(), Proto: "http", MOP: mop, Proxy: o.proxy})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // HTTPS: a second listener beside the plain one, served by the same engine
@@ -222,6 +224,13 @@ func (s *Server) acceptTLS(t *tlsFront, deliver deliverFunc, done func()) {
 			c.Close()
 			continue
 		}
+		if s.proxyFrom(ip) {
+			// The header first, on the connection's goroutine: the
+			// handshake limits count the client it names.
+			t.pending.Add(1)
+			go s.proxiedHandshake(t, c, ip, deliver)
+			continue
+		}
 		if !s.acquireHandshake(ip) {
 			s.stats.HandshakeRefused.Add(1)
 			c.Close()
@@ -234,8 +243,49 @@ func (s *Server) acceptTLS(t *tlsFront, deliver deliverFunc, done func()) {
 			t.pending.Add(-1)
 			continue
 		}
-		go s.handshake(t, c, ip, deliver)
+		go s.handshake(t, c, ip, nil, deliver)
 	}
+}
+
+// proxiedHandshake reads the PROXY header of a connection from a
+// balancer (peer) and goes on with the client it names as the
+// connection's: its count under the client and handshake limits, its
+// address for the requests. t.pending counts it already.
+func (s *Server) proxiedHandshake(t *tlsFront, c net.Conn, peer netip.Addr, deliver deliverFunc) {
+	var port uint16
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		port = ta.AddrPort().Port()
+	}
+	cl, err := s.readProxy(c, netip.AddrPortFrom(peer, port), time.Time{})
+	ip := peer
+	var remote net.Addr
+	if err == nil && cl.Addr() != peer {
+		if hit := s.conns.rekey(peer, cl.Addr()); hit != notLimited {
+			s.connLimited(hit, cl.Addr())
+			err = errSourceLimited
+		} else {
+			ip, remote = cl.Addr(), net.TCPAddrFromAddrPort(cl)
+		}
+	}
+	if err != nil {
+		c.Close()
+		s.conns.release(peer)
+		t.pending.Add(-1)
+		return
+	}
+	if !s.acquireHandshake(ip) {
+		s.stats.HandshakeRefused.Add(1)
+		c.Close()
+		s.conns.release(ip)
+		t.pending.Add(-1)
+		return
+	}
+	if s.shut.Load() {
+		s.endHandshake(t, c, ip)
+		t.pending.Add(-1)
+		return
+	}
+	s.handshake(t, c, ip, remote, deliver)
 }
 
 // endHandshake closes a connection whose handshake was let start and will
@@ -249,8 +299,13 @@ func (s *Server) endHandshake(t *tlsFront, c net.Conn, ip netip.Addr) {
 // handshake runs the TLS handshake of c within Config.HandshakeTimeout
 // (the socket's deadline, cleared after) and hands the connection on: to
 // deliver for HTTP/1.1, to the HTTP/2 handler when the client chose h2.
-func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, deliver deliverFunc) {
+// remote, when set, is the client a PROXY header named: the address the
+// TLS connection reports.
+func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, remote net.Addr, deliver deliverFunc) {
 	rc := newRecordConn(c)
+	if remote != nil {
+		rc.remote = remote
+	}
 	tc := tls.Server(rc, t.cfg)
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	err := tc.HandshakeContext(t.ctx)
@@ -261,9 +316,13 @@ func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, deliver deliv
 	if err == nil && s.shut.Load() {
 		err = net.ErrClosed
 	}
-	if err != nil {
+	if err != nil && len(s.cfg.ProxyFrom) > 0 && forgedBeforeTLS(err) {
+		s.proxyRejected(proxyproto.ReasonUntrusted, ip, err)
+	} else if err != nil {
 		s.stats.HandshakeFailed.Add(1)
 		s.logger.Debug("https handshake failed", "client", ip.String(), "err", err)
+	}
+	if err != nil {
 		c.Close()
 		s.conns.release(ip)
 		t.pending.Add(-1)

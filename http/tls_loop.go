@@ -114,8 +114,8 @@ func (l *evloop) adopt(fd int, ip netip.Addr, t *loopTLS) {
 		return
 	}
 	c := &cconn{fd: fd, ip: ip, in: l.getBuf(), deadline: l.now + int64(l.s.cfg.ClientIdle), tls: t}
-	if a, ok := t.conn.RemoteAddr().(*net.TCPAddr); ok {
-		c.port = uint16(a.Port)
+	if ta, ok := t.rc.remote.(*net.TCPAddr); ok {
+		c.port = uint16(ta.Port)
 	}
 	if err := l.watch(fd); err != nil {
 		closeFD(fd)

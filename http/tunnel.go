@@ -347,7 +347,20 @@ func (s *Server) drainTunnels(ctx context.Context) {
 // failed handshake is a dial error (the request was not sent; it may
 // move to another backend).
 func (s *Server) dialTLS(addr string, cfg *tls.Config) (net.Conn, error) {
+	return s.dialWith(addr, cfg, nil)
+}
+
+// dialWith is dialTLS writing pre (a PROXY header) first, before TLS.
+func (s *Server) dialWith(addr string, cfg *tls.Config, pre []byte) (net.Conn, error) {
 	c, err := s.dialBackend(addr)
+	if err == nil && len(pre) > 0 {
+		c.SetWriteDeadline(time.Now().Add(s.cfg.ConnectTimeout))
+		if _, err = c.Write(pre); err != nil {
+			c.Close()
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+		}
+		c.SetWriteDeadline(time.Time{})
+	}
 	if err != nil || cfg == nil {
 		return c, err
 	}
@@ -402,7 +415,7 @@ func (s *Server) forwardUpgrade(ctx *fasthttp.RequestCtx, p *plan, v *reqView, p
 	for {
 		p.acquireBackend()
 		var err error
-		conn, br, err = s.upgradeExchange(&ctx.Request, p.b, &resp, proto)
+		conn, br, err = s.upgradeExchange(&ctx.Request, p.b, &resp, proto, proxyHeaderOf(ctx, p.b))
 		if err == nil {
 			break
 		}
@@ -488,11 +501,11 @@ func (s *Server) forwardUpgrade(ctx *fasthttp.RequestCtx, p *plan, v *reqView, p
 	body.held, body.src, held = &s.held, ip, false
 }
 
-// upgradeExchange dials b (with its TLS), writes req and reads the final
+// upgradeExchange dials b (with pre, its PROXY header, and its TLS), writes req and reads the final
 // answer head into resp (1xx other than 101 skipped, at most
 // maxInformational). On error the connection is closed.
-func (s *Server) upgradeExchange(req *fasthttp.Request, b *lb.Backend, resp *fasthttp.ResponseHeader, proto []byte) (net.Conn, *bufio.Reader, error) {
-	conn, err := s.dialTLS(b.Addr(), b.TLS())
+func (s *Server) upgradeExchange(req *fasthttp.Request, b *lb.Backend, resp *fasthttp.ResponseHeader, proto []byte, pre []byte) (net.Conn, *bufio.Reader, error) {
+	conn, err := s.dialWith(b.Addr(), b.TLS(), pre)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -94,6 +94,10 @@ type BackendConfig struct {
 	// the backend (BackendSpec.ClientTLS); nil: plain TCP. It is not
 	// changed after.
 	TLS *tls.Config
+	// Proxy is the PROXY protocol version (1 or 2) front ends write at
+	// the start of each connection to the backend; 0: none
+	// (BackendSpec.Proxy).
+	Proxy uint8
 }
 
 // MaxWeight is the largest backend weight.
@@ -118,6 +122,7 @@ type Backend struct {
 	index int
 	mop   *admission.MOP
 	tls   *tls.Config // nil: plain TCP
+	proxy uint8       // PROXY protocol version written to it; 0: none
 
 	outstanding atomic.Int64
 	// ctr are the backend's counters, shared with the backend of the same
@@ -186,7 +191,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 	if cfg.Weight < 1 || cfg.Weight > MaxWeight {
 		return nil, fmt.Errorf("new backend %s: weight %d not in [1,%d]: %w", cfg.ID, cfg.Weight, MaxWeight, ErrBadBackend)
 	}
-	b := &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, mop: cfg.MOP, tls: cfg.TLS, index: -1, ctr: new(backendCounters)}
+	b := &Backend{id: cfg.ID, addr: cfg.Addr, proto: cfg.Proto, mop: cfg.MOP, tls: cfg.TLS, proxy: cfg.Proxy, index: -1, ctr: new(backendCounters)}
 	b.weight.Store(int32(cfg.Weight))
 	return b, nil
 }
@@ -201,6 +206,10 @@ func (b *Backend) Addr() string { return b.addr }
 // reach the backend, nil for plain TCP. Callers must not modify it; they
 // may Clone it.
 func (b *Backend) TLS() *tls.Config { return b.tls }
+
+// Proxy returns the PROXY protocol version (1 or 2) to write at the start
+// of each connection to the backend, 0 for none.
+func (b *Backend) Proxy() uint8 { return b.proxy }
 
 // Proto returns "http" or "sip".
 func (b *Backend) Proto() string { return b.proto }

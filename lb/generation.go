@@ -269,7 +269,7 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 				return bad("backend %s: memory overload protection: %v", spec.ID, err)
 			}
 		}
-		b, err := NewBackend(BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: cfg.Proto, Weight: spec.Weight, MOP: mop, TLS: tlsOf[i]})
+		b, err := NewBackend(BackendConfig{ID: spec.ID, Addr: spec.Addr, Proto: cfg.Proto, Weight: spec.Weight, MOP: mop, TLS: tlsOf[i], Proxy: spec.Proxy})
 		if err != nil {
 			return bad("backend %s: %v", spec.ID, err) // not reached: the dry run passed
 		}

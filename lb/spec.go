@@ -88,6 +88,11 @@ type BackendSpec struct {
 	// and requests in flight finish, no new work) until it is dropped.
 	// Set by the node, not by the grammar.
 	Gone bool
+	// Proxy is the PROXY protocol version (1 or 2) sluice writes at the
+	// start of every connection to the backend, naming the client whose
+	// request opened it; 0 writes none. Key proxy (v1, v2 or off): HTTP,
+	// and SIP with transport=tcp.
+	Proxy uint8
 }
 
 // DNSName is where a template spec's backends are found.
@@ -205,8 +210,8 @@ func (b BackendSpec) String() string {
 // specKeys are the keys each protocol accepts, in the order error
 // messages list them.
 var specKeys = map[string][]string{
-	"http": {"weight", "metrics", "id", "health", "pool", "tls", "ca", "sni"},
-	"sip":  {"weight", "metrics", "id", "transport", "ca", "sni", "pool"},
+	"http": {"weight", "metrics", "id", "health", "pool", "tls", "ca", "sni", "proxy"},
+	"sip":  {"weight", "metrics", "id", "transport", "ca", "sni", "pool", "proxy"},
 }
 
 // ParseBackendSpec parses one backend of protocol proto ("http" or
@@ -329,7 +334,21 @@ func ParseBackendSpec(proto, s string) (BackendSpec, error) {
 				return bad("sni %q: want a host name (letters, digits, '-' and '.')", v)
 			}
 			b.SNI = strings.ToLower(v)
+		case "proxy":
+			switch strings.ToLower(v) {
+			case "v1":
+				b.Proxy = 1
+			case "v2":
+				b.Proxy = 2
+			case "off":
+				b.Proxy = 0
+			default:
+				return bad("proxy must be v1, v2 or off (got %q)", v)
+			}
 		}
+	}
+	if proto == "sip" && b.Proxy != 0 && b.Transport != "tcp" {
+		return bad("proxy needs transport=tcp (a SIP backend over %s gets no PROXY header)", b.Transport)
 	}
 	if proto == "http" && !b.TLS && (b.CAFile != "" || b.SNI != "") {
 		return bad("ca and sni need tls=on")

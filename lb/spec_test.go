@@ -51,6 +51,13 @@ func TestParseBackendSpec(t *testing.T) {
 		{proto: "sip", in: "h:1,transport=tcp,sni=core.example", wantErr: "ca and sni need transport=tls"},
 		{proto: "sip", in: "h:1,transport=tls,sni=a b", wantErr: `sni "a b": want a host name`},
 		{proto: "sip", in: "h:1,transport=tls,ca=", wantErr: "ca must name a PEM file"},
+		{proto: "http", in: "h:1,proxy=V2", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Proxy: 2, Pools: def}},
+		{proto: "http", in: "h:1,proxy=v1,tls=on", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Proxy: 1, TLS: true, Pools: def}},
+		{proto: "http", in: "h:1,proxy=off", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Pools: def}},
+		{proto: "http", in: "h:1,proxy=v3", wantErr: `proxy must be v1, v2 or off (got "v3")`},
+		{proto: "sip", in: "h:1,proxy=v2,transport=tcp", want: BackendSpec{Addr: "h:1", ID: "h:1", Weight: 1, Transport: "tcp", Proxy: 2, Pools: def}},
+		{proto: "sip", in: "h:1,proxy=v2", wantErr: "proxy needs transport=tcp (a SIP backend over udp gets no PROXY header)"},
+		{proto: "sip", in: "h:1,transport=tls,proxy=v1", wantErr: "proxy needs transport=tcp"},
 		// Keys of the other protocol are refused.
 		{proto: "sip", in: "h:1,health=/h", wantErr: `unknown key "health" for a sip backend`},
 		{proto: "http", in: "h:1,transport=tcp", wantErr: `unknown key "transport" for a http backend`},

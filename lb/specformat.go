@@ -38,6 +38,9 @@ func FormatBackendSpec(proto string, b BackendSpec) string {
 	if b.SNI != "" {
 		parts = append(parts, "sni="+b.SNI)
 	}
+	if b.Proxy != 0 {
+		parts = append(parts, "proxy=v"+strconv.Itoa(int(b.Proxy)))
+	}
 	if len(b.Pools) != 1 || b.Pools[0] != DefaultPool {
 		for _, p := range b.Pools {
 			parts = append(parts, "pool="+p)

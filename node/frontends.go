@@ -1,7 +1,10 @@
 package node
 
 import (
+	"net/netip"
+
 	lbhttp "github.com/sluicelb/sluice/http"
+	"github.com/sluicelb/sluice/proxyproto"
 	lbsip "github.com/sluicelb/sluice/sip"
 )
 
@@ -40,6 +43,26 @@ func CheckSIPBackend(spec string) error {
 // CheckSIPSettings validates a SIP front end's settings, backends aside,
 // as New would.
 func CheckSIPSettings(c SIPConfig) error { return lbsip.CheckSettings(c) }
+
+// CheckProxyProtocolFrom validates one -proxy-protocol-from value: a CIDR
+// or address, or a comma-separated list of them.
+func CheckProxyProtocolFrom(s string) error {
+	_, err := proxyproto.ParseTrusted(s)
+	return err
+}
+
+// proxyProtocolFrom is the node's -proxy-protocol-from networks.
+func (n *Node) proxyProtocolFrom() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range n.cfg.ProxyFrom {
+		nets, err := proxyproto.ParseTrusted(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, nets...)
+	}
+	return out, nil
+}
 
 // CheckTrustedProxies validates one -http-trusted-proxy value: a CIDR or
 // address, or a comma-separated list of them.

@@ -60,6 +60,12 @@ type Config struct {
 	// TrustedProxies are -http-trusted-proxy values, each a CIDR or a
 	// comma-separated list of them.
 	TrustedProxies []string
+	// ProxyFrom are -proxy-protocol-from values, each a CIDR or a
+	// comma-separated list of them: the layer-4 balancers whose
+	// connections to the HTTP, HTTPS, SIP TCP and SIP TLS listeners start
+	// with a PROXY protocol header (bounded by HTTP.ProxyTimeout,
+	// -proxy-protocol-timeout, for both front ends).
+	ProxyFrom []string
 	// Policy selects HTTP backends for new work (-lb-policy).
 	Policy string
 	// Health is the HTTP backends' active health check; Interval 0
@@ -473,6 +479,9 @@ func (n *Node) buildHTTP() error {
 			return err
 		}
 		hc.TrustedProxies = append(hc.TrustedProxies, nets...)
+	}
+	if hc.ProxyFrom, err = n.proxyProtocolFrom(); err != nil {
+		return err
 	}
 	hc.Clock = n.clock
 	if hc.TLSListen != "" {

@@ -9,8 +9,20 @@ import (
 // -sip-tls-listen and -sip-wss-listen, and the node's one bound on TLS and
 // WebSocket handshakes (-tls-handshakes-max, -tls-handshake-rate) and its
 // timeout (-tls-handshake-timeout) for those and -sip-ws-listen. A TLS or
-// WSS listener without any -tls-cert is refused, naming both flags.
+// WSS listener without any -tls-cert is refused, naming both flags. It
+// also gives the SIP front end the node's -proxy-protocol-from and
+// -proxy-protocol-timeout.
 func (n *Node) sipEdge(cfg *lbsip.Config) error {
+	from, err := n.proxyProtocolFrom()
+	if err != nil {
+		return err
+	}
+	if len(from) > 0 {
+		cfg.ProxyFrom = from
+		if n.cfg.HTTP.ProxyTimeout > 0 {
+			cfg.ProxyTimeout = n.cfg.HTTP.ProxyTimeout
+		}
+	}
 	if cfg.TLSListen == "" && cfg.WSSListen == "" && cfg.WSListen == "" {
 		return nil
 	}

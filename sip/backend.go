@@ -118,6 +118,9 @@ func newBackendSet(g *lb.Generation) (*backendSet, error) {
 		byAddr: make(map[netip.AddrPort]*backend, len(bs))}
 	for i, lbb := range bs {
 		spec := g.Spec(lbb)
+		if spec.Proxy != 0 {
+			return nil, fieldError("Backends", "backend %s: %w", lbb.ID(), errProxyBackend)
+		}
 		ap, tcp, err := resolveSpec(spec)
 		if err != nil {
 			return nil, fieldError("Backends", "backend %s: %w", lbb.ID(), err)

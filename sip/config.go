@@ -106,6 +106,16 @@ type Config struct {
 	// address or IPv6 /64; more are closed at once. Flag
 	// -sip-tcp-max-conns-per-source.
 	TCPMaxConnsPerSource int
+	// ProxyFrom are the networks (layer-4 balancers) whose TCP and TLS
+	// connections must start with a PROXY protocol header (v1 or v2,
+	// before TLS): the client address it carries is the connection's
+	// source everywhere (Via received/rport, the per-source cap, the
+	// sticky source hash, logs). From any other source a header is
+	// refused. Flag -proxy-protocol-from (repeatable CIDR).
+	ProxyFrom []netip.Prefix
+	// ProxyTimeout bounds the wait for that header, from accept. Flag
+	// -proxy-protocol-timeout.
+	ProxyTimeout time.Duration
 	// TCPFirstMessageTimeout closes an accepted TCP connection that has not
 	// sent a complete message this long after it was accepted; keep-alives
 	// do not count. Flag -sip-tcp-first-message-timeout.
@@ -199,11 +209,20 @@ type BackendConfig struct {
 	Pools []string
 }
 
+// errProxyBackend refuses proxy= on a SIP backend. A connection to a SIP
+// backend carries the messages of every client (one per backend address,
+// opened before any request): a PROXY header, read once per connection,
+// would give them all one client's address.
+var errProxyBackend = errors.New("proxy=v1|v2 is not supported for SIP backends: sluice multiplexes every client over one connection per SIP backend, which a PROXY header would attribute to a single client (the client's address reaches the backend in its Via received/rport)")
+
 // ParseBackend parses a -sip-backend value with lb.ParseBackendSpec.
 func ParseBackend(s string) (BackendConfig, error) {
 	b, err := lb.ParseBackendSpec("sip", s)
 	if err != nil {
 		return BackendConfig{}, fmt.Errorf("sip %w", err)
+	}
+	if b.Proxy != 0 {
+		return BackendConfig{}, fmt.Errorf("sip backend %q: %w", s, errProxyBackend)
 	}
 	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, CAFile: b.CAFile, SNI: b.SNI, Weight: b.Weight, MetricsURL: b.MetricsURL}
 	if len(b.Pools) != 1 || b.Pools[0] != lb.DefaultPool {
@@ -276,6 +295,7 @@ func DefaultConfig() Config {
 		// 256 (a single UA needs one or two, RFC 5626).
 		TCPMaxConnsPerSource:   256,
 		TCPFirstMessageTimeout: 10 * time.Second,
+		ProxyTimeout:           5 * time.Second,
 		// 64 MiB: about 1,000 maximal messages in flight at once; the
 		// 10,000 default connections with 64 KiB each would be 640 MiB.
 		TCPPartialBudget: 64 << 20,
@@ -303,6 +323,7 @@ func (c *Config) setDefaults() {
 	fill(&c.TCPMaxConns, d.TCPMaxConns)
 	fill(&c.TCPMaxConnsPerSource, d.TCPMaxConnsPerSource)
 	fill(&c.TCPFirstMessageTimeout, d.TCPFirstMessageTimeout)
+	fill(&c.ProxyTimeout, d.ProxyTimeout)
 	fill(&c.TCPPartialBudget, d.TCPPartialBudget)
 	fill(&c.UDPBuffer, d.UDPBuffer)
 	fill(&c.MaxMessage, d.MaxMessage)
@@ -366,6 +387,8 @@ func (c *Config) Validate() error {
 		return fieldError("TCPMaxConns", "must be at least 1")
 	case c.TCPMaxConnsPerSource < 1:
 		return fieldError("TCPMaxConnsPerSource", "must be at least 1")
+	case c.ProxyTimeout < 0:
+		return fieldError("ProxyTimeout", "must be positive (got %s)", c.ProxyTimeout)
 	case c.TCPFirstMessageTimeout < 100*time.Millisecond:
 		return fieldError("TCPFirstMessageTimeout", "must be at least 100ms")
 	case c.UDPBuffer < 1<<16:

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // Metrics are the SIP front end's counters, all monotonic since start.
@@ -90,6 +91,9 @@ type Metrics struct {
 	UnknownDialogMetered       atomic.Uint64 // requests of unknown dialogs sent to admission as new work (-sip-unknown-dialog new-work)
 	UnknownDialogRejected      atomic.Uint64 // requests of unknown dialogs answered 481 or dropped (reject)
 	UnknownDialogSourceLimited atomic.Uint64 // requests of unknown dialogs over their source's share (503)
+	// ProxyRejected counts TCP and TLS connections closed for their PROXY
+	// protocol header, by reason (proxyin.go).
+	ProxyRejected proxyproto.Rejected
 	// TCP exhaustion guards (tcpguard.go)
 	TCPRefusedSource   atomic.Uint64 // TCP connections over -sip-tcp-max-conns-per-source
 	TCPEvicted         atomic.Uint64 // idle TCP connections closed to make room for a new one
@@ -181,11 +185,14 @@ var (
 	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
+var descProxyRejected = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "sip"})
+
 // Collector returns the front end's counters as a prometheus.Collector:
 // sluice_frontend_events_total{protocol="sip",event} (one event per
 // Metrics field, named as in the README), sluice_frontend_transactions,
 // sluice_frontend_connections{transport}, sluice_frontend_dialogs and
-// sluice_frontend_dialogs_bytes. It reads the counters at
+// sluice_frontend_dialogs_bytes, and
+// sluice_proxy_protocol_rejected_total{protocol="sip",reason}. It reads the counters at
 // scrape time and adds nothing to the message path.
 func (s *Server) Collector() prometheus.Collector { return collector{s} }
 
@@ -200,6 +207,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descDialogBytes
 	ch <- descPartialBytes
 	ch <- descReadBuffers
+	ch <- descProxyRejected
 	ch <- descRouteHits
 	ch <- descNoRoute
 	ch <- descPoolRefused
@@ -252,6 +260,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(m.RefusedBy[r].Load()), "refused_"+name)
 	}
+	m.ProxyRejected.Each(func(reason string, n uint64) {
+		ch <- prometheus.MustNewConstMetric(descProxyRejected, prometheus.CounterValue, float64(n), reason)
+	})
 	ch <- prometheus.MustNewConstMetric(descTransactions, prometheus.GaugeValue, float64(c.s.txns.Len()))
 	for k := kindTCP; k <= kindWSS; k++ {
 		ch <- prometheus.MustNewConstMetric(descConnections, prometheus.GaugeValue, float64(c.s.tcp.byKind[k].Load()), strings.ToLower(k.String()))

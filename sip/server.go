@@ -107,6 +107,11 @@ type Server struct {
 	// (Config.AccessLogDialogs).
 	dialogLogs dialogLogs
 	metrics    Metrics
+	// proxyWaiting counts the connections from balancers whose PROXY
+	// header is being read (proxyin.go), proxyPending holds them
+	// (*net.TCPConn -> struct{}) for Stop to close.
+	proxyWaiting atomic.Int64
+	proxyPending sync.Map
 
 	unknownShare sourceShare // per-source cap of requests of unknown dialogs
 	localShare   sourceShare // per-UDP-source cap of our own answers (replyLocal)
@@ -367,6 +372,7 @@ func (s *Server) shutdown() {
 	}
 	s.closeEdge()
 	s.tcp.closeAll()
+	s.proxyPending.Range(func(c, _ any) bool { c.(*net.TCPConn).Close(); return true })
 }
 
 // source is where a message came from.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicelb/sluice/internal/opfile"
 	"github.com/sluicelb/sluice/lb"
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // A stream listener (TCP, TLS, WS, WSS) accepts connections into the one
@@ -246,6 +247,12 @@ func (s *Server) handshakeFailed(tc *tcpConn, err error) {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		s.metrics.HandshakeTimeouts.Add(1)
 		s.log.Debug("sip handshake not complete in time: connection closed", "remote", tc.remote.String(), "transport", tc.kind.String(), "timeout", s.cfg.HandshakeTimeout)
+		return
+	}
+	var rh tls.RecordHeaderError
+	if len(s.cfg.ProxyFrom) > 0 && errors.As(err, &rh) && proxyproto.SniffRecord(rh.RecordHeader) {
+		// A PROXY header from a source not allowed to send one.
+		s.proxyRejected(proxyproto.ReasonUntrusted, tc.remote, err)
 		return
 	}
 	s.metrics.HandshakeFailures.Add(1)

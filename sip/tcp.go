@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicelb/sluice/proxyproto"
 )
 
 // tcpConn is one TCP connection, accepted or dialled. One goroutine reads
@@ -299,7 +301,18 @@ func (s *Server) serveTCP() {
 // the table full and no idle connection to close in its place.
 func (s *Server) acceptConn(c *net.TCPConn, kind connKind) {
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-	tc := &tcpConn{c: c, remote: netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()), srv: s, source: sourceKey(ra.Addr()), budgeted: true, kind: kind, fid: s.flows.newID()}
+	ra = netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port())
+	if s.proxyFrom(ra.Addr()) && !kind.ws() {
+		s.acceptProxied(c, kind, ra) // its header first, on a goroutine of its own
+		return
+	}
+	s.admitConn(c, kind, ra)
+}
+
+// admitConn is acceptConn for a connection whose source (remote) is
+// known: the socket's peer, or the client a PROXY header named.
+func (s *Server) admitConn(c *net.TCPConn, kind connKind, remote netip.AddrPort) {
+	tc := &tcpConn{c: c, remote: remote, srv: s, source: sourceKey(remote.Addr()), budgeted: true, kind: kind, fid: s.flows.newID()}
 	if kind.secure() {
 		tc.sess = tls.Server(rawConn{TCPConn: c, tc: tc}, s.cfg.TLSConfig)
 	}
@@ -570,6 +583,12 @@ func (s *Server) readConn(tc *tcpConn) {
 			}
 			n, err = tc.readMore(buf[len(buf):cap(buf)])
 			buf = buf[:len(buf)+max(n, 0)]
+		}
+		if n > 0 && !greeted && tc.accepted && tc.sess == nil && len(s.cfg.ProxyFrom) > 0 && proxyproto.Sniff(buf) {
+			// A PROXY header from a source not allowed to send one: a
+			// client forging its address (proxyin.go).
+			s.proxyRejected(proxyproto.ReasonUntrusted, tc.remote, nil)
+			return
 		}
 		if n > 0 {
 			done, touched := false, false // touched: a message moved tc in the activity order

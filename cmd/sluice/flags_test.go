@@ -114,6 +114,7 @@ var badValues = map[string]string{
 	"sip-backend":            "10.0.0.1:5060,transport=sctp",
 	"http-trusted-proxy":     "10.0.0.0/99",
 	"dns-server":             "10.0.0.1:99999",
+	"proxy-protocol-from":    "lb.example",
 	"arm":                    "name=x",
 	"http-listen":            "127.0.0.1:99999",
 	"http-h2c-listen":        "127.0.0.1:99999",

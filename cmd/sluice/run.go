@@ -40,6 +40,7 @@ type runOptions struct {
 	httpRoutes   listFlag
 	fs           *flag.FlagSet // the flags parsed, which know where each list value came from
 	trusted      listFlag
+	proxyFrom    listFlag
 	pool         lb.PoolConfig // Policy, Passive
 	health       lb.HealthConfig
 	healthPath   string
@@ -84,7 +85,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hs.also(&h.HandshakeTimeout, "tls-handshake-timeout")
 	hs.add(&h.HTTPSRedirect, "https-redirect", "the plain HTTP listener answers every request 308 to the same host and target over HTTPS (on -https-listen's port; without -https-listen, 443: HTTPS served elsewhere)")
 	o.httpBackends.check = node.CheckHTTPBackend
-	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR (or dns:HOST:PORT, srv:NAME: every address DNS gives, followed at its TTL)[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME][,tls=on[,ca=FILE][,sni=NAME]] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default; tls=on: TLS to the backend, its certificate verified against ca= (else the system roots) for sni= (else the host of ADDR))")
+	fs.Var(&o.httpBackends, "http-backend", "HTTP `backend` ADDR (or dns:HOST:PORT, srv:NAME: every address DNS gives, followed at its TTL)[,weight=N][,metrics=URL][,health=PATH][,id=NAME][,pool=NAME][,tls=on[,ca=FILE][,sni=NAME]][,proxy=v1|v2] (repeatable, pool= too; none: no HTTP front end; no pool=: the pool default; tls=on: TLS to the backend, its certificate verified against ca= (else the system roots) for sni= (else the host of ADDR); proxy=: a PROXY protocol header naming the client starts each connection to it)")
 	o.httpPools.check = node.CheckPool("http")
 	fs.Var(&o.httpPools, "http-pool", "settings of an HTTP `pool` where they differ from the front end's: name=NAME[,policy=P][,hash-key=source|header:NAME|cookie:NAME][,health=PATH|-] (repeatable)")
 	o.httpRoutes.check = node.CheckRoute("http")
@@ -92,6 +93,10 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	o.trusted.check = node.CheckTrustedProxies
 	fs.Var(&o.trusted, "http-trusted-proxy", "`CIDR` whose X-Forwarded-For/Forwarded are kept and appended to (repeatable, or comma-separated)")
 	hs.also(&h.TrustedProxies, "http-trusted-proxy")
+	o.proxyFrom.check = node.CheckProxyProtocolFrom
+	fs.Var(&o.proxyFrom, "proxy-protocol-from", "`CIDR` of layer-4 balancers (HAProxy in TCP mode, a cloud network load balancer) whose connections to the HTTP, HTTPS, SIP TCP and SIP TLS listeners must start with a PROXY protocol header (v1 or v2, before TLS); the client address it carries is the client's everywhere; a header from any other source is refused (repeatable, or comma-separated)")
+	hs.also(&h.ProxyFrom, "proxy-protocol-from")
+	hs.add(&h.ProxyTimeout, "proxy-protocol-timeout", "close a -proxy-protocol-from connection whose PROXY header is not whole this long after accept")
 	hs.add(&h.StickyCookie, "http-sticky-cookie", "name of the signed sticky cookie; - disables it")
 	hs.add(&h.StickyTTL, "http-sticky-ttl", "lifetime of the sticky cookie (renewed past half)")
 	hs.add(&h.AppCookie, "http-sticky-app-cookie", "application session cookie to learn from backends' Set-Cookie, e.g. JSESSIONID")
@@ -370,6 +375,7 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		HTTPPools:      o.httpPools.values,
 		HTTPRoutes:     o.httpRoutes.values,
 		TrustedProxies: o.trusted.values,
+		ProxyFrom:      o.proxyFrom.values,
 		Policy:         o.pool.Policy,
 		Health:         o.health,
 		HealthPath:     o.healthPath,

@@ -26,6 +26,10 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.Advertise, "sip-advertise", "host:port written into Via and Record-Route (default: the listen address)")
 	// node sets the TLS and WebSocket handshake bound from -tls-handshake-timeout.
 	s.also(&c.HandshakeTimeout, "tls-handshake-timeout")
+	// node sets the SIP front end's PROXY protocol sources and timeout
+	// from -proxy-protocol-from and -proxy-protocol-timeout.
+	s.also(&c.ProxyFrom, "proxy-protocol-from")
+	s.also(&c.ProxyTimeout, "proxy-protocol-timeout")
 	o.backends.check = node.CheckSIPBackend
 	s.also(&c.Backends, "sip-backend")
 	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR (or dns:HOST:PORT, srv:DOMAIN, naptr:DOMAIN: every address DNS gives, RFC 3263, followed at its TTL)[,transport=udp|tcp|tls][,ca=FILE][,sni=NAME][,weight=N][,metrics=URL][,id=NAME][,pool=NAME] (repeatable, pool= too; no pool=: the pool default)")
