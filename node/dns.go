@@ -350,6 +350,26 @@ func (nm *dnsName) count(err error) {
 	}
 }
 
+// maxDNSGone bounds the addresses of one name that drain: a zone whose
+// every answer is new addresses (hostile, or broken, with a short TTL)
+// would otherwise add a whole answer per lookup for -dns-drain, growing
+// without bound and soon past lb.MaxBackends, when no generation can be
+// built and no later answer is put in force.
+const maxDNSGone = discovery.MaxTargets
+
+// capGone drops the draining addresses due first until at most max are
+// left. d.mu is held.
+func (nm *dnsName) capGone(max int) {
+	if len(nm.gone) <= max {
+		return
+	}
+	all := nm.goneSorted()
+	slices.SortStableFunc(all, func(a, b goneTarget) int { return a.until.Compare(b.until) })
+	for _, g := range all[:len(all)-max] {
+		delete(nm.gone, g.t.Addr)
+	}
+}
+
 func (nm *dnsName) goneSorted() []goneTarget {
 	out := make([]goneTarget, 0, len(nm.gone))
 	for _, g := range nm.gone {
@@ -474,6 +494,7 @@ func (n *Node) dnsRound(ctx context.Context) map[string]bool {
 		for _, t := range u.Removed {
 			nm.gone[t.Addr] = goneTarget{t: t, until: now.Add(d.cfg.Drain)}
 		}
+		nm.capGone(maxDNSGone)
 		for _, t := range u.Targets {
 			if _, ok := nm.gone[t.Addr]; ok {
 				delete(nm.gone, t.Addr) // back before it was dropped

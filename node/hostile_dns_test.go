@@ -1,0 +1,101 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/sluicelb/sluice/discovery"
+)
+
+// flappingDNS is a DNS server on loopback whose every A answer is a new
+// set of per addresses (127.N.0.1.., N the answer's number) with a TTL of
+// 1 s, and whose AAAA answers are empty.
+func flappingDNS(t *testing.T, per int) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answers atomic.Int32
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		m.Compress = true
+		if q.Question[0].Qtype == dns.TypeA {
+			k := answers.Add(1)
+			for i := range per {
+				rr, _ := dns.NewRR(fmt.Sprintf("%s 1 IN A 127.%d.%d.%d", q.Question[0].Name, k%250+1, i/250, i%250+1))
+				m.Answer = append(m.Answer, rr)
+			}
+		}
+		w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: h}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+// TestHostileDNSFlapping: a name whose every answer is a new set of
+// addresses (a hostile or broken zone, a TTL of 1 s) under a long
+// -dns-drain. Each vanished address drains for -dns-drain: unbounded,
+// the draining addresses grow by a whole answer per lookup (memory
+// without bound), and once they pass lb.MaxBackends no generation can be
+// built, so no later answer is ever put in force. The draining addresses
+// of a name are bounded (discovery.MaxTargets, those due first go
+// first), and the newest answer is always in force.
+func TestHostileDNSFlapping(t *testing.T) {
+	const per = 60
+	port := loopBackends(t, 1)
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{fmt.Sprintf("127.0.0.1:%d", port), "dns:flap.test:9"}
+	cfg.DNS = DNSConfig{Server: flappingDNS(t, per), MinTTL: time.Second, MaxTTL: time.Minute, KeepStale: time.Hour,
+		Drain: time.Hour, Timeout: time.Second}
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &fakeClock{t: time.Now()}
+	n.dns.now = clock.Now
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	for round := range 12 {
+		clock.advance(t, n, time.Second)
+		n.dns.mu.Lock()
+		var gone int
+		var want []string
+		for _, nm := range n.dns.names {
+			gone += len(nm.gone)
+			for _, tg := range nm.tr.Targets() {
+				want = append(want, tg.Addr.String())
+			}
+		}
+		n.dns.mu.Unlock()
+		if gone > discovery.MaxTargets {
+			t.Fatalf("round %d: %d addresses draining, want at most %d", round, gone, discovery.MaxTargets)
+		}
+		var live []string
+		for _, m := range members(n.Generation("http")) {
+			if !strings.HasPrefix(m, "~") && !strings.HasPrefix(m, "127.0.0.1:") {
+				live = append(live, m)
+			}
+		}
+		slices.Sort(want)
+		if len(want) != per || strings.Join(live, " ") != strings.Join(want, " ") {
+			t.Fatalf("round %d: the last answer is not in force:\n got %v\nwant %v", round, live, want)
+		}
+	}
+}
