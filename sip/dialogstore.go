@@ -200,7 +200,11 @@ func (s *Server) flushDialogStore(now int64, wall time.Time) (put, del int) {
 // RestoreDialogs puts dialogs a store kept into the table, before Start,
 // and returns how many it took. wall is the wall time now. It leaves out
 // entries expired by then, ones whose Ref is not a backend name the table
-// can have written, and, when the table is full, the rest; an entry keeps
+// can have written, ones whose INVITE had no 2xx (no To-tag, not
+// lingering: only that INVITE's transaction, gone with the old process,
+// would have removed them, so restored they would let any request with
+// their Call-ID and From-tag pass as affinity, each refreshing them, for
+// good) and, when the table is full, the rest; an entry keeps
 // at most -sip-dialog-ttl (Timer F when lingering) from now, so a
 // lowered TTL applies to restored entries too. Restored entries are not
 // written back.
@@ -209,7 +213,7 @@ func (s *Server) RestoreDialogs(recs []StoredDialog, wall time.Time) int {
 	n := 0
 	for _, r := range recs {
 		left := r.Expires.Sub(wall)
-		if r.Key == 0 || left <= 0 || !validRef(r.Ref) {
+		if r.Key == 0 || left <= 0 || !validRef(r.Ref) || r.ToTag == 0 && !r.Linger {
 			continue
 		}
 		e := dialogEntry{toTag: r.ToTag, src: r.Src}

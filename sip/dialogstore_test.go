@@ -145,6 +145,7 @@ func TestDialogStoreRestore(t *testing.T) {
 	a.ApplyDialog(DialogEvent{Op: DialogInsert, CallID: "c1", FromTag: "f1", Backend: "b2", Pool: "gold"})
 	a.ApplyDialog(DialogEvent{Op: DialogConfirm, CallID: "c1", FromTag: "f1", ToTag: "t1"})
 	a.ApplyDialog(DialogEvent{Op: DialogInsert, CallID: "c2", FromTag: "f2", Backend: "b1"})
+	a.ApplyDialog(DialogEvent{Op: DialogConfirm, CallID: "c2", FromTag: "f2", ToTag: "t2"})
 	a.ApplyDialog(DialogEvent{Op: DialogInsert, CallID: "c3", FromTag: "f3", Backend: "b1"})
 	a.ApplyDialog(DialogEvent{Op: DialogEnd, CallID: "c3", FromTag: "f3"})
 	a.flushDialogStore(clock.Now(), wall)
