@@ -99,3 +99,78 @@ func TestHostileDNSFlapping(t *testing.T) {
 		}
 	}
 }
+
+// zoneDNS is a DNS server on loopback answering from a fixed zone
+// (records in zone file syntax, full names), on UDP.
+func zoneDNS(t *testing.T, records ...string) string {
+	t.Helper()
+	var rrs []dns.RR
+	for _, s := range records {
+		rr, err := dns.NewRR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rrs = append(rrs, rr)
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		for _, rr := range rrs {
+			if strings.EqualFold(rr.Header().Name, q.Question[0].Name) && rr.Header().Rrtype == q.Question[0].Qtype {
+				m.Answer = append(m.Answer, rr)
+			}
+		}
+		w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: h}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+// TestHostileDNSNamesSluice: DNS answers naming the node's own
+// listeners. An SRV record carries its port, so a zone can name the
+// admin listener: clients' requests would reach the control API from
+// loopback (where it takes no token), with a Host header of their
+// choosing. An address of the HTTP listener itself sends every request
+// round through sluice until connections run out. Neither becomes a
+// backend; the other addresses do.
+func TestHostileDNSNamesSluice(t *testing.T) {
+	port := loopBackends(t, 2)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminPort := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	server := zoneDNS(t,
+		"self.test. 60 IN A 127.0.0.1", "self.test. 60 IN A 127.0.0.2",
+		"admin.test. 60 IN A 127.0.0.1", "two.test. 60 IN A 127.0.0.2",
+		fmt.Sprintf("_http._tcp.web.test. 60 IN SRV 1 1 %d admin.test.", adminPort),
+		fmt.Sprintf("_http._tcp.web.test. 60 IN SRV 1 1 %d two.test.", port),
+		"_http._tcp.any.test. 60 IN SRV 1 1 9 any.test.", "any.test. 60 IN A 127.0.0.3")
+	cfg := testConfig(t)
+	cfg.HTTP.Listen = fmt.Sprintf("127.0.0.1:%d", port)
+	cfg.AdminListen = fmt.Sprintf("127.0.0.1:%d", adminPort)
+	cfg.HTTPBackends = []string{fmt.Sprintf("dns:self.test:%d", port), "srv:web.test", "srv:any.test"}
+	cfg.DNS = DNSConfig{Server: server, Timeout: time.Second}
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	want := []string{"127.0.0.2:" + fmt.Sprint(port), "127.0.0.3:9"}
+	if got := members(n.Generation("http")); !slices.Equal(got, want) {
+		t.Errorf("members %v, want %v (none of the node's own listeners)", got, want)
+	}
+}

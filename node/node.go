@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -128,7 +129,9 @@ type Config struct {
 // Node is a sluice node. Create it with New; Start, Reload, Drain and Stop
 // are called from one goroutine.
 type Node struct {
-	cfg            Config
+	cfg Config
+	// boundAddrs are the addresses Start bound (ownListeners).
+	boundAddrs     atomic.Pointer[[]netip.AddrPort]
 	logger         *slog.Logger
 	clock          admission.Clock
 	events         admission.EventSink
@@ -618,6 +621,16 @@ func (n *Node) start(parent context.Context) error {
 		n.sipGen.Start(ctx) // pings leave from the server's socket
 		n.stopFronts = append(n.stopFronts, func(context.Context) error { return n.sipSrv.Close() })
 	}
+	var bound []netip.AddrPort
+	for _, a := range []net.Addr{n.adminAddr, n.httpAddr, n.httpsAddr, n.Addrs().SIP, n.Addrs().SIPTLS, n.Addrs().SIPWS, n.Addrs().SIPWSS} {
+		if a == nil {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			bound = append(bound, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+		}
+	}
+	n.boundAddrs.Store(&bound)
 	attrs := []any{}
 	if n.httpAddr != nil {
 		attrs = append(attrs, "http", n.httpAddr.String())
