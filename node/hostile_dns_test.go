@@ -174,3 +174,45 @@ func TestHostileDNSNamesSluice(t *testing.T) {
 		t.Errorf("members %v, want %v (none of the node's own listeners)", got, want)
 	}
 }
+
+// TestHostileDNSFlappingMOPs: every address DNS ever gave kept a MOP
+// limiter (so that an address that comes back keeps what it learned),
+// and every one was exported at each save: a zone answering new
+// addresses at every lookup grew them without bound. Past mopKeep
+// limiters of a protocol, those least recently in a generation go.
+func TestHostileDNSFlappingMOPs(t *testing.T) {
+	defer func(k int) { mopKeep = k }(mopKeep)
+	mopKeep = 50
+	port := loopBackends(t, 1)
+	cfg := testConfig(t)
+	cfg.MOPProbe.Interval = time.Second
+	plain := fmt.Sprintf("127.0.0.1:%d", port)
+	cfg.HTTPBackends = []string{plain, "dns:flap.test:9,metrics=http://{host}:9/metrics"}
+	cfg.DNS = DNSConfig{Server: flappingDNS(t, 20), MinTTL: time.Second, MaxTTL: time.Minute, KeepStale: time.Hour,
+		Drain: time.Second, Timeout: time.Second}
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &fakeClock{t: time.Now()}
+	n.dns.now = clock.Now
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	for range 8 {
+		clock.advance(t, n, time.Second)
+	}
+	states := n.mopStates()
+	if len(states) > mopKeep {
+		t.Fatalf("%d MOP limiters kept, want at most %d", len(states), mopKeep)
+	}
+	for _, b := range n.Generation("http").Pool("default").Backends() {
+		if b.Addr() == plain {
+			continue // no metrics=: no MOP
+		}
+		if _, ok := states["http/"+b.Addr()]; !ok {
+			t.Errorf("backend %s in force lost its MOP state", b.Addr())
+		}
+	}
+}
