@@ -561,19 +561,26 @@ func (h *History) EncodeLast() (at time.Time, row []byte, ok bool) {
 	return time.UnixMilli(h.t[i]), data, true
 }
 
+// maxRestoreAhead is how far after the wall clock a restored sample may
+// be dated (clocks of one host agree to well within it).
+const maxRestoreAhead = time.Minute
+
 // Restore adds stored samples (EncodeLast's rows) to the ring, oldest
 // first, and returns how many it took. A row that does not decode, is
-// not newer than the newest sample held, or holds an unknown state is
-// left out; backends and rules beyond the ring's bounds are, as by Record.
+// not newer than the newest sample held, is dated more than
+// maxRestoreAhead after the wall clock (a damaged store: it would stop
+// the page and the coarse ring until that date) or holds an unknown
+// state is left out; backends and rules beyond the ring's bounds are, as by Record.
 // Call it before the sampler runs: a live sample's rates are taken
 // against the previous live one.
 func (h *History) Restore(rows [][]byte) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	taken := 0
+	latest := time.Now().Add(maxRestoreAhead).UnixMilli()
 	for _, data := range rows {
 		var r historyRow
-		if json.Unmarshal(data, &r) != nil || r.T <= 0 {
+		if json.Unmarshal(data, &r) != nil || r.T <= 0 || r.T > latest {
 			continue
 		}
 		if h.n > 0 && r.T <= h.t[(h.next-1+h.capacity)%h.capacity] {

@@ -163,6 +163,8 @@ type Target struct {
 type Answer struct {
 	Targets []Target
 	TTL     time.Duration
+	// ttlSet: TTL holds a record's TTL (0 is a TTL, not none).
+	ttlSet bool
 }
 
 // query asks the servers in turn for name's records of type qtype:
@@ -277,12 +279,15 @@ func addAddrs(ans *Answer, rrs []dns.RR, port uint16, t Target) int {
 			continue
 		}
 		a, ok := netip.AddrFromSlice(ip)
-		// Nothing can be sent to port 0, the unspecified address or a
-		// multicast group: such a record is a zone's mistake, skipped.
-		if !ok || port == 0 || a.Unmap().IsUnspecified() || a.IsMulticast() {
+		a = a.Unmap()
+		// Nothing can be sent to port 0, the unspecified address, a
+		// multicast group or the limited broadcast address, and
+		// 0.0.0.0/8 is "this network" (on Linux, 0.0.0.0 reaches the
+		// host itself): such a record is a zone's mistake, skipped.
+		if !ok || port == 0 || a.IsUnspecified() || a.IsMulticast() || !routable4(a) {
 			continue
 		}
-		t.Addr = netip.AddrPortFrom(a.Unmap(), port)
+		t.Addr = netip.AddrPortFrom(a, port)
 		ans.Targets = append(ans.Targets, t)
 		ans.ttl(rr.Header().Ttl)
 		n++
@@ -290,10 +295,22 @@ func addAddrs(ans *Answer, rrs []dns.RR, port uint16, t Target) int {
 	return n
 }
 
+// routable4 is false for the IPv4 addresses no backend can have: the
+// limited broadcast address and 0.0.0.0/8.
+func routable4(a netip.Addr) bool {
+	if !a.Is4() {
+		return true
+	}
+	b := a.As4()
+	return b[0] != 0 && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+}
+
+// ttl takes a record's TTL into a.TTL, the smallest seen: a TTL of 0
+// counts (the name is to be asked again as soon as allowed).
 func (a *Answer) ttl(sec uint32) {
 	d := time.Duration(sec) * time.Second
-	if a.TTL == 0 || d < a.TTL {
-		a.TTL = d
+	if !a.ttlSet || d < a.TTL {
+		a.TTL, a.ttlSet = d, true
 	}
 }
 

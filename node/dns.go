@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,6 +111,9 @@ type dnsState struct {
 	// plain ones (soleSource).
 	specs map[string][]lb.BackendSpec
 	kick  chan struct{} // wakes the loop: a name was added
+	// selfWarned are the addresses of the node's own listeners a name
+	// gave, warned about once each.
+	selfWarned map[netip.AddrPort]bool
 	// rounds counts the loop's rounds, each counted once its changes
 	// are in force (tests wait on it).
 	rounds atomic.Uint64
@@ -158,7 +163,8 @@ func (n *Node) dnsResolver() (*dnsState, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.dns = &dnsState{cfg: c, res: res, now: time.Now, names: map[string]*dnsName{}, specs: map[string][]lb.BackendSpec{}, kick: make(chan struct{}, 1)}
+	n.dns = &dnsState{cfg: c, res: res, now: time.Now, names: map[string]*dnsName{}, specs: map[string][]lb.BackendSpec{}, kick: make(chan struct{}, 1),
+		selfWarned: map[netip.AddrPort]bool{}}
 	n.dnsMetrics.Store(n.dns)
 	if n.ctx != nil {
 		n.startDNS(n.ctx)
@@ -288,6 +294,7 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 	}
 	taken := map[string]bool{}
 	out := make([]lb.BackendSpec, 0, len(specs))
+	own := n.ownListeners()
 	add := func(s lb.BackendSpec) {
 		if taken[s.ID] || plain[s.ID] {
 			return
@@ -301,10 +308,25 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 			continue
 		}
 		nm := d.names[dnsKey(proto, s)]
+		self := func(a netip.AddrPort) bool {
+			if !own.has(a) {
+				return false
+			}
+			if !d.selfWarned[a] && len(d.selfWarned) < maxSelfWarned {
+				d.selfWarned[a] = true
+				n.logger.Warn("dns names a listener of this node: not a backend", "proto", proto, "name", s.Addr, "address", a.String())
+			}
+			return true
+		}
 		for _, t := range nm.tr.Targets() {
-			add(s.Instance(t.Addr, t.Host, t.Priority, t.Weight, t.Transport))
+			if !self(t.Addr) {
+				add(s.Instance(t.Addr, t.Host, t.Priority, t.Weight, t.Transport))
+			}
 		}
 		for _, g := range nm.goneSorted() {
+			if self(g.t.Addr) {
+				continue
+			}
 			in := s.Instance(g.t.Addr, g.t.Host, g.t.Priority, g.t.Weight, g.t.Transport)
 			in.Gone = true
 			add(in)
@@ -317,6 +339,87 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 		return nil, fmt.Errorf("%s backends from DNS: %s", proto, strings.Join(errs, "; "))
 	}
 	return out, nil
+}
+
+// maxSelfWarned bounds the addresses of the node's own listeners warned
+// about once each.
+const maxSelfWarned = 64
+
+// listeners are the addresses a node listens on.
+type listeners struct {
+	addrs []netip.AddrPort // an unspecified address: every local one
+	local map[netip.Addr]bool
+}
+
+// ownListeners returns the node's listeners: as configured, and as bound
+// once Start has bound them (a configured port 0). A DNS answer naming
+// one of them is no backend: the admin listener would take clients'
+// requests from loopback (where the control API takes no token), a
+// front end's own address would send requests round through the node.
+func (n *Node) ownListeners() listeners {
+	var l listeners
+	for _, s := range []string{n.cfg.AdminListen, n.cfg.HTTP.Listen, n.cfg.HTTP.TLSListen, n.cfg.HTTP.H2CListen,
+		n.cfg.SIP.Listen, n.cfg.SIP.TLSListen, n.cfg.SIP.WSListen, n.cfg.SIP.WSSListen} {
+		host, port, err := net.SplitHostPort(s)
+		if err != nil {
+			continue
+		}
+		p, err := strconv.ParseUint(port, 10, 16)
+		if err != nil || p == 0 {
+			continue
+		}
+		var addrs []netip.Addr
+		switch a, err := netip.ParseAddr(strings.Trim(host, "[]")); {
+		case host == "":
+			addrs = []netip.Addr{netip.IPv4Unspecified()}
+		case err == nil:
+			addrs = []netip.Addr{a.Unmap()}
+		case strings.EqualFold(host, "localhost"):
+			addrs = []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}
+		}
+		for _, a := range addrs {
+			l.addrs = append(l.addrs, netip.AddrPortFrom(a, uint16(p)))
+		}
+	}
+	if b := n.boundAddrs.Load(); b != nil {
+		l.addrs = append(l.addrs, *b...)
+	}
+	return l
+}
+
+// has reports whether a is one of the listeners.
+func (l *listeners) has(a netip.AddrPort) bool {
+	a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+	for _, o := range l.addrs {
+		if o.Port() != a.Port() {
+			continue
+		}
+		if o.Addr() == a.Addr() {
+			return true
+		}
+		if o.Addr().IsUnspecified() && l.isLocal(a.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// isLocal reports whether a is an address of this host.
+func (l *listeners) isLocal(a netip.Addr) bool {
+	if a.IsLoopback() {
+		return true
+	}
+	if l.local == nil {
+		l.local = map[netip.Addr]bool{}
+		if ias, err := net.InterfaceAddrs(); err == nil {
+			for _, ia := range ias {
+				if p, err := netip.ParsePrefix(ia.String()); err == nil {
+					l.local[p.Addr().Unmap()] = true
+				}
+			}
+		}
+	}
+	return l.local[a]
 }
 
 // hasPools reports whether every pool the specs name has a backend in
@@ -347,6 +450,26 @@ func (nm *dnsName) count(err error) {
 		nm.notFound++
 	default:
 		nm.failed++
+	}
+}
+
+// maxDNSGone bounds the addresses of one name that drain: a zone whose
+// every answer is new addresses (hostile, or broken, with a short TTL)
+// would otherwise add a whole answer per lookup for -dns-drain, growing
+// without bound and soon past lb.MaxBackends, when no generation can be
+// built and no later answer is put in force.
+const maxDNSGone = discovery.MaxTargets
+
+// capGone drops the draining addresses due first until at most max are
+// left. d.mu is held.
+func (nm *dnsName) capGone(max int) {
+	if len(nm.gone) <= max {
+		return
+	}
+	all := nm.goneSorted()
+	slices.SortStableFunc(all, func(a, b goneTarget) int { return a.until.Compare(b.until) })
+	for _, g := range all[:len(all)-max] {
+		delete(nm.gone, g.t.Addr)
 	}
 }
 
@@ -474,6 +597,7 @@ func (n *Node) dnsRound(ctx context.Context) map[string]bool {
 		for _, t := range u.Removed {
 			nm.gone[t.Addr] = goneTarget{t: t, until: now.Add(d.cfg.Drain)}
 		}
+		nm.capGone(maxDNSGone)
 		for _, t := range u.Targets {
 			if _, ok := nm.gone[t.Addr]; ok {
 				delete(nm.gone, t.Addr) // back before it was dropped

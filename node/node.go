@@ -16,11 +16,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,7 +143,9 @@ type Config struct {
 // Node is a sluice node. Create it with New; Start, Reload, Drain and Stop
 // are called from one goroutine.
 type Node struct {
-	cfg            Config
+	cfg Config
+	// boundAddrs are the addresses Start bound (ownListeners).
+	boundAddrs     atomic.Pointer[[]netip.AddrPort]
 	logger         *slog.Logger
 	alog           *accesslog.Logger // nil: no access log
 	clock          admission.Clock
@@ -188,6 +192,13 @@ type Node struct {
 	// the place where learned states are imported at start and exported
 	// for saving.
 	mops []mopEntry
+	// mopMu guards mops, mopByKey and mopUsed: generations are built
+	// under op.mu, the saver exports from its own goroutine.
+	mopMu sync.Mutex
+	// mopUsed is the mopTick of the last generation build that used each
+	// limiter, by key (pruneMOPs).
+	mopUsed map[string]uint64
+	mopTick uint64
 
 	// tracer exports spans (-otlp-endpoint), fed by the access log's
 	// records (a Sink of alog); nil: off.
@@ -442,10 +453,23 @@ func (c *Config) checkMOP() error {
 	return err
 }
 
+// mopKeep bounds the MOP limiters kept per protocol. Each address a
+// backend ever had keeps its limiter, so that one that comes back (a
+// reload, DNS) keeps what it learned; past mopKeep, those least recently
+// in a generation go (DNS answers that change at every lookup would
+// otherwise add limiters, and saved states, without bound). Twice
+// lb.MaxBackends leaves room for a whole generation in force and as
+// many that left it.
+var mopKeep = 2 * lb.MaxBackends
+
 // newMOP builds the limiter of one backend with a memory probe.
 func (n *Node) newMOP(proto, id, addr string) (*admission.MOP, error) {
 	key := persist.MOPKey(proto, addr)
+	n.mopMu.Lock()
+	defer n.mopMu.Unlock()
+	n.mopTick++
 	if m := n.mopByKey[key]; m != nil {
+		n.mopUsed[key] = n.mopTick
 		return m, nil // a backend that stays across a reload keeps what it learned
 	}
 	c := n.cfg.MOP
@@ -460,10 +484,43 @@ func (n *Node) newMOP(proto, id, addr string) (*admission.MOP, error) {
 		n.mopByKey = map[string]*admission.MOP{}
 	}
 	n.mopByKey[key] = m
+	if n.mopUsed == nil {
+		n.mopUsed = map[string]uint64{}
+	}
+	n.mopUsed[key] = n.mopTick
 	if n.cluster != nil {
 		n.cluster.AttachMOP(key, m) // the same backend address has the same key on every node
 	}
+	n.pruneMOPs(proto + "/")
 	return m, nil
+}
+
+// pruneMOPs drops the limiters with keys starting with prefix (one
+// protocol's) least recently in a generation while there are more than
+// mopKeep. A generation in force keeps using its own; only what is saved
+// and what a later generation finds changes. n.mopMu is held.
+func (n *Node) pruneMOPs(prefix string) {
+	count := 0
+	for _, e := range n.mops {
+		if strings.HasPrefix(e.key, prefix) {
+			count++
+		}
+	}
+	for ; count > mopKeep; count-- {
+		oldest := -1
+		for i, e := range n.mops {
+			if strings.HasPrefix(e.key, prefix) && (oldest < 0 || n.mopUsed[e.key] < n.mopUsed[n.mops[oldest].key]) {
+				oldest = i
+			}
+		}
+		key := n.mops[oldest].key
+		n.mops = slices.Delete(n.mops, oldest, oldest+1)
+		delete(n.mopByKey, key)
+		delete(n.mopUsed, key)
+		if n.cluster != nil {
+			n.cluster.DetachMOP(key)
+		}
+	}
 }
 
 func (n *Node) buildHTTP() error {
@@ -650,6 +707,16 @@ func (n *Node) start(parent context.Context) error {
 		n.sipGen.Start(ctx) // pings leave from the server's socket
 		n.stopFronts = append(n.stopFronts, func(context.Context) error { return n.sipSrv.Close() })
 	}
+	var bound []netip.AddrPort
+	for _, a := range []net.Addr{n.adminAddr, n.httpAddr, n.httpsAddr, n.Addrs().SIP, n.Addrs().SIPTLS, n.Addrs().SIPWS, n.Addrs().SIPWSS} {
+		if a == nil {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			bound = append(bound, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+		}
+	}
+	n.boundAddrs.Store(&bound)
 	attrs := []any{}
 	if n.httpAddr != nil {
 		attrs = append(attrs, "http", n.httpAddr.String())

@@ -85,7 +85,10 @@ func (n *Node) openStore() error {
 		return fmt.Errorf("load learned rates: %w", err)
 	}
 	imported := 0
-	for _, e := range n.mops {
+	n.mopMu.Lock()
+	mops := append([]mopEntry(nil), n.mops...)
+	n.mopMu.Unlock()
+	for _, e := range mops {
 		s, ok := states[e.key]
 		if !ok {
 			continue
@@ -116,6 +119,8 @@ func (n *Node) openStore() error {
 
 // mopStates exports every backend's learned state, keyed for the store.
 func (n *Node) mopStates() map[string]admission.MOPState {
+	n.mopMu.Lock()
+	defer n.mopMu.Unlock()
 	out := make(map[string]admission.MOPState, len(n.mops))
 	for _, e := range n.mops {
 		out[e.key] = e.mop.Export()

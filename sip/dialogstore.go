@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,16 +201,22 @@ func (s *Server) flushDialogStore(now int64, wall time.Time) (put, del int) {
 // RestoreDialogs puts dialogs a store kept into the table, before Start,
 // and returns how many it took. wall is the wall time now. It leaves out
 // entries expired by then, ones whose Ref is not a backend name the table
-// can have written, and, when the table is full, the rest; an entry keeps
+// can have written or names no backend of the generation in force (or
+// one outside the pool it names), ones whose INVITE had no 2xx (no To-tag, not
+// lingering: only that INVITE's transaction, gone with the old process,
+// would have removed them, so restored they would let any request with
+// their Call-ID and From-tag pass as affinity, each refreshing them, for
+// good) and, when the table is full, the rest; an entry keeps
 // at most -sip-dialog-ttl (Timer F when lingering) from now, so a
 // lowered TTL applies to restored entries too. Restored entries are not
 // written back.
 func (s *Server) RestoreDialogs(recs []StoredDialog, wall time.Time) int {
 	now := s.clock.Now()
+	p := s.pool.Load()
 	n := 0
 	for _, r := range recs {
 		left := r.Expires.Sub(wall)
-		if r.Key == 0 || left <= 0 || !validRef(r.Ref) {
+		if r.Key == 0 || left <= 0 || !validRef(r.Ref) || r.ToTag == 0 && !r.Linger || !p.restorable(r.Ref) {
 			continue
 		}
 		e := dialogEntry{toTag: r.ToTag, src: r.Src}
@@ -225,6 +232,21 @@ func (s *Server) RestoreDialogs(recs []StoredDialog, wall time.Time) int {
 		}
 	}
 	return n
+}
+
+// restorable reports whether a stored dialog's ref names a backend of p
+// (none when p is nil: no generation yet) in the pool it names. Another
+// name would only hold an index of the table's backend registry for
+// nothing (enough of them fill it, and new dialogs are then not
+// recorded), and a backend outside the dialog's pool would take its
+// requests metered as that pool.
+func (p *backendSet) restorable(ref string) bool {
+	if p == nil {
+		return true
+	}
+	pool, id := splitRef(ref)
+	b, _ := p.dialogBackend(id)
+	return b != nil && (pool == "" || slices.Contains(b.spec.Pools, pool))
 }
 
 // DialogMax is the most entries the dialog table holds (-sip-dialog-max):

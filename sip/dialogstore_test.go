@@ -142,9 +142,10 @@ func TestDialogStoreRestore(t *testing.T) {
 	w := &memDialogs{m: map[uint64]StoredDialog{}}
 	a.SetDialogStore(w)
 	wall := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	a.ApplyDialog(DialogEvent{Op: DialogInsert, CallID: "c1", FromTag: "f1", Backend: "b2", Pool: "gold"})
+	a.ApplyDialog(DialogEvent{Op: DialogInsert, CallID: "c1", FromTag: "f1", Backend: "b2", Pool: "default"})
 	a.ApplyDialog(DialogEvent{Op: DialogConfirm, CallID: "c1", FromTag: "f1", ToTag: "t1"})
 	a.ApplyDialog(DialogEvent{Op: DialogInsert, CallID: "c2", FromTag: "f2", Backend: "b1"})
+	a.ApplyDialog(DialogEvent{Op: DialogConfirm, CallID: "c2", FromTag: "f2", ToTag: "t2"})
 	a.ApplyDialog(DialogEvent{Op: DialogInsert, CallID: "c3", FromTag: "f3", Backend: "b1"})
 	a.ApplyDialog(DialogEvent{Op: DialogEnd, CallID: "c3", FromTag: "f3"})
 	a.flushDialogStore(clock.Now(), wall)
@@ -171,8 +172,8 @@ func TestDialogStoreRestore(t *testing.T) {
 		callID, from, to string
 		pool, id         string
 	}{
-		{"c1", "f1", "", "gold", "b2"},
-		{"c1", "t1", "f1", "gold", "b2"}, // the callee's BYE
+		{"c1", "f1", "", "default", "b2"},
+		{"c1", "t1", "f1", "default", "b2"}, // the callee's BYE
 		{"c2", "f2", "", "", "b1"},
 		{"c3", "f3", "", "", "b1"},
 	} {
