@@ -91,7 +91,7 @@ func TestInstance(t *testing.T) {
 		tr, wantTr    string
 		wantSNI       string
 	}{
-		{0, 1, "udp", "udp", ""}, {60, 60, "tcp", "tcp", ""}, {65535, MaxWeight, "tls", "tls", "sip1.example.com"},
+		{0, 1, "udp", "udp", ""}, {60, 60, "tcp", "tcp", ""}, {65535, MaxWeight, "tls", "tls", "example.com"},
 	} {
 		in := srv.Instance(netip.MustParseAddrPort("10.0.0.1:5060"), "sip1.example.com", 10, c.weight, c.tr)
 		if in.Weight != c.wantW || in.Transport != c.wantTr || in.SNI != c.wantSNI || in.Priority != 10 || in.DNS.Kind != "" {
@@ -100,6 +100,25 @@ func TestInstance(t *testing.T) {
 		if _, err := NewGeneration(GenConfig{Proto: "sip", Policy: "round-robin", Backends: []BackendSpec{in}}); err != nil {
 			t.Errorf("instance does not build: %v", err)
 		}
+	}
+	// The certificate checked is the domain's, never the SRV target's
+	// (RFC 5922 §4): a zone without DNSSEC can name an attacker's host.
+	for _, c := range []struct{ spec, want string }{
+		{"srv:_sips._tcp.Example.com.", "example.com"},
+		{"naptr:example.com", "example.com"},
+		{"srv:example.com,transport=tls,sni=other.example", "other.example"},
+	} {
+		tpl, err := ParseBackendSpec("sip", c.spec)
+		if err != nil {
+			t.Fatalf("%s: %v", c.spec, err)
+		}
+		if in := tpl.Instance(netip.MustParseAddrPort("10.0.0.1:5061"), "evil.attacker.example", 0, 1, "tls"); in.SNI != c.want {
+			t.Errorf("%s: instance at target evil.attacker.example verifies %q, want %q", c.spec, in.SNI, c.want)
+		}
+	}
+	httpSRV, _ := ParseBackendSpec("http", "srv:_https._tcp.app.internal,tls=on")
+	if in := httpSRV.Instance(netip.MustParseAddrPort("10.0.0.1:443"), "node7.app.internal", 0, 1, ""); in.SNI != "app.internal" {
+		t.Errorf("http srv instance verifies %q, want app.internal", in.SNI)
 	}
 	if _, err := NewGeneration(GenConfig{Proto: "sip", Policy: "round-robin", Backends: []BackendSpec{srv}}); err == nil || !strings.Contains(err.Error(), "a DNS name, not an address") {
 		t.Errorf("a template built a backend: %v", err)

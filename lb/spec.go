@@ -168,8 +168,12 @@ const MetricsHost = "{host}"
 // priority and SRV weight, over transport ("udp", "tcp", "tls"; "" keeps
 // b's). Its id is its address; a weight from SRV (0 counts as 1, more
 // than MaxWeight as MaxWeight) replaces b's for srv: and naptr:; a TLS
-// backend verifies host unless b names an sni; metrics= gets the
-// address for MetricsHost.
+// backend verifies, unless b names an sni, host for dns: and the domain
+// asked for srv: and naptr: (its service labels "_sips._tcp." removed),
+// never the SRV or NAPTR target: a zone without DNSSEC can name any
+// target, and a certificate valid for the attacker's own host would pass
+// (RFC 5922 §4, RFC 6125 §6.2.1); metrics= gets the address for
+// MetricsHost.
 func (b BackendSpec) Instance(addr netip.AddrPort, host string, priority, weight int, transport string) BackendSpec {
 	out := b
 	out.Addr = addr.String()
@@ -189,11 +193,29 @@ func (b BackendSpec) Instance(addr netip.AddrPort, host string, priority, weight
 		}
 		out.MetricsURL = strings.ReplaceAll(b.MetricsURL, MetricsHost, ip)
 	}
+	if b.DNS.Kind == "srv" || b.DNS.Kind == "naptr" {
+		host = serviceDomain(b.DNS.Name)
+	}
 	if out.SNI == "" && (out.TLS || out.Transport == "tls") && validServerName(host) {
 		out.SNI = strings.ToLower(host)
 	}
 	out.DNS = DNSName{}
 	return out
+}
+
+// serviceDomain is the domain of an SRV or NAPTR name: name without its
+// leading service and protocol labels ("_sips._tcp.example.com." is
+// example.com) and its trailing dot.
+func serviceDomain(name string) string {
+	name = strings.TrimSuffix(name, ".")
+	for strings.HasPrefix(name, "_") {
+		_, rest, ok := strings.Cut(name, ".")
+		if !ok {
+			break
+		}
+		name = rest
+	}
+	return name
 }
 
 // String is the canonical spec of b, FormatBackendSpec's: it parses back
