@@ -481,6 +481,7 @@ func (n *Node) dnsRound(ctx context.Context) map[string]bool {
 		}
 		wasStale := nm.stale
 		nm.stale = u.Stale || (err != nil && len(u.Targets) == 0)
+		sole := nm.stale && !wasStale && len(u.Targets) > 0 && n.soleSource(nm)
 		d.mu.Unlock()
 		if u.Changed {
 			changed[nm.proto] = true
@@ -488,6 +489,9 @@ func (n *Node) dnsRound(ctx context.Context) map[string]bool {
 		}
 		if nm.stale && !wasStale {
 			msg := fmt.Sprintf("lookup failed, the last answer (%d addresses) stays in force for -dns-keep-stale %s: %v", len(u.Targets), d.cfg.KeepStale, err)
+			if sole {
+				msg = fmt.Sprintf("lookup failed, the last answer (%d addresses) stays in force for -dns-keep-stale %s, and past it while the name is the only source of one of its pools: %v", len(u.Targets), d.cfg.KeepStale, err)
+			}
 			if len(u.Targets) == 0 {
 				msg = fmt.Sprintf("lookup failed, no address: %v", err)
 			}

@@ -214,6 +214,9 @@ func TestDNSPoolScales(t *testing.T) {
 	before := n.Generation("http")
 	dnsd.Stop()
 	waitFor(t, 20*time.Second, "a dns.stale event", func() bool { return len(evs.kinds(EventDNSStale)) > 0 })
+	if m := evs.kinds(EventDNSStale)[0]; !strings.Contains(m, "past it while the name is the only source of one of its pools") {
+		t.Errorf("dns.stale of a pool's only source: %q, want it said the answer is kept past -dns-keep-stale", m)
+	}
 	time.Sleep(time.Second) // many -dns-min-ttl, past -dns-keep-stale
 	if got := members(n.Generation("http")); !slices.Equal(got, []string{addr(1)}) {
 		t.Errorf("resolver down: members %v, want the last answer", got)
@@ -300,6 +303,9 @@ func TestDNSKeepStale(t *testing.T) {
 	}
 	clock := &fakeClock{t: time.Now()}
 	n.dns.now = clock.Now
+	var evs dnsEvents
+	inner := n.events
+	n.events = func(e admission.Event) { evs.mu.Lock(); evs.all = append(evs.all, e); evs.mu.Unlock(); inner(e) }
 	if err := n.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -331,6 +337,9 @@ func TestDNSKeepStale(t *testing.T) {
 		if got := members(n.Generation("http")); !slices.Equal(got, s.want) {
 			t.Fatalf("step %d (+%s): members %v, want %v", i, s.advance, got, s.want)
 		}
+	}
+	if st := evs.kinds(EventDNSStale); len(st) != 1 || !strings.Contains(st[0], "stays in force for -dns-keep-stale 10s: ") {
+		t.Errorf("dns.stale events %q, want one that says the answer stays for -dns-keep-stale (another backend serves the pool)", st)
 	}
 	dnsd.SetHosts(hostsOf("app.test", 2), "app.test", "127.0.0.2")
 	clock.advance(t, n, time.Second)
