@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,6 +102,10 @@ func (n *Node) openStore() error {
 		n.logger.Info("learned rate restored", "backend", e.key, "phase", s.Phase.String(), "learned_rate", s.LearnedRate, "allowed_rate", s.AllowedRate)
 	}
 	n.logger.Info("data directory open", "dir", st.Dir(), "learned_rates", len(states), "restored", imported)
+	if keys, more := unmatchedKeys(slices.Collect(maps.Keys(states)), n.mopByKey, 5); len(keys) > 0 {
+		n.logger.Info("learned rates stored for backends not configured now, not used: MOP is kept by protocol and address, a backend at another address learns again",
+			"backends", strings.Join(keys, ", "), "more", more)
+	}
 	saver, err := st.NewSaver(n.mopStates)
 	if err != nil {
 		st.Close(context.Background())
@@ -301,4 +308,22 @@ func (n *Node) restoreHistory(st *persist.Store) {
 		}
 	}
 	n.history.st.Store(st)
+}
+
+// unmatchedKeys returns, sorted, at most max of the stored keys that no
+// backend in force has, and how many more there are: the learned rates a
+// start leaves unused, for the log line that says why "restored" is less
+// than "learned_rates".
+func unmatchedKeys[V any](stored []string, have map[string]V, max int) ([]string, int) {
+	var out []string
+	for _, k := range stored {
+		if _, ok := have[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	if len(out) > max {
+		return out[:max], len(out) - max
+	}
+	return out, 0
 }
