@@ -221,6 +221,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if err := cfg.checkPositive(); err != nil {
 		return nil, err
 	}
+	if err := listenClash(n.listeners()); err != nil {
+		return nil, err
+	}
 	if dc := cfg.DNS; true {
 		if err := dc.check(); err != nil {
 			return nil, err
