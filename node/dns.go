@@ -313,29 +313,36 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 	if len(out) > lb.MaxBackends {
 		return nil, fmt.Errorf("%s backends: %d with the addresses DNS gives, at most %d", proto, len(out), lb.MaxBackends)
 	}
-	if len(errs) > 0 && !hasPools(out, specs) {
-		return nil, fmt.Errorf("%s backends from DNS: %s", proto, strings.Join(errs, "; "))
+	if empty := emptyPools(out, specs); len(errs) > 0 && len(empty) > 0 {
+		resolver := "-dns-server " + d.cfg.Server
+		if d.cfg.Server == "" {
+			resolver = "/etc/resolv.conf's nameservers, or -dns-server"
+		}
+		return nil, fmt.Errorf("-%s-backend: no address from DNS for %s, and no other backend in pool %s: check the name and the resolver (%s), or give the pool another backend",
+			proto, strings.Join(errs, "; "), strings.Join(empty, ", "), resolver)
 	}
 	return out, nil
 }
 
-// hasPools reports whether every pool the specs name has a backend in
-// out.
-func hasPools(out, specs []lb.BackendSpec) bool {
+// emptyPools returns, sorted, the pools the specs name that have no
+// backend in out.
+func emptyPools(out, specs []lb.BackendSpec) []string {
 	have := map[string]bool{}
 	for _, s := range out {
 		for _, p := range s.Pools {
 			have[p] = true
 		}
 	}
+	var empty []string
 	for _, s := range specs {
 		for _, p := range s.Pools {
-			if !have[p] {
-				return false
+			if !have[p] && !slices.Contains(empty, p) {
+				empty = append(empty, p)
 			}
 		}
 	}
-	return true
+	slices.Sort(empty)
+	return empty
 }
 
 // count counts a lookup's result. d.mu is held (or nm is not shared yet).
