@@ -1,0 +1,30 @@
+package node
+
+import (
+	"fmt"
+	"testing"
+)
+
+// A start that restored fewer learned rates than it found stored said
+// nothing of the others ("learned_rates=4 restored=0"). unmatchedKeys
+// names them, sorted and capped, for the log line that explains it.
+func TestUnmatchedKeys(t *testing.T) {
+	have := map[string]int{"sip/10.0.0.1:5060": 1, "http/10.0.0.2:80": 1}
+	tests := []struct {
+		stored []string
+		max    int
+		want   string
+		more   int
+	}{
+		{nil, 5, "[]", 0},
+		{[]string{"sip/10.0.0.1:5060", "http/10.0.0.2:80"}, 5, "[]", 0},
+		{[]string{"sip/10.0.0.9:5060", "sip/10.0.0.1:5060", "http/10.0.0.3:80"}, 5, "[http/10.0.0.3:80 sip/10.0.0.9:5060]", 0},
+		{[]string{"sip/c", "sip/a", "sip/b", "sip/10.0.0.1:5060"}, 2, "[sip/a sip/b]", 1},
+	}
+	for i, tt := range tests {
+		got, more := unmatchedKeys(tt.stored, have, tt.max)
+		if fmt.Sprint(got) != tt.want || more != tt.more {
+			t.Errorf("%d: got %v, %d more; want %s, %d more", i, got, more, tt.want, tt.more)
+		}
+	}
+}
