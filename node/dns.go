@@ -251,7 +251,7 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 		nm.count(lerr)
 		nm.next = u.Next
 		if lerr != nil {
-			errs = append(errs, fmt.Sprintf("%s: %v", s.Addr, lerr))
+			errs = append(errs, fmt.Sprintf("%s: no address from DNS (%v)", s.Addr, lerr))
 			n.events(admission.Event{Time: time.Now(), Kind: EventDNSStale, Subject: dnsSubject(proto, s),
 				Message: fmt.Sprintf("no address yet, asked again in %s: %v", d.cfg.MinTTL, lerr)})
 			nm.stale = true
@@ -318,7 +318,7 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 		if d.cfg.Server == "" {
 			resolver = "/etc/resolv.conf's nameservers, or -dns-server"
 		}
-		return nil, fmt.Errorf("-%s-backend: no address from DNS for %s, and no other backend in pool %s: check the name and the resolver (%s), or give the pool another backend",
+		return nil, fmt.Errorf("%s backend %s, and no other backend in pool %s: check the name and the resolver (%s), or give the pool another backend",
 			proto, strings.Join(errs, "; "), strings.Join(empty, ", "), resolver)
 	}
 	return out, nil

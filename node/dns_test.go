@@ -372,10 +372,10 @@ func TestDNSStartErrors(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.HTTPBackends = []string{"dns:nothing.test:80"}
 	cfg.DNS = DNSConfig{Server: dnsd.Addr, Timeout: 2 * time.Second}
-	// The error names the flag, the name, the pool left empty and the
+	// The error names the backend spec, the pool left empty and the
 	// resolver asked: what an operator checks first.
-	if _, err := New(cfg, nil); err == nil || !strings.HasPrefix(err.Error(), "-http-backend: no address from DNS for dns:nothing.test:80: ") || !strings.Contains(err.Error(), "NXDOMAIN") ||
-		!strings.HasSuffix(err.Error(), ", and no other backend in pool default: check the name and the resolver (-dns-server "+dnsd.Addr+"), or give the pool another backend") {
+	if _, err := New(cfg, nil); err == nil || !strings.HasPrefix(err.Error(), "http backend dns:nothing.test:80: no address from DNS (") || !strings.Contains(err.Error(), "NXDOMAIN") ||
+		!strings.HasSuffix(err.Error(), "), and no other backend in pool default: check the name and the resolver (-dns-server "+dnsd.Addr+"), or give the pool another backend") {
 		t.Errorf("empty pool at start: %v", err)
 	}
 	for _, c := range []struct {
