@@ -79,6 +79,9 @@ func (l *eventLog) detach() {
 // front end serves, so no request is admitted at an unlearned rate.
 func (n *Node) openStore() error {
 	st, err := persist.Open(n.cfg.Persist, n.logger)
+	if errors.Is(err, persist.ErrLocked) {
+		return fmt.Errorf("open data directory: %w: another sluice runs on it (or one still drains: it is free once that one exits); give this one a -data-dir of its own", err)
+	}
 	if err != nil {
 		return fmt.Errorf("open data directory: %w", err)
 	}

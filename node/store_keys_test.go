@@ -1,8 +1,14 @@
 package node
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluicelb/sluice/persist"
 )
 
 // A start that restored fewer learned rates than it found stored said
@@ -26,5 +32,33 @@ func TestUnmatchedKeys(t *testing.T) {
 		if fmt.Sprint(got) != tt.want || more != tt.more {
 			t.Errorf("%d: got %v, %d more; want %s, %d more", i, got, more, tt.want, tt.more)
 		}
+	}
+}
+
+// A second node on a data directory in use said only "data directory is
+// in use by another process": the operator was left to guess whose, and
+// what to do. It says another sluice holds it and to give a -data-dir.
+func TestDataDirInUseSaysWhatToDo(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"127.0.0.1:1"}
+	first, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Stop(time.Second)
+	second, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = second.Start(context.Background())
+	if err == nil {
+		second.Stop(time.Second)
+		t.Fatal("a second node started on a data directory in use")
+	}
+	if !errors.Is(err, persist.ErrLocked) || !strings.HasSuffix(err.Error(), ": another sluice runs on it (or one still drains: it is free once that one exits); give this one a -data-dir of its own") {
+		t.Errorf("error %q", err)
 	}
 }
