@@ -74,6 +74,11 @@ func (l *eventLog) detach() {
 	l.mu.Unlock()
 }
 
+// EventNodeStarted is the event of a node's start on its data directory,
+// with the learned rates it restored: in the event log, where a run
+// begins (after a restart, a crash or kill -9 too).
+const EventNodeStarted admission.EventKind = "node.started"
+
 // openStore opens the data directory, gives every backend's MOP the state
 // learned before the restart, and starts saving it. It runs before any
 // front end serves, so no request is admitted at an unlearned rate.
@@ -116,6 +121,10 @@ func (n *Node) openStore() error {
 	}
 	n.store, n.saver = st, saver
 	n.eventLog.attach(st)
+	// A mark in the event log (and on the dashboard) where this run
+	// begins: after a kill -9 the log shows where the restart was.
+	n.events(admission.Event{Time: time.Now(), Kind: EventNodeStarted, Subject: st.Dir(),
+		Message: fmt.Sprintf("started: %d of %d stored learned rates restored", imported, len(states))})
 	n.restoreDialogs(st)
 	n.restoreHistory(st)
 	if n.admin != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/persist"
 )
 
@@ -60,5 +61,26 @@ func TestDataDirInUseSaysWhatToDo(t *testing.T) {
 	}
 	if !errors.Is(err, persist.ErrLocked) || !strings.HasSuffix(err.Error(), ": another sluice runs on it (or one still drains: it is free once that one exits); give this one a -data-dir of its own") {
 		t.Errorf("error %q", err)
+	}
+}
+
+// After a kill -9 the event log showed no sign of the restart: the events
+// of the run before and the new run's ran together. A start is an event.
+func TestStartIsAnEvent(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"127.0.0.1:1"}
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs dnsEvents
+	inner := n.events
+	n.events = func(e admission.Event) { evs.mu.Lock(); evs.all = append(evs.all, e); evs.mu.Unlock(); inner(e) }
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(time.Second)
+	if got := evs.kinds(EventNodeStarted); len(got) != 1 || got[0] != "started: 0 of 0 stored learned rates restored" {
+		t.Errorf("node.started events %q, want one", got)
 	}
 }
