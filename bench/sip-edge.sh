@@ -45,6 +45,8 @@
 # for bench/RESULTS.md, every log. Every process it starts runs under
 # `timeout` and is stopped by its PID.
 set -u
+usage() { sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; }
+case ${1:-} in -h|--help|help) usage; exit 0 ;; esac
 case ${SLUICE_BIN:-} in ""|/*) ;; *) SLUICE_BIN=$(pwd -P)/$SLUICE_BIN ;; esac
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd -P)
@@ -83,12 +85,15 @@ for r in $EDGE_RATES; do isnum "$r" && [ "$r" -ge 1 ] || die "EDGE_RATES: $r is 
 [ -z "$LB_QUOTA" ] || { isnum "$LB_QUOTA" && [ "$LB_QUOTA" -ge 1 ] && [ "$LB_QUOTA" -le 100 ]; } ||
     die "LB_QUOTA=$LB_QUOTA: want a per cent of one core, 1 to 100, or empty for no cap"
 case $WS_SCHEME in ws|wss) ;; *) die "WS_SCHEME=$WS_SCHEME: want ws or wss" ;; esac
-for m in $MODES; do case $m in tls|ws|mem) ;; *) die "unknown mode $m (want tls, ws, mem)" ;; esac; done
+for m in $MODES; do case $m in tls|ws|mem) ;; *) die "unknown mode $m (want tls, ws, mem; usage: bench/sip-edge.sh -h)" ;; esac; done
 for s in $SYSTEMS; do case $s in sluice|kamailio) ;; *) die "SYSTEMS: unknown system $s (want sluice, kamailio)" ;; esac; done
-for b in sipp stunnel4 kamailio openssl curl taskset timeout ss go; do
+need="sipp stunnel4 openssl curl taskset timeout ss go"
+case " $SYSTEMS " in *" kamailio "*) need="$need kamailio" ;; esac
+for b in $need; do
     command -v "$b" >/dev/null || die "$b not installed (scripts/install-test-deps.sh: sip-tester stunnel4 kamailio kamailio-tls-modules kamailio-websocket-modules)"
 done
-for m in tls websocket xhttp; do
+case " $SYSTEMS " in *" kamailio "*) kam_mods="tls websocket xhttp" ;; *) kam_mods="" ;; esac
+for m in $kam_mods; do
     [ -f "/usr/lib/x86_64-linux-gnu/kamailio/modules/$m.so" ] || [ -n "$(find /usr/lib*/ -path '*kamailio/modules/'"$m.so" 2>/dev/null | head -1)" ] ||
         die "Kamailio module $m.so missing (kamailio-tls-modules, kamailio-websocket-modules)"
 done
@@ -332,7 +337,7 @@ done
 # ---------------------------------------------------------------- table
 get() { awk -F'\t' -v s="$1" -v m="$2" '$1 == s && $2 == m { v = $3 } END { print (v == "" ? "-" : v) }' "$RES"; }
 echo
-echo "SIP edge, $(date -u +%Y-%m-%d), $(nproc) cores, LB_QUOTA=${LB_QUOTA:-none}% of CPU$LB_CPUS, EDGE_SECS=$EDGE_SECS, $(kamailio -v | head -1 | awk '{ print $2, $3 }'), $(sipp -v 2>&1 | grep -m1 -o 'SIPp v[0-9.]*'), stunnel $(stunnel4 -version 2>&1 | grep -m1 -o 'stunnel [0-9.]*' | awk '{ print $2 }')"
+echo "SIP edge, $(date -u +%Y-%m-%d), $(nproc) cores, LB_QUOTA=${LB_QUOTA:-none}% of CPU$LB_CPUS, EDGE_SECS=$EDGE_SECS, $(command -v kamailio >/dev/null && kamailio -v | head -1 | awk '{ print $2, $3 }' || echo "no Kamailio"), $(sipp -v 2>&1 | grep -m1 -o 'SIPp v[0-9.]*'), stunnel $(stunnel4 -version 2>&1 | grep -m1 -o 'stunnel [0-9.]*' | awk '{ print $2 }')"
 echo
 echo "| system | TLS max clean calls/s (SIPp via stunnel) | CPU at it | WS ($WS_SCHEME) max clean calls/s (wsload, $WS_CONNS conns) | CPU at it | bytes per idle WSS connection ($IDLE_CONNS) | PSS before → after (kB) |"
 echo "|---|---|---|---|---|---|---|"

@@ -497,6 +497,20 @@ func (b *Backend) Eject(now int64, d time.Duration) { b.ejectedAt.Store(now + in
 // (the operator, its traffic, its health checks with the probe's error,
 // a Retry-After, its first probe still to come); "" when Up.
 func (b *Backend) Reason(now int64) string {
+	why := b.reason(now)
+	// An address that left DNS goes away whatever else keeps it out: say
+	// so beside a reason that comes first (its health checks, say).
+	if b.gone.Load() && why != reasonGone {
+		why += "; " + reasonGone
+	}
+	return why
+}
+
+// reasonGone is Reason's words for a backend whose address left DNS.
+const reasonGone = "its address left DNS: drains (affinity and requests in flight finish, no new work) until it is dropped"
+
+// reason is Reason but for the gone mark beside another cause.
+func (b *Backend) reason(now int64) string {
 	switch {
 	case b.disabled.Load():
 		return "disabled by the operator"
@@ -514,7 +528,7 @@ func (b *Backend) Reason(now int64) string {
 	case b.unknown.Load():
 		return "added by a reload: no new work until a health check passes or it answers traffic"
 	case b.gone.Load():
-		return "its address left DNS: drains (affinity and requests in flight finish, no new work) until it is dropped"
+		return reasonGone
 	case b.drained.Load():
 		return "drained by the operator"
 	case b.probeBusy.Load():

@@ -234,3 +234,29 @@ func TestPickDNSAllocates(t *testing.T) {
 		t.Errorf("%v allocations per pick, want 0", n)
 	}
 }
+
+// A gone backend that is also down by its health checks said only the
+// health checks in /status: the operator could not tell it would go. Each
+// reason that comes first now carries the gone mark after it, once.
+func TestGoneReasonBesideAnother(t *testing.T) {
+	tests := []struct {
+		name string
+		set  func(b *Backend)
+		want string
+	}{
+		{"gone alone", func(*Backend) {}, reasonGone},
+		{"probes down", func(b *Backend) { b.SetProbeDown(true) }, "down by its health checks, and no real answer since they failed; " + reasonGone},
+		{"disabled", func(b *Backend) { b.Disable(true) }, "disabled by the operator; " + reasonGone},
+		{"drained", func(b *Backend) { b.Drain(true) }, reasonGone},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := dnsGen(t, "round-robin", inst("10.0.0.1:5060", 0, 1, false), inst("10.0.0.2:5060", 0, 1, true))
+			b := g.Pool(DefaultPool).Lookup("10.0.0.2:5060")
+			tt.set(b)
+			if got := b.Reason(0); got != tt.want {
+				t.Errorf("reason %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -257,7 +257,7 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 		nm.count(lerr)
 		nm.next = u.Next
 		if lerr != nil {
-			errs = append(errs, fmt.Sprintf("%s: %v", s.Addr, lerr))
+			errs = append(errs, fmt.Sprintf("%s: no address from DNS (%v)", s.Addr, lerr))
 			n.events(admission.Event{Time: time.Now(), Kind: EventDNSStale, Subject: dnsSubject(proto, s),
 				Message: fmt.Sprintf("no address yet, asked again in %s: %v", d.cfg.MinTTL, lerr)})
 			nm.stale = true
@@ -335,8 +335,13 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 	if len(out) > lb.MaxBackends {
 		return nil, fmt.Errorf("%s backends: %d with the addresses DNS gives, at most %d", proto, len(out), lb.MaxBackends)
 	}
-	if len(errs) > 0 && !hasPools(out, specs) {
-		return nil, fmt.Errorf("%s backends from DNS: %s", proto, strings.Join(errs, "; "))
+	if empty := emptyPools(out, specs); len(errs) > 0 && len(empty) > 0 {
+		resolver := "-dns-server " + d.cfg.Server
+		if d.cfg.Server == "" {
+			resolver = "/etc/resolv.conf's nameservers, or -dns-server"
+		}
+		return nil, fmt.Errorf("%s backend %s, and no other backend in pool %s: check the name and the resolver (%s), or give the pool another backend",
+			proto, strings.Join(errs, "; "), strings.Join(empty, ", "), resolver)
 	}
 	return out, nil
 }
@@ -422,23 +427,25 @@ func (l *listeners) isLocal(a netip.Addr) bool {
 	return l.local[a]
 }
 
-// hasPools reports whether every pool the specs name has a backend in
-// out.
-func hasPools(out, specs []lb.BackendSpec) bool {
+// emptyPools returns, sorted, the pools the specs name that have no
+// backend in out.
+func emptyPools(out, specs []lb.BackendSpec) []string {
 	have := map[string]bool{}
 	for _, s := range out {
 		for _, p := range s.Pools {
 			have[p] = true
 		}
 	}
+	var empty []string
 	for _, s := range specs {
 		for _, p := range s.Pools {
-			if !have[p] {
-				return false
+			if !have[p] && !slices.Contains(empty, p) {
+				empty = append(empty, p)
 			}
 		}
 	}
-	return true
+	slices.Sort(empty)
+	return empty
 }
 
 // count counts a lookup's result. d.mu is held (or nm is not shared yet).
@@ -605,6 +612,7 @@ func (n *Node) dnsRound(ctx context.Context) map[string]bool {
 		}
 		wasStale := nm.stale
 		nm.stale = u.Stale || (err != nil && len(u.Targets) == 0)
+		sole := nm.stale && !wasStale && len(u.Targets) > 0 && n.soleSource(nm)
 		d.mu.Unlock()
 		if u.Changed {
 			changed[nm.proto] = true
@@ -612,6 +620,9 @@ func (n *Node) dnsRound(ctx context.Context) map[string]bool {
 		}
 		if nm.stale && !wasStale {
 			msg := fmt.Sprintf("lookup failed, the last answer (%d addresses) stays in force for -dns-keep-stale %s: %v", len(u.Targets), d.cfg.KeepStale, err)
+			if sole {
+				msg = fmt.Sprintf("lookup failed, the last answer (%d addresses) stays in force for -dns-keep-stale %s, and past it while the name is the only source of one of its pools: %v", len(u.Targets), d.cfg.KeepStale, err)
+			}
 			if len(u.Targets) == 0 {
 				msg = fmt.Sprintf("lookup failed, no address: %v", err)
 			}

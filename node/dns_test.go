@@ -214,6 +214,9 @@ func TestDNSPoolScales(t *testing.T) {
 	before := n.Generation("http")
 	dnsd.Stop()
 	waitFor(t, 20*time.Second, "a dns.stale event", func() bool { return len(evs.kinds(EventDNSStale)) > 0 })
+	if m := evs.kinds(EventDNSStale)[0]; !strings.Contains(m, "past it while the name is the only source of one of its pools") {
+		t.Errorf("dns.stale of a pool's only source: %q, want it said the answer is kept past -dns-keep-stale", m)
+	}
 	time.Sleep(time.Second) // many -dns-min-ttl, past -dns-keep-stale
 	if got := members(n.Generation("http")); !slices.Equal(got, []string{addr(1)}) {
 		t.Errorf("resolver down: members %v, want the last answer", got)
@@ -300,6 +303,9 @@ func TestDNSKeepStale(t *testing.T) {
 	}
 	clock := &fakeClock{t: time.Now()}
 	n.dns.now = clock.Now
+	var evs dnsEvents
+	inner := n.events
+	n.events = func(e admission.Event) { evs.mu.Lock(); evs.all = append(evs.all, e); evs.mu.Unlock(); inner(e) }
 	if err := n.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -332,6 +338,9 @@ func TestDNSKeepStale(t *testing.T) {
 			t.Fatalf("step %d (+%s): members %v, want %v", i, s.advance, got, s.want)
 		}
 	}
+	if st := evs.kinds(EventDNSStale); len(st) != 1 || !strings.Contains(st[0], "stays in force for -dns-keep-stale 10s: ") {
+		t.Errorf("dns.stale events %q, want one that says the answer stays for -dns-keep-stale (another backend serves the pool)", st)
+	}
 	dnsd.SetHosts(hostsOf("app.test", 2), "app.test", "127.0.0.2")
 	clock.advance(t, n, time.Second)
 	if got := members(n.Generation("http")); !slices.Equal(got, []string{addr(1), addr(2)}) {
@@ -363,7 +372,10 @@ func TestDNSStartErrors(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.HTTPBackends = []string{"dns:nothing.test:80"}
 	cfg.DNS = DNSConfig{Server: dnsd.Addr, Timeout: 2 * time.Second}
-	if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "dns:nothing.test:80") || !strings.Contains(err.Error(), "NXDOMAIN") {
+	// The error names the backend spec, the pool left empty and the
+	// resolver asked: what an operator checks first.
+	if _, err := New(cfg, nil); err == nil || !strings.HasPrefix(err.Error(), "http backend dns:nothing.test:80: no address from DNS (") || !strings.Contains(err.Error(), "NXDOMAIN") ||
+		!strings.HasSuffix(err.Error(), "), and no other backend in pool default: check the name and the resolver (-dns-server "+dnsd.Addr+"), or give the pool another backend") {
 		t.Errorf("empty pool at start: %v", err)
 	}
 	for _, c := range []struct {

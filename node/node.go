@@ -256,6 +256,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 	if err := cfg.checkPositive(); err != nil {
 		return nil, err
 	}
+	if err := listenClash(n.listeners()); err != nil {
+		return nil, err
+	}
 	if dc := cfg.DNS; true {
 		if err := dc.check(); err != nil {
 			return nil, err

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,11 +74,19 @@ func (l *eventLog) detach() {
 	l.mu.Unlock()
 }
 
+// EventNodeStarted is the event of a node's start on its data directory,
+// with the learned rates it restored: in the event log, where a run
+// begins (after a restart, a crash or kill -9 too).
+const EventNodeStarted admission.EventKind = "node.started"
+
 // openStore opens the data directory, gives every backend's MOP the state
 // learned before the restart, and starts saving it. It runs before any
 // front end serves, so no request is admitted at an unlearned rate.
 func (n *Node) openStore() error {
 	st, err := persist.Open(n.cfg.Persist, n.logger)
+	if errors.Is(err, persist.ErrLocked) {
+		return fmt.Errorf("open data directory: %w: another sluice runs on it (or one still drains: it is free once that one exits); give this one a -data-dir of its own", err)
+	}
 	if err != nil {
 		return fmt.Errorf("open data directory: %w", err)
 	}
@@ -102,6 +113,10 @@ func (n *Node) openStore() error {
 		n.logger.Info("learned rate restored", "backend", e.key, "phase", s.Phase.String(), "learned_rate", s.LearnedRate, "allowed_rate", s.AllowedRate)
 	}
 	n.logger.Info("data directory open", "dir", st.Dir(), "learned_rates", len(states), "restored", imported)
+	if keys, more := unmatchedKeys(slices.Collect(maps.Keys(states)), n.mopByKey, 5); len(keys) > 0 {
+		n.logger.Info("learned rates stored for backends not configured now, not used: MOP is kept by protocol and address, a backend at another address learns again",
+			"backends", strings.Join(keys, ", "), "more", more)
+	}
 	saver, err := st.NewSaver(n.mopStates)
 	if err != nil {
 		st.Close(context.Background())
@@ -109,6 +124,10 @@ func (n *Node) openStore() error {
 	}
 	n.store, n.saver = st, saver
 	n.eventLog.attach(st)
+	// A mark in the event log (and on the dashboard) where this run
+	// begins: after a kill -9 the log shows where the restart was.
+	n.events(admission.Event{Time: time.Now(), Kind: EventNodeStarted, Subject: st.Dir(),
+		Message: fmt.Sprintf("started: %d of %d stored learned rates restored", imported, len(states))})
 	n.restoreDialogs(st)
 	n.restoreHistory(st)
 	if n.admin != nil {
@@ -306,4 +325,22 @@ func (n *Node) restoreHistory(st *persist.Store) {
 		}
 	}
 	n.history.st.Store(st)
+}
+
+// unmatchedKeys returns, sorted, at most max of the stored keys that no
+// backend in force has, and how many more there are: the learned rates a
+// start leaves unused, for the log line that says why "restored" is less
+// than "learned_rates".
+func unmatchedKeys[V any](stored []string, have map[string]V, max int) ([]string, int) {
+	var out []string
+	for _, k := range stored {
+		if _, ok := have[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	if len(out) > max {
+		return out[:max], len(out) - max
+	}
+	return out, 0
 }

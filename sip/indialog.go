@@ -285,7 +285,7 @@ func (s *Server) admitTokenless(req *gosip.Request, src source, b *backend, pool
 		case s.cfg.UnknownDialog == UnknownDialogReject:
 			s.metrics.UnknownDialogRejected.Add(1)
 			if req.Method != gosip.ACK {
-				s.replyLocal(req, src, 481, "Call/Transaction Does Not Exist")
+				s.replyLocal(req, src, 481, "Call/Transaction Does Not Exist", "Warning: 399 "+s.adv.String()+` "unknown dialog (-sip-unknown-dialog reject)"`)
 			}
 			return false
 		}

@@ -84,6 +84,24 @@ func TestUnknownDialogIsNotAffinity(t *testing.T) {
 	}
 }
 
+// A 481 of an unknown dialog under reject looked like the backend's own
+// (a BYE after a restart that lost its dialog, say): the operator could
+// not tell who answered. It carries a Warning naming the policy when the
+// answer fits in what the client sent.
+func TestUnknownDialogRejectWarning(t *testing.T) {
+	u := newUAS(t, "b1")
+	s, _ := manualServer(t, []*uas{u}, nil, func(c *Config) { c.UnknownDialog = UnknownDialogReject })
+	c := newUAC(t, s.udpAddr())
+	id := "warn-1@x"
+	c.send(fmt.Sprintf("BYE sip:svc@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=z9hG4bK-%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:a@x>;tag=f1\r\nTo: <sip:b@x>;tag=t1\r\nCall-ID: %s\r\nCSeq: 2 BYE\r\nUser-Agent: a phone that sends a header or two like every phone does\r\nContent-Length: 0\r\n\r\n",
+		c.addr, id, id))
+	res := c.recvResponse(481)
+	w := res.GetHeader("Warning")
+	if w == nil || w.Value() != `399 `+s.adv.String()+` "unknown dialog (-sip-unknown-dialog reject)"` {
+		t.Errorf("481 Warning %v, want one naming -sip-unknown-dialog reject", w)
+	}
+}
+
 // An ACK of an unknown dialog has no answer: under reject it is dropped,
 // under new-work it is metered (over the rule: dropped too).
 func TestUnknownDialogACK(t *testing.T) {

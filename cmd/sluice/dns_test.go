@@ -37,6 +37,24 @@ func TestDNSFlags(t *testing.T) {
 	if d := node.DefaultDNSConfig(); d.MinTTL != 5*time.Second || d.MaxTTL != 5*time.Minute || d.KeepStale != time.Hour || d.Drain != time.Minute {
 		t.Errorf("defaults %+v", d)
 	}
+	// A 0 was read as the default: -dns-keep-stale 0 kept a failed name's
+	// addresses for an hour. It is refused, naming the flag and the default.
+	for _, c := range []struct{ flag, want string }{
+		{"-dns-min-ttl", "-dns-min-ttl 0: want a duration above 0, such as 1s (without the flag: 5s)"},
+		{"-dns-max-ttl", "-dns-max-ttl 0: want a duration above 0, such as 1s (without the flag: 5m0s)"},
+		{"-dns-keep-stale", "-dns-keep-stale 0: want a duration above 0, such as 1s (without the flag: 1h0m0s)"},
+		{"-dns-drain", "-dns-drain 0: want a duration above 0, such as 1s (without the flag: 1m0s)"},
+		{"-dns-timeout", "-dns-timeout 0: want a duration above 0, such as 1s (without the flag: 2s)"},
+	} {
+		fs := newFlagSet("run", io.Discard)
+		o := newRunFlags(fs)
+		if err := parseFlags(fs, []string{"-http-backend", "dns:app.internal:8080", c.flag, "0s"}, lookupIn(nil)); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := o.config(io.Discard); err == nil || err.Error() != c.want {
+			t.Errorf("%s 0s: %v, want %q", c.flag, err, c.want)
+		}
+	}
 	for _, c := range []struct{ flag, value, want string }{
 		{"-http-backend", "dns:app.internal", "want dns:HOST:PORT"},
 		{"-http-backend", "naptr:carrier.example", "naptr: is for SIP backends"},

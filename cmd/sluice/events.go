@@ -81,6 +81,7 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stderr, "sluice events: data directory %s is in use by a running sluice, and its admin listener %s did not answer (%v); read its event log with\n", *dir, *admin, ferr)
 		fmt.Fprintf(stderr, "  curl 'http://%s/events?limit=%d'\n", *admin, max(*limit, 1))
+		fmt.Fprintf(stderr, "(a node whose -admin-listen is not %s: give its address with --admin-listen ADDR, or its file with -config FILE)\n", *admin)
 		return 1
 	case err != nil:
 		fmt.Fprintf(stderr, "sluice events: -data-dir: %v\n", err)

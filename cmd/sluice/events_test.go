@@ -142,8 +142,9 @@ func TestEventsCommandWhileRunning(t *testing.T) {
 	admin := freePort(t)
 	code, _, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", admin, "--limit", "5")
 	if code != 1 || !strings.Contains(errOut, "in use by a running sluice") ||
-		!strings.Contains(errOut, "curl 'http://"+admin+"/events?limit=5'") {
-		t.Fatalf("exit %d %q; want 1 with a curl hint", code, errOut)
+		!strings.Contains(errOut, "curl 'http://"+admin+"/events?limit=5'") ||
+		!strings.Contains(errOut, "(a node whose -admin-listen is not "+admin+": give its address with --admin-listen ADDR, or its file with -config FILE)") {
+		t.Fatalf("exit %d %q; want 1 with a curl hint and how to name the node's admin listener", code, errOut)
 	}
 }
 

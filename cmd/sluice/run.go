@@ -368,6 +368,9 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return node.Config{}, nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", o.logLevel)
 	}
+	if err := checkDNSDurations(o.dns); err != nil {
+		return node.Config{}, nil, err
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	return node.Config{
 		HTTP:           o.http,
@@ -404,4 +407,23 @@ func (o *runOptions) config(stderr io.Writer) (node.Config, *slog.Logger, error)
 		Tracing:        o.tracing,
 		DNS:            o.dns,
 	}, logger, nil
+}
+
+// checkDNSDurations refuses a -dns-* duration of 0: the node reads 0 as
+// its default, so -dns-keep-stale 0 (meant as "drop at the first failure")
+// or -dns-drain 0 ("drop at once") would silently keep an hour or a minute.
+func checkDNSDurations(c node.DNSConfig) error {
+	d := node.DefaultDNSConfig()
+	for _, f := range []struct {
+		flag   string
+		v, def time.Duration
+	}{
+		{"-dns-min-ttl", c.MinTTL, d.MinTTL}, {"-dns-max-ttl", c.MaxTTL, d.MaxTTL}, {"-dns-keep-stale", c.KeepStale, d.KeepStale},
+		{"-dns-drain", c.Drain, d.Drain}, {"-dns-timeout", c.Timeout, d.Timeout},
+	} {
+		if f.v == 0 {
+			return fmt.Errorf("%s 0: want a duration above 0, such as 1s (without the flag: %s)", f.flag, f.def)
+		}
+	}
+	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
+	"syscall"
 
 	"github.com/sluicelb/sluice/persist"
 )
@@ -31,6 +33,13 @@ func runStoreChild(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sluice store-child: -dir is required: the data directory")
 		return 2
 	}
+	// A signal to the whole process group (systemd's stop with its
+	// default KillMode=control-group, Ctrl-C in a terminal, a hang-up)
+	// reaches this process as well as the balancer: it must not end the
+	// store while the balancer drains and makes its final save. The
+	// balancer ends it by closing the socket, or by dying (parent-death
+	// signal).
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	conn := os.NewFile(3, "store-socket")
 	if _, err := conn.Stat(); err != nil {
 		fmt.Fprintf(stderr, "sluice store-child: fd 3 is not open (%v): this command is started by sluice run\n", err)

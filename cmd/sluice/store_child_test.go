@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -221,4 +223,50 @@ func TestEventsCommandReadsRunningSluice(t *testing.T) {
 	if code != 0 || len(lines) != 1 || !strings.Contains(lines[0], "persist.child_died") || !strings.Contains(lines[0], "SIGKILL") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want one persist.child_died line naming SIGKILL", code, stdout.String(), stderr.String())
 	}
+}
+
+// TestStoreProcessIgnoresGroupSignals: SIGTERM, SIGINT and SIGHUP sent to
+// sluice's process group (systemctl stop with KillMode=control-group,
+// Ctrl-C) reached the store process too, which died of it as the drain
+// began: an error "store process died ... check the disk", and the final
+// save waited for a new one. The store process now ignores them: it
+// still stores (two writes acknowledged after the signals, by the same
+// process, with no restart), and ends with sluice.
+func TestStoreProcessIgnoresGroupSignals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts sluice processes")
+	}
+	// A backend whose MOP state is saved every -persist-interval.
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"heap_used_bytes":10,"heap_max_bytes":100}`)
+			return
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	defer be.Close()
+	cmd, a := startSluiceAddrs(t, "-http-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0", "-data-dir", t.TempDir(),
+		"-http-backend", be.Listener.Addr().String()+",metrics="+be.URL+"/metrics", "-mop-probe-interval", "50ms",
+		"-persist-interval", "50ms", "-drain-timeout", "1s")
+	var pid int
+	waitFor(t, 20*time.Second, "a store process", func() bool { pid = storeChild(t, cmd.Process.Pid); return pid != 0 })
+	waitFor(t, 20*time.Second, "store healthy", func() bool { return metric(t, a["admin"], "sluice_persist_healthy") == 1 })
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+		if err := syscall.Kill(pid, sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStatesStored(t, a["admin"], time.Now())
+	if p := storeChild(t, cmd.Process.Pid); p != pid || !alive(pid) {
+		t.Errorf("store process %d after the signals, was %d (alive %v)", p, pid, alive(pid))
+	}
+	if n := metric(t, a["admin"], "sluice_persist_child_restarts_total"); n != 0 {
+		t.Errorf("%v store process restarts after group signals, want 0", n)
+	}
+	code, _ := signalExit(t, cmd.Process, func() (int, time.Duration) { return waitExit(t, cmd, 15*time.Second) }, syscall.SIGTERM)
+	if code != 0 {
+		t.Errorf("exit status %d after SIGTERM", code)
+	}
+	waitFor(t, 5*time.Second, "the store process to end with sluice", func() bool { return !alive(pid) })
 }
