@@ -120,6 +120,10 @@ type Metrics struct {
 	// that failed (certificate not valid for its name or not from its ca=,
 	// no TLS there, timeout).
 	BackendTLSFailures atomic.Uint64
+	// BackendProxyConnsRefused counts requests refused 503 because their
+	// PROXY-protocol backend, or their client's address, had every
+	// per-client connection it may have (proxyout.go).
+	BackendProxyConnsRefused atomic.Uint64
 }
 
 // Metrics returns the server's counters.
@@ -250,6 +254,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"handshake_failures", &m.HandshakeFailures}, {"ws_refused", &m.WSRefused},
 		{"ws_too_big", &m.WSTooBig}, {"ws_protocol_errors", &m.WSProtocolErrors},
 		{"backend_tls_failures", &m.BackendTLSFailures},
+		{"backend_proxy_conns_refused", &m.BackendProxyConnsRefused},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
