@@ -1,0 +1,276 @@
+package sip
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
+
+	"github.com/sluicelb/sluice/proxyproto"
+)
+
+// proxyUAS is a SIP backend over TCP that, as Kamailio with
+// tcp_accept_haproxy=yes, reads a PROXY header at the start of every
+// connection and takes the connection's messages as from the client it
+// names. It answers INVITE 180 and 200, anything else but ACK 200.
+type proxyUAS struct {
+	addr string
+	mu   sync.Mutex
+	hdrs []proxyproto.Header      // by connection, in accept order
+	reqs map[string][]proxyUASReq // by Call-ID
+}
+
+// proxyUASReq is one request as the backend got it.
+type proxyUASReq struct {
+	method gosip.RequestMethod
+	conn   int // index in hdrs
+}
+
+func newProxyUAS(t *testing.T) *proxyUAS {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &proxyUAS{addr: ln.Addr().String(), reqs: map[string][]proxyUASReq{}}
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.SetReadDeadline(time.Now().Add(wait))
+			h, err := proxyproto.Read(c, nil)
+			_ = c.SetReadDeadline(time.Time{})
+			if err != nil {
+				t.Errorf("backend: connection without a PROXY header: %v", err)
+				c.Close()
+				continue
+			}
+			u.mu.Lock()
+			u.hdrs = append(u.hdrs, h)
+			conns = append(conns, c)
+			i := len(u.hdrs) - 1
+			u.mu.Unlock()
+			wg.Add(1)
+			go func() { defer wg.Done(); u.serve(c, i) }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		u.mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		u.mu.Unlock()
+		wg.Wait()
+	})
+	return u
+}
+
+func (u *proxyUAS) serve(c net.Conn, conn int) {
+	var buf []byte
+	chunk := make([]byte, 4096)
+	for {
+		n, err := c.Read(chunk)
+		if err != nil {
+			return
+		}
+		buf = append(buf, chunk[:n]...)
+		for {
+			size, ok, ferr := frame(buf, 1<<20)
+			if ferr != nil || !ok {
+				break
+			}
+			m, perr := gosip.ParseMessage(append([]byte(nil), buf[:size]...))
+			buf = buf[size:]
+			req, isReq := m.(*gosip.Request)
+			if perr != nil || !isReq {
+				continue
+			}
+			u.mu.Lock()
+			u.reqs[req.CallID().Value()] = append(u.reqs[req.CallID().Value()], proxyUASReq{req.Method, conn})
+			u.mu.Unlock()
+			answer := func(code int, reason string) {
+				res := gosip.NewResponseFromRequest(req, code, reason, nil)
+				res.To().Params.Add("tag", "puas")
+				res.AppendHeader(&gosip.ContactHeader{Address: gosip.Uri{Scheme: "sip", Host: "127.0.0.1", UriParams: gosip.HeaderParams{{K: "transport", V: "tcp"}}}})
+				_, _ = c.Write([]byte(res.String()))
+			}
+			switch req.Method {
+			case gosip.ACK:
+			case gosip.INVITE:
+				answer(180, "Ringing")
+				answer(200, "OK")
+			default:
+				answer(200, "OK")
+			}
+		}
+	}
+}
+
+// header returns the PROXY header of connection i.
+func (u *proxyUAS) header(i int) proxyproto.Header {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.hdrs[i]
+}
+
+// got returns the requests of callID, in order.
+func (u *proxyUAS) got(callID string) []proxyUASReq {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]proxyUASReq(nil), u.reqs[callID]...)
+}
+
+func (u *proxyUAS) conns() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.hdrs)
+}
+
+// TestProxyProtocolOutSIP: two UDP clients, at 127.0.0.2 and 127.0.0.3,
+// call through sluice to a backend with proxy=v2 and proxy=v1: each gets
+// a connection of its own whose header names it (address and port), all
+// of its requests (INVITE, ACK, BYE) go over it and the answers reach it;
+// the shared connection opened at start names no client.
+func TestProxyProtocolOutSIP(t *testing.T) {
+	for _, v := range []uint8{1, 2} {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
+			be := newProxyUAS(t)
+			s := testServer(t, nil, nil, func(c *Config) {
+				c.Backends = []BackendConfig{{ID: "k1", Addr: be.addr, Transport: "tcp", Weight: 1, Proxy: v}}
+			})
+			eventually(t, "the shared connection", func() bool { return be.conns() == 1 })
+			if h := be.header(0); h.Version != v || h.Source.IsValid() {
+				t.Fatalf("shared connection header %+v: want v%d naming no client", h, v)
+			}
+			clients := []*uac{newUACAt(t, s.udpAddr(), "127.0.0.2"), newUACAt(t, s.udpAddr(), "127.0.0.3")}
+			calls := make([]*call, len(clients))
+			for i, c := range clients {
+				k := c.newCall()
+				calls[i] = k
+				k.invite("")
+				c.recvResponse(180)
+				k.learn(c.recvResponse(200))
+				k.inDialog("ACK", 1, k.branch+"-ack")
+				k.inDialog("BYE", 2, k.branch+"-bye")
+				c.recvResponseTo(gosip.BYE, 200)
+			}
+			if n := be.conns(); n != 3 {
+				t.Fatalf("backend connections %d, want 3 (shared, one per client)", n)
+			}
+			for i, k := range calls {
+				var got []proxyUASReq
+				eventually(t, "INVITE, ACK and BYE at the backend", func() bool { got = be.got(k.callID); return len(got) >= 3 })
+				conn := got[0].conn
+				var methods []string
+				for _, r := range got {
+					methods = append(methods, string(r.method))
+					if r.conn != conn {
+						t.Errorf("client %d: %s on connection %d, INVITE on %d", i, r.method, r.conn, conn)
+					}
+				}
+				if strings.Join(methods, ",") != "INVITE,ACK,BYE" {
+					t.Errorf("client %d: backend got %v", i, methods)
+				}
+				h := be.header(conn)
+				if h.Version != v || h.Command != proxyproto.Proxy || h.Source != clients[i].addr {
+					t.Errorf("client %d: header %+v, want v%d naming %s", i, h, v, clients[i].addr)
+				}
+				if want := netip.MustParseAddrPort(be.addr); h.Dest != want {
+					t.Errorf("client %d: header destination %s, want the backend %s", i, h.Dest, want)
+				}
+			}
+			if n := s.proxied.len(); n != 2 {
+				t.Errorf("per-client connections %d, want 2", n)
+			}
+		})
+	}
+}
+
+// TestProxyProtocolOutSIPBound: past the bound of per-client connections
+// (per client address, per backend) a new client gets 503 with a Warning,
+// counted, and no connection is opened for it.
+func TestProxyProtocolOutSIPBound(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		maxBackend, maxSouce int
+		ips                  []string // clients in order; the last is refused
+	}{
+		{"per source", 10, 1, []string{"127.0.0.2", "127.0.0.3", "127.0.0.2"}},
+		{"per backend", 2, 10, []string{"127.0.0.2", "127.0.0.3", "127.0.0.2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := newProxyUAS(t)
+			s := testServer(t, nil, nil, func(c *Config) {
+				c.Backends = []BackendConfig{{ID: "k1", Addr: be.addr, Transport: "tcp", Weight: 1, Proxy: 2}}
+			})
+			s.proxied.mu.Lock()
+			s.proxied.maxBackend, s.proxied.maxSource = tc.maxBackend, tc.maxSouce
+			s.proxied.mu.Unlock()
+			eventually(t, "the shared connection", func() bool { return be.conns() == 1 })
+			for i, ip := range tc.ips {
+				c := newUACAt(t, s.udpAddr(), ip)
+				k := c.newCall()
+				k.invite("")
+				if i < len(tc.ips)-1 {
+					c.recvResponse(180)
+					c.recvResponse(200)
+					continue
+				}
+				res := c.recvResponse(503)
+				if w := res.GetHeader("Warning"); w == nil || !strings.Contains(w.Value(), "backend connections exhausted") {
+					t.Errorf("503 Warning %v, want backend connections exhausted", w)
+				}
+				if n := len(be.got(k.callID)); n != 0 {
+					t.Errorf("backend got %d requests of the refused call", n)
+				}
+			}
+			if n := s.metrics.BackendProxyConnsRefused.Load(); n != 1 {
+				t.Errorf("backend_proxy_conns_refused %d, want 1", n)
+			}
+			if n := be.conns(); n != len(tc.ips) {
+				t.Errorf("backend connections %d, want %d", n, len(tc.ips))
+			}
+		})
+	}
+}
+
+// TestProxyBackendSpec: proxy=v1|v2 on a TCP backend is taken; on UDP it
+// is refused naming what is wanted.
+func TestProxyBackendSpec(t *testing.T) {
+	for _, tc := range []struct {
+		spec  string
+		proxy uint8
+		err   string
+	}{
+		{"127.0.0.1:5060,transport=tcp,proxy=v2", 2, ""},
+		{"127.0.0.1:5060,transport=tcp,proxy=v1", 1, ""},
+		{"127.0.0.1:5060,transport=tcp,proxy=off", 0, ""},
+		{"127.0.0.1:5060,proxy=v2", 0, "proxy needs transport=tcp"},
+		{"127.0.0.1:5060,transport=tcp,proxy=v3", 0, "proxy must be v1, v2 or off"},
+	} {
+		b, err := ParseBackend(tc.spec)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: err %v, want %q", tc.spec, err, tc.err)
+		case tc.err == "" && err != nil:
+			t.Errorf("%s: %v", tc.spec, err)
+		case tc.err == "" && b.Proxy != tc.proxy:
+			t.Errorf("%s: proxy %d, want %d", tc.spec, b.Proxy, tc.proxy)
+		}
+	}
+	if _, _, err := checkBackends([]BackendConfig{{Addr: "127.0.0.1:5060", Proxy: 2}}); err == nil || !strings.Contains(err.Error(), "proxy needs transport tcp or tls") {
+		t.Errorf("UDP backend with proxy: err %v", err)
+	}
+}
