@@ -236,6 +236,21 @@ func proxyFullHeaders(s *Server) []string {
 		"Retry-After: " + strconv.Itoa(s.jitter(s.cfg.BusyDefault))}
 }
 
+// closeBackendConns closes every connection to the backend at a: the
+// shared one and the per-client ones.
+func (s *Server) closeBackendConns(a netip.AddrPort) {
+	if c := s.tcp.get(a); c != nil {
+		c.c.Close()
+	}
+	s.proxied.mu.Lock()
+	for k, c := range s.proxied.conns {
+		if k.backend == a {
+			c.c.Close()
+		}
+	}
+	s.proxied.mu.Unlock()
+}
+
 // proxyBackend reports whether a is a backend with proxy=.
 func (s *Server) proxyBackend(a netip.AddrPort) bool {
 	b := s.pool.Load().backendAt(a)
