@@ -28,8 +28,8 @@ import (
 // Such a connection is closed when the backend sends nothing on it for
 // -sip-tcp-idle-timeout (the next message from the client opens another).
 // At most proxyConnsPerBackend are open or being opened per backend, at
-// most proxyConnsPerSource of them for one client IP address (clients
-// behind one NAT): a request that would need one more gets 503 with a
+// most proxyConnsPerSource of them for one client IP address or IPv6 /64
+// (clients behind one NAT): a request that would need one more gets 503 with a
 // Warning and is counted (backend_proxy_conns_refused).
 
 // Bounds of the per-client connections to one PROXY-protocol backend.
@@ -47,10 +47,11 @@ type proxyKey struct {
 	backend, client netip.AddrPort
 }
 
-// proxySource is what the per-source share counts by.
+// proxySource is what the per-source share counts by: the backend and
+// the client's address (its /64 for IPv6, as sourceKey).
 type proxySource struct {
 	backend netip.AddrPort
-	client  netip.Addr
+	client  netip.Prefix
 }
 
 // proxyTable holds the per-client connections to PROXY-protocol backends,
@@ -81,7 +82,7 @@ func (pt *proxyTable) uncountLocked(k proxyKey) {
 	} else {
 		delete(pt.perBackend, k.backend)
 	}
-	ps := proxySource{k.backend, k.client.Addr()}
+	ps := proxySource{k.backend, sourceKey(k.client.Addr())}
 	if n := pt.perSource[ps] - 1; n > 0 {
 		pt.perSource[ps] = n
 	} else {
@@ -133,7 +134,7 @@ func (s *Server) sendProxied(p []byte, b *backend, client netip.AddrPort) error 
 		pt.mu.Unlock()
 		return nil
 	}
-	ps := proxySource{b.addr, client.Addr()}
+	ps := proxySource{b.addr, sourceKey(client.Addr())}
 	if s.closed.Load() || pt.perBackend[b.addr] >= pt.maxBackend || pt.perSource[ps] >= pt.maxSource {
 		closed := s.closed.Load()
 		pt.mu.Unlock()
