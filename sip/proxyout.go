@@ -241,6 +241,7 @@ func proxyFullHeaders(s *Server) []string {
 // shared one and the per-client ones.
 func (s *Server) closeBackendConns(a netip.AddrPort) {
 	if c := s.tcp.get(a); c != nil {
+		s.tcp.remove(c) // now, so that a connection is dialled again at once
 		c.c.Close()
 	}
 	s.proxied.mu.Lock()

@@ -2,6 +2,7 @@ package sip
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -20,9 +21,13 @@ import (
 // names. It answers INVITE 180 and 200, anything else but ACK 200.
 type proxyUAS struct {
 	addr string
-	mu   sync.Mutex
-	hdrs []proxyproto.Header      // by connection, in accept order
-	reqs map[string][]proxyUASReq // by Call-ID
+	// allowPlain: a connection without a header is held open, unread
+	// (counted in plain), instead of failing the test.
+	allowPlain bool
+	plain      int
+	mu         sync.Mutex
+	hdrs       []proxyproto.Header      // by connection, in accept order
+	reqs       map[string][]proxyUASReq // by Call-ID
 }
 
 // proxyUASReq is one request as the backend got it.
@@ -31,13 +36,13 @@ type proxyUASReq struct {
 	conn   int // index in hdrs
 }
 
-func newProxyUAS(t *testing.T) *proxyUAS {
+func newProxyUAS(t *testing.T, allowPlain bool) *proxyUAS {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &proxyUAS{addr: ln.Addr().String(), reqs: map[string][]proxyUASReq{}}
+	u := &proxyUAS{addr: ln.Addr().String(), reqs: map[string][]proxyUASReq{}, allowPlain: allowPlain}
 	var wg sync.WaitGroup
 	var conns []net.Conn
 	wg.Add(1)
@@ -51,6 +56,15 @@ func newProxyUAS(t *testing.T) *proxyUAS {
 			_ = c.SetReadDeadline(time.Now().Add(wait))
 			h, err := proxyproto.Read(c, nil)
 			_ = c.SetReadDeadline(time.Time{})
+			if err != nil && u.allowPlain {
+				u.mu.Lock()
+				u.plain++
+				conns = append(conns, c)
+				u.mu.Unlock()
+				wg.Add(1)
+				go func() { defer wg.Done(); _, _ = io.Copy(io.Discard, c) }()
+				continue
+			}
 			if err != nil {
 				t.Errorf("backend: connection without a PROXY header: %v", err)
 				c.Close()
@@ -146,7 +160,7 @@ func (u *proxyUAS) conns() int {
 func TestProxyProtocolOutSIP(t *testing.T) {
 	for _, v := range []uint8{1, 2} {
 		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
-			be := newProxyUAS(t)
+			be := newProxyUAS(t, false)
 			s := testServer(t, nil, nil, func(c *Config) {
 				c.Backends = []BackendConfig{{ID: "k1", Addr: be.addr, Transport: "tcp", Weight: 1, Proxy: v}}
 			})
@@ -211,7 +225,7 @@ func TestProxyProtocolOutSIPBound(t *testing.T) {
 		{"per backend", 2, 10, []string{"127.0.0.2", "127.0.0.3", "127.0.0.2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			be := newProxyUAS(t)
+			be := newProxyUAS(t, false)
 			s := testServer(t, nil, nil, func(c *Config) {
 				c.Backends = []BackendConfig{{ID: "k1", Addr: be.addr, Transport: "tcp", Weight: 1, Proxy: 2}}
 			})
@@ -272,5 +286,35 @@ func TestProxyBackendSpec(t *testing.T) {
 	}
 	if _, _, err := checkBackends([]BackendConfig{{Addr: "127.0.0.1:5060", Proxy: 2}}); err == nil || !strings.Contains(err.Error(), "proxy needs transport tcp or tls") {
 		t.Errorf("UDP backend with proxy: err %v", err)
+	}
+}
+
+// TestProxyProtocolOutSIPReload: proxy=v2 set on reload for a backend at
+// the same address closes the connection opened without a header; the
+// next one starts with a LOCAL header, and a client's call gets its own.
+func TestProxyProtocolOutSIPReload(t *testing.T) {
+	be := newProxyUAS(t, true)
+	cfg := BackendConfig{ID: "k1", Addr: be.addr, Transport: "tcp", Weight: 1}
+	s := testServer(t, nil, nil, func(c *Config) { c.Backends = []BackendConfig{cfg} })
+	eventually(t, "the plain connection", func() bool { return s.tcp.len() == 1 })
+	cfg.Proxy = 2
+	if err := s.SetBackends([]BackendConfig{cfg}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := newUACAt(t, s.udpAddr(), "127.0.0.2")
+	k := c.newCall()
+	k.invite("")
+	c.recvResponse(180)
+	c.recvResponse(200)
+	eventually(t, "the shared connection again, with its header", func() bool { return be.conns() == 2 })
+	var sawLocal, sawClient bool
+	for i := range 2 {
+		h := be.header(i)
+		sawLocal = sawLocal || h.Command == proxyproto.Local
+		sawClient = sawClient || h.Source == c.addr
+	}
+	eventually(t, "the connection without a header closed", func() bool { be.mu.Lock(); defer be.mu.Unlock(); return be.plain == 1 })
+	if !sawLocal || !sawClient {
+		t.Errorf("headers %+v, %+v: want one LOCAL, one naming %s", be.header(0), be.header(1), c.addr)
 	}
 }
