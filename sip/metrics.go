@@ -189,6 +189,10 @@ var (
 	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
+// descProxyConns is the gauge of the per-client connections to backends
+// with proxy= (proxyout.go).
+var descProxyConns = prometheus.NewDesc("sluice_sip_backend_proxy_connections", "Connections to SIP backends with proxy=v1|v2 opened for one client each (open or opening), at most 4096 per backend.", nil, nil)
+
 var descProxyRejected = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "sip"})
 
 // Collector returns the front end's counters as a prometheus.Collector:
@@ -212,6 +216,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPartialBytes
 	ch <- descReadBuffers
 	ch <- descProxyRejected
+	ch <- descProxyConns
 	ch <- descRouteHits
 	ch <- descNoRoute
 	ch <- descPoolRefused
@@ -277,6 +282,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")
 	ch <- prometheus.MustNewConstMetric(descReadBuffers, prometheus.GaugeValue, float64(c.s.tcp.readBufs.Load()), "tcp")
 	ch <- prometheus.MustNewConstMetric(descNoRoute, prometheus.CounterValue, float64(m.NoRoute.Load()))
+	ch <- prometheus.MustNewConstMetric(descProxyConns, prometheus.GaugeValue, float64(c.s.proxied.len()))
 	set := c.s.pool.Load()
 	if set == nil {
 		return

@@ -256,6 +256,15 @@ func TestProxyProtocolOutSIPBound(t *testing.T) {
 			if n := be.conns(); n != len(tc.ips) {
 				t.Errorf("backend connections %d, want %d", n, len(tc.ips))
 			}
+			got := series(t, s)
+			for name, want := range map[string]float64{
+				`sluice_sip_backend_proxy_connections{}`:                                       2,
+				`sluice_frontend_events_total{event=backend_proxy_conns_refused,protocol=sip}`: 1,
+			} {
+				if v, ok := got[name]; !ok || v != want {
+					t.Errorf("%s = %v (exported %v), want %v", name, v, ok, want)
+				}
+			}
 		})
 	}
 }
