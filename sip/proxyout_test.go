@@ -1,17 +1,23 @@
 package sip
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
 
+	"github.com/sluicelb/sluice/internal/testenv"
 	"github.com/sluicelb/sluice/proxyproto"
 )
 
@@ -325,5 +331,95 @@ func TestProxyProtocolOutSIPReload(t *testing.T) {
 	eventually(t, "the connection without a header closed", func() bool { be.mu.Lock(); defer be.mu.Unlock(); return be.plain == 1 })
 	if !sawLocal || !sawClient {
 		t.Errorf("headers %+v, %+v: want one LOCAL, one naming %s", be.header(0), be.header(1), c.addr)
+	}
+}
+
+// TestProxyProtocolOutKamailio: Kamailio with tcp_accept_haproxy=yes
+// behind sluice (proxy=v1, proxy=v2) takes each client's request as from
+// that client ($si:$sp, sent back in X-Src), and its answers reach the
+// right client. Kamailio before the fix of kamailio/kamailio#3683 (5.6
+// is one) reads a v2 header's ports byte-swapped: with v2 the address
+// must be the client's and the port the client's either way.
+func TestProxyProtocolOutKamailio(t *testing.T) {
+	for _, v := range []uint8{1, 2} {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) { testKamailioProxyOut(t, v) })
+	}
+}
+
+func testKamailioProxyOut(t *testing.T, v uint8) {
+	bin := testenv.Tool(t, "kamailio", "kamailio")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.MustParseAddrPort(ln.Addr().String())
+	ln.Close()
+	cfg, err := os.ReadFile(filepath.Join("testdata", "kamailio-haproxy.cfg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "kamailio.cfg")
+	if err := os.WriteFile(file, bytes.ReplaceAll(cfg, []byte("listen=LISTEN"), []byte("listen=tcp:"+addr.String())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-DD", "-E", "-f", file, "-Y", dir, "-P", filepath.Join(dir, "kamailio.pid"))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start kamailio: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("kamailio output:\n%s", tail(out.Bytes(), 6000))
+		}
+	})
+	eventually(t, "kamailio listening", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("kamailio exited:\n%s", tail(out.Bytes(), 6000))
+		default:
+		}
+		c, err := net.Dial("tcp", addr.String())
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+	s := testServer(t, nil, nil, func(c *Config) {
+		c.Backends = []BackendConfig{{ID: "kam", Addr: addr.String(), Transport: "tcp", Weight: 1, Proxy: v}}
+	})
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		c := newUACAt(t, s.udpAddr(), ip)
+		k := c.newCall()
+		c.send(fmt.Sprintf("MESSAGE sip:svc@%s SIP/2.0\r\nVia: SIP/2.0/UDP %s;branch=%s;rport\r\nMax-Forwards: 70\r\nFrom: <sip:a@test>;tag=m\r\nTo: <sip:svc@test>\r\nCall-ID: %s\r\nCSeq: 1 MESSAGE\r\nContent-Length: 0\r\n\r\n",
+			s.udpAddr(), c.addr, k.branch, k.callID))
+		res := c.recvResponse(200)
+		h := res.GetHeader("X-Src")
+		if h == nil {
+			t.Fatalf("client %s: no X-Src in %v", c.addr, res)
+		}
+		want := c.addr.String()
+		swapped := netip.AddrPortFrom(c.addr.Addr(), c.addr.Port()<<8|c.addr.Port()>>8).String()
+		switch got := h.Value(); {
+		case got == want:
+		case v == 2 && got == swapped:
+			t.Logf("client %s: Kamailio read the v2 port byte-swapped (%s; kamailio/kamailio#3683)", want, got)
+		default:
+			t.Errorf("client %s: Kamailio took the request from %s", want, got)
+		}
+	}
+	if n := s.proxied.len(); n != 2 {
+		t.Errorf("per-client connections %d, want 2", n)
 	}
 }
