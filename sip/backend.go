@@ -118,8 +118,8 @@ func newBackendSet(g *lb.Generation) (*backendSet, error) {
 		byAddr: make(map[netip.AddrPort]*backend, len(bs))}
 	for i, lbb := range bs {
 		spec := g.Spec(lbb)
-		if spec.Proxy != 0 {
-			return nil, fieldError("Backends", "backend %s: %w", lbb.ID(), errProxyBackend)
+		if spec.Proxy != 0 && spec.Transport != "tcp" && spec.Transport != "tls" {
+			return nil, fieldError("Backends", "backend %s: proxy=v%d needs transport=tcp or tls (a PROXY header starts a connection; UDP has none)", lbb.ID(), spec.Proxy)
 		}
 		ap, tcp, err := resolveSpec(spec)
 		if err != nil {
@@ -333,7 +333,7 @@ func (p *backendSet) metricsURL(id string) string {
 func (p *backendSet) sameAs(cfgs []BackendConfig) bool {
 	return p.cfgs != nil && slices.EqualFunc(p.cfgs, cfgs, func(a, b BackendConfig) bool {
 		return a.ID == b.ID && a.Addr == b.Addr && a.Transport == b.Transport && a.CAFile == b.CAFile && a.SNI == b.SNI && a.Weight == b.Weight &&
-			a.MetricsURL == b.MetricsURL && slices.Equal(a.Pools, b.Pools)
+			a.MetricsURL == b.MetricsURL && slices.Equal(a.Pools, b.Pools) && a.Proxy == b.Proxy
 	})
 }
 
@@ -373,6 +373,10 @@ func checkBackends(cfgs []BackendConfig) ([]lb.BackendSpec, []BackendConfig, err
 			return nil, nil, fieldError("Backends", "%s: transport must be udp, tcp or tls", c.ID)
 		case (c.CAFile != "" || c.SNI != "") && c.Transport != "tls":
 			return nil, nil, fieldError("Backends", "%s: ca and sni need transport tls", c.ID)
+		case c.Proxy > 2:
+			return nil, nil, fieldError("Backends", "%s: proxy version %d, want 1 or 2 (0: none)", c.ID, c.Proxy)
+		case c.Proxy != 0 && c.Transport == "udp":
+			return nil, nil, fieldError("Backends", "%s: proxy needs transport tcp or tls", c.ID)
 		case c.Weight < 1 || c.Weight > lb.MaxWeight:
 			return nil, nil, fieldError("Backends", "%s: weight %d not in 1..%d", c.ID, c.Weight, lb.MaxWeight)
 		case strings.ContainsAny(c.ID, " \t\r\n"):
@@ -382,7 +386,7 @@ func checkBackends(cfgs []BackendConfig) ([]lb.BackendSpec, []BackendConfig, err
 		}
 		ids[c.ID] = true
 		c.Pools = slices.Clone(c.Pools)
-		spec := lb.BackendSpec{Addr: c.Addr, ID: c.ID, Weight: c.Weight, Transport: c.Transport, CAFile: c.CAFile, SNI: c.SNI, Pools: c.Pools}
+		spec := lb.BackendSpec{Addr: c.Addr, ID: c.ID, Weight: c.Weight, Transport: c.Transport, CAFile: c.CAFile, SNI: c.SNI, Pools: c.Pools, Proxy: c.Proxy}
 		if _, _, err := resolveSpec(spec); err != nil {
 			return nil, nil, fieldError("Backends", "%s: %w", c.Addr, err)
 		}

@@ -187,7 +187,7 @@ type Config struct {
 }
 
 // BackendConfig is one -sip-backend value:
-// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME][,pool=NAME...],
+// ADDR[,transport=udp|tcp][,weight=N][,metrics=URL][,id=NAME][,pool=NAME...][,proxy=v1|v2],
 // the grammar of lb.ParseBackendSpec.
 type BackendConfig struct {
 	// ID names the backend in tokens, logs and metrics. Default: ADDR.
@@ -207,13 +207,11 @@ type BackendConfig struct {
 	// Pools are the pools the backend is a member of (pool=NAME,
 	// repeatable); none is the pool "default".
 	Pools []string
+	// Proxy is the PROXY protocol version (1 or 2; 0: none) that starts
+	// each connection to the backend, transport tcp or tls only: one
+	// connection per client, its header naming the client (proxyout.go).
+	Proxy uint8
 }
-
-// errProxyBackend refuses proxy= on a SIP backend. A connection to a SIP
-// backend carries the messages of every client (one per backend address,
-// opened before any request): a PROXY header, read once per connection,
-// would give them all one client's address.
-var errProxyBackend = errors.New("proxy=v1|v2 is not supported for SIP backends: sluice multiplexes every client over one connection per SIP backend, which a PROXY header would attribute to a single client (the client's address reaches the backend in its Via received/rport)")
 
 // ParseBackend parses a -sip-backend value with lb.ParseBackendSpec.
 func ParseBackend(s string) (BackendConfig, error) {
@@ -221,10 +219,7 @@ func ParseBackend(s string) (BackendConfig, error) {
 	if err != nil {
 		return BackendConfig{}, fmt.Errorf("sip %w", err)
 	}
-	if b.Proxy != 0 {
-		return BackendConfig{}, fmt.Errorf("sip backend %q: %w", s, errProxyBackend)
-	}
-	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, CAFile: b.CAFile, SNI: b.SNI, Weight: b.Weight, MetricsURL: b.MetricsURL}
+	bc := BackendConfig{ID: b.ID, Addr: b.Addr, Transport: b.Transport, CAFile: b.CAFile, SNI: b.SNI, Weight: b.Weight, MetricsURL: b.MetricsURL, Proxy: b.Proxy}
 	if len(b.Pools) != 1 || b.Pools[0] != lb.DefaultPool {
 		bc.Pools = b.Pools
 	}

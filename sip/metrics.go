@@ -120,6 +120,10 @@ type Metrics struct {
 	// that failed (certificate not valid for its name or not from its ca=,
 	// no TLS there, timeout).
 	BackendTLSFailures atomic.Uint64
+	// BackendProxyConnsRefused counts requests refused 503 because their
+	// PROXY-protocol backend, or their client's address, had every
+	// per-client connection it may have (proxyout.go).
+	BackendProxyConnsRefused atomic.Uint64
 }
 
 // Metrics returns the server's counters.
@@ -185,6 +189,10 @@ var (
 	descPartialBytes = prometheus.NewDesc("sluice_frontend_partial_bytes", "Bytes buffered for client messages not yet complete (TCP), at most -sip-tcp-partial-budget.", []string{"transport"}, prometheus.Labels{"protocol": "sip"})
 )
 
+// descProxyConns is the gauge of the per-client connections to backends
+// with proxy= (proxyout.go).
+var descProxyConns = prometheus.NewDesc("sluice_sip_backend_proxy_connections", "Connections to SIP backends with proxy=v1|v2 opened for one client each (open or opening), at most 4096 per backend.", nil, nil)
+
 var descProxyRejected = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "sip"})
 
 // Collector returns the front end's counters as a prometheus.Collector:
@@ -208,6 +216,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPartialBytes
 	ch <- descReadBuffers
 	ch <- descProxyRejected
+	ch <- descProxyConns
 	ch <- descRouteHits
 	ch <- descNoRoute
 	ch <- descPoolRefused
@@ -250,6 +259,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"handshake_failures", &m.HandshakeFailures}, {"ws_refused", &m.WSRefused},
 		{"ws_too_big", &m.WSTooBig}, {"ws_protocol_errors", &m.WSProtocolErrors},
 		{"backend_tls_failures", &m.BackendTLSFailures},
+		{"backend_proxy_conns_refused", &m.BackendProxyConnsRefused},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}
@@ -272,6 +282,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPartialBytes, prometheus.GaugeValue, float64(c.s.tcp.budget.held()), "tcp")
 	ch <- prometheus.MustNewConstMetric(descReadBuffers, prometheus.GaugeValue, float64(c.s.tcp.readBufs.Load()), "tcp")
 	ch <- prometheus.MustNewConstMetric(descNoRoute, prometheus.CounterValue, float64(m.NoRoute.Load()))
+	ch <- prometheus.MustNewConstMetric(descProxyConns, prometheus.GaugeValue, float64(c.s.proxied.len()))
 	set := c.s.pool.Load()
 	if set == nil {
 		return

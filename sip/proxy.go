@@ -319,6 +319,7 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 	}
 	dst := target{addr: b.addr, tcp: b.tcp, dial: true}
 	br := s.branchOf(req, src, dst)
+	dst.client = src.addr
 	if !ack {
 		s.watch(req, src, br, b.id, now)
 	}
@@ -326,6 +327,10 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 		s.unwatch(br)
 		if errors.Is(err, errTooLarge) {
 			s.replyTooLarge(req, src)
+			return
+		}
+		if errors.Is(err, errProxyConnsFull) {
+			s.reply(req, src, 503, "Service Unavailable", proxyFullHeaders(s)...)
 			return
 		}
 		s.reply(req, src, 503, "Service Unavailable", "Warning: 399 "+s.adv.String()+` "backend unreachable"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.BusyDefault)))
@@ -350,7 +355,7 @@ func (s *Server) handleAck(req *gosip.Request, src source, p *backendSet, now in
 		s.popOurRoutes(req)
 		s.prepareForward(req, src)
 		req.PrependHeader(s.ourVia(t.branch, t.cur.transport()))
-		if err := s.sendMsg(req, target{addr: t.cur.addr, tcp: t.cur.tcp, dial: true}); err == nil {
+		if err := s.sendMsg(req, target{addr: t.cur.addr, tcp: t.cur.tcp, dial: true, client: src.addr}); err == nil {
 			s.metrics.Forwarded.Add(1)
 		}
 		return
@@ -382,7 +387,7 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now
 		}
 		s.prepareForward(req, src)
 		req.PrependHeader(s.ourVia(branch, b.transport()))
-		if err := s.sendMsg(req, target{addr: b.addr, tcp: b.tcp, dial: true}); err == nil {
+		if err := s.sendMsg(req, target{addr: b.addr, tcp: b.tcp, dial: true, client: src.addr}); err == nil {
 			s.metrics.Forwarded.Add(1)
 		}
 		return

@@ -93,15 +93,3 @@ func TestProxyProtocolIn(t *testing.T) {
 		})
 	}
 }
-
-// TestProxyBackendRefused: proxy= on a SIP backend is refused with its
-// reason, not accepted and ignored.
-func TestProxyBackendRefused(t *testing.T) {
-	_, err := ParseBackend("127.0.0.1:5060,transport=tcp,proxy=v2")
-	if err == nil || !strings.Contains(err.Error(), "proxy=v1|v2 is not supported for SIP backends") {
-		t.Fatalf("err %v, want proxy=v2 refused", err)
-	}
-	if _, err := ParseBackend("127.0.0.1:5060,transport=tcp,proxy=off"); err != nil {
-		t.Fatalf("proxy=off: %v", err)
-	}
-}

@@ -93,6 +93,16 @@ func (s *Server) installLocked(set *backendSet) error {
 		set.gen.CatchUp(old.gen, s.clock.Now())
 	}
 	s.pool.Store(set)
+	if old != nil {
+		// A backend at an address whose proxy= changed reads its
+		// connections otherwise now: the ones open go, new ones start
+		// as it wants.
+		for _, b := range set.list {
+			if ob := old.backendAt(b.addr); ob != nil && ob.spec.Proxy != b.spec.Proxy {
+				s.closeBackendConns(b.addr)
+			}
+		}
+	}
 	if s.started {
 		s.runBackendsLocked(set)
 	}

@@ -99,6 +99,7 @@ type Server struct {
 	wsLn    *net.TCPListener // -sip-ws-listen
 	wssLn   *net.TCPListener // -sip-wss-listen
 	tcp     tcpTable
+	proxied proxyTable // per-client connections to PROXY-protocol backends
 	txns    txnTable
 	dialogs dialogTable
 	pings   pingTable
@@ -190,6 +191,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		s.pool.Store(set)
 	}
 	s.tcp.init()
+	s.proxied.init()
 	s.txns.init()
 	s.dialogs.init(cfg.DialogTTL, cfg.DialogMax)
 	if d, ok := deps.Signer.(KeyDeriver); ok {
@@ -372,6 +374,7 @@ func (s *Server) shutdown() {
 	}
 	s.closeEdge()
 	s.tcp.closeAll()
+	s.proxied.closeAll()
 	s.proxyPending.Range(func(c, _ any) bool { c.(*net.TCPConn).Close(); return true })
 }
 
@@ -560,6 +563,9 @@ type target struct {
 	addr netip.AddrPort
 	tcp  bool
 	dial bool // over TCP, queue the message for a new connection when there is none
+	// client is the client a request to a backend is from: to a backend
+	// with proxy=, it goes over that client's connection (proxyout.go).
+	client netip.AddrPort
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -594,13 +600,26 @@ func (s *Server) sendBytes(p []byte, t target) error {
 		}
 		return nil
 	}
+	if t.client.IsValid() {
+		if b := s.pool.Load().backendAt(t.addr); b != nil && b.spec.Proxy != 0 {
+			if err := s.sendProxied(p, b, t.client); err != nil {
+				if !errors.Is(err, errProxyConnsFull) {
+					s.metrics.SendErrors.Add(1)
+				}
+				return fmt.Errorf("send tcp %s for %s: %w", t.addr, t.client, err)
+			}
+			return nil
+		}
+	}
 	c := s.tcp.get(t.addr)
 	if c == nil {
 		// With dial, the message waits for a new connection. Without, a
 		// backend still gets one opened (new work meanwhile fails over
 		// rather than arriving twice), and a response whose client
 		// connection is gone is dropped.
-		if t.dial && s.dialAsync(t.addr, p) {
+		if (t.dial || s.proxyBackend(t.addr)) && s.dialAsync(t.addr, p) {
+			// A PROXY-protocol backend's shared connection carries
+			// answers to its own requests: they wait for it too.
 			return nil
 		}
 		if s.pool.Load().backendAt(t.addr) != nil {

@@ -178,6 +178,9 @@ func (s *Server) endConn(tc *tcpConn, reserved *int64, buf []byte) {
 		s.tcp.readBufs.Add(-1)
 	}
 	s.tcp.remove(tc)
+	if tc.proxyKey.backend.IsValid() {
+		s.proxied.remove(tc)
+	}
 	s.flows.remove(tc)
 	tc.mu.Lock()
 	if !tc.dead && !tc.flushing {

@@ -25,6 +25,9 @@ type tcpConn struct {
 	remote netip.AddrPort
 	srv    *Server
 	fid    uint64 // id in the flow table (flows.go); 0: dialled, not a flow
+	// proxyKey is set on a per-client connection to a PROXY-protocol
+	// backend (proxyout.go): its backend and client.
+	proxyKey proxyKey
 
 	// kind is the protocol over the stream (TCP, TLS, WS, WSS) and sess
 	// the TLS session over c for TLS and WSS (nil otherwise): its writes
@@ -467,6 +470,22 @@ func (s *Server) dialAsync(a netip.AddrPort, p []byte) bool {
 			return
 		}
 		tc := s.newDialled(c.(*net.TCPConn))
+		if b := s.pool.Load().backendAt(a); b != nil && b.spec.Proxy != 0 {
+			// The backend reads a PROXY header on every connection: this
+			// one, shared by what no client sent, names none.
+			_ = c.SetWriteDeadline(time.Now().Add(tcpWriteTimeout))
+			_, err := c.Write(proxyLocalHeader(b.spec.Proxy))
+			_ = c.SetWriteDeadline(time.Time{})
+			if err != nil {
+				c.Close()
+				s.tcp.mu.Lock()
+				q := s.tcp.dialing[a]
+				delete(s.tcp.dialing, a)
+				s.tcp.mu.Unlock()
+				s.metrics.SendErrors.Add(uint64(len(q)))
+				return
+			}
+		}
 		if b := s.pool.Load().backendAt(a); b != nil && b.tls != nil {
 			if err := s.clientHandshake(tc, b.tls); err != nil {
 				s.tcp.mu.Lock()

@@ -2,6 +2,7 @@ package sip
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -422,10 +423,19 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			s.shareDialog(DialogInsert, t.req, "", t.poolName, b.id)
 		}
 	}
-	if err := s.sendBytes(wire, target{addr: b.addr, tcp: b.tcp}); err != nil {
+	if err := s.sendBytes(wire, target{addr: b.addr, tcp: b.tcp, client: t.src.addr}); err != nil {
 		s.log.Debug("sip forward new work", "err", err, "upstream", b.id)
 		s.txns.mu.Lock()
 		delete(s.txns.byBranch, branch)
+		if errors.Is(err, errProxyConnsFull) {
+			// Not the backend's fault: this client (or every client) has
+			// all the connections to it that it may have.
+			t.settleLocked(now, lb.Abandoned)
+			p, dst := s.finishLocalLocked(t, 503, "Service Unavailable", proxyFullHeaders(s))
+			s.txns.mu.Unlock()
+			_ = s.sendBytes(p, dst)
+			return true
+		}
 		t.settleLocked(now, lb.ConnectError)
 		s.txns.mu.Unlock()
 		return false

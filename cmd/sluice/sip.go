@@ -32,7 +32,7 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.also(&c.ProxyTimeout, "proxy-protocol-timeout")
 	o.backends.check = node.CheckSIPBackend
 	s.also(&c.Backends, "sip-backend")
-	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR (or dns:HOST:PORT, srv:DOMAIN, naptr:DOMAIN: every address DNS gives, RFC 3263, followed at its TTL)[,transport=udp|tcp|tls][,ca=FILE][,sni=NAME][,weight=N][,metrics=URL][,id=NAME][,pool=NAME] (repeatable, pool= too; no pool=: the pool default)")
+	fs.Var(&o.backends, "sip-backend", "SIP `backend` ADDR (or dns:HOST:PORT, srv:DOMAIN, naptr:DOMAIN: every address DNS gives, RFC 3263, followed at its TTL)[,transport=udp|tcp|tls][,ca=FILE][,sni=NAME][,weight=N][,metrics=URL][,id=NAME][,pool=NAME][,proxy=v1|v2] (repeatable, pool= too; no pool=: the pool default; proxy= with transport=tcp: one connection per client, started by a PROXY protocol header naming it)")
 	o.pools.check = node.CheckPool("sip")
 	fs.Var(&o.pools, "sip-pool", "settings of a SIP `pool` where they differ from the front end's: name=NAME[,policy=P] (repeatable)")
 	o.routes.check = node.CheckRoute("sip")
