@@ -219,9 +219,12 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 
 // serveUntilSignal runs the node of p until SIGINT or SIGTERM. A second
 // SIGINT or SIGTERM ends the process at once, without waiting for the
-// drain or the final save.
+// drain or the final save, unless it comes within repeatSignal of the
+// first: that is one stop delivered twice (coreutils timeout signals its
+// child and then the child's process group; a terminal's Ctrl-C reaches
+// every process of the group), not an operator asking again.
 func serveUntilSignal(p preset, args []string, stdout, stderr io.Writer) int {
-	sigs := make(chan os.Signal, 2)
+	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -231,15 +234,26 @@ func serveUntilSignal(p preset, args []string, stdout, stderr io.Writer) int {
 		if !ok {
 			return
 		}
+		first := time.Now()
 		cancel()
-		s, ok = <-sigs
-		if ok {
+		for s = range sigs {
+			if repeated(first, time.Now()) {
+				continue
+			}
 			fmt.Fprintf(stderr, "sluice %s: second %v: exiting now, without finishing the drain or the final save\n", p.name, s)
 			os.Exit(1)
 		}
 	}()
 	return serve(ctx, p, args, stdout, stderr, nil)
 }
+
+// repeatSignal is how soon after the first stop signal another is taken
+// for the same one delivered twice.
+const repeatSignal = time.Second
+
+// repeated reports whether a stop signal at now repeats the first one,
+// received at first.
+func repeated(first, now time.Time) bool { return now.Sub(first) < repeatSignal }
 
 // runHooks lets tests learn the bound addresses.
 type runHooks struct {

@@ -117,12 +117,78 @@ func TestRunSecondSignalExitsAtOnce(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == 429
 	})
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	// Another SIGTERM every 200 ms: the ones within a second of the
+	// first are taken for the same stop delivered twice, a later one
+	// is the operator asking again.
+	stopSending := make(chan struct{})
+	defer close(stopSending)
+	go func() {
+		for {
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-stopSending:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
 	code, took := waitExit(t, cmd, 5*time.Second) // the drain alone would take up to 60s
 	if code == 0 {
 		t.Errorf("exit status 0 after a second SIGTERM cut the drain short; want non-zero")
 	}
 	t.Logf("exited %v after the second SIGTERM, status %d", took.Round(time.Millisecond), code)
+}
+
+// TestRunRepeatedSignalDrains: one stop delivered twice at once (coreutils
+// timeout signals the child and its process group) is one stop: the drain
+// finishes the request in flight and the process exits 0, after its final
+// save, not at once with status 1.
+func TestRunRepeatedSignalDrains(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			arrived <- struct{}{}
+			select {
+			case <-release:
+			case <-time.After(60 * time.Second):
+			}
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	defer be.Close()
+	cmd, addrs := startSluiceAddrs(t, "-http-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0", "-data-dir", t.TempDir(),
+		"-http-backend", be.Listener.Addr().String(), "-drain-timeout", "60s")
+	front, admin := "http://"+addrs["http"], "http://"+addrs["admin"]
+	got := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(front + "/slow")
+		if err != nil {
+			got <- 0
+			return
+		}
+		resp.Body.Close()
+		got <- resp.StatusCode
+	}()
+	<-arrived
+	for range 2 {
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "the drain to start", func() bool {
+		resp, err := http.Get(admin + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 429
+	})
+	close(release)
+	if code, _ := waitExit(t, cmd, 30*time.Second); code != 0 {
+		t.Errorf("exit status %d after one stop delivered twice; want 0 (drained, saved)", code)
+	}
+	if st := <-got; st != 200 {
+		t.Errorf("the request in flight got %d, want 200 (drained, not cut)", st)
+	}
 }
