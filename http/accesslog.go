@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
@@ -45,6 +46,7 @@ type reqLog struct {
 	// decided is when the delay ended; connect and first when the
 	// backend connection was ready and the answer's first byte came.
 	decided, connect, first int64
+	admitted                int64 // admission decided (a delay's wait is from here)
 	delayed                 bool
 	rule                    string       // the ARM rule that delayed the request
 	refused                 bool         // pick answered instead of a backend
@@ -72,7 +74,7 @@ func (s *Server) logging() bool { return s.alog.Enabled(accesslog.HTTP) }
 // is the client's TLS connection (nil: plain), for the version and SNI.
 func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client netip.AddrPort, conn net.Conn, wall time.Time, start, now int64) {
 	buf := g.buf[:0]
-	*g = reqLog{buf: buf, start: start, head: now, decided: now, began: true}
+	*g = reqLog{buf: buf, start: start, head: now, decided: now, admitted: now, began: true}
 	if s.cfg.RequestID {
 		s.takeRequestID(g, h, client.Addr())
 	}
@@ -266,7 +268,7 @@ func (s *Server) endLog(g *reqLog, p *plan, status int, bodyOut int64, now int64
 	}
 	r.HeadRead = since(g.head)
 	if g.delayed {
-		r.AdmissionWait = time.Duration(max(g.decided-g.head, 0))
+		r.AdmissionWait = time.Duration(max(g.decided-g.admitted, 0))
 	}
 	r.Connect, r.FirstByte, r.Total = since(g.connect), since(g.first), since(now)
 	s.alog.LogHTTP(r)
@@ -302,6 +304,17 @@ func (g *reqLog) abortedCritical() {
 	}
 	g.answered, g.local, g.status = true, true, 503
 	g.reasonN = copy(g.reason[:], "memory state critical")
+}
+
+// headTimes is when the fasthttp engine's request began and when its head
+// was whole, on the server's clock, as the gate saw them (for a connection
+// the loop handed over, its first head from the hand-over); now, now where
+// the gate did not time it.
+func headTimes(ctx *fasthttp.RequestCtx, now int64) (start, head int64) {
+	if gc, ok := ctx.Conn().(*gateConn); ok && gc.lastHead != 0 && gc.lastBegin <= gc.lastHead && gc.lastHead <= now {
+		return gc.lastBegin, gc.lastHead
+	}
+	return now, now
 }
 
 // endFastLog ends the fasthttp engine's record of a request when its
@@ -362,4 +375,71 @@ func (s *Server) logHeadRefused(client netip.AddrPort, start time.Time, total ti
 		Reason: []byte(reason), End: accesslog.EndRefused, Total: total,
 	}
 	s.alog.LogHTTP(r)
+}
+
+// inFlight maps a fasthttp engine request being sent to a backend to its
+// record, so that the backend transport (which sees only the request) can
+// time the connection and the answer's first byte. Only requests that
+// are logged are in it. A shard's lock also orders the transport's
+// writes before the record is ended: once forget returns, no exchange
+// (not even one abandoned by memory state Critical) writes the record.
+type inFlight struct {
+	shards [16]struct {
+		mu sync.Mutex
+		m  map[*fasthttp.Request]*reqLog
+		_  [48]byte // a cache line each
+	}
+}
+
+var fastInFlight inFlight
+
+func (f *inFlight) shard(req *fasthttp.Request) *struct {
+	mu sync.Mutex
+	m  map[*fasthttp.Request]*reqLog
+	_  [48]byte
+} {
+	return &f.shards[(uintptr(unsafe.Pointer(req))>>7)%uintptr(len(f.shards))]
+}
+
+// track registers g as req's record until forget.
+func (f *inFlight) track(req *fasthttp.Request, g *reqLog) {
+	sh := f.shard(req)
+	sh.mu.Lock()
+	if sh.m == nil {
+		sh.m = make(map[*fasthttp.Request]*reqLog)
+	}
+	sh.m[req] = g
+	sh.mu.Unlock()
+}
+
+// forget ends req's registration.
+func (f *inFlight) forget(req *fasthttp.Request) {
+	sh := f.shard(req)
+	sh.mu.Lock()
+	delete(sh.m, req)
+	sh.mu.Unlock()
+}
+
+// mark sets the connect (first false) or first-byte time of req's record,
+// if it has one, to now.
+func (f *inFlight) mark(req *fasthttp.Request, first bool, now int64) {
+	sh := f.shard(req)
+	sh.mu.Lock()
+	if g := sh.m[req]; g != nil {
+		if first {
+			g.first = now
+		} else {
+			g.connect = now
+		}
+	}
+	sh.mu.Unlock()
+}
+
+// markExchange is the backend transport's hook: the connection for req is
+// ready (first false) or the answer's first byte came (first true).
+func (s *Server) markExchange(req *fasthttp.Request, first bool) {
+	if s == nil || !s.logging() {
+		return
+	}
+	fastInFlight.mark(req, first, s.clock.Now())
 }
