@@ -54,6 +54,9 @@ type reqLog struct {
 	began                   bool         // beginLog filled it
 	answered                bool         // fasthttp: the answer is the backend's (or no answer)
 	streamed                bool         // fasthttp: a streamed body's Close logs it
+	tunnel                  bool         // fasthttp: switched to a tunnel, logged when it ends
+	tunDone                 bool         // loop: the tunnel ended with both sides' EOF
+	tunIn, tunOut           int64        // loop: tunnel bytes client to backend, backend to client
 	body                    *backendBody // HTTP/2: the streamed body, read when the stream ends
 	skip                    bool         // logged already, or not logged here (an upgrade: its tunnel)
 	status                  int          // the answer's status
@@ -325,6 +328,9 @@ func (s *Server) endFastLog(ctx *fasthttp.RequestCtx, g *reqLog, p *plan) {
 		g.status = ctx.Response.StatusCode()
 		return // backendBody.Close logs it and puts g back
 	}
+	if g.tunnel {
+		return // the tunnel's end logs it and puts g back
+	}
 	if !g.answered {
 		g.localAnswer(&ctx.Response)
 	}
@@ -361,6 +367,20 @@ func (s *Server) endH2Log(ctx *fasthttp.RequestCtx, g *reqLog, p *plan) {
 	}
 	s.endLog(g, p, g.status, out, s.clock.Now())
 	reqLogPool.Put(g)
+}
+
+// endTunnelLog ends the record of an upgrade request whose backend
+// switched protocols, when its tunnel ends: status 101, in and out the
+// bytes the tunnel carried from the client and to it, end how it ended
+// (complete when both sides closed in turn), now the end on the engine's
+// clock (t_total is the request's whole life, tunnel included).
+func (s *Server) endTunnelLog(g *reqLog, p *plan, in, out int64, end accesslog.End, now int64) {
+	if !g.began || g.skip || !s.logging() {
+		return
+	}
+	g.end, g.answered = end, true
+	g.rec.BytesIn = in
+	s.endLog(g, p, fasthttp.StatusSwitchingProtocols, out, now)
 }
 
 // logHeadRefused logs a request whose head sluice refused before reading

@@ -2,6 +2,7 @@ package http
 
 import (
 	"bufio"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -123,5 +124,74 @@ func TestGateHeadTimes(t *testing.T) {
 	}
 	if g.lastBegin != int64(time.Hour) || g.lastHead-g.lastBegin != int64(7*time.Millisecond) {
 		t.Errorf("head began %d, whole %d: want %d and 7 ms later", g.lastBegin, g.lastHead, int64(time.Hour))
+	}
+}
+
+// TestAccessLogTunnel: an upgrade the backend switches is logged once,
+// when its tunnel ends: status 101, the tunnel's bytes each way, the
+// backend, and how it ended (both sides closed in turn, or the backend
+// reset it).
+func TestAccessLogTunnel(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		reset bool // the backend resets the connection instead of closing it
+		end   accesslog.End
+	}{
+		{"complete", false, accesslog.EndComplete},
+		{"backend_reset", true, accesslog.EndBackendReset},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			onEngines(t, func(t *testing.T) {
+				r, sink := logRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+					defer c.Close()
+					br := bufio.NewReader(c)
+					var h fasthttp.RequestHeader
+					if h.Read(br) != nil {
+						return
+					}
+					c.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"))
+					p := make([]byte, 5)
+					if _, err := io.ReadFull(br, p); err != nil {
+						return
+					}
+					c.Write(append(p, "xyz"...))
+					if tc.reset {
+						c.(*net.TCPConn).SetLinger(0) // Close sends RST
+						return
+					}
+					io.Copy(io.Discard, br) // until the client's half-close
+				}})
+				c, err := net.Dial("tcp", r.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.Write([]byte("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"))
+				br := bufio.NewReader(c)
+				var resp fasthttp.ResponseHeader
+				if err := resp.Read(br); err != nil || resp.StatusCode() != 101 {
+					t.Fatalf("switch: %v %d", err, resp.StatusCode())
+				}
+				c.Write([]byte("ping!"))
+				got := make([]byte, 8)
+				if _, err := io.ReadFull(br, got); err != nil || string(got) != "ping!xyz" {
+					t.Fatalf("tunnel read %q %v", got, err)
+				}
+				if !tc.reset {
+					c.(*net.TCPConn).CloseWrite()
+				}
+				io.Copy(io.Discard, br) // until sluice closes the tunnel
+				l := sink.next(t)
+				if l.Status != 101 || l.Backend != "b0" || l.BytesIn != 5 || l.BytesOut != 8 || l.End != tc.end ||
+					l.Decision != accesslog.Admitted || l.path != "/ws" || l.rid == "" {
+					t.Errorf("record %+v path %q: want 101 from b0, 5 bytes in, 8 out, end %v", l.HTTPRecord, l.path, tc.end)
+				}
+				select {
+				case extra := <-sink.ch:
+					t.Errorf("a second record for one tunnel: %+v", extra.HTTPRecord)
+				default:
+				}
+			})
+		})
 	}
 }

@@ -94,11 +94,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		// fasthttp's "none given" for a request), nothing streamed.
 		bodyless := h.ContentLength() != -1 && h.ContentLength() <= 0 && !ctx.Request.IsBodyStream() && len(ctx.Request.Body()) == 0
 		if proto := s.upgradeAsked(h, bodyless); proto != nil {
-			if g != nil {
-				g.setRequestID(h)
-				g.skip = true // a tunnel, not a request
-			}
-			s.forwardUpgrade(ctx, &p, v, proto)
+			g.setRequestID(h)
+			s.forwardUpgrade(ctx, &p, v, proto, g)
 		} else {
 			s.forward(ctx, &p, v, g)
 		}
