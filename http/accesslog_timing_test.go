@@ -149,7 +149,7 @@ func TestAccessLogTunnel(t *testing.T) {
 					if h.Read(br) != nil {
 						return
 					}
-					c.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"))
+					c.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nhi")) // tunnel bytes right behind the head
 					p := make([]byte, 5)
 					if _, err := io.ReadFull(br, p); err != nil {
 						return
@@ -173,8 +173,8 @@ func TestAccessLogTunnel(t *testing.T) {
 					t.Fatalf("switch: %v %d", err, resp.StatusCode())
 				}
 				c.Write([]byte("ping!"))
-				got := make([]byte, 8)
-				if _, err := io.ReadFull(br, got); err != nil || string(got) != "ping!xyz" {
+				got := make([]byte, 10)
+				if _, err := io.ReadFull(br, got); err != nil || string(got) != "hiping!xyz" {
 					t.Fatalf("tunnel read %q %v", got, err)
 				}
 				if !tc.reset {
@@ -182,9 +182,9 @@ func TestAccessLogTunnel(t *testing.T) {
 				}
 				io.Copy(io.Discard, br) // until sluice closes the tunnel
 				l := sink.next(t)
-				if l.Status != 101 || l.Backend != "b0" || l.BytesIn != 5 || l.BytesOut != 8 || l.End != tc.end ||
+				if l.Status != 101 || l.Backend != "b0" || l.BytesIn != 5 || l.BytesOut != 10 || l.End != tc.end ||
 					l.Decision != accesslog.Admitted || l.path != "/ws" || l.rid == "" {
-					t.Errorf("record %+v path %q: want 101 from b0, 5 bytes in, 8 out, end %v", l.HTTPRecord, l.path, tc.end)
+					t.Errorf("record %+v path %q: want 101 from b0, 5 bytes in, 10 out, end %v", l.HTTPRecord, l.path, tc.end)
 				}
 				select {
 				case extra := <-sink.ch:

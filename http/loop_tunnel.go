@@ -88,6 +88,7 @@ func (l *evloop) switchTunnel(c *cconn, bc *bconn, hlen int) {
 		return
 	}
 	if bc.r < bc.w {
+		x.log.tunOut += int64(bc.w - bc.r)
 		l.writeClient(c, bc.in[bc.r:bc.w])
 		if c.fd < 0 {
 			return
