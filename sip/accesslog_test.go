@@ -314,3 +314,50 @@ func TestAccessLogRecordBounded(t *testing.T) {
 		t.Errorf("record %+v", r)
 	}
 }
+
+// TestAccessLogForwardedCancel: a forwarded CANCEL's record waits for the
+// backend's answer to the CANCEL (the INVITE's answers, on the same
+// branch, do not end it), and one never answered is logged after Timer F
+// with no status, without a 408 of sluice's or a verdict on the backend.
+func TestAccessLogForwardedCancel(t *testing.T) {
+	l, k := newLineLog(t, false)
+	b1 := newUAS(t, "b1")
+	clock := &admission.ManualClock{}
+	clock.Set(int64(time.Hour))
+	s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), clock: clock, alog: l})
+	msg, err := gosip.ParseMessage([]byte("CANCEL sip:bob@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-c1\r\nMax-Forwards: 70\r\nFrom: <sip:a@test>;tag=a\r\nTo: <sip:b@test>\r\nCall-ID: c@test\r\nCSeq: 1 CANCEL\r\nContent-Length: 0\r\n\r\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := msg.(*gosip.Request)
+	client := source{addr: netip.MustParseAddrPort("127.0.0.1:9")}
+	backend := source{addr: b1.addr}
+
+	s.watchCancel(req, client, "z9hG4bK-ours1", "b1", "london", clock.Now())
+	s.answered("z9hG4bK-ours1", backend, 487, gosip.INVITE) // the INVITE's answer
+	clock.Advance(2 * time.Millisecond)
+	s.answered("z9hG4bK-ours1", backend, 200, gosip.CANCEL)
+	got := normalize(k.next(t, 1)[0])
+	for _, want := range []string{`"method":"CANCEL"`, `"pool":"london"`, `"backend":"b1"`, `"status":200`, `"status_from":"backend"`, `"class":"new"`, `"t_final_ms":2.000`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("answered CANCEL: %s: want %s", got, want)
+		}
+	}
+
+	replies, unanswered := s.metrics.LocalReplies.Load(), s.metrics.InDialogUnanswered.Load()
+	s.watchCancel(req, client, "z9hG4bK-ours2", "b1", "london", clock.Now())
+	clock.Advance(timerF)
+	s.expireWatched(clock.Now())
+	got = normalize(k.next(t, 1)[0])
+	for _, want := range []string{`"method":"CANCEL"`, `"status":0`, `"reason":"no final answer"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("unanswered CANCEL: %s: want %s", got, want)
+		}
+	}
+	if s.metrics.LocalReplies.Load() != replies || s.metrics.InDialogUnanswered.Load() != unanswered {
+		t.Errorf("an unanswered CANCEL got a reply of sluice's or counted against its backend")
+	}
+	if s.watchedLen() != 0 {
+		t.Errorf("%d watched left", s.watchedLen())
+	}
+}

@@ -275,6 +275,6 @@ func BenchmarkInDialogWatch(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		br := branches[i&1023]
 		s.watch(req, src, br, "b1", "", 0)
-		s.answered(br, src, 200, gosip.INVITE)
+		s.answered(br, src, 200, gosip.BYE)
 	}
 }
