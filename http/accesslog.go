@@ -404,20 +404,18 @@ func (s *Server) logHeadRefused(client netip.AddrPort, start time.Time, total ti
 // writes before the record is ended: once forget returns, no exchange
 // (not even one abandoned by memory state Critical) writes the record.
 type inFlight struct {
-	shards [16]struct {
-		mu sync.Mutex
-		m  map[*fasthttp.Request]*reqLog
-		_  [48]byte // a cache line each
-	}
+	shards [16]inFlightShard
+}
+
+type inFlightShard struct {
+	mu sync.Mutex
+	m  map[*fasthttp.Request]*reqLog
+	_  [48]byte // a cache line each
 }
 
 var fastInFlight inFlight
 
-func (f *inFlight) shard(req *fasthttp.Request) *struct {
-	mu sync.Mutex
-	m  map[*fasthttp.Request]*reqLog
-	_  [48]byte
-} {
+func (f *inFlight) shard(req *fasthttp.Request) *inFlightShard {
 	return &f.shards[(uintptr(unsafe.Pointer(req))>>7)%uintptr(len(f.shards))]
 }
 
