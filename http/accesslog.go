@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
@@ -45,6 +46,7 @@ type reqLog struct {
 	// decided is when the delay ended; connect and first when the
 	// backend connection was ready and the answer's first byte came.
 	decided, connect, first int64
+	admitted                int64 // admission decided (a delay's wait is from here)
 	delayed                 bool
 	rule                    string       // the ARM rule that delayed the request
 	refused                 bool         // pick answered instead of a backend
@@ -52,6 +54,9 @@ type reqLog struct {
 	began                   bool         // beginLog filled it
 	answered                bool         // fasthttp: the answer is the backend's (or no answer)
 	streamed                bool         // fasthttp: a streamed body's Close logs it
+	tunnel                  bool         // fasthttp: switched to a tunnel, logged when it ends
+	tunDone                 bool         // loop: the tunnel ended with both sides' EOF
+	tunIn, tunOut           int64        // loop: tunnel bytes client to backend, backend to client
 	body                    *backendBody // HTTP/2: the streamed body, read when the stream ends
 	skip                    bool         // logged already, or not logged here (an upgrade: its tunnel)
 	status                  int          // the answer's status
@@ -72,7 +77,7 @@ func (s *Server) logging() bool { return s.alog.Enabled(accesslog.HTTP) }
 // is the client's TLS connection (nil: plain), for the version and SNI.
 func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client netip.AddrPort, conn net.Conn, wall time.Time, start, now int64) {
 	buf := g.buf[:0]
-	*g = reqLog{buf: buf, start: start, head: now, decided: now, began: true}
+	*g = reqLog{buf: buf, start: start, head: now, decided: now, admitted: now, began: true}
 	if s.cfg.RequestID {
 		s.takeRequestID(g, h, client.Addr())
 	}
@@ -266,7 +271,7 @@ func (s *Server) endLog(g *reqLog, p *plan, status int, bodyOut int64, now int64
 	}
 	r.HeadRead = since(g.head)
 	if g.delayed {
-		r.AdmissionWait = time.Duration(max(g.decided-g.head, 0))
+		r.AdmissionWait = time.Duration(max(g.decided-g.admitted, 0))
 	}
 	r.Connect, r.FirstByte, r.Total = since(g.connect), since(g.first), since(now)
 	s.alog.LogHTTP(r)
@@ -304,6 +309,17 @@ func (g *reqLog) abortedCritical() {
 	g.reasonN = copy(g.reason[:], "memory state critical")
 }
 
+// headTimes is when the fasthttp engine's request began and when its head
+// was whole, on the server's clock, as the gate saw them (for a connection
+// the loop handed over, its first head from the hand-over); now, now where
+// the gate did not time it.
+func headTimes(ctx *fasthttp.RequestCtx, now int64) (start, head int64) {
+	if gc, ok := ctx.Conn().(*gateConn); ok && gc.lastHead != 0 && gc.lastBegin <= gc.lastHead && gc.lastHead <= now {
+		return gc.lastBegin, gc.lastHead
+	}
+	return now, now
+}
+
 // endFastLog ends the fasthttp engine's record of a request when its
 // handler returns: the answer in ctx.Response is sluice's own unless the
 // backend's was relayed; a streamed answer is logged when its body ends.
@@ -311,6 +327,9 @@ func (s *Server) endFastLog(ctx *fasthttp.RequestCtx, g *reqLog, p *plan) {
 	if g.streamed {
 		g.status = ctx.Response.StatusCode()
 		return // backendBody.Close logs it and puts g back
+	}
+	if g.tunnel {
+		return // the tunnel's end logs it and puts g back
 	}
 	if !g.answered {
 		g.localAnswer(&ctx.Response)
@@ -350,6 +369,20 @@ func (s *Server) endH2Log(ctx *fasthttp.RequestCtx, g *reqLog, p *plan) {
 	reqLogPool.Put(g)
 }
 
+// endTunnelLog ends the record of an upgrade request whose backend
+// switched protocols, when its tunnel ends: status 101, in and out the
+// bytes the tunnel carried from the client and to it, end how it ended
+// (complete when both sides closed in turn), now the end on the engine's
+// clock (t_total is the request's whole life, tunnel included).
+func (s *Server) endTunnelLog(g *reqLog, p *plan, in, out int64, end accesslog.End, now int64) {
+	if !g.began || g.skip || !s.logging() {
+		return
+	}
+	g.end, g.answered = end, true
+	g.rec.BytesIn = in
+	s.endLog(g, p, fasthttp.StatusSwitchingProtocols, out, now)
+}
+
 // logHeadRefused logs a request whose head sluice refused before reading
 // it as a request (400, 414, 431, 501, 505): only the client, the status
 // and the reason are known. Rare and not on the hot path: it may allocate.
@@ -362,4 +395,69 @@ func (s *Server) logHeadRefused(client netip.AddrPort, start time.Time, total ti
 		Reason: []byte(reason), End: accesslog.EndRefused, Total: total,
 	}
 	s.alog.LogHTTP(r)
+}
+
+// inFlight maps a fasthttp engine request being sent to a backend to its
+// record, so that the backend transport (which sees only the request) can
+// time the connection and the answer's first byte. Only requests that
+// are logged are in it. A shard's lock also orders the transport's
+// writes before the record is ended: once forget returns, no exchange
+// (not even one abandoned by memory state Critical) writes the record.
+type inFlight struct {
+	shards [16]inFlightShard
+}
+
+type inFlightShard struct {
+	mu sync.Mutex
+	m  map[*fasthttp.Request]*reqLog
+	_  [48]byte // a cache line each
+}
+
+var fastInFlight inFlight
+
+func (f *inFlight) shard(req *fasthttp.Request) *inFlightShard {
+	return &f.shards[(uintptr(unsafe.Pointer(req))>>7)%uintptr(len(f.shards))]
+}
+
+// track registers g as req's record until forget.
+func (f *inFlight) track(req *fasthttp.Request, g *reqLog) {
+	sh := f.shard(req)
+	sh.mu.Lock()
+	if sh.m == nil {
+		sh.m = make(map[*fasthttp.Request]*reqLog)
+	}
+	sh.m[req] = g
+	sh.mu.Unlock()
+}
+
+// forget ends req's registration.
+func (f *inFlight) forget(req *fasthttp.Request) {
+	sh := f.shard(req)
+	sh.mu.Lock()
+	delete(sh.m, req)
+	sh.mu.Unlock()
+}
+
+// mark sets the connect (first false) or first-byte time of req's record,
+// if it has one, to now.
+func (f *inFlight) mark(req *fasthttp.Request, first bool, now int64) {
+	sh := f.shard(req)
+	sh.mu.Lock()
+	if g := sh.m[req]; g != nil {
+		if first {
+			g.first = now
+		} else {
+			g.connect = now
+		}
+	}
+	sh.mu.Unlock()
+}
+
+// markExchange is the backend transport's hook: the connection for req is
+// ready (first false) or the answer's first byte came (first true).
+func (s *Server) markExchange(req *fasthttp.Request, first bool) {
+	if s == nil || !s.logging() {
+		return
+	}
+	fastInFlight.mark(req, first, s.clock.Now())
 }

@@ -57,7 +57,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	var g *reqLog
 	if s.cfg.RequestID || s.logging() {
 		g = reqLogPool.Get().(*reqLog)
-		s.beginLog(g, &p, h, clientAddrPort(ctx), ctx.Conn(), s.wall(now), now, now)
+		start, head := headTimes(ctx, now)
+		s.beginLog(g, &p, h, clientAddrPort(ctx), ctx.Conn(), s.wall(start), start, now)
+		g.head = head
 		defer s.endFastLog(ctx, g, &p)
 	}
 	if d.Verdict == admission.Delay {
@@ -92,11 +94,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		// fasthttp's "none given" for a request), nothing streamed.
 		bodyless := h.ContentLength() != -1 && h.ContentLength() <= 0 && !ctx.Request.IsBodyStream() && len(ctx.Request.Body()) == 0
 		if proto := s.upgradeAsked(h, bodyless); proto != nil {
-			if g != nil {
-				g.setRequestID(h)
-				g.skip = true // a tunnel, not a request
-			}
-			s.forwardUpgrade(ctx, &p, v, proto)
+			g.setRequestID(h)
+			s.forwardUpgrade(ctx, &p, v, proto, g)
 		} else {
 			s.forward(ctx, &p, v, g)
 		}
@@ -200,6 +199,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView, g *reqLo
 			s.held.release(ip)
 		}
 	}()
+	if g != nil && s.logging() {
+		fastInFlight.track(&ctx.Request, g)
+		defer fastInFlight.forget(&ctx.Request)
+	}
 	for {
 		p.acquireBackend()
 		err := s.roundTrip(ctx, p)
@@ -208,9 +211,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView, g *reqLo
 			body = nil         // and may still read the body
 			g.abortedCritical()
 			return
-		}
-		if g != nil {
-			g.first = s.clock.Now()
 		}
 		if err != nil && body != nil && body.broken(h.ContentLength()) {
 			// The client's body stream broke or ended early while it was
@@ -340,7 +340,7 @@ func (s *Server) newClient(addr string, buffer int, tlsCfg *tls.Config) *fasthtt
 		WriteTimeout:             s.cfg.BackendTimeout,
 		ConnPoolStrategy:         fasthttp.LIFO, // reuse the warmest connection; idle extras time out
 		ReadBufferSize:           16 << 10,      // answer heads up to 16 KiB (the default 4 KiB fails larger Set-Cookie/CSP heads)
-		Transport:                &backendTransport{buffer: buffer},
+		Transport:                &backendTransport{buffer: buffer, s: s},
 		// One retry on the same backend, for a GET or HEAD whose pooled
 		// keep-alive connection turned out to be closed before any byte
 		// of an answer came (backendTransport reports only those as
@@ -386,6 +386,7 @@ const maxInformational = 16
 //     its end and nothing more is buffered.
 type backendTransport struct {
 	buffer int
+	s      *Server // the access log's timings (markExchange)
 }
 
 // RoundTrip implements fasthttp.RoundTripper.
@@ -394,6 +395,7 @@ func (t *backendTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Requ
 	if err != nil {
 		return false, err
 	}
+	t.s.markExchange(req, false)
 	conn := cc.Conn()
 	resp.ParseNetConn(conn)
 	if err := conn.SetWriteDeadline(deadline(hc.WriteTimeout)); err != nil {
@@ -434,6 +436,7 @@ func (t *backendTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Requ
 		finish(false)
 		return reused, asTimeout(err)
 	}
+	t.s.markExchange(req, true)
 	h := &resp.Header
 	err = readAnswerHead(h, br)
 	for n := 0; err == nil; n++ {

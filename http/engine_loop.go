@@ -61,6 +61,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/proxyproto"
@@ -527,6 +528,9 @@ func (l *evloop) expire() {
 	now := l.now
 	for _, o := range l.fds {
 		if c := o.c; c != nil && c.deadline != 0 && now > c.deadline {
+			if c.tun {
+				c.x.log.end = accesslog.EndTimeout
+			}
 			if c.pp == proxyRead {
 				l.s.proxyRejected(proxyproto.ReasonTimeout, c.ip, nil)
 			}

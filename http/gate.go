@@ -49,6 +49,11 @@ type gateConn struct {
 	// header named, which RemoteAddr reports.
 	peer   netip.AddrPort
 	remote net.Addr
+	// The access log's head timing, on the server's clock, when requests
+	// are logged: headBegin is when the gate first saw bytes of the head
+	// being read (0: none yet); lastBegin and lastHead are the last
+	// accepted head's begin and the moment it was whole.
+	headBegin, lastBegin, lastHead int64
 }
 
 const (
@@ -190,6 +195,10 @@ func (g *gateConn) check() bool {
 	avail := g.buf[g.r:g.w]
 	switch g.state {
 	case gateHead:
+		logging := g.s.logging()
+		if logging && g.headBegin == 0 {
+			g.headBegin = g.s.clock.Now()
+		}
 		if g.proxy == proxySniff {
 			if proxyproto.Sniff(avail) {
 				g.s.proxyRejected(proxyproto.ReasonUntrusted, g.peer.Addr(), nil)
@@ -218,6 +227,9 @@ func (g *gateConn) check() bool {
 			return true
 		}
 		g.ok = hi.n
+		if logging {
+			g.lastBegin, g.lastHead, g.headBegin = g.headBegin, g.s.clock.Now(), 0
+		}
 		switch {
 		case hi.chunked:
 			g.state, g.chunk = gateChunked, chunkScan{strict: true}

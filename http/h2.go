@@ -368,6 +368,10 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx.Init2(h.conn, fasthttpLogger{s.logger}, false)
 	rc := http.NewResponseController(w)
 	ip := remoteAddr(ctx)
+	var began int64 // the stream's head was read (Go's HTTP/2 server read it)
+	if s.logging() {
+		began = s.clock.Now()
+	}
 
 	if he := s.h2Request(st, r, rc, &h.bodies); he != nil {
 		s.stats.BadRequest.Add(1)
@@ -390,7 +394,11 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.RequestID || s.logging() {
 		g = reqLogPool.Get().(*reqLog)
 		client, _ := netip.ParseAddrPort(r.RemoteAddr)
-		s.beginLog(g, &p, hdr, netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), h.conn, s.wall(now), now, now)
+		start := now
+		if began != 0 && began <= now {
+			start = began
+		}
+		s.beginLog(g, &p, hdr, netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), h.conn, s.wall(start), start, now)
 		g.rec.Proto = "HTTP/2.0"
 		defer s.endH2Log(ctx, g, &p)
 	}

@@ -510,7 +510,14 @@ func (l *evloop) endRequest(c *cconn) {
 // logEnd hands c's request to the access log, once.
 func (l *evloop) logEnd(c *cconn) {
 	x := &c.x
-	if c.busy && !c.tun {
+	switch {
+	case c.tun:
+		end := x.log.end
+		if x.log.tunDone {
+			end = accesslog.EndComplete
+		}
+		l.s.endTunnelLog(&x.log, &x.plan, x.log.tunIn, x.log.tunOut, end, l.now)
+	case c.busy:
 		l.s.endLog(&x.log, &x.plan, x.log.status, max(x.log.out-x.log.headOut, 0), l.now)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/lb"
 )
 
@@ -87,6 +88,7 @@ func (l *evloop) switchTunnel(c *cconn, bc *bconn, hlen int) {
 		return
 	}
 	if bc.r < bc.w {
+		x.log.tunOut += int64(bc.w - bc.r)
 		l.writeClient(c, bc.in[bc.r:bc.w])
 		if c.fd < 0 {
 			return
@@ -193,10 +195,12 @@ func (l *evloop) tunToBackend(c *cconn) {
 				bc.wready = false
 				return
 			case errno != 0:
+				c.x.log.end = accesslog.EndBackendReset
 				l.closeClient(c)
 				return
 			}
 			bc.pend = bc.pend[n:]
+			c.x.log.tunIn += int64(n)
 			l.tunTouch(c)
 			continue
 		}
@@ -280,6 +284,7 @@ func (l *evloop) tunToClient(bc *bconn) {
 		case errno == unix.EINTR:
 			continue
 		case errno != 0:
+			c.x.log.end = accesslog.EndBackendReset
 			l.closeClient(c)
 			return
 		case n == 0:
@@ -289,6 +294,7 @@ func (l *evloop) tunToClient(bc *bconn) {
 		if n < len(bc.in) && !bc.hup {
 			bc.rready = false
 		}
+		c.x.log.tunOut += int64(n)
 		l.tunTouch(c)
 		// What the socket does not take waits in c.out (one buffer at
 		// most), and the client has -http-client-timeout to take it.
@@ -309,6 +315,7 @@ func (l *evloop) tunTouch(c *cconn) {
 func (l *evloop) tunMaybeDone(c *cconn) {
 	bc := c.x.bc
 	if c.tunEOF && bc != nil && bc.tunEOF && len(bc.pend) == 0 && c.o == len(c.out) {
+		c.x.log.tunDone = true
 		l.closeClient(c)
 	}
 }

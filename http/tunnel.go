@@ -17,6 +17,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/lb"
 )
 
@@ -212,6 +213,24 @@ type tunnel struct {
 	last     atomic.Int64 // unix ns of the last byte either way
 	once     sync.Once
 	idleShut atomic.Bool
+	// For the access log: the bytes each way (each written by its own
+	// direction, read once both have ended) and how the tunnel ended
+	// (accesslog.End+1 of the first failure; 0 when none).
+	in, out int64
+	ended   atomic.Uint32
+}
+
+// fail records how the tunnel ended, if nothing did before: side is the
+// connection that failed (the client or the backend), or nil for idle.
+func (t *tunnel) fail(side net.Conn) {
+	end := accesslog.EndTimeout
+	switch side {
+	case t.client:
+		end = accesslog.EndClientAbort
+	case t.backend:
+		end = accesslog.EndBackendReset
+	}
+	t.ended.CompareAndSwap(0, uint32(end)+1)
 }
 
 // close closes both sides, once.
@@ -225,7 +244,9 @@ func (t *tunnel) close() {
 // runTunnel copies client and backend into each other until both
 // directions end, then closes both and uncounts the tunnel. cr and br
 // are the sides' readers (holding bytes already read past the heads).
-func (s *Server) runTunnel(client net.Conn, cr io.Reader, backend net.Conn, br io.Reader) {
+// It returns the bytes carried from the client and to it, and how the
+// tunnel ended.
+func (s *Server) runTunnel(client net.Conn, cr io.Reader, backend net.Conn, br io.Reader) (in, out int64, end accesslog.End) {
 	t := &tunnel{s: s, client: client, backend: backend}
 	t.last.Store(time.Now().UnixNano())
 	ts := &s.tunnels
@@ -256,6 +277,10 @@ func (s *Server) runTunnel(client net.Conn, cr io.Reader, backend net.Conn, br i
 	}
 	ts.mu.Unlock()
 	s.stats.Tunnels.Add(-1)
+	if e := t.ended.Load(); e != 0 {
+		end = accesslog.End(e - 1)
+	}
+	return t.in, t.out, end
 }
 
 // copy moves bytes from src (read through r) to dst through one window
@@ -273,8 +298,14 @@ func (t *tunnel) copy(dst, src net.Conn, r io.Reader) {
 			t.last.Store(time.Now().UnixNano())
 			dst.SetWriteDeadline(time.Now().Add(idle))
 			if _, werr := dst.Write(buf[:n]); werr != nil {
+				t.fail(dst)
 				t.close()
 				return
+			}
+			if dst == t.backend {
+				t.in += int64(n)
+			} else {
+				t.out += int64(n)
 			}
 			t.last.Store(time.Now().UnixNano())
 		}
@@ -287,11 +318,17 @@ func (t *tunnel) copy(dst, src net.Conn, r io.Reader) {
 				continue // the other direction is busy: the tunnel is not idle
 			}
 			t.idleShut.Store(true)
+			t.fail(nil)
 			t.close()
 			return
 		}
-		if err == io.EOF && closeWrite(dst) == nil {
-			return // half-close passed on; the other direction goes on
+		if err == io.EOF {
+			if closeWrite(dst) == nil {
+				return // half-close passed on; the other direction goes on
+			}
+			t.fail(dst)
+		} else if !errors.Is(err, net.ErrClosed) {
+			t.fail(src)
 		}
 		t.close()
 		return
@@ -377,7 +414,10 @@ func (s *Server) dialWith(addr string, cfg *tls.Config, pre []byte) (net.Conn, e
 // forwardUpgrade is the fasthttp engine's forward for an upgrade request
 // (proto is its Upgrade): a backend connection of its own, then either a
 // tunnel (101 with the same Upgrade) or the answer relayed as HTTP.
-func (s *Server) forwardUpgrade(ctx *fasthttp.RequestCtx, p *plan, v *reqView, proto []byte) {
+//
+// lg is the request's access-log record (nil when not logged): an answer
+// relayed as HTTP is logged as any other; a switch, when its tunnel ends.
+func (s *Server) forwardUpgrade(ctx *fasthttp.RequestCtx, p *plan, v *reqView, proto []byte, lg *reqLog) {
 	h := &ctx.Request.Header
 	ip := remoteAddr(ctx)
 	if !s.takeTunnel() {
@@ -454,12 +494,22 @@ func (s *Server) forwardUpgrade(ctx *fasthttp.RequestCtx, p *plan, v *reqView, p
 		// The source's count of backend connections (MaxConns/8) goes on
 		// for the tunnel's life, which holds its backend connection.
 		held = false
+		var tp plan
+		if lg != nil && s.logging() {
+			lg.tunnel, tp = true, *p
+		} else {
+			lg = nil
+		}
 		ctx.Hijack(func(c net.Conn) {
 			defer s.held.release(ip)
 			c.SetWriteDeadline(time.Now().Add(s.cfg.ClientReadTimeout))
 			if _, err := c.Write(head); err != nil {
 				conn.Close()
 				s.stats.Tunnels.Add(-1)
+				if lg != nil {
+					s.endTunnelLog(lg, &tp, 0, 0, accesslog.EndClientAbort, s.clock.Now())
+					reqLogPool.Put(lg)
+				}
 				return
 			}
 			// Reads go through c, which holds what fasthttp buffered;
@@ -468,7 +518,11 @@ func (s *Server) forwardUpgrade(ctx *fasthttp.RequestCtx, p *plan, v *reqView, p
 			if g != nil {
 				client = &hijacked{Conn: g, r: c}
 			}
-			s.runTunnel(client, c, conn, br)
+			in, out, end := s.runTunnel(client, c, conn, br)
+			if lg != nil {
+				s.endTunnelLog(lg, &tp, in, out, end, s.clock.Now())
+				reqLogPool.Put(lg)
+			}
 		})
 		return
 	}
@@ -499,6 +553,11 @@ func (s *Server) forwardUpgrade(ctx *fasthttp.RequestCtx, p *plan, v *reqView, p
 	s.prepareResponse(&ctx.Response.Header, p, ip)
 	ctx.Response.SetBodyStream(body, cl)
 	body.held, body.src, held = &s.held, ip, false
+	if lg != nil {
+		// Logged when the relayed body ends.
+		lg.answered, lg.streamed = true, true
+		body.log, body.s, body.plan = lg, s, *p
+	}
 }
 
 // upgradeExchange dials b (with pre, its PROXY header, and its TLS), writes req and reads the final

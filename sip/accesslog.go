@@ -183,6 +183,11 @@ func logTransport(src source) string {
 // Warning's text is the reason of an error status, else its reason
 // phrase.
 func (s *Server) logLocal(req *gosip.Request, src source, code int, phrase string, extra []string) {
+	s.logLocalIn(req, src, "", code, phrase, extra)
+}
+
+// logLocalIn is logLocal for a request whose pool is known.
+func (s *Server) logLocalIn(req *gosip.Request, src source, pool string, code int, phrase string, extra []string) {
 	if !s.logging() || req.Method == gosip.ACK {
 		return
 	}
@@ -192,7 +197,7 @@ func (s *Server) logLocal(req *gosip.Request, src source, code int, phrase strin
 			why = strings.ToLower(phrase)
 		}
 	}
-	s.logAnswer(req, src, false, "", code, why)
+	s.logAnswer(req, src, false, pool, code, why)
 }
 
 // logShed records a request sluice would have answered itself (as
@@ -265,8 +270,8 @@ type inDialogLog struct {
 }
 
 // newInDialogLog starts the record of an in-dialog request forwarded to
-// backend b.
-func (s *Server) newInDialogLog(req *gosip.Request, src source, backend string, now int64) *inDialogLog {
+// backend of pool (the dialog's: its token's or the dialog table's).
+func (s *Server) newInDialogLog(req *gosip.Request, src source, backend, pool string, now int64) *inDialogLog {
 	if !s.logging() {
 		return nil
 	}
@@ -274,6 +279,7 @@ func (s *Server) newInDialogLog(req *gosip.Request, src source, backend string, 
 	s.fillRecord(&l.rec, req, src)
 	l.rec.Start = time.Now()
 	l.rec.Backend = backend
+	l.rec.Pool = pool
 	l.rec.Class = accesslog.ClassAffinity
 	return l
 }

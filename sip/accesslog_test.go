@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -86,7 +87,7 @@ func normalize(line string) string {
 // off a backend's 503, every backend failing (500), no backend left
 // (503), a refusal by an ARM rule, Timer C (sluice's 408 after a
 // provisional answer), a sips: request with no TLS backend (480), an
-// INVITE CANCELed at its backend (487) and a request without route
+// INVITE CANCELed at its backend (487, and the CANCEL's own 200) and a request without route
 // (404).
 func TestAccessLogSIPGolden(t *testing.T) {
 	var got []string
@@ -223,7 +224,14 @@ func TestAccessLogSIPGolden(t *testing.T) {
 		c.send(strings.NewReplacer("INVITE", "CANCEL").Replace(
 			"INVITE sip:service@" + c.lb.String() + " SIP/2.0\r\nVia: SIP/2.0/UDP " + c.addr.String() + ";branch=" + kc.branch + ";rport\r\nMax-Forwards: 70\r\nFrom: <sip:alice@test>;tag=acancel@test\r\nTo: <sip:service@test>\r\nCall-ID: cancel@test\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"))
 		c.recvResponseTo(gosip.INVITE, 487)
-		add("canceled", k.next(t, 1))
+		// The INVITE's 487 and the CANCEL's own 200 from the backend, in
+		// whichever order the two answers were handled.
+		lines := k.next(t, 2)
+		for i := range lines {
+			lines[i] = normalize(lines[i])
+		}
+		slices.Sort(lines)
+		add("canceled, its cancel", lines)
 	})
 
 	t.Run("local answers", func(t *testing.T) {
@@ -304,5 +312,52 @@ func TestAccessLogRecordBounded(t *testing.T) {
 	s.fillRecord(&r, short, source{addr: netip.MustParseAddrPort("192.0.2.1:5060")})
 	if r.RURI != "sip:a@example.com" || r.CallID != "ri@test" || r.FromTag != "f" || r.ToTag != "" || r.Transport != "udp" || r.Method != "OPTIONS" {
 		t.Errorf("record %+v", r)
+	}
+}
+
+// TestAccessLogForwardedCancel: a forwarded CANCEL's record waits for the
+// backend's answer to the CANCEL (the INVITE's answers, on the same
+// branch, do not end it), and one never answered is logged after Timer F
+// with no status, without a 408 of sluice's or a verdict on the backend.
+func TestAccessLogForwardedCancel(t *testing.T) {
+	l, k := newLineLog(t, false)
+	b1 := newUAS(t, "b1")
+	clock := &admission.ManualClock{}
+	clock.Set(int64(time.Hour))
+	s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), clock: clock, alog: l})
+	msg, err := gosip.ParseMessage([]byte("CANCEL sip:bob@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-c1\r\nMax-Forwards: 70\r\nFrom: <sip:a@test>;tag=a\r\nTo: <sip:b@test>\r\nCall-ID: c@test\r\nCSeq: 1 CANCEL\r\nContent-Length: 0\r\n\r\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := msg.(*gosip.Request)
+	client := source{addr: netip.MustParseAddrPort("127.0.0.1:9")}
+	backend := source{addr: b1.addr}
+
+	s.watchCancel(req, client, "z9hG4bK-ours1", "b1", "london", clock.Now())
+	s.answered("z9hG4bK-ours1", backend, 487, gosip.INVITE) // the INVITE's answer
+	clock.Advance(2 * time.Millisecond)
+	s.answered("z9hG4bK-ours1", backend, 200, gosip.CANCEL)
+	got := normalize(k.next(t, 1)[0])
+	for _, want := range []string{`"method":"CANCEL"`, `"pool":"london"`, `"backend":"b1"`, `"status":200`, `"status_from":"backend"`, `"class":"new"`, `"t_final_ms":2.000`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("answered CANCEL: %s: want %s", got, want)
+		}
+	}
+
+	replies, unanswered := s.metrics.LocalReplies.Load(), s.metrics.InDialogUnanswered.Load()
+	s.watchCancel(req, client, "z9hG4bK-ours2", "b1", "london", clock.Now())
+	clock.Advance(timerF)
+	s.expireWatched(clock.Now())
+	got = normalize(k.next(t, 1)[0])
+	for _, want := range []string{`"method":"CANCEL"`, `"status":0`, `"reason":"no final answer"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("unanswered CANCEL: %s: want %s", got, want)
+		}
+	}
+	if s.metrics.LocalReplies.Load() != replies || s.metrics.InDialogUnanswered.Load() != unanswered {
+		t.Errorf("an unanswered CANCEL got a reply of sluice's or counted against its backend")
+	}
+	if s.watchedLen() != 0 {
+		t.Errorf("%d watched left", s.watchedLen())
 	}
 }

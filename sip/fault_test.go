@@ -274,7 +274,7 @@ func BenchmarkInDialogWatch(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		br := branches[i&1023]
-		s.watch(req, src, br, "b1", 0)
-		s.answered(br, src, 200)
+		s.watch(req, src, br, "b1", "", 0)
+		s.answered(br, src, 200, gosip.BYE)
 	}
 }

@@ -42,14 +42,18 @@ type watchEntry struct {
 	method   gosip.RequestMethod
 	backend  string
 	lg       *inDialogLog // the access-log record under way; nil when not logging
+	// logOnly: a forwarded CANCEL, watched only for its record (logging
+	// on): no 408 of ours, no verdict on the backend, and only an answer
+	// to a CANCEL ends it (its INVITE's answers share its branch).
+	logOnly bool
 }
 
 // maxWatched caps the in-dialog requests awaiting an answer.
 const maxWatched = 1 << 18
 
-// watch records req, forwarded to backend with our branch br at now; a
-// retransmission keeps the first deadline.
-func (s *Server) watch(req *gosip.Request, src source, br, backend string, now int64) {
+// watch records req, forwarded to backend (of pool, for the record) with
+// our branch br at now; a retransmission keeps the first deadline.
+func (s *Server) watch(req *gosip.Request, src source, br, backend, pool string, now int64) {
 	w := &s.watched
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -70,16 +74,40 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend string, now i
 		to:       s.replyTarget(req, src),
 		method:   req.Method,
 		backend:  backend,
-		lg:       s.newInDialogLog(req, src, backend, now),
+		lg:       s.newInDialogLog(req, src, backend, pool, now),
 	}
+}
+
+// watchCancel records a client's CANCEL forwarded to backend (of pool)
+// with br, its INVITE's branch, at now, for its record only: when the
+// access log takes no SIP records it does nothing. Without an answer
+// within Timer F it is logged with no status.
+func (s *Server) watchCancel(req *gosip.Request, src source, br, backend, pool string, now int64) {
+	lg := s.newInDialogLog(req, src, backend, pool, now)
+	if lg == nil {
+		return
+	}
+	lg.rec.Class = accesslog.ClassNew // part of its INVITE's new work
+	w := &s.watched
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, dup := w.entries[br]; dup || len(w.entries) >= maxWatched {
+		return
+	}
+	if w.entries == nil {
+		w.entries = make(map[string]watchEntry)
+	}
+	w.n.Add(1)
+	w.entries[br] = watchEntry{sent: now, deadline: now + int64(timerF), method: req.Method, backend: backend, lg: lg, logOnly: true}
 }
 
 // answered forgets the request whose response carries our branch br, and
 // records that the backend at src answered: real traffic shows it alive,
 // which overrules failing OPTIONS pings (lb.Backend.Served) and ends a
-// run of unanswered in-dialog requests. With nothing watched (most
-// responses answer new work) it takes no lock.
-func (s *Server) answered(br string, src source, code int) {
+// run of unanswered in-dialog requests. method is the answer's CSeq
+// method. With nothing watched (most responses answer new work) it takes
+// no lock.
+func (s *Server) answered(br string, src source, code int, method gosip.RequestMethod) {
 	if b := s.pool.Load().backendAt(src.addr); b != nil {
 		b.lb.Served(s.clock.Now())
 		if b.unanswered.Load() != 0 {
@@ -92,7 +120,7 @@ func (s *Server) answered(br string, src source, code int) {
 	}
 	w.mu.Lock()
 	e, ok := w.entries[br]
-	if !ok {
+	if !ok || e.logOnly && method != e.method {
 		w.mu.Unlock()
 		return
 	}
@@ -213,6 +241,10 @@ func (s *Server) expireWatched(now int64) {
 	}
 	w.mu.Unlock()
 	for _, e := range due {
+		if e.logOnly {
+			s.finishInDialog(e.lg, now, 0, accesslog.ByBackend, "no final answer")
+			continue
+		}
 		if e.lg != nil && e.lg.provisional {
 			// Answered provisionally, then nothing: no 408 of ours
 			// (none without the log either), only its record.

@@ -303,13 +303,16 @@ func (s *Server) forwardStatelessBranch(req *gosip.Request, src source, dst targ
 // The client always gets an answer: a backend that is down gets no
 // request and the client 480 at once; a send that fails gets 503; any
 // other request but ACK is watched and answered 408 if b stays silent
-// for -sip-in-dialog-timeout (inDialogWatch).
-func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now int64) {
+// for -sip-in-dialog-timeout (inDialogWatch). pool is the dialog's, for
+// the access log.
+func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, pool string, now int64) {
 	ack := req.Method == gosip.ACK
 	if !b.lb.AcceptsAffinity(now) {
 		if !ack {
 			s.metrics.InDialogBackendDown.Add(1)
-			s.reply(req, src, 480, "Temporarily Unavailable", "Warning: 399 "+s.adv.String()+` "backend down"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.BusyDefault)))
+			extra := []string{"Warning: 399 " + s.adv.String() + ` "backend down"`, "Retry-After: " + strconv.Itoa(s.jitter(s.cfg.BusyDefault))}
+			s.replyUnlogged(req, src, 480, "Temporarily Unavailable", extra...)
+			s.logLocalIn(req, src, pool, 480, "Temporarily Unavailable", extra)
 		}
 		return
 	}
@@ -321,7 +324,7 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, now
 	br := s.branchOf(req, src, dst)
 	dst.client = src.addr
 	if !ack {
-		s.watch(req, src, br, b.id, now)
+		s.watch(req, src, br, b.id, pool, now)
 	}
 	if err := s.forwardStatelessBranch(req, src, dst, br); err != nil && !ack {
 		s.unwatch(br)
@@ -387,8 +390,11 @@ func (s *Server) handleCancel(req *gosip.Request, src source, p *backendSet, now
 		}
 		s.prepareForward(req, src)
 		req.PrependHeader(s.ourVia(branch, b.transport()))
+		s.watchCancel(req, src, branch, b.id, t.poolName, now)
 		if err := s.sendMsg(req, target{addr: b.addr, tcp: b.tcp, dial: true, client: src.addr}); err == nil {
 			s.metrics.Forwarded.Add(1)
+		} else {
+			s.unwatch(branch)
 		}
 		return
 	}
@@ -438,7 +444,10 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 		if removed {
 			s.metrics.AffinityGone.Add(1)
 		}
-		s.forwardInDialog(req, src, b, now)
+		if pool == "" && len(b.spec.Pools) > 0 {
+			pool = b.spec.Pools[0] // a token from before pools
+		}
+		s.forwardInDialog(req, src, b, pool, now)
 		return
 	}
 	if fromBackend {
@@ -473,7 +482,7 @@ func (s *Server) handleInDialog(req *gosip.Request, src source, p *backendSet, n
 	} else {
 		s.metrics.CallIDFallback.Add(1)
 	}
-	s.forwardInDialog(req, src, b, now)
+	s.forwardInDialog(req, src, b, pool, now)
 }
 
 // Why dialogRoute found no backend.

@@ -344,7 +344,7 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 	}
 	// Only now, its branch proven ours for where it came from, does the
 	// answer count as evidence that the backend serves (unansweredBy).
-	s.answered(br, src, res.StatusCode)
+	s.answered(br, src, res.StatusCode, res.CSeq().MethodName)
 	if res.StatusCode >= 200 && res.CSeq().MethodName == gosip.BYE {
 		s.dialogEnded(res, src, s.clock.Now())
 		// The dialog is over (RFC 3261 §15.1.1), whichever side hung up:
