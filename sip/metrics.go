@@ -191,7 +191,7 @@ var (
 
 // descProxyConns is the gauge of the per-client connections to backends
 // with proxy= (proxyout.go).
-var descProxyConns = prometheus.NewDesc("sluice_sip_backend_proxy_connections", "Connections to SIP backends with proxy=v1|v2 opened for one client each (open or opening), at most 4096 per backend.", nil, nil)
+var descProxyConns = prometheus.NewDesc("sluice_frontend_backend_proxy_connections", "Connections to backends with proxy=v1|v2 opened for one client each (open or opening), at most 4096 per backend.", nil, prometheus.Labels{"protocol": "sip"})
 
 var descProxyRejected = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "sip"})
 

@@ -264,7 +264,7 @@ func TestProxyProtocolOutSIPBound(t *testing.T) {
 			}
 			got := series(t, s)
 			for name, want := range map[string]float64{
-				`sluice_sip_backend_proxy_connections{}`:                                       2,
+				`sluice_frontend_backend_proxy_connections{protocol=sip}`:                      2,
 				`sluice_frontend_events_total{event=backend_proxy_conns_refused,protocol=sip}`: 1,
 			} {
 				if v, ok := got[name]; !ok || v != want {
