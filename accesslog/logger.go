@@ -202,17 +202,22 @@ type Stats struct {
 // goroutine. A nil *Logger takes nothing and costs nothing: front ends
 // call it unconditionally.
 type Logger struct {
-	opts   Options
-	http   *ring[HTTPRecord]
-	sip    *ring[SIPRecord]
-	dest   [2]dest // per protocol; nil: none
-	dests  []dest  // distinct destinations
-	wake   chan struct{}
-	reopen atomic.Bool
-	closed atomic.Bool // Close was called: records are dropped
-	quit   chan struct{}
-	done   chan struct{}
-	once   sync.Once
+	opts  Options
+	http  *ring[HTTPRecord]
+	sip   *ring[SIPRecord]
+	dest  [2]dest // per protocol; nil: none
+	dests []dest  // distinct destinations
+	wake  chan struct{}
+	// wakeEvery: a record wakes the writer at every wakeEvery-th
+	// position of its ring (an eighth of it), and the writer also looks
+	// every writerTick: one wake-up per record cost the traffic a
+	// goroutine switch and the file a write per record at low load.
+	wakeEvery uint64
+	reopen    atomic.Bool
+	closed    atomic.Bool // Close was called: records are dropped
+	quit      chan struct{}
+	done      chan struct{}
+	once      sync.Once
 
 	logged, dropped, written [2]atomic.Uint64
 	errs                     atomic.Uint64
@@ -254,10 +259,11 @@ func New(opts Options) (*Logger, error) {
 		specs[SIP], flags[SIP] = opts.SIPDest, "-sip-access-log"
 	}
 	l := &Logger{
-		opts: opts,
-		wake: make(chan struct{}, 1),
-		quit: make(chan struct{}),
-		done: make(chan struct{}),
+		opts:      opts,
+		wakeEvery: uint64(max(opts.RingSize/8, 1)),
+		wake:      make(chan struct{}, 1),
+		quit:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	byKey := map[string]dest{}
 	for p := range specs {
@@ -335,12 +341,20 @@ func (l *Logger) LogHTTP(r *HTTPRecord) {
 	if !logged && sinks == 0 {
 		return
 	}
-	if l.closed.Load() || !l.http.put(r, logged, sinks, copyHTTP) {
+	if l.closed.Load() {
 		l.dropped[HTTP].Add(1)
 		return
 	}
+	ok, pos := l.http.put(r, logged, sinks, copyHTTP)
+	if !ok {
+		l.dropped[HTTP].Add(1)
+		l.poke()
+		return
+	}
 	l.logged[HTTP].Add(1)
-	l.poke()
+	if pos%l.wakeEvery == 0 {
+		l.poke()
+	}
 }
 
 // LogSIP is LogHTTP for a SIP record.
@@ -358,12 +372,20 @@ func (l *Logger) LogSIP(r *SIPRecord) {
 	if !logged && sinks == 0 {
 		return
 	}
-	if l.closed.Load() || !l.sip.put(r, logged, sinks, copySIP) {
+	if l.closed.Load() {
 		l.dropped[SIP].Add(1)
 		return
 	}
+	ok, pos := l.sip.put(r, logged, sinks, copySIP)
+	if !ok {
+		l.dropped[SIP].Add(1)
+		l.poke()
+		return
+	}
 	l.logged[SIP].Add(1)
-	l.poke()
+	if pos%l.wakeEvery == 0 {
+		l.poke()
+	}
 }
 
 func (l *Logger) poke() {

@@ -46,8 +46,10 @@ func newRing[T any](size, arena int) *ring[T] {
 }
 
 // put copies src into a free slot with cp; false when the ring is full.
-func (r *ring[T]) put(src *T, logged bool, sinks uint64, cp func(dst *T, arena []byte, src *T) []byte) bool {
-	pos := r.head.Load()
+// pos is the slot's position in the ring's sequence (the writer is woken
+// at every wakeEvery of them).
+func (r *ring[T]) put(src *T, logged bool, sinks uint64, cp func(dst *T, arena []byte, src *T) []byte) (ok bool, pos uint64) {
+	pos = r.head.Load()
 	var s *slot[T]
 	for {
 		s = &r.slots[pos&r.mask]
@@ -59,7 +61,7 @@ func (r *ring[T]) put(src *T, logged bool, sinks uint64, cp func(dst *T, arena [
 			}
 			pos = r.head.Load()
 		case d < 0:
-			return false // full: the writer has not taken this slot yet
+			return false, pos // full: the writer has not taken this slot yet
 		default:
 			pos = r.head.Load()
 		}
@@ -68,7 +70,7 @@ claimed:
 	s.arena = cp(&s.rec, s.arena[:0], src)
 	s.logged, s.sinks = logged, sinks
 	s.seq.Store(pos + 1)
-	return true
+	return true, pos
 }
 
 // take returns the next published slot, or nil when there is none; the

@@ -6,6 +6,12 @@ package accesslog
 // destination, so a slow destination stalls it alone: the rings fill and
 // the front ends' records are dropped and counted.
 
+import "time"
+
+// writerTick is how often the writer looks at the rings when no record
+// woke it: how late a line may reach its destination at low load.
+const writerTick = 20 * time.Millisecond
+
 // batch is how many records the writer takes from one ring before it
 // looks at the other, so a flood of one protocol does not starve the other.
 const batch = 256
@@ -13,6 +19,8 @@ const batch = 256
 func (l *Logger) run() {
 	defer close(l.done)
 	var line []byte
+	tick := time.NewTicker(writerTick)
+	defer tick.Stop()
 	for {
 		if l.reopen.Swap(false) {
 			for _, d := range l.dests {
@@ -35,6 +43,7 @@ func (l *Logger) run() {
 		}
 		select {
 		case <-l.wake:
+		case <-tick.C:
 		case <-l.quit:
 			for l.drainHTTP(&line)+l.drainSIP(&line) > 0 {
 			}
