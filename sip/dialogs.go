@@ -472,6 +472,29 @@ func (dt *dialogTable) sweep(now int64, shards int) (removed int) {
 	return removed
 }
 
+// sweepAll removes the expired entries of every shard, each once, by
+// index: sweep's round-robin cursor is shared with the timer goroutine,
+// whose sweeps running at the same time would make a pass over
+// dialogShards shards visit some twice and miss others.
+func (dt *dialogTable) sweepAll(now int64) (removed int) {
+	for i := range dt.shards {
+		sh := &dt.shards[i]
+		sh.mu.Lock()
+		n := 0
+		for k, e := range sh.m {
+			if now >= e.deadline {
+				delete(sh.m, k)
+				dt.release(e.backend())
+				n++
+			}
+		}
+		sh.mu.Unlock()
+		dt.count.Add(-int64(n))
+		removed += n
+	}
+	return removed
+}
+
 // Len returns the number of entries (live and lingering or expired but
 // not yet swept).
 func (dt *dialogTable) Len() int { return int(dt.count.Load()) }

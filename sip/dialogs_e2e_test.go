@@ -226,7 +226,7 @@ func TestDialogEntryLifecycle(t *testing.T) {
 	if r, miss := s.metrics.DialogRouted.Load(), s.metrics.DialogMisses.Load(); r != 0 || miss != 0 {
 		t.Errorf("token-routed call consulted the table: routed %d, misses %d", r, miss)
 	}
-	if n := s.dialogs.sweep(s.clock.Now()+int64(dialogLinger), dialogShards); n != 1 || s.dialogs.Len() != 0 {
+	if n := s.dialogs.sweepAll(s.clock.Now() + int64(dialogLinger)); n != 1 || s.dialogs.Len() != 0 {
 		t.Errorf("sweep after the linger removed %d, left %d; want 1 and 0", n, s.dialogs.Len())
 	}
 }

@@ -54,7 +54,7 @@ func TestNoGrowthPerDialog(t *testing.T) {
 	h0, g0 := heap(), runtime.NumGoroutine()
 	run(10000)
 	eventually(t, "transactions to end", func() bool { return s.txns.Len() == 0 })
-	s.dialogs.sweep(s.clock.Now()+int64(dialogLinger), dialogShards)
+	s.dialogs.sweepAll(s.clock.Now() + int64(dialogLinger))
 	s.txns.mu.Lock()
 	s.txns.accepted.expireLocked(s.clock.Now() + 2*int64(acceptedLinger)) // the Accepted state is over
 	s.txns.mu.Unlock()
