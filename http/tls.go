@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -321,6 +322,13 @@ func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, remote net.Ad
 	} else if err != nil {
 		s.stats.HandshakeFailed.Add(1)
 		s.logger.Debug("https handshake failed", "client", ip.String(), "err", err)
+		if plainHTTPOnTLS(err) {
+			// A client speaking plain HTTP to the HTTPS port gets a
+			// 400 that says so, as nginx and Go's net/http answer,
+			// rather than a connection closed without a word.
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			io.WriteString(c, plainHTTPAnswer)
+		}
 	}
 	if err != nil {
 		c.Close()
@@ -336,6 +344,18 @@ func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, remote net.Ad
 		return
 	}
 	deliver(t, tc, rc, c, ip)
+}
+
+// plainHTTPAnswer is the answer to plain HTTP sent to an HTTPS listener.
+const plainHTTPAnswer = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n" +
+	"Content-Length: 49\r\nConnection: close\r\n\r\nThis port speaks HTTPS: use https:// to reach it\n"
+
+// plainHTTPOnTLS reports whether a failed handshake met plain HTTP: crypto/tls
+// found no TLS record (it sets Conn then) and the bytes start as an HTTP
+// method does, with an upper-case letter.
+func plainHTTPOnTLS(err error) bool {
+	var rh tls.RecordHeaderError
+	return errors.As(err, &rh) && rh.Conn != nil && rh.RecordHeader[0] >= 'A' && rh.RecordHeader[0] <= 'Z'
 }
 
 // connSecure reports whether c, a connection the fasthttp engine serves,

@@ -533,3 +533,38 @@ func TestHTTPSALPNh2(t *testing.T) {
 		c.Close()
 	})
 }
+
+// TestHTTPSPlainHTTPAnswered400: plain HTTP sent to the HTTPS listener gets
+// a 400 that says the port speaks HTTPS, and the connection is closed;
+// the listener keeps serving TLS clients.
+func TestHTTPSPlainHTTPAnswered400(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, tls: true})
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: example.test\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("read: %v (got %q)", err, got)
+		}
+		if !strings.HasPrefix(string(got), "HTTP/1.1 400 Bad Request\r\n") || !strings.HasSuffix(string(got), "\r\n\r\nThis port speaks HTTPS: use https:// to reach it\n") {
+			t.Fatalf("plain HTTP to the HTTPS port got %q, want a 400 naming HTTPS", got)
+		}
+		resp, err := nethttp.ReadResponse(bufio.NewReader(strings.NewReader(string(got))), nil)
+		if err != nil {
+			t.Fatalf("the 400 does not parse: %v", err)
+		}
+		if body, _ := io.ReadAll(resp.Body); resp.StatusCode != 400 || int64(len(body)) != resp.ContentLength {
+			t.Errorf("status %d, body %d bytes of Content-Length %d", resp.StatusCode, len(body), resp.ContentLength)
+		}
+		if rep := r.get("/", ""); rep.status != 200 {
+			t.Errorf("a TLS client after it: %d", rep.status)
+		}
+	})
+}
