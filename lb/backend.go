@@ -169,6 +169,25 @@ type passiveConfig struct {
 	maxFails int32
 	cooldown int64
 	onEject  func(b *Backend, r Result, until int64)
+	// peers are the backends of the generation: traffic may eject at
+	// most half of them (at least one), so an overload that makes every
+	// backend slow (each failing its requests for a while) cannot take a
+	// whole pool out and turn slow answers into refusals of everything
+	// (Envoy's max_ejection_percent, with its "at least one host").
+	peers []*Backend
+}
+
+// mayEject reports whether traffic may eject one more backend than those
+// ejected at now.
+func (p *passiveConfig) mayEject(b *Backend, now int64) bool {
+	limit := max(len(p.peers)/2, 1)
+	n := 0
+	for _, o := range p.peers {
+		if o != b && now < o.ejectedAt.Load() {
+			n++
+		}
+	}
+	return n < limit
 }
 
 // ErrBadBackend is wrapped by NewBackend and NewPool for an invalid backend.
@@ -359,7 +378,7 @@ func (b *Backend) Release(now int64, r Result) {
 		}
 		// A refused connection to a backend its probes already call down
 		// is proof enough: out at once, not after MaxFails.
-		if n := b.consecErr.Add(1); n >= p.maxFails || r == ConnectError && b.downByProbes() {
+		if n := b.consecErr.Add(1); n >= p.maxFails && (now < b.ejectedAt.Load() || p.mayEject(b, now)) || r == ConnectError && b.downByProbes() {
 			b.consecErr.Store(p.maxFails - 1)
 			until := now + p.cooldown
 			prev := b.ejectedAt.Load()

@@ -280,6 +280,9 @@ func NewGeneration(cfg GenConfig) (*Generation, error) {
 		g.backends[i] = b
 		g.byID[spec.ID] = b
 	}
+	if passive != nil {
+		passive.peers = g.backends
+	}
 
 	// Pools.
 	for _, name := range order {

@@ -140,6 +140,9 @@ func NewPool(cfg PoolConfig, backends []*Backend) (*Pool, error) {
 		}
 		b.passive = passive
 	}
+	if passive != nil {
+		passive.peers = p.backends
+	}
 	return p, nil
 }
 

@@ -358,6 +358,46 @@ func TestPassiveEjection(t *testing.T) {
 	}
 }
 
+// TestPassiveEjectionBound: traffic ejects at most half of the backends
+// (at least one): when every backend fails its requests at once (an
+// overload that makes them all slow), the rest keep taking work instead of
+// the pool refusing everything.
+func TestPassiveEjectionBound(t *testing.T) {
+	for _, tc := range []struct{ backends, ejectable int }{{1, 1}, {2, 1}, {3, 1}, {4, 2}, {5, 2}} {
+		t.Run(fmt.Sprint(tc.backends), func(t *testing.T) {
+			p, err := NewPool(PoolConfig{Passive: PassiveConfig{MaxFails: 1, Cooldown: 10 * time.Second}}, newBackends(t, make([]int, tc.backends)...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range p.Backends() {
+				b.Acquire()
+				b.Release(1, Timeout)
+			}
+			down := 0
+			for _, b := range p.Backends() {
+				if b.State(2) == Down {
+					down++
+				}
+			}
+			if down != tc.ejectable {
+				t.Errorf("%d of %d backends ejected after each failed, want %d", down, tc.backends, tc.ejectable)
+			}
+			// Once the ejected ones are back, the others may go in turn.
+			later := 1 + int64(10*time.Second)
+			for _, b := range p.Backends() {
+				if b.State(later) == Up && b.State(2) == Up {
+					b.Acquire()
+					b.Release(later, Timeout)
+					if b.State(later+1) != Down {
+						t.Errorf("%s still up after the first ejections ended", b.ID())
+					}
+					break
+				}
+			}
+		})
+	}
+}
+
 func TestNewPoolErrors(t *testing.T) {
 	dup := newBackends(t, 1)
 	dup2, _ := NewBackend(BackendConfig{Addr: dup[0].Addr()})

@@ -12,11 +12,17 @@ import (
 // in force.
 
 // sipGenConfig sets the SIP settings of a generation's configuration:
-// -sip-lb-policy, the -sip-health-* pings with the server's prober.
-// Passive ejection of SIP backends is the server's own (unanswered
-// in-dialog requests), so the generation's is off.
+// -sip-lb-policy, the -sip-health-* pings with the server's prober, and
+// passive ejection (-health-max-fails, -health-cooldown): new work that a
+// backend leaves unanswered (no provisional before the failover timer),
+// refused connections and 5xx answers other than 503 (which drains it by
+// its Retry-After) count against it, so a silent backend stops taking the
+// first try of every call after a few of them, probes or not. The
+// server's own watch of unanswered in-dialog requests ejects too.
 func (n *Node) sipGenConfig(gc *lb.GenConfig) error {
 	c := n.cfg.SIP
+	gc.Passive = n.cfg.Passive
+	gc.Passive.OnEject = n.onEject("sip")
 	gc.Policy = c.Policy
 	if gc.Policy == "" {
 		gc.Policy = DefaultSIPConfig().Policy
