@@ -338,22 +338,8 @@ func (l *Logger) LogHTTP(r *HTTPRecord) {
 			sinks |= 1 << i
 		}
 	}
-	if !logged && sinks == 0 {
-		return
-	}
-	if l.closed.Load() {
-		l.dropped[HTTP].Add(1)
-		return
-	}
-	ok, pos := l.http.put(r, logged, sinks, copyHTTP)
-	if !ok {
-		l.dropped[HTTP].Add(1)
-		l.poke()
-		return
-	}
-	l.logged[HTTP].Add(1)
-	if pos%l.wakeEvery == 0 {
-		l.poke()
+	if logged || sinks != 0 {
+		enqueue(l, HTTP, l.http, r, logged, sinks, copyHTTP)
 	}
 }
 
@@ -369,20 +355,26 @@ func (l *Logger) LogSIP(r *SIPRecord) {
 			sinks |= 1 << i
 		}
 	}
-	if !logged && sinks == 0 {
-		return
+	if logged || sinks != 0 {
+		enqueue(l, SIP, l.sip, r, logged, sinks, copySIP)
 	}
+}
+
+// enqueue puts r into rg, the ring of protocol p, counting it logged or
+// dropped, and wakes the writer at every wakeEvery-th position (or at once
+// when the ring is full).
+func enqueue[T any](l *Logger, p Proto, rg *ring[T], r *T, logged bool, sinks uint64, cp func(dst *T, arena []byte, src *T) []byte) {
 	if l.closed.Load() {
-		l.dropped[SIP].Add(1)
+		l.dropped[p].Add(1)
 		return
 	}
-	ok, pos := l.sip.put(r, logged, sinks, copySIP)
+	ok, pos := rg.put(r, logged, sinks, cp)
 	if !ok {
-		l.dropped[SIP].Add(1)
+		l.dropped[p].Add(1)
 		l.poke()
 		return
 	}
-	l.logged[SIP].Add(1)
+	l.logged[p].Add(1)
 	if pos%l.wakeEvery == 0 {
 		l.poke()
 	}
