@@ -277,6 +277,10 @@ type learner struct {
 
 	regimeBytes, regimeLife float64           // the estimate of the last regime: memory fraction per session, median lifetime (ns)
 	regimeRun               int               // samples in a row far from it
+	lifeStart               int64             // since when the lifetime fits hold only data of the present regime (0: discovery's start)
+	shiftRun                int               // samples in a row the fit missed by more than shiftSD residual deviations, one way
+	shiftSign               float64           // which way
+	shift                   lifeShift         // the estimate across the last change point
 	lowMem                  float64           // lowest memory sample of the last window
 	cutAt, cutLife          int64             // time of the last cut, and how long memory takes to answer it (0: a window)
 	exactRing               [lifeRing]float64 // the estimate's memory per unit of rate at the last samples

@@ -115,14 +115,36 @@ func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) 
 	dt := float64(now - h.at(0).at)
 	decay := math.Exp(-dt / float64(2*w) * math.Ln2)
 	ends := [2]mopSample{{at: now, admitted: admitted}, h.at(0)}
+	var xs [2][lifeDims]float64
 	for e, end := range ends {
-		var x [lifeDims]float64
+		x := &xs[e]
 		x[0] = 1
 		for j := range lifeN {
 			x[j+1] = float64(end.admitted - h.countAt(end.at-m.spans[j]))
 		}
+	}
+	m.detectShift(now, &xs[0], frac)
+	if sh := &l.shift; sh.on && now-sh.at >= int64(m.cfg.Window) {
+		// A window after the change every session of the old kind has
+		// ended: the fits start again on samples of the new regime
+		// only, from the old shape scaled, and take over.
+		sh.on = false
+		m.restartLife(sh.base)
+		for k := range l.life {
+			sh.warm(&l.life[k].w)
+		}
+	}
+	l.shift.add(m, now, admitted, &xs[0], frac)
+	for e := range ends {
+		x := &xs[e]
 		f := &l.life[e]
-		f.add(&x, frac, decay)
+		f.add(x, frac, decay)
+		if sh := &l.shift; sh.on {
+			// After a change point the fit has few samples of the new
+			// regime and, at a steady rate, cannot tell the lifetimes
+			// apart: it starts from the old shape, scaled.
+			sh.warm(&f.w)
+		}
 		f.solve()
 		f.fit = 0
 		for i := range lifeDims {
@@ -130,6 +152,12 @@ func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) 
 		}
 	}
 	l.est = m.lifeEstimate(now)
+	if sh := &l.shift; sh.on {
+		// Until the fits have watched the new regime for a window,
+		// the estimate is the one before the change with every
+		// session's memory scaled as the change point says.
+		l.est = sh.estimate(now)
+	}
 	// The bound trusts the most cautious of the last few estimates:
 	// one sample's fit may be thrown by a collection or noise.
 	l.exactRing[l.exactN%len(l.exactRing)] = l.est.exact
@@ -143,6 +171,177 @@ func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) 
 		l.exactMax = math.Max(l.exactMax, x)
 	}
 	m.publishEstimate(now, maxBytes)
+}
+
+// A change point: when the fit misses shiftRun samples in a row by more
+// than shiftSD residual deviations (and by more than shiftMin of memory),
+// all the same way, once it has a window of data, the backend changed
+// (a deploy: a new footprint per session, new lifetimes). At a steady
+// rate a fit that forgets slowly explains the new level by moving the
+// base, and shows bytes per session that are far off for two windows:
+// instead the fits forget what came before the change and keep the base
+// they had (a pseudo-observation worth shiftPrior samples), so the new
+// level is put on the sessions, where a deploy puts it, and the ramp
+// after the change (sessions of the new kind replacing the old ones
+// within a lifetime) says how much each holds.
+const (
+	shiftSD    = 4
+	shiftMin   = 0.02
+	shiftRun   = 3
+	shiftKeep  = 0.01
+	shiftPrior = 20
+)
+
+// detectShift compares the sample with what the fit ending now predicts
+// from its weights before the sample, and restarts the fits at a change
+// point.
+func (m *MOP) detectShift(now int64, x *[lifeDims]float64, frac float64) {
+	l := &m.l
+	e := &l.est
+	if !e.ok || now-m.lifeFrom() < int64(m.cfg.Window) {
+		l.shiftRun = 0
+		return
+	}
+	f := &l.life[0]
+	pred := 0.0
+	for i := range lifeDims {
+		pred += f.w[i] * x[i]
+	}
+	r := frac - pred
+	if math.Abs(r) <= math.Max(shiftSD*e.sd, shiftMin) {
+		l.shiftRun = 0
+		return
+	}
+	sign := math.Copysign(1, r)
+	if l.shiftRun > 0 && sign != l.shiftSign {
+		l.shiftRun = 0
+	}
+	l.shiftSign = sign
+	l.shiftRun++
+	if l.shiftRun < shiftRun {
+		return
+	}
+	l.shiftRun = 0
+	l.shift.start(m, now, e, &l.life[0].w)
+	l.shift.base = math.Min(e.base, l.lowMem)
+	m.restartLife(l.shift.base)
+	// The samples that showed the change are all there is of the new
+	// regime: a plateau is judged from them as from a cold start.
+	// (this sample and the shiftRun-1 before it, which history holds).
+	l.lifeStart = now
+	if l.hist.n >= shiftRun-1 {
+		l.lifeStart = l.hist.at(shiftRun - 2).at
+	}
+}
+
+// lifeShift carries the estimate across a change point: the fit of the
+// regime before it, frozen, and one term more, the factor 1+δ on the
+// memory of each session admitted since. Sessions of the new kind replace
+// the old ones within their lifetime, so the residuals of the old fit
+// ramp up (or down) along z(t) = Σ_j w_j × (work admitted in the last d_j
+// and since the change), with the old weights w_j; δ is the least-squares
+// factor of that ramp, Σ r z / Σ z². It needs no change in the rate: a
+// deploy at a steady rate is measured by the ramp it causes.
+type lifeShift struct {
+	on       bool
+	at       int64             // the change point (the first sample that showed it)
+	admitted uint64            // admitted count at the change point
+	pre      lifeEstimate      // the estimate before it
+	w        [lifeDims]float64 // the fit before it (base, weights)
+	rz, zz   float64           // Σ r z, Σ z²
+	rr       float64           // Σ r², for the residuals after the change
+	base     float64           // the base the fits hold after it
+	n        float64
+	delta    float64
+}
+
+// start freezes the estimate e and the weights w at a change point.
+func (s *lifeShift) start(m *MOP, now int64, e *lifeEstimate, w *[lifeDims]float64) {
+	h := &m.l.hist
+	*s = lifeShift{on: true, at: now, pre: *e, w: *w, base: s.base}
+	// The change shows from the first of the samples that missed.
+	if h.n >= shiftRun-1 {
+		p := h.at(shiftRun - 2)
+		s.at, s.admitted = p.at, p.admitted
+	}
+	if h.n >= shiftRun {
+		s.admitted = h.at(shiftRun - 1).admitted
+	}
+}
+
+// add adds the sample (x: work admitted over each candidate lifetime,
+// ending now) to the change-point term.
+func (s *lifeShift) add(m *MOP, now int64, admitted uint64, x *[lifeDims]float64, frac float64) {
+	if !s.on || now < s.at {
+		return
+	}
+	h := &m.l.hist
+	pred, z := s.w[0], 0.0
+	for j := range lifeN {
+		pred += s.w[j+1] * x[j+1]
+		from := max(h.countAt(now-m.spans[j]), s.admitted)
+		if admitted > from {
+			z += s.w[j+1] * float64(admitted-from)
+		}
+	}
+	r := frac - pred
+	s.rz += r * z
+	s.zz += z * z
+	s.rr += r * r
+	s.n++
+	if s.zz > 0 {
+		s.delta = math.Max(-0.9, s.rz/s.zz)
+	}
+}
+
+// warm sets w to the fit before the change with each weight scaled by 1+δ.
+func (s *lifeShift) warm(w *[lifeDims]float64) {
+	w[0] = s.w[0]
+	for j := 1; j < lifeDims; j++ {
+		w[j] = s.w[j] * (1 + s.delta)
+	}
+}
+
+// estimate is the estimate before the change with each session's memory
+// scaled by 1+δ.
+func (s *lifeShift) estimate(now int64) lifeEstimate {
+	e := s.pre
+	k := 1 + s.delta
+	e.perSess *= k
+	e.perRate *= k
+	e.exact *= k
+	e.observed += now - s.at
+	if s.n > 1 && s.zz > 0 {
+		// The residual deviation after the change, of the scaled fit.
+		e.sd = math.Max(e.sd, math.Sqrt(math.Max(0, s.rr-s.rz*s.rz/s.zz)/(s.n-1)))
+	}
+	return e
+}
+
+// restartLife has the lifetime fits forget what they saw (all but
+// shiftKeep of it) and hold the base at base, with the weight of
+// shiftPrior samples.
+func (m *MOP) restartLife(base float64) {
+	for k := range m.l.life {
+		f := &m.l.life[k]
+		for i := range lifeDims {
+			f.b[i] *= shiftKeep
+			for j := range lifeDims {
+				f.g[i][j] *= shiftKeep
+			}
+		}
+		f.yy *= shiftKeep
+		f.n *= shiftKeep
+		f.g[0][0] += shiftPrior
+		f.b[0] += shiftPrior * base
+		f.yy += shiftPrior * base * base
+	}
+}
+
+// lifeFrom is when the data of the lifetime fits begins: discovery's
+// start, or the last change point.
+func (m *MOP) lifeFrom() int64 {
+	return max(m.l.discStart, m.l.lifeStart)
 }
 
 // Regime changes: an estimate at least regimeFactor away from the one of
@@ -167,7 +366,7 @@ func (m *MOP) publishEstimate(now int64, maxBytes float64) {
 	m.estBytes.Store(math.Float64bits(e.perSess * maxBytes))
 	m.estPerRate.Store(math.Float64bits(e.exact))
 	m.estBase.Store(math.Float64bits(e.base))
-	if e.observed < int64(m.cfg.Window) {
+	if now-l.discStart < int64(m.cfg.Window) {
 		return
 	}
 	far := func(a, b float64) bool { return a > regimeFactor*b || b > regimeFactor*a }
@@ -194,7 +393,7 @@ func (m *MOP) publishEstimate(now int64, maxBytes float64) {
 func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 	l := &m.l
 	w := int64(m.cfg.Window)
-	obs := now - l.discStart
+	obs := now - m.lifeFrom()
 	var best lifeEstimate
 	bestSD := math.Inf(1)
 	for e := range l.life {

@@ -114,8 +114,14 @@ func TestMOPDeploy(t *testing.T) {
 	for _, mc := range lifeModels()[:2] {
 		t.Run(mc.name, func(t *testing.T) {
 			var kinds []EventKind
+			var said string
 			cfg := mc.cfg
-			cfg.Events = func(e Event) { kinds = append(kinds, e.Kind) }
+			cfg.Events = func(e Event) {
+				kinds = append(kinds, e.Kind)
+				if e.Kind == EventMOPEstimate {
+					said = e.Message
+				}
+			}
 			// The window-bound learner, for the report.
 			old := mc.cfg
 			old.windowOnly = true
@@ -145,13 +151,15 @@ func TestMOPDeploy(t *testing.T) {
 			if st.AllowedRate > 1.1*safe2 {
 				t.Errorf("allowed %.1f/s a window after the deploy, want at most %.1f/s", st.AllowedRate, 1.1*safe2)
 			}
-			found := false
-			for _, k := range kinds {
-				found = found || k == EventMOPEstimate
+			// The change point puts the new memory on the sessions, at
+			// a steady rate too: bytes per session within 10%.
+			if want := m2.BytesPerSession; math.Abs(st.BytesPerSession-want) > 0.1*want {
+				t.Errorf("bytes per session a window after the deploy %.0f, want %.0f ±10%%", st.BytesPerSession, want)
 			}
-			if !found {
+			if said == "" {
 				t.Errorf("no %s event after the footprint doubled (events %v)", EventMOPEstimate, kinds)
 			}
+			t.Logf("%s: %s", EventMOPEstimate, said)
 		})
 	}
 }
