@@ -398,7 +398,7 @@ func (m *MOP) lifeEstimate(now int64) lifeEstimate {
 	bestSD := math.Inf(1)
 	for e := range l.life {
 		f := &l.life[e]
-		if f.n < 3 {
+		if f.n < 2.5 { // three samples, decayed
 			continue
 		}
 		var est lifeEstimate
