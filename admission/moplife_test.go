@@ -42,6 +42,10 @@ func lifeModels() []lifeModel {
 		{"gc-7s-short", cfg, BackendModel{MaxBytes: gib, BaseBytes: 0.25 * gib, BytesPerSession: perSess(0.85, 0.25, 400, 3*time.Second) * 0.7, Lifetime: 3 * time.Second,
 			GarbagePerSession: 0.3 * perSess(0.85, 0.25, 400, 3*time.Second) * 3 / 7, GCEvery: 7 * time.Second, Noise: 0.005, Seed: 17}, 1200, true},
 		{"probe-lag-short", cfg, BackendModel{MaxBytes: gib, BaseBytes: 0.2 * gib, BytesPerSession: perSess(0.85, 0.2, 400, 3*time.Second), Lifetime: 3 * time.Second, ProbeLag: 1, Noise: 0.01, Seed: 18}, 1200, true},
+		// The quarter-window backend's twin: the same sessions, living
+		// the whole window. Its memory is the quarter-window one's until
+		// sessions start ending there (15 s); its safe rate is a quarter.
+		{"quarter-window-twin", cfg, BackendModel{MaxBytes: gib, BaseBytes: 0.2 * gib, BytesPerSession: perSess(0.85, 0.2, 200, w/4), Lifetime: w, Noise: 0.01, Seed: 13}, 600, false},
 	}
 }
 
@@ -102,6 +106,50 @@ func TestMOPLifetimeModels(t *testing.T) {
 				t.Errorf("allowed rate within 10%% of its last value after %s, window-bound %s; want no later", got, was)
 			}
 		})
+	}
+}
+
+// TestMOPQuarterWindowTwin: why refusals under half the ceiling cannot
+// fall to 10% of the window-bound learner's for sessions of a quarter
+// window. Until its sessions start ending, the quarter-window backend
+// shows the memory of its twin, whose sessions live the whole window
+// (same bytes each, same noise): no learner can tell them apart, so
+// none may allow more than the twin's safe rate (a quarter of the
+// backend's) before then, and memory stays under half the ceiling
+// meanwhile. That alone refuses (demand − twin's safe rate) × lifetime,
+// more than the target. The test checks the premise (the two are
+// indistinguishable: MOP allows the same rates at every sample before
+// the lifetime) and the figure.
+func TestMOPQuarterWindowTwin(t *testing.T) {
+	var q, twin lifeModel
+	for _, mc := range lifeModels() {
+		switch mc.name {
+		case "quarter-window":
+			q = mc
+		case "quarter-window-twin":
+			twin = mc
+		}
+	}
+	life := q.model.Lifetime
+	a := runLife(t, q.cfg, q.model, q.demand, 1, false)
+	b := runLife(t, twin.cfg, twin.model, twin.demand, 1, false)
+	n := int(life / a.ProbeEvery)
+	for i := range n {
+		if a.Allowed[i] != b.Allowed[i] {
+			t.Fatalf("sample %d: allowed %.2f/s against the quarter-window backend, %.2f/s against its twin: want the same (same memory)", i+1, a.Allowed[i], b.Allowed[i])
+		}
+	}
+	twinSafe := twin.model.SafeRate(q.cfg.MaxHeap)
+	floor := (q.demand - twinSafe) * life.Seconds()
+	window := runLife(t, q.cfg, q.model, q.demand, 8, true)
+	target := 0.1 * float64(window.RefusedLowMemory)
+	t.Logf("twin's safe rate %.0f/s (the backend's %.0f/s): at least %.0f refused under half the ceiling in the first %s; the target is %.0f (10%% of %d)",
+		twinSafe, q.model.SafeRate(q.cfg.MaxHeap), floor, life, target, window.RefusedLowMemory)
+	if floor <= target {
+		t.Errorf("the twin bound %.0f is under the target %.0f: the target is not out of reach", floor, target)
+	}
+	if got := float64(runLife(t, q.cfg, q.model, q.demand, 8, false).RefusedLowMemory); got < floor {
+		t.Errorf("refused %.0f under half the ceiling, under the bound %.0f: the twin would have been run over its safe rate", got, floor)
 	}
 }
 
