@@ -437,6 +437,11 @@ func TestParseMOPSimSpec(t *testing.T) {
 		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,long=50s,long-share=1", "long-share"},
 		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,spread=0.5", "spread"},
 		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,long=soon", "long"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,deploy=1m", "deploy-bytes"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,deploy-bytes=2k", "deploy"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,deploy=-1m,deploy-bytes=2k", "deploy=-1m"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,deploy=1m,deploy-bytes=0", "deploy-bytes=0"},
+		{"base=1m,bytes=1k,lifetime=1s,max-heap=1g,rate=1,deploy=6m,deploy-bytes=2k", "deploy=6m0s"},
 	} {
 		if _, err := ParseMOPSimSpec(tc.spec); err == nil || !strings.Contains(err.Error(), tc.key) {
 			t.Errorf("%q: error %v, want one naming %s", tc.spec, err, tc.key)

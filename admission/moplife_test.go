@@ -3,6 +3,7 @@ package admission
 import (
 	"encoding/json"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -209,6 +210,36 @@ func TestMOPDeploy(t *testing.T) {
 			}
 			t.Logf("%s: %s", EventMOPEstimate, said)
 		})
+	}
+}
+
+// TestRunMOPSimDeploy: `sluice simulate --mop ...,deploy=3m,deploy-bytes=2MiB`
+// replays a deploy: the table shows the new bytes per session in the
+// window after it, the safe rate after it, and the mop.estimate event.
+func TestRunMOPSimDeploy(t *testing.T) {
+	spec, err := ParseMOPSimSpec("base=100MiB,bytes=1MiB,lifetime=2s,max-heap=1GiB,rate=450,windows=5,deploy=3m,deploy-bytes=2MiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := RunMOPSim(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := r.WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + out.String())
+	if got := r.Windows[3].BytesPerSession; math.Abs(got-2<<20) > 0.1*(2<<20) {
+		t.Errorf("bytes per session in the window after the deploy %.0f, want %d ±10%%", got, 2<<20)
+	}
+	if got := r.Windows[3].Allowed; got > 1.1*r.SafeAfter {
+		t.Errorf("allowed %.1f/s a window after the deploy, want at most 10%% over the new safe rate %.1f/s", got, r.SafeAfter)
+	}
+	for _, want := range []string{"a deploy at 3m0s: 2097152 bytes per session", "192.6/s after the deploy", "mop.estimate: sessions changed"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q", want)
+		}
 	}
 }
 

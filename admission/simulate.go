@@ -438,6 +438,10 @@ type MOPSimSpec struct {
 	MOP     MOPConfig
 	Rate    float64 // offered new work per second
 	Windows int     // averaging windows to run
+	// DeployAt, when positive, is when a deploy changes the memory of
+	// the sessions started from then on to DeployBytes each.
+	DeployAt    time.Duration
+	DeployBytes float64
 }
 
 // MOPSimKeys documents the keys of ParseMOPSimSpec, for help texts.
@@ -460,6 +464,8 @@ window=DUR       MOP averaging window (-mop-window)                        defau
 initial=N        MOP rate before anything is learned (-mop-initial-rate)   default 10
 windows=N        windows to run                                            default 6
 seed=N           seed of jitter and noise                                  default 1
+deploy=DUR       a deploy at this time (from the start) ...                default none
+deploy-bytes=SIZE  ... after which a new session holds this much         with deploy
 SIZE is bytes with an optional unit (K, M, G, KiB, MiB, GiB, ...; powers of 1024).`
 
 // ParseMOPSimSpec parses "base=100MiB,bytes=64KiB,lifetime=30s,
@@ -534,8 +540,18 @@ func ParseMOPSimSpec(spec string) (MOPSimSpec, error) {
 			}
 		case "seed":
 			s.Model.Seed, err = strconv.ParseInt(v, 10, 64)
+		case "deploy":
+			s.DeployAt, err = time.ParseDuration(v)
+			if err == nil && s.DeployAt <= 0 {
+				err = errors.New("want a positive duration")
+			}
+		case "deploy-bytes":
+			s.DeployBytes, err = parseSize(v)
+			if err == nil && !(s.DeployBytes > 0) {
+				err = errors.New("want a positive size")
+			}
 		default:
-			return s, fmt.Errorf("unknown key %q (want base, bytes, lifetime, max-heap, rate, jitter, sigma, long, long-share, spread, gc, garbage, lag, noise, ceiling, window, initial, windows or seed)", k)
+			return s, fmt.Errorf("unknown key %q (want base, bytes, lifetime, max-heap, rate, jitter, sigma, long, long-share, spread, gc, garbage, lag, noise, ceiling, window, initial, windows, seed, deploy or deploy-bytes)", k)
 		}
 		if err != nil {
 			return s, fmt.Errorf("%s=%s: %w", k, v, err)
@@ -545,6 +561,9 @@ func ParseMOPSimSpec(spec string) (MOPSimSpec, error) {
 		if !seen[k] {
 			return s, fmt.Errorf("%s is required", k)
 		}
+	}
+	if seen["deploy"] != seen["deploy-bytes"] {
+		return s, errors.New("deploy and deploy-bytes go together: when, and the bytes of a session after it")
 	}
 	if basePct >= 0 {
 		s.Model.BaseBytes = basePct / 100 * s.Model.MaxBytes
@@ -561,6 +580,9 @@ func ParseMOPSimSpec(spec string) (MOPSimSpec, error) {
 	}
 	if s.MOP.Window < 10*time.Millisecond || s.Model.Lifetime < 10*time.Millisecond || (s.Model.GCEvery > 0 && s.Model.GCEvery < 10*time.Millisecond) {
 		return s, errors.New("window, lifetime and gc must be at least 10ms (the simulation step)")
+	}
+	if s.DeployAt >= time.Duration(s.Windows)*s.MOP.Window {
+		return s, fmt.Errorf("deploy=%s: want a time within the run (%d windows of %s)", s.DeployAt, s.Windows, s.MOP.Window)
 	}
 	if steps := float64(s.Windows) * float64(s.MOP.Window) / float64(10*time.Millisecond); steps > 1e7 || s.Rate*s.MOP.Window.Seconds()*float64(s.Windows) > 1e8 {
 		return s, errors.New("windows: the run is too long to simulate (over 10^7 steps or 10^8 requests)")
@@ -603,17 +625,42 @@ type MOPSimReport struct {
 	Peak             float64     // highest used fraction
 	RefusedLowMemory int         // refused while memory was under half the ceiling
 	Settled          time.Duration
+	// SafeAfter is the safe rate after the deploy (0 without one).
+	SafeAfter float64
+	// Events are MOP's events with their time from the start, e.g. the
+	// mop.estimate of a deploy.
+	Events []string
 }
 
 // RunMOPSim replays spec in fake time.
 func RunMOPSim(spec MOPSimSpec) (MOPSimReport, error) {
-	sim, err := NewMOPSim(spec.MOP, spec.Model)
+	var r MOPSimReport
+	var sim *MOPSim
+	cfg := spec.MOP
+	cfg.Events = func(e Event) {
+		if e.Kind == EventMOPEstimate || e.Kind == EventMOPPhase {
+			r.Events = append(r.Events, fmt.Sprintf("%s %s: %s", time.Duration(sim.Clock.Now()).Round(time.Second), e.Kind, e.Message))
+		}
+	}
+	sim, err := NewMOPSim(cfg, spec.Model)
 	if err != nil {
 		return MOPSimReport{}, err
 	}
-	rows := sim.Run(spec.Rate, time.Duration(spec.Windows)*sim.MOP.cfg.Window)
-	return MOPSimReport{Spec: spec, SafeRate: spec.Model.SafeRate(sim.MOP.cfg.MaxHeap), Windows: rows,
-		Peak: sim.Peak, RefusedLowMemory: sim.RefusedLowMemory, Settled: sim.Settled(0.10)}, nil
+	total := time.Duration(spec.Windows) * sim.MOP.cfg.Window
+	var rows []MOPWindow
+	if spec.DeployAt > 0 {
+		sim.Run(spec.Rate, spec.DeployAt)
+		sim.Backend.SetBytesPerSession(spec.DeployBytes)
+		after := spec.Model
+		after.BytesPerSession = spec.DeployBytes
+		r.SafeAfter = after.SafeRate(sim.MOP.cfg.MaxHeap)
+		rows = sim.Run(spec.Rate, total-spec.DeployAt)
+	} else {
+		rows = sim.Run(spec.Rate, total)
+	}
+	r.Spec, r.SafeRate, r.Windows = spec, spec.Model.SafeRate(sim.MOP.cfg.MaxHeap), rows
+	r.Peak, r.RefusedLowMemory, r.Settled = sim.Peak, sim.RefusedLowMemory, sim.Settled(0.10)
+	return r, nil
 }
 
 // WriteTable prints the report: a header with the model, one row per window
@@ -625,7 +672,14 @@ func (r MOPSimReport) WriteTable(w io.Writer) error {
 	if m.GCEvery > 0 {
 		fmt.Fprintf(w, ", %.0f bytes of garbage per session collected every %s", m.GarbagePerSession, m.GCEvery)
 	}
-	fmt.Fprintf(w, "\nmop: ceiling %.1f%%, window %s, initial rate %g/s; offered %g/s; safe rate at the ceiling %.1f/s\n\n", 100*c.MaxHeap, c.Window, c.InitialRate, r.Spec.Rate, r.SafeRate)
+	if r.Spec.DeployAt > 0 {
+		fmt.Fprintf(w, "; a deploy at %s: %.0f bytes per session from then on", r.Spec.DeployAt, r.Spec.DeployBytes)
+	}
+	fmt.Fprintf(w, "\nmop: ceiling %.1f%%, window %s, initial rate %g/s; offered %g/s; safe rate at the ceiling %.1f/s", 100*c.MaxHeap, c.Window, c.InitialRate, r.Spec.Rate, r.SafeRate)
+	if r.Spec.DeployAt > 0 {
+		fmt.Fprintf(w, ", %.1f/s after the deploy", r.SafeAfter)
+	}
+	fmt.Fprint(w, "\n\n")
 	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "window\tend\tphase\tallowed/s\tadmitted\trefused\tmemory\tpeak\tlifetime\tp95\tbytes/session\tpredicted\t")
 	for _, row := range r.Windows {
@@ -638,6 +692,12 @@ func (r MOPSimReport) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.Events) > 0 {
+		fmt.Fprintln(w)
+	}
+	for _, e := range r.Events {
+		fmt.Fprintln(w, e)
 	}
 	_, err := fmt.Fprintf(w, "\npeak memory %.1f%% (ceiling %.1f%%); refused while memory was under half the ceiling: %d; allowed rate within 10%% of its last value after %s\n",
 		100*r.Peak, 100*c.MaxHeap, r.RefusedLowMemory, r.Settled)
