@@ -175,15 +175,16 @@ func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) 
 
 // A change point: when the fit misses shiftRun samples in a row by more
 // than shiftSD residual deviations (and by more than shiftMin of memory),
-// all the same way, once it has a window of data, the backend changed
-// (a deploy: a new footprint per session, new lifetimes). At a steady
-// rate a fit that forgets slowly explains the new level by moving the
-// base, and shows bytes per session that are far off for two windows:
-// instead the fits forget what came before the change and keep the base
-// they had (a pseudo-observation worth shiftPrior samples), so the new
-// level is put on the sessions, where a deploy puts it, and the ramp
-// after the change (sessions of the new kind replacing the old ones
-// within a lifetime) says how much each holds.
+// all the same way, once it has a window of data and at most once in two
+// windows, the backend changed (a deploy: a new footprint per session).
+// At a steady rate a fit that forgets slowly explains the new level by
+// moving the base, and shows bytes per session that are far off for two
+// windows. Instead the ramp after the change (sessions of the new kind
+// replacing the old ones within a lifetime) is measured against the old
+// fit (lifeShift), and the fits forget what came before the change and
+// keep the base they had (a pseudo-observation worth shiftPrior
+// samples), so the new level is put on the sessions, where a deploy puts
+// it.
 const (
 	shiftSD    = 4
 	shiftMin   = 0.02
@@ -198,7 +199,7 @@ const (
 func (m *MOP) detectShift(now int64, x *[lifeDims]float64, frac float64) {
 	l := &m.l
 	e := &l.est
-	if !e.ok || now-m.lifeFrom() < int64(m.cfg.Window) {
+	if !e.ok || now-m.lifeFrom() < int64(m.cfg.Window) || (l.shift.at > 0 && now-l.shift.at < 2*int64(m.cfg.Window)) {
 		l.shiftRun = 0
 		return
 	}
@@ -225,9 +226,9 @@ func (m *MOP) detectShift(now int64, x *[lifeDims]float64, frac float64) {
 	l.shift.start(m, now, e, &l.life[0].w)
 	l.shift.base = math.Min(e.base, l.lowMem)
 	m.restartLife(l.shift.base)
-	// The samples that showed the change are all there is of the new
+	// The samples that showed the change (this one and the shiftRun-1
+	// before it, which history holds) are all there is of the new
 	// regime: a plateau is judged from them as from a cold start.
-	// (this sample and the shiftRun-1 before it, which history holds).
 	l.lifeStart = now
 	if l.hist.n >= shiftRun-1 {
 		l.lifeStart = l.hist.at(shiftRun - 2).at
@@ -290,7 +291,10 @@ func (s *lifeShift) add(m *MOP, now int64, admitted uint64, x *[lifeDims]float64
 	s.rr += r * r
 	s.n++
 	if s.zz > 0 {
-		s.delta = math.Max(-0.9, s.rz/s.zz)
+		// A session of the new kind holds between a tenth and a hundred
+		// times the memory of the old: samples that say otherwise (a
+		// probe gone wrong) move the estimate no further.
+		s.delta = max(-0.9, min(99, s.rz/s.zz))
 	}
 }
 

@@ -213,6 +213,32 @@ func TestMOPDeploy(t *testing.T) {
 	}
 }
 
+// TestMOPNoChangePointWithoutDeploy: on every backend without a deploy
+// (noise, a sawtooth, a late probe, lifetimes long and short) no change
+// point is found in 8 windows: the fits are never restarted for nothing.
+// With one (the footprint doubles), one is found within 5 samples.
+func TestMOPNoChangePointWithoutDeploy(t *testing.T) {
+	var all []lifeModel
+	for _, mc := range mopModels() {
+		all = append(all, lifeModel{mc.name, mc.cfg, mc.model, mc.demand, false})
+	}
+	all = append(all, lifeModels()...)
+	for _, mc := range all {
+		s := runLife(t, mc.cfg, mc.model, mc.demand, 8, false)
+		if at := s.MOP.l.shift.at; at != 0 {
+			t.Errorf("%s: change point at %s, want none", mc.name, time.Duration(at))
+		}
+	}
+	mc := lifeModels()[1]
+	s := runLife(t, mc.cfg, mc.model, mc.demand, 4, false)
+	deploy := s.Clock.Now()
+	s.Backend.SetBytesPerSession(2 * mc.model.BytesPerSession)
+	s.Run(mc.demand, 5*time.Second)
+	if at := s.MOP.l.shift.at; at <= deploy {
+		t.Errorf("no change point within 5 s of the deploy at %s", time.Duration(deploy))
+	}
+}
+
 // TestRunMOPSimDeploy: `sluice simulate --mop ...,deploy=3m,deploy-bytes=2MiB`
 // replays a deploy: the table shows the new bytes per session in the
 // window after it, the safe rate after it, and the mop.estimate event.
