@@ -464,8 +464,8 @@ window=DUR       MOP averaging window (-mop-window)                        defau
 initial=N        MOP rate before anything is learned (-mop-initial-rate)   default 10
 windows=N        windows to run                                            default 6
 seed=N           seed of jitter and noise                                  default 1
-deploy=DUR       a deploy at this time (from the start) ...                default none
-deploy-bytes=SIZE  ... after which a new session holds this much         with deploy
+deploy=DUR       a deploy this long after the start                        default none
+deploy-bytes=SIZE memory of a session started after the deploy             with deploy
 SIZE is bytes with an optional unit (K, M, G, KiB, MiB, GiB, ...; powers of 1024).`
 
 // ParseMOPSimSpec parses "base=100MiB,bytes=64KiB,lifetime=30s,
