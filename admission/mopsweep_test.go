@@ -24,7 +24,7 @@ func TestMOPWideSweep(t *testing.T) {
 	lives := []time.Duration{2 * time.Second, 5 * time.Second, w / 4, w / 2, 3 * w / 4, w}
 	worst, runs, over := -1.0, 0, 0
 	var settle []float64
-	slowShort := 0
+	slowShort, shifts := 0, 0
 	for _, ceiling := range []float64{0.5, 0.85} {
 		for _, bf := range []float64{0.05, 0.15, 0.25, 0.35, 0.5, 0.6, 0.7} {
 			for _, life := range lives {
@@ -53,6 +53,11 @@ func TestMOPWideSweep(t *testing.T) {
 							}
 							s.Run(mult*bm.SafeRate(ceiling), 6*w)
 							runs++
+							if at := s.MOP.l.shift.at; at != 0 {
+								shifts++ // a change point where there was no deploy
+								t.Logf("change point at %s: ceiling %.2f base %.2f life %s jitter %.1f variant %d demand ×%.1f: peak %.3f",
+									time.Duration(at), ceiling, base, life, jitter, variant, mult, s.Peak)
+							}
 							worst = math.Max(worst, s.Peak-ceiling)
 							if s.Peak > ceiling+0.02 {
 								over++
@@ -70,6 +75,6 @@ func TestMOPWideSweep(t *testing.T) {
 		}
 	}
 	sort.Float64s(settle)
-	t.Logf("%d runs: worst peak over the ceiling %+.3f, %d over by more than 2 points; windows to within 10%%: median %.2f, 90th %.2f, max %.2f; lifetimes <= 1/4 window over 1 window: %d of %d",
-		runs, worst, over, settle[len(settle)/2], settle[len(settle)*9/10], settle[len(settle)-1], slowShort, runs/2)
+	t.Logf("%d runs: worst peak over the ceiling %+.3f, %d over by more than 2 points; windows to within 10%%: median %.2f, 90th %.2f, max %.2f; lifetimes <= 1/4 window over 1 window: %d of %d; runs with a change point (none has a deploy): %d",
+		runs, worst, over, settle[len(settle)/2], settle[len(settle)*9/10], settle[len(settle)-1], slowShort, runs/2, shifts)
 }
