@@ -175,8 +175,8 @@ func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) 
 
 // A change point: when the fit misses shiftRun samples in a row by more
 // than shiftSD residual deviations (and by more than shiftMin of memory),
-// all the same way, once it has a window of data and at most once in two
-// windows, the backend changed (a deploy: a new footprint per session).
+// all the same way, once it has a window of data (and 1½ times the p95
+// lifetime) and at most once in two windows, the backend changed (a deploy: a new footprint per session).
 // At a steady rate a fit that forgets slowly explains the new level by
 // moving the base, and shows bytes per session that are far off for two
 // windows. Instead the ramp after the change (sessions of the new kind
@@ -199,7 +199,10 @@ const (
 func (m *MOP) detectShift(now int64, x *[lifeDims]float64, frac float64) {
 	l := &m.l
 	e := &l.est
-	if !e.ok || now-m.lifeFrom() < int64(m.cfg.Window) || (l.shift.at > 0 && now-l.shift.at < 2*int64(m.cfg.Window)) {
+	// The fit must have seen its sessions' ramps level off: a window,
+	// and 1½ times their 95th percentile lifetime.
+	watched := max(int64(m.cfg.Window), int64(1.5*e.high))
+	if !e.ok || now-m.lifeFrom() < watched || (l.shift.at > 0 && now-l.shift.at < 2*int64(m.cfg.Window)) {
 		l.shiftRun = 0
 		return
 	}
