@@ -93,6 +93,9 @@ type remote struct {
 	// no child runs). conn is set under both callMu and mu.
 	callMu sync.Mutex
 	conn   net.Conn
+
+	// journal is the dialog journal's socket (journal.go).
+	journal journal
 }
 
 // migration is a format 2 store read at open, written into the store
@@ -117,6 +120,7 @@ func newRemote(s *Store, cmdf ChildCommand, log *slog.Logger) *remote {
 		pumpStop: make(chan struct{}),
 		pumpDone: make(chan struct{}),
 		state:    ChildStarting,
+		journal:  journal{fd: -1},
 	}
 	if r.minBackoff <= 0 {
 		r.minBackoff = childMinBackoff
@@ -140,30 +144,41 @@ func (r *remote) kick() {
 	}
 }
 
-// spawn starts one store process and returns it with the parent's socket.
-func (r *remote) spawn() (*exec.Cmd, net.Conn, error) {
+// spawn starts one store process and returns it with the parent's
+// socket and the parent's end of the dialog journal.
+func (r *remote) spawn() (*exec.Cmd, net.Conn, int, error) {
 	fds, err := socketpair()
 	if err != nil {
-		return nil, nil, fmt.Errorf("socketpair: %w", err)
+		return nil, nil, -1, fmt.Errorf("socketpair: %w", err)
+	}
+	jfds, err := journalPair()
+	if err != nil {
+		closeFD(fds[0])
+		closeFD(fds[1])
+		return nil, nil, -1, fmt.Errorf("socketpair for the dialog journal: %w", err)
 	}
 	pf := os.NewFile(uintptr(fds[0]), "store-parent")
 	cf := os.NewFile(uintptr(fds[1]), "store-child")
+	jf := os.NewFile(uintptr(jfds[1]), "store-journal")
 	defer pf.Close()
 	defer cf.Close()
+	defer jf.Close()
 	cmd := r.cmdf(r.s.cfg.Dir)
-	cmd.ExtraFiles = []*os.File{cf}
+	cmd.ExtraFiles = []*os.File{cf, jf}
 	cmd.Stderr = &faultWriter{w: cmd.Stderr}
 	setParentDeath(cmd)
 	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("start store process: %w", err)
+		closeFD(jfds[0])
+		return nil, nil, -1, fmt.Errorf("start store process: %w", err)
 	}
 	conn, err := net.FileConn(pf)
 	if err != nil {
+		closeFD(jfds[0])
 		cmd.Process.Kill()
 		cmd.Wait()
-		return nil, nil, err
+		return nil, nil, -1, err
 	}
-	return cmd, conn, nil
+	return cmd, conn, jfds[0], nil
 }
 
 // supervise keeps a store process running until stop is closed.
@@ -172,9 +187,9 @@ func (r *remote) supervise() {
 	backoff := r.minBackoff
 	for {
 		began := time.Now()
-		cmd, conn, err := r.spawn()
+		cmd, conn, jfd, err := r.spawn()
 		if err == nil {
-			err = r.attach(cmd, conn)
+			err = r.attach(cmd, conn, jfd)
 			if err != nil {
 				cmd.Process.Kill()
 			}
@@ -234,7 +249,8 @@ func (r *remote) reap(cmd *exec.Cmd, exited chan struct{}) {
 
 // attach makes conn the socket once the child answers, loads the stored
 // state the first time and finishes a pending migration.
-func (r *remote) attach(cmd *exec.Cmd, conn net.Conn) error {
+func (r *remote) attach(cmd *exec.Cmd, conn net.Conn, jfd int) error {
+	r.setJournal(jfd)
 	r.callMu.Lock()
 	r.mu.Lock()
 	r.conn, r.proc = conn, cmd.Process
@@ -313,6 +329,7 @@ func (r *remote) detach() {
 	c := r.conn
 	r.proc = nil
 	r.mu.Unlock()
+	r.setJournal(-1)
 	if c != nil {
 		c.Close() // a call in flight returns now
 	}
