@@ -228,6 +228,45 @@ func (s *Server) relayConfirmed(k uint64, res *gosip.Response, dst target, now i
 	return true
 }
 
+// learnDialog records the dialog of a 2xx to an INVITE relayed without
+// its transaction (a retransmission by the backend at src) when the table
+// does not hold it, and relays the 2xx held like a first one; it reports
+// whether it took res. Only with a DialogCommitter: after a kill -9 that
+// came between a backend's 2xx and its relay, the backend retransmits the
+// 2xx until it has its ACK, the restarted balancer relays it, and the
+// caller has its call; without this its token-less requests would find
+// no dialog. The branch of res was checked to be ours for a request sent
+// to src, so only a backend that took the INVITE names itself.
+func (s *Server) learnDialog(res *gosip.Response, src source, dst target) bool {
+	if st := s.dstore.Load(); st == nil || st.commit == nil || res.CallID() == nil {
+		return false
+	}
+	f := header(res, "from", "f")
+	tt := toTag(res)
+	b := s.pool.Load().backendAt(src.addr)
+	if f == nil || tt == "" || b == nil {
+		return false
+	}
+	from := tagParam(f.Value())
+	if from == "" {
+		return false
+	}
+	now := s.clock.Now()
+	k := s.dialogs.key(res.CallID().Value(), from)
+	if _, _, ok := s.dialogs.get(k, now); ok {
+		return false
+	}
+	pool := ""
+	if len(b.spec.Pools) == 1 {
+		pool = b.spec.Pools[0]
+	}
+	if s.dialogs.claimIn(k, pool, b.id, 0, now) != dialogInserted || !s.dialogs.confirm(k, tt) {
+		return false
+	}
+	s.metrics.DialogsLearned.Add(1)
+	return s.relayConfirmed(k, res, dst, now)
+}
+
 // commitHeld commits the records of the held 2xx and relays them, batch
 // after batch, until none is held.
 func (s *Server) commitHeld(gc *dialogCommit) {
