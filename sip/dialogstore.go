@@ -33,10 +33,10 @@ import (
 // (the moment the caller has its call) is held until the dialog's record
 // was handed to CommitDialogs, which only puts it where the death of this
 // process cannot lose it (the store process's socket) and never waits.
-// Held 2xx are group-committed: the first one held starts a goroutine
-// that takes every 2xx held so far, commits their records in one call,
-// relays them, and goes on while more were held meanwhile; under load
-// one commit carries many calls, idle it is one call's. A commit that
+// Held 2xx are group-committed: the goroutine that holds a 2xx while no
+// commit is under way commits it at once (one non-blocking send, a few
+// µs: the 2xx waits for nothing else) and relays it, then does the same
+// for every 2xx other goroutines held meanwhile, in one send per batch. A commit that
 // fails (store down, socket full) still relays its 2xx (counted:
 // Metrics.DialogStoreUnsafe): traffic never waits on the store's health.
 
@@ -110,7 +110,10 @@ type dialogCommit struct {
 	c       DialogCommitter
 	mu      sync.Mutex
 	pending []heldReply
-	running bool // a commitHeld goroutine runs
+	running bool // a commitHeld runs
+	// spare and recs are commitHeld's slices, kept between leaders.
+	spare []heldReply
+	recs  []StoredDialog
 }
 
 // dialogChanges is the bounded queue of marked keys.
@@ -223,7 +226,7 @@ func (s *Server) relayConfirmed(k uint64, res *gosip.Response, dst target, now i
 	gc.running = true
 	gc.mu.Unlock()
 	if start {
-		go s.commitHeld(gc)
+		s.commitHeld(gc)
 	}
 	return true
 }
@@ -268,17 +271,15 @@ func (s *Server) learnDialog(res *gosip.Response, src source, dst target) bool {
 }
 
 // commitHeld commits the records of the held 2xx and relays them, batch
-// after batch, until none is held.
+// after batch, until none is held. It runs on the goroutine that held a
+// 2xx when no commit was under way (the leader); 2xx held by others
+// meanwhile (TCP connections, the other listeners) join the next batch,
+// so a busy balancer commits many calls with one send.
 func (s *Server) commitHeld(gc *dialogCommit) {
-	var batch []heldReply
-	var recs []StoredDialog
-	for {
-		gc.mu.Lock()
-		if len(gc.pending) == 0 {
-			gc.running = false
-			gc.mu.Unlock()
-			return
-		}
+	gc.mu.Lock()
+	batch, recs := gc.spare, gc.recs
+	gc.spare, gc.recs = nil, nil
+	for len(gc.pending) > 0 {
 		batch, gc.pending = gc.pending, batch[:0]
 		gc.mu.Unlock()
 		recs = recs[:0]
@@ -296,7 +297,11 @@ func (s *Server) commitHeld(gc *dialogCommit) {
 			bufPool.Put(h.buf)
 			batch[i] = heldReply{}
 		}
+		gc.mu.Lock()
 	}
+	gc.running = false
+	gc.spare, gc.recs = batch[:0], recs[:0]
+	gc.mu.Unlock()
 }
 
 // dialogStoreTick writes the marked entries every dialogStoreEvery calls;
