@@ -299,11 +299,22 @@ func watchParentDeath(log *slog.Logger) func() {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, parentDeathSignal)
 	stop := make(chan struct{})
+	ppid := os.Getppid()
 	go func() {
-		select {
-		case <-ch:
-		case <-stop:
-			return
+		for {
+			select {
+			case <-ch:
+			case <-stop:
+				return
+			}
+			// The kernel sends it when the thread that started this
+			// process ends, which need not be the balancer's death;
+			// anyone may send it too. Only a new parent (orphaned)
+			// says the balancer is gone.
+			if os.Getppid() != ppid {
+				break
+			}
+			log.Warn("store process: parent-death signal while the balancer runs; ignored", "signal", parentDeathSignal.String())
 		}
 		log.Warn("store process: the balancer died; committing what it sent, then exiting", "within", childDrainTimeout.String())
 		select {
@@ -322,20 +333,32 @@ const ChildExitDrainTimeout = 4
 
 // openKV3Wait opens the database, waiting up to wait for the directory
 // lock while another process (the store process of a balancer that was
-// killed, still committing what it was sent) holds it.
+// killed, still committing what it was sent) holds it. When the wait is
+// over and the holder is a store process of this binary (the PID in
+// Badger's lock file), it is stuck or stopped: it is killed, and the lock
+// waited for once more.
 func openKV3Wait(dir string, wait time.Duration, log *slog.Logger) (*kv3, error) {
 	end := time.Now().Add(wait)
-	logged := false
+	logged, killed := false, false
 	for {
 		kv, err := openKV3(dir, log)
-		if err == nil || !isBadgerLocked(err) || time.Now().After(end) {
-			if err == nil && logged {
-				log.Warn("store process: database free; opened", "dir", dir)
-			}
-			if err != nil && isBadgerLocked(err) {
-				err = fmt.Errorf("%w (waited %s for the process holding it to exit)", err, wait)
-			}
+		if err == nil && logged {
+			log.Warn("store process: database free; opened", "dir", dir)
+		}
+		if err == nil || !isBadgerLocked(err) {
 			return kv, err
+		}
+		if time.Now().After(end) {
+			pid := orphanStoreProcess(dir)
+			if killed || pid == 0 {
+				return nil, fmt.Errorf("%w (waited %s for the process holding it to exit)", err, wait)
+			}
+			log.Error("store process: the previous store process still holds the database; killing it (SIGKILL)",
+				"dir", dir, "pid", pid, "waited", wait.String())
+			if kerr := killPID(pid); kerr != nil {
+				return nil, fmt.Errorf("%w (waited %s; killing process %d: %v)", err, wait, pid, kerr)
+			}
+			killed, end = true, time.Now().Add(time.Second)
 		}
 		if !logged {
 			log.Warn("store process: waiting for the previous store process to release the database (it commits what a killed balancer sent it)",

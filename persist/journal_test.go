@@ -280,3 +280,57 @@ func BenchmarkCommitDialogs(b *testing.B) {
 		})
 	}
 }
+
+// TestStoppedOrphanStoreProcessKilled: a store process left by a killed
+// balancer that cannot commit and exit (stopped with SIGSTOP: it ignores
+// its parent-death signal until it runs again; SIGKILL as that signal
+// used to end it) holds the database; the next store process waits for
+// it, then kills it and opens the database.
+func TestStoppedOrphanStoreProcessKilled(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), journalParentEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() {
+		t.Fatal("the balancer committed nothing")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, db3Dir, "LOCK"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("LOCK holds %q", b)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	for sc.Scan() {
+	}
+	cmd.Wait()
+	s := openTest(t, cfg3(dir))
+	if h := s.Health(); h.Child != ChildRunning {
+		t.Fatalf("store process not running after the stopped one: %+v", h)
+	}
+	if _, err := s.LoadDialogs(time.Now(), 0); err != nil {
+		t.Fatal(err)
+	}
+	// Gone, or a zombie nobody reaps (PID 1 of a container may not).
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err == nil {
+		if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] != "Z" {
+			t.Fatalf("the stopped store process %d is still there, state %s", pid, f[0])
+		}
+	}
+}

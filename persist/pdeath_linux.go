@@ -3,6 +3,9 @@ package persist
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -86,3 +89,33 @@ func pollable(f *os.File) (*os.File, error) {
 	}
 	return os.NewFile(uintptr(fd), f.Name()), nil
 }
+
+// orphanStoreProcess returns the PID written in the Badger lock file of
+// db when that process runs this same binary (/proc/PID/exe) and is not
+// this process: a store process left by a balancer that died, still
+// holding the database (stuck, or stopped: it ignores its parent-death
+// signal until it runs again). 0 when there is none.
+func orphanStoreProcess(db string) int {
+	f, err := os.Open(filepath.Join(db, "LOCK"))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var b [32]byte
+	n, _ := f.Read(b[:])
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b[:n])))
+	if err != nil || pid <= 1 || pid == os.Getpid() || pid == os.Getppid() {
+		return 0
+	}
+	them, err := os.Stat("/proc/" + strconv.Itoa(pid) + "/exe")
+	if err != nil {
+		return 0
+	}
+	us, err := os.Stat("/proc/self/exe")
+	if err != nil || !os.SameFile(them, us) {
+		return 0
+	}
+	return pid
+}
+
+func killPID(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }

@@ -28,3 +28,7 @@ func closeFD(fd int) {}
 func readFD(fd int, p []byte) (int, bool, error) { return 0, false, errNoChild }
 
 func pollable(f *os.File) (*os.File, error) { return nil, errNoChild }
+
+func orphanStoreProcess(db string) int { return 0 }
+
+func killPID(pid int) error { return errNoChild }

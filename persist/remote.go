@@ -71,13 +71,19 @@ type remote struct {
 	dialogs    []DialogRecord
 	delDialogs []uint64
 	proc       *os.Process
-	state      string
-	lastExit   string
-	loaded     bool // the stored state was read from the child
-	migrate    *migration
-	inflight   int       // records taken by a write under way
-	mopSaved   time.Time // when the store process last acknowledged learned states
-	corrupt    error     // the stored state does not decode: Open fails
+	// child is the store process from its start until it is reaped (proc
+	// only while attached): Close kills it when its deadline passes
+	// before the child exits. It gets no SIGKILL when sluice exits (the
+	// parent-death signal lets it commit what it was sent), so a child
+	// stuck (or stopped) would otherwise outlive sluice.
+	child    *os.Process
+	state    string
+	lastExit string
+	loaded   bool // the stored state was read from the child
+	migrate  *migration
+	inflight int       // records taken by a write under way
+	mopSaved time.Time // when the store process last acknowledged learned states
+	corrupt  error     // the stored state does not decode: Open fails
 
 	notify   chan struct{} // a write is queued
 	up       chan struct{} // closed when the child first answers and the store is loaded
@@ -189,12 +195,21 @@ func (r *remote) supervise() {
 		began := time.Now()
 		cmd, conn, jfd, err := r.spawn()
 		if err == nil {
+			r.mu.Lock()
+			r.child = cmd.Process
+			r.mu.Unlock()
 			err = r.attach(cmd, conn, jfd)
 			if err != nil {
 				cmd.Process.Kill()
 			}
 			exited := make(chan struct{})
-			go func() { cmd.Wait(); close(exited) }()
+			go func() {
+				cmd.Wait()
+				r.mu.Lock()
+				r.child = nil
+				r.mu.Unlock()
+				close(exited)
+			}()
 			select {
 			case <-exited:
 			case <-r.stop:
@@ -579,17 +594,22 @@ func (r *remote) close(ctx context.Context) error {
 	select {
 	case <-stopped:
 	case <-ctx.Done():
-		r.mu.Lock()
-		if r.proc != nil {
-			r.proc.Kill()
-		}
-		r.mu.Unlock()
+		r.killChild()
 		err = errors.Join(err, ctx.Err())
 	}
 	if n := r.pending(); n > 0 {
 		err = errors.Join(err, fmt.Errorf("%d queued records could not be written", n))
 	}
 	return err
+}
+
+// killChild kills the store process, if one runs.
+func (r *remote) killChild() {
+	r.mu.Lock()
+	if r.child != nil {
+		r.child.Kill()
+	}
+	r.mu.Unlock()
 }
 
 func (r *remote) running() bool {
