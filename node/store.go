@@ -42,7 +42,7 @@ func (l *eventLog) emit(ev admission.Event) {
 	// WARN, not INFO.
 	level := slog.LevelInfo
 	switch ev.Kind {
-	case admission.EventConfigWarning, tlsedge.EventCertRefused, tlsedge.EventCertExpiring, persist.EventChildDied:
+	case admission.EventConfigWarning, tlsedge.EventCertRefused, tlsedge.EventCertExpiring, persist.EventChildDied, persist.EventDialogsUnsafe:
 		level = slog.LevelWarn
 	}
 	l.logger.Log(context.Background(), level, "event", "kind", string(ev.Kind), "subject", ev.Subject, "msg", ev.Message)
@@ -244,7 +244,11 @@ func (n *Node) restoreDialogs(st *persist.Store) {
 	if len(in) > 0 || err != nil {
 		n.logger.Info("sip dialogs restored", "stored", len(recs), "restored", n.sipSrv.RestoreDialogs(in, now))
 	}
-	n.sipSrv.SetDialogStore(storeDialogs{st})
+	if st.Journaled() {
+		n.sipSrv.SetDialogStore(&journalDialogs{storeDialogs: storeDialogs{st}})
+	} else {
+		n.sipSrv.SetDialogStore(storeDialogs{st})
+	}
 }
 
 // storeDialogs queues the SIP dialog table's changes on the store.
@@ -260,6 +264,23 @@ func (d storeDialogs) WriteDialogs(put []lbsip.StoredDialog, del []uint64) {
 		d.st.PutDialogs(recs)
 	}
 	d.st.DeleteDialogs(del)
+}
+
+// journalDialogs also commits confirmed dialogs to the store's journal
+// before their 2xx is relayed (sip.DialogCommitter), so that no call
+// established through this node loses its backend to a kill -9.
+type journalDialogs struct {
+	storeDialogs
+	recs []persist.DialogRecord // reused: one CommitDialogs at a time
+}
+
+// CommitDialogs implements sip.DialogCommitter.
+func (d *journalDialogs) CommitDialogs(put []lbsip.StoredDialog) bool {
+	d.recs = d.recs[:0]
+	for _, p := range put {
+		d.recs = append(d.recs, persist.DialogRecord{Key: p.Key, Backend: p.Ref, ToTag: p.ToTag, Src: p.Src, Linger: p.Linger, Expires: p.Expires})
+	}
+	return d.st.CommitDialogs(d.recs)
 }
 
 // fineHistoryKeep is how long the dashboard's 1 s samples are stored: the

@@ -22,15 +22,25 @@ const ChildExitDirGone = 3
 
 // RunChild is the store process: it owns the format 3 Badger database in
 // dir and answers the balancer's requests on conn until conn reaches EOF
-// (the balancer closed it or died), then closes the database. It is run
-// by the hidden subcommand `sluice store-child -dir DIR` with conn on
-// fd 3. A fault of the disk may kill this process (Badger writes through
-// memory mappings: SIGBUS on a full filesystem); the balancer sees it and
-// starts another.
-func RunChild(dir string, conn io.ReadWriteCloser, log *slog.Logger) error {
+// (the balancer closed it or died), commits the dialog journal (journal,
+// nil: none) to its end, then closes the database. It is run by the
+// hidden subcommand `sluice store-child -dir DIR` with conn on fd 3 and
+// journal on fd 4. A fault of the disk may kill this process (Badger
+// writes through memory mappings: SIGBUS on a full filesystem); the
+// balancer sees it and starts another.
+//
+// When the balancer dies, what it sent is still in both sockets: this
+// process reads on to their ends and commits it (requests are applied
+// even once their answers cannot be written), bounded by
+// childDrainTimeout from the parent-death signal. A store process left by
+// a balancer killed just before holds the database for that long: this
+// one waits for it (childLockWait at most, logged).
+func RunChild(dir string, conn io.ReadWriteCloser, journal *os.File, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	stopWatch := watchParentDeath(log)
+	defer stopWatch()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create data directory %s: %w", dir, err)
 	}
@@ -38,11 +48,20 @@ func RunChild(dir string, conn io.ReadWriteCloser, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	kv, err := openKV3(filepath.Join(dir, db3Dir), log)
+	kv, err := openKV3Wait(filepath.Join(dir, db3Dir), childLockWait, log)
 	if err != nil {
 		return fmt.Errorf("open store %s: %w", filepath.Join(dir, db3Dir), err)
 	}
 	go watchDir(dir, dirInfo, log)
+	// mu orders the journal's commits and the requests' (journal.go).
+	var mu sync.Mutex
+	var jr *journalReader
+	if journal != nil {
+		if jr, err = startJournal(journal, kv, &mu, log); err != nil {
+			log.Error("store process: dialog journal not read", "err", err)
+		}
+	}
+	answer := true
 	for {
 		var req request
 		if err := readFrame(conn, &req); err != nil {
@@ -51,17 +70,30 @@ func RunChild(dir string, conn io.ReadWriteCloser, log *slog.Logger) error {
 			}
 			break
 		}
+		mu.Lock()
+		if jr != nil && (req.Op == opWrite || req.Op == opLoadDialogs) {
+			jr.drainLocked()
+		}
 		resp := serve(kv, &req)
+		mu.Unlock()
+		if !answer {
+			continue
+		}
 		err := writeFrame(conn, resp)
 		if errors.Is(err, errTooLarge) {
 			err = writeFrame(conn, response{Err: err.Error()})
 		}
 		if err != nil {
-			log.Error("store process: writing a response", "err", err)
-			break
+			// The balancer is gone (or the stream is out of step): apply
+			// what it sent before, unanswered, to the end.
+			log.Error("store process: writing a response; applying the requests already sent without answers", "err", err)
+			answer = false
 		}
 	}
 	conn.Close()
+	if jr != nil {
+		jr.wait(childDrainTimeout)
+	}
 	return kv.db.Close()
 }
 

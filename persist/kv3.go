@@ -208,13 +208,54 @@ func (k *kv3) write(req *request, now time.Time) error {
 			return err
 		}
 	}
-	// Dialog puts and deletes come in one list, in the order they were
-	// queued: a dialog removed and set up again (an INVITE answered 401,
-	// then sent again with the same Call-ID and From-tag) ends stored.
-	// A record already expired (a deletion has a zero Expires) removes
-	// what is stored under its key.
-	for _, d := range req.Dialogs {
+	if err := k.batchDialogs(wb, req.Dialogs, now); err != nil {
+		return err
+	}
+	for _, key := range req.DeleteDialogs {
+		if err := wb.Delete(dialogKey(key)); err != nil {
+			return err
+		}
+	}
+	if err := wb.Flush(); err != nil {
+		return err
+	}
+	k.seq = seq
+	return nil
+}
+
+// writeDialogs commits dialog records (the journal's) in one batch.
+func (k *kv3) writeDialogs(recs []DialogRecord, now time.Time) error {
+	wb := k.db.NewWriteBatch()
+	defer wb.Cancel()
+	if err := k.batchDialogs(wb, recs, now); err != nil {
+		return err
+	}
+	return wb.Flush()
+}
+
+// batchDialogs adds dialog puts and deletes to wb. They come in one list,
+// in the order they were queued: a dialog removed and set up again (an
+// INVITE answered 401, then sent again with the same Call-ID and
+// From-tag) ends stored. A record already expired (a deletion has a zero
+// Expires) removes what is stored under its key.
+//
+// A confirmed dialog (To-tag or linger) stored and not expired is never
+// replaced by an unconfirmed record or a deletion: the table never turns
+// a live confirmed dialog back (its INVITE's transaction is over), so
+// such a record is an older state that reached the store late (a batch
+// read before the 2xx, written after the journal committed the 2xx's
+// record). Without this, that batch would unconfirm the dialog, and a
+// restart would not restore it.
+func (k *kv3) batchDialogs(wb *badger.WriteBatch, recs []DialogRecord, now time.Time) error {
+	keep, err := k.confirmedLive(recs, now)
+	if err != nil {
+		return err
+	}
+	for _, d := range recs {
 		ttl := d.Expires.Sub(now)
+		if weakDialog(d) && keep[d.Key] {
+			continue
+		}
 		if ttl <= 0 {
 			if err := wb.Delete(dialogKey(d.Key)); err != nil {
 				return err
@@ -228,16 +269,49 @@ func (k *kv3) write(req *request, now time.Time) error {
 			return err
 		}
 	}
-	for _, key := range req.DeleteDialogs {
-		if err := wb.Delete(dialogKey(key)); err != nil {
-			return err
-		}
-	}
-	if err := wb.Flush(); err != nil {
-		return err
-	}
-	k.seq = seq
 	return nil
+}
+
+// weakDialog reports whether d is a deletion (zero Expires) or an
+// unconfirmed dialog: what never replaces a live confirmed one.
+func weakDialog(d DialogRecord) bool {
+	return d.Expires.IsZero() || d.ToTag == 0 && !d.Linger
+}
+
+// confirmedLive returns, among the keys of recs' unconfirmed records and
+// deletions, those whose stored dialog is confirmed and not expired at
+// now (nil when there is none).
+func (k *kv3) confirmedLive(recs []DialogRecord, now time.Time) (map[uint64]bool, error) {
+	var keep map[uint64]bool
+	err := k.db.View(func(txn *badger.Txn) error {
+		for _, d := range recs {
+			if !weakDialog(d) {
+				continue
+			}
+			item, err := txn.Get(dialogKey(d.Key))
+			if errors.Is(err, badger.ErrKeyNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			err = item.Value(func(v []byte) error {
+				st, err := decodeDialog(item.Key(), v)
+				if err == nil && (st.ToTag != 0 || st.Linger) && st.Expires.After(now) {
+					if keep == nil {
+						keep = map[uint64]bool{}
+					}
+					keep[d.Key] = true
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return keep, err
 }
 
 // maxAnswer bounds the events of one answer (JSON escaping aside, half a

@@ -71,13 +71,19 @@ type remote struct {
 	dialogs    []DialogRecord
 	delDialogs []uint64
 	proc       *os.Process
-	state      string
-	lastExit   string
-	loaded     bool // the stored state was read from the child
-	migrate    *migration
-	inflight   int       // records taken by a write under way
-	mopSaved   time.Time // when the store process last acknowledged learned states
-	corrupt    error     // the stored state does not decode: Open fails
+	// child is the store process from its start until it is reaped (proc
+	// only while attached): Close kills it when its deadline passes
+	// before the child exits. It gets no SIGKILL when sluice exits (the
+	// parent-death signal lets it commit what it was sent), so a child
+	// stuck (or stopped) would otherwise outlive sluice.
+	child    *os.Process
+	state    string
+	lastExit string
+	loaded   bool // the stored state was read from the child
+	migrate  *migration
+	inflight int       // records taken by a write under way
+	mopSaved time.Time // when the store process last acknowledged learned states
+	corrupt  error     // the stored state does not decode: Open fails
 
 	notify   chan struct{} // a write is queued
 	up       chan struct{} // closed when the child first answers and the store is loaded
@@ -93,6 +99,9 @@ type remote struct {
 	// no child runs). conn is set under both callMu and mu.
 	callMu sync.Mutex
 	conn   net.Conn
+
+	// journal is the dialog journal's socket (journal.go).
+	journal journal
 }
 
 // migration is a format 2 store read at open, written into the store
@@ -117,6 +126,7 @@ func newRemote(s *Store, cmdf ChildCommand, log *slog.Logger) *remote {
 		pumpStop: make(chan struct{}),
 		pumpDone: make(chan struct{}),
 		state:    ChildStarting,
+		journal:  journal{fd: -1},
 	}
 	if r.minBackoff <= 0 {
 		r.minBackoff = childMinBackoff
@@ -140,30 +150,41 @@ func (r *remote) kick() {
 	}
 }
 
-// spawn starts one store process and returns it with the parent's socket.
-func (r *remote) spawn() (*exec.Cmd, net.Conn, error) {
+// spawn starts one store process and returns it with the parent's
+// socket and the parent's end of the dialog journal.
+func (r *remote) spawn() (*exec.Cmd, net.Conn, int, error) {
 	fds, err := socketpair()
 	if err != nil {
-		return nil, nil, fmt.Errorf("socketpair: %w", err)
+		return nil, nil, -1, fmt.Errorf("socketpair: %w", err)
+	}
+	jfds, err := journalPair()
+	if err != nil {
+		closeFD(fds[0])
+		closeFD(fds[1])
+		return nil, nil, -1, fmt.Errorf("socketpair for the dialog journal: %w", err)
 	}
 	pf := os.NewFile(uintptr(fds[0]), "store-parent")
 	cf := os.NewFile(uintptr(fds[1]), "store-child")
+	jf := os.NewFile(uintptr(jfds[1]), "store-journal")
 	defer pf.Close()
 	defer cf.Close()
+	defer jf.Close()
 	cmd := r.cmdf(r.s.cfg.Dir)
-	cmd.ExtraFiles = []*os.File{cf}
+	cmd.ExtraFiles = []*os.File{cf, jf}
 	cmd.Stderr = &faultWriter{w: cmd.Stderr}
 	setParentDeath(cmd)
 	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("start store process: %w", err)
+		closeFD(jfds[0])
+		return nil, nil, -1, fmt.Errorf("start store process: %w", err)
 	}
 	conn, err := net.FileConn(pf)
 	if err != nil {
+		closeFD(jfds[0])
 		cmd.Process.Kill()
 		cmd.Wait()
-		return nil, nil, err
+		return nil, nil, -1, err
 	}
-	return cmd, conn, nil
+	return cmd, conn, jfds[0], nil
 }
 
 // supervise keeps a store process running until stop is closed.
@@ -172,14 +193,23 @@ func (r *remote) supervise() {
 	backoff := r.minBackoff
 	for {
 		began := time.Now()
-		cmd, conn, err := r.spawn()
+		cmd, conn, jfd, err := r.spawn()
 		if err == nil {
-			err = r.attach(cmd, conn)
+			r.mu.Lock()
+			r.child = cmd.Process
+			r.mu.Unlock()
+			err = r.attach(cmd, conn, jfd)
 			if err != nil {
 				cmd.Process.Kill()
 			}
 			exited := make(chan struct{})
-			go func() { cmd.Wait(); close(exited) }()
+			go func() {
+				cmd.Wait()
+				r.mu.Lock()
+				r.child = nil
+				r.mu.Unlock()
+				close(exited)
+			}()
 			select {
 			case <-exited:
 			case <-r.stop:
@@ -234,7 +264,8 @@ func (r *remote) reap(cmd *exec.Cmd, exited chan struct{}) {
 
 // attach makes conn the socket once the child answers, loads the stored
 // state the first time and finishes a pending migration.
-func (r *remote) attach(cmd *exec.Cmd, conn net.Conn) error {
+func (r *remote) attach(cmd *exec.Cmd, conn net.Conn, jfd int) error {
+	r.setJournal(jfd)
 	r.callMu.Lock()
 	r.mu.Lock()
 	r.conn, r.proc = conn, cmd.Process
@@ -313,6 +344,7 @@ func (r *remote) detach() {
 	c := r.conn
 	r.proc = nil
 	r.mu.Unlock()
+	r.setJournal(-1)
 	if c != nil {
 		c.Close() // a call in flight returns now
 	}
@@ -562,17 +594,22 @@ func (r *remote) close(ctx context.Context) error {
 	select {
 	case <-stopped:
 	case <-ctx.Done():
-		r.mu.Lock()
-		if r.proc != nil {
-			r.proc.Kill()
-		}
-		r.mu.Unlock()
+		r.killChild()
 		err = errors.Join(err, ctx.Err())
 	}
 	if n := r.pending(); n > 0 {
 		err = errors.Join(err, fmt.Errorf("%d queued records could not be written", n))
 	}
 	return err
+}
+
+// killChild kills the store process, if one runs.
+func (r *remote) killChild() {
+	r.mu.Lock()
+	if r.child != nil {
+		r.child.Kill()
+	}
+	r.mu.Unlock()
 }
 
 func (r *remote) running() bool {

@@ -153,6 +153,10 @@ func TestMain(m *testing.M) {
 		storeChildMain(dir)
 		return
 	}
+	if dir := os.Getenv(journalParentEnv); dir != "" {
+		journalParent(dir)
+		return
+	}
 	// Close must stop every goroutine, ours and badger's.
 	goleak.VerifyTestMain(m)
 }

@@ -631,6 +631,12 @@ func (s *Store) Close(ctx context.Context) error {
 	case <-s.closeDone:
 		return s.closeErr
 	case <-ctx.Done():
+		if s.rc != nil {
+			// The store process did not finish in time (stuck on its
+			// disk, or stopped): it gets no SIGKILL when this process
+			// exits, so it is killed now.
+			s.rc.killChild()
+		}
 		return fmt.Errorf("close store %s: %w: the disk did not finish the last writes; learned rates and events since the last successful save may be lost",
 			s.cfg.Dir, ctx.Err())
 	}

@@ -26,7 +26,7 @@ const storeChildEnv = "SLUICE_PERSIST_STORE_CHILD"
 
 func storeChildMain(dir string) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if err := RunChild(dir, os.NewFile(3, "store-socket"), log); err != nil {
+	if err := RunChild(dir, os.NewFile(3, "store-socket"), os.NewFile(4, "store-journal"), log); err != nil {
 		fmt.Fprintln(os.Stderr, "store child:", err)
 		os.Exit(1)
 	}

@@ -340,8 +340,9 @@ func (dt *dialogTable) settledBy(k uint64, src uint16, now int64) bool {
 	return ok && now < e.deadline && (e.toTag != 0 || e.linger()) && e.src == src
 }
 
-// confirm records the To-tag of the first 2xx to dialog k's INVITE.
-func (dt *dialogTable) confirm(k uint64, toTag string) {
+// confirm records the To-tag of the first 2xx to dialog k's INVITE, and
+// reports whether it did (this 2xx is the first).
+func (dt *dialogTable) confirm(k uint64, toTag string) bool {
 	th := dt.tagHash(toTag)
 	sh := dt.shard(k)
 	sh.mu.Lock()
@@ -355,6 +356,7 @@ func (dt *dialogTable) confirm(k uint64, toTag string) {
 	if first {
 		dt.mark(k)
 	}
+	return first
 }
 
 // remove forgets dialog k (its INVITE failed).

@@ -1,10 +1,13 @@
 package sip
 
 import (
+	"bytes"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	gosip "github.com/emiago/sipgo/sip"
 
 	"github.com/sluicelb/sluice/admission"
 )
@@ -23,6 +26,19 @@ import (
 // DialogWriter: live entries to put (with their deadline as a wall time),
 // the others to delete. Entries the sweep expires are not deleted: the
 // store drops them by their expiry too.
+
+//
+// A call's dialog is safe against kill -9 of this process before the call
+// is: when the writer is a DialogCommitter, the first 2xx to an INVITE
+// (the moment the caller has its call) is held until the dialog's record
+// was handed to CommitDialogs, which only puts it where the death of this
+// process cannot lose it (the store process's socket) and never waits.
+// Held 2xx are group-committed: the goroutine that holds a 2xx while no
+// commit is under way commits it at once (one non-blocking send, a few
+// µs: the 2xx waits for nothing else) and relays it, then does the same
+// for every 2xx other goroutines held meanwhile, in one send per batch. A commit that
+// fails (store down, socket full) still relays its 2xx (counted:
+// Metrics.DialogStoreUnsafe): traffic never waits on the store's health.
 
 // dialogStoreQueue bounds the keys marked and not yet written: 512 KiB.
 // At 10,000 calls/s, some 5 changes a call, a batch of dialogStoreEvery
@@ -69,6 +85,37 @@ type DialogWriter interface {
 	WriteDialogs(put []StoredDialog, del []uint64)
 }
 
+// DialogCommitter is a DialogWriter that also makes confirmed dialogs
+// safe before their 2xx is relayed. CommitDialogs hands it the records
+// of dialogs whose first 2xx is held, and reports whether they are safe
+// against kill -9 of this process once it returns; it must never wait on
+// a disk or on the store's health (a few µs of a non-blocking send). It
+// is called from one goroutine at a time; put is the callee's only for
+// the call.
+type DialogCommitter interface {
+	DialogWriter
+	CommitDialogs(put []StoredDialog) bool
+}
+
+// heldReply is a dialog-establishing 2xx waiting for its dialog's record
+// to be committed: the response as it will be sent, and where.
+type heldReply struct {
+	rec StoredDialog
+	buf *bytes.Buffer // from bufPool
+	dst target
+}
+
+// dialogCommit is the group commit of held 2xx.
+type dialogCommit struct {
+	c       DialogCommitter
+	mu      sync.Mutex
+	pending []heldReply
+	running bool // a commitHeld runs
+	// spare and recs are commitHeld's slices, kept between leaders.
+	spare []heldReply
+	recs  []StoredDialog
+}
+
 // dialogChanges is the bounded queue of marked keys.
 type dialogChanges struct {
 	ch      chan uint64
@@ -82,6 +129,7 @@ type dialogStore struct {
 	mu      sync.Mutex // one flush at a time
 	keys    map[uint64]struct{}
 	ticks   int
+	commit  *dialogCommit // nil: w is not a DialogCommitter
 }
 
 // mark queues key k to be written; it never blocks.
@@ -145,8 +193,115 @@ func (s *Server) SetDialogStore(w DialogWriter) {
 		return
 	}
 	c := &dialogChanges{ch: make(chan uint64, dialogStoreQueue), dropped: &s.metrics.DialogStoreDropped}
-	s.dstore.Store(&dialogStore{w: w, changes: c, keys: map[uint64]struct{}{}})
+	st := &dialogStore{w: w, changes: c, keys: map[uint64]struct{}{}}
+	if dc, ok := w.(DialogCommitter); ok {
+		st.commit = &dialogCommit{c: dc}
+	}
+	s.dstore.Store(st)
 	s.dialogs.changed.Store(c)
+}
+
+// relayConfirmed relays res, the first 2xx to the INVITE of dialog k,
+// once the dialog's record is committed (group commit, commitHeld), and
+// reports whether it took res; false (the caller relays it) when there is
+// no DialogCommitter or the entry is gone. now is the clock's.
+func (s *Server) relayConfirmed(k uint64, res *gosip.Response, dst target, now int64) bool {
+	st := s.dstore.Load()
+	if st == nil || st.commit == nil {
+		return false
+	}
+	e, ref, ok := s.dialogs.get(k, now)
+	if !ok {
+		return false
+	}
+	b := bufPool.Get().(*bytes.Buffer)
+	b.Reset()
+	res.StringWrite(b)
+	h := heldReply{buf: b, dst: dst, rec: StoredDialog{Key: k, Ref: ref, ToTag: e.toTag, Src: e.src, Linger: e.linger(),
+		Expires: time.Now().Add(time.Duration(e.deadline - now))}}
+	gc := st.commit
+	gc.mu.Lock()
+	gc.pending = append(gc.pending, h)
+	start := !gc.running
+	gc.running = true
+	gc.mu.Unlock()
+	if start {
+		s.commitHeld(gc)
+	}
+	return true
+}
+
+// learnDialog records the dialog of a 2xx to an INVITE relayed without
+// its transaction (a retransmission by the backend at src) when the table
+// does not hold it, and relays the 2xx held like a first one; it reports
+// whether it took res. Only with a DialogCommitter: after a kill -9 that
+// came between a backend's 2xx and its relay, the backend retransmits the
+// 2xx until it has its ACK, the restarted balancer relays it, and the
+// caller has its call; without this its token-less requests would find
+// no dialog. The branch of res was checked to be ours for a request sent
+// to src, so only a backend that took the INVITE names itself.
+func (s *Server) learnDialog(res *gosip.Response, src source, dst target) bool {
+	if st := s.dstore.Load(); st == nil || st.commit == nil || res.CallID() == nil {
+		return false
+	}
+	f := header(res, "from", "f")
+	tt := toTag(res)
+	b := s.pool.Load().backendAt(src.addr)
+	if f == nil || tt == "" || b == nil {
+		return false
+	}
+	from := tagParam(f.Value())
+	if from == "" {
+		return false
+	}
+	now := s.clock.Now()
+	k := s.dialogs.key(res.CallID().Value(), from)
+	if _, _, ok := s.dialogs.get(k, now); ok {
+		return false
+	}
+	pool := ""
+	if len(b.spec.Pools) == 1 {
+		pool = b.spec.Pools[0]
+	}
+	if s.dialogs.claimIn(k, pool, b.id, 0, now) != dialogInserted || !s.dialogs.confirm(k, tt) {
+		return false
+	}
+	s.metrics.DialogsLearned.Add(1)
+	return s.relayConfirmed(k, res, dst, now)
+}
+
+// commitHeld commits the records of the held 2xx and relays them, batch
+// after batch, until none is held. It runs on the goroutine that held a
+// 2xx when no commit was under way (the leader); 2xx held by others
+// meanwhile (TCP connections, the other listeners) join the next batch,
+// so a busy balancer commits many calls with one send.
+func (s *Server) commitHeld(gc *dialogCommit) {
+	gc.mu.Lock()
+	batch, recs := gc.spare, gc.recs
+	gc.spare, gc.recs = nil, nil
+	for len(gc.pending) > 0 {
+		batch, gc.pending = gc.pending, batch[:0]
+		gc.mu.Unlock()
+		recs = recs[:0]
+		for _, h := range batch {
+			recs = append(recs, h.rec)
+		}
+		if !gc.c.CommitDialogs(recs) {
+			s.metrics.DialogStoreUnsafe.Add(uint64(len(batch)))
+		}
+		s.metrics.DialogStoreHeld.Add(uint64(len(batch)))
+		for i, h := range batch {
+			if s.sendBytes(h.buf.Bytes(), h.dst) == nil {
+				s.metrics.Relayed.Add(1)
+			}
+			bufPool.Put(h.buf)
+			batch[i] = heldReply{}
+		}
+		gc.mu.Lock()
+	}
+	gc.running = false
+	gc.spare, gc.recs = batch[:0], recs[:0]
+	gc.mu.Unlock()
 }
 
 // dialogStoreTick writes the marked entries every dialogStoreEvery calls;

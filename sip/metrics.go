@@ -28,6 +28,14 @@ type Metrics struct {
 	// DialogStoreDropped counts dialog table changes not written to the
 	// store: more were waiting than its queue holds (SetDialogStore).
 	DialogStoreDropped atomic.Uint64
+	// DialogStoreHeld counts dialog-establishing 2xx relayed after their
+	// dialog's record was handed to the store (DialogCommitter), and
+	// DialogStoreUnsafe those of them relayed although the store could not
+	// take the record at once (down, or its socket full).
+	DialogStoreHeld, DialogStoreUnsafe atomic.Uint64
+	// DialogsLearned counts dialogs recorded from a 2xx to an INVITE
+	// relayed without its transaction (learnDialog).
+	DialogsLearned atomic.Uint64
 	// DialogReplaceRefused counts initial INVITEs not recorded in the
 	// dialog table: their Call-ID and From-tag name a confirmed dialog, or
 	// one whose INVITE came from another source, which keeps its backend.
@@ -233,7 +241,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"requests", &m.Requests}, {"responses", &m.Responses}, {"forwarded", &m.Forwarded},
 		{"new_work", &m.NewWork}, {"affinity", &m.Affinity}, {"affinity_removed", &m.AffinityGone},
 		{"callid_fallback", &m.CallIDFallback}, {"dialog_routed", &m.DialogRouted}, {"dialog_misses", &m.DialogMisses},
-		{"dialog_full", &m.DialogsFull}, {"dialog_store_dropped", &m.DialogStoreDropped}, {"dialog_replace_refused", &m.DialogReplaceRefused}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"earlier_attempt_answered", &m.EarlierAttemptAnswered}, {"refused", &m.Refused},
+		{"dialog_full", &m.DialogsFull}, {"dialog_store_dropped", &m.DialogStoreDropped}, {"dialog_store_held", &m.DialogStoreHeld}, {"dialog_store_unsafe", &m.DialogStoreUnsafe}, {"dialogs_learned", &m.DialogsLearned}, {"dialog_replace_refused", &m.DialogReplaceRefused}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"earlier_attempt_answered", &m.EarlierAttemptAnswered}, {"refused", &m.Refused},
 		{"delayed", &m.Delayed}, {"failovers", &m.Failovers}, {"all_failed", &m.AllFailed},
 		{"timeouts", &m.Timeouts}, {"aborted", &m.Aborted}, {"backend_503", &m.Backend503},
 		{"backend_backoffs", &m.Backoffs}, {"forged_responses", &m.ForgedResponses}, {"loops", &m.Loops},

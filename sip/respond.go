@@ -382,6 +382,9 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 			return
 		}
 	}
+	if t == nil && res.StatusCode >= 200 && res.StatusCode < 300 && res.CSeq().MethodName == gosip.INVITE && s.learnDialog(res, src, dst) {
+		return
+	}
 	s.relay(res, dst)
 }
 

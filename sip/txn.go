@@ -528,6 +528,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			s.observe(time.Duration(now - t.created))
 		}
 		s.logTxnLocked(t, now, code, accesslog.ByBackend, false, "")
+		first := false // the first 2xx of t's dialog: relayed once its record is safe
 		if t.invite && code >= 300 {
 			if !t.dforeign {
 				s.dialogs.remove(t.dkey) // no dialog
@@ -543,7 +544,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			s.txns.mu.Unlock()
 		} else {
 			if t.invite && !t.dforeign {
-				s.dialogs.confirm(t.dkey, toTag(res))
+				first = s.dialogs.confirm(t.dkey, toTag(res))
 				s.shareDialog(DialogConfirm, t.req, toTag(res), "", "")
 			}
 			if t.invite {
@@ -553,7 +554,9 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			s.txns.removeLocked(t)
 			s.txns.mu.Unlock()
 		}
-		s.relay(res, next)
+		if !first || !s.relayConfirmed(t.dkey, res, next, now) {
+			s.relay(res, next)
+		}
 	}
 }
 
@@ -595,9 +598,10 @@ func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next 
 	s.txns.removeLocked(t)
 	s.txns.mu.Unlock()
 	s.metrics.EarlierAttemptAnswered.Add(1)
+	first := false
 	if b := s.pool.Load().byAddr[src.addr]; b != nil && !t.dforeign && s.claimDialog(t, t.poolName, b.id, now) {
 		s.shareDialog(DialogInsert, t.req, "", t.poolName, b.id)
-		s.dialogs.confirm(t.dkey, toTag(res))
+		first = s.dialogs.confirm(t.dkey, toTag(res))
 		s.shareDialog(DialogConfirm, t.req, toTag(res), "", "")
 	}
 	if s.observe != nil {
@@ -606,7 +610,9 @@ func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next 
 	if cancel != nil {
 		_ = s.sendBytes(cancel, up)
 	}
-	s.relay(res, next)
+	if !first || !s.relayConfirmed(t.dkey, res, next, now) {
+		s.relay(res, next)
+	}
 }
 
 func indexAny(s, chars string) int {

@@ -21,7 +21,8 @@ import (
 const storeChildName = "store-child"
 
 // runStoreChild serves the store on fd 3 (a socketpair end the balancer
-// hands over) until the balancer closes it or dies.
+// hands over) and commits the dialog journal of fd 4 until the balancer
+// closes them or dies.
 func runStoreChild(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet(storeChildName, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -47,7 +48,11 @@ func runStoreChild(args []string, stderr io.Writer) int {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).
 		With("component", "store-process", "pid", os.Getpid())
-	if err := persist.RunChild(*dir, conn, log); err != nil {
+	journal := os.NewFile(4, "store-journal")
+	if _, err := journal.Stat(); err != nil {
+		journal = nil
+	}
+	if err := persist.RunChild(*dir, conn, journal, log); err != nil {
 		log.Error("store process failed", "dir", *dir, "err", err)
 		return 1
 	}
