@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,9 +42,23 @@ func BenchmarkIdleConnMemory(b *testing.B) {
 	}
 }
 
+// writeHeapProfile writes the heap profile to path (the connections
+// open), for go tool pprof -inuse_space.
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
+	}
+}
+
 func memInUse() (heap, stack int64) {
-	runtime.GC()
-	runtime.GC()
+	for range 6 {
+		runtime.GC()
+	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return int64(ms.HeapInuse), int64(ms.StackInuse)
@@ -97,6 +112,9 @@ func measureIdle(b *testing.B, tr string, n int) {
 		b.Fatalf("clients did not connect")
 	}
 	heap1, stack1 := memInUse()
+	if f := os.Getenv("SLUICE_IDLE_HEAPPROFILE"); f != "" {
+		writeHeapProfile(b, f+"."+tr)
+	}
 	conns := float64(s.tcp.len())
 	heap, stack := float64(heap1-heap0)/conns, float64(stack1-stack0)/conns
 	b.Logf("%s: %.0f idle connections, %.0f bytes each: %.0f of heap, %.0f of stacks", tr, conns, heap+stack, heap, stack)

@@ -1,0 +1,29 @@
+//go:build unix
+
+package sip
+
+import (
+	"errors"
+	"syscall"
+)
+
+// waitReadable waits, within the read deadline, until c's socket has
+// bytes to read (or an end: the read that follows sees it), holding no
+// buffer on a shallow stack. It peeks at one byte rather than waiting at
+// once: the poller reports edges, and bytes already in the socket made
+// theirs before.
+func waitReadable(c *tcpConn) error {
+	rc, err := c.c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Read(func(fd uintptr) bool {
+		for {
+			_, _, err := syscall.Recvfrom(int(fd), c.one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			return !errors.Is(err, syscall.EAGAIN)
+		}
+	})
+}
