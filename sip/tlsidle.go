@@ -95,12 +95,18 @@ func (c *tcpConn) probeIdle() ([]byte, error) {
 
 // waitIdle waits for the socket of a connection with a TLS session to be
 // readable on a shallow stack holding no buffer, then reads the first byte
-// of the next message through the session, in a buffer from the pool (nil
-// with an error and nothing read).
+// of the next message through the session (readAwake).
 func (c *tcpConn) waitIdle() ([]byte, error) {
 	if err := waitReadable(c); err != nil {
 		return nil, err
 	}
+	return c.readAwake()
+}
+
+// readAwake reads the first byte of the next message through the TLS
+// session once the socket has bytes, in a buffer from the pool (nil with
+// an error and nothing read).
+func (c *tcpConn) readAwake() ([]byte, error) {
 	c.waiting.Store(idleWait)
 	n, err := c.sess.Read(c.one[:])
 	if n > 0 || err == nil {

@@ -255,7 +255,7 @@ func (w streamWriter) Write(p []byte) (int, error) {
 // reassembled) reserved in the partial-message budget.
 //
 // A connection waiting between messages is waited on by a goroutine of
-// its own (wsWait), started for that wait: its stack is what waiting
+// its own (streamWait), started for that wait: its stack is what waiting
 // takes (2 KiB), not what the handshake and the messages grew the
 // reader's to (8 KiB and more, which the runtime halves only while a
 // quarter of it is unused: never below 8 KiB for a reader waiting inside
@@ -264,56 +264,57 @@ func (s *Server) readWS(tc *tcpConn) {
 	firstDeadline := time.Now().Add(s.cfg.TCPFirstMessageTimeout)
 	buf, ok := s.handshakeWS(tc)
 	if !ok {
-		s.endWS(tc)
+		s.endIdle(tc)
 		return
 	}
 	if buf != nil {
 		s.tcp.readBufs.Add(1)
 	}
-	s.wsFrames(tc, wsIdle{firstDeadline: firstDeadline}, buf)
+	s.wsFrames(tc, streamIdle{firstDeadline: firstDeadline}, buf)
 }
 
-// wsIdle is what a WebSocket reader carries across a wait between
-// messages, when it holds no buffer, no fragment and no reservation.
-type wsIdle struct {
+// streamIdle is what a stream connection's reader carries across a wait
+// between messages, when it holds no buffer, no fragment and no
+// reservation.
+type streamIdle struct {
 	greeted       bool      // a message came: the first-message deadline is over
 	firstDeadline time.Time // accept + TCPFirstMessageTimeout
 	first         bool      // the wait's deadline is firstDeadline
 }
 
-// endWS ends the reader of tc holding nothing (see endConn).
-func (s *Server) endWS(tc *tcpConn) {
+// endIdle ends the reader of tc holding nothing (see endConn).
+func (s *Server) endIdle(tc *tcpConn) {
 	var reserved int64
 	s.endConn(tc, &reserved, nil)
 	s.wg.Done()
 }
 
-// wsWait waits for the next message of tc on a fresh goroutine (see
-// readWS), then reads it with wsFrames.
-func (s *Server) wsWait(tc *tcpConn, st wsIdle) {
+// streamWait waits for the next message of tc on a fresh goroutine (see
+// readWS), then reads it with frames (wsFrames, connFrames).
+func (s *Server) streamWait(tc *tcpConn, st streamIdle, frames func(*Server, *tcpConn, streamIdle, []byte)) {
 	var buf []byte
-	var err error
-	if tc.sess != nil {
-		buf, err = tc.waitIdle()
-	} else {
+	err := waitReadable(tc) // the only wait on this stack: the reads after it find bytes
+	if err == nil && tc.sess != nil {
+		buf, err = tc.readAwake()
+	} else if err == nil {
 		buf, err = readParked(tc.c)
 	}
 	if buf == nil {
 		s.streamReadError(tc, err, st.first, 0)
-		s.endWS(tc)
+		s.endIdle(tc)
 		return
 	}
 	s.tcp.readBufs.Add(1)
-	s.wsFrames(tc, st, buf)
+	frames(s, tc, st, buf)
 }
 
 // wsFrames is readWS from the handshake or a wait on: buf holds the bytes
 // read so far (nil when none). It returns when the connection ends, or
-// with a wsWait started when the connection waits for its next message.
-func (s *Server) wsFrames(tc *tcpConn, st wsIdle, buf []byte) {
+// with a streamWait started when the connection waits for its next message.
+func (s *Server) wsFrames(tc *tcpConn, st streamIdle, buf []byte) {
 	var reserved int64
 	var msg []byte // the fragments of a message under way, nil when none
-	waits := false // a wsWait carries on: this goroutine ends holding nothing
+	waits := false // a streamWait carries on: this goroutine ends holding nothing
 	defer func() {
 		if !waits {
 			s.endConn(tc, &reserved, buf)
@@ -443,7 +444,7 @@ func (s *Server) wsFrames(tc *tcpConn, st wsIdle, buf []byte) {
 			}
 			if buf == nil && err == nil {
 				waits = true
-				go s.wsWait(tc, wsIdle{greeted: greeted, firstDeadline: firstDeadline, first: first})
+				go s.streamWait(tc, streamIdle{greeted: greeted, firstDeadline: firstDeadline, first: first}, (*Server).wsFrames)
 				return
 			}
 			n = len(buf)
