@@ -19,13 +19,17 @@
 # header comes from an HAProxy server line with send-proxy-v2 (a plain
 # `mode tcp` line for off) and wrk runs flat out: the setting of the issue,
 # but the two legs' rates differ with the machine's noise. The client,
-# HAProxy and the nginx backend run on CPU1. Each round loads off and on one
-# after the other (which goes first alternates), DURATION s each; every
-# answer must be a 2xx, with no socket error (and, for connload, every
-# request sent on time). The figure is sluice's CPU time (utime + stime
-# from /proc/PID/stat of its process tree, so the client's and HAProxy's
-# costs do not count) divided by the requests completed; the ratio on ÷ off
-# of each round, and its median and spread over ROUNDS rounds, are printed.
+# HAProxy and the nginx backend run on CPU1. Each round starts both
+# afresh (their cgroups swapped every other round) and loads both at once,
+# each with its own client, DURATION s, so the machine's noise hits both
+# alike (bench/http-ab.sh's way); every answer must be a 2xx, with no
+# socket error; with connload a round whose two legs served more than 5 %
+# apart (requests due while every worker was busy are not sent) is not
+# counted. The figure is sluice's CPU
+# time (utime + stime from /proc/PID/stat of its process tree, so the
+# client's and HAProxy's costs do not count) divided by the requests
+# completed; the ratio on ÷ off of each round, and its median and spread
+# over ROUNDS rounds, are printed.
 #
 # Knobs: CLIENT=connload|haproxy RATE=1500 (connload) CONNS=50 (wrk's and
 #   connload's concurrent connections) LB_QUOTA=50 (% of CPU0 per instance)
@@ -144,35 +148,38 @@ EOF
 taskset -c 1 timeout -k 5 3600 haproxy -db -f "$OUT/haproxy.cfg" > "$OUT/haproxy.log" 2>&1 &
 PIDS+=($!)
 
-# lb NAME PORT FLAGS...: one sluice on CPU0 in its own capped cgroup;
+# lb ROLE SLOT: sluice ROLE (on: -proxy-protocol-from 127.0.0.1/32 on
+# LB_ON; off: none, on LB_OFF) on CPU0 in cgroup SLOT (X or Y, each capped);
 # sets LBPID (the `timeout` above sluice: its tree is sluice's).
 lb() {
-    local name=$1 port=$2 procs
-    shift 2
-    procs=$(cgroup "$name")
+    local port=$LB_OFF procs flags=()
+    [ "$1" = on ] && port=$LB_ON flags=(-proxy-protocol-from 127.0.0.1/32)
+    procs=$(cgroup "$2")
     ( echo "$BASHPID" > "$procs"
       exec env GOMAXPROCS=1 taskset -c 0 timeout -k 5 3600 "$OUT/sluice" run -http-listen "127.0.0.1:$port" \
-        -http-backend "127.0.0.1:$BE" -admin-listen '' -data-dir "$OUT/data-$name" -log-level warn \
-        -drain-timeout 1s -http-backend-max-conns 65536 -http-max-conns-per-source 20000 "$@" ) >> "$OUT/$name.log" 2>&1 &
+        -http-backend "127.0.0.1:$BE" -admin-listen '' -data-dir "$OUT/data-$1" -log-level warn \
+        -drain-timeout 1s -http-backend-max-conns 65536 -http-max-conns-per-source 20000 "${flags[@]}" ) >> "$OUT/$1.log" 2>&1 &
     LBPID=$!
     PIDS+=("$LBPID")
 }
-lb off "$LB_OFF"
-PID_OFF=$LBPID
-lb on "$LB_ON" -proxy-protocol-from 127.0.0.1/32
-PID_ON=$LBPID
+
+# halt PID: stop one sluice (TERM to its `timeout`, which passes it on) and
+# wait for it, so that its port is free for the next round.
+halt() {
+    kill -TERM "$1" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+    local keep=() p
+    for p in "${PIDS[@]}"; do [ "$p" != "$1" ] && keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
 
 ready() {
     for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.1; done
     die "nothing answers on :$1 (logs in $OUT)"
 }
-ready "$BE"; ready "$HA_OFF"; ready "$HA_ON"
-# Through HAProxy "on", sluice must have read the header: a request
-# straight to its port (no header, from a source that must send one) is
-# refused.
-if curl -s -m 2 -o /dev/null "http://127.0.0.1:$LB_ON/"; then
-    die "sluice \"on\" answered a connection without a PROXY header: -proxy-protocol-from is not in force"
-fi
+ready "$BE"
 
 # ticks ROOTPID: utime + stime (clock ticks) of ROOTPID's process tree.
 ticks() {
@@ -195,45 +202,62 @@ load() {
     fi
 }
 
-# leg NAME LBPID ROUND: one run; prints "requests cpu_seconds", or dies
-# on any failure.
-leg() {
-    local f="$OUT/$1-$3.out" t0 t1 n
-    t0=$(ticks "$2")
-    load "$1" "$DURATION" "$f"
-    t1=$(ticks "$2")
+# check NAME ROUND FILE: the requests of one run; dies on any failure.
+check() {
+    local f=$3 n late
     if [ "$CLIENT" = haproxy ]; then
-        grep -qE "Non-2xx|Socket errors" "$f" && die "$1, round $3: wrk saw failures ($f): $(grep -E 'Non-2xx|Socket errors' "$f")"
+        grep -qE "Non-2xx|Socket errors" "$f" && die "$1, round $2: wrk saw failures ($f): $(grep -E 'Non-2xx|Socket errors' "$f")"
         n=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$f")
     else
-        grep -q "failed=0 late=0 " "$f" || die "$1, round $3: connload failed or could not hold $RATE/s ($f): $(cat "$f")"
+        grep -q " failed=0 " "$f" || die "$1, round $2: connload saw failures ($f): $(cat "$f")"
         n=$(sed -n 's/^requests=\([0-9]*\) .*/\1/p' "$f")
     fi
-    [ "${n:-0}" -gt 0 ] || die "$1, round $3: no requests ($f)"
-    [ $((t1 - t0)) -gt 0 ] || die "$1, round $3: sluice (pid $2) used no CPU: is it the one answering?"
-    echo "$n $(awk -v d="$((t1 - t0))" -v hz="$HZ" 'BEGIN { printf "%.2f", d / hz }')"
+    [ "${n:-0}" -gt 0 ] || die "$1, round $2: no requests ($f)"
+    echo "$n"
 }
 
-# warm-up: a short run each, not counted
-for name in off on; do load "$name" 2 /dev/null; done
-
+# Each round starts both sluices afresh, in swapped cgroups every other
+# round (a slot a little faster than the other cancels out), and loads
+# both at once, each with its own client: whatever slows the machine
+# slows both, and the ratio of the round is the figure.
 printf "%-6s %9s %9s %11s %11s %9s\n" round off_req on_req off_us/req on_us/req on/off
 ratios=()
 for r in $(seq "$ROUNDS"); do
-    if [ $((r % 2)) -eq 1 ]; then
-        read -r noff coff <<< "$(leg off "$PID_OFF" "$r")"
-        read -r non con <<< "$(leg on "$PID_ON" "$r")"
-    else
-        read -r non con <<< "$(leg on "$PID_ON" "$r")"
-        read -r noff coff <<< "$(leg off "$PID_OFF" "$r")"
+    if [ $((r % 2)) -eq 1 ]; then so=X sf=Y; else so=Y sf=X; fi
+    lb off "$sf"; pid_off=$LBPID
+    lb on "$so"; pid_on=$LBPID
+    ready "$LB_OFF"; ready "$HA_OFF"; ready "$HA_ON"
+    # sluice "on" must have -proxy-protocol-from in force: a connection
+    # from 127.0.0.1 without a header is refused.
+    curl -s -m 2 -o /dev/null "http://127.0.0.1:$LB_ON/" &&
+        die "sluice \"on\" answered a connection without a PROXY header: -proxy-protocol-from is not in force"
+    load off 2 /dev/null & w1=$!
+    load on 2 /dev/null & w2=$!
+    wait "$w1" "$w2"
+    o0=$(ticks "$pid_off"); n0=$(ticks "$pid_on")
+    load off "$DURATION" "$OUT/off-$r.out" & w1=$!
+    load on "$DURATION" "$OUT/on-$r.out" & w2=$!
+    wait "$w1" "$w2"
+    o1=$(ticks "$pid_off"); n1=$(ticks "$pid_on")
+    halt "$pid_on"; halt "$pid_off"
+    noff=$(check off "$r" "$OUT/off-$r.out") || exit 1
+    non=$(check on "$r" "$OUT/on-$r.out") || exit 1
+    [ $((o1 - o0)) -gt 0 ] && [ $((n1 - n0)) -gt 0 ] || die "round $r: a sluice used no CPU: is it the one answering?"
+    if [ "$CLIENT" = connload ] && [ $((20 * (noff > non ? noff - non : non - noff))) -gt $((noff > non ? noff : non)) ]; then
+        # CPU per request depends on the load: a round whose two loads
+        # differ by more than 5 % (requests due while every worker of a
+        # client was busy are not sent) compares two loads, not two
+        # settings.
+        log "round $r: off served $noff, on $non requests (over 5 % apart): not counted; lower RATE or raise CONNS"
+        continue
     fi
-    [ -n "${noff:-}" ] && [ -n "${non:-}" ] || die "round $r: a leg failed (see $OUT)"
-    uoff=$(awk -v c="$coff" -v n="$noff" 'BEGIN { printf "%.1f", 1e6 * c / n }')
-    uon=$(awk -v c="$con" -v n="$non" 'BEGIN { printf "%.1f", 1e6 * c / n }')
+    uoff=$(awk -v d="$((o1 - o0))" -v n="$noff" -v hz="$HZ" 'BEGIN { printf "%.1f", 1e6 * d / hz / n }')
+    uon=$(awk -v d="$((n1 - n0))" -v n="$non" -v hz="$HZ" 'BEGIN { printf "%.1f", 1e6 * d / hz / n }')
     ratio=$(awk -v a="$uoff" -v b="$uon" 'BEGIN { printf "%.3f", b / a }')
     ratios+=("$ratio")
     printf "%-6s %9s %9s %11s %11s %9s\n" "$r" "$noff" "$non" "$uoff" "$uon" "$ratio"
 done
+[ ${#ratios[@]} -gt 0 ] || die "no round counted"
 sorted=$(printf '%s\n' "${ratios[@]}" | sort -n)
 median=$(echo "$sorted" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-echo "on/off sluice CPU per request: median $median over $ROUNDS rounds, spread $(echo "$sorted" | head -1)..$(echo "$sorted" | tail -1) (client $CLIENT$([ "$CLIENT" = connload ] && echo ", $RATE/s"), new connection per request, c$CONNS, each sluice capped at $LB_QUOTA % of CPU0; logs in $OUT)"
+echo "on/off sluice CPU per request: median $median over ${#ratios[@]} of $ROUNDS rounds, spread $(echo "$sorted" | head -1)..$(echo "$sorted" | tail -1) (client $CLIENT$([ "$CLIENT" = connload ] && echo ", $RATE/s each"), new connection per request, c$CONNS, each sluice capped at $LB_QUOTA % of CPU0; logs in $OUT)"
