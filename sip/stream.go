@@ -151,6 +151,7 @@ func (c *tcpConn) readIdle() ([]byte, error) {
 	if b, err := c.probeIdle(); b != nil || err != nil {
 		return b, err
 	}
+	releaseTLSBuffers(c.sess)
 	return c.waitIdle()
 }
 

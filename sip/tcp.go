@@ -184,6 +184,7 @@ type tcpTable struct {
 	touchEvery  time.Duration
 	now         func() int64              // unix nanos, for touchEvery
 	readBufs    atomic.Int64              // connections holding a read buffer
+	linger      atomic.Int64              // idleLinger in ns; tests set 0 (every wait handed over)
 	byKind      [kindWSS + 1]atomic.Int64 // connections in conns by protocol
 
 	budget partialBudget // bytes of partial messages
@@ -231,6 +232,7 @@ func (t *tcpTable) init() {
 	t.sources = map[netip.Prefix]int{}
 	t.touchEvery = lruTouchEvery
 	t.now = wallNanos
+	t.linger.Store(int64(idleLinger))
 }
 
 // put registers c under its remote address, in place of any other
@@ -555,9 +557,10 @@ func readCap(buf []byte, size, limit int) int {
 // or not; the bytes it holds for a message not yet complete are reserved in
 // the partial-message budget (tcpguard.go).
 //
-// Between messages the connection is waited on by a goroutine of its own
-// (streamWait), as a WebSocket one is (readWS): the reader's stack, grown
-// by the messages (and a TLS handshake), ends with the goroutine.
+// A connection silent between messages longer than idleLinger is waited
+// on by a goroutine of its own (streamWait), as a WebSocket one is
+// (readWS): the reader's stack, grown by the messages (and a TLS
+// handshake), ends with the goroutine.
 func (s *Server) readConn(tc *tcpConn) {
 	if tc.sess != nil && !tc.ready.Load() && !s.handshakeTLS(tc) {
 		s.endIdle(tc)
@@ -606,15 +609,19 @@ func (s *Server) connFrames(tc *tcpConn, st streamIdle, buf []byte) {
 			_ = tc.c.SetReadDeadline(dl)
 			if len(buf) == 0 {
 				// Between messages: what a TLS session holds comes first;
-				// else a goroutine of its own waits for bytes without a
-				// buffer, then reads into one from the pool.
+				// then this goroutine waits idleLinger for bytes, and after
+				// it one of its own, without a buffer; either reads into
+				// one from the pool.
 				if tc.sess != nil {
 					buf, err = tc.probeIdle()
 				}
 				if buf == nil && err == nil {
-					waits = true
-					go s.streamWait(tc, streamIdle{greeted: greeted, firstDeadline: firstDeadline, first: first}, (*Server).connFrames)
-					return
+					if !tc.linger(time.Duration(s.tcp.linger.Load()), dl) {
+						s.handOver(tc, streamIdle{greeted: greeted, firstDeadline: firstDeadline, first: first}, (*Server).connFrames)
+						waits = true
+						return
+					}
+					buf, err = tc.readWoken()
 				}
 				n = len(buf)
 				if buf != nil {

@@ -3,9 +3,12 @@ package sip
 import (
 	"bytes"
 	"crypto/tls"
+	"errors"
 	"io"
+	"os"
 	"reflect"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -80,14 +83,13 @@ func releaseTLSBuffers(s *tls.Conn) bool {
 
 // probeIdle returns the first byte of the next message of a connection
 // with a TLS session when the session holds it already, in a buffer from
-// the pool; (nil, nil) when it holds nothing, its read buffers dropped:
-// the socket is to be waited on (waitIdle).
+// the pool; (nil, nil) when it holds nothing: the socket is to be waited
+// on (linger, waitIdle).
 func (c *tcpConn) probeIdle() ([]byte, error) {
 	c.waiting.Store(idleProbe)
 	n, err := c.sess.Read(c.one[:])
 	c.waiting.Store(idleNot)
 	if n == 0 && err == errProbe {
-		releaseTLSBuffers(c.sess)
 		return nil, nil
 	}
 	return c.firstByte(n, err)
@@ -101,6 +103,43 @@ func (c *tcpConn) waitIdle() ([]byte, error) {
 		return nil, err
 	}
 	return c.readAwake()
+}
+
+// idleLinger is how long a reader that has handled a connection's
+// messages waits for the next one itself before a goroutine of its own
+// takes the wait (streamWait): a connection that is busy (a trunk, a
+// transaction's next message) keeps its reader and the reader's stack,
+// without a goroutine started, a stack grown again and, over TLS, the
+// session's read buffers allocated again for every message; one that
+// falls silent costs a waiting goroutine's 2 KiB after it.
+const idleLinger = 20 * time.Millisecond
+
+// linger waits up to d, and not past dl (the read deadline in force), on
+// the reader's own stack for tc's socket to be readable. True: it is (or
+// the connection ended: the read that follows says so). False: nothing
+// came, the read deadline is dl again, the wait is to be handed over; so
+// it is at once when d is 0 or dl comes first.
+func (c *tcpConn) linger(d time.Duration, dl time.Time) bool {
+	until := time.Now().Add(d)
+	if d <= 0 || !until.Before(dl) {
+		return false
+	}
+	_ = c.c.SetReadDeadline(until)
+	err := waitReadable(c)
+	if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	_ = c.c.SetReadDeadline(dl)
+	return false
+}
+
+// readWoken reads the first bytes of the next message once the socket
+// has them (after linger or waitReadable), in a buffer from the pool.
+func (c *tcpConn) readWoken() ([]byte, error) {
+	if c.sess != nil {
+		return c.readAwake()
+	}
+	return readParked(c.c)
 }
 
 // readAwake reads the first byte of the next message through the TLS

@@ -119,22 +119,27 @@ func (c *batchConn) flush(t *testing.T) {
 // TestEdgeBatchedMessages: messages whose records (TLS) or frames (WSS)
 // arrive together with others are all answered, those the session still
 // holds after a message read as well as those still in the socket, and
-// so is one sent after the connection waited. Each row: transport,
-// messages per record, records per write.
+// so is one sent after the connection waited, whether the reader waited
+// itself (linger) or handed the wait over at once (linger 0). Each row:
+// linger, transport, messages per record, records per write.
 func TestEdgeBatchedMessages(t *testing.T) {
 	b1 := newUAS(t, "b1")
 	s, cli := edgeServer(t, []*uas{b1}, nil)
 	for _, tc := range []struct {
+		linger           time.Duration
 		tr               string
 		perRecord, batch int
 	}{
-		{"tls", 1, 3},
-		{"tls", 3, 1},
-		{"tls", 2, 2},
-		{"wss", 1, 3},
-		{"wss", 3, 1},
-		{"wss", 2, 2},
+		{0, "tls", 1, 3},
+		{0, "tls", 3, 1},
+		{0, "tls", 2, 2},
+		{0, "wss", 1, 3},
+		{0, "wss", 3, 1},
+		{0, "wss", 2, 2},
+		{time.Minute, "tls", 2, 2},
+		{time.Minute, "wss", 2, 2},
 	} {
+		s.tcp.linger.Store(int64(tc.linger))
 		addr := s.TLSAddr()
 		if tc.tr == "wss" {
 			addr = s.WSSAddr()

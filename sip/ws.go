@@ -254,8 +254,9 @@ func (w streamWriter) Write(p []byte) (int, error) {
 // buffer holding part of a message (frame bytes and the fragments
 // reassembled) reserved in the partial-message budget.
 //
-// A connection waiting between messages is waited on by a goroutine of
-// its own (streamWait), started for that wait: its stack is what waiting
+// A connection that stays silent between messages longer than idleLinger
+// is waited on by a goroutine of its own (streamWait), started for that
+// wait: its stack is what waiting
 // takes (2 KiB), not what the handshake and the messages grew the
 // reader's to (8 KiB and more, which the runtime halves only while a
 // quarter of it is unused: never below 8 KiB for a reader waiting inside
@@ -289,15 +290,22 @@ func (s *Server) endIdle(tc *tcpConn) {
 	s.wg.Done()
 }
 
+// handOver starts the goroutine that waits for the next message of tc,
+// whose session (TLS) holds nothing: its read buffers go first.
+func (s *Server) handOver(tc *tcpConn, st streamIdle, frames func(*Server, *tcpConn, streamIdle, []byte)) {
+	if tc.sess != nil {
+		releaseTLSBuffers(tc.sess)
+	}
+	go s.streamWait(tc, st, frames)
+}
+
 // streamWait waits for the next message of tc on a fresh goroutine (see
 // readWS), then reads it with frames (wsFrames, connFrames).
 func (s *Server) streamWait(tc *tcpConn, st streamIdle, frames func(*Server, *tcpConn, streamIdle, []byte)) {
 	var buf []byte
 	err := waitReadable(tc) // the only wait on this stack: the reads after it find bytes
-	if err == nil && tc.sess != nil {
-		buf, err = tc.readAwake()
-	} else if err == nil {
-		buf, err = readParked(tc.c)
+	if err == nil {
+		buf, err = tc.readWoken()
 	}
 	if buf == nil {
 		s.streamReadError(tc, err, st.first, 0)
@@ -443,9 +451,12 @@ func (s *Server) wsFrames(tc *tcpConn, st streamIdle, buf []byte) {
 				buf, err = tc.probeIdle() // what the session holds comes first
 			}
 			if buf == nil && err == nil {
-				waits = true
-				go s.streamWait(tc, streamIdle{greeted: greeted, firstDeadline: firstDeadline, first: first}, (*Server).wsFrames)
-				return
+				if !tc.linger(time.Duration(s.tcp.linger.Load()), dl) {
+					s.handOver(tc, streamIdle{greeted: greeted, firstDeadline: firstDeadline, first: first}, (*Server).wsFrames)
+					waits = true
+					return
+				}
+				buf, err = tc.readWoken()
 			}
 			n = len(buf)
 			if buf != nil {
