@@ -117,8 +117,8 @@ const idleLinger = 20 * time.Millisecond
 // linger waits up to d, and not past dl (the read deadline in force), on
 // the reader's own stack for tc's socket to be readable. True: it is (or
 // the connection ended: the read that follows says so). False: nothing
-// came, the read deadline is dl again, the wait is to be handed over; so
-// it is at once when d is 0 or dl comes first.
+// came, the wait is to be handed over; so it is at once when d is 0 or dl
+// comes first. The read deadline is dl again on return.
 func (c *tcpConn) linger(d time.Duration, dl time.Time) bool {
 	until := time.Now().Add(d)
 	if d <= 0 || !until.Before(dl) {
@@ -126,11 +126,10 @@ func (c *tcpConn) linger(d time.Duration, dl time.Time) bool {
 	}
 	_ = c.c.SetReadDeadline(until)
 	err := waitReadable(c)
-	if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
-		return true
-	}
+	// dl again either way: the read that follows a wake-up at the end of
+	// the linger must not meet its deadline before it starts.
 	_ = c.c.SetReadDeadline(dl)
-	return false
+	return err == nil || !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // readWoken reads the first bytes of the next message once the socket
