@@ -14,14 +14,16 @@ import (
 
 // A TLS connection waiting between messages costs what a TCP one costs
 // plus the session's keys, instead of the session's read buffers and a
-// deep reader stack. The reader (readIdle) first asks the session for what
-// it already holds (plaintext, or whole records read along with the last
-// message) without touching the socket: rawConn.Read answers errProbe
-// while the connection is in state idleProbe. Only when the session holds
-// nothing does it drop the session's emptied read buffers
-// (releaseTLSBuffers) and wait for the socket to become readable the way
-// a TCP connection does (waitReadable: a shallow stack, no buffer), then
-// read through the session again.
+// deep reader stack. Between messages the reader first asks the session
+// for what it already holds (plaintext, or whole records read along with
+// the last message) without touching the socket (probeIdle: rawConn.Read
+// answers errProbe while the connection is in state idleProbe). When the
+// session holds nothing, the reader waits idleLinger for the socket itself
+// (linger); when that passes in silence, it drops the session's emptied
+// read buffers (releaseTLSBuffers) and hands the wait to a goroutine of
+// its own (handOver, streamWait), which waits for the socket to become
+// readable the way a TCP connection does (waitReadable: a shallow stack,
+// no buffer) and then reads through the session again.
 
 // errProbe is what the socket "returns" to a session read that only asks
 // what the session holds: a temporary timeout, which crypto/tls passes up
