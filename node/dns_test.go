@@ -102,11 +102,14 @@ func (e *dnsEvents) kinds(kind admission.EventKind) []string {
 }
 
 // TestDNSPoolScales: an HTTP pool from dns:app.test:PORT follows a real
-// dnsmasq from 2 to 5 to 1 addresses while clients with sticky cookies
-// send requests all along: no request fails, the new addresses take
-// work once probed, vanished ones drain (sticky sessions finish there)
-// and go, and sessions on surviving backends never move. Then the
-// resolver stops: the pool and its traffic do not change.
+// dnsmasq from 2 to 5 to 1 addresses under wrk's load (keep-alive
+// connections, new work) and beside it clients with sticky cookies, all
+// along: no request fails (no socket error, no answer but 200 in wrk's
+// summary or the clients'), the new addresses take work once probed,
+// vanished ones drain (sticky sessions finish there) and go, and
+// sessions on surviving backends never move. Then the resolver stops:
+// the pool and its traffic do not change. wrk runs at most 90 s and is
+// stopped by its pid when the changes are over.
 func TestDNSPoolScales(t *testing.T) {
 	port := loopBackends(t, 1, 2, 3, 4, 5)
 	addr := func(ip int) string { return fmt.Sprintf("127.0.0.%d:%d", ip, port) }
@@ -115,8 +118,8 @@ func TestDNSPoolScales(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.HTTPBackends = []string{fmt.Sprintf("dns:app.test:%d", port)}
 	cfg.HTTP.MaxConns = 256 // a source holds an eighth: the 8 clients share one address
-	cfg.Health.Interval = 200 * time.Millisecond
-	cfg.Health.Timeout = 200 * time.Millisecond
+	cfg.Health.Interval = 500 * time.Millisecond
+	cfg.Health.Timeout = 500 * time.Millisecond // wrk keeps the cores busy: a probe may wait for one
 	cfg.DNS = DNSConfig{Server: dnsd.Addr, MinTTL: 100 * time.Millisecond, MaxTTL: time.Second, KeepStale: 300 * time.Millisecond,
 		Drain: 500 * time.Millisecond, Timeout: 200 * time.Millisecond}
 	n, err := New(cfg, nil)
@@ -191,6 +194,7 @@ func TestDNSPoolScales(t *testing.T) {
 		}
 		return out
 	}
+	load := startWrk(t, front, "-t1", "-c4", "-d90s", "--timeout", "5s")
 	time.Sleep(300 * time.Millisecond)
 
 	// 2 -> 5: the three new addresses are probed and take new work.
@@ -224,9 +228,20 @@ func TestDNSPoolScales(t *testing.T) {
 	if n.Generation("http") != before {
 		t.Error("resolver down: the generation was rebuilt")
 	}
+	summary, ranOut := load.stop(t)
 	close(stop)
 	wg.Wait()
 
+	reqs, failures := wrkResult(summary)
+	switch {
+	case ranOut:
+		t.Errorf("wrk's 90 s were over before the pool's changes:\n%s", summary)
+	case reqs < 100:
+		t.Errorf("wrk completed %d requests: the load did not run:\n%s", reqs, summary)
+	case failures != "":
+		t.Errorf("wrk saw failures while the pool changed: %s\n%s", failures, summary)
+	}
+	t.Logf("wrk: %d requests while the pool went 2 -> 5 -> 1 and the resolver stopped", reqs)
 	if f := failed.Load(); f != 0 {
 		t.Errorf("%d of %d requests failed (first: %v)", f, total.Load(), firstErr.Load())
 	}

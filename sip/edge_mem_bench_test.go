@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,6 +28,10 @@ import (
 // connections open, minus the same before, per connection. Run it alone:
 //
 //	go test -run '^$' -bench IdleConnMemory -benchtime 1x ./sip/
+//
+// SLUICE_IDLE_HEAPPROFILE=FILE writes the heap profile with the
+// connections open to FILE.tcp, FILE.tls and so on (add -memprofilerate 1
+// for every allocation; go tool pprof -inuse_space FILE.wss).
 func BenchmarkIdleConnMemory(b *testing.B) {
 	n := 1000
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_IDLE_CONNS")); err == nil && v > 0 {
@@ -38,6 +43,19 @@ func BenchmarkIdleConnMemory(b *testing.B) {
 				measureIdle(b, tr, n)
 			}
 		})
+	}
+}
+
+// writeHeapProfile writes the heap profile to path (the connections
+// open), for go tool pprof -inuse_space.
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
 	}
 }
 
@@ -97,6 +115,9 @@ func measureIdle(b *testing.B, tr string, n int) {
 		b.Fatalf("clients did not connect")
 	}
 	heap1, stack1 := memInUse()
+	if f := os.Getenv("SLUICE_IDLE_HEAPPROFILE"); f != "" {
+		writeHeapProfile(b, f+"."+tr)
+	}
 	conns := float64(s.tcp.len())
 	heap, stack := float64(heap1-heap0)/conns, float64(stack1-stack0)/conns
 	b.Logf("%s: %.0f idle connections, %.0f bytes each: %.0f of heap, %.0f of stacks", tr, conns, heap+stack, heap, stack)

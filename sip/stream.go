@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -84,6 +83,9 @@ type rawConn struct {
 // budget), and a peer must not hold that for the idle timeout. Accepted
 // connections only: a TLS backend sends session tickets between messages.
 func (r rawConn) Read(p []byte) (int, error) {
+	if r.tc.waiting.Load() == idleProbe {
+		return 0, errProbe // readIdleTLS: what the session holds, not the socket
+	}
 	n, err := r.TCPConn.Read(p)
 	if n > 0 && r.tc.accepted && r.tc.waiting.CompareAndSwap(idleWait, idleBytes) {
 		_ = r.TCPConn.SetReadDeadline(time.Now().Add(r.tc.srv.cfg.TCPMessageTimeout))
@@ -96,6 +98,7 @@ const (
 	idleNot int32 = iota
 	idleWait
 	idleBytes
+	idleProbe // asking the session what it holds: rawConn.Read does not read (tlsidle.go)
 )
 
 func (r rawConn) Write(p []byte) (int, error) {
@@ -139,23 +142,17 @@ func (c *tcpConn) sendStream(p []byte) error {
 // readIdle waits between messages for the first bytes of the next one,
 // holding no buffer, and returns them in a buffer from the pool (nil with
 // an error and nothing read). A TLS session is read one byte at first: the
-// session holds what else its record carried until readMore asks.
+// session holds what else its record carried until readMore asks; it
+// waits as a TCP connection does, without its read buffers (tlsidle.go).
 func (c *tcpConn) readIdle() ([]byte, error) {
 	if c.sess == nil {
 		return readParked(c.c)
 	}
-	c.waiting.Store(idleWait)
-	n, err := c.sess.Read(c.one[:])
-	if n > 0 || err == nil {
-		c.waiting.Store(idleNot)
+	if b, err := c.probeIdle(); b != nil || err != nil {
+		return b, err
 	}
-	if n <= 0 {
-		if err == nil {
-			err = io.ErrNoProgress
-		}
-		return nil, err
-	}
-	return append(getReadBuf(), c.one[0]), err
+	releaseTLSBuffers(c.sess)
+	return c.waitIdle()
 }
 
 // readMore reads the rest of a message under way.

@@ -184,6 +184,7 @@ type tcpTable struct {
 	touchEvery  time.Duration
 	now         func() int64              // unix nanos, for touchEvery
 	readBufs    atomic.Int64              // connections holding a read buffer
+	linger      atomic.Int64              // idleLinger in ns; tests set 0 (every wait handed over)
 	byKind      [kindWSS + 1]atomic.Int64 // connections in conns by protocol
 
 	budget partialBudget // bytes of partial messages
@@ -231,6 +232,7 @@ func (t *tcpTable) init() {
 	t.sources = map[netip.Prefix]int{}
 	t.touchEvery = lruTouchEvery
 	t.now = wallNanos
+	t.linger.Store(int64(idleLinger))
 }
 
 // put registers c under its remote address, in place of any other
@@ -554,54 +556,89 @@ func readCap(buf []byte, size, limit int) int {
 // first message within TCPFirstMessageTimeout of being accepted, keep-alives
 // or not; the bytes it holds for a message not yet complete are reserved in
 // the partial-message budget (tcpguard.go).
+//
+// A connection silent between messages longer than idleLinger is waited
+// on by a goroutine of its own (streamWait), as a WebSocket one is
+// (readWS): the reader's stack, grown by the messages (and a TLS
+// handshake), ends with the goroutine.
 func (s *Server) readConn(tc *tcpConn) {
-	defer s.wg.Done()
-	var reserved int64 // this connection's reservation in the partial budget
-	var buf []byte     // nil between messages: a waiting connection holds no read buffer
-	defer func() { s.endConn(tc, &reserved, buf) }()
 	if tc.sess != nil && !tc.ready.Load() && !s.handshakeTLS(tc) {
+		s.endIdle(tc)
 		return
 	}
+	// A dialled connection has no first-message deadline.
+	s.connFrames(tc, streamIdle{greeted: !tc.accepted, firstDeadline: time.Now().Add(s.cfg.TCPFirstMessageTimeout)}, nil)
+}
+
+// connFrames is readConn from the handshake or a wait on: buf holds the
+// bytes a wait read (nil when none). It returns when the connection
+// ends, or with a streamWait started when it waits for its next message.
+func (s *Server) connFrames(tc *tcpConn, st streamIdle, buf []byte) {
+	var reserved int64 // this connection's reservation in the partial budget
+	waits := false     // a streamWait carries on: this goroutine ends holding nothing
+	defer func() {
+		if !waits {
+			s.endConn(tc, &reserved, buf)
+			s.wg.Done()
+		}
+	}()
 	src := source{addr: tc.remote, conn: tc}
 	var fr framer
 	var msgDeadline time.Time // zero between messages
-	greeted := !tc.accepted   // a dialled connection has no first-message deadline
-	firstDeadline := time.Now().Add(s.cfg.TCPFirstMessageTimeout)
+	greeted, firstDeadline := st.greeted, st.firstDeadline
+	read := buf != nil // bytes a wait read are handled first
 	for {
-		now := time.Now()
-		dl := now.Add(s.cfg.TCPIdleTimeout)
-		if len(buf) > 0 {
-			if msgDeadline.IsZero() {
-				msgDeadline = now.Add(s.cfg.TCPMessageTimeout)
-			}
-			dl = msgDeadline
-		}
-		first := !greeted && firstDeadline.Before(dl)
-		if first {
-			dl = firstDeadline
-		}
-		_ = tc.c.SetReadDeadline(dl)
 		var n int
 		var err error
-		if len(buf) == 0 {
-			// Between messages: wait for bytes without a buffer, then read
-			// into one from the pool.
-			buf, err = tc.readIdle()
-			n = len(buf)
-			if buf != nil {
-				s.tcp.readBufs.Add(1)
-			}
+		first := false // the read's deadline is the first-message deadline
+		if read {
+			read, n = false, len(buf)
 		} else {
-			if want := readCap(buf, fr.size, s.cfg.MaxMessage); want > cap(buf) {
-				if !s.reservePartial(tc, int64(want), &reserved) {
-					return
+			now := time.Now()
+			dl := now.Add(s.cfg.TCPIdleTimeout)
+			if len(buf) > 0 {
+				if msgDeadline.IsZero() {
+					msgDeadline = now.Add(s.cfg.TCPMessageTimeout)
 				}
-				nb := append(make([]byte, 0, want), buf...)
-				releaseReadBuf(buf)
-				buf = nb
+				dl = msgDeadline
 			}
-			n, err = tc.readMore(buf[len(buf):cap(buf)])
-			buf = buf[:len(buf)+max(n, 0)]
+			first = !greeted && firstDeadline.Before(dl)
+			if first {
+				dl = firstDeadline
+			}
+			_ = tc.c.SetReadDeadline(dl)
+			if len(buf) == 0 {
+				// Between messages: what a TLS session holds comes first;
+				// then this goroutine waits idleLinger for bytes, and after
+				// it one of its own, without a buffer; either reads into
+				// one from the pool.
+				if tc.sess != nil {
+					buf, err = tc.probeIdle()
+				}
+				if buf == nil && err == nil {
+					if !tc.linger(time.Duration(s.tcp.linger.Load()), dl) {
+						s.handOver(tc, streamIdle{greeted: greeted, firstDeadline: firstDeadline, first: first}, (*Server).connFrames)
+						waits = true
+						return
+					}
+					buf, err = tc.readWoken()
+				}
+				n = len(buf)
+				if buf != nil {
+					s.tcp.readBufs.Add(1)
+				}
+			} else {
+				if want := readCap(buf, fr.size, s.cfg.MaxMessage); want > cap(buf) {
+					if !s.reservePartial(tc, int64(want), &reserved) {
+						return
+					}
+					nb := append(make([]byte, 0, want), buf...)
+					releaseReadBuf(buf)
+					buf = nb
+				}
+				n, err = tc.readMore(buf[len(buf):cap(buf)])
+				buf = buf[:len(buf)+max(n, 0)]
+			}
 		}
 		if n > 0 && !greeted && tc.accepted && tc.sess == nil && len(s.cfg.ProxyFrom) > 0 && proxyproto.Sniff(buf) {
 			// A PROXY header from a source not allowed to send one: a

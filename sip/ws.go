@@ -253,23 +253,85 @@ func (w streamWriter) Write(p []byte) (int, error) {
 // messages, the message timeout from a message's first byte, and every
 // buffer holding part of a message (frame bytes and the fragments
 // reassembled) reserved in the partial-message budget.
+//
+// A connection that stays silent between messages longer than idleLinger
+// is waited on by a goroutine of its own (streamWait), started for that
+// wait: its stack is what waiting
+// takes (2 KiB), not what the handshake and the messages grew the
+// reader's to (8 KiB and more, which the runtime halves only while a
+// quarter of it is unused: never below 8 KiB for a reader waiting inside
+// a TLS read). The goroutine that read the message ends.
 func (s *Server) readWS(tc *tcpConn) {
-	defer s.wg.Done()
-	var reserved int64
-	var buf []byte // frame bytes read, nil between messages
-	var msg []byte // the fragments of a message under way, nil when none
-	defer func() { s.endConn(tc, &reserved, buf) }()
 	firstDeadline := time.Now().Add(s.cfg.TCPFirstMessageTimeout)
 	buf, ok := s.handshakeWS(tc)
 	if !ok {
+		s.endIdle(tc)
 		return
 	}
 	if buf != nil {
 		s.tcp.readBufs.Add(1)
 	}
+	s.wsFrames(tc, streamIdle{firstDeadline: firstDeadline}, buf)
+}
+
+// streamIdle is what a stream connection's reader carries across a wait
+// between messages, when it holds no buffer, no fragment and no
+// reservation.
+type streamIdle struct {
+	greeted       bool      // a message came: the first-message deadline is over
+	firstDeadline time.Time // accept + TCPFirstMessageTimeout
+	first         bool      // the wait's deadline is firstDeadline
+}
+
+// endIdle ends the reader of tc holding nothing (see endConn).
+func (s *Server) endIdle(tc *tcpConn) {
+	var reserved int64
+	s.endConn(tc, &reserved, nil)
+	s.wg.Done()
+}
+
+// handOver starts the goroutine that waits for the next message of tc,
+// whose session (TLS) holds nothing: its read buffers go first.
+func (s *Server) handOver(tc *tcpConn, st streamIdle, frames func(*Server, *tcpConn, streamIdle, []byte)) {
+	if tc.sess != nil {
+		releaseTLSBuffers(tc.sess)
+	}
+	go s.streamWait(tc, st, frames)
+}
+
+// streamWait waits for the next message of tc on a fresh goroutine (see
+// readWS), then reads it with frames (wsFrames, connFrames).
+func (s *Server) streamWait(tc *tcpConn, st streamIdle, frames func(*Server, *tcpConn, streamIdle, []byte)) {
+	var buf []byte
+	err := waitReadable(tc) // the only wait on this stack: the reads after it find bytes
+	if err == nil {
+		buf, err = tc.readWoken()
+	}
+	if buf == nil {
+		s.streamReadError(tc, err, st.first, 0)
+		s.endIdle(tc)
+		return
+	}
+	s.tcp.readBufs.Add(1)
+	frames(s, tc, st, buf)
+}
+
+// wsFrames is readWS from the handshake or a wait on: buf holds the bytes
+// read so far (nil when none). It returns when the connection ends, or
+// with a streamWait started when the connection waits for its next message.
+func (s *Server) wsFrames(tc *tcpConn, st streamIdle, buf []byte) {
+	var reserved int64
+	var msg []byte // the fragments of a message under way, nil when none
+	waits := false // a streamWait carries on: this goroutine ends holding nothing
+	defer func() {
+		if !waits {
+			s.endConn(tc, &reserved, buf)
+			s.wg.Done()
+		}
+	}()
 	src := source{addr: tc.remote, conn: tc}
 	limit := s.cfg.MaxMessage
-	greeted := false
+	greeted, firstDeadline := st.greeted, st.firstDeadline
 	var msgDeadline time.Time
 	for {
 		// Every complete frame in buf.
@@ -382,7 +444,20 @@ func (s *Server) readWS(tc *tcpConn) {
 		var n int
 		var err error
 		if buf == nil {
-			buf, err = tc.readIdle()
+			switch {
+			case msg != nil: // part of a message is in: wait here, its clock runs
+				buf, err = tc.readIdle()
+			case tc.sess != nil:
+				buf, err = tc.probeIdle() // what the session holds comes first
+			}
+			if buf == nil && err == nil {
+				if !tc.linger(time.Duration(s.tcp.linger.Load()), dl) {
+					s.handOver(tc, streamIdle{greeted: greeted, firstDeadline: firstDeadline, first: first}, (*Server).wsFrames)
+					waits = true
+					return
+				}
+				buf, err = tc.readWoken()
+			}
 			n = len(buf)
 			if buf != nil {
 				s.tcp.readBufs.Add(1)
