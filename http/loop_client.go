@@ -172,6 +172,7 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 	}
 	if ev&evReadable != 0 {
 		c.rready = true
+		c.tls.sawReadable()
 		// After a shutdown no new edge comes: a short read does not
 		// mean drained, the EOF is still to be read.
 		c.hup = c.hup || ev&evPeerShut != 0
