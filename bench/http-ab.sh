@@ -20,6 +20,17 @@
 #   (an ECDSA P-256 certificate made by openssl into OUT, the handshake
 #   bounds lifted as bench/https.sh lifts them); TLS=0 (default): plain HTTP
 #   A_FLAGS / B_FLAGS (extra flags of `sluice run` for A and B)
+#   A_NGINX / B_NGINX: run nginx as that slot's balancer instead of sluice
+#   (the peers' nginx-lb.conf on the slot's port, one worker): "off" without
+#   an access log, "json" with one JSON line per request to OUT/nginx-SLOT.log
+#   (the fields of sluice's JSON line that nginx has: time, client, method,
+#   host, path, protocol, status, bytes in and out, upstream, request and
+#   upstream times, request id, user agent, referer), each line written at
+#   once as nginx does by default; "jsonbuf" the same through a 64 KiB
+#   buffer flushed every second (`buffer=64k flush=1s`; sluice's writer
+#   writes up to 64 KiB at once); plain HTTP only.
+#   `A_NGINX=off B_NGINX=json bench/http-ab.sh` is nginx's access-log cost
+#   measured as sluice's is.
 #   A_BIN / B_BIN (default: this tree, built once)
 #   PEERS=$ROOT/../shared/peers (for the nginx backends' configuration)
 #   OUT=$TMPDIR/sluice-bench/ab-<timestamp>
@@ -32,6 +43,8 @@ CONNS=${CONNS:-50}
 DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-5}
 TLS=${TLS:-0}
+A_NGINX=${A_NGINX:-}
+B_NGINX=${B_NGINX:-}
 A_FLAGS=${A_FLAGS:-}
 B_FLAGS=${B_FLAGS:-}
 PEERS=${PEERS:-$ROOT/../shared/peers}
@@ -43,8 +56,12 @@ die() { log "ERROR: $*"; exit 1; }
 
 [ $((2 * QUOTA)) -le 100 ] || die "QUOTA=$QUOTA: two instances share CPU0, at most 50 each"
 case $TLS in 0|1) ;; *) die "TLS=$TLS: want 0 (plain HTTP) or 1 (HTTPS)" ;; esac
+for v in "$A_NGINX" "$B_NGINX"; do
+    case $v in "") ;; off|json|jsonbuf) [ "$TLS" = 0 ] || die "A_NGINX/B_NGINX: plain HTTP only (TLS=0)" ;;
+    *) die "A_NGINX/B_NGINX=$v: want off (no access log), json or jsonbuf" ;; esac
+done
 for b in wrk nginx taskset timeout; do command -v "$b" >/dev/null || die "$b not installed"; done
-if [ -z "${A_BIN:-}" ] || [ -z "${B_BIN:-}" ]; then
+if { [ -z "${A_BIN:-}" ] && [ -z "$A_NGINX" ]; } || { [ -z "${B_BIN:-}" ] && [ -z "$B_NGINX" ]; }; then
     log "building sluice into $OUT/sluice"
     go build -o "$OUT/sluice" ./cmd/sluice || die "build failed"
 fi
@@ -100,10 +117,31 @@ tlsflags() { [ "$TLS" = 1 ] && echo "-https-listen 127.0.0.1:$(($1 + 1000)) $TLS
 # url PORT: what wrk asks of the instance on PORT.
 url() { if [ "$TLS" = 1 ]; then echo "https://127.0.0.1:$(($1 + 1000))/"; else echo "http://127.0.0.1:$1/"; fi; }
 
-# lb SLOT BIN PORT FLAGS: one sluice on CPU0 in the slot's own capped cgroup.
+# nginxconf PORT MODE: the peers' nginx-lb.conf listening on PORT, with the
+# access log MODE (off, json, jsonbuf) in OUT/nginx-PORT.log; prints its directory.
+nginxconf() {
+    local d="$OUT/nginx-lb-$1" alog="access_log off;"
+    mkdir -p "$d/logs" "$d/tmp"
+    if [ "$2" != off ]; then
+        alog="log_format sluicejson escape=json '{\"time\":\"\$time_iso8601\",\"log\":\"http\",\"client\":\"\$remote_addr:\$remote_port\",\"method\":\"\$request_method\",\"host\":\"\$host\",\"path\":\"\$uri\",\"protocol\":\"\$server_protocol\",\"status\":\$status,\"bytes_in\":\$request_length,\"bytes_out\":\$bytes_sent,\"backend\":\"\$upstream_addr\",\"t_connect_ms\":\"\$upstream_connect_time\",\"t_first_byte_ms\":\"\$upstream_header_time\",\"t_total_ms\":\"\$request_time\",\"request_id\":\"\$request_id\",\"user_agent\":\"\$http_user_agent\",\"referer\":\"\$http_referer\"}'; access_log $OUT/nginx-$1.log sluicejson$( [ "$2" = jsonbuf ] && echo " buffer=64k flush=1s");"
+    fi
+    sed -e "s/listen 127.0.0.1:18090/listen 127.0.0.1:$1/" -e "s#access_log off;#$alog#" \
+        "$PEERS/conf/nginx-lb.conf" > "$d/nginx.conf"
+    echo "$d"
+}
+
+# lb SLOT BIN PORT FLAGS [NGINX]: one sluice (or, with NGINX off or json,
+# nginx) on CPU0 in the slot's own capped cgroup.
 lb() {
-    local procs
+    local procs d
     procs=$(cgroup "$1")
+    if [ -n "${5:-}" ]; then
+        d=$(nginxconf "$3" "$5")
+        ( echo "$BASHPID" > "$procs"
+          exec taskset -c 0 timeout -k 5 3600 nginx -p "$d" -c "$d/nginx.conf" -g 'daemon off;' ) >> "$OUT/$1.log" 2>&1 &
+        LBPIDS+=($!)
+        return
+    fi
     # shellcheck disable=SC2086
     ( echo "$BASHPID" > "$procs"
       exec env GOMAXPROCS=1 taskset -c 0 timeout -k 5 3600 "$2" run -http-listen "127.0.0.1:$3" \
@@ -117,8 +155,8 @@ ready() {
     die "nothing answers on :$1 (logs in $OUT)"
 }
 ready 18081; ready 18082
-log "A: $A_BIN $A_FLAGS"
-log "B: $B_BIN $B_FLAGS"
+if [ -n "$A_NGINX" ]; then log "A: nginx, access log $A_NGINX"; else log "A: $A_BIN $A_FLAGS"; fi
+if [ -n "$B_NGINX" ]; then log "B: nginx, access log $B_NGINX"; else log "B: $B_BIN $B_FLAGS"; fi
 
 # rps FILE: wrk's requests per second, 0 with any error or non-2xx answer.
 rps() {
@@ -126,9 +164,14 @@ rps() {
     awk '/^Requests\/sec:/ { print $2 }' "$1"
 }
 
-# ticks PID: CPU time (user + system, clock ticks) of the sluice that the
-# `timeout` of PID runs.
-ticks() { awk '{ print $14 + $15 }' "/proc/$(pgrep -P "$1" | head -1)/stat" 2>/dev/null || echo 0; }
+# ticks PID: CPU time (user + system, clock ticks) of what the `timeout` of
+# PID runs: sluice, or nginx's master and worker.
+ticks() {
+    local p ps=() t=0
+    for p in $(pgrep -P "$1"); do ps+=("$p" $(pgrep -P "$p")); done
+    for p in "${ps[@]}"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0))); done
+    echo "$t"
+}
 # requests FILE: how many requests wrk completed.
 requests() { awk '/ requests in / { print $1 }' "$1"; }
 # median: of the numbers on stdin.
@@ -147,8 +190,8 @@ ratios=() cratios=()
 for r in $(seq "$ROUNDS"); do
     LBPIDS=()
     if [ $((r % 2)) -eq 1 ]; then pa=18096 pb=18097 sa=X sb=Y; else pa=18097 pb=18096 sa=Y sb=X; fi
-    lb "$sa" "$A_BIN" "$pa" "$A_FLAGS"
-    lb "$sb" "$B_BIN" "$pb" "$B_FLAGS"
+    lb "$sa" "$A_BIN" "$pa" "$A_FLAGS" "$A_NGINX"
+    lb "$sb" "$B_BIN" "$pb" "$B_FLAGS" "$B_NGINX"
     PIDS+=("${LBPIDS[@]}")
     ready "$pa"; ready "$pb"
     warm=()
