@@ -15,7 +15,67 @@ type enc struct {
 	b     []byte
 	f     Format
 	first bool
+	ts    *stampCache // the writer's; nil: no cache
 }
+
+// stampCache keeps the last timestamp formatted, so that the many lines
+// of one millisecond (one second in the combined format) format it once:
+// time.Time.AppendFormat was about a fifth of a JSON line's cost. Only
+// the writer goroutine uses a Logger's.
+type stampCache struct {
+	ms   int64 // UTC milliseconds of iso; valid when isoN > 0
+	iso  [24]byte
+	isoN int
+	sec  int64          // Unix seconds of clf; valid when clfN > 0
+	loc  *time.Location // and the location it was formatted in
+	clf  [32]byte
+	clfN int
+}
+
+// appendISO appends t as 2006-01-02T15:04:05.000Z (UTC).
+func (c *stampCache) appendISO(b []byte, t time.Time) []byte {
+	if c == nil {
+		return t.UTC().AppendFormat(b, isoLayout)
+	}
+	ms := t.UnixMilli()
+	if c.isoN == 0 || ms != c.ms {
+		// AppendFormat may outgrow the array (it appends nine digits of
+		// the fraction, then cuts them): keep what it returns.
+		n := len(b)
+		b = t.UTC().AppendFormat(b, isoLayout)
+		if len(b)-n > len(c.iso) { // a year past 9999: not cached
+			c.isoN = 0
+			return b
+		}
+		c.isoN, c.ms = copy(c.iso[:], b[n:]), ms
+		return b
+	}
+	return append(b, c.iso[:c.isoN]...)
+}
+
+// appendCLF appends t as 02/Jan/2006:15:04:05 -0700 in t's location.
+func (c *stampCache) appendCLF(b []byte, t time.Time) []byte {
+	if c == nil {
+		return t.AppendFormat(b, clfLayout)
+	}
+	sec, loc := t.Unix(), t.Location()
+	if c.clfN == 0 || sec != c.sec || loc != c.loc {
+		n := len(b)
+		b = t.AppendFormat(b, clfLayout)
+		if len(b)-n > len(c.clf) { // a year past 9999: not cached
+			c.clfN = 0
+			return b
+		}
+		c.clfN, c.sec, c.loc = copy(c.clf[:], b[n:]), sec, loc
+		return b
+	}
+	return append(b, c.clf[:c.clfN]...)
+}
+
+const (
+	isoLayout = "2006-01-02T15:04:05.000Z"
+	clfLayout = "02/Jan/2006:15:04:05 -0700"
+)
 
 func (e *enc) key(k string) {
 	if e.f == JSON {
@@ -159,7 +219,7 @@ func (e *enc) time(k string, t time.Time) {
 	if e.f == JSON {
 		e.b = append(e.b, '"')
 	}
-	e.b = t.UTC().AppendFormat(e.b, "2006-01-02T15:04:05.000Z")
+	e.b = e.ts.appendISO(e.b, t)
 	if e.f == JSON {
 		e.b = append(e.b, '"')
 	}
@@ -195,7 +255,7 @@ func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte {
 	if l.opts.Format == Combined {
 		return l.combinedHTTP(b, r)
 	}
-	e := enc{b: b, f: l.opts.Format, first: true}
+	e := enc{b: b, f: l.opts.Format, first: true, ts: &l.stamps}
 	if e.f == JSON {
 		e.b = append(e.b, '{')
 	}
@@ -244,7 +304,7 @@ func (l *Logger) formatSIP(b []byte, r *SIPRecord) []byte {
 	if l.opts.Format == Combined {
 		return l.combinedSIP(b, r)
 	}
-	e := enc{b: b, f: l.opts.Format, first: true}
+	e := enc{b: b, f: l.opts.Format, first: true, ts: &l.stamps}
 	if e.f == JSON {
 		e.b = append(e.b, '{')
 	}
@@ -353,7 +413,7 @@ func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord) []byte {
 		b = append(b, '-')
 	}
 	b = append(b, " - - ["...)
-	b = r.Start.AppendFormat(b, "02/Jan/2006:15:04:05 -0700")
+	b = l.stamps.appendCLF(b, r.Start)
 	b = append(b, "] \""...)
 	if len(r.Method) == 0 {
 		b = append(b, '-')
@@ -388,7 +448,7 @@ func (l *Logger) combinedSIP(b []byte, r *SIPRecord) []byte {
 		b = append(b, '-')
 	}
 	b = append(b, " - - ["...)
-	b = r.Start.AppendFormat(b, "02/Jan/2006:15:04:05 -0700")
+	b = l.stamps.appendCLF(b, r.Start)
 	b = append(b, "] \""...)
 	b = appendCombined(b, r.Method)
 	b = append(b, ' ')
@@ -434,11 +494,32 @@ func appendJSONString[T ~string | ~[]byte](b []byte, s T) []byte {
 	return append(b, '"')
 }
 
+// jsonSafe marks the ASCII bytes a JSON string holds as they are: not a
+// quote, a backslash, a control byte or DEL.
+var jsonSafe = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < 0x7f; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // appendJSONInner escapes s as the inside of a JSON string: quotes,
 // backslashes and control bytes escaped, invalid UTF-8 as U+FFFD, so a
-// hostile path or user agent cannot break the line or the object.
+// hostile path or user agent cannot break the line or the object. Runs
+// of bytes that need nothing are appended at once.
 func appendJSONInner[T ~string | ~[]byte](b []byte, s T) []byte {
 	for i := 0; i < len(s); {
+		j := i
+		for j < len(s) && s[j] < utf8.RuneSelf && jsonSafe[s[j]] {
+			j++
+		}
+		if j > i {
+			b = append(b, s[i:j]...)
+			i = j
+			if i == len(s) {
+				break
+			}
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
 			switch {
@@ -450,10 +531,8 @@ func appendJSONInner[T ~string | ~[]byte](b []byte, s T) []byte {
 				b = append(b, '\\', 'r')
 			case c == '\t':
 				b = append(b, '\\', 't')
-			case c < 0x20 || c == 0x7f:
+			default: // c < 0x20 || c == 0x7f
 				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&15])
-			default:
-				b = append(b, c)
 			}
 			i++
 			continue
@@ -472,9 +551,7 @@ func appendJSONInner[T ~string | ~[]byte](b []byte, s T) []byte {
 			i += n
 			continue
 		}
-		for j := 0; j < n; j++ {
-			b = append(b, s[i+j])
-		}
+		b = append(b, rb[:n]...)
 		i += n
 	}
 	return b

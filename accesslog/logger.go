@@ -221,7 +221,8 @@ type Logger struct {
 
 	logged, dropped, written [2]atomic.Uint64
 	errs                     atomic.Uint64
-	wantHTTP, wantSIP        bool // a destination or a sink for the protocol
+	wantHTTP, wantSIP        bool       // a destination or a sink for the protocol
+	stamps                   stampCache // the writer's (format.go)
 }
 
 // New checks opts, opens the destinations and starts the writer. Errors

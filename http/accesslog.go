@@ -77,7 +77,11 @@ func (s *Server) logging() bool { return s.alog.Enabled(accesslog.HTTP) }
 // is the client's TLS connection (nil: plain), for the version and SNI.
 func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client netip.AddrPort, conn net.Conn, wall time.Time, start, now int64) {
 	buf := g.buf[:0]
-	*g = reqLog{buf: buf, start: start, head: now, decided: now, admitted: now, began: true}
+	// Cleared in place: a composite literal with fields set is built on
+	// the stack (1 KB) and copied, and on a new goroutine (an HTTP/2
+	// stream's) that frame made the stack grow, a copy per stream.
+	*g = reqLog{}
+	g.buf, g.start, g.head, g.decided, g.admitted, g.began = buf, start, now, now, now, true
 	if s.cfg.RequestID {
 		s.takeRequestID(g, h, client.Addr())
 	}

@@ -172,6 +172,7 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 	}
 	if ev&evReadable != 0 {
 		c.rready = true
+		c.tls.sawReadable()
 		// After a shutdown no new edge comes: a short read does not
 		// mean drained, the EOF is still to be read.
 		c.hup = c.hup || ev&evPeerShut != 0
@@ -339,7 +340,11 @@ func (l *evloop) readReqHead(p []byte) bool {
 func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 	c.seq++
 	x := &c.x
-	*x = exchange{reqLen: x.reqLen, bodyLen: x.bodyLen, req: x.req[:0], log: reqLog{buf: x.log.buf}}
+	// Cleared in place and the kept fields set again: a composite
+	// literal with fields set is built on the stack (1.8 KB) and copied.
+	reqLen, bodyLen, req, logBuf := x.reqLen, x.bodyLen, x.req[:0], x.log.buf
+	*x = exchange{}
+	x.reqLen, x.bodyLen, x.req, x.log.buf = reqLen, bodyLen, req, logBuf
 	x.closeAfter = h.ConnectionClose() || l.e.stopping.Load()
 	x.head = h.IsHead()
 	x.secure = c.tls != nil

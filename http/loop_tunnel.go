@@ -126,6 +126,7 @@ func (l *evloop) tunClientEvent(c *cconn, ev uint32) {
 	}
 	if ev&evReadable != 0 {
 		c.rready = true
+		c.tls.sawReadable()
 		c.hup = c.hup || ev&evPeerShut != 0
 		l.tunToBackend(c)
 	}

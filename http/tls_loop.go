@@ -53,6 +53,21 @@ type loopTLS struct {
 	// and no whole record; the next read starts at the socket (a Read
 	// now would only block again, and crypto/tls allocates per call).
 	starved bool
+	// drained: the last read of the socket was short, so the kernel held
+	// no more ciphertext then, and epoll (edge-triggered) has reported no
+	// readiness since. Reading the socket again would only find EAGAIN:
+	// a system call per request that a plain connection does not make
+	// (its short read clears rready). Cleared by a readiness event
+	// (sawReadable).
+	drained bool
+}
+
+// sawReadable records a readiness event of the socket: it may hold
+// ciphertext again.
+func (t *loopTLS) sawReadable() {
+	if t != nil {
+		t.drained = false
+	}
 }
 
 // handedOver puts the connection back in blocking mode over nc (the same
@@ -151,7 +166,12 @@ func (l *evloop) readClient(c *cconn, p []byte) (int, unix.Errno) {
 			t.starved = true
 		}
 		// tls.Conn holds no plaintext and no whole record: it needs
-		// ciphertext from the socket.
+		// ciphertext from the socket. After a shutdown no new edge
+		// comes: the EOF is still to be read.
+		if t.drained && !c.hup {
+			l.putTLSBuf(rc)
+			return 0, unix.EAGAIN
+		}
 		if cap(rc.in) < tlsReadBuf {
 			rc.in = l.getTLSBuf()
 		}
@@ -167,6 +187,7 @@ func (l *evloop) readClient(c *cconn, p []byte) (int, unix.Errno) {
 		}
 		rc.in, rc.r = rc.in[:m], 0
 		t.starved = false
+		t.drained = m < cap(rc.in)
 	}
 }
 

@@ -568,3 +568,69 @@ func TestHTTPSPlainHTTPAnswered400(t *testing.T) {
 		}
 	})
 }
+
+// TestHTTPSReadPaths: the ways a request's records reach an HTTPS
+// connection are all answered, on both engines: keep-alive requests one
+// after another (each after the socket was read dry), two requests in one
+// record, one head in two records, and a request followed by the client's
+// FIN (its answer is sent before the connection closes).
+func TestHTTPSReadPaths(t *testing.T) {
+	const req = "GET /x HTTP/1.1\r\nHost: a.example\r\n\r\n"
+	for _, tc := range []struct {
+		name    string
+		writes  []string // each one TLS write (one record)
+		answers int
+		fin     bool // the client shuts down its TCP side after writing
+	}{
+		{"keep-alive", []string{req}, 1, false},
+		{"pipelined", []string{req + req}, 2, false},
+		{"split head", []string{req[:10], req[10:]}, 1, false},
+		{"then FIN", []string{req}, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			onEngines(t, func(t *testing.T) {
+				r := newRig(t, rigOpts{backends: 1, tls: true})
+				r.backends[0].handler = func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("b0 " + string(ctx.Path())) }
+				raw, err := net.DialTimeout("tcp", r.addr, 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer raw.Close()
+				raw.SetDeadline(time.Now().Add(20 * time.Second))
+				v, _ := tlsClients.Load(r.addr)
+				c := tls.Client(raw, v.(*tls.Config))
+				br := bufio.NewReader(c)
+				rounds := 3
+				if tc.fin {
+					rounds = 1
+				}
+				for round := range rounds {
+					for _, w := range tc.writes {
+						if _, err := io.WriteString(c, w); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if tc.fin {
+						raw.(*net.TCPConn).CloseWrite()
+					}
+					for i := range tc.answers {
+						resp, err := nethttp.ReadResponse(br, nil)
+						if err != nil {
+							t.Fatalf("round %d answer %d: %v", round, i, err)
+						}
+						b, _ := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 || string(b) != "b0 /x" {
+							t.Fatalf("round %d answer %d: %d %q", round, i, resp.StatusCode, b)
+						}
+					}
+				}
+				if tc.fin {
+					if n, err := br.Read(make([]byte, 1)); err == nil {
+						t.Errorf("after the FIN: %d more bytes, want the connection closed", n)
+					}
+				}
+			})
+		})
+	}
+}
