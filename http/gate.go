@@ -212,6 +212,7 @@ func (g *gateConn) check() bool {
 			}
 		}
 		hi, err := checkHead(avail, *g.s.denyNames.Load())
+		err = g.s.checkLoop(hi, avail, err)
 		if err == errHeadIncomplete {
 			return false
 		}

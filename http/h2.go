@@ -465,6 +465,7 @@ func (s *Server) h2Request(st *h2Stream, r *http.Request, rc *http.ResponseContr
 		return he
 	}
 	hi, err := checkHead(head, *s.denyNames.Load())
+	err = s.checkLoop(hi, head, err)
 	if err != nil {
 		var he *headError
 		if !errors.As(err, &he) {

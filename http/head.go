@@ -30,6 +30,9 @@ type headInfo struct {
 	authEnd   int
 	pathStart int // absolute-form target: the origin-form rest starts here ("" means "/")
 	pathEnd   int
+	// loopMarks: the head has a Sluice-Via field (loop.go); the front end
+	// then looks for its own mark in it.
+	loopMarks bool
 }
 
 // absolute reports whether the request target is in absolute form.
@@ -314,11 +317,13 @@ func checkHead(p []byte, extra []string) (headInfo, error) {
 			}
 		}
 		switch len(name) {
-		case 4, 10, 14, 17: // host, connection, content-length, transfer-encoding
+		case 4, 10, 14, 17: // host, connection and sluice-via, content-length, transfer-encoding
 		default:
 			continue
 		}
 		switch {
+		case eqFold(name, loopHeaderLower):
+			h.loopMarks = true
 		case eqFold(name, "content-length"):
 			if h.bodyLen >= 0 {
 				return h, errCLDup

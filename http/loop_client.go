@@ -249,6 +249,7 @@ func (l *evloop) clientIn(c *cconn) {
 func (l *evloop) parse(c *cconn) bool {
 	buf := c.in[c.r:c.w]
 	hi, err := checkHead(buf, *l.s.denyNames.Load())
+	err = l.s.checkLoop(hi, buf, err)
 	if err == errHeadIncomplete {
 		return false
 	}

@@ -240,6 +240,7 @@ func (s *Server) prepareRequest(h *fasthttp.RequestHeader, ip netip.Addr, secure
 		h.Del("Forwarded")
 	}
 	h.SetBytesV("Forwarded", v)
+	h.AddBytesV(loopHeader, s.loopMark)
 }
 
 // plainHost reports whether host, the client's Host, may go into the

@@ -149,14 +149,14 @@ func TestDelNamesEverySpelling(t *testing.T) {
 	if err := req.Read(bufio.NewReader(strings.NewReader(raw.String()))); err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{}
+	s := &Server{loopMark: []byte("m")}
 	s.prepareRequest(&req.Header, netip.MustParseAddr("192.0.2.1"), false)
 	var got []string
 	for k, v := range req.Header.All() {
 		got = append(got, string(k)+"="+string(v))
 	}
 	sort.Strings(got)
-	want := []string{"Forwarded=for=192.0.2.1;proto=http;host=\"a\"", "Host=a", "X-Forwarded-For=192.0.2.1", "X-Forwarded-Proto=http", "X-Kept=1", "X_kept=2"}
+	want := []string{"Forwarded=for=192.0.2.1;proto=http;host=\"a\"", "Host=a", "Sluice-Via=m", "X-Forwarded-For=192.0.2.1", "X-Forwarded-Proto=http", "X-Kept=1", "X_kept=2"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("headers after the rewrite:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}

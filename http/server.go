@@ -42,6 +42,7 @@ type Server struct {
 	ruleView     atomic.Pointer[ruleView] // of the ARM rules in force (rules.go)
 	connDeny     string                   // the hash header, lower case: Connection may not name it
 	denyNames    atomic.Pointer[[]string] // connDeny and the set's pool hash headers and route headers (denyList)
+	loopMark     []byte                   // this Server's Sluice-Via mark (loop.go)
 	poolMu       sync.Mutex
 	poolCounters map[string]*poolStats // by pool name, the pools of the set in force
 	srv          *fasthttp.Server
@@ -85,6 +86,7 @@ type Stats struct {
 	Repinned       atomic.Uint64 // affinity to a backend that was down, sent elsewhere
 	HandedOver     atomic.Uint64 // loop engine: connections given to the fasthttp server
 	BadRequest     atomic.Uint64 // request heads refused (400, 414, 431, 501, 505), connection closed; and requests the routes cannot read (400 ambiguous path or duplicate routed header, 414 path too long for regex routes), connection kept
+	Loops          atomic.Uint64 // request heads that came back to this Server (508, loop.go); also counted in BadRequest
 	ConnLimited    atomic.Uint64 // client connections closed at once: -http-max-conns or -http-max-conns-per-source reached
 	SourceLimited  atomic.Uint64 // requests answered 503: their source held MaxConns/8 backend connections
 	DelayAbandoned atomic.Uint64 // requests taken out of an ARM delay queue because their client left
@@ -163,15 +165,16 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		cfg:     cfg,
-		ctrl:    ctrl,
-		mem:     ctrl.Memory(),
-		signer:  signer,
-		clock:   cfg.Clock,
-		logger:  logger.With("component", "http"),
-		trusted: cfg.TrustedProxies,
-		appName: cfg.AppCookie,
-		alog:    deps.AccessLog,
+		cfg:      cfg,
+		ctrl:     ctrl,
+		mem:      ctrl.Memory(),
+		signer:   signer,
+		clock:    cfg.Clock,
+		logger:   logger.With("component", "http"),
+		trusted:  cfg.TrustedProxies,
+		appName:  cfg.AppCookie,
+		alog:     deps.AccessLog,
+		loopMark: newLoopMark(),
 	}
 	s.upgrades, _ = parseUpgrades(cfg.Upgrades) // Validate checked it
 	// A layer-4 balancer's own address counts toward the total only: its
