@@ -177,7 +177,7 @@ case $MODE in
             line=$(run new "$N" $extra); echo "$line" >> "$OUT/new.txt"; report new "$line"
         done
         mb=$(awk '{ print $1 }' "$OUT/base.txt" | median); mn=$(awk '{ print $1 }' "$OUT/new.txt" | median)
-        echo "median base: $mb us/call, new: $mn us/call, new/base: $(awk -v a="$mb" -v b="$mn" 'BEGIN { printf "%.3f", a > 0 ? b / a : 0 }')" \
+        echo "median base: $mb us/call, new: $mn us/call, new/base: $(awk -v a="$mb" -v b="$mn" 'BEGIN { printf "%.3f", (a > 0 ? b / a : 0) }')" \
             "(failed base $(awk '{ s += $3 } END { print s }' "$OUT/base.txt"), new $(awk '{ s += $3 } END { print s }' "$OUT/new.txt"))"
         ;;
     *) die "unknown mode $MODE (one, ab)" ;;

@@ -94,6 +94,7 @@ type Server struct {
 	// listeners that are open (setEdgeAdvertise).
 	edgeAdv [4]edgeAdv
 	udp     *net.UDPConn
+	udpRaw  *udpRaw // raw sendto on udp (udpio_linux.go); nil: net's call
 	tcpLn   *net.TCPListener
 	tlsLn   *net.TCPListener // -sip-tls-listen, nil when not configured
 	wsLn    *net.TCPListener // -sip-ws-listen
@@ -268,6 +269,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	_ = s.udp.SetReadBuffer(s.cfg.UDPBuffer)
 	_ = s.udp.SetWriteBuffer(s.cfg.UDPBuffer)
+	s.udpRaw = newUDPRaw(s.udp)
 	la := s.udp.LocalAddr().(*net.UDPAddr)
 	if err := s.setAdvertise(la); err != nil {
 		s.udp.Close()
@@ -392,8 +394,27 @@ func (src source) transport() string {
 	return "UDP"
 }
 
+// serveUDP reads the UDP socket until it is closed and handles every
+// datagram on this goroutine, in the order received: in batches of what is
+// waiting where the system has recvmmsg (udpio_linux.go), one at a time
+// elsewhere.
 func (s *Server) serveUDP() {
 	defer s.wg.Done()
+	if r := newUDPReader(s.udp); r != nil {
+		for {
+			n, err := r.read()
+			if err != nil {
+				if s.closed.Load() || errors.Is(err, net.ErrClosed) {
+					return
+				}
+				s.log.Warn("sip udp read", "err", err)
+				continue
+			}
+			for i := range n {
+				s.udpDatagram(r.datagram(i))
+			}
+		}
+	}
 	buf := make([]byte, 65536)
 	for {
 		n, addr, err := s.udp.ReadFromUDPAddrPort(buf)
@@ -404,14 +425,22 @@ func (s *Server) serveUDP() {
 			s.log.Warn("sip udp read", "err", err)
 			continue
 		}
-		if n > s.cfg.MaxMessage {
-			s.metrics.Oversize.Add(1)
-			s.tooLargeDatagram(buf[:n], source{addr: netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())})
-			continue
-		}
-		addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
-		s.handleDatagram(buf[:n], source{addr: addr})
+		s.udpDatagram(buf[:n], addr)
 	}
+}
+
+// udpDatagram handles one datagram read from the UDP socket.
+func (s *Server) udpDatagram(data []byte, addr netip.AddrPort) {
+	if !addr.IsValid() {
+		return // no source to answer or match against
+	}
+	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	if len(data) > s.cfg.MaxMessage {
+		s.metrics.Oversize.Add(1)
+		s.tooLargeDatagram(data, source{addr: addr})
+		return
+	}
+	s.handleDatagram(data, source{addr: addr})
 }
 
 // handleDatagram handles one complete message (a UDP datagram or a framed
@@ -593,7 +622,14 @@ func (s *Server) sendBytes(p []byte, t target) error {
 			s.metrics.Oversize.Add(1)
 			return errTooLarge
 		}
-		_, err := s.udp.WriteToUDPAddrPort(p, t.addr)
+		var err error
+		handled := false
+		if s.udpRaw != nil {
+			handled, err = s.udpRaw.send(p, t.addr)
+		}
+		if !handled {
+			_, err = s.udp.WriteToUDPAddrPort(p, t.addr)
+		}
 		if err != nil {
 			s.metrics.SendErrors.Add(1)
 			return fmt.Errorf("send udp %s: %w", t.addr, err)
