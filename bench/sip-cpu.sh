@@ -20,7 +20,11 @@
 #   PORT_BASE+1, answerers PORT_BASE+11 and +12; apart from bench/sip.sh's
 #   5060.. so both may run) PROFILE=1 (the last NEW/one run also writes
 #   sluice's -cpuprofile to OUT/cpu.prof) PERF=1 (the last NEW/one run is
-#   recorded by perf record -g into OUT/perf.data) LB_EXTRA="flags"
+#   recorded by perf record -g into OUT/perf.data) BUSY=1 (a busy loop
+#   pinned to LB_CPU during each run: the competing load of RELIABILITY.md
+#   3l) NICE= (e.g. -5: sluice and SIPp run at that nice level, so other
+#   work on a shared machine disturbs the figures less; root only)
+#   LB_EXTRA="flags"
 #   OUT=$TMPDIR/sluice-bench/sip-cpu-<timestamp>.
 # Every process is started by this script, bounded by `timeout`, and
 # stopped by its PID. A run lasts SECS + a few seconds.
@@ -54,7 +58,9 @@ case $RATE$SECS$RUNS in *[!0-9]*) die "RATE, SECS and RUNS must be whole numbers
 STARTED=()
 start() {   # start NAME CPU CMD... (background, pinned, bounded, logged); sets LASTPID
     local name=$1 cpu=$2; shift 2
-    taskset -c "$cpu" timeout -k 5 300 "$@" > "$OUT/$name.log" 2>&1 &
+    local nice=()
+    [ -n "${NICE:-}" ] && nice=(nice -n "$NICE")
+    "${nice[@]}" taskset -c "$cpu" timeout -k 5 300 "$@" > "$OUT/$name.log" 2>&1 &
     LASTPID=$!
     STARTED+=("$LASTPID")
 }
@@ -106,11 +112,9 @@ quota() {   # quota PID: put PID in a cgroup capped at LB_QUOTA % of one core
         || die "LB_QUOTA=$LB_QUOTA: cannot cap pid $1 in $g (cgroup v2, root needed)"
 }
 
-# run NAME BIN EXTRA...: one measured run; prints "us_per_call ok failed retrans cpu%".
-RUN=0
+# run N NAME BIN EXTRA...: measured run number N; prints "us_per_call ok failed retrans cpu%".
 run() {
-    local name=$1 bin=$2; shift 2
-    RUN=$((RUN + 1))
+    local RUN=$1 name=$2 bin=$3; shift 3
     local dir=$OUT/$RUN-$name n=$((RATE * SECS))
     mkdir -p "$dir"
     start "$RUN-$name-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
@@ -125,12 +129,17 @@ run() {
         timeout -s INT $((SECS + 45)) perf record -g -o "$OUT/perf.data" -p "$pid" > "$OUT/perf.log" 2>&1 &
         PERFPID=$!
     fi
-    local t0 t1 w0 w1
+    local t0 t1 w0 w1 busy=
+    if [ "${BUSY:-0}" = 1 ]; then
+        taskset -c "$LB_CPU" timeout $((SECS + 45)) sh -c 'while :; do :; done' &
+        busy=$!
+    fi
     t0=$(ticks "$pid"); w0=$(date +%s%N)
-    (cd "$dir" && taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$LB_PORT" -sf "$SCEN/uac_rr.xml" \
+    (cd "$dir" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$LB_PORT" -sf "$SCEN/uac_rr.xml" \
         -i 127.0.0.1 -p "$UAC_PORT" -r "$RATE" -m "$n" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
         -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
     t1=$(ticks "$pid"); w1=$(date +%s%N)
+    if [ -n "$busy" ]; then kill "$busy"; wait "$busy" 2>/dev/null; fi
     if [ -n "${PERFPID:-}" ]; then kill -INT "$PERFPID"; wait "$PERFPID" 2>/dev/null; PERFPID=; fi
     stop "$tpid"
     local ok fail re
@@ -160,7 +169,7 @@ case $MODE in
         for i in $(seq "$RUNS"); do
             extra=""; [ "$i" = "$RUNS" ] && extra=$(profile_flags)
             if [ "$i" = "$RUNS" ] && [ "${PERF:-0}" = 1 ]; then PERF_NEXT=1; fi
-            line=$(run one "$B" $extra); echo "$line" >> "$OUT/one.txt"; report one "$line"
+            line=$(run "$i" one "$B" $extra); echo "$line" >> "$OUT/one.txt"; report one "$line"
         done
         echo "median: $(awk '{ print $1 }' "$OUT/one.txt" | median) us/call (sluice CPU / completed calls; failed: $(awk '{ s += $3 } END { print s }' "$OUT/one.txt"))"
         ;;
@@ -171,10 +180,10 @@ case $MODE in
         log "ab: RATE=$RATE calls/s x ${SECS}s, RUNS=$RUNS each interleaved, sluice on CPU$LB_CPU${LB_QUOTA:+ capped at $LB_QUOTA%}; out $OUT"
         : > "$OUT/base.txt"; : > "$OUT/new.txt"
         for i in $(seq "$RUNS"); do
-            line=$(run base "$A"); echo "$line" >> "$OUT/base.txt"; report base "$line"
+            line=$(run "$i" base "$A"); echo "$line" >> "$OUT/base.txt"; report base "$line"
             extra=""; [ "$i" = "$RUNS" ] && extra=$(profile_flags)
             if [ "$i" = "$RUNS" ] && [ "${PERF:-0}" = 1 ]; then PERF_NEXT=1; fi
-            line=$(run new "$N" $extra); echo "$line" >> "$OUT/new.txt"; report new "$line"
+            line=$(run "$i" new "$N" $extra); echo "$line" >> "$OUT/new.txt"; report new "$line"
         done
         mb=$(awk '{ print $1 }' "$OUT/base.txt" | median); mn=$(awk '{ print $1 }' "$OUT/new.txt" | median)
         echo "median base: $mb us/call, new: $mn us/call, new/base: $(awk -v a="$mb" -v b="$mn" 'BEGIN { printf "%.3f", (a > 0 ? b / a : 0) }')" \

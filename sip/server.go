@@ -494,8 +494,9 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		}
 		return
 	}
+	// The transport is read back when forwarding (Via, Record-Route); the
+	// source is not: it is src, passed along, so no string is made of it.
 	msg.SetTransport(src.transport())
-	msg.SetSource(src.addr.String())
 	switch m := msg.(type) {
 	case *gosip.Request:
 		s.metrics.Requests.Add(1)
