@@ -129,6 +129,11 @@ type Config struct {
 	// -sip-udp-buffer (the kernel may cap it at
 	// net.core.rmem_max).
 	UDPBuffer int
+	// UDPBatch is the most datagrams one read of the UDP socket returns
+	// (recvmmsg), with sends as raw sendto calls (udpio_linux.go); 1 reads
+	// and writes with net's calls, one datagram a call, as on systems
+	// without recvmmsg. Flag -sip-udp-batch.
+	UDPBatch int
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int
@@ -244,6 +249,14 @@ const (
 // DefaultConfig: a Config built by hand gets no cap unless it sets one.
 const DefaultUnknownDialogSourceRate = 20
 
+// DefaultUDPBatch is the default -sip-udp-batch: 16 datagrams a read, each
+// in a buffer of its own of 64 KiB (1 MiB in all). MaxUDPBatch bounds it
+// (4 MiB of buffers).
+const (
+	DefaultUDPBatch = 16
+	MaxUDPBatch     = 64
+)
+
 // ErrNoBackends is returned (in a FieldError) by New, SetBackends and
 // Start when no backend is configured.
 var ErrNoBackends = errors.New("at least one backend is required")
@@ -279,6 +292,7 @@ func DefaultConfig() Config {
 		TCPMessageTimeout: 10 * time.Second,
 		TCPMaxConns:       10000,
 		UDPBuffer:         4 << 20,
+		UDPBatch:          DefaultUDPBatch,
 		MaxMessage:        65535,
 		NoRouteCode:       404,
 		HandshakeTimeout:  DefaultHandshakeTimeout,
@@ -321,6 +335,7 @@ func (c *Config) setDefaults() {
 	fill(&c.ProxyTimeout, d.ProxyTimeout)
 	fill(&c.TCPPartialBudget, d.TCPPartialBudget)
 	fill(&c.UDPBuffer, d.UDPBuffer)
+	fill(&c.UDPBatch, d.UDPBatch)
 	fill(&c.MaxMessage, d.MaxMessage)
 	fill(&c.NoRouteCode, d.NoRouteCode)
 	fill(&c.HandshakeTimeout, d.HandshakeTimeout)
@@ -388,6 +403,8 @@ func (c *Config) Validate() error {
 		return fieldError("TCPFirstMessageTimeout", "must be at least 100ms")
 	case c.UDPBuffer < 1<<16:
 		return fieldError("UDPBuffer", "must be at least 65536")
+	case c.UDPBatch < 1 || c.UDPBatch > MaxUDPBatch:
+		return fieldError("UDPBatch", "%d: want 1..%d datagrams a read (1: one a call, net's calls)", c.UDPBatch, MaxUDPBatch)
 	case c.MaxMessage < 1024 || c.MaxMessage > 1<<20:
 		return fieldError("MaxMessage", "must be in 1024..1048576")
 	case c.NoRouteCode < 400 || c.NoRouteCode > 699:

@@ -16,10 +16,23 @@ import (
 
 // TestCallsAcrossBackends: INVITE/180/200/ACK/BYE through the proxy to two
 // backends; the ACK, a re-INVITE and the BYE of each call reach the
-// backend of its INVITE, and both backends get calls.
+// backend of its INVITE, and both backends get calls: with the UDP
+// socket read in batches (the default) and one datagram a call through
+// net's calls (-sip-udp-batch 1).
 func TestCallsAcrossBackends(t *testing.T) {
+	for _, batch := range []int{DefaultUDPBatch, 1} {
+		t.Run(fmt.Sprintf("udp-batch-%d", batch), func(t *testing.T) {
+			s := callsAcrossBackends(t, func(c *Config) { c.UDPBatch = batch })
+			if batch == 1 && s.udpRaw != nil {
+				t.Error("-sip-udp-batch 1: raw sendto in use")
+			}
+		})
+	}
+}
+
+func callsAcrossBackends(t *testing.T, mut func(*Config)) *Server {
 	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
-	s := testServer(t, []*uas{b1, b2}, nil, nil)
+	s := testServer(t, []*uas{b1, b2}, nil, mut)
 	c := newUAC(t, s.udpAddr())
 	const calls = 40
 	for i := 0; i < calls; i++ {
@@ -65,6 +78,7 @@ func TestCallsAcrossBackends(t *testing.T) {
 			t.Errorf("backend %s: %d outstanding after all calls ended", b.id, n)
 		}
 	}
+	return s
 }
 
 // TestForwardedRequestShape: our Via on top with an RFC 3261 branch,

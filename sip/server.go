@@ -269,7 +269,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	_ = s.udp.SetReadBuffer(s.cfg.UDPBuffer)
 	_ = s.udp.SetWriteBuffer(s.cfg.UDPBuffer)
-	s.udpRaw = newUDPRaw(s.udp)
+	if s.cfg.UDPBatch > 1 {
+		s.udpRaw = newUDPRaw(s.udp)
+	}
 	la := s.udp.LocalAddr().(*net.UDPAddr)
 	if err := s.setAdvertise(la); err != nil {
 		s.udp.Close()
@@ -396,11 +398,11 @@ func (src source) transport() string {
 
 // serveUDP reads the UDP socket until it is closed and handles every
 // datagram on this goroutine, in the order received: in batches of what is
-// waiting where the system has recvmmsg (udpio_linux.go), one at a time
-// elsewhere.
+// waiting, up to -sip-udp-batch, where the system has recvmmsg
+// (udpio_linux.go), one at a time elsewhere or with a batch of 1.
 func (s *Server) serveUDP() {
 	defer s.wg.Done()
-	if r := newUDPReader(s.udp); r != nil {
+	if r := newUDPReader(s.udp, s.cfg.UDPBatch); s.cfg.UDPBatch > 1 && r != nil {
 		for {
 			n, err := r.read()
 			if err != nil {

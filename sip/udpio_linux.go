@@ -25,9 +25,6 @@ import (
 // sixth of the CPU per call in bench/sip-cpu.sh). recvmmsg reads every
 // datagram waiting, up to udpBatch, in one call.
 
-// udpBatch is the number of datagrams one recvmmsg may return.
-const udpBatch = 16
-
 // udpReadBuf is the size of each datagram buffer: larger than any UDP
 // payload, so a datagram is never cut (an oversized one is answered 513
 // from its head, tooLargeDatagram).
@@ -148,19 +145,20 @@ type udpReader struct {
 	fn    func(fd uintptr) bool
 }
 
-// newUDPReader returns a batch reader of c, or nil when its descriptor
-// cannot be reached (then net's ReadFromUDPAddrPort is used).
-func newUDPReader(c *net.UDPConn) *udpReader {
+// newUDPReader returns a reader of c that takes up to batch datagrams a
+// call, or nil when its descriptor cannot be reached (then net's
+// ReadFromUDPAddrPort is used).
+func newUDPReader(c *net.UDPConn, batch int) *udpReader {
 	rc, err := c.SyscallConn()
-	if err != nil {
+	if err != nil || batch < 1 {
 		return nil
 	}
 	r := &udpReader{
 		rc:    rc,
-		bufs:  make([][]byte, udpBatch),
-		names: make([]unix.RawSockaddrInet6, udpBatch),
-		iovs:  make([]unix.Iovec, udpBatch),
-		hdrs:  make([]unix.Mmsghdr, udpBatch),
+		bufs:  make([][]byte, batch),
+		names: make([]unix.RawSockaddrInet6, batch),
+		iovs:  make([]unix.Iovec, batch),
+		hdrs:  make([]unix.Mmsghdr, batch),
 	}
 	for i := range r.bufs {
 		r.bufs[i] = make([]byte, udpReadBuf)

@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 )
+
+// udpBatch is the batch the reader tests read with.
+const udpBatch = DefaultUDPBatch
 
 // TestUDPReaderBatch: datagrams from several sockets, more than one batch
 // of them, come out of the recvmmsg reader whole, in order, each with the
@@ -33,7 +37,7 @@ func TestUDPReaderBatch(t *testing.T) {
 			_ = ln.SetReadBuffer(1 << 20) // every datagram below waits in it
 			port := uint16(ln.LocalAddr().(*net.UDPAddr).Port)
 			to := netip.AddrPortFrom(netip.MustParseAddr(tc.peer), port)
-			r := newUDPReader(ln)
+			r := newUDPReader(ln, udpBatch)
 			if r == nil {
 				t.Fatal("no reader")
 			}
@@ -153,9 +157,38 @@ func TestUDPRawSendClosed(t *testing.T) {
 	if !handled || err == nil {
 		t.Fatalf("handled %v err %v, want an error", handled, err)
 	}
-	if r := newUDPReader(ln); r != nil {
+	if r := newUDPReader(ln, udpBatch); r != nil {
 		if _, err := r.read(); err == nil {
 			t.Fatal("read on a closed socket: no error")
+		}
+	}
+}
+
+// TestUDPBatchConfig: -sip-udp-batch outside 1..MaxUDPBatch is refused
+// with an error naming the field, the value and what is wanted; 0 takes
+// the default.
+func TestUDPBatchConfig(t *testing.T) {
+	for _, tc := range []struct {
+		batch int
+		err   string
+	}{
+		{0, ""},
+		{1, ""},
+		{MaxUDPBatch, ""},
+		{-1, "UDPBatch: -1: want 1..64"},
+		{MaxUDPBatch + 1, "UDPBatch: 65: want 1..64"},
+	} {
+		c := DefaultConfig()
+		c.UDPBatch = tc.batch
+		c.setDefaults()
+		err := c.Validate()
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("batch %d: %v", tc.batch, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("batch %d: error %v, want one with %q", tc.batch, err, tc.err)
+		case tc.batch == 0 && c.UDPBatch != DefaultUDPBatch:
+			t.Errorf("batch 0 became %d, want the default %d", c.UDPBatch, DefaultUDPBatch)
 		}
 	}
 }

@@ -18,7 +18,7 @@ func (*udpRaw) send([]byte, netip.AddrPort) (bool, error) { return false, nil }
 
 type udpReader struct{}
 
-func newUDPReader(*net.UDPConn) *udpReader { return nil }
+func newUDPReader(*net.UDPConn, int) *udpReader { return nil }
 
 func (*udpReader) read() (int, error) { return 0, net.ErrClosed }
 
