@@ -129,10 +129,11 @@ type Config struct {
 	// -sip-udp-buffer (the kernel may cap it at
 	// net.core.rmem_max).
 	UDPBuffer int
-	// UDPBatch is the most datagrams one read of the UDP socket returns
-	// (recvmmsg), with sends as raw sendto calls (udpio_linux.go); 1 reads
-	// and writes with net's calls, one datagram a call, as on systems
-	// without recvmmsg. Flag -sip-udp-batch.
+	// UDPBatch is the most datagrams one read of the UDP socket returns;
+	// above 1 reads are recvmmsg calls and sends raw sendto calls on Linux
+	// (udpio_linux.go); 1 (DefaultUDPBatch) reads and writes with net's
+	// calls, one datagram a call, as on systems without recvmmsg. Flag
+	// -sip-udp-batch.
 	UDPBatch int
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
@@ -249,11 +250,17 @@ const (
 // DefaultConfig: a Config built by hand gets no cap unless it sets one.
 const DefaultUnknownDialogSourceRate = 20
 
-// DefaultUDPBatch is the default -sip-udp-batch: 16 datagrams a read, each
-// in a buffer of its own of 64 KiB (1 MiB in all). MaxUDPBatch bounds it
-// (4 MiB of buffers).
+// DefaultUDPBatch is the default -sip-udp-batch: 1, one datagram a call
+// through net's calls. A larger batch (recvmmsg and raw sendto, each
+// datagram in a buffer of its own of 64 KiB) costs about 0.6–0.7 times the
+// CPU per call on a core of its own (bench/RESULTS.md, "CPU per call"), but
+// on a core shared with a busy process it collapsed more often: its one
+// thread gets a smaller share of the core than the hand-offs of the
+// one-a-call path give it. It stays opt-in until the harness bar of
+// RELIABILITY.md 3l passes with it. MaxUDPBatch bounds it (4 MiB of
+// buffers).
 const (
-	DefaultUDPBatch = 16
+	DefaultUDPBatch = 1
 	MaxUDPBatch     = 64
 )
 

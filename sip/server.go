@@ -402,7 +402,7 @@ func (src source) transport() string {
 // (udpio_linux.go), one at a time elsewhere or with a batch of 1.
 func (s *Server) serveUDP() {
 	defer s.wg.Done()
-	if r := newUDPReader(s.udp, s.cfg.UDPBatch); s.cfg.UDPBatch > 1 && r != nil {
+	if r := s.batchReader(); r != nil {
 		for {
 			n, err := r.read()
 			if err != nil {
@@ -429,6 +429,15 @@ func (s *Server) serveUDP() {
 		}
 		s.udpDatagram(buf[:n], addr)
 	}
+}
+
+// batchReader is the recvmmsg reader of the UDP socket with a batch above
+// 1, else nil.
+func (s *Server) batchReader() *udpReader {
+	if s.cfg.UDPBatch <= 1 {
+		return nil
+	}
+	return newUDPReader(s.udp, s.cfg.UDPBatch)
 }
 
 // udpDatagram handles one datagram read from the UDP socket.

@@ -13,7 +13,7 @@ import (
 )
 
 // udpBatch is the batch the reader tests read with.
-const udpBatch = DefaultUDPBatch
+const udpBatch = 16
 
 // TestUDPReaderBatch: datagrams from several sockets, more than one batch
 // of them, come out of the recvmmsg reader whole, in order, each with the
@@ -174,6 +174,7 @@ func TestUDPBatchConfig(t *testing.T) {
 	}{
 		{0, ""},
 		{1, ""},
+		{16, ""},
 		{MaxUDPBatch, ""},
 		{-1, "UDPBatch: -1: want 1..64"},
 		{MaxUDPBatch + 1, "UDPBatch: 65: want 1..64"},
