@@ -129,12 +129,16 @@ type Config struct {
 	// -sip-udp-buffer (the kernel may cap it at
 	// net.core.rmem_max).
 	UDPBuffer int
-	// UDPBatch is the most datagrams one read of the UDP socket returns;
-	// above 1 reads are recvmmsg calls and sends raw sendto calls on Linux
-	// (udpio_linux.go); 1 (DefaultUDPBatch) reads and writes with net's
-	// calls, one datagram a call, as on systems without recvmmsg. Flag
+	// UDPBatch is the most datagrams one read of the UDP socket returns:
+	// above 1 a recvmmsg call on Linux (udpio_linux.go), 1 net's call, one
+	// datagram a call, as on systems without recvmmsg. Flag
 	// -sip-udp-batch.
 	UDPBatch int
+	// UDPRawSend sends UDP datagrams with raw sendto calls (Linux) rather
+	// than net's call, which goes through the runtime's syscall path;
+	// DefaultUDPBatch says what it saves and what it risks. Flag
+	// -sip-udp-raw-send.
+	UDPRawSend bool
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int
@@ -250,17 +254,17 @@ const (
 // DefaultConfig: a Config built by hand gets no cap unless it sets one.
 const DefaultUnknownDialogSourceRate = 20
 
-// DefaultUDPBatch is the default -sip-udp-batch: 1, one datagram a call
-// through net's calls. A larger batch (recvmmsg and raw sendto, each
-// datagram in a buffer of its own of 64 KiB) costs about 0.6–0.7 times the
-// CPU per call on a core of its own (bench/RESULTS.md, "CPU per call"), but
-// on a core shared with a busy process it collapsed more often: its one
-// thread gets a smaller share of the core than the hand-offs of the
-// one-a-call path give it. It stays opt-in until the harness bar of
-// RELIABILITY.md 3l passes with it. MaxUDPBatch bounds it (4 MiB of
-// buffers).
+// DefaultUDPBatch is the default -sip-udp-batch: 16 datagrams a read
+// (recvmmsg on Linux), each in a buffer of its own of 64 KiB (1 MiB in
+// all); 1 reads one datagram a call with net's call. MaxUDPBatch bounds it
+// (4 MiB of buffers). Sends go through net's call unless UDPRawSend is set:
+// raw sendto costs about two thirds of the CPU per call on a core of its
+// own, but on a core shared with a busy process that path collapsed more
+// often, its one thread getting a smaller share of the core than the
+// runtime's hand-offs around net's calls give it (bench/RESULTS.md, "CPU
+// per call").
 const (
-	DefaultUDPBatch = 1
+	DefaultUDPBatch = 16
 	MaxUDPBatch     = 64
 )
 
@@ -411,7 +415,7 @@ func (c *Config) Validate() error {
 	case c.UDPBuffer < 1<<16:
 		return fieldError("UDPBuffer", "must be at least 65536")
 	case c.UDPBatch < 1 || c.UDPBatch > MaxUDPBatch:
-		return fieldError("UDPBatch", "%d: want 1..%d datagrams a read (1: one a call, net's calls)", c.UDPBatch, MaxUDPBatch)
+		return fieldError("UDPBatch", "%d: want 1..%d datagrams a read (1: one a call)", c.UDPBatch, MaxUDPBatch)
 	case c.MaxMessage < 1024 || c.MaxMessage > 1<<20:
 		return fieldError("MaxMessage", "must be in 1024..1048576")
 	case c.NoRouteCode < 400 || c.NoRouteCode > 699:

@@ -18,17 +18,21 @@ import (
 // TestCallsAcrossBackends: INVITE/180/200/ACK/BYE through the proxy to two
 // backends; the ACK, a re-INVITE and the BYE of each call reach the
 // backend of its INVITE, and both backends get calls: with the UDP
-// socket read one datagram a call through net's calls (the default,
-// -sip-udp-batch 1) and in batches (-sip-udp-batch 16).
+// socket read in batches (the default) and one datagram a call
+// (-sip-udp-batch 1), each with net's sendto and the raw one
+// (-sip-udp-raw-send).
 func TestCallsAcrossBackends(t *testing.T) {
-	for _, batch := range []int{16, 1} {
-		t.Run(fmt.Sprintf("udp-batch-%d", batch), func(t *testing.T) {
-			s := callsAcrossBackends(t, func(c *Config) { c.UDPBatch = batch })
-			if batch == 1 && s.udpRaw != nil {
-				t.Error("-sip-udp-batch 1: raw sendto in use")
+	for _, tc := range []struct {
+		batch int
+		raw   bool
+	}{{16, false}, {16, true}, {1, false}, {1, true}} {
+		t.Run(fmt.Sprintf("udp-batch-%d-raw-send-%v", tc.batch, tc.raw), func(t *testing.T) {
+			s := callsAcrossBackends(t, func(c *Config) { c.UDPBatch, c.UDPRawSend = tc.batch, tc.raw })
+			if !tc.raw && s.udpRaw != nil {
+				t.Error("raw sendto in use without -sip-udp-raw-send")
 			}
-			if batch > 1 && s.udpRaw == nil && runtime.GOOS == "linux" {
-				t.Error("-sip-udp-batch 16 on Linux: raw sendto not in use")
+			if tc.raw && s.udpRaw == nil && runtime.GOOS == "linux" {
+				t.Error("-sip-udp-raw-send on Linux: raw sendto not in use")
 			}
 		})
 	}

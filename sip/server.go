@@ -94,7 +94,7 @@ type Server struct {
 	// listeners that are open (setEdgeAdvertise).
 	edgeAdv [4]edgeAdv
 	udp     *net.UDPConn
-	udpRaw  *udpRaw // raw sendto on udp (udpio_linux.go); nil: net's call
+	udpRaw  *udpRaw // raw sendto on udp (udpio_linux.go, -sip-udp-raw-send); nil: net's call
 	tcpLn   *net.TCPListener
 	tlsLn   *net.TCPListener // -sip-tls-listen, nil when not configured
 	wsLn    *net.TCPListener // -sip-ws-listen
@@ -269,7 +269,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	_ = s.udp.SetReadBuffer(s.cfg.UDPBuffer)
 	_ = s.udp.SetWriteBuffer(s.cfg.UDPBuffer)
-	if s.cfg.UDPBatch > 1 {
+	if s.cfg.UDPRawSend {
 		s.udpRaw = newUDPRaw(s.udp)
 	}
 	la := s.udp.LocalAddr().(*net.UDPAddr)

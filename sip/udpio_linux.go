@@ -24,8 +24,8 @@ import (
 // message path for it (thousands of wake-ups a second at 2,000 calls/s,
 // about a sixth of the CPU per call in bench/sip-cpu.sh). recvmmsg reads
 // every datagram waiting, up to -sip-udp-batch (Config.UDPBatch), in one
-// call. Both are used only with a batch above 1; the default, 1, keeps
-// net's calls (DefaultUDPBatch says why).
+// call; raw sendto is used only with -sip-udp-raw-send (DefaultUDPBatch
+// says why).
 
 // udpReadBuf is the size of each datagram buffer: larger than any UDP
 // payload, so a datagram is never cut (an oversized one is answered 513
