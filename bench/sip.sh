@@ -23,6 +23,8 @@
 #   SYSTEMS="sip-kamailio sip-kamailio-sl" (peers swept in the same run as
 #   sluice; SYSTEMS="" for sluice alone, add sip-direct for the harness's
 #   own ceiling) CI_RATE=200 CI_SECS=10 LB_PORT=5060 (the port Kamailio has in the peers run, so run.sh counts its drops)
+#   LB_EXTRA="flags" (added to sluice's command line in sweep and ci, e.g.
+#   "-sip-udp-batch 16")
 #   OVL_LIMIT=300 OVL_RATE=600 OUT=$TMPDIR/sluice-bench/sip-<timestamp> and run.sh's own
 #   (SIP_RATES, SIP_SECS, PIN, LB_CPUS, GEN_CPUS, ...).
 # Every process is started by this script, bounded by `timeout`, and
@@ -147,7 +149,7 @@ sweep() {
     need_peers
     log "sweep: $PEERS/run.sh $SYSTEMS sip-target 127.0.0.1:$LB_PORT (each balancer pinned to CPU${LB_CPUS:-0}; sluice's GOMAXPROCS follows the pinning)"
     # shellcheck disable=SC2086
-    LB_SIP_ADDR=127.0.0.1:$LB_PORT LB_SIP_CMD="$(lb_cmd)" OUT=$OUT/sweep "$PEERS/run.sh" $SYSTEMS sip-target "127.0.0.1:$LB_PORT" \
+    LB_SIP_ADDR=127.0.0.1:$LB_PORT LB_SIP_CMD="$(lb_cmd "${LB_EXTRA:-}")" OUT=$OUT/sweep "$PEERS/run.sh" $SYSTEMS sip-target "127.0.0.1:$LB_PORT" \
         2>&1 | tee "$OUT/sweep.log"
     local res=$OUT/sweep/results.tsv s
     [ -s "$res" ] || die "no results in $res (see $OUT/sweep.log)"

@@ -129,6 +129,16 @@ type Config struct {
 	// -sip-udp-buffer (the kernel may cap it at
 	// net.core.rmem_max).
 	UDPBuffer int
+	// UDPBatch is the most datagrams one read of the UDP socket returns:
+	// above 1 a recvmmsg call on Linux (udpio_linux.go), 1 net's call, one
+	// datagram a call, as on systems without recvmmsg. Flag
+	// -sip-udp-batch.
+	UDPBatch int
+	// UDPRawSend sends UDP datagrams with raw sendto calls (Linux) rather
+	// than net's call, which goes through the runtime's syscall path;
+	// DefaultUDPBatch says what it saves and what it risks. Flag
+	// -sip-udp-raw-send.
+	UDPRawSend bool
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int
@@ -244,6 +254,20 @@ const (
 // DefaultConfig: a Config built by hand gets no cap unless it sets one.
 const DefaultUnknownDialogSourceRate = 20
 
+// DefaultUDPBatch is the default -sip-udp-batch: 16 datagrams a read
+// (recvmmsg on Linux), each in a buffer of its own of 64 KiB (1 MiB in
+// all); 1 reads one datagram a call with net's call. MaxUDPBatch bounds it
+// (4 MiB of buffers). Sends go through net's call unless UDPRawSend is set:
+// raw sendto costs about two thirds of the CPU per call on a core of its
+// own, but on a core shared with a busy process that path collapsed more
+// often, its one thread getting a smaller share of the core than the
+// runtime's hand-offs around net's calls give it (bench/RESULTS.md, "CPU
+// per call").
+const (
+	DefaultUDPBatch = 16
+	MaxUDPBatch     = 64
+)
+
 // ErrNoBackends is returned (in a FieldError) by New, SetBackends and
 // Start when no backend is configured.
 var ErrNoBackends = errors.New("at least one backend is required")
@@ -279,6 +303,7 @@ func DefaultConfig() Config {
 		TCPMessageTimeout: 10 * time.Second,
 		TCPMaxConns:       10000,
 		UDPBuffer:         4 << 20,
+		UDPBatch:          DefaultUDPBatch,
 		MaxMessage:        65535,
 		NoRouteCode:       404,
 		HandshakeTimeout:  DefaultHandshakeTimeout,
@@ -321,6 +346,7 @@ func (c *Config) setDefaults() {
 	fill(&c.ProxyTimeout, d.ProxyTimeout)
 	fill(&c.TCPPartialBudget, d.TCPPartialBudget)
 	fill(&c.UDPBuffer, d.UDPBuffer)
+	fill(&c.UDPBatch, d.UDPBatch)
 	fill(&c.MaxMessage, d.MaxMessage)
 	fill(&c.NoRouteCode, d.NoRouteCode)
 	fill(&c.HandshakeTimeout, d.HandshakeTimeout)
@@ -388,6 +414,8 @@ func (c *Config) Validate() error {
 		return fieldError("TCPFirstMessageTimeout", "must be at least 100ms")
 	case c.UDPBuffer < 1<<16:
 		return fieldError("UDPBuffer", "must be at least 65536")
+	case c.UDPBatch < 1 || c.UDPBatch > MaxUDPBatch:
+		return fieldError("UDPBatch", "%d: want 1..%d datagrams a read (1: one a call)", c.UDPBatch, MaxUDPBatch)
 	case c.MaxMessage < 1024 || c.MaxMessage > 1<<20:
 		return fieldError("MaxMessage", "must be in 1024..1048576")
 	case c.NoRouteCode < 400 || c.NoRouteCode > 699:

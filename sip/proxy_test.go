@@ -3,6 +3,7 @@ package sip
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,10 +17,30 @@ import (
 
 // TestCallsAcrossBackends: INVITE/180/200/ACK/BYE through the proxy to two
 // backends; the ACK, a re-INVITE and the BYE of each call reach the
-// backend of its INVITE, and both backends get calls.
+// backend of its INVITE, and both backends get calls: with the UDP
+// socket read in batches (the default) and one datagram a call
+// (-sip-udp-batch 1), each with net's sendto and the raw one
+// (-sip-udp-raw-send).
 func TestCallsAcrossBackends(t *testing.T) {
+	for _, tc := range []struct {
+		batch int
+		raw   bool
+	}{{16, false}, {16, true}, {1, false}, {1, true}} {
+		t.Run(fmt.Sprintf("udp-batch-%d-raw-send-%v", tc.batch, tc.raw), func(t *testing.T) {
+			s := callsAcrossBackends(t, func(c *Config) { c.UDPBatch, c.UDPRawSend = tc.batch, tc.raw })
+			if !tc.raw && s.udpRaw != nil {
+				t.Error("raw sendto in use without -sip-udp-raw-send")
+			}
+			if tc.raw && s.udpRaw == nil && runtime.GOOS == "linux" {
+				t.Error("-sip-udp-raw-send on Linux: raw sendto not in use")
+			}
+		})
+	}
+}
+
+func callsAcrossBackends(t *testing.T, mut func(*Config)) *Server {
 	b1, b2 := newUAS(t, "b1"), newUAS(t, "b2")
-	s := testServer(t, []*uas{b1, b2}, nil, nil)
+	s := testServer(t, []*uas{b1, b2}, nil, mut)
 	c := newUAC(t, s.udpAddr())
 	const calls = 40
 	for i := 0; i < calls; i++ {
@@ -65,6 +86,7 @@ func TestCallsAcrossBackends(t *testing.T) {
 			t.Errorf("backend %s: %d outstanding after all calls ended", b.id, n)
 		}
 	}
+	return s
 }
 
 // TestForwardedRequestShape: our Via on top with an RFC 3261 branch,

@@ -94,6 +94,7 @@ type Server struct {
 	// listeners that are open (setEdgeAdvertise).
 	edgeAdv [4]edgeAdv
 	udp     *net.UDPConn
+	udpRaw  *udpRaw // raw sendto on udp (udpio_linux.go, -sip-udp-raw-send); nil: net's call
 	tcpLn   *net.TCPListener
 	tlsLn   *net.TCPListener // -sip-tls-listen, nil when not configured
 	wsLn    *net.TCPListener // -sip-ws-listen
@@ -268,6 +269,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	_ = s.udp.SetReadBuffer(s.cfg.UDPBuffer)
 	_ = s.udp.SetWriteBuffer(s.cfg.UDPBuffer)
+	if s.cfg.UDPRawSend {
+		s.udpRaw = newUDPRaw(s.udp)
+	}
 	la := s.udp.LocalAddr().(*net.UDPAddr)
 	if err := s.setAdvertise(la); err != nil {
 		s.udp.Close()
@@ -392,8 +396,27 @@ func (src source) transport() string {
 	return "UDP"
 }
 
+// serveUDP reads the UDP socket until it is closed and handles every
+// datagram on this goroutine, in the order received: in batches of what is
+// waiting, up to -sip-udp-batch, where the system has recvmmsg
+// (udpio_linux.go), one at a time elsewhere or with a batch of 1.
 func (s *Server) serveUDP() {
 	defer s.wg.Done()
+	if r := s.batchReader(); r != nil {
+		for {
+			n, err := r.read()
+			if err != nil {
+				if s.closed.Load() || errors.Is(err, net.ErrClosed) {
+					return
+				}
+				s.log.Warn("sip udp read", "err", err)
+				continue
+			}
+			for i := range n {
+				s.udpDatagram(r.datagram(i))
+			}
+		}
+	}
 	buf := make([]byte, 65536)
 	for {
 		n, addr, err := s.udp.ReadFromUDPAddrPort(buf)
@@ -404,14 +427,31 @@ func (s *Server) serveUDP() {
 			s.log.Warn("sip udp read", "err", err)
 			continue
 		}
-		if n > s.cfg.MaxMessage {
-			s.metrics.Oversize.Add(1)
-			s.tooLargeDatagram(buf[:n], source{addr: netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())})
-			continue
-		}
-		addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
-		s.handleDatagram(buf[:n], source{addr: addr})
+		s.udpDatagram(buf[:n], addr)
 	}
+}
+
+// batchReader is the recvmmsg reader of the UDP socket with a batch above
+// 1, else nil.
+func (s *Server) batchReader() *udpReader {
+	if s.cfg.UDPBatch <= 1 {
+		return nil
+	}
+	return newUDPReader(s.udp, s.cfg.UDPBatch)
+}
+
+// udpDatagram handles one datagram read from the UDP socket.
+func (s *Server) udpDatagram(data []byte, addr netip.AddrPort) {
+	if !addr.IsValid() {
+		return // no source to answer or match against
+	}
+	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	if len(data) > s.cfg.MaxMessage {
+		s.metrics.Oversize.Add(1)
+		s.tooLargeDatagram(data, source{addr: addr})
+		return
+	}
+	s.handleDatagram(data, source{addr: addr})
 }
 
 // handleDatagram handles one complete message (a UDP datagram or a framed
@@ -465,8 +505,9 @@ func (s *Server) handleDatagram(data []byte, src source) {
 		}
 		return
 	}
+	// The transport is read back when forwarding (Via, Record-Route); the
+	// source is not: it is src, passed along, so no string is made of it.
 	msg.SetTransport(src.transport())
-	msg.SetSource(src.addr.String())
 	switch m := msg.(type) {
 	case *gosip.Request:
 		s.metrics.Requests.Add(1)
@@ -593,7 +634,14 @@ func (s *Server) sendBytes(p []byte, t target) error {
 			s.metrics.Oversize.Add(1)
 			return errTooLarge
 		}
-		_, err := s.udp.WriteToUDPAddrPort(p, t.addr)
+		var err error
+		handled := false
+		if s.udpRaw != nil {
+			handled, err = s.udpRaw.send(p, t.addr)
+		}
+		if !handled {
+			_, err = s.udp.WriteToUDPAddrPort(p, t.addr)
+		}
 		if err != nil {
 			s.metrics.SendErrors.Add(1)
 			return fmt.Errorf("send udp %s: %w", t.addr, err)

@@ -60,6 +60,8 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.TCPFirstMessageTimeout, "sip-tcp-first-message-timeout", "close an accepted TCP connection without a complete message this long after its accept (keep-alives do not count)")
 	s.add(&c.TCPPartialBudget, "sip-tcp-partial-budget", "most bytes buffered for TCP messages not yet complete, over every connection; past it the connection holding the most is closed (at least twice -sip-max-message + 1)")
 	s.add(&c.UDPBuffer, "sip-udp-buffer", "UDP socket buffer in bytes")
+	s.add(&c.UDPBatch, "sip-udp-batch", "most UDP datagrams taken by one read (recvmmsg on Linux); 1: one datagram a call")
+	s.add(&c.UDPRawSend, "sip-udp-raw-send", "send UDP datagrams with raw sendto calls (Linux): about a third less CPU per call on a core of its own, less robust on a core shared with busy processes (bench/RESULTS.md)")
 	s.add(&c.MaxMessage, "sip-max-message", "largest SIP message in bytes")
 	s.add(&c.ContactAlias, "sip-contact-alias", "rewrite the Contact of a REGISTER or INVITE from a client connection to point at sluice with a signed alias of that connection, for backends without Path support")
 	s.add(&c.AllowSipsDowngrade, "sip-allow-sips-downgrade", "let sips: requests go on over UDP or TCP (default: 480 with a Warning)")

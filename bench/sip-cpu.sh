@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# SIP CPU per call of sluice, on loopback, at a fixed offered rate.
+#
+# usage: bench/sip-cpu.sh [one|ab]                       (default: one)
+#   one   builds sluice from this tree (or takes BIN=path) and runs it RUNS
+#         times: each run is sluice pinned to LB_CPU, two SIPp uas_rr.xml
+#         answerers and one SIPp uac_rr.xml client pinned to GEN_CPU, RATE
+#         calls/s for SECS seconds. Prints per run sluice's CPU (utime +
+#         stime from /proc/PID/stat, read just before the client starts and
+#         just after it ends) divided by the completed calls, the failed
+#         calls and the retransmissions, then the median.
+#   ab    BASE=path NEW=path (two sluice binaries; BASE=REV builds git
+#         revision REV, NEW defaults to this tree): RUNS runs of each,
+#         interleaved BASE NEW BASE NEW ..., then the median of each and
+#         NEW/BASE. The machine is shared and noisy: only interleaved
+#         ratios mean anything.
+# Knobs (env): RATE=2000 SECS=10 RUNS=3 LB_CPU=0 GEN_CPU=1
+#   LB_QUOTA= (e.g. 50: sluice in a cgroup capped at that % of one core;
+#   needs a writable cgroup fs) PORT_BASE=15060 (sluice PORT_BASE, client
+#   PORT_BASE+1, answerers PORT_BASE+11 and +12; apart from bench/sip.sh's
+#   5060.. so both may run) PROFILE=1 (the last NEW/one run also writes
+#   sluice's -cpuprofile to OUT/cpu.prof) PERF=1 (the last NEW/one run is
+#   recorded by perf record -g into OUT/perf.data) BUSY=1 (a busy loop
+#   pinned to LB_CPU during each run: the competing load of RELIABILITY.md
+#   3l) NICE= (e.g. -5: sluice and SIPp run at that nice level, so other
+#   work on a shared machine disturbs the figures less; root only)
+#   LB_EXTRA="flags"
+#   OUT=$TMPDIR/sluice-bench/sip-cpu-<timestamp>.
+# Every process is started by this script, bounded by `timeout`, and
+# stopped by its PID. A run lasts SECS + a few seconds.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd -P)
+MODE=${1:-one}
+RATE=${RATE:-2000}
+SECS=${SECS:-10}
+RUNS=${RUNS:-3}
+LB_CPU=${LB_CPU:-0}
+GEN_CPU=${GEN_CPU:-1}
+LB_QUOTA=${LB_QUOTA:-}
+PORT_BASE=${PORT_BASE:-15060}
+LB_PORT=$PORT_BASE
+UAC_PORT=$((PORT_BASE + 1))
+UAS1=$((PORT_BASE + 11))
+UAS2=$((PORT_BASE + 12))
+SCEN=$ROOT/sip/testdata/sipp
+OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/sip-cpu-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd -P)
+HZ=$(getconf CLK_TCK)
+
+log() { echo "[$(date +%T)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+command -v sipp >/dev/null || die "sipp not installed (scripts/install-test-deps.sh)"
+case $RATE$SECS$RUNS in *[!0-9]*) die "RATE, SECS and RUNS must be whole numbers (got RATE=$RATE SECS=$SECS RUNS=$RUNS)" ;; esac
+[ "$SECS" -le 15 ] || die "SECS=$SECS: at most 15 s per run (the machine is shared)"
+
+STARTED=()
+start() {   # start NAME CPU CMD... (background, pinned, bounded, logged); sets LASTPID
+    local name=$1 cpu=$2; shift 2
+    local nice=()
+    [ -n "${NICE:-}" ] && nice=(nice -n "$NICE")
+    "${nice[@]}" taskset -c "$cpu" timeout -k 5 300 "$@" > "$OUT/$name.log" 2>&1 &
+    LASTPID=$!
+    STARTED+=("$LASTPID")
+}
+stop() {   # stop PID: TERM, wait, and forget it
+    kill -TERM "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+    local keep=() p
+    for p in "${STARTED[@]}"; do [ "$p" != "$1" ] && keep+=("$p"); done
+    STARTED=("${keep[@]}")
+}
+stop_all() { local p; for p in "${STARTED[@]}"; do kill -TERM "$p" 2>/dev/null; done; for p in "${STARTED[@]}"; do wait "$p" 2>/dev/null; done; STARTED=(); }
+trap stop_all EXIT
+wait_udp() { for _ in $(seq 100); do ss -Hlun "sport = :$1" | grep -q . && return 0; sleep 0.1; done; die "nothing on udp $1"; }
+free_udp() { ss -Hlun "sport = :$1" | grep -q . && die "udp port $1 already in use (set PORT_BASE)"; return 0; }
+csvcol() { awk -F';' -v c="$2" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == c) k = i } END { print (k ? $k : "") }' "$1"; }
+# ticks PID: utime + stime of PID (all its threads), in clock ticks.
+ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+# lbpid PID: the sluice process under timeout/taskset (the child of timeout).
+lbpid() { local c; for _ in $(seq 50); do c=$(pgrep -P "$1" | head -1); [ -n "$c" ] && { echo "$c"; return; }; sleep 0.1; done; echo "$1"; }
+
+build() {   # build DEST [REV]: sluice of this tree, or of git revision REV
+    if [ -n "${2:-}" ]; then
+        local wt=$OUT/src-$2
+        git worktree add --detach "$wt" "$2" >/dev/null 2>&1 || die "cannot check out $2"
+        (cd "$wt" && go build -o "$1" ./cmd/sluice) || die "build of $2 failed"
+        git worktree remove --force "$wt"
+    else
+        go build -o "$1" ./cmd/sluice || die "build failed"
+    fi
+}
+binary() {   # binary NAME SPEC: SPEC is a file (used as is), a git revision (built) or "" (this tree)
+    local dest=$OUT/sluice-$1
+    if [ -n "$2" ] && [ -x "$2" ]; then cp "$2" "$dest"; else log "building $1 ${2:-(this tree)}"; build "$dest" "$2"; fi
+    echo "$dest"
+}
+
+answerers() {
+    for p in $UAS1 $UAS2 $LB_PORT $UAC_PORT; do free_udp "$p"; done
+    for p in $UAS1 $UAS2; do
+        start "uas$p" "$GEN_CPU" bash -c "cd $OUT && exec sipp -sf $SCEN/uas_rr.xml -i 127.0.0.1 -p $p -nostdin -recv_timeout 10000 -buff_size 4194304"
+    done
+    wait_udp "$UAS1"; wait_udp "$UAS2"
+}
+
+quota() {   # quota PID: put PID in a cgroup capped at LB_QUOTA % of one core
+    [ -n "$LB_QUOTA" ] || return 0
+    local g=/sys/fs/cgroup/sluice-sip-cpu
+    mkdir -p "$g" && echo "$((LB_QUOTA * 100)) 10000" > "$g/cpu.max" && echo "$1" > "$g/cgroup.procs" \
+        || die "LB_QUOTA=$LB_QUOTA: cannot cap pid $1 in $g (cgroup v2, root needed)"
+}
+
+# run N NAME BIN EXTRA...: measured run number N; prints "us_per_call ok failed retrans cpu%".
+run() {
+    local RUN=$1 name=$2 bin=$3; shift 3
+    local dir=$OUT/$RUN-$name n=$((RATE * SECS))
+    mkdir -p "$dir"
+    start "$RUN-$name-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
+        -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
+        -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/data" -log-level warn ${LB_EXTRA:-} "$@"
+    local tpid=$LASTPID pid
+    wait_udp "$LB_PORT"
+    pid=$(lbpid "$tpid")
+    quota "$pid"
+    PERFPID=
+    if [ "${PERF_NEXT:-0}" = 1 ]; then
+        timeout -s INT $((SECS + 45)) perf record -g -o "$OUT/perf.data" -p "$pid" > "$OUT/perf.log" 2>&1 &
+        PERFPID=$!
+    fi
+    local t0 t1 w0 w1 busy=
+    if [ "${BUSY:-0}" = 1 ]; then
+        taskset -c "$LB_CPU" timeout $((SECS + 45)) sh -c 'while :; do :; done' &
+        busy=$!
+    fi
+    t0=$(ticks "$pid"); w0=$(date +%s%N)
+    (cd "$dir" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$LB_PORT" -sf "$SCEN/uac_rr.xml" \
+        -i 127.0.0.1 -p "$UAC_PORT" -r "$RATE" -m "$n" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
+        -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
+    t1=$(ticks "$pid"); w1=$(date +%s%N)
+    if [ -n "$busy" ]; then kill "$busy"; wait "$busy" 2>/dev/null; fi
+    if [ -n "${PERFPID:-}" ]; then kill -INT "$PERFPID"; wait "$PERFPID" 2>/dev/null; PERFPID=; fi
+    stop "$tpid"
+    local ok fail re
+    ok=$(csvcol "$dir/stat.csv" 'SuccessfulCall(C)'); fail=$(csvcol "$dir/stat.csv" 'FailedCall(C)')
+    re=$(csvcol "$dir/stat.csv" 'Retransmissions(C)')
+    awk -v t=$((t1 - t0)) -v hz="$HZ" -v ok="${ok:-0}" -v f="${fail:-?}" -v r="${re:-?}" -v w=$((w1 - w0)) \
+        'BEGIN { us = ok > 0 ? t / hz * 1e6 / ok : 0; printf "%.1f %d %s %s %.0f\n", us, ok, f, r, t / hz * 1e9 / w * 100 }'
+}
+
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+report() {   # report NAME LINE
+    set -- "$1" $2
+    printf '%-5s %7s us/call  ok=%-6s failed=%-5s retrans=%-5s cpu=%s%%\n' "$1" "$2" "$3" "$4" "$5" "$6"
+}
+
+profile_flags() {   # the flags of the last profiled run
+    [ "${PROFILE:-0}" = 1 ] && echo "-cpuprofile $OUT/cpu.prof"
+}
+
+case $MODE in
+    one)
+        B=$(binary one "${BIN:-}")
+        answerers
+        log "one: RATE=$RATE calls/s x ${SECS}s, RUNS=$RUNS, sluice on CPU$LB_CPU${LB_QUOTA:+ capped at $LB_QUOTA%}, SIPp on CPU$GEN_CPU; out $OUT"
+        : > "$OUT/one.txt"
+        for i in $(seq "$RUNS"); do
+            extra=""; [ "$i" = "$RUNS" ] && extra=$(profile_flags)
+            if [ "$i" = "$RUNS" ] && [ "${PERF:-0}" = 1 ]; then PERF_NEXT=1; fi
+            line=$(run "$i" one "$B" $extra); echo "$line" >> "$OUT/one.txt"; report one "$line"
+        done
+        echo "median: $(awk '{ print $1 }' "$OUT/one.txt" | median) us/call (sluice CPU / completed calls; failed: $(awk '{ s += $3 } END { print s }' "$OUT/one.txt"))"
+        ;;
+    ab)
+        [ -n "${BASE:-}" ] || die "ab needs BASE=path-or-revision (and NEW=path-or-revision, default this tree)"
+        A=$(binary base "$BASE"); N=$(binary new "${NEW:-}")
+        answerers
+        log "ab: RATE=$RATE calls/s x ${SECS}s, RUNS=$RUNS each interleaved, sluice on CPU$LB_CPU${LB_QUOTA:+ capped at $LB_QUOTA%}; out $OUT"
+        : > "$OUT/base.txt"; : > "$OUT/new.txt"
+        for i in $(seq "$RUNS"); do
+            line=$(run "$i" base "$A"); echo "$line" >> "$OUT/base.txt"; report base "$line"
+            extra=""; [ "$i" = "$RUNS" ] && extra=$(profile_flags)
+            if [ "$i" = "$RUNS" ] && [ "${PERF:-0}" = 1 ]; then PERF_NEXT=1; fi
+            line=$(run "$i" new "$N" $extra); echo "$line" >> "$OUT/new.txt"; report new "$line"
+        done
+        mb=$(awk '{ print $1 }' "$OUT/base.txt" | median); mn=$(awk '{ print $1 }' "$OUT/new.txt" | median)
+        echo "median base: $mb us/call, new: $mn us/call, new/base: $(awk -v a="$mb" -v b="$mn" 'BEGIN { printf "%.3f", (a > 0 ? b / a : 0) }')" \
+            "(failed base $(awk '{ s += $3 } END { print s }' "$OUT/base.txt"), new $(awk '{ s += $3 } END { print s }' "$OUT/new.txt"))"
+        ;;
+    *) die "unknown mode $MODE (one, ab)" ;;
+esac
+log "logs in $OUT"

@@ -1,0 +1,239 @@
+//go:build linux
+
+package sip
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The UDP socket's two calls on the message path, sendto and recvmmsg, are
+// made here as raw system calls through the socket's syscall.RawConn, which
+// holds the descriptor open for the call and waits in the netpoller when the
+// socket is not ready, as net's own calls do. What they leave out is the
+// runtime's bookkeeping around a blocking system call (entersyscall and
+// exitsyscall, and the monitor thread's hand-off of the processor of a
+// thread seen in one): on a non-blocking socket neither call ever blocks,
+// and with sluice pinned to one core that monitor thread competed with the
+// message path for it (thousands of wake-ups a second at 2,000 calls/s,
+// about a sixth of the CPU per call in bench/sip-cpu.sh). recvmmsg reads
+// every datagram waiting, up to -sip-udp-batch (Config.UDPBatch), in one
+// call; raw sendto is used only with -sip-udp-raw-send (DefaultUDPBatch
+// says why).
+
+// udpReadBuf is the size of each datagram buffer: larger than any UDP
+// payload, so a datagram is never cut (an oversized one is answered 513
+// from its head, tooLargeDatagram).
+const udpReadBuf = 65536
+
+// udpRaw sends on the UDP socket with raw sendto calls.
+type udpRaw struct {
+	rc   syscall.RawConn
+	v6   bool      // the socket is AF_INET6: IPv4 peers as mapped addresses
+	pool sync.Pool // *rawSend
+}
+
+// newUDPRaw returns the raw sender of c, or nil when its descriptor cannot
+// be reached (then net's calls are used).
+func newUDPRaw(c *net.UDPConn) *udpRaw {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	dom := -1
+	if err := rc.Control(func(fd uintptr) {
+		dom, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+	}); err != nil || dom != unix.AF_INET && dom != unix.AF_INET6 {
+		return nil
+	}
+	u := &udpRaw{rc: rc, v6: dom == unix.AF_INET6}
+	u.pool.New = func() any {
+		r := new(rawSend)
+		r.fn = r.do
+		return r
+	}
+	return u
+}
+
+// rawSend is one sendto: its arguments and result, and the bound method
+// RawConn.Write calls (bound once per pooled value, so a send allocates
+// nothing).
+type rawSend struct {
+	p     []byte
+	sa    unix.RawSockaddrInet6 // or a RawSockaddrInet4 in its first bytes
+	salen uintptr
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+func (r *rawSend) do(fd uintptr) bool {
+	var e syscall.Errno
+	for {
+		_, _, e = syscall.RawSyscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(unsafe.SliceData(r.p))), uintptr(len(r.p)),
+			0, uintptr(unsafe.Pointer(&r.sa)), r.salen)
+		if e != syscall.EINTR {
+			break
+		}
+	}
+	if e == syscall.EAGAIN {
+		return false // wait until writable
+	}
+	r.errno = e
+	return true
+}
+
+// send writes the datagram p to dst. handled is false when this path cannot
+// address dst (an IPv6 peer on an IPv4 socket): the caller then uses net's
+// call, which gives the error net would.
+func (u *udpRaw) send(p []byte, dst netip.AddrPort) (handled bool, err error) {
+	if len(p) == 0 {
+		return false, nil
+	}
+	r := u.pool.Get().(*rawSend)
+	a := dst.Addr()
+	switch {
+	case !u.v6 && a.Is4():
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&r.sa))
+		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: a.As4()}
+		putPort(&sa.Port, dst.Port())
+		r.salen = unix.SizeofSockaddrInet4
+	case u.v6 && a.IsValid():
+		r.sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: a.As16()}
+		putPort(&r.sa.Port, dst.Port())
+		if z := a.Zone(); z != "" {
+			if n, err := strconv.Atoi(z); err == nil {
+				r.sa.Scope_id = uint32(n)
+			} else if ifi, err := net.InterfaceByName(z); err == nil {
+				r.sa.Scope_id = uint32(ifi.Index)
+			}
+		}
+		r.salen = unix.SizeofSockaddrInet6
+	default:
+		u.pool.Put(r)
+		return false, nil
+	}
+	r.p, r.errno = p, 0
+	err = u.rc.Write(r.fn)
+	if err == nil && r.errno != 0 {
+		err = &net.OpError{Op: "write", Net: "udp", Addr: net.UDPAddrFromAddrPort(dst), Err: r.errno}
+	}
+	r.p = nil
+	u.pool.Put(r)
+	return true, err
+}
+
+// putPort stores port in network byte order.
+func putPort(dst *uint16, port uint16) {
+	b := (*[2]byte)(unsafe.Pointer(dst))
+	b[0], b[1] = byte(port>>8), byte(port)
+}
+
+// udpReader reads datagrams in batches with recvmmsg. It is used by one
+// goroutine.
+type udpReader struct {
+	rc    syscall.RawConn
+	bufs  [][]byte
+	names []unix.RawSockaddrInet6
+	iovs  []unix.Iovec
+	hdrs  []unix.Mmsghdr
+	n     int // datagrams of the last read
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+// newUDPReader returns a reader of c that takes up to batch datagrams a
+// call, or nil when its descriptor cannot be reached (then net's
+// ReadFromUDPAddrPort is used).
+func newUDPReader(c *net.UDPConn, batch int) *udpReader {
+	rc, err := c.SyscallConn()
+	if err != nil || batch < 1 {
+		return nil
+	}
+	r := &udpReader{
+		rc:    rc,
+		bufs:  make([][]byte, batch),
+		names: make([]unix.RawSockaddrInet6, batch),
+		iovs:  make([]unix.Iovec, batch),
+		hdrs:  make([]unix.Mmsghdr, batch),
+	}
+	for i := range r.bufs {
+		r.bufs[i] = make([]byte, udpReadBuf)
+		r.iovs[i].Base = &r.bufs[i][0]
+		r.iovs[i].SetLen(udpReadBuf)
+		r.hdrs[i].Hdr.Iov = &r.iovs[i]
+		r.hdrs[i].Hdr.SetIovlen(1)
+		r.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+	}
+	r.fn = r.do
+	return r
+}
+
+func (r *udpReader) do(fd uintptr) bool {
+	for i := range r.hdrs {
+		r.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		r.hdrs[i].Hdr.Flags = 0
+		r.hdrs[i].Len = 0
+	}
+	var n uintptr
+	var e syscall.Errno
+	for {
+		n, _, e = syscall.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(len(r.hdrs)),
+			unix.MSG_DONTWAIT, 0, 0)
+		if e != syscall.EINTR {
+			break
+		}
+	}
+	if e == syscall.EAGAIN {
+		return false // wait until readable
+	}
+	r.n, r.errno = int(n), e
+	if e != 0 {
+		r.n = 0
+	}
+	return true
+}
+
+// read waits for at least one datagram and returns how many the buffers
+// hold.
+func (r *udpReader) read() (int, error) {
+	r.n, r.errno = 0, 0
+	if err := r.rc.Read(r.fn); err != nil {
+		return 0, err
+	}
+	if r.errno != 0 {
+		return 0, &net.OpError{Op: "read", Net: "udp", Err: r.errno}
+	}
+	return r.n, nil
+}
+
+// datagram returns the i-th datagram of the last read and its source (an
+// invalid address when the kernel gave none it knows).
+func (r *udpReader) datagram(i int) ([]byte, netip.AddrPort) {
+	h := &r.hdrs[i]
+	sa := &r.names[i]
+	var from netip.AddrPort
+	switch sa.Family {
+	case unix.AF_INET:
+		s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		from = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), getPort(&s4.Port))
+	case unix.AF_INET6:
+		a := netip.AddrFrom16(sa.Addr)
+		if sa.Scope_id != 0 {
+			a = a.WithZone(strconv.FormatUint(uint64(sa.Scope_id), 10))
+		}
+		from = netip.AddrPortFrom(a, getPort(&sa.Port))
+	}
+	return r.bufs[i][:h.Len], from
+}
+
+// getPort reads a port in network byte order.
+func getPort(p *uint16) uint16 {
+	b := (*[2]byte)(unsafe.Pointer(p))
+	return uint16(b[0])<<8 | uint16(b[1])
+}
