@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # SIP CPU per call of sluice, on loopback, at a fixed offered rate.
 #
-# usage: bench/sip-cpu.sh [one|ab]                       (default: one)
+# usage: bench/sip-cpu.sh [one|ab|vs-kamailio]           (default: one)
 #   one   builds sluice from this tree (or takes BIN=path) and runs it RUNS
 #         times: each run is sluice pinned to LB_CPU, two SIPp uas_rr.xml
 #         answerers and one SIPp uac_rr.xml client pinned to GEN_CPU, RATE
 #         calls/s for SECS seconds. Prints per run sluice's CPU (utime +
 #         stime from /proc/PID/stat, read just before the client starts and
-#         just after it ends) divided by the completed calls, the failed
+#         just after it ends, with its store process's: a call's dialog is
+#         written there) divided by the completed calls, the failed
 #         calls and the retransmissions, then the median.
 #   ab    BASE=path NEW=path (two sluice binaries; BASE=REV builds git
 #         revision REV, NEW defaults to this tree): RUNS runs of each,
