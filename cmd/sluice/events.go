@@ -157,9 +157,9 @@ func printEvents(stdout, stderr io.Writer, evs []admission.Event, asJSON bool) i
 // other flag.
 func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
 	fs.StringVar(&cfg.Dir, "data-dir", persist.DefaultDir,
-		"data directory for learned MOP rates, run-time changes (sluice ctl) and the event log")
+		"data directory for learned MOP rates, run-time changes (sluice ctl), the event log, the SIP dialog table, the dashboard's history and (without -affinity-key-file) the affinity key; one node each")
 	fs.BoolVar(&cfg.Reset, "data-reset", false,
-		"wipe the store in -data-dir at start (learned rates and events are lost); use when it cannot be opened")
+		"wipe the store in -data-dir at start (learned rates, run-time changes, events, stored SIP dialogs and history are lost; the affinity key stays); use when it cannot be opened")
 	fs.DurationVar(&cfg.Interval, "persist-interval", persist.DefaultInterval,
 		"how often learned MOP rates are saved; at most this much learning is lost on kill -9")
 	fs.DurationVar(&cfg.EventsRetention, "events-retention", persist.DefaultEventsRetention,
