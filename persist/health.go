@@ -99,6 +99,13 @@ func (s *Store) fault(op string, err error) {
 	h.mu.Unlock()
 
 	switch {
+	case first && op == "child":
+		// The store process ended (its own log line says how): the disk
+		// may be fine, so do not send the operator to it first.
+		s.log.Warn("store process down: learned rates and events are kept in memory and saved once it is back; see err, and check the disk if it keeps ending",
+			"dir", s.cfg.Dir, "what", op, "err", err, "retry_every", s.cfg.Interval)
+		s.Append(admission.Event{Kind: EventFailing, Subject: s.cfg.Dir,
+			Message: fmt.Sprintf("writing %s failed: %v; kept in memory, retried every %v", op, err, s.cfg.Interval)})
 	case first:
 		s.log.Warn("data directory cannot be written: learned rates and events are kept in memory and saving is retried; check the disk",
 			"dir", s.cfg.Dir, "what", op, "err", err, "retry_every", s.cfg.Interval)
