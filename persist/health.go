@@ -2,6 +2,7 @@ package persist
 
 import (
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -28,7 +29,8 @@ type Health struct {
 	// Healthy is false while the last write of learned rates, events or
 	// the retention sweep failed.
 	Healthy bool `json:"healthy"`
-	// Dir is the data directory.
+	// Dir is the data directory as an absolute path, so that a tool on
+	// the host (`sluice events`) can tell which directory a node runs on.
 	Dir string `json:"dir"`
 	// SaveErrors counts failed writes since Open (each retry counts).
 	SaveErrors uint64 `json:"save_errors"`
@@ -147,7 +149,7 @@ func (s *Store) Health() Health {
 	h.mu.Lock()
 	out := Health{
 		Healthy:       len(h.failing) == 0,
-		Dir:           s.cfg.Dir,
+		Dir:           absDir(s.cfg.Dir),
 		SaveErrors:    h.errors,
 		LastErrorTime: h.lastAt,
 		FailingSince:  h.since,
@@ -188,4 +190,13 @@ func (s *Store) LastError() error {
 	s.health.mu.Lock()
 	defer s.health.mu.Unlock()
 	return s.health.lastErr
+}
+
+// absDir is dir made absolute against the working directory, or dir as
+// it is when that cannot be known.
+func absDir(dir string) string {
+	if a, err := filepath.Abs(dir); err == nil {
+		return a
+	}
+	return dir
 }
