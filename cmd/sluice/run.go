@@ -346,6 +346,11 @@ func serve(ctx context.Context, p preset, args []string, stdout, stderr io.Write
 			n.ReopenAccessLog()
 			logger.Info("reopening the access log")
 		case <-hup:
+			if o.backendsFile == "" && o.armFile == "" && n.TLS() == nil {
+				// nginx and HAProxy re-read their whole configuration on a
+				// reload; say that this one has nothing to re-read.
+				logger.Warn("SIGHUP: nothing to re-read: it re-reads -backends-file, -arm-file and -tls-cert files, and none is given; flags, SLUICE_* and -config are read at start only")
+			}
 			if o.backendsFile != "" {
 				if err := n.Reload(); err != nil {
 					logger.Error("reload failed: backends unchanged", "err", err)
