@@ -699,7 +699,13 @@ func (r MOPSimReport) WriteTable(w io.Writer) error {
 	for _, e := range r.Events {
 		fmt.Fprintln(w, e)
 	}
-	_, err := fmt.Fprintf(w, "\npeak memory %.1f%% (ceiling %.1f%%); refused while memory was under half the ceiling: %d; allowed rate within 10%% of its last value after %s\n",
-		100*r.Peak, 100*c.MaxHeap, r.RefusedLowMemory, r.Settled)
+	// Past 100% the modelled backend would have run out of memory: say
+	// so, a reader skimming the percentages may take it for the ceiling.
+	over := ""
+	if r.Peak >= 1 {
+		over = ", over its max heap: the backend would have run out of memory"
+	}
+	_, err := fmt.Fprintf(w, "\npeak memory %.1f%% (ceiling %.1f%%%s); refused while memory was under half the ceiling: %d; allowed rate within 10%% of its last value after %s\n",
+		100*r.Peak, 100*c.MaxHeap, over, r.RefusedLowMemory, r.Settled)
 	return err
 }

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,5 +79,47 @@ func TestHostileAddresses(t *testing.T) {
 				t.Errorf("TTL %s, want %s", ans.TTL, c.ttl)
 			}
 		})
+	}
+}
+
+// TestRefusedAAAANamesTheUnusedA: a resolver that answers A but refuses
+// AAAA (dnsmasq without upstream servers does) fails the lookup, and the
+// error says the A answer was there and why it is not used, so that an
+// operator whose `dig A` works can tell what is wrong.
+func TestRefusedAAAANamesTheUnusedA(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		switch q.Question[0].Qtype {
+		case dns.TypeA:
+			for _, a := range []string{"127.0.0.2", "127.0.0.3"} {
+				rr, _ := dns.NewRR(q.Question[0].Name + " 60 IN A " + a)
+				m.Answer = append(m.Answer, rr)
+			}
+		default:
+			m.Rcode = dns.RcodeRefused
+		}
+		w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: h}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { srv.Shutdown() })
+
+	r := mustResolver(t, pc.LocalAddr().String())
+	_, err = r.LookupHost(context.Background(), "app.test", 8080)
+	if err == nil {
+		t.Fatal("lookup with AAAA refused: no error")
+	}
+	for _, want := range []string{"AAAA app.test.", "REFUSED", "its A query gave 2 addresses, not used"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
 	}
 }

@@ -252,6 +252,12 @@ func (r *Resolver) lookupHost(ctx context.Context, b *budget, fq string, port ui
 				notFound = err
 				continue
 			}
+			if qt == dns.TypeAAAA && len(ans.Targets) > 0 {
+				// Say why addresses the A query gave are not used: an
+				// operator who sees the name answer A records otherwise
+				// cannot tell what is wrong (a resolver that refuses AAAA).
+				return Answer{}, fmt.Errorf("%w (its A query gave %d addresses, not used: A and AAAA must both be answered, \"no records\" included, as a half answer would drop a family's backends)", err, len(ans.Targets))
+			}
 			return Answer{}, err
 		}
 		found = true

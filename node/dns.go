@@ -302,6 +302,9 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 		taken[s.ID] = true
 		out = append(out, s)
 	}
+	// selfOnly: names whose every address is one of the node's own
+	// listeners, for the error when that leaves a pool without backends.
+	var selfOnly []string
 	for _, s := range specs {
 		if s.DNS.Kind == "" {
 			out = append(out, s)
@@ -318,10 +321,17 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 			}
 			return true
 		}
-		for _, t := range nm.tr.Targets() {
+		var selves []string
+		targets := nm.tr.Targets()
+		for _, t := range targets {
 			if !self(t.Addr) {
 				add(s.Instance(t.Addr, t.Host, t.Priority, t.Weight, t.Transport))
+			} else {
+				selves = append(selves, t.Addr.String())
 			}
+		}
+		if len(targets) > 0 && len(selves) == len(targets) {
+			selfOnly = append(selfOnly, fmt.Sprintf("%s: every address DNS gives (%s) is a listener of this node, no backend", s.Addr, strings.Join(selves, ", ")))
 		}
 		for _, g := range nm.goneSorted() {
 			if self(g.t.Addr) {
@@ -342,6 +352,10 @@ func (n *Node) expand(proto string, specs []lb.BackendSpec) ([]lb.BackendSpec, e
 		}
 		return nil, fmt.Errorf("%s backend %s, and no other backend in pool %s: check the name and the resolver (%s), or give the pool another backend",
 			proto, strings.Join(errs, "; "), strings.Join(empty, ", "), resolver)
+	}
+	if empty := emptyPools(out, specs); len(selfOnly) > 0 && len(empty) > 0 {
+		return nil, fmt.Errorf("%s backend %s, and no other backend in pool %s: the name leads back to sluice (a backend that is this node would loop); check the name and the port, or give the pool another backend",
+			proto, strings.Join(selfOnly, "; "), strings.Join(empty, ", "))
 	}
 	return out, nil
 }

@@ -445,3 +445,36 @@ func TestHTTPSRV(t *testing.T) {
 		t.Fatalf("priority 10 out: served by %q, want %s", body, b)
 	}
 }
+
+// TestDNSStartSelfOnly: a name whose every address is one of the node's
+// own listeners leaves its pool without backends; start-up says that (the
+// name, its addresses, the pool, that it leads back to sluice), where it
+// said "http backends: pool has no backends: invalid backend
+// configuration" beside a log line the operator had to find.
+func TestDNSStartSelfOnly(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dnsd := dnsmasqtest.Start(t, 0, nil, hostsOf("self.test", 1))
+	cfg := testConfig(t)
+	cfg.HTTP.Listen = fmt.Sprintf("127.0.0.1:%d", port)
+	cfg.HTTPBackends = []string{fmt.Sprintf("dns:self.test:%d", port)}
+	cfg.DNS = DNSConfig{Server: dnsd.Addr, Timeout: 2 * time.Second}
+	want := fmt.Sprintf("http backend dns:self.test:%d: every address DNS gives (127.0.0.1:%d) is a listener of this node, no backend, and no other backend in pool default: the name leads back to sluice", port, port)
+	if n, err := New(cfg, nil); err == nil || !strings.HasPrefix(err.Error(), want) {
+		if n != nil {
+			n.Stop(time.Second)
+		}
+		t.Errorf("start with a name that is the node itself: %v\nwant an error starting %q", err, want)
+	}
+	// Another backend in the pool: the node starts, without the name's address.
+	cfg.HTTPBackends = append(cfg.HTTPBackends, "127.0.0.1:1")
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatalf("with another backend in the pool: %v", err)
+	}
+	n.Stop(time.Second)
+}

@@ -2,6 +2,7 @@ package persist
 
 import (
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -28,7 +29,8 @@ type Health struct {
 	// Healthy is false while the last write of learned rates, events or
 	// the retention sweep failed.
 	Healthy bool `json:"healthy"`
-	// Dir is the data directory.
+	// Dir is the data directory as an absolute path, so that a tool on
+	// the host (`sluice events`) can tell which directory a node runs on.
 	Dir string `json:"dir"`
 	// SaveErrors counts failed writes since Open (each retry counts).
 	SaveErrors uint64 `json:"save_errors"`
@@ -99,6 +101,13 @@ func (s *Store) fault(op string, err error) {
 	h.mu.Unlock()
 
 	switch {
+	case first && op == "child":
+		// The store process ended (its own log line says how): the disk
+		// may be fine, so do not send the operator to it first.
+		s.log.Warn("store process down: learned rates and events are kept in memory and saved once it is back; see err, and check the disk if it keeps ending",
+			"dir", s.cfg.Dir, "what", op, "err", err, "retry_every", s.cfg.Interval)
+		s.Append(admission.Event{Kind: EventFailing, Subject: s.cfg.Dir,
+			Message: fmt.Sprintf("writing %s failed: %v; kept in memory, retried every %v", op, err, s.cfg.Interval)})
 	case first:
 		s.log.Warn("data directory cannot be written: learned rates and events are kept in memory and saving is retried; check the disk",
 			"dir", s.cfg.Dir, "what", op, "err", err, "retry_every", s.cfg.Interval)
@@ -140,7 +149,7 @@ func (s *Store) Health() Health {
 	h.mu.Lock()
 	out := Health{
 		Healthy:       len(h.failing) == 0,
-		Dir:           s.cfg.Dir,
+		Dir:           absDir(s.cfg.Dir),
 		SaveErrors:    h.errors,
 		LastErrorTime: h.lastAt,
 		FailingSince:  h.since,
@@ -181,4 +190,13 @@ func (s *Store) LastError() error {
 	s.health.mu.Lock()
 	defer s.health.mu.Unlock()
 	return s.health.lastErr
+}
+
+// absDir is dir made absolute against the working directory, or dir as
+// it is when that cannot be known.
+func absDir(dir string) string {
+	if a, err := filepath.Abs(dir); err == nil {
+		return a
+	}
+	return dir
 }

@@ -354,7 +354,7 @@ func openKV3Wait(dir string, wait time.Duration, log *slog.Logger) (*kv3, error)
 				return nil, fmt.Errorf("%w (waited %s for the process holding it to exit)", err, wait)
 			}
 			log.Error("store process: the previous store process still holds the database; killing it (SIGKILL)",
-				"dir", dir, "pid", pid, "waited", wait.String())
+				"dir", dir, "previous_pid", pid, "waited", wait.String())
 			if kerr := killPID(pid); kerr != nil {
 				return nil, fmt.Errorf("%w (waited %s; killing process %d: %v)", err, wait, pid, kerr)
 			}

@@ -94,6 +94,9 @@ type remote struct {
 	done     sync.WaitGroup
 	restarts atomic.Uint64
 	dropped  atomic.Uint64 // history and dialog records not queued (queue full)
+	// unanswered: the balancer killed the child because a request got no
+	// answer in time, so that its death is not reported as a crash.
+	unanswered atomic.Bool
 
 	// callMu lets one request be in flight; conn is the socket (nil while
 	// no child runs). conn is set under both callMu and mu.
@@ -222,6 +225,9 @@ func (r *remote) supervise() {
 			what := cmd.ProcessState.String()
 			if err != nil {
 				what = err.Error() + " (" + what + ")"
+			}
+			if r.unanswered.Swap(false) {
+				what = "killed by the balancer, it did not answer within " + r.callTimeout.String() + " (stopped, or stuck on its disk): " + what
 			}
 			r.mu.Lock()
 			r.lastExit = what
@@ -382,9 +388,15 @@ func (r *remote) callTimeoutOf(req *request, d time.Duration) (response, error) 
 		p := r.proc
 		r.mu.Unlock()
 		if p != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				r.unanswered.Store(true)
+			}
 			p.Kill()
 		}
 		r.conn.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return resp, fmt.Errorf("store process: no answer to %s within %v (stopped, or stuck on its disk): killed, restarted: %w", req.Op, d, err)
+		}
 		return resp, fmt.Errorf("store process: %s: %w", req.Op, err)
 	}
 	if resp.Err != "" {

@@ -769,3 +769,36 @@ func TestFormat3CorruptRecordStopsOpen(t *testing.T) {
 		t.Errorf("the corrupt record is gone: %v", err)
 	}
 }
+
+// TestStoppedChildKilledIsNotACrash: a store process that stops answering
+// (SIGSTOP here; a disk that hangs looks the same) is killed by the
+// balancer at ChildCallTimeout and restarted. Its exit is reported as
+// that, not as a bare "signal: killed" an operator would take for the
+// OOM killer, and the write that found it says it got no answer in time.
+func TestStoppedChildKilledIsNotACrash(t *testing.T) {
+	skipShort(t)
+	cfg := cfg3(t.TempDir())
+	cfg.ChildCallTimeout = 300 * time.Millisecond
+	s := openTest(t, cfg)
+	s.rc.mu.Lock()
+	p := s.rc.proc
+	s.rc.mu.Unlock()
+	if p == nil {
+		t.Fatal("no store process")
+	}
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	s.Append(admission.Event{Kind: "k"})
+	waitUntil(t, "the stopped store process replaced", func() bool {
+		h := s.Health()
+		return h.ChildRestarts >= 1 && h.Child == ChildRunning
+	})
+	h := s.Health()
+	if want := "killed by the balancer, it did not answer within 300ms"; !strings.Contains(h.ChildLastExit, want) {
+		t.Errorf("last exit %q does not say %q", h.ChildLastExit, want)
+	}
+	if h.LastError == "" || !strings.Contains(h.LastError, "killed by the balancer") {
+		t.Errorf("last error %q does not say the balancer killed it", h.LastError)
+	}
+}

@@ -483,6 +483,20 @@ func printStatus(w io.Writer, data []byte) error {
 		}
 		fmt.Fprintf(w, "%s %s: %s\n", safeField(b.Protocol), safeField(b.ID), safeField(b.Reason))
 	}
+	// A memory probe that fails leaves MOP at its rate, -mop-initial-rate
+	// for a backend that learned nothing: new work over it is refused
+	// while the backend is up, and the table alone does not say why.
+	for _, b := range st.Backends {
+		if !b.MOP.Enabled || b.MOP.ProbeError == "" {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w)
+			first = false
+		}
+		fmt.Fprintf(w, "%s %s: memory probe failing (%d failures): %s; MOP holds its allowed rate of %.1f/s until a probe answers (check metrics= and -mop-used-metric/-mop-max-metric)\n",
+			safeField(b.Protocol), safeField(b.ID), b.MOP.ProbeFailures, safeField(b.MOP.ProbeError), b.MOP.AllowedRate)
+	}
 	printRouteTable(w, st.Routes)
 	if len(st.ARM) > 0 {
 		fmt.Fprintln(w)

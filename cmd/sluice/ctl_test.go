@@ -420,3 +420,31 @@ func TestCtlFlagsAfterCommand(t *testing.T) {
 		t.Errorf("unknown flag after the command: %d %q", code, errOut)
 	}
 }
+
+// `sluice ctl status` says when a backend's memory probe fails: MOP then
+// holds its rate (-mop-initial-rate for a backend that learned nothing)
+// and refuses new work over it while the table shows the backend up and
+// in discovery, with nothing else to tell a wrong metrics= URL.
+func TestPrintStatusProbeFailing(t *testing.T) {
+	st := admin.Status{MemoryState: "normal", Memory: admin.MemoryStatus{UsedBytes: 1234, LimitBytes: 1 << 30},
+		Backends: []admin.BackendStatus{
+			{ID: "web1", Protocol: "http", Addr: "127.0.0.1:1", State: "up",
+				MOP: admin.MOPStatus{Enabled: true, Phase: "discovery", AllowedRate: 10, ProbeError: "poll memory 127.0.0.1:1: status 404\x1b[2J", ProbeFailures: 85}},
+			{ID: "web2", Protocol: "http", Addr: "127.0.0.1:2", State: "up",
+				MOP: admin.MOPStatus{Enabled: true, Phase: "learned", AllowedRate: 300, LearnedRate: 300}},
+			{ID: "web3", Protocol: "http", Addr: "127.0.0.1:3", State: "up", MOP: admin.MOPStatus{ProbeError: "not shown: no MOP"}},
+		}}
+	data, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := printStatus(&out, data); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	want := "http web1: memory probe failing (85 failures): poll memory 127.0.0.1:1: status 404[2J; MOP holds its allowed rate of 10.0/s until a probe answers (check metrics= and -mop-used-metric/-mop-max-metric)\n"
+	if !strings.Contains(got, want) || strings.Contains(got, "web2:") || strings.Contains(got, "web3:") || strings.Contains(got, "\x1b") {
+		t.Errorf("status:\n%s\nwant the line\n%s", got, want)
+	}
+}

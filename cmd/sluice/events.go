@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -75,6 +77,11 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		if *subject != "" {
 			q.Set("subject", *subject)
 		}
+		if other := adminDataDir("http://"+*admin+"/status", *dir); other != "" {
+			fmt.Fprintf(stderr, "sluice events: data directory %s is in use, but the sluice at --admin-listen %s runs on %s, another one: its events are not printed\n", *dir, *admin, eventsField(other))
+			fmt.Fprintf(stderr, "(give the admin address of the node on %s with --admin-listen ADDR, or its file with -config FILE)\n", *dir)
+			return 1
+		}
 		evs, ferr := fetchEvents("http://" + *admin + "/events?" + q.Encode())
 		if ferr == nil {
 			return printEvents(stdout, stderr, evs, *asJSON)
@@ -108,6 +115,45 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 		defer fmt.Fprintf(stderr, "sluice events: %d unreadable event lines and %d unreadable files in %s left out; the other events are printed\n", sk.Lines, sk.Files, *dir)
 	}
 	return printEvents(stdout, stderr, evs, *asJSON)
+}
+
+// adminDataDir returns the data directory the sluice whose /status is at
+// u reports when it is not dir (another node answers on that admin
+// address: its events would be printed as dir's), and "" when it is dir
+// or that cannot be told (no answer, no storage, a relative path from a
+// node of before the path was made absolute): fetchEvents then reports
+// what it finds.
+func adminDataDir(u, dir string) string {
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(u)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	var st struct {
+		Storage *struct {
+			Dir string `json:"dir"`
+		} `json:"storage"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&st) != nil || st.Storage == nil {
+		return ""
+	}
+	other := st.Storage.Dir
+	if !filepath.IsAbs(other) {
+		return ""
+	}
+	mine, err1 := os.Stat(dir)
+	theirs, err2 := os.Stat(other)
+	if err1 == nil && err2 == nil && os.SameFile(mine, theirs) {
+		return ""
+	}
+	if abs, err := filepath.Abs(dir); err == nil && filepath.Clean(abs) == filepath.Clean(other) {
+		return ""
+	}
+	return other
 }
 
 // fetchEvents reads /events of a running sluice (at most 64 MiB).
@@ -157,9 +203,9 @@ func printEvents(stdout, stderr io.Writer, evs []admission.Event, asJSON bool) i
 // other flag.
 func persistFlags(fs *flag.FlagSet, cfg *persist.Config) {
 	fs.StringVar(&cfg.Dir, "data-dir", persist.DefaultDir,
-		"data directory for learned MOP rates, run-time changes (sluice ctl) and the event log")
+		"data directory for learned MOP rates, run-time changes (sluice ctl), the event log, the SIP dialog table, the dashboard's history and (without -affinity-key-file) the affinity key; one node each")
 	fs.BoolVar(&cfg.Reset, "data-reset", false,
-		"wipe the store in -data-dir at start (learned rates and events are lost); use when it cannot be opened")
+		"wipe the store in -data-dir at start (learned rates, run-time changes, events, stored SIP dialogs and history are lost; the affinity key stays); use when it cannot be opened")
 	fs.DurationVar(&cfg.Interval, "persist-interval", persist.DefaultInterval,
 		"how often learned MOP rates are saved; at most this much learning is lost on kill -9")
 	fs.DurationVar(&cfg.EventsRetention, "events-retention", persist.DefaultEventsRetention,

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -275,4 +277,71 @@ func TestEventsReadsTheNodeConfig(t *testing.T) {
 	if code, _, errOut := runEventsCmd("-config", conf); code != 2 || !strings.Contains(errOut, `unknown flag "frobnicate"`) {
 		t.Errorf("a flag of no command: exit %d, stderr %q", code, errOut)
 	}
+}
+
+// TestEventsCommandRefusesAnotherNodesLog: while the data directory is in
+// use, the log is read from --admin-listen; when the sluice answering
+// there runs on another data directory (its admin listener is the
+// default 127.0.0.1:9090 and this node's is not), its events were printed
+// as this directory's. Now the tool says which directory that node runs
+// on and prints none of them; a node on this directory, named by a
+// relative or an absolute path, or one whose /status does not say, is
+// read as before.
+func TestEventsCommandRefusesAnotherNodesLog(t *testing.T) {
+	dir := eventsStore(t)
+	s, err := persist.Open(persist.Config{Dir: dir}, nil) // as a running sluice holds it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	other := t.TempDir()
+	rel, err := filepath.Rel(mustGetwd(t), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := json.Marshal(persist.EventsPage{Events: []admission.Event{
+		{Time: time.Date(2026, 12, 1, 22, 0, 0, 0, time.UTC), Kind: "node.started", Subject: "its node", Message: "started"}}})
+	cases := []struct {
+		name, statusDir string
+		noStorage       bool
+		code            int
+		out, errOut     string
+	}{
+		{"another node", other, false, 1, "", "runs on " + other + ", another one: its events are not printed"},
+		{"this node", dir, false, 0, "node.started", ""},
+		{"this node, path with a trailing slash", dir + "/", false, 0, "node.started", ""},
+		{"a relative path: cannot tell", rel, false, 0, "node.started", ""},
+		{"no storage in /status: cannot tell", "", true, 0, "node.started", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/status":
+					if c.noStorage {
+						fmt.Fprint(w, `{"memory_state":"normal"}`)
+						return
+					}
+					json.NewEncoder(w).Encode(map[string]any{"storage": map[string]any{"dir": c.statusDir}})
+				case "/events":
+					w.Write(page)
+				}
+			}))
+			defer srv.Close()
+			code, out, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", srv.Listener.Addr().String())
+			if code != c.code || !strings.Contains(out, c.out) || !strings.Contains(errOut, c.errOut) ||
+				(c.code != 0) != (out == "") {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q", code, out, errOut, c.code, c.out, c.errOut)
+			}
+		})
+	}
+}
+
+func mustGetwd(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wd
 }

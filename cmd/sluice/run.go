@@ -165,7 +165,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	ms := newSection(fs, o.fields, "admission", "MOPConfig.", &o.mop)
 	ms.add((*fraction)(&o.mop.MaxHeap), "mop-max-heap", "MOP memory ceiling of a backend, fraction of its max memory (0.85) or percent (85)")
 	ms.add(&o.mop.Window, "mop-window", "MOP averaging window: at least as long as most sessions live")
-	ms.add(&o.mop.InitialRate, "mop-initial-rate", "MOP allowed new work per second before anything is learned")
+	ms.add(&o.mop.InitialRate, "mop-initial-rate", "MOP allowed new work per second before anything is learned; discovery raises it from there, and new work over it is refused meanwhile: set it near the backend's present rate when turning MOP on for a busy backend")
 	o.mopProbe = lb.DefaultMemoryProbeConfig()
 	mp := newSection(fs, o.fields, "lb", "MemoryProbeConfig.", &o.mopProbe)
 	mp.add(&o.mopProbe.UsedMetric, "mop-used-metric", "Prometheus series summed as a backend's used memory")
@@ -189,7 +189,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	fs.StringVar(&o.adminTokens, "admin-token-file", "", "`file` of bearer tokens the admin listener requires, one \"NAME TOKEN\" a line (the name goes into the event log)")
 	fs.StringVar(&o.armFile, "arm-file", "", "`file` of ARM rules, one -arm rule a line, added to the -arm flags' and re-read on SIGHUP")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&o.shutdown, "drain-timeout", defaultDrainTimeout, "shutdown drain: on SIGTERM, how long in-flight requests and affinity traffic (dialogs, sticky sessions) may finish; new work is refused at once (0: no drain, stop at once)")
+	fs.DurationVar(&o.shutdown, "drain-timeout", defaultDrainTimeout, "shutdown drain: on SIGTERM, how long in-flight requests and affinity traffic (dialogs, sticky sessions) may finish, ended sooner by 2s with neither; new work is refused at once (0: no drain, stop at once)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file (benchmarks)")
 	o.sip = addSIPFlags(fs, o.fields)
 	clusterFlags(fs, o.fields, &o.cluster)
@@ -346,6 +346,11 @@ func serve(ctx context.Context, p preset, args []string, stdout, stderr io.Write
 			n.ReopenAccessLog()
 			logger.Info("reopening the access log")
 		case <-hup:
+			if o.backendsFile == "" && o.armFile == "" && n.TLS() == nil {
+				// nginx and HAProxy re-read their whole configuration on a
+				// reload; say that this one has nothing to re-read.
+				logger.Warn("SIGHUP: nothing to re-read: it re-reads -backends-file, -arm-file and -tls-cert files, and none is given; flags, SLUICE_* and -config are read at start only")
+			}
 			if o.backendsFile != "" {
 				if err := n.Reload(); err != nil {
 					logger.Error("reload failed: backends unchanged", "err", err)

@@ -154,3 +154,26 @@ func TestSimulateMOPBadInput(t *testing.T) {
 		t.Errorf("help does not document --mop:\n%s", errb.String())
 	}
 }
+
+// TestSimulateMOPSaysWhenMemoryRunsOut: a peak over the backend's max
+// heap (a deploy's first seconds, before memory shows the new sessions)
+// is said in words beside the percentages; one under it is not.
+func TestSimulateMOPSaysWhenMemoryRunsOut(t *testing.T) {
+	const outOfMemory = "over its max heap: the backend would have run out of memory"
+	cases := []struct {
+		spec string
+		want bool
+	}{
+		{"base=100MiB,bytes=1MiB,lifetime=2s,max-heap=1GiB,rate=450,windows=4,deploy=3m,deploy-bytes=2MiB", true},
+		{"base=10%,bytes=1MiB,lifetime=30s,max-heap=1GiB,rate=100,ceiling=0.5,window=30s,windows=4", false},
+	}
+	for _, c := range cases {
+		var out, errb bytes.Buffer
+		if code := dispatch([]string{"simulate", "--mop", c.spec}, &out, &errb); code != 0 {
+			t.Fatalf("%s: exit %d: %s", c.spec, code, errb.String())
+		}
+		if got := strings.Contains(out.String(), outOfMemory); got != c.want {
+			t.Errorf("%s: says %q: %v, want %v\n%s", c.spec, outOfMemory, got, c.want, out.String())
+		}
+	}
+}
