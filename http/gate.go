@@ -330,7 +330,7 @@ func (g *gateConn) fill() error {
 func (s *Server) errorHandlerCtx(ctx *fasthttp.RequestCtx, err error) {
 	if g, ok := ctx.Conn().(*gateConn); ok && g.err != nil {
 		s.logHeadRefused(clientAddrPort(ctx), s.wall(s.clock.Now()), 0, g.err.status, g.err.reason)
-		s.writeRefusal(&ctx.Response, g.err.status, 0, psHeadRefused, g.err.reason)
+		s.writeRefusal(&ctx.Response, g.err.status, 0, g.err.proxyStatus(), g.err.reason)
 		return
 	}
 	var small *fasthttp.ErrSmallBuffer

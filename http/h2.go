@@ -376,7 +376,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if he := s.h2Request(st, r, rc, &h.bodies); he != nil {
 		s.stats.BadRequest.Add(1)
 		s.logger.Debug("http request refused", "reason", he.reason, "client", r.RemoteAddr, "proto", "h2")
-		s.writeRefusal(&ctx.Response, he.status, 0, psHeadRefused, he.reason)
+		s.writeRefusal(&ctx.Response, he.status, 0, he.proxyStatus(), he.reason)
 		s.writeH2(w, rc, &ctx.Response, r.Method == http.MethodHead, st.buf)
 		return
 	}

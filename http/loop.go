@@ -34,6 +34,15 @@ const (
 // errLoop is the refusal of a request that carries this Server's mark.
 var errLoop = &headError{status: 508, reason: "request loop: it came back to this balancer (a backend leads to sluice itself)"}
 
+// proxyStatus is the Proxy-Status of a refused head (RFC 9209): a loop
+// is proxy_loop_detected, the rest http_request_error.
+func (e *headError) proxyStatus() []byte {
+	if e == errLoop {
+		return psLoop
+	}
+	return psHeadRefused
+}
+
 // newLoopMark returns a Server's mark: 16 random hex digits.
 func newLoopMark() []byte {
 	var b [8]byte

@@ -305,7 +305,7 @@ func (l *evloop) refuseHead(c *cconn, err error) {
 		start := min(c.headStart, l.now)
 		s.logHeadRefused(netip.AddrPortFrom(c.ip, c.port), s.wall(s.clock.Now()).Add(-time.Duration(l.now-start)), time.Duration(l.now-start), he.status, he.reason)
 	}
-	s.writeRefusal(&l.local, he.status, 0, psHeadRefused, he.reason)
+	s.writeRefusal(&l.local, he.status, 0, he.proxyStatus(), he.reason)
 	l.answerLocal(c)
 }
 

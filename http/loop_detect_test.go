@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	nethttp "net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 )
@@ -32,6 +33,9 @@ func TestLoopToSelfRefused(t *testing.T) {
 		got := r.get("/", "")
 		if got.status != nethttp.StatusLoopDetected {
 			t.Fatalf("status %d (%q), want 508", got.status, got.body)
+		}
+		if ps := got.header.Get("Proxy-Status"); !strings.Contains(ps, "error=proxy_loop_detected") {
+			t.Errorf("Proxy-Status %q, want error=proxy_loop_detected", ps)
 		}
 		if n := r.srv.stats.Loops.Load(); n != 1 {
 			t.Errorf("Loops = %d, want 1", n)

@@ -75,7 +75,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}{
 		{"upstream_error", &st.UpstreamError}, {"retried", &st.Retried}, {"restreamed", &st.Restreamed},
 		{"aborted", &st.Aborted}, {"repinned", &st.Repinned}, {"handed_over", &st.HandedOver},
-		{"bad_request", &st.BadRequest}, {"loop_detected", &st.Loops}, {"cookie_stripped", &st.CookieStripped},
+		{"bad_request", &st.BadRequest}, {"loops", &st.Loops}, {"cookie_stripped", &st.CookieStripped},
 		{"session_not_learned", &st.SessionNotLearned},
 		{"conn_limited", &st.ConnLimited}, {"source_limited", &st.SourceLimited},
 		{"delay_abandoned", &st.DelayAbandoned}, {"delay_limited", &st.DelayLimited},

@@ -47,6 +47,7 @@ var (
 	psNoRoute         = []byte(`sluice; error=destination_not_found`)
 	psBadRequest      = []byte(`sluice; error=http_request_error; details="malformed body"`)
 	psHeadRefused     = []byte(`sluice; error=http_request_error`)
+	psLoop            = []byte(`sluice; error=proxy_loop_detected; details="a backend leads back to this balancer"`)
 	psAmbiguousPath   = []byte(`sluice; error=http_request_error; details="ambiguous path"`)
 	psDupRouteHeader  = []byte(`sluice; error=http_request_error; details="duplicate routed header"`)
 	psRegexPathLong   = []byte(`sluice; error=http_request_error; details="path too long for regex routes"`)
