@@ -41,6 +41,7 @@ func runStoreChild(args []string, stderr io.Writer) int {
 	// balancer ends it by closing the socket, or by dying (parent-death
 	// signal).
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	setProcessName("sluice-store")
 	conn := os.NewFile(3, "store-socket")
 	if _, err := conn.Stat(); err != nil {
 		fmt.Fprintf(stderr, "sluice store-child: fd 3 is not open (%v): this command is started by sluice run\n", err)
@@ -74,6 +75,9 @@ func storeChildCommand(dir string) *exec.Cmd {
 		}
 	}
 	cmd := exec.Command(exe, storeChildName, "-dir", dir)
+	// ps shows "sluice store-child -dir DIR", not the /proc/self/exe it
+	// was started by (the process's name is set in runStoreChild).
+	cmd.Args[0] = "sluice"
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_MAIN=1")
 	cmd.Stderr = os.Stderr
 	return cmd

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package main
+
+// setProcessName does nothing outside Linux.
+func setProcessName(string) {}
