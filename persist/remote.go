@@ -2,6 +2,7 @@ package persist
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -99,6 +100,10 @@ type remote struct {
 	// no child runs). conn is set under both callMu and mu.
 	callMu sync.Mutex
 	conn   net.Conn
+	// out is the frame being sent and in reads the answers, both reused
+	// (under callMu).
+	out []byte
+	in  frameReader
 
 	// journal is the dialog journal's socket (journal.go).
 	journal journal
@@ -372,10 +377,22 @@ func (r *remote) callTimeoutOf(req *request, d time.Duration) (response, error) 
 	if req.Now.IsZero() {
 		req.Now = r.s.cfg.Now()
 	}
+	var err error
+	r.out, err = appendRequest(r.out[:0], req)
+	if err != nil {
+		// Nothing was sent: the stream is in step.
+		return resp, fmt.Errorf("store process: %s: %w", req.Op, err)
+	}
 	r.conn.SetDeadline(time.Now().Add(d))
-	err := writeFrame(r.conn, req)
+	_, err = r.conn.Write(r.out)
+	if cap(r.out) > maxKeptBuf {
+		r.out = nil
+	}
 	if err == nil {
-		err = readFrame(r.conn, &resp)
+		var data []byte
+		if data, err = r.in.read(r.conn); err == nil {
+			err = json.Unmarshal(data, &resp)
+		}
 	}
 	if err != nil {
 		r.mu.Lock()
