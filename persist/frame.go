@@ -93,9 +93,9 @@ func appendRequest(buf []byte, req *request) ([]byte, error) {
 	buf = binary.BigEndian.AppendUint64(buf, uint64(req.HistoryRetention))
 	jl := len(buf)
 	buf = append(buf, 0, 0, 0, 0)
-	if rest := (request{MOP: req.MOP, Overrides: req.Overrides, ClusterNodes: req.ClusterNodes,
-		Events: req.Events, History: req.History, DeleteDialogs: req.DeleteDialogs}); !rest.emptyWrite() {
-		data, err := json.Marshal(&rest)
+	if !req.emptyWrite() {
+		data, err := json.Marshal(&request{MOP: req.MOP, Overrides: req.Overrides, ClusterNodes: req.ClusterNodes,
+			Events: req.Events, History: req.History, DeleteDialogs: req.DeleteDialogs})
 		if err != nil {
 			return buf[:start], err
 		}
