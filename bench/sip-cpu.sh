@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # SIP CPU per call of sluice, on loopback, at a fixed offered rate.
 #
-# usage: bench/sip-cpu.sh [one|ab]                       (default: one)
+# usage: bench/sip-cpu.sh [one|ab|vs-kamailio]           (default: one)
 #   one   builds sluice from this tree (or takes BIN=path) and runs it RUNS
 #         times: each run is sluice pinned to LB_CPU, two SIPp uas_rr.xml
 #         answerers and one SIPp uac_rr.xml client pinned to GEN_CPU, RATE
 #         calls/s for SECS seconds. Prints per run sluice's CPU (utime +
 #         stime from /proc/PID/stat, read just before the client starts and
-#         just after it ends) divided by the completed calls, the failed
+#         just after it ends, with its store process's: a call's dialog is
+#         written there) divided by the completed calls, the failed
 #         calls and the retransmissions, then the median.
 #   ab    BASE=path NEW=path (two sluice binaries; BASE=REV builds git
 #         revision REV, NEW defaults to this tree): RUNS runs of each,
 #         interleaved BASE NEW BASE NEW ..., then the median of each and
 #         NEW/BASE. The machine is shared and noisy: only interleaved
-#         ratios mean anything.
+#         ratios mean anything. BASE_EXTRA / NEW_EXTRA add flags to one
+#         side only (BASE=NEW with NEW_EXTRA="-access-log FILE" is what a
+#         flag costs).
+#   vs-kamailio
+#         Kamailio stateless (../shared/peers/conf/kamailio-lb.cfg with
+#         -A STATELESS, one UDP worker, the ports rewritten to these) and
+#         sluice (NEW, default this tree) interleaved, RUNS each, in the
+#         same harness; Kamailio's CPU is that of all its processes. Prints
+#         the medians and kamailio/sluice (above 1: sluice is cheaper).
 # Knobs (env): RATE=2000 SECS=10 RUNS=3 LB_CPU=0 GEN_CPU=1
 #   LB_QUOTA= (e.g. 50: sluice in a cgroup capped at that % of one core;
 #   needs a writable cgroup fs) PORT_BASE=15060 (sluice PORT_BASE, client
@@ -72,12 +81,23 @@ stop() {   # stop PID: TERM, wait, and forget it
     STARTED=("${keep[@]}")
 }
 stop_all() { local p; for p in "${STARTED[@]}"; do kill -TERM "$p" 2>/dev/null; done; for p in "${STARTED[@]}"; do wait "$p" 2>/dev/null; done; STARTED=(); }
-trap stop_all EXIT
+CGROUPS=()
+# rm_cgroups: remove the cgroups made here once empty (the store process
+# outlives sluice by up to 2 s to commit what it was sent).
+rm_cgroups() { local g; for g in "${CGROUPS[@]}"; do for _ in $(seq 50); do rmdir "$g" 2>/dev/null && break; sleep 0.1; done; done; }
+trap 'stop_all; rm_cgroups' EXIT
 wait_udp() { for _ in $(seq 100); do ss -Hlun "sport = :$1" | grep -q . && return 0; sleep 0.1; done; die "nothing on udp $1"; }
 free_udp() { ss -Hlun "sport = :$1" | grep -q . && die "udp port $1 already in use (set PORT_BASE)"; return 0; }
 csvcol() { awk -F';' -v c="$2" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == c) k = i } END { print (k ? $k : "") }' "$1"; }
-# ticks PID: utime + stime of PID (all its threads), in clock ticks.
-ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+# ticks PID: utime + stime of PID (all its threads) and of its child
+# processes still running (Kamailio's workers), in clock ticks.
+ticks() {
+    local p t=0
+    for p in "$1" $(pgrep -P "$1"); do
+        t=$((t + $(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$t"
+}
 # lbpid PID: the sluice process under timeout/taskset (the child of timeout).
 lbpid() { local c; for _ in $(seq 50); do c=$(pgrep -P "$1" | head -1); [ -n "$c" ] && { echo "$c"; return; }; sleep 0.1; done; echo "$1"; }
 
@@ -107,9 +127,17 @@ answerers() {
 
 quota() {   # quota PID: put PID in a cgroup capped at LB_QUOTA % of one core
     [ -n "$LB_QUOTA" ] || return 0
-    local g=/sys/fs/cgroup/sluice-sip-cpu
-    mkdir -p "$g" && echo "$((LB_QUOTA * 100)) 10000" > "$g/cpu.max" && echo "$1" > "$g/cgroup.procs" \
-        || die "LB_QUOTA=$LB_QUOTA: cannot cap pid $1 in $g (cgroup v2, root needed)"
+    local g p
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        g=/sys/fs/cgroup/sluice-sip-cpu-$$
+        mkdir -p "$g" && echo "$((LB_QUOTA * 100)) 10000" > "$g/cpu.max" || die "LB_QUOTA=$LB_QUOTA: cannot make $g (root needed)"
+    else
+        g=/sys/fs/cgroup/cpu/sluice-sip-cpu-$$
+        mkdir -p "$g" && echo 10000 > "$g/cpu.cfs_period_us" && echo "$((LB_QUOTA * 100))" > "$g/cpu.cfs_quota_us" \
+            || die "LB_QUOTA=$LB_QUOTA: cannot make $g (cgroup v1 cpu controller, root needed)"
+    fi
+    CGROUPS+=("$g")
+    for p in "$1" $(pgrep -P "$1"); do echo "$p" > "$g/cgroup.procs" || die "LB_QUOTA: cannot move pid $p into $g"; done
 }
 
 # run N NAME BIN EXTRA...: measured run number N; prints "us_per_call ok failed retrans cpu%".
@@ -117,9 +145,16 @@ run() {
     local RUN=$1 name=$2 bin=$3; shift 3
     local dir=$OUT/$RUN-$name n=$((RATE * SECS))
     mkdir -p "$dir"
-    start "$RUN-$name-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
-        -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
-        -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/data" -log-level warn ${LB_EXTRA:-} "$@"
+    if [ "$bin" = kamailio ]; then
+        kamailio_conf
+        mkdir -p "$dir/kam"
+        start "$RUN-$name-kamailio" "$LB_CPU" kamailio -f "$OUT/kamailio.cfg" -DD -E -Y "$dir/kam" -m 2048 -M 16 \
+            -A "DSLIST=\"$OUT/dispatcher.list\"" -A CHILDREN=1 -A MAXBUF=4194304 -A STATELESS
+    else
+        start "$RUN-$name-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
+            -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
+            -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/data" -log-level warn ${LB_EXTRA:-} "$@"
+    fi
     local tpid=$LASTPID pid
     wait_udp "$LB_PORT"
     pid=$(lbpid "$tpid")
@@ -147,6 +182,17 @@ run() {
     re=$(csvcol "$dir/stat.csv" 'Retransmissions(C)')
     awk -v t=$((t1 - t0)) -v hz="$HZ" -v ok="${ok:-0}" -v f="${fail:-?}" -v r="${re:-?}" -v w=$((w1 - w0)) \
         'BEGIN { us = ok > 0 ? t / hz * 1e6 / ok : 0; printf "%.1f %d %s %s %.0f\n", us, ok, f, r, t / hz * 1e9 / w * 100 }'
+}
+
+# kamailio_conf: the peers' stateless Kamailio configuration with this
+# run's ports (listen on LB_PORT, dispatcher set 1 = the two answerers).
+kamailio_conf() {
+    local src=${PEERS:-$ROOT/../shared/peers}/conf/kamailio-lb.cfg
+    [ -r "$src" ] || die "no $src (PEERS=path of the peers' harness)"
+    command -v kamailio > /dev/null || die "kamailio not installed (scripts/install-test-deps.sh)"
+    sed "s/^listen=udp:127.0.0.1:5060\$/listen=udp:127.0.0.1:$LB_PORT/" "$src" > "$OUT/kamailio.cfg"
+    grep -q "^listen=udp:127.0.0.1:$LB_PORT\$" "$OUT/kamailio.cfg" || die "cannot set Kamailio's listen port in $OUT/kamailio.cfg"
+    printf '1 sip:127.0.0.1:%s\n1 sip:127.0.0.1:%s\n' "$UAS1" "$UAS2" > "$OUT/dispatcher.list"
 }
 
 median() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -180,15 +226,28 @@ case $MODE in
         log "ab: RATE=$RATE calls/s x ${SECS}s, RUNS=$RUNS each interleaved, sluice on CPU$LB_CPU${LB_QUOTA:+ capped at $LB_QUOTA%}; out $OUT"
         : > "$OUT/base.txt"; : > "$OUT/new.txt"
         for i in $(seq "$RUNS"); do
-            line=$(run "$i" base "$A"); echo "$line" >> "$OUT/base.txt"; report base "$line"
+            line=$(run "$i" base "$A" ${BASE_EXTRA:-}); echo "$line" >> "$OUT/base.txt"; report base "$line"
             extra=""; [ "$i" = "$RUNS" ] && extra=$(profile_flags)
             if [ "$i" = "$RUNS" ] && [ "${PERF:-0}" = 1 ]; then PERF_NEXT=1; fi
-            line=$(run "$i" new "$N" $extra); echo "$line" >> "$OUT/new.txt"; report new "$line"
+            line=$(run "$i" new "$N" ${NEW_EXTRA:-} $extra); echo "$line" >> "$OUT/new.txt"; report new "$line"
         done
         mb=$(awk '{ print $1 }' "$OUT/base.txt" | median); mn=$(awk '{ print $1 }' "$OUT/new.txt" | median)
         echo "median base: $mb us/call, new: $mn us/call, new/base: $(awk -v a="$mb" -v b="$mn" 'BEGIN { printf "%.3f", (a > 0 ? b / a : 0) }')" \
             "(failed base $(awk '{ s += $3 } END { print s }' "$OUT/base.txt"), new $(awk '{ s += $3 } END { print s }' "$OUT/new.txt"))"
         ;;
-    *) die "unknown mode $MODE (one, ab)" ;;
+    vs-kamailio)
+        N=$(binary new "${NEW:-}")
+        answerers
+        log "vs-kamailio: RATE=$RATE calls/s x ${SECS}s, RUNS=$RUNS each interleaved, on CPU$LB_CPU${LB_QUOTA:+ capped at $LB_QUOTA%}; out $OUT"
+        : > "$OUT/kamailio.txt"; : > "$OUT/new.txt"
+        for i in $(seq "$RUNS"); do
+            line=$(run "$i" kam kamailio); echo "$line" >> "$OUT/kamailio.txt"; report kam "$line"
+            line=$(run "$i" new "$N" ${NEW_EXTRA:-}); echo "$line" >> "$OUT/new.txt"; report new "$line"
+        done
+        mk=$(awk '{ print $1 }' "$OUT/kamailio.txt" | median); mn=$(awk '{ print $1 }' "$OUT/new.txt" | median)
+        echo "median kamailio: $mk us/call, sluice: $mn us/call, kamailio/sluice: $(awk -v a="$mn" -v b="$mk" 'BEGIN { printf "%.3f", (a > 0 ? b / a : 0) }')" \
+            "(failed kamailio $(awk '{ s += $3 } END { print s }' "$OUT/kamailio.txt"), sluice $(awk '{ s += $3 } END { print s }' "$OUT/new.txt"))"
+        ;;
+    *) die "unknown mode $MODE (one, ab, vs-kamailio)" ;;
 esac
 log "logs in $OUT"
