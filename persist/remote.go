@@ -71,7 +71,10 @@ type remote struct {
 	history    []HistorySample
 	dialogs    []DialogRecord
 	delDialogs []uint64
-	proc       *os.Process
+	// spareDialogs is the dialog queue of the last write that succeeded,
+	// emptied, for the next one: queueing a batch does not allocate.
+	spareDialogs []DialogRecord
+	proc         *os.Process
 	// child is the store process from its start until it is reaped (proc
 	// only while attached): Close kills it when its deadline passes
 	// before the child exits. It gets no SIGKILL when sluice exits (the
@@ -453,6 +456,10 @@ func (r *remote) flush() error {
 	if err == nil && len(req.MOP) > 0 {
 		r.mopSaved = time.Now()
 	}
+	if err == nil && cap(req.Dialogs) <= max(r.queueMax, DefaultQueueMax) {
+		clear(req.Dialogs)
+		r.spareDialogs = req.Dialogs[:0]
+	}
 	r.mu.Unlock()
 	if err != nil {
 		r.putBack(req)
@@ -566,7 +573,11 @@ func (r *remote) queueHistory(h []HistorySample) {
 // Expires) on one list, so that the store applies them in order.
 func (r *remote) queueDialogs(put []DialogRecord, del []uint64) {
 	r.mu.Lock()
-	q := append(r.dialogs, put...)
+	q := r.dialogs
+	if q == nil {
+		q, r.spareDialogs = r.spareDialogs, nil
+	}
+	q = append(q, put...)
 	for _, k := range del {
 		q = append(q, DialogRecord{Key: k})
 	}
