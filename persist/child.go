@@ -62,9 +62,11 @@ func RunChild(dir string, conn io.ReadWriteCloser, journal *os.File, log *slog.L
 		}
 	}
 	answer := true
+	var fr frameReader
+	var out []byte
 	for {
 		var req request
-		if err := readFrame(conn, &req); err != nil {
+		if err := fr.readRequest(conn, &req); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 				log.Error("store process: reading a request", "err", err)
 			}
@@ -79,9 +81,16 @@ func RunChild(dir string, conn io.ReadWriteCloser, journal *os.File, log *slog.L
 		if !answer {
 			continue
 		}
-		err := writeFrame(conn, resp)
+		var err error
+		out, err = appendJSONFrame(out[:0], &resp)
 		if errors.Is(err, errTooLarge) {
-			err = writeFrame(conn, response{Err: err.Error()})
+			out, err = appendJSONFrame(out[:0], response{Err: err.Error()})
+		}
+		if err == nil {
+			_, err = conn.Write(out)
+		}
+		if cap(out) > maxKeptBuf {
+			out = nil
 		}
 		if err != nil {
 			// The balancer is gone (or the stream is out of step): apply

@@ -26,13 +26,22 @@ const maxDialogBackend = 255
 
 // dialogKey is "d/" and the big-endian key: 10 bytes.
 func dialogKey(k uint64) []byte {
-	return binary.BigEndian.AppendUint64([]byte(dialogPrefix), k)
+	return appendDialogKey(make([]byte, 0, len(dialogPrefix)+8), k)
+}
+
+// appendDialogKey appends the key of dialog k to b.
+func appendDialogKey(b []byte, k uint64) []byte {
+	return binary.BigEndian.AppendUint64(append(b, dialogPrefix...), k)
 }
 
 // encodeDialog is the stored value: expiry (Unix ns), To-tag hash,
 // source hash, linger flag, then the backend id; 15 bytes plus the id.
 func encodeDialog(d DialogRecord) []byte {
-	b := make([]byte, 0, 15+len(d.Backend))
+	return appendDialog(make([]byte, 0, 15+len(d.Backend)), d)
+}
+
+// appendDialog appends the stored value of d to b.
+func appendDialog(b []byte, d DialogRecord) []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(unixNanos(d.Expires)))
 	b = binary.BigEndian.AppendUint32(b, d.ToTag)
 	b = binary.BigEndian.AppendUint16(b, d.Src)

@@ -75,16 +75,7 @@ func appendJournal(msg []byte, recs []DialogRecord) ([]byte, []DialogRecord) {
 		if len(msg)+journalRecMin+len(d.Backend) > journalMsgMax {
 			break
 		}
-		msg = binary.BigEndian.AppendUint64(msg, d.Key)
-		msg = binary.BigEndian.AppendUint64(msg, uint64(unixNanos(d.Expires)))
-		msg = binary.BigEndian.AppendUint32(msg, d.ToTag)
-		msg = binary.BigEndian.AppendUint16(msg, d.Src)
-		var l byte
-		if d.Linger {
-			l = 1
-		}
-		msg = append(msg, l, byte(len(d.Backend)))
-		msg = append(msg, d.Backend...)
+		msg = appendDialogRec(msg, d)
 		recs = recs[1:]
 	}
 	return msg, recs

@@ -251,13 +251,22 @@ func (k *kv3) batchDialogs(wb *badger.WriteBatch, recs []DialogRecord, now time.
 	if err != nil {
 		return err
 	}
+	// The keys and values of the batch are cut from one allocation: Badger
+	// holds them until the batch is flushed.
+	size := 0
+	for i := range recs {
+		size += len(dialogPrefix) + 8 + 15 + len(recs[i].Backend)
+	}
+	arena := make([]byte, 0, size)
 	for _, d := range recs {
 		ttl := d.Expires.Sub(now)
 		if weakDialog(d) && keep[d.Key] {
 			continue
 		}
+		var key, val []byte
+		arena, key = cut3(arena, appendDialogKey(arena, d.Key))
 		if ttl <= 0 {
-			if err := wb.Delete(dialogKey(d.Key)); err != nil {
+			if err := wb.Delete(key); err != nil {
 				return err
 			}
 			continue
@@ -265,11 +274,18 @@ func (k *kv3) batchDialogs(wb *badger.WriteBatch, recs []DialogRecord, now time.
 		if len(d.Backend) > maxDialogBackend {
 			continue
 		}
-		if err := wb.SetEntry(badger.NewEntry(dialogKey(d.Key), encodeDialog(d)).WithTTL(ttl + time.Second)); err != nil {
+		arena, val = cut3(arena, appendDialog(arena, d))
+		if err := wb.SetEntry(badger.NewEntry(key, val).WithTTL(ttl + time.Second)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// cut3 returns what grown appended to arena (which it extends, with no
+// room to grow into the rest) and arena with it.
+func cut3(arena, grown []byte) ([]byte, []byte) {
+	return grown, grown[len(arena):len(grown):len(grown)]
 }
 
 // weakDialog reports whether d is a deletion (zero Expires) or an

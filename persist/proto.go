@@ -1,11 +1,6 @@
 package persist
 
 import (
-	"encoding/binary"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"time"
 
 	"github.com/sluicelb/sluice/admission"
@@ -13,7 +8,8 @@ import (
 
 // The parent (the balancer) and the store process speak over one stream
 // socket (a socketpair whose child end is the store process's fd 3): each
-// message is a 4-byte big-endian length and a JSON document. The parent
+// message is a 4-byte big-endian length and a JSON document, or for a
+// write a binary message (frame.go). The parent
 // sends a request and waits for its response; one request is in flight at
 // a time. Both sides refuse a frame over maxFrame, so neither can make the
 // other allocate without bound.
@@ -79,37 +75,4 @@ type response struct {
 	Deleted      int                           `json:"deleted,omitempty"`
 	History      []HistorySample               `json:"history,omitempty"`
 	Dialogs      []DialogRecord                `json:"dialogs,omitempty"`
-}
-
-// errTooLarge is a message over maxFrame; nothing was sent.
-var errTooLarge = errors.New("store message too large")
-
-func writeFrame(w io.Writer, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	if len(data) > maxFrame {
-		return fmt.Errorf("%w: %d bytes, more than %d", errTooLarge, len(data), maxFrame)
-	}
-	buf := make([]byte, 4, 4+len(data))
-	binary.BigEndian.PutUint32(buf, uint32(len(data)))
-	_, err = w.Write(append(buf, data...))
-	return err
-}
-
-func readFrame(r io.Reader, v any) error {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > maxFrame {
-		return fmt.Errorf("store message of %d bytes: more than %d", n, maxFrame)
-	}
-	data := make([]byte, n)
-	if _, err := io.ReadFull(r, data); err != nil {
-		return err
-	}
-	return json.Unmarshal(data, v)
 }

@@ -2,6 +2,7 @@ package persist
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -70,7 +71,10 @@ type remote struct {
 	history    []HistorySample
 	dialogs    []DialogRecord
 	delDialogs []uint64
-	proc       *os.Process
+	// spareDialogs is the dialog queue of the last write that succeeded,
+	// emptied, for the next one: queueing a batch does not allocate.
+	spareDialogs []DialogRecord
+	proc         *os.Process
 	// child is the store process from its start until it is reaped (proc
 	// only while attached): Close kills it when its deadline passes
 	// before the child exits. It gets no SIGKILL when sluice exits (the
@@ -102,6 +106,10 @@ type remote struct {
 	// no child runs). conn is set under both callMu and mu.
 	callMu sync.Mutex
 	conn   net.Conn
+	// out is the frame being sent and in reads the answers, both reused
+	// (under callMu).
+	out []byte
+	in  frameReader
 
 	// journal is the dialog journal's socket (journal.go).
 	journal journal
@@ -378,10 +386,22 @@ func (r *remote) callTimeoutOf(req *request, d time.Duration) (response, error) 
 	if req.Now.IsZero() {
 		req.Now = r.s.cfg.Now()
 	}
+	var err error
+	r.out, err = appendRequest(r.out[:0], req)
+	if err != nil {
+		// Nothing was sent: the stream is in step.
+		return resp, fmt.Errorf("store process: %s: %w", req.Op, err)
+	}
 	r.conn.SetDeadline(time.Now().Add(d))
-	err := writeFrame(r.conn, req)
+	_, err = r.conn.Write(r.out)
+	if cap(r.out) > maxKeptBuf {
+		r.out = nil
+	}
 	if err == nil {
-		err = readFrame(r.conn, &resp)
+		var data []byte
+		if data, err = r.in.read(r.conn); err == nil {
+			err = json.Unmarshal(data, &resp)
+		}
 	}
 	if err != nil {
 		r.mu.Lock()
@@ -447,6 +467,10 @@ func (r *remote) flush() error {
 	r.inflight = 0
 	if err == nil && len(req.MOP) > 0 {
 		r.mopSaved = time.Now()
+	}
+	if err == nil && cap(req.Dialogs) <= max(r.queueMax, DefaultQueueMax) {
+		clear(req.Dialogs)
+		r.spareDialogs = req.Dialogs[:0]
 	}
 	r.mu.Unlock()
 	if err != nil {
@@ -561,7 +585,11 @@ func (r *remote) queueHistory(h []HistorySample) {
 // Expires) on one list, so that the store applies them in order.
 func (r *remote) queueDialogs(put []DialogRecord, del []uint64) {
 	r.mu.Lock()
-	q := append(r.dialogs, put...)
+	q := r.dialogs
+	if q == nil {
+		q, r.spareDialogs = r.spareDialogs, nil
+	}
+	q = append(q, put...)
 	for _, k := range del {
 		q = append(q, DialogRecord{Key: k})
 	}
