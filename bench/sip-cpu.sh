@@ -26,7 +26,7 @@
 # Knobs (env): RATE=2000 SECS=10 RUNS=3 LB_CPU=0 GEN_CPU=1
 #   LB_QUOTA= (e.g. 50: sluice in a cgroup capped at that % of one core;
 #   needs a writable cgroup fs) PORT_BASE=15060 (sluice PORT_BASE, client
-#   PORT_BASE+1, answerers PORT_BASE+11 and +12; apart from bench/sip.sh's
+#   PORT_BASE+1, answerers PORT_BASE+11 and +12, admin PORT_BASE+30; apart from bench/sip.sh's
 #   5060.. so both may run) PROFILE=1 (the last NEW/one run also writes
 #   sluice's -cpuprofile to OUT/cpu.prof) PERF=1 (the last NEW/one run is
 #   recorded by perf record -g into OUT/perf.data) BUSY=1 (a busy loop
@@ -153,7 +153,7 @@ run() {
     else
         start "$RUN-$name-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
             -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
-            -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/data" -log-level warn ${LB_EXTRA:-} "$@"
+            -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/data" -admin-listen 127.0.0.1:$((PORT_BASE + 30)) -log-level warn ${LB_EXTRA:-} "$@"
     fi
     local tpid=$LASTPID pid
     wait_udp "$LB_PORT"
