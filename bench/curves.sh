@@ -14,10 +14,13 @@
 #   http       BenchmarkCurveAdmitPick, BenchmarkCurveRoundTrip  routes and ARM rules
 #
 # Writes $OUT/bench.txt (go test output), $OUT/curves.tsv (median per point: family,
-# series, n, ns_op, B_op, allocs_op, runs, other metrics), $OUT/curves.md (the table of
-# bench/RESULTS.md) and $IMG/curves-<family>.png (ns per operation against size, log x).
-# Bounded: each point runs BENCHTIME, the whole under TIMEOUT; at nice 10 so the rest of a
-# shared machine goes first (the figures are then upper bounds: compare shapes, not ns).
+# series, n, cpu_ns_op, ns_op, B_op, allocs_op, runs, other metrics), $OUT/curves.md (the
+# table of bench/RESULTS.md) and $IMG/curves-<family>.png (CPU ns per operation against
+# size, log x). Each benchmark reports the process CPU time per operation (cpu-ns/op,
+# getrusage) beside go test's wall-clock ns/op: on a shared machine the wall clock also
+# counts the time other processes held the cores, the CPU time does not, so the charts
+# draw CPU time. Bounded: each point runs BENCHTIME, the whole under TIMEOUT, at nice 10 so
+# the rest of a shared machine goes first.
 #
 # Knobs: COUNT=5 BENCHTIME=200ms TIMEOUT=20m OUT=/tmp/sluice-bench/curves-DATE IMG=bench/img
 set -eu

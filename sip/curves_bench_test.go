@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -65,12 +66,15 @@ func BenchmarkCurveDialog(b *testing.B) {
 			}
 			b.ReportAllocs()
 			i := 0
+			cpu0, ops := curveCPUNow(), 0
 			for b.Loop() {
+				ops++
 				if _, ok := dt.lookup(cids[i&(sample-1)], "from-tag", "to-tag", 1); !ok {
 					b.Fatal("miss")
 				}
 				i++
 			}
+			curveReportCPU(b, cpu0, ops)
 			if dt.Len() != live {
 				b.Fatalf("%d dialogs after the lookups, want %d", dt.Len(), live)
 			}
@@ -88,7 +92,9 @@ func BenchmarkCurveDialog(b *testing.B) {
 			}
 			b.ReportAllocs()
 			i := 0
+			cpu0, ops := curveCPUNow(), 0
 			for b.Loop() {
+				ops++
 				k := keys[i&(len(keys)-1)]
 				if !dt.insert(k, "b1", 1) {
 					b.Fatal("refused")
@@ -96,9 +102,29 @@ func BenchmarkCurveDialog(b *testing.B) {
 				dt.remove(k)
 				i++
 			}
+			curveReportCPU(b, cpu0, ops)
 			if dt.Len() != n {
 				b.Fatalf("%d dialogs after the inserts, want %d", dt.Len(), n)
 			}
 		})
+	}
+}
+
+// curveCPUNow is the CPU time the process has used, user and system: on
+// a shared machine it counts what the benchmark did, not the time other
+// processes held the cores.
+func curveCPUNow() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// curveReportCPU reports the process CPU time per operation since start
+// over n operations as cpu-ns/op, the figure bench/curves.sh draws.
+func curveReportCPU(b *testing.B, start time.Duration, n int) {
+	if n > 0 && start > 0 {
+		b.ReportMetric(float64(curveCPUNow()-start)/float64(n), "cpu-ns/op")
 	}
 }

@@ -24,7 +24,8 @@ import (
 type CurvePoint struct {
 	Family, Series string
 	N              int
-	NsOp           float64 // median ns per operation
+	NsOp           float64 // median ns per operation (wall clock)
+	CPUNsOp        float64 // median process CPU ns per operation (cpu-ns/op); NaN when not reported
 	BytesOp        float64 // median B/op
 	AllocsOp       float64 // median allocs/op
 	Extra          string  // other metrics as "median unit", comma-separated ("" when none)
@@ -44,6 +45,7 @@ func ParseCurves(r io.Reader) ([]CurvePoint, error) {
 	type acc struct {
 		p      CurvePoint
 		ns     []float64
+		cpu    []float64
 		bytes  []float64
 		allocs []float64
 		extra  map[string][]float64
@@ -91,6 +93,8 @@ func ParseCurves(r io.Reader) ([]CurvePoint, error) {
 			switch u := f[i+1]; u {
 			case "ns/op":
 				a.ns = append(a.ns, v)
+			case "cpu-ns/op":
+				a.cpu = append(a.cpu, v)
 			case "B/op":
 				a.bytes = append(a.bytes, v)
 			case "allocs/op":
@@ -114,7 +118,7 @@ func ParseCurves(r io.Reader) ([]CurvePoint, error) {
 		}
 		p := a.p
 		p.Runs = len(a.ns)
-		p.NsOp, p.BytesOp, p.AllocsOp = median(a.ns), median(a.bytes), median(a.allocs)
+		p.NsOp, p.CPUNsOp, p.BytesOp, p.AllocsOp = median(a.ns), median(a.cpu), median(a.bytes), median(a.allocs)
 		var ex []string
 		for _, u := range a.units {
 			ex = append(ex, strconv.FormatFloat(median(a.extra[u]), 'f', -1, 64)+" "+u)
@@ -141,10 +145,10 @@ func median(vs []float64) float64 {
 // WriteCurvesTSV writes the points with a header line.
 func WriteCurvesTSV(w io.Writer, pts []CurvePoint) error {
 	var b bytes.Buffer
-	b.WriteString("family\tseries\tn\tns_op\tB_op\tallocs_op\truns\textra\n")
+	b.WriteString("family\tseries\tn\tcpu_ns_op\tns_op\tB_op\tallocs_op\truns\textra\n")
 	for _, p := range pts {
-		fmt.Fprintf(&b, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\n", p.Family, p.Series, p.N,
-			fmtNum(p.NsOp), fmtNum(p.BytesOp), fmtNum(p.AllocsOp), p.Runs, p.Extra)
+		fmt.Fprintf(&b, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", p.Family, p.Series, p.N,
+			fmtNum(p.CPUNsOp), fmtNum(p.NsOp), fmtNum(p.BytesOp), fmtNum(p.AllocsOp), p.Runs, p.Extra)
 	}
 	_, err := w.Write(b.Bytes())
 	return err
@@ -159,17 +163,18 @@ func fmtNum(v float64) string {
 }
 
 // WriteCurvesMarkdown writes one table row per family and series: the
-// median ns/op at each size, and the allocations at the largest.
+// median CPU ns/op at each size (wall-clock ns/op in brackets), and the
+// allocations at the largest.
 func WriteCurvesMarkdown(w io.Writer, pts []CurvePoint) error {
 	var b bytes.Buffer
-	b.WriteString("| curve | series | ns/op by size | B/op, allocs/op (largest) | other |\n|---|---|---|---|---|\n")
+	b.WriteString("| curve | series | size: CPU ns/op (wall ns/op) | B/op, allocs/op (largest) | other |\n|---|---|---|---|---|\n")
 	for _, fam := range curveFamilies(pts) {
 		for _, s := range curveSeries(pts, fam) {
 			var cells []string
 			var last CurvePoint
 			for _, p := range pts {
 				if p.Family == fam && p.Series == s {
-					cells = append(cells, fmt.Sprintf("%s: %s", fmtThousands(float64(p.N)), fmtThousands(p.NsOp)))
+					cells = append(cells, fmt.Sprintf("%s: %s (%s)", fmtThousands(float64(p.N)), fmtThousands(p.CPUNsOp), fmtThousands(p.NsOp)))
 					if p.N >= last.N {
 						last = p
 					}
@@ -214,8 +219,8 @@ var curveTitles = map[string]string{
 	"RoundTrip": "http: keep-alive round trip, loop engine (routes; ARM rules)",
 }
 
-// CurveCharts is one chart per family, curves-<family>.png: ns per
-// operation against size, one line per series, log x (a size of 0 is
+// CurveCharts is one chart per family, curves-<family>.png: CPU ns per
+// operation (wall-clock ns where no CPU time was reported) against size, one line per series, log x (a size of 0 is
 // drawn a tenth of the way below the smallest other one and labelled 0),
 // log y when the values span more than a factor of 20.
 func CurveCharts(pts []CurvePoint) []Chart {
@@ -236,6 +241,15 @@ func CurveCharts(pts []CurvePoint) []Chart {
 // size is lo.
 func zeroAt(lo int) float64 { return float64(max(lo, 1)) / 10 }
 
+// y is what a chart draws of a point: its CPU time per operation, else
+// its wall-clock time.
+func (p CurvePoint) y() float64 {
+	if p.CPUNsOp > 0 {
+		return p.CPUNsOp
+	}
+	return p.NsOp
+}
+
 func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 	title := curveTitles[fam]
 	if title == "" {
@@ -251,8 +265,8 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 		if !slices.Contains(sizes, p.N) {
 			sizes = append(sizes, p.N)
 		}
-		if p.NsOp > 0 {
-			ymin, ymax = min(ymin, p.NsOp), max(ymax, p.NsOp)
+		if y := p.y(); y > 0 {
+			ymin, ymax = min(ymin, y), max(ymax, y)
 		}
 	}
 	if math.IsInf(ymin, 1) {
@@ -266,7 +280,7 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 		return float64(n)
 	}
 	p := plot.New()
-	p.Title.Text = title + "\nmedian of the runs per point, go test -benchmem"
+	p.Title.Text = title + "\nmedian of the runs per point: process CPU time per operation"
 	p.Title.TextStyle.Font.Size = vg.Points(12)
 	p.X.Label.Text = "size (log scale)"
 	p.X.Scale = plot.LogScale{}
@@ -276,7 +290,7 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 	}
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	p.X.Min, p.X.Max = xAt(sizes[0])/1.5, xAt(sizes[len(sizes)-1])*1.5
-	p.Y.Label.Text = "ns per operation"
+	p.Y.Label.Text = "CPU ns per operation"
 	if ymax/ymin > 20 {
 		p.Y.Label.Text += " (log scale)"
 		p.Y.Scale = plot.LogScale{}
@@ -295,8 +309,8 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 	for i, s := range series {
 		var xys plotter.XYs
 		for _, q := range pts {
-			if q.Series == s && q.NsOp > 0 {
-				xys = append(xys, plotter.XY{X: xAt(q.N), Y: q.NsOp})
+			if q.Series == s && q.y() > 0 {
+				xys = append(xys, plotter.XY{X: xAt(q.N), Y: q.y()})
 			}
 		}
 		slices.SortFunc(xys, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })

@@ -9,9 +9,9 @@ import (
 
 const curvesInput = `goos: linux
 pkg: github.com/sluicelb/sluice/lb
-BenchmarkCurvePick/p2c/n=2-2         	 1000000	       300 ns/op	       0 B/op	       0 allocs/op
-BenchmarkCurvePick/p2c/n=2-2         	 1000000	       100 ns/op	       0 B/op	       0 allocs/op
-BenchmarkCurvePick/p2c/n=2-2         	 1000000	       200 ns/op	       8 B/op	       1 allocs/op
+BenchmarkCurvePick/p2c/n=2-2         	 1000000	       300 ns/op	       150 cpu-ns/op	       0 B/op	       0 allocs/op
+BenchmarkCurvePick/p2c/n=2-2         	 1000000	       100 ns/op	        90 cpu-ns/op	       0 B/op	       0 allocs/op
+BenchmarkCurvePick/p2c/n=2-2         	 1000000	       200 ns/op	        95 cpu-ns/op	       8 B/op	       1 allocs/op
 BenchmarkCurvePick/p2c/n=500-2       	 1000000	       210 ns/op	       0 B/op	       0 allocs/op
 BenchmarkCurvePick/p2c/n=500-2       	 1000000	       190 ns/op	       0 B/op	       0 allocs/op
 BenchmarkPick/p2c-2                  	 1000000	       50 ns/op	       0 B/op	       0 allocs/op
@@ -32,12 +32,12 @@ func TestParseCurves(t *testing.T) {
 	if err := WriteCurvesTSV(&tsv, pts); err != nil {
 		t.Fatal(err)
 	}
-	want := "family\tseries\tn\tns_op\tB_op\tallocs_op\truns\textra\n" +
-		"Pick\tp2c\t2\t200\t0\t0\t3\t\n" +
-		"Pick\tp2c\t500\t200\t0\t0\t2\t\n" +
-		"Dialog\tlookup\t0\t400\t0\t0\t1\t\n" +
-		"Dialog\tlookup\t1000000\t1500\t0\t0\t1\t66.02 B/dialog\n" +
-		"Rules\tall-match\t10\t500.5\tn/a\tn/a\t1\t\n"
+	want := "family\tseries\tn\tcpu_ns_op\tns_op\tB_op\tallocs_op\truns\textra\n" +
+		"Pick\tp2c\t2\t95\t200\t0\t0\t3\t\n" +
+		"Pick\tp2c\t500\tn/a\t200\t0\t0\t2\t\n" +
+		"Dialog\tlookup\t0\tn/a\t400\t0\t0\t1\t\n" +
+		"Dialog\tlookup\t1000000\tn/a\t1500\t0\t0\t1\t66.02 B/dialog\n" +
+		"Rules\tall-match\t10\tn/a\t500.5\tn/a\tn/a\t1\t\n"
 	if tsv.String() != want {
 		t.Errorf("TSV:\n%s\nwant:\n%s", tsv.String(), want)
 	}
@@ -46,8 +46,8 @@ func TestParseCurves(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, row := range []string{
-		"| Pick | p2c | 2: 200 · 500: 200 | 0, 0 |  |",
-		"| Dialog | lookup | 0: 400 · 1,000,000: 1,500 | 0, 0 | 66.02 B/dialog |",
+		"| Pick | p2c | 2: 95 (200) · 500: n/a (200) | 0, 0 |  |",
+		"| Dialog | lookup | 0: n/a (400) · 1,000,000: n/a (1,500) | 0, 0 | 66.02 B/dialog |",
 	} {
 		if !strings.Contains(md.String(), row) {
 			t.Errorf("Markdown lacks %q:\n%s", row, md.String())
