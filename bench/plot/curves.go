@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"image/color"
 	"io"
 	"math"
 	"os"
@@ -237,6 +238,17 @@ func CurveCharts(pts []CurvePoint) []Chart {
 	return cs
 }
 
+// curvePalette colours a chart's series in order: six that stay apart
+// (a family has at most five series).
+var curvePalette = []color.RGBA{
+	{R: 0x1f, G: 0x5f, B: 0xa8, A: 0xff},
+	{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
+}
+
 // zeroAt is where a size of 0 goes on a log axis whose smallest other
 // size is lo.
 func zeroAt(lo int) float64 { return float64(max(lo, 1)) / 10 }
@@ -305,7 +317,7 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 	p.Legend.TextStyle.Font.Size = vg.Points(10)
 	p.Add(plotter.NewGrid())
 	series := curveSeries(pts, fam)
-	colors := colorsFor(series)
+	colors := curvePalette
 	for i, s := range series {
 		var xys plotter.XYs
 		for _, q := range pts {
@@ -318,7 +330,7 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 		if err != nil {
 			return fmt.Errorf("family %s series %s: %w", fam, s, err)
 		}
-		l.Color, sc.Color = colors[i], colors[i]
+		l.Color, sc.Color = colors[i%len(colors)], colors[i%len(colors)]
 		l.Width = vg.Points(1.5)
 		sc.Shape = draw.CircleGlyph{}
 		sc.Radius = vg.Points(3)
