@@ -249,6 +249,20 @@ var curvePalette = []color.RGBA{
 	{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
 }
 
+// wholeTicks are gonum's default ticks labelled as whole numbers with
+// thousands separators (750, 1,500), as ns per operation reads.
+type wholeTicks struct{}
+
+func (wholeTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i, t := range ts {
+		if t.Label != "" {
+			ts[i].Label = fmtThousands(t.Value)
+		}
+	}
+	return ts
+}
+
 // zeroAt is where a size of 0 goes on a log axis whose smallest other
 // size is lo.
 func zeroAt(lo int) float64 { return float64(max(lo, 1)) / 10 }
@@ -310,7 +324,7 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 		p.Y.Min, p.Y.Max = ymin/1.5, ymax*1.5
 	} else {
 		p.Y.Min, p.Y.Max = 0, ymax*1.15
-		p.Y.Tick.Marker = thousandsTicks{}
+		p.Y.Tick.Marker = wholeTicks{}
 	}
 	p.Legend.Top = true
 	p.Legend.Left = true

@@ -103,6 +103,15 @@ func TestCurveCharts(t *testing.T) {
 	if got, want := strings.Join(names, " "), "curves-pick.png curves-dialog.png curves-rules.png"; got != want {
 		t.Errorf("charts %s, want %s", got, want)
 	}
+	var labels []string
+	for _, tk := range (wholeTicks{}).Ticks(0, 8000) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	if got, want := strings.Join(labels, " "), "0 4,000 8,000"; got != want {
+		t.Errorf("tick labels %q, want %q", got, want)
+	}
 	if zeroAt(100000) != 10000 || zeroAt(1) != 0.1 {
 		t.Errorf("zeroAt: %v %v", zeroAt(100000), zeroAt(1))
 	}
