@@ -9,10 +9,10 @@ import (
 
 // The BenchmarkCurve* functions measure how the cost of one piece of the
 // request path grows with its size: one sub-benchmark per size, named
-// SERIES/n=SIZE, which bench/curves.sh runs and bench/plot draws (ns per
+// SERIES/n=SIZE, which bench/curves.sh runs and bench/plot draws (CPU ns per
 // operation against size, log x).
 
-// curveBackends are the pool sizes of issue #25: a pair, a rack, a fleet.
+// curveBackends are the pool sizes of the cost curves: a pair, a rack, a fleet.
 var curveBackends = []int{2, 50, 500}
 
 // BenchmarkCurvePick is one pick (and its release) per policy in one pool
@@ -54,7 +54,7 @@ func BenchmarkCurvePick(b *testing.B) {
 	}
 }
 
-// curveRoutes are the route counts of issue #25; regex routes stop at
+// curveRoutes are the route counts of the cost curves; regex routes stop at
 // MaxRegexRoutes, the most a table takes.
 var curveRoutes = []int{1, 100, 1000}
 

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// curveDialogs are the live dialog counts of issue #25.
+// curveDialogs are the live dialog counts of the cost curves.
 var curveDialogs = []int{0, 100_000, 1_000_000}
 
 // curveCallID writes the Call-ID of dialog i into buf.
