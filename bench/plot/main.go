@@ -17,6 +17,15 @@
 //	               per call at that rate
 //
 // The same input gives byte-identical files. It prints the paths it wrote.
+//
+// The curves subcommand draws the in-process cost curves (bench/curves.sh):
+//
+//	go run ./bench/plot curves -in BENCH_OUTPUT -out bench/img [-tsv FILE] [-md FILE]
+//
+// reads go test -bench BenchmarkCurve -benchmem output (several -count
+// runs), takes the median per point and writes curves-<family>.png (ns
+// per operation against size, log x), and the medians as TSV and as a
+// Markdown table.
 package main
 
 import (
@@ -28,6 +37,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "curves" {
+		if err := curvesMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "plot curves:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	in := flag.String("in", "", "benchmark output directory (bench/http.sh or bench/sip.sh OUT, or run.sh's OUT)")
 	out := flag.String("out", "", "directory for the PNGs (default: -in)")
 	flag.Parse()
