@@ -17,7 +17,7 @@ import (
 // of a plain redis:// connection, or a local user who binds the port while
 // Redis is down can send them. Every connection go-redis dials is wrapped
 // in respGuard, which reads the reply stream as it passes and fails the
-// read of a header over these bounds: go-redis closes that connection and
+// read of a header or line over these bounds: go-redis closes that connection and
 // reports an error, which the cluster handles as Redis unreachable (the
 // fail policy).
 const (
@@ -28,6 +28,9 @@ const (
 	// maxRESPElems bounds an aggregate's element count; the cluster's
 	// scripts answer a few numbers.
 	maxRESPElems = 1 << 16
+	// maxRESPLine bounds a line (a status, an error, a number): go-redis
+	// reads one longer than its buffer with bufio.ReadBytes, unbounded.
+	maxRESPLine = 64 << 10
 )
 
 // errRESPBound is the read error of a reply whose header is over the
@@ -79,6 +82,7 @@ type respScan struct {
 	neg     bool
 	digits  int
 	n       int64
+	line    int // bytes of the line so far
 	err     error
 }
 
@@ -97,7 +101,7 @@ func (s *respScan) feed(p []byte) error {
 		c := p[i]
 		i++
 		if !s.inLine {
-			s.inLine, s.neg, s.digits, s.n = true, false, 0, 0
+			s.inLine, s.neg, s.digits, s.n, s.line = true, false, 0, 0, 1
 			switch c {
 			case '$', '!', '=':
 				s.counted, s.bulk = true, true
@@ -117,6 +121,10 @@ func (s *respScan) feed(p []byte) error {
 				}
 			}
 			continue
+		}
+		if s.line++; s.line > maxRESPLine {
+			s.err = fmt.Errorf("%w (a line over %d bytes)", errRESPBound, maxRESPLine)
+			return s.err
 		}
 		if !s.counted || c == '\r' {
 			continue

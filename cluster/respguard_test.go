@@ -96,6 +96,7 @@ func TestHostileRedisReplyBomb(t *testing.T) {
 		{"bulk of 2^63-1", "$9223372036854775807\r\n"},
 		{"map of 2^62", "%4611686018427387904\r\n"},
 		{"push of 2^63-1", ">9223372036854775807\r\n"},
+		{"endless status line", "+" + strings.Repeat("A", 1<<20)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rdb, err := NewClient("redis://"+fakeRedis(t, c.answer)+"/0", time.Second)
@@ -162,6 +163,9 @@ func TestRESPScan(t *testing.T) {
 		{"length not a number", "$abc\r\n", false},
 		{"length missing", "*\r\n", false},
 		{"streamed string", "$?\r\n", false},
+		{"status line at the bound", "+" + strings.Repeat("x", maxRESPLine-3) + "\r\n", true},
+		{"status line over the bound", "+" + strings.Repeat("x", maxRESPLine) + "\r\n", false},
+		{"error line without an end", "-" + strings.Repeat("E", 1<<20), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var whole respScan
