@@ -1,7 +1,12 @@
 package sip
 
 import (
+	"bytes"
+	"crypto/tls"
+	"io"
+	"net"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,5 +83,60 @@ func awaitFinal(ua *uac, callID string) *gosip.Response {
 		if res, ok := m.(*gosip.Response); ok && res.StatusCode == 200 && res.CallID().Value() == callID {
 			return res
 		}
+	}
+}
+
+// TestHostileTLSRecordHeldWhileIdle: bytes of a TLS record that came with
+// the last message (its header, with the length of a full record) are
+// held by the session while the connection waits for the next message,
+// its read buffer grown to the whole record (some 17 KiB, outside the
+// partial-message budget). The message timeout must bound that, as it
+// does bytes that come during the wait. Before, the wait ran to the idle
+// timeout: 22 bytes a connection held 17 KiB for minutes.
+func TestHostileTLSRecordHeldWhileIdle(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s, cli := edgeServer(t, []*uas{b1}, func(c *Config) {
+		c.TCPMessageTimeout = 200 * time.Millisecond
+		c.TCPIdleTimeout = time.Hour
+	})
+	raw, err := net.Dial("tcp", s.TLSAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	bc := &batchConn{Conn: raw}
+	sess := tls.Client(bc, cli)
+	if err := sess.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	// One record with a message, then a full-size record of which only
+	// the header is sent, in one write.
+	bc.mu.Lock()
+	bc.hold = true
+	bc.mu.Unlock()
+	msg := strings.Replace(optionsTo(s, raw.LocalAddr(), "held-record"), "Max-Forwards: 70", "Max-Forwards: 0", 1)
+	if _, err := sess.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	first := bc.buf.Len()
+	if _, err := sess.Write(bytes.Repeat([]byte{'x'}, 16<<10)); err != nil {
+		t.Fatal(err)
+	}
+	bc.mu.Lock()
+	out := append([]byte(nil), bc.buf.Bytes()[:first+5]...)
+	bc.buf.Reset()
+	bc.mu.Unlock()
+	if _, err := raw.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	(&tcpClient{t: t, conn: sess}).response(200)
+
+	// The connection is closed by the message timeout, not the idle one.
+	_ = raw.SetReadDeadline(time.Now().Add(wait))
+	if _, err := io.Copy(io.Discard, raw); err != nil {
+		t.Fatalf("connection holding part of a record still open after %s (message timeout 200ms): %v", wait, err)
+	}
+	if s.metrics.TCPSlow.Load() == 0 {
+		t.Fatal("the close is not counted as a message not complete in time")
 	}
 }
