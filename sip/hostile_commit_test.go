@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
+	"github.com/gobwas/ws"
 )
 
 // panicOnceDialogs is a DialogCommitter whose first CommitDialogs panics
@@ -99,44 +101,67 @@ func TestHostileTLSRecordHeldWhileIdle(t *testing.T) {
 		c.TCPMessageTimeout = 200 * time.Millisecond
 		c.TCPIdleTimeout = time.Hour
 	})
-	raw, err := net.Dial("tcp", s.TLSAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	bc := &batchConn{Conn: raw}
-	sess := tls.Client(bc, cli)
-	if err := sess.Handshake(); err != nil {
-		t.Fatal(err)
-	}
-	// One record with a message, then a full-size record of which only
-	// the header is sent, in one write.
-	bc.mu.Lock()
-	bc.hold = true
-	bc.mu.Unlock()
-	msg := strings.Replace(optionsTo(s, raw.LocalAddr(), "held-record"), "Max-Forwards: 70", "Max-Forwards: 0", 1)
-	if _, err := sess.Write([]byte(msg)); err != nil {
-		t.Fatal(err)
-	}
-	first := bc.buf.Len()
-	if _, err := sess.Write(bytes.Repeat([]byte{'x'}, 16<<10)); err != nil {
-		t.Fatal(err)
-	}
-	bc.mu.Lock()
-	out := append([]byte(nil), bc.buf.Bytes()[:first+5]...)
-	bc.buf.Reset()
-	bc.mu.Unlock()
-	if _, err := raw.Write(out); err != nil {
-		t.Fatal(err)
-	}
-	(&tcpClient{t: t, conn: sess}).response(200)
+	for _, tr := range []string{"tls", "wss"} {
+		t.Run(tr, func(t *testing.T) {
+			slow := s.metrics.TCPSlow.Load()
+			addr := s.TLSAddr()
+			if tr == "wss" {
+				addr = s.WSSAddr()
+			}
+			raw, err := net.Dial("tcp", addr.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			bc := &batchConn{Conn: raw}
+			sess := tls.Client(bc, cli)
+			if tr == "wss" {
+				u, _ := url.Parse("wss://" + addr.String() + "/")
+				if _, _, err := (ws.Dialer{Protocols: []string{"sip"}}).Upgrade(sess, u); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := sess.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			// One record with a message, then a full-size record of which
+			// only the header is sent, in one write.
+			bc.mu.Lock()
+			bc.hold = true
+			bc.mu.Unlock()
+			msg := []byte(strings.Replace(optionsTo(s, raw.LocalAddr(), "held-record-"+tr), "Max-Forwards: 70", "Max-Forwards: 0", 1))
+			if tr == "wss" {
+				var f bytes.Buffer
+				_ = ws.WriteFrame(&f, ws.MaskFrame(ws.NewTextFrame(msg)))
+				msg = f.Bytes()
+			}
+			if _, err := sess.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			first := bc.buf.Len()
+			if _, err := sess.Write(bytes.Repeat([]byte{'x'}, 16<<10)); err != nil {
+				t.Fatal(err)
+			}
+			bc.mu.Lock()
+			out := append([]byte(nil), bc.buf.Bytes()[:first+5]...)
+			bc.buf.Reset()
+			bc.mu.Unlock()
+			if _, err := raw.Write(out); err != nil {
+				t.Fatal(err)
+			}
+			if tr == "wss" {
+				(&wsClient{t: t, conn: sess}).response(200)
+			} else {
+				(&tcpClient{t: t, conn: sess}).response(200)
+			}
 
-	// The connection is closed by the message timeout, not the idle one.
-	_ = raw.SetReadDeadline(time.Now().Add(wait))
-	if _, err := io.Copy(io.Discard, raw); err != nil {
-		t.Fatalf("connection holding part of a record still open after %s (message timeout 200ms): %v", wait, err)
-	}
-	if s.metrics.TCPSlow.Load() == 0 {
-		t.Fatal("the close is not counted as a message not complete in time")
+			// Closed by the message timeout, not the idle one.
+			_ = raw.SetReadDeadline(time.Now().Add(wait))
+			if _, err := io.Copy(io.Discard, raw); err != nil {
+				t.Fatalf("connection holding part of a record still open after %s (message timeout 200ms): %v", wait, err)
+			}
+			if s.metrics.TCPSlow.Load() == slow {
+				t.Fatal("the close is not counted as a message not complete in time")
+			}
+		})
 	}
 }
