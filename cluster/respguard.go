@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 )
 
 // Whatever answers at the Redis address is not trusted with the node's
@@ -44,9 +45,24 @@ func guardDialer(dial func(ctx context.Context, network, addr string) (net.Conn,
 		if err != nil {
 			return nil, err
 		}
+		if sc, ok := c.(syscall.Conn); ok {
+			return &respGuardSys{respGuard: respGuard{Conn: c}, sc: sc}, nil
+		}
 		return &respGuard{Conn: c}, nil
 	}
 }
+
+// respGuardSys is the respGuard of a plain TCP connection: go-redis's
+// health check of an idle pooled connection peeks at its socket
+// (syscall.Conn), which finds a connection Redis closed before it is
+// used, as without the guard; a peek consumes nothing the scan has not
+// seen. A TLS connection has no such socket, with or without the guard.
+type respGuardSys struct {
+	respGuard
+	sc syscall.Conn
+}
+
+func (g *respGuardSys) SyscallConn() (syscall.RawConn, error) { return g.sc.SyscallConn() }
 
 // respGuard is a connection to Redis whose replies are checked (respScan)
 // before go-redis reads them.

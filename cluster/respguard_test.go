@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -184,5 +185,25 @@ func TestRESPScan(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRESPGuardKeepsHealthCheck: a guarded plain TCP connection still
+// offers its socket to go-redis's health check of idle pooled
+// connections (syscall.Conn), so one Redis closed is found before use.
+func TestRESPGuardKeepsHealthCheck(t *testing.T) {
+	addr := fakeRedis(t, "+PONG\r\n")
+	dial := guardDialer((&net.Dialer{}).DialContext)
+	c, err := dial(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		t.Fatal("a guarded TCP connection does not offer its socket: go-redis no longer checks idle connections")
+	}
+	if _, err := sc.SyscallConn(); err != nil {
+		t.Fatal(err)
 	}
 }
