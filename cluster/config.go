@@ -168,7 +168,7 @@ func (c *Config) fill() error {
 // fail policy rather than retrying while decisions run dry. go-redis's own
 // log lines (one per failed dial, many a second while Redis is away) are
 // silenced: the cluster reports the outage once, as an event, a metric and
-// in /status.
+// in /status. Every connection's replies are bounded (respguard.go).
 func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, error) {
 	redis.SetLogger(&logging.VoidLogger{})
 	u, err := url.Parse(rawURL)
@@ -184,6 +184,7 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 			return nil, fieldErr("Redis", "Redis Cluster URL %s: %w", redact(u), err)
 		}
 		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
+		o.Dialer = guardDialer(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: o.TLSConfig}))
 		return redis.NewClusterClient(o), nil
 	case u.Query().Has("master_name"):
 		o, err := redis.ParseFailoverURL(u.String())
@@ -191,6 +192,7 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 			return nil, fieldErr("Redis", "Redis Sentinel URL %s: %w", redact(u), err)
 		}
 		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
+		o.Dialer = guardDialer(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: o.TLSConfig}))
 		return redis.NewFailoverClient(o), nil
 	case u.Scheme == "redis" || u.Scheme == "rediss":
 		o, err := redis.ParseURL(u.String())
@@ -198,6 +200,7 @@ func NewClient(rawURL string, timeout time.Duration) (redis.UniversalClient, err
 			return nil, fieldErr("Redis", "URL %s: %w", redact(u), err)
 		}
 		o.MaxRetries, o.DialerRetries, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = -1, 1, dial, timeout, timeout
+		o.Dialer = guardDialer(redis.NewDialer(o))
 		return redis.NewClient(o), nil
 	}
 	return nil, fieldErr("Redis", "URL %s: scheme must be redis, rediss, redis+cluster or rediss+cluster", redact(u))

@@ -275,7 +275,20 @@ func (s *Server) learnDialog(res *gosip.Response, src source, dst target) bool {
 // 2xx when no commit was under way (the leader); 2xx held by others
 // meanwhile (TCP connections, the other listeners) join the next batch,
 // so a busy balancer commits many calls with one send.
+//
+// A panic under it (the message handler recovers it, the listener lives
+// on) must not leave running set: every later 2xx would join a batch no
+// goroutine commits, held for good. The batch under way is lost with the
+// panic; what others held meanwhile goes with the next leader.
 func (s *Server) commitHeld(gc *dialogCommit) {
+	done := false
+	defer func() {
+		if !done {
+			gc.mu.Lock()
+			gc.running = false
+			gc.mu.Unlock()
+		}
+	}()
 	gc.mu.Lock()
 	batch, recs := gc.spare, gc.recs
 	gc.spare, gc.recs = nil, nil
@@ -299,6 +312,7 @@ func (s *Server) commitHeld(gc *dialogCommit) {
 		}
 		gc.mu.Lock()
 	}
+	done = true
 	gc.running = false
 	gc.spare, gc.recs = batch[:0], recs[:0]
 	gc.mu.Unlock()

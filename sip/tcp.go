@@ -613,7 +613,9 @@ func (s *Server) connFrames(tc *tcpConn, st streamIdle, buf []byte) {
 				// it one of its own, without a buffer; either reads into
 				// one from the pool.
 				if tc.sess != nil {
-					buf, err = tc.probeIdle()
+					if buf, err = tc.probeIdle(); buf == nil && err == nil {
+						dl = tc.idleDeadline(dl)
+					}
 				}
 				if buf == nil && err == nil {
 					if !tc.linger(time.Duration(s.tcp.linger.Load()), dl) {

@@ -83,6 +83,40 @@ func releaseTLSBuffers(s *tls.Conn) bool {
 	return true
 }
 
+// heldRecord reports whether s holds bytes of a record (or a handshake
+// message) not yet whole: read along with the last message, they keep
+// the session's read buffer grown to the whole record (up to some 17 KiB,
+// outside the partial-message budget) while the connection waits. Only
+// the goroutine that reads s may call it, between its reads.
+func heldRecord(s *tls.Conn) bool {
+	f := tlsFields()
+	if !f.ok {
+		return false
+	}
+	p := unsafe.Pointer(s)
+	return (*bytes.Buffer)(unsafe.Add(p, f.raw)).Len() != 0 || (*bytes.Buffer)(unsafe.Add(p, f.hand)).Len() != 0
+}
+
+// idleDeadline is the deadline of a wait between messages of an accepted
+// connection whose probe (probeIdle) found nothing to read: dl, or the
+// message timeout from now when the session holds part of a record
+// (heldRecord), the wait then marked as holding bytes (idleBytes, so the
+// bytes that complete it do not start the timeout again). A peer that
+// sends the start of a record with its last message must not keep the
+// grown buffer for the idle timeout; bytes that come during the wait
+// start the same timeout (rawConn.Read).
+func (c *tcpConn) idleDeadline(dl time.Time) time.Time {
+	if c.sess == nil || !c.accepted || !heldRecord(c.sess) {
+		return dl
+	}
+	c.waiting.Store(idleBytes)
+	if m := time.Now().Add(c.srv.cfg.TCPMessageTimeout); m.Before(dl) {
+		dl = m
+		_ = c.c.SetReadDeadline(dl)
+	}
+	return dl
+}
+
 // probeIdle returns the first byte of the next message of a connection
 // with a TLS session when the session holds it already, in a buffer from
 // the pool; (nil, nil) when it holds nothing: the socket is to be waited
@@ -147,7 +181,9 @@ func (c *tcpConn) readWoken() ([]byte, error) {
 // session once the socket has bytes, in a buffer from the pool (nil with
 // an error and nothing read).
 func (c *tcpConn) readAwake() ([]byte, error) {
-	c.waiting.Store(idleWait)
+	if c.waiting.Load() != idleBytes { // idleDeadline's: its timeout runs
+		c.waiting.Store(idleWait)
+	}
 	n, err := c.sess.Read(c.one[:])
 	if n > 0 || err == nil {
 		c.waiting.Store(idleNot)

@@ -448,7 +448,9 @@ func (s *Server) wsFrames(tc *tcpConn, st streamIdle, buf []byte) {
 			case msg != nil: // part of a message is in: wait here, its clock runs
 				buf, err = tc.readIdle()
 			case tc.sess != nil:
-				buf, err = tc.probeIdle() // what the session holds comes first
+				if buf, err = tc.probeIdle(); buf == nil && err == nil { // what the session holds comes first
+					dl = tc.idleDeadline(dl)
+				}
 			}
 			if buf == nil && err == nil {
 				if !tc.linger(time.Duration(s.tcp.linger.Load()), dl) {
