@@ -291,9 +291,7 @@ func (s *Server) commitHeld(gc *dialogCommit) {
 		}
 		s.metrics.DialogStoreHeld.Add(uint64(len(batch)))
 		for i, h := range batch {
-			if s.sendBytes(h.buf.Bytes(), h.dst) == nil {
-				s.metrics.Relayed.Add(1)
-			}
+			s.post(h.buf.Bytes(), h.dst, &s.metrics.Relayed)
 			bufPool.Put(h.buf)
 			batch[i] = heldReply{}
 		}
