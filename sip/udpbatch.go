@@ -50,6 +50,11 @@ type udpOut struct {
 	ips   [][16]byte
 	bufs  [][1][]byte
 	fails []udpFailed
+	// held are the dialog records of the first 2xx queued in this batch
+	// (relayConfirmed), committed with one CommitDialogs of heldGC before
+	// any of the queue leaves: no 2xx leaves before its record.
+	held   []StoredDialog
+	heldGC *dialogCommit
 }
 
 // batchWriter sends messages with sendmmsg where the system has it
@@ -152,6 +157,50 @@ func (o *udpOut) addLocked(p []byte, dst netip.AddrPort, ok *atomic.Uint64, onEr
 	o.q = append(o.q, udpQueued{off: off, end: len(o.arena), dst: dst, ok: ok, onErr: onErr, errp: errp})
 }
 
+// queueHeld adds p, the first 2xx of the dialog of rec, to the open batch
+// and rec to the records the batch commits with gc before its queue
+// leaves; false when no batch is open (the caller holds it as before).
+func (o *udpOut) queueHeld(s *Server, gc *dialogCommit, rec StoredDialog, p []byte, dst netip.AddrPort) bool {
+	if !o.open.Load() {
+		return false
+	}
+	o.mu.Lock()
+	if !o.open.Load() {
+		o.mu.Unlock()
+		return false
+	}
+	if o.heldGC != gc {
+		o.commitLocked(s) // the store was replaced: the old one's records first
+		o.heldGC = gc
+	}
+	o.held = append(o.held, rec)
+	o.addLocked(p, dst, &s.metrics.Relayed, nil, nil)
+	if len(o.q) >= udpOutMaxMsgs || len(o.arena) >= udpOutMaxBytes {
+		o.flushLocked(s)
+	}
+	o.mu.Unlock()
+	return true
+}
+
+// commitLocked hands the batch's held records to their committer in one
+// call (serialized with commitHeld's calls by the committer's commitMu).
+func (o *udpOut) commitLocked(s *Server) {
+	n := len(o.held)
+	if n == 0 {
+		return
+	}
+	gc := o.heldGC
+	gc.commitMu.Lock()
+	ok := gc.c.CommitDialogs(o.held)
+	gc.commitMu.Unlock()
+	if !ok {
+		s.metrics.DialogStoreUnsafe.Add(uint64(n))
+	}
+	s.metrics.DialogStoreHeld.Add(uint64(n))
+	clear(o.held)
+	o.held = o.held[:0]
+}
+
 // takeFailsLocked returns the failure handlers to call and empties the
 // list (the returned slice is the caller's).
 func (o *udpOut) takeFailsLocked() []udpFailed {
@@ -176,6 +225,7 @@ var errNoProgress = errors.New("sendmmsg sent no message")
 // results allow: a call stops at a message that fails, which gets that
 // error, and the next call starts after it.
 func (o *udpOut) flushLocked(s *Server) {
+	o.commitLocked(s)
 	n := len(o.q)
 	if n == 0 {
 		return

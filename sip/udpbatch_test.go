@@ -381,3 +381,92 @@ func TestBatchFailover(t *testing.T) {
 		t.Errorf("503 to the BYE has Warning %v, want backend unreachable", w)
 	}
 }
+
+// sendEvents records commits and sends in the order they happen.
+type sendEvents struct {
+	ev   []string
+	ok   bool // what CommitDialogs answers
+	fail map[string]bool
+}
+
+func (l *sendEvents) WriteDialogs([]StoredDialog, []uint64) {}
+
+func (l *sendEvents) CommitDialogs(put []StoredDialog) bool {
+	keys := make([]string, len(put))
+	for i, r := range put {
+		keys[i] = fmt.Sprint(r.Key)
+	}
+	l.ev = append(l.ev, "commit "+strings.Join(keys, ","))
+	return l.ok
+}
+
+func (l *sendEvents) WriteBatch(ms []ipv4.Message, _ int) (int, error) {
+	var ps []string
+	for _, m := range ms {
+		ps = append(ps, string(m.Buffers[0]))
+	}
+	l.ev = append(l.ev, "send "+strings.Join(ps, ","))
+	return len(ms), nil
+}
+
+// TestUDPOutHeld2xx: the first 2xx of dialogs confirmed in one read batch
+// share one CommitDialogs, made before any datagram of the queue leaves
+// (at the batch's end, or earlier when a send needs its result at once),
+// and then leave in their place in the queue; a commit that fails still
+// sends them, counted unsafe.
+func TestUDPOutHeld2xx(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ok    bool
+		steps []string // q:P queues P, h:K:P holds P for record K, now:P sends P at once
+		want  string   // golden: the events, in order
+	}{
+		{"two in a batch", true, []string{"q:100", "h:1:200a", "q:x", "h:2:200b"}, "commit 1,2|send 100,200a,x,200b"},
+		{"sendNow commits first", true, []string{"h:1:200a", "now:y", "h:2:200b"}, "commit 1|send 200a,y|commit 2|send 200b"},
+		{"none held", true, []string{"q:100", "q:180"}, "send 100,180"},
+		{"store down", false, []string{"h:1:200a"}, "commit 1|send 200a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &sendEvents{ok: tc.ok}
+			s := &Server{}
+			gc := &dialogCommit{c: l}
+			o := &udpOut{w: l}
+			dst := netip.MustParseAddrPort("127.0.0.1:5060")
+			held := 0
+			o.begin()
+			for _, st := range tc.steps {
+				f := strings.SplitN(st, ":", 3)
+				switch f[0] {
+				case "q":
+					o.queue(s, []byte(f[1]), dst, nil, nil)
+				case "h":
+					var k uint64
+					fmt.Sscan(f[1], &k)
+					if !o.queueHeld(s, gc, StoredDialog{Key: k}, []byte(f[2]), dst) {
+						t.Fatal("not held in an open batch")
+					}
+					held++
+				case "now":
+					o.sendNow(s, []byte(f[1]), dst)
+				}
+			}
+			o.end(s)
+			if got := strings.Join(l.ev, "|"); got != tc.want {
+				t.Errorf("events %q, want %q", got, tc.want)
+			}
+			if s.metrics.DialogStoreHeld.Load() != uint64(held) || s.metrics.Relayed.Load() != uint64(held) {
+				t.Errorf("held %d relayed %d, want %d", s.metrics.DialogStoreHeld.Load(), s.metrics.Relayed.Load(), held)
+			}
+			unsafe := uint64(0)
+			if !tc.ok {
+				unsafe = uint64(held)
+			}
+			if s.metrics.DialogStoreUnsafe.Load() != unsafe {
+				t.Errorf("unsafe %d, want %d", s.metrics.DialogStoreUnsafe.Load(), unsafe)
+			}
+			if o.queueHeld(s, gc, StoredDialog{Key: 9}, []byte("late"), dst) {
+				t.Error("held with no batch open")
+			}
+		})
+	}
+}
