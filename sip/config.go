@@ -139,6 +139,11 @@ type Config struct {
 	// DefaultUDPBatch says what it saves and what it risks. Flag
 	// -sip-udp-raw-send.
 	UDPRawSend bool
+	// UDPSendBatch queues the UDP datagrams produced while a read batch
+	// (UDPBatch above 1) is handled and sends them with one sendmmsg at
+	// its end (udpbatch.go); a batch of one datagram sends at once. Flag
+	// -sip-udp-send-batch.
+	UDPSendBatch bool
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int

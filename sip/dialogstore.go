@@ -107,10 +107,13 @@ type heldReply struct {
 
 // dialogCommit is the group commit of held 2xx.
 type dialogCommit struct {
-	c       DialogCommitter
-	mu      sync.Mutex
-	pending []heldReply
-	running bool // a commitHeld runs
+	c DialogCommitter
+	// commitMu makes the calls of CommitDialogs one at a time: commitHeld
+	// and the read batch's commit (udpOut.commitLocked).
+	commitMu sync.Mutex
+	mu       sync.Mutex
+	pending  []heldReply
+	running  bool // a commitHeld runs
 	// spare and recs are commitHeld's slices, kept between leaders.
 	spare []heldReply
 	recs  []StoredDialog
@@ -220,6 +223,12 @@ func (s *Server) relayConfirmed(k uint64, res *gosip.Response, dst target, now i
 	h := heldReply{buf: b, dst: dst, rec: StoredDialog{Key: k, Ref: ref, ToTag: e.toTag, Src: e.src, Linger: e.linger(),
 		Expires: time.Now().Add(time.Duration(e.deadline - now))}}
 	gc := st.commit
+	if !dst.tcp && s.udpOut != nil && len(b.Bytes()) <= maxDatagram && s.udpOut.queueHeld(s, gc, h.rec, b.Bytes(), dst.addr) {
+		// In a read batch: one commit for the batch's 2xx, then they
+		// leave with its queue, in the order produced (udpbatch.go).
+		bufPool.Put(b)
+		return true
+	}
 	gc.mu.Lock()
 	gc.pending = append(gc.pending, h)
 	start := !gc.running
@@ -299,14 +308,15 @@ func (s *Server) commitHeld(gc *dialogCommit) {
 		for _, h := range batch {
 			recs = append(recs, h.rec)
 		}
-		if !gc.c.CommitDialogs(recs) {
+		gc.commitMu.Lock()
+		ok := gc.c.CommitDialogs(recs)
+		gc.commitMu.Unlock()
+		if !ok {
 			s.metrics.DialogStoreUnsafe.Add(uint64(len(batch)))
 		}
 		s.metrics.DialogStoreHeld.Add(uint64(len(batch)))
 		for i, h := range batch {
-			if s.sendBytes(h.buf.Bytes(), h.dst) == nil {
-				s.metrics.Relayed.Add(1)
-			}
+			s.post(h.buf.Bytes(), h.dst, &s.metrics.Relayed)
 			bufPool.Put(h.buf)
 			batch[i] = heldReply{}
 		}

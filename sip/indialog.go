@@ -257,9 +257,7 @@ func (s *Server) expireWatched(now int64) {
 		// The verdict first: the client's next request, sent on our
 		// 408, must find it.
 		s.unansweredBy(e.backend, e.sent, now)
-		if err := s.sendBytes(e.reply, e.to); err == nil {
-			s.metrics.LocalReplies.Add(1)
-		}
+		s.post(e.reply, e.to, &s.metrics.LocalReplies)
 		s.metrics.InDialogUnanswered.Add(1)
 		s.log.Warn("sip in-dialog request unanswered by its backend: 408 sent to the client", "backend", e.backend, "method", string(e.method))
 	}

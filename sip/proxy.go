@@ -278,7 +278,7 @@ func (s *Server) setOurAddress(u *gosip.Uri, tr string) {
 
 // forwardStateless sends req to dst with our Via, keeping no state.
 func (s *Server) forwardStateless(req *gosip.Request, src source, dst target) {
-	_ = s.forwardStatelessBranch(req, src, dst, s.branchOf(req, src, dst))
+	_ = s.forwardStatelessBranch(req, src, dst, s.branchOf(req, src, dst), nil)
 }
 
 // branchOf is our branch for req from src sent to dst.
@@ -287,15 +287,16 @@ func (s *Server) branchOf(req *gosip.Request, src source, dst target) string {
 	return s.branches.branch(&k, loopHash(req), dst)
 }
 
-// forwardStatelessBranch sends req to dst with our Via of branch br.
-func (s *Server) forwardStatelessBranch(req *gosip.Request, src source, dst target, br string) error {
+// forwardStatelessBranch sends req to dst with our Via of branch br. A
+// UDP send queued in a read batch returns nil and, when it fails at the
+// batch's end, calls onErr (if not nil) with the error.
+func (s *Server) forwardStatelessBranch(req *gosip.Request, src source, dst target, br string, onErr func(error)) error {
 	s.prepareForward(req, src)
 	req.PrependHeader(s.ourVia(br, s.viaTransport(dst)))
-	if err := s.sendMsg(req, dst); err != nil {
+	if err := s.postMsgOr(req, dst, &s.metrics.Forwarded, onErr); err != nil {
 		s.log.Debug("sip forward", "err", err, "call_id", req.CallID().Value())
 		return err
 	}
-	s.metrics.Forwarded.Add(1)
 	return nil
 }
 
@@ -326,18 +327,29 @@ func (s *Server) forwardInDialog(req *gosip.Request, src source, b *backend, poo
 	if !ack {
 		s.watch(req, src, br, b.id, pool, now)
 	}
-	if err := s.forwardStatelessBranch(req, src, dst, br); err != nil && !ack {
-		s.unwatch(br)
-		if errors.Is(err, errTooLarge) {
-			s.replyTooLarge(req, src)
-			return
-		}
-		if errors.Is(err, errProxyConnsFull) {
-			s.reply(req, src, 503, "Service Unavailable", proxyFullHeaders(s)...)
-			return
-		}
-		s.reply(req, src, 503, "Service Unavailable", "Warning: 399 "+s.adv.String()+` "backend unreachable"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.BusyDefault)))
+	var onErr func(error)
+	if !ack && !dst.tcp && s.udpOut != nil && s.udpOut.open.Load() {
+		onErr = func(err error) { s.inDialogSendFailed(req, src, br, err) }
 	}
+	if err := s.forwardStatelessBranch(req, src, dst, br, onErr); err != nil && !ack {
+		s.inDialogSendFailed(req, src, br, err)
+	}
+}
+
+// inDialogSendFailed answers the client of an in-dialog request whose
+// send to its backend failed (at once, or at the end of the read batch
+// that queued it).
+func (s *Server) inDialogSendFailed(req *gosip.Request, src source, br string, err error) {
+	s.unwatch(br)
+	if errors.Is(err, errTooLarge) {
+		s.replyTooLarge(req, src)
+		return
+	}
+	if errors.Is(err, errProxyConnsFull) {
+		s.reply(req, src, 503, "Service Unavailable", proxyFullHeaders(s)...)
+		return
+	}
+	s.reply(req, src, 503, "Service Unavailable", "Warning: 399 "+s.adv.String()+` "backend unreachable"`, "Retry-After: "+strconv.Itoa(s.jitter(s.cfg.BusyDefault)))
 }
 
 // handleAck routes an ACK: absorbed if it acknowledges our own final
@@ -358,9 +370,7 @@ func (s *Server) handleAck(req *gosip.Request, src source, p *backendSet, now in
 		s.popOurRoutes(req)
 		s.prepareForward(req, src)
 		req.PrependHeader(s.ourVia(t.branch, t.cur.transport()))
-		if err := s.sendMsg(req, target{addr: t.cur.addr, tcp: t.cur.tcp, dial: true, client: src.addr}); err == nil {
-			s.metrics.Forwarded.Add(1)
-		}
+		s.postMsg(req, target{addr: t.cur.addr, tcp: t.cur.tcp, dial: true, client: src.addr}, &s.metrics.Forwarded)
 		return
 	}
 	if tag == "" {

@@ -20,14 +20,18 @@ import (
 // backend of its INVITE, and both backends get calls: with the UDP
 // socket read in batches (the default) and one datagram a call
 // (-sip-udp-batch 1), each with net's sendto and the raw one
-// (-sip-udp-raw-send).
+// (-sip-udp-raw-send), and with the sends of a read batch queued
+// (-sip-udp-send-batch).
 func TestCallsAcrossBackends(t *testing.T) {
 	for _, tc := range []struct {
-		batch int
-		raw   bool
-	}{{16, false}, {16, true}, {1, false}, {1, true}} {
-		t.Run(fmt.Sprintf("udp-batch-%d-raw-send-%v", tc.batch, tc.raw), func(t *testing.T) {
-			s := callsAcrossBackends(t, func(c *Config) { c.UDPBatch, c.UDPRawSend = tc.batch, tc.raw })
+		batch     int
+		raw, send bool
+	}{{16, false, false}, {16, true, false}, {1, false, false}, {1, true, false}, {16, false, true}, {16, true, true}} {
+		t.Run(fmt.Sprintf("udp-batch-%d-raw-send-%v-send-batch-%v", tc.batch, tc.raw, tc.send), func(t *testing.T) {
+			s := callsAcrossBackends(t, func(c *Config) { c.UDPBatch, c.UDPRawSend, c.UDPSendBatch = tc.batch, tc.raw, tc.send })
+			if tc.send != (s.udpOut != nil) {
+				t.Errorf("-sip-udp-send-batch %v: send queue %v", tc.send, s.udpOut != nil)
+			}
 			if !tc.raw && s.udpRaw != nil {
 				t.Error("raw sendto in use without -sip-udp-raw-send")
 			}

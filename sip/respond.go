@@ -99,9 +99,7 @@ func (s *Server) reply(req *gosip.Request, src source, code int, reason string, 
 
 // replyUnlogged is reply for an answer its caller logs itself.
 func (s *Server) replyUnlogged(req *gosip.Request, src source, code int, reason string, extra ...string) {
-	if err := s.sendBytes(s.buildReply(req, code, reason, extra...), s.replyTarget(req, src)); err == nil {
-		s.metrics.LocalReplies.Add(1)
-	}
+	s.post(s.buildReply(req, code, reason, extra...), s.replyTarget(req, src), &s.metrics.LocalReplies)
 }
 
 // localReplySourceRate caps, per UDP source address (an IPv6 one by its
@@ -142,9 +140,7 @@ func (s *Server) replyLocal(req *gosip.Request, src source, code int, reason str
 		return
 	}
 	s.logLocal(req, src, code, reason, extra)
-	if err := s.sendBytes(p, s.replyTarget(req, src)); err == nil {
-		s.metrics.LocalReplies.Add(1)
-	}
+	s.post(p, s.replyTarget(req, src), &s.metrics.LocalReplies)
 }
 
 // localAllowed counts one local answer to src against its share and
@@ -184,9 +180,7 @@ func (s *Server) replyLoop(req *gosip.Request, src source) {
 		return
 	}
 	s.logLocal(req, src, 482, "Loop Detected", nil)
-	if err := s.sendBytes(p, target{addr: src.addr, tcp: src.conn != nil}); err == nil {
-		s.metrics.LocalReplies.Add(1)
-	}
+	s.post(p, target{addr: src.addr, tcp: src.conn != nil}, &s.metrics.LocalReplies)
 }
 
 // replyTooLarge answers 513 (RFC 3261 §21.4.11) to a request we cannot
@@ -219,7 +213,7 @@ func (s *Server) malformed(data []byte, src source, why string) {
 		return
 	}
 	s.metrics.BadRequests.Add(1)
-	_ = s.sendBytes(p, target{addr: src.addr, tcp: src.conn != nil})
+	s.post(p, target{addr: src.addr, tcp: src.conn != nil}, nil)
 }
 
 // raw400 builds a 400 for a message that sipgo could not parse, from its

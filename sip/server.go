@@ -95,6 +95,7 @@ type Server struct {
 	edgeAdv [4]edgeAdv
 	udp     *net.UDPConn
 	udpRaw  *udpRaw // raw sendto on udp (udpio_linux.go, -sip-udp-raw-send); nil: net's call
+	udpOut  *udpOut // the send queue of a read batch (udpbatch.go, -sip-udp-send-batch); nil: every send at once
 	tcpLn   *net.TCPListener
 	tlsLn   *net.TCPListener // -sip-tls-listen, nil when not configured
 	wsLn    *net.TCPListener // -sip-ws-listen
@@ -272,6 +273,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.cfg.UDPRawSend {
 		s.udpRaw = newUDPRaw(s.udp)
 	}
+	if s.cfg.UDPSendBatch && s.cfg.UDPBatch > 1 {
+		s.udpOut = newUDPOut(s.udp)
+	}
 	la := s.udp.LocalAddr().(*net.UDPAddr)
 	if err := s.setAdvertise(la); err != nil {
 		s.udp.Close()
@@ -410,6 +414,16 @@ func (s *Server) serveUDP() {
 					return
 				}
 				s.log.Warn("sip udp read", "err", err)
+				continue
+			}
+			if n > 1 && s.udpOut != nil {
+				// What the batch makes us send leaves together at its
+				// end (udpbatch.go); a batch of one sends at once.
+				s.udpOut.begin()
+				for i := range n {
+					s.udpDatagram(r.datagram(i))
+				}
+				s.udpOut.end(s)
 				continue
 			}
 			for i := range n {
@@ -596,7 +610,7 @@ func (s *Server) tooLargeDatagram(data []byte, src source) {
 		return
 	}
 	s.metrics.TooLarge.Add(1)
-	_ = s.sendBytes(p, target{addr: src.addr})
+	s.post(p, target{addr: src.addr}, nil)
 }
 
 // target is where a message goes.
@@ -621,6 +635,50 @@ func (s *Server) sendMsg(m gosip.Message, t target) error {
 	return err
 }
 
+// post sends p to t without waiting for the result: in a read batch a
+// UDP datagram joins the batch's queue (udpbatch.go), anything else is
+// sent at once. ok, when not nil, counts the message if it left.
+func (s *Server) post(p []byte, t target, ok *atomic.Uint64) {
+	_ = s.postOr(p, t, ok, nil)
+}
+
+// postOr is post for a send whose failure has a handler: queued, onErr is
+// called with the error after the batch's flush if it did not leave, and
+// postOr returns nil; sent at once, postOr returns the error and onErr is
+// not called (the caller handles it as before). errTooLarge is returned at
+// once in both cases.
+func (s *Server) postOr(p []byte, t target, ok *atomic.Uint64, onErr func(error)) error {
+	if !t.tcp && s.udpOut != nil && s.udpOut.open.Load() {
+		if len(p) > maxDatagram {
+			s.metrics.Oversize.Add(1)
+			return errTooLarge
+		}
+		if s.udpOut.queue(s, p, t.addr, ok, onErr) {
+			return nil
+		}
+	}
+	err := s.sendBytes(p, t)
+	if err == nil && ok != nil {
+		ok.Add(1)
+	}
+	return err
+}
+
+// postMsg serializes m and posts it to t.
+func (s *Server) postMsg(m gosip.Message, t target, ok *atomic.Uint64) {
+	_ = s.postMsgOr(m, t, ok, nil)
+}
+
+// postMsgOr serializes m and posts it to t as postOr does.
+func (s *Server) postMsgOr(m gosip.Message, t target, ok *atomic.Uint64, onErr func(error)) error {
+	b := bufPool.Get().(*bytes.Buffer)
+	b.Reset()
+	m.StringWrite(b)
+	err := s.postOr(b.Bytes(), t, ok, onErr)
+	bufPool.Put(b)
+	return err
+}
+
 // maxDatagram is the largest UDP payload over IPv4.
 const maxDatagram = 65507
 
@@ -636,6 +694,12 @@ func (s *Server) sendBytes(p []byte, t target) error {
 		}
 		var err error
 		handled := false
+		if s.udpOut != nil {
+			// In a read batch: what the batch queued leaves first.
+			if handled, err = s.udpOut.sendNow(s, p, t.addr); handled {
+				return err
+			}
+		}
 		if s.udpRaw != nil {
 			handled, err = s.udpRaw.send(p, t.addr)
 		}

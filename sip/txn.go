@@ -228,7 +228,7 @@ func (tt *txnTable) retransmission(s *Server, ckey string, req *gosip.Request, s
 	s.metrics.Retransmissions.Add(1)
 	switch {
 	case state == stCompleted && final != nil:
-		_ = s.sendBytes(final, s.replyTarget(req, src))
+		s.post(final, s.replyTarget(req, src), nil)
 	case invite && (state == stCalling || state == stWaiting):
 		// Our own timers retransmit upstream; a 100 stops the client's.
 		// Once a provisional answer went out, a late 100 would be out of
@@ -286,7 +286,7 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 		if s.sipsDowngrade(t.req, b.transport()) {
 			continue // a sips: request goes to TLS backends only
 		}
-		if s.send(t, b, now) {
+		if s.send(t, b, now, failover) {
 			if failover && !t.tooLarge {
 				s.metrics.Failovers.Add(1)
 			}
@@ -308,8 +308,11 @@ func (s *Server) attempt(t *txn, now int64, failover bool) {
 }
 
 // send forwards t to b: our Via with this attempt's branch and, for
-// dialog-creating requests, Record-Route with a token naming b.
-func (s *Server) send(t *txn, b *backend, now int64) bool {
+// dialog-creating requests, Record-Route with a token naming b. It
+// reports false when the send failed at once (the caller tries the next
+// backend); a UDP send queued in a read batch that fails at the batch's
+// end goes on in forwardFailed. failover is the caller's (attempt).
+func (s *Server) send(t *txn, b *backend, now int64, failover bool) bool {
 	req := t.req
 	branch := s.branches.branch(&t.ctxn, t.loop, target{addr: b.addr, tcp: b.tcp})
 	s.txns.mu.Lock()
@@ -396,7 +399,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 		s.metrics.TooLarge.Add(1)
 		p, dst := s.finishLocalLocked(t, 513, "Message Too Large", nil)
 		s.txns.mu.Unlock()
-		_ = s.sendBytes(p, dst)
+		s.post(p, dst, nil)
 		return true
 	}
 	t.settleLocked(now, lb.Abandoned)
@@ -423,7 +426,12 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			s.shareDialog(DialogInsert, t.req, "", t.poolName, b.id)
 		}
 	}
-	if err := s.sendBytes(wire, target{addr: b.addr, tcp: b.tcp, client: t.src.addr}); err != nil {
+	dst := target{addr: b.addr, tcp: b.tcp, client: t.src.addr}
+	var onErr func(error)
+	if !b.tcp && s.udpOut != nil && s.udpOut.open.Load() {
+		onErr = func(err error) { s.forwardFailed(t, b, branch, failover, err) }
+	}
+	if err := s.postOr(wire, dst, nil, onErr); err != nil {
 		s.log.Debug("sip forward new work", "err", err, "upstream", b.id)
 		s.txns.mu.Lock()
 		delete(s.txns.byBranch, branch)
@@ -433,7 +441,7 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 			t.settleLocked(now, lb.Abandoned)
 			p, dst := s.finishLocalLocked(t, 503, "Service Unavailable", proxyFullHeaders(s))
 			s.txns.mu.Unlock()
-			_ = s.sendBytes(p, dst)
+			s.post(p, dst, nil)
 			return true
 		}
 		t.settleLocked(now, lb.ConnectError)
@@ -444,6 +452,28 @@ func (s *Server) send(t *txn, b *backend, now int64) bool {
 	s.metrics.NewWork.Add(1)
 	s.pool.Load().countSent(t.poolName, b.id)
 	return true
+}
+
+// forwardFailed handles the failure of a send of t to b with branch that
+// was queued in a read batch and failed when the batch was sent: as a send
+// that fails at once in send, the attempt ends with a connection error on
+// b and the next backend is tried (attempt with the same failover), unless
+// t moved on meanwhile.
+func (s *Server) forwardFailed(t *txn, b *backend, branch string, failover bool, err error) {
+	s.log.Debug("sip forward new work", "err", err, "upstream", b.id)
+	now := s.clock.Now()
+	s.txns.mu.Lock()
+	if s.txns.byBranch[branch] == t {
+		delete(s.txns.byBranch, branch)
+	}
+	if t.branch != branch || t.cur != b || t.state != stCalling || t.answered {
+		s.txns.mu.Unlock()
+		return
+	}
+	t.settleLocked(now, lb.ConnectError)
+	t.state = stSwitching
+	s.txns.mu.Unlock()
+	s.attempt(t, now, failover)
 }
 
 func asHeaders(rrs []*gosip.RecordRouteHeader) []gosip.Header {
@@ -608,7 +638,7 @@ func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next 
 		s.observe(time.Duration(now - t.created))
 	}
 	if cancel != nil {
-		_ = s.sendBytes(cancel, up)
+		s.post(cancel, up, nil)
 	}
 	if !first || !s.relayConfirmed(t.dkey, res, next, now) {
 		s.relay(res, next)
@@ -628,9 +658,7 @@ func indexAny(s, chars string) int {
 
 // relay sends a response on to dst.
 func (s *Server) relay(res *gosip.Response, dst target) {
-	if err := s.sendMsg(res, dst); err == nil {
-		s.metrics.Relayed.Add(1)
-	}
+	s.postMsg(res, dst, &s.metrics.Relayed)
 }
 
 // ackUpstream acknowledges a non-2xx answer we do not pass on (RFC 3261
@@ -643,7 +671,7 @@ func (s *Server) ackUpstream(t *txn, res *gosip.Response, branch string, src sou
 	s.txns.mu.Lock()
 	p := s.hopRequestLocked(t, "ACK", res.To(), branch)
 	s.txns.mu.Unlock()
-	_ = s.sendBytes(p, target{addr: b.addr, tcp: b.tcp})
+	s.post(p, target{addr: b.addr, tcp: b.tcp}, nil)
 }
 
 // hopRequestLocked builds an ACK or CANCEL of our own for t's INVITE as
@@ -697,7 +725,7 @@ func (s *Server) finishLocal(t *txn, code int, reason string, extra []string) {
 	s.txns.mu.Lock()
 	p, dst := s.finishLocalLocked(t, code, reason, extra)
 	s.txns.mu.Unlock()
-	_ = s.sendBytes(p, dst)
+	s.post(p, dst, nil)
 }
 
 // finishLocalLocked is finishLocal without the send; the caller holds
@@ -738,7 +766,7 @@ func (s *Server) send100(t *txn) {
 	p := s.buildReply(t.req, 100, "Trying")
 	dst := s.replyTarget(t.req, t.src)
 	s.txns.mu.Unlock()
-	_ = s.sendBytes(p, dst)
+	s.post(p, dst, nil)
 }
 
 // txnTimers runs retransmissions, silence failover, 100 Trying and expiry.
@@ -774,7 +802,7 @@ func (s *Server) txnTimers(now int64) {
 				// lock: a 180 relayed by the reader takes the lock first
 				// or after, never overtakes it or is overtaken.
 				t.sent100 = true
-				_ = s.sendBytes(s.buildReply(t.req, 100, "Trying"), s.replyTarget(t.req, t.src))
+				s.post(s.buildReply(t.req, 100, "Trying"), s.replyTarget(t.req, t.src), nil)
 			}
 			if !t.cur.tcp && now >= t.nextRetx {
 				t.retxEvery *= 2
@@ -807,16 +835,16 @@ func (s *Server) txnTimers(now int64) {
 		switch a.kind {
 		case doRetx:
 			s.metrics.Retransmitted.Add(1)
-			_ = s.sendBytes(a.wire, a.dst)
+			s.post(a.wire, a.dst, nil)
 		case doFailover:
 			s.metrics.Timeouts.Add(1)
 			s.attempt(a.t, now, true)
 		case doTimeout:
 			s.metrics.Timeouts.Add(1)
 			if a.cancel != nil {
-				_ = s.sendBytes(a.cancel, a.up)
+				s.post(a.cancel, a.up, nil)
 			}
-			_ = s.sendBytes(a.wire, a.dst)
+			s.post(a.wire, a.dst, nil)
 		}
 	}
 }
@@ -855,9 +883,9 @@ func (s *Server) abortNewWork(now int64) {
 			"Warning: 399 " + s.adv.String() + ` "overload: memory critical"`})
 		s.txns.mu.Unlock()
 		if cancel != nil {
-			_ = s.sendBytes(cancel, dst)
+			s.post(cancel, dst, nil)
 		}
 		s.metrics.Aborted.Add(1)
-		_ = s.sendBytes(p, pdst)
+		s.post(p, pdst, nil)
 	}
 }

@@ -61,6 +61,7 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.TCPPartialBudget, "sip-tcp-partial-budget", "most bytes buffered for TCP messages not yet complete, over every connection; past it the connection holding the most is closed (at least twice -sip-max-message + 1)")
 	s.add(&c.UDPBuffer, "sip-udp-buffer", "UDP socket buffer in bytes")
 	s.add(&c.UDPBatch, "sip-udp-batch", "most UDP datagrams taken by one read (recvmmsg on Linux); 1: one datagram a call")
+	s.add(&c.UDPSendBatch, "sip-udp-send-batch", "send the UDP datagrams produced while a batch of datagrams read together is handled with one sendmmsg at its end (Linux, -sip-udp-batch above 1); a batch of one sends at once")
 	s.add(&c.UDPRawSend, "sip-udp-raw-send", "send UDP datagrams with raw sendto calls (Linux): about a third less CPU per call on a core of its own, less robust on a core shared with busy processes (bench/RESULTS.md)")
 	s.add(&c.MaxMessage, "sip-max-message", "largest SIP message in bytes")
 	s.add(&c.ContactAlias, "sip-contact-alias", "rewrite the Contact of a REGISTER or INVITE from a client connection to point at sluice with a signed alias of that connection, for backends without Path support")
