@@ -525,3 +525,36 @@ func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 	}
 	return bound
 }
+
+// estimateCut lowers the allowed rate at once when the lifetime estimate,
+// watched for a window (or carried across a change point), predicts a
+// plateau over the ceiling at it: base + allowed × (memory per unit of
+// rate) > ceiling. Memory answers the rate only a lifetime later, so by
+// the time it passes the ceiling the sessions admitted meanwhile are
+// still alive and push it further: a deploy that doubles the memory of a
+// session is cut when the estimate sees it, not when memory does. The
+// rate goes to the estimate's safe rate (ceiling less the margin, as
+// safeRate), never under cutFloor, and the estimate becomes the model the
+// Learned phase adapts.
+func (m *MOP) estimateCut(now int64, frac float64) {
+	l := &m.l
+	e := &l.est
+	k := l.exactMax
+	if m.cfg.windowOnly || m.cfg.doubling || !e.ok || !(k > 0) || e.observed < int64(m.cfg.Window) || frac-e.base < 4*e.sd {
+		return
+	}
+	base := math.Min(e.base, l.lowMem)
+	allowed := loadF(&m.allowed)
+	if base >= m.cfg.MaxHeap || base+allowed*k <= m.cfg.MaxHeap {
+		return
+	}
+	safe := math.Max((m.cfg.MaxHeap-base)/k*(1-m.cfg.Margin), m.cutFloor())
+	if safe >= allowed {
+		return
+	}
+	m.markProvisional(now)
+	l.base, l.slope, l.haveModel = base, k, true
+	l.proven = 0
+	m.setAllowed(safe)
+	m.learn(safe, fmt.Sprintf("the estimate predicts %.1f%% memory at %.1f/s", 100*(base+allowed*k), allowed))
+}
