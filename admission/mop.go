@@ -286,6 +286,7 @@ type learner struct {
 	exactRing               [lifeRing]float64 // the estimate's memory per unit of rate at the last samples
 	exactN                  int
 	exactMax                float64 // the highest of them; 0 unless all are known
+	shiftCut                int64   // the change point (lifeShift.at) the estimate last cut the rate after
 
 	rise     float64 // mean rise of memory between samples beyond its trend, recently
 	headroom float64 // headroomBound at the last sample, per second

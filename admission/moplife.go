@@ -527,7 +527,8 @@ func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 }
 
 // estimateCut lowers the allowed rate at once when the lifetime estimate,
-// watched for a window (or carried across a change point), predicts a
+// watched for a window, predicts in discovery (in the Learned phase:
+// once after a change point) a
 // plateau over the ceiling at it: base + allowed × (memory per unit of
 // rate) > ceiling. Memory answers the rate only a lifetime later, so by
 // the time it passes the ceiling the sessions admitted meanwhile are
@@ -535,11 +536,15 @@ func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 // session is cut when the estimate sees it, not when memory does. The
 // rate goes to the estimate's safe rate (ceiling less the margin, as
 // safeRate), never under cutFloor, and the estimate becomes the model the
-// Learned phase adapts.
+// Learned phase adapts when there is none yet. The estimate stands on many samples, so the cut is
+// not provisional.
 func (m *MOP) estimateCut(now int64, frac float64) {
 	l := &m.l
 	e := &l.est
 	k := l.exactMax
+	if MOPPhase(m.phase.Load()) != Discovery && (!l.shift.on || l.shiftCut == l.shift.at) {
+		return // the Learned phase adapts its own model (judgeWindow), once cut after a change point
+	}
 	if m.cfg.windowOnly || m.cfg.doubling || !e.ok || !(k > 0) || e.observed < int64(m.cfg.Window) || frac-e.base < 4*e.sd {
 		return
 	}
@@ -552,8 +557,12 @@ func (m *MOP) estimateCut(now int64, frac float64) {
 	if safe >= allowed {
 		return
 	}
-	m.markProvisional(now)
-	l.base, l.slope, l.haveModel = base, k, true
+	if l.shift.on {
+		l.shiftCut = l.shift.at
+	}
+	if !l.haveModel {
+		l.base, l.slope, l.haveModel = base, k, true
+	}
 	l.proven = 0
 	m.setAllowed(safe)
 	m.learn(safe, fmt.Sprintf("the estimate predicts %.1f%% memory at %.1f/s", 100*(base+allowed*k), allowed))
