@@ -365,3 +365,40 @@ func TestSimBackendDistributions(t *testing.T) {
 		t.Error("a long share without a long lifetime was accepted")
 	}
 }
+
+// TestMOPDeployLongSessions: a deploy that doubles the memory of 30 s
+// sessions while discovery runs demand-limited at 300/s (safe 410/s before,
+// 205/s after). Memory answers the rate a lifetime late, so a cut made when
+// memory passes the ceiling leaves 30 s of sessions admitted at the old
+// rate alive (peak 100.9% of a 85% ceiling before the estimate cut the
+// rate): the rate must come down when the estimate sees the deploy, to
+// about what it predicts safe, and memory stay within 2 points of the
+// ceiling.
+func TestMOPDeployLongSessions(t *testing.T) {
+	for _, tc := range []struct {
+		spec    string
+		maxRate float64 // the highest allowed rate in the window that holds the change point
+	}{
+		{"base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=300,window=30s,deploy=90s,deploy-bytes=128KiB,windows=8", 205},
+	} {
+		spec, err := ParseMOPSimSpec(tc.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := RunMOPSim(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		if err := r.WriteTable(&out); err != nil {
+			t.Fatal(err)
+		}
+		t.Log("\n" + out.String())
+		if ceiling := spec.MOP.MaxHeap; r.Peak > ceiling+0.02 {
+			t.Errorf("%s: peak memory %.3f, want at most %.3f (ceiling + 2 points)", tc.spec, r.Peak, ceiling+0.02)
+		}
+		if got := r.Windows[3].Allowed; got > tc.maxRate {
+			t.Errorf("%s: allowed %.1f/s at the end of the window after the deploy, want at most %.0f/s", tc.spec, got, tc.maxRate)
+		}
+	}
+}
