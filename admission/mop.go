@@ -671,6 +671,7 @@ func (m *MOP) Observe(now int64, used, max int64) error {
 	l.headroom, l.rho = m.headroomBound(now, admitted, frac)
 	m.addLifePoints(now, admitted, frac, float64(max))
 	m.estimateCut(now, frac)
+	m.drainCut(now, frac)
 	if !math.IsInf(l.headroom, 1) {
 		l.proven = math.Max(l.proven, l.headroom)
 	}

@@ -567,3 +567,36 @@ func (m *MOP) estimateCut(now int64, frac float64) {
 	m.setAllowed(safe)
 	m.learn(safe, fmt.Sprintf("the estimate predicts %.1f%% memory at %.1f/s", 100*(base+allowed*k), allowed))
 }
+
+// drainCut: while memory is over the ceiling and still rising, the
+// sessions admitted before the last cut are alive for up to a lifetime
+// more, so a rate sized for the plateau still lets memory grow. Over the
+// last five samples memory rose by Δ while ρ sessions a second were
+// admitted: sessions end at ρ − Δ/(s × t) a second (s: memory of one
+// session), and the rate goes under that, less the margin, so that
+// inflow is under outflow and memory falls. Never under the cut floor
+// (half the window's starting rate, as cut) or MinRate: a lifetime that
+// grew, rather than bytes, shows the same rise and is followed by the
+// windows, not by one rise.
+func (m *MOP) drainCut(now int64, frac float64) {
+	l := &m.l
+	e := &l.est
+	h := &l.hist
+	if m.cfg.windowOnly || m.cfg.doubling || !l.crossed || frac <= m.cfg.MaxHeap || !e.ok || !(e.perSess > 0) || h.n < 5 {
+		return
+	}
+	p := h.at(4)
+	dt := float64(now-p.at) / float64(time.Second)
+	rise := frac - p.mem
+	if dt <= 0 || rise <= 3*e.sd {
+		return // not rising beyond the noise
+	}
+	admitted, _ := m.counts()
+	rho := float64(admitted-p.admitted) / dt
+	out := rho - rise/dt/e.perSess
+	next := math.Max(math.Max(out*(1-m.cfg.Margin), m.cutFloor()), m.cfg.MinRate)
+	if allowed := loadF(&m.allowed); next < allowed {
+		m.setAllowed(next)
+		m.learn(next, fmt.Sprintf("memory at %.1f%% still rising over the ceiling", 100*frac))
+	}
+}
