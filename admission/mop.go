@@ -286,6 +286,7 @@ type learner struct {
 	exactRing               [lifeRing]float64 // the estimate's memory per unit of rate at the last samples
 	exactN                  int
 	exactMax                float64 // the highest of them; 0 unless all are known
+	shiftCut                int64   // the change point (lifeShift.at) the estimate last cut the rate after
 
 	rise     float64 // mean rise of memory between samples beyond its trend, recently
 	headroom float64 // headroomBound at the last sample, per second
@@ -669,6 +670,8 @@ func (m *MOP) Observe(now int64, used, max int64) error {
 	}
 	l.headroom, l.rho = m.headroomBound(now, admitted, frac)
 	m.addLifePoints(now, admitted, frac, float64(max))
+	m.estimateCut(now, frac)
+	m.drainCut(now, frac)
 	if !math.IsInf(l.headroom, 1) {
 		l.proven = math.Max(l.proven, l.headroom)
 	}

@@ -525,3 +525,78 @@ func (m *MOP) lifeBound(rhoH *[lifeN]float64, mem float64) float64 {
 	}
 	return bound
 }
+
+// estimateCut lowers the allowed rate at once when the lifetime estimate,
+// watched for a window, predicts in discovery (in the Learned phase:
+// once after a change point) a
+// plateau over the ceiling at it: base + allowed × (memory per unit of
+// rate) > ceiling. Memory answers the rate only a lifetime later, so by
+// the time it passes the ceiling the sessions admitted meanwhile are
+// still alive and push it further: a deploy that doubles the memory of a
+// session is cut when the estimate sees it, not when memory does. The
+// rate goes to the estimate's safe rate (ceiling less the margin, as
+// safeRate), never under cutFloor, and the estimate becomes the model the
+// Learned phase adapts when there is none yet. The estimate stands on many samples, so the cut is
+// not provisional.
+func (m *MOP) estimateCut(now int64, frac float64) {
+	l := &m.l
+	e := &l.est
+	k := l.exactMax
+	if MOPPhase(m.phase.Load()) != Discovery && (!l.shift.on || l.shiftCut == l.shift.at) {
+		return // the Learned phase adapts its own model (judgeWindow), once cut after a change point
+	}
+	if m.cfg.windowOnly || m.cfg.doubling || !e.ok || !(k > 0) || e.observed < int64(m.cfg.Window) || frac-e.base < 4*e.sd {
+		return
+	}
+	base := math.Min(e.base, l.lowMem)
+	allowed := loadF(&m.allowed)
+	if base >= m.cfg.MaxHeap || base+allowed*k <= m.cfg.MaxHeap {
+		return
+	}
+	safe := math.Max((m.cfg.MaxHeap-base)/k*(1-m.cfg.Margin), m.cutFloor())
+	if safe >= allowed {
+		return
+	}
+	if l.shift.on {
+		l.shiftCut = l.shift.at
+	}
+	if !l.haveModel {
+		l.base, l.slope, l.haveModel = base, k, true
+	}
+	l.proven = 0
+	m.setAllowed(safe)
+	m.learn(safe, fmt.Sprintf("the estimate predicts %.1f%% memory at %.1f/s", 100*(base+allowed*k), allowed))
+}
+
+// drainCut: while memory is over the ceiling and still rising, the
+// sessions admitted before the last cut are alive for up to a lifetime
+// more, so a rate sized for the plateau still lets memory grow. Over the
+// last five samples memory rose by Δ while ρ sessions a second were
+// admitted: sessions end at ρ − Δ/(s × t) a second (s: memory of one
+// session), and the rate goes under that, less the margin, so that
+// inflow is under outflow and memory falls. Never under the cut floor
+// (half the window's starting rate, as cut) or MinRate: a lifetime that
+// grew, rather than bytes, shows the same rise and is followed by the
+// windows, not by one rise.
+func (m *MOP) drainCut(now int64, frac float64) {
+	l := &m.l
+	e := &l.est
+	h := &l.hist
+	if m.cfg.windowOnly || m.cfg.doubling || !l.crossed || frac <= m.cfg.MaxHeap || !e.ok || !(e.perSess > 0) || h.n < 5 {
+		return
+	}
+	p := h.at(4)
+	dt := float64(now-p.at) / float64(time.Second)
+	rise := frac - p.mem
+	if dt <= 0 || rise <= 3*e.sd {
+		return // not rising beyond the noise
+	}
+	admitted, _ := m.counts()
+	rho := float64(admitted-p.admitted) / dt
+	out := rho - rise/dt/e.perSess
+	next := math.Max(math.Max(out*(1-m.cfg.Margin), m.cutFloor()), m.cfg.MinRate)
+	if allowed := loadF(&m.allowed); next < allowed {
+		m.setAllowed(next)
+		m.learn(next, fmt.Sprintf("memory at %.1f%% still rising over the ceiling", 100*frac))
+	}
+}

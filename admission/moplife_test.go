@@ -365,3 +365,46 @@ func TestSimBackendDistributions(t *testing.T) {
 		t.Error("a long share without a long lifetime was accepted")
 	}
 }
+
+// TestMOPDeployLongSessions: a deploy that doubles the memory of 30 s
+// sessions while discovery runs demand-limited at 300/s (safe 410/s before,
+// 205/s after). Memory answers the rate a lifetime late, so a cut made when
+// memory passes the ceiling leaves 30 s of sessions admitted at the old
+// rate alive (peak 100.9% of a 85% ceiling before the estimate cut the
+// rate): the rate must come down when the estimate sees the deploy, to
+// about what it predicts safe, and memory stay within 2 points of the
+// ceiling. The same deploy in the Learned phase, at 396/s against a safe
+// 205/s after it, overshoots before any change point can show (the
+// golden peak 0.897: 1.470 without the estimate's cut, 0.905 without
+// the cut while memory rises over the ceiling).
+func TestMOPDeployLongSessions(t *testing.T) {
+	for _, tc := range []struct {
+		spec    string
+		maxRate float64 // the highest allowed rate at the end of the window after the deploy
+		maxPeak float64 // over the ceiling
+		at      int     // that window
+	}{
+		{"base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=300,window=30s,deploy=90s,deploy-bytes=128KiB,windows=8", 205, 0.02, 3},
+		{"base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,deploy-bytes=128KiB,windows=12", 205, 0.05, 8},
+	} {
+		spec, err := ParseMOPSimSpec(tc.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := RunMOPSim(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		if err := r.WriteTable(&out); err != nil {
+			t.Fatal(err)
+		}
+		t.Log("\n" + out.String())
+		if ceiling := spec.MOP.MaxHeap; r.Peak > ceiling+tc.maxPeak {
+			t.Errorf("%s: peak memory %.3f, want at most %.3f", tc.spec, r.Peak, ceiling+tc.maxPeak)
+		}
+		if got := r.Windows[tc.at].Allowed; got > tc.maxRate {
+			t.Errorf("%s: allowed %.1f/s at the end of the window after the deploy, want at most %.0f/s", tc.spec, got, tc.maxRate)
+		}
+	}
+}
