@@ -44,7 +44,7 @@ func TestDemoFirstRun(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { killAndReap(t, cmd) })
 	banner := readBanner(t, stdout)
 	cmds := map[string]string{}
 	for _, line := range strings.Split(banner, "\n") {

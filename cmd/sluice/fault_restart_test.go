@@ -48,7 +48,7 @@ func startSluiceLog(t *testing.T, args ...string) (*exec.Cmd, []string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { killAndReap(t, cmd) })
 	found := make(chan []string, 1)
 	go func() {
 		var lines []string

@@ -564,7 +564,7 @@ func startSluiceLogAll(t *testing.T, args ...string) (*exec.Cmd, func() []string
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { killAndReap(t, cmd) })
 	var mu sync.Mutex
 	var lines []string
 	found := make(chan map[string]string, 1)

@@ -97,17 +97,7 @@ func startSluiceAddrs(t *testing.T, args ...string) (*exec.Cmd, map[string]strin
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		// The store process outlives a killed sluice by up to 2 s while it
-		// commits what its sockets hold: wait for it, or t.TempDir's
-		// removal races its last writes ("directory not empty").
-		child := storeChild(t, cmd.Process.Pid)
-		cmd.Process.Kill()
-		cmd.Wait()
-		for end := time.Now().Add(5 * time.Second); child != 0 && alive(child) && time.Now().Before(end); {
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
+	t.Cleanup(func() { killAndReap(t, cmd) })
 	found := make(chan map[string]string, 1)
 	go func() {
 		re := regexp.MustCompile(`(http|sip|admin)=([0-9.]+:[0-9]+)`)

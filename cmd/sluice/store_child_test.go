@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -40,6 +41,25 @@ func storeChild(t *testing.T, parent int) int {
 		}
 	}
 	return 0
+}
+
+// killAndReap kills sluice with SIGKILL, reaps it, and waits (at most 5 s)
+// for its store process, which outlives it by up to 2 s while it commits
+// what its sockets hold: a test's temporary data directory removed before
+// that races the store's last writes ("directory not empty"). The store
+// process is found before the kill: once orphaned it is no longer
+// sluice's child.
+func killAndReap(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if cmd.Process == nil {
+		return
+	}
+	child := storeChild(t, cmd.Process.Pid)
+	cmd.Process.Kill()
+	cmd.Wait()
+	for end := time.Now().Add(5 * time.Second); child != 0 && alive(child) && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // alive reports whether pid runs (a zombie does not).
