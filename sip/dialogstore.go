@@ -279,6 +279,15 @@ func (s *Server) learnDialog(res *gosip.Response, src source, dst target) bool {
 	return s.relayConfirmed(k, res, dst, now)
 }
 
+// commit calls CommitDialogs under commitMu, released however the call
+// ends: a panic under it (recovered by the message handler) must not
+// leave every later commit, and so every later call's first 2xx, blocked.
+func (gc *dialogCommit) commit(recs []StoredDialog) bool {
+	gc.commitMu.Lock()
+	defer gc.commitMu.Unlock()
+	return gc.c.CommitDialogs(recs)
+}
+
 // commitHeld commits the records of the held 2xx and relays them, batch
 // after batch, until none is held. It runs on the goroutine that held a
 // 2xx when no commit was under way (the leader); 2xx held by others
@@ -308,9 +317,7 @@ func (s *Server) commitHeld(gc *dialogCommit) {
 		for _, h := range batch {
 			recs = append(recs, h.rec)
 		}
-		gc.commitMu.Lock()
-		ok := gc.c.CommitDialogs(recs)
-		gc.commitMu.Unlock()
+		ok := gc.commit(recs)
 		if !ok {
 			s.metrics.DialogStoreUnsafe.Add(uint64(len(batch)))
 		}

@@ -190,9 +190,7 @@ func (o *udpOut) commitLocked(s *Server) {
 		return
 	}
 	gc := o.heldGC
-	gc.commitMu.Lock()
-	ok := gc.c.CommitDialogs(o.held)
-	gc.commitMu.Unlock()
+	ok := gc.commit(o.held)
 	if !ok {
 		s.metrics.DialogStoreUnsafe.Add(uint64(n))
 	}
