@@ -40,7 +40,7 @@ mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P)
 
 log() { echo "[$(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 2; }
-kept() { awk -F'\t' -v k="$1" '$1 == k { print $2 }' "$BASEFILE"; }
+kept() { awk -F'\t' -v k="$1" '$1 == k { print $2 }' "$BASEFILE"; }   # lines starting with # are comments
 skip() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
 
 [ -r "$BASEFILE" ] || die "no $BASEFILE"
@@ -79,6 +79,18 @@ verdict() {
     printf '%s\t%s\t%s %s\t%s\n' "$name" "$v" "$([ "$side" = above ] && echo "≤" || echo "≥")" "$lim" "$ok" >> "$RESULTS"
     log "$name = $v (want $([ "$side" = above ] && echo "≤" || echo "≥") $lim): $ok"
 }
+# peer_verdict NAME VALUE: against the ratio kept for the release, or, when
+# none is kept yet, recorded without a verdict (the first release's run).
+peer_verdict() {
+    local k
+    k=$(kept "$1")
+    if [ -z "$k" ]; then
+        log "$1 = ${2:--}: no ratio kept in $BASEFILE yet, nothing to compare with"
+        printf '%s\t%s\t(none kept)\tnew baseline\n' "$1" "${2:--}" >> "$RESULTS"
+        return
+    fi
+    verdict "$1" "$2" "$(lim_down "$k")" below
+}
 lim_up() { awk -v t="$TOLERANCE" -v k="${1:-1}" 'BEGIN { printf "%.3f", k * (1 + t) }'; }
 lim_down() { awk -v t="$TOLERANCE" -v k="${1:-1}" 'BEGIN { printf "%.3f", k * (1 - t) }'; }
 
@@ -103,12 +115,12 @@ if ! skip peers; then
     OUT=$OUT/http-nginx A_NGINX=off B_BIN=$NEWBIN ROUNDS=$ROUNDS QUOTA=$QUOTA CONNS=$CONNS DURATION=$DURATION \
         bench/http-ab.sh > "$OUT/http-nginx.txt" 2> "$OUT/http-nginx.log"
     r=$(sed -n 's/^median B\/A over .*: \([0-9.]*\) .*/\1/p' "$OUT/http-nginx.txt")
-    verdict http_reqs_sluice_over_nginx "$r" "$(lim_down "$(kept http_reqs_sluice_over_nginx)")" below
+    peer_verdict http_reqs_sluice_over_nginx "$r"
     log "SIP: Kamailio stateless ÷ this tree, CPU per call, $ROUNDS interleaved runs"
     OUT=$OUT/sip-kam RATE=$SIP_RATE SECS=$SIP_SECS RUNS=$ROUNDS NEW=$NEWBIN \
         bench/sip-cpu.sh vs-kamailio > "$OUT/sip-kam.txt" 2> "$OUT/sip-kam.log"
     r=$(sed -n 's/.*kamailio\/sluice: \([0-9.]*\).*/\1/p' "$OUT/sip-kam.txt" | tail -1)
-    verdict sip_cpu_kamailio_over_sluice "$r" "$(lim_down "$(kept sip_cpu_kamailio_over_sluice)")" below
+    peer_verdict sip_cpu_kamailio_over_sluice "$r"
 fi
 
 echo
