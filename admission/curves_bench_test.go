@@ -2,9 +2,10 @@ package admission
 
 import (
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/internal/benchcpu"
 )
 
 // curveRule is rule i of a set every request in BenchmarkCurveRules falls
@@ -57,7 +58,7 @@ func BenchmarkCurveRules(b *testing.B) {
 				}
 				now := int64(time.Hour)
 				b.ReportAllocs()
-				cpu0, ops := curveCPUNow(), 0
+				cpu0, ops := benchcpu.Now(), 0
 				for b.Loop() {
 					ops++
 					now += int64(time.Microsecond)
@@ -65,27 +66,8 @@ func BenchmarkCurveRules(b *testing.B) {
 						b.Fatalf("verdict %v by rule %d", d.Verdict, d.Rule)
 					}
 				}
-				curveReportCPU(b, cpu0, ops)
+				benchcpu.Report(b, cpu0, ops)
 			})
 		}
-	}
-}
-
-// curveCPUNow is the CPU time the process has used, user and system: on
-// a shared machine it counts what the benchmark did, not the time other
-// processes held the cores.
-func curveCPUNow() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// curveReportCPU reports the process CPU time per operation since start
-// over n operations as cpu-ns/op, the figure bench/curves.sh draws.
-func curveReportCPU(b *testing.B, start time.Duration, n int) {
-	if n > 0 && start > 0 {
-		b.ReportMetric(float64(curveCPUNow()-start)/float64(n), "cpu-ns/op")
 	}
 }

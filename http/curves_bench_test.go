@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/sluicelb/sluice/internal/benchcpu"
 )
 
 // BenchmarkCurveAdmitPick is the per-request decision of the pipeline
@@ -46,7 +47,7 @@ func BenchmarkCurveAdmitPick(b *testing.B) {
 			var v reqView
 			now := r.clock.Now()
 			b.ReportAllocs()
-			cpu0, ops := curveCPUNow(), 0
+			cpu0, ops := benchcpu.Now(), 0
 			for b.Loop() {
 				ops++
 				now += int64(time.Microsecond)
@@ -56,7 +57,7 @@ func BenchmarkCurveAdmitPick(b *testing.B) {
 					b.Fatal("refused")
 				}
 			}
-			curveReportCPU(b, cpu0, ops)
+			benchcpu.Report(b, cpu0, ops)
 			if c.want != "" && p.b.ID() != c.want {
 				b.Fatalf("picked %s, want %s", p.b.ID(), c.want)
 			}
@@ -121,7 +122,7 @@ func BenchmarkCurveRoundTrip(b *testing.B) {
 			req := []byte("GET " + c.path + " HTTP/1.1\r\nHost: x\r\n\r\n")
 			var resp fasthttp.Response
 			b.ReportAllocs()
-			cpu0, ops := curveCPUNow(), 0
+			cpu0, ops := benchcpu.Now(), 0
 			for b.Loop() {
 				ops++
 				if _, err := conn.Write(req); err != nil {
@@ -131,29 +132,10 @@ func BenchmarkCurveRoundTrip(b *testing.B) {
 					b.Fatal(err, resp.StatusCode())
 				}
 			}
-			curveReportCPU(b, cpu0, ops)
+			benchcpu.Report(b, cpu0, ops)
 			if c.want != "" && string(resp.Body()) != c.want {
 				b.Fatalf("answered by %s, want %s", resp.Body(), c.want)
 			}
 		})
-	}
-}
-
-// curveCPUNow is the CPU time the process has used, user and system: on
-// a shared machine it counts what the benchmark did, not the time other
-// processes held the cores.
-func curveCPUNow() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// curveReportCPU reports the process CPU time per operation since start
-// over n operations as cpu-ns/op, the figure bench/curves.sh draws.
-func curveReportCPU(b *testing.B, start time.Duration, n int) {
-	if n > 0 && start > 0 {
-		b.ReportMetric(float64(curveCPUNow()-start)/float64(n), "cpu-ns/op")
 	}
 }

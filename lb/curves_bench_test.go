@@ -2,9 +2,9 @@ package lb
 
 import (
 	"fmt"
-	"syscall"
 	"testing"
-	"time"
+
+	"github.com/sluicelb/sluice/internal/benchcpu"
 )
 
 // The BenchmarkCurve* functions measure how the cost of one piece of the
@@ -29,7 +29,7 @@ func BenchmarkCurvePick(b *testing.B) {
 				seen := make([]bool, n)
 				key := uint64(0)
 				b.ReportAllocs()
-				cpu0, ops := curveCPUNow(), 0
+				cpu0, ops := benchcpu.Now(), 0
 				for b.Loop() {
 					ops++
 					key++
@@ -41,7 +41,7 @@ func BenchmarkCurvePick(b *testing.B) {
 					be.Release(int64(key), OK)
 					seen[be.Index()] = true
 				}
-				curveReportCPU(b, cpu0, ops)
+				benchcpu.Report(b, cpu0, ops)
 				if b.N >= 100*n {
 					for i, s := range seen {
 						if !s {
@@ -113,32 +113,13 @@ func BenchmarkCurveRoute(b *testing.B) {
 			}
 			b.Run(fmt.Sprintf("%s/n=%d", c.name, n), func(b *testing.B) {
 				b.ReportAllocs()
-				cpu0, ops := curveCPUNow(), 0
+				cpu0, ops := benchcpu.Now(), 0
 				for b.Loop() {
 					ops++
 					tab.Select(&in)
 				}
-				curveReportCPU(b, cpu0, ops)
+				benchcpu.Report(b, cpu0, ops)
 			})
 		}
-	}
-}
-
-// curveCPUNow is the CPU time the process has used, user and system: on
-// a shared machine it counts what the benchmark did, not the time other
-// processes held the cores.
-func curveCPUNow() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// curveReportCPU reports the process CPU time per operation since start
-// over n operations as cpu-ns/op, the figure bench/curves.sh draws.
-func curveReportCPU(b *testing.B, start time.Duration, n int) {
-	if n > 0 && start > 0 {
-		b.ReportMetric(float64(curveCPUNow()-start)/float64(n), "cpu-ns/op")
 	}
 }

@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/internal/benchcpu"
 )
 
 // curveDialogs are the live dialog counts of the cost curves.
@@ -66,7 +67,7 @@ func BenchmarkCurveDialog(b *testing.B) {
 			}
 			b.ReportAllocs()
 			i := 0
-			cpu0, ops := curveCPUNow(), 0
+			cpu0, ops := benchcpu.Now(), 0
 			for b.Loop() {
 				ops++
 				if _, ok := dt.lookup(cids[i&(sample-1)], "from-tag", "to-tag", 1); !ok {
@@ -74,7 +75,7 @@ func BenchmarkCurveDialog(b *testing.B) {
 				}
 				i++
 			}
-			curveReportCPU(b, cpu0, ops)
+			benchcpu.Report(b, cpu0, ops)
 			if dt.Len() != live {
 				b.Fatalf("%d dialogs after the lookups, want %d", dt.Len(), live)
 			}
@@ -92,7 +93,7 @@ func BenchmarkCurveDialog(b *testing.B) {
 			}
 			b.ReportAllocs()
 			i := 0
-			cpu0, ops := curveCPUNow(), 0
+			cpu0, ops := benchcpu.Now(), 0
 			for b.Loop() {
 				ops++
 				k := keys[i&(len(keys)-1)]
@@ -102,29 +103,10 @@ func BenchmarkCurveDialog(b *testing.B) {
 				dt.remove(k)
 				i++
 			}
-			curveReportCPU(b, cpu0, ops)
+			benchcpu.Report(b, cpu0, ops)
 			if dt.Len() != n {
 				b.Fatalf("%d dialogs after the inserts, want %d", dt.Len(), n)
 			}
 		})
-	}
-}
-
-// curveCPUNow is the CPU time the process has used, user and system: on
-// a shared machine it counts what the benchmark did, not the time other
-// processes held the cores.
-func curveCPUNow() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// curveReportCPU reports the process CPU time per operation since start
-// over n operations as cpu-ns/op, the figure bench/curves.sh draws.
-func curveReportCPU(b *testing.B, start time.Duration, n int) {
-	if n > 0 && start > 0 {
-		b.ReportMetric(float64(curveCPUNow()-start)/float64(n), "cpu-ns/op")
 	}
 }
