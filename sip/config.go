@@ -136,13 +136,13 @@ type Config struct {
 	UDPBatch int
 	// UDPRawSend sends UDP datagrams with raw sendto calls (Linux) rather
 	// than net's call, which goes through the runtime's syscall path;
-	// DefaultUDPBatch says what it saves and what it risks. Flag
-	// -sip-udp-raw-send.
+	// DefaultUDPBatch says what it saves. On in DefaultConfig; New does
+	// not fill it (false is a setting). Flag -sip-udp-raw-send.
 	UDPRawSend bool
 	// UDPSendBatch queues the UDP datagrams produced while a read batch
 	// (UDPBatch above 1) is handled and sends them with one sendmmsg at
-	// its end (udpbatch.go); a batch of one datagram sends at once. Flag
-	// -sip-udp-send-batch.
+	// its end (udpbatch.go); a batch of one datagram sends at once. On in
+	// DefaultConfig; New does not fill it. Flag -sip-udp-send-batch.
 	UDPSendBatch bool
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
@@ -262,12 +262,13 @@ const DefaultUnknownDialogSourceRate = 20
 // DefaultUDPBatch is the default -sip-udp-batch: 16 datagrams a read
 // (recvmmsg on Linux), each in a buffer of its own of 64 KiB (1 MiB in
 // all); 1 reads one datagram a call with net's call. MaxUDPBatch bounds it
-// (4 MiB of buffers). Sends go through net's call unless UDPRawSend is set:
-// raw sendto costs about two thirds of the CPU per call on a core of its
-// own, but on a core shared with a busy process that path collapsed more
-// often, its one thread getting a smaller share of the core than the
-// runtime's hand-offs around net's calls give it (bench/RESULTS.md, "CPU
-// per call").
+// (4 MiB of buffers). DefaultConfig sends with raw sendto calls
+// (UDPRawSend) and what one read batch produces with one sendmmsg
+// (UDPSendBatch): together 0.80 of the CPU per call of net's sendto per
+// datagram on a core of its own, 0.85–0.87 on a core shared with a busy
+// loop, where net's path collapsed in 2 of 7 runs and this one in none
+// (bench/RESULTS.md, "CPU per call"). A Config built by hand has both off
+// (their zero values), as before.
 const (
 	DefaultUDPBatch = 16
 	MaxUDPBatch     = 64
@@ -309,6 +310,8 @@ func DefaultConfig() Config {
 		TCPMaxConns:       10000,
 		UDPBuffer:         4 << 20,
 		UDPBatch:          DefaultUDPBatch,
+		UDPRawSend:        true,
+		UDPSendBatch:      true,
 		MaxMessage:        65535,
 		NoRouteCode:       404,
 		HandshakeTimeout:  DefaultHandshakeTimeout,
