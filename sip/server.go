@@ -274,7 +274,7 @@ func (s *Server) Start(ctx context.Context) error {
 		s.udpRaw = newUDPRaw(s.udp)
 	}
 	if s.cfg.UDPSendBatch && s.cfg.UDPBatch > 1 {
-		s.udpOut = newUDPOut(s.udp)
+		s.udpOut = newUDPOut(s.udp, s.udpRaw)
 	}
 	la := s.udp.LocalAddr().(*net.UDPAddr)
 	if err := s.setAdvertise(la); err != nil {

@@ -85,10 +85,14 @@ const (
 	udpOutMaxBytes = 1 << 20
 )
 
-// newUDPOut returns the send queue of c: ipv6's batch writer for an IPv6
+// newUDPOut returns the send queue of c: with raw sends (raw not nil) raw
+// sendmmsg calls (udpio_linux.go), else ipv6's batch writer for an IPv6
 // (dual-stack) socket, ipv4's otherwise.
-func newUDPOut(c *net.UDPConn) *udpOut {
-	var w batchWriter
+func newUDPOut(c *net.UDPConn, raw *udpRaw) *udpOut {
+	w := newRawBatch(raw)
+	if w != nil {
+		return &udpOut{w: w}
+	}
 	if la, ok := c.LocalAddr().(*net.UDPAddr); ok && la.IP.To4() == nil {
 		w = ipv6.NewPacketConn(c)
 	} else {

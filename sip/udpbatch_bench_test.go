@@ -18,7 +18,7 @@ import (
 func BenchmarkUDPSend(b *testing.B) {
 	const perBatch = 8
 	msg := make([]byte, 600)
-	for _, mode := range []string{"each", "batch"} {
+	for _, mode := range []string{"each", "batch", "rawbatch"} {
 		b.Run(mode, func(b *testing.B) {
 			var cs [2]*net.UDPConn
 			for i := range cs {
@@ -41,12 +41,15 @@ func BenchmarkUDPSend(b *testing.B) {
 				}
 			}()
 			s := &Server{udp: ln}
-			o := newUDPOut(ln)
+			o := newUDPOut(ln, nil)
+			if mode == "rawbatch" {
+				o = newUDPOut(ln, newUDPRaw(ln))
+			}
 			cpu0 := cpuTime()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				if mode == "batch" {
+				if mode != "each" {
 					o.begin()
 					for range perBatch {
 						o.queue(s, msg, dst, nil, nil)

@@ -60,7 +60,9 @@ func drain(t *testing.T, c *net.UDPConn) []string {
 // queued before it first), and each destination gets its datagrams in the
 // order they were produced, IPv4 and IPv6 peers, on IPv4, dual-stack and
 // IPv6 sockets.
-func TestUDPOutOrder(t *testing.T) {
+func TestUDPOutOrder(t *testing.T) { forUDPOutKinds(t, testUDPOutOrder) }
+
+func testUDPOutOrder(t *testing.T, raw bool) {
 	for _, tc := range []struct {
 		name   string
 		listen string
@@ -88,7 +90,7 @@ func TestUDPOutOrder(t *testing.T) {
 				peers[i], dst[i] = c, c.LocalAddr().(*net.UDPAddr).AddrPort()
 			}
 			s := &Server{}
-			o := newUDPOut(ln)
+			o := testUDPOut(ln, raw)
 			var sent atomic.Uint64
 			// The golden vector: what each step queues (q) or sends at once
 			// (now), and what each peer holds after the step.
@@ -145,11 +147,13 @@ func TestUDPOutOrder(t *testing.T) {
 // TestUDPOutBounded: a batch whose queue reaches udpOutMaxMsgs datagrams
 // (or udpOutMaxBytes) sends them at once, in order, so what one batch
 // produces never piles up.
-func TestUDPOutBounded(t *testing.T) {
+func TestUDPOutBounded(t *testing.T) { forUDPOutKinds(t, testUDPOutBounded) }
+
+func testUDPOutBounded(t *testing.T, raw bool) {
 	ln, peer := udpPair(t)
 	dst := peer.LocalAddr().(*net.UDPAddr).AddrPort()
 	s := &Server{}
-	o := newUDPOut(ln)
+	o := testUDPOut(ln, raw)
 	o.begin()
 	for i := range udpOutMaxMsgs - 1 {
 		o.queue(s, []byte(fmt.Sprint(i)), dst, nil, nil)
@@ -280,11 +284,13 @@ func TestUDPOutErrors(t *testing.T) {
 // TestUDPOutKernelError: a datagram the kernel refuses in the middle of a
 // batch (an IPv6 destination on an IPv4 socket) fails alone, and the
 // datagrams after it still leave.
-func TestUDPOutKernelError(t *testing.T) {
+func TestUDPOutKernelError(t *testing.T) { forUDPOutKinds(t, testUDPOutKernelError) }
+
+func testUDPOutKernelError(t *testing.T, raw bool) {
 	ln, peer := udpPair(t)
 	dst := peer.LocalAddr().(*net.UDPAddr).AddrPort()
 	s := &Server{}
-	o := newUDPOut(ln)
+	o := testUDPOut(ln, raw)
 	var failed []error
 	onErr := func(err error) { failed = append(failed, err) }
 	o.begin()
@@ -469,4 +475,22 @@ func TestUDPOutHeld2xx(t *testing.T) {
 			}
 		})
 	}
+}
+
+// forUDPOutKinds runs test with each writer of a send queue: net's
+// (x/net's WriteBatch) and the raw sendmmsg that raw sends use.
+func forUDPOutKinds(t *testing.T, test func(t *testing.T, raw bool)) {
+	for _, raw := range []bool{false, true} {
+		t.Run(map[bool]string{false: "net", true: "raw"}[raw], func(t *testing.T) {
+			test(t, raw)
+		})
+	}
+}
+
+// testUDPOut is the send queue of ln with the writer raw names.
+func testUDPOut(ln *net.UDPConn, raw bool) *udpOut {
+	if raw {
+		return newUDPOut(ln, newUDPRaw(ln))
+	}
+	return newUDPOut(ln, nil)
 }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 )
 
@@ -236,4 +237,143 @@ func (r *udpReader) datagram(i int) ([]byte, netip.AddrPort) {
 func getPort(p *uint16) uint16 {
 	b := (*[2]byte)(unsafe.Pointer(p))
 	return uint16(b[0])<<8 | uint16(b[1])
+}
+
+// rawBatch is the batchWriter of a send queue with raw sends on
+// (udpbatch.go): sendmmsg as a raw system call through the socket's
+// RawConn, for the reason raw sendto is (the monitor thread, above). It
+// is used under the queue's lock, by one goroutine at a time.
+type rawBatch struct {
+	rc    syscall.RawConn
+	v6    bool
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6 // or a RawSockaddrInet4 in its first bytes
+	cur   []unix.Mmsghdr          // the headers of the call under way
+	sent  int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+// newRawBatch returns the raw batch writer of u's socket, or nil without
+// raw sends.
+func newRawBatch(u *udpRaw) batchWriter {
+	if u == nil {
+		return nil
+	}
+	b := &rawBatch{rc: u.rc, v6: u.v6}
+	b.fn = b.do
+	return b
+}
+
+// WriteBatch sends ms with one sendmmsg (more when the socket takes fewer
+// at once): the number sent, and the error of the message it stopped at
+// when none was sent. A message whose address this socket cannot reach
+// (an IPv6 peer on an IPv4 socket) fails with EAFNOSUPPORT, as the kernel
+// would answer.
+func (b *rawBatch) WriteBatch(ms []ipv4.Message, _ int) (int, error) {
+	n := len(ms)
+	if n == 0 {
+		return 0, nil
+	}
+	for len(b.hdrs) < n {
+		b.hdrs = append(b.hdrs, unix.Mmsghdr{})
+		b.iovs = append(b.iovs, unix.Iovec{})
+		b.names = append(b.names, unix.RawSockaddrInet6{})
+	}
+	for i := range n {
+		m := &ms[i]
+		h := &b.hdrs[i]
+		*h = unix.Mmsghdr{}
+		ua, _ := m.Addr.(*net.UDPAddr)
+		salen := b.sockaddr(i, ua)
+		if salen == 0 {
+			if i == 0 {
+				return 0, &net.OpError{Op: "write", Net: "udp", Addr: m.Addr, Err: syscall.EAFNOSUPPORT}
+			}
+			n = i // what comes before it leaves; the next call reports it
+			break
+		}
+		var p []byte
+		if len(m.Buffers) > 0 {
+			p = m.Buffers[0]
+		}
+		b.iovs[i] = unix.Iovec{}
+		if len(p) > 0 {
+			b.iovs[i].Base = &p[0]
+			b.iovs[i].SetLen(len(p))
+		}
+		h.Hdr.Iov = &b.iovs[i]
+		h.Hdr.SetIovlen(1)
+		h.Hdr.Name = (*byte)(unsafe.Pointer(&b.names[i]))
+		h.Hdr.Namelen = salen
+	}
+	b.cur, b.sent, b.errno = b.hdrs[:n], 0, 0
+	err := b.rc.Write(b.fn)
+	b.cur = nil
+	for i := range n {
+		b.iovs[i] = unix.Iovec{} // no datagram kept reachable from here
+	}
+	if err != nil {
+		return 0, err
+	}
+	if b.sent == 0 && b.errno != 0 {
+		return 0, &net.OpError{Op: "write", Net: "udp", Addr: ms[0].Addr, Err: b.errno}
+	}
+	return b.sent, nil
+}
+
+func (b *rawBatch) do(fd uintptr) bool {
+	hdrs := b.cur
+	var n uintptr
+	var e syscall.Errno
+	for {
+		n, _, e = syscall.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)),
+			unix.MSG_DONTWAIT, 0, 0)
+		if e != syscall.EINTR {
+			break
+		}
+	}
+	if e == syscall.EAGAIN {
+		return false // wait until writable
+	}
+	if e != 0 {
+		b.sent, b.errno = 0, e
+		return true
+	}
+	b.sent = int(n)
+	return true
+}
+
+// sockaddr writes ua into names[i] for this socket's family and returns
+// its length, 0 when the socket cannot address it.
+func (b *rawBatch) sockaddr(i int, ua *net.UDPAddr) uint32 {
+	if ua == nil {
+		return 0
+	}
+	a, ok := netip.AddrFromSlice(ua.IP)
+	if !ok {
+		return 0
+	}
+	a = a.WithZone(ua.Zone)
+	port := uint16(ua.Port)
+	switch {
+	case !b.v6 && a.Unmap().Is4():
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&b.names[i]))
+		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: a.Unmap().As4()}
+		putPort(&sa.Port, port)
+		return unix.SizeofSockaddrInet4
+	case b.v6:
+		b.names[i] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: a.As16()}
+		putPort(&b.names[i].Port, port)
+		if z := a.Zone(); z != "" {
+			if n, err := strconv.Atoi(z); err == nil {
+				b.names[i].Scope_id = uint32(n)
+			} else if ifi, err := net.InterfaceByName(z); err == nil {
+				b.names[i].Scope_id = uint32(ifi.Index)
+			}
+		}
+		return unix.SizeofSockaddrInet6
+	}
+	return 0
 }

@@ -23,3 +23,5 @@ func newUDPReader(*net.UDPConn, int) *udpReader { return nil }
 func (*udpReader) read() (int, error) { return 0, net.ErrClosed }
 
 func (*udpReader) datagram(int) ([]byte, netip.AddrPort) { return nil, netip.AddrPort{} }
+
+func newRawBatch(*udpRaw) batchWriter { return nil }
