@@ -42,6 +42,7 @@ func runStoreChild(args []string, stderr io.Writer) int {
 	// signal).
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	setProcessName("sluice-store")
+	yieldOnWake()
 	conn := os.NewFile(3, "store-socket")
 	if _, err := conn.Stat(); err != nil {
 		fmt.Fprintf(stderr, "sluice store-child: fd 3 is not open (%v): this command is started by sluice run\n", err)

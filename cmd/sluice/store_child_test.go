@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -272,6 +273,14 @@ func TestStoreProcessIgnoresGroupSignals(t *testing.T) {
 	var pid int
 	waitFor(t, 20*time.Second, "a store process", func() bool { pid = storeChild(t, cmd.Process.Pid); return pid != 0 })
 	waitFor(t, 20*time.Second, "store healthy", func() bool { return metric(t, a["admin"], "sluice_persist_healthy") == 1 })
+	// The store process yields to the balancer on wake-up (SCHED_BATCH,
+	// every thread); the balancer keeps the normal policy.
+	if pol := schedPolicies(t, pid); len(pol) == 0 || slices.ContainsFunc(pol, func(p int) bool { return p != schedBatch }) {
+		t.Errorf("store process threads' policies %v, want all %d (SCHED_BATCH)", pol, schedBatch)
+	}
+	if pol := schedPolicies(t, cmd.Process.Pid); len(pol) == 0 || slices.Contains(pol, schedBatch) {
+		t.Errorf("balancer threads' policies %v, want none SCHED_BATCH", pol)
+	}
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
 		if err := syscall.Kill(pid, sig); err != nil {
 			t.Fatal(err)
@@ -289,4 +298,31 @@ func TestStoreProcessIgnoresGroupSignals(t *testing.T) {
 		t.Errorf("exit status %d after SIGTERM", code)
 	}
 	waitFor(t, 5*time.Second, "the store process to end with sluice", func() bool { return !alive(pid) })
+}
+
+// schedBatch is Linux's SCHED_BATCH.
+const schedBatch = 3
+
+// schedPolicies returns the scheduling policy of each thread of pid, from
+// /proc/PID/task/TID/sched ("policy : N").
+func schedPolicies(t *testing.T, pid int) []int {
+	t.Helper()
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/sched", pid))
+	var out []int
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "policy" {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				if err != nil {
+					t.Fatalf("%s: policy %q", f, v)
+				}
+				out = append(out, n)
+			}
+		}
+	}
+	return out
 }
