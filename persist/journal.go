@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,8 +38,16 @@ import (
 // EventDialogsUnsafe is the event of a dialog journal write that failed
 // (store process down or its socket full): the 2xx of those calls was
 // relayed before their dialog was safe against kill -9 of the balancer.
-// It is added once per outage; the SIP front end counts the calls.
+// It is added once per outage, and at most once per journalWarnEvery
+// (a socket that fills and drains again and again is one report, with
+// the count of outages since the last); the SIP front end counts the
+// calls.
 const EventDialogsUnsafe admission.EventKind = "persist.dialogs_unsafe"
+
+// journalWarnEvery bounds how often a journal outage is reported (the
+// WARN line and EventDialogsUnsafe), and so the "safe again" line that
+// ends a reported one.
+const journalWarnEvery = 10 * time.Second
 
 const (
 	// journalMsgMax bounds one journal message; a batch longer than this
@@ -137,6 +146,12 @@ type journal struct {
 	fd   int // -1 while no store process is attached
 	msg  []byte
 	down bool // the last commit failed
+	// warned is when an outage was last reported, quiet how many began
+	// since without a report (journalWarnEvery), told whether the
+	// outage under way was reported.
+	warned time.Time
+	quiet  int
+	told   bool
 }
 
 func (r *remote) commitDialogs(recs []DialogRecord) bool {
@@ -153,17 +168,36 @@ func (r *remote) commitDialogs(recs []DialogRecord) bool {
 	}
 	wasDown := j.down
 	j.down = !ok
-	j.mu.Unlock()
+	var warn, safeAgain bool
+	var quiet int
 	switch {
 	case !ok && !wasDown:
+		now := r.s.cfg.Now()
+		if warn = j.warned.IsZero() || now.Sub(j.warned) >= journalWarnEvery; warn {
+			j.warned, quiet, j.quiet = now, j.quiet, 0
+		} else {
+			j.quiet++
+		}
+		j.told = warn
+	case ok && wasDown:
+		safeAgain, j.told = j.told, false
+	}
+	j.mu.Unlock()
+	switch {
+	case warn:
 		why := "store process not running"
 		if err != nil {
 			why = "journal socket: " + err.Error()
 		}
-		r.log.Warn("SIP dialogs not safe against a kill -9 of sluice before their 2xx is relayed: relayed anyway; they are kept by the batched write-through only", "reason", why)
+		more := ""
+		if quiet > 0 {
+			more = "; " + strconv.Itoa(quiet) + " more outages since the last report"
+		}
+		r.log.Warn("SIP dialogs not safe against a kill -9 of sluice before their 2xx is relayed: relayed anyway; they are kept by the batched write-through only",
+			"reason", why, "outages_unreported", quiet)
 		r.s.Append(admission.Event{Kind: EventDialogsUnsafe, Subject: r.s.cfg.Dir,
-			Message: "2xx relayed before the dialog was safe in the store (" + why + "); counted in sluice_frontend_events_total{event=\"dialog_store_unsafe\"}"})
-	case ok && wasDown:
+			Message: "2xx relayed before the dialog was safe in the store (" + why + "); counted in sluice_frontend_events_total{event=\"dialog_store_unsafe\"}" + more})
+	case safeAgain:
 		r.log.Info("SIP dialogs safe in the store again before their 2xx is relayed")
 	}
 	return ok

@@ -2,6 +2,7 @@ package persist
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -332,5 +333,82 @@ func TestStoppedOrphanStoreProcessKilled(t *testing.T) {
 		if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] != "Z" {
 			t.Fatalf("the stopped store process %d is still there, state %s", pid, f[0])
 		}
+	}
+}
+
+// TestJournalOutageReportRateLimited: a journal that fails and recovers
+// again and again is reported (WARN line and EventDialogsUnsafe) at most
+// once per journalWarnEvery, the next report counting the outages it did
+// not report, and "safe again" is logged only after a reported outage.
+func TestJournalOutageReportRateLimited(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var logs bytes.Buffer
+	s := &Store{cfg: Config{Dir: "/data", Now: func() time.Time { return now }}}
+	r := &remote{s: s, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	s.rc = r
+	r.journal.fd = -1
+	var peers []int
+	attach := func() {
+		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_NONBLOCK, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peers = append(peers, fds[1])
+		r.setJournal(fds[0])
+	}
+	defer func() {
+		r.setJournal(-1)
+		for _, fd := range peers {
+			syscall.Close(fd)
+		}
+	}()
+	rec := []DialogRecord{{Key: 1, Backend: "b", Expires: now.Add(time.Hour)}}
+	events := func() int {
+		n := 0
+		for _, e := range r.events {
+			if e.Kind == EventDialogsUnsafe {
+				n++
+			}
+		}
+		return n
+	}
+	// Each step: advance the clock, attach or detach the store, commit;
+	// then what the log and the events hold in all.
+	for i, st := range []struct {
+		after    time.Duration
+		attached bool
+		ok       bool
+		warns    int
+		safe     int
+		events   int
+	}{
+		{0, false, false, 1, 0, 1},                // first outage: reported
+		{time.Second, true, true, 1, 1, 1},        // recovered: safe again
+		{time.Second, false, false, 1, 1, 1},      // 2 s after the report: not reported
+		{time.Second, true, true, 1, 1, 1},        // its end not logged either
+		{time.Second, false, false, 1, 1, 1},      // another, unreported
+		{time.Second, true, true, 1, 1, 1},        //
+		{10 * time.Second, false, false, 2, 1, 2}, // past journalWarnEvery: reported, with 2 unreported before it
+		{time.Second, true, true, 2, 2, 2},        //
+	} {
+		now = now.Add(st.after)
+		if st.attached {
+			attach()
+		} else {
+			r.setJournal(-1)
+		}
+		if ok := r.commitDialogs(rec); ok != st.ok {
+			t.Fatalf("step %d: commit = %v, want %v", i, ok, st.ok)
+		}
+		out := logs.String()
+		if w, sa, ev := strings.Count(out, "level=WARN"), strings.Count(out, "safe in the store again"), events(); w != st.warns || sa != st.safe || ev != st.events {
+			t.Fatalf("step %d: %d WARN, %d safe-again lines, %d events; want %d, %d, %d\n%s", i, w, sa, ev, st.warns, st.safe, st.events, out)
+		}
+	}
+	if !strings.Contains(logs.String(), "outages_unreported=2") {
+		t.Errorf("the second report does not count the 2 outages before it:\n%s", logs.String())
+	}
+	if last := r.events[len(r.events)-1]; !strings.Contains(last.Message, "2 more outages since the last report") {
+		t.Errorf("the second event says %q", last.Message)
 	}
 }
