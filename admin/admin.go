@@ -176,6 +176,9 @@ type Status struct {
 	// AccessLog is the access log's counters (records logged, dropped,
 	// written, write errors, per protocol); absent without one.
 	AccessLog any `json:"access_log,omitempty"`
+	// SIP is the SIP front end's dialogs, transactions, connections and
+	// dialog store (sip.Status); absent without a SIP front end.
+	SIP any `json:"sip,omitempty"`
 }
 
 // ReloadStatus is the outcome of the last reload of each configuration
@@ -347,6 +350,8 @@ type Source struct {
 	// AccessLog reports the access log's counters; nil, or nil returned:
 	// none.
 	AccessLog func() any
+	// SIP reports the SIP front end; nil, or nil returned: none.
+	SIP func() any
 }
 
 // Snapshot builds the Status document now.
@@ -390,6 +395,9 @@ func (src Source) Snapshot() Status {
 	}
 	if src.HTTPTunnels != nil {
 		st.HTTPTunnels = src.HTTPTunnels()
+	}
+	if src.SIP != nil {
+		st.SIP = src.SIP()
 	}
 	return st
 }

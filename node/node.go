@@ -375,6 +375,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Node, err error) {
 		n.admin.Handle("GET /healthz", n.healthz())
 		src := admin.Source{Memory: n.mem, Controller: n.ctrl, Backends: n.backendStatus, Storage: n.storageStatus, Pools: n.poolStatus, Routes: n.routeStatus, LastReload: n.lastReload, HTTPTunnels: n.httpTunnels, AccessLog: n.accessLogStatus}
 		src.TLSCertificates = n.tlsCertStatus
+		src.SIP = n.sipStatus
 		n.admin.Handle("GET /status", admin.StatusHandler(src))
 		// The dashboard at / samples src every second while the admin
 		// listener serves; its buttons drain and reweigh the pools in force.

@@ -295,3 +295,54 @@ func TestDrainTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusSIPSection: /status has a sip section with the dialog table,
+// transactions, connections and dialog store when there is a SIP front
+// end, and none without one.
+func TestStatusSIPSection(t *testing.T) {
+	status := func(n *Node) map[string]json.RawMessage {
+		resp, err := http.Get("http://" + n.Addrs().Admin.String() + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var st map[string]json.RawMessage
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	for _, withSIP := range []bool{true, false} {
+		cfg := testConfig(t)
+		cfg.AdminListen = "127.0.0.1:0"
+		if withSIP {
+			cfg.SIPBackends = []string{"127.0.0.1:1,id=s1"}
+		} else {
+			be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+			defer be.Close()
+			cfg.HTTPBackends = []string{be.Listener.Addr().String()}
+		}
+		n, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		raw, ok := status(n)["sip"]
+		n.Stop(time.Second)
+		if !withSIP {
+			if ok {
+				t.Errorf("/status has a sip section without a SIP front end: %s", raw)
+			}
+			continue
+		}
+		var sip lbsip.Status
+		if !ok || json.Unmarshal(raw, &sip) != nil {
+			t.Fatalf("/status sip section %q", raw)
+		}
+		if sip.Dialogs.Max != lbsip.DefaultDialogMax || sip.Connections == nil || len(sip.Connections) != 4 {
+			t.Errorf("/status sip section %s: want the dialog table's max %d and four connection kinds", raw, lbsip.DefaultDialogMax)
+		}
+	}
+}

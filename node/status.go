@@ -68,3 +68,11 @@ func (n *Node) httpTunnels() any {
 	}
 	return n.httpSrv.TunnelStatus()
 }
+
+// sipStatus is /status's sip: nil (left out) without a SIP front end.
+func (n *Node) sipStatus() any {
+	if n.sipSrv == nil {
+		return nil
+	}
+	return n.sipSrv.Status()
+}

@@ -417,6 +417,7 @@ func (s *Server) RestoreDialogs(recs []StoredDialog, wall time.Time) int {
 			n++
 		}
 	}
+	s.metrics.DialogsRestored.Add(uint64(n))
 	return n
 }
 

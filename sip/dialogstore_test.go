@@ -168,6 +168,9 @@ func TestDialogStoreRestore(t *testing.T) {
 	if n := b.RestoreDialogs(recs, wallB); n != 3 {
 		t.Fatalf("restored %d dialogs, want 3", n)
 	}
+	if st := b.Status().Dialogs; st.Entries != 3 || st.Restored != 3 || st.Max != b.DialogMax() || st.Bytes <= 0 {
+		t.Errorf("status after the restore: %+v, want 3 entries, 3 restored, max %d", st, b.DialogMax())
+	}
 	for _, tc := range []struct {
 		callID, from, to string
 		pool, id         string
@@ -205,6 +208,9 @@ func TestDialogStoreRestore(t *testing.T) {
 	b.SetDialogStore(wb)
 	if n := b.RestoreDialogs(recs, wallB); n != 0 {
 		t.Errorf("second restore took %d", n)
+	}
+	if r := b.Status().Dialogs.Restored; r != 3 {
+		t.Errorf("status counts %d restored after a restore that took none, want 3", r)
 	}
 	if put, del := b.flushDialogStore(clockB.Now(), wallB); put+del != 0 {
 		t.Errorf("restore wrote %d entries back", put+del)

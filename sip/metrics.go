@@ -36,6 +36,9 @@ type Metrics struct {
 	// DialogsLearned counts dialogs recorded from a 2xx to an INVITE
 	// relayed without its transaction (learnDialog).
 	DialogsLearned atomic.Uint64
+	// DialogsRestored counts dialogs RestoreDialogs put back in the table
+	// (at start, from the store).
+	DialogsRestored atomic.Uint64
 	// DialogReplaceRefused counts initial INVITEs not recorded in the
 	// dialog table: their Call-ID and From-tag name a confirmed dialog, or
 	// one whose INVITE came from another source, which keeps its backend.
