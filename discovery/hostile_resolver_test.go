@@ -117,9 +117,31 @@ func TestRefusedAAAANamesTheUnusedA(t *testing.T) {
 	if err == nil {
 		t.Fatal("lookup with AAAA refused: no error")
 	}
-	for _, want := range []string{"AAAA app.test.", "REFUSED", "its A query gave 2 addresses, not used"} {
+	for _, want := range []string{"AAAA app.test.", "REFUSED", "its A query gave 2 addresses, not used", "-dns-family ipv4"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
+	}
+
+	// -dns-family: ipv4 asks A only and takes its answer; ipv6 asks AAAA
+	// only and fails on its refusal; a value not known is refused.
+	for _, tc := range []struct {
+		family, addrs, err string
+	}{
+		{"ipv4", "127.0.0.2:8080 127.0.0.3:8080", ""},
+		{"ipv6", "", "REFUSED"},
+		{"any", "", "its A query gave 2 addresses"},
+	} {
+		r, err := NewResolver(Config{Server: pc.LocalAddr().String(), Timeout: 500 * time.Millisecond, Family: tc.family})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ans, err := r.LookupHost(context.Background(), "app.test", 8080)
+		if got := addrs(ans.Targets); got != tc.addrs || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("family %s: %q, %v; want %q, an error with %q", tc.family, got, err, tc.addrs, tc.err)
+		}
+	}
+	if _, err := NewResolver(Config{Server: pc.LocalAddr().String(), Family: "inet4"}); err == nil || !strings.Contains(err.Error(), "-dns-family") {
+		t.Errorf("family inet4: %v, want an error naming -dns-family", err)
 	}
 }

@@ -58,7 +58,16 @@ type Config struct {
 	ResolvConf string
 	// Timeout bounds one query to one server; default 2s.
 	Timeout time.Duration
+	// Family is the address family a name's addresses are taken in:
+	// "" or "any" asks A and AAAA and needs both answered (records or
+	// "no records"), "ipv4" asks A only, "ipv6" AAAA only (for a resolver
+	// that refuses one of them, or backends reached over one family only,
+	// as HAProxy's resolve-prefer and nginx's ipv6=off). Flag -dns-family.
+	Family string
 }
+
+// Families are the values Config.Family takes.
+var Families = []string{"any", "ipv4", "ipv6"}
 
 // Resolver asks DNS for backends. It is safe for concurrent use; every
 // lookup is bounded by its context and Config.Timeout per query.
@@ -68,6 +77,8 @@ type Resolver struct {
 	udp     *dns.Client
 	tcp     *dns.Client
 	timeout time.Duration
+	qtypes  []uint16 // the address queries of a name, in order (Family)
+	v4, v6  bool     // the families whose records are taken
 }
 
 // NewResolver checks cfg and returns a Resolver. Errors name the flag.
@@ -76,6 +87,16 @@ func NewResolver(cfg Config) (*Resolver, error) {
 		cfg.Timeout = 2 * time.Second
 	}
 	r := &Resolver{timeout: cfg.Timeout}
+	switch cfg.Family {
+	case "", "any":
+		r.qtypes, r.v4, r.v6 = []uint16{dns.TypeA, dns.TypeAAAA}, true, true
+	case "ipv4":
+		r.qtypes, r.v4 = []uint16{dns.TypeA}, true
+	case "ipv6":
+		r.qtypes, r.v6 = []uint16{dns.TypeAAAA}, true
+	default:
+		return nil, fmt.Errorf("-dns-family %q: want one of %s", cfg.Family, strings.Join(Families, ", "))
+	}
 	if cfg.Server != "" {
 		addr, err := serverAddr(cfg.Server)
 		if err != nil {
@@ -245,7 +266,7 @@ func (r *Resolver) lookupHost(ctx context.Context, b *budget, fq string, port ui
 	var ans Answer
 	found := false
 	var notFound error
-	for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+	for _, qt := range r.qtypes {
 		in, err := r.query(ctx, b, fq, qt)
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
@@ -256,12 +277,12 @@ func (r *Resolver) lookupHost(ctx context.Context, b *budget, fq string, port ui
 				// Say why addresses the A query gave are not used: an
 				// operator who sees the name answer A records otherwise
 				// cannot tell what is wrong (a resolver that refuses AAAA).
-				return Answer{}, fmt.Errorf("%w (its A query gave %d addresses, not used: A and AAAA must both be answered, \"no records\" included, as a half answer would drop a family's backends)", err, len(ans.Targets))
+				return Answer{}, fmt.Errorf("%w (its A query gave %d addresses, not used: A and AAAA must both be answered, \"no records\" included, as a half answer would drop a family's backends; -dns-family ipv4 asks A only)", err, len(ans.Targets))
 			}
 			return Answer{}, err
 		}
 		found = true
-		addAddrs(&ans, in.Answer, port, Target{Host: strings.TrimSuffix(fq, ".")})
+		r.addAddrs(&ans, in.Answer, port, Target{Host: strings.TrimSuffix(fq, ".")})
 	}
 	if !found {
 		return Answer{}, notFound
@@ -270,16 +291,23 @@ func (r *Resolver) lookupHost(ctx context.Context, b *budget, fq string, port ui
 	return ans, nil
 }
 
-// addAddrs adds the A/AAAA records of rrs to ans as targets like t, with
-// port, and takes their TTLs into ans.TTL. It returns how many it added.
-func addAddrs(ans *Answer, rrs []dns.RR, port uint16, t Target) int {
+// addAddrs adds the A/AAAA records of rrs of r's families to ans as
+// targets like t, with port, and takes their TTLs into ans.TTL. It
+// returns how many it added.
+func (r *Resolver) addAddrs(ans *Answer, rrs []dns.RR, port uint16, t Target) int {
 	n := 0
 	for _, rr := range rrs {
 		var ip net.IP
 		switch v := rr.(type) {
 		case *dns.A:
+			if !r.v4 {
+				continue
+			}
 			ip = v.A
 		case *dns.AAAA:
+			if !r.v6 {
+				continue
+			}
 			ip = v.AAAA
 		default:
 			continue
@@ -403,7 +431,7 @@ func (r *Resolver) lookupSRV(ctx context.Context, b *budget, fq, transport strin
 				extra = append(extra, x)
 			}
 		}
-		if addAddrs(&ans, extra, srv.Port, t) > 0 {
+		if r.addAddrs(&ans, extra, srv.Port, t) > 0 {
 			continue
 		}
 		host, err := r.lookupHost(ctx, b, dns.Fqdn(srv.Target), srv.Port)

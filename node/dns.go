@@ -59,12 +59,16 @@ type DNSConfig struct {
 	Drain time.Duration
 	// Timeout bounds one query to the resolver. Flag -dns-timeout.
 	Timeout time.Duration
+	// Family is the address family of backends from DNS: any (A and
+	// AAAA, both must be answered), ipv4 (A only) or ipv6 (AAAA only).
+	// Flag -dns-family.
+	Family string
 }
 
 // DefaultDNSConfig returns the defaults the -dns-* flags show.
 func DefaultDNSConfig() DNSConfig {
 	return DNSConfig{MinTTL: discovery.DefaultMinTTL, MaxTTL: discovery.DefaultMaxTTL, KeepStale: discovery.DefaultKeepStale,
-		Drain: time.Minute, Timeout: 2 * time.Second}
+		Drain: time.Minute, Timeout: 2 * time.Second, Family: "any"}
 }
 
 // check fills c's defaults and checks it; errors name the flag.
@@ -86,6 +90,12 @@ func (c *DNSConfig) check() error {
 	}
 	if c.Timeout < 0 {
 		return fmt.Errorf("-dns-timeout %s: must not be negative", c.Timeout)
+	}
+	if c.Family == "" {
+		c.Family = d.Family
+	}
+	if !slices.Contains(discovery.Families, c.Family) {
+		return fmt.Errorf("-dns-family %q: want one of %s", c.Family, strings.Join(discovery.Families, ", "))
 	}
 	tc := c.track()
 	if err := tc.Check(); err != nil {
@@ -159,7 +169,7 @@ func (n *Node) dnsResolver() (*dnsState, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
-	res, err := discovery.NewResolver(discovery.Config{Server: c.Server, Timeout: c.Timeout})
+	res, err := discovery.NewResolver(discovery.Config{Server: c.Server, Timeout: c.Timeout, Family: c.Family})
 	if err != nil {
 		return nil, err
 	}

@@ -400,6 +400,7 @@ func TestDNSStartErrors(t *testing.T) {
 		{DNSConfig{MinTTL: time.Millisecond}, "-dns-min-ttl 1ms"},
 		{DNSConfig{Drain: -time.Second}, "-dns-drain -1s"},
 		{DNSConfig{Server: "1.2.3.4:0"}, `-dns-server "1.2.3.4:0"`},
+		{DNSConfig{Family: "inet4"}, `-dns-family "inet4": want one of any, ipv4, ipv6`},
 	} {
 		cfg := testConfig(t)
 		cfg.HTTPBackends = []string{"127.0.0.1:1"}

@@ -19,7 +19,7 @@ func TestDNSFlags(t *testing.T) {
 	o := newRunFlags(fs)
 	args := []string{"-http-backend", "dns:app.internal:8080,pool=web", "-sip-backend", "srv:carrier.example,transport=udp",
 		"-sip-backend", "naptr:carrier.example", "-dns-server", "10.0.0.2:5353", "-dns-min-ttl", "2s", "-dns-max-ttl", "1m",
-		"-dns-keep-stale", "10m", "-dns-drain", "30s", "-dns-timeout", "1s"}
+		"-dns-keep-stale", "10m", "-dns-drain", "30s", "-dns-timeout", "1s", "-dns-family", "ipv4"}
 	if err := parseFlags(fs, args, lookupIn(nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestDNSFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := node.DNSConfig{Server: "10.0.0.2:5353", MinTTL: 2 * time.Second, MaxTTL: time.Minute, KeepStale: 10 * time.Minute, Drain: 30 * time.Second, Timeout: time.Second}
+	want := node.DNSConfig{Server: "10.0.0.2:5353", MinTTL: 2 * time.Second, MaxTTL: time.Minute, KeepStale: 10 * time.Minute, Drain: 30 * time.Second, Timeout: time.Second, Family: "ipv4"}
 	if cfg.DNS != want {
 		t.Errorf("DNS config %+v, want %+v", cfg.DNS, want)
 	}

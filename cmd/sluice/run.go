@@ -154,6 +154,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	ds.add(&o.dns.KeepStale, "dns-keep-stale", "how long a name's last good answer stays in force while lookups fail or find it gone (NXDOMAIN); a pool whose only source is the name keeps its last addresses past it")
 	ds.add(&o.dns.Drain, "dns-drain", "how long an address that left DNS stays in its pools, draining (sticky sessions, dialogs and requests in flight go on; no new work), before it is dropped")
 	ds.add(&o.dns.Timeout, "dns-timeout", "timeout of one DNS query")
+	ds.add(&o.dns.Family, "dns-family", "address family of backends from DNS: any (A and AAAA, both must be answered), ipv4 (A only), ipv6 (AAAA only)")
 
 	cs := newSection(fs, o.fields, "admission", "ControllerConfig.", &o.ctrl)
 	o.arm.check = func(s string) error { _, err := admission.ParseRule(s); return err }
