@@ -47,9 +47,16 @@ func runEvents(args []string, stdout, stderr io.Writer) int {
 	subject := fs.String("subject", "", "print only events of this subject (a backend: \"http 127.0.0.1:18081\")")
 	admin := fs.String("admin-listen", sadmin.DefaultListen,
 		"admin address of the running sluice, read when the store is in use")
+	// -admin as sluice ctl spells it (a URL or host:port), so the same
+	// address works for both commands.
+	fs.StringVar(admin, "admin", sadmin.DefaultListen, "the same as --admin-listen, spelt as sluice ctl spells it: a URL (http://HOST:PORT) or host:port (env SLUICE_ADMIN)")
+	if v := os.Getenv("SLUICE_ADMIN"); v != "" {
+		*admin = v
+	}
 	if code, ok := parseCommand("events", fs, args, stderr); !ok {
 		return code
 	}
+	*admin = strings.TrimSuffix(strings.TrimPrefix(*admin, "http://"), "/")
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice events: "+format+"\n", a...)
 		return 2

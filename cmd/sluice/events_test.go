@@ -328,10 +328,14 @@ func TestEventsCommandRefusesAnotherNodesLog(t *testing.T) {
 				}
 			}))
 			defer srv.Close()
-			code, out, errOut := runEventsCmd("--data-dir", dir, "--admin-listen", srv.Listener.Addr().String())
-			if code != c.code || !strings.Contains(out, c.out) || !strings.Contains(errOut, c.errOut) ||
-				(c.code != 0) != (out == "") {
-				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q", code, out, errOut, c.code, c.out, c.errOut)
+			// The address as --admin-listen spells it, and as sluice
+			// ctl's -admin does (a URL).
+			for _, spelling := range [][]string{{"--admin-listen", srv.Listener.Addr().String()}, {"-admin", srv.URL + "/"}} {
+				code, out, errOut := runEventsCmd(append([]string{"--data-dir", dir}, spelling...)...)
+				if code != c.code || !strings.Contains(out, c.out) || !strings.Contains(errOut, c.errOut) ||
+					(c.code != 0) != (out == "") {
+					t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q", spelling, code, out, errOut, c.code, c.out, c.errOut)
+				}
 			}
 		})
 	}
