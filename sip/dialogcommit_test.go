@@ -1,6 +1,7 @@
 package sip
 
 import (
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -117,5 +118,95 @@ func TestDialogCommitBefore2xx(t *testing.T) {
 			k.inDialog("BYE", 2, k.branch+"-bye")
 			ua.recvResponseTo(gosip.BYE, 200)
 		})
+	}
+}
+
+// TestHeld2xxFollowerWaitsForItsBatch: a goroutine whose first 2xx joins
+// the batch of a commit under way (another goroutine leads it) returns
+// only once that 2xx is relayed, so the next message it reads on its
+// connection (the callee's BYE right behind the 200) cannot overtake it.
+// Before, it returned at once and relayed the BYE first.
+func TestHeld2xxFollowerWaitsForItsBatch(t *testing.T) {
+	b1 := newUAS(t, "b1")
+	s := testServer(t, []*uas{b1}, nil, nil)
+	g := &gateDialogs{ok: true, called: make(chan []StoredDialog, 2), answer: make(chan struct{})}
+	s.SetDialogStore(g)
+	gc := s.dstore.Load().commit
+	client, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	dst := target{addr: client.LocalAddr().(*net.UDPAddr).AddrPort()}
+	now := s.clock.Now()
+	reply := func(callID string) (uint64, *gosip.Response) {
+		k := s.dialogs.key(callID, "f")
+		if s.dialogs.claimIn(k, "", "b1", 0, now) != dialogInserted || !s.dialogs.confirm(k, "t-"+callID) {
+			t.Fatalf("dialog %s not recorded", callID)
+		}
+		m, err := gosip.ParseMessage([]byte("SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-" + callID +
+			"\r\nFrom: <sip:a@t>;tag=f\r\nTo: <sip:b@t>;tag=t-" + callID + "\r\nCall-ID: " + callID + "\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k, m.(*gosip.Response)
+	}
+	ka, ra := reply("call-a")
+	kb, rb := reply("call-b")
+
+	leaderDone := make(chan bool)
+	go func() { leaderDone <- s.relayConfirmed(ka, ra, dst, now) }()
+	select {
+	case <-g.called: // the leader is in its commit of call-a
+	case <-time.After(wait):
+		t.Fatal("CommitDialogs not called")
+	}
+	followerDone := make(chan bool)
+	go func() { followerDone <- s.relayConfirmed(kb, rb, dst, now) }()
+	for end := time.Now().Add(wait); ; time.Sleep(time.Millisecond) {
+		gc.mu.Lock()
+		joined := len(gc.pending) == 1
+		gc.mu.Unlock()
+		if joined {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("call-b's 2xx did not join the next batch")
+		}
+	}
+	select {
+	case <-followerDone:
+		t.Fatal("the follower returned before its 2xx was relayed")
+	case <-time.After(100 * time.Millisecond):
+	}
+	g.answer <- struct{}{} // call-a's batch
+	select {
+	case <-g.called: // the leader goes on with call-b's batch
+	case <-time.After(wait):
+		t.Fatal("call-b's batch not committed")
+	}
+	g.answer <- struct{}{}
+	for name, ch := range map[string]chan bool{"leader": leaderDone, "follower": followerDone} {
+		select {
+		case ok := <-ch:
+			if !ok {
+				t.Fatalf("%s: relayConfirmed did not take its 2xx", name)
+			}
+		case <-time.After(wait):
+			t.Fatalf("%s did not return", name)
+		}
+	}
+	// Both are in the client's socket, call-a's first.
+	_ = client.SetReadDeadline(time.Now().Add(wait))
+	buf := make([]byte, 65536)
+	for _, want := range []string{"call-a", "call-b"} {
+		n, err := client.Read(buf)
+		if err != nil {
+			t.Fatalf("waiting for %s's 200: %v", want, err)
+		}
+		m, err := gosip.ParseMessage(buf[:n])
+		if err != nil || m.CallID().Value() != want {
+			t.Fatalf("got %q, want %s's 200", buf[:n], want)
+		}
 	}
 }

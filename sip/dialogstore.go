@@ -36,7 +36,9 @@ import (
 // Held 2xx are group-committed: the goroutine that holds a 2xx while no
 // commit is under way commits it at once (one non-blocking send, a few
 // µs: the 2xx waits for nothing else) and relays it, then does the same
-// for every 2xx other goroutines held meanwhile, in one send per batch. A commit that
+// for every 2xx other goroutines held meanwhile, in one send per batch;
+// each of those goroutines waits until its 2xx is relayed, so the next
+// message it reads on its connection cannot overtake it. A commit that
 // fails (store down, socket full) still relays its 2xx (counted:
 // Metrics.DialogStoreUnsafe): traffic never waits on the store's health.
 
@@ -114,6 +116,11 @@ type dialogCommit struct {
 	mu       sync.Mutex
 	pending  []heldReply
 	running  bool // a commitHeld runs
+	// taken counts the batches a leader took from pending, relayed the
+	// number of the last one it relayed; relayedCond (on mu) wakes the
+	// goroutines waiting for theirs (relayConfirmed).
+	taken, relayed uint64
+	relayedCond    sync.Cond
 	// spare and recs are commitHeld's slices, kept between leaders.
 	spare []heldReply
 	recs  []StoredDialog
@@ -199,6 +206,7 @@ func (s *Server) SetDialogStore(w DialogWriter) {
 	st := &dialogStore{w: w, changes: c, keys: map[uint64]struct{}{}}
 	if dc, ok := w.(DialogCommitter); ok {
 		st.commit = &dialogCommit{c: dc}
+		st.commit.relayedCond.L = &st.commit.mu
 	}
 	s.dstore.Store(st)
 	s.dialogs.changed.Store(c)
@@ -233,10 +241,21 @@ func (s *Server) relayConfirmed(k uint64, res *gosip.Response, dst target, now i
 	gc.pending = append(gc.pending, h)
 	start := !gc.running
 	gc.running = true
-	gc.mu.Unlock()
-	if start {
-		s.commitHeld(gc)
+	batch := gc.taken + 1 // the batch that will carry h
+	if !start {
+		// Another goroutine's commit is under way: wait (a few µs, a
+		// non-blocking send) until it has relayed h too. Returning at
+		// once let this goroutine read and relay its connection's next
+		// message (a BYE right behind the 200) before the 200 itself.
+		// A leader that panicked is not waited for (running false).
+		for gc.relayed < batch && gc.running {
+			gc.relayedCond.Wait()
+		}
+		gc.mu.Unlock()
+		return true
 	}
+	gc.mu.Unlock()
+	s.commitHeld(gc)
 	return true
 }
 
@@ -304,6 +323,7 @@ func (s *Server) commitHeld(gc *dialogCommit) {
 		if !done {
 			gc.mu.Lock()
 			gc.running = false
+			gc.relayedCond.Broadcast()
 			gc.mu.Unlock()
 		}
 	}()
@@ -312,6 +332,8 @@ func (s *Server) commitHeld(gc *dialogCommit) {
 	gc.spare, gc.recs = nil, nil
 	for len(gc.pending) > 0 {
 		batch, gc.pending = gc.pending, batch[:0]
+		gc.taken++
+		n := gc.taken
 		gc.mu.Unlock()
 		recs = recs[:0]
 		for _, h := range batch {
@@ -328,6 +350,8 @@ func (s *Server) commitHeld(gc *dialogCommit) {
 			batch[i] = heldReply{}
 		}
 		gc.mu.Lock()
+		gc.relayed = n
+		gc.relayedCond.Broadcast()
 	}
 	done = true
 	gc.running = false
