@@ -337,6 +337,9 @@ type MOPSim struct {
 	RefusedDiscovery int
 	// Allowed is the allowed rate at every probe, in order.
 	Allowed []float64
+	// Samples is the probe's reading at every probe (used/max, with the
+	// model's lag and noise), in order: what MOP was shown.
+	Samples []float64
 	// MaxAllowedDiscovery is the highest allowed rate seen at a probe
 	// while MOP was in Discovery.
 	MaxAllowedDiscovery float64
@@ -396,6 +399,7 @@ func (s *MOPSim) Run(rate float64, d time.Duration) []MOPWindow {
 		if s.steps%probeSteps == 0 {
 			u, m := s.Backend.Probe()
 			s.MOP.Observe(now, u, m)
+			s.Samples = append(s.Samples, float64(u)/float64(m))
 			st := s.MOP.Status()
 			s.Allowed = append(s.Allowed, st.AllowedRate)
 			if st.Phase == Discovery {
