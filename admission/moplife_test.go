@@ -262,6 +262,48 @@ func TestMOPLearnedDeployLongSessions(t *testing.T) {
 	}
 }
 
+// TestMOPRampCutOneSampleUndone: in the Learned phase one sample 2.3
+// points over the fit, under the ceiling but heading over it, cuts the
+// rate at once, at most to half and provisionally (not persisted); when
+// the next sample fits again the rate is restored and nothing is left
+// provisional.
+func TestMOPRampCutOneSampleUndone(t *testing.T) {
+	spec, err := ParseMOPSimSpec("base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,windows=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewMOPSim(spec.MOP, spec.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Run(spec.Rate, 4*spec.MOP.Window)
+	before := s.MOP.Status()
+	if before.Phase != Learned {
+		t.Fatalf("phase %s after 4 windows, want learned", before.Phase)
+	}
+	glitch := len(s.Samples)
+	s.Misread = func(n int, frac float64) float64 {
+		if n == glitch {
+			return frac + 0.023 // under the ceiling, 2.3 points over the fit
+		}
+		return frac
+	}
+	s.Run(spec.Rate, s.ProbeEvery)
+	cut := s.MOP.Status()
+	if cut.AllowedRate >= before.AllowedRate || cut.AllowedRate < before.AllowedRate/2 {
+		t.Fatalf("allowed %.1f/s after one sample at %.3f, 2.3 points over the fit, from %.1f/s: want cut, to at least half", cut.AllowedRate, s.Samples[glitch], before.AllowedRate)
+	}
+	if !s.MOP.Export().Provisional {
+		t.Errorf("the ramp cut is not provisional")
+	}
+	s.Run(spec.Rate, s.ProbeEvery) // the next probe reads the true memory
+	after := s.MOP.Status()
+	if after.AllowedRate < before.AllowedRate || s.MOP.Export().Provisional {
+		t.Errorf("allowed %.1f/s (provisional %v) once memory fits again, want %.1f/s or more, restored and confirmed", after.AllowedRate, s.MOP.Export().Provisional, before.AllowedRate)
+	}
+	t.Logf("one sample 2.3 points over the fit: %.1f/s -> %.1f/s -> %.1f/s", before.AllowedRate, cut.AllowedRate, after.AllowedRate)
+}
+
 // TestMOPDeployTwin: why TestMOPDeploy's peaks (1.12–1.20 of the
 // ceiling) cannot be held to ceiling + 2 points by any learner that
 // admits near the safe rate (nor MOP, which admits 0.77 and 0.93 of it
