@@ -270,7 +270,7 @@ func (m *MOP) detectShift(now int64, admitted uint64, x *[lifeDims]float64, frac
 func (m *MOP) rampCut(now int64, admitted uint64, x *[lifeDims]float64, r, frac float64) {
 	l := &m.l
 	h := &l.hist
-	if MOPPhase(m.phase.Load()) != Learned || m.cfg.windowOnly || l.rampAt != 0 || frac+r <= m.cfg.MaxHeap || h.n == 0 {
+	if MOPPhase(m.phase.Load()) != Learned || m.cfg.windowOnly || m.cfg.doubling || l.rampAt != 0 || frac+r <= m.cfg.MaxHeap || h.n == 0 {
 		return
 	}
 	prev := h.at(0)
