@@ -191,6 +191,12 @@ const (
 	shiftRun   = 3
 	shiftKeep  = 0.01
 	shiftPrior = 20
+	// shiftDeep is the largest factor on a session's memory that a
+	// change point's cut follows under the cut floor (to 1/shiftDeep of
+	// the window's starting rate). Beyond it the change point is taken
+	// to misread (a probe gone wrong; sessions that outgrew the window,
+	// read ×24 by TestMOPLifetimeDoubles) and the cut floor holds.
+	shiftDeep = 4
 )
 
 // detectShift compares the sample with what the fit ending now predicts
@@ -661,7 +667,15 @@ func (m *MOP) estimateCut(now int64, frac float64) {
 	if base >= m.cfg.MaxHeap || base+allowed*k <= m.cfg.MaxHeap {
 		return
 	}
-	safe := math.Max((m.cfg.MaxHeap-base)/k*(1-m.cfg.Margin), m.cutFloor())
+	floor := m.cutFloor()
+	if l.shift.on && 1+l.shift.delta <= shiftDeep {
+		// A change point stands on shiftRun samples, and its factor
+		// on the memory of a session is measured: the rate may go
+		// under the cut floor, to a quarter of the window's starting
+		// rate at most.
+		floor = math.Min(floor, l.winAllowed/shiftDeep)
+	}
+	safe := math.Max((m.cfg.MaxHeap-base)/k*(1-m.cfg.Margin), floor)
 	if safe >= allowed {
 		return
 	}

@@ -218,47 +218,62 @@ func TestMOPDeploy(t *testing.T) {
 // lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,
 // deploy-bytes=128KiB,windows=12`): learned near 396/s (safe 410/s), the
 // memory of a new session doubles at 4m0s (safe 205/s after). At the old
-// rate memory rises 2.4 points a second, from 82.5%: the sample at 4m2s
-// already reads 87.3%, so the rate must come down at the first sample
-// that misses the fit (4m1s, under the ceiling). Peak at most ceiling +
-// 2 points, and the allowed rate within 10% of the new safe rate within
-// one window of the deploy and from then on.
+// rate memory rises 2.4 points a second, from 82.4%: the sample at 4m2s
+// already reads 87.2%, so the rate must come down at the first sample
+// that misses the fit (4m1s, under the ceiling: the ramp cut). Peak at
+// most ceiling + 2 points, and the allowed rate within 10% of the new
+// safe rate within one window of the deploy and from then on. A
+// footprint ×3 or ×4 reads 87.3% and 89.7% at the first sample, past the
+// bound for any learner; the change point's cut, three samples in, goes
+// under the cut floor to the estimate's safe rate (golden peaks 0.910
+// and 0.958; 1.250 and 1.614 when the cut floor held).
 func TestMOPLearnedDeployLongSessions(t *testing.T) {
 	const recover = 1 // windows after the deploy
-	spec, err := ParseMOPSimSpec("base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,deploy-bytes=128KiB,windows=12")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := NewMOPSim(spec.MOP, spec.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Run(spec.Rate, spec.DeployAt)
-	before := s.MOP.Status()
-	if before.Phase != Learned {
-		t.Fatalf("phase %s at the deploy, want learned", before.Phase)
-	}
-	deploy := len(s.Allowed)
-	s.Backend.SetBytesPerSession(spec.DeployBytes)
-	s.Run(spec.Rate, time.Duration(spec.Windows)*spec.MOP.Window-spec.DeployAt)
-	after := spec.Model
-	after.BytesPerSession = spec.DeployBytes
-	ceiling, safe := spec.MOP.MaxHeap, after.SafeRate(spec.MOP.MaxHeap)
-	back := -1 // the first sample from which the rate stays within 10% of safe
-	for i := len(s.Allowed) - 1; i >= deploy; i-- {
-		if math.Abs(s.Allowed[i]-safe) > 0.1*safe {
-			break
-		}
-		back = i
-	}
-	took := time.Duration(back-deploy+1) * s.ProbeEvery
-	t.Logf("allowed %.1f/s at the deploy, %.1f/s at the end (safe %.1f/s after it); within 10%% of it %s after the deploy; peak %.3f",
-		before.AllowedRate, s.Allowed[len(s.Allowed)-1], safe, took, s.Peak)
-	if s.Peak > ceiling+0.02 {
-		t.Errorf("peak memory %.3f, want at most %.2f", s.Peak, ceiling+0.02)
-	}
-	if back < 0 || took > recover*spec.MOP.Window {
-		t.Errorf("allowed rate within 10%% of the safe %.1f/s for good %s after the deploy (never: %v), want within %d window", safe, took, back < 0, recover)
+	for _, tc := range []struct {
+		bytes   string
+		maxPeak float64
+	}{
+		{"128KiB", 0.87},
+		{"192KiB", 0.92},
+		{"256KiB", 0.97},
+	} {
+		t.Run(tc.bytes, func(t *testing.T) {
+			spec, err := ParseMOPSimSpec("base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,windows=12,deploy-bytes=" + tc.bytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := NewMOPSim(spec.MOP, spec.Model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Run(spec.Rate, spec.DeployAt)
+			before := s.MOP.Status()
+			if before.Phase != Learned {
+				t.Fatalf("phase %s at the deploy, want learned", before.Phase)
+			}
+			deploy := len(s.Allowed)
+			s.Backend.SetBytesPerSession(spec.DeployBytes)
+			s.Run(spec.Rate, time.Duration(spec.Windows)*spec.MOP.Window-spec.DeployAt)
+			after := spec.Model
+			after.BytesPerSession = spec.DeployBytes
+			safe := after.SafeRate(spec.MOP.MaxHeap)
+			back := -1 // the first sample from which the rate stays within 10% of safe
+			for i := len(s.Allowed) - 1; i >= deploy; i-- {
+				if math.Abs(s.Allowed[i]-safe) > 0.1*safe {
+					break
+				}
+				back = i
+			}
+			took := time.Duration(back-deploy+1) * s.ProbeEvery
+			t.Logf("sessions of %s after the deploy: allowed %.1f/s at it, %.1f/s at the end (safe %.1f/s after it); within 10%% of it %s after the deploy; peak %.3f",
+				tc.bytes, before.AllowedRate, s.Allowed[len(s.Allowed)-1], safe, took, s.Peak)
+			if s.Peak > tc.maxPeak {
+				t.Errorf("peak memory %.3f, want at most %.2f", s.Peak, tc.maxPeak)
+			}
+			if back < 0 || took > recover*spec.MOP.Window {
+				t.Errorf("allowed rate within 10%% of the safe %.1f/s for good %s after the deploy (never: %v), want within %d window", safe, took, back < 0, recover)
+			}
+		})
 	}
 }
 
