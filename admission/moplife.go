@@ -682,12 +682,48 @@ func (m *MOP) estimateCut(now int64, frac float64) {
 	if l.shift.on {
 		l.shiftCut = l.shift.at
 	}
+	if cf := m.cutFloor(); safe < cf {
+		l.deepFloor = cf // deepRecover may take the rate back up to it
+	}
 	if !l.haveModel {
 		l.base, l.slope, l.haveModel = base, k, true
 	}
 	l.proven = 0
 	m.setAllowed(safe)
 	m.learn(safe, fmt.Sprintf("the estimate predicts %.1f%% memory at %.1f/s", 100*(base+allowed*k), allowed))
+}
+
+// deepRecover follows a change point's cut under the cut floor back up:
+// three samples after a change, with noise or a late probe, the factor
+// 1 + δ may be overstated (1.6 for a doubling with ±1% noise) and the
+// cut too deep. Once memory is under the ceiling and not rising beyond
+// the noise, the rate goes to the estimate's safe rate as it firms up,
+// never above the cut floor the change point's cut went under, and
+// never down.
+func (m *MOP) deepRecover(frac float64) {
+	l := &m.l
+	e := &l.est
+	h := &l.hist
+	if l.deepFloor == 0 {
+		return
+	}
+	allowed := loadF(&m.allowed)
+	if !l.shift.on || allowed >= l.deepFloor || l.crossed && frac > m.cfg.MaxHeap {
+		if !l.shift.on || allowed >= l.deepFloor {
+			l.deepFloor = 0
+		}
+		return
+	}
+	k := l.exactMax
+	if !(k > 0) || h.n == 0 || frac > m.cfg.MaxHeap || frac-h.at(0).mem > 3*e.sd {
+		return
+	}
+	base := math.Min(e.base, l.lowMem)
+	up := math.Min((m.cfg.MaxHeap-base)/k*(1-m.cfg.Margin), l.deepFloor)
+	if up > allowed*1.005 {
+		m.setAllowed(up)
+		m.learn(loadF(&m.allowed), fmt.Sprintf("the estimate firms up at %.1f%% memory", 100*frac))
+	}
 }
 
 // drainCut: while memory is over the ceiling and still rising, the

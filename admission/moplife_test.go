@@ -230,12 +230,16 @@ func TestMOPDeploy(t *testing.T) {
 func TestMOPLearnedDeployLongSessions(t *testing.T) {
 	const recover = 1 // windows after the deploy
 	for _, tc := range []struct {
-		bytes   string
+		bytes   string // and more keys
 		maxPeak float64
 	}{
 		{"128KiB", 0.87},
 		{"192KiB", 0.92},
 		{"256KiB", 0.97},
+		// With ±1% noise the change point overstates the factor (1.6
+		// three samples in) and cuts to 153/s; deepRecover takes the
+		// rate back up as the estimate firms up (188/s).
+		{"128KiB,noise=0.01", 0.87},
 	} {
 		t.Run(tc.bytes, func(t *testing.T) {
 			spec, err := ParseMOPSimSpec("base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,windows=12,deploy-bytes=" + tc.bytes)
