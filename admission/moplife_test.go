@@ -560,7 +560,7 @@ func TestSimBackendDistributions(t *testing.T) {
 // about what it predicts safe, and memory stay within 2 points of the
 // ceiling. The same deploy in the Learned phase, at 396/s against a safe
 // 205/s after it, is cut at the first sample that misses the fit (the
-// ramp cut; TestMOPLearnedDeployLongSessions): peak 0.848 (0.897 with
+// ramp cut; TestMOPLearnedDeployLongSessions): peak 0.850 (0.897 with
 // the change point's cut alone, 1.470 without the estimate's cut).
 func TestMOPDeployLongSessions(t *testing.T) {
 	for _, tc := range []struct {
