@@ -271,8 +271,9 @@ func (m *MOP) detectShift(now int64, admitted uint64, x *[lifeDims]float64, frac
 // and it is undone when the next sample fits again (rampUndo). For 2 s
 // sessions whose memory doubles (TestMOPDeploy) the drain first took the
 // peak from 1.121 to 0.964, the least any learner can do
-// (TestMOPDeployTwin), and the plateau's rate after it left 187/s a
-// window later against a safe 193/s (181/s before).
+// (TestMOPDeployTwin); the rate a window later is 171/s against a safe
+// 193/s (181/s before; the plateau's rate at once, without the drain:
+// 187/s, but a peak of 1.064).
 func (m *MOP) rampCut(now int64, admitted uint64, x *[lifeDims]float64, r, frac float64) {
 	l := &m.l
 	h := &l.hist
@@ -708,10 +709,8 @@ func (m *MOP) deepRecover(frac float64) {
 		return
 	}
 	allowed := loadF(&m.allowed)
-	if !l.shift.on || allowed >= l.deepFloor || l.crossed && frac > m.cfg.MaxHeap {
-		if !l.shift.on || allowed >= l.deepFloor {
-			l.deepFloor = 0
-		}
+	if !l.shift.on || allowed >= l.deepFloor {
+		l.deepFloor = 0 // the new regime took over, or the rate is back
 		return
 	}
 	k := l.exactMax
