@@ -287,6 +287,10 @@ type learner struct {
 	exactN                  int
 	exactMax                float64 // the highest of them; 0 unless all are known
 	shiftCut                int64   // the change point (lifeShift.at) the estimate last cut the rate after
+	rampAt                  int64   // time of a ramp cut not yet confirmed by a change point (0: none)
+	rampFrom, rampRate      float64 // the allowed rate before it, and the one it set
+	rampUp                  float64 // the plateau's safe rate a ramp cut goes back up to once memory stops rising (0: none)
+	deepFloor               float64 // the cut floor a change point's cut went under, which deepRecover may go back up to (0: none)
 
 	rise     float64 // mean rise of memory between samples beyond its trend, recently
 	headroom float64 // headroomBound at the last sample, per second
@@ -670,6 +674,8 @@ func (m *MOP) Observe(now int64, used, max int64) error {
 	}
 	l.headroom, l.rho = m.headroomBound(now, admitted, frac)
 	m.addLifePoints(now, admitted, frac, float64(max))
+	m.rampRecover(frac)
+	m.deepRecover(frac)
 	m.estimateCut(now, frac)
 	m.drainCut(now, frac)
 	if !math.IsInf(l.headroom, 1) {

@@ -123,7 +123,7 @@ func (m *MOP) addLifePoints(now int64, admitted uint64, frac, maxBytes float64) 
 			x[j+1] = float64(end.admitted - h.countAt(end.at-m.spans[j]))
 		}
 	}
-	m.detectShift(now, &xs[0], frac)
+	m.detectShift(now, admitted, &xs[0], frac)
 	if sh := &l.shift; sh.on && now-sh.at >= int64(m.cfg.Window) {
 		// A window after the change every session of the old kind has
 		// ended: the fits start again on samples of the new regime
@@ -191,12 +191,18 @@ const (
 	shiftRun   = 3
 	shiftKeep  = 0.01
 	shiftPrior = 20
+	// shiftDeep is the largest factor on a session's memory that a
+	// change point's cut follows under the cut floor (to 1/shiftDeep of
+	// the window's starting rate). Beyond it the change point is taken
+	// to misread (a probe gone wrong; sessions that outgrew the window,
+	// read ×24 by TestMOPLifetimeDoubles) and the cut floor holds.
+	shiftDeep = 4
 )
 
 // detectShift compares the sample with what the fit ending now predicts
 // from its weights before the sample, and restarts the fits at a change
 // point.
-func (m *MOP) detectShift(now int64, x *[lifeDims]float64, frac float64) {
+func (m *MOP) detectShift(now int64, admitted uint64, x *[lifeDims]float64, frac float64) {
 	l := &m.l
 	e := &l.est
 	// The fit must have seen its sessions' ramps level off: a window,
@@ -214,18 +220,24 @@ func (m *MOP) detectShift(now int64, x *[lifeDims]float64, frac float64) {
 	r := frac - pred
 	if math.Abs(r) <= math.Max(shiftSD*e.sd, shiftMin) {
 		l.shiftRun = 0
+		m.rampUndo()
 		return
 	}
 	sign := math.Copysign(1, r)
 	if l.shiftRun > 0 && sign != l.shiftSign {
 		l.shiftRun = 0
+		m.rampUndo()
 	}
 	l.shiftSign = sign
 	l.shiftRun++
+	if sign > 0 {
+		m.rampCut(now, admitted, x, r, frac)
+	}
 	if l.shiftRun < shiftRun {
 		return
 	}
 	l.shiftRun = 0
+	l.rampAt = 0 // the change point confirms a ramp cut
 	l.shift.start(m, now, e, &l.life[0].w)
 	l.shift.base = math.Min(e.base, l.lowMem)
 	m.restartLife(l.shift.base)
@@ -235,6 +247,109 @@ func (m *MOP) detectShift(now int64, x *[lifeDims]float64, frac float64) {
 	l.lifeStart = now
 	if l.hist.n >= shiftRun-1 {
 		l.lifeStart = l.hist.at(shiftRun - 2).at
+	}
+}
+
+// rampCut: in the Learned phase, a sample that misses the fit upward by
+// more than a change point's threshold, so far that one more probe
+// interval of the same ramp takes memory over the ceiling, cuts the rate
+// at once, before the change point (shiftRun samples) can confirm it: a
+// deploy that doubles the memory of a session at a rate near the safe
+// one raises memory by r × b a second (2.4 points a second for 30 s
+// sessions at 396/s), and the second sample after it is already 2.3
+// points over the ceiling. The miss r is read as the ramp of a change
+// at the previous sample: sessions admitted since hold 1 + δ times the
+// memory the fit gives them, δ = r / z (z: their memory by the fit). The
+// sessions admitted before the change still hold memory for up to a
+// lifetime, so the rate first goes where memory stops rising, ρ / (1 +
+// δ) (ρ: the rate the old sessions end at, the lower of the trailing
+// admitted rates), and as soon as memory is under the ceiling and no
+// longer rising (rampRecover) to the plateau's safe rate, the estimate's
+// with each session's memory × (1 + δ), as estimateCut has it after a
+// change point; both less the margin and never under cutFloor: one
+// sample at most halves the rate in a window. The cut is provisional,
+// and it is undone when the next sample fits again (rampUndo). For 2 s
+// sessions whose memory doubles (TestMOPDeploy) the drain first took the
+// peak from 1.121 to 0.964, the least any learner can do
+// (TestMOPDeployTwin); the rate a window later is 171/s against a safe
+// 193/s (181/s before; the plateau's rate at once, without the drain:
+// 187/s, but a peak of 1.064).
+func (m *MOP) rampCut(now int64, admitted uint64, x *[lifeDims]float64, r, frac float64) {
+	l := &m.l
+	h := &l.hist
+	if MOPPhase(m.phase.Load()) != Learned || m.cfg.windowOnly || m.cfg.doubling || l.rampAt != 0 || frac+r <= m.cfg.MaxHeap || h.n == 0 {
+		return
+	}
+	prev := h.at(0)
+	dt := float64(now-prev.at) / float64(time.Second)
+	if dt <= 0 || admitted <= prev.admitted {
+		return
+	}
+	n := float64(admitted - prev.admitted)
+	w := &l.life[0].w
+	z := 0.0
+	for j := range lifeN {
+		z += w[j+1] * math.Min(x[j+1], n)
+	}
+	if !(z > 0) {
+		return
+	}
+	k := l.exactMax
+	base := math.Min(l.est.base, l.lowMem)
+	if !(k > 0) || base >= m.cfg.MaxHeap {
+		return
+	}
+	delta := math.Min(99, r/z)
+	allowed := loadF(&m.allowed)
+	floor := m.cutFloor()
+	plateau := math.Max((m.cfg.MaxHeap-base)/(k*(1+delta))*(1-m.cfg.Margin), floor)
+	rho := math.Min(n/dt, l.rho)
+	next := math.Max(math.Min(rho/(1+delta)*(1-m.cfg.Margin), plateau), floor)
+	if next >= allowed {
+		return
+	}
+	m.markProvisional(now)
+	m.setAllowed(next)
+	l.rampAt, l.rampFrom, l.rampRate = now, allowed, loadF(&m.allowed)
+	l.rampUp = plateau
+	m.learn(loadF(&m.allowed), fmt.Sprintf("memory at %.1f%% ramps %.1f points a sample over the fit", 100*frac, 100*r))
+}
+
+// rampRecover raises the rate a ramp cut set to the plateau's safe rate
+// once memory is under the ceiling and not rising beyond the noise, when
+// nothing else has moved the rate since.
+func (m *MOP) rampRecover(frac float64) {
+	l := &m.l
+	h := &l.hist
+	if l.rampUp == 0 || h.n == 0 {
+		return
+	}
+	if allowed := loadF(&m.allowed); allowed != l.rampRate || l.rampUp <= allowed {
+		l.rampUp = 0
+		return
+	}
+	if frac > m.cfg.MaxHeap || frac-h.at(0).mem > 3*l.est.sd {
+		return
+	}
+	up := l.rampUp
+	l.rampUp = 0
+	m.setAllowed(up)
+	l.rampRate = loadF(&m.allowed)
+	m.learn(l.rampRate, fmt.Sprintf("memory at %.1f%% stopped rising after the ramp cut", 100*frac))
+}
+
+// rampUndo restores the rate a ramp cut lowered when the next sample fits
+// again and nothing has moved the rate since: one sample was all there
+// was.
+func (m *MOP) rampUndo() {
+	l := &m.l
+	if l.rampAt == 0 {
+		return
+	}
+	l.rampAt, l.rampUp = 0, 0
+	if loadF(&m.allowed) == l.rampRate && !l.crossed {
+		m.setAllowed(l.rampFrom)
+		m.learn(loadF(&m.allowed), "memory fits again after one sample over the fit")
 	}
 }
 
@@ -553,12 +668,23 @@ func (m *MOP) estimateCut(now int64, frac float64) {
 	if base >= m.cfg.MaxHeap || base+allowed*k <= m.cfg.MaxHeap {
 		return
 	}
-	safe := math.Max((m.cfg.MaxHeap-base)/k*(1-m.cfg.Margin), m.cutFloor())
+	floor := m.cutFloor()
+	if l.shift.on && 1+l.shift.delta <= shiftDeep {
+		// A change point stands on shiftRun samples, and its factor
+		// on the memory of a session is measured: the rate may go
+		// under the cut floor, to a quarter of the window's starting
+		// rate at most.
+		floor = math.Min(floor, l.winAllowed/shiftDeep)
+	}
+	safe := math.Max((m.cfg.MaxHeap-base)/k*(1-m.cfg.Margin), floor)
 	if safe >= allowed {
 		return
 	}
 	if l.shift.on {
 		l.shiftCut = l.shift.at
+	}
+	if cf := m.cutFloor(); safe < cf {
+		l.deepFloor = cf // deepRecover may take the rate back up to it
 	}
 	if !l.haveModel {
 		l.base, l.slope, l.haveModel = base, k, true
@@ -566,6 +692,37 @@ func (m *MOP) estimateCut(now int64, frac float64) {
 	l.proven = 0
 	m.setAllowed(safe)
 	m.learn(safe, fmt.Sprintf("the estimate predicts %.1f%% memory at %.1f/s", 100*(base+allowed*k), allowed))
+}
+
+// deepRecover follows a change point's cut under the cut floor back up:
+// three samples after a change, with noise or a late probe, the factor
+// 1 + δ may be overstated (1.6 for a doubling with ±1% noise) and the
+// cut too deep. Once memory is under the ceiling and not rising beyond
+// the noise, the rate goes to the estimate's safe rate as it firms up,
+// never above the cut floor the change point's cut went under, and
+// never down.
+func (m *MOP) deepRecover(frac float64) {
+	l := &m.l
+	e := &l.est
+	h := &l.hist
+	if l.deepFloor == 0 {
+		return
+	}
+	allowed := loadF(&m.allowed)
+	if !l.shift.on || allowed >= l.deepFloor {
+		l.deepFloor = 0 // the new regime took over, or the rate is back
+		return
+	}
+	k := l.exactMax
+	if !(k > 0) || h.n == 0 || frac > m.cfg.MaxHeap || frac-h.at(0).mem > 3*e.sd {
+		return
+	}
+	base := math.Min(e.base, l.lowMem)
+	up := math.Min((m.cfg.MaxHeap-base)/k*(1-m.cfg.Margin), l.deepFloor)
+	if up > allowed*1.005 {
+		m.setAllowed(up)
+		m.learn(loadF(&m.allowed), fmt.Sprintf("the estimate firms up at %.1f%% memory", 100*frac))
+	}
 }
 
 // drainCut: while memory is over the ceiling and still rising, the

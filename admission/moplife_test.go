@@ -213,6 +213,191 @@ func TestMOPDeploy(t *testing.T) {
 	}
 }
 
+// TestMOPLearnedDeployLongSessions: the deploy of TestMOPDeployLongSessions
+// in the Learned phase (`sluice simulate --mop base=10%,bytes=64KiB,
+// lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,
+// deploy-bytes=128KiB,windows=12`): learned near 396/s (safe 410/s), the
+// memory of a new session doubles at 4m0s (safe 205/s after). At the old
+// rate memory rises 2.4 points a second, from 82.4%: the sample at 4m2s
+// already reads 87.2%, so the rate must come down at the first sample
+// that misses the fit (4m1s, under the ceiling: the ramp cut). Peak at
+// most ceiling + 2 points, and the allowed rate within 10% of the new
+// safe rate within one window of the deploy and from then on. A
+// footprint ×3 or ×4 reads 87.3% and 89.7% at the first sample, past the
+// bound for any learner; the change point's cut, three samples in, goes
+// under the cut floor to the estimate's safe rate (golden peaks 0.910
+// and 0.958; 1.250 and 1.614 when the cut floor held).
+func TestMOPLearnedDeployLongSessions(t *testing.T) {
+	const recover = 1 // windows after the deploy
+	for _, tc := range []struct {
+		bytes   string // and more keys
+		maxPeak float64
+	}{
+		{"128KiB", 0.87},
+		{"192KiB", 0.92},
+		{"256KiB", 0.97},
+		// With ±1% noise the change point overstates the factor (1.6
+		// three samples in) and cuts to 153/s; deepRecover takes the
+		// rate back up as the estimate firms up (188/s).
+		{"128KiB,noise=0.01", 0.87},
+	} {
+		t.Run(tc.bytes, func(t *testing.T) {
+			spec, err := ParseMOPSimSpec("base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,windows=12,deploy-bytes=" + tc.bytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := NewMOPSim(spec.MOP, spec.Model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Run(spec.Rate, spec.DeployAt)
+			before := s.MOP.Status()
+			if before.Phase != Learned {
+				t.Fatalf("phase %s at the deploy, want learned", before.Phase)
+			}
+			deploy := len(s.Allowed)
+			s.Backend.SetBytesPerSession(spec.DeployBytes)
+			s.Run(spec.Rate, time.Duration(spec.Windows)*spec.MOP.Window-spec.DeployAt)
+			after := spec.Model
+			after.BytesPerSession = spec.DeployBytes
+			safe := after.SafeRate(spec.MOP.MaxHeap)
+			back := -1 // the first sample from which the rate stays within 10% of safe
+			for i := len(s.Allowed) - 1; i >= deploy; i-- {
+				if math.Abs(s.Allowed[i]-safe) > 0.1*safe {
+					break
+				}
+				back = i
+			}
+			took := time.Duration(back-deploy+1) * s.ProbeEvery
+			t.Logf("sessions of %s after the deploy: allowed %.1f/s at it, %.1f/s at the end (safe %.1f/s after it); within 10%% of it %s after the deploy; peak %.3f",
+				tc.bytes, before.AllowedRate, s.Allowed[len(s.Allowed)-1], safe, took, s.Peak)
+			if s.Peak > tc.maxPeak {
+				t.Errorf("peak memory %.3f, want at most %.2f", s.Peak, tc.maxPeak)
+			}
+			if back < 0 || took > recover*spec.MOP.Window {
+				t.Errorf("allowed rate within 10%% of the safe %.1f/s for good %s after the deploy (never: %v), want within %d window", safe, took, back < 0, recover)
+			}
+		})
+	}
+}
+
+// TestMOPRampCutOneSampleUndone: in the Learned phase one sample 2.3
+// points over the fit, under the ceiling but heading over it, cuts the
+// rate at once, at most to half and provisionally (not persisted); when
+// the next sample fits again the rate is restored and nothing is left
+// provisional.
+func TestMOPRampCutOneSampleUndone(t *testing.T) {
+	spec, err := ParseMOPSimSpec("base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,windows=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewMOPSim(spec.MOP, spec.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Run(spec.Rate, 4*spec.MOP.Window)
+	before := s.MOP.Status()
+	if before.Phase != Learned {
+		t.Fatalf("phase %s after 4 windows, want learned", before.Phase)
+	}
+	glitch := len(s.Samples)
+	s.Misread = func(n int, frac float64) float64 {
+		if n == glitch {
+			return frac + 0.023 // under the ceiling, 2.3 points over the fit
+		}
+		return frac
+	}
+	s.Run(spec.Rate, s.ProbeEvery)
+	cut := s.MOP.Status()
+	if cut.AllowedRate >= before.AllowedRate || cut.AllowedRate < before.AllowedRate/2 {
+		t.Fatalf("allowed %.1f/s after one sample at %.3f, 2.3 points over the fit, from %.1f/s: want cut, to at least half", cut.AllowedRate, s.Samples[glitch], before.AllowedRate)
+	}
+	if !s.MOP.Export().Provisional {
+		t.Errorf("the ramp cut is not provisional")
+	}
+	s.Run(spec.Rate, s.ProbeEvery) // the next probe reads the true memory
+	after := s.MOP.Status()
+	if after.AllowedRate < before.AllowedRate || s.MOP.Export().Provisional {
+		t.Errorf("allowed %.1f/s (provisional %v) once memory fits again, want %.1f/s or more, restored and confirmed", after.AllowedRate, s.MOP.Export().Provisional, before.AllowedRate)
+	}
+	t.Logf("one sample 2.3 points over the fit: %.1f/s -> %.1f/s -> %.1f/s", before.AllowedRate, cut.AllowedRate, after.AllowedRate)
+}
+
+// TestMOPDeployTwin: why TestMOPDeploy's peaks (1.12–1.20 of the
+// ceiling) cannot be held to ceiling + 2 points by any learner that
+// admits near the safe rate (nor MOP, which admits 0.77 and 0.93 of it
+// there). The deploy comes just after a sample. Its
+// twin, the same backend without the deploy, shows the same samples up
+// to and including that one (checked: same readings, same allowed
+// rates), so a learner admits the same against both until the next
+// sample, one probe interval t later, and against the twin it must
+// admit near the safe rate. In that interval every new session holds
+// twice the memory while the old ones still end at the old size, so
+// memory rises by r × b × t (r the admitted rate, b the old bytes per
+// session) and the first sample that can tell the two apart already
+// reads m(deploy) + r × b × t, over the bound: cutting the rate to zero
+// there still peaks over ceiling + 2 points. To hold the bound a
+// learner would have to stay under (ceiling + 0.02 − base) / (b ×
+// (lifetime + t)), 0.68–0.69 of the safe rate, on every backend, deploy
+// or not.
+func TestMOPDeployTwin(t *testing.T) {
+	for _, mc := range lifeModels()[:2] {
+		t.Run(mc.name, func(t *testing.T) {
+			cfg, m := mc.cfg, mc.model
+			ceiling := cfg.MaxHeap
+			safe := m.SafeRate(ceiling)
+			demand := 1.5 * safe
+			a, err := NewMOPSim(cfg, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			twin, err := NewMOPSim(cfg, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Run(demand, 4*cfg.Window)
+			twin.Run(demand, 4*cfg.Window)
+			n := len(a.Samples) // the samples up to the deploy, which follows the last
+			for i := range n {
+				if a.Samples[i] != twin.Samples[i] || a.Allowed[i] != twin.Allowed[i] {
+					t.Fatalf("sample %d before the deploy: %.6f at %.2f/s, the twin %.6f at %.2f/s: want the same", i+1, a.Samples[i], a.Allowed[i], twin.Samples[i], twin.Allowed[i])
+				}
+			}
+			memT, admitted0, peak0 := a.Backend.Used(), a.Admitted, a.Peak
+			a.Backend.SetBytesPerSession(2 * m.BytesPerSession)
+			td := a.ProbeEvery
+			a.Run(demand, td)
+			twin.Run(demand, td)
+			if len(a.Samples) != n+1 || a.Samples[n] == twin.Samples[n] {
+				t.Fatalf("the first sample after the deploy does not tell the backend from its twin")
+			}
+			r := float64(a.Admitted-admitted0) / td.Seconds()
+			b := m.BytesPerSession / m.MaxBytes
+			base := m.BaseBytes / m.MaxBytes
+			hold := (ceiling + 0.02 - base) / (b * (m.Lifetime + td).Seconds())
+			if r <= hold {
+				t.Fatalf("admitted %.1f/s before the deploy showed, under the %.1f/s that holds the bound: nothing to show", r, hold)
+			}
+			// The learner cuts to zero at the first sample that differs:
+			// nothing more is admitted; the sessions admitted keep
+			// their memory until they end.
+			a.Run(0, 2*m.Lifetime)
+			predicted := memT + r*b*td.Seconds()
+			t.Logf("%s: memory %.3f at the deploy, %.1f/s admitted (safe %.1f/s); cut to zero at the first sample that differs: peak %.3f (m + r·b·t = %.3f), bound %.2f; to hold it the rate must stay under %.1f/s (%.2f of the safe rate)",
+				mc.name, memT, r, safe, a.Peak, predicted, ceiling+0.02, hold, hold/safe)
+			if a.Peak <= ceiling+0.02 || a.Peak <= peak0 {
+				t.Errorf("peak %.3f with the rate cut to zero at the first sample after the deploy: want over %.2f (the claim is false)", a.Peak, ceiling+0.02)
+			}
+			if math.Abs(a.Peak-predicted) > 0.01 {
+				t.Errorf("peak %.3f, m + r·b·t predicts %.3f: want within a point", a.Peak, predicted)
+			}
+			if hold >= 0.9*safe {
+				t.Errorf("a rate of %.1f/s holds the bound, within 10%% of the safe %.1f/s: the deploy's peak is not out of reach", hold, safe)
+			}
+		})
+	}
+}
+
 // TestMOPNoChangePointWithoutDeploy: on every backend without a deploy
 // (noise, a sawtooth, a late probe, lifetimes long and short) no change
 // point is found in 8 windows: the fits are never restarted for nothing.
@@ -374,9 +559,9 @@ func TestSimBackendDistributions(t *testing.T) {
 // rate): the rate must come down when the estimate sees the deploy, to
 // about what it predicts safe, and memory stay within 2 points of the
 // ceiling. The same deploy in the Learned phase, at 396/s against a safe
-// 205/s after it, overshoots before any change point can show (the
-// golden peak 0.897: 1.470 without the estimate's cut, 0.905 without
-// the cut while memory rises over the ceiling).
+// 205/s after it, is cut at the first sample that misses the fit (the
+// ramp cut; TestMOPLearnedDeployLongSessions): peak 0.850 (0.897 with
+// the change point's cut alone, 1.470 without the estimate's cut).
 func TestMOPDeployLongSessions(t *testing.T) {
 	for _, tc := range []struct {
 		spec    string
@@ -385,7 +570,7 @@ func TestMOPDeployLongSessions(t *testing.T) {
 		at      int     // that window
 	}{
 		{"base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=300,window=30s,deploy=90s,deploy-bytes=128KiB,windows=8", 205, 0.02, 3},
-		{"base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,deploy-bytes=128KiB,windows=12", 205, 0.05, 8},
+		{"base=10%,bytes=64KiB,lifetime=30s,max-heap=1GiB,rate=600,window=30s,deploy=240s,deploy-bytes=128KiB,windows=12", 205, 0.02, 8},
 	} {
 		spec, err := ParseMOPSimSpec(tc.spec)
 		if err != nil {

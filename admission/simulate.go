@@ -320,6 +320,9 @@ type MOPSim struct {
 	Clock      ManualClock
 	Step       time.Duration // default 10ms
 	ProbeEvery time.Duration // default 1s
+	// Misread, when set, changes the probe's n-th reading (from 0,
+	// used/max) before MOP sees it: a probe gone wrong.
+	Misread func(n int, frac float64) float64
 
 	windows []MOPWindow
 	cur     MOPWindow
@@ -337,6 +340,9 @@ type MOPSim struct {
 	RefusedDiscovery int
 	// Allowed is the allowed rate at every probe, in order.
 	Allowed []float64
+	// Samples is the probe's reading at every probe (used/max, with the
+	// model's lag and noise), in order: what MOP was shown.
+	Samples []float64
 	// MaxAllowedDiscovery is the highest allowed rate seen at a probe
 	// while MOP was in Discovery.
 	MaxAllowedDiscovery float64
@@ -395,7 +401,11 @@ func (s *MOPSim) Run(rate float64, d time.Duration) []MOPWindow {
 		s.cur.PeakMem = max(s.cur.PeakMem, used)
 		if s.steps%probeSteps == 0 {
 			u, m := s.Backend.Probe()
+			if s.Misread != nil {
+				u = int64(s.Misread(len(s.Samples), float64(u)/float64(m)) * float64(m))
+			}
 			s.MOP.Observe(now, u, m)
+			s.Samples = append(s.Samples, float64(u)/float64(m))
 			st := s.MOP.Status()
 			s.Allowed = append(s.Allowed, st.AllowedRate)
 			if st.Phase == Discovery {

@@ -156,15 +156,16 @@ func TestSimulateMOPBadInput(t *testing.T) {
 }
 
 // TestSimulateMOPSaysWhenMemoryRunsOut: a peak over the backend's max
-// heap (a deploy's first seconds, before memory shows the new sessions)
-// is said in words beside the percentages; one under it is not.
+// heap (a deploy that triples the memory of a session: its first second,
+// before memory shows the new sessions) is said in words beside the
+// percentages; one under it is not.
 func TestSimulateMOPSaysWhenMemoryRunsOut(t *testing.T) {
 	const outOfMemory = "over its max heap: the backend would have run out of memory"
 	cases := []struct {
 		spec string
 		want bool
 	}{
-		{"base=100MiB,bytes=1MiB,lifetime=2s,max-heap=1GiB,rate=450,windows=4,deploy=3m,deploy-bytes=2MiB", true},
+		{"base=100MiB,bytes=1MiB,lifetime=2s,max-heap=1GiB,rate=450,windows=4,deploy=3m,deploy-bytes=3MiB", true},
 		{"base=10%,bytes=1MiB,lifetime=30s,max-heap=1GiB,rate=100,ceiling=0.5,window=30s,windows=4", false},
 	}
 	for _, c := range cases {
