@@ -255,8 +255,13 @@ func (s *Server) expireWatched(now int64) {
 			s.finishInDialog(e.lg, now, 408, accesslog.BySluice, "backend did not answer")
 		}
 		// The verdict first: the client's next request, sent on our
-		// 408, must find it.
-		s.unansweredBy(e.backend, e.sent, now)
+		// 408, must find it. Not when our own socket dropped datagrams
+		// since it was sent: the answer may have been one of them.
+		if s.ownDropsSince(e.sent) {
+			s.metrics.TimeoutsOwnDrops.Add(1)
+		} else {
+			s.unansweredBy(e.backend, e.sent, now)
+		}
 		s.post(e.reply, e.to, &s.metrics.LocalReplies)
 		s.metrics.InDialogUnanswered.Add(1)
 		s.log.Warn("sip in-dialog request unanswered by its backend: 408 sent to the client", "backend", e.backend, "method", string(e.method))

@@ -36,6 +36,10 @@ type Metrics struct {
 	// DialogsLearned counts dialogs recorded from a 2xx to an INVITE
 	// relayed without its transaction (learnDialog).
 	DialogsLearned atomic.Uint64
+	// OwnDrops counts datagrams the kernel dropped at the UDP socket's
+	// receive queue (owndrops.go); TimeoutsOwnDrops the timeouts not
+	// charged to a backend because of them.
+	OwnDrops, TimeoutsOwnDrops atomic.Uint64
 	// DialogsRestored counts dialogs RestoreDialogs put back in the table
 	// (at start, from the store).
 	DialogsRestored atomic.Uint64
@@ -271,6 +275,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"ws_too_big", &m.WSTooBig}, {"ws_protocol_errors", &m.WSProtocolErrors},
 		{"backend_tls_failures", &m.BackendTLSFailures},
 		{"backend_proxy_conns_refused", &m.BackendProxyConnsRefused},
+		{"udp_own_drops", &m.OwnDrops}, {"timeouts_own_drops", &m.TimeoutsOwnDrops},
 	} {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(e.v.Load()), e.name)
 	}

@@ -63,7 +63,9 @@ type Deps struct {
 // Server is the SIP front end: a proxy on one UDP socket and one TCP
 // listener. Create it with New, start it with Start, stop it with Close.
 type Server struct {
-	cfg     Config
+	// ownDrops is what the UDP socket's receive queue dropped (owndrops.go).
+	ownDrops ownDrops
+	cfg      Config
 	log     *slog.Logger // component=sip
 	base    *slog.Logger // as given, for lb components that name themselves
 	adm     *admission.Controller
@@ -817,6 +819,7 @@ func (s *Server) tick() {
 		case <-t.C:
 		}
 		now := s.clock.Now()
+		s.noteOwnDrops(now)
 		s.txnTimers(now)
 		s.expireWatched(now)
 		s.sweepDialogLogs(now)
@@ -834,6 +837,7 @@ func (s *Server) tick() {
 		if time.Since(lastLog) >= 10*time.Second {
 			lastLog = time.Now()
 			s.logTCPRefusals(&tcpSeen)
+			s.logOwnDrops()
 			if f := s.metrics.ForgedResponses.Load(); f != lastForged {
 				s.log.Warn("sip responses dropped: their branch was not made for the address they came from (forged, or a peer answering from another socket)",
 					"forged_responses_total", f, "since_last", f-lastForged)

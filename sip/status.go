@@ -33,6 +33,11 @@ type Status struct {
 	ForgedResponses uint64 `json:"forged_responses"`
 	Loops           uint64 `json:"loops"`
 	SipsRefused     uint64 `json:"sips_refused"`
+	// UDPOwnDrops are datagrams dropped at sluice's own UDP socket (its
+	// receive queue was full), TimeoutsOwnDrops the timeouts not charged
+	// to a backend because of them.
+	UDPOwnDrops      uint64 `json:"udp_own_drops"`
+	TimeoutsOwnDrops uint64 `json:"timeouts_own_drops"`
 }
 
 // DialogsStatus is Status.Dialogs.
@@ -66,7 +71,7 @@ func (s *Server) Status() Status {
 		Requests:     m.Requests.Load(), Responses: m.Responses.Load(), Relayed: m.Relayed.Load(), Refused: m.Refused.Load(),
 		Failovers: m.Failovers.Load(), Timeouts: m.Timeouts.Load(), Malformed: m.Malformed.Load(),
 		ForgedTokens: m.ForgedTokens.Load(), ForgedResponses: m.ForgedResponses.Load(), Loops: m.Loops.Load(),
-		SipsRefused: m.SipsRefused.Load(),
+		SipsRefused: m.SipsRefused.Load(), UDPOwnDrops: m.OwnDrops.Load(), TimeoutsOwnDrops: m.TimeoutsOwnDrops.Load(),
 	}
 	for k := range s.tcp.byKind {
 		st.Connections[strings.ToLower(connKind(k).String())] = s.tcp.byKind[k].Load()

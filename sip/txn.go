@@ -792,7 +792,7 @@ func (s *Server) txnTimers(now int64) {
 		case stCalling:
 			if now >= t.deadline {
 				t.state = stSwitching
-				t.settleLocked(now, lb.Timeout)
+				t.settleLocked(now, s.timeoutResult(t.sentAt))
 				acts = append(acts, action{t: t, kind: doFailover})
 				continue
 			}
