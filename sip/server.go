@@ -66,16 +66,16 @@ type Server struct {
 	// ownDrops is what the UDP socket's receive queue dropped (owndrops.go).
 	ownDrops ownDrops
 	cfg      Config
-	log     *slog.Logger // component=sip
-	base    *slog.Logger // as given, for lb components that name themselves
-	adm     *admission.Controller
-	observe func(time.Duration)               // Deps.ObserveForward, or nil
-	share   atomic.Pointer[func(DialogEvent)] // Deps.DialogShare or SetDialogShare; nil: none
-	dstore  atomic.Pointer[dialogStore]       // SetDialogStore; nil: none
-	events  admission.EventSink               // Deps.Events, or nil
-	alog    *accesslog.Logger                 // Deps.AccessLog, or nil
-	signer  Signer
-	clock   admission.Clock
+	log      *slog.Logger // component=sip
+	base     *slog.Logger // as given, for lb components that name themselves
+	adm      *admission.Controller
+	observe  func(time.Duration)               // Deps.ObserveForward, or nil
+	share    atomic.Pointer[func(DialogEvent)] // Deps.DialogShare or SetDialogShare; nil: none
+	dstore   atomic.Pointer[dialogStore]       // SetDialogStore; nil: none
+	events   admission.EventSink               // Deps.Events, or nil
+	alog     *accesslog.Logger                 // Deps.AccessLog, or nil
+	signer   Signer
+	clock    admission.Clock
 	// pool is the backend generation served and SIP's side table of it.
 	// It is replaced whole by SetGeneration and SetBackends; a message
 	// loads it once and works with that set throughout. nil until a
