@@ -282,15 +282,24 @@ func TestParseDest(t *testing.T) {
 
 func TestMaskUser(t *testing.T) {
 	for in, want := range map[string]string{
-		"sip:alice@example.com;transport=udp": "sip:*@example.com;transport=udp",
-		"sips:+4930123@gw.example":            "sips:*@gw.example",
-		"sip:example.com":                     "sip:example.com",
-		"tel:+1-201-555-0123;phone-context=x": "tel:*;phone-context=x",
-		"sip:a;b=c@d":                         "sip:a;b=c@d",
-		"nonsense":                            "nonsense",
+		"sip:alice@example.com;transport=udp":                "sip:*@example.com;transport=udp",
+		"sips:+4930123@gw.example":                           "sips:*@gw.example",
+		"sip:example.com":                                    "sip:example.com",
+		"tel:+1-201-555-0123;phone-context=x":                "tel:*;phone-context=x",
+		"sip:a;b=c@d":                                        "sip:*@d",
+		"sip:+358-555-1234567;postd=pp22@foo.com;user=phone": "sip:*@foo.com;user=phone",
+		"sip:alice;x=y@127.0.0.1":                            "sip:*@127.0.0.1",
+		"sip:alice:secret@host":                              "sip:*@host",
+		"sip:*@host":                                         "sip:*@host",
+		"TEL:+1":                                             "TEL:*",
+		"sip:host;maddr=x":                                   "sip:host;maddr=x",
+		"nonsense":                                           "nonsense",
 	} {
 		if got := string(maskUser(nil, in)); got != want {
 			t.Errorf("%q: %q, want %q", in, got, want)
+		}
+		if got := MaskUser(in); got != want {
+			t.Errorf("MaskUser(%q): %q, want %q", in, got, want)
 		}
 	}
 }
