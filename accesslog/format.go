@@ -251,11 +251,19 @@ func retried(names *[MaxRetries]string, n int) []string {
 	return names[:n]
 }
 
-func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte {
+// formatHTTP and formatSIP append a record's line to b without a
+// timestamp cache (tests, benchmarks).
+func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte { return l.fmtHTTP(b, r, nil) }
+
+func (l *Logger) formatSIP(b []byte, r *SIPRecord) []byte { return l.fmtSIP(b, r, nil) }
+
+// fmtHTTP appends r's line to b; ts is the calling writer's timestamp
+// cache (nil: none).
+func (l *Logger) fmtHTTP(b []byte, r *HTTPRecord, ts *stampCache) []byte {
 	if l.opts.Format == Combined {
-		return l.combinedHTTP(b, r)
+		return l.combinedHTTP(b, r, ts)
 	}
-	e := enc{b: b, f: l.opts.Format, first: true, ts: &l.stamps}
+	e := enc{b: b, f: l.opts.Format, first: true, ts: ts}
 	if e.f == JSON {
 		e.b = append(e.b, '{')
 	}
@@ -300,11 +308,12 @@ func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte {
 	return e.b
 }
 
-func (l *Logger) formatSIP(b []byte, r *SIPRecord) []byte {
+// fmtSIP is fmtHTTP for a SIP record.
+func (l *Logger) fmtSIP(b []byte, r *SIPRecord, ts *stampCache) []byte {
 	if l.opts.Format == Combined {
-		return l.combinedSIP(b, r)
+		return l.combinedSIP(b, r, ts)
 	}
-	e := enc{b: b, f: l.opts.Format, first: true, ts: &l.stamps}
+	e := enc{b: b, f: l.opts.Format, first: true, ts: ts}
 	if e.f == JSON {
 		e.b = append(e.b, '{')
 	}
@@ -423,7 +432,7 @@ func (l *Logger) MasksUser() bool { return l != nil && l.opts.MaskUser }
 // combinedHTTP is Apache's and nginx's combined format:
 // HOST - - [TIME] "METHOD TARGET PROTO" STATUS BYTES "REFERER" "USER-AGENT"
 // with the forwarded client as HOST when a trusted proxy gave one.
-func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord) []byte {
+func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord, ts *stampCache) []byte {
 	switch {
 	case r.Forwarded.IsValid():
 		b = r.Forwarded.Unmap().AppendTo(b)
@@ -433,7 +442,7 @@ func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord) []byte {
 		b = append(b, '-')
 	}
 	b = append(b, " - - ["...)
-	b = l.stamps.appendCLF(b, r.Start)
+	b = ts.appendCLF(b, r.Start)
 	b = append(b, "] \""...)
 	if len(r.Method) == 0 {
 		b = append(b, '-')
@@ -461,14 +470,14 @@ func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord) []byte {
 
 // combinedSIP fits a SIP transaction into the combined shape: SOURCE - -
 // [TIME] "METHOD R-URI SIP/2.0" STATUS 0 "CALL-ID" "BACKEND".
-func (l *Logger) combinedSIP(b []byte, r *SIPRecord) []byte {
+func (l *Logger) combinedSIP(b []byte, r *SIPRecord, ts *stampCache) []byte {
 	if r.Source.IsValid() {
 		b = r.Source.Addr().Unmap().AppendTo(b)
 	} else {
 		b = append(b, '-')
 	}
 	b = append(b, " - - ["...)
-	b = l.stamps.appendCLF(b, r.Start)
+	b = ts.appendCLF(b, r.Start)
 	b = append(b, "] \""...)
 	b = appendCombined(b, r.Method)
 	b = append(b, ' ')
