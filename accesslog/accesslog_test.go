@@ -251,12 +251,14 @@ func TestParseDest(t *testing.T) {
 		{"/var/log/sluice/access.log", DestSpec{Kind: DestFile, Path: "/var/log/sluice/access.log"}, ""},
 		{"syslog://127.0.0.1:514", DestSpec{Kind: DestSyslogUDP, Addr: "127.0.0.1:514", Facility: 16}, ""},
 		{"syslog+udp://[::1]:514?facility=local3", DestSpec{Kind: DestSyslogUDP, Addr: "[::1]:514", Facility: 19}, ""},
-		{"syslog+tcp://logs.example:6514", DestSpec{Kind: DestSyslogTCP, Addr: "logs.example:6514", Facility: 16}, ""},
+		{"syslog+tcp://logs.example:514", DestSpec{Kind: DestSyslogTCP, Addr: "logs.example:514", Facility: 16}, ""},
 		{"syslog+unix:///dev/log", DestSpec{Kind: DestSyslogUnix, Path: "/dev/log", Facility: 16}, ""},
 		{"syslog://127.0.0.1", DestSpec{}, "HOST:PORT"},
 		{"syslog://127.0.0.1:0", DestSpec{}, "port"},
 		{"syslog+unix://dev/log", DestSpec{}, "three slashes"},
 		{"syslog+tcp://h:1?facility=mail2", DestSpec{}, "facility"},
+		{"syslog+tcp://h:1?facilty=local3", DestSpec{}, `query parameter "facilty": the only one known is facility`},
+		{"syslog://h:1?facility=local1&x=1", DestSpec{}, `query parameter "x"`},
 		{"http://x", DestSpec{}, "scheme"},
 	} {
 		got, err := ParseDest(tc.in)

@@ -189,15 +189,15 @@ func (q *pending) write(w io.Writer) (n int, err error) {
 func openDest(spec DestSpec, o *Options, acc *accounts) (dest, error) {
 	switch spec.Kind {
 	case DestStdout:
-		return &fileDest{w: os.Stdout, stdout: true, q: pending{acc: acc}}, nil
+		return &fileDest{w: os.Stdout, stdout: true, q: pending{acc: acc}, timeout: writeTimeout}, nil
 	case DestFile:
-		d := &fileDest{path: spec.Path, q: pending{acc: acc}}
+		d := &fileDest{path: spec.Path, q: pending{acc: acc}, timeout: writeTimeout}
 		if err := d.reopen(); err != nil {
 			return nil, err
 		}
 		return d, nil
 	default:
-		d := &syslogDest{spec: spec, app: o.AppName, host: o.Hostname, pid: strconv.Itoa(os.Getpid()), q: pending{acc: acc}, now: o.Now}
+		d := &syslogDest{spec: spec, app: o.AppName, host: o.Hostname, pid: strconv.Itoa(os.Getpid()), q: pending{acc: acc}, now: o.Now, timeout: writeTimeout}
 		if d.host == "" {
 			d.host, _ = os.Hostname()
 		}
@@ -244,8 +244,8 @@ const maxBuffer = 64 << 10
 
 // writeTimeout bounds a write to a syslog connection or a pipe, so a
 // receiver that stopped reading costs its destination's lines, not the
-// writer forever, and Close ends.
-const writeTimeout = 5 * time.Second
+// writer forever, and Close ends. A variable for the tests.
+var writeTimeout = 5 * time.Second
 
 // fileDest is stdout or a file opened for appending. O_APPEND makes it
 // safe under logrotate's copytruncate: after the copy truncates the file,
@@ -262,8 +262,9 @@ type fileDest struct {
 	// cut: a write stopped inside a line, which the file now ends with;
 	// the next write starts with a newline, so that only that line is
 	// damaged, not the next.
-	cut bool
-	q   pending
+	cut     bool
+	q       pending
+	timeout time.Duration // writeTimeout when opened
 }
 
 func (d *fileDest) String() string {
@@ -295,7 +296,7 @@ func (d *fileDest) flush() error {
 		return errNotOpen
 	}
 	if d.deadline {
-		d.f.SetWriteDeadline(time.Now().Add(writeTimeout))
+		d.f.SetWriteDeadline(time.Now().Add(d.timeout))
 	}
 	buf := d.q.buf // settled by write, its bytes unchanged
 	n, err := d.q.write(d.w)
@@ -370,6 +371,7 @@ type syslogDest struct {
 	lastDial  time.Time // of the last failed dial
 	// startErr is why the first dial failed, at New: the writer warns.
 	startErr error
+	timeout  time.Duration // writeTimeout when opened
 }
 
 // redialEvery is how often a syslog destination that does not answer is
@@ -393,7 +395,7 @@ func (d *syslogDest) dial() error {
 	case DestSyslogUDP:
 		c, err = net.Dial("udp", d.spec.Addr)
 	case DestSyslogTCP:
-		c, err = net.DialTimeout("tcp", d.spec.Addr, writeTimeout)
+		c, err = net.DialTimeout("tcp", d.spec.Addr, d.timeout)
 		d.stream = true
 	case DestSyslogUnix:
 		c, err = net.Dial("unixgram", d.spec.Path)
@@ -439,7 +441,7 @@ func (d *syslogDest) add(line []byte, p Proto, t time.Time) error {
 	d.msg = d.header(d.msg[:0], p, t)
 	d.msg = append(d.msg, line...)
 	if !d.stream {
-		d.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+		d.conn.SetWriteDeadline(time.Now().Add(d.timeout))
 		if _, err := d.conn.Write(d.msg); err != nil {
 			d.q.acc.lost[p].Add(1)
 			if d.spec.Kind == DestSyslogUnix {
@@ -474,7 +476,7 @@ func (d *syslogDest) flush() error {
 	if len(d.q.buf) == 0 {
 		return nil
 	}
-	d.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	d.conn.SetWriteDeadline(time.Now().Add(d.timeout))
 	if _, err := d.q.write(d.conn); err != nil {
 		// The receiver may hold a cut message: a new connection
 		// starts afresh.
