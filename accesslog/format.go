@@ -276,8 +276,11 @@ func (l *Logger) fmtHTTP(b []byte, r *HTTPRecord, ts *stampCache) []byte {
 	e.bytes("method", r.Method)
 	e.bytes("host", r.Host)
 	e.bytes("path", r.Path)
+	// Always present, as every field: empty unless -access-log-query.
 	if l.opts.Query {
 		e.bytes("query", r.Query)
+	} else {
+		e.str("query", "")
 	}
 	e.str("protocol", r.Proto)
 	e.int("status", int64(r.Status))
