@@ -476,6 +476,18 @@ func (d *syslogDest) flush() error {
 	if len(d.q.buf) == 0 {
 		return nil
 	}
+	if peerGone(d.conn) {
+		// The receiver closed the connection (stopped, restarted): a
+		// write would still be taken by the kernel and the lines lost
+		// unseen. Dial again; lines are lost, and counted, until it
+		// answers.
+		d.conn.Close()
+		d.conn = nil
+		if err := d.dial(); err != nil {
+			d.q.drop()
+			return err
+		}
+	}
 	d.conn.SetWriteDeadline(time.Now().Add(d.timeout))
 	if _, err := d.q.write(d.conn); err != nil {
 		// The receiver may hold a cut message: a new connection

@@ -324,3 +324,56 @@ func TestPipeWriteDeadline(t *testing.T) {
 		t.Errorf("stats %+v, log %q", st, out.String())
 	}
 }
+
+// TestSyslogTCPReceiverStops: lines sent while the syslog receiver is
+// down (it closed the connection and listens no more) are counted lost,
+// not written.
+func TestSyslogTCPReceiverStops(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	l, err := New(Options{Dest: "syslog+tcp://" + ln.Addr().String(), Sample: DefaultSample, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c := <-accepted
+	l.LogSIP(&SIPRecord{Start: t0, Method: "INVITE"})
+	for deadline := time.Now().Add(10 * time.Second); l.Stats().Written[SIP] < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: the first line not written", l.Stats())
+		}
+	}
+	// The receiver reads what it got, then stops: it closes the
+	// connection (a FIN: nothing unread) and the listener.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var got []byte
+	for buf := make([]byte, 4096); !bytes.Contains(got, []byte("INVITE")); {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	c.Close()
+	ln.Close()
+	for i := range 6 {
+		l.LogSIP(&SIPRecord{Start: t0, Method: "BYE", CSeq: uint32(i)})
+	}
+	for deadline := time.Now().Add(10 * time.Second); l.Stats().Lost[SIP] < 6; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: want the 6 lines sent while the receiver is down lost", l.Stats())
+		}
+	}
+	if st := l.Stats(); st.Written[SIP] != 1 || st.Lost[SIP] != 6 {
+		t.Errorf("stats %+v: want 1 written, 6 lost", st)
+	}
+}
