@@ -251,12 +251,14 @@ func TestParseDest(t *testing.T) {
 		{"/var/log/sluice/access.log", DestSpec{Kind: DestFile, Path: "/var/log/sluice/access.log"}, ""},
 		{"syslog://127.0.0.1:514", DestSpec{Kind: DestSyslogUDP, Addr: "127.0.0.1:514", Facility: 16}, ""},
 		{"syslog+udp://[::1]:514?facility=local3", DestSpec{Kind: DestSyslogUDP, Addr: "[::1]:514", Facility: 19}, ""},
-		{"syslog+tcp://logs.example:6514", DestSpec{Kind: DestSyslogTCP, Addr: "logs.example:6514", Facility: 16}, ""},
+		{"syslog+tcp://logs.example:514", DestSpec{Kind: DestSyslogTCP, Addr: "logs.example:514", Facility: 16}, ""},
 		{"syslog+unix:///dev/log", DestSpec{Kind: DestSyslogUnix, Path: "/dev/log", Facility: 16}, ""},
 		{"syslog://127.0.0.1", DestSpec{}, "HOST:PORT"},
 		{"syslog://127.0.0.1:0", DestSpec{}, "port"},
 		{"syslog+unix://dev/log", DestSpec{}, "three slashes"},
 		{"syslog+tcp://h:1?facility=mail2", DestSpec{}, "facility"},
+		{"syslog+tcp://h:1?facilty=local3", DestSpec{}, `query parameter "facilty": the only one known is facility`},
+		{"syslog://h:1?facility=local1&x=1", DestSpec{}, `query parameter "x"`},
 		{"http://x", DestSpec{}, "scheme"},
 	} {
 		got, err := ParseDest(tc.in)
@@ -282,15 +284,24 @@ func TestParseDest(t *testing.T) {
 
 func TestMaskUser(t *testing.T) {
 	for in, want := range map[string]string{
-		"sip:alice@example.com;transport=udp": "sip:*@example.com;transport=udp",
-		"sips:+4930123@gw.example":            "sips:*@gw.example",
-		"sip:example.com":                     "sip:example.com",
-		"tel:+1-201-555-0123;phone-context=x": "tel:*;phone-context=x",
-		"sip:a;b=c@d":                         "sip:a;b=c@d",
-		"nonsense":                            "nonsense",
+		"sip:alice@example.com;transport=udp":                "sip:*@example.com;transport=udp",
+		"sips:+4930123@gw.example":                           "sips:*@gw.example",
+		"sip:example.com":                                    "sip:example.com",
+		"tel:+1-201-555-0123;phone-context=x":                "tel:*;phone-context=x",
+		"sip:a;b=c@d":                                        "sip:*@d",
+		"sip:+358-555-1234567;postd=pp22@foo.com;user=phone": "sip:*@foo.com;user=phone",
+		"sip:alice;x=y@127.0.0.1":                            "sip:*@127.0.0.1",
+		"sip:alice:secret@host":                              "sip:*@host",
+		"sip:*@host":                                         "sip:*@host",
+		"TEL:+1":                                             "TEL:*",
+		"sip:host;maddr=x":                                   "sip:host;maddr=x",
+		"nonsense":                                           "nonsense",
 	} {
 		if got := string(maskUser(nil, in)); got != want {
 			t.Errorf("%q: %q, want %q", in, got, want)
+		}
+		if got := MaskUser(in); got != want {
+			t.Errorf("MaskUser(%q): %q, want %q", in, got, want)
 		}
 	}
 }

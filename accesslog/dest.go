@@ -3,11 +3,13 @@ package accesslog
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -69,7 +71,16 @@ func ParseDest(s string) (DestSpec, error) {
 		return DestSpec{}, fmt.Errorf("not a URL: %v", err)
 	}
 	spec := DestSpec{Facility: 16}
-	if f := u.Query().Get("facility"); f != "" {
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return DestSpec{}, fmt.Errorf("query %q: %v", u.RawQuery, err)
+	}
+	for k := range q {
+		if k != "facility" {
+			return DestSpec{}, fmt.Errorf("query parameter %q: the only one known is facility (?facility=local0..local7, user, daemon, auth, syslog or kern)", k)
+		}
+	}
+	if f := q.Get("facility"); f != "" {
 		n, ok := facilities[strings.ToLower(f)]
 		if !ok {
 			return DestSpec{}, fmt.Errorf("facility %q: want local0..local7, user, daemon, auth, syslog or kern", f)
@@ -104,36 +115,104 @@ func ParseDest(s string) (DestSpec, error) {
 	return spec, nil
 }
 
-// dest is where the writer puts lines. add frames and buffers one line
-// (a stream) or sends it (a datagram); flush writes what is buffered.
-// Only the writer goroutine calls them, except close after the writer
-// ended.
+// dest is where a writer puts lines. add frames and buffers one line (a
+// stream) or sends it (a datagram); flush writes what is buffered. A dest
+// counts each line it was given exactly once, in its accounts: written
+// when its last byte reached the destination, lost when it did not (a
+// failed or short write, no connection). An error returned is for the
+// writer's counter and warning; the lines are already accounted for.
+// Only the destination's writer goroutine calls them, except close after
+// the writer ended.
 type dest interface {
 	add(line []byte, p Proto, t time.Time) error
 	flush() error
 	reopen() error
 	close() error
+	// String names the destination for warnings: a path, "stdout" or
+	// the syslog URL.
+	String() string
 }
 
-func openDest(spec DestSpec, o *Options) (dest, error) {
+// accounts are a Logger's line counters, shared by its destinations.
+type accounts struct {
+	written, lost [2]atomic.Uint64
+}
+
+// pending is a stream destination's buffer: lines not written yet, and
+// where each ends, so that a failed or short write counts exactly the
+// lines that did not reach the destination as lost.
+type pending struct {
+	buf  []byte
+	ends []lineEnd
+	acc  *accounts
+}
+
+type lineEnd struct {
+	end int // offset in buf after the line's last byte
+	p   Proto
+}
+
+// mark notes that a line of p ends at the end of buf.
+func (q *pending) mark(p Proto) { q.ends = append(q.ends, lineEnd{len(q.buf), p}) }
+
+// settle counts the lines whose last byte is among the n bytes written
+// as written and the others as lost, and empties the buffer.
+func (q *pending) settle(n int) {
+	for _, e := range q.ends {
+		if e.end <= n {
+			q.acc.written[e.p].Add(1)
+		} else {
+			q.acc.lost[e.p].Add(1)
+		}
+	}
+	q.buf, q.ends = q.buf[:0], q.ends[:0]
+}
+
+// drop counts every buffered line lost and empties the buffer.
+func (q *pending) drop() { q.settle(-1) }
+
+// write writes the buffer to w and settles it: a write that took fewer
+// bytes than asked without saying why is io.ErrShortWrite. n is how many
+// bytes w took.
+func (q *pending) write(w io.Writer) (n int, err error) {
+	if len(q.buf) == 0 {
+		return 0, nil
+	}
+	n, err = w.Write(q.buf)
+	if err == nil && n < len(q.buf) {
+		err = io.ErrShortWrite
+	}
+	q.settle(n)
+	return n, err
+}
+
+func openDest(spec DestSpec, o *Options, acc *accounts) (dest, error) {
 	switch spec.Kind {
 	case DestStdout:
-		return &fileDest{f: os.Stdout, stdout: true}, nil
+		return &fileDest{w: os.Stdout, stdout: true, q: pending{acc: acc}, timeout: writeTimeout}, nil
 	case DestFile:
-		d := &fileDest{path: spec.Path}
+		d := &fileDest{path: spec.Path, q: pending{acc: acc}, timeout: writeTimeout}
 		if err := d.reopen(); err != nil {
 			return nil, err
 		}
 		return d, nil
 	default:
-		d := &syslogDest{spec: spec, app: o.AppName, host: o.Hostname, pid: strconv.Itoa(os.Getpid())}
+		d := &syslogDest{spec: spec, app: o.AppName, host: o.Hostname, pid: strconv.Itoa(os.Getpid()), q: pending{acc: acc}, now: o.Now, timeout: writeTimeout}
 		if d.host == "" {
 			d.host, _ = os.Hostname()
 		}
 		d.host = syslogToken(d.host)
 		d.app = syslogToken(d.app)
 		if err := d.dial(); err != nil {
-			return nil, err
+			// A name that does not resolve is a mistake in the flag; a
+			// receiver that does not answer yet (not started, restarting)
+			// is not: the lines are lost and counted until it does, as
+			// when it goes away at run time.
+			var dns *net.DNSError
+			if errors.As(err, &dns) {
+				return nil, err
+			}
+			d.startErr = err
 		}
 		return d, nil
 	}
@@ -163,35 +242,79 @@ func syslogToken(s string) string {
 // without waiting for the ring to empty.
 const maxBuffer = 64 << 10
 
+// writeTimeout bounds a write to a syslog connection or a pipe, so a
+// receiver that stopped reading costs its destination's lines, not the
+// writer forever, and Close ends. A variable for the tests.
+var writeTimeout = 5 * time.Second
+
 // fileDest is stdout or a file opened for appending. O_APPEND makes it
 // safe under logrotate's copytruncate: after the copy truncates the file,
 // the next write lands at its new end, not at the old offset (no hole of
-// zeros). reopen opens the path again (after a rename: SIGUSR1).
+// zeros). reopen opens the path again (after a rename: SIGUSR1). A pipe
+// (a FIFO) gets a write deadline: a reader that stopped reading loses
+// lines, counted, instead of stalling the writer for good.
 type fileDest struct {
-	path   string
-	f      *os.File
-	stdout bool
-	buf    []byte
+	path     string
+	w        io.Writer // f, or stdout, or a test's writer
+	f        *os.File  // the file opened; nil for stdout
+	stdout   bool
+	deadline bool // f takes write deadlines (a pipe)
+	// cut: a write stopped inside a line, which the file now ends with;
+	// the next write starts with a newline, so that only that line is
+	// damaged, not the next.
+	cut     bool
+	q       pending
+	timeout time.Duration // writeTimeout when opened
 }
 
-func (d *fileDest) add(line []byte, _ Proto, _ time.Time) error {
-	d.buf = append(d.buf, line...)
-	d.buf = append(d.buf, '\n')
-	if len(d.buf) >= maxBuffer {
+func (d *fileDest) String() string {
+	if d.stdout {
+		return "stdout"
+	}
+	return d.path
+}
+
+func (d *fileDest) add(line []byte, p Proto, _ time.Time) error {
+	if d.cut && len(d.q.buf) == 0 {
+		d.q.buf = append(d.q.buf, '\n')
+	}
+	d.q.buf = append(d.q.buf, line...)
+	d.q.buf = append(d.q.buf, '\n')
+	d.q.mark(p)
+	if len(d.q.buf) >= maxBuffer {
 		return d.flush()
 	}
 	return nil
 }
 
 func (d *fileDest) flush() error {
-	if len(d.buf) == 0 || d.f == nil {
-		d.buf = d.buf[:0]
+	if len(d.q.buf) == 0 {
 		return nil
 	}
-	_, err := d.f.Write(d.buf)
-	d.buf = d.buf[:0]
-	return err
+	if d.w == nil {
+		d.q.drop()
+		return errNotOpen
+	}
+	if d.deadline {
+		d.f.SetWriteDeadline(time.Now().Add(d.timeout))
+	}
+	buf := d.q.buf // settled by write, its bytes unchanged
+	n, err := d.q.write(d.w)
+	if err != nil {
+		// What was written of the buffer ends inside a line unless it
+		// ends with a newline; a write that took nothing leaves the
+		// file as it was.
+		if n > 0 {
+			d.cut = buf[n-1] != '\n'
+		}
+		return err
+	}
+	d.cut = false
+	return nil
 }
+
+// errNotOpen: a file destination whose open failed.
+var errNotOpen = errors.New("not open")
 
 func (d *fileDest) reopen() error {
 	if d.stdout {
@@ -205,41 +328,65 @@ func (d *fileDest) reopen() error {
 		f.Close()
 		return fmt.Errorf("%s is not a regular file, a pipe or a character device", d.path)
 	}
+	var err2 error
 	if d.f != nil {
-		d.flush()
+		if err2 = d.flush(); err2 != nil {
+			err2 = fmt.Errorf("write before reopen: %w", err2)
+		}
 		d.f.Close()
 	}
-	d.f = f
-	return nil
+	d.f, d.w, d.cut = f, f, false
+	// Only a file the runtime polls (a pipe) takes a deadline; a regular
+	// file says os.ErrNoDeadline.
+	d.deadline = f.SetWriteDeadline(time.Time{}) == nil
+	return err2
 }
 
 func (d *fileDest) close() error {
 	err := d.flush()
-	if d.f != nil && !d.stdout {
+	if d.f != nil {
 		if cerr := d.f.Close(); err == nil {
 			err = cerr
 		}
-		d.f = nil
+		d.f, d.w = nil, nil
 	}
 	return err
 }
 
 // syslogDest sends RFC 5424 messages: one datagram per line over UDP and
 // a unix datagram socket, octet-counted framing (RFC 6587 3.4.1) over TCP
-// and a unix stream socket. A stream that breaks is dialled again at the
-// next flush; lines meanwhile are lost and counted.
+// and a unix stream socket. A connection that fails is dialled again at a
+// flush, at most once a second (redialEvery); lines meanwhile are lost and
+// counted. Over UDP a line is lost unseen when the receiver is down: a
+// send fails only after an ICMP refusal of an earlier one.
 type syslogDest struct {
 	spec      DestSpec
 	app, host string
 	pid       string
 	conn      net.Conn
 	stream    bool
-	buf, msg  []byte
+	msg       []byte
+	q         pending
+	now       func() time.Time
+	lastDial  time.Time // of the last failed dial
+	// startErr is why the first dial failed, at New: the writer warns.
+	startErr error
+	timeout  time.Duration // writeTimeout when opened
 }
 
-// writeTimeout bounds a syslog write, so Close ends even when the
-// receiver stopped reading.
-const writeTimeout = 5 * time.Second
+// redialEvery is how often a syslog destination that does not answer is
+// dialled again.
+const redialEvery = time.Second
+
+func (d *syslogDest) String() string {
+	if d.spec.Kind == DestSyslogUnix {
+		return "syslog+unix://" + d.spec.Path
+	}
+	if d.spec.Kind == DestSyslogTCP {
+		return "syslog+tcp://" + d.spec.Addr
+	}
+	return "syslog://" + d.spec.Addr
+}
 
 func (d *syslogDest) dial() error {
 	var c net.Conn
@@ -248,7 +395,7 @@ func (d *syslogDest) dial() error {
 	case DestSyslogUDP:
 		c, err = net.Dial("udp", d.spec.Addr)
 	case DestSyslogTCP:
-		c, err = net.DialTimeout("tcp", d.spec.Addr, writeTimeout)
+		c, err = net.DialTimeout("tcp", d.spec.Addr, d.timeout)
 		d.stream = true
 	case DestSyslogUnix:
 		c, err = net.Dial("unixgram", d.spec.Path)
@@ -261,6 +408,7 @@ func (d *syslogDest) dial() error {
 		}
 	}
 	if err != nil {
+		d.lastDial = d.now()
 		return fmt.Errorf("dial: %w", err)
 	}
 	d.conn = c
@@ -287,59 +435,86 @@ func (d *syslogDest) header(b []byte, p Proto, t time.Time) []byte {
 
 func (d *syslogDest) add(line []byte, p Proto, t time.Time) error {
 	if d.conn == nil {
-		return errNotConnected
-	}
-	if !d.stream {
-		d.msg = d.header(d.msg[:0], p, t)
-		d.msg = append(d.msg, line...)
-		d.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-		_, err := d.conn.Write(d.msg)
-		return err
+		d.q.acc.lost[p].Add(1)
+		return nil
 	}
 	d.msg = d.header(d.msg[:0], p, t)
 	d.msg = append(d.msg, line...)
-	d.buf = strconv.AppendInt(d.buf, int64(len(d.msg)), 10)
-	d.buf = append(d.buf, ' ')
-	d.buf = append(d.buf, d.msg...)
-	if len(d.buf) >= maxBuffer {
+	if !d.stream {
+		d.conn.SetWriteDeadline(time.Now().Add(d.timeout))
+		if _, err := d.conn.Write(d.msg); err != nil {
+			d.q.acc.lost[p].Add(1)
+			if d.spec.Kind == DestSyslogUnix {
+				// A unix socket that refuses is gone (the syslog
+				// daemon restarted): dial its new one.
+				d.conn.Close()
+				d.conn = nil
+			}
+			return err
+		}
+		d.q.acc.written[p].Add(1)
+		return nil
+	}
+	d.q.buf = strconv.AppendInt(d.q.buf, int64(len(d.msg)), 10)
+	d.q.buf = append(d.q.buf, ' ')
+	d.q.buf = append(d.q.buf, d.msg...)
+	d.q.mark(p)
+	if len(d.q.buf) >= maxBuffer {
 		return d.flush()
 	}
 	return nil
 }
 
-var errNotConnected = errors.New("syslog: not connected")
-
 func (d *syslogDest) flush() error {
 	if d.conn == nil {
-		d.buf = d.buf[:0]
-		if err := d.dial(); err != nil {
-			return err
+		d.q.drop()
+		if !d.lastDial.IsZero() && d.now().Sub(d.lastDial) < redialEvery {
+			return nil
 		}
+		return d.dial()
+	}
+	if len(d.q.buf) == 0 {
 		return nil
 	}
-	if len(d.buf) == 0 {
-		return nil
-	}
-	d.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-	_, err := d.conn.Write(d.buf)
-	d.buf = d.buf[:0]
-	if err != nil && d.stream {
+	if peerGone(d.conn) {
+		// The receiver closed the connection (stopped, restarted): a
+		// write would still be taken by the kernel and the lines lost
+		// unseen. Dial again; lines are lost, and counted, until it
+		// answers.
 		d.conn.Close()
 		d.conn = nil
+		if err := d.dial(); err != nil {
+			d.q.drop()
+			return err
+		}
 	}
-	return err
+	d.conn.SetWriteDeadline(time.Now().Add(d.timeout))
+	if _, err := d.q.write(d.conn); err != nil {
+		// The receiver may hold a cut message: a new connection
+		// starts afresh.
+		d.conn.Close()
+		d.conn = nil
+		return err
+	}
+	return nil
 }
 
 func (d *syslogDest) reopen() error {
-	if !d.stream {
-		return nil
+	if !d.stream && d.conn != nil {
+		return nil // a datagram socket has nothing to reconnect
 	}
-	d.flush()
+	var err error
 	if d.conn != nil {
-		d.conn.Close()
-		d.conn = nil
+		err = d.flush()
+		if d.conn != nil {
+			d.conn.Close()
+			d.conn = nil
+		}
 	}
-	return d.dial()
+	if derr := d.dial(); derr != nil {
+		return derr
+	}
+	return err
 }
 
 func (d *syslogDest) close() error {

@@ -251,11 +251,19 @@ func retried(names *[MaxRetries]string, n int) []string {
 	return names[:n]
 }
 
-func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte {
+// formatHTTP and formatSIP append a record's line to b without a
+// timestamp cache (tests, benchmarks).
+func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte { return l.fmtHTTP(b, r, nil) }
+
+func (l *Logger) formatSIP(b []byte, r *SIPRecord) []byte { return l.fmtSIP(b, r, nil) }
+
+// fmtHTTP appends r's line to b; ts is the calling writer's timestamp
+// cache (nil: none).
+func (l *Logger) fmtHTTP(b []byte, r *HTTPRecord, ts *stampCache) []byte {
 	if l.opts.Format == Combined {
-		return l.combinedHTTP(b, r)
+		return l.combinedHTTP(b, r, ts)
 	}
-	e := enc{b: b, f: l.opts.Format, first: true, ts: &l.stamps}
+	e := enc{b: b, f: l.opts.Format, first: true, ts: ts}
 	if e.f == JSON {
 		e.b = append(e.b, '{')
 	}
@@ -268,8 +276,11 @@ func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte {
 	e.bytes("method", r.Method)
 	e.bytes("host", r.Host)
 	e.bytes("path", r.Path)
+	// Always present, as every field: empty unless -access-log-query.
 	if l.opts.Query {
 		e.bytes("query", r.Query)
+	} else {
+		e.str("query", "")
 	}
 	e.str("protocol", r.Proto)
 	e.int("status", int64(r.Status))
@@ -300,11 +311,12 @@ func (l *Logger) formatHTTP(b []byte, r *HTTPRecord) []byte {
 	return e.b
 }
 
-func (l *Logger) formatSIP(b []byte, r *SIPRecord) []byte {
+// fmtSIP is fmtHTTP for a SIP record.
+func (l *Logger) fmtSIP(b []byte, r *SIPRecord, ts *stampCache) []byte {
 	if l.opts.Format == Combined {
-		return l.combinedSIP(b, r)
+		return l.combinedSIP(b, r, ts)
 	}
-	e := enc{b: b, f: l.opts.Format, first: true, ts: &l.stamps}
+	e := enc{b: b, f: l.opts.Format, first: true, ts: ts}
 	if e.f == JSON {
 		e.b = append(e.b, '{')
 	}
@@ -315,7 +327,7 @@ func (l *Logger) formatSIP(b []byte, r *SIPRecord) []byte {
 	e.key("ruri")
 	ruri := r.RURI
 	if l.opts.MaskUser {
-		var mb [256]byte
+		var mb [512]byte
 		m := maskUser(mb[:0], ruri)
 		if e.f == JSON {
 			e.b = appendJSONString(e.b, m)
@@ -357,8 +369,35 @@ func (l *Logger) formatSIP(b []byte, r *SIPRecord) []byte {
 }
 
 // maskUser replaces the user part of a SIP or tel URI with '*':
-// sip:alice@host -> sip:*@host, tel:+123 -> tel:*.
+// sip:alice@host -> sip:*@host, tel:+123 -> tel:*. The user part of a SIP
+// URI is everything between the scheme's ':' and the first '@', its
+// parameters and password included (sip:+358-555;postd=pp22@host ->
+// sip:*@host); a URI without '@' has none and is left as it is.
 func maskUser(dst []byte, uri string) []byte {
+	start, end := userPart(uri)
+	if start < 0 {
+		return append(dst, uri...)
+	}
+	dst = append(dst, uri[:start]...)
+	dst = append(dst, '*')
+	return append(dst, uri[end:]...)
+}
+
+// MaskUser is maskUser for a string: uri itself when it has no user part
+// (no allocation), else a new string. A front end masks before it cuts a
+// long Request-URI to its bound, so a user part longer than the bound is
+// masked too.
+func MaskUser(uri string) string {
+	start, end := userPart(uri)
+	if start < 0 || end-start == 1 && uri[start] == '*' {
+		return uri
+	}
+	return uri[:start] + "*" + uri[end:]
+}
+
+// userPart is where the user part of uri starts and ends; start < 0:
+// none. The scheme is at most 5 bytes (sip, sips, tel).
+func userPart(uri string) (start, end int) {
 	colon := -1
 	for i := 0; i < len(uri) && i < 6; i++ {
 		if uri[i] == ':' {
@@ -367,43 +406,36 @@ func maskUser(dst []byte, uri string) []byte {
 		}
 	}
 	if colon < 0 {
-		return append(dst, uri...)
+		return -1, -1
 	}
-	scheme := uri[:colon]
-	rest := uri[colon+1:]
-	dst = append(dst, uri[:colon+1]...)
-	if scheme == "tel" || scheme == "TEL" {
-		end := len(rest)
-		for i := 0; i < len(rest); i++ {
-			if rest[i] == ';' {
+	start = colon + 1
+	if s := uri[:colon]; len(s) == 3 && (s[0]|0x20) == 't' && (s[1]|0x20) == 'e' && (s[2]|0x20) == 'l' {
+		end = len(uri)
+		for i := start; i < len(uri); i++ {
+			if uri[i] == ';' {
 				end = i
 				break
 			}
 		}
-		dst = append(dst, '*')
-		return append(dst, rest[end:]...)
+		return start, end
 	}
-	at := -1
-	for i := 0; i < len(rest); i++ {
-		if rest[i] == '@' {
-			at = i
-			break
-		}
-		if rest[i] == ';' || rest[i] == '?' || rest[i] == '>' {
-			break
+	for i := start; i < len(uri); i++ {
+		if uri[i] == '@' {
+			return start, i
 		}
 	}
-	if at < 0 {
-		return append(dst, rest...)
-	}
-	dst = append(dst, '*')
-	return append(dst, rest[at:]...)
+	return -1, -1
 }
+
+// MasksUser reports whether the log masks the user part of SIP
+// Request-URIs (Options.MaskUser): a front end then masks with MaskUser
+// before it cuts the URI to its bound.
+func (l *Logger) MasksUser() bool { return l != nil && l.opts.MaskUser }
 
 // combinedHTTP is Apache's and nginx's combined format:
 // HOST - - [TIME] "METHOD TARGET PROTO" STATUS BYTES "REFERER" "USER-AGENT"
 // with the forwarded client as HOST when a trusted proxy gave one.
-func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord) []byte {
+func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord, ts *stampCache) []byte {
 	switch {
 	case r.Forwarded.IsValid():
 		b = r.Forwarded.Unmap().AppendTo(b)
@@ -413,7 +445,7 @@ func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord) []byte {
 		b = append(b, '-')
 	}
 	b = append(b, " - - ["...)
-	b = l.stamps.appendCLF(b, r.Start)
+	b = ts.appendCLF(b, r.Start)
 	b = append(b, "] \""...)
 	if len(r.Method) == 0 {
 		b = append(b, '-')
@@ -441,19 +473,19 @@ func (l *Logger) combinedHTTP(b []byte, r *HTTPRecord) []byte {
 
 // combinedSIP fits a SIP transaction into the combined shape: SOURCE - -
 // [TIME] "METHOD R-URI SIP/2.0" STATUS 0 "CALL-ID" "BACKEND".
-func (l *Logger) combinedSIP(b []byte, r *SIPRecord) []byte {
+func (l *Logger) combinedSIP(b []byte, r *SIPRecord, ts *stampCache) []byte {
 	if r.Source.IsValid() {
 		b = r.Source.Addr().Unmap().AppendTo(b)
 	} else {
 		b = append(b, '-')
 	}
 	b = append(b, " - - ["...)
-	b = l.stamps.appendCLF(b, r.Start)
+	b = ts.appendCLF(b, r.Start)
 	b = append(b, "] \""...)
 	b = appendCombined(b, r.Method)
 	b = append(b, ' ')
 	if l.opts.MaskUser {
-		var mb [256]byte
+		var mb [512]byte
 		b = appendCombined(b, maskUser(mb[:0], r.RURI))
 	} else {
 		b = appendCombined(b, r.RURI)

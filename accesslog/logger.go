@@ -3,6 +3,7 @@ package accesslog
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -120,11 +121,13 @@ func keep(rate float64) bool {
 // Sink is another consumer of the records (the tracer). Want* run on the
 // caller of LogHTTP/LogSIP, on the data plane: they must be quick, must
 // not block and say whether the sink wants this record (its own sampling).
-// Write* run on the logger's one writer goroutine, after the line was
+// Write* run on the writer goroutine of the record's protocol, after the line was
 // formatted: line is the log line (without its newline) or nil when the
 // log's sampling left the record out or there is no destination for its
-// protocol. A record and line are valid only during the call. A slow Write
-// makes the ring fill and records be dropped, as a slow destination does.
+// protocol. A record and line are valid only during the call. When the
+// two protocols have different destinations each has its own writer, so
+// WriteHTTP and WriteSIP may run at the same time. A slow Write makes the
+// ring fill and records be dropped, as a slow destination does.
 type Sink interface {
 	WantHTTP(r *HTTPRecord) bool
 	WantSIP(r *SIPRecord) bool
@@ -164,7 +167,17 @@ type Options struct {
 	// Hostname and AppName are the RFC 5424 HOSTNAME and APP-NAME of
 	// syslog messages; "": os.Hostname() and "sluice".
 	Hostname, AppName string
+	// Log gets a WARN when a destination fails (a write, a reopen, a
+	// dial), at most one per WarnEvery per destination, with the count of
+	// failures since the last; nil: slog.Default().
+	Log *slog.Logger
+	// Now is the clock of those warnings and of syslog redials; nil:
+	// time.Now.
+	Now func() time.Time
 }
+
+// WarnEvery is how often a failing destination is reported at most.
+const WarnEvery = 10 * time.Second
 
 // DefaultRingSize is the ring per protocol when Options.RingSize is 0.
 const DefaultRingSize = 4096
@@ -192,37 +205,41 @@ func (p Proto) String() string {
 type Stats struct {
 	Logged  [2]uint64 // records taken into the ring
 	Dropped [2]uint64 // records the ring had no room for
-	Written [2]uint64 // lines handed to a destination
+	Written [2]uint64 // lines the destination took whole
+	// Lost counts lines that did not reach their destination: a failed
+	// or short write (a full disk, a pipe nobody reads), a syslog
+	// receiver down or refusing.
+	Lost [2]uint64
 	// WriteErrors counts failed writes, opens and dials of the
-	// destinations (the lines of a failed write are lost).
+	// destinations (their lines are counted in Lost).
 	WriteErrors uint64
 }
 
 // Logger takes records from the front ends and writes them from one
-// goroutine. A nil *Logger takes nothing and costs nothing: front ends
-// call it unconditionally.
+// goroutine per destination (writer.go): a destination that blocks (a
+// pipe nobody reads) stalls its own protocol's log, not the other's. A
+// nil *Logger takes nothing and costs nothing: front ends call it
+// unconditionally.
 type Logger struct {
-	opts  Options
-	http  *ring[HTTPRecord]
-	sip   *ring[SIPRecord]
-	dest  [2]dest // per protocol; nil: none
-	dests []dest  // distinct destinations
-	wake  chan struct{}
-	// wakeEvery: a record wakes the writer at every wakeEvery-th
+	opts    Options
+	http    *ring[HTTPRecord]
+	sip     *ring[SIPRecord]
+	dest    [2]dest    // per protocol; nil: none
+	writers []*writer  // one per distinct destination
+	writer  [2]*writer // the writer of each protocol's ring
+	// wakeEvery: a record wakes its writer at every wakeEvery-th
 	// position of its ring (an eighth of it), and the writer also looks
 	// every writerTick: one wake-up per record cost the traffic a
 	// goroutine switch and the file a write per record at low load.
 	wakeEvery uint64
-	reopen    atomic.Bool
 	closed    atomic.Bool // Close was called: records are dropped
 	quit      chan struct{}
-	done      chan struct{}
 	once      sync.Once
 
-	logged, dropped, written [2]atomic.Uint64
-	errs                     atomic.Uint64
-	wantHTTP, wantSIP        bool       // a destination or a sink for the protocol
-	stamps                   stampCache // the writer's (format.go)
+	logged, dropped   [2]atomic.Uint64
+	acc               accounts // written and lost, kept by the destinations
+	errs              atomic.Uint64
+	wantHTTP, wantSIP bool // a destination or a sink for the protocol
 }
 
 // New checks opts, opens the destinations and starts the writer. Errors
@@ -251,6 +268,12 @@ func New(opts Options) (*Logger, error) {
 	if opts.AppName == "" {
 		opts.AppName = "sluice"
 	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	specs := [2]string{opts.Dest, opts.Dest}
 	flags := [2]string{"-access-log", "-access-log"}
 	if opts.HTTPDest != "" {
@@ -262,15 +285,19 @@ func New(opts Options) (*Logger, error) {
 	l := &Logger{
 		opts:      opts,
 		wakeEvery: uint64(max(opts.RingSize/8, 1)),
-		wake:      make(chan struct{}, 1),
 		quit:      make(chan struct{}),
-		done:      make(chan struct{}),
+	}
+	var dests []dest
+	closeDests := func() {
+		for _, d := range dests {
+			d.close()
+		}
 	}
 	byKey := map[string]dest{}
 	for p := range specs {
 		spec, err := ParseDest(specs[p])
 		if err != nil {
-			l.closeDests()
+			closeDests()
 			return nil, fmt.Errorf("%s %q: %w", flags[p], specs[p], err)
 		}
 		if spec.Kind == DestOff {
@@ -280,14 +307,14 @@ func New(opts Options) (*Logger, error) {
 			l.dest[p] = d
 			continue
 		}
-		d, err := openDest(spec, &l.opts)
+		d, err := openDest(spec, &l.opts, &l.acc)
 		if err != nil {
-			l.closeDests()
+			closeDests()
 			return nil, fmt.Errorf("%s %q: %w", flags[p], specs[p], err)
 		}
 		byKey[spec.key()] = d
 		l.dest[p] = d
-		l.dests = append(l.dests, d)
+		dests = append(dests, d)
 	}
 	l.wantHTTP = l.dest[HTTP] != nil || len(opts.Sinks) > 0
 	l.wantSIP = l.dest[SIP] != nil || len(opts.Sinks) > 0
@@ -301,15 +328,21 @@ func New(opts Options) (*Logger, error) {
 	}
 	l.http = newRing[HTTPRecord](size(l.wantHTTP), opts.RecordBytes)
 	l.sip = newRing[SIPRecord](size(l.wantSIP), 0)
-	go l.run()
-	return l, nil
-}
-
-func (l *Logger) closeDests() {
-	for _, d := range l.dests {
-		d.close()
+	// One writer per destination: both protocols' rings when they share
+	// one (or neither has one), else a writer per protocol.
+	if l.dest[HTTP] == l.dest[SIP] {
+		w := l.newWriter(l.dest[HTTP], true, true)
+		l.writer = [2]*writer{w, w}
+	} else {
+		l.writer = [2]*writer{l.newWriter(l.dest[HTTP], true, false), l.newWriter(l.dest[SIP], false, true)}
 	}
-	l.dests = nil
+	for _, w := range l.writers {
+		if sd, ok := w.d.(*syslogDest); ok && sd.startErr != nil {
+			w.fail("dial", sd.startErr)
+		}
+		go w.run()
+	}
+	return l, nil
 }
 
 // Enabled reports whether records of protocol p go anywhere: a front end
@@ -372,19 +405,12 @@ func enqueue[T any](l *Logger, p Proto, rg *ring[T], r *T, logged bool, sinks ui
 	ok, pos := rg.put(r, logged, sinks, cp)
 	if !ok {
 		l.dropped[p].Add(1)
-		l.poke()
+		l.writer[p].poke()
 		return
 	}
 	l.logged[p].Add(1)
 	if pos%l.wakeEvery == 0 {
-		l.poke()
-	}
-}
-
-func (l *Logger) poke() {
-	select {
-	case l.wake <- struct{}{}:
-	default:
+		l.writer[p].poke()
 	}
 }
 
@@ -397,7 +423,8 @@ func (l *Logger) Stats() Stats {
 	for p := range 2 {
 		s.Logged[p] = l.logged[p].Load()
 		s.Dropped[p] = l.dropped[p].Load()
-		s.Written[p] = l.written[p].Load()
+		s.Written[p] = l.acc.written[p].Load()
+		s.Lost[p] = l.acc.lost[p].Load()
 	}
 	s.WriteErrors = l.errs.Load()
 	return s
@@ -410,8 +437,10 @@ func (l *Logger) Reopen() {
 	if l == nil {
 		return
 	}
-	l.reopen.Store(true)
-	l.poke()
+	for _, w := range l.writers {
+		w.reopen.Store(true)
+		w.poke()
+	}
 }
 
 // Close writes what the ring holds, stops the writer and closes the
@@ -432,15 +461,31 @@ func (l *Logger) Close() error {
 	if !first {
 		return nil
 	}
-	select {
-	case <-l.done:
-	case <-time.After(closeTimeout):
-		return fmt.Errorf("access log: the destination took nothing for %v: the records still queued are lost", closeTimeout)
-	}
 	var errs []error
-	for _, d := range l.dests {
-		if err := d.close(); err != nil {
-			errs = append(errs, err)
+	limit := time.NewTimer(closeTimeout)
+	defer limit.Stop()
+	expired := false
+	for _, w := range l.writers {
+		if !expired {
+			select {
+			case <-w.done:
+			case <-limit.C:
+				expired = true
+			}
+		}
+		if expired {
+			select {
+			case <-w.done:
+			default:
+				// Given up: its records still queued are lost.
+				errs = append(errs, fmt.Errorf("access log %s: the destination took nothing for %v: the records still queued are lost", destName(w.d), closeTimeout))
+				continue
+			}
+		}
+		if w.d != nil {
+			if err := w.d.close(); err != nil {
+				errs = append(errs, fmt.Errorf("access log %s: %w", w.d, err))
+			}
 		}
 	}
 	return errors.Join(errs...)

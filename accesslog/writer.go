@@ -1,67 +1,116 @@
 package accesslog
 
-// The writer: the one goroutine that takes records from the rings,
-// formats the sampled ones and hands them to their destination and to the
-// sinks that want them. It is the only goroutine that writes to a
-// destination, so a slow destination stalls it alone: the rings fill and
-// the front ends' records are dropped and counted.
+// The writers: one goroutine per destination takes records from its
+// protocol's ring (both rings when the protocols share the destination),
+// formats the sampled ones and hands them to the destination and to the
+// sinks that want them. Each destination has its own writer, so a slow or
+// blocked destination stalls only its own: its ring fills and its
+// protocol's records are dropped and counted, while the other protocol's
+// log goes on.
 
-import "time"
+import (
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
 
-// writerTick is how often the writer looks at the rings when no record
+// writerTick is how often a writer looks at its rings when no record
 // woke it: how late a line may reach its destination at low load.
 const writerTick = 20 * time.Millisecond
 
-// batch is how many records the writer takes from one ring before it
+// batch is how many records a writer takes from one ring before it
 // looks at the other, so a flood of one protocol does not starve the other.
 const batch = 256
 
-func (l *Logger) run() {
-	defer close(l.done)
-	var line []byte
+// writer is one destination's goroutine.
+type writer struct {
+	l         *Logger
+	d         dest // nil: its protocols have no destination (sinks only)
+	http, sip bool // the rings it drains
+	wake      chan struct{}
+	reopen    atomic.Bool
+	done      chan struct{}
+	line      []byte
+	stamps    stampCache
+	warn      warner
+}
+
+func (l *Logger) newWriter(d dest, http, sip bool) *writer {
+	w := &writer{l: l, d: d, http: http, sip: sip, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w.warn = warner{log: l.opts.Log, now: l.opts.Now, dest: destName(d)}
+	l.writers = append(l.writers, w)
+	return w
+}
+
+// destName is d's name for messages, "none" for none.
+func destName(d dest) string {
+	if d == nil {
+		return "none"
+	}
+	return d.String()
+}
+
+func (w *writer) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fail counts a destination's failure and warns about it.
+func (w *writer) fail(op string, err error) {
+	w.l.errs.Add(1)
+	w.warn.warn(op, err)
+}
+
+func (w *writer) run() {
+	defer close(w.done)
 	tick := time.NewTicker(writerTick)
 	defer tick.Stop()
 	for {
-		if l.reopen.Swap(false) {
-			for _, d := range l.dests {
-				if err := d.reopen(); err != nil {
-					l.errs.Add(1)
-				}
+		if w.reopen.Swap(false) && w.d != nil {
+			if err := w.d.reopen(); err != nil {
+				w.fail("reopen", err)
 			}
 		}
 		n := 0
 		for {
-			a := l.drainHTTP(&line)
-			b := l.drainSIP(&line)
+			a := w.drainHTTP()
+			b := w.drainSIP()
 			n += a + b
 			if a+b == 0 {
 				break
 			}
 		}
 		if n > 0 {
-			l.flush()
+			w.flush()
 		}
 		select {
-		case <-l.wake:
+		case <-w.wake:
 		case <-tick.C:
-		case <-l.quit:
-			for l.drainHTTP(&line)+l.drainSIP(&line) > 0 {
+		case <-w.l.quit:
+			for w.drainHTTP()+w.drainSIP() > 0 {
 			}
-			l.flush()
+			w.flush()
 			return
 		}
 	}
 }
 
-func (l *Logger) flush() {
-	for _, d := range l.dests {
-		if err := d.flush(); err != nil {
-			l.errs.Add(1)
-		}
+func (w *writer) flush() {
+	if w.d == nil {
+		return
+	}
+	if err := w.d.flush(); err != nil {
+		w.fail("write", err)
 	}
 }
 
-func (l *Logger) drainHTTP(line *[]byte) int {
+func (w *writer) drainHTTP() int {
+	if !w.http {
+		return 0
+	}
+	l := w.l
 	n := 0
 	for ; n < batch; n++ {
 		s := l.http.take()
@@ -70,12 +119,10 @@ func (l *Logger) drainHTTP(line *[]byte) int {
 		}
 		var out []byte
 		if s.logged {
-			*line = l.formatHTTP((*line)[:0], &s.rec)
-			out = *line
-			if err := l.dest[HTTP].add(out, HTTP, s.rec.Start); err != nil {
-				l.errs.Add(1)
-			} else {
-				l.written[HTTP].Add(1)
+			w.line = l.fmtHTTP(w.line[:0], &s.rec, &w.stamps)
+			out = w.line
+			if err := w.d.add(out, HTTP, s.rec.Start); err != nil {
+				w.fail("write", err)
 			}
 		}
 		for i, sk := range l.opts.Sinks {
@@ -88,7 +135,11 @@ func (l *Logger) drainHTTP(line *[]byte) int {
 	return n
 }
 
-func (l *Logger) drainSIP(line *[]byte) int {
+func (w *writer) drainSIP() int {
+	if !w.sip {
+		return 0
+	}
+	l := w.l
 	n := 0
 	for ; n < batch; n++ {
 		s := l.sip.take()
@@ -97,12 +148,10 @@ func (l *Logger) drainSIP(line *[]byte) int {
 		}
 		var out []byte
 		if s.logged {
-			*line = l.formatSIP((*line)[:0], &s.rec)
-			out = *line
-			if err := l.dest[SIP].add(out, SIP, s.rec.Start); err != nil {
-				l.errs.Add(1)
-			} else {
-				l.written[SIP].Add(1)
+			w.line = l.fmtSIP(w.line[:0], &s.rec, &w.stamps)
+			out = w.line
+			if err := w.d.add(out, SIP, s.rec.Start); err != nil {
+				w.fail("write", err)
 			}
 		}
 		for i, sk := range l.opts.Sinks {
@@ -113,4 +162,27 @@ func (l *Logger) drainSIP(line *[]byte) int {
 		l.sip.release(s)
 	}
 	return n
+}
+
+// warner reports a destination's failures: the first at once, then at
+// most one line per WarnEvery, counting the failures since the last
+// line, so a full disk is seen in sluice's own log without a line per
+// failed write. Only its writer uses it.
+type warner struct {
+	log   *slog.Logger
+	now   func() time.Time
+	dest  string
+	last  time.Time // of the last line; zero: none yet
+	count int       // failures since the last line
+}
+
+func (w *warner) warn(op string, err error) {
+	w.count++
+	now := w.now()
+	if !w.last.IsZero() && now.Sub(w.last) < WarnEvery {
+		return
+	}
+	w.log.Warn("access log destination failing: lines are lost",
+		"dest", w.dest, "op", op, "err", err, "failures", w.count)
+	w.last, w.count = now, 0
 }

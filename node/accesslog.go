@@ -57,7 +57,7 @@ func (n *Node) openAccessLog() error {
 	n.alog, err = accesslog.New(accesslog.Options{
 		Dest: c.Dest, HTTPDest: c.HTTPDest, SIPDest: c.SIPDest,
 		Format: f, Sample: s, Query: c.Query, MaskUser: c.MaskUser,
-		Sinks: sinks,
+		Sinks: sinks, Log: n.logger,
 	})
 	return err
 }
@@ -91,6 +91,7 @@ func (n *Node) accessLogStatus() any {
 		Logged  uint64 `json:"logged"`
 		Dropped uint64 `json:"dropped"`
 		Written uint64 `json:"written"`
+		Lost    uint64 `json:"lost"`
 	}
 	return struct {
 		HTTP        counts         `json:"http"`
@@ -98,8 +99,8 @@ func (n *Node) accessLogStatus() any {
 		WriteErrors uint64         `json:"write_errors"`
 		TraceSpans  *tracing.Stats `json:"trace_spans,omitempty"`
 	}{
-		HTTP:        counts{st.Logged[accesslog.HTTP], st.Dropped[accesslog.HTTP], st.Written[accesslog.HTTP]},
-		SIP:         counts{st.Logged[accesslog.SIP], st.Dropped[accesslog.SIP], st.Written[accesslog.SIP]},
+		HTTP:        counts{st.Logged[accesslog.HTTP], st.Dropped[accesslog.HTTP], st.Written[accesslog.HTTP], st.Lost[accesslog.HTTP]},
+		SIP:         counts{st.Logged[accesslog.SIP], st.Dropped[accesslog.SIP], st.Written[accesslog.SIP], st.Lost[accesslog.SIP]},
 		WriteErrors: st.WriteErrors,
 		TraceSpans:  n.traceStats(),
 	}
@@ -107,8 +108,9 @@ func (n *Node) accessLogStatus() any {
 
 var (
 	descALogDropped = prometheus.NewDesc("sluice_access_log_dropped_total", "Access log records dropped: the writer was behind (the destination slower than the traffic) and the ring full.", []string{"proto"}, nil)
-	descALogWritten = prometheus.NewDesc("sluice_access_log_written_total", "Access log lines handed to their destination.", []string{"proto"}, nil)
-	descALogErrors  = prometheus.NewDesc("sluice_access_log_write_errors_total", "Failed writes, opens and dials of the access log's destinations (the lines of a failed write are lost).", nil, nil)
+	descALogWritten = prometheus.NewDesc("sluice_access_log_written_total", "Access log lines their destination took whole.", []string{"proto"}, nil)
+	descALogLost    = prometheus.NewDesc("sluice_access_log_lost_total", "Access log lines that did not reach their destination: a failed or short write (a full disk, a pipe nobody reads), a syslog receiver down.", []string{"proto"}, nil)
+	descALogErrors  = prometheus.NewDesc("sluice_access_log_write_errors_total", "Failed writes, opens and dials of the access log's destinations (their lines are counted in sluice_access_log_lost_total).", nil, nil)
 )
 
 // accessLogCollector is the access log's metrics.
@@ -117,6 +119,7 @@ type accessLogCollector struct{ l *accesslog.Logger }
 func (c accessLogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descALogDropped
 	ch <- descALogWritten
+	ch <- descALogLost
 	ch <- descALogErrors
 }
 
@@ -125,6 +128,7 @@ func (c accessLogCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range []accesslog.Proto{accesslog.HTTP, accesslog.SIP} {
 		ch <- prometheus.MustNewConstMetric(descALogDropped, prometheus.CounterValue, float64(st.Dropped[p]), p.String())
 		ch <- prometheus.MustNewConstMetric(descALogWritten, prometheus.CounterValue, float64(st.Written[p]), p.String())
+		ch <- prometheus.MustNewConstMetric(descALogLost, prometheus.CounterValue, float64(st.Lost[p]), p.String())
 	}
 	ch <- prometheus.MustNewConstMetric(descALogErrors, prometheus.CounterValue, float64(st.WriteErrors))
 }

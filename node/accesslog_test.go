@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -66,17 +67,20 @@ func TestNodeAccessLog(t *testing.T) {
 		t.Errorf("the rotated file has %d lines, want 1", len(l))
 	}
 	m := get("http://" + a.Admin.String() + "/metrics")
-	for _, want := range []string{`sluice_access_log_dropped_total{proto="http"} 0`, `sluice_access_log_written_total{proto="http"} 2`} {
+	for _, want := range []string{`sluice_access_log_dropped_total{proto="http"} 0`, `sluice_access_log_written_total{proto="http"} 2`, `sluice_access_log_lost_total{proto="http"} 0`, `sluice_access_log_lost_total{proto="sip"} 0`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
 	var st struct {
 		AccessLog struct {
-			HTTP struct{ Logged, Written uint64 }
+			HTTP struct {
+				Logged, Written uint64
+				Lost            *uint64
+			}
 		} `json:"access_log"`
 	}
-	if err := json.Unmarshal([]byte(get("http://"+a.Admin.String()+"/status")), &st); err != nil || st.AccessLog.HTTP.Logged != 2 {
+	if err := json.Unmarshal([]byte(get("http://"+a.Admin.String()+"/status")), &st); err != nil || st.AccessLog.HTTP.Logged != 2 || st.AccessLog.HTTP.Lost == nil || *st.AccessLog.HTTP.Lost != 0 {
 		t.Errorf("/status access_log %+v %v: want 2 logged", st.AccessLog, err)
 	}
 }
@@ -90,6 +94,7 @@ func TestNodeAccessLogErrors(t *testing.T) {
 		{func(c *AccessLogConfig) { c.Sample = "new=2" }, "-access-log-sample"},
 		{func(c *AccessLogConfig) { c.Dest = "syslog+unix://x" }, "-access-log"},
 		{func(c *AccessLogConfig) { c.Dest = "-"; c.SIPDest = "/proc/no/such/dir/x" }, "-sip-access-log"},
+		{func(c *AccessLogConfig) { c.Dest = "syslog+tcp://127.0.0.1:514?facilty=local3" }, `-access-log "syslog+tcp://127.0.0.1:514?facilty=local3": query parameter "facilty"`},
 	} {
 		cfg := testConfig(t)
 		cfg.HTTPBackends = []string{"127.0.0.1:1,id=b1"}
@@ -99,4 +104,28 @@ func TestNodeAccessLogErrors(t *testing.T) {
 			t.Errorf("%+v: %v, want an error naming %s", cfg.AccessLog, err, tc.want)
 		}
 	}
+}
+
+// TestNodeAccessLogSyslogDownAtStart: a syslog receiver that refuses
+// connections when sluice starts does not stop it (the lines are counted
+// lost until the receiver answers).
+func TestNodeAccessLogSyslogDownAtStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{"127.0.0.1:1,id=b1"}
+	cfg.AccessLog = DefaultAccessLogConfig()
+	cfg.AccessLog.Dest = "syslog+tcp://" + addr
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatalf("New with the syslog receiver down: %v", err)
+	}
+	if n.AccessLog() == nil {
+		t.Error("no access log")
+	}
+	n.closeAccessLog()
 }

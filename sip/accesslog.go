@@ -121,10 +121,17 @@ func (s *Server) logTxnLocked(t *txn, now int64, status int, by accesslog.Produc
 // What a client wrote is cut to a bound (clip): a record holds at most
 // about a kilobyte of the request whatever its size, so the records
 // waiting for the writer and the dialogs waiting for their summary hold
-// a bounded amount of memory.
+// a bounded amount of memory. With -access-log-mask-user the
+// Request-URI's user part is masked before the cut.
 func (s *Server) fillRecord(r *accesslog.SIPRecord, req *gosip.Request, src source) {
 	r.Method = clip(string(req.Method), maxLogMethod)
-	r.RURI = clip(req.Recipient.String(), maxLogURI)
+	uri := req.Recipient.String()
+	if s.alog.MasksUser() {
+		// Masked before it is cut: cut first, a user part longer than
+		// the bound would lose its '@' and be logged as it is.
+		uri = accesslog.MaskUser(uri)
+	}
+	r.RURI = clip(uri, maxLogURI)
 	if cid := req.CallID(); cid != nil {
 		r.CallID = clip(cid.Value(), maxLogCallID)
 	}

@@ -315,6 +315,33 @@ func TestAccessLogRecordBounded(t *testing.T) {
 	}
 }
 
+// TestAccessLogMaskUserBeforeCut: with -access-log-mask-user the user
+// part of the Request-URI is masked whatever it holds (parameters, a
+// password) and whatever its length: masked first, then cut to the bound.
+func TestAccessLogMaskUserBeforeCut(t *testing.T) {
+	l, _ := newLineLog(t, true)
+	s := &Server{alog: l}
+	long := strings.Repeat("9", 600)
+	for _, c := range []struct{ ruri, want string }{
+		{"sip:+358-555-1234567;postd=pp22@foo.com;user=phone", "sip:*@foo.com;user=phone"},
+		{"sip:alice;x=y@127.0.0.1", "sip:*@127.0.0.1"},
+		{"sip:" + long + "@example.com", "sip:*@example.com"},
+		{"sip:" + long + ";p=" + long + "@example.com", "sip:*@example.com"},
+		{"sip:example.com;transport=tcp", "sip:example.com;transport=tcp"},
+	} {
+		m, err := newParser().ParseSIP([]byte("OPTIONS " + c.ruri + " SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bK-b\r\nFrom: <sip:a@test>;tag=f\r\n" +
+			"To: <sip:b@test>\r\nCall-ID: m@test\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r accesslog.SIPRecord
+		s.fillRecord(&r, m.(*gosip.Request), source{addr: netip.MustParseAddrPort("192.0.2.1:5060")})
+		if r.RURI != c.want {
+			t.Errorf("%.60q...: logged %.80q, want %q", c.ruri, r.RURI, c.want)
+		}
+	}
+}
+
 // TestAccessLogForwardedCancel: a forwarded CANCEL's record waits for the
 // backend's answer to the CANCEL (the INVITE's answers, on the same
 // branch, do not end it), and one never answered is logged after Timer F
