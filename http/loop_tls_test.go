@@ -3,6 +3,8 @@
 package http
 
 import (
+	"bytes"
+	"crypto/tls"
 	"io"
 	"net"
 	"os"
@@ -49,5 +51,82 @@ func TestPeerClosed(t *testing.T) {
 		}
 		a.Close()
 		b.Close()
+	}
+}
+
+// TestLoopTLSReadSettles: loopTLS.read starves the connection at once
+// (no Read that would only block) exactly when tls.Conn holds nothing:
+// one record read into a buffer larger than its plaintext. Two records
+// fed at once, a buffer the plaintext fills, or a record still partial
+// leave it to ask tls.Conn again, and that Read then blocks with nothing
+// lost. TLS 1.2 and 1.3.
+func TestLoopTLSReadSettles(t *testing.T) {
+	msg := []byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	for _, v := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
+		p := newAdapterPair(t, v)
+		lt := &loopTLS{conn: p.srv, rc: p.srvRC}
+		record := func() []byte {
+			if _, err := p.cli.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			return bytes.Clone(p.cliRC.take())
+		}
+		for _, tc := range []struct {
+			name    string
+			records int // written, then fed at once
+			split   bool
+			rbuf    int
+			starved bool
+		}{
+			{"one record", 1, false, 4096, true},
+			{"one record in two pieces", 1, true, 4096, true},
+			{"two records", 2, false, 4096, false},
+			{"plaintext fills the buffer", 1, false, len(msg), false},
+			{"a smaller buffer", 1, false, 10, false},
+		} {
+			var ct []byte
+			for range tc.records {
+				ct = append(ct, record()...)
+			}
+			buf := make([]byte, tc.rbuf)
+			var got []byte
+			if tc.split {
+				p.srvRC.feed(ct[:len(ct)/2])
+				if _, err := lt.read(buf); !wouldBlockErr(err) {
+					t.Fatalf("TLS %x %s: half a record: %v, want would block", v, tc.name, err)
+				}
+				ct = ct[len(ct)/2:]
+			}
+			p.srvRC.feed(ct)
+			n, err := lt.read(buf)
+			if err != nil {
+				t.Fatalf("TLS %x %s: %v", v, tc.name, err)
+			}
+			got = append(got, buf[:n]...)
+			if lt.starved != tc.starved {
+				t.Errorf("TLS %x %s: starved %v, want %v", v, tc.name, lt.starved, tc.starved)
+			}
+			for !lt.starved {
+				n, err := lt.read(buf)
+				got = append(got, buf[:n]...)
+				if wouldBlockErr(err) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("TLS %x %s: %v", v, tc.name, err)
+				}
+			}
+			if want := bytes.Repeat(msg, tc.records); !bytes.Equal(got, want) {
+				t.Fatalf("TLS %x %s: read %q, want %q", v, tc.name, got, want)
+			}
+			if p.srvRC.buffered() != 0 {
+				t.Fatalf("TLS %x %s: %d bytes left in the adapter", v, tc.name, p.srvRC.buffered())
+			}
+			// Nothing is left in tls.Conn either: a Read blocks.
+			if _, err := p.srv.Read(buf); !wouldBlockErr(err) {
+				t.Fatalf("TLS %x %s: a Read after: %v, want would block", v, tc.name, err)
+			}
+			lt.starved = false
+		}
 	}
 }
