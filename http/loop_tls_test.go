@@ -5,12 +5,15 @@ package http
 import (
 	"bytes"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluicelb/sluice/internal/benchcpu"
 )
 
 // unixPair is a connected pair of Unix stream sockets.
@@ -127,6 +130,58 @@ func TestLoopTLSReadSettles(t *testing.T) {
 				t.Fatalf("TLS %x %s: a Read after: %v, want would block", v, tc.name, err)
 			}
 			lt.starved = false
+		}
+	}
+}
+
+// BenchmarkLoopTLSRecords is the record layer's share of one HTTPS
+// keep-alive request on the loop, over conns connections taken in turn
+// (their TLS state cycling through the cache as the loop's do at that
+// many clients): the client's request sealed, fed and read by the
+// server's loopTLS, the answer sealed. "settled" is the loop's read (one
+// tls.Conn.Read); "until-would-block" asks tls.Conn once more, until it
+// would block, as the loop did before recordConn followed the record
+// framing. TLS 1.3, AES-128-GCM; cpu-ns/op and allocs/op are the figures.
+func BenchmarkLoopTLSRecords(b *testing.B) {
+	req := []byte("GET / HTTP/1.1\r\nHost: 127.0.0.1:8443\r\nUser-Agent: bench\r\n\r\n")
+	answer := []byte("HTTP/1.1 200 OK\r\nServer: nginx\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nb1\n")
+	for _, conns := range []int{1, 50, 200} {
+		pairs := make([]*adapterPair, conns)
+		lts := make([]*loopTLS, conns)
+		for i := range pairs {
+			pairs[i] = newAdapterPair(b, tls.VersionTLS13)
+			lts[i] = &loopTLS{conn: pairs[i].srv, rc: pairs[i].srvRC}
+		}
+		for _, mode := range []string{"settled", "until-would-block"} {
+			b.Run(fmt.Sprintf("%s/conns=%d", mode, conns), func(b *testing.B) {
+				buf := make([]byte, 4096)
+				b.ReportAllocs()
+				cpu0, ops := benchcpu.Now(), 0
+				for b.Loop() {
+					i := ops % conns
+					ops++
+					p, lt := pairs[i], lts[i]
+					if _, err := p.cli.Write(req); err != nil {
+						b.Fatal(err)
+					}
+					p.srvRC.feed(p.cliRC.take())
+					n, err := lt.read(buf)
+					if err != nil || n != len(req) {
+						b.Fatal(n, err)
+					}
+					if mode != "settled" || !lt.starved {
+						if _, err := lt.read(buf); !wouldBlockErr(err) {
+							b.Fatal(err)
+						}
+					}
+					lt.starved = false
+					if _, err := p.srv.Write(answer); err != nil {
+						b.Fatal(err)
+					}
+					p.srvRC.take()
+				}
+				benchcpu.Report(b, cpu0, ops)
+			})
 		}
 	}
 }
