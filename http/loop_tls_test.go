@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -184,4 +185,66 @@ func BenchmarkLoopTLSRecords(b *testing.B) {
 			})
 		}
 	}
+}
+
+var (
+	fuzzSettledOnce sync.Once
+	fuzzSettledPair *adapterPair
+)
+
+// FuzzLoopTLSSettled: whatever the records (one to three client writes)
+// and however their bytes are cut into pieces and read, whenever
+// loopTLS.read says tls.Conn holds nothing more (starved), a Read of
+// tls.Conn would block indeed, and the plaintext read is the plaintext
+// written.
+func FuzzLoopTLSSettled(f *testing.F) {
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), uint8(1), []byte{}, uint16(4096))
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), uint8(3), []byte{3, 50}, uint16(20))
+	f.Add(bytes.Repeat([]byte("y"), 17000), uint8(2), []byte{200, 7}, uint16(65535))
+	f.Fuzz(func(t *testing.T, msg []byte, writes uint8, cuts []byte, rbuf uint16) {
+		if len(msg) == 0 || len(msg) > 20000 {
+			return
+		}
+		fuzzSettledOnce.Do(func() { fuzzSettledPair = newAdapterPair(t, tls.VersionTLS13) })
+		p := fuzzSettledPair
+		lt := &loopTLS{conn: p.srv, rc: p.srvRC}
+		var ct []byte
+		for range int(writes%3) + 1 {
+			if _, err := p.cli.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			ct = append(ct, p.cliRC.take()...)
+		}
+		want := bytes.Repeat(msg, int(writes%3)+1)
+		buf := make([]byte, max(int(rbuf), 1))
+		probe := make([]byte, 1)
+		var got []byte
+		for i := 0; len(ct) > 0; i++ {
+			n := len(ct)
+			if len(cuts) > 0 {
+				n = min(max(int(cuts[i%len(cuts)]), 1), len(ct))
+			}
+			p.srvRC.feed(ct[:n])
+			ct = ct[n:]
+			lt.starved = false
+			for !lt.starved {
+				m, err := lt.read(buf)
+				got = append(got, buf[:m]...)
+				if wouldBlockErr(err) {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if lt.starved && p.srvRC.buffered() == 0 {
+				if m, err := p.srv.Read(probe); !wouldBlockErr(err) {
+					t.Fatalf("starved, yet tls.Conn gave %d bytes (%v)", m, err)
+				}
+			}
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("read %d bytes, want the %d written", len(got), len(want))
+		}
+	})
 }
