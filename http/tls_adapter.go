@@ -1,6 +1,7 @@
 package http
 
 import (
+	"encoding/binary"
 	"net"
 	"time"
 )
@@ -22,6 +23,12 @@ import (
 // mode over the socket (block), keeping the bytes still in memory. Only one
 // goroutine uses a recordConn at a time: the handshake's, then the loop's,
 // then fasthttp's.
+//
+// Read also follows the record framing of the bytes it gives tls.Conn
+// (from the first byte of the connection, handshake included), so the loop
+// can tell when tls.Conn holds nothing more (settled) without asking it
+// once more per request: that Read finds no ciphertext, allocates, and at
+// many connections touches cold per-connection state.
 type recordConn struct {
 	in   []byte // ciphertext fed and not yet read: in[r:]
 	r    int
@@ -29,7 +36,19 @@ type recordConn struct {
 	conn net.Conn
 	// The addresses of the socket, for tls.Conn's LocalAddr and RemoteAddr.
 	local, remote net.Addr
+	// The framing of the bytes given to tls.Conn: hn bytes of a record
+	// header are in hdr (5: the header is complete and body bytes of the
+	// record are still to come); ends counts the records whose last
+	// byte was given since resetEnds.
+	hdr  [recordHeaderLen]byte
+	hn   int
+	body int
+	ends int
 }
+
+// recordHeaderLen is the length of a TLS record header: type, version and
+// the length of the body (RFC 8446 §5.1).
+const recordHeaderLen = 5
 
 // wouldBlock is the error of a Read with no ciphertext in memory.
 type wouldBlock struct{}
@@ -52,6 +71,7 @@ func newRecordConn(c net.Conn) *recordConn {
 func (a *recordConn) Read(p []byte) (int, error) {
 	if a.r < len(a.in) {
 		n := copy(p, a.in[a.r:])
+		a.track(p[:n])
 		a.r += n
 		if a.r == len(a.in) {
 			a.in, a.r = a.in[:0], 0
@@ -59,9 +79,46 @@ func (a *recordConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	if a.conn != nil {
-		return a.conn.Read(p)
+		n, err := a.conn.Read(p)
+		a.track(p[:max(n, 0)])
+		return n, err
 	}
 	return 0, errWouldBlock
+}
+
+// track follows the record framing over p, the next bytes given to
+// tls.Conn.
+func (a *recordConn) track(p []byte) {
+	for len(p) > 0 {
+		if a.hn < recordHeaderLen {
+			k := copy(a.hdr[a.hn:], p)
+			a.hn += k
+			p = p[k:]
+			if a.hn == recordHeaderLen {
+				a.body = int(binary.BigEndian.Uint16(a.hdr[3:]))
+			}
+		} else {
+			k := min(a.body, len(p))
+			a.body -= k
+			p = p[k:]
+		}
+		if a.hn == recordHeaderLen && a.body == 0 {
+			a.hn = 0
+			a.ends++
+		}
+	}
+}
+
+// resetEnds starts counting the records given to tls.Conn anew.
+func (a *recordConn) resetEnds() { a.ends = 0 }
+
+// settled reports whether what tls.Conn was given since resetEnds is
+// exactly one record, ending where the given bytes end. After a Read that
+// returned plaintext without error and did not fill its buffer, tls.Conn
+// then holds nothing: it decrypted that record (and any part of it given
+// before), gave all of its plaintext, and was given nothing beyond it.
+func (a *recordConn) settled() bool {
+	return a.ends == 1 && a.hn == 0
 }
 
 // Write keeps p for the loop in memory mode; in blocking mode it writes

@@ -210,3 +210,50 @@ func FuzzRecordAdapter(f *testing.F) {
 		}
 	})
 }
+
+// TestRecordConnTrack: the record framing recordConn follows over the
+// bytes it gives, whatever the pieces they come in (golden vectors: whole
+// records, a header split, a record split in its body, a zero-length
+// record, two records at once).
+func TestRecordConnTrack(t *testing.T) {
+	rec := func(n int) []byte { // a record header of body length n, and the body
+		b := []byte{23, 3, 3, byte(n >> 8), byte(n)}
+		return append(b, bytes.Repeat([]byte{'x'}, n)...)
+	}
+	for _, tc := range []struct {
+		name    string
+		pieces  [][]byte
+		ends    int
+		settled bool
+	}{
+		{"one record", [][]byte{rec(30)}, 1, true},
+		{"header split", [][]byte{rec(30)[:2], rec(30)[2:]}, 1, true},
+		{"body split", [][]byte{rec(300)[:100], rec(300)[100:]}, 1, true},
+		{"header only", [][]byte{rec(30)[:5]}, 0, false},
+		{"part of the header", [][]byte{rec(30)[:3]}, 0, false},
+		{"zero-length record", [][]byte{rec(0)}, 1, true},
+		{"two records at once", [][]byte{append(rec(10), rec(20)...)}, 2, false},
+		{"a record and part of the next", [][]byte{append(rec(10), rec(20)[:7]...)}, 1, false},
+		{"long record", [][]byte{rec(16<<10 + 256)}, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &recordConn{}
+			for _, p := range tc.pieces {
+				a.feed(p)
+			}
+			buf := make([]byte, 7) // pieces of the read crossing every boundary
+			for a.buffered() > 0 {
+				if _, err := a.Read(buf); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if a.ends != tc.ends || a.settled() != tc.settled {
+				t.Errorf("ends %d settled %v, want %d and %v", a.ends, a.settled(), tc.ends, tc.settled)
+			}
+			a.resetEnds()
+			if a.settled() {
+				t.Errorf("settled after resetEnds")
+			}
+		})
+	}
+}

@@ -160,6 +160,11 @@ func (l *evloop) readClient(c *cconn, p []byte) (int, unix.Errno) {
 		}
 		if !t.starved || rc.buffered() > 0 {
 			n, errno, more := l.readRecords(c, p)
+			// tls.Conn took all it was fed: the read buffer goes back
+			// at once, so that the loop's connections share a few warm
+			// buffers rather than hold one each while their requests are
+			// at the backends.
+			l.putTLSBuf(rc)
 			if !more {
 				return n, errno
 			}
@@ -197,7 +202,7 @@ func (l *evloop) readRecords(c *cconn, p []byte) (n int, errno unix.Errno, more 
 	t := c.tls
 	rc := t.rc
 	rc.out = l.tlsOut[:0]
-	n, err := t.conn.Read(p)
+	n, err := t.read(p)
 	if out := rc.take(); len(out) > 0 { // an alert, an answer to a key update
 		l.tlsOut = out[:0]
 		rc.out = nil
@@ -213,13 +218,41 @@ func (l *evloop) readRecords(c *cconn, p []byte) (n int, errno unix.Errno, more 
 	if n > 0 {
 		return n, 0, false
 	}
-	if wb := (wouldBlock{}); errors.As(err, &wb) {
+	if wouldBlockErr(err) {
 		return 0, 0, true
 	}
 	if err == nil {
 		return 0, unix.EPROTO, false // cannot happen: p is not empty
 	}
 	return 0, 0, false // EOF, close_notify, or a TLS error: the connection ends
+}
+
+// read reads plaintext from the TLS connection into p. When it returns
+// plaintext and tls.Conn holds nothing more (recordConn.settled: it was
+// given exactly the one record it decrypted, and p took all of that
+// record's plaintext), t is starved at once: the next read starts at the
+// socket rather than with a Read that would only block. That Read cost as
+// much as a quarter of the record layer's work per keep-alive request (an
+// allocation in crypto/tls, and per-connection state gone cold from the
+// cache while the request was at the backend, at hundreds of
+// connections).
+func (t *loopTLS) read(p []byte) (int, error) {
+	t.rc.resetEnds()
+	n, err := t.conn.Read(p)
+	if n > 0 {
+		t.starved = err == nil && n < len(p) && t.rc.settled()
+	}
+	return n, err
+}
+
+// wouldBlockErr reports whether err is the record adapter's would-block
+// error, which crypto/tls returns as it got it.
+func wouldBlockErr(err error) bool {
+	if _, ok := err.(wouldBlock); ok {
+		return true
+	}
+	var wb wouldBlock
+	return err != nil && errors.As(err, &wb)
 }
 
 // getTLSBuf returns an empty ciphertext read buffer of tlsReadBuf bytes,
