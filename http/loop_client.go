@@ -188,7 +188,11 @@ func (l *evloop) clientIn(c *cconn) {
 	}
 	c.parsing = true
 	defer func() { c.parsing = false }()
-	for c.fd >= 0 && !c.busy && !c.closing {
+	// Not while an answer's bytes wait to be written: flushClient comes
+	// back here when they are out. A request started meanwhile that the
+	// loop hands over to fasthttp would take the socket with that tail
+	// unsent, and its own answer would read as the rest of it.
+	for c.fd >= 0 && !c.busy && !c.closing && c.o == len(c.out) {
 		if c.w > c.r {
 			if c.deadline == 0 || c.deadline > l.now+int64(l.s.cfg.ClientReadTimeout) {
 				c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout)

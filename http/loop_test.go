@@ -759,3 +759,66 @@ func TestBadStatusCodeIsBadAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopHandOverWaitsForPendingAnswer: a client that reads an answer
+// slowly and meanwhile sends its next request, one the loop hands over
+// to fasthttp (HTTP/1.0), gets the whole first answer and then the
+// second: a hand-over must never take the socket while an answer's tail
+// waits in the loop's output buffer (clientIn does not parse then).
+func TestLoopHandOverWaitsForPendingAnswer(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	const size = 4 << 20
+	pattern := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+	r.backends[0].handler = func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/second" {
+			ctx.SetBodyString("second")
+			return
+		}
+		ctx.SetBody(pattern)
+	}
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	rc := &rawConn{t: t, c: c, br: bufio.NewReaderSize(c, 1024)}
+	rc.send("GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := nethttp.ReadResponse(rc.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read all but the last tail bytes slowly, then send the next request
+	// while the loop holds the tail, and only then read on.
+	// tail is about what the socket buffers (4 KiB at the client, some
+	// tens at sluice) and the loop's output buffer (up to one 64 KiB
+	// backend read) hold together once the backend's last bytes are read.
+	const tail = 96 << 10
+	got := make([]byte, 0, size)
+	buf := make([]byte, 4096)
+	for len(got) < size-tail {
+		n, err := resp.Body.Read(buf[:min(len(buf), size-tail-len(got))])
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // the loop reads the backend's last bytes meanwhile
+	rc.send("GET /second HTTP/1.0\r\nHost: x\r\n\r\n")
+	rest, err := io.ReadAll(resp.Body)
+	got = append(got, rest...)
+	if err != nil || !bytes.Equal(got, pattern) {
+		t.Fatalf("first answer: %d bytes (%v), want the %d-byte pattern whole", len(got), err, size)
+	}
+	resp2, err := nethttp.ReadResponse(rc.br, nil)
+	if err != nil {
+		t.Fatalf("second answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp2.Body)
+	if resp2.StatusCode != 200 || string(body) != "second" {
+		t.Fatalf("second answer %d %q", resp2.StatusCode, body)
+	}
+}
