@@ -239,24 +239,9 @@ func joinTried(names *[accesslog.MaxRetries]string, n int) string {
 	return strings.Join(names[:n], ",")
 }
 
-// MaskUser replaces the user part of a SIP or tel URI with '*', as the
-// access log does with -access-log-mask-user: sip:alice@host;x ->
-// sip:*@host;x, tel:+123;x -> tel:*;x.
-func MaskUser(uri string) string {
-	colon := strings.IndexByte(uri, ':')
-	if colon < 0 || colon > 5 {
-		return uri
-	}
-	scheme, rest := uri[:colon], uri[colon+1:]
-	if strings.EqualFold(scheme, "tel") {
-		if i := strings.IndexByte(rest, ';'); i >= 0 {
-			return uri[:colon+1] + "*" + rest[i:]
-		}
-		return uri[:colon+1] + "*"
-	}
-	at := strings.IndexAny(rest, "@;?>")
-	if at < 0 || rest[at] != '@' {
-		return uri
-	}
-	return uri[:colon+1] + "*" + rest[at:]
-}
+// MaskUser replaces the user part of a SIP or tel URI with '*', exactly
+// as the access log does with -access-log-mask-user (accesslog.MaskUser:
+// everything between the scheme and the first '@', its ';' parameters and
+// a password included): sip:alice;x=y@host -> sip:*@host, tel:+123;x ->
+// tel:*;x. A span must not keep what the log line hides.
+func MaskUser(uri string) string { return accesslog.MaskUser(uri) }
