@@ -123,7 +123,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 
 	o.accessLog = node.DefaultAccessLogConfig()
 	al := &o.accessLog
-	fs.StringVar(&al.Dest, "access-log", al.Dest, "`destination` of the access log, one line per HTTP request and SIP transaction: - (stdout), a file path (reopened on SIGUSR1, appended to: logrotate's postrotate kill -USR1 or copytruncate), syslog://HOST:PORT (UDP), syslog+tcp://HOST:PORT, syslog+unix:///dev/log (RFC 5424; ?facility=local0..7); empty: none")
+	fs.StringVar(&al.Dest, "access-log", al.Dest, "`destination` of the access log, one line per HTTP request and SIP transaction: - (stdout), a file path (reopened on SIGUSR1, appended to: logrotate's postrotate SIGUSR1; copytruncate works but can lose lines written during its copy), syslog://HOST:PORT (UDP), syslog+tcp://HOST:PORT, syslog+unix:///dev/log (RFC 5424; ?facility=local0..7); empty: none")
 	fs.StringVar(&al.HTTPDest, "http-access-log", al.HTTPDest, "`destination` of the HTTP access log in place of -access-log's (off: no HTTP access log)")
 	fs.StringVar(&al.SIPDest, "sip-access-log", al.SIPDest, "`destination` of the SIP access log in place of -access-log's (off: no SIP access log)")
 	fs.StringVar(&al.Format, "access-log-format", al.Format, "access log line format: json, logfmt or combined (Apache/nginx combined, without sluice's fields)")
