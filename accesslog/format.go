@@ -577,9 +577,8 @@ func appendJSONInner[T ~string | ~[]byte](b []byte, s T) []byte {
 			i++
 			continue
 		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, `\u202`...)
-			b = append(b, hexDigits[r&15])
+		if escapedRune(r) {
+			b = append(b, '\\', 'u', hexDigits[r>>12&15], hexDigits[r>>8&15], hexDigits[r>>4&15], hexDigits[r&15])
 			i += n
 			continue
 		}
@@ -587,6 +586,22 @@ func appendJSONInner[T ~string | ~[]byte](b []byte, s T) []byte {
 		i += n
 	}
 	return b
+}
+
+// escapedRune reports whether r, valid UTF-8 JSON may carry as it is, is
+// written as \uXXXX anyway: the line separators U+2028 and U+2029 (a
+// line break to JavaScript and some log viewers), the C1 controls (U+0085
+// is a line break to others), and the bidirectional controls (U+200E,
+// U+200F, U+202A-U+202E, U+2066-U+2069), which make a terminal or a
+// viewer show a field's text in another order than it has: a client's
+// value could make a line read as something it does not say.
+func escapedRune(r rune) bool {
+	switch {
+	case r >= 0x80 && r <= 0x9f, r == 0x2028, r == 0x2029, r == 0x200e, r == 0x200f,
+		r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+		return true
+	}
+	return false
 }
 
 func logfmtNeedsQuote[T ~string | ~[]byte](s T) bool {

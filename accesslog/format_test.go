@@ -20,6 +20,11 @@ func TestAppendJSONInner(t *testing.T) {
 		{"\xff", `\ufffd`},
 		{"a\xe2\x82", `a\ufffd\ufffd`}, // a rune cut short
 		{"x\u2028y\u2029", `x\u2028y\u2029`},
+		{"evil\u202egnp.exe", `evil\u202egnp.exe`},                   // right-to-left override
+		{"a\u2066b\u2069\u200e\u200f", `a\u2066b\u2069\u200e\u200f`}, // isolates, marks
+		{"nel\u0085\u0080\u009f", `nel\u0085\u0080\u009f`},           // C1 controls
+		{"\u202f\u2070\u00a0", "\u202f\u2070\u00a0"},                 // their neighbours stay
+		{"x\ufeff", "x\ufeff"},
 		{"\U0001F600!", "\U0001F600!"},
 	} {
 		if got := string(appendJSONInner([]byte("<"), tc.in)); got != "<"+tc.want {
