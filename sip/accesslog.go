@@ -43,6 +43,9 @@ type txnLog struct {
 	// attempt's 2xx).
 	backend string
 	logged  bool
+	// toTag is the To-tag of the backend's final answer, for the line of
+	// an INVITE (its request has none): set just before the line is made.
+	toTag string
 }
 
 // logging reports whether SIP records are wanted.
@@ -105,6 +108,10 @@ func (s *Server) logTxnLocked(t *txn, now int64, status int, by accesslog.Produc
 		r.Decision = accesslog.Delayed
 	}
 	r.Reason = reason
+	if r.ToTag == "" && t.lg.toTag != "" {
+		r.ToTag = clip(t.lg.toTag, maxLogTag) // the dialog's, from the answer
+	}
+	t.lg.toTag = ""
 	r.Failovers = t.lg.failovers
 	r.FailoverBackends = t.lg.tried
 	if t.lg.provisional != 0 {

@@ -557,6 +557,9 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 		if s.observe != nil {
 			s.observe(time.Duration(now - t.created))
 		}
+		if t.lg != nil {
+			t.lg.toTag = toTag(res)
+		}
 		s.logTxnLocked(t, now, code, accesslog.ByBackend, false, "")
 		first := false // the first 2xx of t's dialog: relayed once its record is safe
 		if t.invite && code >= 300 {
@@ -614,6 +617,9 @@ func (s *Server) earlierAttemptAnsweredLocked(t *txn, res *gosip.Response, next 
 		if b := s.pool.Load().byAddr[src.addr]; b != nil && t.cur != b {
 			t.noteAttemptLocked()
 			t.lg.backend = b.id
+		}
+		if t.lg != nil {
+			t.lg.toTag = toTag(res)
 		}
 		s.logTxnLocked(t, now, res.StatusCode, accesslog.ByBackend, false, "")
 		backend := t.lg.backend
