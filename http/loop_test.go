@@ -822,3 +822,57 @@ func TestLoopHandOverWaitsForPendingAnswer(t *testing.T) {
 		t.Fatalf("second answer %d %q", resp2.StatusCode, body)
 	}
 }
+
+// TestLoopIdleConnHoldsNoReadBuffer: a keep-alive connection waiting for
+// its next request holds no read buffer (the loop's pool has it back),
+// and the next request on it is served as before.
+func TestLoopIdleConnHoldsNoReadBuffer(t *testing.T) {
+	r := loopRig(t, rigOpts{backends: 1})
+	const n = 20
+	conns := make([]*rawConn, n)
+	for i := range conns {
+		conns[i] = dialRaw(t, r.addr)
+		conns[i].send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, _ := conns[i].read("GET"); resp.StatusCode != 200 {
+			t.Fatalf("conn %d: %d", i, resp.StatusCode)
+		}
+	}
+	// On each loop's goroutine: how many client connections hold a read
+	// buffer.
+	holding := func() (clients, buffers int) {
+		for _, l := range r.srv.loops.Load().loops {
+			done := make(chan [2]int)
+			l.post(func() {
+				var c, b int
+				for _, o := range l.fds {
+					if o.c != nil && o.c.fd >= 0 {
+						c++
+						if o.c.in != nil {
+							b++
+						}
+					}
+				}
+				done <- [2]int{c, b}
+			})
+			got := <-done
+			clients += got[0]
+			buffers += got[1]
+		}
+		return clients, buffers
+	}
+	var clients, buffers int
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if clients, buffers = holding(); clients == n && buffers == 0 || time.Now().After(end) {
+			break
+		}
+	}
+	if clients != n || buffers != 0 {
+		t.Fatalf("%d idle client connections, %d of them holding a read buffer; want %d and 0", clients, buffers, n)
+	}
+	for i, rc := range conns {
+		rc.send("GET /again HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
+			t.Fatalf("conn %d, second request: %d", i, resp.StatusCode)
+		}
+	}
+}

@@ -225,6 +225,9 @@ func (l *evloop) tunToBackend(c *cconn) {
 		// readClient: on an HTTPS connection the tunnel carries the
 		// plaintext of the client's records, never the records (a
 		// close_notify ends the client's side as a FIN does).
+		if c.in == nil {
+			c.in = l.getBuf()
+		}
 		n, errno := l.readClient(c, c.in)
 		switch {
 		case errno == unix.EAGAIN:
