@@ -91,7 +91,7 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 	r := &g.rec
 	r.Start, r.Client = wall, client
 	if s.isTrusted(client.Addr()) {
-		r.Forwarded = firstForwarded(h.Peek("X-Forwarded-For"))
+		r.Forwarded = s.forwardedClient(h)
 	}
 	uri := h.RequestURI()
 	path, query := uri, []byte(nil)
@@ -134,13 +134,148 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 	r.BytesIn = int64(max(h.ContentLength(), 0))
 }
 
-// firstForwarded is the first address of an X-Forwarded-For value (the
-// client as the first trusted proxy saw it); invalid when it is not one.
-func firstForwarded(v []byte) netip.Addr {
-	if i := bytes.IndexByte(v, ','); i >= 0 {
-		v = v[:i]
+// forwardedClient is the client a trusted proxy names (the request came
+// from one): the rightmost address of X-Forwarded-For (every line of it,
+// in order) that is not itself a trusted proxy, as nginx's real_ip with
+// real_ip_recursive on takes it; the leftmost when all are trusted.
+// Without X-Forwarded-For, Forwarded's for= parameters are read the same
+// way. Each proxy appends the address it took the request from, so
+// everything left of the first untrusted address (reading from the right)
+// is what that untrusted client chose to write; the leftmost address,
+// which an attacker sends ahead of a real proxy's, is never the answer
+// while an untrusted one follows it. An entry that is no address (garbage,
+// "unknown", an obfuscated Forwarded node) ends the walk there: the answer
+// is the trusted address right of it, none when it is the rightmost. The
+// result is invalid when no address qualifies. It allocates nothing.
+func (s *Server) forwardedClient(h *fasthttp.RequestHeader) netip.Addr {
+	var xff, fwd fwdWalk
+	for k, v := range h.All() {
+		switch {
+		case len(k) == len("X-Forwarded-For") && bytes.EqualFold(k, []byte("X-Forwarded-For")):
+			xff.seen = true
+			walkList(v, false, s.isTrusted, &xff)
+		case !xff.seen && len(k) == len("Forwarded") && bytes.EqualFold(k, []byte("Forwarded")):
+			fwd.seen = true
+			walkList(v, true, s.isTrusted, &fwd)
+		}
 	}
-	a, err := netip.ParseAddr(b2s(bytes.TrimSpace(v)))
+	if xff.seen {
+		return xff.res
+	}
+	return fwd.res
+}
+
+// fwdWalk is the state of reading a forwarding list left to right with
+// the outcome of nginx's right-to-left walk: res is the answer for the
+// entries read so far; until fixed (at the start, and after an entry that
+// is no address) the next trusted address becomes it. seen: the header
+// came.
+type fwdWalk struct {
+	res         netip.Addr
+	fixed, seen bool
+}
+
+// add takes the next entry: a, or invalid for an entry that is no address.
+func (w *fwdWalk) add(a netip.Addr, trusted func(netip.Addr) bool) {
+	switch {
+	case !a.IsValid():
+		w.res, w.fixed = netip.Addr{}, false
+	case !trusted(a):
+		w.res, w.fixed = a, true
+	case !w.fixed:
+		w.res, w.fixed = a, true
+	}
+}
+
+// walkList feeds the entries of one X-Forwarded-For line (forwarded
+// false: comma-separated addresses) or one Forwarded line (RFC 7239:
+// comma-separated elements of ';'-separated pairs, values tokens or
+// quoted strings; an element's address is its for= value) to w. Empty
+// entries are skipped, as nginx skips them.
+func walkList(v []byte, forwarded bool, trusted func(netip.Addr) bool, w *fwdWalk) {
+	for len(v) > 0 {
+		var el []byte
+		el, v = cutOutsideQuotes(v, ',')
+		el = bytes.TrimSpace(el)
+		if len(el) == 0 {
+			continue
+		}
+		if !forwarded {
+			w.add(parseHostPort(el), trusted)
+			continue
+		}
+		var a netip.Addr
+		for len(el) > 0 {
+			var pair []byte
+			pair, el = cutOutsideQuotes(el, ';')
+			pair = bytes.TrimSpace(pair)
+			if len(pair) > 4 && pair[3] == '=' && bytes.EqualFold(pair[:3], []byte("for")) {
+				val := bytes.TrimSpace(pair[4:])
+				if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
+					val = val[1 : len(val)-1]
+				}
+				a = parseHostPort(val)
+				break
+			}
+		}
+		w.add(a, trusted)
+	}
+}
+
+// cutOutsideQuotes splits v at the first sep outside a quoted string.
+func cutOutsideQuotes(v []byte, sep byte) (before, after []byte) {
+	quoted := false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '"':
+			quoted = !quoted
+		case c == '\\' && quoted:
+			i++
+		case c == sep && !quoted:
+			return v[:i], v[i+1:]
+		}
+	}
+	return v, nil
+}
+
+// parseHostPort parses an address as forwarding headers write it: "IPv4",
+// "IPv4:port", "IPv6", "[IPv6]" or "[IPv6]:port"; invalid for anything
+// else (names, "unknown", zones, a port that is no number).
+func parseHostPort(v []byte) netip.Addr {
+	if len(v) == 0 || bytes.IndexByte(v, '%') >= 0 {
+		return netip.Addr{}
+	}
+	var port []byte
+	if v[0] == '[' {
+		i := bytes.IndexByte(v, ']')
+		if i < 0 {
+			return netip.Addr{}
+		}
+		v, port = v[1:i], v[i+1:]
+		if len(port) > 0 {
+			if port[0] != ':' {
+				return netip.Addr{}
+			}
+			port = port[1:]
+			if len(port) == 0 {
+				return netip.Addr{}
+			}
+		}
+	} else if i := bytes.IndexByte(v, ':'); i >= 0 && bytes.IndexByte(v[i+1:], ':') < 0 {
+		v, port = v[:i], v[i+1:]
+		if len(port) == 0 {
+			return netip.Addr{}
+		}
+	}
+	if len(port) > 5 {
+		return netip.Addr{}
+	}
+	for _, c := range port {
+		if c < '0' || c > '9' {
+			return netip.Addr{}
+		}
+	}
+	a, err := netip.ParseAddr(b2s(v))
 	if err != nil {
 		return netip.Addr{}
 	}

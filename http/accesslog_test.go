@@ -129,8 +129,8 @@ func TestRequestIDFromTrustedProxy(t *testing.T) {
 		if l.rid != "edge-42" || r.backends[0].lastHeaders()["X-Request-Id"][0] != "edge-42" {
 			t.Errorf("request id %q, backend %v: want edge-42 kept", l.rid, r.backends[0].lastHeaders()["X-Request-Id"])
 		}
-		if l.Forwarded != netip.MustParseAddr("203.0.113.9") {
-			t.Errorf("forwarded_for %v", l.Forwarded)
+		if l.Forwarded != netip.MustParseAddr("10.0.0.1") {
+			t.Errorf("forwarded_for %v: want 10.0.0.1, the rightmost untrusted address", l.Forwarded)
 		}
 	})
 }
