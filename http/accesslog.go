@@ -59,6 +59,7 @@ type reqLog struct {
 	tunIn, tunOut           int64        // loop: tunnel bytes client to backend, backend to client
 	body                    *backendBody // HTTP/2: the streamed body, read when the stream ends
 	skip                    bool         // logged already, or not logged here (an upgrade: its tunnel)
+	madeTrace               bool         // rec's trace context is sluice's (Deps.Tracer), sent to the backend
 	status                  int          // the answer's status
 	end                     accesslog.End
 	out, headOut            int64 // bytes written to the client; of which heads (loop)
@@ -130,6 +131,16 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 	}
 	if tp := h.Peek("traceparent"); len(tp) > 0 {
 		r.TraceID, r.ParentSpan, r.TraceFlags, r.HasTrace = accesslog.ParseTraceparentBytes(tp)
+	}
+	if !r.HasTrace && s.trace != nil {
+		// Spans are exported: the request's span is the root of a new
+		// trace, logged, and the backend's parent (setRequestID).
+		var sampled bool
+		r.TraceID, r.ParentSpan, sampled = s.trace.StartTrace()
+		r.TraceFlags, r.HasTrace, g.madeTrace = 0, true, true
+		if sampled {
+			r.TraceFlags = 1
+		}
 	}
 	r.BytesIn = int64(max(h.ContentLength(), 0))
 }
@@ -310,12 +321,37 @@ func visibleASCII(v []byte) bool {
 
 // setRequestID writes the request id into the head sent to the backend,
 // replacing every line of it the client sent (a second line would
-// otherwise reach the backend beside sluice's).
+// otherwise reach the backend beside sluice's). When sluice started the
+// request's trace (Deps.Tracer: the client sent no valid traceparent), it
+// writes that traceparent too, with the request's span as parent and the
+// sampled flag as decided, replacing the client's invalid one and its
+// tracestate (W3C Trace Context: a tracestate without a valid traceparent
+// is discarded).
 func (g *reqLog) setRequestID(h *fasthttp.RequestHeader) {
-	if g != nil && g.ridN > 0 {
+	if g == nil {
+		return
+	}
+	if g.ridN > 0 {
 		h.Del("X-Request-ID")
 		h.SetBytesV("X-Request-ID", g.rid[:g.ridN])
 	}
+	if g.madeTrace {
+		h.Del("traceparent")
+		h.Del("tracestate")
+		var b [55]byte
+		h.SetBytesV("traceparent", appendTraceparent(b[:0], &g.rec))
+	}
+}
+
+// appendTraceparent appends r's trace context as a W3C traceparent
+// (version 00) to b.
+func appendTraceparent(b []byte, r *accesslog.HTTPRecord) []byte {
+	b = append(b, "00-"...)
+	b = accesslog.AppendHex(b, r.TraceID[:])
+	b = append(b, '-')
+	b = accesslog.AppendHex(b, r.ParentSpan[:])
+	b = append(b, '-', '0', '0'+r.TraceFlags&1)
+	return b
 }
 
 // decide records the admission decision d (before waitDelay) and the
