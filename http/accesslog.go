@@ -25,9 +25,15 @@ import (
 	"github.com/sluicelb/sluice/admission"
 )
 
-// noAnswer is reqLog.status for a request that got no answer (its client
-// left while it waited): logged as status 0.
+// noAnswer is reqLog.status for a request that got no answer: logged as
+// status 499 when its client left (statusClientClosed), else 0.
 const noAnswer = -1
+
+// statusClientClosed is the status logged for a request whose client
+// left before any answer was sent (while its body came, it waited in a
+// delay queue or for the backend): nginx's 499 "client closed request",
+// which no answer carries.
+const statusClientClosed = 499
 
 // maxRequestID is the longest X-Request-ID taken from a trusted client;
 // a longer one (or one with bytes outside visible ASCII) is replaced.
@@ -392,8 +398,11 @@ func (s *Server) endLog(g *reqLog, p *plan, status int, bodyOut int64, now int64
 		return
 	}
 	g.skip = true
-	if status == noAnswer {
+	if status == noAnswer || status == 0 {
 		status = 0
+		if g.end == accesslog.EndClientAbort {
+			status = statusClientClosed
+		}
 	}
 	r := &g.rec
 	r.Status, r.BytesOut = status, bodyOut

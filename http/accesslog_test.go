@@ -388,7 +388,7 @@ func TestAccessLogHeadRefused(t *testing.T) {
 }
 
 // TestAccessLogAbandonedDelay: a client that leaves while its request
-// waits in an ARM delay queue is logged delayed, client_abort, status 0.
+// waits in an ARM delay queue is logged delayed, client_abort, status 499.
 func TestAccessLogAbandonedDelay(t *testing.T) {
 	onEngines(t, func(t *testing.T) {
 		r, sink := logRig(t, rigOpts{backends: 1, arm: []string{"name=slow,limit=1/s,action=delay,queue=10,wait=1m"}})
@@ -407,7 +407,7 @@ func TestAccessLogAbandonedDelay(t *testing.T) {
 		}
 		c.Close()
 		l := sink.next(t)
-		if l.path != "/queued" || l.Decision != accesslog.Delayed || l.End != accesslog.EndClientAbort || l.Status != 0 || l.reason != "arm rule slow" {
+		if l.path != "/queued" || l.Decision != accesslog.Delayed || l.End != accesslog.EndClientAbort || l.Status != 499 || l.reason != "arm rule slow" {
 			t.Errorf("record %+v reason %q", l.HTTPRecord, l.reason)
 		}
 	})

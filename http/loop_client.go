@@ -170,6 +170,17 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		l.closeClient(c)
 		return
 	}
+	if ev&evPeerShut != 0 && !c.hup && c.busy && c.x.log.out == 0 && c.o >= len(c.out) {
+		// The client closed while its request waits for the backend's
+		// answer (nothing of it sent yet): it gave up, as nginx reads
+		// it (proxy_ignore_client_abort off). The exchange ends here,
+		// logged client_abort (499); its backend connection is closed,
+		// not held for an answer nobody reads. A client that shut its
+		// side down together with its request (c.hup already) still
+		// gets its answer.
+		l.closeClient(c)
+		return
+	}
 	if ev&evReadable != 0 {
 		c.rready = true
 		c.tls.sawReadable()
@@ -228,7 +239,8 @@ func (l *evloop) clientIn(c *cconn) {
 			if c.pp == proxyRead && c.w > 0 {
 				l.s.proxyRejected(proxyproto.ReasonTruncated, c.ip, nil)
 			}
-			l.closeClient(c) // EOF or reset; an unfinished request is dropped, as fasthttp does
+			l.logUnfinished(c, accesslog.EndClientAbort)
+			l.closeClient(c) // EOF or reset: an unfinished request is not forwarded
 			return
 		}
 		if n < len(c.in)-c.w && !c.hup && c.tls == nil {
@@ -285,6 +297,36 @@ func (l *evloop) parse(c *cconn) bool {
 	c.x.bodyLen = int(hi.bodyLen)
 	l.begin(c, h, buf[hlen:need])
 	return true
+}
+
+// logUnfinished logs the request whose head came whole but whose body
+// did not, when the connection ends (end: the client closed it,
+// client_abort, or stopped sending, timeout): its method, path, request
+// id and timings, the body bytes that came, status 499 for an abort
+// (nginx's), none for a timeout. Nothing reached a backend. A head still
+// incomplete is not a request and is not logged (as nginx and fasthttp).
+func (l *evloop) logUnfinished(c *cconn, end accesslog.End) {
+	s := l.s
+	if !s.logging() || c.busy || c.closing || c.tun || c.w <= c.r || c.pp != proxyDone {
+		return
+	}
+	buf := c.in[c.r:c.w]
+	hi, err := checkHead(buf, *s.denyNames.Load())
+	if err != nil || !l.readReqHead(buf[:hi.n]) {
+		return
+	}
+	var p plan
+	g := &c.x.log
+	start := min(c.headStart, l.now)
+	wall := s.wall(s.clock.Now()).Add(-time.Duration(l.now - start))
+	var tc net.Conn
+	if c.tls != nil {
+		tc = c.tls.conn
+	}
+	s.beginLog(g, &p, &l.reqH, netip.AddrPortFrom(c.ip, c.port), tc, wall, start, l.now)
+	g.end = end
+	g.rec.BytesIn = int64(len(buf) - hi.n)
+	s.endLog(g, &p, noAnswer, 0, l.now)
 }
 
 // refuseHead answers a request head checkHead refused and closes the
