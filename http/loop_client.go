@@ -170,14 +170,17 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		l.closeClient(c)
 		return
 	}
-	if ev&evPeerShut != 0 && !c.hup && c.busy && c.x.log.out == 0 && c.o >= len(c.out) {
+	if ev&evPeerShut != 0 && !c.hup && c.busy && c.tls == nil && c.x.log.out == 0 && c.o >= len(c.out) {
 		// The client closed while its request waits for the backend's
 		// answer (nothing of it sent yet): it gave up, as nginx reads
 		// it (proxy_ignore_client_abort off). The exchange ends here,
 		// logged client_abort (499); its backend connection is closed,
 		// not held for an answer nobody reads. A client that shut its
 		// side down together with its request (c.hup already) still
-		// gets its answer.
+		// gets its answer. Over TLS a FIN is not read as that: a
+		// client that closes sends close_notify first, which the loop
+		// does not read while busy, and a bare FIN is a half-close
+		// that is answered.
 		l.closeClient(c)
 		return
 	}
