@@ -15,9 +15,10 @@ import (
 // TestAccessLogAbortMidBody: a client that closes while its request body
 // is still coming is logged as that request (method, path, request id,
 // the body bytes that came), client_abort with nginx's 499, not as a
-// malformed request with empty fields. A body the loop buffers and one it
-// hands to the fasthttp engine (above 64 KiB), on both engines; a close
-// and a reset.
+// malformed request with empty fields, nor as a malformed body. A body
+// the loop buffers, one it hands to the fasthttp engine (above 64 KiB),
+// one streamed to the backend as it comes (above -http-stream-threshold)
+// and a chunked one, on both engines; a close and a reset.
 func TestAccessLogAbortMidBody(t *testing.T) {
 	onEngines(t, func(t *testing.T) {
 		for _, tc := range []struct {
@@ -28,7 +29,9 @@ func TestAccessLogAbortMidBody(t *testing.T) {
 		}{
 			{"buffered", 1000, 100, false},
 			{"buffered reset", 1000, 100, true},
-			{"streamed", 100000, 1000, false},
+			{"handed over", 100000, 1000, false},
+			{"streamed past the threshold", 3 << 20, 200 << 10, false},
+			{"chunked", -1, 16, false},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				r, sink := logRig(t, rigOpts{backends: 1})
@@ -36,14 +39,18 @@ func TestAccessLogAbortMidBody(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				c.Write([]byte("POST /abortbody?q=1 HTTP/1.1\r\nHost: x\r\nUser-Agent: t/1\r\nContent-Length: " + strconv.Itoa(tc.length) + "\r\n\r\n" + strings.Repeat("b", tc.sent)))
+				framing, body := "Content-Length: "+strconv.Itoa(tc.length), strings.Repeat("b", tc.sent)
+				if tc.length < 0 {
+					framing, body = "Transfer-Encoding: chunked", strconv.FormatInt(int64(tc.sent), 16)+"\r\n"+body+"\r\n"
+				}
+				c.Write([]byte("POST /abortbody?q=1 HTTP/1.1\r\nHost: x\r\nUser-Agent: t/1\r\n" + framing + "\r\n\r\n" + body))
 				if tc.reset {
 					c.(*net.TCPConn).SetLinger(0)
 				}
 				c.Close()
 				l := sink.next(t)
 				if l.method != "POST" || l.path != "/abortbody" || !hexID.MatchString(l.rid) || l.End != accesslog.EndClientAbort ||
-					l.Status != 499 || l.Decision != accesslog.Admitted || l.Backend != "" {
+					l.Status != 499 || l.Decision != accesslog.Admitted || l.BytesOut != 0 {
 					t.Errorf("record %+v method %q path %q rid %q", l.HTTPRecord, l.method, l.path, l.rid)
 				}
 				if !tc.reset && l.BytesIn != int64(tc.sent) {
@@ -53,7 +60,7 @@ func TestAccessLogAbortMidBody(t *testing.T) {
 					t.Errorf("line %s", l.line)
 				}
 				if n := r.backends[0].hits.Load(); n != 0 {
-					t.Errorf("backend got %d requests, want none", n)
+					t.Errorf("backend answered %d requests, want none", n)
 				}
 			})
 		}

@@ -398,6 +398,9 @@ func (s *Server) endLog(g *reqLog, p *plan, status int, bodyOut int64, now int64
 		return
 	}
 	g.skip = true
+	if status == noAnswer {
+		bodyOut = 0 // what was written went nowhere
+	}
 	if status == noAnswer || status == 0 {
 		status = 0
 		if g.end == accesslog.EndClientAbort {
