@@ -270,6 +270,19 @@ func TestAccessLogHotPathAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, run); n != 0 {
 		t.Errorf("logging a request allocates %v times, want 0", n)
 	}
+	// With spans exported, a request without traceparent gets one made.
+	s.trace = &fixedTraces{}
+	fresh := func() {
+		h.Del("traceparent") // the one the last run wrote
+		run()
+	}
+	fresh()
+	if n := testing.AllocsPerRun(200, fresh); n != 0 {
+		t.Errorf("logging a request whose trace sluice starts allocates %v times, want 0", n)
+	}
+	if tp := string(h.Peek("traceparent")); !g.madeTrace || len(tp) != 55 {
+		t.Errorf("traceparent %q made %v", tp, g.madeTrace)
+	}
 }
 
 // TestAccessLogClientAbort: a client that leaves while its answer streams
