@@ -94,10 +94,48 @@ func TestAccessLogAbortWaitingForBackend(t *testing.T) {
 		}
 		c.Write([]byte("GET /slowabort HTTP/1.1\r\nHost: x\r\n\r\n"))
 		<-got
+		r.clock.Advance(halfCloseGrace) // a FIN now is the client giving up, no half-close
 		c.Close()
 		l := sink.next(t)
 		if l.method != "GET" || l.path != "/slowabort" || !hexID.MatchString(l.rid) || l.End != accesslog.EndClientAbort ||
 			l.Status != 499 || l.Backend != "b0" || l.Connect == 0 || l.Total < l.Connect {
+			t.Errorf("record %+v", l.HTTPRecord)
+		}
+	})
+}
+
+// TestHalfCloseRightAfterRequestAnswered: a plain client that shuts its
+// side down right after its request (within halfCloseGrace; the test's
+// clock does not move) still gets its answer while the backend works,
+// and the line says complete.
+func TestHalfCloseRightAfterRequestAnswered(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		release := make(chan struct{})
+		got := make(chan struct{}, 1)
+		r, sink := logRig(t, rigOpts{backends: 1, raw: func(c net.Conn) {
+			defer c.Close()
+			var h fasthttp.RequestHeader
+			if h.Read(bufio.NewReader(c)) != nil {
+				return
+			}
+			got <- struct{}{}
+			<-release
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+		}})
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte("GET /half HTTP/1.1\r\nHost: x\r\n\r\n"))
+		<-got // the request waits for the backend
+		c.(*net.TCPConn).CloseWrite()
+		close(release)
+		var resp fasthttp.Response
+		if err := resp.Read(bufio.NewReader(c)); err != nil || resp.StatusCode() != 200 || string(resp.Body()) != "ok" {
+			t.Fatalf("answer %v %d %q: want the backend's", err, resp.StatusCode(), resp.Body())
+		}
+		if l := sink.next(t); l.End != accesslog.EndComplete || l.Status != 200 {
 			t.Errorf("record %+v", l.HTTPRecord)
 		}
 	})

@@ -74,7 +74,16 @@ type exchange struct {
 	upgrade       []byte // an upgrade request: its Upgrade (loop_tunnel.go); nil for others
 	tunPending    bool   // counted in Stats.TunnelsPending until answered
 	log           reqLog // the access log's record and the request id
+	began         int64  // the request was read whole and taken in, on the server's clock (Config.Clock)
 }
+
+// halfCloseGrace is how soon after its request a client's FIN is read as a
+// half-close (it has nothing more to send and waits for its answer, as
+// nc, scripted and pipelining clients do: the FIN comes with or right
+// after the request's last bytes) rather than the client giving up on an
+// answer it waited for (a timeout: curl -m, a browser leaving the page),
+// which ends the exchange (clientEvent).
+const halfCloseGrace = 100 * time.Millisecond
 
 // accept takes up to 64 new client connections from the listener per
 // event, watching each; other loops get the rest (EPOLLEXCLUSIVE).
@@ -170,17 +179,19 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		l.closeClient(c)
 		return
 	}
-	if ev&evPeerShut != 0 && !c.hup && c.busy && c.tls == nil && c.x.log.out == 0 && c.o >= len(c.out) {
+	if ev&evPeerShut != 0 && !c.hup && c.busy && c.tls == nil && c.x.log.out == 0 && c.o >= len(c.out) &&
+		l.s.clock.Now()-c.x.began >= int64(halfCloseGrace) {
 		// The client closed while its request waits for the backend's
-		// answer (nothing of it sent yet): it gave up, as nginx reads
-		// it (proxy_ignore_client_abort off). The exchange ends here,
-		// logged client_abort (499); its backend connection is closed,
-		// not held for an answer nobody reads. A client that shut its
-		// side down together with its request (c.hup already) still
-		// gets its answer. Over TLS a FIN is not read as that: a
-		// client that closes sends close_notify first, which the loop
-		// does not read while busy, and a bare FIN is a half-close
-		// that is answered.
+		// answer (nothing of it sent yet), well after sending it: it
+		// gave up, as nginx reads it (proxy_ignore_client_abort off).
+		// The exchange ends here, logged client_abort (499); its
+		// backend connection is closed, not held for an answer nobody
+		// reads. A FIN with or right after the request (within
+		// halfCloseGrace) is a half-close: the client waits for its
+		// answer, which it gets. Over TLS a FIN is not read as giving
+		// up: a client that closes sends close_notify first, which the
+		// loop does not read while busy, and a bare FIN is a
+		// half-close.
 		l.closeClient(c)
 		return
 	}
@@ -399,7 +410,8 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 		l.answerLocal(c)
 		return
 	}
-	r, d := l.s.admit(&x.plan, h, &l.view, l.s.clock.Now())
+	x.began = l.s.clock.Now()
+	r, d := l.s.admit(&x.plan, h, &l.view, x.began)
 	if l.s.cfg.RequestID || l.s.logging() {
 		start := min(c.headStart, l.now)
 		wall := l.s.wall(l.s.clock.Now()).Add(-time.Duration(l.now - start))
