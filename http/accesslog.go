@@ -25,9 +25,15 @@ import (
 	"github.com/sluicelb/sluice/admission"
 )
 
-// noAnswer is reqLog.status for a request that got no answer (its client
-// left while it waited): logged as status 0.
+// noAnswer is reqLog.status for a request that got no answer: logged as
+// status 499 when its client left (statusClientClosed), else 0.
 const noAnswer = -1
+
+// statusClientClosed is the status logged for a request whose client
+// left before any answer was sent (while its body came, it waited in a
+// delay queue or for the backend): nginx's 499 "client closed request",
+// which no answer carries.
+const statusClientClosed = 499
 
 // maxRequestID is the longest X-Request-ID taken from a trusted client;
 // a longer one (or one with bytes outside visible ASCII) is replaced.
@@ -59,6 +65,7 @@ type reqLog struct {
 	tunIn, tunOut           int64        // loop: tunnel bytes client to backend, backend to client
 	body                    *backendBody // HTTP/2: the streamed body, read when the stream ends
 	skip                    bool         // logged already, or not logged here (an upgrade: its tunnel)
+	madeTrace               bool         // rec's trace context is sluice's (Deps.Tracer), sent to the backend
 	status                  int          // the answer's status
 	end                     accesslog.End
 	out, headOut            int64 // bytes written to the client; of which heads (loop)
@@ -91,7 +98,7 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 	r := &g.rec
 	r.Start, r.Client = wall, client
 	if s.isTrusted(client.Addr()) {
-		r.Forwarded = firstForwarded(h.Peek("X-Forwarded-For"))
+		r.Forwarded = s.forwardedClient(h)
 	}
 	uri := h.RequestURI()
 	path, query := uri, []byte(nil)
@@ -131,16 +138,161 @@ func (s *Server) beginLog(g *reqLog, p *plan, h *fasthttp.RequestHeader, client 
 	if tp := h.Peek("traceparent"); len(tp) > 0 {
 		r.TraceID, r.ParentSpan, r.TraceFlags, r.HasTrace = accesslog.ParseTraceparentBytes(tp)
 	}
+	if !r.HasTrace && s.trace != nil {
+		// Spans are exported: the request's span is the root of a new
+		// trace, logged, and the backend's parent (setRequestID).
+		var sampled bool
+		r.TraceID, r.ParentSpan, sampled = s.trace.StartTrace()
+		r.TraceFlags, r.HasTrace, g.madeTrace = 0, true, true
+		if sampled {
+			r.TraceFlags = 1
+		}
+	}
 	r.BytesIn = int64(max(h.ContentLength(), 0))
 }
 
-// firstForwarded is the first address of an X-Forwarded-For value (the
-// client as the first trusted proxy saw it); invalid when it is not one.
-func firstForwarded(v []byte) netip.Addr {
-	if i := bytes.IndexByte(v, ','); i >= 0 {
-		v = v[:i]
+// forwardedClient is the client a trusted proxy names (the request came
+// from one): the rightmost address of X-Forwarded-For (every line of it,
+// in order) that is not itself a trusted proxy, as nginx's real_ip with
+// real_ip_recursive on takes it; the leftmost when all are trusted.
+// Without X-Forwarded-For, Forwarded's for= parameters are read the same
+// way. Each proxy appends the address it took the request from, so
+// everything left of the first untrusted address (reading from the right)
+// is what that untrusted client chose to write; the leftmost address,
+// which an attacker sends ahead of a real proxy's, is never the answer
+// while an untrusted one follows it. An entry that is no address (garbage,
+// "unknown", an obfuscated Forwarded node) ends the walk there: the answer
+// is the trusted address right of it, none when it is the rightmost. The
+// result is invalid when no address qualifies. It allocates nothing.
+func (s *Server) forwardedClient(h *fasthttp.RequestHeader) netip.Addr {
+	var xff, fwd fwdWalk
+	for k, v := range h.All() {
+		switch {
+		case len(k) == len("X-Forwarded-For") && bytes.EqualFold(k, []byte("X-Forwarded-For")):
+			xff.seen = true
+			walkList(v, false, s.isTrusted, &xff)
+		case !xff.seen && len(k) == len("Forwarded") && bytes.EqualFold(k, []byte("Forwarded")):
+			fwd.seen = true
+			walkList(v, true, s.isTrusted, &fwd)
+		}
 	}
-	a, err := netip.ParseAddr(b2s(bytes.TrimSpace(v)))
+	if xff.seen {
+		return xff.res
+	}
+	return fwd.res
+}
+
+// fwdWalk is the state of reading a forwarding list left to right with
+// the outcome of nginx's right-to-left walk: res is the answer for the
+// entries read so far; until fixed (at the start, and after an entry that
+// is no address) the next trusted address becomes it. seen: the header
+// came.
+type fwdWalk struct {
+	res         netip.Addr
+	fixed, seen bool
+}
+
+// add takes the next entry: a, or invalid for an entry that is no address.
+func (w *fwdWalk) add(a netip.Addr, trusted func(netip.Addr) bool) {
+	switch {
+	case !a.IsValid():
+		w.res, w.fixed = netip.Addr{}, false
+	case !trusted(a):
+		w.res, w.fixed = a, true
+	case !w.fixed:
+		w.res, w.fixed = a, true
+	}
+}
+
+// walkList feeds the entries of one X-Forwarded-For line (forwarded
+// false: comma-separated addresses) or one Forwarded line (RFC 7239:
+// comma-separated elements of ';'-separated pairs, values tokens or
+// quoted strings; an element's address is its for= value) to w. Empty
+// entries are skipped, as nginx skips them.
+func walkList(v []byte, forwarded bool, trusted func(netip.Addr) bool, w *fwdWalk) {
+	for len(v) > 0 {
+		var el []byte
+		el, v = cutOutsideQuotes(v, ',')
+		el = bytes.TrimSpace(el)
+		if len(el) == 0 {
+			continue
+		}
+		if !forwarded {
+			w.add(parseHostPort(el), trusted)
+			continue
+		}
+		var a netip.Addr
+		for len(el) > 0 {
+			var pair []byte
+			pair, el = cutOutsideQuotes(el, ';')
+			pair = bytes.TrimSpace(pair)
+			if len(pair) > 4 && pair[3] == '=' && bytes.EqualFold(pair[:3], []byte("for")) {
+				val := bytes.TrimSpace(pair[4:])
+				if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
+					val = val[1 : len(val)-1]
+				}
+				a = parseHostPort(val)
+				break
+			}
+		}
+		w.add(a, trusted)
+	}
+}
+
+// cutOutsideQuotes splits v at the first sep outside a quoted string.
+func cutOutsideQuotes(v []byte, sep byte) (before, after []byte) {
+	quoted := false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '"':
+			quoted = !quoted
+		case c == '\\' && quoted:
+			i++
+		case c == sep && !quoted:
+			return v[:i], v[i+1:]
+		}
+	}
+	return v, nil
+}
+
+// parseHostPort parses an address as forwarding headers write it: "IPv4",
+// "IPv4:port", "IPv6", "[IPv6]" or "[IPv6]:port"; invalid for anything
+// else (names, "unknown", zones, a port that is no number).
+func parseHostPort(v []byte) netip.Addr {
+	if len(v) == 0 || bytes.IndexByte(v, '%') >= 0 {
+		return netip.Addr{}
+	}
+	var port []byte
+	if v[0] == '[' {
+		i := bytes.IndexByte(v, ']')
+		if i < 0 {
+			return netip.Addr{}
+		}
+		v, port = v[1:i], v[i+1:]
+		if len(port) > 0 {
+			if port[0] != ':' {
+				return netip.Addr{}
+			}
+			port = port[1:]
+			if len(port) == 0 {
+				return netip.Addr{}
+			}
+		}
+	} else if i := bytes.IndexByte(v, ':'); i >= 0 && bytes.IndexByte(v[i+1:], ':') < 0 {
+		v, port = v[:i], v[i+1:]
+		if len(port) == 0 {
+			return netip.Addr{}
+		}
+	}
+	if len(port) > 5 {
+		return netip.Addr{}
+	}
+	for _, c := range port {
+		if c < '0' || c > '9' {
+			return netip.Addr{}
+		}
+	}
+	a, err := netip.ParseAddr(b2s(v))
 	if err != nil {
 		return netip.Addr{}
 	}
@@ -175,12 +327,37 @@ func visibleASCII(v []byte) bool {
 
 // setRequestID writes the request id into the head sent to the backend,
 // replacing every line of it the client sent (a second line would
-// otherwise reach the backend beside sluice's).
+// otherwise reach the backend beside sluice's). When sluice started the
+// request's trace (Deps.Tracer: the client sent no valid traceparent), it
+// writes that traceparent too, with the request's span as parent and the
+// sampled flag as decided, replacing the client's invalid one and its
+// tracestate (W3C Trace Context: a tracestate without a valid traceparent
+// is discarded).
 func (g *reqLog) setRequestID(h *fasthttp.RequestHeader) {
-	if g != nil && g.ridN > 0 {
+	if g == nil {
+		return
+	}
+	if g.ridN > 0 {
 		h.Del("X-Request-ID")
 		h.SetBytesV("X-Request-ID", g.rid[:g.ridN])
 	}
+	if g.madeTrace {
+		h.Del("traceparent")
+		h.Del("tracestate")
+		var b [55]byte
+		h.SetBytesV("traceparent", appendTraceparent(b[:0], &g.rec))
+	}
+}
+
+// appendTraceparent appends r's trace context as a W3C traceparent
+// (version 00) to b.
+func appendTraceparent(b []byte, r *accesslog.HTTPRecord) []byte {
+	b = append(b, "00-"...)
+	b = accesslog.AppendHex(b, r.TraceID[:])
+	b = append(b, '-')
+	b = accesslog.AppendHex(b, r.ParentSpan[:])
+	b = append(b, '-', '0', '0'+r.TraceFlags&1)
+	return b
 }
 
 // decide records the admission decision d (before waitDelay) and the
@@ -222,7 +399,13 @@ func (s *Server) endLog(g *reqLog, p *plan, status int, bodyOut int64, now int64
 	}
 	g.skip = true
 	if status == noAnswer {
+		bodyOut = 0 // what was written went nowhere
+	}
+	if status == noAnswer || status == 0 {
 		status = 0
+		if g.end == accesslog.EndClientAbort {
+			status = statusClientClosed
+		}
 	}
 	r := &g.rec
 	r.Status, r.BytesOut = status, bodyOut

@@ -129,8 +129,8 @@ func TestRequestIDFromTrustedProxy(t *testing.T) {
 		if l.rid != "edge-42" || r.backends[0].lastHeaders()["X-Request-Id"][0] != "edge-42" {
 			t.Errorf("request id %q, backend %v: want edge-42 kept", l.rid, r.backends[0].lastHeaders()["X-Request-Id"])
 		}
-		if l.Forwarded != netip.MustParseAddr("203.0.113.9") {
-			t.Errorf("forwarded_for %v", l.Forwarded)
+		if l.Forwarded != netip.MustParseAddr("10.0.0.1") {
+			t.Errorf("forwarded_for %v: want 10.0.0.1, the rightmost untrusted address", l.Forwarded)
 		}
 	})
 }
@@ -270,6 +270,19 @@ func TestAccessLogHotPathAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, run); n != 0 {
 		t.Errorf("logging a request allocates %v times, want 0", n)
 	}
+	// With spans exported, a request without traceparent gets one made.
+	s.trace = &fixedTraces{}
+	fresh := func() {
+		h.Del("traceparent") // the one the last run wrote
+		run()
+	}
+	fresh()
+	if n := testing.AllocsPerRun(200, fresh); n != 0 {
+		t.Errorf("logging a request whose trace sluice starts allocates %v times, want 0", n)
+	}
+	if tp := string(h.Peek("traceparent")); !g.madeTrace || len(tp) != 55 {
+		t.Errorf("traceparent %q made %v", tp, g.madeTrace)
+	}
 }
 
 // TestAccessLogClientAbort: a client that leaves while its answer streams
@@ -388,7 +401,7 @@ func TestAccessLogHeadRefused(t *testing.T) {
 }
 
 // TestAccessLogAbandonedDelay: a client that leaves while its request
-// waits in an ARM delay queue is logged delayed, client_abort, status 0.
+// waits in an ARM delay queue is logged delayed, client_abort, status 499.
 func TestAccessLogAbandonedDelay(t *testing.T) {
 	onEngines(t, func(t *testing.T) {
 		r, sink := logRig(t, rigOpts{backends: 1, arm: []string{"name=slow,limit=1/s,action=delay,queue=10,wait=1m"}})
@@ -407,7 +420,7 @@ func TestAccessLogAbandonedDelay(t *testing.T) {
 		}
 		c.Close()
 		l := sink.next(t)
-		if l.path != "/queued" || l.Decision != accesslog.Delayed || l.End != accesslog.EndClientAbort || l.Status != 0 || l.reason != "arm rule slow" {
+		if l.path != "/queued" || l.Decision != accesslog.Delayed || l.End != accesslog.EndClientAbort || l.Status != 499 || l.reason != "arm rule slow" {
 			t.Errorf("record %+v reason %q", l.HTTPRecord, l.reason)
 		}
 	})

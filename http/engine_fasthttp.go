@@ -176,6 +176,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView, g *reqLo
 		// none.
 		first, err := prefetchBody(body, h.ContentLength())
 		if err != nil || body.broken(h.ContentLength()) {
+			s.clientLeft(ctx, g, body.n)
 			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
 			ctx.SetConnectionClose()
 			return
@@ -217,6 +218,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, p *plan, v *reqView, g *reqLo
 			// being sent on: the client's fault, not the backend's.
 			p.releaseBackend(s.clock.Now(), lb.Abandoned)
 			ctx.Response.CloseBodyStream()
+			s.clientLeft(ctx, g, body.n)
 			s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psBadRequest, "malformed request body")
 			ctx.SetConnectionClose()
 			return
@@ -656,6 +658,23 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		b.err = err
 	}
 	return n, err
+}
+
+// clientLeft marks g, the record of a request whose streamed body broke
+// after n bytes, as a client abort (499, no answer read) when the client
+// closed or reset its connection while the body came, rather than sent a
+// malformed one (logged 400) or stopped sending (its read timed out).
+func (s *Server) clientLeft(ctx *fasthttp.RequestCtx, g *reqLog, n int64) {
+	gc, ok := ctx.Conn().(*gateConn)
+	if g == nil || !ok || gc.rerr == nil || gc.err != nil || (gc.state != gateBody && gc.state != gateChunked) {
+		return
+	}
+	var ne net.Error
+	if errors.As(gc.rerr, &ne) && ne.Timeout() {
+		return
+	}
+	g.end, g.answered, g.status = accesslog.EndClientAbort, true, noAnswer
+	g.rec.BytesIn = n
 }
 
 // broken reports whether the client's body failed: a read error, or an

@@ -534,6 +534,7 @@ func (l *evloop) expire() {
 			if c.pp == proxyRead {
 				l.s.proxyRejected(proxyproto.ReasonTimeout, c.ip, nil)
 			}
+			l.logUnfinished(c, accesslog.EndTimeout)
 			l.closeClient(c)
 		}
 		if bc := o.b; bc != nil && bc.deadline != 0 && now > bc.deadline {

@@ -1,6 +1,8 @@
 package http
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/proxyproto"
 )
 
@@ -54,6 +57,11 @@ type gateConn struct {
 	// being read (0: none yet); lastBegin and lastHead are the last
 	// accepted head's begin and the moment it was whole.
 	headBegin, lastBegin, lastHead int64
+	// bodyHead is a copy of the last accepted head of a request with a
+	// body, when requests are logged: fasthttp forgets the head of a
+	// request whose body fails, and a body cut short is logged as its
+	// request (logBodyCut).
+	bodyHead []byte
 }
 
 const (
@@ -230,6 +238,9 @@ func (g *gateConn) check() bool {
 		g.ok = hi.n
 		if logging {
 			g.lastBegin, g.lastHead, g.headBegin = g.headBegin, g.s.clock.Now(), 0
+			if hi.chunked || hi.bodyLen > 0 {
+				g.bodyHead = append(g.bodyHead[:0], avail[:hi.n]...)
+			}
 		}
 		switch {
 		case hi.chunked:
@@ -335,16 +346,63 @@ func (s *Server) errorHandlerCtx(ctx *fasthttp.RequestCtx, err error) {
 	}
 	var small *fasthttp.ErrSmallBuffer
 	var ne net.Error
+	timeout := errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
+	logged := false
+	if g, ok := ctx.Conn().(*gateConn); ok && (g.state == gateBody || g.state == gateChunked) && g.rerr != nil {
+		// The head came whole and the body did not: the client left
+		// (or stopped sending) while its body was coming. Logged as
+		// that request, not as a malformed one.
+		// A client that only shut its side down reads the answer below.
+		s.logBodyCut(ctx, g, timeout)
+		logged = true
+	}
 	switch {
 	case errors.As(err, &small):
 		s.writeRefusal(&ctx.Response, errHeadTooLarge.status, 0, psHeadRefused, errHeadTooLarge.reason)
-	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
+	case timeout:
 		s.writeRefusal(&ctx.Response, fasthttp.StatusRequestTimeout, 0, psHeadRefused, "request timeout")
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		s.writeRefusal(&ctx.Response, fasthttp.StatusRequestEntityTooLarge, 0, psHeadRefused, "request body too large")
 	default:
-		s.stats.BadRequest.Add(1)
-		s.logHeadRefused(clientAddrPort(ctx), s.wall(s.clock.Now()), 0, fasthttp.StatusBadRequest, "malformed request")
+		if !logged {
+			s.stats.BadRequest.Add(1)
+			s.logHeadRefused(clientAddrPort(ctx), s.wall(s.clock.Now()), 0, fasthttp.StatusBadRequest, "malformed request")
+		}
 		s.writeRefusal(&ctx.Response, fasthttp.StatusBadRequest, 0, psHeadRefused, "malformed request")
 	}
+}
+
+// logBodyCut logs the request on g whose body was cut: its head (in ctx)
+// was read whole, then the client closed the connection (client_abort,
+// status 499) or stopped sending within -http-client-timeout (timeout,
+// status 408, the answer fasthttp sends). bytes_in is the body that came.
+// Nothing reached a backend.
+func (s *Server) logBodyCut(ctx *fasthttp.RequestCtx, gc *gateConn, timeout bool) {
+	if !s.logging() {
+		return
+	}
+	var h fasthttp.RequestHeader
+	if h.Read(bufio.NewReader(bytes.NewReader(gc.bodyHead))) != nil {
+		return
+	}
+	if auth, rest, ok := splitAbsolute(h.RequestURI()); ok {
+		h.SetHostBytes(auth)
+		h.SetRequestURIBytes(originForm(nil, rest))
+	}
+	now := s.clock.Now()
+	var p plan
+	g := reqLogPool.Get().(*reqLog)
+	defer reqLogPool.Put(g)
+	start, head := headTimes(ctx, now)
+	s.beginLog(g, &p, &h, clientAddrPort(ctx), ctx.Conn(), s.wall(start), start, now)
+	g.head = head
+	status := noAnswer
+	g.end = accesslog.EndClientAbort
+	if timeout {
+		status, g.end = fasthttp.StatusRequestTimeout, accesslog.EndTimeout
+	}
+	if cl := h.ContentLength(); gc.state == gateBody && cl > 0 {
+		g.rec.BytesIn = max(int64(cl)-gc.remain, 0)
+	}
+	s.endLog(g, &p, status, 0, now)
 }

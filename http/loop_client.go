@@ -74,7 +74,16 @@ type exchange struct {
 	upgrade       []byte // an upgrade request: its Upgrade (loop_tunnel.go); nil for others
 	tunPending    bool   // counted in Stats.TunnelsPending until answered
 	log           reqLog // the access log's record and the request id
+	began         int64  // the request was read whole and taken in, on the server's clock (Config.Clock)
 }
+
+// halfCloseGrace is how soon after its request a client's FIN is read as a
+// half-close (it has nothing more to send and waits for its answer, as
+// nc, scripted and pipelining clients do: the FIN comes with or right
+// after the request's last bytes) rather than the client giving up on an
+// answer it waited for (a timeout: curl -m, a browser leaving the page),
+// which ends the exchange (clientEvent).
+const halfCloseGrace = 100 * time.Millisecond
 
 // accept takes up to 64 new client connections from the listener per
 // event, watching each; other loops get the rest (EPOLLEXCLUSIVE).
@@ -182,6 +191,22 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		l.closeClient(c)
 		return
 	}
+	if ev&evPeerShut != 0 && !c.hup && c.busy && c.tls == nil && c.x.log.out == 0 && c.o >= len(c.out) &&
+		l.s.clock.Now()-c.x.began >= int64(halfCloseGrace) {
+		// The client closed while its request waits for the backend's
+		// answer (nothing of it sent yet), well after sending it: it
+		// gave up, as nginx reads it (proxy_ignore_client_abort off).
+		// The exchange ends here, logged client_abort (499); its
+		// backend connection is closed, not held for an answer nobody
+		// reads. A FIN with or right after the request (within
+		// halfCloseGrace) is a half-close: the client waits for its
+		// answer, which it gets. Over TLS a FIN is not read as giving
+		// up: a client that closes sends close_notify first, which the
+		// loop does not read while busy, and a bare FIN is a
+		// half-close.
+		l.closeClient(c)
+		return
+	}
 	if ev&evReadable != 0 {
 		c.rready = true
 		c.tls.sawReadable()
@@ -250,7 +275,8 @@ func (l *evloop) clientIn(c *cconn) {
 			if c.pp == proxyRead && c.w > 0 {
 				l.s.proxyRejected(proxyproto.ReasonTruncated, c.ip, nil)
 			}
-			l.closeClient(c) // EOF or reset; an unfinished request is dropped, as fasthttp does
+			l.logUnfinished(c, accesslog.EndClientAbort)
+			l.closeClient(c) // EOF or reset: an unfinished request is not forwarded
 			return
 		}
 		if n < len(c.in)-c.w && !c.hup && c.tls == nil {
@@ -307,6 +333,36 @@ func (l *evloop) parse(c *cconn) bool {
 	c.x.bodyLen = int(hi.bodyLen)
 	l.begin(c, h, buf[hlen:need])
 	return true
+}
+
+// logUnfinished logs the request whose head came whole but whose body
+// did not, when the connection ends (end: the client closed it,
+// client_abort, or stopped sending, timeout): its method, path, request
+// id and timings, the body bytes that came, status 499 for an abort
+// (nginx's), none for a timeout. Nothing reached a backend. A head still
+// incomplete is not a request and is not logged (as nginx and fasthttp).
+func (l *evloop) logUnfinished(c *cconn, end accesslog.End) {
+	s := l.s
+	if !s.logging() || c.busy || c.closing || c.tun || c.w <= c.r || c.pp != proxyDone {
+		return
+	}
+	buf := c.in[c.r:c.w]
+	hi, err := checkHead(buf, *s.denyNames.Load())
+	if err != nil || !l.readReqHead(buf[:hi.n]) {
+		return
+	}
+	var p plan
+	g := &c.x.log
+	start := min(c.headStart, l.now)
+	wall := s.wall(s.clock.Now()).Add(-time.Duration(l.now - start))
+	var tc net.Conn
+	if c.tls != nil {
+		tc = c.tls.conn
+	}
+	s.beginLog(g, &p, &l.reqH, netip.AddrPortFrom(c.ip, c.port), tc, wall, start, l.now)
+	g.end = end
+	g.rec.BytesIn = int64(len(buf) - hi.n)
+	s.endLog(g, &p, noAnswer, 0, l.now)
 }
 
 // refuseHead answers a request head checkHead refused and closes the
@@ -376,7 +432,8 @@ func (l *evloop) begin(c *cconn, h *fasthttp.RequestHeader, body []byte) {
 		l.answerLocal(c)
 		return
 	}
-	r, d := l.s.admit(&x.plan, h, &l.view, l.s.clock.Now())
+	x.began = l.s.clock.Now()
+	r, d := l.s.admit(&x.plan, h, &l.view, x.began)
 	if l.s.cfg.RequestID || l.s.logging() {
 		start := min(c.headStart, l.now)
 		wall := l.s.wall(l.s.clock.Now()).Add(-time.Duration(l.now - start))

@@ -63,6 +63,7 @@ type Server struct {
 
 	stats Stats
 	alog  *accesslog.Logger // nil: requests are not logged
+	trace TraceStarter      // nil: no trace made for requests without one
 
 	// HTTPS (tls.go).
 	tls           atomic.Pointer[tlsFront] // the HTTPS listener, while served
@@ -148,6 +149,20 @@ type Deps struct {
 	Signer *lb.Signer
 	// AccessLog takes one record per request; nil: none.
 	AccessLog *accesslog.Logger
+	// Tracer, when spans are exported (-otlp-endpoint), starts the trace
+	// of a request that came without a valid traceparent: its trace id is
+	// logged and the backend gets a traceparent naming the request's span
+	// as parent. nil: such a request goes on without one. Its records
+	// reach the exporter through AccessLog.
+	Tracer TraceStarter
+}
+
+// TraceStarter makes a request's trace context (tracing.Exporter's
+// StartTrace): a trace id, the id of the span exported for the request,
+// and whether it is sampled. Called on the data plane: it must not block
+// or allocate.
+type TraceStarter interface {
+	StartTrace() (traceID [16]byte, spanID [8]byte, sampled bool)
 }
 
 // New builds the front end; it opens no socket. The logger gets
@@ -174,6 +189,7 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		trusted:  cfg.TrustedProxies,
 		appName:  cfg.AppCookie,
 		alog:     deps.AccessLog,
+		trace:    deps.Tracer,
 		loopMark: newLoopMark(),
 	}
 	s.upgrades, _ = parseUpgrades(cfg.Upgrades) // Validate checked it

@@ -558,7 +558,11 @@ func (n *Node) buildHTTP() error {
 	}
 	hist := n.forward.WithLabelValues("http")
 	hc.ObserveForward = func(d time.Duration) { hist.Observe(d.Seconds()) }
-	n.httpSrv, err = lbhttp.New(hc, lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer, AccessLog: n.alog}, n.logger)
+	deps := lbhttp.Deps{Generation: n.httpGen, Admission: n.ctrl, Signer: n.signer, AccessLog: n.alog}
+	if n.tracer != nil {
+		deps.Tracer = n.tracer
+	}
+	n.httpSrv, err = lbhttp.New(hc, deps, n.logger)
 	return err
 }
 

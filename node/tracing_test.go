@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -140,9 +142,10 @@ func sipInvite(t *testing.T, node net.Addr, callID, tp string) {
 // client's span, and none for requests without one.
 func TestNodeExportsSpans(t *testing.T) {
 	rcv := newOTLPReceiver(t)
+	made := regexp.MustCompile(`^00-[0-9a-f]{32}-[0-9a-f]{16}-00$`) // a trace sluice started, unsampled at ratio 0
 	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("traceparent") != "" && r.Header.Get("traceparent") != httpTP {
-			t.Errorf("traceparent to the backend %q, want the client's unchanged", r.Header.Get("traceparent"))
+		if tp := r.Header.Get("traceparent"); tp != httpTP && !made.MatchString(tp) {
+			t.Errorf("traceparent to the backend %q, want the client's unchanged or one sluice made, unsampled", tp)
 		}
 		fmt.Fprint(w, "hello")
 	}))
@@ -210,6 +213,53 @@ func TestNodeExportsSpans(t *testing.T) {
 	}
 	if st := tracer.Stats(); st.Exported != 2 || st.Unsampled != 2 {
 		t.Errorf("tracer stats %+v, want 2 exported, 2 unsampled", st)
+	}
+}
+
+// TestNodeStartsTrace: with -otlp-endpoint, an HTTP request without a
+// traceparent gets the trace of the span sluice exports: its id in the
+// access log line, and the backend gets a traceparent with that span as
+// parent, so the backend's spans join it.
+func TestNodeStartsTrace(t *testing.T) {
+	rcv := newOTLPReceiver(t)
+	got := make(chan string, 1)
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("traceparent")
+		fmt.Fprint(w, "hello")
+	}))
+	defer be.Close()
+	cfg := testConfig(t)
+	cfg.HTTPBackends = []string{be.Listener.Addr().String() + ",id=h1"}
+	cfg.Tracing = tracing.Config{Endpoint: rcv.srv.URL, SampleRatio: 1}
+	logPath := t.TempDir() + "/access.log"
+	cfg.AccessLog = DefaultAccessLogConfig()
+	cfg.AccessLog.Dest = logPath
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + n.Addrs().HTTP.String() + "/cart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	n.Stop(2 * time.Second) // flushes the log and the spans
+	tp := <-got
+	pc, ok := tracing.ParseTraceparent(tp)
+	if !ok || !pc.Sampled {
+		t.Fatalf("backend traceparent %q: want a valid, sampled one", tp)
+	}
+	spans := rcv.byName()["GET"]
+	if len(spans) != 1 || !bytes.Equal(spans[0].TraceId, pc.TraceID[:]) || !bytes.Equal(spans[0].SpanId, pc.SpanID[:]) || len(spans[0].ParentSpanId) != 0 {
+		t.Fatalf("spans %v: want one root span, trace and id of the backend's traceparent %s", spans, tp)
+	}
+	line, err := os.ReadFile(logPath)
+	if err != nil || !strings.Contains(string(line), `"trace_id":"`+hex.EncodeToString(pc.TraceID[:])+`"`) {
+		t.Errorf("access log %s (%v): want the trace id of %s", line, err, tp)
 	}
 }
 

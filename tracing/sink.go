@@ -43,6 +43,11 @@ func (k sink) want(has bool, tid [16]byte, pid [8]byte, flags byte) bool {
 func (k sink) WriteHTTP(r *accesslog.HTTPRecord, _ []byte) {
 	var sp Span
 	FromHTTP(&sp, r)
+	if k.e.ownRoot(r.HasTrace, &r.TraceID, &r.ParentSpan) {
+		// The trace context StartTrace made: the record's parent is
+		// this span itself, a root.
+		sp.Parent, sp.TraceID, sp.SpanID = TraceContext{}, r.TraceID, r.ParentSpan
+	}
 	k.e.enqueue(&sp)
 }
 

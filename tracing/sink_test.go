@@ -197,3 +197,54 @@ func TestSinkWantAllocs(t *testing.T) {
 		t.Errorf("Want* allocate %v times", n)
 	}
 }
+
+// TestStartTraceRoot: a request given a trace by StartTrace (no valid
+// traceparent from its client) is exported as a root span with that trace
+// id and that span id, the parent of the traceparent its backend got; the
+// sampled flag is the one StartTrace decided; a client's traceparent that
+// happens to carry some other span id stays a parent.
+func TestStartTraceRoot(t *testing.T) {
+	r := newReceiver(t)
+	e := newTestExporter(t, r.srv.URL, 1, 64)
+	tid, sid, sampled := e.StartTrace()
+	tid2, sid2, _ := e.StartTrace()
+	if !sampled || tid == ([16]byte{}) || sid == ([8]byte{}) || tid == tid2 || sid == sid2 {
+		t.Fatalf("StartTrace = %x %x %v, then %x %x: want fresh non-zero ids, sampled at ratio 1", tid, sid, sampled, tid2, sid2)
+	}
+	l, err := accesslog.New(accesslog.Options{Sample: accesslog.DefaultSample, Sinks: []accesslog.Sink{e.Sink()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := httpRecord("")
+	own.TraceID, own.ParentSpan, own.TraceFlags, own.HasTrace = tid, sid, 1, true
+	l.LogHTTP(&own)
+	forged := httpRecord("")
+	forged.Method = []byte("POST")
+	forged.TraceID, forged.ParentSpan, forged.TraceFlags, forged.HasTrace = tid2, sid, 1, true // sid is tid's, not tid2's
+	l.LogHTTP(&forged)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*tracepb.Span{}
+	for _, sp := range r.got() {
+		byName[sp.Name] = sp
+	}
+	if sp := byName["GET"]; sp == nil || !bytes.Equal(sp.TraceId, tid[:]) || !bytes.Equal(sp.SpanId, sid[:]) || len(sp.ParentSpanId) != 0 {
+		t.Errorf("span %v: want trace %x, span id %x, no parent", sp, tid, sid)
+	}
+	if sp := byName["POST"]; sp == nil || !bytes.Equal(sp.ParentSpanId, sid[:]) || bytes.Equal(sp.SpanId, sid[:]) {
+		t.Errorf("span %v: want parent %x and an id of its own", sp, sid)
+	}
+
+	// Unsampled at ratio 0: the flag says so, and the span is not exported.
+	e0 := newTestExporter(t, r.srv.URL, 0, 64)
+	if _, _, s := e0.StartTrace(); s {
+		t.Error("StartTrace sampled at ratio 0")
+	}
+	if n := testing.AllocsPerRun(100, func() { e.StartTrace() }); n != 0 {
+		t.Errorf("StartTrace allocates %v times", n)
+	}
+}

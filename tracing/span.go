@@ -25,6 +25,11 @@ type Span struct {
 	// TraceID is the trace of a span without Parent, when the request was
 	// given one (the access log's trace id); zero: a new random one.
 	TraceID [16]byte
+	// SpanID is the span's own id when the request was given one before
+	// it went to its backend (StartTrace: the parent in the traceparent
+	// sluice sent), so that the backend's spans are its children; zero:
+	// a new random one.
+	SpanID [8]byte
 	// Error marks a request that ended in failure (a 5xx, an abort); the
 	// span's status is then Error with ErrorText as its description.
 	Error     bool

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -165,6 +166,9 @@ type Exporter struct {
 	tracer   trace.Tracer
 	ids      *idGen
 	batch    *batcher
+	// seed keys rootSpanID: only this exporter knows which span ids it
+	// gave (StartTrace), so no client can pass its own span for one.
+	seed maphash.Seed
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -199,6 +203,7 @@ func New(cfg Config, logger *slog.Logger) (*Exporter, error) {
 		log:   logger.With("component", "tracing"),
 		queue: make(chan Span, cfg.QueueSize),
 		ids:   &idGen{},
+		seed:  maphash.MakeSeed(),
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
@@ -245,6 +250,36 @@ func (e *Exporter) Sampled(parent *TraceContext, traceID *[16]byte) bool {
 		x = rand.Uint64()
 	}
 	return x>>1 < e.bound
+}
+
+// StartTrace starts the trace of a request that came without a valid
+// traceparent: a new random trace id, the id the request's span will
+// have (the parent of the traceparent the front end sends the backend,
+// so that the backend joins the trace; the record's ParentSpan), and
+// whether the span is sampled (-trace-sample, on the trace id, as
+// Sampled decides it; the traceparent's flag). The access log writes the
+// trace id, so the span is found from the log line. It allocates nothing
+// and is safe for concurrent use.
+func (e *Exporter) StartTrace() (traceID [16]byte, spanID [8]byte, sampled bool) {
+	for traceID == [16]byte{} {
+		putUint64(traceID[:8], rand.Uint64())
+		putUint64(traceID[8:], rand.Uint64())
+	}
+	return traceID, e.rootSpanID(&traceID), e.Sampled(nil, &traceID)
+}
+
+// rootSpanID is the span id StartTrace gives the request of traceID: a
+// keyed hash of it, so a record's trace context tells by itself whether
+// it is one StartTrace made (ownRoot). Never zero.
+func (e *Exporter) rootSpanID(traceID *[16]byte) (id [8]byte) {
+	putUint64(id[:], maphash.Bytes(e.seed, traceID[:])|1)
+	return id
+}
+
+// ownRoot reports whether a record's trace context is one StartTrace
+// made: its span is then a root with that trace and span id.
+func (e *Exporter) ownRoot(has bool, traceID *[16]byte, parent *[8]byte) bool {
+	return has && *parent == e.rootSpanID(traceID)
 }
 
 // Offer queues sp for export when it is sampled. It never blocks and
@@ -333,7 +368,7 @@ func (e *Exporter) emit(sp *Span) {
 		}
 		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 	} else {
-		e.ids.next = sp.TraceID
+		e.ids.next, e.ids.nextSpan = sp.TraceID, sp.SpanID
 	}
 	attrs := make([]attribute.KeyValue, 0, sp.n)
 	for _, a := range sp.Attrs() {
@@ -345,18 +380,19 @@ func (e *Exporter) emit(sp *Span) {
 	}
 	_, s := e.tracer.Start(ctx, sp.Name, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(sp.Start), trace.WithAttributes(attrs...))
-	e.ids.next = [16]byte{}
+	e.ids.next, e.ids.nextSpan = [16]byte{}, [8]byte{}
 	if sp.Error {
 		s.SetStatus(codes.Error, sp.ErrorText)
 	}
 	s.End(trace.WithTimestamp(sp.End))
 }
 
-// idGen is the SDK's id source: a root span takes the trace id its
-// request was given (next, set by the exporter's goroutine, the only one
-// starting spans), else a random one.
+// idGen is the SDK's id source: a root span takes the trace and span id
+// its request was given (next, nextSpan, set by the exporter's goroutine,
+// the only one starting spans), else random ones.
 type idGen struct {
-	next [16]byte
+	next     [16]byte
+	nextSpan [8]byte
 }
 
 func (g *idGen) NewIDs(context.Context) (trace.TraceID, trace.SpanID) {
@@ -366,6 +402,9 @@ func (g *idGen) NewIDs(context.Context) (trace.TraceID, trace.SpanID) {
 		putUint64(b[:8], rand.Uint64())
 		putUint64(b[8:], rand.Uint64())
 		tid = b
+	}
+	if g.nextSpan != ([8]byte{}) {
+		return tid, trace.SpanID(g.nextSpan)
 	}
 	return tid, g.NewSpanID(context.Background(), tid)
 }
