@@ -67,7 +67,7 @@ func idleChart(w io.Writer, pts []IdlePoint) error {
 	}
 	var series []string
 	var sizes []int
-	ymax := 0.0
+	ymin, ymax := math.Inf(1), 0.0
 	for _, p := range pts {
 		if !slices.Contains(series, p.Series) {
 			series = append(series, p.Series)
@@ -76,6 +76,9 @@ func idleChart(w io.Writer, pts []IdlePoint) error {
 			sizes = append(sizes, p.N)
 		}
 		ymax = max(ymax, p.Bytes)
+		if p.Bytes > 0 {
+			ymin = min(ymin, p.Bytes)
+		}
 	}
 	slices.Sort(sizes)
 	p := plot.New()
@@ -84,14 +87,26 @@ func idleChart(w io.Writer, pts []IdlePoint) error {
 	p.X.Label.Text = "idle connections N (log scale)"
 	p.X.Scale = plot.LogScale{}
 	var ticks []plot.Tick
-	for _, n := range sizes {
-		ticks = append(ticks, plot.Tick{Value: float64(n), Label: fmtThousands(float64(n))})
+	for i, n := range sizes {
+		t := plot.Tick{Value: float64(n), Label: fmtThousands(float64(n))}
+		if i+1 < len(sizes) && float64(sizes[i+1]) < 1.25*float64(n) {
+			t.Label = "" // 9,500 beside 10,000: one label
+		}
+		ticks = append(ticks, t)
 	}
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	p.X.Min, p.X.Max = float64(sizes[0])/1.5, float64(sizes[len(sizes)-1])*1.5
 	p.Y.Label.Text = "bytes per idle connection"
-	p.Y.Min, p.Y.Max = min(0, ymax), max(ymax*1.15, 1)
-	p.Y.Tick.Marker = wholeTicks{}
+	logY := ymax/ymin > 20 // systems 50x apart: a linear axis flattens the small ones
+	if logY {
+		p.Y.Label.Text += " (log scale)"
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.Y.Min, p.Y.Max = ymin/1.5, ymax*8 // room for the legend above the lines
+	} else {
+		p.Y.Min, p.Y.Max = min(0, ymax), max(ymax*1.6, 1)
+		p.Y.Tick.Marker = wholeTicks{}
+	}
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Legend.TextStyle.Font.Size = vg.Points(10)
@@ -99,9 +114,12 @@ func idleChart(w io.Writer, pts []IdlePoint) error {
 	for i, s := range series {
 		var xys plotter.XYs
 		for _, q := range pts {
-			if q.Series == s {
+			if q.Series == s && (q.Bytes > 0 || !logY) {
 				xys = append(xys, plotter.XY{X: float64(q.N), Y: q.Bytes})
 			}
+		}
+		if len(xys) == 0 {
+			continue
 		}
 		slices.SortFunc(xys, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
 		l, sc, err := plotter.NewLinePoints(xys)
