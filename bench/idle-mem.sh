@@ -3,6 +3,7 @@
 # HAProxy (HTTP, HTTPS) and next to Kamailio (SIP over TCP), on loopback.
 #
 # usage: bench/idle-mem.sh [LEGS...]          (default: http sip)
+#        bench/idle-mem.sh http https sip sip-tls      (every leg)
 #   http   for each system of HTTP_SYSTEMS and each N of HTTP_NS: a fresh
 #          balancer in front of two trivial nginx backends (the peers'
 #          nginx-backend.conf: one worker answering `b1`/`b2`, on
@@ -17,6 +18,8 @@
 #          sluice's wait for a first message (-sip-tcp-first-message-timeout)
 #          as a phone's first REGISTER would be, then goes silent. (SIP over
 #          WSS: bench/sip-edge.sh mem.)
+#   sip-tls  the same over TLS (sluice's -sip-tls-listen, Kamailio's
+#          tls:5091 listener), for each N of SIP_NS
 # What is measured, per system and N: the balancer's memory SETTLE s after
 # it started and answered one request (before), and SETTLE s after the N
 # connections are all open (after), each the PSS and the RSS from
@@ -29,8 +32,9 @@
 # goroutines before and after come from its /metrics. Kernel memory (the
 # sockets' own, about the same for every system) is in no process's PSS and
 # not counted. The client checks, when it lets go of its connections, that
-# the server closed none of them while they were held: a figure with some
-# closed is marked INVALID.
+# the server closed none of them and sent nothing on any while they were
+# held (a TLS server's close starts with its close_notify, seen as bytes
+# sent): a figure with some is marked INVALID.
 #
 # Connections: the client binds each socket to one of SOURCES in turn
 # before connecting (with IP_BIND_ADDRESS_NO_PORT), so N can pass the ~28k
@@ -102,8 +106,8 @@ SERVER_TTL=${SERVER_TTL:-3600}
 PEERS=${PEERS:-$ROOT/../shared/peers}
 OUT=${OUT:-${TMPDIR:-/tmp}/sluice-bench/idle-mem-$(date +%Y%m%d-%H%M%S)}
 # loopback ports (free in the script's own namespace; change if NETNS=0)
-BE1=18681 BE2=18682 SL_HTTP=18601 SL_HTTPS=18602 SL_ADMIN=18609 SL_SIP=18605
-NG_HTTP=18611 NG_HTTPS=18612 HA_HTTP=18621 HA_HTTPS=18622 KAM_TCP=8091
+BE1=18681 BE2=18682 SL_HTTP=18601 SL_HTTPS=18602 SL_ADMIN=18609 SL_SIP=18605 SL_SIPS=18606
+NG_HTTP=18611 NG_HTTPS=18612 HA_HTTP=18621 HA_HTTPS=18622 KAM_TCP=8091 KAM_TLS=5091
 
 log() { echo "[$(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -114,12 +118,12 @@ done
 for k in HTTP_NS HTTPS_NS SIP_NS; do
     for n in ${!k}; do isnum "$n" && [ "$n" -ge 1 ] && [ "$n" -le 1000000 ] || die "$k: $n is not a connection count 1..1000000"; done
 done
-for l in $LEGS; do case $l in http|https|sip) ;; *) die "unknown leg $l (want http, https, sip; usage: bench/idle-mem.sh -h)" ;; esac; done
+for l in $LEGS; do case $l in http|https|sip|sip-tls) ;; *) die "unknown leg $l (want http, https, sip, sip-tls; usage: bench/idle-mem.sh -h)" ;; esac; done
 for s in $HTTP_SYSTEMS; do case $s in sluice|sluice-fasthttp|nginx|haproxy) ;; *) die "HTTP_SYSTEMS: unknown system $s (want sluice, sluice-fasthttp, nginx, haproxy)" ;; esac; done
 for s in $SIP_SYSTEMS; do case $s in sluice|kamailio) ;; *) die "SIP_SYSTEMS: unknown system $s (want sluice, kamailio)" ;; esac; done
 need="openssl curl timeout ss go nginx"
 case " $HTTP_SYSTEMS " in *" haproxy "*) need="$need haproxy" ;; esac
-case " $LEGS " in *" sip "*) case " $SIP_SYSTEMS " in *" kamailio "*) need="$need kamailio" ;; esac ;; esac
+case " $LEGS " in *" sip "*|*" sip-tls "*) case " $SIP_SYSTEMS " in *" kamailio "*) need="$need kamailio" ;; esac ;; esac
 for b in $need; do command -v "$b" >/dev/null || die "$b not installed (scripts/install-test-deps.sh)"; done
 [ -f "$PEERS/conf/nginx-backend.conf" ] || die "no $PEERS/conf/nginx-backend.conf (PEERS=$PEERS)"
 
@@ -179,7 +183,7 @@ trap 'exit 130' INT TERM
 
 busy_tcp() { ss -Hltn "sport = :$1" | grep -q .; }
 wait_tcp() { for _ in $(seq 150); do busy_tcp "$1" && return 0; sleep 0.1; done; die "nothing listening on tcp $1 (see $OUT/*.log)"; }
-for p in $BE1 $BE2 $SL_HTTP $SL_HTTPS $SL_ADMIN $SL_SIP $NG_HTTP $NG_HTTPS $HA_HTTP $HA_HTTPS $KAM_TCP; do
+for p in $BE1 $BE2 $SL_HTTP $SL_HTTPS $SL_ADMIN $SL_SIP $SL_SIPS $NG_HTTP $NG_HTTPS $HA_HTTP $HA_HTTPS $KAM_TCP $KAM_TLS; do
     busy_tcp "$p" && die "tcp port $p already in use"
 done
 
@@ -313,17 +317,19 @@ start_http() {
     curl -s --max-time 5 -o /dev/null "http://127.0.0.1:$SYS_HTTP/" && curl -sk --max-time 5 -o /dev/null "https://127.0.0.1:$SYS_HTTPS/" ||
         die "$1 does not answer through to the backends (see $OUT/*.log)"
 }
-# start_sip SYSTEM: sets SYS_PID, SYS_SIP.
+# start_sip SYSTEM: sets SYS_PID, SYS_SIP (TCP), SYS_SIPS (TLS).
 start_sip() {
     case $1 in
     sluice)
         rm -rf "$OUT/sluice-data"; mkdir -p "$OUT/sluice-data"
         # shellcheck disable=SC2086
         start sluice-sip env GOMAXPROCS="$GMP" "$BIN" sip -sip-listen "127.0.0.1:$SL_SIP" \
+            -sip-tls-listen "127.0.0.1:$SL_SIPS" -tls-cert "$OUT/cert.pem,key=$OUT/key.pem" \
+            -tls-handshake-rate 0 -tls-handshakes-max 4096 \
             -sip-backend "127.0.0.1:5071" -sip-health-interval 0 -admin-listen "127.0.0.1:$SL_ADMIN" \
             -sip-tcp-max-conns $((FDS - 200)) -sip-tcp-max-conns-per-source $((FDS - 200)) -sip-tcp-idle-timeout 1h \
             -data-dir "$OUT/sluice-data" -affinity-key-file "$OUT/affinity.key" -log-level warn $SLUICE_FLAGS
-        SYS_PID=$LASTPID SYS_SIP=$SL_SIP ;;
+        SYS_PID=$LASTPID SYS_SIP=$SL_SIP SYS_SIPS=$SL_SIPS ;;
     kamailio)
         mkdir -p "$OUT/kamailio-run"
         printf '1 sip:127.0.0.1:5071\n' > "$OUT/dispatcher.list"
@@ -331,9 +337,9 @@ start_sip() {
             "$OUT/key.pem" "$OUT/cert.pem" > "$OUT/kamailio-tls.cfg"
         start kamailio kamailio -f "$ROOT/bench/conf/kamailio-edge.cfg" -DD -E -m "$KAM_SHM_MB" -M 16 \
             -Y "$OUT/kamailio-run" -A "DSLIST=\"$OUT/dispatcher.list\"" -A "TLSCFG=\"$OUT/kamailio-tls.cfg\""
-        SYS_PID=$LASTPID SYS_SIP=$KAM_TCP ;;
+        SYS_PID=$LASTPID SYS_SIP=$KAM_TCP SYS_SIPS=$KAM_TLS ;;
     esac
-    wait_tcp "$SYS_SIP"
+    wait_tcp "$SYS_SIP"; wait_tcp "$SYS_SIPS"
 }
 
 # point LEG SYSTEM N PROTO PORT: memory before and after N idle connections.
@@ -359,6 +365,7 @@ point() {
     res "$sys" "$leg" "$n" open "$open"
     res "$sys" "$leg" "$n" open_secs "$(sed -n 's/^ready .*secs=\([0-9.]*\).*/\1/p' "$OUT/$log.log")"
     res "$sys" "$leg" "$n" closed_by_peer "$(sed -n 's/^done .*closed_by_peer=\([0-9]*\).*/\1/p' "$OUT/$log.log" | grep . || echo '?')"
+    res "$sys" "$leg" "$n" spoke "$(sed -n 's/^done .*spoke=\([0-9]*\).*/\1/p' "$OUT/$log.log" | grep . || echo '?')"
     res "$sys" "$leg" "$n" processes "$ka"
     res "$sys" "$leg" "$n" pss_kb "$pb $pa"
     res "$sys" "$leg" "$n" rss_kb "$rb $ra"
@@ -388,13 +395,15 @@ for leg in $LEGS; do
                 stop "$SYS_PID"
             done
         done ;;
-    sip)
+    sip|sip-tls)
+        name=sip-tcp proto=sip; [ "$leg" = sip-tls ] && name=sip-tls proto=sips
         for sys in $SIP_SYSTEMS; do
             for n in $SIP_NS; do
-                fits "$sys" "$n" || { skip "$sys" sip-tcp "$n"; continue; }
-                log "== sip-tcp $sys N=$n"
+                fits "$sys" "$n" || { skip "$sys" "$name" "$n"; continue; }
+                log "== $name $sys N=$n"
                 start_sip "$sys"
-                point sip-tcp "$sys" "$n" sip "$SYS_SIP"
+                port=$SYS_SIP; [ "$leg" = sip-tls ] && port=$SYS_SIPS
+                point "$name" "$sys" "$n" "$proto" "$port"
                 stop "$SYS_PID"
             done
         done ;;
@@ -412,8 +421,8 @@ echo "|---|---|---|---|---|---|---|---|---|"
 awk -F'\t' '{ print $2 "\t" $1 "\t" $3 }' "$RES" | awk '!seen[$0]++' | while IFS=$'\t' read -r leg sys n; do
     sk=$(get "$sys" "$leg" "$n" skipped)
     if [ "$sk" != - ]; then echo "| $leg | $sys | $n | skipped: $sk | | | | | |"; continue; fi
-    closed=$(get "$sys" "$leg" "$n" closed_by_peer); note=""
-    [ "$closed" = 0 ] || note=" (INVALID: $closed closed by the server)"
+    closed=$(get "$sys" "$leg" "$n" closed_by_peer); spoke=$(get "$sys" "$leg" "$n" spoke); note=""
+    [ "$closed" = 0 ] && [ "$spoke" = 0 ] || note=" (INVALID: $closed closed by the server, $spoke written to)"
     echo "| $leg | $sys | $n ($(get "$sys" "$leg" "$n" open)) | **$(get "$sys" "$leg" "$n" bytes_pss)**$note | $(get "$sys" "$leg" "$n" bytes_rss) | $(get "$sys" "$leg" "$n" pss_kb | sed 's/ / → /') | $(get "$sys" "$leg" "$n" processes) | $(get "$sys" "$leg" "$n" bytes_heap) | $(get "$sys" "$leg" "$n" goroutines | sed 's/ / → /') |"
 done
 echo

@@ -16,7 +16,8 @@
 //   - sip: one OPTIONS with Max-Forwards 0, which an edge answers itself
 //     (sluice 200, Kamailio 483), so the connection has carried a SIP
 //     message and is past the server's wait for a first one; any final
-//     answer will do.
+//     answer will do;
+//   - sips: the same over TLS.
 //
 // At most -parallel connections are being opened at once. When every one
 // has been tried it prints `ready open=N failed=N secs=S` and holds the
@@ -102,7 +103,7 @@ func parseSources(s string) ([]netip.Addr, error) {
 func parseArgs(args []string) (config, error) {
 	fs := flag.NewFlagSet("idleconn", flag.ContinueOnError)
 	addr := fs.String("addr", "", "HOST:PORT of the server (loopback only)")
-	proto := fs.String("proto", "http", "exchange made on each connection before it goes idle: http, https or sip")
+	proto := fs.String("proto", "http", "exchange made on each connection before it goes idle: http, https, sip or sips (SIP over TLS)")
 	conns := fs.Int("conns", 1000, "connections to open and hold, 1..1000000")
 	sources := fs.String("sources", "127.0.0.1", "loopback source addresses, used in turn: FIRST-LAST or A,B,...")
 	parallel := fs.Int("parallel", 64, "connections being opened at once at most, 1..4096")
@@ -120,9 +121,9 @@ func parseArgs(args []string) (config, error) {
 	}
 	c.addr = ap
 	switch *proto {
-	case "http", "https", "sip":
+	case "http", "https", "sip", "sips":
 	default:
-		return c, fmt.Errorf("-proto %q: want http, https or sip", *proto)
+		return c, fmt.Errorf("-proto %q: want http, https, sip or sips", *proto)
 	}
 	srcs, err := parseSources(*sources)
 	if err != nil {
@@ -159,10 +160,20 @@ type held struct {
 	conn net.Conn
 }
 
+// sip says whether the exchange is SIP's.
+func (c config) sip() bool { return c.proto == "sip" || c.proto == "sips" }
+
+// tls says whether the connection is over TLS.
+func (c config) tls() bool { return c.proto == "https" || c.proto == "sips" }
+
 // request is what connection i sends.
 func request(c config, i int) []byte {
-	if c.proto == "sip" {
-		return fmt.Appendf(nil, "OPTIONS sip:edge.invalid SIP/2.0\r\nVia: SIP/2.0/TCP i%d.invalid;branch=z9hG4bKidle%d\r\nMax-Forwards: 0\r\nFrom: <sip:idleconn@edge.test>;tag=i%d\r\nTo: <sip:edge.invalid>\r\nCall-ID: idle-%d@idleconn\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n", i, i, i, i)
+	if c.sip() {
+		transport := "TCP"
+		if c.proto == "sips" {
+			transport = "TLS"
+		}
+		return fmt.Appendf(nil, "OPTIONS sip:edge.invalid SIP/2.0\r\nVia: SIP/2.0/%s i%d.invalid;branch=z9hG4bKidle%d\r\nMax-Forwards: 0\r\nFrom: <sip:idleconn@edge.test>;tag=i%d\r\nTo: <sip:edge.invalid>\r\nCall-ID: idle-%d@idleconn\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n", transport, i, i, i, i)
 	}
 	return fmt.Appendf(nil, "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: idleconn\r\n\r\n", c.path, c.host)
 }
@@ -259,8 +270,12 @@ func open(ctx context.Context, c config, i int, src netip.Addr) (held, error) {
 	}
 	h := held{tcp: nc.(*net.TCPConn), conn: nc}
 	_ = nc.SetDeadline(time.Now().Add(c.timeout))
-	if c.proto == "https" {
-		tc := tls.Client(nc, &tls.Config{ServerName: c.host, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
+	if c.tls() {
+		cfg := &tls.Config{ServerName: c.host, InsecureSkipVerify: true}
+		if !c.sip() {
+			cfg.NextProtos = []string{"http/1.1"}
+		}
+		tc := tls.Client(nc, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			nc.Close()
 			return held{}, fmt.Errorf("TLS handshake: %w", err)
@@ -271,7 +286,7 @@ func open(ctx context.Context, c config, i int, src netip.Addr) (held, error) {
 		h.conn.Close()
 		return held{}, err
 	}
-	if err := readAnswer(bufio.NewReaderSize(h.conn, 1024), c.proto == "sip"); err != nil {
+	if err := readAnswer(bufio.NewReaderSize(h.conn, 1024), c.sip()); err != nil {
 		h.conn.Close()
 		return held{}, err
 	}
