@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Memory per idle keep-alive client connection: sluice next to nginx and
-# HAProxy (HTTP, HTTPS) and next to Kamailio (SIP over TCP), on loopback.
+# HAProxy (HTTP, HTTPS) and next to Kamailio (SIP over TCP and TLS), on
+# loopback.
 #
 # usage: bench/idle-mem.sh [LEGS...]          (default: http sip)
 #        bench/idle-mem.sh http https sip sip-tls      (every leg)
