@@ -11,8 +11,8 @@
 #        connections, INVITE / 200 / ACK / BYE along the route set)
 #        -> {sluice :8081 | Kamailio :8091} (WS; WS_SCHEME=wss: :4481 | :4491)
 #        -> the same answerers
-#   mem  memory per idle WSS connection: IDLE_CONNS connections opened by
-#        bench/wsload -mode idle (each carries one OPTIONS with
+#   mem  memory per idle WSS connection (IDLE_SCHEME=ws: WS): IDLE_CONNS
+#        connections opened by bench/wsload -mode idle (each carries one OPTIONS with
 #        Max-Forwards 0, which the edge answers itself, as a browser's
 #        first REGISTER would pass the edge's wait for a first message)
 #        and then held silent; (the balancer's memory
@@ -37,6 +37,7 @@
 #
 # Knobs: SYSTEMS="sluice kamailio" EDGE_RATES="250 500 1000 1500 2000 3000 4000"
 #   EDGE_SECS=10 (per rate) WS_CONNS=20 WS_SCHEME=ws IDLE_CONNS=10000
+#   IDLE_SCHEME=wss (ws or wss: the idle connections of mem)
 #   OPEN_RATE=1000 (idle connections opened per second) SETTLE=5
 #   PIN=1 LB_CPUS=0 GEN_CPUS=1 LB_QUOTA=50 (empty: no cap) KAM_SHM_MB=2048
 #   SLUICE_BIN (default: this tree, built into OUT) SLUICE_FLAGS (extra)
@@ -57,6 +58,7 @@ EDGE_SECS=${EDGE_SECS:-10}
 WS_CONNS=${WS_CONNS:-20}
 WS_SCHEME=${WS_SCHEME:-ws}
 IDLE_CONNS=${IDLE_CONNS:-10000}
+IDLE_SCHEME=${IDLE_SCHEME:-wss}
 OPEN_RATE=${OPEN_RATE:-1000}
 SETTLE=${SETTLE:-5}
 PIN=${PIN:-1}
@@ -85,6 +87,7 @@ for r in $EDGE_RATES; do isnum "$r" && [ "$r" -ge 1 ] || die "EDGE_RATES: $r is 
 [ -z "$LB_QUOTA" ] || { isnum "$LB_QUOTA" && [ "$LB_QUOTA" -ge 1 ] && [ "$LB_QUOTA" -le 100 ]; } ||
     die "LB_QUOTA=$LB_QUOTA: want a per cent of one core, 1 to 100, or empty for no cap"
 case $WS_SCHEME in ws|wss) ;; *) die "WS_SCHEME=$WS_SCHEME: want ws or wss" ;; esac
+case $IDLE_SCHEME in ws|wss) ;; *) die "IDLE_SCHEME=$IDLE_SCHEME: want ws or wss" ;; esac
 for m in $MODES; do case $m in tls|ws|mem) ;; *) die "unknown mode $m (want tls, ws, mem; usage: bench/sip-edge.sh -h)" ;; esac; done
 for s in $SYSTEMS; do case $s in sluice|kamailio) ;; *) die "SYSTEMS: unknown system $s (want sluice, kamailio)" ;; esac; done
 need="sipp stunnel4 openssl curl taskset timeout ss go"
@@ -291,7 +294,8 @@ leg_mem() {
     sleep "$SETTLE"
     read -r pb rb <<< "$(mem "$SYS_PID")"
     [ "$sys" = sluice ] && read -r hb gb <<< "$(gostats)"
-    start "idle-$sys" "$GEN_CPUS" "$OUT/wsload" -mode idle -url "wss://127.0.0.1:$SYS_WSS/" -conns "$IDLE_CONNS" \
+    local iport=$SYS_WSS; [ "$IDLE_SCHEME" = ws ] && iport=$SYS_WS
+    start "idle-$sys" "$GEN_CPUS" "$OUT/wsload" -mode idle -url "$IDLE_SCHEME://127.0.0.1:$iport/" -conns "$IDLE_CONNS" \
         -open-rate "$OPEN_RATE" -hold 30m
     local w=$LASTPID t=0
     until grep -q '^ready' "$OUT/idle-$sys.log"; do
@@ -301,18 +305,18 @@ leg_mem() {
     open=$(sed -n 's/^ready open=\([0-9]*\).*/\1/p' "$OUT/idle-$sys.log")
     sleep "$SETTLE"
     read -r pa ra <<< "$(mem "$SYS_PID")"
-    res "$sys" mem.idle_wss_open "$open/$IDLE_CONNS"
+    res "$sys" "mem.idle_${IDLE_SCHEME}_open" "$open/$IDLE_CONNS"
     if [ "$sys" = sluice ]; then
         # The Go heap in use (garbage of the handshakes not yet collected
         # included) and the goroutines: what of the PSS is sluice's own.
         read -r ha ga <<< "$(gostats)"
         res "$sys" mem.heap_inuse_bytes_before_after "$hb $ha"
-        res "$sys" mem.heap_inuse_bytes_per_idle_wss "$(awk -v a="$ha" -v b="$hb" -v n="${open:-0}" 'BEGIN { if (n > 0) printf "%.0f", (a - b) / n; else print "n/a" }')"
+        res "$sys" "mem.heap_inuse_bytes_per_idle_$IDLE_SCHEME" "$(awk -v a="$ha" -v b="$hb" -v n="${open:-0}" 'BEGIN { if (n > 0) printf "%.0f", (a - b) / n; else print "n/a" }')"
         res "$sys" mem.goroutines_before_after "$gb $ga"
     fi
     res "$sys" mem.pss_kb_before_after "$pb $pa"
     res "$sys" mem.rss_kb_before_after "$rb $ra"
-    res "$sys" mem.bytes_per_idle_wss "$(awk -v a="$pa" -v b="$pb" -v n="${open:-0}" 'BEGIN { if (n > 0) printf "%.0f", (a - b) * 1024 / n; else print "n/a" }')"
+    res "$sys" "mem.bytes_per_idle_$IDLE_SCHEME" "$(awk -v a="$pa" -v b="$pb" -v n="${open:-0}" 'BEGIN { if (n > 0) printf "%.0f", (a - b) * 1024 / n; else print "n/a" }')"
     stop "$w"
     # Connections the edge closed while they were held make the figure
     # worthless: recorded, and the table says so.
@@ -339,12 +343,12 @@ get() { awk -F'\t' -v s="$1" -v m="$2" '$1 == s && $2 == m { v = $3 } END { prin
 echo
 echo "SIP edge, $(date -u +%Y-%m-%d), $(nproc) cores, LB_QUOTA=${LB_QUOTA:-none}% of CPU$LB_CPUS, EDGE_SECS=$EDGE_SECS, $(command -v kamailio >/dev/null && kamailio -v | head -1 | awk '{ print $2, $3 }' || echo "no Kamailio"), $(sipp -v 2>&1 | grep -m1 -o 'SIPp v[0-9.]*'), stunnel $(stunnel4 -version 2>&1 | grep -m1 -o 'stunnel [0-9.]*' | awk '{ print $2 }')"
 echo
-echo "| system | TLS max clean calls/s (SIPp via stunnel) | CPU at it | WS ($WS_SCHEME) max clean calls/s (wsload, $WS_CONNS conns) | CPU at it | bytes per idle WSS connection ($IDLE_CONNS) | PSS before → after (kB) |"
+echo "| system | TLS max clean calls/s (SIPp via stunnel) | CPU at it | WS ($WS_SCHEME) max clean calls/s (wsload, $WS_CONNS conns) | CPU at it | bytes per idle ${IDLE_SCHEME^^} connection ($IDLE_CONNS) | PSS before → after (kB) |"
 echo "|---|---|---|---|---|---|---|"
 for sys in $SYSTEMS; do
     closed=$(get "$sys" mem.closed_by_edge); note=""
     [ "$closed" = 0 ] || [ "$closed" = - ] || note=" (INVALID: the edge closed $closed of them)"
-    echo "| $sys | $(get "$sys" tls.max_clean_cps) | $(get "$sys" tls.lb_cpu_pct_at_max)% | $(get "$sys" ws.max_clean_cps) | $(get "$sys" ws.lb_cpu_pct_at_max)% | $(get "$sys" mem.bytes_per_idle_wss)$note | $(get "$sys" mem.pss_kb_before_after | sed 's/ / → /') |"
+    echo "| $sys | $(get "$sys" tls.max_clean_cps) | $(get "$sys" tls.lb_cpu_pct_at_max)% | $(get "$sys" ws.max_clean_cps) | $(get "$sys" ws.lb_cpu_pct_at_max)% | $(get "$sys" "mem.bytes_per_idle_$IDLE_SCHEME")$note | $(get "$sys" mem.pss_kb_before_after | sed 's/ / → /') |"
 done
 echo
 log "results in $RES, logs in $OUT"

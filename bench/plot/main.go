@@ -26,6 +26,11 @@
 // runs), takes the median per point and writes curves-<family>.png (ns
 // per operation against size, log x), and the medians as TSV and as a
 // Markdown table.
+//
+// The idlemem subcommand draws bench/idle-mem.sh's memory per idle
+// connection against the connection count, one line per leg and system:
+//
+//	go run ./bench/plot idlemem -in OUT/idle-mem.tsv -out bench/img
 package main
 
 import (
@@ -40,6 +45,13 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "curves" {
 		if err := curvesMain(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "plot curves:", err)
+			os.Exit(2)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "idlemem" {
+		if err := idleMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "plot idlemem:", err)
 			os.Exit(2)
 		}
 		return
