@@ -171,11 +171,13 @@ var badValues = map[string]string{
 	"access-log-format":      "xml",
 	"access-log-sample":      "new=2",
 	"otlp-endpoint":          "grpc://collector:4317",
+	"dns-family":             "inet4",
 }
 
 // freeForm are flags whose every value is acceptable, with the reason.
 var freeForm = map[string]string{
 	"events admin-listen": "an address read only while the store is in use; a bad one is reported as not answering",
+	"events admin":        "the same address as --admin-listen, spelt as sluice ctl spells it",
 	"events type":         "a filter: any kind may be asked for, an unknown one matches nothing",
 	"events subject":      "a filter: any subject may be asked for, an unknown one matches nothing",
 }
