@@ -97,25 +97,8 @@ func (u *udpRaw) send(p []byte, dst netip.AddrPort) (handled bool, err error) {
 		return false, nil
 	}
 	r := u.pool.Get().(*rawSend)
-	a := dst.Addr()
-	switch {
-	case !u.v6 && a.Is4():
-		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&r.sa))
-		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: a.As4()}
-		putPort(&sa.Port, dst.Port())
-		r.salen = unix.SizeofSockaddrInet4
-	case u.v6 && a.IsValid():
-		r.sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: a.As16()}
-		putPort(&r.sa.Port, dst.Port())
-		if z := a.Zone(); z != "" {
-			if n, err := strconv.Atoi(z); err == nil {
-				r.sa.Scope_id = uint32(n)
-			} else if ifi, err := net.InterfaceByName(z); err == nil {
-				r.sa.Scope_id = uint32(ifi.Index)
-			}
-		}
-		r.salen = unix.SizeofSockaddrInet6
-	default:
+	r.salen = uintptr(putSockaddr(&r.sa, u.v6, dst.Addr(), dst.Port()))
+	if r.salen == 0 {
 		u.pool.Put(r)
 		return false, nil
 	}
@@ -127,6 +110,32 @@ func (u *udpRaw) send(p []byte, dst netip.AddrPort) (handled bool, err error) {
 	r.p = nil
 	u.pool.Put(r)
 	return true, err
+}
+
+// putSockaddr writes a, port into sa as a socket of the family v6 names
+// addresses it (an IPv4 peer of an IPv6 socket as a mapped address) and
+// returns its length; 0 when that socket cannot address a (an IPv6 peer
+// of an IPv4 socket, an invalid address).
+func putSockaddr(sa *unix.RawSockaddrInet6, v6 bool, a netip.Addr, port uint16) uint32 {
+	switch {
+	case !v6 && a.Unmap().Is4():
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		*sa4 = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: a.Unmap().As4()}
+		putPort(&sa4.Port, port)
+		return unix.SizeofSockaddrInet4
+	case v6 && a.IsValid():
+		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: a.As16()}
+		putPort(&sa.Port, port)
+		if z := a.Zone(); z != "" {
+			if n, err := strconv.Atoi(z); err == nil {
+				sa.Scope_id = uint32(n)
+			} else if ifi, err := net.InterfaceByName(z); err == nil {
+				sa.Scope_id = uint32(ifi.Index)
+			}
+		}
+		return unix.SizeofSockaddrInet6
+	}
+	return 0
 }
 
 // putPort stores port in network byte order.
@@ -355,25 +364,5 @@ func (b *rawBatch) sockaddr(i int, ua *net.UDPAddr) uint32 {
 	if !ok {
 		return 0
 	}
-	a = a.WithZone(ua.Zone)
-	port := uint16(ua.Port)
-	switch {
-	case !b.v6 && a.Unmap().Is4():
-		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&b.names[i]))
-		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: a.Unmap().As4()}
-		putPort(&sa.Port, port)
-		return unix.SizeofSockaddrInet4
-	case b.v6:
-		b.names[i] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: a.As16()}
-		putPort(&b.names[i].Port, port)
-		if z := a.Zone(); z != "" {
-			if n, err := strconv.Atoi(z); err == nil {
-				b.names[i].Scope_id = uint32(n)
-			} else if ifi, err := net.InterfaceByName(z); err == nil {
-				b.names[i].Scope_id = uint32(ifi.Index)
-			}
-		}
-		return unix.SizeofSockaddrInet6
-	}
-	return 0
+	return putSockaddr(&b.names[i], b.v6, a.WithZone(ua.Zone), uint16(ua.Port))
 }

@@ -331,7 +331,6 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 	p.Legend.TextStyle.Font.Size = vg.Points(10)
 	p.Add(plotter.NewGrid())
 	series := curveSeries(pts, fam)
-	colors := curvePalette
 	for i, s := range series {
 		var xys plotter.XYs
 		for _, q := range pts {
@@ -339,19 +338,34 @@ func curveChart(w io.Writer, fam string, pts []CurvePoint) error {
 				xys = append(xys, plotter.XY{X: xAt(q.N), Y: q.y()})
 			}
 		}
-		slices.SortFunc(xys, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
-		l, sc, err := plotter.NewLinePoints(xys)
-		if err != nil {
+		if err := addCurve(p, i, s, xys, false); err != nil {
 			return fmt.Errorf("family %s series %s: %w", fam, s, err)
 		}
-		l.Color, sc.Color = colors[i%len(colors)], colors[i%len(colors)]
-		l.Width = vg.Points(1.5)
-		sc.Shape = draw.CircleGlyph{}
-		sc.Radius = vg.Points(3)
-		p.Add(l, sc)
-		p.Legend.Add(s, l, sc)
 	}
 	return writePNG(w, httpChartW, func(dc draw.Canvas) { p.Draw(dc) })
+}
+
+// addCurve adds series i, named name, to p and its legend: a line with a
+// circle at each point of xys (sorted by x here) in the i-th colour of
+// curvePalette; with dashRepeat, series past the palette's length take
+// its colours again dashed, so that no two lines look the same.
+func addCurve(p *plot.Plot, i int, name string, xys plotter.XYs, dashRepeat bool) error {
+	slices.SortFunc(xys, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
+	l, sc, err := plotter.NewLinePoints(xys)
+	if err != nil {
+		return err
+	}
+	c := curvePalette[i%len(curvePalette)]
+	l.Color, sc.Color = c, c
+	l.Width = vg.Points(1.5)
+	if dashRepeat && i >= len(curvePalette) {
+		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	}
+	sc.Shape = draw.CircleGlyph{}
+	sc.Radius = vg.Points(3)
+	p.Add(l, sc)
+	p.Legend.Add(name, l, sc)
+	return nil
 }
 
 // curvesMain is `plot curves`: go test output in, TSV, Markdown table and

@@ -121,21 +121,9 @@ func idleChart(w io.Writer, pts []IdlePoint) error {
 		if len(xys) == 0 {
 			continue
 		}
-		slices.SortFunc(xys, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
-		l, sc, err := plotter.NewLinePoints(xys)
-		if err != nil {
+		if err := addCurve(p, i, s, xys, true); err != nil {
 			return fmt.Errorf("series %s: %w", s, err)
 		}
-		c := curvePalette[i%len(curvePalette)]
-		l.Color, sc.Color = c, c
-		l.Width = vg.Points(1.5)
-		if i >= len(curvePalette) {
-			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-		}
-		sc.Shape = draw.CircleGlyph{}
-		sc.Radius = vg.Points(3)
-		p.Add(l, sc)
-		p.Legend.Add(s, l, sc)
 	}
 	return writePNG(w, httpChartW, func(dc draw.Canvas) { p.Draw(dc) })
 }
