@@ -46,7 +46,14 @@
 #        http://, c$CONNS: the base of the CPU-per-request ratio TLS ÷ plain
 #        (issue 19's target: at most 1.3)
 # Each point is run ROUNDS times; the round with the median req/s is kept
-# (its latency, errors and CPU with it) and every round's req/s is recorded.
+# (its latency, errors and CPU with it) and every round's req/s and CPU per
+# request are recorded. The systems run side by side for the whole
+# measurement, each pinned to LB_CPUS in a capped group of its own, and
+# the rounds interleave them: round r runs every system once (the order
+# turned by one each round), and in ka sluice's plain round right after its
+# TLS round, so the ratios compare like with like on a machine whose speed
+# moves from one minute to the next. TLS ÷ plain is given as the median of
+# the per-round ratios (results row ka.cN.tls_over_plain).
 #
 # sluice runs as `sluice run` with its defaults as in bench/http.sh, both
 # listeners (-http-listen 127.0.0.1:$PORT -https-listen 127.0.0.1:$TLS_PORT),
@@ -137,15 +144,16 @@ RES=$OUT/results.tsv
 STARTED=()   # PIDs of servers we started (each wrapped by `timeout`)
 LASTPID=
 
-# quota_group: the procs file of a CPU cgroup capped at LB_QUOTA % of one
-# core over 10 ms periods (cgroup v2 cpu.max, else v1 cfs quota).
+# quota_group NAME: the procs file of a CPU cgroup of NAME's own, capped at
+# LB_QUOTA % of one core over 10 ms periods (cgroup v2 cpu.max, else v1 cfs
+# quota): with the systems interleaved, each balancer has a cap of its own.
 quota_group() {
     local g
     if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-        g=/sys/fs/cgroup/sluice-https-lb
+        g=/sys/fs/cgroup/sluice-https-lb-$1
         mkdir -p "$g" && echo "$((LB_QUOTA * 100)) 10000" > "$g/cpu.max" || die "cannot set cpu.max in $g"
     else
-        g=/sys/fs/cgroup/cpu/sluice-https-lb
+        g=/sys/fs/cgroup/cpu/sluice-https-lb-$1
         mkdir -p "$g" && echo 10000 > "$g/cpu.cfs_period_us" && echo "$((LB_QUOTA * 100))" > "$g/cpu.cfs_quota_us" \
             || die "cannot set cpu.cfs_quota_us in $g"
     fi
@@ -159,7 +167,7 @@ start() {
     local name=$1 cpus=$2 quota=""; shift 2
     local pin=()
     [ "$PIN" = 1 ] && pin=(taskset -c "$cpus")
-    [ -n "$LB_QUOTA" ] && [ "$cpus" = "$LB_CPUS" ] && quota=$(quota_group)
+    [ -n "$LB_QUOTA" ] && [ "$cpus" = "$LB_CPUS" ] && quota=$(quota_group "$name")
     ( [ -n "$quota" ] && echo "$BASHPID" > "$quota"
       cd "$OUT" && exec "${pin[@]}" timeout -k 5 "$SERVER_TTL" "$@" ) > "$OUT/$name.log" 2>&1 &
     LASTPID=$!
@@ -263,43 +271,58 @@ h2load_parse() {
     grep -q '^Application protocol: h2$' "$1" || R_ERR="$R_ERR not-h2"
 }
 
-# point SYSTEM MODE CONNS URL LBPID: ROUNDS rounds of the mode's load; keeps
-# the round with the median req/s.
-point() {
-    local sys=$1 mode=$2 c=$3 url=$4 lbp=$5 r f gen el t0 lb0 a0 lbt ot cmd
-    local pin=() rounds=() all=""
-    [ "$PIN" = 1 ] && pin=(taskset -c "$GEN_CPUS")
-    case $mode in
-        ka|plain) cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --timeout 5s --latency "$url") ;;
-        hs) cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --timeout 5s --latency -H "Connection: close" "$url") ;;
-        h2) cmd=(h2load -t1 -c"$c" -m"$H2_STREAMS" -D"$DURATION" --warm-up-time=1s "$url") ;;
+# Rounds are kept per point (POINT = SYSTEM|MODE|CONNS): RND_ALL[POINT] the
+# rounds as "req/s|p50|p99|errors|cpu|us per request" lines, one per round.
+declare -A RND_ALL=()
+
+# gen_cmd MODE CONNS URL: sets CMD, the load generator's command line.
+gen_cmd() {
+    case $1 in
+        ka|plain) CMD=(wrk -t1 -c"$2" -d"${DURATION}s" --timeout 5s --latency "$3") ;;
+        hs) CMD=(wrk -t1 -c"$2" -d"${DURATION}s" --timeout 5s --latency -H "Connection: close" "$3") ;;
+        h2) CMD=(h2load -t1 -c"$2" -m"$H2_STREAMS" -D"$DURATION" --warm-up-time=1s "$3") ;;
     esac
-    for r in $(seq "$ROUNDS"); do
-        f=$OUT/$mode/$sys-c$c-r$r.out
-        wait_quiet
-        log "$sys $mode r$r: ${cmd[*]}"
-        a0=$(alltick); lb0=$(ticks "$lbp"); t0=$(date +%s.%N)
-        gen=$( { TIMEFORMAT='%U %S'; time "${pin[@]}" timeout $((DURATION + 30)) "${cmd[@]}" > "$f" 2>&1; } 2>&1 | awk '{ print $1 + $2 }')
-        el=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
-        lbt=$(( $(ticks "$lbp") - lb0 )); ot=$(others "$a0" "$lbp $BE_PID")
-        if [ "$mode" = h2 ]; then h2load_parse "$f"; else wrk_parse "$f"; fi
-        [ "${R_RPS:-0}" -gt 0 ] 2>/dev/null || R_ERR="$R_ERR no-answer"
-        # h2load measures after its warm-up: the balancer's CPU over the
-        # whole run is then a little above the measured period's.
-        R_CPU="lb=$(pct "$lbt" "$el")% gen=$(awk -v c="$gen" -v e="$el" 'BEGIN { printf "%.0f", 100 * c / e }')% other=$(pct "$ot" "$el")%"
-        log "  -> ${R_RPS:-FAIL} req/s p50=$R_P50 p99=${R_P99:-n/a} $R_ERR | $R_CPU"
-        rounds+=("${R_RPS:-0}|$R_P50|$R_P99|$R_ERR|$R_CPU")
-        all="$all${all:+,}${R_RPS:-FAIL}"
-        sleep 1
-    done
-    # the median round by req/s (the lower middle one of an even count)
-    local med
-    med=$(printf '%s\n' "${rounds[@]}" | sort -t'|' -k1,1n | awk -v n="${#rounds[@]}" 'NR == int((n + 1) / 2)')
-    IFS='|' read -r R_RPS R_P50 R_P99 R_ERR R_CPU <<< "$med"
-    local name lbpct us
+}
+
+# one_round SYSTEM MODE CONNS URL LBPID R: one round of the mode's load
+# against the system, added to its point's rounds.
+one_round() {
+    local sys=$1 mode=$2 c=$3 url=$4 lbp=$5 r=$6 f gen el t0 lb0 a0 lbt ot us
+    local pin=()
+    [ "$PIN" = 1 ] && pin=(taskset -c "$GEN_CPUS")
+    gen_cmd "$mode" "$c" "$url"
+    f=$OUT/$mode/$sys-c$c-r$r.out
+    wait_quiet
+    log "$sys $mode r$r: ${CMD[*]}"
+    a0=$(alltick); lb0=$(ticks "$lbp"); t0=$(date +%s.%N)
+    gen=$( { TIMEFORMAT='%U %S'; time "${pin[@]}" timeout $((DURATION + 30)) "${CMD[@]}" > "$f" 2>&1; } 2>&1 | awk '{ print $1 + $2 }')
+    el=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+    lbt=$(( $(ticks "$lbp") - lb0 )); ot=$(others "$a0" "$lbp $BE_PID")
+    if [ "$mode" = h2 ]; then h2load_parse "$f"; else wrk_parse "$f"; fi
+    [ "${R_RPS:-0}" -gt 0 ] 2>/dev/null || R_ERR="$R_ERR no-answer"
+    # h2load measures after its warm-up: the balancer's CPU over the
+    # whole run is then a little above the measured period's.
+    R_CPU="lb=$(pct "$lbt" "$el")% gen=$(awk -v c="$gen" -v e="$el" 'BEGIN { printf "%.0f", 100 * c / e }')% other=$(pct "$ot" "$el")%"
+    # CPU per request from the ticks themselves (not the rounded per cent)
+    us=$(awk -v t="$lbt" -v hz="$HZ" -v e="$el" -v r="${R_RPS:-0}" 'BEGIN { if (r > 0) printf "%.1f", t / hz / e * 1e6 / r; else print "n/a" }')
+    log "  -> ${R_RPS:-FAIL} req/s p50=$R_P50 p99=${R_P99:-n/a} $R_ERR | $R_CPU | ${us} us/req"
+    RND_ALL["$sys|$mode|$c"]+="${R_RPS:-0}|$R_P50|$R_P99|$R_ERR|$R_CPU|$us"$'\n'
+    sleep 1
+}
+
+# keep_point SYSTEM MODE CONNS: the point's rows in the results, from the
+# round with the median req/s (the lower middle one of an even count); the
+# CPU per request is that round's too, and every round's req/s and CPU per
+# request are recorded beside it.
+keep_point() {
+    local sys=$1 mode=$2 c=$3 rounds med name all allus us
+    rounds=${RND_ALL["$sys|$mode|$c"]:-}
+    [ -n "$rounds" ] || return 0
+    med=$(printf '%s' "$rounds" | sort -t'|' -k1,1n | awk -v n="$(printf '%s' "$rounds" | grep -c .)" 'NR == int((n + 1) / 2)')
+    IFS='|' read -r R_RPS R_P50 R_P99 R_ERR R_CPU us <<< "$med"
+    all=$(printf '%s' "$rounds" | awk -F'|' 'NF { printf "%s%s", (n++ ? "," : ""), ($1 > 0 ? $1 : "FAIL") }')
+    allus=$(printf '%s' "$rounds" | awk -F'|' 'NF { printf "%s%s", (n++ ? "," : ""), $6 }')
     name=$(sysname "$sys"); [ "$mode" = plain ] && name=http-target-plain
-    lbpct=$(echo "$R_CPU" | sed -n 's/^lb=\([0-9]*\)%.*/\1/p')
-    us=$(awk -v p="$lbpct" -v r="$R_RPS" 'BEGIN { if (r > 0) printf "%.1f", p / 100 * 1e6 / r; else print "n/a" }')
     res "$name" "$mode" "c$c.req_per_s" "$R_RPS"
     res "$name" "$mode" "c$c.p50_ms" "$R_P50"
     [ -n "$R_P99" ] && res "$name" "$mode" "c$c.p99_ms" "$R_P99"
@@ -307,6 +330,21 @@ point() {
     res "$name" "$mode" "c$c.cpu" "$R_CPU"
     res "$name" "$mode" "c$c.cpu_us_per_req" "$us"
     res "$name" "$mode" "c$c.rounds_req_per_s" "$all"
+    res "$name" "$mode" "c$c.rounds_cpu_us_per_req" "$allus"
+}
+
+# keep_tls_over_plain CONNS: sluice's CPU per request over TLS ÷ plain HTTP
+# round by round (the ka and plain rounds of the same round number ran one
+# after the other on the same process) and the median of those ratios.
+keep_tls_over_plain() {
+    local c=$1 ratios med
+    ratios=$(paste -d'|' <(printf '%s' "${RND_ALL["sluice|ka|$c"]:-}" | cut -d'|' -f6) \
+                         <(printf '%s' "${RND_ALL["sluice|plain|$c"]:-}" | cut -d'|' -f6) |
+        awk -F'|' '$1 + 0 > 0 && $2 + 0 > 0 { printf "%s%.3f", (n++ ? "," : ""), $1 / $2 }')
+    [ -n "$ratios" ] || return 0
+    med=$(echo "$ratios" | tr ',' '\n' | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }')
+    res http-target ka "c$c.tls_over_plain_rounds" "$ratios"
+    res http-target ka "c$c.tls_over_plain" "$med"
 }
 
 # tls_check SYSTEM ADDR: what a client gets from the system, as its check
@@ -327,9 +365,11 @@ tls_check() {
     res "$(sysname "$sys")" tls check "answers=${body:-none} proto=${proto:-?} suite=${suite:-?} alpn=${alpn:-none} resumed=$reused"
 }
 
-# run_system SYSTEM: start it, check it, run every mode's points, stop it.
-run_system() {
-    local sys=$1 addr p c mode
+# start_system SYSTEM: start it, wait for its ports and check it; sets
+# PID_OF[SYSTEM] and ADDR_OF[SYSTEM].
+declare -A PID_OF=() ADDR_OF=()
+start_system() {
+    local sys=$1 addr
     case $sys in
         haproxy)
             addr=127.0.0.1:$HAPROXY_PORT; need_free "$HAPROXY_PORT"
@@ -350,19 +390,53 @@ run_system() {
                 -data-dir "$OUT/data" -log-level warn -drain-timeout 3s \
                 -http-backend-max-conns 65536 -http-max-conns-per-source 20000 $SLUICE_FLAGS ;;
     esac
-    p=$LASTPID
+    PID_OF[$sys]=$LASTPID ADDR_OF[$sys]=$addr
     wait_port "${addr##*:}"
     [ "$sys" = sluice ] && wait_port "$PORT"
     tls_check "$sys" "$addr"
-    for mode in $MODES; do
+}
+
+# entries MODE: the mode's entries, "SYSTEM:URL" (plain: sluice's own
+# -http-listen; ka: the plain entry too when sluice is measured, so the two
+# run back to back for the TLS ÷ plain ratio).
+entries() {
+    local mode=$1 s
+    for s in $SYSTEMS; do
         case $mode in
-            ka|hs) for c in $CONNS; do point "$sys" "$mode" "$c" "https://$addr/" "$p"; done ;;
-            h2) case " $H2_SYSTEMS " in *" $sys "*)
-                    for c in $H2_CONNS; do point "$sys" h2 "$c" "https://$addr/" "$p"; done ;; esac ;;
-            plain) [ "$sys" = sluice ] && for c in $CONNS; do point sluice plain "$c" "http://127.0.0.1:$PORT/" "$p"; done ;;
+            h2) case " $H2_SYSTEMS " in *" $s "*) echo "$s:https://${ADDR_OF[$s]}/" ;; esac ;;
+            plain) [ "$s" = sluice ] && echo "plain:http://127.0.0.1:$PORT/" ;;
+            *) echo "$s:https://${ADDR_OF[$s]}/"
+               [ "$s" = sluice ] && [ "$mode" = ka ] && case " $MODES " in *" plain "*) echo "plain:http://127.0.0.1:$PORT/" ;; esac ;;
         esac
     done
-    stop "$p"
+}
+
+# run_mode MODE: every point of the mode, round by round: in each round
+# every system once, the order turned by one each round, so that no
+# system always runs first after a pause or right after the same other.
+run_mode() {
+    local mode=$1 c r i n e sys m list=()
+    mapfile -t list < <(entries "$mode")
+    n=${#list[@]}; [ "$n" -gt 0 ] || return 0
+    for c in $( [ "$mode" = h2 ] && echo "$H2_CONNS" || echo "$CONNS"); do
+        for r in $(seq "$ROUNDS"); do
+            for ((i = 0; i < n; i++)); do
+                e=${list[$(( (i + r - 1) % n ))]}; sys=${e%%:*}; m=$mode
+                [ "$sys" = plain ] && { sys=sluice; m=plain; }
+                # in ka, plain runs right after sluice's ka round (below)
+                [ "$m" = plain ] && [ "$mode" = ka ] && continue
+                one_round "$sys" "$m" "$c" "${e#*:}" "${PID_OF[$sys]}" "$r"
+                if [ "$sys" = sluice ] && [ "$m" = ka ]; then
+                    case " ${list[*]} " in *" plain:"*) one_round sluice plain "$c" "http://127.0.0.1:$PORT/" "${PID_OF[sluice]}" "$r" ;; esac
+                fi
+            done
+        done
+        for sys in $SYSTEMS; do keep_point "$sys" "$mode" "$c"; done
+        case $mode in
+            ka) keep_point sluice plain "$c"; keep_tls_over_plain "$c" ;;
+            plain) keep_point sluice plain "$c" ;;
+        esac
+    done
 }
 
 # ---------------------------------------------------------------- main
@@ -406,7 +480,16 @@ start nginx-backend "$GEN_CPUS" nginx -p "$OUT/nginx-backend" -c "$PEERS/conf/ng
 BE_PID=$LASTPID
 wait_port 18081; wait_port 18082
 
-for s in $SYSTEMS; do run_system "$s"; done
+# Every system runs for the whole measurement, each in its own capped
+# group, and the rounds interleave them (run_mode): a system measured an
+# hour after another on this machine meets another machine (HAProxy's own
+# figure moved by 40 % between two runs of one system after the other).
+for s in $SYSTEMS; do start_system "$s"; done
+for mode in $MODES; do
+    # plain is measured inside ka's rounds when both are asked for
+    [ "$mode" = plain ] && case " $MODES " in *" ka "*) continue ;; esac
+    run_mode "$mode"
+done
 cleanup; STARTED=()
 
 # ---------------------------------------------------------------- summary
@@ -451,7 +534,10 @@ awk -F'\t' -v modes="$MODES" -v conns="$CONNS" -v h2conns="$H2_CONNS" '
         for (j = 1; j in cs; j++) {
             a = v["http-target", "ka.c" cs[j] ".cpu_us_per_req"]; b = v["http-target-plain", "plain.c" cs[j] ".cpu_us_per_req"]
             if (a + 0 > 0 && b + 0 > 0)
-                printf "c%-4s sluice CPU per request over TLS / plain HTTP: %.1f / %.1f us = %.2fx (target: at most 1.30x)\n", cs[j], a, b, a / b
+                printf "c%-4s sluice CPU per request over TLS / plain HTTP: %.1f / %.1f us = %.2fx (the median rounds)\n", cs[j], a, b, a / b
+            r = v["http-target", "ka.c" cs[j] ".tls_over_plain"]
+            if (r != "")
+                printf "c%-4s sluice CPU per request over TLS / plain HTTP, round by round: %s, median %.2fx (target: at most 1.30x)\n", cs[j], v["http-target", "ka.c" cs[j] ".tls_over_plain_rounds"], r
         }
         for (k in v) {
             split(k, kk, SUBSEP)
