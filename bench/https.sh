@@ -452,7 +452,13 @@ for m in $MODES tls; do mkdir -p "$OUT/$m" && : > "$OUT/$m/results.tsv"; done
     haproxy -v | head -1; nginx -v 2>&1; wrk -v 2>&1 | head -1; h2load --version; openssl version; go version
     echo "loadavg before: $(cat /proc/loadavg)"
 } > "$OUT/env.txt"
-for m in $MODES; do cp "$OUT/env.txt" "$OUT/$m/env.txt"; done
+for m in $MODES; do
+    case $m in
+        ka) l="keep-alive HTTPS" ;; hs) l="HTTPS, a new connection per request" ;;
+        h2) l="HTTP/2 over TLS (h2load -c$H2_CONNS -m$H2_STREAMS)" ;; plain) l="plain HTTP, sluice alone" ;;
+    esac
+    { echo "load: $l"; cat "$OUT/env.txt"; } > "$OUT/$m/env.txt"
+done
 log "out: $OUT  modes: $MODES systems: $SYSTEMS pin=$PIN lb_cpus=$LB_CPUS gen_cpus=$GEN_CPUS lb_quota=${LB_QUOTA:-none}"
 
 case " $SYSTEMS " in *" sluice "*)

@@ -77,17 +77,21 @@ func Charts(run Run) []Chart {
 	var cs []Chart
 	if len(run.HTTP) > 0 {
 		pts, env := run.HTTP, run.HTTPEnv
+		load, cpuTitle := "HTTP", "balancer CPU per request (µs, lower is better)"
+		if env.Load != "" {
+			load, cpuTitle = env.Load, env.Load+": "+cpuTitle
+		}
 		cs = append(cs,
 			Chart{"http.png", func(w io.Writer) error {
-				return httpChart(w, pts, "HTTP throughput (req/s, higher is better)", env, "req/s",
+				return httpChart(w, pts, load+" throughput (req/s, higher is better)", env, "req/s",
 					func(p HTTPPoint) float64 { return p.ReqPerSec }, fmtThousands)
 			}},
 			Chart{"http-p99.png", func(w io.Writer) error {
-				return httpChart(w, pts, "HTTP p99 latency (ms, lower is better)", env, "p99 ms",
+				return httpChart(w, pts, load+" p99 latency (ms, lower is better)", env, "p99 ms",
 					func(p HTTPPoint) float64 { return p.P99 }, fmtFixed(2))
 			}},
 			Chart{"http-cpu.png", func(w io.Writer) error {
-				return httpChart(w, pts, "balancer CPU per request (µs, lower is better)", env, "µs CPU / request",
+				return httpChart(w, pts, cpuTitle, env, "µs CPU / request",
 					HTTPPoint.CPUPerReq, fmtFixed(1))
 			}},
 		)

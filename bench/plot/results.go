@@ -51,6 +51,10 @@ type Env struct {
 	Quota    string // LB_QUOTA in per cent of one core; "" when uncapped
 	Duration string // seconds per HTTP point
 	SIPSecs  string // seconds per SIP point
+	// Load names what the clients sent when it was not plain HTTP
+	// ("keep-alive HTTPS", from a "load: ..." line): it replaces "HTTP"
+	// in the charts' titles.
+	Load string
 }
 
 // ReadEnv parses env.txt. Unknown lines are ignored: the file also holds
@@ -66,6 +70,10 @@ func ReadEnv(r io.Reader) (Env, error) {
 				d = d[:i]
 			}
 			e.Date = d
+			continue
+		}
+		if l, ok := strings.CutPrefix(line, "load:"); ok {
+			e.Load = strings.TrimSpace(l)
 			continue
 		}
 		if !strings.HasPrefix(line, "pin=") {

@@ -65,6 +65,8 @@ func TestReadEnv(t *testing.T) {
 			want: Env{Date: "2026-11-30", Duration: "5", SIPSecs: "10"}},
 		{name: "quota", in: "date: 2026-12-01T09:00:00+00:00\npin=1 lb_quota=50 duration=10 sip_secs=5\n",
 			want: Env{Date: "2026-12-01", Quota: "50", Duration: "10", SIPSecs: "5"}},
+		{name: "load", in: "date: 2026-12-02T02:50:02+00:00\nload: keep-alive HTTPS (wrk https://)\npin=1 lb_quota=50 duration=8\n",
+			want: Env{Date: "2026-12-02", Quota: "50", Duration: "8", Load: "keep-alive HTTPS (wrk https://)"}},
 		{name: "nothing known", in: "nginx version: nginx/1.22.1\n", want: Env{}},
 	}
 	for _, tc := range tests {
