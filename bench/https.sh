@@ -42,6 +42,10 @@
 #        systems in H2_SYSTEMS (nginx with `listen ... ssl http2`); h2load
 #        gives no percentiles: its mean request time stands in p50's
 #        column, and p99 is left out
+#   http plain keep-alive HTTP/1.1 to every system (wrk http://, c$CONNS):
+#        each one's plain listener beside its TLS one, the same balancing
+#        (the peers' configs), interleaved as the other modes are: the
+#        ratio to nginx of issue 25 without TLS
 #   plain  sluice's own -http-listen (the same process), keep-alive wrk
 #        http://, c$CONNS: the base of the CPU-per-request ratio TLS ÷ plain
 #        (issue 19's target: at most 1.3)
@@ -72,7 +76,8 @@
 #   QUIET_PCT=10 QUIET_MAX=120 (before each round: wait until other
 #   processes use at most QUIET_PCT % of a core, at most QUIET_MAX s)
 #   PORT=18095 (sluice HTTP) TLS_PORT=18543 (sluice HTTPS)
-#   HAPROXY_PORT=18541 NGINX_PORT=18542 SLUICE_FLAGS="" (extra flags)
+#   HAPROXY_PORT=18541 NGINX_PORT=18542 (TLS) HAPROXY_PLAIN_PORT=18551
+#   NGINX_PLAIN_PORT=18552 (plain HTTP) SLUICE_FLAGS="" (extra flags)
 #   SLUICE_BIN (a sluice binary to measure; default: this tree, built into OUT)
 #   PEERS=$ROOT/../shared/peers OUT=$TMPDIR/sluice-bench/https-<timestamp>
 # Output: OUT/results.tsv (system, MODE.cN.metric, value; systems named as
@@ -105,6 +110,8 @@ PORT=${PORT:-18095}
 TLS_PORT=${TLS_PORT:-18543}
 HAPROXY_PORT=${HAPROXY_PORT:-18541}
 NGINX_PORT=${NGINX_PORT:-18542}
+HAPROXY_PLAIN_PORT=${HAPROXY_PLAIN_PORT:-18551}
+NGINX_PLAIN_PORT=${NGINX_PLAIN_PORT:-18552}
 SLUICE_FLAGS=${SLUICE_FLAGS:-}
 PEERS=${PEERS:-$ROOT/../shared/peers}
 SERVER_TTL=${SERVER_TTL:-3600}
@@ -116,7 +123,7 @@ die() { log "ERROR: $*"; exit 1; }
 
 # isnum VALUE: VALUE is a non-negative integer.
 isnum() { [[ $1 =~ ^[0-9]+$ ]]; }
-for k in DURATION ROUNDS H2_CONNS H2_STREAMS GMP LB_CPUS GEN_CPUS QUIET_PCT QUIET_MAX PORT TLS_PORT HAPROXY_PORT NGINX_PORT; do
+for k in DURATION ROUNDS H2_CONNS H2_STREAMS GMP LB_CPUS GEN_CPUS QUIET_PCT QUIET_MAX PORT TLS_PORT HAPROXY_PORT NGINX_PORT HAPROXY_PLAIN_PORT NGINX_PLAIN_PORT; do
     isnum "${!k}" || die "$k=${!k}: want a non-negative integer"
 done
 [ "$ROUNDS" -ge 1 ] || die "ROUNDS=$ROUNDS: want at least 1"
@@ -124,7 +131,7 @@ done
 [ -z "$LB_QUOTA" ] || { isnum "$LB_QUOTA" && [ "$LB_QUOTA" -ge 1 ] && [ "$LB_QUOTA" -le 100 ]; } ||
     die "LB_QUOTA=$LB_QUOTA: want a per cent of one core, 1 to 100, or empty for no cap"
 for c in $CONNS $H2_CONNS; do isnum "$c" && [ "$c" -ge 1 ] || die "connection count $c (CONNS/H2_CONNS): want a positive integer"; done
-for m in $MODES; do case $m in ka|hs|h2|plain) ;; *) die "MODES: unknown mode $m (want ka, hs, h2, plain)" ;; esac; done
+for m in $MODES; do case $m in ka|hs|h2|http|plain) ;; *) die "MODES: unknown mode $m (want ka, hs, h2, http, plain)" ;; esac; done
 for s in $SYSTEMS $H2_SYSTEMS; do case $s in haproxy|nginx|sluice) ;; *) die "SYSTEMS/H2_SYSTEMS: unknown system $s (want haproxy, nginx, sluice)" ;; esac; done
 case " $SYSTEMS " in *" sluice "*) case " $MODES " in *" ka "*) MODES="$MODES plain" ;; esac ;; esac
 MODES=$(echo "$MODES" | tr ' ' '\n' | awk 'NF && !seen[$0]++' | tr '\n' ' ')
@@ -278,7 +285,7 @@ declare -A RND_ALL=()
 # gen_cmd MODE CONNS URL: sets CMD, the load generator's command line.
 gen_cmd() {
     case $1 in
-        ka|plain) CMD=(wrk -t1 -c"$2" -d"${DURATION}s" --timeout 5s --latency "$3") ;;
+        ka|http|plain) CMD=(wrk -t1 -c"$2" -d"${DURATION}s" --timeout 5s --latency "$3") ;;
         hs) CMD=(wrk -t1 -c"$2" -d"${DURATION}s" --timeout 5s --latency -H "Connection: close" "$3") ;;
         h2) CMD=(h2load -t1 -c"$2" -m"$H2_STREAMS" -D"$DURATION" --warm-up-time=1s "$3") ;;
     esac
@@ -367,22 +374,25 @@ tls_check() {
 
 # start_system SYSTEM: start it, wait for its ports and check it; sets
 # PID_OF[SYSTEM] and ADDR_OF[SYSTEM].
-declare -A PID_OF=() ADDR_OF=()
+declare -A PID_OF=() ADDR_OF=() PLAIN_OF=()
 start_system() {
     local sys=$1 addr
     case $sys in
         haproxy)
-            addr=127.0.0.1:$HAPROXY_PORT; need_free "$HAPROXY_PORT"
-            sed -e "s|@LISTEN@|$addr|" -e "s|@CERT@|$CERT|" "$ROOT/bench/conf/haproxy-tls.cfg" > "$OUT/haproxy-tls.cfg"
+            addr=127.0.0.1:$HAPROXY_PORT; need_free "$HAPROXY_PORT"; need_free "$HAPROXY_PLAIN_PORT"
+            PLAIN_OF[$sys]=127.0.0.1:$HAPROXY_PLAIN_PORT
+            sed -e "s|@LISTEN@|$addr|" -e "s|@PLAIN@|${PLAIN_OF[$sys]}|" -e "s|@CERT@|$CERT|" "$ROOT/bench/conf/haproxy-tls.cfg" > "$OUT/haproxy-tls.cfg"
             start haproxy "$LB_CPUS" haproxy -db -f "$OUT/haproxy-tls.cfg" ;;
         nginx)
-            addr=127.0.0.1:$NGINX_PORT; need_free "$NGINX_PORT"
+            addr=127.0.0.1:$NGINX_PORT; need_free "$NGINX_PORT"; need_free "$NGINX_PLAIN_PORT"
+            PLAIN_OF[$sys]=127.0.0.1:$NGINX_PLAIN_PORT
             mkdir -p "$OUT/nginx-tls/logs" "$OUT/nginx-tls/tmp"
-            sed -e "s|@LISTEN@|$addr|" -e "s|@CERT@|$CERT|" "$ROOT/bench/conf/nginx-tls.conf" > "$OUT/nginx-tls/nginx-tls.conf"
+            sed -e "s|@LISTEN@|$addr|" -e "s|@PLAIN@|${PLAIN_OF[$sys]}|" -e "s|@CERT@|$CERT|" "$ROOT/bench/conf/nginx-tls.conf" > "$OUT/nginx-tls/nginx-tls.conf"
             start nginx-tls "$LB_CPUS" nginx -p "$OUT/nginx-tls" -c "$OUT/nginx-tls/nginx-tls.conf" \
                 -e "$OUT/nginx-tls/logs/error.log" -g 'daemon off; master_process on;' ;;
         sluice)
             addr=127.0.0.1:$TLS_PORT; need_free "$TLS_PORT"; need_free "$PORT"
+            PLAIN_OF[$sys]=127.0.0.1:$PORT
             # shellcheck disable=SC2086
             start sluice "$LB_CPUS" env GOMAXPROCS="$GMP" "$BIN" run -http-listen "127.0.0.1:$PORT" \
                 -https-listen "$addr" -tls-cert "$CERT" -tls-handshake-rate 0 -tls-handshakes-max 4096 \
@@ -392,7 +402,7 @@ start_system() {
     esac
     PID_OF[$sys]=$LASTPID ADDR_OF[$sys]=$addr
     wait_port "${addr##*:}"
-    [ "$sys" = sluice ] && wait_port "$PORT"
+    wait_port "${PLAIN_OF[$sys]##*:}"
     tls_check "$sys" "$addr"
 }
 
@@ -405,6 +415,7 @@ entries() {
         case $mode in
             h2) case " $H2_SYSTEMS " in *" $s "*) echo "$s:https://${ADDR_OF[$s]}/" ;; esac ;;
             plain) [ "$s" = sluice ] && echo "plain:http://127.0.0.1:$PORT/" ;;
+            http) echo "$s:http://${PLAIN_OF[$s]}/" ;;
             *) echo "$s:https://${ADDR_OF[$s]}/"
                [ "$s" = sluice ] && [ "$mode" = ka ] && case " $MODES " in *" plain "*) echo "plain:http://127.0.0.1:$PORT/" ;; esac ;;
         esac
@@ -456,6 +467,7 @@ for m in $MODES; do
     case $m in
         ka) l="keep-alive HTTPS" ;; hs) l="HTTPS, a new connection per request" ;;
         h2) l="HTTP/2 over TLS (h2load -c$H2_CONNS -m$H2_STREAMS)" ;; plain) l="plain HTTP, sluice alone" ;;
+        http) l="keep-alive plain HTTP" ;;
     esac
     { echo "load: $l"; cat "$OUT/env.txt"; } > "$OUT/$m/env.txt"
 done

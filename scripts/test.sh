@@ -21,6 +21,11 @@ if [ "${SKIP_INTEROP:-0}" != 1 ]; then
   bash scripts/install-test-deps.sh
 fi
 
+# Tests build without profile-guided optimisation: cmd/sluice/default.pgo
+# changes code layout, not behaviour, and a PGO build of every package
+# (race and plain, for the tests that build the binary) would add minutes.
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-pgo=off"
+
 echo "== gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then
