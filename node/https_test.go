@@ -86,6 +86,20 @@ func TestNodeServesHTTPS(t *testing.T) {
 			if code, body, _ := get("https://" + a.HTTPS.String() + "/"); code != 200 || body != "hello https" {
 				t.Fatalf("over HTTPS: %d %q", code, body)
 			}
+			// A client whose ALPN offers only http/1.0 (curl --http1.0) is
+			// served, as by nginx, not refused with no_application_protocol.
+			c10 := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+				TLSClientConfig:   &tls.Config{RootCAs: roots, ServerName: "www.example.com", NextProtos: []string{"http/1.0"}},
+				ForceAttemptHTTP2: false,
+			}}
+			if resp, err := c10.Get("https://" + a.HTTPS.String() + "/"); err != nil {
+				t.Fatalf("ALPN http/1.0 only: %v", err)
+			} else {
+				resp.Body.Close()
+				if resp.TLS == nil || resp.TLS.NegotiatedProtocol != "http/1.0" || resp.StatusCode != 200 {
+					t.Fatalf("ALPN http/1.0 only: %d, negotiated %+v", resp.StatusCode, resp.TLS)
+				}
+			}
 			if a.HTTP == nil {
 				return
 			}

@@ -546,13 +546,16 @@ func (n *Node) buildHTTP() error {
 	}
 	hc.Clock = n.clock
 	if hc.TLSListen != "" {
-		// -https-listen: certificates by SNI from the node's store, h2 and
-		// http/1.1 offered by ALPN, one bound on handshakes shared by every
-		// TLS and WebSocket listener, -tls-handshake-timeout.
+		// -https-listen: certificates by SNI from the node's store, h2,
+		// http/1.1 and http/1.0 offered by ALPN (Go refuses a client whose
+		// ALPN list shares nothing with the server's, and curl --http1.0
+		// offers only http/1.0: nginx serves it), one bound on handshakes
+		// shared by every TLS and WebSocket listener,
+		// -tls-handshake-timeout.
 		if err := n.cfg.needTLS("-https-listen"); err != nil {
 			return err
 		}
-		hc.TLSConfig = n.tlsConfig("h2", "http/1.1")
+		hc.TLSConfig = n.tlsConfig("h2", "http/1.1", "http/1.0")
 		hc.Handshakes = n.handshakes
 		hc.HandshakeTimeout = n.HandshakeTimeout()
 	}
