@@ -268,6 +268,14 @@ func (l *evloop) clientIn(c *cconn) {
 			if c.w == c.r {
 				l.dropInBuf(c)
 			}
+			if c.tls.midRecord() {
+				// A TLS record begun and not finished is a request under
+				// way, as half a head is: -http-client-timeout, not the
+				// idle timeout, bounds it.
+				if d := l.now + int64(l.s.cfg.ClientReadTimeout); c.deadline == 0 || c.deadline > d {
+					c.deadline = d
+				}
+			}
 			return
 		case errno == unix.EINTR:
 			continue

@@ -62,6 +62,10 @@ type loopTLS struct {
 	drained bool
 }
 
+// midRecord reports whether crypto/tls was given part of a record and
+// waits for the rest (false for a plain connection: t nil).
+func (t *loopTLS) midRecord() bool { return t != nil && t.rc.hn > 0 }
+
 // sawReadable records a readiness event of the socket: it may hold
 // ciphertext again.
 func (t *loopTLS) sawReadable() {

@@ -634,3 +634,41 @@ func TestHTTPSReadPaths(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTPSUnfinishedRecordTimesOut: a client that starts a TLS record
+// and never finishes it is sending a request, not idling: it is closed at
+// -http-client-timeout (ClientReadTimeout), as a client that sent half a
+// request head is, not kept for -http-client-idle. (A record announcing
+// 16 KiB and bringing 100 bytes held its connection and about 24 kB for
+// the idle timeout, two minutes by default.)
+func TestHTTPSUnfinishedRecordTimesOut(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		r := newRig(t, rigOpts{backends: 1, tls: true, cfg: Config{ClientReadTimeout: 200 * time.Millisecond, ClientIdle: time.Hour}})
+		raw, err := net.DialTimeout("tcp", r.addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		v, _ := tlsClients.Load(r.addr)
+		c := tls.Client(raw, v.(*tls.Config))
+		if err := c.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		// An application-data record header announcing 16 KiB, and 100
+		// bytes of its body.
+		rec := append([]byte{23, 3, 3, 0x40, 0x00}, make([]byte, 100)...)
+		if _, err := raw.Write(rec); err != nil {
+			t.Fatal(err)
+		}
+		raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 512)
+		for {
+			if _, err := raw.Read(buf); err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					t.Fatal("the connection is still open 10 s after an unfinished record (read timeout 200 ms)")
+				}
+				return // closed (EOF or reset): what is wanted
+			}
+		}
+	})
+}
