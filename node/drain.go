@@ -37,14 +37,24 @@ func (n *Node) inFlight() int64 {
 	return sum
 }
 
+// openTunnels counts the HTTP front end's open and pending tunnels.
+func (n *Node) openTunnels() int64 {
+	if n.httpSrv == nil {
+		return 0
+	}
+	st := n.httpSrv.Stats()
+	return st.Tunnels.Load() + st.TunnelsPending.Load()
+}
+
 // drainQuiet is how long a drain waits with nothing in flight and no
 // affinity traffic before it ends early.
 const drainQuiet = 2 * time.Second
 
 // Drain is the shutdown drain: it refuses new work at once (health 429)
-// and keeps serving in-flight requests and affinity traffic until nothing
-// has been in flight and no affinity request has come for drainQuiet, or
-// until timeout (0: it does not wait). It returns the time left of
+// and keeps serving in-flight requests, affinity traffic and open tunnels
+// until nothing has been in flight, no tunnel has been open and no
+// affinity request has come for drainQuiet, or until timeout (0: it does
+// not wait). It returns the time left of
 // timeout, at least a second, for Stop.
 func (n *Node) Drain(timeout time.Duration) time.Duration {
 	start := time.Now()
@@ -69,10 +79,16 @@ func (n *Node) Drain(timeout time.Duration) time.Duration {
 	defer tick.Stop()
 	for range tick.C {
 		if time.Since(start) >= timeout {
-			n.logger.Warn("drain timeout reached", "in_flight", n.inFlight())
+			if t := n.openTunnels(); t > 0 {
+				n.logger.Warn("drain timeout reached: open tunnels are closed now", "in_flight", n.inFlight(), "tunnels", t)
+			} else {
+				n.logger.Warn("drain timeout reached", "in_flight", n.inFlight())
+			}
 			break
 		}
-		if a := affinity(); a != last || n.inFlight() > 0 {
+		// An open tunnel (a WebSocket) is a session under way: the drain
+		// gives it until the timeout rather than ending early around it.
+		if a := affinity(); a != last || n.inFlight() > 0 || n.openTunnels() > 0 {
 			last, quietSince = a, time.Now()
 			continue
 		}

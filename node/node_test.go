@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -345,4 +347,46 @@ func TestStatusSIPSection(t *testing.T) {
 			t.Errorf("/status sip section %s: want the dialog table's max %d and four connection kinds", raw, lbsip.DefaultDialogMax)
 		}
 	}
+}
+
+// TestDrainWaitsForTunnels: an open tunnel (a WebSocket) is a session under
+// way: the drain does not end early around it ("drained" after the quiet
+// period while a tunnel was still open), and when the timeout comes it
+// says the tunnels are closed now.
+func TestDrainWaitsForTunnels(t *testing.T) {
+	for _, tunnels := range []int64{0, 1} {
+		cfg := testConfig(t)
+		cfg.HTTPBackends = []string{"127.0.0.1:1"}
+		var logs bytes.Buffer
+		var mu sync.Mutex
+		n, err := New(cfg, slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.httpSrv.Stats().Tunnels.Add(tunnels)
+		n.Drain(drainQuiet + 500*time.Millisecond)
+		mu.Lock()
+		out := logs.String()
+		mu.Unlock()
+		timedOut := strings.Contains(out, "drain timeout reached: open tunnels are closed now")
+		drained := strings.Contains(out, "msg=drained")
+		if tunnels > 0 && (!timedOut || drained || !strings.Contains(out, "tunnels=1")) {
+			t.Errorf("one tunnel open: logs %q, want the timeout naming the tunnel and no drained line", out)
+		}
+		if tunnels == 0 && (!drained || timedOut) {
+			t.Errorf("no tunnel: logs %q, want drained after the quiet period", out)
+		}
+	}
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -41,6 +41,12 @@ func (n *Node) buildTLS() error {
 	if len(c.Certs) == 0 {
 		return nil
 	}
+	if n.cfg.HTTP.TLSListen == "" && n.cfg.SIP.TLSListen == "" && n.cfg.SIP.WSSListen == "" {
+		// Most likely a forgotten listener: the certificates would be
+		// loaded, reloaded and watched for expiry, and served nowhere.
+		n.logger.Warn("-tls-cert given but no TLS listener: the certificates are served nowhere (add -https-listen, -sip-tls-listen or -sip-wss-listen)",
+			"certs", len(c.Certs))
+	}
 	derived, err := lb.DeriveKeys(n.keyRing, TicketKeyLabel)
 	if err != nil {
 		return fmt.Errorf("session ticket keys: %w", err)

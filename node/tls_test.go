@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -221,4 +222,35 @@ func handshakeWith(t *testing.T, srv, cli *tls.Config) tls.ConnectionState {
 		t.Fatal(err)
 	}
 	return c.ConnectionState()
+}
+
+// TestTLSCertWithoutListenerWarns: certificates with no TLS listener to
+// serve them are most likely a forgotten -https-listen: start-up says so.
+func TestTLSCertWithoutListenerWarns(t *testing.T) {
+	cert := selfSigned(t, t.TempDir(), "site.pem", 10, "www.example.com")
+	for _, tc := range []struct {
+		name     string
+		https    string
+		wantWarn bool
+	}{
+		{"no listener", "", true},
+		{"https listener", "127.0.0.1:0", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.HTTPBackends = []string{"127.0.0.1:1"}
+			cfg.HTTP.TLSListen = tc.https
+			cfg.TLS = tlsedge.DefaultConfig()
+			cfg.TLS.Certs = []string{cert}
+			var logs strings.Builder
+			n, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = n
+			if got := strings.Contains(logs.String(), "no TLS listener"); got != tc.wantWarn {
+				t.Errorf("warning %v, want %v; logs %q", got, tc.wantWarn, logs.String())
+			}
+		})
+	}
 }
