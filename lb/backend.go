@@ -591,6 +591,17 @@ func (b *Backend) Status(now int64) BackendStatus {
 	}
 }
 
+// LastProbeError is the error of the failed health check that took the
+// backend down ("" when none did, or it has passed since): the cause
+// behind a category such as "connect error" (a TLS backend whose
+// certificate does not verify, say).
+func (b *Backend) LastProbeError() string {
+	if e := b.probeErr.Load(); e != nil {
+		return *e
+	}
+	return ""
+}
+
 // setProbeErr keeps the error of the latest failed probe for Reason.
 func (b *Backend) setProbeErr(err error) {
 	if err == nil {

@@ -39,10 +39,18 @@ func checkHealthPath(p string) error {
 func (n *Node) onEject(proto string) func(b *lb.Backend, r lb.Result, until int64) {
 	return func(b *lb.Backend, r lb.Result, until int64) {
 		d := time.Duration(until - n.clock.Now()).Round(time.Millisecond)
-		n.logger.Warn("backend ejected", "protocol", proto, "backend", b.ID(), "last_failure", r.String(), "for", d)
+		attrs := []any{"protocol", proto, "backend", b.ID(), "last_failure", r.String(), "for", d}
+		last := r.String()
+		if e := b.LastProbeError(); e != "" {
+			// The health checks' error names the cause the category
+			// hides (an x509 failure is a "connect error").
+			attrs = append(attrs, "health_check_error", e)
+			last += "; its health checks: " + e
+		}
+		n.logger.Warn("backend ejected", attrs...)
 		if n.events != nil {
 			n.events(admission.Event{Time: time.Now(), Kind: admission.EventBackendState, Subject: proto + " " + b.ID(),
-				Message: fmt.Sprintf("backend %s ejected for %v after consecutive failures (the last: %v); -health-max-fails, -health-cooldown", b.ID(), d, r)})
+				Message: fmt.Sprintf("backend %s ejected for %v after consecutive failures (the last: %s); -health-max-fails, -health-cooldown", b.ID(), d, last)})
 		}
 	}
 }
