@@ -131,7 +131,7 @@ func (n *Node) tlsCertStatus() any {
 
 var (
 	descCertExpiry  = prometheus.NewDesc("sluice_tls_certificate_expiry_seconds", "Seconds until the certificate in service expires (negative once expired), by -tls-cert file and its first name.", []string{"file", "name"}, nil)
-	descCertReloads = prometheus.NewDesc("sluice_tls_certificate_reloads_total", "Loads of certificate files after start (SIGHUP or a change of the file), by result: ok, or failed (the certificate in service stays).", []string{"result"}, nil)
+	descCertReloads = prometheus.NewDesc("sluice_tls_certificate_reloads_total", "Loads of certificate files after start (SIGHUP or a change of the file), by result: ok (a new certificate in service), unchanged (the file held the certificate in service already), or failed (the certificate in service stays).", []string{"result"}, nil)
 	descHSInFlight  = prometheus.NewDesc("sluice_tls_handshakes_in_flight", "TLS and WebSocket handshakes under way on every listener.", nil, nil)
 	descHSStarted   = prometheus.NewDesc("sluice_tls_handshakes_started_total", "TLS and WebSocket handshakes the handshake bound let start.", nil, nil)
 	descHSRefused   = prometheus.NewDesc("sluice_tls_handshakes_refused_total", "Connections closed without a handshake, by reason: in_flight (-tls-handshakes-max under way) or rate (over -tls-handshake-rate).", []string{"reason"}, nil)
@@ -164,4 +164,5 @@ func (c tlsCollector) Collect(ch chan<- prometheus.Metric) {
 	st := s.Stats()
 	ch <- prometheus.MustNewConstMetric(descCertReloads, prometheus.CounterValue, float64(st.ReloadOK), "ok")
 	ch <- prometheus.MustNewConstMetric(descCertReloads, prometheus.CounterValue, float64(st.ReloadFailed), "failed")
+	ch <- prometheus.MustNewConstMetric(descCertReloads, prometheus.CounterValue, float64(st.ReloadUnchanged), "unchanged")
 }

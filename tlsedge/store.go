@@ -67,7 +67,7 @@ type Store struct {
 	slots  []*slot
 	warned map[[32]byte]bool // certificates EventCertExpiring fired for
 
-	reloadOK, reloadFailed atomic.Uint64
+	reloadOK, reloadFailed, reloadSame atomic.Uint64
 }
 
 // slot is one -tls-cert: what serves and how its files looked when last
@@ -238,10 +238,11 @@ func (s *Store) loadLocked(want func(*slot, [2]fileStamp) bool) error {
 			s.emit(now, EventCertRefused, sl.spec.Cert, fmt.Sprintf("%v; the certificate in service (serial %s, expires %s) stays", err, serial(sl.cur), sl.cur.cert.Leaf.NotAfter.UTC().Format(time.RFC3339)))
 			continue
 		}
-		s.reloadOK.Add(1)
 		if e.fingerprint == sl.cur.fingerprint {
+			s.reloadSame.Add(1)
 			continue // the same certificate: nothing to swap
 		}
+		s.reloadOK.Add(1)
 		old := sl.cur
 		sl.cur = e
 		changed = true
@@ -330,14 +331,17 @@ func (s *Store) Certs() []CertInfo {
 	return out
 }
 
-// Stats counts the loads of certificate files after start.
+// Stats counts the loads of certificate files after start: ReloadOK a
+// new certificate put in service, ReloadUnchanged a file read again that
+// held the certificate in service already (a SIGHUP re-reads every
+// file), ReloadFailed a file refused.
 type Stats struct {
-	ReloadOK, ReloadFailed uint64
+	ReloadOK, ReloadFailed, ReloadUnchanged uint64
 }
 
 // Stats returns the counts so far.
 func (s *Store) Stats() Stats {
-	return Stats{ReloadOK: s.reloadOK.Load(), ReloadFailed: s.reloadFailed.Load()}
+	return Stats{ReloadOK: s.reloadOK.Load(), ReloadFailed: s.reloadFailed.Load(), ReloadUnchanged: s.reloadSame.Load()}
 }
 
 // fileStamp is how a file looked: enough to tell that it changed, even

@@ -299,9 +299,13 @@ func TestReloadPicksNew(t *testing.T) {
 	if err != nil || cs.PeerCertificates[0].SerialNumber.String() != "200" {
 		t.Fatalf("new handshake: %v", err)
 	}
-	// Reloading the same files again swaps nothing and fires no event.
+	// Reloading the same files again swaps nothing, fires no event, and
+	// counts as unchanged, not as a reload that took.
 	if err := f.s.Reload(); err != nil || f.ev.count(EventCertLoaded) != 1 {
 		t.Errorf("second reload: %v, events %v", err, f.ev.kinds())
+	}
+	if st := f.s.Stats(); st.ReloadOK != 1 || st.ReloadUnchanged != 1 || st.ReloadFailed != 0 {
+		t.Errorf("stats after the same files again: %+v, want 1 ok, 1 unchanged", st)
 	}
 }
 
