@@ -323,7 +323,7 @@ func tmpfsChild(dir string) {
 	}
 }
 
-// TestTmpfsFullAndReadOnly runs a store on a 4 MiB tmpfs in a child
+// TestTmpfsFullAndReadOnly runs a store on a 16 MiB tmpfs in a child
 // process and fills the filesystem, then makes it read-only: the child
 // must survive both (Badger died of SIGBUS here), report the failure, and
 // resume saving by itself when space is freed and the filesystem is
@@ -336,11 +336,11 @@ func TestTmpfsFullAndReadOnly(t *testing.T) {
 		testenv.Missing(t, "needs root to mount a tmpfs (run the tests as root to cover a filesystem that fills up)")
 	}
 	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", mnt).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", mnt).CombinedOutput(); err != nil {
 		testenv.Missing(t, fmt.Sprintf("cannot mount a tmpfs: %v %s", err, out))
 	}
 	// CI's output says that the full-disk regression ran.
-	fmt.Printf("TestTmpfsFullAndReadOnly: running on a 4 MiB tmpfs at %s\n", mnt)
+	fmt.Printf("TestTmpfsFullAndReadOnly: running on a 16 MiB tmpfs at %s\n", mnt)
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
 			t.Errorf("umount %s: %v %s", mnt, err, out)

@@ -561,15 +561,15 @@ func fill(t *testing.T, name string) {
 }
 
 // TestTmpfsFullAndReadOnlyFormat3: Badger in the store process on a
-// 4 MiB tmpfs that fills up (Badger's SIGBUS) and is then remounted
+// 16 MiB tmpfs that fills up (Badger's SIGBUS) and is then remounted
 // read-only, while events and learned states are written as under
 // traffic: this process keeps running, the store process dies or fails
 // and is restarted, everything resumes by itself once the filesystem
 // takes writes again, and the last learned state is the stored one.
 func TestTmpfsFullAndReadOnlyFormat3(t *testing.T) {
 	skipShort(t)
-	mnt := mountTmpfs(t, "4m")
-	fmt.Printf("TestTmpfsFullAndReadOnlyFormat3: running on a 4 MiB tmpfs at %s\n", mnt)
+	mnt := mountTmpfs(t, "16m") // room for Badger's 4 MiB memtable file, and a filler fills it
+	fmt.Printf("TestTmpfsFullAndReadOnlyFormat3: running on a 16 MiB tmpfs at %s\n", mnt)
 	dir := filepath.Join(mnt, "data")
 	cfg := cfg3(dir)
 	cfg.ChildCallTimeout = time.Second
