@@ -177,7 +177,7 @@ func (s *Server) ListenAndServeH2C() error {
 // ServeH2C serves HTTP/2 over cleartext with prior knowledge (RFC 9113
 // §3.3) on ln until Shutdown: every connection must open with the HTTP/2
 // client preface; anything else (an HTTP/1.1 request, an Upgrade: h2c) is
-// answered with a connection error and closed. Connections are counted
+// answered 505 (checkH2CPreface) and closed. Connections are counted
 // under -http-max-conns and -http-max-conns-per-source with those of the
 // HTTP/1.1 listener. It returns nil after Shutdown.
 func (s *Server) ServeH2C(ln net.Listener) error {
@@ -222,8 +222,24 @@ func (s *Server) ServeH2C(ln net.Listener) error {
 			go s.serveH2Proxied(c, ip)
 			continue
 		}
-		go s.serveH2(&countedConn{Conn: c, release: func() { s.conns.release(ip) }})
+		go s.serveH2C(&countedConn{Conn: c, release: func() { s.conns.release(ip) }})
 	}
+}
+
+// h2cPrefaceTimeout bounds the wait for an h2c connection's first bytes:
+// x/net's server gives the preface 10 s as well.
+const h2cPrefaceTimeout = 10 * time.Second
+
+// serveH2C serves an h2c connection once it opened with the HTTP/2
+// preface; any other opening (an HTTP/1.1 request) gets a 505 that says
+// the port speaks h2c only.
+func (s *Server) serveH2C(c net.Conn) {
+	pc, ok := checkH2CPreface(c, min(s.cfg.ClientReadTimeout, h2cPrefaceTimeout))
+	if !ok {
+		c.Close()
+		return
+	}
+	s.serveH2(pc)
 }
 
 // serveH2Proxied serves an h2c connection from a -proxy-protocol-from
@@ -247,7 +263,7 @@ func (s *Server) serveH2Proxied(c net.Conn, peer netip.Addr) {
 		return
 	}
 	ip := cl.Addr()
-	s.serveH2(&countedConn{Conn: proxyConn{Conn: c, remote: net.TCPAddrFromAddrPort(cl)}, release: func() { s.conns.release(ip) }})
+	s.serveH2C(&countedConn{Conn: proxyConn{Conn: c, remote: net.TCPAddrFromAddrPort(cl)}, release: func() { s.conns.release(ip) }})
 }
 
 // countedConn ends its connection's count under the client limits once,

@@ -887,3 +887,65 @@ func TestH2CriticalAbortsUpload(t *testing.T) {
 		t.Errorf("after the abort: %d", rep.status)
 	}
 }
+
+// TestH2CListenerAnswersHTTP1: an HTTP/1.1 request on the h2c listener
+// (an operator's curl, a health check) gets a 505 that says what the port
+// speaks, and the connection is closed; prior-knowledge HTTP/2 on the
+// same listener is served.
+func TestH2CListenerAnswersHTTP1(t *testing.T) {
+	r := newRig(t, rigOpts{backends: 1})
+	addr := h2cListen(t, r)
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := nethttp.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("HTTP/1.1 on the h2c port: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 505 || !strings.Contains(string(body), "HTTP/2 with prior knowledge only") || !resp.Close {
+		t.Fatalf("HTTP/1.1 on the h2c port: %d %q close=%v", resp.StatusCode, body, resp.Close)
+	}
+	rep := h2Do(t, h2cClient(t), "GET", "http://"+addr+"/x", "", nil)
+	if rep.status != 200 {
+		t.Fatalf("HTTP/2 after: %+v", rep)
+	}
+}
+
+// TestCheckH2CPreface: the preface whole or cut short is HTTP/2's to
+// judge (its bytes read again); anything else is answered 505.
+func TestCheckH2CPreface(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		ok       bool
+	}{
+		{"preface", h2cPreface + "\x00\x00\x00\x04", true},
+		{"preface cut short", h2cPreface[:10], true},
+		{"nothing", "", true},
+		{"HTTP/1.1", "GET / HTTP/1.1\r\nHost: a\r\n\r\n", false},
+		{"one wrong byte", "PRI * HTTP/2.1\r\n\r\nSM\r\n\r\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := net.Pipe()
+			defer a.Close()
+			go func() {
+				io.WriteString(b, tc.in)
+				b.Close()
+			}()
+			c, ok := checkH2CPreface(a, 5*time.Second)
+			if ok != tc.ok {
+				t.Fatalf("ok %v, want %v", ok, tc.ok)
+			}
+			if ok {
+				got, _ := io.ReadAll(c)
+				if !strings.HasPrefix(tc.in, string(got)) || len(got) < min(len(tc.in), len(h2cPreface)) {
+					t.Fatalf("read again %q from %q", got, tc.in)
+				}
+			}
+		})
+	}
+}
