@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicelb/sluice/proxyproto"
+	"github.com/sluicelb/sluice/tlsedge"
 )
 
 // HTTPS: a second listener beside the plain one, served by the same engine
@@ -57,18 +58,31 @@ func (s *Server) handshakeSource(ip netip.Addr) netip.Addr {
 	return ip
 }
 
+// reasonGate is a sourceGate that says why it refused
+// (tlsedge.HandshakeLimiter), for the log.
+type reasonGate interface {
+	TryFrom(src netip.Addr, now int64) tlsedge.Refusal
+}
+
 // acquireHandshake asks Config.Handshakes for a handshake from ip (its
-// source's share too when the gate keeps shares); true when there is no
-// gate.
-func (s *Server) acquireHandshake(ip netip.Addr) bool {
+// source's share too when the gate keeps shares): NotRefused, or why not
+// (RefusedInFlight for a gate that does not say); NotRefused when there is
+// no gate.
+func (s *Server) acquireHandshake(ip netip.Addr) tlsedge.Refusal {
+	ok := true
 	switch g := s.cfg.Handshakes; g := g.(type) {
 	case nil:
-		return true
+	case reasonGate:
+		return g.TryFrom(s.handshakeSource(ip), s.clock.Now())
 	case sourceGate:
-		return g.AcquireFrom(s.handshakeSource(ip), s.clock.Now())
+		ok = g.AcquireFrom(s.handshakeSource(ip), s.clock.Now())
 	default:
-		return g.Acquire(s.clock.Now())
+		ok = g.Acquire(s.clock.Now())
 	}
+	if !ok {
+		return tlsedge.RefusedInFlight
+	}
+	return tlsedge.NotRefused
 }
 
 // releaseHandshake ends a handshake acquireHandshake(ip) let start.
@@ -94,6 +108,8 @@ type tlsFront struct {
 	// come to them.
 	pending   atomic.Int64
 	closeOnce sync.Once
+	// refusals gathers the handshakes the gate refused, for the log.
+	refusals tlsedge.RefusalLog
 }
 
 // close stops accepting and ends the handshakes under way.

@@ -37,8 +37,8 @@ func (s *Server) helloHandshake(t *tlsFront, c net.Conn, ip netip.Addr, remote n
 	held := false
 	switch {
 	case err == nil:
-		if !s.acquireHandshake(ip) {
-			s.stats.HandshakeRefused.Add(1)
+		if why := s.acquireHandshake(ip); why != tlsedge.NotRefused {
+			s.handshakeRefused(t, ip, why)
 			s.endAccepted(t, c, ip)
 			return
 		}
@@ -78,4 +78,16 @@ func drainRequest(c net.Conn) {
 	c.SetReadDeadline(time.Now().Add(time.Second))
 	var buf [2048]byte
 	c.Read(buf[:])
+}
+
+// handshakeRefused counts a handshake the gate refused (why) to ip, and
+// logs the refusals at most once every 10 s (tlsedge.RefusalLog): a
+// refused client sees its connection closed, and without the line an
+// operator had only a counter to tell that -tls-handshakes-max or
+// -tls-handshake-rate turns clients away.
+func (s *Server) handshakeRefused(t *tlsFront, ip netip.Addr, why tlsedge.Refusal) {
+	s.stats.HandshakeRefused.Add(1)
+	if sum, due := t.refusals.Note(why, ip, s.clock.Now()); due {
+		s.logger.Warn("https handshakes refused since the last such line (at most one every 10 s): connections closed without a handshake (-tls-handshakes-max, -tls-handshake-rate)", sum.Args()...)
+	}
 }

@@ -1,11 +1,16 @@
 package http
 
 import (
+	"bytes"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,6 +117,73 @@ func TestHTTPSRefusedAfterHello(t *testing.T) {
 		eventually(t, "the refusal counted", func() bool { return r.srv.Stats().HandshakeRefused.Load() == 1 })
 		if gate.refused.Load() != 1 || gate.acquired.Load() != 0 {
 			t.Errorf("gate: refused %d, acquired %d; want 1 and 0", gate.refused.Load(), gate.acquired.Load())
+		}
+	})
+}
+
+// warnLog is a JSON slog logger whose WARN lines a test reads.
+type warnLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (w *warnLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+// lines returns the WARN lines whose message starts with prefix.
+func (w *warnLog) lines(t *testing.T, prefix string) []map[string]any {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(w.buf.String()), "\n") {
+		var m map[string]any
+		if l == "" || json.Unmarshal([]byte(l), &m) != nil {
+			continue
+		}
+		if m["level"] == "WARN" && strings.HasPrefix(m["msg"].(string), prefix) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestHTTPSRefusalsLogged: handshake refusals are logged at WARN, at
+// most one line every 10 s (the injected clock), the line telling the
+// refusals since the last one by reason and the source refused most.
+func TestHTTPSRefusalsLogged(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		gate := tlsedge.NewHandshakeLimiter(8, 0) // a source's share: 1
+		w := &warnLog{}
+		logger := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		r := newRig(t, rigOpts{backends: 1, tls: true, logger: logger, cfg: Config{Handshakes: gate, HandshakeTimeout: time.Minute}})
+		hello := clientHello(t)
+		held := dialFrom(t, "127.0.0.1", r.addr)
+		held.Write(hello) // takes 127.0.0.1's one place and keeps it
+		eventually(t, "the first hello's handshake under way", func() bool { return gate.Stats().InFlight == 1 })
+		refuse := func(n uint64) {
+			t.Helper()
+			c := dialFrom(t, "127.0.0.1", r.addr)
+			c.Write(hello)
+			eventually(t, fmt.Sprintf("refusal %d", n), func() bool { return r.srv.Stats().HandshakeRefused.Load() == n })
+		}
+		const msg = "https handshakes refused"
+		refuse(1)
+		refuse(2)
+		if got := w.lines(t, msg); len(got) != 1 || got[0]["source"] != 1.0 || got[0]["in_flight"] != 0.0 || got[0]["top_source"] != "127.0.0.1" {
+			t.Fatalf("after 2 refusals within 10 s: %v; want one line, source=1, top_source=127.0.0.1", got)
+		}
+		r.clock.Advance(tlsedge.RefusalLogEvery)
+		refuse(3)
+		got := w.lines(t, msg)
+		if len(got) != 2 || got[1]["source"] != 2.0 || got[1]["rate"] != 0.0 || got[1]["top_source_refusals"] != 2.0 {
+			t.Fatalf("10 s later: %v; want a second line, source=2 (the refusals since the first), top_source_refusals=2", got)
+		}
+		if st := gate.Stats(); st.RefusedSource != 3 || st.RefusedBusy != 0 {
+			t.Errorf("gate: %+v; want 3 refused by source, none by the bound", st)
 		}
 	})
 }

@@ -1,13 +1,19 @@
 package sip
 
 import (
+	"bytes"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicelb/sluice/admission"
 	"github.com/sluicelb/sluice/tlsedge"
 )
 
@@ -130,4 +136,73 @@ func (g *testGate) acquiredN() int {
 func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// warnLog is a JSON slog logger whose WARN lines a test reads.
+type warnLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (w *warnLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+// lines returns the WARN lines whose message starts with prefix.
+func (w *warnLog) lines(prefix string) []map[string]any {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(w.buf.String()), "\n") {
+		var m map[string]any
+		if l == "" || json.Unmarshal([]byte(l), &m) != nil {
+			continue
+		}
+		if m["level"] == "WARN" && strings.HasPrefix(m["msg"].(string), prefix) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestRefusalsLogged: SIP TLS handshake refusals are logged at WARN, at
+// most one line every 10 s (the injected clock), the line telling the
+// refusals since the last one by reason and the source refused most.
+func TestRefusalsLogged(t *testing.T) {
+	gate := tlsedge.NewHandshakeLimiter(8, 0) // a source's share: 1
+	w := &warnLog{}
+	clock := &admission.ManualClock{}
+	clock.Set(int64(time.Hour))
+	srv, cli := testTLS(t)
+	b1 := newUAS(t, "b1")
+	s := startServer(t, serverOpts{backends: uasAddrs([]*uas{b1}), clock: clock,
+		log: slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		mut: func(c *Config) {
+			c.TLSListen, c.TLSConfig = "127.0.0.1:0", srv
+			c.Handshakes, c.HandshakeTimeout = gate, time.Minute
+		}})
+	hello := clientHello(t, cli)
+	held := dialFrom(t, "127.0.0.1", s.TLSAddr())
+	held.Write(hello) // takes 127.0.0.1's one place and keeps it
+	eventually(t, "the first hello's handshake under way", func() bool { return gate.Stats().InFlight == 1 })
+	refuse := func(n uint64) {
+		t.Helper()
+		c := dialFrom(t, "127.0.0.1", s.TLSAddr())
+		c.Write(hello)
+		eventually(t, fmt.Sprintf("refusal %d", n), func() bool { return s.metrics.HandshakesRefused.Load() == n })
+	}
+	const msg = "sip handshakes refused"
+	refuse(1)
+	refuse(2)
+	if got := w.lines(msg); len(got) != 1 || got[0]["source"] != 1.0 || got[0]["in_flight"] != 0.0 || got[0]["top_source"] != "127.0.0.1" {
+		t.Fatalf("after 2 refusals within 10 s: %v; want one line, source=1, top_source=127.0.0.1", got)
+	}
+	clock.Advance(tlsedge.RefusalLogEvery)
+	refuse(3)
+	got := w.lines(msg)
+	if len(got) != 2 || got[1]["source"] != 2.0 || got[1]["rate"] != 0.0 || got[1]["top_source_refusals"] != 2.0 {
+		t.Fatalf("10 s later: %v; want a second line, source=2 (the refusals since the first), top_source_refusals=2", got)
+	}
 }

@@ -213,9 +213,12 @@ func (s *Server) beginHandshake(tc *tcpConn) bool {
 	if tc.hello != nil && tc.hello.only {
 		return true // not a hello: crypto/tls fails on it, no place needed
 	}
-	if !s.acquireHandshake(tc) {
+	if why := s.acquireHandshake(tc); why != tlsedge.NotRefused {
 		s.metrics.HandshakesRefused.Add(1)
-		s.log.Debug("sip handshake refused: too many in progress", "remote", tc.remote.String(), "transport", tc.kind.String())
+		s.log.Debug("sip handshake refused: too many in progress", "remote", tc.remote.String(), "transport", tc.kind.String(), "reason", why.String())
+		if sum, due := s.handshakeRefusals.Note(why, tc.remote.Addr(), s.clock.Now()); due {
+			s.log.Warn("sip handshakes refused since the last such line (at most one every 10 s): connections closed without a handshake (-tls-handshakes-max, -tls-handshake-rate)", sum.Args()...)
+		}
 		return false
 	}
 	return true
@@ -282,17 +285,35 @@ type sourceGate interface {
 	ReleaseFrom(src netip.Addr)
 }
 
+// handshakeRefusals gathers the handshakes the gate refused, for a line
+// at most every 10 s.
+type handshakeRefusals = tlsedge.RefusalLog
+
+// reasonGate is a sourceGate that says why it refused
+// (tlsedge.HandshakeLimiter), for the log.
+type reasonGate interface {
+	TryFrom(src netip.Addr, now int64) tlsedge.Refusal
+}
+
 // acquireHandshake asks Config.Handshakes for a handshake on tc (its
-// source's share too when the gate keeps shares); true without a gate.
-func (s *Server) acquireHandshake(tc *tcpConn) bool {
+// source's share too when the gate keeps shares): NotRefused, or why not
+// (RefusedInFlight for a gate that does not say); NotRefused without a
+// gate.
+func (s *Server) acquireHandshake(tc *tcpConn) tlsedge.Refusal {
+	ok := true
 	switch g := s.cfg.Handshakes; g := g.(type) {
 	case nil:
-		return true
+	case reasonGate:
+		return g.TryFrom(tc.remote.Addr(), s.clock.Now())
 	case sourceGate:
-		return g.AcquireFrom(tc.remote.Addr(), s.clock.Now())
+		ok = g.AcquireFrom(tc.remote.Addr(), s.clock.Now())
 	default:
-		return g.Acquire(s.clock.Now())
+		ok = g.Acquire(s.clock.Now())
 	}
+	if !ok {
+		return tlsedge.RefusedInFlight
+	}
+	return tlsedge.NotRefused
 }
 
 // releaseHandshake ends a handshake acquireHandshake let start on tc.
