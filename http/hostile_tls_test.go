@@ -12,7 +12,7 @@ import (
 // TestHostileHandshakeSlotsPerSource: the node's bound on handshakes in
 // flight (-tls-handshakes-max) protects the CPU from a flood, but one
 // source alone must not be able to hold every place: its connections,
-// opened and left silent, each keep a place until the handshake timeout
+// each sending a ClientHello and then nothing, each keep a place until the handshake timeout
 // (10 s by default), and when they are all of them, every other client's
 // handshake is refused, on every TLS and WebSocket listener of the node,
 // for as long as the one source repeats. One source gets a share (an
@@ -23,16 +23,18 @@ func TestHostileHandshakeSlotsPerSource(t *testing.T) {
 		const places = 8
 		gate := tlsedge.NewHandshakeLimiter(places, 0)
 		r := newRig(t, rigOpts{backends: 1, tls: true, cfg: Config{Handshakes: gate, HandshakeTimeout: time.Minute}})
+		hello := clientHello(t)
 		for range places {
-			c, err := net.Dial("tcp", r.addr) // from 127.0.0.1, never says a word
+			c, err := net.Dial("tcp", r.addr) // from 127.0.0.1: a ClientHello, then never a word
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { c.Close() })
+			c.Write(hello)
 		}
 		eventually(t, "the silent connections accepted", func() bool {
 			st := gate.Stats()
-			return st.Started+st.RefusedBusy >= places
+			return st.Started+st.RefusedBusy+st.RefusedSource >= places
 		})
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
 		c, err := tls.DialWithDialer(d, "tcp", r.addr, testTLS(t).client("a.example"))

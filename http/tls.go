@@ -13,14 +13,17 @@ import (
 	"time"
 
 	"github.com/sluicelb/sluice/proxyproto"
+	"github.com/sluicelb/sluice/tlsedge"
 )
 
 // HTTPS: a second listener beside the plain one, served by the same engine
 // and pipeline. Both engines take TLS connections the same way: one
-// goroutine accepts, applies the client limits and the handshake gate
-// (Config.Handshakes), and runs each handshake with crypto/tls on a
-// goroutine of its own under Config.HandshakeTimeout, over the socket
-// (Go's poller: a stalled handshake parks a goroutine, never a thread).
+// goroutine accepts and applies the client limits; each connection then
+// has a goroutine of its own, under Config.HandshakeTimeout from accept,
+// that reads its ClientHello, asks the handshake gate (Config.Handshakes)
+// once the hello is whole (tlshello.go), and runs the handshake with
+// crypto/tls over the socket (Go's poller: a stalled handshake parks a
+// goroutine, never a thread).
 // An established connection then goes to the engine: the loop engine
 // drives its record layer on a loop through a recordConn (tls_adapter.go,
 // tls_loop.go); the fasthttp engine serves it with a goroutine, as a
@@ -55,18 +58,31 @@ func (s *Server) handshakeSource(ip netip.Addr) netip.Addr {
 	return ip
 }
 
+// reasonGate is a sourceGate that says why it refused
+// (tlsedge.HandshakeLimiter), for the log.
+type reasonGate interface {
+	TryFrom(src netip.Addr, now int64) tlsedge.Refusal
+}
+
 // acquireHandshake asks Config.Handshakes for a handshake from ip (its
-// source's share too when the gate keeps shares); true when there is no
-// gate.
-func (s *Server) acquireHandshake(ip netip.Addr) bool {
+// source's share too when the gate keeps shares): NotRefused, or why not
+// (RefusedInFlight for a gate that does not say); NotRefused when there is
+// no gate.
+func (s *Server) acquireHandshake(ip netip.Addr) tlsedge.Refusal {
+	ok := true
 	switch g := s.cfg.Handshakes; g := g.(type) {
 	case nil:
-		return true
+	case reasonGate:
+		return g.TryFrom(s.handshakeSource(ip), s.clock.Now())
 	case sourceGate:
-		return g.AcquireFrom(s.handshakeSource(ip), s.clock.Now())
+		ok = g.AcquireFrom(s.handshakeSource(ip), s.clock.Now())
 	default:
-		return g.Acquire(s.clock.Now())
+		ok = g.Acquire(s.clock.Now())
 	}
+	if !ok {
+		return tlsedge.RefusedInFlight
+	}
+	return tlsedge.NotRefused
 }
 
 // releaseHandshake ends a handshake acquireHandshake(ip) let start.
@@ -92,6 +108,8 @@ type tlsFront struct {
 	// come to them.
 	pending   atomic.Int64
 	closeOnce sync.Once
+	// refusals gathers the handshakes the gate refused, for the log.
+	refusals tlsedge.RefusalLog
 }
 
 // close stops accepting and ends the handshakes under way.
@@ -191,8 +209,8 @@ func (s *Server) closeTLS() {
 }
 
 // acceptTLS accepts on t.ln until it is closed, then calls done. Each
-// connection within the client limits and the handshake gate gets its
-// handshake on a goroutine of its own, then goes to deliver.
+// connection within the client limits gets a goroutine of its own for its
+// hello and handshake (helloHandshake), then goes to deliver.
 func (s *Server) acceptTLS(t *tlsFront, deliver deliverFunc, done func()) {
 	defer done()
 	defer t.close()
@@ -232,19 +250,12 @@ func (s *Server) acceptTLS(t *tlsFront, deliver deliverFunc, done func()) {
 			go s.proxiedHandshake(t, c, ip, deliver)
 			continue
 		}
-		if !s.acquireHandshake(ip) {
-			s.stats.HandshakeRefused.Add(1)
-			c.Close()
-			s.conns.release(ip)
-			continue
-		}
 		t.pending.Add(1)
 		if s.shut.Load() { // after the count: a loop that saw none pending has seen shut too
-			s.endHandshake(t, c, ip)
-			t.pending.Add(-1)
+			s.endAccepted(t, c, ip)
 			continue
 		}
-		go s.handshake(t, c, ip, nil, deliver)
+		go s.helloHandshake(t, c, ip, nil, deliver)
 	}
 }
 
@@ -274,43 +285,41 @@ func (s *Server) proxiedHandshake(t *tlsFront, c net.Conn, peer netip.Addr, deli
 		t.pending.Add(-1)
 		return
 	}
-	if !s.acquireHandshake(ip) {
-		s.stats.HandshakeRefused.Add(1)
-		c.Close()
-		s.conns.release(ip)
-		t.pending.Add(-1)
-		return
-	}
-	if s.shut.Load() {
-		s.endHandshake(t, c, ip)
-		t.pending.Add(-1)
-		return
-	}
-	s.handshake(t, c, ip, remote, deliver)
+	s.helloHandshake(t, c, ip, remote, deliver)
 }
 
-// endHandshake closes a connection whose handshake was let start and will
-// not go on.
-func (s *Server) endHandshake(t *tlsFront, c net.Conn, ip netip.Addr) {
-	s.releaseHandshake(ip)
+// endAccepted closes a connection that will not have its handshake, holding
+// no place of the handshake gate: its count under the client limits and
+// in t.pending end.
+func (s *Server) endAccepted(t *tlsFront, c net.Conn, ip netip.Addr) {
 	c.Close()
 	s.conns.release(ip)
+	t.pending.Add(-1)
 }
 
-// handshake runs the TLS handshake of c within Config.HandshakeTimeout
-// (the socket's deadline, cleared after) and hands the connection on: to
+// handshake runs the TLS handshake of c within the socket's deadline
+// (helloHandshake set it; cleared after) and hands the connection on: to
 // deliver for HTTP/1.1, to the HTTP/2 handler when the client chose h2.
 // remote, when set, is the client a PROXY header named: the address the
-// TLS connection reports.
-func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, remote net.Addr, deliver deliverFunc) {
+// TLS connection reports. hello is what was read of c before (crypto/tls
+// reads it first); held says whether the handshake holds a place of the
+// gate (acquireHandshake), to be given back when it ends. A handshake that
+// holds none was given bytes that are not a ClientHello: crypto/tls sees
+// them and no more of the socket, and fails on them.
+func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, remote net.Addr, deliver deliverFunc, hello []byte, held bool) {
 	rc := newRecordConn(c)
 	if remote != nil {
 		rc.remote = remote
 	}
+	if !held {
+		rc.conn = noMoreReads{c}
+	}
+	rc.feed(hello)
 	tc := tls.Server(rc, t.cfg)
-	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	err := tc.HandshakeContext(t.ctx)
-	s.releaseHandshake(ip)
+	if held {
+		s.releaseHandshake(ip)
+	}
 	if err == nil {
 		err = c.SetDeadline(time.Time{})
 	}
@@ -328,6 +337,9 @@ func (s *Server) handshake(t *tlsFront, c net.Conn, ip netip.Addr, remote net.Ad
 			// rather than a connection closed without a word.
 			c.SetWriteDeadline(time.Now().Add(time.Second))
 			io.WriteString(c, plainHTTPAnswer)
+			if !held {
+				drainRequest(c)
+			}
 		}
 	}
 	if err != nil {

@@ -134,7 +134,7 @@ var (
 	descCertReloads = prometheus.NewDesc("sluice_tls_certificate_reloads_total", "Loads of certificate files after start (SIGHUP or a change of the file), by result: ok (a new certificate in service), unchanged (the file held the certificate in service already), or failed (the certificate in service stays).", []string{"result"}, nil)
 	descHSInFlight  = prometheus.NewDesc("sluice_tls_handshakes_in_flight", "TLS and WebSocket handshakes under way on every listener.", nil, nil)
 	descHSStarted   = prometheus.NewDesc("sluice_tls_handshakes_started_total", "TLS and WebSocket handshakes the handshake bound let start.", nil, nil)
-	descHSRefused   = prometheus.NewDesc("sluice_tls_handshakes_refused_total", "Connections closed without a handshake, by reason: in_flight (-tls-handshakes-max under way) or rate (over -tls-handshake-rate).", []string{"reason"}, nil)
+	descHSRefused   = prometheus.NewDesc("sluice_tls_handshakes_refused_total", "Connections closed without a handshake once their ClientHello came, by reason: in_flight (-tls-handshakes-max under way), source (the client's address, or IPv6 /64, has its eighth of them under way) or rate (over -tls-handshake-rate).", []string{"reason"}, nil)
 )
 
 // tlsCollector is the TLS families of /metrics.
@@ -152,6 +152,7 @@ func (c tlsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descHSInFlight, prometheus.GaugeValue, float64(st.InFlight))
 		ch <- prometheus.MustNewConstMetric(descHSStarted, prometheus.CounterValue, float64(st.Started))
 		ch <- prometheus.MustNewConstMetric(descHSRefused, prometheus.CounterValue, float64(st.RefusedBusy), "in_flight")
+		ch <- prometheus.MustNewConstMetric(descHSRefused, prometheus.CounterValue, float64(st.RefusedSource), "source")
 		ch <- prometheus.MustNewConstMetric(descHSRefused, prometheus.CounterValue, float64(st.RefusedRate), "rate")
 	}
 	s := c.n.tlsStore

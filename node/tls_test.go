@@ -110,6 +110,9 @@ func TestTLSWiring(t *testing.T) {
 		`sluice_tls_certificate_reloads_total{result="failed"} 0`,
 		`sluice_tls_handshakes_in_flight 0`,
 		`sluice_tls_handshakes_refused_total{reason="rate"} 0`,
+		`sluice_tls_handshakes_refused_total{reason="source"} 0`,
+		`sluice_tls_handshakes_refused_total{reason="in_flight"} 0`,
+		`reason: in_flight (-tls-handshakes-max under way), source (`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -57,6 +57,7 @@ type serverOpts struct {
 	clock    *admission.ManualClock // nil: the monotonic clock, admission ticking every 10 ms
 	events   admission.EventSink
 	alog     *accesslog.Logger
+	log      *slog.Logger // nil: discarded
 }
 
 func uasAddrs(backends []*uas) []netip.AddrPort {
@@ -106,7 +107,11 @@ func startServer(t testing.TB, o serverOpts) *Server {
 	if o.clock != nil {
 		deps.Clock = o.clock
 	}
-	s, err := New(cfg, deps, slog.New(slog.DiscardHandler))
+	log := o.log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s, err := New(cfg, deps, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestHostileHandshakeSlotsPerSource(t *testing.T) {
 	}
 	eventually(t, "the silent connections accepted", func() bool {
 		st := gate.Stats()
-		return st.Started+st.RefusedBusy >= places
+		return st.Started+st.RefusedBusy+st.RefusedSource >= places
 	})
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
 	c, err := tls.DialWithDialer(d, "tcp", s.TLSAddr().String(), cli)

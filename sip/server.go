@@ -112,6 +112,10 @@ type Server struct {
 	// (Config.AccessLogDialogs).
 	dialogLogs dialogLogs
 	metrics    Metrics
+	// handshakeRefusals are the handshakes the gate refused, for the log
+	// (stream.go).
+	handshakeRefusals handshakeRefusals
+
 	// proxyWaiting counts the connections from balancers whose PROXY
 	// header is being read (proxyin.go), proxyPending holds them
 	// (*net.TCPConn -> struct{}) for Stop to close.

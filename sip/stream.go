@@ -15,6 +15,7 @@ import (
 	"github.com/sluicelb/sluice/internal/opfile"
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/proxyproto"
+	"github.com/sluicelb/sluice/tlsedge"
 )
 
 // A stream listener (TCP, TLS, WS, WSS) accepts connections into the one
@@ -85,6 +86,16 @@ type rawConn struct {
 func (r rawConn) Read(p []byte) (int, error) {
 	if r.tc.waiting.Load() == idleProbe {
 		return 0, errProbe // readIdleTLS: what the session holds, not the socket
+	}
+	if h := r.tc.hello; h != nil {
+		if len(h.b) > 0 {
+			n := copy(p, h.b)
+			h.b = h.b[n:]
+			return n, nil
+		}
+		if h.only {
+			return 0, errNotHello
+		}
 	}
 	n, err := r.TCPConn.Read(p)
 	if n > 0 && r.tc.accepted && r.tc.waiting.CompareAndSwap(idleWait, idleBytes) {
@@ -191,22 +202,78 @@ func (s *Server) endConn(tc *tcpConn, reserved *int64, buf []byte) {
 	tc.mu.Unlock()
 }
 
-// beginHandshake asks the gate for a handshake on tc and sets its
-// deadline; false: refused, the connection is to be closed.
+// beginHandshake sets the deadline of tc's handshake, reads its
+// ClientHello when it is TLS or WSS (readHello), and asks the gate for a
+// place; false: refused or no hello, the connection is to be closed.
 func (s *Server) beginHandshake(tc *tcpConn) bool {
-	if !s.acquireHandshake(tc) {
-		s.metrics.HandshakesRefused.Add(1)
-		s.log.Debug("sip handshake refused: too many in progress", "remote", tc.remote.String(), "transport", tc.kind.String())
+	_ = tc.c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	if tc.sess != nil && !s.readHello(tc) {
 		return false
 	}
-	_ = tc.c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	if tc.hello != nil && tc.hello.only {
+		return true // not a hello: crypto/tls fails on it, no place needed
+	}
+	if why := s.acquireHandshake(tc); why != tlsedge.NotRefused {
+		s.metrics.HandshakesRefused.Add(1)
+		s.log.Debug("sip handshake refused: too many in progress", "remote", tc.remote.String(), "transport", tc.kind.String(), "reason", why.String())
+		if sum, due := s.handshakeRefusals.Note(why, tc.remote.Addr(), s.clock.Now()); due {
+			s.log.Warn("sip handshakes refused since the last such line (at most one every 10 s): connections closed without a handshake (-tls-handshakes-max, -tls-handshake-rate)", sum.Args()...)
+		}
+		return false
+	}
 	return true
 }
 
-// endHandshake clears the handshake's deadline and gives its slot back.
+// endHandshake clears the handshake's deadline and gives its place back
+// (if it took one).
 func (s *Server) endHandshake(tc *tcpConn) {
 	_ = tc.c.SetWriteDeadline(time.Time{})
-	s.releaseHandshake(tc)
+	if tc.hello == nil || !tc.hello.only {
+		s.releaseHandshake(tc)
+	}
+	tc.hello = nil
+}
+
+// A TLS or WSS connection takes a place of the handshake gate only once
+// its ClientHello has arrived whole (tlsedge.ReadHello), under the
+// handshake deadline set at its start: until then it holds a socket and a
+// parked goroutine, which the connection limits (global and per source)
+// and the deadline bound. Taken before, the places went to whoever opened
+// connections and trickled their hellos: a few addresses, each within its
+// source's share, held them all for the timeout, and every other client
+// of the node (SIP TLS, WSS, HTTPS) was refused its handshake for as long
+// as they kept it up.
+
+// tlsHello is the start of a TLS connection, read before its handshake
+// and given to the session ahead of the socket (rawConn.Read). only: it
+// is not a ClientHello (tlsedge.ErrNotHello), and the session reads
+// nothing more of the socket; it fails on these bytes as it would have on
+// the socket's (a PROXY header from a source not allowed to send one is
+// still told apart), and never gets to cryptography without a place.
+type tlsHello struct {
+	b    []byte
+	only bool
+}
+
+// errNotHello ends what a session reads of a connection whose first bytes
+// are not a ClientHello.
+var errNotHello = errors.New("sip tls: not a TLS ClientHello")
+
+// readHello reads the ClientHello of tc into tc.hello; false: it did not
+// come whole by the deadline or the connection ended (counted and logged
+// as a failed handshake).
+func (s *Server) readHello(tc *tcpConn) bool {
+	b, err := tlsedge.ReadHello(tc.c, nil)
+	switch {
+	case err == nil:
+		tc.hello = &tlsHello{b: b}
+	case errors.Is(err, tlsedge.ErrNotHello):
+		tc.hello = &tlsHello{b: b, only: true}
+	default:
+		s.handshakeFailed(tc, err)
+		return false
+	}
+	return true
 }
 
 // sourceGate is a HandshakeGate that also holds each source to a share
@@ -218,17 +285,35 @@ type sourceGate interface {
 	ReleaseFrom(src netip.Addr)
 }
 
+// handshakeRefusals gathers the handshakes the gate refused, for a line
+// at most every 10 s.
+type handshakeRefusals = tlsedge.RefusalLog
+
+// reasonGate is a sourceGate that says why it refused
+// (tlsedge.HandshakeLimiter), for the log.
+type reasonGate interface {
+	TryFrom(src netip.Addr, now int64) tlsedge.Refusal
+}
+
 // acquireHandshake asks Config.Handshakes for a handshake on tc (its
-// source's share too when the gate keeps shares); true without a gate.
-func (s *Server) acquireHandshake(tc *tcpConn) bool {
+// source's share too when the gate keeps shares): NotRefused, or why not
+// (RefusedInFlight for a gate that does not say); NotRefused without a
+// gate.
+func (s *Server) acquireHandshake(tc *tcpConn) tlsedge.Refusal {
+	ok := true
 	switch g := s.cfg.Handshakes; g := g.(type) {
 	case nil:
-		return true
+	case reasonGate:
+		return g.TryFrom(tc.remote.Addr(), s.clock.Now())
 	case sourceGate:
-		return g.AcquireFrom(tc.remote.Addr(), s.clock.Now())
+		ok = g.AcquireFrom(tc.remote.Addr(), s.clock.Now())
 	default:
-		return g.Acquire(s.clock.Now())
+		ok = g.Acquire(s.clock.Now())
 	}
+	if !ok {
+		return tlsedge.RefusedInFlight
+	}
+	return tlsedge.NotRefused
 }
 
 // releaseHandshake ends a handshake acquireHandshake let start on tc.

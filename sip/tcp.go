@@ -32,9 +32,10 @@ type tcpConn struct {
 	// kind is the protocol over the stream (TCP, TLS, WS, WSS) and sess
 	// the TLS session over c for TLS and WSS (nil otherwise): its writes
 	// go down to write through rawConn, so they never block either.
-	kind connKind
-	sess *tls.Conn
-	one  [1]byte // TLS: the first byte read between messages (readIdle)
+	kind  connKind
+	sess  *tls.Conn
+	hello *tlsHello // TLS: the ClientHello read before the handshake, until it ends (stream.go)
+	one   [1]byte   // TLS: the first byte read between messages (readIdle)
 	// waiting is where a TLS reader waiting between messages is: idleNot,
 	// idleWait (nothing received) or idleBytes (part of a record came:
 	// the message timeout runs).

@@ -297,8 +297,9 @@ func TestHandshakeSlow(t *testing.T) {
 }
 
 // TestHandshakeFlood: with the gate at 2 handshakes, two stalled
-// handshakes hold it and every further connection is closed at once
-// without a handshake, while a TLS and a WSS client set up before keep
+// handshakes (a ClientHello, then nothing) hold it and every further
+// connection is closed without a handshake (a TLS one once its hello came,
+// a WebSocket one at once), while a TLS and a WSS client set up before keep
 // working.
 func TestHandshakeFlood(t *testing.T) {
 	b1 := newUAS(t, "b1")
@@ -312,12 +313,14 @@ func TestHandshakeFlood(t *testing.T) {
 	}
 	eventually(t, "the two handshakes done", func() bool { return gate.inFlight.Load() == 0 })
 	var stalled []net.Conn
+	hello := clientHello(t, cli)
 	for _, a := range []net.Addr{s.TLSAddr(), s.WSSAddr()} {
 		c, err := net.Dial("tcp", a.String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
+		c.Write(hello)
 		stalled = append(stalled, c)
 	}
 	eventually(t, "the gate held by two stalled handshakes", func() bool { return gate.inFlight.Load() == 2 })
@@ -330,6 +333,9 @@ func TestHandshakeFlood(t *testing.T) {
 		c, err := net.Dial("tcp", a.String())
 		if err != nil {
 			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			c.Write(hello)
 		}
 		if !closed(&tcpClient{t: t, conn: c}) {
 			t.Fatalf("connection %d not closed with the gate full", i)

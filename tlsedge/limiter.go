@@ -24,7 +24,7 @@ type HandshakeLimiter struct {
 	tat      atomic.Int64 // theoretical arrival time of the next handshake
 	src      sources      // per-source counts of AcquireFrom (limiter_source.go)
 
-	started, refusedBusy, refusedRate atomic.Uint64
+	started, refusedBusy, refusedSource, refusedRate atomic.Uint64
 }
 
 // NewHandshakeLimiter returns a limiter of maxInFlight handshakes at once
@@ -46,12 +46,15 @@ func NewHandshakeLimiter(maxInFlight int, perSecond float64) *HandshakeLimiter {
 // Acquire reports whether one more handshake may start at now (monotonic
 // nanoseconds, e.g. admission.MonoClock); false: the caller closes the
 // connection without a handshake. A true must be followed by one Release.
-func (l *HandshakeLimiter) Acquire(now int64) bool {
+func (l *HandshakeLimiter) Acquire(now int64) bool { return l.try(now) == NotRefused }
+
+// try is Acquire that says why it refused.
+func (l *HandshakeLimiter) try(now int64) Refusal {
 	for {
 		n := l.inFlight.Load()
 		if l.max > 0 && n >= l.max {
 			l.refusedBusy.Add(1)
-			return false
+			return RefusedInFlight
 		}
 		if l.inFlight.CompareAndSwap(n, n+1) {
 			break
@@ -60,10 +63,10 @@ func (l *HandshakeLimiter) Acquire(now int64) bool {
 	if l.interval > 0 && !l.take(now) {
 		l.inFlight.Add(-1)
 		l.refusedRate.Add(1)
-		return false
+		return RefusedRate
 	}
 	l.started.Add(1)
-	return true
+	return NotRefused
 }
 
 // take spends one token of the rate at now.
@@ -94,13 +97,17 @@ func (l *HandshakeLimiter) Release() {
 
 // HandshakeStats are a limiter's counts.
 type HandshakeStats struct {
-	InFlight    int64  // handshakes under way now
-	Started     uint64 // handshakes Acquire let start
-	RefusedBusy uint64 // refused: maxInFlight under way, or the source's share of them (AcquireFrom)
-	RefusedRate uint64 // refused: over perSecond
+	InFlight      int64  // handshakes under way now
+	Started       uint64 // handshakes Acquire let start
+	RefusedBusy   uint64 // refused: maxInFlight under way
+	RefusedSource uint64 // refused: the source has its share of maxInFlight under way (AcquireFrom)
+	RefusedRate   uint64 // refused: over perSecond
 }
 
 // Stats returns the counts so far.
 func (l *HandshakeLimiter) Stats() HandshakeStats {
-	return HandshakeStats{InFlight: l.inFlight.Load(), Started: l.started.Load(), RefusedBusy: l.refusedBusy.Load(), RefusedRate: l.refusedRate.Load()}
+	return HandshakeStats{
+		InFlight: l.inFlight.Load(), Started: l.started.Load(),
+		RefusedBusy: l.refusedBusy.Load(), RefusedSource: l.refusedSource.Load(), RefusedRate: l.refusedRate.Load(),
+	}
 }

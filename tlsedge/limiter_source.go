@@ -39,30 +39,36 @@ type sources struct {
 
 // AcquireFrom is Acquire for a handshake from src: refused too when src
 // has its share (an eighth of maxInFlight, at least one) under way, and
-// counted as RefusedBusy. An invalid src (a connection not counted per
+// counted as RefusedSource. An invalid src (a connection not counted per
 // source, such as a trusted proxy's) is Acquire. A true must be followed
 // by one ReleaseFrom(src).
 func (l *HandshakeLimiter) AcquireFrom(src netip.Addr, now int64) bool {
+	return l.TryFrom(src, now) == NotRefused
+}
+
+// TryFrom is AcquireFrom that says why it refused (for the front ends'
+// logs); NotRefused must be followed by one ReleaseFrom(src).
+func (l *HandshakeLimiter) TryFrom(src netip.Addr, now int64) Refusal {
 	if l.max <= 0 || !src.IsValid() {
-		return l.Acquire(now)
+		return l.try(now)
 	}
 	k := sourceKey(src)
 	l.src.mu.Lock()
 	if l.src.by[k] >= l.sourceShare() {
 		l.src.mu.Unlock()
-		l.refusedBusy.Add(1)
-		return false
+		l.refusedSource.Add(1)
+		return RefusedSource
 	}
 	if l.src.by == nil {
 		l.src.by = map[netip.Addr]int32{}
 	}
 	l.src.by[k]++
 	l.src.mu.Unlock()
-	if !l.Acquire(now) {
+	if why := l.try(now); why != NotRefused {
 		l.releaseSource(k)
-		return false
+		return why
 	}
-	return true
+	return NotRefused
 }
 
 // ReleaseFrom ends a handshake AcquireFrom(src) let start.
