@@ -25,7 +25,10 @@ import (
 // the answer and then wait. The clients run in a child process, so the
 // heap and goroutine stacks measured are the server's alone; the figure
 // is (heap in use + stacks in use) after a collection with the
-// connections open, minus the same before, per connection. Run it alone:
+// connections open, minus the same before, per connection. ws-half is a
+// plain WebSocket connection before its upgrade: half a request head
+// sent, then nothing (what it holds until the handshake deadline). Run it
+// alone:
 //
 //	go test -run '^$' -bench IdleConnMemory -benchtime 1x ./sip/
 //
@@ -37,7 +40,7 @@ func BenchmarkIdleConnMemory(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_IDLE_CONNS")); err == nil && v > 0 {
 		n = v
 	}
-	for _, tr := range []string{"tcp", "tls", "ws", "wss"} {
+	for _, tr := range []string{"tcp", "tls", "ws", "wss", "ws-half"} {
 		b.Run(tr, func(b *testing.B) {
 			for range b.N {
 				measureIdle(b, tr, n)
@@ -79,7 +82,7 @@ func measureIdle(b *testing.B, tr string, n int) {
 		addr = s.Addr()
 	case "tls":
 		addr = s.TLSAddr()
-	case "ws":
+	case "ws", "ws-half":
 		addr = s.WSAddr()
 	case "wss":
 		addr = s.WSSAddr()
@@ -113,6 +116,12 @@ func measureIdle(b *testing.B, tr string, n int) {
 	}
 	if !ready {
 		b.Fatalf("clients did not connect")
+	}
+	if tr == "ws-half" {
+		// Nothing answers half a head: give the readers the time to read
+		// what was sent before measuring.
+		eventually(b, "the half heads accepted", func() bool { return s.tcp.len() == n })
+		time.Sleep(200 * time.Millisecond)
 	}
 	heap1, stack1 := memInUse()
 	if f := os.Getenv("SLUICE_IDLE_HEAPPROFILE"); f != "" {
@@ -148,11 +157,18 @@ func TestIdleClients(t *testing.T) {
 		case "ws", "wss":
 			d := ws.Dialer{Protocols: []string{"sip"}, TLSConfig: insecure}
 			c, _, _, err = d.Dial(context.Background(), tr+"://"+addr+"/")
+		case "ws-half": // half an upgrade request head, then nothing
+			if c, err = net.Dial("tcp", addr); err == nil {
+				_, err = c.Write([]byte(wsUpgradeHead[:len(wsUpgradeHead)/2]))
+			}
 		}
 		if err != nil {
 			t.Fatalf("dial %d: %v", i, err)
 		}
 		conns = append(conns, c)
+		if tr == "ws-half" {
+			continue
+		}
 		msg := fmt.Sprintf("OPTIONS sip:%s SIP/2.0\r\nVia: SIP/2.0/%s %s;branch=z9hG4bK-idle-%d\r\nMax-Forwards: 0\r\nFrom: <sip:a@test>;tag=1\r\nTo: <sip:%s>\r\nCall-ID: idle-%d@test\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n",
 			addr, strings.ToUpper(tr), c.LocalAddr(), i, addr, i)
 		if strings.HasPrefix(tr, "ws") {

@@ -204,15 +204,31 @@ func (s *Server) endConn(tc *tcpConn, reserved *int64, buf []byte) {
 
 // beginHandshake sets the deadline of tc's handshake, reads its
 // ClientHello when it is TLS or WSS (readHello), and asks the gate for a
-// place; false: refused or no hello, the connection is to be closed.
+// place; false: refused or no hello, the connection is to be closed. A
+// plain WebSocket asks once its upgrade request head is in (handshakeWS).
 func (s *Server) beginHandshake(tc *tcpConn) bool {
-	_ = tc.c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	s.handshakeDeadline(tc)
 	if tc.sess != nil && !s.readHello(tc) {
 		return false
 	}
 	if tc.hello != nil && tc.hello.only {
 		return true // not a hello: crypto/tls fails on it, no place needed
 	}
+	return s.takeHandshake(tc)
+}
+
+// handshakeDeadline starts the clock of tc's handshake: reads and writes
+// end at -tls-handshake-timeout from now (endHandshake clears the write
+// side, the reader sets its own once the handshake is done).
+func (s *Server) handshakeDeadline(tc *tcpConn) {
+	_ = tc.c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+}
+
+// takeHandshake asks the gate for a place for tc's handshake; a refusal
+// is counted and logged (at WARN at most once every 10 s) and false: the
+// connection is to be closed without a handshake. true must be followed
+// by one endHandshake.
+func (s *Server) takeHandshake(tc *tcpConn) bool {
 	if why := s.acquireHandshake(tc); why != tlsedge.NotRefused {
 		s.metrics.HandshakesRefused.Add(1)
 		s.log.Debug("sip handshake refused: too many in progress", "remote", tc.remote.String(), "transport", tc.kind.String(), "reason", why.String())
@@ -242,7 +258,10 @@ func (s *Server) endHandshake(tc *tcpConn) {
 // connections and trickled their hellos: a few addresses, each within its
 // source's share, held them all for the timeout, and every other client
 // of the node (SIP TLS, WSS, HTTPS) was refused its handshake for as long
-// as they kept it up.
+// as they kept it up. A plain WebSocket connection likewise takes its
+// place only once its upgrade request head has arrived up to its blank
+// line (readWSHead, handshakeWS), and gives it back once the upgrade is
+// answered.
 
 // tlsHello is the start of a TLS connection, read before its handshake
 // and given to the session ahead of the socket (rawConn.Read). only: it

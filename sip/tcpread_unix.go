@@ -13,7 +13,12 @@ import (
 // a buffer from the pool, which it returns with the bytes read (nil with an
 // error and nothing read). A connection between messages therefore holds
 // no read buffer while it waits; the read deadline applies as for Read.
-func readParked(c *net.TCPConn) ([]byte, error) {
+func readParked(c *net.TCPConn) ([]byte, error) { return readParkedUpTo(c, tcpReadSize) }
+
+// readParkedUpTo is readParked reading at most limit bytes (limit >= 1;
+// at most tcpReadSize whatever limit): a reader bounded in what it may
+// take (a WebSocket upgrade head) reads nothing past its bound.
+func readParkedUpTo(c *net.TCPConn, limit int) ([]byte, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -24,7 +29,7 @@ func readParked(c *net.TCPConn) ([]byte, error) {
 	err = rc.Read(func(fd uintptr) bool {
 		b = getReadBuf()
 		for {
-			n, rerr = syscall.Read(int(fd), b[:cap(b)])
+			n, rerr = syscall.Read(int(fd), b[:min(limit, cap(b))])
 			if !errors.Is(rerr, syscall.EINTR) {
 				break
 			}

@@ -142,37 +142,40 @@ func wsRejected(code int, reason string) error {
 // past the request head (frames sent without waiting for our answer) in a
 // pooled buffer (nil when none), and false when the connection is to be
 // closed.
+//
+// A WSS connection takes its place of the gate once its ClientHello is in
+// (beginHandshake) and holds it through TLS and the upgrade. A plain WS
+// connection takes it once its upgrade request head is in, to its blank
+// line, and holds it while the head is checked and answered: before, it
+// holds a socket, a parked goroutine and the bytes it sent (at most
+// wsMaxHead), bounded by the connection limits and the handshake
+// deadline, so silent or trickling WebSockets take no place from the
+// node's TLS and WebSocket clients (HTTPS's included).
 func (s *Server) handshakeWS(tc *tcpConn) ([]byte, bool) {
-	if !s.beginHandshake(tc) {
-		return nil, false
-	}
-	defer s.endHandshake(tc)
+	var head []byte
+	var end int
+	var ok bool
 	if tc.sess != nil {
+		if !s.beginHandshake(tc) {
+			return nil, false
+		}
+		defer s.endHandshake(tc)
 		if err := tc.sess.Handshake(); err != nil {
 			s.handshakeFailed(tc, err)
 			return nil, false
 		}
-	}
-	head := make([]byte, 0, 1024)
-	end := -1
-	for end < 0 {
-		if len(head) == cap(head) {
-			if cap(head) >= wsMaxHead {
-				s.handshakeFailed(tc, errors.New("request head over 4096 bytes"))
-				_ = tc.sendStream([]byte("HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"))
-				return nil, false
-			}
-			head = append(head, make([]byte, cap(head))...)[:len(head)]
-		}
-		from := max(0, len(head)-3)
-		n, err := tc.readMore(head[len(head):cap(head)])
-		head = head[:len(head)+max(n, 0)]
-		if i := bytes.Index(head[from:], crlfcrlf); i >= 0 {
-			end = from + i + 4
-		} else if err != nil {
-			s.handshakeFailed(tc, err)
+		if head, end, ok = s.readWSHead(tc); !ok {
 			return nil, false
 		}
+	} else {
+		s.handshakeDeadline(tc)
+		if head, end, ok = s.readWSHead(tc); !ok {
+			return nil, false
+		}
+		if !s.takeHandshake(tc) {
+			return nil, false
+		}
+		defer s.endHandshake(tc)
 	}
 	offered, originSeen := false, false
 	u := ws.Upgrader{
@@ -235,6 +238,59 @@ func (s *Server) handshakeWS(tc *tcpConn) ([]byte, bool) {
 		rest = append(getReadBuf(), rest...)
 	}
 	return rest, true
+}
+
+// readWSHead reads tc's upgrade request head up to its blank line, under
+// the handshake deadline. head holds what was read (bytes past the head,
+// frames sent without waiting for the answer, included; at most
+// wsMaxHead in all), end the head's length; false: no head by the
+// deadline, the connection ended, or no blank line within wsMaxHead bytes
+// (answered 431), counted and logged as a failed handshake.
+//
+// Memory follows what arrived: a plain WS connection waits for bytes
+// holding no buffer, reads into one from the pool and keeps only the
+// bytes it read, so a connection that sent a few bytes holds a few bytes.
+func (s *Server) readWSHead(tc *tcpConn) (head []byte, end int, ok bool) {
+	for {
+		from := max(0, len(head)-3)
+		b, err := tc.readHeadBytes(wsMaxHead - len(head))
+		head = append(head, b...)
+		if b != nil {
+			releaseReadBuf(b)
+		}
+		if i := bytes.Index(head[from:], crlfcrlf); i >= 0 {
+			return head, from + i + 4, true
+		}
+		if len(head) >= wsMaxHead {
+			s.handshakeFailed(tc, errors.New("request head over 4096 bytes"))
+			_ = tc.sendStream([]byte("HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"))
+			return nil, 0, false
+		}
+		if err != nil {
+			s.handshakeFailed(tc, err)
+			return nil, 0, false
+		}
+	}
+}
+
+// readHeadBytes reads the next bytes of an upgrade request head, at most
+// limit (>= 1), in a buffer from the pool (nil with an error and nothing
+// read): through the TLS session for WSS, else once the socket has bytes
+// (readParkedUpTo).
+func (c *tcpConn) readHeadBytes(limit int) ([]byte, error) {
+	if c.sess == nil {
+		return readParkedUpTo(c.c, limit)
+	}
+	b := getReadBuf()
+	n, err := c.sess.Read(b[:min(limit, cap(b))])
+	if n > 0 {
+		return b[:n], err
+	}
+	releaseReadBuf(b)
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	return nil, err
 }
 
 // streamWriter writes to a connection's stream (through TLS for WSS).

@@ -299,8 +299,8 @@ func TestHandshakeSlow(t *testing.T) {
 // TestHandshakeFlood: with the gate at 2 handshakes, two stalled
 // handshakes (a ClientHello, then nothing) hold it and every further
 // connection is closed without a handshake (a TLS one once its hello came,
-// a WebSocket one at once), while a TLS and a WSS client set up before keep
-// working.
+// a WebSocket one once its upgrade request head came), while a TLS and a
+// WSS client set up before keep working.
 func TestHandshakeFlood(t *testing.T) {
 	b1 := newUAS(t, "b1")
 	gate := &testGate{max: 2}
@@ -336,6 +336,8 @@ func TestHandshakeFlood(t *testing.T) {
 		}
 		if i%2 == 0 {
 			c.Write(hello)
+		} else {
+			c.Write([]byte(wsUpgradeHead))
 		}
 		if !closed(&tcpClient{t: t, conn: c}) {
 			t.Fatalf("connection %d not closed with the gate full", i)
