@@ -392,6 +392,12 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if he := s.h2Request(st, r, rc, &h.bodies); he != nil {
 		s.stats.BadRequest.Add(1)
 		s.logger.Debug("http request refused", "reason", he.reason, "client", r.RemoteAddr, "proto", "h2")
+		if s.logging() {
+			// A stream refused before it became a request (its head, or
+			// a body that broke or stalled) has its line too, as an
+			// HTTP/1.1 head refused does; bytes_in is what was read.
+			s.logH2Refused(r, began, st, he)
+		}
 		s.writeRefusal(&ctx.Response, he.status, 0, he.proxyStatus(), he.reason)
 		s.writeH2(w, rc, &ctx.Response, r.Method == http.MethodHead, st.buf)
 		return
@@ -463,6 +469,25 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		resp.CloseBodyStream()
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// logH2Refused logs a stream h2Request refused: the client, method,
+// host and path, the status and reason, and the body bytes read. Rare
+// and not on the hot path: it may allocate.
+func (s *Server) logH2Refused(r *http.Request, began int64, st *h2Stream, he *headError) {
+	client, _ := netip.ParseAddrPort(r.RemoteAddr)
+	now := s.clock.Now()
+	if began == 0 || began > now {
+		began = now
+	}
+	rec := &accesslog.HTTPRecord{
+		Start: s.wall(began), Client: netip.AddrPortFrom(client.Addr().Unmap(), client.Port()),
+		Method: []byte(r.Method), Host: []byte(r.Host), Path: []byte(r.URL.Path), Proto: "HTTP/2.0",
+		Status: he.status, Decision: accesslog.Refused, Reason: []byte(he.reason),
+		End: accesslog.EndRefused, Total: time.Duration(now - began),
+		BytesIn: int64(len(st.ctx.Request.Body())),
+	}
+	s.alog.LogHTTP(rec)
 }
 
 // h2Request fills st.ctx.Request from r: the head as HTTP/1.1, checked by

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
 )
 
@@ -947,5 +948,35 @@ func TestCheckH2CPreface(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestH2StalledBodyLogged: a stream whose body stalls is refused at
+// -http-client-timeout and has its access-log line, like an HTTP/1.1
+// request refused before it was forwarded: HTTP/2.0, 400, refused, the
+// body bytes that came (not the declared length). Such streams had no
+// line at all.
+func TestH2StalledBodyLogged(t *testing.T) {
+	r, sink := logRig(t, rigOpts{backends: 1, cfg: Config{ClientReadTimeout: 200 * time.Millisecond}})
+	base := "http://" + h2cListen(t, r)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go pw.Write(make([]byte, 10)) // 10 of the 100 bytes declared, then nothing
+	req, err := nethttp.NewRequest("POST", base+"/stall", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = 100
+	resp, err := h2cClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Fatalf("stalled body: %d, want 400", resp.StatusCode)
+	}
+	l := sink.next(t)
+	if l.Proto != "HTTP/2.0" || l.Status != 400 || l.Decision != accesslog.Refused || l.path != "/stall" || l.method != "POST" || l.BytesIn != 10 {
+		t.Fatalf("record: proto %q status %d decision %v %s %s bytes_in %d", l.Proto, l.Status, l.Decision, l.method, l.path, l.BytesIn)
 	}
 }
