@@ -406,18 +406,16 @@ start_system() {
     tls_check "$sys" "$addr"
 }
 
-# entries MODE: the mode's entries, "SYSTEM:URL" (plain: sluice's own
-# -http-listen; ka: the plain entry too when sluice is measured, so the two
-# run back to back for the TLS ÷ plain ratio).
+# entries MODE: the systems a mode measures, "SYSTEM URL" a line (plain:
+# sluice's own -http-listen).
 entries() {
     local mode=$1 s
     for s in $SYSTEMS; do
         case $mode in
-            h2) case " $H2_SYSTEMS " in *" $s "*) echo "$s:https://${ADDR_OF[$s]}/" ;; esac ;;
-            plain) [ "$s" = sluice ] && echo "plain:http://127.0.0.1:$PORT/" ;;
-            http) echo "$s:http://${PLAIN_OF[$s]}/" ;;
-            *) echo "$s:https://${ADDR_OF[$s]}/"
-               [ "$s" = sluice ] && [ "$mode" = ka ] && case " $MODES " in *" plain "*) echo "plain:http://127.0.0.1:$PORT/" ;; esac ;;
+            h2) case " $H2_SYSTEMS " in *" $s "*) echo "$s https://${ADDR_OF[$s]}/" ;; esac ;;
+            plain) [ "$s" = sluice ] && echo "sluice http://127.0.0.1:$PORT/" ;;
+            http) echo "$s http://${PLAIN_OF[$s]}/" ;;
+            *) echo "$s https://${ADDR_OF[$s]}/" ;;
         esac
     done
 }
@@ -425,26 +423,26 @@ entries() {
 # run_mode MODE: every point of the mode, round by round: in each round
 # every system once, the order turned by one each round, so that no
 # system always runs first after a pause or right after the same other.
+# In ka, when plain is asked for too, sluice's plain round runs right
+# after its TLS round, on the same process (the TLS ÷ plain pairs).
 run_mode() {
-    local mode=$1 c r i n e sys m list=()
+    local mode=$1 c r i n sys url list=() pairs=0
     mapfile -t list < <(entries "$mode")
     n=${#list[@]}; [ "$n" -gt 0 ] || return 0
+    [ "$mode" = ka ] && case " $MODES " in *" plain "*) pairs=1 ;; esac
     for c in $( [ "$mode" = h2 ] && echo "$H2_CONNS" || echo "$CONNS"); do
         for r in $(seq "$ROUNDS"); do
             for ((i = 0; i < n; i++)); do
-                e=${list[$(( (i + r - 1) % n ))]}; sys=${e%%:*}; m=$mode
-                [ "$sys" = plain ] && { sys=sluice; m=plain; }
-                # in ka, plain runs right after sluice's ka round (below)
-                [ "$m" = plain ] && [ "$mode" = ka ] && continue
-                one_round "$sys" "$m" "$c" "${e#*:}" "${PID_OF[$sys]}" "$r"
-                if [ "$sys" = sluice ] && [ "$m" = ka ]; then
-                    case " ${list[*]} " in *" plain:"*) one_round sluice plain "$c" "http://127.0.0.1:$PORT/" "${PID_OF[sluice]}" "$r" ;; esac
+                read -r sys url <<< "${list[$(( (i + r - 1) % n ))]}"
+                one_round "$sys" "$mode" "$c" "$url" "${PID_OF[$sys]}" "$r"
+                if [ "$pairs" = 1 ] && [ "$sys" = sluice ]; then
+                    one_round sluice plain "$c" "http://127.0.0.1:$PORT/" "${PID_OF[sluice]}" "$r"
                 fi
             done
         done
-        for sys in $SYSTEMS; do keep_point "$sys" "$mode" "$c"; done
+        for sys in $SYSTEMS; do [ "$mode" = plain ] || keep_point "$sys" "$mode" "$c"; done
         case $mode in
-            ka) keep_point sluice plain "$c"; keep_tls_over_plain "$c" ;;
+            ka) [ "$pairs" = 1 ] && { keep_point sluice plain "$c"; keep_tls_over_plain "$c"; } ;;
             plain) keep_point sluice plain "$c" ;;
         esac
     done

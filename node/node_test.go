@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -357,17 +356,14 @@ func TestDrainWaitsForTunnels(t *testing.T) {
 	for _, tunnels := range []int64{0, 1} {
 		cfg := testConfig(t)
 		cfg.HTTPBackends = []string{"127.0.0.1:1"}
-		var logs bytes.Buffer
-		var mu sync.Mutex
-		n, err := New(cfg, slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil)))
+		var logs syncBuffer
+		n, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		n.httpSrv.Stats().Tunnels.Add(tunnels)
 		n.Drain(drainQuiet + 500*time.Millisecond)
-		mu.Lock()
 		out := logs.String()
-		mu.Unlock()
 		timedOut := strings.Contains(out, "drain timeout reached: open tunnels are closed now")
 		drained := strings.Contains(out, "msg=drained")
 		if tunnels > 0 && (!timedOut || drained || !strings.Contains(out, "tunnels=1")) {
@@ -377,16 +373,4 @@ func TestDrainWaitsForTunnels(t *testing.T) {
 			t.Errorf("no tunnel: logs %q, want drained after the quiet period", out)
 		}
 	}
-}
-
-// lockedWriter serialises writes to w.
-type lockedWriter struct {
-	w  io.Writer
-	mu *sync.Mutex
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
