@@ -47,7 +47,7 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 func checkH2CPreface(c net.Conn, timeout time.Duration) (net.Conn, bool) {
 	buf := make([]byte, len(h2cPreface))
 	c.SetReadDeadline(time.Now().Add(timeout))
-	n, err := io.ReadFull(c, buf)
+	n, _ := io.ReadFull(c, buf) // short or stalled: the HTTP/2 server says what is wrong
 	c.SetReadDeadline(time.Time{})
 	got := buf[:n]
 	if !bytes.HasPrefix([]byte(h2cPreface), got) {
@@ -55,6 +55,5 @@ func checkH2CPreface(c net.Conn, timeout time.Duration) (net.Conn, bool) {
 		io.WriteString(c, h2cWrongProtocol)
 		return c, false
 	}
-	_ = err // a short or stalled preface: the HTTP/2 server reports it
 	return &prefixConn{Conn: c, pre: got}, true
 }
