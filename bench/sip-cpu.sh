@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SIP CPU per call of sluice, on loopback, at a fixed offered rate.
 #
-# usage: bench/sip-cpu.sh [one|ab|vs-kamailio]           (default: one)
+# usage: bench/sip-cpu.sh [one|ab|vs-kamailio|curve]     (default: one)
 #   one   builds sluice from this tree (or takes BIN=path) and runs it RUNS
 #         times: each run is sluice pinned to LB_CPU, two SIPp uas_rr.xml
 #         answerers and one SIPp uac_rr.xml client pinned to GEN_CPU, RATE
@@ -23,6 +23,22 @@
 #         sluice (NEW, default this tree) interleaved, RUNS each, in the
 #         same harness; Kamailio's CPU is that of all its processes. Prints
 #         the medians and kamailio/sluice (above 1: sluice is cheaper).
+#   curve the cost curves of issue 25: sluice's CPU per call (NEW, default
+#         this tree) as its dialog table grows (DIALOG_NS="0 100000
+#         1000000" live dialogs, written into the data directory by
+#         bench/dialogfill before sluice starts, which restores them), and
+#         with the SIPp client over TCP (CLIENT_NS="10 10000" connections,
+#         `-t tn -max_socket N`) against UDP; Kamailio stateless on the
+#         transport axis too (KAMAILIO=0 leaves it out; it keeps no
+#         dialogs, so it has no place on the dialog axis). RUNS rounds, the
+#         points interleaved within each. CPU is counted after WARM
+#         seconds of the client's run (the TCP connections are open by
+#         then) to its end, against the calls SIPp completed in that
+#         window (its -trace_stat lines, once a second). Also the resident
+#         memory (RSS) of sluice and its store process with the dialogs
+#         restored, before the load. Writes OUT/curve.tsv and
+#         OUT/curve-summary.tsv, and the charts with
+#         `go run ./bench/plot sipcurve OUT/curve-summary.tsv bench/img`.
 # Knobs (env): RATE=2000 SECS=10 RUNS=3 LB_CPU=0 GEN_CPU=1
 #   LB_QUOTA= (e.g. 50: sluice in a cgroup capped at that % of one core;
 #   needs a writable cgroup fs) PORT_BASE=15060 (sluice PORT_BASE, client
@@ -33,7 +49,7 @@
 #   pinned to LB_CPU during each run: the competing load of RELIABILITY.md
 #   3l) NICE= (e.g. -5: sluice and SIPp run at that nice level, so other
 #   work on a shared machine disturbs the figures less; root only)
-#   LB_EXTRA="flags"
+#   LB_EXTRA="flags" WARM=4 (curve) DIALOG_NS CLIENT_NS KAMAILIO=1
 #   OUT=$TMPDIR/sluice-bench/sip-cpu-<timestamp>.
 # Every process is started by this script, bounded by `timeout`, and
 # stopped by its PID. A run lasts SECS + a few seconds.
@@ -184,13 +200,108 @@ run() {
         'BEGIN { us = ok > 0 ? t / hz * 1e6 / ok : 0; printf "%.1f %d %s %s %.0f\n", us, ok, f, r, t / hz * 1e9 / w * 100 }'
 }
 
+# stat1 PID: utime + stime of one process, in clock ticks (bash only: the
+# sampler below reads it ten times a second).
+stat1() {
+    local line f
+    read -r line < "/proc/$1/stat" 2>/dev/null || { echo 0; return; }
+    line=${line##*) }
+    read -r -a f <<< "$line"
+    echo $((f[11] + f[12]))
+}
+rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+# crun N NAME BIN DIALOGS CONNS: one point of the curves. BIN is a sluice
+# binary or "kamailio"; DIALOGS live dialogs are written into the data
+# directory first; CONNS 0 is a UDP client, else SIPp over TCP with that
+# many connections. Prints "us_per_call calls failed retrans cpu% rss_kb store_rss_kb".
+crun() {
+    local RUN=$1 name=$2 bin=$3 dialogs=$4 conns=$5
+    local dir=$OUT/$RUN-$name n=$((RATE * SECS)) pids=() p
+    mkdir -p "$dir"
+    if [ "$bin" = kamailio ]; then
+        kamailio_conf "$conns"
+        mkdir -p "$dir/kam"
+        start "$RUN-$name-kamailio" "$LB_CPU" kamailio -f "$OUT/kamailio.cfg" -DD -E -Y "$dir/kam" -m 2048 -M 16 \
+            -A "DSLIST=\"$OUT/dispatcher.list\"" -A CHILDREN=1 -A MAXBUF=4194304 -A STATELESS
+    else
+        if [ "$dialogs" -gt 0 ]; then
+            "$DIALOGFILL" -sluice "$bin" -dir "$dir/data" -n "$dialogs" -backend "127.0.0.1:$UAS1" -backend "127.0.0.1:$UAS2" \
+                > "$dir/dialogfill.log" 2>&1 || die "dialogfill: $(tail -3 "$dir/dialogfill.log")"
+        fi
+        start "$RUN-$name-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
+            -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
+            -sip-tcp-max-conns 15000 -sip-tcp-max-conns-per-source 15000 \
+            -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/data" -admin-listen 127.0.0.1:$((PORT_BASE + 30)) -log-level warn ${LB_EXTRA:-}
+    fi
+    local tpid=$LASTPID pid
+    wait_udp "$LB_PORT"
+    pid=$(lbpid "$tpid")
+    pids=("$pid" $(pgrep -P "$pid"))   # Kamailio's workers; sluice's store process
+    quota "$pid"
+    sleep 1
+    local rss store_rss=0
+    rss=$(rss_kb "$pid")
+    for p in "${pids[@]:1}"; do store_rss=$((store_rss + $(rss_kb "$p"))); done
+    # The sampler: wall time and the CPU ticks of every process of the
+    # system under test, ten times a second, on the generator's core.
+    taskset -c "$GEN_CPU" bash -c '
+        stat1() { local line f; read -r line < "/proc/$1/stat" 2>/dev/null || { echo 0; return; }; line=${line##*) }; read -r -a f <<< "$line"; echo $((f[11] + f[12])); }
+        while :; do t=0; for p in '"${pids[*]}"'; do t=$((t + $(stat1 $p))); done; echo "$EPOCHREALTIME $t"; sleep 0.1; done' > "$dir/ticks.txt" &
+    local sampler=$!
+    if [ "$conns" -gt 0 ]; then
+        # TCP: bench/sipload, the calls spread over CONNS connections
+        # opened before the first call (SIPp cannot: see its doc comment).
+        (cd "$dir" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) "$SIPLOAD" -addr "127.0.0.1:$LB_PORT" \
+            -conns "$conns" -rate "$RATE" -calls "$n" > uac.out 2>&1)
+    else
+        (cd "$dir" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$LB_PORT" -sf "$SCEN/uac_rr.xml" \
+            -i 127.0.0.1 -p "$UAC_PORT" -r "$RATE" -m "$n" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
+            -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
+        # The same lines as sipload's: stat EPOCH SUCCESSFUL FAILED RETRANS.
+        awk -F';' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+            { split($c["CurrentTime"], t, "\t"); print "stat", t[3], $c["SuccessfulCall(C)"], $c["FailedCall(C)"], $c["Retransmissions(C)"] }' \
+            "$dir/stat.csv" >> "$dir/uac.out"
+    fi
+    sleep 0.3
+    kill "$sampler"; wait "$sampler" 2>/dev/null
+    stop "$tpid"
+    # The window: the first stat line at least WARM seconds after the
+    # first to the last; the CPU in it is the sampled ticks interpolated
+    # at those two instants.
+    awk -v warm="${WARM:-4}" -v hz="$HZ" -v rss="$rss" -v srss="$store_rss" -v ticks="$dir/ticks.txt" '
+        function at(t,   i) {   # ticks at epoch t, interpolated
+            for (i = 2; i <= ns; i++) if (st[i] >= t) return sv[i-1] + (sv[i] - sv[i-1]) * (t - st[i-1]) / (st[i] - st[i-1])
+            return sv[ns]
+        }
+        BEGIN { while ((getline l < ticks) > 0) { split(l, a, " "); ns++; st[ns] = a[1]; sv[ns] = a[2] } }
+        $1 != "stat" { next }
+        { if (!first) first = $2
+          if (!t0 && $2 - first >= warm) { t0 = $2; s0 = $3 }
+          t1 = $2; s1 = $3; f = $4; r = ($5 == "" ? 0 : $5) }
+        END {
+            calls = s1 - s0; cpu = at(t1) - at(t0)
+            us = calls > 0 ? cpu / hz * 1e6 / calls : 0
+            printf "%.1f %d %s %s %.0f %d %d\n", us, calls, f + 0, r + 0, (t1 > t0 ? cpu / hz / (t1 - t0) * 100 : 0), rss, srss
+        }' "$dir/uac.out"
+}
+
 # kamailio_conf: the peers' stateless Kamailio configuration with this
 # run's ports (listen on LB_PORT, dispatcher set 1 = the two answerers).
-kamailio_conf() {
+kamailio_conf() {   # kamailio_conf [TCP_CONNS]: with TCP_CONNS > 0, a TCP listener too
     local src=${PEERS:-$ROOT/../shared/peers}/conf/kamailio-lb.cfg
     [ -r "$src" ] || die "no $src (PEERS=path of the peers' harness)"
     command -v kamailio > /dev/null || die "kamailio not installed (scripts/install-test-deps.sh)"
     sed "s/^listen=udp:127.0.0.1:5060\$/listen=udp:127.0.0.1:$LB_PORT/" "$src" > "$OUT/kamailio.cfg"
+    if [ "${1:-0}" -gt 0 ]; then
+        # TCP clients: one TCP worker (as the one UDP worker), room for the
+        # connections, and answers sent back on the client's connection
+        # (force_rport: its source port, not the Via's listening port).
+        sed -i -e "s/^disable_tcp=yes\$/disable_tcp=no\nlisten=tcp:127.0.0.1:$LB_PORT\ntcp_children=1\ntcp_max_connections=20000\ntcp_connection_lifetime=3600\nopen_files_limit=20000/" \
+            -e 's/^request_route {$/request_route {\n\tforce_rport();/' "$OUT/kamailio.cfg"
+        grep -q "^listen=tcp:127.0.0.1:$LB_PORT\$" "$OUT/kamailio.cfg" && grep -q 'force_rport' "$OUT/kamailio.cfg" \
+            || die "cannot add Kamailio's TCP listener in $OUT/kamailio.cfg"
+    fi
     grep -q "^listen=udp:127.0.0.1:$LB_PORT\$" "$OUT/kamailio.cfg" || die "cannot set Kamailio's listen port in $OUT/kamailio.cfg"
     printf '1 sip:127.0.0.1:%s\n1 sip:127.0.0.1:%s\n' "$UAS1" "$UAS2" > "$OUT/dispatcher.list"
 }
@@ -248,6 +359,40 @@ case $MODE in
         echo "median kamailio: $mk us/call, sluice: $mn us/call, kamailio/sluice: $(awk -v a="$mn" -v b="$mk" 'BEGIN { printf "%.3f", (a > 0 ? b / a : 0) }')" \
             "(failed kamailio $(awk '{ s += $3 } END { print s }' "$OUT/kamailio.txt"), sluice $(awk '{ s += $3 } END { print s }' "$OUT/new.txt"))"
         ;;
-    *) die "unknown mode $MODE (one, ab, vs-kamailio)" ;;
+    curve)
+        N=$(binary new "${NEW:-}")
+        DIALOGFILL=$OUT/dialogfill SIPLOAD=$OUT/sipload
+        go build -o "$DIALOGFILL" ./bench/dialogfill && go build -o "$SIPLOAD" ./bench/sipload || die "build of bench/dialogfill or bench/sipload failed"
+        ulimit -n 20000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+        answerers
+        DIALOG_NS=${DIALOG_NS-0 100000 1000000}; CLIENT_NS=${CLIENT_NS-10 10000}
+        log "curve: RATE=$RATE calls/s x ${SECS}s (CPU from ${WARM:-4}s on), RUNS=$RUNS rounds, dialogs: $DIALOG_NS, TCP connections: $CLIENT_NS, on CPU$LB_CPU${LB_QUOTA:+ capped at $LB_QUOTA%}; out $OUT"
+        printf 'round\tsystem\taxis\tsize\tus_per_call\tcalls\tfailed\tretrans\tcpu_pct\trss_kb\tstore_rss_kb\n' > "$OUT/curve.tsv"
+        point() {   # point ROUND SYSTEM AXIS SIZE BIN DIALOGS CONNS
+            local line
+            line=$(crun "$1" "$2-$3-$4" "$5" "$6" "$7")
+            printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$(echo "$line" | tr ' ' '\t')" >> "$OUT/curve.tsv"
+            log "round $1 $2 $3=$4: $line"
+        }
+        for i in $(seq "$RUNS"); do
+            for d in $DIALOG_NS; do point "$i" sluice dialogs "$d" "$N" "$d" 0; done
+            [ "${KAMAILIO:-1}" = 1 ] && point "$i" kamailio transport 0 kamailio 0 0
+            for c in $CLIENT_NS; do
+                point "$i" sluice transport "$c" "$N" 0 "$c"
+                [ "${KAMAILIO:-1}" = 1 ] && point "$i" kamailio transport "$c" kamailio 0 "$c"
+            done
+        done
+        # The UDP point of the transport axis is sluice's dialogs=0 point.
+        awk -F'\t' 'NR > 1 && $2 == "sluice" && $3 == "dialogs" && $4 == 0 { $3 = "transport"; print }' OFS='\t' "$OUT/curve.tsv" > "$OUT/udp.tmp"
+        { cat "$OUT/curve.tsv"; cat "$OUT/udp.tmp"; } | awk -F'\t' '
+            NR > 1 { k = $2 "\t" $3 "\t" $4; n[k]++; us[k, n[k]] = $5; rss[k, n[k]] = $10 + $11; f[k] += $7; keys[k] = 1 }
+            function med(a, k, m,   i, j, t, v) { for (i = 1; i <= m; i++) v[i] = a[k, i]; for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+                return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2 }
+            END { print "system\taxis\tsize\tus_per_call\trss_kb\tfailed\truns"; for (k in keys) printf "%s\t%.1f\t%d\t%d\t%d\n", k, med(us, k, n[k]), med(rss, k, n[k]), f[k], n[k] }' \
+            | { read -r h; echo "$h"; sort -t"$(printf '\t')" -k1,1 -k2,2 -k3,3n; } > "$OUT/curve-summary.tsv"
+        rm -f "$OUT/udp.tmp"
+        column -t -s"$(printf '\t')" "$OUT/curve-summary.tsv"
+        ;;
+    *) die "unknown mode $MODE (one, ab, vs-kamailio, curve)" ;;
 esac
 log "logs in $OUT"

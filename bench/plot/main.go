@@ -31,6 +31,12 @@
 // connection against the connection count, one line per leg and system:
 //
 //	go run ./bench/plot idlemem -in OUT/idle-mem.tsv -out bench/img
+//
+// The sipcurve subcommand draws bench/sip-cpu.sh curve's SIP cost curves
+// (CPU per call against live dialogs and against TCP client connections,
+// memory against live dialogs):
+//
+//	go run ./bench/plot sipcurve -in OUT/curve-summary.tsv -out bench/img
 package main
 
 import (
@@ -52,6 +58,13 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "idlemem" {
 		if err := idleMain(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "plot idlemem:", err)
+			os.Exit(2)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "sipcurve" {
+		if err := sipCurveMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "plot sipcurve:", err)
 			os.Exit(2)
 		}
 		return
