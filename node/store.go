@@ -233,16 +233,22 @@ func (n *Node) restoreDialogs(st *persist.Store) {
 		return
 	}
 	now := time.Now()
-	recs, err := st.LoadDialogs(now, n.sipSrv.DialogMax())
+	// A page at a time: a million stored dialogs are not held twice over
+	// (records and their conversions) beside the table they fill.
+	var in []lbsip.StoredDialog
+	restored := 0
+	read, err := st.EachDialogs(now, n.sipSrv.DialogMax(), func(page []persist.DialogRecord) {
+		in = in[:0]
+		for _, r := range page {
+			in = append(in, lbsip.StoredDialog{Key: r.Key, Ref: r.Backend, ToTag: r.ToTag, Src: r.Src, Linger: r.Linger, Expires: r.Expires})
+		}
+		restored += n.sipSrv.RestoreDialogs(in, now)
+	})
 	if err != nil {
-		n.logger.Error("SIP dialogs of before the restart not restored (the store did not answer)", "err", err, "read", len(recs))
+		n.logger.Error("SIP dialogs of before the restart not all restored (the store did not answer)", "err", err, "read", read, "restored", restored)
 	}
-	in := make([]lbsip.StoredDialog, len(recs))
-	for i, r := range recs {
-		in[i] = lbsip.StoredDialog{Key: r.Key, Ref: r.Backend, ToTag: r.ToTag, Src: r.Src, Linger: r.Linger, Expires: r.Expires}
-	}
-	if len(in) > 0 || err != nil {
-		n.logger.Info("sip dialogs restored", "stored", len(recs), "restored", n.sipSrv.RestoreDialogs(in, now))
+	if read > 0 || err != nil {
+		n.logger.Info("sip dialogs restored", "stored", read, "restored", restored)
 	}
 	if st.Journaled() {
 		n.sipSrv.SetDialogStore(&journalDialogs{storeDialogs: storeDialogs{st}})

@@ -318,24 +318,41 @@ func (s *Store) DeleteDialogs(keys []uint64) {
 // LoadDialogs returns the stored dialogs that expire after now, at most
 // max of them (max <= 0: all; the dialog table's cap, so a damaged store
 // cannot make the caller allocate without bound); call it before the SIP
-// listener opens.
+// listener opens. EachDialogs does the same a page at a time.
 func (s *Store) LoadDialogs(now time.Time, max int) ([]DialogRecord, error) {
-	if s.rc == nil {
-		return nil, nil
-	}
 	var out []DialogRecord
+	_, err := s.EachDialogs(now, max, func(page []DialogRecord) { out = append(out, page...) })
+	return out, err
+}
+
+// EachDialogs hands the stored dialogs that expire after now to fn, one
+// page of the store process's answers at a time (at most dialogPage), at
+// most max in all (max <= 0: all), and returns how many it handed. fn may
+// keep nothing of a page: the caller restoring a million dialogs holds one
+// page, not all of them twice over, so its heap does not jump at start-up
+// by hundreds of megabytes (which the node's memory states would see).
+// An error ends the pages handed so far; the count says how far it got.
+func (s *Store) EachDialogs(now time.Time, max int, fn func([]DialogRecord)) (int, error) {
+	if s.rc == nil {
+		return 0, nil
+	}
 	var after uint64
+	n := 0
 	for {
 		resp, err := s.rc.call(&request{Op: opLoadDialogs, Now: now, After: after, Limit: dialogPage})
 		if err != nil {
-			return out, fmt.Errorf("load dialogs from %s: %w", s.cfg.Dir, err)
+			return n, fmt.Errorf("load dialogs from %s: %w", s.cfg.Dir, err)
 		}
-		out = append(out, resp.Dialogs...)
-		if max > 0 && len(out) >= max {
-			return out[:max], nil
+		page := resp.Dialogs
+		if max > 0 && n+len(page) > max {
+			page = page[:max-n]
 		}
-		if !resp.More || len(resp.Dialogs) == 0 {
-			return out, nil
+		if len(page) > 0 {
+			fn(page)
+			n += len(page)
+		}
+		if max > 0 && n >= max || !resp.More || len(resp.Dialogs) == 0 {
+			return n, nil
 		}
 		after = resp.Dialogs[len(resp.Dialogs)-1].Key
 	}

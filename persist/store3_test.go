@@ -252,6 +252,25 @@ func TestDialogsAndHistory(t *testing.T) {
 	if hs, _ := s.LoadHistory("1s", time.Time{}, 1); len(hs) != 1 || string(hs[0].Data) != "a" {
 		t.Errorf("history 1s, at most 1: %+v", hs)
 	}
+	// EachDialogs: the same records a page at a time, never a page over
+	// dialogPage, the cap cutting the page it falls in.
+	dialogPage = 2
+	for _, tc := range []struct{ max, want int }{{0, 3}, {3, 3}, {2, 2}, {1, 1}} {
+		var keys []uint64
+		pages := 0
+		n, err := s.EachDialogs(now, tc.max, func(page []DialogRecord) {
+			pages++
+			if len(page) == 0 || len(page) > dialogPage {
+				t.Errorf("max %d: a page of %d records, want 1 to %d", tc.max, len(page), dialogPage)
+			}
+			for _, d := range page {
+				keys = append(keys, d.Key)
+			}
+		})
+		if err != nil || n != tc.want || len(keys) != tc.want || keys[0] != 1 || pages != (tc.want+1)/2 {
+			t.Errorf("max %d: handed %d (keys %v) in %d pages, %v; want %d in %d pages", tc.max, n, keys, pages, err, tc.want, (tc.want+1)/2)
+		}
+	}
 }
 
 // TestMigrateFormat2To3: a store written by format 2 is read at open and
