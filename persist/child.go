@@ -137,7 +137,7 @@ func serve(kv *kv3, req *request) (resp response) {
 		}
 		resp.History, resp.More, err = kv.history(res, req.Since, req.Limit)
 	case opLoadDialogs:
-		resp.Dialogs, resp.More, err = kv.dialogs(now, req.After, req.Limit)
+		resp.DialogPage, resp.More, err = kv.dialogPageMsg(now, req.After, req.Limit)
 	default:
 		err = fmt.Errorf("unknown operation %q", req.Op)
 	}

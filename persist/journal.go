@@ -94,6 +94,13 @@ func appendJournal(msg []byte, recs []DialogRecord) ([]byte, []DialogRecord) {
 // message of another version, or one cut short, adds what it holds
 // whole before the damage and an error.
 func decodeJournal(msg []byte, out []DialogRecord) ([]DialogRecord, error) {
+	return decodeJournalIDs(msg, out, nil)
+}
+
+// decodeJournalIDs is decodeJournal taking each backend id from ids,
+// where the same id is one string for all its records; nil makes a
+// string per record.
+func decodeJournalIDs(msg []byte, out []DialogRecord, ids *idInterner) ([]DialogRecord, error) {
 	if len(msg) == 0 || msg[0] != journalVersion {
 		return out, errors.New("journal message: unknown version")
 	}
@@ -113,11 +120,33 @@ func decodeJournal(msg []byte, out []DialogRecord) ([]DialogRecord, error) {
 			ToTag:   binary.BigEndian.Uint32(p[16:]),
 			Src:     binary.BigEndian.Uint16(p[20:]),
 			Linger:  p[22] == 1,
-			Backend: string(p[journalRecMin : journalRecMin+n]),
+			Backend: ids.string(p[journalRecMin : journalRecMin+n]),
 		})
 		p = p[journalRecMin+n:]
 	}
 	return out, nil
+}
+
+// idInterner keeps one string per backend id, at most maxInterned of
+// them (a store of more distinct ids than that gets a string per record
+// past them).
+type idInterner struct{ m map[string]string }
+
+func (in *idInterner) string(b []byte) string {
+	if in == nil {
+		return string(b)
+	}
+	if s, ok := in.m[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if in.m == nil {
+		in.m = map[string]string{}
+	}
+	if len(in.m) < maxInterned {
+		in.m[s] = s
+	}
+	return s
 }
 
 // CommitDialogs sends records of confirmed dialogs to the store process

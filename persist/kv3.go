@@ -537,6 +537,53 @@ func (k *kv3) history(res string, since time.Time, limit int) ([]HistorySample, 
 // dialogs returns up to limit (0: all) dialogs with keys after after
 // (all when after is 0) that expire after now, by key, and whether there
 // are more.
+// dialogPageMsg is dialogs as one journal message (version byte, then
+// records as appendDialogRec writes them), built from the stored values
+// without a DialogRecord or a string per record: the answer to a
+// balancer restoring a million dialogs. The records are in key order, a
+// record that does not decode is skipped, as dialogs does.
+func (k *kv3) dialogPageMsg(now time.Time, after uint64, limit int) ([]byte, bool, error) {
+	msg := []byte{journalVersion}
+	more := false
+	nowNs := unixNanos(now)
+	err := k.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(dialogPrefix), PrefetchValues: true})
+		defer it.Close()
+		start := dialogKey(after)
+		n := 0
+		for it.Seek(start); it.Valid(); it.Next() {
+			key := it.Item().Key()
+			if after > 0 && bytes.Equal(key, start) {
+				continue
+			}
+			if limit > 0 && n >= limit {
+				more = true
+				break
+			}
+			err := it.Item().Value(func(v []byte) error {
+				if len(key) != len(dialogPrefix)+8 || len(v) < 15 || len(v) > 15+maxDialogBackend {
+					return nil
+				}
+				exp := binary.BigEndian.Uint64(v)
+				if exp > math.MaxInt64 || int64(exp) <= nowNs {
+					return nil
+				}
+				msg = append(msg, key[len(dialogPrefix):]...)
+				msg = append(msg, v[:14]...)              // expiry, To-tag hash, source hash
+				msg = append(msg, v[14], byte(len(v)-15)) // linger, id length
+				msg = append(msg, v[15:]...)
+				n++
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return msg, more, err
+}
+
 func (k *kv3) dialogs(now time.Time, after uint64, limit int) ([]DialogRecord, bool, error) {
 	var out []DialogRecord
 	more := false

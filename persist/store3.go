@@ -337,13 +337,20 @@ func (s *Store) EachDialogs(now time.Time, max int, fn func([]DialogRecord)) (in
 		return 0, nil
 	}
 	var after uint64
+	var buf []DialogRecord
+	var ids idInterner
 	n := 0
 	for {
 		resp, err := s.rc.call(&request{Op: opLoadDialogs, Now: now, After: after, Limit: dialogPage})
 		if err != nil {
 			return n, fmt.Errorf("load dialogs from %s: %w", s.cfg.Dir, err)
 		}
-		page := resp.Dialogs
+		all, err := decodeJournalIDs(resp.DialogPage, buf[:0], &ids)
+		if err != nil {
+			return n, fmt.Errorf("load dialogs from %s: a page from the store process: %w", s.cfg.Dir, err)
+		}
+		buf = all
+		page := all
 		if max > 0 && n+len(page) > max {
 			page = page[:max-n]
 		}
@@ -351,10 +358,10 @@ func (s *Store) EachDialogs(now time.Time, max int, fn func([]DialogRecord)) (in
 			fn(page)
 			n += len(page)
 		}
-		if max > 0 && n >= max || !resp.More || len(resp.Dialogs) == 0 {
+		if max > 0 && n >= max || !resp.More || len(all) == 0 {
 			return n, nil
 		}
-		after = resp.Dialogs[len(resp.Dialogs)-1].Key
+		after = all[len(all)-1].Key
 	}
 }
 

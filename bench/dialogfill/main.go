@@ -103,18 +103,22 @@ func run() error {
 	}
 	wrote := time.Since(start)
 
+	t0 := time.Now()
 	st, err = persist.Open(cfg, nil)
 	if err != nil {
 		return fmt.Errorf("reopen: %w", err)
 	}
+	t1 := time.Now()
 	got, lerr := st.LoadDialogs(time.Now(), 0)
+	loaded := time.Since(t1)
 	if err := st.Close(ctx); err != nil {
 		return fmt.Errorf("close after load: %w", err)
 	}
 	if lerr != nil {
 		return lerr
 	}
-	fmt.Printf("wrote %d dialogs in %.1fs, %d live in %s\n", *n, wrote.Seconds(), len(got), *dir)
+	fmt.Printf("wrote %d dialogs in %.1fs, %d live in %s; reopened in %.2fs and read back in %.2fs\n",
+		*n, wrote.Seconds(), len(got), *dir, t1.Sub(t0).Seconds(), loaded.Seconds())
 	if len(got) != *n {
 		return fmt.Errorf("%d live dialogs after the write, want %d", len(got), *n)
 	}
