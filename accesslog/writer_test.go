@@ -122,6 +122,11 @@ func TestDropsWhenDestinationBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rd.Close()
+	// The writer stays blocked until the drain below starts; on a loaded
+	// machine that can take longer than writeTimeout, whose give-up (a
+	// write error, records lost) is another test's subject.
+	defer func(d time.Duration) { writeTimeout = d }(writeTimeout)
+	writeTimeout = 10 * time.Minute
 	l, err := New(Options{Dest: fifo, Sample: DefaultSample, RingSize: 16})
 	if err != nil {
 		t.Fatal(err)
