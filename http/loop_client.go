@@ -651,6 +651,9 @@ func (l *evloop) writeRaw(c *cconn, p []byte) {
 		c.out = append(c.out, p...)
 		return
 	}
+	if l.deferWrite(c, p) {
+		return // written with the round's batch (loop_uring.go)
+	}
 	for len(p) > 0 {
 		n, errno := rawWrite(c.fd, p)
 		if errno == unix.EINTR {
@@ -690,7 +693,7 @@ func (l *evloop) flushClient(c *cconn) {
 		c.o += n
 		c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout)
 	}
-	c.out, c.o = c.out[:0], 0
+	l.outWritten(c)
 	if c.busy {
 		c.deadline = 0
 	}
@@ -703,7 +706,11 @@ func (l *evloop) flushClient(c *cconn) {
 		return
 	}
 	if !c.busy {
+		// As endRequest does when the answer went out at once.
 		c.deadline = l.now + int64(l.s.cfg.ClientIdle)
+		if c.w == c.r {
+			l.dropInBuf(c)
+		}
 		l.clientIn(c)
 	}
 }

@@ -263,33 +263,64 @@ func (r *Ring) queue(op uint8, fd int, p []byte, msgFlags uint32, user uint64) e
 }
 
 // Submit hands the queued operations to the kernel and waits until at
-// least wait completions are ready (0: do not wait), all in one
-// io_uring_enter. It returns the number of operations the kernel took.
-// Sends and receives on sockets complete within the call (they do not
-// wait for readiness), so Submit(n) with n the queued count returns with
-// all of them complete. It is a raw system call for that reason: it does
-// not block, so it need not tell the scheduler. Asking to wait for more
-// completions than the queued and unreaped operations can give would
-// block the thread: callers wait for at most what they queued.
+// least wait completions are ready (0: do not wait). It returns how many
+// operations the kernel took: all that were queued, or on an error the
+// first ones (possibly none), which complete as taken; the others are
+// never performed (the caller does them another way and closes the
+// ring, which discards them).
+//
+// Sends and receives on sockets complete within the io_uring_enter that
+// takes them (they do not wait for readiness), so after Submit(0) their
+// completions are ready to Reap; Submit(n) with n the queued count takes
+// and reaps in one system call. The calls are raw: they do not block, so
+// they need not tell the scheduler. Asking to wait for more completions
+// than the queued and unreaped operations can give would block the
+// thread: callers wait for at most what they queued.
 func (r *Ring) Submit(wait int) (int, error) {
-	n := r.queued
 	atomic.StoreUint32(r.sqTail, r.tail)
 	var flags uintptr
 	if wait > 0 {
 		flags = enterGetEvents
 	}
-	for {
-		got, _, e := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(n), uintptr(wait), flags, 0, 0)
+	taken := 0
+	for r.queued > 0 {
+		got, _, e := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(r.queued), uintptr(wait), flags, 0, 0)
 		if e == syscall.EINTR {
 			continue
 		}
 		if e != 0 {
-			return 0, fmt.Errorf("uring: io_uring_enter: %w", e)
+			runtime.KeepAlive(r.pins)
+			return taken, fmt.Errorf("uring: io_uring_enter: %w", e)
 		}
 		r.queued -= uint32(got)
 		r.inflight += int(got)
-		runtime.KeepAlive(r.pins)
-		return int(got), nil
+		taken += int(got)
+		if got > 0 {
+			flags, wait = 0, 0 // the waiting is done with the submission
+		}
+	}
+	if wait > 0 { // nothing was queued: wait for what is in flight
+		return 0, r.Wait(wait)
+	}
+	runtime.KeepAlive(r.pins)
+	return taken, nil
+}
+
+// Wait waits until at least n completions are ready; n must not exceed
+// InFlight.
+func (r *Ring) Wait(n int) error {
+	if n > r.inflight {
+		return fmt.Errorf("uring: wait for %d completions with %d in flight", n, r.inflight)
+	}
+	for {
+		_, _, e := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, uintptr(n), enterGetEvents, 0, 0)
+		if e == syscall.EINTR {
+			continue
+		}
+		if e != 0 {
+			return fmt.Errorf("uring: io_uring_enter: %w", e)
+		}
+		return nil
 	}
 }
 
