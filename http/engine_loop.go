@@ -118,6 +118,7 @@ type loopEngine struct {
 	// set up its ring; uringSends counts the sends made through rings.
 	ringWarned atomic.Bool
 	uringSends atomic.Uint64
+	uringRecvs atomic.Uint64
 }
 
 // slotFreed tells the loops that a connection to addr closed outside them
@@ -433,6 +434,9 @@ func (l *evloop) run() {
 		if err != nil && err != unix.EINTR {
 			l.s.logger.Error("http loop: epoll_wait failed", "err", err)
 			n = 0
+		}
+		if l.ring != nil {
+			l.prefetchReads(n)
 		}
 		// Answers first: relaying them ends requests, while new requests
 		// only queue writes to the backends until the round is over.

@@ -29,6 +29,7 @@ type cconn struct {
 	in       []byte     // read buffer: in[r:w] not yet consumed
 	r, w     int
 	rready   bool   // the socket may have unread bytes
+	fresh    bool   // read by this round's batch (loop_uring.go), which set rready
 	hup      bool   // the peer has shut down its side: read until EOF
 	out      []byte // answer bytes the socket did not take yet: out[o:]
 	o        int
@@ -208,7 +209,11 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		return
 	}
 	if ev&evReadable != 0 {
-		c.rready = true
+		if c.fresh {
+			c.fresh = false // the round's batched read decided rready (loop_uring.go)
+		} else {
+			c.rready = true
+		}
 		c.tls.sawReadable()
 		// After a shutdown no new edge comes: a short read does not
 		// mean drained, the EOF is still to be read.

@@ -264,3 +264,114 @@ func (l *evloop) ringFailed(err error) {
 	l.s.logger.Warn("http loop engine: io_uring_enter failed; writing with one system call each from now on", "err", err)
 	l.closeRing()
 }
+
+// prefetchReads reads, with one io_uring_enter, what the round's first n
+// events announce on plain client and backend connections whose handler
+// would read first thing: an idle client (its next request) and a
+// backend whose answer is being relayed. Each result is put where the
+// handler's own read would have put it (the bytes at the end of the
+// connection's buffer, rready as that read leaves it) and the connection
+// marked fresh, so that its event does not mark it readable again; the
+// handler then finds the bytes buffered and reads on only as it would
+// have after that read. An end of stream is left for the handler's own
+// read to find again (it stays), a backend's error is kept for its next
+// read (preErr). Any other connection, and any event the ring has no
+// room for, is read by its handler as without the ring.
+func (l *evloop) prefetchReads(n int) {
+	tg := l.targets[:0]
+	room := l.ring.Entries()
+	for i := 0; i < n && len(tg) < room; i++ {
+		ev := l.events[i]
+		fd := int(ev.Fd)
+		if ev.Events&unix.EPOLLIN == 0 || ev.Events&evPeerShut != 0 || fd < 0 || fd >= len(l.fds) {
+			continue
+		}
+		switch o := l.fds[fd]; {
+		case o.c != nil:
+			c := o.c
+			if c.tun || c.tls != nil || c.pp != proxyDone || c.busy || c.closing || c.hup || c.o < len(c.out) || c.r != c.w {
+				continue
+			}
+			c.r, c.w = 0, 0
+			if c.in == nil {
+				c.in = l.getBuf()
+			}
+			l.ring.Recv(fd, c.in, uint64(len(tg)))
+			tg = append(tg, ioTarget{c: c, gen: c.gen, fd: fd})
+		case o.b != nil:
+			bc, c := o.b, o.b.c
+			if bc.tun || bc.connecting || bc.hup || c == nil || c.x.bc != bc || c.fd < 0 || c.o < len(c.out) || bc.r != bc.w {
+				continue
+			}
+			bc.r, bc.w = 0, 0
+			l.ring.Recv(fd, bc.in, uint64(len(tg)))
+			tg = append(tg, ioTarget{bc: bc, c: c, fd: fd})
+		}
+	}
+	l.targets = tg
+	if len(tg) == 0 {
+		return
+	}
+	taken, err := l.ring.Submit(0)
+	l.e.uringRecvs.Add(uint64(taken))
+	for done := 0; done < taken && err == nil; {
+		m := l.ring.Reap(l.comps)
+		if m == 0 {
+			err = l.ring.Wait(taken - done)
+			continue
+		}
+		for _, cq := range l.comps[:m] {
+			tg[cq.User].res, tg[cq.User].done = cq.Res, true
+		}
+		done += m
+	}
+	if err != nil {
+		l.ringFailed(err)
+	}
+	for i, t := range tg {
+		switch {
+		case t.done:
+			l.received(t)
+		case i < taken:
+			l.lost(t) // read, into the buffer, how much unknown: the connection cannot go on
+		}
+		// Not taken: the handler reads as without the ring.
+	}
+	clear(tg)
+}
+
+// received puts the result of one batched read where the connection's
+// handler would have put it (clientIn, relay).
+func (l *evloop) received(t ioTarget) {
+	res := t.res
+	if bc := t.bc; bc != nil {
+		switch {
+		case res > 0:
+			bc.rready = int(res) == len(bc.in)-bc.w // a short read drained the socket
+			bc.w += int(res)
+			if bc.c.x.gotHead {
+				bc.deadline = l.now + int64(l.s.cfg.BackendTimeout)
+			}
+			bc.fresh = true
+		case res == -int32(unix.EAGAIN):
+			bc.rready = false
+			bc.fresh = true
+		case res < 0 && res != -int32(unix.EINTR):
+			bc.preErr = unix.Errno(-res)
+		}
+		return
+	}
+	c := t.c
+	switch {
+	case res > 0:
+		c.headStart = l.now
+		c.rready = int(res) == len(c.in)-c.w
+		c.w += int(res)
+		c.fresh = true
+	case res == -int32(unix.EAGAIN):
+		c.rready = false
+		l.dropInBuf(c)
+		c.fresh = true
+	}
+	// An end of stream or an error: the handler's read finds it again.
+}
