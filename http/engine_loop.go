@@ -363,6 +363,7 @@ type evloop struct {
 	// the plain clients with answer bytes for the round's batch, the
 	// batch's connections and completions, free answer buffers.
 	ring     *uring.Ring
+	minBatch int // ringMinBatch
 	toFlush  []*cconn
 	flushBuf []*cconn
 	targets  []ioTarget

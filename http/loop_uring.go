@@ -49,6 +49,13 @@ type ioTarget struct {
 // newRing sets up a loop's ring; tests replace it to see the fallback.
 var newRing = uring.New
 
+// ringMinBatch is the fewest reads or writes a round puts on the ring: a
+// single one gains nothing from it (write(2) and read(2) are one system
+// call as well, and cheaper ones) and goes the plain way. A loop reads it
+// once, when made; tests lower it to 1 to send every write and read of
+// the round through the ring.
+var ringMinBatch = 2
+
 // openRing sets up the loop's ring when Config.IOURing asks for one; where
 // the kernel refuses, the loop writes with system calls as without the
 // option, and the engine says so once.
@@ -65,6 +72,7 @@ func (l *evloop) openRing() {
 	}
 	l.ring = r
 	l.comps = make([]uring.Completion, ringEntries)
+	l.minBatch = ringMinBatch
 }
 
 // closeRing releases the ring, once the loop's connections are closed.
@@ -140,7 +148,6 @@ func (l *evloop) submitWrites() {
 			l.writeBackend(bc)
 			continue
 		}
-		l.ring.Send(bc.fd, bc.pend, uint64(len(tg)))
 		tg = append(tg, ioTarget{bc: bc, c: bc.c, fd: bc.fd})
 	}
 	l.toBuf = bs[:0]
@@ -153,13 +160,23 @@ func (l *evloop) submitWrites() {
 			l.flushClient(c)
 			continue
 		}
-		l.ring.Send(c.fd, c.out[c.o:], uint64(len(tg)))
 		tg = append(tg, ioTarget{c: c, gen: c.gen, fd: c.fd})
 	}
 	l.flushBuf = cs[:0]
 	l.targets = tg
-	if len(tg) == 0 {
+	if len(tg) < l.minBatch {
+		for _, t := range tg {
+			l.writeTarget(t)
+		}
+		clear(tg)
 		return
+	}
+	for i, t := range tg {
+		if t.bc != nil {
+			l.ring.Send(t.fd, t.bc.pend, uint64(i))
+		} else {
+			l.ring.Send(t.fd, t.c.out[t.c.o:], uint64(i))
+		}
 	}
 	// Every completion is collected before any is handled: handling
 	// one may reuse buffers (c.out) and descriptors, which must not
@@ -296,7 +313,6 @@ func (l *evloop) prefetchReads(n int) {
 			if c.in == nil {
 				c.in = l.getBuf()
 			}
-			l.ring.Recv(fd, c.in, uint64(len(tg)))
 			tg = append(tg, ioTarget{c: c, gen: c.gen, fd: fd})
 		case o.b != nil:
 			bc, c := o.b, o.b.c
@@ -304,13 +320,20 @@ func (l *evloop) prefetchReads(n int) {
 				continue
 			}
 			bc.r, bc.w = 0, 0
-			l.ring.Recv(fd, bc.in, uint64(len(tg)))
 			tg = append(tg, ioTarget{bc: bc, c: c, fd: fd})
 		}
 	}
 	l.targets = tg
-	if len(tg) == 0 {
+	if len(tg) < l.minBatch || len(tg) == 0 {
+		clear(tg) // their handlers read
 		return
+	}
+	for i, t := range tg {
+		if t.bc != nil {
+			l.ring.Recv(t.fd, t.bc.in, uint64(i))
+		} else {
+			l.ring.Recv(t.fd, t.c.in, uint64(i))
+		}
 	}
 	taken, err := l.ring.Submit(0)
 	l.e.uringRecvs.Add(uint64(taken))

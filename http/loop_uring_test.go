@@ -5,7 +5,10 @@ package http
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	nethttp "net/http"
 	"strings"
 	"testing"
 
@@ -34,6 +37,8 @@ func requireRing(t *testing.T) {
 func TestLoopIOURingWrites(t *testing.T) {
 	requireRing(t)
 	big := strings.Repeat("z", 3<<20)
+	defer func(n int) { ringMinBatch = n }(ringMinBatch)
+	ringMinBatch = 1 // the requests come one at a time: through the ring all the same
 	for _, on := range []bool{true, false} {
 		name := map[bool]string{true: "on", false: "off"}[on]
 		t.Run(name, func(t *testing.T) {
@@ -114,4 +119,47 @@ func TestLoopIOURingFallsBack(t *testing.T) {
 	if got := r.srv.loops.Load().uringSends.Load(); got != 0 {
 		t.Errorf("%d sends through a ring that could not be set up", got)
 	}
+}
+
+// TestLoopIOURingConcurrent: many clients at once on one loop, so that
+// rounds carry several reads and writes (batched as in production, two or
+// more per round): every client gets its own answers, in order.
+func TestLoopIOURingConcurrent(t *testing.T) {
+	requireRing(t)
+	r := loopRig(t, rigOpts{backends: 2, cfg: Config{IOURing: true, Loops: 1}})
+	for _, be := range r.backends {
+		be.handler = func(ctx *fasthttp.RequestCtx) { ctx.SetBody(ctx.RequestURI()) }
+	}
+	const clients, each = 32, 20
+	errs := make(chan error, clients)
+	for i := range clients {
+		rc := dialRaw(t, r.addr)
+		go func() {
+			errs <- func() error {
+				for j := range each {
+					want := fmt.Sprintf("/c%d/r%d", i, j)
+					if _, err := io.WriteString(rc.c, "GET "+want+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+						return err
+					}
+					resp, err := nethttp.ReadResponse(rc.br, nil)
+					if err != nil {
+						return fmt.Errorf("client %d request %d: %v", i, j, err)
+					}
+					body, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err != nil || resp.StatusCode != 200 || string(body) != want {
+						return fmt.Errorf("client %d request %d: %d %q (%v), want 200 %q", i, j, resp.StatusCode, body, err, want)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := r.srv.loops.Load()
+	t.Logf("%d sends, %d reads through the ring", e.uringSends.Load(), e.uringRecvs.Load())
 }

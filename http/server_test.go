@@ -164,8 +164,15 @@ var suiteEngines = func() []string {
 
 // suiteIOURing turns Config.IOURing on in every rig:
 // SLUICE_TEST_HTTP_IO_URING=1 runs the suite with the loop engine's
-// batched writes (the fasthttp engine ignores the option).
-var suiteIOURing = os.Getenv("SLUICE_TEST_HTTP_IO_URING") == "1"
+// batched reads and writes (the fasthttp engine ignores the option),
+// every one of them through the ring, single ones included.
+var suiteIOURing = func() bool {
+	on := os.Getenv("SLUICE_TEST_HTTP_IO_URING") == "1"
+	if on {
+		ringMinBatch = 1
+	}
+	return on
+}()
 
 // rigEngine maps the *testing.T of an onEngines subtest to its engine.
 var rigEngine sync.Map
