@@ -22,6 +22,7 @@ type bconn struct {
 	rready     bool
 	fresh      bool       // read by this round's batch (loop_uring.go), which set rready
 	preErr     unix.Errno // the error the batch's read found, for the next read to return
+	batched    bool       // in the batch of writes being made (loop_uring.go)
 	hup        bool       // the backend has shut down its side: read until EOF
 	wready     bool
 	connecting bool

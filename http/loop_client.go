@@ -30,6 +30,7 @@ type cconn struct {
 	r, w     int
 	rready   bool   // the socket may have unread bytes
 	fresh    bool   // read by this round's batch (loop_uring.go), which set rready
+	batched  bool   // in the batch of writes being made (loop_uring.go)
 	hup      bool   // the peer has shut down its side: read until EOF
 	out      []byte // answer bytes the socket did not take yet: out[o:]
 	o        int

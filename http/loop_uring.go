@@ -126,6 +126,17 @@ func (l *evloop) flushRound() {
 		return
 	}
 	for len(l.toWrite) > 0 || len(l.toFlush) > 0 {
+		if l.ring == nil { // given up (ringFailed): the plain path writes the rest
+			cs := l.toFlush
+			l.toFlush = nil
+			for _, c := range cs {
+				if c.fd >= 0 && c.o < len(c.out) {
+					l.flushClient(c)
+				}
+			}
+			l.flushBackends()
+			continue
+		}
 		l.submitWrites()
 	}
 }
@@ -139,8 +150,8 @@ func (l *evloop) submitWrites() {
 	room := l.ring.Entries()
 	for i, bc := range bs {
 		bs[i] = nil
-		if bc.fd < 0 || bc.c == nil || len(bc.pend) == 0 || bc.connecting || !bc.wready {
-			continue
+		if bc.fd < 0 || bc.c == nil || len(bc.pend) == 0 || bc.connecting || !bc.wready || bc.batched {
+			continue // as flushBackends; or queued twice, and once in a batch is all
 		}
 		if len(bc.hdr) > 0 || len(tg) == room {
 			// A PROXY header goes first, and a short write of it must
@@ -148,24 +159,33 @@ func (l *evloop) submitWrites() {
 			l.writeBackend(bc)
 			continue
 		}
+		bc.batched = true
 		tg = append(tg, ioTarget{bc: bc, c: bc.c, fd: bc.fd})
 	}
 	l.toBuf = bs[:0]
 	for i, c := range cs {
 		cs[i] = nil
-		if c.fd < 0 || c.o >= len(c.out) {
-			continue // closed, or written by its own EPOLLOUT meanwhile
+		if c.fd < 0 || c.o >= len(c.out) || c.batched {
+			// Closed, or written by its own EPOLLOUT meanwhile, or queued
+			// twice (written by its EPOLLOUT, then more of the answer).
+			continue
 		}
 		if len(tg) == room {
 			l.flushClient(c)
 			continue
 		}
+		c.batched = true
 		tg = append(tg, ioTarget{c: c, gen: c.gen, fd: c.fd})
 	}
 	l.flushBuf = cs[:0]
 	l.targets = tg
 	if len(tg) < l.minBatch {
 		for _, t := range tg {
+			if t.bc != nil {
+				t.bc.batched = false
+			} else {
+				t.c.batched = false
+			}
 			l.writeTarget(t)
 		}
 		clear(tg)
@@ -196,6 +216,13 @@ func (l *evloop) submitWrites() {
 	}
 	if err != nil {
 		l.ringFailed(err) // closing the ring ends what it still held
+	}
+	for _, t := range tg {
+		if t.bc != nil {
+			t.bc.batched = false
+		} else {
+			t.c.batched = false
+		}
 	}
 	for i, t := range tg {
 		switch {
