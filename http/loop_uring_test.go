@@ -163,3 +163,41 @@ func TestLoopIOURingConcurrent(t *testing.T) {
 	e := r.srv.loops.Load()
 	t.Logf("%d sends, %d reads through the ring", e.uringSends.Load(), e.uringRecvs.Load())
 }
+
+// TestLoopIOURingQueuedTwice: a client queued twice for one round's batch
+// of writes (its answer's first bytes deferred, then written by its own
+// EPOLLOUT, then more deferred) gets each byte once.
+func TestLoopIOURingQueuedTwice(t *testing.T) {
+	requireRing(t)
+	r := loopRig(t, rigOpts{backends: 1, cfg: Config{IOURing: true, Loops: 1}})
+	rc := dialRaw(t, r.addr)
+	rc.send("GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
+		t.Fatalf("first GET: %d", resp.StatusCode)
+	}
+	l := r.srv.loops.Load().loops[0]
+	done := make(chan int)
+	l.post(func() {
+		queued := 0
+		for _, o := range l.fds {
+			if c := o.c; c != nil && c.fd >= 0 && !c.busy {
+				l.writeRaw(c, []byte("A")) // deferred: queued
+				l.flushClient(c)           // as its EPOLLOUT would: written
+				l.writeRaw(c, []byte("B")) // deferred: queued again
+				queued = len(l.toFlush)
+			}
+		}
+		done <- queued
+	})
+	if q := <-done; q != 2 {
+		t.Fatalf("the client is queued %d times, want twice for this test", q)
+	}
+	rc.send("GET /second HTTP/1.1\r\nHost: x\r\n\r\n")
+	got := make([]byte, 2)
+	if _, err := io.ReadFull(rc.br, got); err != nil || string(got) != "AB" {
+		t.Fatalf("bytes before the answer: %q (%v), want \"AB\"", got, err)
+	}
+	if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
+		t.Fatalf("second GET after the bytes: %d", resp.StatusCode)
+	}
+}
