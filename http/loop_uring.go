@@ -191,6 +191,9 @@ func (l *evloop) submitWrites() {
 		clear(tg)
 		return
 	}
+	// The ring takes them all (at most Entries, none in flight); were one
+	// refused, so would be those after it, which Submit then does not
+	// count as taken: they are written the plain way below.
 	for i, t := range tg {
 		if t.bc != nil {
 			l.ring.Send(t.fd, t.bc.pend, uint64(i))

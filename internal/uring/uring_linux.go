@@ -21,6 +21,7 @@ package uring
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -204,8 +205,9 @@ func (r *Ring) mmap(p *params) error {
 	return nil
 }
 
-// Close unmaps the rings and closes the ring's descriptor. Operations
-// still in flight are cancelled by the kernel.
+// Close unmaps the rings and closes the ring's descriptor; operations
+// queued and not submitted are never performed. Callers reap what they
+// submitted first: the ring stops keeping its buffers.
 func (r *Ring) Close() error {
 	if r.sqeMem != nil {
 		unix.Munmap(r.sqeMem)
@@ -250,6 +252,9 @@ func (r *Ring) queue(op uint8, fd int, p []byte, msgFlags uint32, user uint64) e
 		// has room for twice the SQ entries, so this also keeps
 		// completions from overflowing.
 		return ErrFull
+	}
+	if uint64(len(p)) > math.MaxUint32 {
+		return fmt.Errorf("uring: a buffer of %d bytes: an operation takes at most %d", len(p), uint32(math.MaxUint32))
 	}
 	e := &r.sqes[r.tail&*r.sqMask]
 	*e = sqe{opcode: op, fd: int32(fd), len: uint32(len(p)), opFlags: msgFlags, userData: user}
