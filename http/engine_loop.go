@@ -202,9 +202,15 @@ func (s *Server) serveLoops(ln net.Listener, t *tlsFront) error {
 		closeFD(lnfd)
 		return errors.New("http front end is already serving")
 	}
+	rings := 0
+	for _, l := range e.loops {
+		if l.ring != nil {
+			rings++
+		}
+	}
 	if ln != nil {
 		s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", len(s.backends.Load().backends), "engine", EngineLoop, "loops", n,
-			"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
+			"io_uring_loops", rings, "max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	}
 	tlsDone := make(chan struct{})
 	if t != nil {

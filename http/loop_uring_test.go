@@ -119,6 +119,9 @@ func TestLoopIOURingFallsBack(t *testing.T) {
 	if got := r.srv.loops.Load().uringSends.Load(); got != 0 {
 		t.Errorf("%d sends through a ring that could not be set up", got)
 	}
+	if !strings.Contains(out, "io_uring_loops=0") {
+		t.Errorf("the serving line does not say no loop has a ring:\n%s", out)
+	}
 }
 
 // TestLoopIOURingConcurrent: many clients at once on one loop, so that
