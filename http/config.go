@@ -148,6 +148,12 @@ type Config struct {
 	// Loops is the number of event loops of the loop engine; 0 is
 	// GOMAXPROCS. Flag -http-loops.
 	Loops int
+	// IOURing makes the loop engine write each round's answers to plain
+	// HTTP clients and requests to backends as one batch on an io_uring
+	// (one system call for the round instead of one per write), where the
+	// kernel allows it; where it does not, the loop says so once and
+	// writes as without it. Flag -http-io-uring.
+	IOURing bool
 
 	// Upgrades are the protocols a client may switch to through sluice, a
 	// comma list of Upgrade tokens (case-insensitive); "none" forwards no

@@ -63,6 +63,7 @@ import (
 
 	"github.com/sluicelb/sluice/accesslog"
 	"github.com/sluicelb/sluice/admission"
+	"github.com/sluicelb/sluice/internal/uring"
 	"github.com/sluicelb/sluice/lb"
 	"github.com/sluicelb/sluice/proxyproto"
 )
@@ -113,6 +114,11 @@ type loopEngine struct {
 	wg       sync.WaitGroup
 	lnOnce   sync.Once
 	next     atomic.Uint32 // the loop the next HTTPS connection goes to, round robin
+	// Config.IOURing (loop_uring.go): ringWarned once a loop could not
+	// set up its ring; uringSends counts the sends made through rings.
+	ringWarned atomic.Bool
+	uringSends atomic.Uint64
+	uringRecvs atomic.Uint64
 }
 
 // slotFreed tells the loops that a connection to addr closed outside them
@@ -196,9 +202,15 @@ func (s *Server) serveLoops(ln net.Listener, t *tlsFront) error {
 		closeFD(lnfd)
 		return errors.New("http front end is already serving")
 	}
+	rings := 0
+	for _, l := range e.loops {
+		if l.ring != nil {
+			rings++
+		}
+	}
 	if ln != nil {
 		s.logger.Info("http front end serving", "addr", ln.Addr().String(), "backends", len(s.backends.Load().backends), "engine", EngineLoop, "loops", n,
-			"max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
+			"io_uring_loops", rings, "max_conns", s.conns.max, "max_conns_per_source", s.conns.perSource)
 	}
 	tlsDone := make(chan struct{})
 	if t != nil {
@@ -353,6 +365,16 @@ type evloop struct {
 	bufs         [][]byte // free client buffers
 	tlsOut       []byte   // scratch: the records of one TLS write (tls_loop.go)
 	tlsBufs      [][]byte // free ciphertext read buffers of HTTPS connections
+	// With Config.IOURing (loop_uring.go): the loop's ring (nil without),
+	// the plain clients with answer bytes for the round's batch, the
+	// batch's connections and completions, free answer buffers.
+	ring     *uring.Ring
+	minBatch int // ringMinBatch
+	toFlush  []*cconn
+	flushBuf []*cconn
+	targets  []ioTarget
+	comps    []uring.Completion
+	outBufs  [][]byte
 }
 
 // fdOwner is the connection that holds a descriptor: one of c and b is set.
@@ -373,6 +395,7 @@ func newLoop(e *loopEngine) (*evloop, error) {
 		return nil, err
 	}
 	l.local.Header.SetNoDefaultContentType(true)
+	l.openRing()
 	return l, nil
 }
 
@@ -383,6 +406,7 @@ func (l *evloop) closeFDs() {
 	defer l.mu.Unlock()
 	l.closed = true
 	l.poller.close()
+	l.closeRing()
 }
 
 // post runs f on the loop's goroutine soon.
@@ -418,6 +442,9 @@ func (l *evloop) run() {
 			l.s.logger.Error("http loop: epoll_wait failed", "err", err)
 			n = 0
 		}
+		if l.ring != nil {
+			l.prefetchReads(n)
+		}
 		// Answers first: relaying them ends requests, while new requests
 		// only queue writes to the backends until the round is over.
 		for i := 0; i < n; i++ {
@@ -448,7 +475,7 @@ func (l *evloop) run() {
 			l.tick = l.now
 			l.expire()
 		}
-		l.flushBackends()
+		l.flushRound()
 		if l.e.stopping.Load() && l.drain() {
 			return
 		}

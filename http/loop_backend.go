@@ -20,7 +20,10 @@ type bconn struct {
 	in         []byte
 	r, w       int
 	rready     bool
-	hup        bool // the backend has shut down its side: read until EOF
+	fresh      bool       // read by this round's batch (loop_uring.go), which set rready
+	preErr     unix.Errno // the error the batch's read found, for the next read to return
+	batched    bool       // in the batch of writes being made (loop_uring.go)
+	hup        bool       // the backend has shut down its side: read until EOF
 	wready     bool
 	connecting bool
 	used       bool // it carried an exchange before: a keep-alive reuse
@@ -219,7 +222,11 @@ func (l *evloop) backendEvent(bc *bconn, ev uint32) {
 		}
 	}
 	if ev&evReadable != 0 {
-		bc.rready = true
+		if bc.fresh {
+			bc.fresh = false // the round's batched read decided rready (loop_uring.go)
+		} else {
+			bc.rready = true
+		}
 		bc.hup = bc.hup || ev&evPeerShut != 0
 		if bc.c == nil {
 			// An idle connection: the backend closed it or sent bytes
@@ -326,7 +333,13 @@ func (l *evloop) relay(bc *bconn) {
 			copy(nb, bc.in[:bc.w])
 			bc.in = nb
 		}
-		n, errno := rawRead(bc.fd, bc.in[bc.w:])
+		var n int
+		var errno unix.Errno
+		if bc.preErr != 0 { // what the round's batched read found (loop_uring.go)
+			errno, bc.preErr = bc.preErr, 0
+		} else {
+			n, errno = rawRead(bc.fd, bc.in[bc.w:])
+		}
 		switch {
 		case errno == unix.EAGAIN:
 			bc.rready = false

@@ -29,6 +29,8 @@ type cconn struct {
 	in       []byte     // read buffer: in[r:w] not yet consumed
 	r, w     int
 	rready   bool   // the socket may have unread bytes
+	fresh    bool   // read by this round's batch (loop_uring.go), which set rready
+	batched  bool   // in the batch of writes being made (loop_uring.go)
 	hup      bool   // the peer has shut down its side: read until EOF
 	out      []byte // answer bytes the socket did not take yet: out[o:]
 	o        int
@@ -208,7 +210,11 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		return
 	}
 	if ev&evReadable != 0 {
-		c.rready = true
+		if c.fresh {
+			c.fresh = false // the round's batched read decided rready (loop_uring.go)
+		} else {
+			c.rready = true
+		}
 		c.tls.sawReadable()
 		// After a shutdown no new edge comes: a short read does not
 		// mean drained, the EOF is still to be read.
@@ -651,6 +657,9 @@ func (l *evloop) writeRaw(c *cconn, p []byte) {
 		c.out = append(c.out, p...)
 		return
 	}
+	if l.deferWrite(c, p) {
+		return // written with the round's batch (loop_uring.go)
+	}
 	for len(p) > 0 {
 		n, errno := rawWrite(c.fd, p)
 		if errno == unix.EINTR {
@@ -690,7 +699,7 @@ func (l *evloop) flushClient(c *cconn) {
 		c.o += n
 		c.deadline = l.now + int64(l.s.cfg.ClientReadTimeout)
 	}
-	c.out, c.o = c.out[:0], 0
+	l.outWritten(c)
 	if c.busy {
 		c.deadline = 0
 	}
@@ -703,7 +712,11 @@ func (l *evloop) flushClient(c *cconn) {
 		return
 	}
 	if !c.busy {
+		// As endRequest does when the answer went out at once.
 		c.deadline = l.now + int64(l.s.cfg.ClientIdle)
+		if c.w == c.r {
+			l.dropInBuf(c)
+		}
 		l.clientIn(c)
 	}
 }

@@ -162,6 +162,18 @@ var suiteEngines = func() []string {
 	return all
 }()
 
+// suiteIOURing turns Config.IOURing on in every rig:
+// SLUICE_TEST_HTTP_IO_URING=1 runs the suite with the loop engine's
+// batched reads and writes (the fasthttp engine ignores the option),
+// every one of them through the ring, single ones included.
+var suiteIOURing = func() bool {
+	on := os.Getenv("SLUICE_TEST_HTTP_IO_URING") == "1"
+	if on {
+		ringMinBatch = 1
+	}
+	return on
+}()
+
 // rigEngine maps the *testing.T of an onEngines subtest to its engine.
 var rigEngine sync.Map
 
@@ -272,6 +284,9 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	cfg.Clock = r.clock
 	if o.tls && cfg.TLSConfig == nil {
 		cfg.TLSConfig = testTLS(t).server()
+	}
+	if suiteIOURing {
+		cfg.IOURing = true
 	}
 	if cfg.Engine == "" {
 		cfg.Engine = engineOf(t)
