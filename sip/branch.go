@@ -105,6 +105,20 @@ func clientTxnOf(req *gosip.Request, src source) clientTxn {
 
 // clientTxnVia is clientTxnOf for the Via v of message m and a given source.
 func clientTxnVia(m gosip.Message, v *gosip.ViaHeader, src netip.AddrPort, tcp bool) clientTxn {
+	var callID string
+	var seq uint32
+	if cid := m.CallID(); cid != nil {
+		callID = string(*cid)
+	}
+	if cs := m.CSeq(); cs != nil {
+		seq = cs.SeqNo
+	}
+	return clientTxnOfVia(v, src, tcp, callID, seq)
+}
+
+// clientTxnOfVia is clientTxnVia with the message's Call-ID and CSeq
+// number given (read only for a Via without an RFC 3261 branch).
+func clientTxnOfVia(v *gosip.ViaHeader, src netip.AddrPort, tcp bool, callID string, seq uint32) clientTxn {
 	k := clientTxn{host: v.Host, port: v.Port, src: src, tcp: tcp}
 	for i := 0; i < len(k.host); i++ {
 		if c := k.host[i]; c >= 'A' && c <= 'Z' {
@@ -117,12 +131,8 @@ func clientTxnVia(m gosip.Message, v *gosip.ViaHeader, src netip.AddrPort, tcp b
 		k.branch = br
 	} else {
 		k.rfc2543 = true
-		if cid := m.CallID(); cid != nil {
-			k.callID = string(*cid)
-		}
-		if cs := m.CSeq(); cs != nil {
-			k.seq = cs.SeqNo
-		}
+		k.callID = callID
+		k.seq = seq
 	}
 	return k
 }

@@ -63,6 +63,9 @@ type Deps struct {
 // Server is the SIP front end: a proxy on one UDP socket and one TCP
 // listener. Create it with New, start it with Start, stop it with Close.
 type Server struct {
+	// noFastPath sends every message through sipgo's parse (tests compare
+	// the two paths; fastresp.go).
+	noFastPath bool
 	// ownDrops is what the UDP socket's receive queue dropped (owndrops.go).
 	ownDrops ownDrops
 	cfg      Config
@@ -488,6 +491,9 @@ func (s *Server) handleDatagram(data []byte, src source) {
 			s.log.Error("sip message handler panicked", "err", fmt.Sprint(r), "src", src.addr.String())
 		}
 	}()
+	if s.fastResponse(data, src) {
+		return
+	}
 	msg, err := s.parser.ParseSIP(data)
 	if err != nil || msg == nil {
 		s.malformed(data, src, "parse")

@@ -1,0 +1,252 @@
+package sip
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	gosip "github.com/emiago/sipgo/sip"
+)
+
+// fastResp is a response as a backend answering through the balancer
+// sends it, our Via on top: what the fast path is for.
+const fastResp = "SIP/2.0 180 Ringing\r\n" +
+	"Via: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKsl-abc\r\n" +
+	"Via: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-4242-1-1INVITE;received=127.0.0.1;rport=5061\r\n" +
+	"From: sipp <sip:sipp@127.0.0.1>;tag=4242SIPpTag001\r\n" +
+	"To: service <sip:service@127.0.0.1>;tag=4243SIPpTag011\r\n" +
+	"Call-ID: 1-4242@127.0.0.1\r\n" +
+	"CSeq: 1 INVITE\r\n" +
+	"Record-Route: <sip:127.0.0.1:5060;lr;sl=AAAA>\r\n" +
+	"Contact: <sip:127.0.0.1:5071;transport=UDP>\r\n" +
+	"Content-Length: 0\r\n\r\n"
+
+// fastRespVectors are responses the fast path must take (true) or leave
+// to sipgo (false): the forms it is certain of, and the ones a scanner
+// could read differently from sipgo (folding, compact forms, duplicates,
+// odd spacing, several Vias a line, framing), which it must decline.
+var fastRespVectors = []struct {
+	name string
+	msg  string
+	take bool
+}{
+	{"sipp 180", fastResp, true},
+	{"quoted display name", strings.Replace(fastResp, "To: service <", `To: "service" <`, 1), true},
+	{"no display name", strings.Replace(fastResp, "To: service <", "To: <", 1), true},
+	{"two-word display name", strings.Replace(fastResp, "To: service <", "To: Bob Smith <", 1), true},
+	{"display name without space", strings.Replace(fastResp, "To: service <", "To: service<", 1), true},
+	{"body", strings.Replace(fastResp, "Content-Length: 0\r\n\r\n", "Content-Length: 4\r\n\r\nv=0\n", 1), true},
+	{"rfc 2543 client via", strings.Replace(fastResp, "branch=z9hG4bK-4242-1-1INVITE;", "", 1), true},
+	{"one via", strings.Replace(fastResp, "Via: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-4242-1-1INVITE;received=127.0.0.1;rport=5061\r\n", "", 1), true},
+	{"compact via", strings.Replace(fastResp, "Via: SIP/2.0/UDP 127.0.0.1:5060", "v: SIP/2.0/UDP 127.0.0.1:5060", 1), false},
+	{"lower-case via", strings.Replace(fastResp, "Via: SIP/2.0/UDP 127.0.0.1:5060", "via: SIP/2.0/UDP 127.0.0.1:5060", 1), false},
+	{"compact call-id", strings.Replace(fastResp, "Call-ID:", "i:", 1), false},
+	{"call-id case", strings.Replace(fastResp, "Call-ID:", "Call-Id:", 1), false},
+	{"compact content-length", strings.Replace(fastResp, "Content-Length:", "l:", 1), false},
+	{"compact to", strings.Replace(fastResp, "To:", "t:", 1), false},
+	{"compact from", strings.Replace(fastResp, "From:", "f:", 1), true},
+	{"two vias in a line", strings.Replace(fastResp, "branch=z9hG4bKsl-abc\r\nVia: ", "branch=z9hG4bKsl-abc,", 1), false},
+	{"folded line", strings.Replace(fastResp, "CSeq: 1 INVITE\r\n", "CSeq: 1\r\n INVITE\r\n", 1), false},
+	{"tab", strings.Replace(fastResp, "CSeq: 1 INVITE", "CSeq: 1\tINVITE", 1), false},
+	{"two spaces after colon", strings.Replace(fastResp, "Call-ID: 1", "Call-ID:  1", 1), false},
+	{"no space after colon", strings.Replace(fastResp, "Call-ID: 1", "Call-ID:1", 1), false},
+	{"space before colon", strings.Replace(fastResp, "Call-ID: 1", "Call-ID : 1", 1), false},
+	{"trailing space", strings.Replace(fastResp, "Call-ID: 1-4242@127.0.0.1", "Call-ID: 1-4242@127.0.0.1 ", 1), false},
+	{"two content-lengths", strings.Replace(fastResp, "Content-Length: 0\r\n", "Content-Length: 0\r\nContent-Length: 0\r\n", 1), false},
+	{"content-length and l", strings.Replace(fastResp, "Content-Length: 0\r\n", "l: 0\r\nContent-Length: 0\r\n", 1), false},
+	{"two to", strings.Replace(fastResp, "Call-ID:", "To: <sip:x@y>;tag=b\r\nCall-ID:", 1), false},
+	{"two from", strings.Replace(fastResp, "Call-ID:", "f: <sip:x@y>;tag=b\r\nCall-ID:", 1), false},
+	{"two call-ids", strings.Replace(fastResp, "CSeq:", "Call-ID: other\r\nCSeq:", 1), false},
+	{"two cseqs", strings.Replace(fastResp, "Call-ID:", "CSeq: 2 BYE\r\nCall-ID:", 1), false},
+	{"leading zero content-length", strings.Replace(fastResp, "Content-Length: 0", "Content-Length: 00", 1), false},
+	{"body longer than content-length", strings.Replace(fastResp, "\r\n\r\n", "\r\n\r\nX", 1), false},
+	{"body shorter than content-length", strings.Replace(fastResp, "Content-Length: 0", "Content-Length: 5", 1), false},
+	{"no content-length", strings.Replace(fastResp, "Content-Length: 0\r\n", "", 1), false},
+	{"leading zero cseq", strings.Replace(fastResp, "CSeq: 1 ", "CSeq: 01 ", 1), false},
+	{"signed cseq", strings.Replace(fastResp, "CSeq: 1 ", "CSeq: +1 ", 1), false},
+	{"lower-case method", strings.Replace(fastResp, "1 INVITE", "1 invite", 1), false},
+	{"leading zero via port", strings.Replace(fastResp, "127.0.0.1:5060;", "127.0.0.1:05060;", 1), false},
+	{"ipv6 via", strings.Replace(fastResp, "127.0.0.1:5061;branch", "[::1]:5061;branch", 1), false},
+	{"quoted via param", strings.Replace(fastResp, "rport=5061", `rport="5061"`, 1), false},
+	{"empty via param value", strings.Replace(fastResp, "rport=5061", "rport=", 1), false},
+	{"duplicate via param", strings.Replace(fastResp, "rport=5061", "rport=5061;rport=1", 1), false},
+	{"via param with space", strings.Replace(fastResp, ";received=", " ;received=", 1), false},
+	{"lower-case transport", strings.Replace(fastResp, "SIP/2.0/UDP 127.0.0.1:5060", "SIP/2.0/udp 127.0.0.1:5060", 1), false},
+	{"lf only", strings.ReplaceAll(fastResp, "\r\n", "\n"), false},
+	{"bare cr", strings.Replace(fastResp, "CSeq: 1 INVITE", "CSeq: 1 INV\rITE", 1), false},
+	{"nul", strings.Replace(fastResp, "Call-ID: 1", "Call-ID: \x001", 1), false},
+	{"utf-8", strings.Replace(fastResp, "Ringing", "Ringing \u00e9", 1), false},
+	{"to without brackets", strings.Replace(fastResp, "To: service <sip:service@127.0.0.1>;tag=", "To: sip:service@127.0.0.1;tag=", 1), false},
+	{"to upper-case scheme", strings.Replace(fastResp, "<sip:service@", "<SIP:service@", 1), false},
+	{"to uri header", strings.Replace(fastResp, "<sip:service@127.0.0.1>", "<sip:service@127.0.0.1?x=y>", 1), false},
+	{"to escaped user", strings.Replace(fastResp, "<sip:service@", "<sip:s%41@", 1), false},
+	{"to quoted display with escape", strings.Replace(fastResp, "To: service <", `To: "a\"b" <`, 1), false},
+	{"to junk after quote", strings.Replace(fastResp, "To: service <", `To: "a"x <`, 1), false},
+	{"to two spaces in display", strings.Replace(fastResp, "To: service <", "To: a  b <", 1), false},
+	{"to tag twice", strings.Replace(fastResp, ";tag=4243SIPpTag011", ";tag=a;tag=b", 1), false},
+	{"to empty tag", strings.Replace(fastResp, ";tag=4243SIPpTag011", ";tag=", 1), false},
+	{"to before via", "SIP/2.0 180 Ringing\r\nTo: <sip:a@b>;tag=x\r\n" + strings.SplitN(fastResp, "\r\n", 2)[1], false},
+	{"max-forwards", strings.Replace(fastResp, "Call-ID:", "Max-Forwards: 70\r\nCall-ID:", 1), false},
+	{"route", strings.Replace(fastResp, "Call-ID:", "Route: <sip:x>\r\nCall-ID:", 1), false},
+	{"status 100", strings.Replace(fastResp, "180 Ringing", "100 Trying", 1), true},
+	{"status 099", strings.Replace(fastResp, "180 Ringing", "099 X", 1), false},
+	{"status 700", strings.Replace(fastResp, "180 Ringing", "700 X", 1), false},
+	{"empty reason", strings.Replace(fastResp, "180 Ringing", "180 ", 1), false},
+	{"version", strings.Replace(fastResp, "SIP/2.0 180", "SIP/3.0 180", 1), false},
+	{"request", strings.Replace(fastResp, "SIP/2.0 180 Ringing", "BYE sip:a@b SIP/2.0", 1), false},
+	{"empty header value", strings.Replace(fastResp, "Call-ID:", "Subject:\r\nCall-ID:", 1), false},
+	{"no end of head", strings.TrimSuffix(fastResp, "\r\n"), false},
+}
+
+func TestScanResponseVectors(t *testing.T) {
+	for _, v := range fastRespVectors {
+		t.Run(v.name, func(t *testing.T) {
+			var sc respScan
+			got := scanResponse([]byte(v.msg), &sc)
+			if got != v.take {
+				t.Fatalf("scanResponse = %v, want %v for\n%q", got, v.take, v.msg)
+			}
+			checkFastResponse(t, []byte(v.msg))
+		})
+	}
+}
+
+// TestScanResponseWire is the relayed form of the SIPp 180, golden: our
+// Via gone, the To display name quoted as sipgo writes it, the rest as
+// received.
+func TestScanResponseWire(t *testing.T) {
+	var sc respScan
+	if !scanResponse([]byte(fastResp), &sc) {
+		t.Fatal("declined")
+	}
+	want := "SIP/2.0 180 Ringing\r\n" +
+		"Via: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-4242-1-1INVITE;received=127.0.0.1;rport=5061\r\n" +
+		"From: sipp <sip:sipp@127.0.0.1>;tag=4242SIPpTag001\r\n" +
+		`To: "service" <sip:service@127.0.0.1>;tag=4243SIPpTag011` + "\r\n" +
+		"Call-ID: 1-4242@127.0.0.1\r\n" +
+		"CSeq: 1 INVITE\r\n" +
+		"Record-Route: <sip:127.0.0.1:5060;lr;sl=AAAA>\r\n" +
+		"Contact: <sip:127.0.0.1:5071;transport=UDP>\r\n" +
+		"Content-Length: 0\r\n\r\n"
+	if got := string(sc.wire([]byte(fastResp))); got != want {
+		t.Fatalf("wire\n%q\nwant\n%q", got, want)
+	}
+	if sc.code != 180 || string(sc.method) != "INVITE" || sc.seq != 1 || string(sc.callID) != "1-4242@127.0.0.1" ||
+		string(sc.fromTag) != "4242SIPpTag001" || string(sc.toTag) != "4243SIPpTag011" || sc.nvia != 2 ||
+		string(sc.vias[0].branch) != "z9hG4bKsl-abc" || string(sc.vias[1].received) != "127.0.0.1" || string(sc.vias[1].rport) != "5061" {
+		t.Fatalf("fields %+v", sc)
+	}
+}
+
+// checkFastResponse fails t if the fast path takes data and sipgo's path
+// would read it differently: any field routeResponse decides on, or the
+// bytes relayed. A message the fast path declines passes.
+func checkFastResponse(t *testing.T, data []byte) {
+	t.Helper()
+	var sc respScan
+	if !scanResponse(data, &sc) {
+		return
+	}
+	m, err := newParser().ParseSIP(append([]byte(nil), data...))
+	if err != nil {
+		t.Fatalf("fast path takes what sipgo refuses (%v):\n%q", err, data)
+	}
+	res, ok := m.(*gosip.Response)
+	if !ok {
+		t.Fatalf("fast path takes a request:\n%q", data)
+	}
+	if i := ctlInHead(data); i >= 0 {
+		t.Fatalf("fast path takes a control character at %d:\n%q", i, data)
+	}
+	if d := duplicated(res); d != "" {
+		t.Fatalf("fast path takes two %s:\n%q", d, data)
+	}
+	v := res.Via()
+	if v == nil || res.CSeq() == nil || res.CallID() == nil {
+		t.Fatalf("fast path takes a response without Via, CSeq or Call-ID:\n%q", data)
+	}
+	top := &sc.vias[0]
+	br, _ := v.Params.Get("branch")
+	if br != string(top.branch) || v.Host != string(top.host) || v.Port != top.port {
+		t.Fatalf("top Via: sipgo %q %q %d, fast path %q %q %d:\n%q", br, v.Host, v.Port, top.branch, top.host, top.port, data)
+	}
+	if res.StatusCode != sc.code || res.CSeq().MethodName != gosip.RequestMethod(sc.method) || res.CSeq().SeqNo != sc.seq ||
+		res.CallID().Value() != string(sc.callID) || toTag(res) != string(sc.toTag) {
+		t.Fatalf("fields: sipgo %d %s %d %q to-tag %q, fast path %d %s %d %q %q:\n%q", res.StatusCode, res.CSeq().MethodName,
+			res.CSeq().SeqNo, res.CallID().Value(), toTag(res), sc.code, sc.method, sc.seq, sc.callID, sc.toTag, data)
+	}
+	var from string
+	if f := header(res, "from", "f"); f != nil {
+		from = tagParam(f.Value())
+	}
+	if from != string(sc.fromTag) {
+		t.Fatalf("From tag: sipgo %q, fast path %q:\n%q", from, sc.fromTag, data)
+	}
+	res.RemoveHeader("Via")
+	next := res.Via()
+	if (next != nil) != (sc.nvia >= 2) {
+		t.Fatalf("next Via: sipgo %v, fast path %d Vias:\n%q", next != nil, sc.nvia, data)
+	}
+	if next != nil {
+		nv := &sc.vias[1]
+		for _, p := range []struct {
+			k   string
+			v   []byte
+			has bool
+		}{{"branch", nv.branch, nv.hasBranch}, {"received", nv.received, nv.hasReceived}, {"rport", nv.rport, nv.hasRport}} {
+			got, has := next.Params.Get(p.k)
+			if got != string(p.v) || has != p.has {
+				t.Fatalf("next Via %s: sipgo %q %v, fast path %q %v:\n%q", p.k, got, has, p.v, p.has, data)
+			}
+		}
+		if next.Host != string(nv.host) || next.Port != nv.port {
+			t.Fatalf("next Via: sipgo %q %d, fast path %q %d:\n%q", next.Host, next.Port, nv.host, nv.port, data)
+		}
+	}
+	var b bytes.Buffer
+	res.StringWrite(&b)
+	if w := sc.wire(data); !bytes.Equal(w, b.Bytes()) {
+		t.Fatalf("relayed bytes differ:\nsipgo     %q\nfast path %q\nin        %q", b.Bytes(), w, data)
+	}
+}
+
+// addFuzzCorpusSeeds adds the stored inputs of the package's other fuzz
+// targets (testdata/fuzz/*), the hostile vectors they found, as seeds.
+func addFuzzCorpusSeeds(f *testing.F) {
+	files, _ := filepath.Glob("testdata/fuzz/*/*")
+	for _, p := range files {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, line := range strings.Split(string(raw), "\n")[1:] {
+			line = strings.TrimSpace(line)
+			if !strings.HasPrefix(line, "[]byte(") || !strings.HasSuffix(line, ")") {
+				continue
+			}
+			if s, err := strconv.Unquote(line[len("[]byte(") : len(line)-1]); err == nil {
+				f.Add([]byte(s))
+			}
+		}
+	}
+}
+
+// FuzzFastResponse is the differential test of the response fast path:
+// whatever it takes, sipgo must parse to the same fields (the ones
+// routeResponse decides on, which both paths share) and write back as the
+// same bytes; it may decline anything.
+//
+//	go test -run '^$' -fuzz FuzzFastResponse -fuzztime 10m ./sip/
+func FuzzFastResponse(f *testing.F) {
+	addMessageSeeds(f)
+	addFuzzCorpusSeeds(f)
+	for _, v := range fastRespVectors {
+		f.Add([]byte(v.msg))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkFastResponse(t, data)
+	})
+}
