@@ -3,6 +3,7 @@ package sip
 import (
 	"bytes"
 	"io"
+	"sync"
 
 	gosip "github.com/emiago/sipgo/sip"
 )
@@ -95,34 +96,64 @@ func (s *Server) fastResponse(data []byte, src source) bool {
 	if !scanResponse(data, &sc) {
 		return false
 	}
+	// One string of the head, and every field a substring of it: one
+	// allocation where a conversion of each would take ten.
+	head := string(data[:sc.headLen])
+	str := func(b []byte) string {
+		if len(b) == 0 {
+			return ""
+		}
+		off := cap(data) - cap(b) // b is a slice of data's head
+		return head[off : off+len(b)]
+	}
 	top := &sc.vias[0]
-	br := string(top.branch)
+	br := str(top.branch)
 	if len(br) < len(ourBranchPrefix) || br[:len(ourBranchPrefix)] != ourBranchPrefix || len(br) >= len(pingBranchPrefix) && br[:len(pingBranchPrefix)] == pingBranchPrefix {
 		return false
 	}
-	if !s.isOurs(&gosip.Uri{Host: string(top.host), Port: top.port}) {
+	if !s.isOurs(&gosip.Uri{Host: str(top.host), Port: top.port}) {
 		return false
 	}
 	if sc.nvia < 2 {
 		return false
 	}
 	nv := &sc.vias[1]
-	next := &gosip.ViaHeader{ProtocolName: "SIP", ProtocolVersion: "2.0", Transport: string(nv.transport),
-		Host: string(nv.host), Port: nv.port, Params: make(gosip.HeaderParams, 0, 3)}
-	if len(nv.branch) > 0 || nv.hasBranch {
-		next.Params = append(next.Params, gosip.HeaderKV{K: "branch", V: string(nv.branch)})
+	next := &gosip.ViaHeader{ProtocolName: "SIP", ProtocolVersion: "2.0", Transport: str(nv.transport),
+		Host: str(nv.host), Port: nv.port, Params: make(gosip.HeaderParams, 0, 3)}
+	if nv.hasBranch {
+		next.Params = append(next.Params, gosip.HeaderKV{K: "branch", V: str(nv.branch)})
 	}
 	if nv.hasReceived {
-		next.Params = append(next.Params, gosip.HeaderKV{K: "received", V: string(nv.received)})
+		next.Params = append(next.Params, gosip.HeaderKV{K: "received", V: str(nv.received)})
 	}
 	if nv.hasRport {
-		next.Params = append(next.Params, gosip.HeaderKV{K: "rport", V: string(nv.rport)})
+		next.Params = append(next.Params, gosip.HeaderKV{K: "rport", V: str(nv.rport)})
 	}
-	r := inResponse{raw: data, wire: sc.wire(data), tr: src.transport(), code: sc.code, method: gosip.RequestMethod(sc.method), seq: sc.seq,
-		callID: string(sc.callID), fromTag: string(sc.fromTag), toTag: string(sc.toTag)}
+	// The relayed bytes are copied by the send (or its batch's queue)
+	// and by anything that keeps them (relayConfirmed, lastFinal), so a
+	// pooled buffer holds them.
+	wb := wirePool.Get().(*[]byte)
+	r := inResponse{raw: data, wire: sc.appendWire((*wb)[:0], data), tr: src.transport(), code: sc.code,
+		method: methodOf(sc.method, str), seq: sc.seq, callID: str(sc.callID), fromTag: tagParam(str(sc.fromVal)), toTag: str(sc.toTag)}
 	s.metrics.Responses.Add(1)
 	s.routeResponse(&r, br, next, src)
+	*wb = r.wire[:0]
+	wirePool.Put(wb)
 	return true
+}
+
+// wirePool holds the buffers relayed responses are built in.
+var wirePool = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
+// methodOf is the method m names, without allocating for the common ones.
+func methodOf(m []byte, str func([]byte) string) gosip.RequestMethod {
+	for _, k := range [...]gosip.RequestMethod{gosip.INVITE, gosip.ACK, gosip.BYE, gosip.CANCEL, gosip.OPTIONS, gosip.REGISTER,
+		gosip.PRACK, gosip.UPDATE, gosip.INFO, gosip.SUBSCRIBE, gosip.NOTIFY, gosip.REFER, gosip.MESSAGE, gosip.PUBLISH} {
+		if string(m) == string(k) {
+			return k
+		}
+	}
+	return gosip.RequestMethod(str(m))
 }
 
 // viaScan is one Via value as scanResponse found it.
@@ -143,8 +174,9 @@ type respScan struct {
 	method  []byte
 	seq     uint32
 	callID  []byte
-	fromTag []byte
+	fromVal []byte // the From value, its tag read by tagParam
 	toTag   []byte
+	headLen int        // the head's length, its empty line included
 	vias    [2]viaScan // the top two
 	nvia    int
 	// The To value: where it is, and its parts as sipgo writes them.
@@ -153,12 +185,11 @@ type respScan struct {
 	toRest               []byte // from '<' to the end of the value
 }
 
-// wire returns the response in data as it is relayed: without its top
-// Via, the To value as sipgo writes it (a display name quoted, one
-// space, then the address and parameters as received).
-func (sc *respScan) wire(data []byte) []byte {
+// appendWire appends to b the response in data as it is relayed: without
+// its top Via, the To value as sipgo writes it (a display name quoted,
+// one space, then the address and parameters as received).
+func (sc *respScan) appendWire(b, data []byte) []byte {
 	top := &sc.vias[0]
-	b := make([]byte, 0, len(data)+2)
 	b = append(b, data[:top.lineStart]...)
 	b = append(b, data[top.lineEnd:sc.toValStart]...)
 	if len(sc.toDisplay) > 0 {
@@ -280,7 +311,7 @@ func scanResponse(data []byte, sc *respScan) bool {
 				return false
 			}
 			have.from = true
-			sc.fromTag = []byte(tagParam(string(val)))
+			sc.fromVal = val
 		default:
 			// Any other header sipgo gives a type (restricted by
 			// newParser) declines: written back in its own form.
@@ -290,6 +321,7 @@ func scanResponse(data []byte, sc *respScan) bool {
 		}
 	}
 	sc.nvia = nvia
+	sc.headLen = i
 	if nvia == 0 || !have.to || !have.callID || !have.cseq || !have.cl || !have.from {
 		return false
 	}
