@@ -301,15 +301,28 @@ func loopHash(req *gosip.Request) uint64 {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	req.Recipient.StringWrite(buf)
-	h := fnv64b(fnvOffset, buf.Bytes())
-	bufPool.Put(buf)
-	h = fnv64(h^0xff, req.CallID().Value())
-	if f := header(req, "from", "f"); f != nil {
-		h = fnv64(h^0xff, tagParam(f.Value()))
+	var from string
+	f := header(req, "from", "f")
+	if f != nil {
+		from = tagParam(f.Value())
 	}
-	h = fnv64(h^0xff, toTag(req))
+	h := loopHashOf(buf.Bytes(), req.CallID().Value(), f != nil, from, toTag(req), req.CSeq().SeqNo)
+	bufPool.Put(buf)
+	return h
+}
+
+// loopHashOf is loopHash of a request whose Request-URI is written as uri,
+// with that Call-ID, From (hasFrom: a From header at all) and To tags and
+// CSeq number.
+func loopHashOf(uri []byte, callID string, hasFrom bool, fromTag, toTag string, seq uint32) uint64 {
+	h := fnv64b(fnvOffset, uri)
+	h = fnv64(h^0xff, callID)
+	if hasFrom {
+		h = fnv64(h^0xff, fromTag)
+	}
+	h = fnv64(h^0xff, toTag)
 	var num [10]byte
-	return fnv64b(h^0xff, strconv.AppendUint(num[:0], uint64(req.CSeq().SeqNo), 10))
+	return fnv64b(h^0xff, strconv.AppendUint(num[:0], uint64(seq), 10))
 }
 
 // fnv64b is fnv64 over b.

@@ -2,11 +2,13 @@ package sip
 
 import (
 	"bytes"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	gosip "github.com/emiago/sipgo/sip"
 )
@@ -248,5 +250,238 @@ func FuzzFastResponse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkFastResponse(t, data)
+	})
+}
+
+// fastReq is a client's BYE as SIPp's uac_rr sends it through the
+// balancer at $LB, with our Route (and token $TOKEN) on top.
+const fastReq = "BYE sip:127.0.0.1:5071;transport=UDP SIP/2.0\r\n" +
+	"Via: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-4242-1-2BYE\r\n" +
+	"From: sipp <sip:sipp@127.0.0.1>;tag=4242SIPpTag001\r\n" +
+	"To: service <sip:service@127.0.0.1>;tag=4243SIPpTag011\r\n" +
+	"Call-ID: 1-4242@127.0.0.1\r\n" +
+	"CSeq: 2 BYE\r\n" +
+	"Route: <sip:$LB;lr;sl=$TOKEN>\r\n" +
+	"Contact: sip:sipp@127.0.0.1\r\n" +
+	"Max-Forwards: 70\r\n" +
+	"Subject: Performance Test\r\n" +
+	"Content-Length: 0\r\n\r\n"
+
+// fastReqVectors are in-dialog requests the scan must take or decline.
+var fastReqVectors = []struct {
+	name string
+	msg  string
+	take bool
+}{
+	{"sipp bye", fastReq, true},
+	{"sipp ack", strings.NewReplacer("BYE sip:", "ACK sip:", "2 BYE", "1 ACK", "2BYE", "1ACK").Replace(fastReq), true},
+	{"two routes", strings.Replace(fastReq, "Route: <sip:$LB;lr;sl=$TOKEN>\r\n", "Route: <sip:$LB;lr;sl=$TOKEN>\r\nRoute: <sip:$LB;lr>\r\n", 1), true},
+	{"route not ours below", strings.Replace(fastReq, "Route: <sip:$LB;lr;sl=$TOKEN>\r\n", "Route: <sip:$LB;lr;sl=$TOKEN>\r\nRoute: <sip:192.0.2.1:5060;lr>\r\n", 1), true},
+	{"no max-forwards", strings.Replace(fastReq, "Max-Forwards: 70\r\n", "", 1), true},
+	{"max-forwards 200", strings.Replace(fastReq, "Max-Forwards: 70", "Max-Forwards: 200", 1), true},
+	{"max-forwards 1", strings.Replace(fastReq, "Max-Forwards: 70", "Max-Forwards: 1", 1), true},
+	{"client rport", strings.Replace(fastReq, "2BYE\r\n", "2BYE;rport\r\n", 1), true},
+	{"client received and rport", strings.Replace(fastReq, "2BYE\r\n", "2BYE;rport=9;x;received=192.0.2.9\r\n", 1), true},
+	{"two client vias", strings.Replace(fastReq, "2BYE\r\n", "2BYE\r\nVia: SIP/2.0/UDP 192.0.2.7;branch=z9hG4bKx\r\n", 1), true},
+	{"body", strings.Replace(fastReq, "Content-Length: 0\r\n\r\n", "Content-Length: 3\r\n\r\nabc", 1), true},
+	{"max-forwards 0", strings.Replace(fastReq, "Max-Forwards: 70", "Max-Forwards: 0", 1), false},
+	{"two max-forwards", strings.Replace(fastReq, "Max-Forwards: 70\r\n", "Max-Forwards: 70\r\nMax-Forwards: 5\r\n", 1), false},
+	{"compact max-forwards", strings.Replace(fastReq, "Max-Forwards:", "max-forwards:", 1), false},
+	{"two routes in a line", strings.Replace(fastReq, "Route: <sip:$LB;lr;sl=$TOKEN>", "Route: <sip:$LB;lr;sl=$TOKEN>,<sip:$LB;lr>", 1), false},
+	{"route params outside", strings.Replace(fastReq, "Route: <sip:$LB;lr;sl=$TOKEN>", "Route: <sip:$LB;lr;sl=$TOKEN>;x=y", 1), false},
+	{"route lower case", strings.Replace(fastReq, "Route:", "route:", 1), false},
+	{"route user", strings.Replace(fastReq, "Route: <sip:$LB", "Route: <sip:u@$LB", 1), false},
+	{"invite", strings.NewReplacer("BYE sip:", "INVITE sip:", "2 BYE", "2 INVITE").Replace(fastReq), false},
+	{"cseq method differs", strings.Replace(fastReq, "2 BYE", "2 ACK", 1), false},
+	{"sips uri", strings.Replace(fastReq, "BYE sip:", "BYE sips:", 1), false},
+	{"no to-tag", strings.Replace(fastReq, ";tag=4243SIPpTag011", "", 1), false},
+	{"no content-length", strings.Replace(fastReq, "Content-Length: 0\r\n", "", 1), false},
+	{"two froms", strings.Replace(fastReq, "Call-ID:", "From: <sip:x@y>;tag=z\r\nCall-ID:", 1), false},
+	{"version", strings.Replace(fastReq, " SIP/2.0\r\n", " SIP/2.1\r\n", 1), false},
+	{"lower-case version", strings.Replace(fastReq, " SIP/2.0\r\n", " sip/2.0\r\n", 1), false},
+	{"uri with space", strings.Replace(fastReq, "5071;transport=UDP SIP", "5071;transport=UDP  SIP", 1), false},
+	{"folded", strings.Replace(fastReq, "Subject: Performance Test", "Subject: Performance\r\n Test", 1), false},
+	{"alias contact", strings.Replace(fastReq, "Contact: sip:sipp@127.0.0.1", "Contact: <sip:sipp@127.0.0.1;ALIAS=x>", 1), true},
+}
+
+// inDialogServer is a started server and a token of its signer for the
+// Call-ID of fastReq, naming backend b1.
+func inDialogServer(t testing.TB) (*Server, func(string) string) {
+	be := newUAS(t, "b1")
+	be.drop.Store(true)
+	be.mode.Store(modeSilent)
+	s := testServer(t, []*uas{be}, nil, nil)
+	token := s.signer.PoolToken("default", tokenSubject("b1", "1-4242@127.0.0.1"), time.Now().Add(time.Hour))
+	r := strings.NewReplacer("$LB", s.udpAddr().String(), "$TOKEN", token)
+	return s, r.Replace
+}
+
+func TestScanInDialogVectors(t *testing.T) {
+	s, fill := inDialogServer(t)
+	src := source{addr: netip.MustParseAddrPort("127.0.0.1:5061")}
+	for _, v := range fastReqVectors {
+		t.Run(v.name, func(t *testing.T) {
+			msg := []byte(fill(v.msg))
+			var rq reqScan
+			if got := scanInDialog(msg, &rq); got != v.take {
+				t.Fatalf("scanInDialog = %v, want %v for\n%q", got, v.take, msg)
+			}
+			checkFastInDialog(t, s, msg, src)
+		})
+	}
+}
+
+// TestFastInDialogWire is the forwarded form of the SIPp BYE, golden:
+// our Via on top, the client's with received and rport, our Route gone,
+// Max-Forwards one less, the To display name quoted.
+func TestFastInDialogWire(t *testing.T) {
+	s, fill := inDialogServer(t)
+	msg := []byte(fill(fastReq))
+	var rq reqScan
+	if !scanInDialog(msg, &rq) {
+		t.Fatal("declined")
+	}
+	got := string(rq.appendInDialogWire(nil, msg, []byte("Via: OURS\r\n"), "127.0.0.1", "5061"))
+	want := "BYE sip:127.0.0.1:5071;transport=UDP SIP/2.0\r\n" +
+		"Via: OURS\r\n" +
+		"Via: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-4242-1-2BYE;received=127.0.0.1;rport=5061\r\n" +
+		"From: sipp <sip:sipp@127.0.0.1>;tag=4242SIPpTag001\r\n" +
+		`To: "service" <sip:service@127.0.0.1>;tag=4243SIPpTag011` + "\r\n" +
+		"Call-ID: 1-4242@127.0.0.1\r\n" +
+		"CSeq: 2 BYE\r\n" +
+		"Contact: sip:sipp@127.0.0.1\r\n" +
+		"Max-Forwards: 69\r\n" +
+		"Subject: Performance Test\r\n" +
+		"Content-Length: 0\r\n\r\n"
+	if got != want {
+		t.Fatalf("wire\n%q\nwant\n%q", got, want)
+	}
+	_ = s
+}
+
+// checkFastInDialog fails t if the in-dialog scan takes data and sipgo's
+// path would read it differently: the checks handleRequest makes before
+// routing, the fields the routing and our branch are made of, which
+// Routes are ours and the token, and the bytes forwarded.
+func checkFastInDialog(t *testing.T, s *Server, data []byte, src source) {
+	t.Helper()
+	var rq reqScan
+	if !scanInDialog(data, &rq) {
+		return
+	}
+	m, err := newParser().ParseSIP(append([]byte(nil), data...))
+	if err != nil {
+		t.Fatalf("fast path takes what sipgo refuses (%v):\n%q", err, data)
+	}
+	req, ok := m.(*gosip.Request)
+	if !ok {
+		t.Fatalf("fast path takes a response:\n%q", data)
+	}
+	req.SetTransport("UDP")
+	if i := ctlInHead(data); i >= 0 {
+		t.Fatalf("fast path takes a control character at %d:\n%q", i, data)
+	}
+	if d := duplicated(req); d != "" {
+		t.Fatalf("fast path takes two %s:\n%q", d, data)
+	}
+	if req.Via() == nil || req.CallID() == nil || req.CSeq() == nil || req.To() == nil || header(req, "from", "f") == nil ||
+		req.CSeq().MethodName != req.Method || !strings.EqualFold(req.SipVersion, "SIP/2.0") || req.Recipient.Host == "" && req.Recipient.Raw() == "" {
+		t.Fatalf("fast path takes what handleRequest refuses:\n%q", data)
+	}
+	if string(req.Method) != string(rq.method) || req.Recipient.String() != string(rq.uri) {
+		t.Fatalf("request line: sipgo %s %q, fast path %s %q", req.Method, req.Recipient.String(), rq.method, rq.uri)
+	}
+	mf := req.MaxForwards()
+	if (mf != nil) != rq.hasMF || mf != nil && (int(mf.Val()) != rq.mf || mf.Val() == 0) {
+		t.Fatalf("Max-Forwards: sipgo %v, fast path %v %d:\n%q", mf, rq.hasMF, rq.mf, data)
+	}
+	if !rq.ourVia && s.looped(req) {
+		t.Fatalf("fast path takes a loop:\n%q", data)
+	}
+	if !rq.alias && s.plantedAlias(req, src) {
+		t.Fatalf("fast path takes a planted alias:\n%q", data)
+	}
+	var from string
+	if f := header(req, "from", "f"); f != nil {
+		from = tagParam(f.Value())
+	}
+	fromTag := tagParam(string(rq.fromVal))
+	if req.CallID().Value() != string(rq.callID) || toTag(req) != string(rq.toTag) || from != fromTag || req.CSeq().SeqNo != rq.seq {
+		t.Fatalf("fields: sipgo %q %q %q %d, fast path %q %q %q %d:\n%q", req.CallID().Value(), toTag(req), from, req.CSeq().SeqNo,
+			rq.callID, rq.toTag, fromTag, rq.seq, data)
+	}
+	if a, b := loopHash(req), loopHashOf(rq.uri, string(rq.callID), true, fromTag, string(rq.toTag), rq.seq); a != b {
+		t.Fatalf("loop hash: sipgo %x, fast path %x:\n%q", a, b, data)
+	}
+	v := &gosip.ViaHeader{Host: string(rq.via.host), Port: rq.via.port}
+	if rq.via.hasBranch {
+		v.Params = gosip.HeaderParams{{K: "branch", V: string(rq.via.branch)}}
+	}
+	if a, b := clientTxnOf(req, src).key(), clientTxnOfVia(v, src.addr, false, string(rq.callID), rq.seq).key(); a != b {
+		t.Fatalf("client transaction: sipgo %q, fast path %q:\n%q", a, b, data)
+	}
+	var routes []*gosip.RouteHeader
+	for _, h := range req.Headers() {
+		if r, ok := h.(*gosip.RouteHeader); ok {
+			routes = append(routes, r)
+		}
+	}
+	if len(routes) != rq.nroute {
+		t.Fatalf("Routes: sipgo %d, fast path %d:\n%q", len(routes), rq.nroute, data)
+	}
+	allOurs := rq.nroute > 0
+	var token string
+	for i, r := range routes {
+		f := &rq.routes[i]
+		ours := !f.transport && s.isOurs(&gosip.Uri{Scheme: "sip", Host: string(f.host), Port: f.port})
+		if f.transport || ours != s.isOurs(&r.Address) {
+			allOurs = false
+			if !f.transport {
+				t.Fatalf("Route %d ours: sipgo %v, fast path %v:\n%q", i, s.isOurs(&r.Address), ours, data)
+			}
+		}
+		if !ours {
+			allOurs = false
+		}
+		if token == "" && f.hasToken {
+			token = string(f.token)
+		}
+	}
+	if !allOurs {
+		return // the fast path declines it
+	}
+	gotToken, had := s.popOurRoutes(req)
+	if !had || gotToken != token || req.Route() != nil {
+		t.Fatalf("our Routes: sipgo token %q had %v left %v, fast path %q:\n%q", gotToken, had, req.Route(), token, data)
+	}
+	const br = "z9hG4bKslu0123456789abcdef0123456789abcdef"
+	s.prepareForward(req, src)
+	req.PrependHeader(s.ourVia(br, "UDP"))
+	var slow bytes.Buffer
+	req.StringWrite(&slow)
+	var ov bytes.Buffer
+	s.ourVia(br, "UDP").StringWrite(&ov)
+	ov.WriteString("\r\n")
+	fast := rq.appendInDialogWire(nil, data, ov.Bytes(), src.addr.Addr().String(), strconv.Itoa(int(src.addr.Port())))
+	if !bytes.Equal(fast, slow.Bytes()) {
+		t.Fatalf("forwarded bytes differ:\nsipgo     %q\nfast path %q\nin        %q", slow.Bytes(), fast, data)
+	}
+}
+
+// FuzzFastInDialog is the differential test of the in-dialog fast path:
+// whatever scanInDialog takes, sipgo must read the same way (checks,
+// fields, Routes, token) and forward as the same bytes.
+//
+//	go test -run '^$' -fuzz FuzzFastInDialog -fuzztime 10m ./sip/
+func FuzzFastInDialog(f *testing.F) {
+	s, fill := inDialogServer(f)
+	addMessageSeeds(f)
+	addFuzzCorpusSeeds(f)
+	for _, v := range fastReqVectors {
+		f.Add([]byte(fill(v.msg)))
+	}
+	src := source{addr: netip.MustParseAddrPort("127.0.0.1:5061")}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkFastInDialog(t, s, data, src)
 	})
 }

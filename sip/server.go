@@ -491,7 +491,7 @@ func (s *Server) handleDatagram(data []byte, src source) {
 			s.log.Error("sip message handler panicked", "err", fmt.Sprint(r), "src", src.addr.String())
 		}
 	}()
-	if s.fastResponse(data, src) {
+	if s.fastResponse(data, src) || s.fastInDialog(data, src) {
 		return
 	}
 	msg, err := s.parser.ParseSIP(data)

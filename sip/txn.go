@@ -175,6 +175,15 @@ func (tt *txnTable) takeCompleted(ckey string) *txn {
 	return t
 }
 
+// hasCompleted reports whether takeCompleted would return a transaction
+// for ckey, taking nothing.
+func (tt *txnTable) hasCompleted(ckey string) bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	t := tt.byClient[ckey]
+	return t != nil && t.state == stCompleted && t.cur != nil && !t.local
+}
+
 // cancel marks the INVITE of ckey canceled. It returns the transaction,
 // the backend and branch to send the CANCEL to (none when there is nothing
 // upstream to cancel: the caller answers the CANCEL itself), and whether
