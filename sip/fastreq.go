@@ -2,6 +2,7 @@ package sip
 
 import (
 	"bytes"
+	"net/netip"
 	"strconv"
 
 	gosip "github.com/emiago/sipgo/sip"
@@ -245,7 +246,7 @@ func scanRoute(val []byte, r *routeScan) bool {
 // order without our Routes, the top Via with received and rport set,
 // Max-Forwards one less and at most 70 (70 added at the end when there is
 // none), the To value as sipgo writes it, then the body.
-func (rq *reqScan) appendInDialogWire(b, data, ourVia []byte, received, rport string) []byte {
+func (rq *reqScan) appendInDialogWire(b, data, ourVia []byte, src netip.AddrPort) []byte {
 	b = append(b, data[:rq.lineEnd]...)
 	b = append(b, ourVia...)
 	// The edits, in the order of their place in data.
@@ -289,11 +290,11 @@ func (rq *reqScan) appendInDialogWire(b, data, ourVia []byte, received, rport st
 				case "received":
 					hadRcv = true
 					b = append(b, '=')
-					b = append(b, received...)
+					b = src.Addr().AppendTo(b)
 				case "rport":
 					hadRport = true
 					b = append(b, '=')
-					b = append(b, rport...)
+					b = strconv.AppendUint(b, uint64(src.Port()), 10)
 				default:
 					if hasV {
 						b = append(b, '=')
@@ -303,11 +304,11 @@ func (rq *reqScan) appendInDialogWire(b, data, ourVia []byte, received, rport st
 			})
 			if !hadRcv {
 				b = append(b, ";received="...)
-				b = append(b, received...)
+				b = src.Addr().AppendTo(b)
 			}
 			if !hadRport {
 				b = append(b, ";rport="...)
-				b = append(b, rport...)
+				b = strconv.AppendUint(b, uint64(src.Port()), 10)
 			}
 		case mf:
 			b = strconv.AppendInt(b, int64(min(rq.mf-1, maxForwards)), 10)
@@ -349,6 +350,9 @@ func (s *Server) fastInDialog(data []byte, src source) bool {
 			return ""
 		}
 		off := cap(data) - cap(b) // b is a slice of data's head
+		if off < 0 || off+len(b) > len(head) {
+			return string(b) // not reached: every field is in the head
+		}
 		return head[off : off+len(b)]
 	}
 	var token string
@@ -417,15 +421,9 @@ func (s *Server) fastInDialog(data []byte, src source) bool {
 			}
 		}
 	}
-	vb := bufPool.Get().(*bytes.Buffer)
-	vb.Reset()
-	s.ourVia(br, s.viaTransport(dst)).StringWrite(vb)
-	vb.WriteString("\r\n")
-	var num [5]byte
+	var vl [160]byte
 	wb := wirePool.Get().(*[]byte)
-	wire := rq.appendInDialogWire((*wb)[:0], data, vb.Bytes(), src.addr.Addr().String(),
-		string(strconv.AppendUint(num[:0], uint64(src.addr.Port()), 10)))
-	bufPool.Put(vb)
+	wire := rq.appendInDialogWire((*wb)[:0], data, s.appendOurVia(vl[:0], br, s.viaTransport(dst)), src.addr)
 	err := s.postOr(wire, dst, &s.metrics.Forwarded, onErr)
 	*wb = wire[:0]
 	wirePool.Put(wb)
@@ -436,6 +434,31 @@ func (s *Server) fastInDialog(data []byte, src source) bool {
 		}
 	}
 	return true
+}
+
+// viaPrefix is our Via line up to its branch value for a transport, as
+// ourVia and sipgo write it, kept for the address it was made for.
+type viaPrefix struct {
+	tr   string
+	hp   hostPort
+	line []byte // "Via: SIP/2.0/UDP host:port;branch="
+}
+
+// appendOurVia appends to b the line of our Via with branch br for
+// transport tr ("Via: ...\r\n"): the bytes ourVia(br, tr) writes.
+func (s *Server) appendOurVia(b []byte, br, tr string) []byte {
+	hp := s.advFor(tr)
+	p := s.viaPfx.Load()
+	if p == nil || p.tr != tr || p.hp != hp {
+		var w bytes.Buffer
+		s.ourVia("x", tr).StringWrite(&w)
+		line := w.Bytes()
+		p = &viaPrefix{tr: tr, hp: hp, line: line[:len(line)-1]}
+		s.viaPfx.Store(p)
+	}
+	b = append(b, p.line...)
+	b = append(b, br...)
+	return append(b, "\r\n"...)
 }
 
 // parseRaw parses a request the fast path took, for an answer of ours to

@@ -104,6 +104,9 @@ func (s *Server) fastResponse(data []byte, src source) bool {
 			return ""
 		}
 		off := cap(data) - cap(b) // b is a slice of data's head
+		if off < 0 || off+len(b) > len(head) {
+			return string(b) // not reached: every field is in the head
+		}
 		return head[off : off+len(b)]
 	}
 	top := &sc.vias[0]

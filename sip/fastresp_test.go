@@ -341,7 +341,7 @@ func TestFastInDialogWire(t *testing.T) {
 	if !scanInDialog(msg, &rq) {
 		t.Fatal("declined")
 	}
-	got := string(rq.appendInDialogWire(nil, msg, []byte("Via: OURS\r\n"), "127.0.0.1", "5061"))
+	got := string(rq.appendInDialogWire(nil, msg, []byte("Via: OURS\r\n"), netip.MustParseAddrPort("127.0.0.1:5061")))
 	want := "BYE sip:127.0.0.1:5071;transport=UDP SIP/2.0\r\n" +
 		"Via: OURS\r\n" +
 		"Via: SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-4242-1-2BYE;received=127.0.0.1;rport=5061\r\n" +
@@ -459,10 +459,7 @@ func checkFastInDialog(t *testing.T, s *Server, data []byte, src source) {
 	req.PrependHeader(s.ourVia(br, "UDP"))
 	var slow bytes.Buffer
 	req.StringWrite(&slow)
-	var ov bytes.Buffer
-	s.ourVia(br, "UDP").StringWrite(&ov)
-	ov.WriteString("\r\n")
-	fast := rq.appendInDialogWire(nil, data, ov.Bytes(), src.addr.Addr().String(), strconv.Itoa(int(src.addr.Port())))
+	fast := rq.appendInDialogWire(nil, data, s.appendOurVia(nil, br, "UDP"), src.addr)
 	if !bytes.Equal(fast, slow.Bytes()) {
 		t.Fatalf("forwarded bytes differ:\nsipgo     %q\nfast path %q\nin        %q", slow.Bytes(), fast, data)
 	}

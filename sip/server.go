@@ -66,6 +66,7 @@ type Server struct {
 	// noFastPath sends every message through sipgo's parse (tests compare
 	// the two paths; fastresp.go).
 	noFastPath bool
+	viaPfx     atomic.Pointer[viaPrefix] // our Via up to its branch (fastreq.go)
 	// ownDrops is what the UDP socket's receive queue dropped (owndrops.go).
 	ownDrops ownDrops
 	cfg      Config
