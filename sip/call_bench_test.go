@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"net"
 	"net/netip"
+	"regexp"
 	"runtime/metrics"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -29,9 +31,10 @@ type callHarness struct {
 	inviteFw []byte // the INVITE as the backend got it
 	byeFw    []byte // the BYE as the backend got it
 	num      []byte
+	record   func(who string, p []byte) // when not nil, gets every datagram read but a 100
 }
 
-func newCallHarness(b *testing.B) *callHarness {
+func newCallHarness(b testing.TB) *callHarness {
 	be, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		b.Fatal(err)
@@ -57,16 +60,23 @@ func newCallHarness(b *testing.B) *callHarness {
 }
 
 // read returns the next datagram on c.
-func (h *callHarness) read(b *testing.B, c *net.UDPConn) []byte {
+func (h *callHarness) read(b testing.TB, c *net.UDPConn) []byte {
 	n, _, err := c.ReadFromUDPAddrPort(h.in)
 	if err != nil {
 		b.Fatal(err)
+	}
+	if h.record != nil && !bytes.HasPrefix(h.in[:n], []byte("SIP/2.0 100 ")) {
+		who := "client"
+		if c == h.be {
+			who = "backend"
+		}
+		h.record(who, h.in[:n])
 	}
 	return h.in[:n]
 }
 
 // readStatus reads datagrams on c until one starts with status.
-func (h *callHarness) readStatus(b *testing.B, c *net.UDPConn, status string) []byte {
+func (h *callHarness) readStatus(b testing.TB, c *net.UDPConn, status string) []byte {
 	for {
 		p := h.read(b, c)
 		if bytes.HasPrefix(p, []byte(status)) {
@@ -191,7 +201,7 @@ func (h *callHarness) request(method string, cseq int, n int) []byte {
 
 // call runs call n's messages through handleDatagram; before and after,
 // when not nil, are called around each with its index in callKinds.
-func (h *callHarness) call(b *testing.B, n int, before, after func(int)) {
+func (h *callHarness) call(b testing.TB, n int, before, after func(int)) {
 	step := func(k int, p []byte, src source) {
 		if before != nil {
 			before(k)
@@ -215,6 +225,9 @@ func (h *callHarness) call(b *testing.B, n int, before, after func(int)) {
 	})
 	if len(h.rrLine) == 0 {
 		b.Fatalf("no Record-Route in the relayed 200:\n%s", ok)
+	}
+	if !bytes.HasPrefix(h.inviteFw, []byte("INVITE ")) {
+		b.Fatalf("the backend got %q, not the INVITE", h.inviteFw)
 	}
 	step(3, h.request("ACK", 1, n), h.cliSrc)
 	h.read(b, h.be)
@@ -266,3 +279,48 @@ func BenchmarkCall(b *testing.B) {
 		b.Fatalf("%d in-dialog requests forwarded by token for %d calls", h.s.metrics.Affinity.Load(), b.N)
 	}
 }
+
+// TestFastPathCall runs the same call through two servers, one with the
+// fast paths (fastresp.go, fastreq.go) and one without, and requires that
+// the fast one took the 180, the 200s, the ACK and the BYE, and that the
+// client and the backend got the same bytes from both: the end-to-end
+// form of FuzzFastResponse and FuzzFastInDialog. What differs between two
+// servers (their ports, branches and tokens) is masked.
+func TestFastPathCall(t *testing.T) {
+	run := func(fast bool) []string {
+		var got []string
+		h := newCallHarness(t)
+		h.s.noFastPath = !fast
+		mask := strings.NewReplacer(h.s.udpAddr().String(), "LB", h.beSrc.addr.String(), "BE",
+			strconv.Itoa(int(h.beSrc.addr.Port())), "BEPORT", h.cliSrc.addr.String(), "CLI", strconv.Itoa(int(h.cliSrc.addr.Port())), "CLIPORT")
+		h.record = func(who string, p []byte) {
+			s := mask.Replace(string(p))
+			s = branchRE.ReplaceAllString(s, "branch=z9hG4bKsl-X")
+			s = tokenRE.ReplaceAllString(s, "sl=TOKEN")
+			got = append(got, who+": "+s)
+		}
+		h.call(t, 7, nil, nil)
+		if fast && h.s.fastTaken.Load() != 5 {
+			t.Errorf("fast path took %d messages of the call, want 5 (180, 200, ACK, BYE, 200)", h.s.fastTaken.Load())
+		}
+		if !fast && h.s.fastTaken.Load() != 0 {
+			t.Errorf("fast path took %d messages with noFastPath", h.s.fastTaken.Load())
+		}
+		return got
+	}
+	slow, fast := run(false), run(true)
+	t.Logf("%d datagrams compared", len(slow))
+	if len(slow) != len(fast) {
+		t.Fatalf("%d datagrams through the slow path, %d through the fast one:\n%q\n%q", len(slow), len(fast), slow, fast)
+	}
+	for i := range slow {
+		if slow[i] != fast[i] {
+			t.Errorf("datagram %d differs:\nslow %q\nfast %q", i, slow[i], fast[i])
+		}
+	}
+}
+
+var (
+	branchRE = regexp.MustCompile(`branch=z9hG4bKsl[0-9a-z]+`)
+	tokenRE  = regexp.MustCompile(`sl=[^;>\r]+`)
+)
