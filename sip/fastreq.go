@@ -416,7 +416,7 @@ func (s *Server) fastInDialog(data []byte, src source) bool {
 		s.watchRaw(raw, src, br, b.id, method, now)
 		if s.udpOut != nil && s.udpOut.open.Load() {
 			onErr = func(err error) {
-				if req := s.parseRaw(raw); req != nil {
+				if req := s.forwardedRaw(raw, src, br, dst); req != nil {
 					s.inDialogSendFailed(req, src, br, err)
 				}
 			}
@@ -430,7 +430,7 @@ func (s *Server) fastInDialog(data []byte, src source) bool {
 	wirePool.Put(wb)
 	if err != nil {
 		s.log.Debug("sip forward", "err", err, "call_id", callID)
-		if req := s.parseRaw(raw); !ack && req != nil {
+		if req := s.forwardedRaw(raw, src, br, dst); !ack && req != nil {
 			s.inDialogSendFailed(req, src, br, err)
 		}
 	}
@@ -475,6 +475,21 @@ func (s *Server) parseRaw(raw []byte) *gosip.Request {
 		return nil
 	}
 	req.SetTransport("UDP")
+	return req
+}
+
+// forwardedRaw is the request the fast path forwarded as sent to dst
+// with our branch br, as handleInDialog's request is when its send fails:
+// our Routes popped, prepareForward's changes, our Via on top (the
+// answer of ours to it reads the client's Via with received and rport).
+func (s *Server) forwardedRaw(raw []byte, src source, br string, dst target) *gosip.Request {
+	req := s.parseRaw(raw)
+	if req == nil {
+		return nil
+	}
+	s.popOurRoutes(req)
+	s.prepareForward(req, src)
+	req.PrependHeader(s.ourVia(br, s.viaTransport(dst)))
 	return req
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -482,3 +483,52 @@ func FuzzFastInDialog(f *testing.F) {
 		checkFastInDialog(t, s, data, src)
 	})
 }
+
+// TestFastInDialogAnswers: the answers of ours to a BYE the fast path
+// forwarded are those the sipgo path gives: 503 "backend unreachable"
+// when its send fails at the read batch's end (made from the request as
+// forwarded: the client's Via with received and rport), and 408 when its
+// backend stays silent (made from the request as received). Each BYE goes
+// once through a server with the fast path and once through one without;
+// what differs between the two servers (address, token) is masked.
+func TestFastInDialogAnswers(t *testing.T) {
+	bad := netip.MustParseAddrPort("[::1]:9") // an IPv6 backend on an IPv4 socket: every send fails
+	silent := newUAS(t, "b1")
+	silent.mode.Store(modeSilent)
+	silent.drop.Store(true)
+	for _, tc := range []struct {
+		name    string
+		backend netip.AddrPort
+		code    int
+	}{{"send fails", bad, 503}, {"backend silent", silent.addr, 408}} {
+		t.Run(tc.name, func(t *testing.T) {
+			answer := func(fast bool) string {
+				s := startServer(t, serverOpts{backends: []netip.AddrPort{tc.backend}, mut: func(c *Config) {
+					c.UDPSendBatch = true
+					c.InDialogTimeout = 50 * time.Millisecond
+				}})
+				s.noFastPath = !fast
+				c := newUAC(t, s.udpAddr())
+				token := s.routeToken("default", tokenSubject("b1", "1-4242@127.0.0.1"), time.Now().Add(time.Hour))
+				bye := strings.NewReplacer("$LB", s.udpAddr().String(), "$TOKEN", token, "127.0.0.1:5061", c.addr.String()).Replace(fastReq)
+				s.udpOut.begin()
+				s.udpDatagram([]byte(bye), c.addr)
+				s.udpOut.end(s)
+				res := c.recvResponse(tc.code)
+				if got := s.fastTaken.Load(); got != map[bool]uint64{true: 1, false: 0}[fast] {
+					t.Errorf("fast path (on: %v) took %d messages", fast, got)
+				}
+				out := strings.NewReplacer(s.udpAddr().String(), "LB", c.addr.String(), "CLIENT",
+					strconv.Itoa(int(c.addr.Port())), "CLIENTPORT").Replace(res.String())
+				return retryAfterRE.ReplaceAllString(out, "Retry-After: N") // jittered
+
+			}
+			slow, fast := answer(false), answer(true)
+			if slow != fast {
+				t.Fatalf("answers differ:\nslow %q\nfast %q", slow, fast)
+			}
+		})
+	}
+}
+
+var retryAfterRE = regexp.MustCompile(`Retry-After: [0-9]+`)
