@@ -114,14 +114,27 @@ func hasName(line []byte, name string) bool {
 }
 
 // response builds, in h.out, the backend's answer to the request req as
-// uas_rr writes it: its Vias, From, To (with toTag added when not
-// empty), Call-ID, CSeq and Record-Route, then a Contact and body.
+// uas_rr writes it: its Vias (joined on one line, as SIPp's [last_Via:]
+// does), From, To (with toTag added when not empty), Call-ID, CSeq and
+// Record-Route, then a Contact and body (Content-Length padded as SIPp's
+// [len] writes it).
 func (h *callHarness) response(req []byte, status, toTag string, body string) []byte {
 	h.out = append(h.out[:0], status...)
+	h.out = append(h.out, "\r\nVia: "...)
+	n := 0
+	lines(req, func(l []byte) {
+		if hasName(l, "Via") {
+			if n > 0 {
+				h.out = append(h.out, ", "...)
+			}
+			h.out = append(h.out, bytes.TrimLeft(l[len("Via:"):], " ")...)
+			n++
+		}
+	})
 	h.out = append(h.out, "\r\n"...)
 	lines(req, func(l []byte) {
 		switch {
-		case hasName(l, "Via"), hasName(l, "From"), hasName(l, "Call-ID"), hasName(l, "CSeq"), hasName(l, "Record-Route"):
+		case hasName(l, "From"), hasName(l, "Call-ID"), hasName(l, "CSeq"), hasName(l, "Record-Route"):
 			h.out = append(h.out, l...)
 			h.out = append(h.out, "\r\n"...)
 		case hasName(l, "To"):
@@ -136,6 +149,9 @@ func (h *callHarness) response(req []byte, status, toTag string, body string) []
 	h.out = append(h.out, "Contact: <"...)
 	h.out = append(h.out, h.contact...)
 	h.out = append(h.out, ";transport=UDP>\r\nContent-Type: application/sdp\r\nContent-Length: "...)
+	for w := len(strconv.Itoa(len(body))); w < 5; w++ {
+		h.out = append(h.out, ' ') // SIPp writes [len] as %5d
+	}
 	h.out = strconv.AppendInt(h.out, int64(len(body)), 10)
 	h.out = append(h.out, "\r\n\r\n"...)
 	h.out = append(h.out, body...)

@@ -162,7 +162,7 @@ func methodOf(m []byte, str func([]byte) string) gosip.RequestMethod {
 
 // viaScan is one Via value as scanResponse found it.
 type viaScan struct {
-	lineStart, lineEnd int // the header line, its CRLF included
+	lineStart, lineEnd int // the header line, its CRLF included (fastreq.go)
 	transport, host    []byte
 	port               int
 	branch             []byte
@@ -183,26 +183,53 @@ type respScan struct {
 	headLen int        // the head's length, its empty line included
 	vias    [2]viaScan // the top two
 	nvia    int
-	// The To value: where it is, and its parts as sipgo writes them.
-	toValStart, toValEnd int
-	toDisplay            []byte // "" when none
-	toRest               []byte // from '<' to the end of the value
+	// The To value's parts as sipgo writes them.
+	toDisplay []byte // "" when none
+	toRest    []byte // from '<' to the end of the value
 }
 
-// appendWire appends to b the response in data as it is relayed: without
-// its top Via, the To value as sipgo writes it (a display name quoted,
-// one space, then the address and parameters as received).
+// appendWire appends to b the response in data as it is relayed, as
+// sipgo writes it: without its top Via, each Via value on a line of its
+// own, every header "Name: value", the To value with its display name
+// quoted, then the body. data is what scanResponse took.
 func (sc *respScan) appendWire(b, data []byte) []byte {
-	top := &sc.vias[0]
-	b = append(b, data[:top.lineStart]...)
-	b = append(b, data[top.lineEnd:sc.toValStart]...)
-	if len(sc.toDisplay) > 0 {
-		b = append(b, '"')
-		b = append(b, sc.toDisplay...)
-		b = append(b, '"', ' ')
+	eol := bytes.IndexByte(data, '\r')
+	b = append(b, data[:eol+2]...)
+	first := true
+	for i := eol + 2; i < sc.headLen-2; {
+		end := i + bytes.IndexByte(data[i:], '\r')
+		name, val, _ := headerLine(data[i:end], true)
+		i = end + 2
+		switch string(name) {
+		case "Via":
+			for rest := val; rest != nil; {
+				var part []byte
+				part, rest = nextViaValue(rest)
+				if first {
+					first = false // ours, removed
+					continue
+				}
+				b = append(b, "Via: "...)
+				b = append(b, part...)
+				b = append(b, '\r', '\n')
+			}
+			continue
+		case "To":
+			b = append(b, "To: "...)
+			if len(sc.toDisplay) > 0 {
+				b = append(b, '"')
+				b = append(b, sc.toDisplay...)
+				b = append(b, '"', ' ')
+			}
+			b = append(b, sc.toRest...)
+		default:
+			b = append(b, name...)
+			b = append(b, ':', ' ')
+			b = append(b, val...)
+		}
+		b = append(b, '\r', '\n')
 	}
-	b = append(b, sc.toRest...)
-	return append(b, data[sc.toValEnd:]...)
+	return append(b, data[sc.headLen-2:]...)
 }
 
 // maxFastVias bounds the Via lines the fast path takes (each is checked).
@@ -259,39 +286,35 @@ func scanResponse(data []byte, sc *respScan) bool {
 		if len(line) == 0 {
 			break
 		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || colon+2 >= len(line) || line[colon+1] != ' ' {
-			return false
-		}
-		name, val := line[:colon], line[colon+2:]
-		for _, c := range name {
-			if !isTokenChar(c) {
-				return false
-			}
-		}
-		if val[0] == ' ' || val[len(val)-1] == ' ' {
+		name, val, ok := headerLine(line, true)
+		if !ok {
 			return false
 		}
 		switch {
 		case string(name) == "Via":
-			nvia++
-			if nvia > maxFastVias {
-				return false
-			}
-			var v viaScan
-			if !scanVia(val, &v) {
-				return false
-			}
-			if nvia <= len(sc.vias) {
-				v.lineStart, v.lineEnd = ls, i
-				sc.vias[nvia-1] = v
+			// One value, or several separated by ", " (SIPp's
+			// [last_Via:] joins them so): sipgo splits them at the
+			// commas and writes each on a line of its own.
+			for rest := val; rest != nil; {
+				var part []byte
+				part, rest = nextViaValue(rest)
+				nvia++
+				if nvia > maxFastVias {
+					return false
+				}
+				var v viaScan
+				if !scanVia(part, &v) || bytes.IndexByte(part, ';') < 0 {
+					return false // a comma in a Via without parameters: sipgo reads it otherwise
+				}
+				if nvia <= len(sc.vias) {
+					sc.vias[nvia-1] = v
+				}
 			}
 		case string(name) == "To":
 			if have.to || !scanTo(val, sc) {
 				return false
 			}
 			have.to = true
-			sc.toValStart, sc.toValEnd = ls+colon+2, ls+len(line)
 		case string(name) == "Call-ID":
 			if have.callID || bytes.IndexByte(val, ' ') >= 0 {
 				return false
@@ -330,13 +353,41 @@ func scanResponse(data []byte, sc *respScan) bool {
 		return false
 	}
 	// The body: exactly Content-Length bytes, nothing after it.
-	if len(data)-i != cl {
-		return false
+	return len(data)-i == cl
+}
+
+// nextViaValue splits the first value off a Via line's values separated
+// by ", "; rest is nil after the last.
+func nextViaValue(v []byte) (part, rest []byte) {
+	i := bytes.Index(v, []byte(", "))
+	if i < 0 {
+		return v, nil
 	}
-	// sipgo keeps the headers in order; the To value is rewritten in
-	// place and the top Via removed, which the slicing in fastResponse
-	// takes to come before To.
-	return sc.vias[0].lineEnd <= sc.toValStart
+	return v[:i], v[i+2:]
+}
+
+// headerLine splits a header line into its name and value: the name a
+// token directly before the colon; the value after the colon and the
+// spaces after it (with pad, any number of them, which sipgo trims; else
+// exactly one), not empty, no space at its end.
+func headerLine(line []byte, pad bool) (name, val []byte, ok bool) {
+	colon := bytes.IndexByte(line, ':')
+	if colon <= 0 || colon+2 >= len(line) || line[colon+1] != ' ' {
+		return nil, nil, false
+	}
+	name, val = line[:colon], line[colon+2:]
+	for pad && len(val) > 0 && val[0] == ' ' {
+		val = val[1:]
+	}
+	if len(val) == 0 || val[0] == ' ' || val[len(val)-1] == ' ' {
+		return nil, nil, false
+	}
+	for _, c := range name {
+		if !isTokenChar(c) {
+			return nil, nil, false
+		}
+	}
+	return name, val, true
 }
 
 // typedHeader reports whether newParser gives the header named name (any

@@ -27,6 +27,20 @@ const fastResp = "SIP/2.0 180 Ringing\r\n" +
 	"Contact: <sip:127.0.0.1:5071;transport=UDP>\r\n" +
 	"Content-Length: 0\r\n\r\n"
 
+// sipp200 is a 200 as SIPp's uas_rr sends it back through the balancer
+// (captured): [last_Via:] joins the Vias on one line, Content-Length is
+// padded.
+const sipp200 = "SIP/2.0 200 OK\r\n" +
+	"Via: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKslu0123456789abcdef, SIP/2.0/UDP 127.0.0.1:5061;branch=z9hG4bK-1-1-0;received=127.0.0.1;rport=5061\r\n" +
+	"Record-Route: <sip:127.0.0.1:5060;lr;sl=TOKEN>\r\n" +
+	"From: sipp <sip:sipp@127.0.0.1:5061>;tag=1SIPpTag001\r\n" +
+	`To: "service" <sip:service@127.0.0.1:5060>;tag=25257SIPpTag011` + "\r\n" +
+	"Call-ID: 1-1@127.0.0.1\r\nCSeq: 1 INVITE\r\n" +
+	"Contact: <sip:127.0.0.1:17999;transport=UDP>\r\n" +
+	"Content-Type: application/sdp\r\n" +
+	"Content-Length:   129\r\n\r\n" +
+	"v=0\r\no=user1 53655765 2353687637 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 6000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
+
 // fastRespVectors are responses the fast path must take (true) or leave
 // to sipgo (false): the forms it is certain of, and the ones a scanner
 // could read differently from sipgo (folding, compact forms, duplicates,
@@ -51,10 +65,17 @@ var fastRespVectors = []struct {
 	{"compact content-length", strings.Replace(fastResp, "Content-Length:", "l:", 1), false},
 	{"compact to", strings.Replace(fastResp, "To:", "t:", 1), false},
 	{"compact from", strings.Replace(fastResp, "From:", "f:", 1), true},
-	{"two vias in a line", strings.Replace(fastResp, "branch=z9hG4bKsl-abc\r\nVia: ", "branch=z9hG4bKsl-abc,", 1), false},
+	{"two vias in a line", strings.Replace(fastResp, "branch=z9hG4bKsl-abc\r\nVia: ", "branch=z9hG4bKsl-abc, ", 1), true},
+	{"three vias in a line", strings.Replace(fastResp, "branch=z9hG4bKsl-abc\r\nVia: ", "branch=z9hG4bKsl-abc, SIP/2.0/UDP 192.0.2.1;branch=z9hG4bKx, ", 1), true},
+	{"two vias in a line without space", strings.Replace(fastResp, "branch=z9hG4bKsl-abc\r\nVia: ", "branch=z9hG4bKsl-abc,", 1), false},
+	{"two vias in a line two spaces", strings.Replace(fastResp, "branch=z9hG4bKsl-abc\r\nVia: ", "branch=z9hG4bKsl-abc,  ", 1), false},
+	{"via without params before a comma", strings.Replace(fastResp, "Via: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKsl-abc\r\nVia: ", "Via: SIP/2.0/UDP 127.0.0.1:5060, ", 1), false},
+	{"sipp 200", sipp200, true},
+	{"padded content-length", strings.Replace(fastResp, "Content-Length: 0", "Content-Length:     0", 1), true},
 	{"folded line", strings.Replace(fastResp, "CSeq: 1 INVITE\r\n", "CSeq: 1\r\n INVITE\r\n", 1), false},
 	{"tab", strings.Replace(fastResp, "CSeq: 1 INVITE", "CSeq: 1\tINVITE", 1), false},
-	{"two spaces after colon", strings.Replace(fastResp, "Call-ID: 1", "Call-ID:  1", 1), false},
+	{"two spaces after colon", strings.Replace(fastResp, "Call-ID: 1", "Call-ID:  1", 1), true},
+	{"spaces after colon of a generic header", strings.Replace(fastResp, "Contact: <", "Contact:    <", 1), true},
 	{"no space after colon", strings.Replace(fastResp, "Call-ID: 1", "Call-ID:1", 1), false},
 	{"space before colon", strings.Replace(fastResp, "Call-ID: 1", "Call-ID : 1", 1), false},
 	{"trailing space", strings.Replace(fastResp, "Call-ID: 1-4242@127.0.0.1", "Call-ID: 1-4242@127.0.0.1 ", 1), false},
