@@ -316,11 +316,11 @@ func TestFastPathCall(t *testing.T) {
 			got = append(got, who+": "+s)
 		}
 		h.call(t, 7, nil, nil)
-		if fast && h.s.fastTaken.Load() != 5 {
-			t.Errorf("fast path took %d messages of the call, want 5 (180, 200, ACK, BYE, 200)", h.s.fastTaken.Load())
+		if fast && h.s.metrics.FastPath.Load() != 5 {
+			t.Errorf("fast path took %d messages of the call, want 5 (180, 200, ACK, BYE, 200)", h.s.metrics.FastPath.Load())
 		}
-		if !fast && h.s.fastTaken.Load() != 0 {
-			t.Errorf("fast path took %d messages with noFastPath", h.s.fastTaken.Load())
+		if !fast && h.s.metrics.FastPath.Load() != 0 {
+			t.Errorf("fast path took %d messages with noFastPath", h.s.metrics.FastPath.Load())
 		}
 		return got
 	}

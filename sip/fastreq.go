@@ -397,7 +397,7 @@ func (s *Server) fastInDialog(data []byte, src source) bool {
 	// Decided: from here on, what handleRequest, handleInDialog and
 	// forwardInDialog do, in their order.
 	s.metrics.Requests.Add(1)
-	s.fastTaken.Add(1)
+	s.metrics.FastPath.Add(1)
 	s.admitAffinity(now, method, pool)
 	s.metrics.Affinity.Add(1)
 	if removed {

@@ -139,7 +139,7 @@ func (s *Server) fastResponse(data []byte, src source) bool {
 	r := inResponse{raw: data, wire: sc.appendWire((*wb)[:0], data), tr: src.transport(), code: sc.code,
 		method: methodOf(sc.method, str), seq: sc.seq, callID: str(sc.callID), fromTag: tagParam(str(sc.fromVal)), toTag: str(sc.toTag)}
 	s.metrics.Responses.Add(1)
-	s.fastTaken.Add(1)
+	s.metrics.FastPath.Add(1)
 	s.routeResponse(&r, br, next, src)
 	*wb = r.wire[:0]
 	wirePool.Put(wb)

@@ -536,7 +536,7 @@ func TestFastInDialogAnswers(t *testing.T) {
 				s.udpDatagram([]byte(bye), c.addr)
 				s.udpOut.end(s)
 				res := c.recvResponse(tc.code)
-				if got := s.fastTaken.Load(); got != map[bool]uint64{true: 1, false: 0}[fast] {
+				if got := s.metrics.FastPath.Load(); got != map[bool]uint64{true: 1, false: 0}[fast] {
 					t.Errorf("fast path (on: %v) took %d messages", fast, got)
 				}
 				out := strings.NewReplacer(s.udpAddr().String(), "LB", c.addr.String(), "CLIENT",

@@ -67,7 +67,6 @@ type Server struct {
 	// the two paths; fastresp.go).
 	noFastPath bool
 	viaPfx     atomic.Pointer[viaPrefix] // our Via up to its branch (fastreq.go)
-	fastTaken  atomic.Uint64             // messages the fast paths handled
 	// ownDrops is what the UDP socket's receive queue dropped (owndrops.go).
 	ownDrops ownDrops
 	cfg      Config
