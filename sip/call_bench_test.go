@@ -1,3 +1,5 @@
+//go:build linux
+
 package sip
 
 import (
@@ -260,9 +262,9 @@ func (h *callHarness) call(b testing.TB, n int, before, after func(int)) {
 // client's ACK and BYE (token verified, our Route popped, our Via added)
 // and the 200 to the BYE. ns/op and allocs/op are per call, harness
 // included (its two sockets' reads and the messages it builds, which
-// allocate nothing); ns/KIND and allocs/KIND are each message's own,
-// measured around its handleDatagram (sends included, sluice's 100 Trying
-// with the INVITE).
+// allocate nothing); cpu-ns/op is the process's CPU per call; ns/KIND and
+// allocs/KIND are each message's own, measured around its handleDatagram
+// (sends included, sluice's 100 Trying with the INVITE).
 func BenchmarkCall(b *testing.B) {
 	h := newCallHarness(b)
 	h.call(b, -1, nil, nil) // a first call warms up the tables and pools
@@ -283,10 +285,15 @@ func BenchmarkCall(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	for i := range b.N {
 		h.call(b, i, before, after)
 	}
 	b.StopTimer()
+	// The process's CPU (user and system, every thread, the harness's
+	// reads included) per call: what bench/sip-cpu.sh counts of sluice,
+	// less sensitive than ns/op to a machine shared with other work.
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
 	for k, name := range callKinds {
 		b.ReportMetric(float64(ns[k])/float64(b.N), "ns/"+name)
 		b.ReportMetric(float64(allocs[k])/float64(b.N), "allocs/"+name)
