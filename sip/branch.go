@@ -119,14 +119,19 @@ func clientTxnVia(m gosip.Message, v *gosip.ViaHeader, src netip.AddrPort, tcp b
 // clientTxnOfVia is clientTxnVia with the message's Call-ID and CSeq
 // number given (read only for a Via without an RFC 3261 branch).
 func clientTxnOfVia(v *gosip.ViaHeader, src netip.AddrPort, tcp bool, callID string, seq uint32) clientTxn {
-	k := clientTxn{host: v.Host, port: v.Port, src: src, tcp: tcp}
+	br, _ := v.Params.Get("branch")
+	return clientTxnOfSentBy(v.Host, v.Port, br, src, tcp, callID, seq)
+}
+
+// clientTxnOfSentBy is clientTxnOfVia for a Via's host, port and branch.
+func clientTxnOfSentBy(host string, port int, br string, src netip.AddrPort, tcp bool, callID string, seq uint32) clientTxn {
+	k := clientTxn{host: host, port: port, src: src, tcp: tcp}
 	for i := 0; i < len(k.host); i++ {
 		if c := k.host[i]; c >= 'A' && c <= 'Z' {
 			k.host = toLowerASCII(k.host)
 			break
 		}
 	}
-	br, _ := v.Params.Get("branch")
 	if len(br) >= len(magicCookie) && br[:len(magicCookie)] == magicCookie {
 		k.branch = br
 	} else {

@@ -380,12 +380,7 @@ func (s *Server) fastInDialog(data []byte, src source) bool {
 	if ack {
 		method = gosip.ACK
 	}
-	topVia := &gosip.ViaHeader{ProtocolName: "SIP", ProtocolVersion: "2.0", Transport: str(rq.via.transport),
-		Host: str(rq.via.host), Port: rq.via.port}
-	if rq.via.hasBranch {
-		topVia.Params = gosip.HeaderParams{{K: "branch", V: str(rq.via.branch)}}
-	}
-	k := clientTxnOfVia(topVia, src.addr, false, callID, rq.seq)
+	k := clientTxnOfSentBy(str(rq.via.host), rq.via.port, str(rq.via.branch), src.addr, false, callID, rq.seq)
 	toTag := str(rq.toTag)
 	if ack {
 		// handleAck: our own final answer's ACK, or the ACK of a relayed

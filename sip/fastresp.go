@@ -121,17 +121,7 @@ func (s *Server) fastResponse(data []byte, src source) bool {
 		return false
 	}
 	nv := &sc.vias[1]
-	next := &gosip.ViaHeader{ProtocolName: "SIP", ProtocolVersion: "2.0", Transport: str(nv.transport),
-		Host: str(nv.host), Port: nv.port, Params: make(gosip.HeaderParams, 0, 3)}
-	if nv.hasBranch {
-		next.Params = append(next.Params, gosip.HeaderKV{K: "branch", V: str(nv.branch)})
-	}
-	if nv.hasReceived {
-		next.Params = append(next.Params, gosip.HeaderKV{K: "received", V: str(nv.received)})
-	}
-	if nv.hasRport {
-		next.Params = append(next.Params, gosip.HeaderKV{K: "rport", V: str(nv.rport)})
-	}
+	next := viaFields{host: str(nv.host), port: nv.port, branch: str(nv.branch), received: str(nv.received), rport: str(nv.rport)}
 	// The relayed bytes are copied by the send (or its batch's queue)
 	// and by anything that keeps them (relayConfirmed, lastFinal), so a
 	// pooled buffer holds them.

@@ -327,18 +327,29 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 		s.metrics.StrayResponses.Add(1)
 		return
 	}
+	nv := viaFields{host: next.Host, port: next.Port}
+	nv.branch, _ = next.Params.Get("branch")
+	nv.received, _ = next.Params.Get("received")
+	nv.rport, _ = next.Params.Get("rport")
 	r := inResponse{res: res, code: res.StatusCode, method: res.CSeq().MethodName, seq: res.CSeq().SeqNo,
 		callID: res.CallID().Value(), toTag: toTag(res)}
 	if f := header(res, "from", "f"); f != nil {
 		r.fromTag = tagParam(f.Value())
 	}
-	s.routeResponse(&r, br, next, src)
+	s.routeResponse(&r, br, nv, src)
+}
+
+// viaFields is what routeResponse reads of the Via under ours.
+type viaFields struct {
+	host                    string
+	port                    int
+	branch, received, rport string
 }
 
 // routeResponse is handleResponse once our Via is popped, for a response
 // parsed by sipgo or scanned by the fast path (fastresp.go): next is the
 // Via under ours, br our branch.
-func (s *Server) routeResponse(r *inResponse, br string, next *gosip.ViaHeader, src source) {
+func (s *Server) routeResponse(r *inResponse, br string, next viaFields, src source) {
 	dst, ok := s.responseTarget(br, r, next, src)
 	if !ok {
 		s.metrics.ForgedResponses.Add(1)
@@ -397,13 +408,12 @@ func (s *Server) routeResponse(r *inResponse, br string, next *gosip.ViaHeader, 
 // received and rport name (we always set both) sent to src over src's
 // transport, and returns where the response goes: that place, over the
 // transport the request came on.
-func (s *Server) responseTarget(br string, r *inResponse, next *gosip.ViaHeader, src source) (target, bool) {
+func (s *Server) responseTarget(br string, r *inResponse, next viaFields, src source) (target, bool) {
 	tcp, _, ok := parseBranch(br)
 	if !ok {
 		return target{}, false
 	}
-	rcv, _ := next.Params.Get("received")
-	rp, _ := next.Params.Get("rport")
+	rcv, rp := next.received, next.rport
 	ip, err := netip.ParseAddr(rcv)
 	if err != nil {
 		return target{}, false
@@ -413,7 +423,7 @@ func (s *Server) responseTarget(br string, r *inResponse, next *gosip.ViaHeader,
 		return target{}, false
 	}
 	client := netip.AddrPortFrom(ip.Unmap(), uint16(port))
-	k := clientTxnOfVia(next, client, tcp, r.callID, r.seq)
+	k := clientTxnOfSentBy(next.host, next.port, next.branch, client, tcp, r.callID, r.seq)
 	if !s.branches.verify(br, &k, target{addr: src.addr, tcp: src.conn != nil}) {
 		return target{}, false
 	}
