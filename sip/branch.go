@@ -105,24 +105,39 @@ func clientTxnOf(req *gosip.Request, src source) clientTxn {
 
 // clientTxnVia is clientTxnOf for the Via v of message m and a given source.
 func clientTxnVia(m gosip.Message, v *gosip.ViaHeader, src netip.AddrPort, tcp bool) clientTxn {
-	k := clientTxn{host: v.Host, port: v.Port, src: src, tcp: tcp}
+	var callID string
+	var seq uint32
+	if cid := m.CallID(); cid != nil {
+		callID = string(*cid)
+	}
+	if cs := m.CSeq(); cs != nil {
+		seq = cs.SeqNo
+	}
+	return clientTxnOfVia(v, src, tcp, callID, seq)
+}
+
+// clientTxnOfVia is clientTxnVia with the message's Call-ID and CSeq
+// number given (read only for a Via without an RFC 3261 branch).
+func clientTxnOfVia(v *gosip.ViaHeader, src netip.AddrPort, tcp bool, callID string, seq uint32) clientTxn {
+	br, _ := v.Params.Get("branch")
+	return clientTxnOfSentBy(v.Host, v.Port, br, src, tcp, callID, seq)
+}
+
+// clientTxnOfSentBy is clientTxnOfVia for a Via's host, port and branch.
+func clientTxnOfSentBy(host string, port int, br string, src netip.AddrPort, tcp bool, callID string, seq uint32) clientTxn {
+	k := clientTxn{host: host, port: port, src: src, tcp: tcp}
 	for i := 0; i < len(k.host); i++ {
 		if c := k.host[i]; c >= 'A' && c <= 'Z' {
 			k.host = toLowerASCII(k.host)
 			break
 		}
 	}
-	br, _ := v.Params.Get("branch")
 	if len(br) >= len(magicCookie) && br[:len(magicCookie)] == magicCookie {
 		k.branch = br
 	} else {
 		k.rfc2543 = true
-		if cid := m.CallID(); cid != nil {
-			k.callID = string(*cid)
-		}
-		if cs := m.CSeq(); cs != nil {
-			k.seq = cs.SeqNo
-		}
+		k.callID = callID
+		k.seq = seq
 	}
 	return k
 }
@@ -291,15 +306,28 @@ func loopHash(req *gosip.Request) uint64 {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	req.Recipient.StringWrite(buf)
-	h := fnv64b(fnvOffset, buf.Bytes())
-	bufPool.Put(buf)
-	h = fnv64(h^0xff, req.CallID().Value())
-	if f := header(req, "from", "f"); f != nil {
-		h = fnv64(h^0xff, tagParam(f.Value()))
+	var from string
+	f := header(req, "from", "f")
+	if f != nil {
+		from = tagParam(f.Value())
 	}
-	h = fnv64(h^0xff, toTag(req))
+	h := loopHashOf(buf.Bytes(), req.CallID().Value(), f != nil, from, toTag(req), req.CSeq().SeqNo)
+	bufPool.Put(buf)
+	return h
+}
+
+// loopHashOf is loopHash of a request whose Request-URI is written as uri,
+// with that Call-ID, From (hasFrom: a From header at all) and To tags and
+// CSeq number.
+func loopHashOf(uri []byte, callID string, hasFrom bool, fromTag, toTag string, seq uint32) uint64 {
+	h := fnv64b(fnvOffset, uri)
+	h = fnv64(h^0xff, callID)
+	if hasFrom {
+		h = fnv64(h^0xff, fromTag)
+	}
+	h = fnv64(h^0xff, toTag)
 	var num [10]byte
-	return fnv64b(h^0xff, strconv.AppendUint(num[:0], uint64(req.CSeq().SeqNo), 10))
+	return fnv64b(h^0xff, strconv.AppendUint(num[:0], uint64(seq), 10))
 }
 
 // fnv64b is fnv64 over b.

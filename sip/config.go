@@ -144,6 +144,13 @@ type Config struct {
 	// its end (udpbatch.go); a batch of one datagram sends at once. On in
 	// DefaultConfig; New does not fill it. Flag -sip-udp-send-batch.
 	UDPSendBatch bool
+	// UDPFastPath relays responses with our Via on top and a client's
+	// in-dialog ACK or BYE with our Route over UDP without sipgo's parse
+	// and re-serialisation when a byte scan is certain sipgo reads them
+	// the same way (fastresp.go, fastreq.go); false sends every message
+	// through sipgo. On in DefaultConfig; New does not fill it. Flag
+	// -sip-udp-fast-path.
+	UDPFastPath bool
 	// MaxMessage is the largest message accepted, in bytes. Flag
 	// -sip-max-message.
 	MaxMessage int
@@ -312,6 +319,7 @@ func DefaultConfig() Config {
 		UDPBatch:          DefaultUDPBatch,
 		UDPRawSend:        true,
 		UDPSendBatch:      true,
+		UDPFastPath:       true,
 		MaxMessage:        65535,
 		NoRouteCode:       404,
 		HandshakeTimeout:  DefaultHandshakeTimeout,

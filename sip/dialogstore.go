@@ -2,6 +2,7 @@ package sip
 
 import (
 	"bytes"
+	"io"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -216,7 +217,7 @@ func (s *Server) SetDialogStore(w DialogWriter) {
 // once the dialog's record is committed (group commit, commitHeld), and
 // reports whether it took res; false (the caller relays it) when there is
 // no DialogCommitter or the entry is gone. now is the clock's.
-func (s *Server) relayConfirmed(k uint64, res *gosip.Response, dst target, now int64) bool {
+func (s *Server) relayConfirmed(k uint64, res interface{ StringWrite(io.StringWriter) }, dst target, now int64) bool {
 	st := s.dstore.Load()
 	if st == nil || st.commit == nil {
 		return false

@@ -96,7 +96,7 @@ func startServer(t testing.TB, o serverOpts) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Listen: "127.0.0.1:0", FailoverTimeout: 300 * time.Millisecond}
+	cfg := Config{Listen: "127.0.0.1:0", FailoverTimeout: 300 * time.Millisecond, UDPFastPath: true}
 	for i, a := range o.backends {
 		cfg.Backends = append(cfg.Backends, BackendConfig{ID: fmt.Sprintf("b%d", i+1), Addr: a.String(), Transport: "udp", Weight: 1})
 	}

@@ -39,6 +39,8 @@ type watchEntry struct {
 	deadline int64  // monotonic ns
 	reply    []byte // the 408 to send at the deadline
 	to       target
+	raw      []byte // or the request as received, reply and to made from it (watchRaw)
+	src      source
 	method   gosip.RequestMethod
 	backend  string
 	lg       *inDialogLog // the access-log record under way; nil when not logging
@@ -75,6 +77,34 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend, pool string,
 		method:   req.Method,
 		backend:  backend,
 		lg:       s.newInDialogLog(req, src, backend, pool, now),
+	}
+}
+
+// watchRaw is watch for a request the fast path forwarded (fastreq.go):
+// it keeps the request as received, and the 408 and where it goes are
+// made from it at the deadline, as watch would have made them now (its
+// access-log record is none: the fast path does not run with the log).
+func (s *Server) watchRaw(raw []byte, src source, br, backend string, method gosip.RequestMethod, now int64) {
+	w := &s.watched
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, dup := w.entries[br]; dup {
+		return
+	}
+	if w.entries == nil {
+		w.entries = make(map[string]watchEntry)
+	}
+	if len(w.entries) >= maxWatched {
+		return
+	}
+	w.n.Add(1)
+	w.entries[br] = watchEntry{
+		sent:     now,
+		deadline: now + int64(s.cfg.InDialogTimeout),
+		raw:      raw,
+		src:      src,
+		method:   method,
+		backend:  backend,
 	}
 }
 
@@ -261,6 +291,14 @@ func (s *Server) expireWatched(now int64) {
 			s.metrics.TimeoutsOwnDrops.Add(1)
 		} else {
 			s.unansweredBy(e.backend, e.sent, now)
+		}
+		if e.reply == nil && e.raw != nil {
+			req := s.parseRaw(e.raw)
+			if req == nil {
+				continue
+			}
+			e.reply = s.buildReply(req, 408, "Request Timeout", "Warning: 399 "+s.adv.String()+` "backend did not answer"`)
+			e.to = s.replyTarget(req, e.src)
 		}
 		s.post(e.reply, e.to, &s.metrics.LocalReplies)
 		s.metrics.InDialogUnanswered.Add(1)

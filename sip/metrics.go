@@ -48,6 +48,7 @@ type Metrics struct {
 	// one whose INVITE came from another source, which keeps its backend.
 	DialogReplaceRefused atomic.Uint64
 	Relayed              atomic.Uint64 // responses relayed
+	FastPath             atomic.Uint64 // messages relayed without sipgo's parse (fastresp.go, fastreq.go)
 	TokenRedraws         atomic.Uint64 // Record-Route tokens drawn again: they spelled "CSeq" (see routeToken)
 	// EarlierAttemptAnswered counts INVITEs answered 2xx by a backend that
 	// silence had made us move away from (earlierAttemptAnsweredLocked).
@@ -248,7 +249,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{"requests", &m.Requests}, {"responses", &m.Responses}, {"forwarded", &m.Forwarded},
 		{"new_work", &m.NewWork}, {"affinity", &m.Affinity}, {"affinity_removed", &m.AffinityGone},
 		{"callid_fallback", &m.CallIDFallback}, {"dialog_routed", &m.DialogRouted}, {"dialog_misses", &m.DialogMisses},
-		{"dialog_full", &m.DialogsFull}, {"dialog_store_dropped", &m.DialogStoreDropped}, {"dialog_store_held", &m.DialogStoreHeld}, {"dialog_store_unsafe", &m.DialogStoreUnsafe}, {"dialogs_learned", &m.DialogsLearned}, {"dialog_replace_refused", &m.DialogReplaceRefused}, {"relayed", &m.Relayed}, {"token_redraws", &m.TokenRedraws}, {"earlier_attempt_answered", &m.EarlierAttemptAnswered}, {"refused", &m.Refused},
+		{"dialog_full", &m.DialogsFull}, {"dialog_store_dropped", &m.DialogStoreDropped}, {"dialog_store_held", &m.DialogStoreHeld}, {"dialog_store_unsafe", &m.DialogStoreUnsafe}, {"dialogs_learned", &m.DialogsLearned}, {"dialog_replace_refused", &m.DialogReplaceRefused}, {"relayed", &m.Relayed}, {"fast_path", &m.FastPath}, {"token_redraws", &m.TokenRedraws}, {"earlier_attempt_answered", &m.EarlierAttemptAnswered}, {"refused", &m.Refused},
 		{"delayed", &m.Delayed}, {"failovers", &m.Failovers}, {"all_failed", &m.AllFailed},
 		{"timeouts", &m.Timeouts}, {"aborted", &m.Aborted}, {"backend_503", &m.Backend503},
 		{"backend_backoffs", &m.Backoffs}, {"forged_responses", &m.ForgedResponses}, {"loops", &m.Loops},

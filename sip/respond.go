@@ -327,34 +327,55 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 		s.metrics.StrayResponses.Add(1)
 		return
 	}
-	dst, ok := s.responseTarget(br, res, next, src)
+	nv := viaFields{host: next.Host, port: next.Port}
+	nv.branch, _ = next.Params.Get("branch")
+	nv.received, _ = next.Params.Get("received")
+	nv.rport, _ = next.Params.Get("rport")
+	r := inResponse{res: res, code: res.StatusCode, method: res.CSeq().MethodName, seq: res.CSeq().SeqNo,
+		callID: res.CallID().Value(), toTag: toTag(res)}
+	if f := header(res, "from", "f"); f != nil {
+		r.fromTag = tagParam(f.Value())
+	}
+	s.routeResponse(&r, br, nv, src)
+}
+
+// viaFields is what routeResponse reads of the Via under ours.
+type viaFields struct {
+	host                    string
+	port                    int
+	branch, received, rport string
+}
+
+// routeResponse is handleResponse once our Via is popped, for a response
+// parsed by sipgo or scanned by the fast path (fastresp.go): next is the
+// Via under ours, br our branch.
+func (s *Server) routeResponse(r *inResponse, br string, next viaFields, src source) {
+	dst, ok := s.responseTarget(br, r, next, src)
 	if !ok {
 		s.metrics.ForgedResponses.Add(1)
 		if s.log.Enabled(s.ctx, slog.LevelDebug) {
 			s.log.Debug("sip response dropped: its branch was not made for where it came from", "src", src.addr.String(),
-				"transport", src.transport(), "status", res.StatusCode, "call_id", res.CallID().Value())
+				"transport", src.transport(), "status", r.code, "call_id", r.callID)
 		}
 		return
 	}
 	// Only now, its branch proven ours for where it came from, does the
 	// answer count as evidence that the backend serves (unansweredBy).
-	s.answered(br, src, res.StatusCode, res.CSeq().MethodName)
-	if res.StatusCode >= 200 && res.CSeq().MethodName == gosip.BYE {
-		s.dialogEnded(res, src, s.clock.Now())
+	s.answered(br, src, r.code, r.method)
+	if r.code >= 200 && r.method == gosip.BYE {
+		if s.dialogLogs.pending.Load() != 0 {
+			s.dialogEnded(r.full(s), src, s.clock.Now())
+		}
 		// The dialog is over (RFC 3261 §15.1.1), whichever side hung up:
 		// its table entry lingers for retransmitted BYEs, then goes.
-		var from string
-		if f := header(res, "from", "f"); f != nil {
-			from = tagParam(f.Value())
-		}
-		s.dialogs.ended(res.CallID().Value(), from, toTag(res), s.clock.Now())
+		s.dialogs.ended(r.callID, r.fromTag, r.toTag, s.clock.Now())
 		if share := s.share.Load(); share != nil {
-			(*share)(DialogEvent{Op: DialogEnd, CallID: res.CallID().Value(), FromTag: from, ToTag: toTag(res)})
+			(*share)(DialogEvent{Op: DialogEnd, CallID: r.callID, FromTag: r.fromTag, ToTag: r.toTag})
 		}
 	}
 	s.txns.mu.Lock()
 	t := s.txns.byBranch[br]
-	accepted := t == nil && !(res.StatusCode >= 200 && res.StatusCode < 300 && res.CSeq().MethodName == gosip.INVITE) &&
+	accepted := t == nil && !(r.code >= 200 && r.code < 300 && r.method == gosip.INVITE) &&
 		s.txns.accepted.hasLocked(br, s.clock.Now())
 	s.txns.mu.Unlock()
 	if accepted {
@@ -365,9 +386,9 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 		return
 	}
 	if t != nil {
-		switch m := res.CSeq().MethodName; {
+		switch m := r.method; {
 		case m == t.req.Method:
-			s.txnResponse(t, br, res, dst, src)
+			s.txnResponse(t, br, r, dst, src)
 			return
 		case m != gosip.CANCEL || !t.invite:
 			// Not an answer to anything we sent with this branch (the
@@ -376,10 +397,10 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 			return
 		}
 	}
-	if t == nil && res.StatusCode >= 200 && res.StatusCode < 300 && res.CSeq().MethodName == gosip.INVITE && s.learnDialog(res, src, dst) {
+	if t == nil && r.code >= 200 && r.code < 300 && r.method == gosip.INVITE && s.learnDialog(r.full(s), src, dst) {
 		return
 	}
-	s.relay(res, dst)
+	s.relayIn(r, dst)
 }
 
 // responseTarget checks that br, our branch on a response from src whose
@@ -387,13 +408,12 @@ func (s *Server) handleResponse(res *gosip.Response, src source) {
 // received and rport name (we always set both) sent to src over src's
 // transport, and returns where the response goes: that place, over the
 // transport the request came on.
-func (s *Server) responseTarget(br string, res *gosip.Response, next *gosip.ViaHeader, src source) (target, bool) {
+func (s *Server) responseTarget(br string, r *inResponse, next viaFields, src source) (target, bool) {
 	tcp, _, ok := parseBranch(br)
 	if !ok {
 		return target{}, false
 	}
-	rcv, _ := next.Params.Get("received")
-	rp, _ := next.Params.Get("rport")
+	rcv, rp := next.received, next.rport
 	ip, err := netip.ParseAddr(rcv)
 	if err != nil {
 		return target{}, false
@@ -403,7 +423,7 @@ func (s *Server) responseTarget(br string, res *gosip.Response, next *gosip.ViaH
 		return target{}, false
 	}
 	client := netip.AddrPortFrom(ip.Unmap(), uint16(port))
-	k := clientTxnVia(res, next, client, tcp)
+	k := clientTxnOfSentBy(next.host, next.port, next.branch, client, tcp, r.callID, r.seq)
 	if !s.branches.verify(br, &k, target{addr: src.addr, tcp: src.conn != nil}) {
 		return target{}, false
 	}

@@ -63,6 +63,10 @@ type Deps struct {
 // Server is the SIP front end: a proxy on one UDP socket and one TCP
 // listener. Create it with New, start it with Start, stop it with Close.
 type Server struct {
+	// noFastPath sends every message through sipgo's parse: not
+	// Config.UDPFastPath (tests set it to compare the two paths).
+	noFastPath bool
+	viaPfx     atomic.Pointer[viaPrefix] // our Via up to its branch (fastreq.go)
 	// ownDrops is what the UDP socket's receive queue dropped (owndrops.go).
 	ownDrops ownDrops
 	cfg      Config
@@ -172,16 +176,17 @@ func New(cfg Config, deps Deps, logger *slog.Logger) (*Server, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		cfg:     cfg,
-		log:     logger.With("component", "sip"),
-		base:    logger,
-		adm:     deps.Admission,
-		observe: deps.ObserveForward,
-		events:  deps.Events,
-		alog:    deps.AccessLog,
-		signer:  deps.Signer,
-		clock:   deps.Clock,
-		parser:  newParser(),
+		cfg:        cfg,
+		noFastPath: !cfg.UDPFastPath,
+		log:        logger.With("component", "sip"),
+		base:       logger,
+		adm:        deps.Admission,
+		observe:    deps.ObserveForward,
+		events:     deps.Events,
+		alog:       deps.AccessLog,
+		signer:     deps.Signer,
+		clock:      deps.Clock,
+		parser:     newParser(),
 	}
 	s.branches = newBrancher(deps.Signer)
 	s.flowSign = newFlowSigner(deps.Signer)
@@ -488,6 +493,9 @@ func (s *Server) handleDatagram(data []byte, src source) {
 			s.log.Error("sip message handler panicked", "err", fmt.Sprint(r), "src", src.addr.String())
 		}
 	}()
+	if s.fastResponse(data, src) || s.fastInDialog(data, src) {
+		return
+	}
 	msg, err := s.parser.ParseSIP(data)
 	if err != nil || msg == nil {
 		s.malformed(data, src, "parse")

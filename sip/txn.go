@@ -175,6 +175,15 @@ func (tt *txnTable) takeCompleted(ckey string) *txn {
 	return t
 }
 
+// hasCompleted reports whether takeCompleted would return a transaction
+// for ckey, taking nothing.
+func (tt *txnTable) hasCompleted(ckey string) bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	t := tt.byClient[ckey]
+	return t != nil && t.state == stCompleted && t.cur != nil && !t.local
+}
+
 // cancel marks the INVITE of ckey canceled. It returns the transaction,
 // the backend and branch to send the CANCEL to (none when there is nothing
 // upstream to cancel: the caller answers the CANCEL itself), and whether
@@ -486,13 +495,13 @@ func asHeaders(rrs []*gosip.RecordRouteHeader) []gosip.Header {
 
 // txnResponse handles a response to an attempt of t. Our Via is already
 // removed; next is where the client gets it.
-func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next target, src source) {
-	code := res.StatusCode
+func (s *Server) txnResponse(t *txn, branch string, r *inResponse, next target, src source) {
+	code := r.code
 	now := s.clock.Now()
 	s.txns.mu.Lock()
 	if t.invite && code >= 200 && code < 300 && !t.local && !t.answered &&
 		(branch != t.branch && (t.state == stCalling || t.state == stProceeding) || t.state == stSwitching) {
-		s.earlierAttemptAnsweredLocked(t, res, next, src, now) // unlocks
+		s.earlierAttemptAnsweredLocked(t, r.full(s), next, src, now) // unlocks
 		return
 	}
 	if branch != t.branch || t.state == stCompleted || t.state == stSwitching {
@@ -502,9 +511,9 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 		s.txns.mu.Unlock()
 		switch {
 		case completed || code >= 200 && code < 300:
-			s.relay(res, next)
+			s.relayIn(r, next)
 		case code >= 300 && t.invite:
-			s.ackUpstream(t, res, branch, src)
+			s.ackUpstream(t, r.full(s), branch, src)
 		}
 		return
 	}
@@ -532,16 +541,16 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			}
 			return
 		}
-		s.relay(res, next)
+		s.relayIn(r, next)
 	case code == 503:
 		canceled := t.canceled
 		t.state = stSwitching
 		t.settleLocked(now, lb.ServerError)
 		s.txns.mu.Unlock()
 		s.metrics.Backend503.Add(1)
-		s.drainBackend(cur.lb, now, s.retryAfter(res), "answered 503")
+		s.drainBackend(cur.lb, now, s.retryAfter(r.full(s)), "answered 503")
 		if t.invite {
-			s.ackUpstream(t, res, branch, src)
+			s.ackUpstream(t, r.full(s), branch, src)
 		}
 		if canceled {
 			s.finishLocal(t, 487, "Request Terminated", nil)
@@ -558,7 +567,7 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			s.observe(time.Duration(now - t.created))
 		}
 		if t.lg != nil {
-			t.lg.toTag = toTag(res)
+			t.lg.toTag = r.toTag
 		}
 		s.logTxnLocked(t, now, code, accesslog.ByBackend, false, "")
 		first := false // the first 2xx of t's dialog: relayed once its record is safe
@@ -571,24 +580,24 @@ func (s *Server) txnResponse(t *txn, branch string, res *gosip.Response, next ta
 			t.expires = now + int64(completedLinger)
 			b := bufPool.Get().(*bytes.Buffer)
 			b.Reset()
-			res.StringWrite(b)
+			r.StringWrite(b)
 			t.lastFinal = append([]byte(nil), b.Bytes()...)
 			bufPool.Put(b)
 			s.txns.mu.Unlock()
 		} else {
 			if t.invite && !t.dforeign {
-				first = s.dialogs.confirm(t.dkey, toTag(res))
-				s.shareDialog(DialogConfirm, t.req, toTag(res), "", "")
+				first = s.dialogs.confirm(t.dkey, r.toTag)
+				s.shareDialog(DialogConfirm, t.req, r.toTag, "", "")
 			}
 			if t.invite {
 				s.txns.accepted.addLocked(t.branches, now)
-				s.dialogUpLocked(t, cur.id, toTag(res), now)
+				s.dialogUpLocked(t, cur.id, r.toTag, now)
 			}
 			s.txns.removeLocked(t)
 			s.txns.mu.Unlock()
 		}
-		if !first || !s.relayConfirmed(t.dkey, res, next, now) {
-			s.relay(res, next)
+		if !first || !s.relayConfirmed(t.dkey, r, next, now) {
+			s.relayIn(r, next)
 		}
 	}
 }

@@ -62,6 +62,7 @@ func addSIPFlags(fs *flag.FlagSet, fields map[string]string) *sipOptions {
 	s.add(&c.UDPBuffer, "sip-udp-buffer", "UDP socket buffer in bytes")
 	s.add(&c.UDPBatch, "sip-udp-batch", "most UDP datagrams taken by one read (recvmmsg on Linux); 1: one datagram a call")
 	s.add(&c.UDPSendBatch, "sip-udp-send-batch", "send the UDP datagrams produced while a batch of datagrams read together is handled with one sendmmsg at its end (Linux, -sip-udp-batch above 1; false: one sendto each); a batch of one sends at once")
+	s.add(&c.UDPFastPath, "sip-udp-fast-path", "relay responses and a client's in-dialog ACK or BYE carrying our Route over UDP without the full SIP parse and re-serialisation when a byte scan is certain it reads them as the parser does (false: every message through the parser)")
 	s.add(&c.UDPRawSend, "sip-udp-raw-send", "send UDP datagrams with raw sendto calls (Linux) instead of the runtime's syscall path, which wakes its monitor thread around each send (false: net's call)")
 	s.add(&c.MaxMessage, "sip-max-message", "largest SIP message in bytes")
 	s.add(&c.ContactAlias, "sip-contact-alias", "rewrite the Contact of a REGISTER or INVITE from a client connection to point at sluice with a signed alias of that connection, for backends without Path support")
