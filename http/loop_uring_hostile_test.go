@@ -8,7 +8,10 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // uringPayload is the bytes a test writes to the client at port: its port
@@ -81,5 +84,62 @@ func TestLoopIOURingRoundOverRing(t *testing.T) {
 		if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
 			t.Fatalf("client %d after: %d", i, resp.StatusCode)
 		}
+	}
+}
+
+// TestLoopIOURingSendFails: in one round's batch a send fails (the socket
+// is shut for writing: EPIPE in the completion) next to one that
+// succeeds. The failed client's connection is closed without a byte, the
+// other gets exactly its bytes, and a client that connects next (it may
+// get the closed descriptor's number) gets only its own answer.
+func TestLoopIOURingSendFails(t *testing.T) {
+	requireRing(t)
+	r := loopRig(t, rigOpts{backends: 1, cfg: Config{IOURing: true, Loops: 1}})
+	a, b := dialRaw(t, r.addr), dialRaw(t, r.addr)
+	for _, rc := range []*rawConn{a, b} {
+		rc.send("GET /warm HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
+			t.Fatalf("warm-up: %d", resp.StatusCode)
+		}
+	}
+	aPort := uint16(a.c.LocalAddr().(*net.TCPAddr).Port)
+	e := r.srv.loops.Load()
+	l := e.loops[0]
+	before := e.uringSends.Load()
+	done := make(chan int)
+	l.post(func() {
+		for _, o := range l.fds {
+			if c := o.c; c != nil && c.fd >= 0 && !c.busy {
+				if c.port == aPort {
+					unix.Shutdown(c.fd, unix.SHUT_WR)
+				}
+				l.writeRaw(c, uringPayload(c.port, 100))
+			}
+		}
+		done <- len(l.toFlush)
+	})
+	if q := <-done; q != 2 {
+		t.Fatalf("%d writes queued, want 2", q)
+	}
+	bPort := uint16(b.c.LocalAddr().(*net.TCPAddr).Port)
+	want := uringPayload(bPort, 100)
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(b.br, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("other client: %q (%v), want %q", got, err, want)
+	}
+	if n, err := a.br.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("shut client read %d bytes (%v), want none and the end", n, err)
+	}
+	if sent := e.uringSends.Load() - before; sent < 2 {
+		t.Errorf("%d sends through the ring, want the round's 2", sent)
+	}
+	c := dialRaw(t, r.addr)
+	c.send("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, body := c.read("GET"); resp.StatusCode != 200 || strings.Contains(body, "P") {
+		t.Fatalf("next client: %d %q", resp.StatusCode, body)
+	}
+	b.send("GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, _ := b.read("GET"); resp.StatusCode != 200 {
+		t.Fatalf("other client after: %d", resp.StatusCode)
 	}
 }
