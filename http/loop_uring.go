@@ -105,11 +105,20 @@ func (l *evloop) deferWrite(c *cconn, p []byte) bool {
 	return true
 }
 
+// maxPooledOuts bounds the answer buffers a loop keeps: a round sends
+// at most ringEntries through the ring, so more would only be held (at
+// most 16 MiB a loop, after a burst of large answers).
+const maxPooledOuts = ringEntries
+
 // outWritten lets go of a client's answer buffer once all of it is
 // written: with the ring, a loop keeps such buffers for the next answer
 // rather than each idle connection keeping its own.
 func (l *evloop) outWritten(c *cconn) {
-	if l.ring == nil || cap(c.out) > maxPooledOut || len(l.outBufs) >= 1024 {
+	if cap(c.out) == 0 {
+		c.out, c.o = nil, 0
+		return
+	}
+	if l.ring == nil || cap(c.out) > maxPooledOut || len(l.outBufs) >= maxPooledOuts {
 		c.out, c.o = c.out[:0], 0
 		return
 	}
