@@ -36,7 +36,8 @@
 #         then) to its end, against the calls SIPp completed in that
 #         window (its -trace_stat lines, once a second). Also the resident
 #         memory (RSS) of sluice and its store process with the dialogs
-#         restored, before the load. Writes OUT/curve.tsv and
+#         restored, before the load. The summary's medians take the runs
+#         without a failed call only (runs: how many). Writes OUT/curve.tsv and
 #         OUT/curve-summary.tsv, and the charts with
 #         `go run ./bench/plot sipcurve OUT/curve-summary.tsv bench/img`.
 # Knobs (env): RATE=2000 SECS=10 RUNS=3 LB_CPU=0 GEN_CPU=1
@@ -85,7 +86,7 @@ start() {   # start NAME CPU CMD... (background, pinned, bounded, logged); sets 
     local name=$1 cpu=$2; shift 2
     local nice=()
     [ -n "${NICE:-}" ] && nice=(nice -n "$NICE")
-    "${nice[@]}" taskset -c "$cpu" timeout -k 5 300 "$@" > "$OUT/$name.log" 2>&1 &
+    "${nice[@]}" taskset -c "$cpu" timeout -k 5 "${LIFETIME:-300}" "$@" > "$OUT/$name.log" 2>&1 &
     LASTPID=$!
     STARTED+=("$LASTPID")
 }
@@ -364,8 +365,10 @@ case $MODE in
         DIALOGFILL=$OUT/dialogfill SIPLOAD=$OUT/sipload
         go build -o "$DIALOGFILL" ./bench/dialogfill && go build -o "$SIPLOAD" ./bench/sipload || die "build of bench/dialogfill or bench/sipload failed"
         ulimit -n 20000 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-        answerers
         DIALOG_NS=${DIALOG_NS-0 100000 1000000}; CLIENT_NS=${CLIENT_NS-10 10000}
+        # The answerers serve every point of every round: about a minute
+        # a point at most (the million dialogs written first).
+        LIFETIME=$((RUNS * (2 + $(echo $DIALOG_NS | wc -w) + 2 * $(echo $CLIENT_NS | wc -w)) * (SECS + 60) + 120)) answerers
         log "curve: RATE=$RATE calls/s x ${SECS}s (CPU from ${WARM:-4}s on), RUNS=$RUNS rounds, dialogs: $DIALOG_NS, TCP connections: $CLIENT_NS, on CPU$LB_CPU${LB_QUOTA:+ capped at $LB_QUOTA%}; out $OUT"
         printf 'round\tsystem\taxis\tsize\tus_per_call\tcalls\tfailed\tretrans\tcpu_pct\trss_kb\tstore_rss_kb\n' > "$OUT/curve.tsv"
         point() {   # point ROUND SYSTEM AXIS SIZE BIN DIALOGS CONNS
@@ -385,10 +388,12 @@ case $MODE in
         # The UDP point of the transport axis is sluice's dialogs=0 point.
         awk -F'\t' 'NR > 1 && $2 == "sluice" && $3 == "dialogs" && $4 == 0 { $3 = "transport"; print }' OFS='\t' "$OUT/curve.tsv" > "$OUT/udp.tmp"
         { cat "$OUT/curve.tsv"; cat "$OUT/udp.tmp"; } | awk -F'\t' '
-            NR > 1 { k = $2 "\t" $3 "\t" $4; n[k]++; us[k, n[k]] = $5; rss[k, n[k]] = $10 + $11; f[k] += $7; keys[k] = 1 }
+            NR > 1 { k = $2 "\t" $3 "\t" $4; keys[k] = 1; f[k] += $7
+                     if ($7 > 0 || $6 == 0) next   # a run with failed calls is no figure of cost
+                     n[k]++; us[k, n[k]] = $5; rss[k, n[k]] = $10 + $11 }
             function med(a, k, m,   i, j, t, v) { for (i = 1; i <= m; i++) v[i] = a[k, i]; for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
                 return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2 }
-            END { print "system\taxis\tsize\tus_per_call\trss_kb\tfailed\truns"; for (k in keys) printf "%s\t%.1f\t%d\t%d\t%d\n", k, med(us, k, n[k]), med(rss, k, n[k]), f[k], n[k] }' \
+            END { print "system\taxis\tsize\tus_per_call\trss_kb\tfailed\truns"; for (k in keys) printf "%s\t%.1f\t%d\t%d\t%d\n", k, (n[k] ? med(us, k, n[k]) : 0), (n[k] ? med(rss, k, n[k]) : 0), f[k], n[k] }' \
             | { read -r h; echo "$h"; sort -t"$(printf '\t')" -k1,1 -k2,2 -k3,3n; } > "$OUT/curve-summary.tsv"
         rm -f "$OUT/udp.tmp"
         column -t -s"$(printf '\t')" "$OUT/curve-summary.tsv"
