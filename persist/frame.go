@@ -151,7 +151,7 @@ type frameReader struct {
 	hdr  [4]byte
 	buf  []byte
 	recs []DialogRecord
-	ids  map[string]string
+	ids  idInterner
 }
 
 // read returns the next frame's message, valid until the next read.
@@ -248,7 +248,7 @@ func (fr *frameReader) decodeRequest(data []byte, req *request) error {
 			ToTag:   binary.BigEndian.Uint32(p[16:]),
 			Src:     binary.BigEndian.Uint16(p[20:]),
 			Linger:  p[22] == 1,
-			Backend: fr.intern(p[journalRecMin : journalRecMin+n]),
+			Backend: fr.ids.string(p[journalRecMin : journalRecMin+n]),
 		}
 		if exp != 0 {
 			d.Expires = time.Unix(0, int64(exp))
@@ -268,20 +268,4 @@ func (fr *frameReader) decodeRequest(data []byte, req *request) error {
 	}
 	req.Dialogs = recs
 	return nil
-}
-
-// intern returns id as a string, the same string for the same id (a
-// node has a few backends; a dialog batch names them over and over).
-func (fr *frameReader) intern(id []byte) string {
-	if s, ok := fr.ids[string(id)]; ok {
-		return s
-	}
-	s := string(id)
-	if fr.ids == nil {
-		fr.ids = map[string]string{}
-	}
-	if len(fr.ids) < maxInterned {
-		fr.ids[s] = s
-	}
-	return s
 }

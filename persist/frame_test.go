@@ -169,8 +169,8 @@ func TestFrameReaderReuse(t *testing.T) {
 	if n := testing.AllocsPerRun(20, decode); n > 0 {
 		t.Fatalf("%.0f allocations per message of %d records", n, len(recs))
 	}
-	if len(fr.ids) != 3 || req.Dialogs[499].Backend != recs[499].Backend {
-		t.Fatalf("interned %d ids; last record %+v", len(fr.ids), req.Dialogs[499])
+	if len(fr.ids.m) != 3 || req.Dialogs[499].Backend != recs[499].Backend {
+		t.Fatalf("interned %d ids; last record %+v", len(fr.ids.m), req.Dialogs[499])
 	}
 }
 

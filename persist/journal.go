@@ -127,9 +127,10 @@ func decodeJournalIDs(msg []byte, out []DialogRecord, ids *idInterner) ([]Dialog
 	return out, nil
 }
 
-// idInterner keeps one string per backend id, at most maxInterned of
-// them (a store of more distinct ids than that gets a string per record
-// past them).
+// idInterner keeps one string per backend id (a node has a few backends;
+// a batch or a page of dialogs names them over and over), at most
+// maxInterned of them (more distinct ids than that get a string per
+// record past them).
 type idInterner struct{ m map[string]string }
 
 func (in *idInterner) string(b []byte) string {
