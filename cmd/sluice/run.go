@@ -116,7 +116,7 @@ func newRunFlags(fs *flag.FlagSet) *runOptions {
 	hs.add(&h.ResponseBuffer, "http-response-buffer", "fasthttp engine: answers with a Content-Length up to this many bytes are read whole before they are relayed, others streamed from the same exchange (-1: always stream); the loop engine relays every answer as it arrives")
 	hs.add(&h.Engine, "http-engine", "how client connections are served: loop (epoll event loops; Linux) or fasthttp (a goroutine per connection); the loop hands HTTP/1.0, chunked or large uploads, Upgrade other than -http-upgrade's, and Expect to fasthttp")
 	hs.add(&h.Loops, "http-loops", "event loops of the loop engine (0: GOMAXPROCS)")
-	hs.add(&h.IOURing, "http-io-uring", "loop engine: write each round of events' answers to plain HTTP clients and requests to backends in one io_uring system call (Linux; falls back to a write each, with a warning, where io_uring cannot be set up)")
+	hs.add(&h.IOURing, "http-io-uring", "loop engine: read and write a round of events' plain HTTP sockets (clients and backends) in one io_uring system call each instead of one per socket (Linux; where io_uring cannot be set up, one WARN and a system call each as without it)")
 	hs.add(&h.Upgrades, "http-upgrade", "protocols a GET may upgrade to through sluice, a comma list of Upgrade tokens, or none; the connection becomes a byte tunnel only after the backend answers 101 (h2c is never forwarded)")
 	hs.add(&h.MaxTunnels, "http-max-tunnels", "most upgraded connections (tunnels) open at once, upgrade requests awaiting their answer included; more are answered 503 before a backend is contacted")
 	hs.add(&h.TunnelIdle, "http-tunnel-idle", "close a tunnel that carried no byte either way for this long")
