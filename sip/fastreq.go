@@ -96,17 +96,11 @@ func scanInDialog(data []byte, rq *reqScan) bool {
 	rq.nroute, rq.hasMF, rq.ourVia, rq.alias = 0, false, false, false
 	for {
 		ls := i
-		for i < len(data) && data[i] != '\r' {
-			if data[i] < 0x20 || data[i] > 0x7e {
-				return false
-			}
-			i++
-		}
-		if i+1 >= len(data) || data[i+1] != '\n' {
+		line, next, ok := headLine(data, i)
+		if !ok {
 			return false
 		}
-		line := data[ls:i]
-		i += 2
+		i = next
 		if len(line) == 0 {
 			rq.headEnd = ls
 			break

@@ -261,18 +261,11 @@ func scanResponse(data []byte, sc *respScan) bool {
 	nvia := 0
 	for {
 		// One header line, or the empty line ending the head.
-		ls := i
-		for i < len(data) && data[i] != '\r' {
-			if data[i] < 0x20 || data[i] > 0x7e {
-				return false
-			}
-			i++
-		}
-		if i+1 >= len(data) || data[i+1] != '\n' {
+		line, next, ok := headLine(data, i)
+		if !ok {
 			return false
 		}
-		line := data[ls:i]
-		i += 2
+		i = next
 		if len(line) == 0 {
 			break
 		}
@@ -647,4 +640,21 @@ func scanTo(val []byte, sc *respScan) bool {
 	sc.toDisplay = disp
 	sc.toRest = val[lt:]
 	return true
+}
+
+// headLine returns the line of data from i to its CRLF, and where the
+// next begins: false for a byte outside printable ASCII or a CR without
+// its LF (the fast paths leave such a head to sipgo).
+func headLine(data []byte, i int) (line []byte, next int, ok bool) {
+	ls := i
+	for i < len(data) && data[i] != '\r' {
+		if data[i] < 0x20 || data[i] > 0x7e {
+			return nil, 0, false
+		}
+		i++
+	}
+	if i+1 >= len(data) || data[i+1] != '\n' {
+		return nil, 0, false
+	}
+	return data[ls:i], i + 2, true
 }

@@ -56,6 +56,23 @@ const maxWatched = 1 << 18
 // watch records req, forwarded to backend (of pool, for the record) with
 // our branch br at now; a retransmission keeps the first deadline.
 func (s *Server) watch(req *gosip.Request, src source, br, backend, pool string, now int64) {
+	s.addWatch(br, func() watchEntry {
+		return watchEntry{
+			sent:     now,
+			deadline: now + int64(s.cfg.InDialogTimeout),
+			reply:    s.buildReply(req, 408, "Request Timeout", "Warning: 399 "+s.adv.String()+` "backend did not answer"`),
+			to:       s.replyTarget(req, src),
+			method:   req.Method,
+			backend:  backend,
+			lg:       s.newInDialogLog(req, src, backend, pool, now),
+		}
+	})
+}
+
+// addWatch records the entry entry makes under br, made only when br is
+// not watched yet and the table has room (a retransmission keeps the
+// first deadline).
+func (s *Server) addWatch(br string, entry func() watchEntry) {
 	w := &s.watched
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -69,15 +86,7 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend, pool string,
 		return
 	}
 	w.n.Add(1)
-	w.entries[br] = watchEntry{
-		sent:     now,
-		deadline: now + int64(s.cfg.InDialogTimeout),
-		reply:    s.buildReply(req, 408, "Request Timeout", "Warning: 399 "+s.adv.String()+` "backend did not answer"`),
-		to:       s.replyTarget(req, src),
-		method:   req.Method,
-		backend:  backend,
-		lg:       s.newInDialogLog(req, src, backend, pool, now),
-	}
+	w.entries[br] = entry()
 }
 
 // watchRaw is watch for a request the fast path forwarded (fastreq.go):
@@ -85,27 +94,16 @@ func (s *Server) watch(req *gosip.Request, src source, br, backend, pool string,
 // made from it at the deadline, as watch would have made them now (its
 // access-log record is none: the fast path does not run with the log).
 func (s *Server) watchRaw(raw []byte, src source, br, backend string, method gosip.RequestMethod, now int64) {
-	w := &s.watched
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if _, dup := w.entries[br]; dup {
-		return
-	}
-	if w.entries == nil {
-		w.entries = make(map[string]watchEntry)
-	}
-	if len(w.entries) >= maxWatched {
-		return
-	}
-	w.n.Add(1)
-	w.entries[br] = watchEntry{
-		sent:     now,
-		deadline: now + int64(s.cfg.InDialogTimeout),
-		raw:      raw,
-		src:      src,
-		method:   method,
-		backend:  backend,
-	}
+	s.addWatch(br, func() watchEntry {
+		return watchEntry{
+			sent:     now,
+			deadline: now + int64(s.cfg.InDialogTimeout),
+			raw:      raw,
+			src:      src,
+			method:   method,
+			backend:  backend,
+		}
+	})
 }
 
 // watchCancel records a client's CANCEL forwarded to backend (of pool)
