@@ -152,7 +152,11 @@ type Config struct {
 	// HTTP clients and requests to backends as one batch on an io_uring
 	// (one system call for the round instead of one per write), where the
 	// kernel allows it; where it does not, the loop says so once and
-	// writes as without it. Flag -http-io-uring.
+	// writes as without it. On in DefaultConfig (the flag's default): on
+	// this project's 2-core guest it takes system calls per request from
+	// 4.1 to 0.55 at 200 connections and 1.76x the requests per core
+	// (http/README.md); a Config built without DefaultConfig leaves it
+	// off. Flag -http-io-uring.
 	IOURing bool
 
 	// Upgrades are the protocols a client may switch to through sluice, a
@@ -211,6 +215,7 @@ func DefaultConfig() Config {
 		StreamThreshold:     1 << 20,
 		ResponseBuffer:      64 << 10,
 		Engine:              DefaultEngine,
+		IOURing:             true,
 		Upgrades:            "websocket",
 		MaxTunnels:          10000,
 		TunnelIdle:          time.Hour,

@@ -57,8 +57,8 @@ func FuzzServeRaw(f *testing.F) {
 		}
 	}
 	var rigs []*rig
-	for _, engine := range suiteEngines {
-		rigs = append(rigs, newRig(f, rigOpts{backends: 1, raw: backend, cfg: Config{Engine: engine}}))
+	for _, v := range suiteVariants {
+		rigs = append(rigs, newRig(f, rigOpts{backends: 1, raw: backend, cfg: Config{Engine: v.engine, IOURing: v.ring}}))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		for _, r := range rigs {

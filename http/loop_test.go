@@ -736,13 +736,13 @@ func TestStatusLineOK(t *testing.T) {
 // read "000" as 200 and "001" as an interim answer relayed as
 // "HTTP/1.1 1".
 func TestBadStatusCodeIsBadAnswer(t *testing.T) {
-	for _, engine := range suiteEngines {
+	for _, v := range suiteVariants {
 		for _, answer := range []string{
 			"HTTP/1.1 000 x\r\nContent-Length: 2\r\n\r\nok",
 			"HTTP/1.1 001 x\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
 		} {
-			t.Run(engine+"/"+strings.Fields(answer)[1], func(t *testing.T) {
-				r := newRig(t, rigOpts{backends: 1, cfg: Config{Engine: engine, BackendTimeout: time.Second}, raw: func(c net.Conn) {
+			t.Run(v.name+"/"+strings.Fields(answer)[1], func(t *testing.T) {
+				r := newRig(t, rigOpts{backends: 1, cfg: Config{Engine: v.engine, IOURing: v.ring, BackendTimeout: time.Second}, raw: func(c net.Conn) {
 					br := bufio.NewReader(c)
 					for readHead(c, br) {
 						io.WriteString(c, answer)

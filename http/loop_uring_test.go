@@ -113,7 +113,7 @@ func TestLoopIOURingFallsBack(t *testing.T) {
 		}
 	}
 	out := buf.String()
-	if strings.Count(out, "-http-io-uring") != 1 || !strings.Contains(out, "level=WARN") || !strings.Contains(out, "operation not permitted") {
+	if strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "-http-io-uring=false") || !strings.Contains(out, "operation not permitted") {
 		t.Errorf("log, want one WARN naming -http-io-uring and the error:\n%s", out)
 	}
 	if got := r.srv.loops.Load().uringSends.Load(); got != 0 {

@@ -148,16 +148,41 @@ type rig struct {
 	client   *nethttp.Client
 }
 
-// suiteEngines are the connection engines the suite runs on (onEngines):
-// both where the loop is supported, else fasthttp alone.
-// SLUICE_TEST_HTTP_ENGINE=loop or fasthttp keeps only that one.
-var suiteEngines = func() []string {
-	all := []string{EngineFastHTTP}
+// suiteVariant is one way the suite runs every onEngines test: a
+// connection engine, and for the loop engine with or without its
+// io_uring batching (Config.IOURing, on by default in sluice's flags).
+type suiteVariant struct {
+	name   string // the subtest's name
+	engine string
+	ring   bool
+}
+
+// suiteVariants are the variants the suite runs on (onEngines): the loop
+// engine plain and with its ring (where the kernel gives one), and
+// fasthttp; fasthttp alone where the loop is not supported.
+// SLUICE_TEST_HTTP_ENGINE=loop, loop-uring or fasthttp keeps the variants
+// of that name or engine.
+var suiteVariants = func() []suiteVariant {
+	all := []suiteVariant{{name: EngineFastHTTP, engine: EngineFastHTTP}}
 	if loopSupported {
-		all = []string{EngineLoop, EngineFastHTTP}
+		all = []suiteVariant{{name: EngineLoop, engine: EngineLoop}}
+		if r, err := newRing(8); err == nil {
+			r.Close()
+			all = append(all, suiteVariant{name: EngineLoop + "-uring", engine: EngineLoop, ring: true})
+		}
+		all = append(all, suiteVariant{name: EngineFastHTTP, engine: EngineFastHTTP})
 	}
 	if only := os.Getenv("SLUICE_TEST_HTTP_ENGINE"); only != "" {
-		return []string{only}
+		var kept []suiteVariant
+		for _, v := range all {
+			if v.name == only || v.engine == only {
+				kept = append(kept, v)
+			}
+		}
+		if len(kept) == 0 {
+			kept = []suiteVariant{{name: only, engine: only}}
+		}
+		return kept
 	}
 	return all
 }()
@@ -174,17 +199,18 @@ var suiteIOURing = func() bool {
 	return on
 }()
 
-// rigEngine maps the *testing.T of an onEngines subtest to its engine.
-var rigEngine sync.Map
+// rigVariant maps the *testing.T of an onEngines subtest to its variant.
+var rigVariant sync.Map
 
-// onEngines runs f as one subtest per engine (t.Run("loop"), "fasthttp");
-// a rig built in it serves with that engine unless its Config names one.
+// onEngines runs f as one subtest per suite variant (t.Run("loop"),
+// "loop-uring", "fasthttp"); a rig built in it serves with that engine
+// (and ring) unless its Config names an engine.
 func onEngines(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
-	for _, engine := range suiteEngines {
-		t.Run(engine, func(t *testing.T) {
-			rigEngine.Store(t, engine)
-			defer rigEngine.Delete(t)
+	for _, v := range suiteVariants {
+		t.Run(v.name, func(t *testing.T) {
+			rigVariant.Store(t, v)
+			defer rigVariant.Delete(t)
 			f(t)
 		})
 	}
@@ -193,8 +219,8 @@ func onEngines(t *testing.T, f func(t *testing.T)) {
 // engineOf returns the engine of t's onEngines subtest, "" (the platform
 // default) outside one.
 func engineOf(t testing.TB) string {
-	if e, ok := rigEngine.Load(t); ok {
-		return e.(string)
+	if v, ok := rigVariant.Load(t); ok {
+		return v.(suiteVariant).engine
 	}
 	return ""
 }
@@ -290,6 +316,9 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	}
 	if cfg.Engine == "" {
 		cfg.Engine = engineOf(t)
+		if v, ok := rigVariant.Load(t); ok && v.(suiteVariant).ring {
+			cfg.IOURing = true
+		}
 	}
 	deps := Deps{Pool: r.pool, Admission: r.ctrl, Signer: r.signer, AccessLog: o.alog}
 	if o.pools != nil {

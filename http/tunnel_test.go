@@ -711,9 +711,9 @@ func TestTunnelBulkEcho(t *testing.T) {
 // BenchmarkTunnelEcho is one 64-byte round trip over an open tunnel to
 // an echoing backend, per engine.
 func BenchmarkTunnelEcho(b *testing.B) {
-	for _, engine := range suiteEngines {
-		b.Run(engine, func(b *testing.B) {
-			_, addr := tunRig(b, Config{Engine: engine}, plainBackend(b, halfCloseBackend(b)))
+	for _, v := range suiteVariants {
+		b.Run(v.name, func(b *testing.B) {
+			_, addr := tunRig(b, Config{Engine: v.engine, IOURing: v.ring}, plainBackend(b, halfCloseBackend(b)))
 			c, err := net.Dial("tcp", addr)
 			if err != nil {
 				b.Fatal(err)
