@@ -59,11 +59,9 @@ func startStunnel(t *testing.T, dir string, accept int, connect, caFile string) 
 		cancel()
 	})
 	for range 100 {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", accept))
-		if err != nil {
-			return // bound by stunnel
+		if testenv.Bound(t, "tcp", accept) {
+			return // stunnel listens (a listener of our own could fail its bind)
 		}
-		l.Close()
 		select {
 		case <-done:
 			t.Fatalf("stunnel exited: %s", out.String())

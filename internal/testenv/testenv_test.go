@@ -39,3 +39,31 @@ func TestToolFindsAProgram(t *testing.T) {
 		t.Fatalf("go not found: %q failed=%v skipped=%v", p, f.failed, f.skipped)
 	}
 }
+
+// TestBoundIn: golden lines of /proc/net/udp and /proc/net/tcp (kernel
+// 6.18) for port 15060 (0x3AD4).
+func TestBoundIn(t *testing.T) {
+	const head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+	udpLo := head + "  12: 0100007F:3AD4 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4242 2 0000000000000000 0\n"
+	udpAny := head + "  12: 00000000:3AD4 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4242 2 0000000000000000 0\n"
+	udpOther := head + "  12: 0200007F:3AD4 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4242 2 0000000000000000 0\n"
+	tcpListen := head + "   3: 0100007F:3AD4 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4243 1 0000000000000000 100 0 0 10 0\n"
+	tcpEstab := head + "   3: 0100007F:3AD4 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 4243 1 0000000000000000 100 0 0 10 0\n"
+	for _, c := range []struct {
+		name, table, proto string
+		port               int
+		want               bool
+	}{
+		{"udp loopback", udpLo, "udp", 15060, true},
+		{"udp any address", udpAny, "udp", 15060, true},
+		{"udp other address", udpOther, "udp", 15060, false},
+		{"udp other port", udpLo, "udp", 15061, false},
+		{"tcp listening", tcpListen, "tcp", 15060, true},
+		{"tcp connection, not listening", tcpEstab, "tcp", 15060, false},
+		{"header only", head, "udp", 15060, false},
+	} {
+		if got := boundIn(c.table, c.proto, c.port); got != c.want {
+			t.Errorf("%s: boundIn = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
