@@ -9,7 +9,9 @@
 #         stime from /proc/PID/stat, read just before the client starts and
 #         just after it ends, with its store process's: a call's dialog is
 #         written there) divided by the completed calls, the failed
-#         calls and the retransmissions, then the median.
+#         calls and the retransmissions, then the median. Each run's line
+#         also gives the child processes' part of the CPU per call (the
+#         store process's for sluice, the workers' for Kamailio).
 #   ab    BASE=path NEW=path (two sluice binaries; BASE=REV builds git
 #         revision REV, NEW defaults to this tree): RUNS runs of each,
 #         interleaved BASE NEW BASE NEW ..., then the median of each and
@@ -115,6 +117,15 @@ ticks() {
     done
     echo "$t"
 }
+# kids PID: utime + stime of PID's child processes alone (sluice's store
+# process; Kamailio's workers), in clock ticks.
+kids() {
+    local p t=0
+    for p in $(pgrep -P "$1"); do
+        t=$((t + $(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$t"
+}
 # lbpid PID: the sluice process under timeout/taskset (the child of timeout).
 lbpid() { local c; for _ in $(seq 50); do c=$(pgrep -P "$1" | head -1); [ -n "$c" ] && { echo "$c"; return; }; sleep 0.1; done; echo "$1"; }
 
@@ -181,24 +192,25 @@ run() {
         timeout -s INT $((SECS + 45)) perf record -g -o "$OUT/perf.data" -p "$pid" > "$OUT/perf.log" 2>&1 &
         PERFPID=$!
     fi
-    local t0 t1 w0 w1 busy=
+    local t0 t1 k0 k1 w0 w1 busy=
     if [ "${BUSY:-0}" = 1 ]; then
         taskset -c "$LB_CPU" timeout $((SECS + 45)) sh -c 'while :; do :; done' &
         busy=$!
     fi
-    t0=$(ticks "$pid"); w0=$(date +%s%N)
+    t0=$(ticks "$pid"); k0=$(kids "$pid"); w0=$(date +%s%N)
     (cd "$dir" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$LB_PORT" -sf "$SCEN/uac_rr.xml" \
         -i 127.0.0.1 -p "$UAC_PORT" -r "$RATE" -m "$n" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
         -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
-    t1=$(ticks "$pid"); w1=$(date +%s%N)
+    t1=$(ticks "$pid"); k1=$(kids "$pid"); w1=$(date +%s%N)
     if [ -n "$busy" ]; then kill "$busy"; wait "$busy" 2>/dev/null; fi
     if [ -n "${PERFPID:-}" ]; then kill -INT "$PERFPID"; wait "$PERFPID" 2>/dev/null; PERFPID=; fi
     stop "$tpid"
     local ok fail re
     ok=$(csvcol "$dir/stat.csv" 'SuccessfulCall(C)'); fail=$(csvcol "$dir/stat.csv" 'FailedCall(C)')
     re=$(csvcol "$dir/stat.csv" 'Retransmissions(C)')
-    awk -v t=$((t1 - t0)) -v hz="$HZ" -v ok="${ok:-0}" -v f="${fail:-?}" -v r="${re:-?}" -v w=$((w1 - w0)) \
-        'BEGIN { us = ok > 0 ? t / hz * 1e6 / ok : 0; printf "%.1f %d %s %s %.0f\n", us, ok, f, r, t / hz * 1e9 / w * 100 }'
+    awk -v t=$((t1 - t0)) -v k=$((k1 - k0)) -v hz="$HZ" -v ok="${ok:-0}" -v f="${fail:-?}" -v r="${re:-?}" -v w=$((w1 - w0)) \
+        'BEGIN { us = ok > 0 ? t / hz * 1e6 / ok : 0; ku = ok > 0 ? k / hz * 1e6 / ok : 0
+                 printf "%.1f %d %s %s %.0f %.1f\n", us, ok, f, r, t / hz * 1e9 / w * 100, ku }'
 }
 
 # stat1 PID: utime + stime of one process, in clock ticks (bash only: the
@@ -311,7 +323,7 @@ median() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]
 
 report() {   # report NAME LINE
     set -- "$1" $2
-    printf '%-5s %7s us/call  ok=%-6s failed=%-5s retrans=%-5s cpu=%s%%\n' "$1" "$2" "$3" "$4" "$5" "$6"
+    printf '%-5s %7s us/call  ok=%-6s failed=%-5s retrans=%-5s cpu=%s%%  child processes %s us/call\n' "$1" "$2" "$3" "$4" "$5" "$6" "${7:-?}"
 }
 
 profile_flags() {   # the flags of the last profiled run
@@ -330,6 +342,7 @@ case $MODE in
             line=$(run "$i" one "$B" $extra); echo "$line" >> "$OUT/one.txt"; report one "$line"
         done
         echo "median: $(awk '{ print $1 }' "$OUT/one.txt" | median) us/call (sluice CPU / completed calls; failed: $(awk '{ s += $3 } END { print s }' "$OUT/one.txt"))"
+        echo "of it: the store process $(awk '{ print $6 }' "$OUT/one.txt" | median) us/call (median)"
         ;;
     ab)
         [ -n "${BASE:-}" ] || die "ab needs BASE=path-or-revision (and NEW=path-or-revision, default this tree)"
@@ -359,6 +372,7 @@ case $MODE in
         mk=$(awk '{ print $1 }' "$OUT/kamailio.txt" | median); mn=$(awk '{ print $1 }' "$OUT/new.txt" | median)
         echo "median kamailio: $mk us/call, sluice: $mn us/call, kamailio/sluice: $(awk -v a="$mn" -v b="$mk" 'BEGIN { printf "%.3f", (a > 0 ? b / a : 0) }')" \
             "(failed kamailio $(awk '{ s += $3 } END { print s }' "$OUT/kamailio.txt"), sluice $(awk '{ s += $3 } END { print s }' "$OUT/new.txt"))"
+        echo "of sluice's: its store process $(awk '{ print $6 }' "$OUT/new.txt" | median) us/call (median)"
         ;;
     curve)
         N=$(binary new "${NEW:-}")
