@@ -1,0 +1,175 @@
+//go:build linux
+
+package http
+
+import (
+	"bufio"
+	"io"
+	"net"
+	nethttp "net/http"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// earlyHintsSwitch is a backend's answer to an upgrade request: an
+// interim 103, then the switch, in one write.
+const earlyHintsSwitch = "HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n" +
+	"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+
+// unreadOn waits, on the loop's goroutine, until the socket fd has bytes
+// the loop has not read, so that the loop's next round finds them.
+func unreadOn(fd int) bool {
+	for range 5000 {
+		if n, err := unix.IoctlGetInt(fd, unix.SIOCINQ); err == nil && n > 0 {
+			return true
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return false
+}
+
+// tunnelClient returns the loop's client connection that is a tunnel, or
+// with tun false the one whose request is at a backend.
+func tunnelClient(l *evloop, tun bool) *cconn {
+	for _, o := range l.fds {
+		if c := o.c; c != nil && c.fd >= 0 && c.busy && c.x.bc != nil && c.tun == tun {
+			return c
+		}
+	}
+	return nil
+}
+
+// readSwitch reads the 103 and the 101 a client gets for earlyHintsSwitch.
+func readSwitch(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	for _, want := range []int{103, 101} {
+		resp, err := nethttp.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("answer: %v %v, want %d", resp, err, want)
+		}
+	}
+}
+
+// TestHostileURingEarlyHintsThenSwitch: a backend answers an upgrade
+// with 103 then 101 in one write, and the client's first tunnel bytes
+// arrive in the same round. With the ring the 103 waits in c.out for the
+// round's batch, so the client's own event (EPOLLIN|EPOLLOUT) flushes it
+// and the relay it resumes switches the connection to a tunnel; the rest
+// of that event (the client's readable edge) must be handled as the
+// tunnel's, or the client's bytes wait unread for an edge that never
+// comes (edge-triggered) and the tunnel hangs. The same bytes without
+// the ring: the backend gets the client's bytes and echoes them.
+func TestHostileURingEarlyHintsThenSwitch(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "uring"}[on], func(t *testing.T) {
+			if on {
+				requireRing(t)
+			}
+			gotReq, release := make(chan struct{}), make(chan struct{})
+			be := startRawBackend(t, "hints", func(c net.Conn) {
+				br := bufio.NewReader(c)
+				if _, err := nethttp.ReadRequest(br); err != nil {
+					return
+				}
+				close(gotReq)
+				<-release
+				io.WriteString(c, earlyHintsSwitch)
+				io.Copy(c, br) // echo the tunnel
+			})
+			srv, addr := tunRig(t, Config{Engine: EngineLoop, IOURing: on, Loops: 1}, plainBackend(t, be.addr()))
+			rc := dialRaw(t, addr)
+			rc.send("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			<-gotReq
+			l := srv.loops.Load().loops[0]
+			entered, ready := make(chan struct{}), make(chan bool, 1)
+			l.post(func() {
+				// The backend's answer and the client's bytes both arrive
+				// while the loop is here: its next round has both events.
+				c := tunnelClient(l, false)
+				if c == nil {
+					close(entered)
+					ready <- false
+					return
+				}
+				close(entered)
+				close(release)
+				ready <- unreadOn(c.x.bc.fd) && unreadOn(c.fd)
+			})
+			<-entered
+			rc.send("hello")
+			if !<-ready {
+				t.Fatal("the exchange or its bytes were not where the test puts them")
+			}
+			rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			readSwitch(t, rc.br)
+			got := make([]byte, 5)
+			if _, err := io.ReadFull(rc.br, got); err != nil || string(got) != "hello" {
+				t.Fatalf("the tunnel's echo: %q (%v), want \"hello\": the client's first bytes were never read", got, err)
+			}
+		})
+	}
+}
+
+// TestHostileURingTunnelQueuedFlush: a connection queued for the round's
+// batch of writes (its answer's 103 deferred) can become a tunnel before
+// the batch is made (its own EPOLLOUT flushed the 103, the relay it
+// resumed switched, and the tunnel's bytes then left some in c.out on
+// EAGAIN, with the backend still readable). Its queued entry must be
+// written as a tunnel's (tunFlushClient): the HTTP flush resumes relay
+// on the tunnel's backend connection, which reads the tunnel's bytes as
+// an answer's body, ends the exchange, closes the backend connection and
+// drops those bytes.
+func TestHostileURingTunnelQueuedFlush(t *testing.T) {
+	requireRing(t)
+	defer func(n int) { ringMinBatch = n }(ringMinBatch)
+	ringMinBatch = 1 // the round has one write: through the ring all the same
+	send := make(chan struct{})
+	be := startRawBackend(t, "tun", func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := nethttp.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		<-send
+		io.WriteString(c, "DATA")
+		io.Copy(c, br)
+	})
+	srv, addr := tunRig(t, Config{Engine: EngineLoop, IOURing: true, Loops: 1}, plainBackend(t, be.addr()))
+	rc := dialRaw(t, addr)
+	rc.send("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+	rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if resp, err := nethttp.ReadResponse(rc.br, nil); err != nil || resp.StatusCode != 101 {
+		t.Fatalf("switch: %v %v", resp, err)
+	}
+	l := srv.loops.Load().loops[0]
+	done := make(chan bool, 1)
+	l.post(func() {
+		c := tunnelClient(l, true)
+		if c == nil {
+			done <- false
+			return
+		}
+		close(send)
+		ok := unreadOn(c.x.bc.fd) // the backend's next bytes, unread
+		// What the round leaves: the queued entry, bytes a tunnel write
+		// did not get out, the backend readable.
+		c.out, c.o = append(c.out[:0], "queued"...), 0
+		c.x.bc.rready = true
+		l.toFlush = append(l.toFlush, c)
+		done <- ok
+	})
+	if !<-done {
+		t.Fatal("no tunnel, or the backend's bytes did not arrive")
+	}
+	got := make([]byte, len("queuedDATA"))
+	if _, err := io.ReadFull(rc.br, got); err != nil || string(got) != "queuedDATA" {
+		t.Fatalf("client got %q (%v), want \"queuedDATA\": the tunnel's bytes were read as an answer", got, err)
+	}
+	rc.send("ping")
+	got = got[:4]
+	if _, err := io.ReadFull(rc.br, got); err != nil || string(got) != "ping" {
+		t.Fatalf("tunnel after the flush: %q (%v), want the echo \"ping\"", got, err)
+	}
+}
