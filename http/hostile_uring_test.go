@@ -4,9 +4,11 @@ package http
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	nethttp "net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,5 +173,74 @@ func TestHostileURingTunnelQueuedFlush(t *testing.T) {
 	got = got[:4]
 	if _, err := io.ReadFull(rc.br, got); err != nil || string(got) != "ping" {
 		t.Fatalf("tunnel after the flush: %q (%v), want the echo \"ping\"", got, err)
+	}
+}
+
+// idleExchange makes a keep-alive connection idle (one request answered,
+// so its next read is one the ring's batch makes), then writes raw in two
+// pieces (split 0: one), shuts the write side and returns each answer as
+// "status close body", until the server closes.
+func idleExchange(t *testing.T, addr string, raw []byte, split int) []string {
+	t.Helper()
+	rc := dialRaw(t, addr)
+	rc.send("GET /warm HTTP/1.1\r\nHost: x\r\n\r\n")
+	rc.read("GET")
+	rc.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if split > 0 {
+		rc.c.Write(raw[:split])
+	}
+	rc.c.Write(raw[split:])
+	closeWrite(rc.c)
+	var out []string
+	for {
+		resp, err := nethttp.ReadResponse(rc.br, nil)
+		if err != nil {
+			return out
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out = append(out, fmt.Sprintf("%d %v %q", resp.StatusCode, resp.Close, b))
+	}
+}
+
+// TestHostileURingSmugglingSameAsPlain: every request-smuggling spelling
+// of smuggleCases, sent on an idle keep-alive connection whole and in two
+// pieces, gives with the ring's batched reads and writes (every one
+// through the ring) what it gives without: the same answers to the
+// client and the same requests at the backend.
+func TestHostileURingSmugglingSameAsPlain(t *testing.T) {
+	requireRing(t)
+	if suiteIOURing {
+		t.Skip("SLUICE_TEST_HTTP_IO_URING=1 turns the ring on in every rig: no plain side to compare with")
+	}
+	defer func(n int) { ringMinBatch = n }(ringMinBatch)
+	ringMinBatch = 1
+	run := func(on bool) map[string]string {
+		r, rec := smuggleRig(t, EngineLoop, Config{StickyCookie: "-", IOURing: on, Loops: 1})
+		got := map[string]string{}
+		for _, tc := range smuggleCases {
+			for _, split := range []int{0, len(tc.raw) / 2} {
+				m := rec.mark()
+				answers := idleExchange(t, r.addr, []byte(tc.raw), split)
+				var reqs []string
+				for _, s := range rec.since(m) {
+					if !s.incomplete {
+						reqs = append(reqs, fmt.Sprintf("%s %s %s %q %s", s.method, s.target, s.host, s.body, s.bad))
+					}
+				}
+				// The Host of a request without one is the listener's address: each rig's own.
+				got[fmt.Sprintf("%s/split%d", tc.name, split)] = strings.ReplaceAll(fmt.Sprintf("answers %q\nbackend %q", answers, reqs), r.addr, "LISTENER")
+			}
+		}
+		if on && r.srv.loops.Load().uringRecvs.Load() == 0 {
+			t.Error("no read went through the ring")
+		}
+		return got
+	}
+	plain, ring := run(false), run(true)
+	for k, want := range plain {
+		if ring[k] != want {
+			t.Errorf("%s:\nwith the ring    %s\nwithout the ring %s", k, ring[k], want)
+		}
 	}
 }
