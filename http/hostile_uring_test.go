@@ -4,10 +4,14 @@ package http
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	nethttp "net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +246,84 @@ func TestHostileURingSmugglingSameAsPlain(t *testing.T) {
 		if ring[k] != want {
 			t.Errorf("%s:\nwith the ring    %s\nwithout the ring %s", k, ring[k], want)
 		}
+	}
+}
+
+// TestHostileURingEnterFails: io_uring_enter fails for a round's batch
+// (here the ring's descriptor number is made to name another file, the
+// EOPNOTSUPP a ring in a bad state gives). The loop gives the ring up
+// with one WARN, the batch's writes, none taken, go the plain way, each
+// client gets its bytes once, and the loop serves on without the ring.
+func TestHostileURingEnterFails(t *testing.T) {
+	requireRing(t)
+	buf := &syncWriter{w: &bytes.Buffer{}}
+	r := loopRig(t, rigOpts{backends: 1, cfg: Config{IOURing: true, Loops: 1}, logger: slog.New(slog.NewTextHandler(buf, nil))})
+	a, b := dialRaw(t, r.addr), dialRaw(t, r.addr)
+	for _, rc := range []*rawConn{a, b} {
+		rc.send("GET /warm HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
+			t.Fatalf("warm-up: %d", resp.StatusCode)
+		}
+	}
+	e := r.srv.loops.Load()
+	l := e.loops[0]
+	done := make(chan error, 1)
+	l.post(func() {
+		if l.ring == nil {
+			done <- errors.New("the loop has no ring")
+			return
+		}
+		ringFD := int(reflect.ValueOf(l.ring).Elem().FieldByName("fd").Int())
+		null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			done <- err
+			return
+		}
+		err = unix.Dup3(null, ringFD, unix.O_CLOEXEC)
+		unix.Close(null)
+		if err != nil {
+			done <- err
+			return
+		}
+		q := 0
+		for _, o := range l.fds {
+			if c := o.c; c != nil && c.fd >= 0 && !c.busy {
+				l.writeRaw(c, uringPayload(c.port, 100))
+				q++
+			}
+		}
+		if q != 2 || len(l.toFlush) != 2 {
+			done <- fmt.Errorf("%d clients, %d writes queued, want 2 and 2", q, len(l.toFlush))
+			return
+		}
+		done <- nil
+	})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, rc := range []*rawConn{a, b} {
+		want := uringPayload(uint16(rc.c.LocalAddr().(*net.TCPAddr).Port), 100)
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(rc.br, got); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("client: %q (%v), want %q", got, err, want)
+		}
+	}
+	hasRing := make(chan bool)
+	l.post(func() { hasRing <- l.ring != nil })
+	if <-hasRing {
+		t.Fatal("the loop kept a ring whose io_uring_enter failed")
+	}
+	sends := e.uringSends.Load()
+	for _, rc := range []*rawConn{a, b} {
+		rc.send("GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, body := rc.read("GET"); resp.StatusCode != 200 || strings.Contains(body, "P") {
+			t.Fatalf("after the ring was given up: %d %q", resp.StatusCode, body)
+		}
+	}
+	if got := e.uringSends.Load(); got != sends {
+		t.Errorf("%d sends through a ring given up", got-sends)
+	}
+	if out := buf.String(); strings.Count(out, "io_uring_enter failed") != 1 {
+		t.Errorf("log, want one WARN that io_uring_enter failed:\n%s", out)
 	}
 }
