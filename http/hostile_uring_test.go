@@ -327,3 +327,118 @@ func TestHostileURingEnterFails(t *testing.T) {
 		t.Errorf("log, want one WARN that io_uring_enter failed:\n%s", out)
 	}
 }
+
+// misbehave is a raw backend for TestHostileURingMisbehaving: by the
+// request's path it answers right (/ok), with bytes past its
+// Content-Length (/extra), before reading the body (/early: then it reads
+// the body as the next request and closes), not at all (/close), or with
+// a reset (/rst). An answer's body is the request's path.
+func misbehave(c net.Conn) {
+	br := bufio.NewReader(c)
+	for {
+		req, err := nethttp.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		p := req.URL.Path
+		kind := strings.SplitN(p, "/", 3)[1]
+		if kind != "early" {
+			io.Copy(io.Discard, req.Body)
+		}
+		switch kind {
+		case "close":
+			return
+		case "rst":
+			c.(*net.TCPConn).SetLinger(0)
+			return
+		case "extra":
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%sEXTRA-NOT-YOURS", len(p), p)
+		default:
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(p), p)
+		}
+	}
+}
+
+// TestHostileURingMisbehaving: many clients at once on one loop, every
+// read and write through the ring, against a backend that sends more
+// than its Content-Length, answers before the request's body is read,
+// closes or resets; meanwhile other clients pipeline requests and reset
+// at once (their descriptors reused by new connections within rounds).
+// Every answer a client reads is its own request's or a failure status,
+// never bytes of another's, and the loop serves on.
+func TestHostileURingMisbehaving(t *testing.T) {
+	requireRing(t)
+	defer func(n int) { ringMinBatch = n }(ringMinBatch)
+	ringMinBatch = 1
+	r := loopRig(t, rigOpts{backends: 1, raw: misbehave, cfg: Config{IOURing: true, Loops: 1}})
+	kinds := []string{"ok", "extra", "early", "ok", "close", "rst", "ok"}
+	const clients, each, resetters = 24, 21, 150
+	errs := make(chan error, clients+1)
+	go func() {
+		for i := range resetters {
+			c, err := dialTest(r.addr, 5*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			fmt.Fprintf(c, "GET /ok/reset%d/a HTTP/1.1\r\nHost: x\r\n\r\nGET /ok/reset%d/b HTTP/1.1\r\nHost: x\r\n\r\nGET /extra/reset%d/c HTTP/1.1\r\nHost: x\r\n\r\n", i, i, i)
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+		errs <- nil
+	}()
+	body := strings.Repeat("b", 60<<10)
+	for i := range clients {
+		go func() {
+			errs <- func() error {
+				var rc *rawConn
+				for j := range each {
+					if rc == nil {
+						rc = dialRaw(t, r.addr)
+					}
+					kind := kinds[(i+j)%len(kinds)]
+					path := fmt.Sprintf("/%s/c%d/r%d", kind, i, j)
+					var err error
+					if kind == "early" {
+						_, err = fmt.Fprintf(rc.c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body)
+					} else {
+						_, err = fmt.Fprintf(rc.c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path)
+					}
+					if err != nil {
+						return fmt.Errorf("client %d request %d: %v", i, j, err)
+					}
+					resp, err := nethttp.ReadResponse(rc.br, nil)
+					if err != nil {
+						rc.c.Close()
+						rc = nil // closed after a failure: a new connection
+						continue
+					}
+					b, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					switch {
+					case resp.StatusCode == 200 && string(b) != path:
+						return fmt.Errorf("client %d request %s: 200 %q: not its answer", i, path, b)
+					case resp.StatusCode != 200 && bytes.Contains(b, []byte("/c")):
+						return fmt.Errorf("client %d request %s: %d %q: another's bytes", i, path, resp.StatusCode, b)
+					case err != nil || resp.Close:
+						rc.c.Close()
+						rc = nil
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range clients + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc := dialRaw(t, r.addr)
+	rc.send("GET /ok/last HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, b := rc.read("GET"); resp.StatusCode != 200 || b != "/ok/last" {
+		t.Fatalf("after: %d %q", resp.StatusCode, b)
+	}
+	e := r.srv.loops.Load()
+	t.Logf("%d sends, %d reads through the ring", e.uringSends.Load(), e.uringRecvs.Load())
+}
