@@ -185,6 +185,15 @@ func (l *evloop) clientEvent(c *cconn, ev uint32) {
 		if c.fd < 0 {
 			return
 		}
+		if c.tun {
+			// The flush resumed the relay, which met the backend's 101
+			// (the interim answers before it had waited in c.out): the
+			// rest of this event, the client's readable edge with it,
+			// is the tunnel's. Read as HTTP it would be lost, and no
+			// new edge comes for bytes already announced.
+			l.tunClientEvent(c, ev&^evWritable)
+			return
+		}
 	}
 	if c.x.gone != nil && ev&evPeerShut != 0 {
 		// The client left while its request waits in an ARM delay

@@ -140,7 +140,7 @@ func (l *evloop) flushRound() {
 			l.toFlush = nil
 			for _, c := range cs {
 				if c.fd >= 0 && c.o < len(c.out) {
-					l.flushClient(c)
+					l.flushQueued(c)
 				}
 			}
 			l.flushBackends()
@@ -148,6 +148,16 @@ func (l *evloop) flushRound() {
 		}
 		l.submitWrites()
 	}
+}
+
+// flushQueued writes a queued client's pending bytes the plain way: a
+// tunnel's as a tunnel's (see submitWrites), others' as an answer's.
+func (l *evloop) flushQueued(c *cconn) {
+	if c.tun {
+		l.tunFlushClient(c)
+		return
+	}
+	l.flushClient(c)
 }
 
 // submitWrites queues the writes waiting in toWrite and toFlush as one
@@ -177,6 +187,13 @@ func (l *evloop) submitWrites() {
 		if c.fd < 0 || c.o >= len(c.out) || c.batched {
 			// Closed, or written by its own EPOLLOUT meanwhile, or queued
 			// twice (written by its EPOLLOUT, then more of the answer).
+			continue
+		}
+		if c.tun {
+			// Queued for an answer's bytes, then written by its own
+			// EPOLLOUT, whose resumed relay switched it to a tunnel; the
+			// bytes now pending are the tunnel's, left by a plain write.
+			l.tunFlushClient(c)
 			continue
 		}
 		if len(tg) == room {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -68,6 +69,9 @@ func TestLoopIOURingRoundOverRing(t *testing.T) {
 		port := uint16(rc.c.LocalAddr().(*net.TCPAddr).Port)
 		want := uringPayload(port, size(port))
 		got := make([]byte, len(want))
+		// Each read has its own deadline: dialRaw's counts from the dial,
+		// and 300 warm-ups under -race on a busy machine take most of it.
+		rc.c.SetDeadline(time.Now().Add(20 * time.Second))
 		if _, err := io.ReadFull(rc.br, got); err != nil {
 			t.Fatalf("client %d: %v", i, err)
 		}
@@ -80,6 +84,7 @@ func TestLoopIOURingRoundOverRing(t *testing.T) {
 		t.Errorf("%d sends through the ring for the round, want at least %d (a full ring)", sent, ringEntries)
 	}
 	for i, rc := range rcs {
+		rc.c.SetDeadline(time.Now().Add(20 * time.Second))
 		rc.send("GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
 		if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
 			t.Fatalf("client %d after: %d", i, resp.StatusCode)
