@@ -66,7 +66,7 @@ func (l *evloop) openRing() {
 	r, err := newRing(ringEntries)
 	if err != nil {
 		if l.e.ringWarned.CompareAndSwap(false, true) {
-			l.s.logger.Warn("http loop engine: -http-io-uring is on (the default) but io_uring cannot be set up here (a container's seccomp profile, or sysctl kernel.io_uring_disabled); writing with one system call each, as -http-io-uring=false does without this warning", "err", err)
+			l.s.logger.Warn("http loop engine: -http-io-uring is on (its default) but io_uring cannot be set up here (a container's seccomp profile, sysctl kernel.io_uring_disabled, or a kernel before 5.18); reading and writing with one system call each, as -http-io-uring=false does without this warning", "err", err)
 		}
 		return
 	}
