@@ -23,6 +23,8 @@ package http
 // when the round has more than the ring holds.
 
 import (
+	"errors"
+
 	"github.com/sluicelb/sluice/internal/uring"
 	"golang.org/x/sys/unix"
 )
@@ -66,13 +68,29 @@ func (l *evloop) openRing() {
 	r, err := newRing(ringEntries)
 	if err != nil {
 		if l.e.ringWarned.CompareAndSwap(false, true) {
-			l.s.logger.Warn("http loop engine: -http-io-uring is on (its default) but io_uring cannot be set up here (a container's seccomp profile, sysctl kernel.io_uring_disabled, or a kernel before 5.18); reading and writing with one system call each, as -http-io-uring=false does without this warning", "err", err)
+			l.s.logger.Warn("http loop engine: -http-io-uring is on (its default) but io_uring cannot be set up here ("+ringRefusal(err)+"); serving without it, reading and writing with one system call each, as -http-io-uring=false (SLUICE_HTTP_IO_URING=false) does without this warning", "err", err)
 		}
 		return
 	}
 	l.ring = r
 	l.comps = make([]uring.Completion, ringEntries)
 	l.minBatch = ringMinBatch
+}
+
+// ringRefusal names the likely cause of io_uring_setup's error, for the
+// operator who reads the WARN.
+func ringRefusal(err error) string {
+	switch {
+	case errors.Is(err, unix.EINVAL):
+		return "likely a kernel before 5.18, which lacks IORING_SETUP_SUBMIT_ALL"
+	case errors.Is(err, unix.ENOSYS):
+		return "this kernel has no io_uring, or a seccomp profile hides it"
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return "sysctl kernel.io_uring_disabled (1: only members of kernel.io_uring_group), or a container's seccomp profile"
+	case errors.Is(err, unix.ENOMEM):
+		return "out of locked or kernel memory for the ring"
+	}
+	return "a container's seccomp profile, sysctl kernel.io_uring_disabled, or a kernel before 5.18"
 }
 
 // closeRing releases the ring, once the loop's connections are closed.

@@ -15,6 +15,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicelb/sluice/internal/uring"
+
+	"golang.org/x/sys/unix"
 )
 
 // requireRing skips where the kernel refuses io_uring: -http-io-uring
@@ -103,7 +105,7 @@ func TestLoopIOURingWrites(t *testing.T) {
 func TestLoopIOURingFallsBack(t *testing.T) {
 	defer func(f func(uint32) (*uring.Ring, error)) { newRing = f }(newRing)
 	newRing = func(uint32) (*uring.Ring, error) {
-		return nil, errors.New("uring: io_uring_setup: operation not permitted")
+		return nil, fmt.Errorf("uring: io_uring_setup: %w", unix.EPERM) // as uring.New wraps it
 	}
 	buf := &syncWriter{w: &bytes.Buffer{}}
 	r := loopRig(t, rigOpts{backends: 1, cfg: Config{IOURing: true, Loops: 2}, logger: slog.New(slog.NewTextHandler(buf, nil))})
@@ -113,7 +115,8 @@ func TestLoopIOURingFallsBack(t *testing.T) {
 		}
 	}
 	out := buf.String()
-	if strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "-http-io-uring=false") || !strings.Contains(out, "operation not permitted") {
+	if strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "-http-io-uring=false") || !strings.Contains(out, "operation not permitted") ||
+		!strings.Contains(out, "kernel.io_uring_disabled") {
 		t.Errorf("log, want one WARN naming -http-io-uring and the error:\n%s", out)
 	}
 	if got := r.srv.loops.Load().uringSends.Load(); got != 0 {
@@ -202,5 +205,26 @@ func TestLoopIOURingQueuedTwice(t *testing.T) {
 	}
 	if resp, _ := rc.read("GET"); resp.StatusCode != 200 {
 		t.Fatalf("second GET after the bytes: %d", resp.StatusCode)
+	}
+}
+
+// TestRingRefusal: the WARN's cause follows io_uring_setup's error, as
+// uring.New wraps it.
+func TestRingRefusal(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{unix.EINVAL, "kernel before 5.18"},
+		{unix.ENOSYS, "has no io_uring"},
+		{unix.EPERM, "kernel.io_uring_disabled"},
+		{unix.EACCES, "kernel.io_uring_disabled"},
+		{unix.ENOMEM, "memory"},
+		{errors.New("something else"), "seccomp profile, sysctl kernel.io_uring_disabled, or a kernel before 5.18"},
+	} {
+		err := fmt.Errorf("uring: io_uring_setup: %w", c.err)
+		if got := ringRefusal(err); !strings.Contains(got, c.want) {
+			t.Errorf("ringRefusal(%v) = %q, want it to say %q", err, got, c.want)
+		}
 	}
 }
