@@ -148,11 +148,12 @@ type Config struct {
 	// Loops is the number of event loops of the loop engine; 0 is
 	// GOMAXPROCS. Flag -http-loops.
 	Loops int
-	// IOURing makes the loop engine write each round's answers to plain
-	// HTTP clients and requests to backends as one batch on an io_uring
-	// (one system call for the round instead of one per write), where the
-	// kernel allows it; where it does not, the loop says so once and
-	// writes as without it. On in DefaultConfig (the flag's default): on
+	// IOURing makes the loop engine read each round's plain client and
+	// backend sockets, and write its answers to plain HTTP clients and
+	// requests to backends, as batches on an io_uring (one system call
+	// for the round's reads and one for its writes instead of one per
+	// socket), where the kernel allows it (5.18 or later); where it does
+	// not, the loop says so once and reads and writes as without it. On in DefaultConfig (the flag's default): on
 	// this project's 2-core guest it takes system calls per request from
 	// 4.1 to 0.55 at 200 connections and 1.76x the requests per core
 	// (http/README.md); a Config built without DefaultConfig leaves it

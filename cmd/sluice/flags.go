@@ -146,7 +146,7 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 		return printedError{err}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return unexpectedArg(fs, args)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -176,6 +176,26 @@ func parseFlags(fs *flag.FlagSet, args []string, lookup func(string) (string, bo
 	return nil
 }
 
+// unexpectedArg is the error of the first argument the flags left; when
+// it follows a bool flag it is a value given with a space, which the flag
+// package leaves as an argument: the error says to write it with "=".
+func unexpectedArg(fs *flag.FlagSet, args []string) error {
+	arg := fs.Arg(0)
+	if i := len(args) - fs.NArg(); i > 0 {
+		prev := strings.TrimLeft(args[i-1], "-")
+		if f := fs.Lookup(prev); f != nil && isBoolFlag(f) && !strings.Contains(args[i-1], "=") {
+			return fmt.Errorf("unexpected argument %q after -%s: a true/false flag takes its value with =, as -%s=%s", arg, f.Name, f.Name, arg)
+		}
+	}
+	return fmt.Errorf("unexpected argument %q", arg)
+}
+
+// isBoolFlag reports whether f is a true/false flag (set without a value).
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
 // printFlagError prints an error of the command line: the flag
 // package's message, what the value should be, the flag's help line, and
 // where the rest is.
@@ -200,6 +220,9 @@ func wantValue(f *flag.Flag, err error) string {
 	m := err.Error()
 	if !strings.HasSuffix(m, "parse error") && !strings.HasSuffix(m, "value out of range") {
 		return ""
+	}
+	if isBoolFlag(f) {
+		return "; want true or false"
 	}
 	switch kind, _ := flag.UnquoteUsage(f); kind {
 	case "int", "uint":

@@ -328,6 +328,19 @@ func TestBadFlagShowsItsHelpOnly(t *testing.T) {
 	if !strings.Contains(stderr.String(), "SLUICE_HTTP_MAX_CONNS (-http-max-conns)") || !strings.Contains(stderr.String(), "want a whole number") {
 		t.Errorf("environment: %s", stderr.String())
 	}
+	// A true/false flag: its value with a space (the flag package leaves
+	// it as an argument) or a value it does not take.
+	stderr.Reset()
+	if code := run(context.Background(), []string{"-http-io-uring", "false"}, io.Discard, &stderr, nil); code != 2 ||
+		!strings.Contains(stderr.String(), `unexpected argument "false" after -http-io-uring`) || !strings.Contains(stderr.String(), "-http-io-uring=false") {
+		t.Errorf("bool flag with a space: exit %d\n%s", code, stderr.String())
+	}
+	stderr.Reset()
+	t.Setenv("SLUICE_HTTP_IO_URING", "off")
+	run(context.Background(), []string{"-http-backend", "127.0.0.1:1"}, io.Discard, &stderr, nil)
+	if !strings.Contains(stderr.String(), "SLUICE_HTTP_IO_URING (-http-io-uring)") || !strings.Contains(stderr.String(), "want true or false") {
+		t.Errorf("bool in the environment: %s", stderr.String())
+	}
 	stderr.Reset()
 	if code := run(context.Background(), []string{"-help"}, io.Discard, &stderr, nil); code != 0 || !strings.Contains(stderr.String(), "usage: sluice run") || !strings.Contains(stderr.String(), "-sip-tcp-partial-budget") {
 		t.Errorf("-help: exit %d\n%s", code, stderr.String())
