@@ -119,6 +119,7 @@ type loopEngine struct {
 	ringWarned atomic.Bool
 	uringSends atomic.Uint64
 	uringRecvs atomic.Uint64
+	ringLoops  atomic.Int64 // loops with a ring now (metric sluice_http_io_uring_loops)
 }
 
 // slotFreed tells the loops that a connection to addr closed outside them

@@ -73,6 +73,7 @@ func (l *evloop) openRing() {
 		return
 	}
 	l.ring = r
+	l.e.ringLoops.Add(1)
 	l.comps = make([]uring.Completion, ringEntries)
 	l.minBatch = ringMinBatch
 }
@@ -98,6 +99,7 @@ func (l *evloop) closeRing() {
 	if l.ring != nil {
 		l.ring.Close()
 		l.ring = nil
+		l.e.ringLoops.Add(-1)
 	}
 }
 
@@ -352,7 +354,7 @@ func (l *evloop) lost(t ioTarget) {
 // ringFailed gives up the ring after io_uring_enter failed: the loop
 // writes with system calls from here on.
 func (l *evloop) ringFailed(err error) {
-	l.s.logger.Warn("http loop engine: io_uring_enter failed; writing with one system call each from now on", "err", err)
+	l.s.logger.Warn("http loop engine: io_uring_enter failed; this loop reads and writes with one system call each from now on (sluice_http_io_uring_loops counts the loops that still batch)", "err", err)
 	l.closeRing()
 }
 

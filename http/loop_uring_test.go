@@ -16,6 +16,8 @@ import (
 
 	"github.com/sluicelb/sluice/internal/uring"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -93,6 +95,25 @@ func TestLoopIOURingWrites(t *testing.T) {
 				t.Errorf("with the ring: %d sends and %d reads through it, want at least 28 and 16", sends, recvs)
 			}
 			t.Logf("%d sends, %d reads through the ring", sends, recvs)
+			// The same, and how many loops have a ring, as metrics.
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(r.srv.Collector())
+			rings := 0
+			if on {
+				rings = len(e.loops)
+			}
+			want := fmt.Sprintf(`
+# HELP sluice_http_io_uring_loops Event loops of the loop engine that batch their plain socket reads and writes on an io_uring now (-http-io-uring); 0: none does (the option off, the kernel refused it, or io_uring_enter failed).
+# TYPE sluice_http_io_uring_loops gauge
+sluice_http_io_uring_loops %d
+# HELP sluice_http_io_uring_ops_total Socket operations the loop engine made through its io_uring rings, by op (send, recv).
+# TYPE sluice_http_io_uring_ops_total counter
+sluice_http_io_uring_ops_total{op="recv"} %d
+sluice_http_io_uring_ops_total{op="send"} %d
+`, rings, e.uringRecvs.Load(), e.uringSends.Load())
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_http_io_uring_loops", "sluice_http_io_uring_ops_total"); err != nil {
+				t.Error(err)
+			}
 			if !on && sends+recvs != 0 {
 				t.Errorf("without the ring: %d sends and %d reads through it, want none", sends, recvs)
 			}

@@ -18,6 +18,8 @@ var (
 	descRouteHits      = prometheus.NewDesc("sluice_http_route_hits_total", "Requests that matched the HTTP route (labelled by its canonical spec, e.g. pool=api,path=/api/, so a label keeps its meaning when routes are added or removed) and the pool it sends them to; a route that stays across a route change keeps its count.", []string{"route", "pool"}, nil)
 	descNoRoute        = prometheus.NewDesc("sluice_http_no_route_total", "HTTP requests answered 404: no route took them and there is no default pool.", nil, nil)
 	descTunnels        = prometheus.NewDesc("sluice_http_tunnels", "HTTP upgraded connections (WebSocket tunnels) by state: open (the backend answered 101), pending (upgrade request sent, its answer not in yet). Both count against -http-max-tunnels.", []string{"state"}, nil)
+	descURingLoops     = prometheus.NewDesc("sluice_http_io_uring_loops", "Event loops of the loop engine that batch their plain socket reads and writes on an io_uring now (-http-io-uring); 0: none does (the option off, the kernel refused it, or io_uring_enter failed).", nil, nil)
+	descURingOps       = prometheus.NewDesc("sluice_http_io_uring_ops_total", "Socket operations the loop engine made through its io_uring rings, by op (send, recv).", []string{"op"}, nil)
 	descTunnelsTotal   = prometheus.NewDesc("sluice_http_tunnels_total", "HTTP tunnels opened (the backend answered 101 with the Upgrade asked for).", nil, nil)
 	descTunnelsRefused = prometheus.NewDesc("sluice_http_tunnels_refused_total", "HTTP upgrade requests answered 503 at -http-max-tunnels, before any backend was contacted.", nil, nil)
 	descProxyRejected  = prometheus.NewDesc(proxyproto.MetricName, proxyproto.MetricHelp, []string{"reason"}, prometheus.Labels{"protocol": "http"})
@@ -60,6 +62,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descTunnelsRefused
 	ch <- descProxyRejected
 	if c.s != nil {
+		ch <- descURingLoops
+		ch <- descURingOps
 		ch <- descRouteHits
 		ch <- descNoRoute
 		ch <- descPoolRefuse
@@ -94,6 +98,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	})
 	if c.s == nil {
 		return
+	}
+	if e := c.s.loops.Load(); e != nil {
+		ch <- prometheus.MustNewConstMetric(descURingLoops, prometheus.GaugeValue, float64(e.ringLoops.Load()))
+		ch <- prometheus.MustNewConstMetric(descURingOps, prometheus.CounterValue, float64(e.uringSends.Load()), "send")
+		ch <- prometheus.MustNewConstMetric(descURingOps, prometheus.CounterValue, float64(e.uringRecvs.Load()), "recv")
 	}
 	ch <- prometheus.MustNewConstMetric(descNoRoute, prometheus.CounterValue, float64(st.NoRoute.Load()))
 	set := c.s.backends.Load()
