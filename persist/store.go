@@ -241,6 +241,8 @@ type Store struct {
 	mopMu    sync.Mutex
 	mop      map[string]admission.MOPState
 	mopWrite sync.Mutex
+	// formatMu serialises ensureFormat's check and write of formatFile.
+	formatMu sync.Mutex
 
 	// ovMu guards overrides, the operator's run-time changes (overrides.go),
 	// and clusterNodes, the cluster's last node count (cluster.go).
@@ -706,6 +708,12 @@ func (s *Store) removeTmp() {
 // directory was removed and made again while sluice ran, the first write
 // that works makes it a store again.
 func (s *Store) ensureFormat() error {
+	// The events writer and the small files' writers call this under
+	// locks of their own: without one here, both could write format.tmp
+	// at once after the directory came back, one renaming the other's
+	// file away (a spurious failed write, retried).
+	s.formatMu.Lock()
+	defer s.formatMu.Unlock()
 	if _, err := s.fs.Stat(filepath.Join(s.dir, formatFile)); !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
