@@ -209,15 +209,13 @@ func (l *evloop) submitWrites() {
 			// twice (written by its EPOLLOUT, then more of the answer).
 			continue
 		}
-		if c.tun {
-			// Queued for an answer's bytes, then written by its own
-			// EPOLLOUT, whose resumed relay switched it to a tunnel; the
-			// bytes now pending are the tunnel's, left by a plain write.
-			l.tunFlushClient(c)
-			continue
-		}
-		if len(tg) == room {
-			l.flushClient(c)
+		if c.tun || len(tg) == room {
+			// No room left in the batch; or queued for an answer's
+			// bytes, then written by its own EPOLLOUT, whose resumed
+			// relay switched it to a tunnel: the bytes now pending are
+			// the tunnel's, left by a plain write. Either way the plain
+			// path writes them, a tunnel's as a tunnel's.
+			l.flushQueued(c)
 			continue
 		}
 		c.batched = true
