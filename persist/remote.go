@@ -392,20 +392,33 @@ func (r *remote) callTimeoutOf(req *request, d time.Duration) (response, error) 
 		// Nothing was sent: the stream is in step.
 		return resp, fmt.Errorf("store process: %s: %w", req.Op, err)
 	}
-	r.conn.SetDeadline(time.Now().Add(d))
-	_, err = r.conn.Write(r.out)
+	conn := r.conn
+	conn.SetDeadline(time.Now().Add(d))
+	_, err = conn.Write(r.out)
 	if cap(r.out) > maxKeptBuf {
 		r.out = nil
 	}
 	if err == nil {
 		var data []byte
-		if data, err = r.in.read(r.conn); err == nil {
+		if data, err = r.in.read(conn); err == nil {
 			err = json.Unmarshal(data, &resp)
 		}
 	}
 	if err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			// detach closed the socket under this call: the store
+			// process already ended and its exit is reported there.
+			// Saying "use of closed network connection" as well would
+			// replace that reason in the health report.
+			return resp, fmt.Errorf("store process: %s: %w", req.Op, errChildDown)
+		}
 		r.mu.Lock()
 		p := r.proc
+		// The stream is out of step and the socket closed below: later
+		// calls find no store process (errChildDown) until attach
+		// brings the restarted one, instead of each writing on a
+		// closed socket and reporting that over the kill's reason.
+		r.conn = nil
 		r.mu.Unlock()
 		if p != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -413,7 +426,7 @@ func (r *remote) callTimeoutOf(req *request, d time.Duration) (response, error) 
 			}
 			p.Kill()
 		}
-		r.conn.Close()
+		conn.Close()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return resp, fmt.Errorf("store process: no answer to %s within %v (stopped, or stuck on its disk): killed, restarted: %w", req.Op, d, err)
 		}

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -820,4 +822,68 @@ func TestStoppedChildKilledIsNotACrash(t *testing.T) {
 	if h.LastError == "" || !strings.Contains(h.LastError, "killed by the balancer") {
 		t.Errorf("last error %q does not say the balancer killed it", h.LastError)
 	}
+}
+
+// TestCallOutOfStepLeavesNoSocket: once a call finds the store process
+// silent, the socket it closed is gone; the calls that follow (the pump
+// retrying) get errChildDown, which is not reported as a fault, instead
+// of "use of closed network connection" replacing the kill's reason in
+// the health report. A call whose socket detach closes under it says the
+// same. No clock: the peer never answers and the deadline is passed.
+func TestCallOutOfStepLeavesNoSocket(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := &Store{cfg: Config{Dir: "/data", Now: func() time.Time { return now }}}
+	r := &remote{s: s, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s.rc = r
+	r.journal.fd = -1
+	ours, peer := unixPair(t)
+	go io.Copy(io.Discard, peer) // reads the request, never answers
+	r.conn = ours
+	_, err := r.callTimeoutOf(&request{Op: opPing}, time.Nanosecond)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || !strings.Contains(err.Error(), "no answer to") {
+		t.Fatalf("silent store process: %v, want the no-answer error", err)
+	}
+	if r.conn != nil {
+		t.Fatal("the closed socket is still the store process's")
+	}
+	if _, err := r.callTimeoutOf(&request{Op: opPing}, time.Minute); !errors.Is(err, errChildDown) {
+		t.Fatalf("call after the kill: %v, want errChildDown", err)
+	}
+
+	// detach closing the socket while a call waits on it.
+	ours, peer2 := unixPair(t)
+	r.conn = ours
+	got := make(chan error, 1)
+	go func() { _, err := r.callTimeoutOf(&request{Op: opPing}, time.Minute); got <- err }()
+	buf := make([]byte, 1)
+	if _, err := peer2.Read(buf); err != nil { // the request is on its way
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, peer2)
+	ours.Close()
+	if err := <-got; !errors.Is(err, errChildDown) || strings.Contains(err.Error(), "closed network connection") {
+		t.Fatalf("call whose socket detach closed: %v, want errChildDown alone", err)
+	}
+}
+
+// unixPair is a connected pair of Unix stream sockets, as between the
+// balancer and its store process (net.Pipe's errors are not a socket's).
+func unixPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "store-socket")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[i] = c
+	}
+	return conns[0], conns[1]
 }
