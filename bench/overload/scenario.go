@@ -317,7 +317,13 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	learnHTTP := cfg.LearnFactor * 2 * cfg.modelRate(cfg.Sessions)
 	learnSIP := cfg.LearnFactor * 2 * cfg.modelRate(cfg.Dialogs)
 	fmt.Fprintf(out, "learning: offering %.0f/s HTTP, %.0f/s SIP new work until MOP has learned every backend (at most %v)\n", learnHTTP, learnSIP, cfg.LearnTimeout)
-	learnCtx, stopLearn := context.WithTimeout(ctx, cfg.LearnTimeout+cfg.Window)
+	// The offer runs until the watcher below ends it: a window after MOP
+	// has learned, or at the bound. A timeout of its own would end it
+	// while the watcher still waits out that window, and the second or
+	// two without new work would let memory drain and every bucket fill
+	// before the overload starts (a burst the run does not describe).
+	learnCtx, stopLearn := context.WithCancel(ctx)
+	learnEnd := time.Now().Add(cfg.LearnTimeout + cfg.Window)
 	var offering sync.WaitGroup
 	offering.Add(3)
 	go func() { defer offering.Done(); offer(learnCtx, learnHTTP, cfg.Concurrency, c, hl.newWork) }()
@@ -328,7 +334,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	go func() {
 		defer offering.Done()
 		defer stopLearn()
-		for sleepCtx(learnCtx, 250*time.Millisecond) {
+		for sleepCtx(learnCtx, 250*time.Millisecond) && time.Now().Before(learnEnd) {
 			if st := status(); st.learned() == 4 {
 				rep.Learned = true
 				fmt.Fprintf(out, "learned: every backend; one window more at the same offer\n")
