@@ -297,12 +297,18 @@ func (r *Ring) Submit(wait int) (int, error) {
 			runtime.KeepAlive(r.pins)
 			return taken, fmt.Errorf("uring: io_uring_enter: %w", e)
 		}
+		if got == 0 {
+			// The kernel found no entry past its head: the ring's
+			// count and the kernel's disagree. Asking again would get
+			// the same answer forever (a loop spinning on a core), so
+			// the caller is told and gives the ring up.
+			runtime.KeepAlive(r.pins)
+			return taken, fmt.Errorf("uring: io_uring_enter took none of %d queued operations", r.queued)
+		}
 		r.queued -= uint32(got)
 		r.inflight += int(got)
 		taken += int(got)
-		if got > 0 {
-			flags, wait = 0, 0 // the waiting is done with the submission
-		}
+		flags, wait = 0, 0 // the waiting is done with the submission
 	}
 	if wait > 0 { // nothing was queued: wait for what is in flight
 		return 0, r.Wait(wait)

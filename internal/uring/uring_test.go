@@ -6,7 +6,10 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -224,5 +227,42 @@ func TestFull(t *testing.T) {
 	}
 	if err := r.Send(a, p, 99); err != nil {
 		t.Fatalf("after reaping: %v", err)
+	}
+}
+
+// TestSubmitTakenElsewhere: when the kernel takes none of what the ring
+// counts as queued (here an io_uring_enter from outside took it first),
+// Submit says so instead of asking again forever on a core.
+func TestSubmitTakenElsewhere(t *testing.T) {
+	r := newRing(t, 4)
+	a, b := tcpPair(t)
+	if err := r.Send(a, []byte("x"), 1); err != nil {
+		t.Fatal(err)
+	}
+	atomic.StoreUint32(r.sqTail, r.tail)
+	if got, _, e := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 1, 0, 0, 0, 0); e != 0 || got != 1 {
+		t.Fatalf("submitting from outside the ring: %d, %v", got, e)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := r.Submit(0); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "took none of 1 queued") {
+			t.Fatalf("Submit with the entry taken elsewhere: %v, want the kernel's refusal named", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Submit still asking the kernel after 30s (spinning)")
+	}
+	// The send itself happened once: its byte is on the other end.
+	buf := make([]byte, 4)
+	for {
+		n, err := unix.Read(b, buf)
+		if err == unix.EAGAIN {
+			continue
+		}
+		if err != nil || n != 1 || buf[0] != 'x' {
+			t.Fatalf("peer read %q, %v; want the one byte", buf[:max(n, 0)], err)
+		}
+		break
 	}
 }
