@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SIP CPU per call of sluice, on loopback, at a fixed offered rate.
 #
-# usage: bench/sip-cpu.sh [one|ab|vs-kamailio|curve]     (default: one)
+# usage: bench/sip-cpu.sh [one|ab|vs-kamailio|side-kamailio|curve]     (default: one)
 #   one   builds sluice from this tree (or takes BIN=path) and runs it RUNS
 #         times: each run is sluice pinned to LB_CPU, two SIPp uas_rr.xml
 #         answerers and one SIPp uac_rr.xml client pinned to GEN_CPU, RATE
@@ -25,6 +25,16 @@
 #         sluice (NEW, default this tree) interleaved, RUNS each, in the
 #         same harness; Kamailio's CPU is that of all its processes. Prints
 #         the medians and kamailio/sluice (above 1: sluice is cheaper).
+#   side-kamailio
+#         Kamailio stateless and sluice (NEW, default this tree) side by
+#         side: both running at once on LB_CPU, each with its own SIPp
+#         client at RATE (the two answerers shared), RUNS runs. CPU of each
+#         over the same seconds, so a change of the machine's speed (this
+#         one moves by ±30 % within an hour) hits both alike; the interleaved
+#         vs-kamailio pairs spread 0.75-1.37 for that reason. Prints each
+#         run's kamailio/sluice and their median. With BASE (a path or a
+#         revision), each run of NEW follows one of BASE, and the pairs'
+#         NEW ratio / BASE ratio is printed too (bench/perf.sh's peer leg).
 #   curve the cost curves of issue 25: sluice's CPU per call (NEW, default
 #         this tree) as its dialog table grows (DIALOG_NS="0 100000
 #         1000000" live dialogs, written into the data directory by
@@ -45,7 +55,8 @@
 # Knobs (env): RATE=2000 SECS=10 RUNS=3 LB_CPU=0 GEN_CPU=1
 #   LB_QUOTA= (e.g. 50: sluice in a cgroup capped at that % of one core;
 #   needs a writable cgroup fs) PORT_BASE=15060 (sluice PORT_BASE, client
-#   PORT_BASE+1, answerers PORT_BASE+11 and +12, admin PORT_BASE+30; apart from bench/sip.sh's
+#   PORT_BASE+1, answerers PORT_BASE+11 and +12, admin PORT_BASE+30; side-kamailio:
+#   Kamailio PORT_BASE+2, its client PORT_BASE+3; apart from bench/sip.sh's
 #   5060.. so both may run) PROFILE=1 (the last NEW/one run also writes
 #   sluice's -cpuprofile to OUT/cpu.prof) PERF=1 (the last NEW/one run is
 #   recorded by perf record -g into OUT/perf.data) BUSY=1 (a busy loop
@@ -302,7 +313,7 @@ crun() {
 # kamailio_conf: the peers' stateless Kamailio configuration with this
 # run's ports (listen on LB_PORT, dispatcher set 1 = the two answerers).
 kamailio_conf() {   # kamailio_conf [TCP_CONNS]: with TCP_CONNS > 0, a TCP listener too
-    local src=${PEERS:-$ROOT/../shared/peers}/conf/kamailio-lb.cfg
+    local src=${PEERS:-$ROOT/../shared/peers}/conf/kamailio-lb.cfg LB_PORT=${KAM_PORT:-$LB_PORT}
     [ -r "$src" ] || die "no $src (PEERS=path of the peers' harness)"
     command -v kamailio > /dev/null || die "kamailio not installed (scripts/install-test-deps.sh)"
     sed "s/^listen=udp:127.0.0.1:5060\$/listen=udp:127.0.0.1:$LB_PORT/" "$src" > "$OUT/kamailio.cfg"
@@ -317,6 +328,43 @@ kamailio_conf() {   # kamailio_conf [TCP_CONNS]: with TCP_CONNS > 0, a TCP liste
     fi
     grep -q "^listen=udp:127.0.0.1:$LB_PORT\$" "$OUT/kamailio.cfg" || die "cannot set Kamailio's listen port in $OUT/kamailio.cfg"
     printf '1 sip:127.0.0.1:%s\n1 sip:127.0.0.1:%s\n' "$UAS1" "$UAS2" > "$OUT/dispatcher.list"
+}
+
+# side N BIN EXTRA...: Kamailio stateless and sluice (BIN, with EXTRA
+# flags) at once, each with its own client; prints "kam_us kam_ok kam_failed kam_retrans sluice_us sluice_ok
+# sluice_failed sluice_retrans kamailio/sluice".
+side() {
+    local RUN=$1 bin=$2 dir=$OUT/$1-side n=$((RATE * SECS)) kt st kp sp k0 k1 s0 s1 c1 c2
+    shift 2
+    mkdir -p "$dir/kam" "$dir/sluice" "$dir/kam-uac" "$dir/sluice-uac"
+    KAM_PORT=$KAM_PORT kamailio_conf
+    start "$RUN-side-kamailio" "$LB_CPU" kamailio -f "$OUT/kamailio.cfg" -DD -E -Y "$dir/kam" -m 2048 -M 16 \
+        -A "DSLIST=\"$OUT/dispatcher.list\"" -A CHILDREN=1 -A MAXBUF=4194304 -A STATELESS
+    kt=$LASTPID
+    start "$RUN-side-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
+        -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
+        -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/sluice/data" -admin-listen 127.0.0.1:$((PORT_BASE + 30)) -log-level warn ${LB_EXTRA:-} "$@"
+    st=$LASTPID
+    wait_udp "$KAM_PORT"; wait_udp "$LB_PORT"
+    kp=$(lbpid "$kt"); sp=$(lbpid "$st")
+    k0=$(ticks "$kp"); s0=$(ticks "$sp")
+    uac() {   # uac DIR TARGET_PORT OWN_PORT
+        (cd "$1" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$2" -sf "$SCEN/uac_rr.xml" \
+            -i 127.0.0.1 -p "$3" -r "$RATE" -m "$n" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
+            -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
+    }
+    uac "$dir/kam-uac" "$KAM_PORT" "$KAM_UAC" & c1=$!
+    uac "$dir/sluice-uac" "$LB_PORT" "$UAC_PORT" & c2=$!
+    wait "$c1" "$c2"
+    k1=$(ticks "$kp"); s1=$(ticks "$sp")
+    stop "$kt"; stop "$st"
+    local kok kf kr sok sf sr
+    kok=$(csvcol "$dir/kam-uac/stat.csv" 'SuccessfulCall(C)'); kf=$(csvcol "$dir/kam-uac/stat.csv" 'FailedCall(C)'); kr=$(csvcol "$dir/kam-uac/stat.csv" 'Retransmissions(C)')
+    sok=$(csvcol "$dir/sluice-uac/stat.csv" 'SuccessfulCall(C)'); sf=$(csvcol "$dir/sluice-uac/stat.csv" 'FailedCall(C)'); sr=$(csvcol "$dir/sluice-uac/stat.csv" 'Retransmissions(C)')
+    awk -v kt=$((k1 - k0)) -v st=$((s1 - s0)) -v hz="$HZ" -v kok="${kok:-0}" -v kf="${kf:-?}" -v kr="${kr:-?}" \
+        -v sok="${sok:-0}" -v sf="${sf:-?}" -v sr="${sr:-?}" \
+        'BEGIN { ku = kok > 0 ? kt / hz * 1e6 / kok : 0; su = sok > 0 ? st / hz * 1e6 / sok : 0
+                 printf "%.1f %d %s %s %.1f %d %s %s %.3f\n", ku, kok, kf, kr, su, sok, sf, sr, (su > 0 ? ku / su : 0) }'
 }
 
 median() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -374,6 +422,48 @@ case $MODE in
             "(failed kamailio $(awk '{ s += $3 } END { print s }' "$OUT/kamailio.txt"), sluice $(awk '{ s += $3 } END { print s }' "$OUT/new.txt"))"
         echo "of sluice's: its store process $(awk '{ print $6 }' "$OUT/new.txt" | median) us/call (median)"
         ;;
+    side-kamailio)
+        N=$(binary new "${NEW:-}")
+        KAM_PORT=$((PORT_BASE + 2)) KAM_UAC=$((PORT_BASE + 3))
+        free_udp "$KAM_PORT"; free_udp "$KAM_UAC"
+        LIFETIME=$((RUNS * 2 * (SECS + 30) + 60)) answerers
+        B=; [ -n "${BASE:-}" ] && B=$(binary base "$BASE")
+        log "side-kamailio: RATE=$RATE calls/s x ${SECS}s to each, RUNS=$RUNS${B:+ of BASE then NEW}, Kamailio stateless and sluice both on CPU$LB_CPU at once, SIPp on CPU$GEN_CPU; out $OUT"
+        : > "$OUT/side.txt"; : > "$OUT/side-base.txt"; : > "$OUT/pairs.txt"
+        sideline() {   # sideline NAME RUN LINE
+            local name=$1 run=$2; shift 2
+            printf '%-4s run %s  kamailio %7s us/call ok=%-6s failed=%-5s retrans=%-5s  sluice %7s us/call ok=%-6s failed=%-5s retrans=%-5s  kamailio/sluice %s\n' "$name" "$run" "$@"
+        }
+        for i in $(seq "$RUNS"); do
+            if [ -n "$B" ]; then
+                lb=$(side "$i-base" "$B" ${BASE_EXTRA:-}); echo "$lb" >> "$OUT/side-base.txt"; sideline base "$i" $lb
+            fi
+            line=$(side "$i" "$N" ${NEW_EXTRA:-}); echo "$line" >> "$OUT/side.txt"; sideline new "$i" $line
+            # The pair's ratio of ratios: this tree's headline ratio over
+            # BASE's, a few seconds apart (the machine's state moves the
+            # ratio itself, see bench/README.md).
+            if [ -n "$B" ]; then
+                echo "$lb $line" | awk '$3 == 0 && $7 == 0 && $12 == 0 && $16 == 0 && $9 > 0 { printf "%.3f\n", $18 / $9 }' >> "$OUT/pairs.txt"
+            fi
+        done
+        # A run with a failed call on either side is no figure of cost.
+        clean=$(awk '$3 == 0 && $7 == 0' "$OUT/side.txt")
+        if [ -z "$clean" ]; then
+            echo "median kamailio/sluice: - (no run without a failed call)"
+        else
+            echo "median kamailio: $(echo "$clean" | awk '{ print $1 }' | median) us/call, sluice: $(echo "$clean" | awk '{ print $5 }' | median) us/call," \
+                "kamailio/sluice: $(echo "$clean" | awk '{ print $9 }' | median) (median of $(echo "$clean" | wc -l) clean runs of $RUNS)"
+        fi
+        if [ -n "$B" ]; then
+            cb=$(awk '$3 == 0 && $7 == 0 { print $9 }' "$OUT/side-base.txt" | median)
+            echo "base: kamailio/sluice ${cb:--} (median of $(awk '$3 == 0 && $7 == 0' "$OUT/side-base.txt" | wc -l) clean runs)"
+            if [ -s "$OUT/pairs.txt" ]; then
+                echo "new ratio / base ratio: $(median < "$OUT/pairs.txt") (median of $(wc -l < "$OUT/pairs.txt") clean pairs: $(tr '\n' ' ' < "$OUT/pairs.txt"))"
+            else
+                echo "new ratio / base ratio: - (no pair without a failed call)"
+            fi
+        fi
+        ;;
     curve)
         N=$(binary new "${NEW:-}")
         DIALOGFILL=$OUT/dialogfill SIPLOAD=$OUT/sipload
@@ -412,6 +502,6 @@ case $MODE in
         rm -f "$OUT/udp.tmp"
         column -t -s"$(printf '\t')" "$OUT/curve-summary.tsv"
         ;;
-    *) die "unknown mode $MODE (one, ab, vs-kamailio, curve)" ;;
+    *) die "unknown mode $MODE (one, ab, vs-kamailio, side-kamailio, curve)" ;;
 esac
 log "logs in $OUT"
