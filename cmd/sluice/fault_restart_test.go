@@ -16,27 +16,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/internal/testenv"
 )
 
-// freePort returns a loopback port free for TCP and UDP at the moment.
-func freePort(t *testing.T) string {
-	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		u, err := net.ListenPacket("udp", addr)
-		ln.Close()
-		if err == nil {
-			u.Close()
-			return addr
-		}
-	}
-	t.Fatal("no port free for both TCP and UDP")
-	return ""
-}
+// freePort returns a loopback address free for TCP and UDP, below the
+// ephemeral range: these tests start sluice again on the same ports.
+func freePort(t *testing.T) string { return testenv.FreePort(t) }
 
 // startSluiceLog runs sluice with args and returns the process and the
 // log lines it wrote up to and including "listening".
@@ -50,26 +36,41 @@ func startSluiceLog(t *testing.T, args ...string) (*exec.Cmd, []string) {
 	}
 	t.Cleanup(func() { killAndReap(t, cmd) })
 	found := make(chan []string, 1)
+	ended := make(chan []string, 1) // sluice closed its stderr (exited) first
+	var mu sync.Mutex
+	var lines []string
 	go func() {
-		var lines []string
 		sent := false
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			if sent {
 				continue // keep draining the pipe
 			}
+			mu.Lock()
 			lines = append(lines, sc.Text())
+			l := append([]string(nil), lines...)
+			mu.Unlock()
 			if strings.Contains(sc.Text(), "msg=listening") {
-				found <- lines
+				found <- l
 				sent = true
 			}
+		}
+		if !sent {
+			mu.Lock()
+			ended <- append([]string(nil), lines...)
+			mu.Unlock()
 		}
 	}()
 	select {
 	case l := <-found:
 		return cmd, l
+	case l := <-ended:
+		t.Fatalf("sluice exited before it listened (%v); its log:\n%s", cmd.Wait(), strings.Join(l, "\n"))
 	case <-time.After(20 * time.Second):
-		t.Fatal("sluice did not start listening")
+		mu.Lock()
+		l := strings.Join(lines, "\n")
+		mu.Unlock()
+		t.Fatalf("sluice did not start listening within 20s; its log so far:\n%s", l)
 	}
 	return nil, nil
 }

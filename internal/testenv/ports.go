@@ -2,7 +2,10 @@ package testenv
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -35,4 +38,48 @@ func boundIn(table, proto string, port int) bool {
 		}
 	}
 	return false
+}
+
+// FreePort returns 127.0.0.1:PORT with PORT free for both TCP and UDP
+// and below the kernel's ephemeral range (ip_local_port_range), for a
+// program the test starts, and starts again, on that address. A port
+// taken with bind(":0") and closed would be the kernel's to hand out
+// again: any test running beside this one that binds ":0" or connects
+// may get it before the program binds it (EADDRINUSE at its start).
+// Below the ephemeral range only an explicit bind takes it.
+func FreePort(t testing.TB) string {
+	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	from := 10000
+	if low-from < 1000 {
+		from = 1024
+	}
+	for range 200 {
+		port := 0 // no room below the range: the kernel's choice
+		if low-from >= 100 {
+			port = from + rand.IntN(low-from)
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		addr = ln.Addr().String()
+		u, err := net.ListenPacket("udp", addr)
+		ln.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		return addr
+	}
+	t.Fatalf("no port free for both TCP and UDP between %d and %d", from, low)
+	return ""
 }

@@ -1,6 +1,10 @@
 package testenv
 
 import (
+	"net"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -65,5 +69,34 @@ func TestBoundIn(t *testing.T) {
 		if got := boundIn(c.table, c.proto, c.port); got != c.want {
 			t.Errorf("%s: boundIn = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestFreePortBelowEphemeral: the address FreePort gives is free for TCP
+// and UDP and below the kernel's ephemeral range, so no socket bound to
+// ":0" beside the test can take it.
+func TestFreePortBelowEphemeral(t *testing.T) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skip("no /proc/sys/net/ipv4/ip_local_port_range here")
+	}
+	low, _ := strconv.Atoi(strings.Fields(string(b))[0])
+	for range 20 {
+		addr := FreePort(t)
+		_, p, _ := net.SplitHostPort(addr)
+		port, _ := strconv.Atoi(p)
+		if low > 1124 && port >= low {
+			t.Fatalf("FreePort gave %s, inside the ephemeral range from %d", addr, low)
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("TCP on %s: %v", addr, err)
+		}
+		u, err := net.ListenPacket("udp", addr)
+		ln.Close()
+		if err != nil {
+			t.Fatalf("UDP on %s: %v", addr, err)
+		}
+		u.Close()
 	}
 }
