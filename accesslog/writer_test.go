@@ -204,12 +204,9 @@ func BenchmarkFormatJSON(b *testing.B) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	_, port, _ := net.SplitHostPort(testenv.FreePort(t)) // below the ephemeral range: see testenv
+	n, _ := strconv.Atoi(port)
+	return n
 }
 
 // TestRsyslogReceives: a real rsyslogd on loopback (UDP and TCP inputs)

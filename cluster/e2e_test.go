@@ -144,12 +144,9 @@ type e2eRun struct {
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	_, port, _ := net.SplitHostPort(testenv.FreePort(t)) // below the ephemeral range: see testenv
+	n, _ := strconv.Atoi(port)
+	return n
 }
 
 // startRedis starts redis-server on 127.0.0.1:port and waits until it
