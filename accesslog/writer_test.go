@@ -202,12 +202,9 @@ func BenchmarkFormatJSON(b *testing.B) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	_, port, _ := net.SplitHostPort(testenv.FreePort(t)) // below the ephemeral range: see testenv
-	n, _ := strconv.Atoi(port)
-	return n
-}
+// freePort is a port for a server the test starts: below the ephemeral
+// range, see testenv.FreePort.
+func freePort(t *testing.T) int { return testenv.FreePortNum(t) }
 
 // TestRsyslogReceives: a real rsyslogd on loopback (UDP and TCP inputs)
 // writes what it receives to a file; every record sent over TCP

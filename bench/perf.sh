@@ -81,6 +81,7 @@ verdict() {
     printf '%s\t%s\t%s %s\t%s\n' "$name" "$v" "$([ "$side" = above ] && echo "≤" || echo "≥")" "$lim" "$ok" >> "$RESULTS"
     log "$name = $v (want $([ "$side" = above ] && echo "≤" || echo "≥") $lim): $ok"
 }
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 lim_up() { awk -v t="$TOLERANCE" -v k="${1:-1}" 'BEGIN { printf "%.3f", k * (1 + t) }'; }
 lim_down() { awk -v t="$TOLERANCE" -v k="${1:-1}" 'BEGIN { printf "%.3f", k * (1 - t) }'; }
 
@@ -118,8 +119,8 @@ if ! skip peers; then
         log "pair $i: sluice/nginx $BASE ${b:--}, this tree ${n:--}"
         printf '%s\t%s\n' "${b:--}" "${n:--}" >> "$OUT/http-nginx-pairs.txt"
     done
-    r=$(awk -F'\t' '$2 != "-" { print $2 }' "$OUT/http-nginx-pairs.txt" | sort -n | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-    p=$(awk -F'\t' '$1 != "-" && $2 != "-" && $1 > 0 { printf "%.3f\n", $2 / $1 }' "$OUT/http-nginx-pairs.txt" | sort -n | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+    r=$(awk -F'\t' '$2 != "-" { print $2 }' "$OUT/http-nginx-pairs.txt" | median)
+    p=$(awk -F'\t' '$1 != "-" && $2 != "-" && $1 > 0 { printf "%.3f\n", $2 / $1 }' "$OUT/http-nginx-pairs.txt" | median)
     printf '%s\t%s\t(kept %s)\trecorded\n' http_reqs_sluice_over_nginx "${r:--}" "$(kept http_reqs_sluice_over_nginx)" >> "$RESULTS"
     log "http_reqs_sluice_over_nginx = ${r:--} (kept: $(kept http_reqs_sluice_over_nginx))"
     verdict http_nginx_ratio_new_over_base "$p" "$(lim_down)" below

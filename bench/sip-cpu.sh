@@ -179,6 +179,30 @@ quota() {   # quota PID: put PID in a cgroup capped at LB_QUOTA % of one core
     for p in "$1" $(pgrep -P "$1"); do echo "$p" > "$g/cgroup.procs" || die "LB_QUOTA: cannot move pid $p into $g"; done
 }
 
+# start_kamailio NAME DIR: the Kamailio of OUT/kamailio.cfg (kamailio_conf)
+# on LB_CPU, stateless, one UDP worker, its runtime files in DIR.
+start_kamailio() {
+    mkdir -p "$2"
+    start "$1" "$LB_CPU" kamailio -f "$OUT/kamailio.cfg" -DD -E -Y "$2" -m 2048 -M 16 \
+        -A "DSLIST=\"$OUT/dispatcher.list\"" -A CHILDREN=1 -A MAXBUF=4194304 -A STATELESS
+}
+# start_sluice NAME BIN DATADIR EXTRA...: sluice on LB_CPU, listening on
+# LB_PORT, the two answerers its backends.
+start_sluice() {
+    local name=$1 bin=$2 data=$3
+    shift 3
+    start "$name" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
+        -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
+        -affinity-key-file "$OUT/affinity.key" -data-dir "$data" -admin-listen 127.0.0.1:$((PORT_BASE + 30)) -log-level warn ${LB_EXTRA:-} "$@"
+}
+# uac DIR TARGET_PORT OWN_PORT CALLS: the SIPp uac_rr.xml client on
+# GEN_CPU at RATE, until CALLS calls are done; DIR gets stat.csv.
+uac() {
+    (cd "$1" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$2" -sf "$SCEN/uac_rr.xml" \
+        -i 127.0.0.1 -p "$3" -r "$RATE" -m "$4" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
+        -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
+}
+
 # run N NAME BIN EXTRA...: measured run number N; prints "us_per_call ok failed retrans cpu%".
 run() {
     local RUN=$1 name=$2 bin=$3; shift 3
@@ -186,13 +210,9 @@ run() {
     mkdir -p "$dir"
     if [ "$bin" = kamailio ]; then
         kamailio_conf
-        mkdir -p "$dir/kam"
-        start "$RUN-$name-kamailio" "$LB_CPU" kamailio -f "$OUT/kamailio.cfg" -DD -E -Y "$dir/kam" -m 2048 -M 16 \
-            -A "DSLIST=\"$OUT/dispatcher.list\"" -A CHILDREN=1 -A MAXBUF=4194304 -A STATELESS
+        start_kamailio "$RUN-$name-kamailio" "$dir/kam"
     else
-        start "$RUN-$name-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
-            -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
-            -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/data" -admin-listen 127.0.0.1:$((PORT_BASE + 30)) -log-level warn ${LB_EXTRA:-} "$@"
+        start_sluice "$RUN-$name-sluice" "$bin" "$dir/data" "$@"
     fi
     local tpid=$LASTPID pid
     wait_udp "$LB_PORT"
@@ -209,9 +229,7 @@ run() {
         busy=$!
     fi
     t0=$(ticks "$pid"); k0=$(kids "$pid"); w0=$(date +%s%N)
-    (cd "$dir" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$LB_PORT" -sf "$SCEN/uac_rr.xml" \
-        -i 127.0.0.1 -p "$UAC_PORT" -r "$RATE" -m "$n" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
-        -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
+    uac "$dir" "$LB_PORT" "$UAC_PORT" "$n"
     t1=$(ticks "$pid"); k1=$(kids "$pid"); w1=$(date +%s%N)
     if [ -n "$busy" ]; then kill "$busy"; wait "$busy" 2>/dev/null; fi
     if [ -n "${PERFPID:-}" ]; then kill -INT "$PERFPID"; wait "$PERFPID" 2>/dev/null; PERFPID=; fi
@@ -245,18 +263,13 @@ crun() {
     mkdir -p "$dir"
     if [ "$bin" = kamailio ]; then
         kamailio_conf "$conns"
-        mkdir -p "$dir/kam"
-        start "$RUN-$name-kamailio" "$LB_CPU" kamailio -f "$OUT/kamailio.cfg" -DD -E -Y "$dir/kam" -m 2048 -M 16 \
-            -A "DSLIST=\"$OUT/dispatcher.list\"" -A CHILDREN=1 -A MAXBUF=4194304 -A STATELESS
+        start_kamailio "$RUN-$name-kamailio" "$dir/kam"
     else
         if [ "$dialogs" -gt 0 ]; then
             "$DIALOGFILL" -sluice "$bin" -dir "$dir/data" -n "$dialogs" -backend "127.0.0.1:$UAS1" -backend "127.0.0.1:$UAS2" \
                 > "$dir/dialogfill.log" 2>&1 || die "dialogfill: $(tail -3 "$dir/dialogfill.log")"
         fi
-        start "$RUN-$name-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
-            -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
-            -sip-tcp-max-conns 15000 -sip-tcp-max-conns-per-source 15000 \
-            -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/data" -admin-listen 127.0.0.1:$((PORT_BASE + 30)) -log-level warn ${LB_EXTRA:-}
+        start_sluice "$RUN-$name-sluice" "$bin" "$dir/data" -sip-tcp-max-conns 15000 -sip-tcp-max-conns-per-source 15000
     fi
     local tpid=$LASTPID pid
     wait_udp "$LB_PORT"
@@ -279,9 +292,7 @@ crun() {
         (cd "$dir" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) "$SIPLOAD" -addr "127.0.0.1:$LB_PORT" \
             -conns "$conns" -rate "$RATE" -calls "$n" > uac.out 2>&1)
     else
-        (cd "$dir" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$LB_PORT" -sf "$SCEN/uac_rr.xml" \
-            -i 127.0.0.1 -p "$UAC_PORT" -r "$RATE" -m "$n" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
-            -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
+        uac "$dir" "$LB_PORT" "$UAC_PORT" "$n"
         # The same lines as sipload's: stat EPOCH SUCCESSFUL FAILED RETRANS.
         awk -F';' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
             { split($c["CurrentTime"], t, "\t"); print "stat", t[3], $c["SuccessfulCall(C)"], $c["FailedCall(C)"], $c["Retransmissions(C)"] }' \
@@ -336,25 +347,17 @@ kamailio_conf() {   # kamailio_conf [TCP_CONNS]: with TCP_CONNS > 0, a TCP liste
 side() {
     local RUN=$1 bin=$2 dir=$OUT/$1-side n=$((RATE * SECS)) kt st kp sp k0 k1 s0 s1 c1 c2
     shift 2
-    mkdir -p "$dir/kam" "$dir/sluice" "$dir/kam-uac" "$dir/sluice-uac"
+    mkdir -p "$dir/sluice" "$dir/kam-uac" "$dir/sluice-uac"
     KAM_PORT=$KAM_PORT kamailio_conf
-    start "$RUN-side-kamailio" "$LB_CPU" kamailio -f "$OUT/kamailio.cfg" -DD -E -Y "$dir/kam" -m 2048 -M 16 \
-        -A "DSLIST=\"$OUT/dispatcher.list\"" -A CHILDREN=1 -A MAXBUF=4194304 -A STATELESS
+    start_kamailio "$RUN-side-kamailio" "$dir/kam"
     kt=$LASTPID
-    start "$RUN-side-sluice" "$LB_CPU" "$bin" sip -sip-listen 127.0.0.1:$LB_PORT \
-        -sip-backend 127.0.0.1:$UAS1 -sip-backend 127.0.0.1:$UAS2 -sip-health-interval 0 -sip-udp-buffer 4194304 \
-        -affinity-key-file "$OUT/affinity.key" -data-dir "$dir/sluice/data" -admin-listen 127.0.0.1:$((PORT_BASE + 30)) -log-level warn ${LB_EXTRA:-} "$@"
+    start_sluice "$RUN-side-sluice" "$bin" "$dir/sluice/data" "$@"
     st=$LASTPID
     wait_udp "$KAM_PORT"; wait_udp "$LB_PORT"
     kp=$(lbpid "$kt"); sp=$(lbpid "$st")
     k0=$(ticks "$kp"); s0=$(ticks "$sp")
-    uac() {   # uac DIR TARGET_PORT OWN_PORT
-        (cd "$1" && ${NICE:+nice -n "$NICE"} taskset -c "$GEN_CPU" timeout $((SECS + 40)) sipp "127.0.0.1:$2" -sf "$SCEN/uac_rr.xml" \
-            -i 127.0.0.1 -p "$3" -r "$RATE" -m "$n" -nostdin -timeout $((SECS + 30))s -recv_timeout 8000 \
-            -buff_size 4194304 -trace_stat -stf stat.csv -fd 1 > uac.out 2>&1)
-    }
-    uac "$dir/kam-uac" "$KAM_PORT" "$KAM_UAC" & c1=$!
-    uac "$dir/sluice-uac" "$LB_PORT" "$UAC_PORT" & c2=$!
+    uac "$dir/kam-uac" "$KAM_PORT" "$KAM_UAC" "$n" & c1=$!
+    uac "$dir/sluice-uac" "$LB_PORT" "$UAC_PORT" "$n" & c2=$!
     wait "$c1" "$c2"
     k1=$(ticks "$kp"); s1=$(ticks "$sp")
     stop "$kt"; stop "$st"

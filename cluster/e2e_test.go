@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -142,12 +141,9 @@ type e2eRun struct {
 	procs  []*exec.Cmd
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	_, port, _ := net.SplitHostPort(testenv.FreePort(t)) // below the ephemeral range: see testenv
-	n, _ := strconv.Atoi(port)
-	return n
-}
+// freePort is a port for a server the test starts: below the ephemeral
+// range, see testenv.FreePort.
+func freePort(t testing.TB) int { return testenv.FreePortNum(t) }
 
 // startRedis starts redis-server on 127.0.0.1:port and waits until it
 // answers; the cleanup stops it by PID.

@@ -153,11 +153,12 @@ type Config struct {
 	// requests to backends, as batches on an io_uring (one system call
 	// for the round's reads and one for its writes instead of one per
 	// socket), where the kernel allows it (5.18 or later); where it does
-	// not, the loop says so once and reads and writes as without it. On in DefaultConfig (the flag's default): on
-	// this project's 2-core guest it takes system calls per request from
-	// 4.1 to 0.55 at 200 connections and 1.76x the requests per core
-	// (http/README.md); a Config built without DefaultConfig leaves it
-	// off. Flag -http-io-uring.
+	// not, the loop says so once and reads and writes as without it. On
+	// in DefaultConfig (the flag's default): on this project's 2-core
+	// guest it takes system calls per request from 4.1 to 0.55 at 200
+	// connections and 1.76x the requests per core (http/README.md); a
+	// Config built without DefaultConfig leaves it off. Flag
+	// -http-io-uring.
 	IOURing bool
 
 	// Upgrades are the protocols a client may switch to through sluice, a

@@ -83,3 +83,12 @@ func FreePort(t testing.TB) string {
 	t.Fatalf("no port free for both TCP and UDP between %d and %d", from, low)
 	return ""
 }
+
+// FreePortNum is FreePort's port alone, for a program given a port
+// number rather than an address.
+func FreePortNum(t testing.TB) int {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(FreePort(t))
+	n, _ := strconv.Atoi(port)
+	return n
+}
