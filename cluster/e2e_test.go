@@ -73,7 +73,7 @@ func runE2ENode() int {
 	newReq := &admission.Request{Proto: "sip", Method: "INVITE", Class: admission.NewWork}
 	affReq := &admission.Request{Proto: "sip", Method: "BYE", Class: admission.Affinity}
 	var acc, accAff float64
-	var kR, kL, admR, arrR, admL, affOK, aff int64
+	var kR, kL, admR, ambR, arrR, admL, affOK, aff int64
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	last := time.Now()
@@ -87,21 +87,33 @@ func runE2ENode() int {
 		for ; acc >= 1; acc-- {
 			now := clock.Now()
 			admitted := ctl.Decide(now, newReq, nil).Verdict == admission.Admit
-			// The shared sub-interval of the decision itself, by the
-			// monotonic reading it was made with (a wall reading taken
-			// before or after could fall on the other side of a boundary).
-			// A decision that waited for a lease round trip (Config.Wait)
-			// was made at the clock's reading after the wait: count it
-			// when it returned.
-			if after := clock.Now(); after-now > int64(100*time.Microsecond) {
-				now = after
+			after := clock.Now()
+			// The shared sub-interval of the decision: the one its
+			// monotonic reading falls in (a wall reading taken before or
+			// after could fall on the other side of a boundary). A decision
+			// that waited for a lease round trip (Config.Wait) was made at
+			// the clock's reading after the wait, somewhere in [now, after];
+			// when that span crosses a boundary:
+			//   - a reading within expiryMargin of its sub-interval's end
+			//     cannot have spent that sub-interval's tokens (they stop
+			//     being spendable there), so an admission was the next's;
+			//   - otherwise it is unknown (a wait or a preemption of more
+			//     than the margin): counted in the rate, not in the windows.
+			kr, ka := sharedK(now, wallOffset), sharedK(after, wallOffset)
+			ambiguous := false
+			if ka != kr {
+				if kr*subUS+subUS-(now/1000+wallOffset) <= int64(expiryMargin/time.Microsecond) {
+					kr = ka
+				} else {
+					ambiguous = true
+				}
 			}
-			kr, kl := (now/1000+wallOffset)/subUS, now/int64(time.Second/6)
+			kl := now / int64(time.Second/6)
 			if kr != kR {
 				if kR != 0 {
-					fmt.Fprintf(out, "R %d %d %d %d %d %s %d\n", kR, admR, arrR, affOK, aff, c.Status().Rules[0].Mode, c.Nodes())
+					fmt.Fprintf(out, "R %d %d %d %d %d %s %d %d\n", kR, admR, arrR, affOK, aff, c.Status().Rules[0].Mode, c.Nodes(), ambR)
 				}
-				kR, admR, arrR = kr, 0, 0
+				kR, admR, ambR, arrR = kr, 0, 0, 0
 			}
 			if kl != kL {
 				if kL != 0 {
@@ -110,7 +122,11 @@ func runE2ENode() int {
 				kL, admL = kl, 0
 			}
 			arrR++
-			if admitted {
+			switch {
+			case admitted && ambiguous:
+				ambR++ // this sub-interval or the next: the rate's, not a window's
+				admL++
+			case admitted:
 				admR++
 				admL++
 			}
@@ -132,6 +148,7 @@ func runE2ENode() int {
 type e2eRun struct {
 	mu     sync.Mutex
 	shared map[int64][]int64 // shared sub-interval → admitted per node
+	amb    map[int64][]int64 // shared sub-interval → admitted per node, unsure whether in it or the next
 	local  []map[int64]int64 // per node: local sub-interval → admitted
 	lmode  []map[int64]string
 	mode   []map[int64]string
@@ -177,7 +194,7 @@ func stopProc(cmd *exec.Cmd) {
 // startNodes starts one node process per demand, each running secs seconds.
 func startNodes(t *testing.T, url string, demand []float64, secs int) *e2eRun {
 	t.Helper()
-	run := &e2eRun{shared: map[int64][]int64{}}
+	run := &e2eRun{shared: map[int64][]int64{}, amb: map[int64][]int64{}}
 	for i, d := range demand {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "SLUICE_CLUSTER_E2E_NODE=node"+strconv.Itoa(i), "SLUICE_REDIS="+url,
@@ -212,12 +229,12 @@ func (r *e2eRun) read(i, n int, out interface{ Read([]byte) (int, error) }) {
 		num := func(j int) int64 { v, _ := strconv.ParseInt(f[j], 10, 64); return v }
 		r.mu.Lock()
 		switch {
-		case f[0] == "R" && len(f) == 8:
+		case f[0] == "R" && len(f) == 9:
 			k := num(1)
 			if r.shared[k] == nil {
-				r.shared[k] = make([]int64, n)
+				r.shared[k], r.amb[k] = make([]int64, n), make([]int64, n)
 			}
-			r.shared[k][i] = num(2)
+			r.shared[k][i], r.amb[k][i] = num(2), num(8)
 			r.affOK[i], r.aff[i] = num(4), num(5)
 			r.mode[i][k] = f[6]
 			r.nodes[i][k] = num(7)
@@ -229,7 +246,8 @@ func (r *e2eRun) read(i, n int, out interface{ Read([]byte) (int, error) }) {
 	}
 }
 
-// window sums shared sub-intervals [from, to) for the given nodes.
+// window sums what the given nodes admitted in shared sub-intervals
+// [from, to), by the sub-interval each admission was surely made in.
 func (r *e2eRun) window(from, to int64, nodes ...int) int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -244,14 +262,86 @@ func (r *e2eRun) window(from, to int64, nodes ...int) int64 {
 	return s
 }
 
-// worstShared is the most admitted by nodes in six consecutive shared
-// sub-intervals starting in [from, to).
-func (r *e2eRun) worstShared(from, to int64, nodes ...int) int64 {
-	var w int64
+// admitted is window with the admissions of unsure sub-interval (made
+// across a boundary, see runE2ENode) counted too: for rates.
+func (r *e2eRun) admitted(from, to int64, nodes ...int) int64 {
+	s := r.window(from, to, nodes...)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for k := from; k < to; k++ {
-		w = max(w, r.window(k, k+6, nodes...))
+		for _, i := range nodes {
+			if v := r.amb[k]; v != nil {
+				s += v[i]
+			}
+		}
 	}
+	return s
+}
+
+// allShared reports whether none of the given nodes reported a mode other
+// than shared in sub-intervals [from, to) (a node that reported nothing,
+// killed, does not count).
+func (r *e2eRun) allShared(from, to int64, nodes ...int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k := from; k < to; k++ {
+		for _, i := range nodes {
+			if md, ok := r.mode[i][k]; ok && md != "shared" {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// worstShared is the most admitted by nodes in six consecutive shared
+// sub-intervals starting in [from, to), of the windows in which every
+// node was in shared mode: the limit is promised cluster-wide only then. A
+// node on its fail policy (a round trip missed its deadline twice) admits
+// its local share without counting it in Redis while the others spend the
+// shared budget, so such a window may hold up to limit + limit ÷ nodes.
+func (r *e2eRun) worstShared(t *testing.T, from, to int64, nodes ...int) int64 {
+	w, _ := r.worstSharedAt(t, from, to, nodes...)
 	return w
+}
+
+// worstSharedAt is worstShared and the first sub-interval of that window.
+// It fails the test when fewer than half the windows could be checked.
+func (r *e2eRun) worstSharedAt(t *testing.T, from, to int64, nodes ...int) (worst, at int64) {
+	t.Helper()
+	checked := 0
+	for k := from; k < to; k++ {
+		if !r.allShared(k, k+6, nodes...) {
+			continue
+		}
+		checked++
+		if s := r.window(k, k+6, nodes...); s > worst {
+			worst, at = s, k
+		}
+	}
+	if 2*checked < int(to-from) {
+		t.Errorf("only %d of %d windows had every node in shared mode: %s", checked, to-from, r.dump(from, to+5))
+	}
+	return worst, at
+}
+
+// dump describes shared sub-intervals [from, to): per node what it
+// admitted, its mode and the node count it saw, for a failure message.
+func (r *e2eRun) dump(from, to int64) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for k := from; k < to; k++ {
+		fmt.Fprintf(&b, "\n  k=%d:", k)
+		for i := range r.mode {
+			var adm int64
+			if v := r.shared[k]; v != nil {
+				adm = v[i]
+			}
+			fmt.Fprintf(&b, " node%d %d %s n=%d;", i, adm, r.mode[i][k], r.nodes[i][k])
+		}
+	}
+	return b.String()
 }
 
 // worstLocal is node i's most admitted in six consecutive local
@@ -293,9 +383,10 @@ func (r *e2eRun) modes(i int, from, to int64) map[string]int {
 // cluster-wide while Redis answers in time. One round trip in ten that
 // misses its deadline on a machine running other packages' tests under
 // the race detector beside three nodes and Redis (seen: 1 of 18) leaves
-// that node on its local share (limit ÷ nodes) for a sub-interval, which
-// never admits more than the shared budget, so the limit checks still
-// hold; more than that, or any other mode, is a failure.
+// that node on its local share (limit ÷ nodes) for a sub-interval; the
+// windows around it are left out of the limit checks (worstShared), and
+// the rest must still hold. More than that, or any other mode, is a
+// failure.
 func (r *e2eRun) requireShared(t *testing.T, from, to int64, nodes ...int) {
 	t.Helper()
 	if nodes == nil {
@@ -314,6 +405,10 @@ func (r *e2eRun) requireShared(t *testing.T, from, to int64, nodes ...int) {
 }
 
 func kNow() int64 { return time.Now().UnixMicro() / subUS }
+
+// sharedK is the shared sub-interval of monotonic reading mono (ns), given
+// wall µs = monotonic µs + wallOffset.
+func sharedK(mono, wallOffset int64) int64 { return (mono/1000 + wallOffset) / subUS }
 
 func nodes(n int) []int {
 	s := make([]int, n)
@@ -350,16 +445,16 @@ func TestE2ELimitHolds(t *testing.T) {
 			time.Sleep(4 * time.Second)
 			k1 := kNow() - 1 // the last sub-interval may not be reported yet
 			n := (k1 - k0) / 6 * 6
-			got := run.window(k0, k0+n, nodes(3)...)
+			got := run.admitted(k0, k0+n, nodes(3)...)
 			rate := float64(got) / (float64(n) / 6)
-			worst := run.worstShared(k0, k0+n-5, nodes(3)...)
+			worst, at := run.worstSharedAt(t, k0, k0+n-5, nodes(3)...)
 			t.Logf("%s: %.1f admitted/s over %d sub-intervals (limit %d), worst window %d", tc.name, rate, n, e2eLimit, worst)
 			run.requireShared(t, k0, k0+n)
 			if rate < 0.9*e2eLimit || rate > 1.1*e2eLimit {
 				t.Errorf("cluster rate %.1f/s, want %d ± 10%%", rate, e2eLimit)
 			}
 			if worst > e2eLimit {
-				t.Errorf("a window of six sub-intervals admitted %d, over %d", worst, e2eLimit)
+				t.Errorf("a window of six sub-intervals admitted %d, over %d:%s", worst, e2eLimit, run.dump(at-1, at+7))
 			}
 			for _, p := range run.procs {
 				stopProc(p)
@@ -425,8 +520,8 @@ func TestE2ERedisAway(t *testing.T) {
 		}
 	}
 	n := (k1 - k0) / 6 * 6
-	rate := float64(run.window(k0, k0+n, nodes(3)...)) / (float64(n) / 6)
-	worst := run.worstShared(k0, k0+n-5, nodes(3)...)
+	rate := float64(run.admitted(k0, k0+n, nodes(3)...)) / (float64(n) / 6)
+	worst := run.worstShared(t, k0, k0+n-5, nodes(3)...)
 	run.requireShared(t, k0, k1)
 	t.Logf("after the restart: %.1f admitted/s over %d sub-intervals, worst window %d", rate, n, worst)
 	if rate < 0.85*e2eLimit || worst > e2eLimit {
@@ -454,10 +549,10 @@ func TestE2ENodeKilled(t *testing.T) {
 	// The dead node's admissions (and its last lease, counted but unspent)
 	// stay in the window until six sub-intervals after the kill; from then
 	// on the survivors alone must fill it.
-	rateFirst := float64(run.window(kKill+1, kKill+7, 0, 1))
+	rateFirst := float64(run.admitted(kKill+1, kKill+7, 0, 1))
 	from, to := kKill+7, kKill+19
-	rate := float64(run.window(from, to, 0, 1)) / 2
-	worst := run.worstShared(kKill-5, to-5, 0, 1, 2)
+	rate := float64(run.admitted(from, to, 0, 1)) / 2
+	worst := run.worstShared(t, kKill-5, to-5, 0, 1, 2)
 	run.mu.Lock()
 	var seen []int64
 	counted := int64(0) // the first sub-interval both survivors count 2 nodes
