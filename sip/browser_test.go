@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -103,24 +102,12 @@ func startKamailio(t *testing.T) netip.AddrPort {
 	cmd := exec.Command(bin, "-DD", "-E", "-f", file, "-Y", dir, "-P", filepath.Join(dir, "kamailio.pid"))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start kamailio: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Errorf("kamailio did not stop on SIGTERM within 10s")
-		}
+	t.Cleanup(func() { // after startGroup's: Kamailio has stopped
 		if t.Failed() {
 			t.Logf("kamailio output:\n%s", tail(out.Bytes(), 6000))
 		}
 	})
+	exited := startGroup(t, cmd)
 	// Ready when it answers an OPTIONS.
 	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(addr))
 	if err != nil {

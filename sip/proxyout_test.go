@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -366,23 +365,12 @@ func testKamailioProxyOut(t *testing.T, v uint8) {
 	cmd := exec.Command(bin, "-DD", "-E", "-f", file, "-Y", dir, "-P", filepath.Join(dir, "kamailio.pid"))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start kamailio: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+	t.Cleanup(func() { // after startGroup's: Kamailio has stopped
 		if t.Failed() {
 			t.Logf("kamailio output:\n%s", tail(out.Bytes(), 6000))
 		}
 	})
+	exited := startGroup(t, cmd)
 	eventually(t, "kamailio listening", func() bool {
 		select {
 		case <-exited:
