@@ -271,6 +271,11 @@ type backendSlots struct {
 	n     atomic.Int64
 	mu    sync.Mutex
 	freed chan struct{} // closed when a slot frees; nil when nobody waits
+	// refs counts those that may take a slot (a loop's pool of the
+	// address, a dial waiting for one); guarded by Server.slotsMu. Every
+	// take is made under a reference, so an entry with no reference and
+	// no slot taken can be forgotten: nobody can count against it.
+	refs int
 }
 
 // take counts a connection unless max are open.
@@ -321,7 +326,11 @@ func (b *backendSlots) wait(max int, d time.Duration) bool {
 	}
 }
 
-// backendSlots returns the slots of addr, made on first use.
+// backendSlots returns the slots of addr, made on first use, with a
+// reference the caller gives back (dropSlots) once it will take no more
+// of them. An address nobody refers to and with no connection open is
+// forgotten: the addresses of a backend name whose answers keep changing
+// (-dns-drain lets each go) would otherwise stay in the map for good.
 func (s *Server) backendSlots(addr string) *backendSlots {
 	s.slotsMu.Lock()
 	defer s.slotsMu.Unlock()
@@ -333,7 +342,34 @@ func (s *Server) backendSlots(addr string) *backendSlots {
 		b = new(backendSlots)
 		s.slots[addr] = b
 	}
+	b.refs++
 	return b
+}
+
+// dropSlots gives back a reference backendSlots gave.
+func (s *Server) dropSlots(addr string, b *backendSlots) {
+	s.slotsMu.Lock()
+	defer s.slotsMu.Unlock()
+	b.refs--
+	s.forgetSlotsLocked(addr, b)
+}
+
+// releaseSlot frees a slot of addr taken without a reference kept (the
+// fasthttp engine's connections) and forgets the address if that was its
+// last.
+func (s *Server) releaseSlot(addr string, b *backendSlots) {
+	b.release()
+	s.slotsMu.Lock()
+	defer s.slotsMu.Unlock()
+	s.forgetSlotsLocked(addr, b)
+}
+
+// forgetSlotsLocked drops addr's entry when it is b, nobody refers to it
+// and no slot of it is taken; the caller holds slotsMu.
+func (s *Server) forgetSlotsLocked(addr string, b *backendSlots) {
+	if b.refs == 0 && b.n.Load() == 0 && s.slots[addr] == b {
+		delete(s.slots, addr)
+	}
 }
 
 // dialBackend is the fasthttp engine's dial: it takes a slot of addr
@@ -341,16 +377,18 @@ func (s *Server) backendSlots(addr string) *backendSlots {
 // frees when it closes.
 func (s *Server) dialBackend(addr string) (net.Conn, error) {
 	slots := s.backendSlots(addr)
-	if !slots.wait(s.cfg.MaxConns, s.cfg.ConnWait) {
+	ok := slots.wait(s.cfg.MaxConns, s.cfg.ConnWait)
+	s.dropSlots(addr, slots) // a slot taken keeps the entry from here
+	if !ok {
 		return nil, fasthttp.ErrNoFreeConns
 	}
 	c, err := fasthttp.DialTimeout(addr, s.cfg.ConnectTimeout)
 	if err != nil {
-		slots.release()
+		s.releaseSlot(addr, slots)
 		return nil, err
 	}
 	return &slotConn{Conn: c, free: func() {
-		slots.release()
+		s.releaseSlot(addr, slots)
 		if e := s.loops.Load(); e != nil {
 			e.slotFreed(addr) // a loop's request may wait for it
 		}

@@ -581,7 +581,8 @@ func (l *evloop) expire() {
 			}
 		}
 	}
-	for _, p := range l.connPools {
+	forget := l.s.poolForget.Load()
+	for key, p := range l.connPools {
 		for len(p.waiters) > 0 && now > p.waiters[0].c.x.waitUntil {
 			w := p.waiters[0]
 			p.waiters = p.waiters[1:]
@@ -589,6 +590,12 @@ func (l *evloop) expire() {
 				w.c.x.waitUntil = 0
 				l.failed(w.c, fasthttp.ErrNoFreeConns, lb.Abandoned)
 			}
+		}
+		if p.live == 0 && len(p.waiters) == 0 && now-p.used >= forget {
+			// Nothing of it is left: forget it (poolForgetAfter), and
+			// give its reference to the address's slots back.
+			delete(l.connPools, key)
+			l.s.dropSlots(p.addr, p.open)
 		}
 	}
 }

@@ -5,6 +5,7 @@ package http
 import (
 	"crypto/tls"
 	"net"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -46,9 +47,17 @@ type connPool struct {
 	proxy   uint8       // the PROXY protocol version its connections start with; 0: none
 	sa      unix.Sockaddr
 	idle    []*bconn      // LIFO: the warmest connection last
-	open    *backendSlots // connections to addr of all loops and the fasthttp engine
+	open    *backendSlots // connections to addr of all loops and the fasthttp engine (a reference held)
 	waiters []waiter
+	live    int   // this loop's connections of the pool (idle ones included)
+	used    int64 // loop time of the latest request that took the pool
 }
+
+// poolForgetAfter is how long a loop keeps a pool that has no connection
+// and carried no request (see expire): a backend address that left the
+// configuration or DNS, or one used once, costs nothing after it; one in
+// use keeps its pool, and a pool forgotten is made again on next use.
+const poolForgetAfter = time.Minute
 
 // waiter is a request queued for a connection to an address at its
 // connection limit; gen and seq tell whether it still waits.
@@ -75,6 +84,7 @@ func (l *evloop) connPool(addr string, cfg *tls.Config) *connPool {
 		l.connPools[key] = p
 	}
 	p.tls = cfg
+	p.used = l.now
 	return p
 }
 
@@ -160,6 +170,7 @@ func (l *evloop) dialFor(p *connPool, c *cconn) (*bconn, error) {
 			bc.owner = c
 		}
 		l.setFD(fd, fdOwner{b: bc})
+		p.live++
 		return bc, nil
 	}
 	if p.sa == nil {
@@ -183,6 +194,7 @@ func (l *evloop) dialFor(p *connPool, c *cconn) (*bconn, error) {
 		bc.owner, bc.hdr = c, pre
 	}
 	l.setFD(fd, fdOwner{b: bc})
+	p.live++
 	return bc, nil
 }
 
@@ -432,6 +444,7 @@ func (l *evloop) closeBackend(bc *bconn) {
 	bc.fd = -1
 	p := bc.cp
 	p.open.release()
+	p.live--
 	for i, ib := range p.idle {
 		if ib == bc {
 			p.idle = append(p.idle[:i], p.idle[i+1:]...)

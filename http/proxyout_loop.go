@@ -26,6 +26,7 @@ func (l *evloop) proxyPool(addr string, cfg *tls.Config, v uint8) *connPool {
 		l.connPools[key] = p
 	}
 	p.tls = cfg
+	p.used = l.now
 	return p
 }
 
