@@ -582,6 +582,10 @@ func (l *evloop) expire() {
 		}
 	}
 	forget := l.s.poolForget.Load()
+	var inForce map[string]struct{}
+	if set := l.s.backends.Load(); set != nil {
+		inForce = set.addrs
+	}
 	for key, p := range l.connPools {
 		for len(p.waiters) > 0 && now > p.waiters[0].c.x.waitUntil {
 			w := p.waiters[0]
@@ -591,9 +595,10 @@ func (l *evloop) expire() {
 				l.failed(w.c, fasthttp.ErrNoFreeConns, lb.Abandoned)
 			}
 		}
-		if p.live == 0 && len(p.waiters) == 0 && now-p.used >= forget {
-			// Nothing of it is left: forget it (poolForgetAfter), and
-			// give its reference to the address's slots back.
+		if _, kept := inForce[p.addr]; !kept && p.live == 0 && len(p.waiters) == 0 && now-p.used >= forget {
+			// Its address left the backends (a reload, DNS) and nothing
+			// of it is left: forget it (poolForgetAfter), and give its
+			// reference to the address's slots back.
 			delete(l.connPools, key)
 			l.s.dropSlots(p.addr, p.open)
 		}

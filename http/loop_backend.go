@@ -53,10 +53,12 @@ type connPool struct {
 	used    int64 // loop time of the latest request that took the pool
 }
 
-// poolForgetAfter is how long a loop keeps a pool that has no connection
-// and carried no request (see expire): a backend address that left the
-// configuration or DNS, or one used once, costs nothing after it; one in
-// use keeps its pool, and a pool forgotten is made again on next use.
+// poolForgetAfter is how long a loop keeps a pool of an address that is
+// no longer a backend's, once it has no connection and carried no request
+// (see expire): an address that left the configuration or DNS costs
+// nothing after it; one that comes back within it finds its pool, and a
+// pool forgotten is made again on next use. Pools of the backends in
+// force are kept (their addresses are resolved once per loop).
 const poolForgetAfter = time.Minute
 
 // waiter is a request queued for a connection to an address at its

@@ -5,6 +5,8 @@ package http
 import (
 	"testing"
 	"time"
+
+	"github.com/sluicelb/sluice/lb"
 )
 
 // TestSlotsForgotten: an address's connection count is forgotten once
@@ -54,45 +56,85 @@ func TestSlotsForgotten(t *testing.T) {
 	}
 }
 
-// TestLoopForgetsUnusedPools: a loop's pool of a backend address that no
-// longer has a connection and carried no request for poolForgetAfter is
-// forgotten with the address's count (an address that left DNS costs
-// nothing after it), and the address is served as before when it comes
-// back.
+// TestLoopForgetsUnusedPools: a loop's pool of an address that left the
+// backends (a reload, DNS) is forgotten with the address's count once it
+// has no connection and carried no request for poolForgetAfter, while the
+// pools of the backends in force are kept; the address is served as
+// before when it comes back.
 func TestLoopForgetsUnusedPools(t *testing.T) {
-	r := loopRig(t, rigOpts{backends: 1, cfg: Config{BackendIdle: 100 * time.Millisecond}})
+	r := loopRig(t, rigOpts{backends: 2, policy: "round-robin", cfg: Config{BackendIdle: 100 * time.Millisecond}})
 	r.srv.poolForget.Store(0)
-	addr := r.backends[0].addr()
-	state := func() (pools int, slots bool) {
+	keep, gone := r.backends[0], r.backends[1]
+	state := func(addr string) (pools int, count bool) {
 		for _, l := range r.srv.loops.Load().loops {
 			done := make(chan int)
-			l.post(func() { done <- len(l.connPools) })
+			l.post(func() {
+				n := 0
+				for _, p := range l.connPools {
+					if p.addr == addr {
+						n++
+					}
+				}
+				done <- n
+			})
 			pools += <-done
 		}
 		r.srv.slotsMu.Lock()
-		_, slots = r.srv.slots[addr]
+		_, count = r.srv.slots[addr]
 		r.srv.slotsMu.Unlock()
-		return pools, slots
+		return pools, count
+	}
+	pool := func(bes ...*backend) *lb.Pool {
+		var bs []*lb.Backend
+		for _, be := range bes {
+			b, err := lb.NewBackend(lb.BackendConfig{ID: be.name, Addr: be.addr(), Proto: "http"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs = append(bs, b)
+		}
+		p, err := lb.NewPool(lb.PoolConfig{Policy: "round-robin"}, bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	getBoth := func(round int) {
+		t.Helper()
+		before := gone.hits.Load()
+		for range 4 {
+			if rep := r.get("/", ""); rep.status != 200 {
+				t.Fatalf("round %d: GET: %d %q", round, rep.status, rep.body)
+			}
+		}
+		if gone.hits.Load() == before {
+			t.Fatalf("round %d: backend %s took none of 4 requests (round-robin over 2)", round, gone.name)
+		}
 	}
 	for round := range 2 {
-		if rep := r.get("/", ""); rep.status != 200 {
-			t.Fatalf("round %d: GET: %d %q", round, rep.status, rep.body)
+		getBoth(round)
+		if err := r.srv.SetPool(pool(keep)); err != nil {
+			t.Fatal(err)
 		}
-		if pools, slots := state(); pools == 0 || !slots {
-			t.Fatalf("round %d: after a request %d pools, count kept %v; want the pool and its count", round, pools, slots)
-		}
-		// The backend connection idles out (BackendIdle), then the pool
-		// goes at the next tick; bounded.
+		// gone's connection idles out (BackendIdle), then its pool and
+		// count go at the next tick; bounded.
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			pools, slots := state()
-			if pools == 0 && !slots {
+			pools, count := state(gone.addr())
+			if pools == 0 && !count {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("round %d: %d pools and count kept %v 10s after the last request; want none", round, pools, slots)
+				t.Fatalf("round %d: %d pools of %s, its count kept %v, 10s after it left the backends; want none", round, pools, gone.addr(), count)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+		if pools, count := state(keep.addr()); pools == 0 || !count {
+			t.Fatalf("round %d: the backend in force has %d pools, count kept %v; want its pool kept", round, pools, count)
+		}
+		if err := r.srv.SetPool(pool(keep, gone)); err != nil { // it comes back
+			t.Fatal(err)
+		}
 	}
+	getBoth(2)
 }

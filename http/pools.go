@@ -23,6 +23,7 @@ import (
 type backendSet struct {
 	gen      *lb.Generation         // nil: built from one pool (SetPool)
 	backends []*lb.Backend          // every backend once
+	addrs    map[string]struct{}    // their addresses: a loop keeps its pools of these (engine_loop.go, expire)
 	clients  []*fasthttp.HostClient // fasthttp engine, by Backend.Index: one per backend, shared by its pools
 	pools    []*poolRef             // in the generation's order (DefaultPool first)
 	byName   map[string]*poolRef
@@ -179,8 +180,10 @@ func (s *Server) newBackendSet(g *lb.Generation, one *lb.Pool, routes *lb.RouteT
 		return nil, errors.New("no pools")
 	}
 	n := 0 // clients are by Index: a pool built alone numbers its backends itself
+	set.addrs = make(map[string]struct{}, len(set.backends))
 	for _, b := range set.backends {
 		n = max(n, b.Index()+1)
+		set.addrs[b.Addr()] = struct{}{}
 	}
 	for _, p := range pools {
 		ref := &poolRef{pool: p, name: p.Name(), hashKind: s.hashKind, hashName: s.hashName, cookies: make([]atomic.Pointer[cookieValue], n)}

@@ -56,9 +56,9 @@ type Server struct {
 	limitLog     limitLog // client connections closed over a limit (connlimit.go)
 	slotsMu      sync.Mutex
 	slots        map[string]*backendSlots // connections per backend address, both engines (connlimit.go)
-	// poolForget is how long a loop keeps its pool of a backend address
-	// that has no connection and carried no request (ns; poolForgetAfter,
-	// shorter in tests).
+	// poolForget is how long a loop keeps its pool of an address no
+	// backend has any more, once the pool has no connection and carried
+	// no request (ns; poolForgetAfter, shorter in tests).
 	poolForget atomic.Int64
 	// wallBase and monoBase map monotonic time to wall time for cookie
 	// expiry without a second clock read per request.
