@@ -123,13 +123,17 @@ type loopEngine struct {
 }
 
 // slotFreed tells the loops that a connection to addr closed outside them
-// (the fasthttp engine's): a request waiting for one may dial.
+// (the fasthttp engine's): a request waiting for one may dial, in any of
+// the address's pools (plain, TLS, PROXY v1 or v2, see proxyPool).
 func (e *loopEngine) slotFreed(addr string) {
+	keys := [...]string{addr, "proxy-v1 " + addr, "proxy-v2 " + addr}
 	for _, l := range e.loops {
 		l.post(func() {
-			for _, key := range [...]string{addr, tlsPoolKey(addr)} {
-				if p := l.connPools[key]; p != nil && len(p.waiters) > 0 {
-					l.serveWaiters(p)
+			for _, k := range keys {
+				for _, key := range [...]string{k, tlsPoolKey(k)} {
+					if p := l.connPools[key]; p != nil && len(p.waiters) > 0 {
+						l.serveWaiters(p)
+					}
 				}
 			}
 		})
@@ -587,8 +591,15 @@ func (l *evloop) expire() {
 		inForce = set.addrs
 	}
 	for key, p := range l.connPools {
-		for len(p.waiters) > 0 && now > p.waiters[0].c.x.waitUntil {
+		// A waiter whose request no longer waits here (it went on: a
+		// retry waiting in another pool, with a later deadline) is
+		// dropped whatever that deadline, so that it does not hold the
+		// ones behind it past theirs.
+		for len(p.waiters) > 0 {
 			w := p.waiters[0]
+			if w.valid() && now <= w.c.x.waitUntil {
+				break
+			}
 			p.waiters = p.waiters[1:]
 			if w.valid() {
 				w.c.x.waitUntil = 0
