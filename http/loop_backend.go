@@ -25,6 +25,7 @@ type bconn struct {
 	preErr     unix.Errno // the error the batch's read found, for the next read to return
 	batched    bool       // in the batch of writes being made (loop_uring.go)
 	hup        bool       // the backend has shut down its side: read until EOF
+	bridged    bool       // a TLS bridge's end (loop_tls.go): the bridge holds the connection slot
 	wready     bool
 	connecting bool
 	used       bool // it carried an exchange before: a keep-alive reuse
@@ -126,8 +127,7 @@ func (l *evloop) send(c *cconn) {
 		return
 	} else {
 		var err error
-		if bc, err = l.dialFor(p, c); err != nil {
-			p.open.release()
+		if bc, err = l.dialFor(p, c); err != nil { // it freed the slot
 			l.failed(c, err, lb.ConnectError)
 			return
 		}
@@ -144,9 +144,10 @@ func (l *evloop) send(c *cconn) {
 	l.toWrite = append(l.toWrite, bc) // written after this round of events, together
 }
 
-// dial opens a connection to p's address, for a slot the caller took
-// (released by the caller when dial fails, by closeBackend after), non-blocking: it may still be
-// connecting when returned. The address is resolved on first use and
+// dial opens a connection to p's address, for a slot the caller took,
+// non-blocking: it may still be connecting when returned. The slot is
+// freed by dial when it fails, by closeBackend after, or, for a TLS
+// backend, by the bridge once its connection to the backend is closed. The address is resolved on first use and
 // again after a failed dial. Errors are dial *net.OpErrors, so that the
 // pipeline tells them from failures after sending (notSent).
 func (l *evloop) dial(p *connPool) (*bconn, error) { return l.dialFor(p, nil) }
@@ -159,15 +160,25 @@ func (l *evloop) dialFor(p *connPool, c *cconn) (*bconn, error) {
 		pre = l.proxyHeaderFor(c, p.proxy)
 	}
 	if p.tls != nil {
-		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout, l.s.cfg.BackendTimeout, pre)
+		// The slot is the bridge's from here: it frees it once its
+		// connection to the backend is closed, which may come after the
+		// loop closed its end (closeBackend does not free it).
+		addr, slots := p.addr, p.open
+		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout, l.s.cfg.BackendTimeout, pre, func() {
+			l.s.releaseSlot(addr, slots)
+			if e := l.s.loops.Load(); e != nil {
+				e.slotFreed(addr) // a request of any loop may wait for it
+			}
+		})
 		if err != nil {
+			p.open.release()
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 		}
 		if err := l.watch(fd); err != nil {
-			closeFD(fd)
+			closeFD(fd) // the bridge ends and frees the slot
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 		}
-		bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), wready: true}
+		bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), wready: true, bridged: true}
 		if pre != nil {
 			bc.owner = c
 		}
@@ -178,16 +189,19 @@ func (l *evloop) dialFor(p *connPool, c *cconn) (*bconn, error) {
 	if p.sa == nil {
 		sa, err := resolve(p.addr)
 		if err != nil {
+			p.open.release()
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 		}
 		p.sa = sa
 	}
 	fd, connecting, err := connect(p.sa)
 	if err != nil {
+		p.open.release()
 		p.sa = nil // resolve again next time
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 	}
 	if err := l.watch(fd); err != nil {
+		p.open.release()
 		closeFD(fd)
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 	}
@@ -445,7 +459,9 @@ func (l *evloop) closeBackend(bc *bconn) {
 	l.fds[bc.fd] = fdOwner{}
 	bc.fd = -1
 	p := bc.cp
-	p.open.release()
+	if !bc.bridged {
+		p.open.release() // a TLS bridge frees its slot itself (dialFor)
+	}
 	p.live--
 	for i, ib := range p.idle {
 		if ib == bc {

@@ -3,6 +3,12 @@
 package http
 
 import (
+	"fmt"
+	"io"
+	"net"
+	nethttp "net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -137,4 +143,73 @@ func TestLoopForgetsUnusedPools(t *testing.T) {
 		}
 	}
 	getBoth(2)
+}
+
+// TestTLSBackendSlots: a TLS backend's connection slot is freed once, when
+// the connection to the backend has closed (the loop engine's bridge frees
+// it itself, after the loop closed its end): with one connection allowed
+// and every answer closing its connection, requests one after another and
+// at once are all answered, none waiting out -http-backend-conn-wait for a
+// slot never given back, and the count comes back to 0, not below (a slot
+// freed twice would let more connections than the limit be opened).
+func TestTLSBackendSlots(t *testing.T) {
+	onEngines(t, func(t *testing.T) {
+		srv := httptest.NewUnstartedServer(nethttp.HandlerFunc(func(w nethttp.ResponseWriter, r *nethttp.Request) {
+			w.Header().Set("Connection", "close")
+			io.WriteString(w, "ok")
+		}))
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		s, addr := tunRig(t, Config{MaxConns: 1, ConnWait: 5 * time.Second}, tlsBackend(t, srv, srv))
+		// Each request from a source address of its own: a source holds
+		// at most an eighth of -http-backend-max-conns (at least 1).
+		get := func(src int) error {
+			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+src))}}
+			c := &nethttp.Client{Transport: &nethttp.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+			resp, err := c.Get("http://" + addr + "/")
+			if err != nil {
+				return err
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(body) != "ok" {
+				return fmt.Errorf("%d %q", resp.StatusCode, body)
+			}
+			return nil
+		}
+		for i := range 10 {
+			if err := get(0); err != nil {
+				t.Fatalf("request %d one after another: %v", i, err)
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for i := range 8 {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs <- get(i) }()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Errorf("request at once: %v", err)
+			}
+		}
+		backend := srv.Listener.Addr().String()
+		count := func() int64 {
+			s.slotsMu.Lock()
+			defer s.slotsMu.Unlock()
+			if b := s.slots[backend]; b != nil {
+				return b.n.Load()
+			}
+			return 0 // forgotten: none open
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for n := count(); n != 0; n = count() {
+			if n < 0 || time.Now().After(deadline) {
+				t.Fatalf("%d connections counted to the backend after every answer closed its own, want 0", n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
 }

@@ -38,8 +38,10 @@ func tlsPoolKey(addr string) string { return "tls|" + addr }
 // tlsBridge returns the loop's end of a socket pair bridged to a TLS
 // connection to addr, dialled on a goroutine.
 // linger bounds how long the bridge waits for the backend's end after
-// the loop's.
-func tlsBridge(addr string, cfg *tls.Config, timeout, linger time.Duration, pre []byte) (int, error) {
+// the loop's. done runs when the bridge has ended and its connection to
+// the backend is closed (or was never made); it is not run when tlsBridge
+// returns an error.
+func tlsBridge(addr string, cfg *tls.Config, timeout, linger time.Duration, pre []byte, done func()) (int, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
@@ -56,7 +58,10 @@ func tlsBridge(addr string, cfg *tls.Config, timeout, linger time.Duration, pre 
 		unix.Close(fds[0])
 		return -1, err
 	}
-	go bridgeTLS(nc, addr, cfg, timeout, linger, pre)
+	go func() {
+		defer done()
+		bridgeTLS(nc, addr, cfg, timeout, linger, pre)
+	}()
 	return fds[0], nil
 }
 
