@@ -387,12 +387,17 @@ func (s *Server) dialBackend(addr string) (net.Conn, error) {
 		s.releaseSlot(addr, slots)
 		return nil, err
 	}
-	return &slotConn{Conn: c, free: func() {
-		s.releaseSlot(addr, slots)
-		if e := s.loops.Load(); e != nil {
-			e.slotFreed(addr) // a loop's request may wait for it
-		}
-	}}, nil
+	return &slotConn{Conn: c, free: func() { s.freedOutside(addr, slots) }}, nil
+}
+
+// freedOutside frees a slot of addr whose connection closed outside the
+// loops (the fasthttp engine's, a TLS bridge's) and tells the loops: a
+// request of any of them may wait for it.
+func (s *Server) freedOutside(addr string, slots *backendSlots) {
+	s.releaseSlot(addr, slots)
+	if e := s.loops.Load(); e != nil {
+		e.slotFreed(addr)
+	}
 }
 
 // slotConn is a fasthttp engine backend connection that frees its slot

@@ -126,7 +126,7 @@ type loopEngine struct {
 // (the fasthttp engine's): a request waiting for one may dial, in any of
 // the address's pools (plain, TLS, PROXY v1 or v2, see proxyPool).
 func (e *loopEngine) slotFreed(addr string) {
-	keys := [...]string{addr, "proxy-v1 " + addr, "proxy-v2 " + addr}
+	keys := [...]string{addr, proxyPoolKey(addr, 1), proxyPoolKey(addr, 2)}
 	for _, l := range e.loops {
 		l.post(func() {
 			for _, k := range keys {

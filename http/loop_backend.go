@@ -147,9 +147,10 @@ func (l *evloop) send(c *cconn) {
 // dial opens a connection to p's address, for a slot the caller took,
 // non-blocking: it may still be connecting when returned. The slot is
 // freed by dial when it fails, by closeBackend after, or, for a TLS
-// backend, by the bridge once its connection to the backend is closed. The address is resolved on first use and
-// again after a failed dial. Errors are dial *net.OpErrors, so that the
-// pipeline tells them from failures after sending (notSent).
+// backend, by the bridge once its connection to the backend is closed.
+// The address is resolved on first use and again after a failed dial.
+// Errors are dial *net.OpErrors, so that the pipeline tells them from
+// failures after sending (notSent).
 func (l *evloop) dial(p *connPool) (*bconn, error) { return l.dialFor(p, nil) }
 
 // dialFor is dial for client c: a connection to a PROXY backend (p.proxy)
@@ -164,12 +165,8 @@ func (l *evloop) dialFor(p *connPool, c *cconn) (*bconn, error) {
 		// connection to the backend is closed, which may come after the
 		// loop closed its end (closeBackend does not free it).
 		addr, slots := p.addr, p.open
-		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout, l.s.cfg.BackendTimeout, pre, func() {
-			l.s.releaseSlot(addr, slots)
-			if e := l.s.loops.Load(); e != nil {
-				e.slotFreed(addr) // a request of any loop may wait for it
-			}
-		})
+		fd, err := tlsBridge(p.addr, p.tls, l.s.cfg.ConnectTimeout, l.s.cfg.BackendTimeout, pre,
+			func() { l.s.freedOutside(addr, slots) })
 		if err != nil {
 			p.open.release()
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
@@ -186,23 +183,9 @@ func (l *evloop) dialFor(p *connPool, c *cconn) (*bconn, error) {
 		p.live++
 		return bc, nil
 	}
-	if p.sa == nil {
-		sa, err := resolve(p.addr)
-		if err != nil {
-			p.open.release()
-			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
-		}
-		p.sa = sa
-	}
-	fd, connecting, err := connect(p.sa)
+	fd, connecting, err := l.connectPool(p)
 	if err != nil {
 		p.open.release()
-		p.sa = nil // resolve again next time
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
-	}
-	if err := l.watch(fd); err != nil {
-		p.open.release()
-		closeFD(fd)
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
 	}
 	bc := &bconn{fd: fd, cp: p, in: make([]byte, backendInitBuf), connecting: connecting, wready: !connecting}
@@ -212,6 +195,25 @@ func (l *evloop) dialFor(p *connPool, c *cconn) (*bconn, error) {
 	l.setFD(fd, fdOwner{b: bc})
 	p.live++
 	return bc, nil
+}
+
+// connectPool starts a non-blocking connection to p's address, watched by the
+// loop, resolving the address first if needed.
+func (l *evloop) connectPool(p *connPool) (fd int, connecting bool, err error) {
+	if p.sa == nil {
+		if p.sa, err = resolve(p.addr); err != nil {
+			return -1, false, err
+		}
+	}
+	if fd, connecting, err = connect(p.sa); err != nil {
+		p.sa = nil // resolve again next time
+		return -1, false, err
+	}
+	if err := l.watch(fd); err != nil {
+		closeFD(fd)
+		return -1, false, err
+	}
+	return fd, connecting, nil
 }
 
 // backendEvent handles readiness of a backend connection: a connect that

@@ -13,10 +13,7 @@ import (
 // none without one to a PROXY backend. It has no idle connections: each
 // is its client's (bconn.owner, cconn.own).
 func (l *evloop) proxyPool(addr string, cfg *tls.Config, v uint8) *connPool {
-	key := "proxy-v1 " + addr
-	if v == 2 {
-		key = "proxy-v2 " + addr
-	}
+	key := proxyPoolKey(addr, v)
 	if cfg != nil {
 		key = tlsPoolKey(key)
 	}
@@ -28,6 +25,15 @@ func (l *evloop) proxyPool(addr string, cfg *tls.Config, v uint8) *connPool {
 	p.tls = cfg
 	p.used = l.now
 	return p
+}
+
+// proxyPoolKey is the loop's connPools key of addr's plain PROXY pool of
+// version v (tlsPoolKey of it for a TLS backend).
+func proxyPoolKey(addr string, v uint8) string {
+	if v == 2 {
+		return "proxy-v2 " + addr
+	}
+	return "proxy-v1 " + addr
 }
 
 // takeOwn returns c's own idle connection when it goes to p, for c's next
