@@ -162,7 +162,9 @@ func TestTLSBackendSlots(t *testing.T) {
 		t.Cleanup(srv.Close)
 		s, addr := tunRig(t, Config{MaxConns: 1, ConnWait: 5 * time.Second}, tlsBackend(t, srv, srv))
 		// Each request from a source address of its own: a source holds
-		// at most an eighth of -http-backend-max-conns (at least 1).
+		// at most an eighth of -http-backend-max-conns (at least 1), until
+		// its exchange is over, which on the loop may come just after the
+		// client read the answer and sent its next request.
 		get := func(src int) error {
 			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+src))}}
 			c := &nethttp.Client{Transport: &nethttp.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
@@ -178,7 +180,7 @@ func TestTLSBackendSlots(t *testing.T) {
 			return nil
 		}
 		for i := range 10 {
-			if err := get(0); err != nil {
+			if err := get(i); err != nil {
 				t.Fatalf("request %d one after another: %v", i, err)
 			}
 		}
@@ -186,7 +188,7 @@ func TestTLSBackendSlots(t *testing.T) {
 		errs := make(chan error, 8)
 		for i := range 8 {
 			wg.Add(1)
-			go func() { defer wg.Done(); errs <- get(i) }()
+			go func() { defer wg.Done(); errs <- get(10 + i) }()
 		}
 		wg.Wait()
 		close(errs)
